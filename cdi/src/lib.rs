@@ -1,0 +1,1 @@
+//! gpuslice-cdi (being built).

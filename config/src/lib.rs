@@ -1,0 +1,12 @@
+//! gpuslice's node configuration: the TOML file of DESIGN.md §4, its defaults, strict
+//! validation with one-line errors, and the quantity syntax shared with annotations.
+
+mod load;
+mod model;
+mod parse;
+pub mod quantity;
+
+pub use load::{load_config, load_from_env, ConfigOrigin, LoadedConfig, CONFIG_ENV};
+pub use model::*;
+pub use parse::{parse_config, ConfigError, MAX_SIMULATED_GPUS};
+pub use quantity::{format_bytes, parse_bytes, parse_quantity, Quantity, QuantityError};

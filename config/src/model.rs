@@ -1,0 +1,246 @@
+//! The node config as typed values, with the defaults of DESIGN.md §4 for every key.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Default location of the config file.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/gpuslice/config.toml";
+/// Default node state directory (a tmpfs on real nodes).
+pub const DEFAULT_STATE_DIR: &str = "/run/gpuslice";
+/// Default directory for CDI specs.
+pub const DEFAULT_CDI_SPEC_DIR: &str = "/var/run/cdi";
+/// Default installed location of the enforcement shim.
+pub const DEFAULT_SHIM_LIBRARY: &str = "/usr/lib/gpuslice/libgpuslice_shim.so";
+/// Default low-level runtime that `gpuslice-runtime` executes.
+pub const DEFAULT_RUNTIME: &str = "runc";
+/// Default pending-reservation deadline.
+pub const DEFAULT_PENDING_TIMEOUT: Duration = Duration::from_secs(120);
+/// Default metrics listen address.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:9400";
+/// Default model name of a simulated GPU.
+pub const DEFAULT_SIM_MODEL: &str = "NVIDIA H200";
+/// Default memory of a simulated GPU (141 GiB, like an H200).
+pub const DEFAULT_SIM_MEMORY: u64 = 141 << 30;
+
+/// The whole node configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Node state: registry, slices, simulated node.
+    pub state_dir: PathBuf,
+    pub inventory: InventoryConfig,
+    pub cdi: CdiConfig,
+    pub placement: PlacementConfig,
+    pub shim: ShimConfig,
+    pub runtime: RuntimeConfig,
+    pub registry: RegistryConfig,
+    pub driver: DriverConfig,
+    pub hook: HookConfig,
+    pub serve: ServeConfig,
+}
+
+/// Where the GPU inventory comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InventorySource {
+    /// The NVIDIA driver, through NVML.
+    Nvml,
+    /// The `[[inventory.simulated]]` list: a simulated node for tests and demos.
+    Simulated,
+}
+
+impl InventorySource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InventorySource::Nvml => "nvml",
+            InventorySource::Simulated => "simulated",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct InventoryConfig {
+    pub source: InventorySource,
+    pub simulated: Vec<SimulatedGpu>,
+}
+
+/// One simulated GPU, in index order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SimulatedGpu {
+    pub model: String,
+    /// Total memory in bytes.
+    pub memory: u64,
+    /// `GPU-<uuid>`; derived stably from index and model when not configured.
+    pub uuid: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct CdiConfig {
+    pub spec_dir: PathBuf,
+}
+
+/// How slices are placed on GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Policy {
+    /// The fullest GPU that fits: keeps whole GPUs free.
+    Binpack,
+    /// The emptiest GPU: spreads load.
+    Spread,
+}
+
+impl Policy {
+    pub const ACCEPTED: &'static str = "`binpack` or `spread`";
+
+    pub fn parse(s: &str) -> Option<Policy> {
+        match s {
+            "binpack" => Some(Policy::Binpack),
+            "spread" => Some(Policy::Spread),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Policy::Binpack => "binpack",
+            Policy::Spread => "spread",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlacementConfig {
+    pub policy: Policy,
+    /// Factor by which booked memory may exceed a GPU's memory (1.0 = never).
+    pub memory_overcommit: f64,
+    /// At most this many slices on one GPU, when set.
+    pub max_slices_per_gpu: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShimConfig {
+    /// Host path of the enforcement shim mounted into slice containers.
+    pub library: PathBuf,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct RuntimeConfig {
+    /// The low-level runtime `gpuslice-runtime` executes: a path, or a name looked up in PATH.
+    pub path: PathBuf,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct RegistryConfig {
+    /// A reservation not bound to a container by then is reaped.
+    pub pending_timeout: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct DriverConfig {
+    /// Root of the NVIDIA driver installation (device nodes and libraries). For a simulated
+    /// inventory the driver root is always `state_dir/sim`.
+    pub root: PathBuf,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct HookConfig {
+    /// Absolute path of the `gpuslice` binary written into OCI hooks. `None`: the `gpuslice`
+    /// binary next to the running executable.
+    pub path: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServeConfig {
+    /// Address of the Prometheus endpoint.
+    pub listen: SocketAddr,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            state_dir: PathBuf::from(DEFAULT_STATE_DIR),
+            inventory: InventoryConfig { source: InventorySource::Nvml, simulated: Vec::new() },
+            cdi: CdiConfig { spec_dir: PathBuf::from(DEFAULT_CDI_SPEC_DIR) },
+            placement: PlacementConfig {
+                policy: Policy::Binpack,
+                memory_overcommit: 1.0,
+                max_slices_per_gpu: None,
+            },
+            shim: ShimConfig { library: PathBuf::from(DEFAULT_SHIM_LIBRARY) },
+            runtime: RuntimeConfig { path: PathBuf::from(DEFAULT_RUNTIME) },
+            registry: RegistryConfig { pending_timeout: DEFAULT_PENDING_TIMEOUT },
+            driver: DriverConfig { root: PathBuf::from("/") },
+            hook: HookConfig { path: None },
+            serve: ServeConfig {
+                listen: DEFAULT_LISTEN.parse().unwrap_or_else(|_| {
+                    SocketAddr::from(([127, 0, 0, 1], 9400))
+                }),
+            },
+        }
+    }
+}
+
+impl Config {
+    /// The registry file.
+    pub fn registry_path(&self) -> PathBuf {
+        self.state_dir.join("registry.json")
+    }
+
+    /// Directory of the per-reservation slice directories.
+    pub fn slices_dir(&self) -> PathBuf {
+        self.state_dir.join("slices")
+    }
+
+    /// Root of the simulated node (device nodes, driver libraries, driver state).
+    pub fn sim_root(&self) -> PathBuf {
+        self.state_dir.join("sim")
+    }
+
+    /// The driver root discovery reads: `state_dir/sim` for a simulated node.
+    pub fn effective_driver_root(&self) -> PathBuf {
+        match self.inventory.source {
+            InventorySource::Simulated => self.sim_root(),
+            InventorySource::Nvml => self.driver.root.clone(),
+        }
+    }
+
+    /// True when the inventory is simulated.
+    pub fn is_simulated(&self) -> bool {
+        self.inventory.source == InventorySource::Simulated
+    }
+}
+
+/// The stable UUID of simulated GPU `index` of `model`: `GPU-` and a name-based (v5) UUID,
+/// so the simulated driver and the inventory agree without sharing state.
+pub fn simulated_uuid(index: usize, model: &str) -> String {
+    const NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x6770_7573_6c69_6365_8000_0000_0000_0001);
+    let id = uuid::Uuid::new_v5(&NAMESPACE, format!("gpuslice-sim:{index}:{model}").as_bytes());
+    format!("GPU-{}", id.hyphenated())
+}
+
+/// Checks the `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` form NVIDIA uses.
+pub fn is_gpu_uuid(s: &str) -> bool {
+    match s.strip_prefix("GPU-") {
+        Some(rest) => uuid::Uuid::try_parse(rest).is_ok() && rest.len() == 36,
+        None => false,
+    }
+}
+
+/// True for an absolute path without `..` components.
+pub(crate) fn is_clean_absolute(p: &Path) -> bool {
+    p.is_absolute() && !p.components().any(|c| matches!(c, std::path::Component::ParentDir))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn simulated_uuid_is_stable_and_well_formed() {
+        let a = simulated_uuid(0, "NVIDIA H200");
+        assert_eq!(a, simulated_uuid(0, "NVIDIA H200"));
+        assert_ne!(a, simulated_uuid(1, "NVIDIA H200"));
+        assert_ne!(a, simulated_uuid(0, "NVIDIA A100"));
+        assert!(is_gpu_uuid(&a), "{a}");
+        assert!(!is_gpu_uuid("GPU-xyz"));
+        assert!(!is_gpu_uuid("7a0b5c8e-0000-0000-0000-000000000000"));
+    }
+}

@@ -1,0 +1,354 @@
+//! Strict reading of the TOML text into [`Config`]: every key known, every type and value
+//! checked, each refusal one line naming the file, the key, the value and what is accepted.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use toml::{Table, Value};
+
+use crate::model::{
+    is_clean_absolute, is_gpu_uuid, simulated_uuid, Config, InventorySource, Policy,
+    SimulatedGpu, DEFAULT_SIM_MEMORY, DEFAULT_SIM_MODEL,
+};
+use crate::quantity::{parse_bytes, ACCEPTED_BYTES};
+
+/// Most simulated GPUs a node may declare.
+pub const MAX_SIMULATED_GPUS: usize = 64;
+
+/// A config file refused. Every variant prints as one line.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config {path}: cannot read: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("config {path}: invalid TOML at line {line}, column {column}: {message}")]
+    Syntax { path: PathBuf, line: usize, column: usize, message: String },
+    #[error("config {path}: unknown key `{key}`; accepted here: {accepted}")]
+    UnknownKey { path: PathBuf, key: String, accepted: String },
+    #[error("config {path}: key `{key}`: value {value} is a {found}; expected {expected}")]
+    WrongType { path: PathBuf, key: String, value: String, found: &'static str, expected: String },
+    #[error("config {path}: key `{key}`: value {value} is not accepted; expected {accepted}")]
+    BadValue { path: PathBuf, key: String, value: String, accepted: String },
+}
+
+impl ConfigError {
+    /// The config file the error is about.
+    pub fn path(&self) -> &Path {
+        match self {
+            ConfigError::Read { path, .. }
+            | ConfigError::Syntax { path, .. }
+            | ConfigError::UnknownKey { path, .. }
+            | ConfigError::WrongType { path, .. }
+            | ConfigError::BadValue { path, .. } => path,
+        }
+    }
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::String(_) => "string",
+        Value::Integer(_) => "integer",
+        Value::Float(_) => "float",
+        Value::Boolean(_) => "boolean",
+        Value::Datetime(_) => "datetime",
+        Value::Array(_) => "array",
+        Value::Table(_) => "table",
+    }
+}
+
+/// Renders a value for an error line, shortened so the line stays readable.
+fn show(v: &Value) -> String {
+    let text = match v {
+        Value::Table(_) => "{…}".to_string(),
+        other => other.to_string(),
+    };
+    if text.chars().count() > 80 {
+        let cut: String = text.chars().take(77).collect();
+        format!("{cut}…")
+    } else {
+        text
+    }
+}
+
+struct Reader<'a> {
+    path: &'a Path,
+}
+
+impl Reader<'_> {
+    fn unknown(&self, key: String, accepted: &[&str]) -> ConfigError {
+        ConfigError::UnknownKey { path: self.path.to_path_buf(), key, accepted: accepted.join(", ") }
+    }
+
+    fn wrong_type(&self, key: &str, v: &Value, expected: &str) -> ConfigError {
+        ConfigError::WrongType {
+            path: self.path.to_path_buf(),
+            key: key.to_string(),
+            value: show(v),
+            found: type_name(v),
+            expected: expected.to_string(),
+        }
+    }
+
+    fn bad_value(&self, key: &str, v: &Value, accepted: impl Into<String>) -> ConfigError {
+        ConfigError::BadValue {
+            path: self.path.to_path_buf(),
+            key: key.to_string(),
+            value: show(v),
+            accepted: accepted.into(),
+        }
+    }
+
+    fn check_keys(&self, table: &Table, prefix: &str, accepted: &[&str]) -> Result<(), ConfigError> {
+        for key in table.keys() {
+            if !accepted.contains(&key.as_str()) {
+                let full = if prefix.is_empty() { key.clone() } else { format!("{prefix}.{key}") };
+                return Err(self.unknown(full, accepted));
+            }
+        }
+        Ok(())
+    }
+
+    fn table<'t>(&self, parent: &'t Table, key: &str, full: &str) -> Result<Option<&'t Table>, ConfigError> {
+        match parent.get(key) {
+            None => Ok(None),
+            Some(Value::Table(t)) => Ok(Some(t)),
+            Some(v) => Err(self.wrong_type(full, v, "a table")),
+        }
+    }
+
+    fn string<'t>(&self, parent: &'t Table, key: &str, full: &str) -> Result<Option<(&'t str, &'t Value)>, ConfigError> {
+        match parent.get(key) {
+            None => Ok(None),
+            Some(v @ Value::String(s)) => Ok(Some((s.as_str(), v))),
+            Some(v) => Err(self.wrong_type(full, v, "a string")),
+        }
+    }
+
+    fn abs_path(&self, parent: &Table, key: &str, full: &str) -> Result<Option<PathBuf>, ConfigError> {
+        match self.string(parent, key, full)? {
+            None => Ok(None),
+            Some((s, v)) => {
+                let p = PathBuf::from(s);
+                if is_clean_absolute(&p) {
+                    Ok(Some(p))
+                } else {
+                    Err(self.bad_value(full, v, "an absolute path without `..`"))
+                }
+            }
+        }
+    }
+}
+
+/// Parses config text. `path` names the file in error lines.
+pub fn parse_config(text: &str, path: &Path) -> Result<Config, ConfigError> {
+    let root: Table = text.parse::<Table>().map_err(|e| {
+        let (line, column) = e
+            .span()
+            .map(|span| line_col(text, span.start))
+            .unwrap_or((1, 1));
+        ConfigError::Syntax {
+            path: path.to_path_buf(),
+            line,
+            column,
+            message: e.message().lines().next().unwrap_or("syntax error").trim().to_string(),
+        }
+    })?;
+    let r = Reader { path };
+    let mut cfg = Config::default();
+    r.check_keys(
+        &root,
+        "",
+        &["state_dir", "inventory", "cdi", "placement", "shim", "runtime", "registry", "driver", "hook", "serve"],
+    )?;
+    if let Some(p) = r.abs_path(&root, "state_dir", "state_dir")? {
+        cfg.state_dir = p;
+    }
+
+    if let Some(inv) = r.table(&root, "inventory", "inventory")? {
+        r.check_keys(inv, "inventory", &["source", "simulated"])?;
+        if let Some((s, v)) = r.string(inv, "source", "inventory.source")? {
+            cfg.inventory.source = match s {
+                "nvml" => InventorySource::Nvml,
+                "simulated" => InventorySource::Simulated,
+                _ => return Err(r.bad_value("inventory.source", v, "`nvml` or `simulated`")),
+            };
+        }
+        if let Some(v) = inv.get("simulated") {
+            let list = match v {
+                Value::Array(a) => a,
+                other => return Err(r.wrong_type("inventory.simulated", other, "an array of tables ([[inventory.simulated]])")),
+            };
+            if list.len() > MAX_SIMULATED_GPUS {
+                return Err(r.bad_value(
+                    "inventory.simulated",
+                    v,
+                    format!("at most {MAX_SIMULATED_GPUS} simulated GPUs"),
+                ));
+            }
+            for (index, item) in list.iter().enumerate() {
+                cfg.inventory.simulated.push(simulated_gpu(&r, index, item)?);
+            }
+        }
+    }
+    if cfg.inventory.source == InventorySource::Simulated && cfg.inventory.simulated.is_empty() {
+        return Err(r.bad_value(
+            "inventory.source",
+            &Value::String("simulated".into()),
+            "at least one [[inventory.simulated]] table when the source is `simulated`",
+        ));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for (i, g) in cfg.inventory.simulated.iter().enumerate() {
+        if !seen.insert(g.uuid.to_ascii_lowercase()) {
+            return Err(r.bad_value(
+                &format!("inventory.simulated[{i}].uuid"),
+                &Value::String(g.uuid.clone()),
+                "a UUID not used by another simulated GPU",
+            ));
+        }
+    }
+
+    if let Some(t) = r.table(&root, "cdi", "cdi")? {
+        r.check_keys(t, "cdi", &["spec_dir"])?;
+        if let Some(p) = r.abs_path(t, "spec_dir", "cdi.spec_dir")? {
+            cfg.cdi.spec_dir = p;
+        }
+    }
+
+    if let Some(t) = r.table(&root, "placement", "placement")? {
+        r.check_keys(t, "placement", &["policy", "memory_overcommit", "max_slices_per_gpu"])?;
+        if let Some((s, v)) = r.string(t, "policy", "placement.policy")? {
+            cfg.placement.policy =
+                Policy::parse(s).ok_or_else(|| r.bad_value("placement.policy", v, Policy::ACCEPTED))?;
+        }
+        if let Some(v) = t.get("memory_overcommit") {
+            let f = match v {
+                Value::Float(f) => *f,
+                Value::Integer(i) => *i as f64,
+                other => return Err(r.wrong_type("placement.memory_overcommit", other, "a number from 1.0 to 16.0")),
+            };
+            if !(1.0..=16.0).contains(&f) || !f.is_finite() {
+                return Err(r.bad_value("placement.memory_overcommit", v, "a number from 1.0 to 16.0"));
+            }
+            cfg.placement.memory_overcommit = f;
+        }
+        if let Some(v) = t.get("max_slices_per_gpu") {
+            match v {
+                Value::Integer(i) if (1..=1024).contains(i) => {
+                    cfg.placement.max_slices_per_gpu = Some(*i as u32)
+                }
+                Value::Integer(_) => {
+                    return Err(r.bad_value("placement.max_slices_per_gpu", v, "an integer from 1 to 1024"))
+                }
+                other => return Err(r.wrong_type("placement.max_slices_per_gpu", other, "an integer from 1 to 1024")),
+            }
+        }
+    }
+
+    if let Some(t) = r.table(&root, "shim", "shim")? {
+        r.check_keys(t, "shim", &["library"])?;
+        if let Some(p) = r.abs_path(t, "library", "shim.library")? {
+            cfg.shim.library = p;
+        }
+    }
+
+    if let Some(t) = r.table(&root, "runtime", "runtime")? {
+        r.check_keys(t, "runtime", &["path"])?;
+        if let Some((s, v)) = r.string(t, "path", "runtime.path")? {
+            let p = PathBuf::from(s);
+            let bare_name = !s.is_empty() && !s.contains('/');
+            if !(bare_name || is_clean_absolute(&p)) {
+                return Err(r.bad_value("runtime.path", v, "an absolute path or a program name found in PATH (e.g. `runc`)"));
+            }
+            cfg.runtime.path = p;
+        }
+    }
+
+    if let Some(t) = r.table(&root, "registry", "registry")? {
+        r.check_keys(t, "registry", &["pending_timeout"])?;
+        if let Some((s, v)) = r.string(t, "pending_timeout", "registry.pending_timeout")? {
+            let accepted = "a duration from 1s to 1h such as `120s`, `2m` or `500ms`";
+            let d = humantime::parse_duration(s).map_err(|_| r.bad_value("registry.pending_timeout", v, accepted))?;
+            if d < std::time::Duration::from_secs(1) || d > std::time::Duration::from_secs(3600) {
+                return Err(r.bad_value("registry.pending_timeout", v, accepted));
+            }
+            cfg.registry.pending_timeout = d;
+        }
+    }
+
+    if let Some(t) = r.table(&root, "driver", "driver")? {
+        r.check_keys(t, "driver", &["root"])?;
+        if let Some(p) = r.abs_path(t, "root", "driver.root")? {
+            cfg.driver.root = p;
+        }
+    }
+
+    if let Some(t) = r.table(&root, "hook", "hook")? {
+        r.check_keys(t, "hook", &["path"])?;
+        cfg.hook.path = r.abs_path(t, "path", "hook.path")?;
+    }
+
+    if let Some(t) = r.table(&root, "serve", "serve")? {
+        r.check_keys(t, "serve", &["listen"])?;
+        if let Some((s, v)) = r.string(t, "listen", "serve.listen")? {
+            cfg.serve.listen = s
+                .parse::<SocketAddr>()
+                .map_err(|_| r.bad_value("serve.listen", v, "an address and port such as `127.0.0.1:9400` or `[::]:9400`"))?;
+        }
+    }
+    Ok(cfg)
+}
+
+fn simulated_gpu(r: &Reader<'_>, index: usize, item: &Value) -> Result<SimulatedGpu, ConfigError> {
+    let prefix = format!("inventory.simulated[{index}]");
+    let t = match item {
+        Value::Table(t) => t,
+        other => return Err(r.wrong_type(&prefix, other, "a table with `model`, `memory` and optional `uuid`")),
+    };
+    r.check_keys(t, &prefix, &["model", "memory", "uuid"])?;
+    let model_key = format!("{prefix}.model");
+    let model = match r.string(t, "model", &model_key)? {
+        None => DEFAULT_SIM_MODEL.to_string(),
+        Some((s, v)) => {
+            if s.trim().is_empty() || s.len() > 96 || s.chars().any(|c| c.is_control()) {
+                return Err(r.bad_value(&model_key, v, "a model name of 1 to 96 printable characters"));
+            }
+            s.to_string()
+        }
+    };
+    let mem_key = format!("{prefix}.memory");
+    let memory = match t.get("memory") {
+        None => DEFAULT_SIM_MEMORY,
+        Some(v @ Value::String(s)) => {
+            let b = parse_bytes(s).map_err(|_| r.bad_value(&mem_key, v, ACCEPTED_BYTES))?;
+            if b < (1 << 20) {
+                return Err(r.bad_value(&mem_key, v, "at least 1Mi"));
+            }
+            b
+        }
+        Some(v @ Value::Integer(i)) => {
+            if *i < (1 << 20) {
+                return Err(r.bad_value(&mem_key, v, "at least 1Mi"));
+            }
+            *i as u64
+        }
+        Some(other) => return Err(r.wrong_type(&mem_key, other, &format!("a string of {ACCEPTED_BYTES}"))),
+    };
+    let uuid_key = format!("{prefix}.uuid");
+    let uuid = match r.string(t, "uuid", &uuid_key)? {
+        None => simulated_uuid(index, &model),
+        Some((s, v)) => {
+            if !is_gpu_uuid(s) {
+                return Err(r.bad_value(&uuid_key, v, "`GPU-` followed by a UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)"));
+            }
+            s.to_string()
+        }
+    };
+    Ok(SimulatedGpu { model, memory, uuid })
+}
+
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map(|l| l.chars().count()).unwrap_or(0) + 1;
+    (line, column)
+}

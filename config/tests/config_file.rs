@@ -1,0 +1,158 @@
+//! The config file as an operator writes it: defaults, every key, and one-line refusals.
+
+use std::path::Path;
+use std::time::Duration;
+
+use gpuslice_config::*;
+
+fn parse(text: &str) -> Result<Config, ConfigError> {
+    parse_config(text, Path::new("/etc/gpuslice/config.toml"))
+}
+
+fn err(text: &str) -> String {
+    let e = parse(text).expect_err("config should be refused");
+    let line = e.to_string();
+    assert!(!line.contains('\n'), "error is not one line: {line}");
+    assert!(line.starts_with("config /etc/gpuslice/config.toml: "), "{line}");
+    line
+}
+
+#[test]
+fn empty_file_gives_defaults() {
+    let c = parse("").expect("empty config");
+    assert_eq!(c, Config::default());
+    assert_eq!(c.state_dir, Path::new("/run/gpuslice"));
+    assert_eq!(c.cdi.spec_dir, Path::new("/var/run/cdi"));
+    assert_eq!(c.placement.policy, Policy::Binpack);
+    assert_eq!(c.inventory.source, InventorySource::Nvml);
+    assert_eq!(c.shim.library, Path::new("/usr/lib/gpuslice/libgpuslice_shim.so"));
+    assert_eq!(c.runtime.path, Path::new("runc"));
+    assert_eq!(c.registry.pending_timeout, Duration::from_secs(120));
+}
+
+#[test]
+fn full_file_is_read() {
+    let c = parse(
+        r#"
+state_dir = "/tmp/gs"
+[inventory]
+source = "simulated"
+[[inventory.simulated]]
+model = "NVIDIA H200"
+memory = "141Gi"
+[[inventory.simulated]]
+model = "NVIDIA A100-SXM4-40GB"
+memory = "40Gi"
+uuid = "GPU-12345678-1234-1234-1234-123456789abc"
+[cdi]
+spec_dir = "/tmp/cdi"
+[placement]
+policy = "spread"
+memory_overcommit = 1.5
+max_slices_per_gpu = 8
+[shim]
+library = "/opt/gpuslice/libgpuslice_shim.so"
+[runtime]
+path = "/usr/sbin/runc"
+[registry]
+pending_timeout = "30s"
+[driver]
+root = "/run/nvidia/driver"
+[hook]
+path = "/usr/bin/gpuslice"
+[serve]
+listen = "0.0.0.0:9500"
+"#,
+    )
+    .expect("valid config");
+    assert_eq!(c.state_dir, Path::new("/tmp/gs"));
+    assert_eq!(c.inventory.simulated.len(), 2);
+    assert_eq!(c.inventory.simulated[0].memory, 141 << 30);
+    assert_eq!(c.inventory.simulated[0].uuid, simulated_uuid(0, "NVIDIA H200"));
+    assert_eq!(c.inventory.simulated[1].uuid, "GPU-12345678-1234-1234-1234-123456789abc");
+    assert_eq!(c.placement.policy, Policy::Spread);
+    assert_eq!(c.placement.memory_overcommit, 1.5);
+    assert_eq!(c.placement.max_slices_per_gpu, Some(8));
+    assert_eq!(c.registry.pending_timeout, Duration::from_secs(30));
+    assert_eq!(c.effective_driver_root(), Path::new("/tmp/gs/sim"));
+    assert_eq!(c.hook.path.as_deref(), Some(Path::new("/usr/bin/gpuslice")));
+    assert_eq!(c.serve.listen.port(), 9500);
+}
+
+#[test]
+fn unknown_key_names_key_and_accepted() {
+    let line = err("[placement]\npolcy = \"spread\"\n");
+    assert!(line.contains("unknown key `placement.polcy`"), "{line}");
+    assert!(line.contains("policy, memory_overcommit, max_slices_per_gpu"), "{line}");
+    let line = err("colour = 1\n");
+    assert!(line.contains("unknown key `colour`"), "{line}");
+    let line = err("[inventory]\nsource=\"simulated\"\n[[inventory.simulated]]\nmemroy=\"1Gi\"\n");
+    assert!(line.contains("unknown key `inventory.simulated[0].memroy`"), "{line}");
+}
+
+#[test]
+fn wrong_type_names_key_value_and_expected() {
+    let line = err("state_dir = 5\n");
+    assert!(line.contains("key `state_dir`: value 5 is a integer; expected a string"), "{line}");
+    let line = err("[placement]\nmax_slices_per_gpu = \"4\"\n");
+    assert!(line.contains("key `placement.max_slices_per_gpu`: value \"4\" is a string"), "{line}");
+    let line = err("placement = \"binpack\"\n");
+    assert!(line.contains("expected a table"), "{line}");
+}
+
+#[test]
+fn bad_quantity_is_refused() {
+    let line = err("[inventory]\nsource=\"simulated\"\n[[inventory.simulated]]\nmemory = \"100m\"\n");
+    assert!(line.contains("key `inventory.simulated[0].memory`: value \"100m\" is not accepted"), "{line}");
+    assert!(line.contains("Gi"), "{line}");
+    let line = err("[inventory]\nsource=\"simulated\"\n[[inventory.simulated]]\nmemory = \"25%\"\n");
+    assert!(line.contains("value \"25%\" is not accepted"), "{line}");
+}
+
+#[test]
+fn bad_policy_is_refused() {
+    let line = err("[placement]\npolicy = \"fastest\"\n");
+    assert!(line.contains("key `placement.policy`: value \"fastest\" is not accepted; expected `binpack` or `spread`"), "{line}");
+}
+
+#[test]
+fn other_bad_values_are_refused() {
+    assert!(err("state_dir = \"relative/dir\"\n").contains("absolute path"));
+    assert!(err("state_dir = \"/run/../etc\"\n").contains("absolute path"));
+    assert!(err("[inventory]\nsource = \"cuda\"\n").contains("`nvml` or `simulated`"));
+    assert!(err("[inventory]\nsource = \"simulated\"\n").contains("at least one [[inventory.simulated]]"));
+    assert!(err("[registry]\npending_timeout = \"forever\"\n").contains("duration"));
+    assert!(err("[registry]\npending_timeout = \"0s\"\n").contains("duration"));
+    assert!(err("[placement]\nmemory_overcommit = 0.5\n").contains("1.0 to 16.0"));
+    assert!(err("[serve]\nlisten = \"localhost\"\n").contains("address and port"));
+    assert!(err("[runtime]\npath = \"bin/runc\"\n").contains("absolute path or a program name"));
+    assert!(err("[inventory]\nsource=\"simulated\"\n[[inventory.simulated]]\nuuid=\"nope\"\n").contains("`GPU-` followed by a UUID"));
+    let dup = "[inventory]\nsource=\"simulated\"\n[[inventory.simulated]]\nuuid=\"GPU-12345678-1234-1234-1234-123456789abc\"\n[[inventory.simulated]]\nuuid=\"GPU-12345678-1234-1234-1234-123456789abc\"\n";
+    assert!(err(dup).contains("not used by another"));
+}
+
+#[test]
+fn syntax_error_has_line_and_column() {
+    let line = err("state_dir = \"/x\"\n[placement\n");
+    assert!(line.contains("invalid TOML at line 2"), "{line}");
+}
+
+#[test]
+fn load_prefers_flag_then_env_then_default() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let a = dir.path().join("a.toml");
+    let b = dir.path().join("b.toml");
+    std::fs::write(&a, "state_dir = \"/a\"\n").expect("write");
+    std::fs::write(&b, "state_dir = \"/b\"\n").expect("write");
+    let l = load_config(Some(&a), Some(b.as_os_str())).expect("flag");
+    assert_eq!(l.config.state_dir, Path::new("/a"));
+    assert_eq!(l.origin, ConfigOrigin::Flag);
+    assert_eq!(l.hook_args(), vec!["--config".to_string(), a.display().to_string()]);
+    let l = load_config(None, Some(b.as_os_str())).expect("env");
+    assert_eq!(l.config.state_dir, Path::new("/b"));
+    assert_eq!(l.origin, ConfigOrigin::Env);
+    let missing = dir.path().join("missing.toml");
+    let e = load_config(Some(&missing), None).expect_err("missing explicit file");
+    assert!(e.to_string().contains("cannot read"), "{e}");
+    assert!(e.to_string().contains("missing.toml"), "{e}");
+}

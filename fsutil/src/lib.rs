@@ -1,0 +1,123 @@
+//! Atomic replacement of files that others read while we write them (registry, CDI specs,
+//! config.json, limits): temp file in the same directory, fsync, rename, fsync the directory.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+/// A write that did not happen; the target is untouched.
+#[derive(Debug, thiserror::Error)]
+pub enum AtomicWriteError {
+    #[error("cannot write {path}: {path} has no parent directory")]
+    NoParent { path: PathBuf },
+    #[error("cannot write {path}: {step} {tmp}: {source}")]
+    Io { path: PathBuf, tmp: PathBuf, step: &'static str, source: std::io::Error },
+}
+
+/// Replaces `path` with `contents` atomically, with permission bits `mode`. Readers see the
+/// old file or the new one, never a mix; after return the new file survives a crash.
+pub fn atomic_write(path: &Path, contents: &[u8], mode: u32) -> Result<(), AtomicWriteError> {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .ok_or_else(|| AtomicWriteError::NoParent { path: path.to_path_buf() })?;
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let mut attempt = 0u32;
+    loop {
+        let tmp = dir.join(format!(".{name}.tmp.{}.{attempt}", std::process::id()));
+        let io = |step: &'static str, source: std::io::Error| AtomicWriteError::Io {
+            path: path.to_path_buf(),
+            tmp: tmp.clone(),
+            step,
+            source,
+        };
+        let mut file = match OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(&tmp)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < 64 => {
+                // A stale temp file of a dead writer with our pid; try another name.
+                attempt += 1;
+                continue;
+            }
+            Err(e) => return Err(io("creating", e)),
+        };
+        let result = (|| {
+            file.write_all(contents).map_err(|e| io("writing", e))?;
+            // The umask may have narrowed the mode at creation.
+            file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode))
+                .map_err(|e| io("setting permissions of", e))?;
+            file.sync_all().map_err(|e| io("syncing", e))?;
+            fs::rename(&tmp, path).map_err(|e| io("renaming", e))?;
+            sync_dir(dir).map_err(|e| io("syncing directory of", e))
+        })();
+        if result.is_err() {
+            let _ = fs::remove_file(&tmp);
+        }
+        return result;
+    }
+}
+
+/// Removes `path` and syncs its directory; a missing file is not an error.
+pub fn remove_synced(path: &Path) -> std::io::Result<()> {
+    match fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    }
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => sync_dir(dir),
+        _ => Ok(()),
+    }
+}
+
+/// fsyncs a directory so a rename or unlink in it is durable.
+pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn writes_and_replaces_with_mode() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("f.json");
+        atomic_write(&p, b"one", 0o600).expect("first write");
+        assert_eq!(fs::read(&p).expect("read"), b"one");
+        atomic_write(&p, b"two", 0o644).expect("second write");
+        assert_eq!(fs::read(&p).expect("read"), b"two");
+        assert_eq!(fs::metadata(&p).expect("meta").permissions().mode() & 0o777, 0o644);
+        let leftovers: Vec<_> = fs::read_dir(dir.path())
+            .expect("readdir")
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().contains(".tmp."))
+            .collect();
+        assert!(leftovers.is_empty(), "temp files left behind");
+    }
+
+    #[test]
+    fn failure_names_the_path_and_leaves_target() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("missing-dir").join("f.json");
+        let e = atomic_write(&p, b"x", 0o600).expect_err("no directory");
+        assert!(e.to_string().contains("missing-dir"), "{e}");
+        assert!(!p.exists());
+    }
+
+    #[test]
+    fn remove_is_idempotent() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("x");
+        fs::write(&p, b"1").expect("write");
+        remove_synced(&p).expect("remove");
+        remove_synced(&p).expect("remove again");
+        assert!(!p.exists());
+    }
+}

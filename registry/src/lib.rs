@@ -1,0 +1,1 @@
+//! gpuslice-registry (being built).
