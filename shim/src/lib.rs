@@ -1,0 +1,1 @@
+//! The enforcement shim (being built).

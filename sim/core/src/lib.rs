@@ -1,0 +1,1 @@
+//! The simulated GPU node model shared by the simulated driver libraries (being built).

@@ -1,0 +1,1 @@
+//! Simulated libcuda.so.1 (being built).

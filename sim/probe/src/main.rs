@@ -1,0 +1,2 @@
+//! The CUDA probe program (being built).
+fn main() {}

@@ -1,0 +1,1 @@
+//! End-to-end test harness: real runc, podman and containerd on a simulated node (being built).
