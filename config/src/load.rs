@@ -47,20 +47,34 @@ impl LoadedConfig {
 
 /// Loads the config: `flag` wins, then `env` (the value of `GPUSLICE_CONFIG`), then the
 /// default path. An explicitly named file must exist; the default may be absent.
-pub fn load_config(flag: Option<&Path>, env: Option<&std::ffi::OsStr>) -> Result<LoadedConfig, ConfigError> {
+pub fn load_config(
+    flag: Option<&Path>,
+    env: Option<&std::ffi::OsStr>,
+) -> Result<LoadedConfig, ConfigError> {
     let (path, origin) = match (flag, env.filter(|e| !e.is_empty())) {
         (Some(p), _) => (p.to_path_buf(), ConfigOrigin::Flag),
         (None, Some(e)) => (PathBuf::from(e), ConfigOrigin::Env),
-        (None, None) => (PathBuf::from(DEFAULT_CONFIG_PATH), ConfigOrigin::Default { exists: true }),
+        (None, None) => (
+            PathBuf::from(DEFAULT_CONFIG_PATH),
+            ConfigOrigin::Default { exists: true },
+        ),
     };
     let path = absolute(&path);
     match std::fs::read_to_string(&path) {
-        Ok(text) => Ok(LoadedConfig { config: parse_config(&text, &path)?, path, origin }),
+        Ok(text) => Ok(LoadedConfig {
+            config: parse_config(&text, &path)?,
+            path,
+            origin,
+        }),
         Err(e)
             if e.kind() == std::io::ErrorKind::NotFound
                 && matches!(origin, ConfigOrigin::Default { .. }) =>
         {
-            Ok(LoadedConfig { config: Config::default(), path, origin: ConfigOrigin::Default { exists: false } })
+            Ok(LoadedConfig {
+                config: Config::default(),
+                path,
+                origin: ConfigOrigin::Default { exists: false },
+            })
         }
         Err(source) => Err(ConfigError::Read { path, source }),
     }
@@ -75,6 +89,8 @@ fn absolute(p: &Path) -> PathBuf {
     if p.is_absolute() {
         p.to_path_buf()
     } else {
-        std::env::current_dir().map(|d| d.join(p)).unwrap_or_else(|_| p.to_path_buf())
+        std::env::current_dir()
+            .map(|d| d.join(p))
+            .unwrap_or_else(|_| p.to_path_buf())
     }
 }

@@ -157,22 +157,35 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             state_dir: PathBuf::from(DEFAULT_STATE_DIR),
-            inventory: InventoryConfig { source: InventorySource::Nvml, simulated: Vec::new() },
-            cdi: CdiConfig { spec_dir: PathBuf::from(DEFAULT_CDI_SPEC_DIR) },
+            inventory: InventoryConfig {
+                source: InventorySource::Nvml,
+                simulated: Vec::new(),
+            },
+            cdi: CdiConfig {
+                spec_dir: PathBuf::from(DEFAULT_CDI_SPEC_DIR),
+            },
             placement: PlacementConfig {
                 policy: Policy::Binpack,
                 memory_overcommit: 1.0,
                 max_slices_per_gpu: None,
             },
-            shim: ShimConfig { library: PathBuf::from(DEFAULT_SHIM_LIBRARY) },
-            runtime: RuntimeConfig { path: PathBuf::from(DEFAULT_RUNTIME) },
-            registry: RegistryConfig { pending_timeout: DEFAULT_PENDING_TIMEOUT },
-            driver: DriverConfig { root: PathBuf::from("/") },
+            shim: ShimConfig {
+                library: PathBuf::from(DEFAULT_SHIM_LIBRARY),
+            },
+            runtime: RuntimeConfig {
+                path: PathBuf::from(DEFAULT_RUNTIME),
+            },
+            registry: RegistryConfig {
+                pending_timeout: DEFAULT_PENDING_TIMEOUT,
+            },
+            driver: DriverConfig {
+                root: PathBuf::from("/"),
+            },
             hook: HookConfig { path: None },
             serve: ServeConfig {
-                listen: DEFAULT_LISTEN.parse().unwrap_or_else(|_| {
-                    SocketAddr::from(([127, 0, 0, 1], 9400))
-                }),
+                listen: DEFAULT_LISTEN
+                    .parse()
+                    .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 9400))),
             },
         }
     }
@@ -212,7 +225,10 @@ impl Config {
 /// so the simulated driver and the inventory agree without sharing state.
 pub fn simulated_uuid(index: usize, model: &str) -> String {
     const NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x6770_7573_6c69_6365_8000_0000_0000_0001);
-    let id = uuid::Uuid::new_v5(&NAMESPACE, format!("gpuslice-sim:{index}:{model}").as_bytes());
+    let id = uuid::Uuid::new_v5(
+        &NAMESPACE,
+        format!("gpuslice-sim:{index}:{model}").as_bytes(),
+    );
     format!("GPU-{}", id.hyphenated())
 }
 
@@ -226,7 +242,10 @@ pub fn is_gpu_uuid(s: &str) -> bool {
 
 /// True for an absolute path without `..` components.
 pub(crate) fn is_clean_absolute(p: &Path) -> bool {
-    p.is_absolute() && !p.components().any(|c| matches!(c, std::path::Component::ParentDir))
+    p.is_absolute()
+        && !p
+            .components()
+            .any(|c| matches!(c, std::path::Component::ParentDir))
 }
 
 #[cfg(test)]

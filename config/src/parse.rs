@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use toml::{Table, Value};
 
 use crate::model::{
-    is_clean_absolute, is_gpu_uuid, simulated_uuid, Config, InventorySource, Policy,
-    SimulatedGpu, DEFAULT_SIM_MEMORY, DEFAULT_SIM_MODEL,
+    is_clean_absolute, is_gpu_uuid, simulated_uuid, Config, InventorySource, Policy, SimulatedGpu,
+    DEFAULT_SIM_MEMORY, DEFAULT_SIM_MODEL,
 };
 use crate::quantity::{parse_bytes, ACCEPTED_BYTES};
 
@@ -19,15 +19,38 @@ pub const MAX_SIMULATED_GPUS: usize = 64;
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("config {path}: cannot read: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("config {path}: invalid TOML at line {line}, column {column}: {message}")]
-    Syntax { path: PathBuf, line: usize, column: usize, message: String },
+    Syntax {
+        path: PathBuf,
+        line: usize,
+        column: usize,
+        message: String,
+    },
     #[error("config {path}: unknown key `{key}`; accepted here: {accepted}")]
-    UnknownKey { path: PathBuf, key: String, accepted: String },
+    UnknownKey {
+        path: PathBuf,
+        key: String,
+        accepted: String,
+    },
     #[error("config {path}: key `{key}`: value {value} is a {found}; expected {expected}")]
-    WrongType { path: PathBuf, key: String, value: String, found: &'static str, expected: String },
+    WrongType {
+        path: PathBuf,
+        key: String,
+        value: String,
+        found: &'static str,
+        expected: String,
+    },
     #[error("config {path}: key `{key}`: value {value} is not accepted; expected {accepted}")]
-    BadValue { path: PathBuf, key: String, value: String, accepted: String },
+    BadValue {
+        path: PathBuf,
+        key: String,
+        value: String,
+        accepted: String,
+    },
 }
 
 impl ConfigError {
@@ -75,7 +98,11 @@ struct Reader<'a> {
 
 impl Reader<'_> {
     fn unknown(&self, key: String, accepted: &[&str]) -> ConfigError {
-        ConfigError::UnknownKey { path: self.path.to_path_buf(), key, accepted: accepted.join(", ") }
+        ConfigError::UnknownKey {
+            path: self.path.to_path_buf(),
+            key,
+            accepted: accepted.join(", "),
+        }
     }
 
     fn wrong_type(&self, key: &str, v: &Value, expected: &str) -> ConfigError {
@@ -97,17 +124,31 @@ impl Reader<'_> {
         }
     }
 
-    fn check_keys(&self, table: &Table, prefix: &str, accepted: &[&str]) -> Result<(), ConfigError> {
+    fn check_keys(
+        &self,
+        table: &Table,
+        prefix: &str,
+        accepted: &[&str],
+    ) -> Result<(), ConfigError> {
         for key in table.keys() {
             if !accepted.contains(&key.as_str()) {
-                let full = if prefix.is_empty() { key.clone() } else { format!("{prefix}.{key}") };
+                let full = if prefix.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{prefix}.{key}")
+                };
                 return Err(self.unknown(full, accepted));
             }
         }
         Ok(())
     }
 
-    fn table<'t>(&self, parent: &'t Table, key: &str, full: &str) -> Result<Option<&'t Table>, ConfigError> {
+    fn table<'t>(
+        &self,
+        parent: &'t Table,
+        key: &str,
+        full: &str,
+    ) -> Result<Option<&'t Table>, ConfigError> {
         match parent.get(key) {
             None => Ok(None),
             Some(Value::Table(t)) => Ok(Some(t)),
@@ -115,7 +156,12 @@ impl Reader<'_> {
         }
     }
 
-    fn string<'t>(&self, parent: &'t Table, key: &str, full: &str) -> Result<Option<(&'t str, &'t Value)>, ConfigError> {
+    fn string<'t>(
+        &self,
+        parent: &'t Table,
+        key: &str,
+        full: &str,
+    ) -> Result<Option<(&'t str, &'t Value)>, ConfigError> {
         match parent.get(key) {
             None => Ok(None),
             Some(v @ Value::String(s)) => Ok(Some((s.as_str(), v))),
@@ -123,7 +169,12 @@ impl Reader<'_> {
         }
     }
 
-    fn abs_path(&self, parent: &Table, key: &str, full: &str) -> Result<Option<PathBuf>, ConfigError> {
+    fn abs_path(
+        &self,
+        parent: &Table,
+        key: &str,
+        full: &str,
+    ) -> Result<Option<PathBuf>, ConfigError> {
         match self.string(parent, key, full)? {
             None => Ok(None),
             Some((s, v)) => {
@@ -149,7 +200,13 @@ pub fn parse_config(text: &str, path: &Path) -> Result<Config, ConfigError> {
             path: path.to_path_buf(),
             line,
             column,
-            message: e.message().lines().next().unwrap_or("syntax error").trim().to_string(),
+            message: e
+                .message()
+                .lines()
+                .next()
+                .unwrap_or("syntax error")
+                .trim()
+                .to_string(),
         }
     })?;
     let r = Reader { path };
@@ -157,7 +214,18 @@ pub fn parse_config(text: &str, path: &Path) -> Result<Config, ConfigError> {
     r.check_keys(
         &root,
         "",
-        &["state_dir", "inventory", "cdi", "placement", "shim", "runtime", "registry", "driver", "hook", "serve"],
+        &[
+            "state_dir",
+            "inventory",
+            "cdi",
+            "placement",
+            "shim",
+            "runtime",
+            "registry",
+            "driver",
+            "hook",
+            "serve",
+        ],
     )?;
     if let Some(p) = r.abs_path(&root, "state_dir", "state_dir")? {
         cfg.state_dir = p;
@@ -175,7 +243,13 @@ pub fn parse_config(text: &str, path: &Path) -> Result<Config, ConfigError> {
         if let Some(v) = inv.get("simulated") {
             let list = match v {
                 Value::Array(a) => a,
-                other => return Err(r.wrong_type("inventory.simulated", other, "an array of tables ([[inventory.simulated]])")),
+                other => {
+                    return Err(r.wrong_type(
+                        "inventory.simulated",
+                        other,
+                        "an array of tables ([[inventory.simulated]])",
+                    ))
+                }
             };
             if list.len() > MAX_SIMULATED_GPUS {
                 return Err(r.bad_value(
@@ -185,7 +259,9 @@ pub fn parse_config(text: &str, path: &Path) -> Result<Config, ConfigError> {
                 ));
             }
             for (index, item) in list.iter().enumerate() {
-                cfg.inventory.simulated.push(simulated_gpu(&r, index, item)?);
+                cfg.inventory
+                    .simulated
+                    .push(simulated_gpu(&r, index, item)?);
             }
         }
     }
@@ -215,19 +291,33 @@ pub fn parse_config(text: &str, path: &Path) -> Result<Config, ConfigError> {
     }
 
     if let Some(t) = r.table(&root, "placement", "placement")? {
-        r.check_keys(t, "placement", &["policy", "memory_overcommit", "max_slices_per_gpu"])?;
+        r.check_keys(
+            t,
+            "placement",
+            &["policy", "memory_overcommit", "max_slices_per_gpu"],
+        )?;
         if let Some((s, v)) = r.string(t, "policy", "placement.policy")? {
-            cfg.placement.policy =
-                Policy::parse(s).ok_or_else(|| r.bad_value("placement.policy", v, Policy::ACCEPTED))?;
+            cfg.placement.policy = Policy::parse(s)
+                .ok_or_else(|| r.bad_value("placement.policy", v, Policy::ACCEPTED))?;
         }
         if let Some(v) = t.get("memory_overcommit") {
             let f = match v {
                 Value::Float(f) => *f,
                 Value::Integer(i) => *i as f64,
-                other => return Err(r.wrong_type("placement.memory_overcommit", other, "a number from 1.0 to 16.0")),
+                other => {
+                    return Err(r.wrong_type(
+                        "placement.memory_overcommit",
+                        other,
+                        "a number from 1.0 to 16.0",
+                    ))
+                }
             };
             if !(1.0..=16.0).contains(&f) || !f.is_finite() {
-                return Err(r.bad_value("placement.memory_overcommit", v, "a number from 1.0 to 16.0"));
+                return Err(r.bad_value(
+                    "placement.memory_overcommit",
+                    v,
+                    "a number from 1.0 to 16.0",
+                ));
             }
             cfg.placement.memory_overcommit = f;
         }
@@ -237,9 +327,19 @@ pub fn parse_config(text: &str, path: &Path) -> Result<Config, ConfigError> {
                     cfg.placement.max_slices_per_gpu = Some(*i as u32)
                 }
                 Value::Integer(_) => {
-                    return Err(r.bad_value("placement.max_slices_per_gpu", v, "an integer from 1 to 1024"))
+                    return Err(r.bad_value(
+                        "placement.max_slices_per_gpu",
+                        v,
+                        "an integer from 1 to 1024",
+                    ))
                 }
-                other => return Err(r.wrong_type("placement.max_slices_per_gpu", other, "an integer from 1 to 1024")),
+                other => {
+                    return Err(r.wrong_type(
+                        "placement.max_slices_per_gpu",
+                        other,
+                        "an integer from 1 to 1024",
+                    ))
+                }
             }
         }
     }
@@ -257,7 +357,11 @@ pub fn parse_config(text: &str, path: &Path) -> Result<Config, ConfigError> {
             let p = PathBuf::from(s);
             let bare_name = !s.is_empty() && !s.contains('/');
             if !(bare_name || is_clean_absolute(&p)) {
-                return Err(r.bad_value("runtime.path", v, "an absolute path or a program name found in PATH (e.g. `runc`)"));
+                return Err(r.bad_value(
+                    "runtime.path",
+                    v,
+                    "an absolute path or a program name found in PATH (e.g. `runc`)",
+                ));
             }
             cfg.runtime.path = p;
         }
@@ -267,7 +371,8 @@ pub fn parse_config(text: &str, path: &Path) -> Result<Config, ConfigError> {
         r.check_keys(t, "registry", &["pending_timeout"])?;
         if let Some((s, v)) = r.string(t, "pending_timeout", "registry.pending_timeout")? {
             let accepted = "a duration from 1s to 1h such as `120s`, `2m` or `500ms`";
-            let d = humantime::parse_duration(s).map_err(|_| r.bad_value("registry.pending_timeout", v, accepted))?;
+            let d = humantime::parse_duration(s)
+                .map_err(|_| r.bad_value("registry.pending_timeout", v, accepted))?;
             if d < std::time::Duration::from_secs(1) || d > std::time::Duration::from_secs(3600) {
                 return Err(r.bad_value("registry.pending_timeout", v, accepted));
             }
@@ -290,9 +395,13 @@ pub fn parse_config(text: &str, path: &Path) -> Result<Config, ConfigError> {
     if let Some(t) = r.table(&root, "serve", "serve")? {
         r.check_keys(t, "serve", &["listen"])?;
         if let Some((s, v)) = r.string(t, "listen", "serve.listen")? {
-            cfg.serve.listen = s
-                .parse::<SocketAddr>()
-                .map_err(|_| r.bad_value("serve.listen", v, "an address and port such as `127.0.0.1:9400` or `[::]:9400`"))?;
+            cfg.serve.listen = s.parse::<SocketAddr>().map_err(|_| {
+                r.bad_value(
+                    "serve.listen",
+                    v,
+                    "an address and port such as `127.0.0.1:9400` or `[::]:9400`",
+                )
+            })?;
         }
     }
     Ok(cfg)
@@ -302,7 +411,13 @@ fn simulated_gpu(r: &Reader<'_>, index: usize, item: &Value) -> Result<Simulated
     let prefix = format!("inventory.simulated[{index}]");
     let t = match item {
         Value::Table(t) => t,
-        other => return Err(r.wrong_type(&prefix, other, "a table with `model`, `memory` and optional `uuid`")),
+        other => {
+            return Err(r.wrong_type(
+                &prefix,
+                other,
+                "a table with `model`, `memory` and optional `uuid`",
+            ))
+        }
     };
     r.check_keys(t, &prefix, &["model", "memory", "uuid"])?;
     let model_key = format!("{prefix}.model");
@@ -310,7 +425,11 @@ fn simulated_gpu(r: &Reader<'_>, index: usize, item: &Value) -> Result<Simulated
         None => DEFAULT_SIM_MODEL.to_string(),
         Some((s, v)) => {
             if s.trim().is_empty() || s.len() > 96 || s.chars().any(|c| c.is_control()) {
-                return Err(r.bad_value(&model_key, v, "a model name of 1 to 96 printable characters"));
+                return Err(r.bad_value(
+                    &model_key,
+                    v,
+                    "a model name of 1 to 96 printable characters",
+                ));
             }
             s.to_string()
         }
@@ -331,24 +450,39 @@ fn simulated_gpu(r: &Reader<'_>, index: usize, item: &Value) -> Result<Simulated
             }
             *i as u64
         }
-        Some(other) => return Err(r.wrong_type(&mem_key, other, &format!("a string of {ACCEPTED_BYTES}"))),
+        Some(other) => {
+            return Err(r.wrong_type(&mem_key, other, &format!("a string of {ACCEPTED_BYTES}")))
+        }
     };
     let uuid_key = format!("{prefix}.uuid");
     let uuid = match r.string(t, "uuid", &uuid_key)? {
         None => simulated_uuid(index, &model),
         Some((s, v)) => {
             if !is_gpu_uuid(s) {
-                return Err(r.bad_value(&uuid_key, v, "`GPU-` followed by a UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)"));
+                return Err(r.bad_value(
+                    &uuid_key,
+                    v,
+                    "`GPU-` followed by a UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)",
+                ));
             }
             s.to_string()
         }
     };
-    Ok(SimulatedGpu { model, memory, uuid })
+    Ok(SimulatedGpu {
+        model,
+        memory,
+        uuid,
+    })
 }
 
 fn line_col(text: &str, offset: usize) -> (usize, usize) {
     let before = &text[..offset.min(text.len())];
     let line = before.matches('\n').count() + 1;
-    let column = before.rsplit('\n').next().map(|l| l.chars().count()).unwrap_or(0) + 1;
+    let column = before
+        .rsplit('\n')
+        .next()
+        .map(|l| l.chars().count())
+        .unwrap_or(0)
+        + 1;
     (line, column)
 }

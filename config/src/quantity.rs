@@ -46,17 +46,33 @@ impl fmt::Display for Quantity {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum QuantityError {
     #[error("`{value}` is not a quantity; accepted: {accepted}")]
-    Syntax { value: String, accepted: &'static str },
-    #[error("`{value}` uses suffix `{suffix}`, which is not accepted ({hint}); accepted: {accepted}")]
-    Suffix { value: String, suffix: String, hint: &'static str, accepted: &'static str },
+    Syntax {
+        value: String,
+        accepted: &'static str,
+    },
+    #[error(
+        "`{value}` uses suffix `{suffix}`, which is not accepted ({hint}); accepted: {accepted}"
+    )]
+    Suffix {
+        value: String,
+        suffix: String,
+        hint: &'static str,
+        accepted: &'static str,
+    },
     #[error("`{value}` is not a whole number of bytes; accepted: {accepted}")]
-    Fraction { value: String, accepted: &'static str },
+    Fraction {
+        value: String,
+        accepted: &'static str,
+    },
     #[error("`{value}` is too large (more than 2^64-1 bytes)")]
     Overflow { value: String },
     #[error("`{value}` is not a percentage from 1% to 100%")]
     Percent { value: String },
     #[error("`{value}` is a percentage, but only an absolute size is accepted here: {accepted}")]
-    PercentNotAllowed { value: String, accepted: &'static str },
+    PercentNotAllowed {
+        value: String,
+        accepted: &'static str,
+    },
 }
 
 fn multiplier(suffix: &str) -> Option<u128> {
@@ -109,22 +125,40 @@ pub fn parse_bytes(input: &str) -> Result<u64, QuantityError> {
 
 fn parse_inner(input: &str, allow_percent: bool) -> Result<Quantity, QuantityError> {
     let value = input.trim();
-    let accepted = if allow_percent { ACCEPTED_QUANTITY } else { ACCEPTED_BYTES };
-    let syntax = || QuantityError::Syntax { value: input.to_string(), accepted };
+    let accepted = if allow_percent {
+        ACCEPTED_QUANTITY
+    } else {
+        ACCEPTED_BYTES
+    };
+    let syntax = || QuantityError::Syntax {
+        value: input.to_string(),
+        accepted,
+    };
     if let Some(num) = value.strip_suffix('%') {
         if !allow_percent {
-            return Err(QuantityError::PercentNotAllowed { value: input.to_string(), accepted });
+            return Err(QuantityError::PercentNotAllowed {
+                value: input.to_string(),
+                accepted,
+            });
         }
         if num.is_empty() || !num.bytes().all(|b| b.is_ascii_digit()) || num.len() > 3 {
-            return Err(QuantityError::Percent { value: input.to_string() });
+            return Err(QuantityError::Percent {
+                value: input.to_string(),
+            });
         }
-        let p: u16 = num.parse().map_err(|_| QuantityError::Percent { value: input.to_string() })?;
+        let p: u16 = num.parse().map_err(|_| QuantityError::Percent {
+            value: input.to_string(),
+        })?;
         if !(1..=100).contains(&p) {
-            return Err(QuantityError::Percent { value: input.to_string() });
+            return Err(QuantityError::Percent {
+                value: input.to_string(),
+            });
         }
         return Ok(Quantity::Percent(p as u8));
     }
-    let split = value.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(value.len());
+    let split = value
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(value.len());
     let (number, suffix) = value.split_at(split);
     if number.is_empty() {
         return Err(syntax());
@@ -150,7 +184,9 @@ fn parse_inner(input: &str, allow_percent: bool) -> Result<Quantity, QuantityErr
     {
         return Err(syntax());
     }
-    let overflow = || QuantityError::Overflow { value: input.to_string() };
+    let overflow = || QuantityError::Overflow {
+        value: input.to_string(),
+    };
     // Exact rational arithmetic: value = (int * 10^k + frac) * mult / 10^k.
     let mut numerator: u128 = 0;
     for b in int_part.bytes().chain(frac_part.bytes()) {
@@ -165,7 +201,10 @@ fn parse_inner(input: &str, allow_percent: bool) -> Result<Quantity, QuantityErr
     }
     let scaled = numerator.checked_mul(mult).ok_or_else(overflow)?;
     if scaled % denominator != 0 {
-        return Err(QuantityError::Fraction { value: input.to_string(), accepted });
+        return Err(QuantityError::Fraction {
+            value: input.to_string(),
+            accepted,
+        });
     }
     let bytes = u64::try_from(scaled / denominator).map_err(|_| overflow())?;
     Ok(Quantity::Bytes(bytes))
@@ -174,8 +213,13 @@ fn parse_inner(input: &str, allow_percent: bool) -> Result<Quantity, QuantityErr
 /// Formats bytes for people: the largest binary unit that divides exactly, else GiB with two
 /// decimals (`4Gi`, `512Mi`, `3.27 GiB`).
 pub fn format_bytes(bytes: u64) -> String {
-    const UNITS: [(&str, u64); 5] =
-        [("Pi", 1 << 50), ("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)];
+    const UNITS: [(&str, u64); 5] = [
+        ("Pi", 1 << 50),
+        ("Ti", 1 << 40),
+        ("Gi", 1 << 30),
+        ("Mi", 1 << 20),
+        ("Ki", 1 << 10),
+    ];
     for (name, size) in UNITS {
         if bytes >= size && bytes % size == 0 {
             return format!("{}{}", bytes / size, name);
@@ -218,8 +262,14 @@ mod tests {
 
     #[test]
     fn refuses_inexact_fractions_instead_of_rounding() {
-        assert!(matches!(parse_quantity("0.5"), Err(QuantityError::Fraction { .. })));
-        assert!(matches!(parse_quantity("1.0000000001Ki"), Err(QuantityError::Fraction { .. })));
+        assert!(matches!(
+            parse_quantity("0.5"),
+            Err(QuantityError::Fraction { .. })
+        ));
+        assert!(matches!(
+            parse_quantity("1.0000000001Ki"),
+            Err(QuantityError::Fraction { .. })
+        ));
         assert!(parse_quantity("1.").is_err());
         assert!(parse_quantity(".5Gi").is_err());
         assert!(parse_quantity("1.2.3").is_err());
@@ -227,21 +277,36 @@ mod tests {
 
     #[test]
     fn refuses_overflow() {
-        assert!(matches!(parse_quantity("16Ei"), Err(QuantityError::Overflow { .. })));
+        assert!(matches!(
+            parse_quantity("16Ei"),
+            Err(QuantityError::Overflow { .. })
+        ));
         assert!(matches!(
             parse_quantity("99999999999999999999999999999999999999999"),
             Err(QuantityError::Overflow { .. })
         ));
-        assert_eq!(parse_quantity("18446744073709551615"), Ok(Quantity::Bytes(u64::MAX)));
-        assert!(matches!(parse_quantity("18446744073709551616"), Err(QuantityError::Overflow { .. })));
+        assert_eq!(
+            parse_quantity("18446744073709551615"),
+            Ok(Quantity::Bytes(u64::MAX))
+        );
+        assert!(matches!(
+            parse_quantity("18446744073709551616"),
+            Err(QuantityError::Overflow { .. })
+        ));
     }
 
     #[test]
     fn refuses_bad_percentages_and_words() {
-        for bad in ["0%", "101%", "150%", "%", "2.5%", "-5%", "lots", "", "Gi", "-1Gi", "4 Gi", "4GB", "4gi"] {
+        for bad in [
+            "0%", "101%", "150%", "%", "2.5%", "-5%", "lots", "", "Gi", "-1Gi", "4 Gi", "4GB",
+            "4gi",
+        ] {
             assert!(parse_quantity(bad).is_err(), "{bad:?} was accepted");
         }
-        assert!(matches!(parse_bytes("25%"), Err(QuantityError::PercentNotAllowed { .. })));
+        assert!(matches!(
+            parse_bytes("25%"),
+            Err(QuantityError::PercentNotAllowed { .. })
+        ));
     }
 
     #[test]

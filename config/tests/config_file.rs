@@ -13,7 +13,10 @@ fn err(text: &str) -> String {
     let e = parse(text).expect_err("config should be refused");
     let line = e.to_string();
     assert!(!line.contains('\n'), "error is not one line: {line}");
-    assert!(line.starts_with("config /etc/gpuslice/config.toml: "), "{line}");
+    assert!(
+        line.starts_with("config /etc/gpuslice/config.toml: "),
+        "{line}"
+    );
     line
 }
 
@@ -25,7 +28,10 @@ fn empty_file_gives_defaults() {
     assert_eq!(c.cdi.spec_dir, Path::new("/var/run/cdi"));
     assert_eq!(c.placement.policy, Policy::Binpack);
     assert_eq!(c.inventory.source, InventorySource::Nvml);
-    assert_eq!(c.shim.library, Path::new("/usr/lib/gpuslice/libgpuslice_shim.so"));
+    assert_eq!(
+        c.shim.library,
+        Path::new("/usr/lib/gpuslice/libgpuslice_shim.so")
+    );
     assert_eq!(c.runtime.path, Path::new("runc"));
     assert_eq!(c.registry.pending_timeout, Duration::from_secs(120));
 }
@@ -68,8 +74,14 @@ listen = "0.0.0.0:9500"
     assert_eq!(c.state_dir, Path::new("/tmp/gs"));
     assert_eq!(c.inventory.simulated.len(), 2);
     assert_eq!(c.inventory.simulated[0].memory, 141 << 30);
-    assert_eq!(c.inventory.simulated[0].uuid, simulated_uuid(0, "NVIDIA H200"));
-    assert_eq!(c.inventory.simulated[1].uuid, "GPU-12345678-1234-1234-1234-123456789abc");
+    assert_eq!(
+        c.inventory.simulated[0].uuid,
+        simulated_uuid(0, "NVIDIA H200")
+    );
+    assert_eq!(
+        c.inventory.simulated[1].uuid,
+        "GPU-12345678-1234-1234-1234-123456789abc"
+    );
     assert_eq!(c.placement.policy, Policy::Spread);
     assert_eq!(c.placement.memory_overcommit, 1.5);
     assert_eq!(c.placement.max_slices_per_gpu, Some(8));
@@ -83,29 +95,46 @@ listen = "0.0.0.0:9500"
 fn unknown_key_names_key_and_accepted() {
     let line = err("[placement]\npolcy = \"spread\"\n");
     assert!(line.contains("unknown key `placement.polcy`"), "{line}");
-    assert!(line.contains("policy, memory_overcommit, max_slices_per_gpu"), "{line}");
+    assert!(
+        line.contains("policy, memory_overcommit, max_slices_per_gpu"),
+        "{line}"
+    );
     let line = err("colour = 1\n");
     assert!(line.contains("unknown key `colour`"), "{line}");
     let line = err("[inventory]\nsource=\"simulated\"\n[[inventory.simulated]]\nmemroy=\"1Gi\"\n");
-    assert!(line.contains("unknown key `inventory.simulated[0].memroy`"), "{line}");
+    assert!(
+        line.contains("unknown key `inventory.simulated[0].memroy`"),
+        "{line}"
+    );
 }
 
 #[test]
 fn wrong_type_names_key_value_and_expected() {
     let line = err("state_dir = 5\n");
-    assert!(line.contains("key `state_dir`: value 5 is a integer; expected a string"), "{line}");
+    assert!(
+        line.contains("key `state_dir`: value 5 is a integer; expected a string"),
+        "{line}"
+    );
     let line = err("[placement]\nmax_slices_per_gpu = \"4\"\n");
-    assert!(line.contains("key `placement.max_slices_per_gpu`: value \"4\" is a string"), "{line}");
+    assert!(
+        line.contains("key `placement.max_slices_per_gpu`: value \"4\" is a string"),
+        "{line}"
+    );
     let line = err("placement = \"binpack\"\n");
     assert!(line.contains("expected a table"), "{line}");
 }
 
 #[test]
 fn bad_quantity_is_refused() {
-    let line = err("[inventory]\nsource=\"simulated\"\n[[inventory.simulated]]\nmemory = \"100m\"\n");
-    assert!(line.contains("key `inventory.simulated[0].memory`: value \"100m\" is not accepted"), "{line}");
+    let line =
+        err("[inventory]\nsource=\"simulated\"\n[[inventory.simulated]]\nmemory = \"100m\"\n");
+    assert!(
+        line.contains("key `inventory.simulated[0].memory`: value \"100m\" is not accepted"),
+        "{line}"
+    );
     assert!(line.contains("Gi"), "{line}");
-    let line = err("[inventory]\nsource=\"simulated\"\n[[inventory.simulated]]\nmemory = \"25%\"\n");
+    let line =
+        err("[inventory]\nsource=\"simulated\"\n[[inventory.simulated]]\nmemory = \"25%\"\n");
     assert!(line.contains("value \"25%\" is not accepted"), "{line}");
 }
 
@@ -120,13 +149,17 @@ fn other_bad_values_are_refused() {
     assert!(err("state_dir = \"relative/dir\"\n").contains("absolute path"));
     assert!(err("state_dir = \"/run/../etc\"\n").contains("absolute path"));
     assert!(err("[inventory]\nsource = \"cuda\"\n").contains("`nvml` or `simulated`"));
-    assert!(err("[inventory]\nsource = \"simulated\"\n").contains("at least one [[inventory.simulated]]"));
+    assert!(err("[inventory]\nsource = \"simulated\"\n")
+        .contains("at least one [[inventory.simulated]]"));
     assert!(err("[registry]\npending_timeout = \"forever\"\n").contains("duration"));
     assert!(err("[registry]\npending_timeout = \"0s\"\n").contains("duration"));
     assert!(err("[placement]\nmemory_overcommit = 0.5\n").contains("1.0 to 16.0"));
     assert!(err("[serve]\nlisten = \"localhost\"\n").contains("address and port"));
     assert!(err("[runtime]\npath = \"bin/runc\"\n").contains("absolute path or a program name"));
-    assert!(err("[inventory]\nsource=\"simulated\"\n[[inventory.simulated]]\nuuid=\"nope\"\n").contains("`GPU-` followed by a UUID"));
+    assert!(
+        err("[inventory]\nsource=\"simulated\"\n[[inventory.simulated]]\nuuid=\"nope\"\n")
+            .contains("`GPU-` followed by a UUID")
+    );
     let dup = "[inventory]\nsource=\"simulated\"\n[[inventory.simulated]]\nuuid=\"GPU-12345678-1234-1234-1234-123456789abc\"\n[[inventory.simulated]]\nuuid=\"GPU-12345678-1234-1234-1234-123456789abc\"\n";
     assert!(err(dup).contains("not used by another"));
 }
@@ -147,7 +180,10 @@ fn load_prefers_flag_then_env_then_default() {
     let l = load_config(Some(&a), Some(b.as_os_str())).expect("flag");
     assert_eq!(l.config.state_dir, Path::new("/a"));
     assert_eq!(l.origin, ConfigOrigin::Flag);
-    assert_eq!(l.hook_args(), vec!["--config".to_string(), a.display().to_string()]);
+    assert_eq!(
+        l.hook_args(),
+        vec!["--config".to_string(), a.display().to_string()]
+    );
     let l = load_config(None, Some(b.as_os_str())).expect("env");
     assert_eq!(l.config.state_dir, Path::new("/b"));
     assert_eq!(l.origin, ConfigOrigin::Env);

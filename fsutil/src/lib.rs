@@ -12,7 +12,12 @@ pub enum AtomicWriteError {
     #[error("cannot write {path}: {path} has no parent directory")]
     NoParent { path: PathBuf },
     #[error("cannot write {path}: {step} {tmp}: {source}")]
-    Io { path: PathBuf, tmp: PathBuf, step: &'static str, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        tmp: PathBuf,
+        step: &'static str,
+        source: std::io::Error,
+    },
 }
 
 /// Replaces `path` with `contents` atomically, with permission bits `mode`. Readers see the
@@ -21,8 +26,13 @@ pub fn atomic_write(path: &Path, contents: &[u8], mode: u32) -> Result<(), Atomi
     let dir = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
-        .ok_or_else(|| AtomicWriteError::NoParent { path: path.to_path_buf() })?;
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        .ok_or_else(|| AtomicWriteError::NoParent {
+            path: path.to_path_buf(),
+        })?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let mut attempt = 0u32;
     loop {
         let tmp = dir.join(format!(".{name}.tmp.{}.{attempt}", std::process::id()));
@@ -93,7 +103,10 @@ mod tests {
         assert_eq!(fs::read(&p).expect("read"), b"one");
         atomic_write(&p, b"two", 0o644).expect("second write");
         assert_eq!(fs::read(&p).expect("read"), b"two");
-        assert_eq!(fs::metadata(&p).expect("meta").permissions().mode() & 0o777, 0o644);
+        assert_eq!(
+            fs::metadata(&p).expect("meta").permissions().mode() & 0o777,
+            0o644
+        );
         let leftovers: Vec<_> = fs::read_dir(dir.path())
             .expect("readdir")
             .filter_map(|e| e.ok())

@@ -40,29 +40,49 @@ fn is_zero(v: &u8) -> bool {
 #[derive(Debug, thiserror::Error)]
 pub enum LimitsError {
     #[error("limits file {path}: cannot read: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("limits file {path}: invalid JSON: {source}")]
-    Parse { path: PathBuf, source: serde_json::Error },
+    Parse {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
     #[error("limits file {path}: version {found} is not supported; this build reads version {LIMITS_VERSION}")]
     Version { path: PathBuf, found: u32 },
     #[error("limits file {path}: device {uuid}: cores {cores} is outside 0-100")]
-    Cores { path: PathBuf, uuid: String, cores: u8 },
+    Cores {
+        path: PathBuf,
+        uuid: String,
+        cores: u8,
+    },
     #[error("limits file {path}: no devices")]
     Empty { path: PathBuf },
     #[error("cannot write limits file {path}: {source}")]
-    Write { path: PathBuf, source: gpuslice_fsutil::AtomicWriteError },
+    Write {
+        path: PathBuf,
+        source: gpuslice_fsutil::AtomicWriteError,
+    },
 }
 
 impl Limits {
     /// Parses and checks limits text; `path` names the file in errors.
     pub fn from_json(text: &[u8], path: &Path) -> Result<Limits, LimitsError> {
-        let limits: Limits = serde_json::from_slice(text)
-            .map_err(|source| LimitsError::Parse { path: path.to_path_buf(), source })?;
+        let limits: Limits = serde_json::from_slice(text).map_err(|source| LimitsError::Parse {
+            path: path.to_path_buf(),
+            source,
+        })?;
         if limits.version != LIMITS_VERSION {
-            return Err(LimitsError::Version { path: path.to_path_buf(), found: limits.version });
+            return Err(LimitsError::Version {
+                path: path.to_path_buf(),
+                found: limits.version,
+            });
         }
         if limits.devices.is_empty() {
-            return Err(LimitsError::Empty { path: path.to_path_buf() });
+            return Err(LimitsError::Empty {
+                path: path.to_path_buf(),
+            });
         }
         if let Some(d) = limits.devices.iter().find(|d| d.cores > 100) {
             return Err(LimitsError::Cores {
@@ -76,8 +96,10 @@ impl Limits {
 
     /// Reads and checks a limits file.
     pub fn read(path: &Path) -> Result<Limits, LimitsError> {
-        let text = std::fs::read(path)
-            .map_err(|source| LimitsError::Read { path: path.to_path_buf(), source })?;
+        let text = std::fs::read(path).map_err(|source| LimitsError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
         Limits::from_json(&text, path)
     }
 
@@ -89,13 +111,19 @@ impl Limits {
 
     /// Writes the file atomically, readable by everyone, writable by the owner only.
     pub fn write(&self, path: &Path) -> Result<(), LimitsError> {
-        gpuslice_fsutil::atomic_write(path, &self.to_json(), 0o644)
-            .map_err(|source| LimitsError::Write { path: path.to_path_buf(), source })
+        gpuslice_fsutil::atomic_write(path, &self.to_json(), 0o644).map_err(|source| {
+            LimitsError::Write {
+                path: path.to_path_buf(),
+                source,
+            }
+        })
     }
 
     /// The limit for the device with this UUID (compared case-insensitively).
     pub fn device(&self, uuid: &str) -> Option<&DeviceLimit> {
-        self.devices.iter().find(|d| d.uuid.eq_ignore_ascii_case(uuid))
+        self.devices
+            .iter()
+            .find(|d| d.uuid.eq_ignore_ascii_case(uuid))
     }
 }
 
@@ -115,7 +143,8 @@ mod tests {
 
     #[test]
     fn cores_absent_means_zero_and_round_trips() {
-        let text = br#"{"version":1,"reservation":"r","devices":[{"uuid":"GPU-b","memory_limit":1}]}"#;
+        let text =
+            br#"{"version":1,"reservation":"r","devices":[{"uuid":"GPU-b","memory_limit":1}]}"#;
         let l = Limits::from_json(text, Path::new("/x")).expect("parses");
         assert_eq!(l.devices[0].cores, 0);
         assert_eq!(l.to_json(), text.to_vec());

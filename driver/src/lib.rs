@@ -1,0 +1,15 @@
+//! What gpuslice needs to know about a node's NVIDIA driver: its device nodes, its
+//! user-space libraries (found like the dynamic loader finds them) and the GPU inventory
+//! from NVML or from the simulated list of the config.
+
+pub mod devices;
+pub mod inventory;
+pub mod ldcache;
+pub mod libraries;
+
+pub use devices::{
+    discover_device_nodes, DeviceNode, DeviceNodes, DevicesError, NodeInspector, NodeKind,
+    RealInspector,
+};
+pub use inventory::{inventory, nvml_inventory, simulated_inventory, GpuInfo, InventoryError};
+pub use libraries::{discover_libraries, DriverLibrary, LibrariesError, COMPUTE_LIBRARIES};
