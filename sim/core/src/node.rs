@@ -1,0 +1,85 @@
+//! The simulated node as one process sees it: its paths, the GPUs of `devices.json`, the
+//! subset visible through device nodes, and the shared state.
+
+use crate::devices::{read_devices, DevicesError, SimDevice};
+use crate::paths::{PathsError, SimPaths};
+use crate::state::{SharedState, StateError};
+
+/// The simulated node could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error(transparent)]
+    Paths(#[from] PathsError),
+    #[error(transparent)]
+    Devices(#[from] DevicesError),
+    #[error(transparent)]
+    State(#[from] StateError),
+}
+
+/// Memory figures of one device, node-wide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryFigures {
+    pub total: u64,
+    pub used: u64,
+    pub free: u64,
+}
+
+/// An opened simulated node.
+#[derive(Debug)]
+pub struct SimNode {
+    paths: SimPaths,
+    devices: Vec<SimDevice>,
+    state: SharedState,
+}
+
+impl SimNode {
+    /// Opens the node at `paths`: reads `devices.json`, maps the shared state.
+    pub fn open(paths: SimPaths) -> Result<SimNode, NodeError> {
+        let devices = read_devices(&paths.state_dir)?;
+        let state = SharedState::open(&paths.state_file())?;
+        Ok(SimNode {
+            paths,
+            devices,
+            state,
+        })
+    }
+
+    /// Opens the node found from the environment (see [`SimPaths::from_env`]).
+    pub fn open_from_env() -> Result<SimNode, NodeError> {
+        SimNode::open(SimPaths::from_env()?)
+    }
+
+    pub fn paths(&self) -> &SimPaths {
+        &self.paths
+    }
+
+    /// All GPUs of the node, in index order.
+    pub fn devices(&self) -> &[SimDevice] {
+        &self.devices
+    }
+
+    /// The GPUs this process may use (device node present), in index order: ordinal `i` of
+    /// the driver API is element `i`.
+    pub fn visible(&self) -> Vec<&SimDevice> {
+        self.devices
+            .iter()
+            .filter(|d| self.paths.is_visible(d.minor))
+            .collect()
+    }
+
+    pub fn state(&self) -> &SharedState {
+        &self.state
+    }
+
+    /// Node-wide memory of device `index` (a host index), after reclaiming dead processes'.
+    pub fn memory(&self, index: usize) -> Result<MemoryFigures, StateError> {
+        let total = self.devices.get(index).map(|d| d.memory).unwrap_or(0);
+        self.state.reap_dead()?;
+        let used = self.state.used(index).min(total);
+        Ok(MemoryFigures {
+            total,
+            used,
+            free: total - used,
+        })
+    }
+}

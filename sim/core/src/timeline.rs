@@ -1,0 +1,187 @@
+//! The device timeline: a simulated GPU runs one kernel at a time, first come first served
+//! across all processes. A kernel occupies the device from `max(not_before, free_at)` for its
+//! duration, and busy time is recorded per 100 ms bucket so NVML can report utilisation.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::state::{SharedState, BUCKETS, BUCKET_NS};
+
+/// CLOCK_MONOTONIC in nanoseconds: the clock of every timeline, the same in all processes
+/// and containers of the node.
+pub fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the valid timespec we pass.
+    unsafe {
+        libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts);
+    }
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
+/// Sleeps until CLOCK_MONOTONIC reaches `deadline_ns` (returns at once if it has).
+pub fn sleep_until(deadline_ns: u64) {
+    loop {
+        let now = now_ns();
+        if now >= deadline_ns {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_nanos(deadline_ns - now));
+    }
+}
+
+/// Where a scheduled kernel runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scheduled {
+    pub start: u64,
+    pub end: u64,
+}
+
+fn bucket_add(b: &AtomicU64, epoch: u32, ns: u32) {
+    let _ = b.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+        let (e, n) = ((v >> 32) as u32, v as u32);
+        if e == epoch {
+            Some(((epoch as u64) << 32) | u64::from(n.saturating_add(ns)))
+        } else if e < epoch || v == 0 {
+            Some(((epoch as u64) << 32) | u64::from(ns))
+        } else {
+            // The slot already holds a later epoch (a backlog over BUCKETS deep): drop.
+            None
+        }
+    });
+}
+
+impl SharedState {
+    /// Schedules a kernel of `duration_ns` on device `dev`, not before `not_before` (the
+    /// stream's tail or now): it starts when the device is free.
+    pub fn schedule(&self, dev: usize, not_before: u64, duration_ns: u64) -> Scheduled {
+        let d = &self.layout().devices[dev];
+        let mut start = 0;
+        let _ = d
+            .free_at
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |free_at| {
+                start = free_at.max(not_before);
+                Some(start.saturating_add(duration_ns))
+            });
+        let end = start.saturating_add(duration_ns);
+        d.busy_ns.fetch_add(duration_ns, Ordering::AcqRel);
+        d.launches.fetch_add(1, Ordering::AcqRel);
+        self.record_busy(dev, start, end);
+        Scheduled { start, end }
+    }
+
+    /// When device `dev` finishes all work scheduled so far.
+    pub fn free_at(&self, dev: usize) -> u64 {
+        self.layout().devices[dev].free_at.load(Ordering::Acquire)
+    }
+
+    /// Total kernel time ever scheduled on `dev`, in ns.
+    pub fn busy_ns(&self, dev: usize) -> u64 {
+        self.layout().devices[dev].busy_ns.load(Ordering::Acquire)
+    }
+
+    /// Kernels ever scheduled on `dev`.
+    pub fn launches(&self, dev: usize) -> u64 {
+        self.layout().devices[dev].launches.load(Ordering::Acquire)
+    }
+
+    fn record_busy(&self, dev: usize, start: u64, end: u64) {
+        if end <= start {
+            return;
+        }
+        let buckets = &self.layout().devices[dev].buckets;
+        let first = start / BUCKET_NS;
+        let last = (end - 1) / BUCKET_NS;
+        let from = first.max(last.saturating_sub(BUCKETS as u64 - 1));
+        for epoch in from..=last {
+            let lo = start.max(epoch * BUCKET_NS);
+            let hi = end.min((epoch + 1) * BUCKET_NS);
+            bucket_add(
+                &buckets[(epoch % BUCKETS as u64) as usize],
+                epoch as u32,
+                (hi - lo) as u32,
+            );
+        }
+    }
+
+    /// Percent of the last second (the ten complete 100 ms buckets before `now`) during
+    /// which device `dev` ran kernels.
+    pub fn utilization(&self, dev: usize, now: u64) -> u32 {
+        let buckets = &self.layout().devices[dev].buckets;
+        let current = now / BUCKET_NS;
+        let window = 1_000_000_000 / BUCKET_NS;
+        let busy: u64 = (current.saturating_sub(window)..current)
+            .map(|epoch| {
+                let v = buckets[(epoch % BUCKETS as u64) as usize].load(Ordering::Acquire);
+                if (v >> 32) as u32 == epoch as u32 {
+                    u64::from(v as u32)
+                } else {
+                    0
+                }
+            })
+            .sum();
+        ((busy * 100 + 500_000_000) / 1_000_000_000).min(100) as u32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::STATE_FILE;
+
+    #[test]
+    fn kernels_run_one_at_a_time_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = SharedState::open(&dir.path().join(STATE_FILE)).unwrap();
+        let a = s.schedule(0, 1_000, 500);
+        assert_eq!(
+            a,
+            Scheduled {
+                start: 1_000,
+                end: 1_500
+            }
+        );
+        // Submitted earlier than the device is free: waits for it.
+        let b = s.schedule(0, 1_200, 100);
+        assert_eq!(
+            b,
+            Scheduled {
+                start: 1_500,
+                end: 1_600
+            }
+        );
+        // Submitted after an idle gap: starts at its own time.
+        let c = s.schedule(0, 5_000, 10);
+        assert_eq!(
+            c,
+            Scheduled {
+                start: 5_000,
+                end: 5_010
+            }
+        );
+        assert_eq!(s.free_at(0), 5_010);
+        assert_eq!(s.busy_ns(0), 610);
+        assert_eq!(s.launches(0), 3);
+        assert_eq!(s.free_at(1), 0, "other devices untouched");
+    }
+
+    #[test]
+    fn utilization_covers_the_last_second() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = SharedState::open(&dir.path().join(STATE_FILE)).unwrap();
+        let t0 = 100 * BUCKET_NS;
+        // Busy half of every 100 ms for one second.
+        for i in 0..10 {
+            s.schedule(0, t0 + i * BUCKET_NS, BUCKET_NS / 2);
+        }
+        assert_eq!(s.utilization(0, t0 + 10 * BUCKET_NS), 50);
+        // A second later, nothing ran.
+        assert_eq!(s.utilization(0, t0 + 20 * BUCKET_NS), 0);
+        // One long kernel spanning buckets counts fully.
+        s.schedule(0, t0 + 30 * BUCKET_NS, 10 * BUCKET_NS);
+        assert_eq!(s.utilization(0, t0 + 40 * BUCKET_NS), 100);
+    }
+}
