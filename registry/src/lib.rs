@@ -1,1 +1,38 @@
-//! gpuslice-registry (being built).
+//! gpuslice's node registry: the GPU inventory and the reservations that slice it, kept in
+//! `state_dir/registry.json` under an exclusive `flock`, with placement, reaping of
+//! reservations whose owner is gone, crash-safe persistence, rebuild from the per-slice
+//! records, and the status and gc renderings the CLI prints.
+
+// Tests may panic on unexpected errors; the library itself may not.
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
+mod fake;
+mod id;
+mod load;
+mod model;
+mod placement;
+mod reap;
+mod registry;
+mod request;
+mod status;
+mod store;
+mod system;
+mod table;
+
+pub use fake::FakeSystem;
+pub use id::{is_valid_id, new_id, IdError, ID_LEN};
+pub use load::{gpu_loads, memory_capacity, missing_gpus, violations, GpuLoad};
+pub use model::{
+    Booking, Counters, Gpu, Inventory, KubernetesRef, Owner, ProcessCheck, ProcessRef,
+    RegistryFile, Reservation, ReservationState, REGISTRY_VERSION,
+};
+pub use placement::{place, Refusal, RefusalReason};
+pub use reap::{ReapReason, Reaped};
+pub use registry::{
+    no_cleanup, read_registry, Cleanup, InventoryChange, Options, RebuildReport, Registry,
+    RegistryError, Released,
+};
+pub use request::{Request, Selector, SelectorError, MAX_GPUS};
+pub use status::{render_reaped, render_rebuild, render_table, status_json};
+pub use store::{StoreError, LOCK_FILE, RECORD_FILE, REGISTRY_FILE, SLICES_DIR};
+pub use system::{parse_stat, RealSystem, System, SystemError};

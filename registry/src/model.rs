@@ -1,0 +1,286 @@
+//! The registry's persistent data: what `registry.json` and each slice's `reservation.json`
+//! hold. Plain serde types; behaviour lives in the modules that use them.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// The only `registry.json` version this build reads and writes.
+pub const REGISTRY_VERSION: u32 = 1;
+
+/// One GPU of the node, as taken by `gpuslice cdi generate` (NVML or the simulated list).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Gpu {
+    /// NVML index.
+    pub index: u32,
+    /// `GPU-<uuid>`: the stable identity bookings refer to.
+    pub uuid: String,
+    pub model: String,
+    /// Total memory in bytes.
+    pub memory_total: u64,
+    /// Minor number of `/dev/nvidia<minor>`.
+    pub minor: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pci_bus_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa_node: Option<i32>,
+}
+
+/// The node's GPUs, cached in the registry.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Inventory {
+    pub gpus: Vec<Gpu>,
+}
+
+impl Inventory {
+    /// The GPU with this UUID (bookings copy the inventory's spelling, so this is exact).
+    pub fn gpu(&self, uuid: &str) -> Option<&Gpu> {
+        self.gpus.iter().find(|g| g.uuid == uuid)
+    }
+}
+
+/// Whether a reservation is tied to a running owner yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReservationState {
+    /// Reserved at create time, not yet bound to a container's process; reaped after its
+    /// deadline.
+    Pending,
+    /// Held by a live owner: a container's process, or a DRA claim.
+    Bound,
+}
+
+impl ReservationState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReservationState::Pending => "pending",
+            ReservationState::Bound => "bound",
+        }
+    }
+}
+
+impl fmt::Display for ReservationState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A process instance: a pid is only the same process while start time and boot id match.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ProcessRef {
+    pub pid: u32,
+    /// Field 22 of `/proc/<pid>/stat` (clock ticks since boot).
+    pub start_time: u64,
+    /// `/proc/sys/kernel/random/boot_id` when the process was seen.
+    pub boot_id: String,
+}
+
+/// Where a container sits in Kubernetes, for status and metrics.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KubernetesRef {
+    pub namespace: String,
+    pub pod: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_uid: Option<String>,
+    pub container: String,
+}
+
+/// Who holds a reservation, and so what keeps it alive.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Owner {
+    /// A container: pending until bound to its init process, then held while that process
+    /// lives.
+    Container {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        container_id: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        process: Option<ProcessRef>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        kubernetes: Option<KubernetesRef>,
+    },
+    /// A Kubernetes DRA claim: held from the kubelet's prepare to its unprepare, whatever its
+    /// containers do; never reaped, only released.
+    DraClaim {
+        claim_uid: String,
+        namespace: String,
+        name: String,
+    },
+}
+
+impl Owner {
+    /// A container owner known by nothing yet (the usual create-time request).
+    pub fn container() -> Owner {
+        Owner::Container {
+            container_id: None,
+            process: None,
+            kubernetes: None,
+        }
+    }
+
+    /// The container id, once known.
+    pub fn container_id(&self) -> Option<&str> {
+        match self {
+            Owner::Container { container_id, .. } => container_id.as_deref(),
+            Owner::DraClaim { .. } => None,
+        }
+    }
+
+    /// The process that keeps this reservation alive, if any.
+    pub fn process(&self) -> Option<&ProcessRef> {
+        match self {
+            Owner::Container { process, .. } => process.as_ref(),
+            Owner::DraClaim { .. } => None,
+        }
+    }
+}
+
+impl fmt::Display for Owner {
+    /// Short human form: `ns/pod/container`, the container id, or `claim ns/name`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Owner::Container {
+                kubernetes: Some(k),
+                ..
+            } => {
+                write!(f, "{}/{}/{}", k.namespace, k.pod, k.container)
+            }
+            Owner::Container {
+                container_id: Some(id),
+                ..
+            } => f.write_str(id),
+            Owner::Container { .. } => f.write_str("-"),
+            Owner::DraClaim {
+                namespace, name, ..
+            } => write!(f, "claim {namespace}/{name}"),
+        }
+    }
+}
+
+/// What a reservation holds on one GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Booking {
+    /// The GPU's index when booked (kept in step with the inventory; for display).
+    pub index: u32,
+    pub uuid: String,
+    /// Bytes booked.
+    pub memory: u64,
+    /// Compute share in percent; 0 when none is booked.
+    pub cores: u8,
+}
+
+/// One reservation: a slice of one or more GPUs held by an owner.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reservation {
+    /// 16 lowercase hex characters.
+    pub id: String,
+    pub state: ReservationState,
+    pub owner: Owner,
+    /// A whole-GPU booking (CDI `gpuslice.io/gpu=…`): nothing else may share its GPUs.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub whole_gpu: bool,
+    pub gpus: Vec<Booking>,
+    /// Unix milliseconds.
+    pub created_ms: u64,
+    /// A pending reservation not bound by then is reaped (unix milliseconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bound_ms: Option<u64>,
+}
+
+/// When a process was last seen alive with its recorded start time, so that the expensive
+/// `/proc/<pid>/stat` read is not repeated on every operation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessCheck {
+    pub pid: u32,
+    pub start_time: u64,
+    /// Unix milliseconds.
+    pub checked_ms: u64,
+}
+
+/// Running totals for the exporter.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counters {
+    #[serde(default)]
+    pub reserved_total: u64,
+    #[serde(default)]
+    pub released_total: u64,
+    #[serde(default)]
+    pub reaped_total: u64,
+    /// Refused requests by reason (`no-fit`, `bad-selector`, `bad-request`, `no-inventory`).
+    #[serde(default)]
+    pub refused_total: BTreeMap<String, u64>,
+}
+
+/// The whole of `registry.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegistryFile {
+    pub version: u32,
+    #[serde(default)]
+    pub inventory: Inventory,
+    #[serde(default)]
+    pub reservations: Vec<Reservation>,
+    #[serde(default)]
+    pub counters: Counters,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub process_checks: Vec<ProcessCheck>,
+}
+
+impl Default for RegistryFile {
+    fn default() -> Self {
+        RegistryFile {
+            version: REGISTRY_VERSION,
+            inventory: Inventory::default(),
+            reservations: Vec::new(),
+            counters: Counters::default(),
+            process_checks: Vec::new(),
+        }
+    }
+}
+
+impl RegistryFile {
+    /// The reservation with this id.
+    pub fn reservation(&self, id: &str) -> Option<&Reservation> {
+        self.reservations.iter().find(|r| r.id == id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owner_serialises_as_tagged_variant() {
+        let o = Owner::Container {
+            container_id: Some("c1".into()),
+            process: Some(ProcessRef {
+                pid: 7,
+                start_time: 9,
+                boot_id: "b".into(),
+            }),
+            kubernetes: None,
+        };
+        let v = serde_json::to_value(&o).expect("serialise");
+        assert_eq!(v["kind"], "container");
+        assert_eq!(v["process"]["pid"], 7);
+        assert!(v.get("kubernetes").is_none());
+        let d = Owner::DraClaim {
+            claim_uid: "u".into(),
+            namespace: "ns".into(),
+            name: "n".into(),
+        };
+        let back: Owner =
+            serde_json::from_value(serde_json::to_value(&d).expect("ser")).expect("de");
+        assert_eq!(back, d);
+        assert_eq!(d.to_string(), "claim ns/n");
+        assert_eq!(Owner::container().to_string(), "-");
+    }
+
+    #[test]
+    fn minimal_file_parses_with_defaults() {
+        let f: RegistryFile = serde_json::from_str(r#"{"version":1}"#).expect("parses");
+        assert_eq!(f, RegistryFile::default());
+    }
+}

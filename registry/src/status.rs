@@ -1,0 +1,222 @@
+//! What `gpuslice status` and `gpuslice gc` print: the aligned table, the JSON of DESIGN.md
+//! §4, and the reports of reaping and rebuilding. Pure functions of registry data.
+
+use serde_json::{json, Value};
+
+use crate::load::{gpu_loads, missing_gpus};
+use crate::model::{Inventory, Owner, RegistryFile, Reservation};
+use crate::reap::Reaped;
+use crate::registry::RebuildReport;
+use crate::table::{Align, Table};
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+fn gib(bytes: u64) -> String {
+    format!("{:.1} GiB", bytes as f64 / GIB)
+}
+
+fn percent(part: u64, whole: u64) -> u64 {
+    if whole == 0 {
+        0
+    } else {
+        ((u128::from(part) * 100 + u128::from(whole) / 2) / u128::from(whole)) as u64
+    }
+}
+
+/// The owner in a table cell: `ns/pod/container`, a container id shortened to 12
+/// characters, `claim ns/name`, or `-` while unknown.
+fn owner_cell(owner: &Owner) -> String {
+    match owner {
+        Owner::Container {
+            kubernetes: None,
+            container_id: Some(id),
+            ..
+        } => id.chars().take(12).collect(),
+        other => other.to_string(),
+    }
+}
+
+fn bookings_cell(r: &Reservation, inventory: &Inventory) -> String {
+    r.gpus
+        .iter()
+        .map(|b| {
+            let gpu = match inventory.gpu(&b.uuid) {
+                Some(g) => g.index.to_string(),
+                None => format!("{} (missing)", b.uuid),
+            };
+            if r.whole_gpu {
+                format!("{gpu}: whole GPU")
+            } else if b.cores > 0 {
+                format!("{gpu}: {} {}% cores", gib(b.memory), b.cores)
+            } else {
+                format!("{gpu}: {}", gib(b.memory))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The status table: per GPU (index, model, memory total / allocated / free in GiB, cores
+/// allocated, share of the GPU's memory booked, slice count), then the reservations.
+pub fn render_table(file: &RegistryFile) -> String {
+    let loads = gpu_loads(&file.reservations);
+    let mut gpus = Table::new(&[
+        ("GPU", Align::Right),
+        ("MODEL", Align::Left),
+        ("MEMORY", Align::Right),
+        ("ALLOCATED", Align::Right),
+        ("FREE", Align::Right),
+        ("CORES", Align::Right),
+        ("BOOKED", Align::Right),
+        ("SLICES", Align::Right),
+    ]);
+    for g in &file.inventory.gpus {
+        let l = loads.get(g.uuid.as_str()).copied().unwrap_or_default();
+        gpus.row(vec![
+            g.index.to_string(),
+            g.model.clone(),
+            gib(g.memory_total),
+            gib(l.memory),
+            gib(g.memory_total.saturating_sub(l.memory)),
+            format!("{}%", l.cores),
+            format!("{}%", percent(l.memory, g.memory_total)),
+            if l.whole {
+                "whole".into()
+            } else {
+                l.slices.to_string()
+            },
+        ]);
+    }
+    let mut out = if file.inventory.gpus.is_empty() {
+        "no GPU inventory: run `gpuslice cdi generate`\n".to_string()
+    } else {
+        gpus.render()
+    };
+    let mut missing: Vec<&str> = missing_gpus(&file.inventory, &file.reservations)
+        .into_iter()
+        .map(|(_, u)| u)
+        .collect();
+    missing.sort_unstable();
+    missing.dedup();
+    for uuid in missing {
+        out.push_str(&format!(
+            "GPU {uuid} is booked but no longer in the inventory\n"
+        ));
+    }
+    out.push('\n');
+    if file.reservations.is_empty() {
+        out.push_str("no reservations\n");
+        return out;
+    }
+    let mut rs = Table::new(&[
+        ("RESERVATION", Align::Left),
+        ("STATE", Align::Left),
+        ("OWNER", Align::Left),
+        ("GPUS", Align::Left),
+    ]);
+    for r in &file.reservations {
+        rs.row(vec![
+            r.id.clone(),
+            r.state.to_string(),
+            owner_cell(&r.owner),
+            bookings_cell(r, &file.inventory),
+        ]);
+    }
+    out.push_str(&rs.render());
+    out
+}
+
+/// `status --json` per DESIGN.md §4: `gpus` (index, uuid, model, memory_total,
+/// memory_allocated, cores_allocated; plus memory_free, slices, whole_gpu) and
+/// `reservations` (id, state, container_id, gpus[uuid, memory, cores]; plus owner, whole_gpu,
+/// created_ms, deadline_ms, bound_ms, and each GPU's index). Bytes are integers.
+pub fn status_json(file: &RegistryFile) -> Value {
+    let loads = gpu_loads(&file.reservations);
+    let gpus: Vec<Value> = file
+        .inventory
+        .gpus
+        .iter()
+        .map(|g| {
+            let l = loads.get(g.uuid.as_str()).copied().unwrap_or_default();
+            json!({
+                "index": g.index,
+                "uuid": g.uuid,
+                "model": g.model,
+                "memory_total": g.memory_total,
+                "memory_allocated": l.memory,
+                "cores_allocated": l.cores,
+                "memory_free": g.memory_total.saturating_sub(l.memory),
+                "slices": l.slices,
+                "whole_gpu": l.whole,
+            })
+        })
+        .collect();
+    let reservations: Vec<Value> = file
+        .reservations
+        .iter()
+        .map(|r| {
+            json!({
+                "id": r.id,
+                "state": r.state.as_str(),
+                "container_id": r.owner.container_id(),
+                "gpus": r.gpus.iter().map(|b| json!({
+                    "uuid": b.uuid,
+                    "memory": b.memory,
+                    "cores": b.cores,
+                    "index": file.inventory.gpu(&b.uuid).map(|g| g.index),
+                })).collect::<Vec<_>>(),
+                "owner": r.owner,
+                "whole_gpu": r.whole_gpu,
+                "created_ms": r.created_ms,
+                "deadline_ms": r.deadline_ms,
+                "bound_ms": r.bound_ms,
+            })
+        })
+        .collect();
+    json!({ "gpus": gpus, "reservations": reservations, "counters": file.counters })
+}
+
+/// What `gpuslice gc` prints: one line per reaped reservation with its reason.
+pub fn render_reaped(reaped: &[Reaped]) -> String {
+    if reaped.is_empty() {
+        return "nothing to reap\n".to_string();
+    }
+    let mut out = format!("reaped {}:\n", reaped.len());
+    for r in reaped {
+        out.push_str(&format!("  {r}\n"));
+    }
+    out
+}
+
+/// What `gpuslice gc --rebuild` prints.
+pub fn render_rebuild(report: &RebuildReport) -> String {
+    let mut out = String::new();
+    if let Some(p) = &report.moved_aside {
+        out.push_str(&format!("unusable registry kept as {}\n", p.display()));
+    }
+    out.push_str(&format!(
+        "restored {} reservations\n",
+        report.restored.len()
+    ));
+    for r in &report.restored {
+        out.push_str(&format!("  {} ({}, {})\n", r.id, r.state, r.owner));
+    }
+    if !report.dropped.is_empty() {
+        out.push_str(&format!("dropped {}:\n", report.dropped.len()));
+        for d in &report.dropped {
+            out.push_str(&format!("  {d}\n"));
+        }
+    }
+    for u in &report.unreadable {
+        out.push_str(&format!("left in place: {u}\n"));
+    }
+    for (id, uuid) in &report.missing {
+        out.push_str(&format!(
+            "reservation {id} books GPU {uuid}, which the inventory lacks\n"
+        ));
+    }
+    for v in &report.violations {
+        out.push_str(&format!("over capacity: {v}\n"));
+    }
+    out
+}

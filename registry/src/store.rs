@@ -1,0 +1,320 @@
+//! The registry's files in `state_dir`: the lock, `registry.json` (replaced atomically,
+//! read without the lock by status and the exporter) and the per-reservation records in
+//! `slices/<id>/reservation.json` that `gc --rebuild` reconstructs from.
+
+use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::io::{ErrorKind, Read};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::id::is_valid_id;
+use crate::model::{RegistryFile, Reservation, REGISTRY_VERSION};
+
+/// The registry file in `state_dir`.
+pub const REGISTRY_FILE: &str = "registry.json";
+/// The lock file in `state_dir`, held with `flock` during every read-modify-write.
+pub const LOCK_FILE: &str = "registry.lock";
+/// The directory of slice directories in `state_dir`.
+pub const SLICES_DIR: &str = "slices";
+/// The reservation record in a slice directory.
+pub const RECORD_FILE: &str = "reservation.json";
+/// Version of `reservation.json`.
+pub const RECORD_VERSION: u32 = 1;
+
+/// A file operation of the registry that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot {op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Write(#[from] gpuslice_fsutil::AtomicWriteError),
+    #[error("reservation record {path} is unreadable: {detail}")]
+    Record { path: PathBuf, detail: String },
+}
+
+fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> StoreError + 'a {
+    move |source| StoreError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// The registry's paths under one state directory.
+#[derive(Debug, Clone)]
+pub struct Paths {
+    pub state_dir: PathBuf,
+    pub registry: PathBuf,
+    pub lock: PathBuf,
+    pub slices: PathBuf,
+}
+
+impl Paths {
+    pub fn new(state_dir: &Path) -> Paths {
+        Paths {
+            state_dir: state_dir.to_path_buf(),
+            registry: state_dir.join(REGISTRY_FILE),
+            lock: state_dir.join(LOCK_FILE),
+            slices: state_dir.join(SLICES_DIR),
+        }
+    }
+
+    /// `slices/<id>`; `id` must be a valid reservation id.
+    pub fn slice_dir(&self, id: &str) -> PathBuf {
+        self.slices.join(id)
+    }
+
+    /// Creates the state and slices directories when missing.
+    pub fn create(&self) -> Result<(), StoreError> {
+        DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(&self.slices)
+            .map_err(io("create directory", &self.slices))
+    }
+}
+
+/// An exclusive `flock` on the lock file, released when dropped (or by the kernel when the
+/// holder dies).
+#[derive(Debug)]
+pub struct LockGuard {
+    _file: File,
+}
+
+/// Takes the registry lock, waiting for it.
+pub fn lock(path: &Path) -> Result<LockGuard, StoreError> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)
+        .map_err(io("open lock file", path))?;
+    loop {
+        match rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive) {
+            Ok(()) => return Ok(LockGuard { _file: file }),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => {
+                return Err(StoreError::Io {
+                    op: "lock",
+                    path: path.to_path_buf(),
+                    source: e.into(),
+                })
+            }
+        }
+    }
+}
+
+/// What `registry.json` held.
+#[derive(Debug)]
+pub enum Loaded {
+    /// No file yet: a fresh node.
+    Missing,
+    Ok(RegistryFile),
+    /// Unparseable or an unknown version: never guessed at or overwritten.
+    Corrupt(String),
+}
+
+#[derive(Deserialize)]
+struct VersionProbe {
+    version: u32,
+}
+
+/// Parses registry text; `Err` carries what is wrong, for the corrupt-file message.
+pub fn parse_registry(text: &[u8]) -> Result<RegistryFile, String> {
+    match serde_json::from_slice::<RegistryFile>(text) {
+        Ok(f) if f.version == REGISTRY_VERSION => Ok(f),
+        Ok(f) => Err(format!(
+            "version {} is not supported (this build reads version {REGISTRY_VERSION})",
+            f.version
+        )),
+        Err(e) => match serde_json::from_slice::<VersionProbe>(text) {
+            Ok(p) if p.version != REGISTRY_VERSION => Err(format!(
+                "version {} is not supported (this build reads version {REGISTRY_VERSION})",
+                p.version
+            )),
+            _ => Err(format!("invalid JSON: {e}")),
+        },
+    }
+}
+
+/// Reads and parses `registry.json`.
+pub fn load(path: &Path) -> Result<Loaded, StoreError> {
+    let mut text = Vec::with_capacity(64 * 1024);
+    match File::open(path) {
+        Ok(mut f) => f.read_to_end(&mut text).map_err(io("read", path))?,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Loaded::Missing),
+        Err(e) => return Err(io("open", path)(e)),
+    };
+    Ok(match parse_registry(&text) {
+        Ok(f) => Loaded::Ok(f),
+        Err(detail) => Loaded::Corrupt(detail),
+    })
+}
+
+/// Replaces `registry.json` atomically, mode 0600.
+pub fn save(path: &Path, file: &RegistryFile) -> Result<(), StoreError> {
+    let text = serde_json::to_vec(file).map_err(|e| StoreError::Io {
+        op: "serialise",
+        path: path.to_path_buf(),
+        source: std::io::Error::other(e),
+    })?;
+    gpuslice_fsutil::atomic_write(path, &text, 0o600)?;
+    Ok(())
+}
+
+#[derive(Serialize, Deserialize)]
+struct Record {
+    version: u32,
+    reservation: Reservation,
+}
+
+#[derive(Serialize)]
+struct RecordRef<'a> {
+    version: u32,
+    reservation: &'a Reservation,
+}
+
+/// Creates `slices/<id>/` if needed and (re)writes its `reservation.json`.
+pub fn write_record(paths: &Paths, r: &Reservation) -> Result<(), StoreError> {
+    let dir = paths.slice_dir(&r.id);
+    match DirBuilder::new().mode(0o755).create(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(io("create directory", &dir)(e)),
+    }
+    let text = serde_json::to_vec(&RecordRef {
+        version: RECORD_VERSION,
+        reservation: r,
+    })
+    .map_err(|e| StoreError::Io {
+        op: "serialise",
+        path: dir.clone(),
+        source: std::io::Error::other(e),
+    })?;
+    gpuslice_fsutil::atomic_write(&dir.join(RECORD_FILE), &text, 0o600)?;
+    Ok(())
+}
+
+/// Reads `slices/<id>/reservation.json`; `Ok(None)` when the directory or record is absent.
+pub fn read_record(paths: &Paths, id: &str) -> Result<Option<Reservation>, StoreError> {
+    let path = paths.slice_dir(id).join(RECORD_FILE);
+    let text = match fs::read(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io("read", &path)(e)),
+    };
+    let rec: Record = serde_json::from_slice(&text).map_err(|e| StoreError::Record {
+        path: path.clone(),
+        detail: format!("invalid JSON: {e}"),
+    })?;
+    if rec.version != RECORD_VERSION {
+        return Err(StoreError::Record {
+            path,
+            detail: format!(
+                "version {} is not supported (this build reads version {RECORD_VERSION})",
+                rec.version
+            ),
+        });
+    }
+    if rec.reservation.id != id {
+        return Err(StoreError::Record {
+            path,
+            detail: format!("it names reservation {}", rec.reservation.id),
+        });
+    }
+    Ok(Some(rec.reservation))
+}
+
+/// Removes `slices/<id>/` and everything in it; a missing directory is fine.
+pub fn remove_slice(paths: &Paths, id: &str) -> Result<(), StoreError> {
+    let dir = paths.slice_dir(id);
+    match fs::remove_dir_all(&dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io("remove", &dir)(e)),
+    }
+}
+
+/// Ids of the slice directories present (names that are not reservation ids are skipped).
+pub fn slice_ids(paths: &Paths) -> Result<Vec<String>, StoreError> {
+    let entries = match fs::read_dir(&paths.slices) {
+        Ok(e) => e,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io("list", &paths.slices)(e)),
+    };
+    let mut ids = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(io("list", &paths.slices))?;
+        if let Some(name) = entry.file_name().to_str() {
+            if is_valid_id(name) {
+                ids.push(name.to_string());
+            }
+        }
+    }
+    ids.sort();
+    Ok(ids)
+}
+
+/// Removes temp files that killed writers of `registry.json` left behind. Only safe under
+/// the lock, since every writer of the registry holds it.
+pub fn remove_stale_temps(paths: &Paths) -> Result<usize, StoreError> {
+    let prefix = format!(".{REGISTRY_FILE}.tmp.");
+    let mut removed = 0;
+    let entries = fs::read_dir(&paths.state_dir).map_err(io("list", &paths.state_dir))?;
+    for entry in entries {
+        let entry = entry.map_err(io("list", &paths.state_dir))?;
+        if entry
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.starts_with(&prefix))
+        {
+            let p = entry.path();
+            match fs::remove_file(&p) {
+                Ok(()) => removed += 1,
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => return Err(io("remove", &p)(e)),
+            }
+        }
+    }
+    Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn corrupt_and_unknown_versions_are_named() {
+        assert!(parse_registry(br#"{"version":1}"#).is_ok());
+        let e = parse_registry(br#"{"version":2,"whatever":[1]}"#).expect_err("v2");
+        assert!(e.contains("version 2"), "{e}");
+        let e = parse_registry(br#"{"version":2,"reservations":"no"}"#).expect_err("v2");
+        assert!(e.contains("version 2"), "{e}");
+        let e = parse_registry(b"{\"version\":1,\"reserv").expect_err("truncated");
+        assert!(e.contains("invalid JSON"), "{e}");
+        assert!(parse_registry(b"").is_err());
+    }
+
+    #[test]
+    fn lock_excludes_a_second_open_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join(LOCK_FILE);
+        let held = lock(&p).expect("lock");
+        let other = File::open(&p).expect("open");
+        let try_lock =
+            rustix::fs::flock(&other, rustix::fs::FlockOperation::NonBlockingLockExclusive);
+        assert_eq!(try_lock, Err(rustix::io::Errno::WOULDBLOCK));
+        drop(held);
+        assert!(
+            rustix::fs::flock(&other, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_ok()
+        );
+    }
+}
