@@ -22,7 +22,9 @@ pub(crate) fn key_problem(key: &str) -> Option<&'static str> {
             return Some("has an empty prefix before '/'");
         }
         if !is_dns1123_subdomain(prefix) {
-            return Some("has a prefix that is not a lowercase DNS subdomain of at most 253 characters");
+            return Some(
+                "has a prefix that is not a lowercase DNS subdomain of at most 253 characters",
+            );
         }
     }
     if name.is_empty() {
@@ -32,8 +34,13 @@ pub(crate) fn key_problem(key: &str) -> Option<&'static str> {
         return Some("has a name longer than 63 characters");
     }
     let b = name.as_bytes();
-    let edges_ok = b.first().is_some_and(u8::is_ascii_alphanumeric) && b.last().is_some_and(u8::is_ascii_alphanumeric);
-    if !edges_ok || !b.iter().all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.')) {
+    let edges_ok = b.first().is_some_and(u8::is_ascii_alphanumeric)
+        && b.last().is_some_and(u8::is_ascii_alphanumeric);
+    if !edges_ok
+        || !b
+            .iter()
+            .all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+    {
         return Some("has a name that is not letters, digits, '-', '_', '.' starting and ending with a letter or digit");
     }
     None
@@ -44,7 +51,8 @@ fn is_dns1123_subdomain(s: &str) -> bool {
         && s.split('.').all(|label| {
             let b = label.as_bytes();
             !b.is_empty()
-                && b.iter().all(|&c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
+                && b.iter()
+                    .all(|&c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
                 && b[0] != b'-'
                 && b[b.len() - 1] != b'-'
         })
@@ -61,10 +69,27 @@ mod tests {
 
     #[test]
     fn keys() {
-        for ok in ["a", "gpuslice.io/node", "example.com/Some_Key.v1", "A-b", "x.y-z/q"] {
+        for ok in [
+            "a",
+            "gpuslice.io/node",
+            "example.com/Some_Key.v1",
+            "A-b",
+            "x.y-z/q",
+        ] {
             assert_eq!(key_problem(ok), None, "{ok}");
         }
-        for bad in ["", "/a", "a/", "a/b/c", "-a", "a-", "a b", "under_score.io/x", &"k".repeat(64), "é"] {
+        for bad in [
+            "",
+            "/a",
+            "a/",
+            "a/b/c",
+            "-a",
+            "a-",
+            "a b",
+            "under_score.io/x",
+            &"k".repeat(64),
+            "é",
+        ] {
             assert!(key_problem(bad).is_some(), "{bad:?}");
         }
     }

@@ -27,7 +27,10 @@ pub enum SpecFileError {
     FileName { name: String },
     /// The spec directory is missing and cannot be created.
     #[error("cannot create CDI spec directory {dir}: {source}")]
-    CreateDir { dir: PathBuf, source: std::io::Error },
+    CreateDir {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
     /// The spec is invalid; nothing was written.
     #[error("refusing to write {path}: {source}")]
     Encode { path: PathBuf, source: JsonError },
@@ -36,13 +39,19 @@ pub enum SpecFileError {
     Write(#[from] AtomicWriteError),
     /// The file cannot be read.
     #[error("cannot read CDI spec {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     /// The file is not a valid CDI spec.
     #[error("CDI spec {path}: {source}")]
     Decode { path: PathBuf, source: JsonError },
     /// The file cannot be removed.
     #[error("cannot remove CDI spec {path}: {source}")]
-    Remove { path: PathBuf, source: std::io::Error },
+    Remove {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// The path the spec of `kind` has in `dir`, e.g. `/var/run/cdi/gpuslice.io-gpu.json`.
@@ -74,10 +83,15 @@ pub fn write_spec_as(dir: &Path, file_name: &str, spec: &Spec) -> Result<PathBuf
         && file_name.len() > ".json".len()
         && file_name.ends_with(".json");
     if !plain {
-        return Err(SpecFileError::FileName { name: file_name.to_string() });
+        return Err(SpecFileError::FileName {
+            name: file_name.to_string(),
+        });
     }
     let path = dir.join(file_name);
-    let bytes = to_json(spec).map_err(|source| SpecFileError::Encode { path: path.clone(), source })?;
+    let bytes = to_json(spec).map_err(|source| SpecFileError::Encode {
+        path: path.clone(),
+        source,
+    })?;
     ensure_dir(dir)?;
     atomic_write(&path, &bytes, SPEC_FILE_MODE)?;
     Ok(path)
@@ -87,21 +101,37 @@ fn ensure_dir(dir: &Path) -> Result<(), SpecFileError> {
     if dir.is_dir() {
         return Ok(());
     }
-    let err = |source| SpecFileError::CreateDir { dir: dir.to_path_buf(), source };
-    DirBuilder::new().recursive(true).mode(SPEC_DIR_MODE).create(dir).map_err(err)?;
+    let err = |source| SpecFileError::CreateDir {
+        dir: dir.to_path_buf(),
+        source,
+    };
+    DirBuilder::new()
+        .recursive(true)
+        .mode(SPEC_DIR_MODE)
+        .create(dir)
+        .map_err(err)?;
     // The umask may have narrowed the mode; engines running as other users must read it.
     fs::set_permissions(dir, fs::Permissions::from_mode(SPEC_DIR_MODE)).map_err(err)
 }
 
 /// Reads, parses (strictly) and validates the spec file at `path`.
 pub fn read_spec(path: &Path) -> Result<Spec, SpecFileError> {
-    let bytes = fs::read(path).map_err(|source| SpecFileError::Read { path: path.to_path_buf(), source })?;
-    from_json(&bytes).map_err(|source| SpecFileError::Decode { path: path.to_path_buf(), source })
+    let bytes = fs::read(path).map_err(|source| SpecFileError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    from_json(&bytes).map_err(|source| SpecFileError::Decode {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// Removes the spec file at `path` and syncs its directory; a missing file is not an error.
 pub fn remove_spec(path: &Path) -> Result<(), SpecFileError> {
-    remove_synced(path).map_err(|source| SpecFileError::Remove { path: path.to_path_buf(), source })
+    remove_synced(path).map_err(|source| SpecFileError::Remove {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 #[cfg(test)]
@@ -112,7 +142,13 @@ mod tests {
 
     fn spec(kind: &str) -> Spec {
         let mut s = Spec::new(kind);
-        s.devices.push(Device::new("0", ContainerEdits { env: vec!["A=1".into()], ..Default::default() }));
+        s.devices.push(Device::new(
+            "0",
+            ContainerEdits {
+                env: vec!["A=1".into()],
+                ..Default::default()
+            },
+        ));
         s
     }
 
@@ -122,11 +158,20 @@ mod tests {
         let dir = tmp.path().join("cdi");
         let path = write_spec(&dir, &spec("gpuslice.io/gpu")).expect("write");
         assert_eq!(path, dir.join("gpuslice.io-gpu.json"));
-        assert_eq!(fs::metadata(&dir).expect("dir").permissions().mode() & 0o777, 0o755);
-        assert_eq!(fs::metadata(&path).expect("file").permissions().mode() & 0o777, 0o644);
+        assert_eq!(
+            fs::metadata(&dir).expect("dir").permissions().mode() & 0o777,
+            0o755
+        );
+        assert_eq!(
+            fs::metadata(&path).expect("file").permissions().mode() & 0o777,
+            0o644
+        );
         let back = read_spec(&path).expect("read");
         assert_eq!(back.cdi_version, "0.5.0");
-        assert_eq!(back.qualified_device_names(), vec!["gpuslice.io/gpu=0".to_string()]);
+        assert_eq!(
+            back.qualified_device_names(),
+            vec!["gpuslice.io/gpu=0".to_string()]
+        );
         remove_spec(&path).expect("remove");
         assert!(!path.exists());
         remove_spec(&path).expect("second remove is fine");
@@ -135,12 +180,27 @@ mod tests {
     #[test]
     fn transient_and_explicit_names() {
         let tmp = tempfile::tempdir().expect("tempdir");
-        let p = write_transient_spec(tmp.path(), &spec("gpuslice.io/slice"), "3f9a0c1d2e4b5a69").expect("write");
-        assert_eq!(p.file_name().and_then(|n| n.to_str()), Some("gpuslice.io-slice_3f9a0c1d2e4b5a69.json"));
-        let p = write_spec_as(tmp.path(), "gpuslice.io-slice-x.json", &spec("gpuslice.io/slice")).expect("write");
+        let p = write_transient_spec(tmp.path(), &spec("gpuslice.io/slice"), "3f9a0c1d2e4b5a69")
+            .expect("write");
+        assert_eq!(
+            p.file_name().and_then(|n| n.to_str()),
+            Some("gpuslice.io-slice_3f9a0c1d2e4b5a69.json")
+        );
+        let p = write_spec_as(
+            tmp.path(),
+            "gpuslice.io-slice-x.json",
+            &spec("gpuslice.io/slice"),
+        )
+        .expect("write");
         assert!(p.ends_with("gpuslice.io-slice-x.json"));
         for bad in ["../x.json", "x.yaml", ".x.json", ".json", "a/b.json", ""] {
-            assert!(matches!(write_spec_as(tmp.path(), bad, &spec("a.io/b")), Err(SpecFileError::FileName { .. })), "{bad}");
+            assert!(
+                matches!(
+                    write_spec_as(tmp.path(), bad, &spec("a.io/b")),
+                    Err(SpecFileError::FileName { .. })
+                ),
+                "{bad}"
+            );
         }
     }
 
@@ -163,7 +223,9 @@ mod tests {
         fs::write(&p, b"{\"cdiVersion\":").expect("write");
         let e = read_spec(&p).expect_err("broken").to_string();
         assert!(e.contains("broken.json"), "{e}");
-        let e = read_spec(&tmp.path().join("missing.json")).expect_err("missing").to_string();
+        let e = read_spec(&tmp.path().join("missing.json"))
+            .expect_err("missing")
+            .to_string();
         assert!(e.contains("missing.json"), "{e}");
     }
 }

@@ -17,7 +17,10 @@ pub enum JsonError {
     Parse(serde_json::Error),
     /// serde_json failed to encode (not expected for these types).
     #[error("cannot encode CDI spec of kind {kind:?}: {source}")]
-    Encode { kind: String, source: serde_json::Error },
+    Encode {
+        kind: String,
+        source: serde_json::Error,
+    },
 }
 
 /// A copy of `spec` with `cdiVersion` set to the lowest version that expresses its fields.
@@ -31,8 +34,10 @@ pub fn stamped(spec: &Spec) -> Spec {
 pub fn to_json(spec: &Spec) -> Result<Vec<u8>, JsonError> {
     let spec = stamped(spec);
     spec.validate()?;
-    let mut bytes = serde_json::to_vec_pretty(&spec)
-        .map_err(|source| JsonError::Encode { kind: spec.kind.clone(), source })?;
+    let mut bytes = serde_json::to_vec_pretty(&spec).map_err(|source| JsonError::Encode {
+        kind: spec.kind.clone(),
+        source,
+    })?;
     bytes.push(b'\n');
     Ok(bytes)
 }
@@ -69,10 +74,22 @@ mod tests {
         let text = String::from_utf8(bytes).expect("utf8");
         assert!(text.ends_with("}\n"));
         assert!(text.contains("\"cdiVersion\": \"0.5.0\""), "{text}");
-        for absent in ["annotations", "hostPath\": null", "hooks", "netDevices", "intelRdt", "additionalGids", "null", "\"type\": \"\""] {
+        for absent in [
+            "annotations",
+            "hostPath\": null",
+            "hooks",
+            "netDevices",
+            "intelRdt",
+            "additionalGids",
+            "null",
+            "\"type\": \"\"",
+        ] {
             assert!(!text.contains(absent), "{absent} in {text}");
         }
-        assert_eq!(from_json(text.as_bytes()).expect("decode"), stamped(&spec()));
+        assert_eq!(
+            from_json(text.as_bytes()).expect("decode"),
+            stamped(&spec())
+        );
     }
 
     #[test]
@@ -81,9 +98,15 @@ mod tests {
         let e = from_json(unknown).expect_err("unknown field").to_string();
         assert!(e.contains("bogus"), "{e}");
         let missing = br#"{"cdiVersion":"0.3.0","kind":"a.io/b"}"#;
-        assert!(from_json(missing).expect_err("no devices field").to_string().contains("devices"));
+        assert!(from_json(missing)
+            .expect_err("no devices field")
+            .to_string()
+            .contains("devices"));
         let old = br#"{"cdiVersion":"0.3.0","kind":"a.io/b","devices":[{"name":"0","containerEdits":{"env":["A=1"]}}]}"#;
-        assert!(from_json(old).expect_err("version too old").to_string().contains("0.5.0 or newer"));
+        assert!(from_json(old)
+            .expect_err("version too old")
+            .to_string()
+            .contains("0.5.0 or newer"));
     }
 
     #[test]

@@ -21,6 +21,8 @@
 //! assert_eq!(oci["x-unknown"], 1);
 //! ```
 
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
 mod annotations;
 mod files;
 mod inject;
@@ -32,18 +34,19 @@ mod version;
 
 pub use annotations::TOTAL_ANNOTATION_SIZE_LIMIT;
 pub use files::{
-    read_spec, remove_spec, spec_path, write_spec, write_spec_as, write_transient_spec, SpecFileError,
-    SPEC_DIR_MODE, SPEC_FILE_MODE,
+    read_spec, remove_spec, spec_path, write_spec, write_spec_as, write_transient_spec,
+    SpecFileError, SPEC_DIR_MODE, SPEC_FILE_MODE,
 };
 pub use inject::{
-    apply_edits, apply_edits_with, inject, inject_with, resolve_edits, DeviceStat, HostDevice, HostDeviceStat,
-    HostDeviceType, InjectError,
+    apply_edits, apply_edits_with, inject, inject_with, resolve_edits, DeviceStat, HostDevice,
+    HostDeviceStat, HostDeviceType, InjectError,
 };
 pub use json::{from_json, stamped, to_json, JsonError};
 pub use model::{ContainerEdits, Device, DeviceNode, Hook, IntelRdt, Mount, NetDevice, Spec};
 pub use names::{
     is_qualified_name, qualified_name, spec_file_name, transient_spec_file_name, validate_class,
-    validate_device_name, validate_vendor, Kind, NameError, QualifiedName, MAX_CLASS_LEN, MAX_VENDOR_LEN,
+    validate_device_name, validate_vendor, Kind, NameError, QualifiedName, MAX_CLASS_LEN,
+    MAX_VENDOR_LEN,
 };
 pub use validate::{validate_edits, ValidationError, DEVICE_TYPES, HOOK_NAMES};
 pub use version::{minimum_version, CdiVersion, VersionError};

@@ -27,7 +27,11 @@ pub struct Spec {
     /// The devices this spec names; at least one.
     pub devices: Vec<Device>,
     /// Edits applied once whenever any device of this spec is injected.
-    #[serde(rename = "containerEdits", default, skip_serializing_if = "ContainerEdits::is_empty")]
+    #[serde(
+        rename = "containerEdits",
+        default,
+        skip_serializing_if = "ContainerEdits::is_empty"
+    )]
     pub container_edits: ContainerEdits,
 }
 
@@ -68,7 +72,11 @@ pub struct ContainerEdits {
     #[serde(rename = "intelRdt", default, skip_serializing_if = "Option::is_none")]
     pub intel_rdt: Option<IntelRdt>,
     /// Supplementary groups of the container process (added in 0.7.0).
-    #[serde(rename = "additionalGids", default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        rename = "additionalGids",
+        default,
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub additional_gids: Vec<u32>,
 }
 
@@ -95,7 +103,8 @@ impl ContainerEdits {
         if other.intel_rdt.is_some() {
             self.intel_rdt.clone_from(&other.intel_rdt);
         }
-        self.additional_gids.extend(other.additional_gids.iter().copied());
+        self.additional_gids
+            .extend(other.additional_gids.iter().copied());
     }
 }
 
@@ -168,7 +177,11 @@ pub struct Mount {
 impl Mount {
     /// A bind mount of `host_path` at `container_path` with the given options; no `type`
     /// field, so it stays expressible in CDI 0.3.0.
-    pub fn bind(host_path: impl Into<String>, container_path: impl Into<String>, options: &[&str]) -> Self {
+    pub fn bind(
+        host_path: impl Into<String>,
+        container_path: impl Into<String>,
+        options: &[&str],
+    ) -> Self {
         Self {
             host_path: host_path.into(),
             container_path: container_path.into(),
@@ -206,16 +219,28 @@ pub struct IntelRdt {
     #[serde(rename = "closID", default, skip_serializing_if = "Option::is_none")]
     pub clos_id: Option<String>,
     /// L3 cache schema line.
-    #[serde(rename = "l3CacheSchema", default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "l3CacheSchema",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     pub l3_cache_schema: Option<String>,
     /// Memory bandwidth schema line.
-    #[serde(rename = "memBwSchema", default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "memBwSchema",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     pub mem_bw_schema: Option<String>,
     /// Raw schemata lines (added in 1.1.0).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub schemata: Vec<String>,
     /// Enable resctrl monitoring (added in 1.1.0).
-    #[serde(rename = "enableMonitoring", default, skip_serializing_if = "std::ops::Not::not")]
+    #[serde(
+        rename = "enableMonitoring",
+        default,
+        skip_serializing_if = "std::ops::Not::not"
+    )]
     pub enable_monitoring: bool,
 }
 
@@ -233,7 +258,10 @@ pub struct NetDevice {
 impl Spec {
     /// An empty spec of `kind`; the version is stamped when it is written.
     pub fn new(kind: impl Into<String>) -> Self {
-        Self { kind: kind.into(), ..Self::default() }
+        Self {
+            kind: kind.into(),
+            ..Self::default()
+        }
     }
 
     /// The device called `name`, if any.
@@ -243,13 +271,20 @@ impl Spec {
 
     /// The qualified names (`kind=name`) of all devices, in spec order.
     pub fn qualified_device_names(&self) -> Vec<String> {
-        self.devices.iter().map(|d| format!("{}={}", self.kind, d.name)).collect()
+        self.devices
+            .iter()
+            .map(|d| format!("{}={}", self.kind, d.name))
+            .collect()
     }
 }
 
 impl Device {
     /// A device called `name` with `edits`.
     pub fn new(name: impl Into<String>, edits: ContainerEdits) -> Self {
-        Self { name: name.into(), annotations: BTreeMap::new(), container_edits: edits }
+        Self {
+            name: name.into(),
+            annotations: BTreeMap::new(),
+            container_edits: edits,
+        }
     }
 }

@@ -15,7 +15,10 @@ pub enum NameError {
     KindShape { kind: String },
     /// A vendor that breaks the rules.
     #[error("vendor {vendor:?} is invalid: {reason}; accepted: a domain-like name of letters, digits, '-', '_', '.', starting with a letter, ending with a letter or digit, at most 253 characters")]
-    Vendor { vendor: String, reason: &'static str },
+    Vendor {
+        vendor: String,
+        reason: &'static str,
+    },
     /// A class that breaks the rules.
     #[error("class {class:?} is invalid: {reason}; accepted: letters, digits, '-', '_', '.', starting with a letter, ending with a letter or digit, at most 63 characters")]
     Class { class: String, reason: &'static str },
@@ -48,10 +51,15 @@ impl Kind {
         let (vendor, class) = kind
             .split_once('/')
             .filter(|(v, c)| !v.is_empty() && !c.is_empty())
-            .ok_or_else(|| NameError::KindShape { kind: kind.to_string() })?;
+            .ok_or_else(|| NameError::KindShape {
+                kind: kind.to_string(),
+            })?;
         validate_vendor(vendor)?;
         validate_class(class)?;
-        Ok(Self { vendor: vendor.to_string(), class: class.to_string() })
+        Ok(Self {
+            vendor: vendor.to_string(),
+            class: class.to_string(),
+        })
     }
 
     /// The vendor, e.g. `gpuslice.io`.
@@ -90,7 +98,10 @@ impl QualifiedName {
     pub fn new(kind: &str, name: &str) -> Result<Self, NameError> {
         let kind = Kind::parse(kind)?;
         validate_device_name(name)?;
-        Ok(Self { kind, name: name.to_string() })
+        Ok(Self {
+            kind,
+            name: name.to_string(),
+        })
     }
 
     /// Parses and validates `vendor/class=name`.
@@ -98,7 +109,9 @@ impl QualifiedName {
         let (kind, name) = device
             .split_once('=')
             .filter(|(k, n)| !k.is_empty() && !n.is_empty())
-            .ok_or_else(|| NameError::QualifiedShape { device: device.to_string() })?;
+            .ok_or_else(|| NameError::QualifiedShape {
+                device: device.to_string(),
+            })?;
         Self::new(kind, name)
     }
 
@@ -139,7 +152,10 @@ pub fn is_qualified_name(device: &str) -> bool {
 /// Checks a vendor: letters, digits, `-`, `_`, `.`; starts with a letter, ends with a letter
 /// or digit, no empty DNS label, at most [`MAX_VENDOR_LEN`] characters.
 pub fn validate_vendor(vendor: &str) -> Result<(), NameError> {
-    let err = |reason| NameError::Vendor { vendor: vendor.to_string(), reason };
+    let err = |reason| NameError::Vendor {
+        vendor: vendor.to_string(),
+        reason,
+    };
     check_segment(vendor).map_err(err)?;
     if vendor.len() > MAX_VENDOR_LEN {
         return Err(err("longer than 253 characters"));
@@ -153,7 +169,10 @@ pub fn validate_vendor(vendor: &str) -> Result<(), NameError> {
 /// Checks a class: letters, digits, `-`, `_`, `.`; starts with a letter, ends with a letter
 /// or digit, at most [`MAX_CLASS_LEN`] characters. (Dots need CDI 0.6.0.)
 pub fn validate_class(class: &str) -> Result<(), NameError> {
-    let err = |reason| NameError::Class { class: class.to_string(), reason };
+    let err = |reason| NameError::Class {
+        class: class.to_string(),
+        reason,
+    };
     check_segment(class).map_err(err)?;
     if class.len() > MAX_CLASS_LEN {
         return Err(err("longer than 63 characters"));
@@ -170,7 +189,10 @@ fn check_segment(s: &str) -> Result<(), &'static str> {
     if !first.is_ascii_alphabetic() {
         return Err("does not start with a letter");
     }
-    if !bytes.iter().all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.')) {
+    if !bytes
+        .iter()
+        .all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+    {
         return Err("has a character other than letters, digits, '-', '_', '.'");
     }
     if !last.is_ascii_alphanumeric() {
@@ -182,7 +204,10 @@ fn check_segment(s: &str) -> Result<(), &'static str> {
 /// Checks a device name: letters, digits, `-`, `_`, `.`, `:`; starts and ends with a letter
 /// or digit. (A leading digit needs CDI 0.5.0.)
 pub fn validate_device_name(name: &str) -> Result<(), NameError> {
-    let err = |reason| NameError::Device { name: name.to_string(), reason };
+    let err = |reason| NameError::Device {
+        name: name.to_string(),
+        reason,
+    };
     let bytes = name.as_bytes();
     let (first, last) = match (bytes.first(), bytes.last()) {
         (Some(f), Some(l)) => (*f, *l),
@@ -191,8 +216,13 @@ pub fn validate_device_name(name: &str) -> Result<(), NameError> {
     if !first.is_ascii_alphanumeric() {
         return Err(err("does not start with a letter or digit"));
     }
-    if !bytes.iter().all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.' | b':')) {
-        return Err(err("has a character other than letters, digits, '-', '_', '.', ':'"));
+    if !bytes
+        .iter()
+        .all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.' | b':'))
+    {
+        return Err(err(
+            "has a character other than letters, digits, '-', '_', '.', ':'",
+        ));
     }
     if !last.is_ascii_alphanumeric() {
         return Err(err("does not end with a letter or digit"));
@@ -213,7 +243,9 @@ pub fn spec_file_name(kind: &str) -> Result<String, NameError> {
 pub fn transient_spec_file_name(kind: &str, id: &str) -> Result<String, NameError> {
     let kind = Kind::parse(kind)?;
     let ok = !id.is_empty()
-        && id.bytes().all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+        && id
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
         && !id.starts_with('.');
     if !ok {
         return Err(NameError::TransientId { id: id.to_string() });
@@ -227,23 +259,54 @@ mod tests {
 
     #[test]
     fn kinds() {
-        for ok in ["gpuslice.io/gpu", "vendor.com/foo", "foo.bar.baz/foo-bar123.B_az", "a/b", "x1/y2"] {
+        for ok in [
+            "gpuslice.io/gpu",
+            "vendor.com/foo",
+            "foo.bar.baz/foo-bar123.B_az",
+            "a/b",
+            "x1/y2",
+        ] {
             assert!(Kind::parse(ok).is_ok(), "{ok}");
         }
-        for bad in ["foo", "vendor.com/foo/", "vendor.com/foo/bar", "/gpu", "gpuslice.io/", "1v.io/gpu",
-            "v.io/-gpu", "v.io/gpu-", "v-/gpu", "v..io/gpu", "v.io/g pu", "vé.io/gpu", ""]
-        {
+        for bad in [
+            "foo",
+            "vendor.com/foo/",
+            "vendor.com/foo/bar",
+            "/gpu",
+            "gpuslice.io/",
+            "1v.io/gpu",
+            "v.io/-gpu",
+            "v.io/gpu-",
+            "v-/gpu",
+            "v..io/gpu",
+            "v.io/g pu",
+            "vé.io/gpu",
+            "",
+        ] {
             assert!(Kind::parse(bad).is_err(), "{bad}");
         }
         let long_class = format!("v.io/{}", "c".repeat(64));
-        assert!(matches!(Kind::parse(&long_class), Err(NameError::Class { .. })));
+        assert!(matches!(
+            Kind::parse(&long_class),
+            Err(NameError::Class { .. })
+        ));
         let long_vendor = format!("{}/c", "v".repeat(254));
-        assert!(matches!(Kind::parse(&long_vendor), Err(NameError::Vendor { .. })));
+        assert!(matches!(
+            Kind::parse(&long_vendor),
+            Err(NameError::Vendor { .. })
+        ));
     }
 
     #[test]
     fn device_names() {
-        for ok in ["0", "all", "GPU-0b7f3c1e-1111-2222-3333-444455556666", "3f9a0c1d2e4b5a69", "a:b.c_d-e", "x"] {
+        for ok in [
+            "0",
+            "all",
+            "GPU-0b7f3c1e-1111-2222-3333-444455556666",
+            "3f9a0c1d2e4b5a69",
+            "a:b.c_d-e",
+            "x",
+        ] {
             assert!(validate_device_name(ok).is_ok(), "{ok}");
         }
         for bad in ["", "-a", "a-", "a/b", "a=b", "a b", ":a", "a:"] {
@@ -258,22 +321,37 @@ mod tests {
         assert_eq!(q.kind().class(), "gpu");
         assert_eq!(q.name(), "GPU-1234");
         assert_eq!(q.to_string(), "gpuslice.io/gpu=GPU-1234");
-        assert_eq!(qualified_name("gpuslice.io/slice", "3f9a").expect("valid"), "gpuslice.io/slice=3f9a");
-        for bad in ["gpuslice.io/gpu", "=0", "gpuslice.io/gpu=", "gpu=0", "/dev/null", "gpuslice.io/gpu=a=b"] {
+        assert_eq!(
+            qualified_name("gpuslice.io/slice", "3f9a").expect("valid"),
+            "gpuslice.io/slice=3f9a"
+        );
+        for bad in [
+            "gpuslice.io/gpu",
+            "=0",
+            "gpuslice.io/gpu=",
+            "gpu=0",
+            "/dev/null",
+            "gpuslice.io/gpu=a=b",
+        ] {
             assert!(!is_qualified_name(bad), "{bad}");
         }
     }
 
     #[test]
     fn errors_name_the_value_and_accepted_form() {
-        let e = Kind::parse("gpuslice.io/-x").expect_err("bad class").to_string();
+        let e = Kind::parse("gpuslice.io/-x")
+            .expect_err("bad class")
+            .to_string();
         assert!(e.contains("\"-x\"") && e.contains("accepted"), "{e}");
         assert!(!e.contains('\n'));
     }
 
     #[test]
     fn file_names() {
-        assert_eq!(spec_file_name("gpuslice.io/gpu").expect("ok"), "gpuslice.io-gpu.json");
+        assert_eq!(
+            spec_file_name("gpuslice.io/gpu").expect("ok"),
+            "gpuslice.io-gpu.json"
+        );
         assert_eq!(
             transient_spec_file_name("gpuslice.io/slice", "3f9a0c1d2e4b5a69").expect("ok"),
             "gpuslice.io-slice_3f9a0c1d2e4b5a69.json"

@@ -11,8 +11,14 @@ use crate::names::{validate_device_name, Kind, NameError};
 use crate::version::{minimum_version, CdiVersion};
 
 /// The OCI hook names a CDI hook may use.
-pub const HOOK_NAMES: [&str; 6] =
-    ["prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop"];
+pub const HOOK_NAMES: [&str; 6] = [
+    "prestart",
+    "createRuntime",
+    "createContainer",
+    "startContainer",
+    "poststart",
+    "poststop",
+];
 
 /// The device node types CDI accepts: block, character, unbuffered character, FIFO.
 pub const DEVICE_TYPES: [&str; 4] = ["b", "c", "u", "p"];
@@ -25,7 +31,10 @@ pub enum ValidationError {
     UnknownVersion { value: String },
     /// `cdiVersion` is older than the fields used require.
     #[error("cdiVersion {declared} is too old for the fields used; accepted: {required} or newer")]
-    VersionTooOld { declared: CdiVersion, required: CdiVersion },
+    VersionTooOld {
+        declared: CdiVersion,
+        required: CdiVersion,
+    },
     /// `kind` breaks the naming rules.
     #[error("kind: {0}")]
     Kind(NameError),
@@ -34,7 +43,11 @@ pub enum ValidationError {
     DeviceName { field: String, source: NameError },
     /// Two devices, or two net devices, share a name.
     #[error("{field} {value:?} duplicates {first}; accepted: names unique within their list")]
-    Duplicate { field: String, value: String, first: String },
+    Duplicate {
+        field: String,
+        value: String,
+        first: String,
+    },
     /// The spec has no devices.
     #[error("devices is empty; accepted: at least one device")]
     NoDevices,
@@ -46,24 +59,41 @@ pub enum ValidationError {
     NotAbsolute { field: String, value: String },
     /// Any other field whose value is not accepted.
     #[error("{field} {value:?} {problem}; accepted: {accepted}")]
-    Invalid { field: String, value: String, problem: &'static str, accepted: &'static str },
+    Invalid {
+        field: String,
+        value: String,
+        problem: &'static str,
+        accepted: &'static str,
+    },
     /// Annotations over the size limit.
     #[error("{field} hold {size} bytes of keys and values; accepted: at most 262144 bytes")]
     AnnotationsTooLarge { field: String, size: usize },
 }
 
-fn invalid(field: String, value: &str, problem: &'static str, accepted: &'static str) -> ValidationError {
-    ValidationError::Invalid { field, value: value.to_string(), problem, accepted }
+fn invalid(
+    field: String,
+    value: &str,
+    problem: &'static str,
+    accepted: &'static str,
+) -> ValidationError {
+    ValidationError::Invalid {
+        field,
+        value: value.to_string(),
+        problem,
+        accepted,
+    }
 }
 
 impl Spec {
     /// Checks everything the CDI specification requires of a spec, including that
     /// `cdiVersion` is known and not older than the fields used need.
     pub fn validate(&self) -> Result<(), ValidationError> {
-        let declared: CdiVersion = self
-            .cdi_version
-            .parse()
-            .map_err(|_| ValidationError::UnknownVersion { value: self.cdi_version.clone() })?;
+        let declared: CdiVersion =
+            self.cdi_version
+                .parse()
+                .map_err(|_| ValidationError::UnknownVersion {
+                    value: self.cdi_version.clone(),
+                })?;
         let required = minimum_version(self);
         if declared < required {
             return Err(ValidationError::VersionTooOld { declared, required });
@@ -82,8 +112,10 @@ impl Spec {
         let mut seen: HashMap<&str, usize> = HashMap::new();
         for (i, device) in self.devices.iter().enumerate() {
             let field = format!("devices[{i}]");
-            validate_device_name(&device.name)
-                .map_err(|source| ValidationError::DeviceName { field: format!("{field}.name"), source })?;
+            validate_device_name(&device.name).map_err(|source| ValidationError::DeviceName {
+                field: format!("{field}.name"),
+                source,
+            })?;
             if let Some(first) = seen.insert(&device.name, i) {
                 return Err(ValidationError::Duplicate {
                     field: format!("{field}.name"),
@@ -118,7 +150,10 @@ fn validate_annotations(
     }
     let size = total_size(annotations);
     if size > TOTAL_ANNOTATION_SIZE_LIMIT {
-        return Err(ValidationError::AnnotationsTooLarge { field: field.to_string(), size });
+        return Err(ValidationError::AnnotationsTooLarge {
+            field: field.to_string(),
+            size,
+        });
     }
     Ok(())
 }
@@ -147,7 +182,12 @@ fn validate_env(env: &[String], field: &str) -> Result<(), ValidationError> {
     for (i, entry) in env.iter().enumerate() {
         let key_len = entry.find('=').unwrap_or(0);
         if key_len == 0 || entry.contains('\0') {
-            return Err(invalid(format!("{field}[{i}]"), entry, "is not of the form KEY=VALUE", "KEY=VALUE with a non-empty KEY and no NUL byte"));
+            return Err(invalid(
+                format!("{field}[{i}]"),
+                entry,
+                "is not of the form KEY=VALUE",
+                "KEY=VALUE with a non-empty KEY and no NUL byte",
+            ));
         }
     }
     Ok(())
@@ -155,10 +195,18 @@ fn validate_env(env: &[String], field: &str) -> Result<(), ValidationError> {
 
 fn validate_absolute(value: &str, field: String) -> Result<(), ValidationError> {
     if !value.starts_with('/') {
-        return Err(ValidationError::NotAbsolute { field, value: value.to_string() });
+        return Err(ValidationError::NotAbsolute {
+            field,
+            value: value.to_string(),
+        });
     }
     if value.contains('\0') {
-        return Err(invalid(field, value, "contains a NUL byte", "an absolute path without NUL bytes"));
+        return Err(invalid(
+            field,
+            value,
+            "contains a NUL byte",
+            "an absolute path without NUL bytes",
+        ));
     }
     Ok(())
 }
@@ -170,17 +218,32 @@ fn validate_device_node(node: &DeviceNode, field: &str) -> Result<(), Validation
     }
     if let Some(t) = &node.device_type {
         if !DEVICE_TYPES.contains(&t.as_str()) {
-            return Err(invalid(format!("{field}.type"), t, "is not a device node type", "b, c, u or p"));
+            return Err(invalid(
+                format!("{field}.type"),
+                t,
+                "is not a device node type",
+                "b, c, u or p",
+            ));
         }
     }
     for (name, number) in [("major", node.major), ("minor", node.minor)] {
         if let Some(n) = number.filter(|n| *n < 0) {
-            return Err(invalid(format!("{field}.{name}"), &n.to_string(), "is negative", "a number of 0 or more"));
+            return Err(invalid(
+                format!("{field}.{name}"),
+                &n.to_string(),
+                "is negative",
+                "a number of 0 or more",
+            ));
         }
     }
     if let Some(p) = &node.permissions {
         if p.is_empty() || !p.chars().all(|c| matches!(c, 'r' | 'w' | 'm')) {
-            return Err(invalid(format!("{field}.permissions"), p, "is not a cgroup access string", "a non-empty combination of r, w, m"));
+            return Err(invalid(
+                format!("{field}.permissions"),
+                p,
+                "is not a cgroup access string",
+                "a non-empty combination of r, w, m",
+            ));
         }
     }
     Ok(())
@@ -199,7 +262,12 @@ fn validate_hook(hook: &Hook, field: &str) -> Result<(), ValidationError> {
     validate_env(&hook.env, &format!("{field}.env"))?;
     if let Some(t) = hook.timeout {
         if t <= 0 || t > i64::from(u32::MAX) {
-            return Err(invalid(format!("{field}.timeout"), &t.to_string(), "is out of range", "seconds from 1 to 4294967295"));
+            return Err(invalid(
+                format!("{field}.timeout"),
+                &t.to_string(),
+                "is out of range",
+                "seconds from 1 to 4294967295",
+            ));
         }
     }
     Ok(())
@@ -207,17 +275,32 @@ fn validate_hook(hook: &Hook, field: &str) -> Result<(), ValidationError> {
 
 fn validate_mount(mount: &Mount, field: &str) -> Result<(), ValidationError> {
     if mount.host_path.is_empty() || mount.host_path.contains('\0') {
-        return Err(invalid(format!("{field}.hostPath"), &mount.host_path, "is empty or holds a NUL byte", "a non-empty source (a host path for bind mounts)"));
+        return Err(invalid(
+            format!("{field}.hostPath"),
+            &mount.host_path,
+            "is empty or holds a NUL byte",
+            "a non-empty source (a host path for bind mounts)",
+        ));
     }
     validate_absolute(&mount.container_path, format!("{field}.containerPath"))?;
     if let Some(t) = &mount.mount_type {
         if t.is_empty() {
-            return Err(invalid(format!("{field}.type"), t, "is empty", "a filesystem type such as bind or tmpfs, or no type field"));
+            return Err(invalid(
+                format!("{field}.type"),
+                t,
+                "is empty",
+                "a filesystem type such as bind or tmpfs, or no type field",
+            ));
         }
     }
     for (i, option) in mount.options.iter().enumerate() {
         if option.is_empty() {
-            return Err(invalid(format!("{field}.options[{i}]"), option, "is empty", "a mount option such as ro, nosuid, bind"));
+            return Err(invalid(
+                format!("{field}.options[{i}]"),
+                option,
+                "is empty",
+                "a mount option such as ro, nosuid, bind",
+            ));
         }
     }
     Ok(())
@@ -228,7 +311,12 @@ fn validate_intel_rdt(rdt: &IntelRdt, field: &str) -> Result<(), ValidationError
         let bad = clos != "/"
             && (clos.len() >= 4096 || clos == "." || clos == ".." || clos.contains(['/', '\n']));
         if bad {
-            return Err(invalid(format!("{field}.closID"), clos, "is not a valid class of service", "a file name (no '/', not . or ..) or / for the root class"));
+            return Err(invalid(
+                format!("{field}.closID"),
+                clos,
+                "is not a valid class of service",
+                "a file name (no '/', not . or ..) or / for the root class",
+            ));
         }
     }
     Ok(())
@@ -239,7 +327,11 @@ fn validate_net_devices(devices: &[NetDevice], field: &str) -> Result<(), Valida
     let mut names: HashMap<&str, usize> = HashMap::new();
     for (i, dev) in devices.iter().enumerate() {
         for (sub, value, seen) in [
-            ("hostInterfaceName", dev.host_interface_name.as_str(), &mut hosts),
+            (
+                "hostInterfaceName",
+                dev.host_interface_name.as_str(),
+                &mut hosts,
+            ),
             ("name", dev.name.as_str(), &mut names),
         ] {
             if !is_interface_name(value) {
@@ -269,7 +361,9 @@ fn is_interface_name(name: &str) -> bool {
         && name.len() < 16
         && name != "."
         && name != ".."
-        && !name.chars().any(|c| c == '/' || c == ':' || c.is_whitespace() || c == '\0')
+        && !name
+            .chars()
+            .any(|c| c == '/' || c == ':' || c.is_whitespace() || c == '\0')
 }
 
 #[cfg(test)]
@@ -280,13 +374,27 @@ mod tests {
     fn good() -> Spec {
         let mut s = Spec::new("gpuslice.io/gpu");
         s.cdi_version = "0.5.0".into();
-        s.devices.push(Device::new("0", ContainerEdits { env: vec!["A=1".into()], ..Default::default() }));
+        s.devices.push(Device::new(
+            "0",
+            ContainerEdits {
+                env: vec!["A=1".into()],
+                ..Default::default()
+            },
+        ));
         s.devices.push(Device::new(
             "all",
             ContainerEdits {
                 device_nodes: vec![DeviceNode::char_device("/dev/nvidia0", 195, 0)],
-                mounts: vec![Mount::bind("/usr/lib/x.so", "/usr/lib/x.so", &["ro", "nosuid", "bind"])],
-                hooks: vec![Hook { hook_name: "createRuntime".into(), path: "/usr/bin/gpuslice".into(), ..Default::default() }],
+                mounts: vec![Mount::bind(
+                    "/usr/lib/x.so",
+                    "/usr/lib/x.so",
+                    &["ro", "nosuid", "bind"],
+                )],
+                hooks: vec![Hook {
+                    hook_name: "createRuntime".into(),
+                    path: "/usr/bin/gpuslice".into(),
+                    ..Default::default()
+                }],
                 ..Default::default()
             },
         ));
@@ -309,11 +417,20 @@ mod tests {
     #[test]
     fn errors_name_the_field_path() {
         let e = err_of(|s| s.devices[1].container_edits.mounts[0].container_path = "run/x".into());
-        assert_eq!(e, "devices[1].containerEdits.mounts[0].containerPath \"run/x\" is not an absolute path");
+        assert_eq!(
+            e,
+            "devices[1].containerEdits.mounts[0].containerPath \"run/x\" is not an absolute path"
+        );
         let e = err_of(|s| s.devices[1].container_edits.device_nodes[0].path = "dev/x".into());
-        assert!(e.starts_with("devices[1].containerEdits.deviceNodes[0].path \"dev/x\""), "{e}");
+        assert!(
+            e.starts_with("devices[1].containerEdits.deviceNodes[0].path \"dev/x\""),
+            "{e}"
+        );
         let e = err_of(|s| s.devices[1].container_edits.hooks[0].path = "gpuslice".into());
-        assert!(e.starts_with("devices[1].containerEdits.hooks[0].path"), "{e}");
+        assert!(
+            e.starts_with("devices[1].containerEdits.hooks[0].path"),
+            "{e}"
+        );
         let e = err_of(|s| s.container_edits.env.push("NOVALUE".into()));
         assert!(e.starts_with("containerEdits.env[0] \"NOVALUE\""), "{e}");
         let e = err_of(|s| s.container_edits.env.push("=x".into()));
@@ -322,16 +439,29 @@ mod tests {
 
     #[test]
     fn device_node_rules() {
-        let e = err_of(|s| s.devices[1].container_edits.device_nodes[0].device_type = Some("x".into()));
-        assert!(e.contains(".type \"x\"") && e.contains("b, c, u or p"), "{e}");
-        let e = err_of(|s| s.devices[1].container_edits.device_nodes[0].permissions = Some("rwx".into()));
+        let e =
+            err_of(|s| s.devices[1].container_edits.device_nodes[0].device_type = Some("x".into()));
+        assert!(
+            e.contains(".type \"x\"") && e.contains("b, c, u or p"),
+            "{e}"
+        );
+        let e = err_of(|s| {
+            s.devices[1].container_edits.device_nodes[0].permissions = Some("rwx".into())
+        });
         assert!(e.contains(".permissions \"rwx\""), "{e}");
-        let e = err_of(|s| s.devices[1].container_edits.device_nodes[0].permissions = Some(String::new()));
+        let e = err_of(|s| {
+            s.devices[1].container_edits.device_nodes[0].permissions = Some(String::new())
+        });
         assert!(e.contains(".permissions"), "{e}");
         let e = err_of(|s| s.devices[1].container_edits.device_nodes[0].major = Some(-1));
         assert!(e.contains(".major \"-1\""), "{e}");
-        let e = err_of(|s| s.devices[1].container_edits.device_nodes[0].host_path = Some("nvidia0".into()));
-        assert!(e.contains(".hostPath \"nvidia0\" is not an absolute path"), "{e}");
+        let e = err_of(|s| {
+            s.devices[1].container_edits.device_nodes[0].host_path = Some("nvidia0".into())
+        });
+        assert!(
+            e.contains(".hostPath \"nvidia0\" is not an absolute path"),
+            "{e}"
+        );
         for ok in ["r", "rw", "mwr", "rwm"] {
             let mut s = good();
             s.devices[1].container_edits.device_nodes[0].permissions = Some(ok.into());
@@ -347,7 +477,10 @@ mod tests {
     #[test]
     fn hook_rules() {
         let e = err_of(|s| s.devices[1].container_edits.hooks[0].hook_name = "preStart".into());
-        assert!(e.contains("hookName \"preStart\"") && e.contains("createRuntime"), "{e}");
+        assert!(
+            e.contains("hookName \"preStart\"") && e.contains("createRuntime"),
+            "{e}"
+        );
         let e = err_of(|s| s.devices[1].container_edits.hooks[0].timeout = Some(0));
         assert!(e.contains("hooks[0].timeout"), "{e}");
         let e = err_of(|s| s.devices[1].container_edits.hooks[0].env = vec!["PATH".into()]);
@@ -381,17 +514,24 @@ mod tests {
     fn annotation_rules() {
         let e = err_of(|s| {
             s.cdi_version = "0.6.0".into();
-            s.devices[0].annotations.insert("bad key".into(), "v".into());
+            s.devices[0]
+                .annotations
+                .insert("bad key".into(), "v".into());
         });
-        assert!(e.starts_with("devices[0].annotations key \"bad key\""), "{e}");
+        assert!(
+            e.starts_with("devices[0].annotations key \"bad key\""),
+            "{e}"
+        );
         let e = err_of(|s| {
             s.cdi_version = "0.6.0".into();
-            s.annotations.insert("big".into(), "x".repeat(TOTAL_ANNOTATION_SIZE_LIMIT));
+            s.annotations
+                .insert("big".into(), "x".repeat(TOTAL_ANNOTATION_SIZE_LIMIT));
         });
         assert!(e.starts_with("annotations hold 262147 bytes"), "{e}");
         let mut s = good();
         s.cdi_version = "0.6.0".into();
-        s.annotations.insert("gpuslice.io/generated-by".into(), "gpuslice".into());
+        s.annotations
+            .insert("gpuslice.io/generated-by".into(), "gpuslice".into());
         s.validate().expect("valid annotation");
     }
 
@@ -400,32 +540,60 @@ mod tests {
         let e = err_of(|s| {
             s.cdi_version = "1.1.0".into();
             s.container_edits.net_devices = vec![
-                NetDevice { host_interface_name: "eth1".into(), name: "net0".into() },
-                NetDevice { host_interface_name: "eth2".into(), name: "net0".into() },
+                NetDevice {
+                    host_interface_name: "eth1".into(),
+                    name: "net0".into(),
+                },
+                NetDevice {
+                    host_interface_name: "eth2".into(),
+                    name: "net0".into(),
+                },
             ];
         });
         assert!(e.starts_with("containerEdits.netDevices[1].name \"net0\" duplicates containerEdits.netDevices[0].name"), "{e}");
         let e = err_of(|s| {
             s.cdi_version = "1.1.0".into();
-            s.container_edits.net_devices = vec![NetDevice { host_interface_name: "a-very-long-name0".into(), name: "n".into() }];
+            s.container_edits.net_devices = vec![NetDevice {
+                host_interface_name: "a-very-long-name0".into(),
+                name: "n".into(),
+            }];
         });
         assert!(e.contains("hostInterfaceName"), "{e}");
         let e = err_of(|s| {
             s.cdi_version = "0.7.0".into();
-            s.container_edits.intel_rdt = Some(IntelRdt { clos_id: Some("a/b".into()), ..Default::default() });
+            s.container_edits.intel_rdt = Some(IntelRdt {
+                clos_id: Some("a/b".into()),
+                ..Default::default()
+            });
         });
-        assert!(e.starts_with("containerEdits.intelRdt.closID \"a/b\""), "{e}");
+        assert!(
+            e.starts_with("containerEdits.intelRdt.closID \"a/b\""),
+            "{e}"
+        );
         let mut s = good();
         s.cdi_version = "0.7.0".into();
-        s.container_edits.intel_rdt = Some(IntelRdt { clos_id: Some("/".into()), ..Default::default() });
+        s.container_edits.intel_rdt = Some(IntelRdt {
+            clos_id: Some("/".into()),
+            ..Default::default()
+        });
         s.validate().expect("root clos");
     }
 
     #[test]
     fn mount_rules() {
         let e = err_of(|s| s.devices[1].container_edits.mounts[0].host_path = String::new());
-        assert!(e.starts_with("devices[1].containerEdits.mounts[0].hostPath"), "{e}");
-        let e = err_of(|s| s.devices[1].container_edits.mounts[0].options.push(String::new()));
-        assert!(e.starts_with("devices[1].containerEdits.mounts[0].options[3]"), "{e}");
+        assert!(
+            e.starts_with("devices[1].containerEdits.mounts[0].hostPath"),
+            "{e}"
+        );
+        let e = err_of(|s| {
+            s.devices[1].container_edits.mounts[0]
+                .options
+                .push(String::new())
+        });
+        assert!(
+            e.starts_with("devices[1].containerEdits.mounts[0].options[3]"),
+            "{e}"
+        );
     }
 }

@@ -18,7 +18,11 @@ use crate::model::{ContainerEdits, DeviceNode, Hook, IntelRdt};
 
 /// Applies `edits` to `root` in place; the caller works on a copy and keeps it only on
 /// success, so a failure here never leaves a half-edited spec behind.
-pub(crate) fn apply(root: &mut Value, edits: &ContainerEdits, stat: &dyn DeviceStat) -> Result<(), InjectError> {
+pub(crate) fn apply(
+    root: &mut Value,
+    edits: &ContainerEdits,
+    stat: &dyn DeviceStat,
+) -> Result<(), InjectError> {
     if !root.is_object() {
         return Err(InjectError::NotAnObject);
     }
@@ -57,9 +61,10 @@ fn apply_env(root: &mut Value, env: &[String]) -> Result<(), InjectError> {
     let list = array_mut(root, &["process", "env"])?;
     let mut index: HashMap<String, usize> = HashMap::with_capacity(list.len() + env.len());
     for (i, entry) in list.iter().enumerate() {
-        let text = entry
-            .as_str()
-            .ok_or_else(|| InjectError::Shape { field: format!("process.env[{i}]"), expected: "a string" })?;
+        let text = entry.as_str().ok_or_else(|| InjectError::Shape {
+            field: format!("process.env[{i}]"),
+            expected: "a string",
+        })?;
         index.insert(env_key(text).to_string(), i);
     }
     for entry in env {
@@ -77,7 +82,10 @@ fn apply_env(root: &mut Value, env: &[String]) -> Result<(), InjectError> {
 
 /// Type, major and minor of a node, taken from the host node when the edit leaves them
 /// out (the library's `fillMissingInfo`).
-fn resolve_node(node: &DeviceNode, stat: &dyn DeviceStat) -> Result<(String, i64, i64), InjectError> {
+fn resolve_node(
+    node: &DeviceNode,
+    stat: &dyn DeviceStat,
+) -> Result<(String, i64, i64), InjectError> {
     let host_path = node.host_path.as_deref().unwrap_or(&node.path);
     let major = node.major.unwrap_or(0);
     let minor = node.minor.unwrap_or(0);
@@ -88,13 +96,22 @@ fn resolve_node(node: &DeviceNode, stat: &dyn DeviceStat) -> Result<(String, i64
     }
     let host = stat
         .stat(std::path::Path::new(host_path))
-        .map_err(|source| InjectError::Stat { path: node.path.clone(), host_path: host_path.to_string(), source })?
-        .ok_or_else(|| InjectError::NotADevice { path: node.path.clone(), host_path: host_path.to_string() })?;
+        .map_err(|source| InjectError::Stat {
+            path: node.path.clone(),
+            host_path: host_path.to_string(),
+            source,
+        })?
+        .ok_or_else(|| InjectError::NotADevice {
+            path: node.path.clone(),
+            host_path: host_path.to_string(),
+        })?;
     let found = host.device_type.as_str();
     let device_type = match node.device_type.as_deref() {
         None => found.to_string(),
         // `u` is an unbuffered character device: the host reports it as `c`.
-        Some(t) if t == found || (t == "u" && host.device_type == HostDeviceType::Char) => t.to_string(),
+        Some(t) if t == found || (t == "u" && host.device_type == HostDeviceType::Char) => {
+            t.to_string()
+        }
         Some(t) => {
             return Err(InjectError::TypeMismatch {
                 path: node.path.clone(),
@@ -110,7 +127,11 @@ fn resolve_node(node: &DeviceNode, stat: &dyn DeviceStat) -> Result<(String, i64
     Ok((device_type, major, minor))
 }
 
-fn apply_device_nodes(root: &mut Value, nodes: &[DeviceNode], stat: &dyn DeviceStat) -> Result<(), InjectError> {
+fn apply_device_nodes(
+    root: &mut Value,
+    nodes: &[DeviceNode],
+    stat: &dyn DeviceStat,
+) -> Result<(), InjectError> {
     if nodes.is_empty() {
         return Ok(());
     }
@@ -145,7 +166,10 @@ fn apply_device_nodes(root: &mut Value, nodes: &[DeviceNode], stat: &dyn DeviceS
         *devices = kept;
 
         if device_type == "b" || device_type == "c" {
-            let access = node.permissions.clone().unwrap_or_else(|| "rwm".to_string());
+            let access = node
+                .permissions
+                .clone()
+                .unwrap_or_else(|| "rwm".to_string());
             let rule = json!({
                 "allow": true,
                 "type": device_type,

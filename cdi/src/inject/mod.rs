@@ -23,7 +23,10 @@ pub enum InjectError {
     NotAnObject,
     /// A field of the OCI spec has the wrong JSON type.
     #[error("OCI spec field {field} is not {expected}; cannot apply CDI edits")]
-    Shape { field: String, expected: &'static str },
+    Shape {
+        field: String,
+        expected: &'static str,
+    },
     /// The CDI spec or edits break a CDI rule.
     #[error("invalid CDI edits: {0}")]
     Invalid(#[from] ValidationError),
@@ -35,16 +38,29 @@ pub enum InjectError {
     WrongKind { device: String, kind: String },
     /// A requested device is not in the spec.
     #[error("CDI device {device:?} is not in spec {kind}; accepted: {known}")]
-    UnknownDevice { device: String, kind: String, known: String },
+    UnknownDevice {
+        device: String,
+        kind: String,
+        known: String,
+    },
     /// The host node behind a device node cannot be looked up.
     #[error("cannot stat host device {host_path} for CDI device node {path}: {source}")]
-    Stat { path: String, host_path: String, source: std::io::Error },
+    Stat {
+        path: String,
+        host_path: String,
+        source: std::io::Error,
+    },
     /// The host path of a device node is not a device node.
     #[error("host path {host_path} of CDI device node {path} is not a device node; accepted: a block, character or FIFO device")]
     NotADevice { path: String, host_path: String },
     /// A device node declares a type the host node does not have.
     #[error("CDI device node {path} declares type {declared:?} but host device {host_path} is of type {found:?}")]
-    TypeMismatch { path: String, host_path: String, declared: String, found: String },
+    TypeMismatch {
+        path: String,
+        host_path: String,
+        declared: String,
+        found: String,
+    },
 }
 
 /// The edits injecting `device_names` of `spec` makes: the spec's own edits, then each
@@ -56,17 +72,27 @@ pub fn resolve_edits(spec: &Spec, device_names: &[&str]) -> Result<ContainerEdit
         let name = if requested.contains('=') {
             let q = QualifiedName::parse(requested)?;
             if q.kind().to_string() != spec.kind {
-                return Err(InjectError::WrongKind { device: requested.to_string(), kind: spec.kind.clone() });
+                return Err(InjectError::WrongKind {
+                    device: requested.to_string(),
+                    kind: spec.kind.clone(),
+                });
             }
             q.name().to_string()
         } else {
             requested.to_string()
         };
-        let device = spec.device(&name).ok_or_else(|| InjectError::UnknownDevice {
-            device: requested.to_string(),
-            kind: spec.kind.clone(),
-            known: spec.devices.iter().map(|d| d.name.as_str()).collect::<Vec<_>>().join(", "),
-        })?;
+        let device = spec
+            .device(&name)
+            .ok_or_else(|| InjectError::UnknownDevice {
+                device: requested.to_string(),
+                kind: spec.kind.clone(),
+                known: spec
+                    .devices
+                    .iter()
+                    .map(|d| d.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })?;
         edits.append(&device.container_edits);
     }
     Ok(edits)
@@ -100,12 +126,20 @@ pub fn apply_edits(oci: &mut Value, edits: &ContainerEdits) -> Result<(), Inject
 }
 
 /// [`apply_edits`] with a chosen host device lookup.
-pub fn apply_edits_with(oci: &mut Value, edits: &ContainerEdits, stat: &dyn DeviceStat) -> Result<(), InjectError> {
+pub fn apply_edits_with(
+    oci: &mut Value,
+    edits: &ContainerEdits,
+    stat: &dyn DeviceStat,
+) -> Result<(), InjectError> {
     validate_edits(edits, "containerEdits")?;
     apply_checked(oci, edits, stat)
 }
 
-fn apply_checked(oci: &mut Value, edits: &ContainerEdits, stat: &dyn DeviceStat) -> Result<(), InjectError> {
+fn apply_checked(
+    oci: &mut Value,
+    edits: &ContainerEdits,
+    stat: &dyn DeviceStat,
+) -> Result<(), InjectError> {
     let mut work = oci.clone();
     apply::apply(&mut work, edits, stat)?;
     *oci = work;

@@ -27,7 +27,9 @@ pub(crate) fn apply_mounts(root: &mut Value, mounts: &[Mount]) -> Result<(), Inj
     }
     let mut keyed = Vec::with_capacity(list.len());
     for (i, m) in list.drain(..).enumerate() {
-        let parts = clean(string_field(&m, "mounts", i, "destination")?).matches('/').count();
+        let parts = clean(string_field(&m, "mounts", i, "destination")?)
+            .matches('/')
+            .count();
         keyed.push((parts, m));
     }
     // `sort_by_key` is stable, like Go's `sort.Stable`.
@@ -115,14 +117,29 @@ mod tests {
             .iter()
             .map(|m| m["destination"].as_str().expect("str"))
             .collect();
-        assert_eq!(dests, ["/proc", "/dev", "/etc2", "/dev/shm", "/run/x", "/usr/lib/a/lib.so"]);
-        assert_eq!(oci["mounts"][4], json!({"destination": "/run/x", "source": "/new", "options": ["ro"]}));
+        assert_eq!(
+            dests,
+            [
+                "/proc",
+                "/dev",
+                "/etc2",
+                "/dev/shm",
+                "/run/x",
+                "/usr/lib/a/lib.so"
+            ]
+        );
+        assert_eq!(
+            oci["mounts"][4],
+            json!({"destination": "/run/x", "source": "/new", "options": ["ro"]})
+        );
     }
 
     #[test]
     fn mount_without_destination_is_a_shape_error() {
         let mut oci = json!({"mounts": [{"source": "x"}]});
-        let e = apply_mounts(&mut oci, &[Mount::bind("/a", "/b", &[])]).expect_err("shape").to_string();
+        let e = apply_mounts(&mut oci, &[Mount::bind("/a", "/b", &[])])
+            .expect_err("shape")
+            .to_string();
         assert!(e.contains("mounts[0].destination is not a string"), "{e}");
     }
 }

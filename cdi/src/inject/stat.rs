@@ -77,14 +77,26 @@ mod tests {
 
     #[test]
     fn dev_null_is_char_1_3() {
-        let d = HostDeviceStat.stat(Path::new("/dev/null")).expect("stat").expect("device");
-        assert_eq!(d, HostDevice { device_type: HostDeviceType::Char, major: 1, minor: 3 });
+        let d = HostDeviceStat
+            .stat(Path::new("/dev/null"))
+            .expect("stat")
+            .expect("device");
+        assert_eq!(
+            d,
+            HostDevice {
+                device_type: HostDeviceType::Char,
+                major: 1,
+                minor: 3
+            }
+        );
     }
 
     #[test]
     fn regular_file_is_not_a_device_and_missing_is_an_error() {
         let f = tempfile::NamedTempFile::new().expect("tmp");
         assert_eq!(HostDeviceStat.stat(f.path()).expect("stat"), None);
-        assert!(HostDeviceStat.stat(Path::new("/nonexistent/gpuslice")).is_err());
+        assert!(HostDeviceStat
+            .stat(Path::new("/nonexistent/gpuslice"))
+            .is_err());
     }
 }
