@@ -232,6 +232,11 @@ pub fn simulated_uuid(index: usize, model: &str) -> String {
     format!("GPU-{}", id.hyphenated())
 }
 
+/// The PCI bus id of simulated GPU `index`, as NVML prints bus ids (`00000000:18:00.0`).
+pub fn simulated_pci_bus_id(index: usize) -> String {
+    format!("00000000:{:02X}:00.0", 0x18 + index)
+}
+
 /// Checks the `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` form NVIDIA uses.
 pub fn is_gpu_uuid(s: &str) -> bool {
     match s.strip_prefix("GPU-") {

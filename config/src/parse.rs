@@ -13,7 +13,7 @@ use crate::model::{
 use crate::quantity::{parse_bytes, ACCEPTED_BYTES};
 
 /// Most simulated GPUs a node may declare.
-pub const MAX_SIMULATED_GPUS: usize = 64;
+pub const MAX_SIMULATED_GPUS: usize = 16;
 
 /// A config file refused. Every variant prints as one line.
 #[derive(Debug, thiserror::Error)]

@@ -6,19 +6,7 @@ use std::path::Path;
 
 use gpuslice_config::{Config, InventorySource};
 
-/// One GPU as the inventory knows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GpuInfo {
-    pub index: u32,
-    /// `GPU-<uuid>`.
-    pub uuid: String,
-    pub model: String,
-    pub memory_total: u64,
-    /// Minor number of `/dev/nvidia<minor>`.
-    pub minor: u32,
-    pub pci_bus_id: Option<String>,
-    pub numa_node: Option<i32>,
-}
+pub use gpuslice_registry::Gpu;
 
 /// The inventory could not be taken.
 #[derive(Debug, thiserror::Error)]
@@ -32,7 +20,7 @@ pub enum InventoryError {
 }
 
 /// The inventory configured for this node. `config_path` names the config in errors.
-pub fn inventory(config: &Config, config_path: &Path) -> Result<Vec<GpuInfo>, InventoryError> {
+pub fn inventory(config: &Config, config_path: &Path) -> Result<Vec<Gpu>, InventoryError> {
     match config.inventory.source {
         InventorySource::Simulated => Ok(simulated_inventory(config)),
         InventorySource::Nvml => {
@@ -56,19 +44,19 @@ pub fn inventory(config: &Config, config_path: &Path) -> Result<Vec<GpuInfo>, In
 }
 
 /// The simulated GPUs of the config: minor = index, a synthetic PCI bus id, NUMA node 0.
-pub fn simulated_inventory(config: &Config) -> Vec<GpuInfo> {
+pub fn simulated_inventory(config: &Config) -> Vec<Gpu> {
     config
         .inventory
         .simulated
         .iter()
         .enumerate()
-        .map(|(i, g)| GpuInfo {
+        .map(|(i, g)| Gpu {
             index: i as u32,
             uuid: g.uuid.clone(),
             model: g.model.clone(),
             memory_total: g.memory,
             minor: i as u32,
-            pci_bus_id: Some(format!("00000000:{:02X}:00.0", 0x18 + i)),
+            pci_bus_id: Some(gpuslice_config::simulated_pci_bus_id(i)),
             numa_node: Some(0),
         })
         .collect()
@@ -76,7 +64,7 @@ pub fn simulated_inventory(config: &Config) -> Vec<GpuInfo> {
 
 /// Reads the GPUs through NVML loaded from `lib` (a soname or a path). The NUMA node comes
 /// from `<sys_root>/bus/pci/devices/<bus id>/numa_node` where the kernel tells.
-pub fn nvml_inventory(lib: &OsStr, sys_root: &Path) -> Result<Vec<GpuInfo>, InventoryError> {
+pub fn nvml_inventory(lib: &OsStr, sys_root: &Path) -> Result<Vec<Gpu>, InventoryError> {
     let nvml = nvml_wrapper::Nvml::builder()
         .lib_path(lib)
         .init()
@@ -101,7 +89,7 @@ pub fn nvml_inventory(lib: &OsStr, sys_root: &Path) -> Result<Vec<GpuInfo>, Inve
         let minor = dev.minor_number().map_err(err)?;
         let pci_bus_id = dev.pci_info().ok().map(|p| p.bus_id);
         let numa_node = pci_bus_id.as_deref().and_then(|b| numa_node(sys_root, b));
-        gpus.push(GpuInfo {
+        gpus.push(Gpu {
             index,
             uuid,
             model,

@@ -11,5 +11,5 @@ pub use devices::{
     discover_device_nodes, DeviceNode, DeviceNodes, DevicesError, NodeInspector, NodeKind,
     RealInspector,
 };
-pub use inventory::{inventory, nvml_inventory, simulated_inventory, GpuInfo, InventoryError};
+pub use inventory::{inventory, nvml_inventory, simulated_inventory, Gpu, InventoryError};
 pub use libraries::{discover_libraries, DriverLibrary, LibrariesError, COMPUTE_LIBRARIES};

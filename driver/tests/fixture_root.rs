@@ -1,6 +1,8 @@
 //! Driver discovery against fixture driver roots in temp dirs: real ELF libraries with
 //! sonames, symlink chains, and an ld.so cache written by the real `ldconfig`.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
+
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -1,0 +1,75 @@
+//! Runs one parsed `gpuslice` command line.
+
+use std::io::Write;
+
+use gpuslice_registry::{render_reaped, render_rebuild, render_table, status_json, Inventory};
+
+use crate::cdigen;
+use crate::cli::{CdiCommand, Cli, Command};
+use crate::error::Error;
+use crate::node::Node;
+
+fn out(text: &str) -> Result<(), Error> {
+    let mut stdout = std::io::stdout().lock();
+    stdout
+        .write_all(text.as_bytes())
+        .and_then(|_| stdout.flush())
+        .map_err(Error::Stdout)
+}
+
+/// Runs the command; the caller prints the error and exits with its code.
+pub fn run(cli: Cli) -> Result<(), Error> {
+    let node = Node::load(cli.config.as_deref())?;
+    match cli.command {
+        Command::Cdi(CdiCommand::Generate(args)) => {
+            let g = cdigen::generate(&node, args.output.as_deref(), args.sim_driver.as_deref())?;
+            let names = g.spec.qualified_device_names();
+            out(&format!(
+                "wrote {} ({} GPUs, {} devices: {})\n",
+                g.path.display(),
+                g.gpus.len(),
+                names.len(),
+                names.join(" ")
+            ))
+        }
+        Command::Cdi(CdiCommand::List) => {
+            let spec = cdigen::cached_node_spec(&node)?;
+            out(&spec
+                .qualified_device_names()
+                .iter()
+                .map(|n| format!("{n}\n"))
+                .collect::<String>())
+        }
+        Command::Status(args) => {
+            let registry = crate::cleanup::open_registry(&node)?;
+            let file = registry.snapshot()?;
+            if args.json {
+                let v = status_json(&file);
+                out(&format!(
+                    "{}\n",
+                    serde_json::to_string_pretty(&v).unwrap_or_default()
+                ))
+            } else {
+                out(&render_table(&file))
+            }
+        }
+        Command::Gc(args) => {
+            let registry = crate::cleanup::open_registry(&node)?;
+            if args.rebuild {
+                let gpus = gpuslice_driver::inventory(node.config(), &node.loaded.path)?;
+                let report = registry.rebuild(Inventory { gpus })?;
+                out(&render_rebuild(&report))
+            } else {
+                let reaped = registry.gc()?;
+                out(&render_reaped(&reaped))
+            }
+        }
+        Command::Hook(_) | Command::Configure(_) | Command::Serve(_) => unimplemented_yet(),
+    }
+}
+
+fn unimplemented_yet() -> Result<(), Error> {
+    Err(Error::Stdout(std::io::Error::other(
+        "this subcommand is not built yet",
+    )))
+}

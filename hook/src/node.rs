@@ -1,0 +1,72 @@
+//! The node context every subcommand starts from: the loaded config, where the `gpuslice`
+//! binary lives (for hooks written into specs) and the hooks' fixed environment.
+
+use std::path::{Path, PathBuf};
+
+use gpuslice_config::{load_from_env, Config, ConfigError, LoadedConfig};
+
+/// The explicit, minimal environment every hook runs with — never the image's
+/// (cf. CVE-2025-23266: an image's `LD_PRELOAD` reaching a hook that runs as root).
+pub const HOOK_ENV: &[&str] =
+    &["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"];
+
+/// Where the `gpuslice` binary is not found.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("cannot locate the running executable to find `gpuslice` next to it: {0}; set hook.path in the config")]
+    CurrentExe(std::io::Error),
+    #[error("hook binary {path} does not exist; set hook.path in the config to the installed `gpuslice`")]
+    MissingHookBinary { path: PathBuf },
+}
+
+/// The loaded node configuration.
+#[derive(Debug, Clone)]
+pub struct Node {
+    pub loaded: LoadedConfig,
+}
+
+impl Node {
+    /// Loads the config from `--config`, `GPUSLICE_CONFIG` or the default path.
+    pub fn load(flag: Option<&Path>) -> Result<Node, ConfigError> {
+        Ok(Node {
+            loaded: load_from_env(flag)?,
+        })
+    }
+
+    /// Builds a node from an already loaded config (tests).
+    pub fn from_loaded(loaded: LoadedConfig) -> Node {
+        Node { loaded }
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.loaded.config
+    }
+
+    /// Absolute path of the `gpuslice` binary that hooks run: `hook.path` of the config,
+    /// else the `gpuslice` next to the running executable (also when that is
+    /// `gpuslice-runtime`).
+    pub fn hook_binary(&self) -> Result<PathBuf, NodeError> {
+        if let Some(p) = &self.config().hook.path {
+            return Ok(p.clone());
+        }
+        let exe = std::env::current_exe().map_err(NodeError::CurrentExe)?;
+        let exe = exe.canonicalize().unwrap_or(exe);
+        let path = exe
+            .parent()
+            .map(|d| d.join("gpuslice"))
+            .unwrap_or_else(|| PathBuf::from("/usr/bin/gpuslice"));
+        if !path.exists() {
+            return Err(NodeError::MissingHookBinary { path });
+        }
+        Ok(path)
+    }
+
+    /// Arguments of a hook entry: program name, `--config PATH` when the config is not the
+    /// default, then `sub`.
+    pub fn hook_args(&self, sub: &[&str]) -> Vec<String> {
+        let mut args = vec!["gpuslice".to_string()];
+        args.extend(self.loaded.hook_args());
+        args.extend(sub.iter().map(|s| s.to_string()));
+        args
+    }
+}

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The whole test suite: formatting and lints, unit tests, integration tests that drive the
+# binaries, and end-to-end tests with real runc, podman and containerd containers on a
+# simulated GPU node. Run as root on Debian 12; installs what it needs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" != 0 ]; then
+  echo "test.sh: run as root: the end-to-end tests start real containers" >&2
+  exit 1
+fi
+
+./scripts/install-deps.sh
+./scripts/build.sh
+
+echo "== format and lints"
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --release --locked -- -D warnings
+
+echo "== unit, integration and end-to-end tests"
+export GPUSLICE_TEST_BIN_DIR="$PWD/target/release"
+export GPUSLICE_TEST_PORTABLE_DIR="$PWD/target/portable"
+cargo test --workspace --release --locked --no-fail-fast -- --include-ignored
