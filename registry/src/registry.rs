@@ -413,7 +413,10 @@ impl Registry {
                             requested: container_id.to_string(),
                         });
                     }
-                    if r.state == ReservationState::Bound && p.as_ref() == Some(&process) {
+                    if r.state == ReservationState::Bound
+                        && p.as_ref() == Some(&process)
+                        && cid.as_deref() == Some(container_id)
+                    {
                         return Ok(r.clone());
                     }
                     *cid = Some(container_id.to_string());
@@ -540,7 +543,8 @@ impl Registry {
         let (orphans, mut reaped) = self.transact(true, |txn| {
             let mut orphans = Vec::new();
             for id in store::slice_ids(&self.paths)? {
-                if txn.file.reservation(&id).is_some() {
+                // Listed, or just reaped (its directory goes after the write).
+                if txn.file.reservation(&id).is_some() || txn.removed.iter().any(|r| r.id == id) {
                     continue;
                 }
                 let record = store::read_record(&self.paths, &id).ok().flatten();

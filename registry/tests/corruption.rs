@@ -1,0 +1,226 @@
+//! Acceptance 5: an unusable `registry.json` is never guessed at or overwritten. Reserve,
+//! bind and gc refuse with one line naming the file and `gpuslice gc --rebuild`; release
+//! still removes slice directories; `rebuild` restores exactly the live reservations.
+
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{inventory, state_dir, GI};
+use gpuslice_config::Quantity;
+use gpuslice_registry::{
+    read_registry, FakeSystem, Owner, ReapReason, Registry, RegistryError, Request, Reservation,
+};
+
+fn slice(owner: Owner) -> Request {
+    Request {
+        memory: Some(Quantity::Bytes(GI)),
+        cores: 10,
+        ..Request::new(owner)
+    }
+}
+
+fn assert_refuses(e: RegistryError, path: &std::path::Path, what: &str) {
+    let msg = e.to_string();
+    assert!(matches!(e, RegistryError::Corrupt { .. }), "{msg}");
+    assert!(msg.contains(&path.display().to_string()), "{msg}");
+    assert!(msg.contains("run `gpuslice gc --rebuild`"), "{msg}");
+    assert!(msg.contains(what), "{msg}");
+    assert!(!msg.contains('\n'), "{msg}");
+}
+
+struct Node {
+    _dir: tempfile::TempDir,
+    sys: Arc<FakeSystem>,
+    reg: Registry,
+    seen: common::CleanedUp,
+}
+
+fn node() -> Node {
+    let dir = state_dir();
+    let sys = Arc::new(FakeSystem::new(5_000_000));
+    let (reg, seen) = common::open(
+        dir.path(),
+        common::options(Duration::from_secs(60)),
+        sys.clone(),
+    );
+    reg.set_inventory(inventory(2, 20 * GI)).expect("inventory");
+    Node {
+        _dir: dir,
+        sys,
+        reg,
+        seen,
+    }
+}
+
+#[test]
+fn corrupt_registry_refuses_changes_and_rebuild_restores_live_reservations() {
+    let n = node();
+    let (reg, sys) = (&n.reg, &n.sys);
+    sys.spawn(100, 1);
+    sys.spawn(200, 2);
+    // Soon past its deadline.
+    let expiring = reg.reserve(&slice(Owner::container())).expect("reserve");
+    sys.advance_ms(30_000);
+    let pending = reg.reserve(&slice(Owner::container())).expect("reserve");
+    let bound = reg.reserve(&slice(Owner::container())).expect("reserve");
+    let bound = reg.bind(&bound.id, "ctr-live", 100).expect("bind");
+    let dying = reg.reserve(&slice(Owner::container())).expect("reserve");
+    let dying = reg.bind(&dying.id, "ctr-dying", 200).expect("bind");
+    let claim = Owner::DraClaim {
+        claim_uid: "u".into(),
+        namespace: "ns".into(),
+        name: "c".into(),
+    };
+    let claim = reg
+        .reserve(&Request {
+            gpus: 2,
+            ..slice(claim)
+        })
+        .expect("reserve");
+    let released = reg.reserve(&slice(Owner::container())).expect("reserve");
+
+    let path = reg.registry_path().to_path_buf();
+    let garbage = b"{\"version\":1,\"reservations\":[{\"id\":".to_vec();
+    std::fs::write(&path, &garbage).expect("corrupt");
+
+    assert_refuses(
+        reg.reserve(&slice(Owner::container()))
+            .expect_err("reserve"),
+        &path,
+        "invalid JSON",
+    );
+    sys.spawn(300, 3);
+    assert_refuses(
+        reg.bind(&pending.id, "c", 300).expect_err("bind"),
+        &path,
+        "invalid JSON",
+    );
+    assert_refuses(reg.gc().expect_err("gc"), &path, "invalid JSON");
+    assert_refuses(
+        reg.set_inventory(inventory(2, 20 * GI))
+            .expect_err("inventory"),
+        &path,
+        "invalid JSON",
+    );
+    assert_refuses(
+        read_registry(reg.state_dir()).expect_err("read"),
+        &path,
+        "invalid JSON",
+    );
+
+    // Release still removes the slice directory and runs the cleanup.
+    let out = reg.release(&released.id).expect("release");
+    assert_eq!(out.reservations, vec![released.clone()]);
+    assert!(out
+        .corrupt
+        .as_deref()
+        .is_some_and(|m| m.contains("gpuslice gc --rebuild")));
+    assert!(!reg.slice_dir(&released.id).exists());
+    assert_eq!(n.seen.lock().unwrap().last(), Some(&released.id));
+    assert!(reg
+        .release_container("nobody")
+        .expect("release")
+        .reservations
+        .is_empty());
+    // Nothing touched the file.
+    assert_eq!(std::fs::read(&path).expect("read"), garbage);
+
+    // Meanwhile one owner dies and one pending reservation runs out of time.
+    sys.kill(200);
+    sys.advance_ms(31_000);
+    let report = reg.rebuild(inventory(2, 20 * GI)).expect("rebuild");
+    let aside = report.moved_aside.clone().expect("kept aside");
+    assert!(aside
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .starts_with("registry.json.corrupt-"));
+    assert_eq!(std::fs::read(&aside).expect("aside"), garbage);
+
+    let mut restored: Vec<Reservation> = report.restored.clone();
+    restored.sort_by(|a, b| a.id.cmp(&b.id));
+    let mut want = vec![pending.clone(), bound.clone(), claim.clone()];
+    want.sort_by(|a, b| a.id.cmp(&b.id));
+    assert_eq!(
+        restored, want,
+        "exactly the live reservations, as they were"
+    );
+    let mut dropped: Vec<(String, bool)> = report
+        .dropped
+        .iter()
+        .map(|d| (d.id.clone(), matches!(d.reason, ReapReason::Expired { .. })))
+        .collect();
+    dropped.sort();
+    let mut want_dropped = vec![(expiring.id.clone(), true), (dying.id.clone(), false)];
+    want_dropped.sort();
+    assert_eq!(dropped, want_dropped);
+    assert!(!reg.slice_dir(&dying.id).exists() && !reg.slice_dir(&expiring.id).exists());
+    assert!(report.violations.is_empty() && report.unreadable.is_empty());
+
+    // The registry works again and holds exactly what was restored.
+    let file = read_registry(reg.state_dir()).expect("parses");
+    let mut ids: Vec<&str> = file.reservations.iter().map(|r| r.id.as_str()).collect();
+    ids.sort();
+    let mut want_ids: Vec<&str> = want.iter().map(|r| r.id.as_str()).collect();
+    want_ids.sort();
+    assert_eq!(ids, want_ids);
+    assert_eq!(file.inventory, inventory(2, 20 * GI));
+    reg.reserve(&slice(Owner::container()))
+        .expect("reserve works again");
+    assert!(reg.bind(&pending.id, "ctr-p", 100).is_ok());
+}
+
+#[test]
+fn unknown_version_is_refused_by_name() {
+    let n = node();
+    let path = n.reg.registry_path().to_path_buf();
+    std::fs::write(
+        &path,
+        br#"{"version":7,"inventory":{"gpus":[]},"reservations":[]}"#,
+    )
+    .expect("write");
+    let e = n
+        .reg
+        .reserve(&slice(Owner::container()))
+        .expect_err("version 7");
+    assert_refuses(e, &path, "version 7 is not supported");
+}
+
+#[test]
+fn rebuild_of_a_sound_registry_keeps_counters_and_reports_unreadable_records() {
+    let n = node();
+    let r = n.reg.reserve(&slice(Owner::container())).expect("reserve");
+    let broken = n.reg.reserve(&slice(Owner::container())).expect("reserve");
+    std::fs::write(
+        n.reg.slice_dir(&broken.id).join("reservation.json"),
+        b"nonsense",
+    )
+    .expect("write");
+    let before = read_registry(n.reg.state_dir()).expect("read").counters;
+    let report = n.reg.rebuild(inventory(2, 20 * GI)).expect("rebuild");
+    assert!(report.moved_aside.is_none());
+    assert_eq!(report.restored, vec![r.clone()]);
+    assert_eq!(report.unreadable.len(), 1);
+    assert!(
+        report.unreadable[0].contains(&broken.id),
+        "{:?}",
+        report.unreadable
+    );
+    assert!(
+        n.reg.slice_dir(&broken.id).exists(),
+        "unreadable records are left in place"
+    );
+    assert_eq!(
+        read_registry(n.reg.state_dir()).expect("read").counters,
+        before
+    );
+    // Shrinking the inventory under restored reservations is reported, not refused.
+    let report = n.reg.rebuild(inventory(1, 20 * GI)).expect("rebuild");
+    assert_eq!(report.restored.len(), 1);
+    let text = gpuslice_registry::render_rebuild(&report);
+    assert!(text.contains("restored 1 reservations"), "{text}");
+}

@@ -1,0 +1,159 @@
+//! Acceptance 3: writers killed with SIGKILL at random points, many times over. The registry
+//! file always parses, stays within capacity, and never loses a reservation whose reserve
+//! call returned (each child reports an id through its stdout pipe before going on, and
+//! announces a release before starting it).
+
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader, Write};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{child_role, inventory, report, spawn_child, state_dir, Rng, GI};
+use gpuslice_config::Quantity;
+use gpuslice_registry::{
+    no_cleanup, read_registry, violations, Owner, RealSystem, Registry, Request, RECORD_FILE,
+};
+
+const ROLE: &str = "writer";
+const ROUNDS: u64 = 60;
+const WRITERS: usize = 3;
+
+fn open(dir: &std::path::Path) -> Registry {
+    let options = common::options(Duration::from_secs(3600));
+    Registry::open(
+        dir,
+        options,
+        Arc::new(RealSystem::new("/proc")),
+        no_cleanup(),
+    )
+    .expect("open")
+}
+
+/// Child: reserves and releases in a tight loop until killed.
+#[test]
+fn child_writer() {
+    let Some(dir) = child_role(ROLE) else { return };
+    let reg = open(&dir);
+    let mut out = std::io::stdout().lock();
+    let mut rng = Rng(u64::from(std::process::id()));
+    let mut mine: Vec<String> = Vec::new();
+    loop {
+        let memory = (1 + rng.below(8)) * (GI / 4);
+        let request = Request {
+            memory: Some(Quantity::Bytes(memory)),
+            cores: rng.below(4) as u8,
+            ..Request::new(Owner::container())
+        };
+        if let Ok(r) = reg.reserve(&request) {
+            // Reported before anything else happens: from here on it must survive.
+            writeln!(out, "R {}", r.id).expect("report");
+            out.flush().expect("flush");
+            mine.push(r.id);
+        }
+        if mine.len() > 4 || (!mine.is_empty() && rng.below(3) == 0) {
+            let id = mine.remove(rng.below(mine.len() as u64) as usize);
+            writeln!(out, "X {id}").expect("report");
+            out.flush().expect("flush");
+            reg.release(&id).expect("release");
+        }
+    }
+}
+
+#[test]
+fn sigkilled_writers_never_corrupt_or_lose_reservations() {
+    let dir = state_dir();
+    let reg = open(dir.path());
+    reg.set_inventory(inventory(2, 64 * GI)).expect("inventory");
+    let mut rng = Rng(0x5eed);
+    // Ids whose reserve returned and whose release was never started.
+    let mut promised: HashSet<String> = HashSet::new();
+    let mut kills = 0;
+    let mut reported = 0;
+    for round in 0..ROUNDS {
+        let mut children: Vec<_> = (0..WRITERS)
+            .map(|_| spawn_child("child_writer", ROLE, dir.path()))
+            .collect();
+        // Let them get going, then kill each at its own random moment.
+        std::thread::sleep(Duration::from_millis(15 + rng.below(25)));
+        for c in &mut children {
+            std::thread::sleep(Duration::from_micros(rng.below(3000)));
+            c.0.kill().expect("SIGKILL");
+            kills += 1;
+        }
+        for c in &mut children {
+            c.0.wait().expect("wait");
+            let lines = BufReader::new(c.0.stdout.take().expect("stdout")).lines();
+            for line in lines {
+                let line = line.expect("read");
+                if let Some(id) = report(&line, "R ") {
+                    reported += 1;
+                    promised.insert(id.to_string());
+                } else if let Some(id) = report(&line, "X ") {
+                    promised.remove(id);
+                }
+            }
+        }
+        let file = read_registry(dir.path())
+            .unwrap_or_else(|e| panic!("round {round}: registry does not parse: {e}"));
+        for id in &promised {
+            assert!(
+                file.reservation(id).is_some(),
+                "round {round}: reservation {id} was lost"
+            );
+        }
+        let broken = violations(&file, &reg.options().placement);
+        assert!(broken.is_empty(), "round {round}: {broken:?}");
+        // Records are written before the registry lists a reservation.
+        for r in &file.reservations {
+            assert!(
+                reg.slice_dir(&r.id).join(RECORD_FILE).is_file(),
+                "round {round}: no record for {}",
+                r.id
+            );
+        }
+        // Keep room for the next round: release about half of what the dead writers held.
+        for r in &file.reservations {
+            if rng.below(2) == 0 {
+                reg.release(&r.id).expect("release");
+                promised.remove(&r.id);
+            }
+        }
+    }
+    assert_eq!(kills, ROUNDS as usize * WRITERS);
+    // The kills land among many writes, not before the first.
+    assert!(
+        reported > ROUNDS * WRITERS as u64,
+        "only {reported} reservations reported"
+    );
+    // gc sweeps what the kills left (orphan directories, temp files); the registry and the
+    // slice directories then agree.
+    let swept = reg.gc().expect("gc");
+    eprintln!(
+        "{reported} reservations reported; gc swept {} leftovers",
+        swept.len()
+    );
+    let file = read_registry(dir.path()).expect("parses");
+    let mut dirs: Vec<String> = std::fs::read_dir(dir.path().join("slices"))
+        .expect("slices")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    dirs.sort();
+    let mut ids: Vec<String> = file.reservations.iter().map(|r| r.id.clone()).collect();
+    ids.sort();
+    assert_eq!(dirs, ids);
+    let temps = std::fs::read_dir(dir.path())
+        .expect("state dir")
+        .filter(|e| {
+            e.as_ref()
+                .expect("entry")
+                .file_name()
+                .to_string_lossy()
+                .contains(".tmp.")
+        })
+        .count();
+    assert_eq!(temps, 0);
+}

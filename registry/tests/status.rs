@@ -1,0 +1,230 @@
+//! Acceptance 6: `status_json` follows the contract of DESIGN.md §4 and the table is
+//! aligned, in GiB and percent.
+
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{inventory, state_dir, GI};
+use gpuslice_config::Quantity;
+use gpuslice_registry::{
+    read_registry, render_reaped, render_table, status_json, FakeSystem, KubernetesRef, Owner,
+    RegistryFile, Request, Selector,
+};
+use serde_json::Value;
+
+/// Two H200-sized GPUs: a pending 12 GiB / 30 % slice and a bound Kubernetes one of 2 × 25 %
+/// on GPU 0 and 1, a whole GPU… on a third.
+fn populated() -> (tempfile::TempDir, RegistryFile) {
+    let dir = state_dir();
+    let sys = Arc::new(FakeSystem::new(1_000));
+    let (reg, _) = common::open(
+        dir.path(),
+        common::options(Duration::from_secs(60)),
+        sys.clone(),
+    );
+    reg.set_inventory(inventory(3, 141 * GI))
+        .expect("inventory");
+    let pending = Request {
+        memory: Some(Quantity::Bytes(12 * GI)),
+        cores: 30,
+        selectors: vec![Selector::Index(0)],
+        ..Request::new(Owner::container())
+    };
+    reg.reserve(&pending).expect("reserve");
+    let k8s = KubernetesRef {
+        namespace: "team-a".into(),
+        pod: "trainer-0".into(),
+        pod_uid: Some("uid".into()),
+        container: "main".into(),
+    };
+    let owner = Owner::Container {
+        container_id: None,
+        process: None,
+        kubernetes: Some(k8s),
+    };
+    let two = Request {
+        gpus: 2,
+        memory: Some(Quantity::Percent(25)),
+        cores: 50,
+        selectors: vec![Selector::Index(0), Selector::Index(1)],
+        ..Request::new(owner)
+    };
+    let r = reg.reserve(&two).expect("reserve");
+    sys.spawn(4242, 1);
+    reg.bind(
+        &r.id,
+        "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+        4242,
+    )
+    .expect("bind");
+    let whole = Request {
+        whole_gpu: true,
+        selectors: vec![Selector::Index(2)],
+        ..Request::new(Owner::container())
+    };
+    reg.reserve(&whole).expect("whole");
+    let file = read_registry(dir.path()).expect("read");
+    (dir, file)
+}
+
+#[test]
+fn status_json_follows_the_contract() {
+    let (_d, file) = populated();
+    let v = status_json(&file);
+    let gpus = v["gpus"].as_array().expect("gpus array");
+    assert_eq!(gpus.len(), 3);
+    for (i, g) in gpus.iter().enumerate() {
+        assert_eq!(g["index"], i as u64);
+        assert!(g["uuid"].as_str().expect("uuid").starts_with("GPU-"));
+        assert_eq!(g["model"], "NVIDIA H200");
+        assert_eq!(
+            g["memory_total"].as_u64(),
+            Some(141 * GI),
+            "bytes as integers"
+        );
+        assert!(g["memory_allocated"].is_u64() && g["cores_allocated"].is_u64());
+    }
+    let quarter = (141 * GI) / 4;
+    assert_eq!(
+        gpus[0]["memory_allocated"].as_u64(),
+        Some(12 * GI + quarter)
+    );
+    assert_eq!(gpus[0]["cores_allocated"].as_u64(), Some(80));
+    assert_eq!(gpus[1]["memory_allocated"].as_u64(), Some(quarter));
+    assert_eq!(gpus[1]["cores_allocated"].as_u64(), Some(50));
+    assert_eq!(gpus[2]["memory_allocated"].as_u64(), Some(141 * GI));
+    assert_eq!(gpus[2]["cores_allocated"].as_u64(), Some(100));
+
+    let rs = v["reservations"].as_array().expect("reservations array");
+    assert_eq!(rs.len(), 3);
+    for r in rs {
+        assert_eq!(r["id"].as_str().map(str::len), Some(16));
+        assert!(matches!(r["state"].as_str(), Some("pending" | "bound")));
+        assert!(r["container_id"].is_null() || r["container_id"].is_string());
+        for b in r["gpus"].as_array().expect("gpus") {
+            assert!(b["uuid"].as_str().expect("uuid").starts_with("GPU-"));
+            assert!(b["memory"].is_u64() && b["cores"].is_u64(), "{b}");
+        }
+    }
+    assert_eq!(rs[0]["state"], "pending");
+    assert_eq!(rs[0]["container_id"], Value::Null);
+    assert_eq!(rs[0]["gpus"][0]["memory"].as_u64(), Some(12 * GI));
+    assert_eq!(rs[0]["gpus"][0]["cores"].as_u64(), Some(30));
+    assert_eq!(rs[1]["state"], "bound");
+    assert_eq!(rs[1]["container_id"].as_str().map(str::len), Some(64));
+    assert_eq!(rs[1]["gpus"].as_array().map(Vec::len), Some(2));
+    assert_eq!(rs[1]["gpus"][1]["uuid"], gpus[1]["uuid"]);
+    // It round-trips as text, as `status --json` prints it.
+    let text = serde_json::to_string(&v).expect("serialise");
+    assert_eq!(serde_json::from_str::<Value>(&text).expect("parse"), v);
+}
+
+/// Start column of each header word in `header`.
+fn columns(header: &str) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut start = None;
+    for (i, c) in header
+        .char_indices()
+        .chain(std::iter::once((header.len(), ' ')))
+    {
+        match (c == ' ', start) {
+            (false, None) => start = Some(i),
+            (true, Some(s)) => {
+                out.push((s, i));
+                start = None;
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+#[test]
+fn table_is_aligned_in_gib_and_percent() {
+    let (_d, file) = populated();
+    let text = render_table(&file);
+    let lines: Vec<&str> = text.lines().collect();
+    let blank = lines.iter().position(|l| l.is_empty()).expect("sections");
+    let (gpu_part, res_part) = (&lines[..blank], &lines[blank + 1..]);
+    assert!(
+        gpu_part[0].starts_with("GPU")
+            && gpu_part[0].contains("MODEL")
+            && gpu_part[0].contains("BOOKED")
+    );
+    assert_eq!(gpu_part.len(), 4);
+    // Right-aligned numbers: every GPU line ends where the header ends.
+    assert!(
+        gpu_part.iter().all(|l| l.len() == gpu_part[0].len()),
+        "{text}"
+    );
+    // Each column's text ends at its header's end (right-aligned) or starts at its start.
+    let cols = columns(gpu_part[0]);
+    for l in &gpu_part[1..] {
+        let b = l.as_bytes();
+        for (n, &(s, e)) in cols.iter().enumerate() {
+            if n == 1 {
+                assert!(
+                    b[s] != b' ' && b[s - 1] == b' ',
+                    "MODEL misaligned in {l:?}"
+                );
+            } else {
+                assert!(
+                    b[e - 1] != b' ' && (e == b.len() || b[e] == b' '),
+                    "column {n} misaligned in {l:?}"
+                );
+            }
+        }
+    }
+    let gpu0 = gpu_part[1];
+    assert!(gpu0.contains("141.0 GiB"), "{gpu0}");
+    assert!(
+        gpu0.contains(&format!("{:.1} GiB", (12.0 + 141.0 / 4.0))),
+        "{gpu0}"
+    );
+    assert!(gpu0.contains("80%"), "{gpu0}");
+    assert!(
+        gpu0.contains(&format!(
+            "{}%",
+            ((12.0 + 141.0 / 4.0) / 141.0 * 100.0f64).round()
+        )),
+        "{gpu0}"
+    );
+    assert!(gpu_part[3].trim_end().ends_with("whole"), "{}", gpu_part[3]);
+
+    assert!(res_part[0].starts_with("RESERVATION") && res_part[0].contains("OWNER"));
+    let cols = columns(res_part[0]);
+    for l in &res_part[1..] {
+        let b = l.as_bytes();
+        for &(s, _) in &cols {
+            assert!(
+                b[s] != b' ' && b[s - 1] == b' ' || s == 0,
+                "misaligned {l:?}"
+            );
+        }
+    }
+    assert!(
+        res_part[1].contains("pending") && res_part[1].contains("0: 12.0 GiB 30% cores"),
+        "{}",
+        res_part[1]
+    );
+    assert!(
+        res_part[2].contains("team-a/trainer-0/main"),
+        "{}",
+        res_part[2]
+    );
+    assert!(res_part[3].contains("2: whole GPU"), "{}", res_part[3]);
+}
+
+#[test]
+fn empty_registry_and_gc_report_render() {
+    let text = render_table(&RegistryFile::default());
+    assert!(
+        text.contains("gpuslice cdi generate") && text.contains("no reservations"),
+        "{text}"
+    );
+    assert_eq!(render_reaped(&[]), "nothing to reap\n");
+}
