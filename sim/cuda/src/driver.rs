@@ -1,0 +1,389 @@
+//! The simulated driver's process state: the opened node and this process's slot (set up by
+//! `cuInit`), and the objects the API hands out as opaque handles (contexts, streams, events,
+//! allocations, …) behind one mutex. Handles are ids dressed as pointers, so a stale or
+//! foreign handle is an unknown id, never a dangling pointer.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+use gpuslice_cuda_ffi::*;
+use gpuslice_sim_core::{NodeError, SimDevice, SimNode, Slot};
+
+use crate::guard::CuResult;
+
+/// Version `cuDriverGetVersion` reports (CUDA 12.4).
+pub const DRIVER_VERSION: i32 = 12040;
+/// Granularity of `cuMemCreate` / `cuMemAddressReserve` (2 MiB, as on real GPUs).
+pub const VMM_GRANULARITY: u64 = 2 << 20;
+/// Launches a stream may have queued before `cuLaunchKernel` blocks, like the real driver's
+/// bounded push buffer.
+pub const MAX_PENDING_LAUNCHES: usize = 1024;
+
+const HANDLE_BASE: u64 = 0x5100_0000_0000;
+const VA_BASE: u64 = 0x7f80_0000_0000;
+
+/// The one driver of this process.
+pub struct Driver {
+    pub node: SimNode,
+    pub slot: Slot,
+    /// Host device index of each visible ordinal.
+    pub ordinals: Vec<usize>,
+    objects: Mutex<Objects>,
+}
+
+static DRIVER: OnceLock<Result<Driver, CUresult>> = OnceLock::new();
+
+/// `cuInit`: opens the node once per process.
+pub fn init() -> CuResult<&'static Driver> {
+    DRIVER.get_or_init(open).as_ref().map_err(|e| *e)
+}
+
+/// The driver, or `CUDA_ERROR_NOT_INITIALIZED` before a successful `cuInit`.
+pub fn driver() -> CuResult<&'static Driver> {
+    match DRIVER.get() {
+        Some(Ok(d)) => Ok(d),
+        Some(Err(_)) | None => Err(CUDA_ERROR_NOT_INITIALIZED),
+    }
+}
+
+fn open() -> Result<Driver, CUresult> {
+    let fail = |e: &dyn std::fmt::Display, code: CUresult| {
+        eprintln!("gpuslice simulated libcuda: {e}");
+        code
+    };
+    let node = SimNode::open_from_env().map_err(|e| match &e {
+        NodeError::State(_) => fail(&e, CUDA_ERROR_OPERATING_SYSTEM),
+        _ => fail(&e, CUDA_ERROR_NO_DEVICE),
+    })?;
+    let ordinals: Vec<usize> = node.visible().iter().map(|d| d.index as usize).collect();
+    if ordinals.is_empty() {
+        return Err(CUDA_ERROR_NO_DEVICE);
+    }
+    let (pid, ns) = gpuslice_sim_core::procs::current_process();
+    let slot = node.state().claim_slot(pid, ns).map_err(|e| fail(&e, CUDA_ERROR_OPERATING_SYSTEM))?;
+    let objects = Objects::new(ordinals.len());
+    Ok(Driver { node, slot, ordinals, objects: Mutex::new(objects) })
+}
+
+impl Driver {
+    /// The object tables (poison is ignored: a panicking export left them consistent enough,
+    /// and refusing every later call would be worse).
+    pub fn objects(&self) -> MutexGuard<'_, Objects> {
+        self.objects.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Checks a device ordinal.
+    pub fn ordinal(&self, dev: CUdevice) -> CuResult<usize> {
+        usize::try_from(dev).ok().filter(|d| *d < self.ordinals.len()).ok_or(CUDA_ERROR_INVALID_DEVICE)
+    }
+
+    /// The simulated device behind ordinal `ord` (checked by [`Driver::ordinal`]).
+    pub fn device(&self, ord: usize) -> &SimDevice {
+        &self.node.devices()[self.ordinals[ord]]
+    }
+
+    /// Charges `bytes` on ordinal `ord` node-wide: `CUDA_ERROR_OUT_OF_MEMORY` past capacity.
+    pub fn charge(&self, ord: usize, bytes: u64) -> CuResult {
+        let host = self.ordinals[ord];
+        let capacity = self.device(ord).memory;
+        match self.node.state().charge(&self.slot, host, bytes, capacity) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(CUDA_ERROR_OUT_OF_MEMORY),
+            Err(e) => {
+                eprintln!("gpuslice simulated libcuda: {e}");
+                Err(CUDA_ERROR_UNKNOWN)
+            }
+        }
+    }
+
+    /// Gives back `bytes` on ordinal `ord`.
+    pub fn uncharge(&self, ord: usize, bytes: u64) {
+        self.node.state().uncharge(&self.slot, self.ordinals[ord], bytes);
+    }
+}
+
+/// Makes a handle of type `T` from an object id.
+pub fn handle<T>(id: u64) -> *mut T {
+    (HANDLE_BASE + id * 16) as usize as *mut T
+}
+
+/// The object id of a handle; 0 (no object) for anything not made by [`handle`].
+pub fn id_of<T>(h: *mut T) -> u64 {
+    let v = h as usize as u64;
+    if v < HANDLE_BASE || (v - HANDLE_BASE) % 16 != 0 {
+        0
+    } else {
+        (v - HANDLE_BASE) / 16
+    }
+}
+
+thread_local! {
+    /// This thread's context stack; the top is the current context.
+    static CTX_STACK: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The calling thread's current context id, if any.
+pub fn current_ctx_id() -> Option<u64> {
+    CTX_STACK.with(|s| s.borrow().last().copied())
+}
+
+/// Replaces the current context (`None` pops it), as `cuCtxSetCurrent`.
+pub fn set_current(ctx: Option<u64>) {
+    CTX_STACK.with(|s| {
+        let mut s = s.borrow_mut();
+        s.pop();
+        if let Some(c) = ctx {
+            s.push(c);
+        }
+    });
+}
+
+/// Pushes a context, as `cuCtxPushCurrent`.
+pub fn push_current(ctx: u64) {
+    CTX_STACK.with(|s| s.borrow_mut().push(ctx));
+}
+
+/// Pops the current context, as `cuCtxPopCurrent`.
+pub fn pop_current() -> Option<u64> {
+    CTX_STACK.with(|s| s.borrow_mut().pop())
+}
+
+/// A context.
+#[derive(Debug)]
+pub struct Context {
+    pub ordinal: usize,
+    pub default_stream: u64,
+}
+
+/// A device's primary context bookkeeping.
+#[derive(Debug, Default, Clone)]
+pub struct Primary {
+    pub ctx: Option<u64>,
+    pub refs: u32,
+    pub flags: u32,
+}
+
+/// A stream: when its last queued kernel ends, and the ends of queued kernels.
+#[derive(Debug)]
+pub struct Stream {
+    pub ctx: u64,
+    pub tail: u64,
+    pub pending: VecDeque<u64>,
+}
+
+/// An event and, once recorded, the time the device reaches it.
+#[derive(Debug)]
+pub struct Event {
+    pub ctx: u64,
+    pub flags: u32,
+    pub stamp: Option<u64>,
+}
+
+/// What a device allocation came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AllocKind {
+    Linear,
+    Managed,
+    /// Stream-ordered, from pool id.
+    Pool(u64),
+}
+
+/// Memory charged to this process and owned by a context (freed with it).
+#[derive(Debug, Clone, Copy)]
+pub struct Charge {
+    pub ctx: u64,
+    pub ordinal: usize,
+    pub bytes: u64,
+}
+
+/// A linear allocation.
+#[derive(Debug, Clone, Copy)]
+pub struct Allocation {
+    pub charge: Charge,
+    pub kind: AllocKind,
+}
+
+/// A memory pool.
+#[derive(Debug)]
+pub struct Pool {
+    pub ordinal: usize,
+}
+
+/// A physical allocation of `cuMemCreate`.
+#[derive(Debug)]
+pub struct Physical {
+    pub ordinal: usize,
+    pub bytes: u64,
+    pub released: bool,
+    pub maps: u32,
+}
+
+/// A mapping of a physical allocation into a reserved range.
+#[derive(Debug, Clone, Copy)]
+pub struct Mapping {
+    pub handle: u64,
+    pub size: u64,
+}
+
+/// A graph node.
+#[derive(Debug, Clone, Copy)]
+pub enum GraphNode {
+    /// Memory allocation of `bytes` on `ordinal` at `dptr`.
+    Alloc { ordinal: usize, bytes: u64, dptr: u64 },
+    /// Frees graph memory (checked when added).
+    Free,
+}
+
+/// A graph.
+#[derive(Debug, Default)]
+pub struct Graph {
+    pub nodes: Vec<(u64, GraphNode)>,
+}
+
+/// An instantiated graph and the memory it holds.
+#[derive(Debug)]
+pub struct Exec {
+    pub charges: Vec<(usize, u64)>,
+}
+
+/// Every object the process holds.
+#[derive(Debug)]
+pub struct Objects {
+    next_id: u64,
+    next_va: u64,
+    pub contexts: HashMap<u64, Context>,
+    pub primary: Vec<Primary>,
+    pub streams: HashMap<u64, Stream>,
+    pub events: HashMap<u64, Event>,
+    /// Module id → context id.
+    pub modules: HashMap<u64, u64>,
+    /// Function id → module id.
+    pub functions: HashMap<u64, u64>,
+    pub allocations: HashMap<u64, Allocation>,
+    pub pools: HashMap<u64, Pool>,
+    pub default_pools: Vec<Option<u64>>,
+    pub physical: HashMap<u64, Physical>,
+    /// Reserved VA ranges: start → size.
+    pub reservations: BTreeMap<u64, u64>,
+    /// Mapped ranges: start → mapping.
+    pub mappings: BTreeMap<u64, Mapping>,
+    pub arrays: HashMap<u64, Charge>,
+    pub mipmaps: HashMap<u64, Charge>,
+    pub graphs: HashMap<u64, Graph>,
+    pub execs: HashMap<u64, Exec>,
+}
+
+impl Objects {
+    fn new(devices: usize) -> Objects {
+        Objects {
+            next_id: 1,
+            next_va: VA_BASE,
+            contexts: HashMap::new(),
+            primary: vec![Primary::default(); devices],
+            streams: HashMap::new(),
+            events: HashMap::new(),
+            modules: HashMap::new(),
+            functions: HashMap::new(),
+            allocations: HashMap::new(),
+            pools: HashMap::new(),
+            default_pools: vec![None; devices],
+            physical: HashMap::new(),
+            reservations: BTreeMap::new(),
+            mappings: BTreeMap::new(),
+            arrays: HashMap::new(),
+            mipmaps: HashMap::new(),
+            graphs: HashMap::new(),
+            execs: HashMap::new(),
+        }
+    }
+
+    /// A fresh object id.
+    pub fn new_id(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
+    }
+
+    /// A fresh device address range of `bytes`: 512-byte aligned, 2 MiB aligned from 2 MiB
+    /// on (like the real allocator); addresses are never reused in a process.
+    pub fn new_va(&mut self, bytes: u64, alignment: u64) -> CuResult<u64> {
+        let align = alignment.max(if bytes >= VMM_GRANULARITY { VMM_GRANULARITY } else { 512 });
+        if !align.is_power_of_two() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let start = self.next_va.checked_add(align - 1).ok_or(CUDA_ERROR_OUT_OF_MEMORY)? & !(align - 1);
+        let end = start.checked_add(bytes.max(1)).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+        self.next_va = end;
+        Ok(start)
+    }
+
+    /// The calling thread's current context: `CUDA_ERROR_INVALID_CONTEXT` when there is none
+    /// or it was destroyed.
+    pub fn current(&self) -> CuResult<u64> {
+        current_ctx_id().filter(|c| self.contexts.contains_key(c)).ok_or(CUDA_ERROR_INVALID_CONTEXT)
+    }
+
+    /// Ordinal of the current context's device.
+    pub fn current_ordinal(&self) -> CuResult<usize> {
+        let c = self.current()?;
+        Ok(self.contexts[&c].ordinal)
+    }
+
+    /// Creates a context on `ordinal` with its default stream (context flags only tune host
+    /// scheduling, which this simulation does not model).
+    pub fn create_context(&mut self, ordinal: usize) -> u64 {
+        let ctx = self.new_id();
+        let default_stream = self.new_id();
+        self.streams.insert(default_stream, Stream { ctx, tail: 0, pending: VecDeque::new() });
+        self.contexts.insert(ctx, Context { ordinal, default_stream });
+        ctx
+    }
+
+    /// The stream a handle names: a created stream, or for `0`, `CU_STREAM_LEGACY` and
+    /// `CU_STREAM_PER_THREAD` the current context's default stream (this simulation gives
+    /// legacy and per-thread default streams the same queue; ordering on the device is FIFO
+    /// either way).
+    pub fn stream(&self, h: CUstream) -> CuResult<u64> {
+        if h.is_null() || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD {
+            let c = self.current()?;
+            return Ok(self.contexts[&c].default_stream);
+        }
+        let id = id_of(h);
+        if self.streams.contains_key(&id) {
+            Ok(id)
+        } else {
+            Err(CUDA_ERROR_INVALID_HANDLE)
+        }
+    }
+
+    /// Ordinal of the device a stream's context runs on.
+    pub fn stream_ordinal(&self, stream: u64) -> CuResult<usize> {
+        let ctx = self.streams.get(&stream).ok_or(CUDA_ERROR_INVALID_HANDLE)?.ctx;
+        self.contexts.get(&ctx).map(|c| c.ordinal).ok_or(CUDA_ERROR_INVALID_CONTEXT)
+    }
+
+    /// Destroys context `ctx` and everything it owns, giving its memory back.
+    pub fn destroy_context(&mut self, drv: &Driver, ctx: u64) {
+        let Some(c) = self.contexts.remove(&ctx) else {
+            return;
+        };
+        let owned = |charge: &Charge| charge.ctx == ctx;
+        for (_, a) in self.allocations.iter().filter(|(_, a)| owned(&a.charge)) {
+            drv.uncharge(a.charge.ordinal, a.charge.bytes);
+        }
+        self.allocations.retain(|_, a| !owned(&a.charge));
+        for map in [&mut self.arrays, &mut self.mipmaps] {
+            for ch in map.values().filter(|ch| owned(ch)) {
+                drv.uncharge(ch.ordinal, ch.bytes);
+            }
+            map.retain(|_, ch| !owned(ch));
+        }
+        self.streams.retain(|_, s| s.ctx != ctx);
+        self.events.retain(|_, e| e.ctx != ctx);
+        let modules: Vec<u64> = self.modules.iter().filter(|(_, c)| **c == ctx).map(|(m, _)| *m).collect();
+        self.modules.retain(|_, c| *c != ctx);
+        self.functions.retain(|_, m| !modules.contains(m));
+        drv.node.state().count_context(&drv.slot, drv.ordinals[c.ordinal], false);
+    }
+}

@@ -1,0 +1,85 @@
+//! NVML's process state: `nvmlInit*` opens the simulated node (reference counted, like real
+//! NVML), `nvmlShutdown` closes it at the last call; device handles are the visible GPUs'
+//! host indexes dressed as pointers.
+
+use std::sync::{Arc, Mutex};
+
+use gpuslice_cuda_ffi::nvml::*;
+use gpuslice_sim_core::{SimDevice, SimNode};
+
+use crate::ffi::NvResult;
+
+/// An initialised NVML.
+pub struct Nvml {
+    pub node: SimNode,
+    /// Host indexes of the visible GPUs: NVML index `i` is element `i`.
+    pub visible: Vec<usize>,
+}
+
+struct Registry {
+    refs: u32,
+    nvml: Option<Arc<Nvml>>,
+}
+
+static STATE: Mutex<Registry> = Mutex::new(Registry { refs: 0, nvml: None });
+
+const HANDLE_BASE: usize = 0x6e76_0000_0000;
+
+fn registry() -> std::sync::MutexGuard<'static, Registry> {
+    STATE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// `nvmlInit*`: the first call opens the node; `allow_no_gpus` is `NVML_INIT_FLAG_NO_GPUS`.
+pub fn init(allow_no_gpus: bool) -> NvResult {
+    let mut r = registry();
+    if r.nvml.is_none() {
+        let node = SimNode::open_from_env().map_err(|e| {
+            eprintln!("gpuslice simulated NVML: {e}");
+            NVML_ERROR_DRIVER_NOT_LOADED
+        })?;
+        let visible: Vec<usize> = node.visible().iter().map(|d| d.index as usize).collect();
+        if visible.is_empty() && !allow_no_gpus {
+            return Err(NVML_ERROR_NOT_FOUND);
+        }
+        r.nvml = Some(Arc::new(Nvml { node, visible }));
+    }
+    r.refs += 1;
+    Ok(())
+}
+
+/// `nvmlShutdown`: the last call closes the node.
+pub fn shutdown() -> NvResult {
+    let mut r = registry();
+    if r.refs == 0 {
+        return Err(NVML_ERROR_UNINITIALIZED);
+    }
+    r.refs -= 1;
+    if r.refs == 0 {
+        r.nvml = None;
+    }
+    Ok(())
+}
+
+/// The initialised NVML, or `NVML_ERROR_UNINITIALIZED`.
+pub fn nvml() -> NvResult<Arc<Nvml>> {
+    registry().nvml.clone().ok_or(NVML_ERROR_UNINITIALIZED)
+}
+
+impl Nvml {
+    /// The handle of NVML index `i`.
+    pub fn handle(&self, i: usize) -> NvResult<nvmlDevice_t> {
+        let host = *self.visible.get(i).ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
+        Ok((HANDLE_BASE + host * 16) as nvmlDevice_t)
+    }
+
+    /// The (NVML index, device) behind a handle.
+    pub fn device(&self, h: nvmlDevice_t) -> NvResult<(usize, &SimDevice)> {
+        let v = h as usize;
+        if v < HANDLE_BASE || (v - HANDLE_BASE) % 16 != 0 {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        let host = (v - HANDLE_BASE) / 16;
+        let i = self.visible.iter().position(|x| *x == host).ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
+        Ok((i, &self.node.devices()[host]))
+    }
+}
