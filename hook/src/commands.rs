@@ -5,8 +5,10 @@ use std::io::Write;
 use gpuslice_registry::{render_reaped, render_rebuild, render_table, status_json, Inventory};
 
 use crate::cdigen;
-use crate::cli::{CdiCommand, Cli, Command};
+use crate::cli::{CdiCommand, Cli, Command, ConfigureCommand, HookCommand};
+use crate::configure;
 use crate::error::Error;
+use crate::hooks;
 use crate::node::Node;
 
 fn out(text: &str) -> Result<(), Error> {
@@ -64,7 +66,18 @@ pub fn run(cli: Cli) -> Result<(), Error> {
                 out(&render_reaped(&reaped))
             }
         }
-        Command::Hook(_) | Command::Configure(_) | Command::Serve(_) => unimplemented_yet(),
+        Command::Hook(HookCommand::Precreate) => hooks::precreate(&node),
+        Command::Hook(HookCommand::CreateRuntime(a)) => {
+            hooks::create_runtime(&node, a.reservation.as_deref(), &a.whole_gpu)
+        }
+        Command::Hook(HookCommand::Poststop(a)) => hooks::poststop(&node, a.reservation.as_deref()),
+        Command::Configure(ConfigureCommand::Podman(a)) => out(&configure::podman::configure(
+            &node,
+            &a.hooks_dir,
+            a.dry_run,
+            a.remove,
+        )?),
+        Command::Configure(_) | Command::Serve(_) => unimplemented_yet(),
     }
 }
 

@@ -13,13 +13,29 @@ pub enum Error {
     #[error(transparent)]
     Generate(#[from] GenerateError),
     #[error(transparent)]
-    Registry(#[from] gpuslice_registry::RegistryError),
+    Registry(Box<gpuslice_registry::RegistryError>),
     #[error(transparent)]
     Spec(#[from] gpuslice_cdi::SpecFileError),
     #[error("cannot write to standard output: {0}")]
     Stdout(std::io::Error),
     #[error(transparent)]
     Inventory(#[from] gpuslice_driver::InventoryError),
+    #[error(transparent)]
+    Hook(Box<crate::hooks::HookError>),
+    #[error(transparent)]
+    Podman(#[from] crate::configure::podman::PodmanError),
+}
+
+impl From<crate::hooks::HookError> for Error {
+    fn from(e: crate::hooks::HookError) -> Self {
+        Error::Hook(Box::new(e))
+    }
+}
+
+impl From<gpuslice_registry::RegistryError> for Error {
+    fn from(e: gpuslice_registry::RegistryError) -> Self {
+        Error::Registry(Box::new(e))
+    }
 }
 
 impl Error {

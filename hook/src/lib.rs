@@ -1,11 +1,17 @@
 //! gpuslice: the spec edit, hooks and CLI shared by the `gpuslice` and `gpuslice-runtime`
 //! binaries.
 
+pub mod annotations;
 pub mod cdigen;
 pub mod cleanup;
 pub mod cli;
 pub mod commands;
+pub mod configure;
 pub mod driveredits;
 pub mod error;
+pub mod hooks;
 pub mod node;
+pub mod runtime;
 pub mod simnode;
+pub mod slicespec;
+pub mod specedit;

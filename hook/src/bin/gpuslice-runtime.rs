@@ -1,1 +1,58 @@
-fn main() {}
+//! `gpuslice-runtime`: the runc-compatible wrapper for containerd's `BinaryName`, nerdctl
+//! and docker `--runtime`. Finds its config through `GPUSLICE_CONFIG` or the default path.
+
+use std::os::unix::process::CommandExt;
+use std::process::ExitCode;
+
+use gpuslice::node::Node;
+use gpuslice::runtime::{edit_bundle, parse_args, report, resolve_runtime, RuntimeError};
+
+fn main() -> ExitCode {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    let parsed = parse_args(&args);
+    let creates = matches!(parsed.command.as_deref(), Some("create" | "run"));
+    let node = match Node::load(None) {
+        Ok(n) => Some(n),
+        Err(e) if creates => {
+            report(&parsed, &RuntimeError::Config(e).to_string());
+            return ExitCode::from(1);
+        }
+        // Other commands (delete, kill, state...) must keep working with a broken config so
+        // existing containers can be cleaned up: they fall back to the default runtime.
+        Err(_) => None,
+    };
+    if creates {
+        if let Some(node) = &node {
+            if let Err(e) = edit_bundle(node, &parsed) {
+                report(&parsed, &e.to_string());
+                return ExitCode::from(1);
+            }
+        }
+    }
+    let configured = node
+        .as_ref()
+        .map(|n| n.config().runtime.path.clone())
+        .unwrap_or_else(|| gpuslice_config::DEFAULT_RUNTIME.into());
+    let own = std::env::current_exe().ok();
+    let runtime = match resolve_runtime(
+        &configured,
+        std::env::var_os("PATH").as_deref(),
+        own.as_deref(),
+    ) {
+        Ok(p) => p,
+        Err(e) => {
+            report(&parsed, &e.to_string());
+            return ExitCode::from(1);
+        }
+    };
+    let err = std::process::Command::new(&runtime).args(&args).exec();
+    report(
+        &parsed,
+        &RuntimeError::Exec {
+            path: runtime,
+            source: err,
+        }
+        .to_string(),
+    );
+    ExitCode::from(1)
+}

@@ -1,0 +1,340 @@
+//! The user interface: `gpuslice.io/*` annotations (DESIGN.md §4) turned into a registry
+//! request, with the per-container override `gpuslice.io/<key>.<container-name>` for
+//! Kubernetes containers, and the sandbox and owner facts the CRI annotations carry.
+
+use std::collections::BTreeMap;
+
+use gpuslice_config::quantity::ACCEPTED_QUANTITY;
+use gpuslice_config::{parse_quantity, Policy, Quantity};
+use gpuslice_registry::{KubernetesRef, Owner, Request, Selector, MAX_GPUS};
+
+/// Prefix of every gpuslice annotation.
+pub const PREFIX: &str = "gpuslice.io/";
+/// Written by gpuslice only: the reservation a spec was edited for.
+pub const RESERVATION: &str = "gpuslice.io/reservation";
+/// The request keys users may set.
+pub const KEYS: &[&str] = &["gpus", "memory", "cores", "gpu", "gpu-type", "policy"];
+
+/// containerd's CRI plugin / CRI-O: the container's name inside its pod.
+const CONTAINER_NAME: &[&str] = &[
+    "io.kubernetes.cri.container-name",
+    "io.kubernetes.container.name",
+];
+const SANDBOX: &[(&str, &str)] = &[
+    ("io.kubernetes.cri.container-type", "sandbox"),
+    ("io.kubernetes.cri-o.ContainerType", "sandbox"),
+];
+const NAMESPACE: &[&str] = &[
+    "io.kubernetes.cri.sandbox-namespace",
+    "io.kubernetes.pod.namespace",
+];
+const POD: &[&str] = &["io.kubernetes.cri.sandbox-name", "io.kubernetes.pod.name"];
+const POD_UID: &[&str] = &["io.kubernetes.cri.sandbox-uid", "io.kubernetes.pod.uid"];
+
+/// A malformed request: one line naming the annotation, the value and the accepted form.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AnnotationError {
+    #[error("annotation {key}: value {value:?} is not accepted; expected {accepted}")]
+    Value {
+        key: String,
+        value: String,
+        accepted: String,
+    },
+    #[error("annotation {key} is not a gpuslice annotation; accepted: gpuslice.io/{{{}}}, optionally suffixed with .<container-name>", KEYS.join(","))]
+    UnknownKey { key: String },
+}
+
+/// What the annotations of one container ask for.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Ask {
+    /// No gpuslice annotation applies to this container.
+    Nothing,
+    /// A Kubernetes sandbox (pause) container: never touched.
+    Sandbox,
+    /// A slice request.
+    Slice(Box<Request>),
+}
+
+fn first<'a>(ann: &'a BTreeMap<String, String>, keys: &[&str]) -> Option<&'a str> {
+    keys.iter()
+        .find_map(|k| ann.get(*k))
+        .map(String::as_str)
+        .filter(|v| !v.is_empty())
+}
+
+/// True for a Kubernetes sandbox container.
+pub fn is_sandbox(ann: &BTreeMap<String, String>) -> bool {
+    SANDBOX
+        .iter()
+        .any(|(k, v)| ann.get(*k).map(String::as_str) == Some(*v))
+}
+
+/// The Kubernetes identity of a container, when the CRI annotations tell it.
+pub fn kubernetes_ref(ann: &BTreeMap<String, String>) -> Option<KubernetesRef> {
+    let pod = first(ann, POD)?;
+    Some(KubernetesRef {
+        namespace: first(ann, NAMESPACE).unwrap_or_default().to_string(),
+        pod: pod.to_string(),
+        pod_uid: first(ann, POD_UID).map(str::to_string),
+        container: first(ann, CONTAINER_NAME).unwrap_or_default().to_string(),
+    })
+}
+
+/// The value of request key `key` for this container: the per-container override wins.
+fn value<'a>(
+    ann: &'a BTreeMap<String, String>,
+    key: &str,
+    container: Option<&str>,
+) -> Option<(String, &'a str)> {
+    if let Some(name) = container {
+        let k = format!("{PREFIX}{key}.{name}");
+        if let Some(v) = ann.get(&k) {
+            return Some((k, v.as_str()));
+        }
+    }
+    let k = format!("{PREFIX}{key}");
+    ann.get(&k).map(|v| (k, v.as_str()))
+}
+
+fn bad(key: &str, value: &str, accepted: impl Into<String>) -> AnnotationError {
+    AnnotationError::Value {
+        key: key.to_string(),
+        value: value.to_string(),
+        accepted: accepted.into(),
+    }
+}
+
+fn integer(key: &str, v: &str, lo: u32, hi: u32) -> Result<u32, AnnotationError> {
+    let accepted = format!("a whole number from {lo} to {hi}");
+    let t = v.trim();
+    if t.is_empty() || t.len() > 6 || !t.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad(key, v, accepted));
+    }
+    match t.parse::<u32>() {
+        Ok(n) if (lo..=hi).contains(&n) => Ok(n),
+        _ => Err(bad(key, v, accepted)),
+    }
+}
+
+/// Reads the request of a container from its annotations. Sandbox containers and containers
+/// no gpuslice annotation applies to ask for nothing; a malformed value is an error.
+pub fn parse_ask(ann: &BTreeMap<String, String>) -> Result<Ask, AnnotationError> {
+    if is_sandbox(ann) {
+        return Ok(Ask::Sandbox);
+    }
+    let container = first(ann, CONTAINER_NAME);
+    let mut applies = false;
+    for key in ann.keys().filter(|k| k.starts_with(PREFIX)) {
+        if key == RESERVATION {
+            continue;
+        }
+        let rest = &key[PREFIX.len()..];
+        let (base, target) = match rest.split_once('.') {
+            Some((b, t)) => (b, Some(t)),
+            None => (rest, None),
+        };
+        if !KEYS.contains(&base) || target.is_some_and(str::is_empty) {
+            return Err(AnnotationError::UnknownKey { key: key.clone() });
+        }
+        // An override for another container of the pod does not concern this one.
+        if target.is_none() || target == container {
+            applies = true;
+        }
+    }
+    if !applies {
+        return Ok(Ask::Nothing);
+    }
+
+    let owner = Owner::Container {
+        container_id: None,
+        process: None,
+        kubernetes: kubernetes_ref(ann),
+    };
+    let mut req = Request::new(owner);
+    if let Some((k, v)) = value(ann, "gpus", container) {
+        req.gpus = integer(&k, v, 1, MAX_GPUS)?;
+    }
+    if let Some((k, v)) = value(ann, "memory", container) {
+        let q = parse_quantity(v).map_err(|_| bad(&k, v, ACCEPTED_QUANTITY))?;
+        if q == Quantity::Bytes(0) {
+            return Err(bad(
+                &k,
+                v,
+                format!("more than 0 bytes: {ACCEPTED_QUANTITY}"),
+            ));
+        }
+        req.memory = Some(q);
+    }
+    if let Some((k, v)) = value(ann, "cores", container) {
+        req.cores = integer(&k, v.trim_end_matches('%'), 1, 100)
+            .map_err(|_| bad(&k, v, "a compute share in percent from 1 to 100"))?
+            as u8;
+    }
+    if let Some((k, v)) = value(ann, "gpu", container) {
+        req.selectors = Selector::parse_list(v).map_err(|e| {
+            bad(
+                &k,
+                v,
+                format!("GPU indexes or UUIDs separated by commas ({e})"),
+            )
+        })?;
+    }
+    if let Some((k, v)) = value(ann, "gpu-type", container) {
+        let t = v.trim();
+        if t.is_empty() || t.len() > 96 || t.chars().any(char::is_control) {
+            return Err(bad(
+                &k,
+                v,
+                "part of a GPU model name, 1 to 96 printable characters (e.g. H200)",
+            ));
+        }
+        req.model = Some(t.to_string());
+    }
+    if let Some((k, v)) = value(ann, "policy", container) {
+        req.policy = Some(Policy::parse(v.trim()).ok_or_else(|| bad(&k, v, Policy::ACCEPTED))?);
+    }
+    Ok(Ask::Slice(Box::new(req)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ann(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn slice(pairs: &[(&str, &str)]) -> Request {
+        match parse_ask(&ann(pairs)) {
+            Ok(Ask::Slice(r)) => *r,
+            other => panic!("expected a slice request, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn full_request() {
+        let r = slice(&[
+            ("gpuslice.io/gpus", "2"),
+            ("gpuslice.io/memory", "4Gi"),
+            ("gpuslice.io/cores", "30"),
+            (
+                "gpuslice.io/gpu",
+                "0,GPU-12345678-1234-1234-1234-123456789abc",
+            ),
+            ("gpuslice.io/gpu-type", "h200"),
+            ("gpuslice.io/policy", "spread"),
+        ]);
+        assert_eq!(r.gpus, 2);
+        assert_eq!(r.memory, Some(Quantity::Bytes(4 << 30)));
+        assert_eq!(r.cores, 30);
+        assert_eq!(r.selectors.len(), 2);
+        assert_eq!(r.model.as_deref(), Some("h200"));
+        assert_eq!(r.policy, Some(Policy::Spread));
+        assert!(!r.whole_gpu);
+    }
+
+    #[test]
+    fn defaults_and_percent() {
+        let r = slice(&[("gpuslice.io/memory", "25%")]);
+        assert_eq!(
+            (r.gpus, r.cores, r.memory),
+            (1, 0, Some(Quantity::Percent(25)))
+        );
+        let r = slice(&[("gpuslice.io/cores", "50")]);
+        assert_eq!(
+            r.memory, None,
+            "no memory annotation books the whole GPU's memory"
+        );
+    }
+
+    #[test]
+    fn nothing_and_sandbox() {
+        assert_eq!(parse_ask(&ann(&[("other.io/x", "1")])), Ok(Ask::Nothing));
+        assert_eq!(
+            parse_ask(&ann(&[
+                ("gpuslice.io/memory", "4Gi"),
+                ("io.kubernetes.cri.container-type", "sandbox")
+            ])),
+            Ok(Ask::Sandbox)
+        );
+        assert_eq!(
+            parse_ask(&ann(&[
+                ("gpuslice.io/memory", "4Gi"),
+                ("io.kubernetes.cri-o.ContainerType", "sandbox")
+            ])),
+            Ok(Ask::Sandbox)
+        );
+    }
+
+    #[test]
+    fn per_container_override_wins_and_others_are_ignored() {
+        let pod = [
+            ("gpuslice.io/memory", "8Gi"),
+            ("gpuslice.io/memory.app", "4Gi"),
+            ("gpuslice.io/cores.app", "20"),
+            ("io.kubernetes.cri.container-name", "app"),
+            ("io.kubernetes.cri.sandbox-namespace", "ml"),
+            ("io.kubernetes.cri.sandbox-name", "infer-0"),
+            ("io.kubernetes.cri.sandbox-uid", "uid-1"),
+        ];
+        let r = slice(&pod);
+        assert_eq!(r.memory, Some(Quantity::Bytes(4 << 30)));
+        assert_eq!(r.cores, 20);
+        match &r.owner {
+            Owner::Container {
+                kubernetes: Some(k),
+                ..
+            } => {
+                assert_eq!(
+                    (k.namespace.as_str(), k.pod.as_str(), k.container.as_str()),
+                    ("ml", "infer-0", "app")
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        // A sidecar of the same pod sees only the app's overrides: nothing applies to it.
+        let sidecar = ann(&[
+            ("gpuslice.io/memory.app", "4Gi"),
+            ("io.kubernetes.container.name", "sidecar"),
+        ]);
+        assert_eq!(parse_ask(&sidecar), Ok(Ask::Nothing));
+    }
+
+    #[test]
+    fn malformed_values_name_key_value_and_form() {
+        for (k, v, want) in [
+            ("gpuslice.io/memory", "lots", "bytes (`1073741824`)"),
+            ("gpuslice.io/memory", "100m", "expected"),
+            ("gpuslice.io/memory", "0", "more than 0 bytes"),
+            ("gpuslice.io/cores", "150", "from 1 to 100"),
+            ("gpuslice.io/cores", "0", "from 1 to 100"),
+            ("gpuslice.io/gpus", "0", "from 1 to 16"),
+            ("gpuslice.io/gpus", "17", "from 1 to 16"),
+            ("gpuslice.io/gpus", "two", "from 1 to 16"),
+            ("gpuslice.io/gpu", "first", "indexes or UUIDs"),
+            ("gpuslice.io/gpu-type", "", "model name"),
+            ("gpuslice.io/policy", "fastest", "`binpack` or `spread`"),
+        ] {
+            let e = parse_ask(&ann(&[(k, v)])).expect_err(v).to_string();
+            assert!(
+                e.starts_with(&format!("annotation {k}: value {v:?} is not accepted")),
+                "{e}"
+            );
+            assert!(e.contains(want), "{e}");
+            assert!(!e.contains('\n'));
+        }
+    }
+
+    #[test]
+    fn unknown_keys_are_refused() {
+        let e = parse_ask(&ann(&[("gpuslice.io/memroy", "4Gi")])).expect_err("typo");
+        assert!(
+            e.to_string().contains("gpuslice.io/memroy") && e.to_string().contains("memory"),
+            "{e}"
+        );
+        assert!(parse_ask(&ann(&[("gpuslice.io/memory.", "4Gi")])).is_err());
+    }
+}

@@ -1,0 +1,3 @@
+//! `gpuslice configure <engine>`: registering gpuslice with container engines.
+
+pub mod podman;

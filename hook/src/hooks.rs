@@ -1,0 +1,147 @@
+//! The OCI hooks gpuslice writes into specs and hooks.d: `precreate` (the spec edit for
+//! podman and CRI-O), `createRuntime` (bind the reservation to the container's init
+//! process, or book CDI whole GPUs) and `poststop` (release). Idempotent, quiet on success.
+
+use std::io::{Read, Write};
+
+use gpuslice_registry::{Owner, ProcessRef, RegistryError, Request, Selector};
+use serde::Deserialize;
+
+use crate::annotations::kubernetes_ref;
+use crate::cleanup::open_registry;
+use crate::error::Error;
+use crate::node::Node;
+use crate::specedit::{edit_spec, Outcome};
+
+/// The OCI state runtimes pass to hooks on stdin.
+#[derive(Debug, Deserialize)]
+pub struct State {
+    pub id: String,
+    #[serde(default)]
+    pub pid: Option<u32>,
+    #[serde(default)]
+    pub annotations: std::collections::BTreeMap<String, String>,
+}
+
+/// Hook input or output that is not usable.
+#[derive(Debug, thiserror::Error)]
+pub enum HookError {
+    #[error("cannot read the OCI state from stdin: {0}")]
+    Read(std::io::Error),
+    #[error("the OCI state on stdin is not valid: {0}")]
+    State(serde_json::Error),
+    #[error("the OCI state of container {id} has no pid; createRuntime hooks need the container's init pid")]
+    NoPid { id: String },
+    #[error("cannot write the edited spec to stdout: {0}")]
+    Write(std::io::Error),
+    #[error("{0}")]
+    Edit(#[from] crate::specedit::EditError),
+    #[error("GPU {uuid} cannot be given whole to container {id}: {source}")]
+    Whole {
+        uuid: String,
+        id: String,
+        source: Box<RegistryError>,
+    },
+    #[error("`{value}` is not a GPU UUID for --whole-gpu; accepted: GPU-<uuid>")]
+    WholeSelector { value: String },
+}
+
+fn read_stdin() -> Result<Vec<u8>, HookError> {
+    let mut buf = Vec::new();
+    std::io::stdin()
+        .lock()
+        .read_to_end(&mut buf)
+        .map_err(HookError::Read)?;
+    Ok(buf)
+}
+
+fn read_state() -> Result<State, HookError> {
+    serde_json::from_slice(&read_stdin()?).map_err(HookError::State)
+}
+
+/// `hook precreate`: spec on stdin, edited (or unchanged) spec on stdout.
+pub fn precreate(node: &Node) -> Result<(), Error> {
+    let input = read_stdin()?;
+    let output = match edit_spec(node, &input).map_err(HookError::Edit)? {
+        Outcome::Edited { bytes, .. } => bytes,
+        Outcome::Untouched | Outcome::AlreadyEdited { .. } => input,
+    };
+    let mut out = std::io::stdout().lock();
+    out.write_all(&output)
+        .and_then(|_| out.flush())
+        .map_err(HookError::Write)?;
+    Ok(())
+}
+
+/// `hook create-runtime`: binds `reservation` to the container; books `whole` GPUs.
+pub fn create_runtime(
+    node: &Node,
+    reservation: Option<&str>,
+    whole: &[String],
+) -> Result<(), Error> {
+    let state = read_state()?;
+    let pid = state
+        .pid
+        .filter(|p| *p > 0)
+        .ok_or_else(|| HookError::NoPid {
+            id: state.id.clone(),
+        })?;
+    let registry = open_registry(node)?;
+    if let Some(id) = reservation {
+        registry.bind(id, &state.id, pid)?;
+    }
+    if whole.is_empty() {
+        return Ok(());
+    }
+    let snapshot = registry.snapshot()?;
+    let process: ProcessRef = registry.process_ref(pid)?;
+    for uuid in whole {
+        let selector = Selector::parse(uuid)
+            .ok()
+            .filter(|s| matches!(s, Selector::Uuid(_)));
+        let Some(selector) = selector else {
+            return Err(HookError::WholeSelector {
+                value: uuid.clone(),
+            }
+            .into());
+        };
+        // The same GPU named twice (`=0` and `=GPU-…`, or `=all`) is booked once.
+        let held = snapshot.reservations.iter().any(|r| {
+            r.whole_gpu
+                && r.owner.container_id() == Some(state.id.as_str())
+                && r.gpus.iter().any(|b| b.uuid.eq_ignore_ascii_case(uuid))
+        });
+        if held {
+            continue;
+        }
+        let mut req = Request::new(Owner::Container {
+            container_id: Some(state.id.clone()),
+            process: Some(process.clone()),
+            kubernetes: kubernetes_ref(&state.annotations),
+        });
+        req.whole_gpu = true;
+        req.selectors = vec![selector];
+        if let Err(source) = registry.reserve(&req) {
+            // Give back what this container got so far; the runtime fails the create.
+            let _ = registry.release_container(&state.id);
+            return Err(HookError::Whole {
+                uuid: uuid.clone(),
+                id: state.id.clone(),
+                source: Box::new(source),
+            }
+            .into());
+        }
+    }
+    Ok(())
+}
+
+/// `hook poststop`: releases `reservation` and everything booked for the container.
+pub fn poststop(node: &Node, reservation: Option<&str>) -> Result<(), Error> {
+    let state = read_state()?;
+    let registry = open_registry(node)?;
+    if let Some(id) = reservation {
+        registry.release(id)?;
+    }
+    registry.release_container(&state.id)?;
+    Ok(())
+}

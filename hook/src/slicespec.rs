@@ -1,0 +1,134 @@
+//! The slice's own CDI spec (kind `gpuslice.io/slice`, one device named by the reservation
+//! id): the booked GPUs' nodes, the driver's control nodes and libraries, the shim through
+//! `/etc/ld.so.preload`, the slice's files, the environment of DESIGN.md §5 and the hooks
+//! that bind and release the reservation.
+
+use std::path::{Path, PathBuf};
+
+use gpuslice_cdi::{ContainerEdits, Device, Hook, Mount, Spec};
+use gpuslice_registry::Reservation;
+use gpuslice_slice::{CONTAINER_DIR, CONTAINER_LIMITS, CONTAINER_USAGE, LIMITS_FILE, USAGE_FILE};
+
+use crate::cdigen::VISIBLE_DEVICES_VOID;
+use crate::cleanup::SLICE_KIND;
+use crate::driveredits::{RO_BIND, RW_BIND};
+use crate::node::{Node, HOOK_ENV};
+
+/// Where the shim is mounted in slice containers.
+pub const SHIM_CONTAINER_PATH: &str = "/usr/lib/gpuslice/libgpuslice_shim.so";
+/// The host file mounted read-only at `/etc/ld.so.preload` (in `state_dir`).
+pub const PRELOAD_FILE: &str = "ld.so.preload";
+
+/// The slice spec could not be built from the node spec.
+#[derive(Debug, thiserror::Error)]
+pub enum SliceSpecError {
+    #[error("the cached node spec has no device {uuid}: run `gpuslice cdi generate` after driver or inventory changes")]
+    UnknownGpu { uuid: String },
+}
+
+/// The contents of the host's `ld.so.preload` file for slice containers.
+pub fn preload_contents() -> String {
+    format!("{SHIM_CONTAINER_PATH}\n")
+}
+
+fn hook(node: &Node, binary: &Path, name: &str, sub: &[&str]) -> Hook {
+    Hook {
+        hook_name: name.to_string(),
+        path: binary.display().to_string(),
+        args: node.hook_args(sub),
+        env: HOOK_ENV.iter().map(|s| s.to_string()).collect(),
+        timeout: None,
+    }
+}
+
+/// The environment of DESIGN.md §5. `CUDA_DEVICE_*` are for HAMi-core's `libvgpu.so` when an
+/// operator uses it as the shim; gpuslice's shim ignores all of these.
+pub fn slice_env(r: &Reservation) -> Vec<String> {
+    let mut env = vec![
+        format!("GPUSLICE_RESERVATION={}", r.id),
+        format!("GPUSLICE_DIR={CONTAINER_DIR}"),
+        VISIBLE_DEVICES_VOID.to_string(),
+    ];
+    // Containers number their GPUs 0.. in host index order, as the driver enumerates them.
+    let mut gpus: Vec<_> = r.gpus.iter().collect();
+    gpus.sort_by_key(|b| b.index);
+    for (i, b) in gpus.iter().enumerate() {
+        env.push(format!("CUDA_DEVICE_MEMORY_LIMIT_{i}={}m", b.memory >> 20));
+    }
+    if let Some(cores) = r.gpus.iter().map(|b| b.cores).filter(|c| *c > 0).max() {
+        env.push(format!("CUDA_DEVICE_SM_LIMIT={cores}"));
+    }
+    env
+}
+
+/// Builds the slice spec of reservation `r` from the node spec `node_spec`; `slice_dir`
+/// holds `limits.json` and `usage`.
+pub fn slice_spec(
+    node: &Node,
+    binary: &Path,
+    node_spec: &Spec,
+    r: &Reservation,
+    slice_dir: &Path,
+) -> Result<Spec, SliceSpecError> {
+    let config = node.config();
+    let mut edits = ContainerEdits {
+        env: slice_env(r),
+        ..Default::default()
+    };
+    let mut gpus: Vec<_> = r.gpus.iter().collect();
+    gpus.sort_by_key(|b| b.index);
+    for b in gpus {
+        let dev = node_spec
+            .device(&b.uuid)
+            .ok_or_else(|| SliceSpecError::UnknownGpu {
+                uuid: b.uuid.clone(),
+            })?;
+        edits
+            .device_nodes
+            .extend(dev.container_edits.device_nodes.iter().cloned());
+    }
+    edits
+        .device_nodes
+        .extend(node_spec.container_edits.device_nodes.iter().cloned());
+    edits
+        .mounts
+        .extend(node_spec.container_edits.mounts.iter().cloned());
+    let file = |name: &str| -> PathBuf { slice_dir.join(name) };
+    edits.mounts.push(Mount::bind(
+        config.shim.library.display().to_string(),
+        SHIM_CONTAINER_PATH,
+        RO_BIND,
+    ));
+    edits.mounts.push(Mount::bind(
+        config.state_dir.join(PRELOAD_FILE).display().to_string(),
+        "/etc/ld.so.preload",
+        RO_BIND,
+    ));
+    edits.mounts.push(Mount::bind(
+        file(LIMITS_FILE).display().to_string(),
+        CONTAINER_LIMITS,
+        RO_BIND,
+    ));
+    edits.mounts.push(Mount::bind(
+        file(USAGE_FILE).display().to_string(),
+        CONTAINER_USAGE,
+        RW_BIND,
+    ));
+    edits.hooks = vec![
+        hook(
+            node,
+            binary,
+            "createRuntime",
+            &["hook", "create-runtime", "--reservation", &r.id],
+        ),
+        hook(
+            node,
+            binary,
+            "poststop",
+            &["hook", "poststop", "--reservation", &r.id],
+        ),
+    ];
+    let mut spec = Spec::new(SLICE_KIND);
+    spec.devices.push(Device::new(r.id.clone(), edits));
+    Ok(spec)
+}

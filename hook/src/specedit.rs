@@ -1,0 +1,236 @@
+//! The spec edit: the one function every front end (gpuslice-runtime, the hooks.d precreate
+//! hook) calls. It reads a container's annotations, reserves a slice, writes the slice's
+//! directory and CDI spec, and applies that spec to the OCI spec exactly as a CDI-aware
+//! engine would. Specs without a request pass through byte for byte; any failure after
+//! reserving releases the reservation.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use gpuslice_cdi::{InjectError, SpecFileError};
+use gpuslice_registry::{Registry, RegistryError, Reservation, ReservationState};
+use gpuslice_slice::{
+    usage::create_usage_file, DeviceLimit, Limits, LimitsError, LIMITS_FILE, LIMITS_VERSION,
+    USAGE_FILE,
+};
+use serde_json::Value;
+
+use crate::annotations::{parse_ask, AnnotationError, Ask, RESERVATION};
+use crate::cleanup::{open_registry, SLICE_KIND};
+use crate::error::Error;
+use crate::node::{Node, NodeError};
+use crate::slicespec::{preload_contents, slice_spec, SliceSpecError, PRELOAD_FILE};
+
+/// Why a container's creation is refused. Each prints as one line for the user.
+#[derive(Debug, thiserror::Error)]
+pub enum EditError {
+    #[error("gpuslice: the OCI spec is not valid JSON: {0}")]
+    Json(serde_json::Error),
+    #[error("gpuslice: the OCI spec's {field} is malformed: {detail}")]
+    Shape { field: String, detail: String },
+    #[error("gpuslice: {0}")]
+    Annotation(#[from] AnnotationError),
+    #[error("gpuslice: annotation {RESERVATION}={id:?} is set by gpuslice only and does not belong to this spec; remove it")]
+    Forged { id: String },
+    #[error("gpuslice: no GPU slice: {0}")]
+    Registry(Box<RegistryError>),
+    #[error(
+        "gpuslice: no node CDI spec cached: {0}; run `gpuslice cdi generate` on this node first"
+    )]
+    NodeSpec(SpecFileError),
+    #[error("gpuslice: shim library {path} does not exist; install it or set shim.library in the config")]
+    NoShim { path: PathBuf },
+    #[error("gpuslice: {0}")]
+    Node(#[from] NodeError),
+    #[error("gpuslice: {0}")]
+    SliceSpec(#[from] SliceSpecError),
+    #[error("gpuslice: {0}")]
+    Limits(#[from] LimitsError),
+    #[error("gpuslice: cannot create the usage file of slice {id}: {detail}")]
+    Usage { id: String, detail: String },
+    #[error("gpuslice: cannot write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: gpuslice_fsutil::AtomicWriteError,
+    },
+    #[error("gpuslice: {0}")]
+    SpecFile(SpecFileError),
+    #[error("gpuslice: {0}")]
+    Inject(#[from] InjectError),
+    #[error("gpuslice: {0}")]
+    Open(Box<Error>),
+}
+
+impl From<RegistryError> for EditError {
+    fn from(e: RegistryError) -> Self {
+        EditError::Registry(Box::new(e))
+    }
+}
+
+/// What the edit did.
+#[derive(Debug)]
+pub enum Outcome {
+    /// No request (or a sandbox container): the spec is left byte for byte.
+    Untouched,
+    /// The spec already carries gpuslice's edit for this reservation (wrapper and precreate
+    /// hook both configured): nothing more is reserved.
+    AlreadyEdited { reservation: String },
+    /// A slice was reserved and the spec edited.
+    Edited {
+        reservation: Box<Reservation>,
+        bytes: Vec<u8>,
+    },
+}
+
+fn annotations(spec: &Value) -> Result<BTreeMap<String, String>, EditError> {
+    let mut out = BTreeMap::new();
+    match spec.get("annotations") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(map)) => {
+            for (k, v) in map {
+                let v = v.as_str().ok_or_else(|| EditError::Shape {
+                    field: format!("annotations.{k}"),
+                    detail: "annotation values must be strings".into(),
+                })?;
+                out.insert(k.clone(), v.to_string());
+            }
+        }
+        Some(_) => {
+            return Err(EditError::Shape {
+                field: "annotations".into(),
+                detail: "expected an object of strings".into(),
+            })
+        }
+    }
+    Ok(out)
+}
+
+/// True when the spec carries gpuslice's createRuntime hook for reservation `id`.
+fn has_our_hook(spec: &Value, id: &str) -> bool {
+    spec.pointer("/hooks/createRuntime")
+        .and_then(Value::as_array)
+        .is_some_and(|hooks| {
+            hooks.iter().any(|h| {
+                h.get("args").and_then(Value::as_array).is_some_and(|args| {
+                    args.windows(3)
+                        .any(|w| w[0] == "create-runtime" && w[1] == "--reservation" && w[2] == id)
+                })
+            })
+        })
+}
+
+/// Releases a reservation unless disarmed: every failure after reserving gives it back.
+struct Rollback<'a> {
+    registry: &'a Registry,
+    id: Option<String>,
+}
+
+impl Drop for Rollback<'_> {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            let _ = self.registry.release(&id);
+        }
+    }
+}
+
+/// Edits the OCI spec `input` for `node`.
+pub fn edit_spec(node: &Node, input: &[u8]) -> Result<Outcome, EditError> {
+    let mut spec: Value = serde_json::from_slice(input).map_err(EditError::Json)?;
+    if !spec.is_object() {
+        return Err(EditError::Shape {
+            field: "document".into(),
+            detail: "expected a JSON object".into(),
+        });
+    }
+    let ann = annotations(&spec)?;
+    if let Some(id) = ann.get(RESERVATION) {
+        let registry = open_registry(node).map_err(|e| EditError::Open(Box::new(e)))?;
+        let ours = has_our_hook(&spec, id)
+            && registry
+                .snapshot()?
+                .reservation(id)
+                .is_some_and(|r| r.state == ReservationState::Pending);
+        return if ours {
+            Ok(Outcome::AlreadyEdited {
+                reservation: id.clone(),
+            })
+        } else {
+            Err(EditError::Forged { id: id.clone() })
+        };
+    }
+    let request = match parse_ask(&ann)? {
+        Ask::Nothing | Ask::Sandbox => return Ok(Outcome::Untouched),
+        Ask::Slice(r) => r,
+    };
+
+    // Everything that can be checked before reserving is checked first.
+    let config = node.config();
+    let node_spec = crate::cdigen::cached_node_spec(node).map_err(EditError::NodeSpec)?;
+    if !config.shim.library.is_file() {
+        return Err(EditError::NoShim {
+            path: config.shim.library.clone(),
+        });
+    }
+    let binary = node.hook_binary()?;
+    let preload = config.state_dir.join(PRELOAD_FILE);
+    if std::fs::read_to_string(&preload).ok().as_deref() != Some(preload_contents().as_str()) {
+        gpuslice_fsutil::atomic_write(&preload, preload_contents().as_bytes(), 0o644).map_err(
+            |source| EditError::Write {
+                path: preload.clone(),
+                source,
+            },
+        )?;
+    }
+
+    let registry = open_registry(node).map_err(|e| EditError::Open(Box::new(e)))?;
+    let reservation = registry.reserve(&request)?;
+    let mut rollback = Rollback {
+        registry: &registry,
+        id: Some(reservation.id.clone()),
+    };
+    let slice_dir = registry.slice_dir(&reservation.id);
+
+    let limits = Limits {
+        version: LIMITS_VERSION,
+        reservation: reservation.id.clone(),
+        devices: reservation
+            .gpus
+            .iter()
+            .map(|b| DeviceLimit {
+                uuid: b.uuid.clone(),
+                memory_limit: b.memory,
+                cores: b.cores,
+            })
+            .collect(),
+    };
+    limits.write(&slice_dir.join(LIMITS_FILE))?;
+    create_usage_file(&slice_dir.join(USAGE_FILE)).map_err(|e| EditError::Usage {
+        id: reservation.id.clone(),
+        detail: e.to_string(),
+    })?;
+
+    let cdi = slice_spec(node, &binary, &node_spec, &reservation, &slice_dir)?;
+    // Written before injection: the rollback's release removes it again (registry cleanup).
+    gpuslice_cdi::write_transient_spec(&config.cdi.spec_dir, &cdi, &reservation.id)
+        .map_err(EditError::SpecFile)?;
+    let qualified = format!("{SLICE_KIND}={}", reservation.id);
+    gpuslice_cdi::inject(&mut spec, &cdi, &[qualified.as_str()])?;
+    // `inject` checked the spec is an object; annotations is an object or absent.
+    if let Some(obj) = spec.as_object_mut() {
+        let ann = obj
+            .entry("annotations")
+            .or_insert_with(|| Value::Object(Default::default()));
+        if let Some(a) = ann.as_object_mut() {
+            a.insert(
+                RESERVATION.to_string(),
+                Value::String(reservation.id.clone()),
+            );
+        }
+    }
+    let bytes = serde_json::to_vec(&spec).map_err(EditError::Json)?;
+    rollback.id = None;
+    Ok(Outcome::Edited {
+        reservation: Box::new(reservation),
+        bytes,
+    })
+}
