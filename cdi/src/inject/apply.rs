@@ -16,8 +16,9 @@ use super::stat::{DeviceStat, HostDeviceType};
 use super::InjectError;
 use crate::model::{ContainerEdits, DeviceNode, Hook, IntelRdt};
 
-/// Applies `edits` to `root` in place; the caller works on a copy and keeps it only on
-/// success, so a failure here never leaves a half-edited spec behind.
+/// Applies `edits` to `root` in place. It touches only `process`, `mounts`, `hooks` and
+/// `linux.{devices,resources,intelRdt,netDevices}` (the parts `scratch` copies); the caller
+/// works on that copy and keeps it only on success.
 pub(crate) fn apply(
     root: &mut Value,
     edits: &ContainerEdits,

@@ -1,10 +1,12 @@
 //! Injection of CDI edits into an OCI runtime spec held as `serde_json::Value`, so that
-//! fields this crate does not model survive untouched. Edits are applied to a copy that
-//! replaces the original only on success: a failure never leaves a half-edited spec.
+//! fields this crate does not model survive untouched. Edits are applied to a copy of the
+//! parts they touch, written back only on success: a failure never leaves a half-edited
+//! spec.
 
 mod apply;
 mod mounts;
 mod oci;
+mod scratch;
 mod stat;
 
 pub use stat::{DeviceStat, HostDevice, HostDeviceStat, HostDeviceType};
@@ -140,8 +142,8 @@ fn apply_checked(
     edits: &ContainerEdits,
     stat: &dyn DeviceStat,
 ) -> Result<(), InjectError> {
-    let mut work = oci.clone();
+    let mut work = scratch::extract(oci)?;
     apply::apply(&mut work, edits, stat)?;
-    *oci = work;
+    scratch::write_back(oci, work);
     Ok(())
 }

@@ -2,40 +2,45 @@
 //! the reference library does (stable, by the number of `/` in the cleaned destination,
 //! so parents are mounted before their children).
 
+use std::collections::HashSet;
+
 use serde_json::{Map, Value};
 
 use super::oci::{array_mut, string_field};
 use super::InjectError;
 use crate::model::Mount;
 
-/// Applies `mounts` to `root.mounts`.
+/// Applies `mounts` to `root.mounts`: the same result as removing, for each edit in turn,
+/// the mounts with its destination and appending it, then sorting once.
 pub(crate) fn apply_mounts(root: &mut Value, mounts: &[Mount]) -> Result<(), InjectError> {
     if mounts.is_empty() {
         return Ok(());
     }
     let list = array_mut(root, &["mounts"])?;
-    for mount in mounts {
-        let destination = clean(&mount.container_path);
-        let mut kept = Vec::with_capacity(list.len() + 1);
-        for (i, existing) in list.drain(..).enumerate() {
-            if clean(string_field(&existing, "mounts", i, "destination")?) != destination {
-                kept.push(existing);
-            }
+    let edit_destinations: Vec<String> = mounts.iter().map(|m| clean(&m.container_path)).collect();
+    let replaced: HashSet<&str> = edit_destinations.iter().map(String::as_str).collect();
+    let mut keyed = Vec::with_capacity(list.len() + mounts.len());
+    for (i, existing) in list.drain(..).enumerate() {
+        let destination = clean(string_field(&existing, "mounts", i, "destination")?);
+        if !replaced.contains(destination.as_str()) {
+            keyed.push((parts(&destination), existing));
         }
-        kept.push(to_oci(mount));
-        *list = kept;
     }
-    let mut keyed = Vec::with_capacity(list.len());
-    for (i, m) in list.drain(..).enumerate() {
-        let parts = clean(string_field(&m, "mounts", i, "destination")?)
-            .matches('/')
-            .count();
-        keyed.push((parts, m));
+    for (i, (mount, destination)) in mounts.iter().zip(&edit_destinations).enumerate() {
+        // A later edit with the same destination replaces this one.
+        if !edit_destinations[i + 1..].contains(destination) {
+            keyed.push((parts(destination), to_oci(mount)));
+        }
     }
     // `sort_by_key` is stable, like Go's `sort.Stable`.
     keyed.sort_by_key(|(parts, _)| *parts);
     list.extend(keyed.into_iter().map(|(_, m)| m));
     Ok(())
+}
+
+/// The library's sort key: the number of `/` in the cleaned destination.
+fn parts(clean_destination: &str) -> usize {
+    clean_destination.matches('/').count()
 }
 
 fn to_oci(mount: &Mount) -> Value {
@@ -131,6 +136,24 @@ mod tests {
         assert_eq!(
             oci["mounts"][4],
             json!({"destination": "/run/x", "source": "/new", "options": ["ro"]})
+        );
+    }
+
+    #[test]
+    fn a_later_edit_with_the_same_destination_wins() {
+        let mut oci = json!({});
+        let edits = [
+            Mount::bind("/first", "/x", &[]),
+            Mount::bind("/other", "/y", &[]),
+            Mount::bind("/second", "/x/", &[]),
+        ];
+        apply_mounts(&mut oci, &edits).expect("apply");
+        assert_eq!(
+            oci["mounts"],
+            json!([
+                {"destination": "/y", "source": "/other"},
+                {"destination": "/x/", "source": "/second"}
+            ])
         );
     }
 
