@@ -46,6 +46,12 @@ pub enum SpecFileError {
     /// The file is not a valid CDI spec.
     #[error("CDI spec {path}: {source}")]
     Decode { path: PathBuf, source: JsonError },
+    /// The spec directory cannot be listed.
+    #[error("cannot list CDI spec directory {dir}: {source}")]
+    List {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
     /// The file cannot be removed.
     #[error("cannot remove CDI spec {path}: {source}")]
     Remove {
@@ -57,6 +63,48 @@ pub enum SpecFileError {
 /// The path the spec of `kind` has in `dir`, e.g. `/var/run/cdi/gpuslice.io-gpu.json`.
 pub fn spec_path(dir: &Path, kind: &str) -> Result<PathBuf, SpecFileError> {
     Ok(dir.join(spec_file_name(kind)?))
+}
+
+/// The path of the transient spec of `kind` tied to `id` in `dir`, e.g.
+/// `/var/run/cdi/gpuslice.io-slice_3f9a0c1d2e4b5a69.json`.
+pub fn transient_spec_path(dir: &Path, kind: &str, id: &str) -> Result<PathBuf, SpecFileError> {
+    Ok(dir.join(transient_spec_file_name(kind, id)?))
+}
+
+/// The ids of the transient specs of `kind` in `dir` (from their file names, sorted), so a
+/// garbage collector can remove those whose reservation is gone. A missing `dir` has none.
+pub fn list_transient_specs(dir: &Path, kind: &str) -> Result<Vec<String>, SpecFileError> {
+    let prefix = spec_file_name(kind)?.trim_end_matches(".json").to_string() + "_";
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => {
+            return Err(SpecFileError::List {
+                dir: dir.to_path_buf(),
+                source,
+            })
+        }
+    };
+    let mut ids = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|source| SpecFileError::List {
+            dir: dir.to_path_buf(),
+            source,
+        })?;
+        let name = entry.file_name();
+        let Some(id) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(&prefix))
+            .and_then(|rest| rest.strip_suffix(".json"))
+        else {
+            continue;
+        };
+        if transient_spec_file_name(kind, id).is_ok() {
+            ids.push(id.to_string());
+        }
+    }
+    ids.sort();
+    Ok(ids)
 }
 
 /// Writes `spec` (version stamped, validated) to `dir/<vendor>-<class>.json` atomically,
@@ -114,7 +162,8 @@ fn ensure_dir(dir: &Path) -> Result<(), SpecFileError> {
     fs::set_permissions(dir, fs::Permissions::from_mode(SPEC_DIR_MODE)).map_err(err)
 }
 
-/// Reads, parses (strictly) and validates the spec file at `path`.
+/// Reads, parses (strictly) and validates the JSON spec file at `path` (gpuslice writes
+/// JSON only; YAML specs are not read).
 pub fn read_spec(path: &Path) -> Result<Spec, SpecFileError> {
     let bytes = fs::read(path).map_err(|source| SpecFileError::Read {
         path: path.to_path_buf(),
@@ -202,6 +251,26 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn transient_specs_are_listed_by_kind() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        assert!(
+            list_transient_specs(&tmp.path().join("absent"), "gpuslice.io/slice")
+                .expect("none")
+                .is_empty()
+        );
+        for id in ["b2", "a1"] {
+            write_transient_spec(tmp.path(), &spec("gpuslice.io/slice"), id).expect("write");
+        }
+        write_spec(tmp.path(), &spec("gpuslice.io/slice")).expect("non-transient");
+        write_transient_spec(tmp.path(), &spec("gpuslice.io/gpu"), "c3").expect("other kind");
+        fs::write(tmp.path().join("gpuslice.io-slice_x.yaml"), b"").expect("not json");
+        let ids = list_transient_specs(tmp.path(), "gpuslice.io/slice").expect("list");
+        assert_eq!(ids, ["a1", "b2"]);
+        let p = transient_spec_path(tmp.path(), "gpuslice.io/slice", "a1").expect("path");
+        assert!(p.exists());
     }
 
     #[test]

@@ -34,8 +34,8 @@ mod version;
 
 pub use annotations::TOTAL_ANNOTATION_SIZE_LIMIT;
 pub use files::{
-    read_spec, remove_spec, spec_path, write_spec, write_spec_as, write_transient_spec,
-    SpecFileError, SPEC_DIR_MODE, SPEC_FILE_MODE,
+    list_transient_specs, read_spec, remove_spec, spec_path, transient_spec_path, write_spec,
+    write_spec_as, write_transient_spec, SpecFileError, SPEC_DIR_MODE, SPEC_FILE_MODE,
 };
 pub use inject::{
     apply_edits, apply_edits_with, inject, inject_with, resolve_edits, DeviceStat, HostDevice,
