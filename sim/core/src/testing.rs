@@ -140,6 +140,12 @@ pub fn install_sim_libs(dir: &Path) -> std::io::Result<SimLibs> {
         Some(d) => PathBuf::from(d),
         None => build_sim_libs()?,
     };
+    copy_sim_libs(&built, dir)
+}
+
+/// Copies `libgpuslice_sim_cuda.so` and `libgpuslice_sim_nvml.so` from `built` into `dir`
+/// as `libcuda.so.1` and `libnvidia-ml.so.1`.
+pub fn copy_sim_libs(built: &Path, dir: &Path) -> std::io::Result<SimLibs> {
     let libs = SimLibs {
         cuda: dir.join("libcuda.so.1"),
         nvml: dir.join("libnvidia-ml.so.1"),

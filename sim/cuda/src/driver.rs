@@ -61,9 +61,17 @@ fn open() -> Result<Driver, CUresult> {
         return Err(CUDA_ERROR_NO_DEVICE);
     }
     let (pid, ns) = gpuslice_sim_core::procs::current_process();
-    let slot = node.state().claim_slot(pid, ns).map_err(|e| fail(&e, CUDA_ERROR_OPERATING_SYSTEM))?;
+    let slot = node
+        .state()
+        .claim_slot(pid, ns)
+        .map_err(|e| fail(&e, CUDA_ERROR_OPERATING_SYSTEM))?;
     let objects = Objects::new(ordinals.len());
-    Ok(Driver { node, slot, ordinals, objects: Mutex::new(objects) })
+    Ok(Driver {
+        node,
+        slot,
+        ordinals,
+        objects: Mutex::new(objects),
+    })
 }
 
 impl Driver {
@@ -75,7 +83,10 @@ impl Driver {
 
     /// Checks a device ordinal.
     pub fn ordinal(&self, dev: CUdevice) -> CuResult<usize> {
-        usize::try_from(dev).ok().filter(|d| *d < self.ordinals.len()).ok_or(CUDA_ERROR_INVALID_DEVICE)
+        usize::try_from(dev)
+            .ok()
+            .filter(|d| *d < self.ordinals.len())
+            .ok_or(CUDA_ERROR_INVALID_DEVICE)
     }
 
     /// The simulated device behind ordinal `ord` (checked by [`Driver::ordinal`]).
@@ -99,7 +110,9 @@ impl Driver {
 
     /// Gives back `bytes` on ordinal `ord`.
     pub fn uncharge(&self, ord: usize, bytes: u64) {
-        self.node.state().uncharge(&self.slot, self.ordinals[ord], bytes);
+        self.node
+            .state()
+            .uncharge(&self.slot, self.ordinals[ord], bytes);
     }
 }
 
@@ -230,7 +243,11 @@ pub struct Mapping {
 #[derive(Debug, Clone, Copy)]
 pub enum GraphNode {
     /// Memory allocation of `bytes` on `ordinal` at `dptr`.
-    Alloc { ordinal: usize, bytes: u64, dptr: u64 },
+    Alloc {
+        ordinal: usize,
+        bytes: u64,
+        dptr: u64,
+    },
     /// Frees graph memory (checked when added).
     Free,
 }
@@ -308,12 +325,22 @@ impl Objects {
     /// A fresh device address range of `bytes`: 512-byte aligned, 2 MiB aligned from 2 MiB
     /// on (like the real allocator); addresses are never reused in a process.
     pub fn new_va(&mut self, bytes: u64, alignment: u64) -> CuResult<u64> {
-        let align = alignment.max(if bytes >= VMM_GRANULARITY { VMM_GRANULARITY } else { 512 });
+        let align = alignment.max(if bytes >= VMM_GRANULARITY {
+            VMM_GRANULARITY
+        } else {
+            512
+        });
         if !align.is_power_of_two() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let start = self.next_va.checked_add(align - 1).ok_or(CUDA_ERROR_OUT_OF_MEMORY)? & !(align - 1);
-        let end = start.checked_add(bytes.max(1)).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+        let start = self
+            .next_va
+            .checked_add(align - 1)
+            .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?
+            & !(align - 1);
+        let end = start
+            .checked_add(bytes.max(1))
+            .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
         self.next_va = end;
         Ok(start)
     }
@@ -321,7 +348,9 @@ impl Objects {
     /// The calling thread's current context: `CUDA_ERROR_INVALID_CONTEXT` when there is none
     /// or it was destroyed.
     pub fn current(&self) -> CuResult<u64> {
-        current_ctx_id().filter(|c| self.contexts.contains_key(c)).ok_or(CUDA_ERROR_INVALID_CONTEXT)
+        current_ctx_id()
+            .filter(|c| self.contexts.contains_key(c))
+            .ok_or(CUDA_ERROR_INVALID_CONTEXT)
     }
 
     /// Ordinal of the current context's device.
@@ -335,8 +364,21 @@ impl Objects {
     pub fn create_context(&mut self, ordinal: usize) -> u64 {
         let ctx = self.new_id();
         let default_stream = self.new_id();
-        self.streams.insert(default_stream, Stream { ctx, tail: 0, pending: VecDeque::new() });
-        self.contexts.insert(ctx, Context { ordinal, default_stream });
+        self.streams.insert(
+            default_stream,
+            Stream {
+                ctx,
+                tail: 0,
+                pending: VecDeque::new(),
+            },
+        );
+        self.contexts.insert(
+            ctx,
+            Context {
+                ordinal,
+                default_stream,
+            },
+        );
         ctx
     }
 
@@ -359,8 +401,15 @@ impl Objects {
 
     /// Ordinal of the device a stream's context runs on.
     pub fn stream_ordinal(&self, stream: u64) -> CuResult<usize> {
-        let ctx = self.streams.get(&stream).ok_or(CUDA_ERROR_INVALID_HANDLE)?.ctx;
-        self.contexts.get(&ctx).map(|c| c.ordinal).ok_or(CUDA_ERROR_INVALID_CONTEXT)
+        let ctx = self
+            .streams
+            .get(&stream)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?
+            .ctx;
+        self.contexts
+            .get(&ctx)
+            .map(|c| c.ordinal)
+            .ok_or(CUDA_ERROR_INVALID_CONTEXT)
     }
 
     /// Destroys context `ctx` and everything it owns, giving its memory back.
@@ -381,9 +430,16 @@ impl Objects {
         }
         self.streams.retain(|_, s| s.ctx != ctx);
         self.events.retain(|_, e| e.ctx != ctx);
-        let modules: Vec<u64> = self.modules.iter().filter(|(_, c)| **c == ctx).map(|(m, _)| *m).collect();
+        let modules: Vec<u64> = self
+            .modules
+            .iter()
+            .filter(|(_, c)| **c == ctx)
+            .map(|(m, _)| *m)
+            .collect();
         self.modules.retain(|_, c| *c != ctx);
         self.functions.retain(|_, m| !modules.contains(m));
-        drv.node.state().count_context(&drv.slot, drv.ordinals[c.ordinal], false);
+        drv.node
+            .state()
+            .count_context(&drv.slot, drv.ordinals[c.ordinal], false);
     }
 }

@@ -51,7 +51,9 @@ pub fn get_slice<T: Copy>(ptr: *const T, count: usize) -> CuResult<Vec<T>> {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     // SAFETY: the driver API contract: `ptr` points to `count` initialised elements.
-    Ok((0..count).map(|i| unsafe { ptr.add(i).read_unaligned() }).collect())
+    Ok((0..count)
+        .map(|i| unsafe { ptr.add(i).read_unaligned() })
+        .collect())
 }
 
 /// Borrows a caller's NUL-terminated string; null is `CUDA_ERROR_INVALID_VALUE`.

@@ -3,7 +3,10 @@
 
 use std::ffi::c_void;
 
-use crate::exports::{array::*, context::*, device::*, event::*, graph::*, init::*, memory::*, module::*, pool::*, stream::*, vmm::*};
+use crate::exports::{
+    array::*, context::*, device::*, event::*, graph::*, init::*, memory::*, module::*, pool::*,
+    stream::*, vmm::*,
+};
 
 macro_rules! exports {
     ($($f:ident),* $(,)?) => {
@@ -60,7 +63,10 @@ mod tests {
         // Every export except the legacy aliases is what some base name resolves to.
         let table: Vec<&str> = gpuslice_cuda_ffi::procaddr::all_symbols().collect();
         for name in ALL {
-            assert!(table.contains(name), "{name} is exported but unreachable through cuGetProcAddress");
+            assert!(
+                table.contains(name),
+                "{name} is exported but unreachable through cuGetProcAddress"
+            );
         }
         assert!(lookup("cuMemAlloc").is_none());
     }

@@ -15,17 +15,27 @@ pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> nvmlReturn
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(index: c_uint, device: *mut nvmlDevice_t) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
+    index: c_uint,
+    device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
     guard(|| put(device, nvml()?.handle(index as usize)?))
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(uuid: *const c_char, device: *mut nvmlDevice_t) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
+    uuid: *const c_char,
+    device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
     guard(|| {
         let n = nvml()?;
         let wanted = c_str(uuid)?;
         let i = (0..n.visible.len())
-            .find(|i| n.node.devices()[n.visible[*i]].uuid.eq_ignore_ascii_case(wanted))
+            .find(|i| {
+                n.node.devices()[n.visible[*i]]
+                    .uuid
+                    .eq_ignore_ascii_case(wanted)
+            })
             .ok_or(NVML_ERROR_NOT_FOUND)?;
         put(device, n.handle(i)?)
     })
@@ -45,7 +55,10 @@ pub fn parse_bus_id(s: &str) -> Option<(u32, u32, u32, u32)> {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(bus_id: *const c_char, device: *mut nvmlDevice_t) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(
+    bus_id: *const c_char,
+    device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
     guard(|| {
         let n = nvml()?;
         let wanted = parse_bus_id(c_str(bus_id)?).ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
@@ -64,27 +77,44 @@ pub fn with_device(h: nvmlDevice_t, f: impl FnOnce(usize, &SimDevice) -> NvResul
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetIndex(device: nvmlDevice_t, index: *mut c_uint) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetIndex(
+    device: nvmlDevice_t,
+    index: *mut c_uint,
+) -> nvmlReturn_t {
     guard(|| with_device(device, |i, _| put(index, i as c_uint)))
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetName(device: nvmlDevice_t, name: *mut c_char, length: c_uint) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetName(
+    device: nvmlDevice_t,
+    name: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
     guard(|| with_device(device, |_, d| put_str(name, length, &d.model)))
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetUUID(device: nvmlDevice_t, uuid: *mut c_char, length: c_uint) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetUUID(
+    device: nvmlDevice_t,
+    uuid: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
     guard(|| with_device(device, |_, d| put_str(uuid, length, &d.uuid)))
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(device: nvmlDevice_t, minor: *mut c_uint) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(
+    device: nvmlDevice_t,
+    minor: *mut c_uint,
+) -> nvmlReturn_t {
     guard(|| with_device(device, |_, d| put(minor, d.minor)))
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetNumaNodeId(device: nvmlDevice_t, node: *mut c_uint) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetNumaNodeId(
+    device: nvmlDevice_t,
+    node: *mut c_uint,
+) -> nvmlReturn_t {
     guard(|| with_device(device, |_, d| put(node, d.numa_node)))
 }
 
@@ -124,7 +154,10 @@ pub fn pci_info(d: &SimDevice) -> nvmlPciInfo_t {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(device: nvmlDevice_t, pci: *mut nvmlPciInfo_t) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
+    device: nvmlDevice_t,
+    pci: *mut nvmlPciInfo_t,
+) -> nvmlReturn_t {
     guard(|| with_device(device, |_, d| put(pci, pci_info(d))))
 }
 
@@ -146,7 +179,12 @@ mod tests {
             clock_khz: 1,
         };
         let p = pci_info(&d);
-        let text = |b: &[c_char]| b.iter().take_while(|c| **c != 0).map(|c| *c as u8 as char).collect::<String>();
+        let text = |b: &[c_char]| {
+            b.iter()
+                .take_while(|c| **c != 0)
+                .map(|c| *c as u8 as char)
+                .collect::<String>()
+        };
         assert_eq!(text(&p.busId), "00000000:1A:00.0");
         assert_eq!(text(&p.busIdLegacy), "0000:1A:00.0");
         assert_eq!((p.bus, p.device, p.pciDeviceId), (0x1a, 0, 0x2335_10de));

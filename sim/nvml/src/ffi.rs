@@ -45,7 +45,9 @@ pub fn c_str<'a>(ptr: *const c_char) -> NvResult<&'a str> {
         return Err(NVML_ERROR_INVALID_ARGUMENT);
     }
     // SAFETY: NVML contract: string arguments are NUL-terminated and outlive the call.
-    unsafe { CStr::from_ptr(ptr) }.to_str().map_err(|_| NVML_ERROR_INVALID_ARGUMENT)
+    unsafe { CStr::from_ptr(ptr) }
+        .to_str()
+        .map_err(|_| NVML_ERROR_INVALID_ARGUMENT)
 }
 
 /// Copies `text` and a NUL into a caller's buffer of `len` bytes:

@@ -21,7 +21,10 @@ struct Registry {
     nvml: Option<Arc<Nvml>>,
 }
 
-static STATE: Mutex<Registry> = Mutex::new(Registry { refs: 0, nvml: None });
+static STATE: Mutex<Registry> = Mutex::new(Registry {
+    refs: 0,
+    nvml: None,
+});
 
 const HANDLE_BASE: usize = 0x6e76_0000_0000;
 
@@ -79,7 +82,11 @@ impl Nvml {
             return Err(NVML_ERROR_INVALID_ARGUMENT);
         }
         let host = (v - HANDLE_BASE) / 16;
-        let i = self.visible.iter().position(|x| *x == host).ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
+        let i = self
+            .visible
+            .iter()
+            .position(|x| *x == host)
+            .ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
         Ok((i, &self.node.devices()[host]))
     }
 }

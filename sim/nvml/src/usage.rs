@@ -7,8 +7,8 @@ use std::ffi::c_uint;
 use std::path::Path;
 
 use gpuslice_cuda_ffi::nvml::*;
-use gpuslice_sim_core::procs::{pid_ns_inode, visible_pid};
 use gpuslice_sim_core::now_ns;
+use gpuslice_sim_core::procs::{pid_ns_inode, visible_pid};
 
 use crate::ffi::{get, guard, put, put_slice, NvResult};
 use crate::state::nvml;
@@ -16,25 +16,49 @@ use crate::state::nvml;
 fn memory(device: nvmlDevice_t) -> NvResult<gpuslice_sim_core::MemoryFigures> {
     let n = nvml()?;
     let (_, d) = n.device(device)?;
-    n.node.memory(d.index as usize).map_err(|_| NVML_ERROR_UNKNOWN)
+    n.node
+        .memory(d.index as usize)
+        .map_err(|_| NVML_ERROR_UNKNOWN)
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(device: nvmlDevice_t, out: *mut nvmlMemory_t) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
+    device: nvmlDevice_t,
+    out: *mut nvmlMemory_t,
+) -> nvmlReturn_t {
     guard(|| {
         let m = memory(device)?;
-        put(out, nvmlMemory_t { total: m.total, free: m.free, used: m.used })
+        put(
+            out,
+            nvmlMemory_t {
+                total: m.total,
+                free: m.free,
+                used: m.used,
+            },
+        )
     })
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(device: nvmlDevice_t, out: *mut nvmlMemory_v2_t) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+    device: nvmlDevice_t,
+    out: *mut nvmlMemory_v2_t,
+) -> nvmlReturn_t {
     guard(|| {
         if get(out.cast_const())?.version != nvmlMemory_v2 {
             return Err(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
         }
         let m = memory(device)?;
-        put(out, nvmlMemory_v2_t { version: nvmlMemory_v2, total: m.total, reserved: 0, free: m.free, used: m.used })
+        put(
+            out,
+            nvmlMemory_v2_t {
+                version: nvmlMemory_v2,
+                total: m.total,
+                reserved: 0,
+                free: m.free,
+                used: m.used,
+            },
+        )
     })
 }
 
@@ -42,7 +66,11 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(device: nvmlDevice_t, out: *
 fn processes(device: nvmlDevice_t) -> NvResult<Vec<nvmlProcessInfo_t>> {
     let n = nvml()?;
     let (_, d) = n.device(device)?;
-    let usage = n.node.state().slot_usage(d.index as usize).map_err(|_| NVML_ERROR_UNKNOWN)?;
+    let usage = n
+        .node
+        .state()
+        .slot_usage(d.index as usize)
+        .map_err(|_| NVML_ERROR_UNKNOWN)?;
     let proc_root = Path::new("/proc");
     let own_ns = pid_ns_inode(proc_root, "self");
     Ok(usage
@@ -58,7 +86,11 @@ fn processes(device: nvmlDevice_t) -> NvResult<Vec<nvmlProcessInfo_t>> {
         .collect())
 }
 
-fn running_processes(device: nvmlDevice_t, count: *mut c_uint, infos: *mut nvmlProcessInfo_t) -> NvResult {
+fn running_processes(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> NvResult {
     let list = processes(device)?;
     let capacity = get(count.cast_const())? as usize;
     put(count, list.len() as c_uint)?;
@@ -87,7 +119,10 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v2(
 /// `gpu` is the percent of the last second the device ran kernels; memory-bandwidth use is
 /// not modelled and reads 0.
 #[no_mangle]
-pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(device: nvmlDevice_t, out: *mut nvmlUtilization_t) -> nvmlReturn_t {
+pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
+    device: nvmlDevice_t,
+    out: *mut nvmlUtilization_t,
+) -> nvmlReturn_t {
     guard(|| {
         let n = nvml()?;
         let (_, d) = n.device(device)?;

@@ -10,14 +10,22 @@ use crate::guard::{get, guard, put, CuResult};
 
 /// Bytes of an array of the given extents (0 height or depth means 1), or
 /// `CUDA_ERROR_INVALID_VALUE` for an unknown format, channel count or overflow.
-pub fn array_bytes(width: usize, height: usize, depth: usize, format: CUarray_format, channels: c_uint) -> CuResult<u64> {
+pub fn array_bytes(
+    width: usize,
+    height: usize,
+    depth: usize,
+    format: CUarray_format,
+    channels: c_uint,
+) -> CuResult<u64> {
     let elem = array_format_bytes(format).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     if width == 0 || !matches!(channels, 1 | 2 | 4) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     [width.max(1), height.max(1), depth.max(1)]
         .iter()
-        .try_fold(elem * u64::from(channels), |acc, n| acc.checked_mul(*n as u64))
+        .try_fold(elem * u64::from(channels), |acc, n| {
+            acc.checked_mul(*n as u64)
+        })
         .ok_or(CUDA_ERROR_INVALID_VALUE)
 }
 
@@ -27,7 +35,11 @@ fn create(d: &Driver, bytes: u64, mipmap: bool) -> CuResult<u64> {
     let ord = o.contexts[&ctx].ordinal;
     d.charge(ord, bytes)?;
     let id = o.new_id();
-    let charge = Charge { ctx, ordinal: ord, bytes };
+    let charge = Charge {
+        ctx,
+        ordinal: ord,
+        bytes,
+    };
     if mipmap {
         o.mipmaps.insert(id, charge);
     } else {
@@ -37,7 +49,10 @@ fn create(d: &Driver, bytes: u64, mipmap: bool) -> CuResult<u64> {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuArrayCreate_v2(out: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> CUresult {
+pub unsafe extern "C" fn cuArrayCreate_v2(
+    out: *mut CUarray,
+    desc: *const CUDA_ARRAY_DESCRIPTOR,
+) -> CUresult {
     guard(|| {
         let d = driver()?;
         let a = get(desc)?;
@@ -57,7 +72,10 @@ fn bytes_3d(a: &CUDA_ARRAY3D_DESCRIPTOR) -> CuResult<u64> {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuArray3DCreate_v2(out: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult {
+pub unsafe extern "C" fn cuArray3DCreate_v2(
+    out: *mut CUarray,
+    desc: *const CUDA_ARRAY3D_DESCRIPTOR,
+) -> CUresult {
     guard(|| {
         let d = driver()?;
         let bytes = bytes_3d(&get(desc)?)?;
@@ -71,7 +89,11 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(out: *mut CUarray, desc: *const CUDA
 fn destroy(arrays: bool, id: u64) -> CuResult {
     let d = driver()?;
     let mut o = d.objects();
-    let map = if arrays { &mut o.arrays } else { &mut o.mipmaps };
+    let map = if arrays {
+        &mut o.arrays
+    } else {
+        &mut o.mipmaps
+    };
     let c = map.remove(&id).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
     d.uncharge(c.ordinal, c.bytes);
     Ok(())
@@ -92,8 +114,15 @@ pub fn mipmap_bytes(a: &CUDA_ARRAY3D_DESCRIPTOR, levels: c_uint) -> CuResult<u64
     for l in 0..levels {
         let shrink = |n: usize| if n == 0 { 0 } else { (n >> l).max(1) };
         let depth = if layered { a.Depth } else { shrink(a.Depth) };
-        let level = CUDA_ARRAY3D_DESCRIPTOR { Width: shrink(a.Width), Height: shrink(a.Height), Depth: depth, ..*a };
-        total = total.checked_add(bytes_3d(&level)?).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let level = CUDA_ARRAY3D_DESCRIPTOR {
+            Width: shrink(a.Width),
+            Height: shrink(a.Height),
+            Depth: depth,
+            ..*a
+        };
+        total = total
+            .checked_add(bytes_3d(&level)?)
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
     }
     Ok(total)
 }
@@ -126,10 +155,26 @@ mod tests {
     #[test]
     fn sizes() {
         assert_eq!(array_bytes(1024, 0, 0, CU_AD_FORMAT_FLOAT, 4), Ok(16384));
-        assert_eq!(array_bytes(16, 16, 2, CU_AD_FORMAT_UNSIGNED_INT8, 1), Ok(512));
-        assert_eq!(array_bytes(16, 16, 2, CU_AD_FORMAT_UNSIGNED_INT8, 3), Err(CUDA_ERROR_INVALID_VALUE));
-        assert_eq!(array_bytes(usize::MAX, 2, 0, CU_AD_FORMAT_FLOAT, 1), Err(CUDA_ERROR_INVALID_VALUE));
-        let desc = CUDA_ARRAY3D_DESCRIPTOR { Width: 8, Height: 8, Depth: 0, Format: CU_AD_FORMAT_FLOAT, NumChannels: 1, Flags: 0 };
+        assert_eq!(
+            array_bytes(16, 16, 2, CU_AD_FORMAT_UNSIGNED_INT8, 1),
+            Ok(512)
+        );
+        assert_eq!(
+            array_bytes(16, 16, 2, CU_AD_FORMAT_UNSIGNED_INT8, 3),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
+        assert_eq!(
+            array_bytes(usize::MAX, 2, 0, CU_AD_FORMAT_FLOAT, 1),
+            Err(CUDA_ERROR_INVALID_VALUE)
+        );
+        let desc = CUDA_ARRAY3D_DESCRIPTOR {
+            Width: 8,
+            Height: 8,
+            Depth: 0,
+            Format: CU_AD_FORMAT_FLOAT,
+            NumChannels: 1,
+            Flags: 0,
+        };
         // 8x8 + 4x4 + 2x2 + 1x1 floats.
         assert_eq!(mipmap_bytes(&desc, 4), Ok((64 + 16 + 4 + 1) * 4));
     }

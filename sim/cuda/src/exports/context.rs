@@ -81,7 +81,11 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut c_uint, active: *mut c_int) -> CUresult {
+pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
+    dev: CUdevice,
+    flags: *mut c_uint,
+    active: *mut c_int,
+) -> CUresult {
     guard(|| {
         let d = driver()?;
         let ord = d.ordinal(dev)?;
@@ -130,7 +134,11 @@ fn create(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CuResult {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult {
+pub unsafe extern "C" fn cuCtxCreate_v2(
+    pctx: *mut CUcontext,
+    flags: c_uint,
+    dev: CUdevice,
+) -> CUresult {
     guard(|| create(pctx, flags, dev))
 }
 
@@ -207,7 +215,12 @@ pub unsafe extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
 pub unsafe extern "C" fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult {
     guard(|| {
         driver()?;
-        put(pctx, driver::current_ctx_id().map(handle).unwrap_or(std::ptr::null_mut()))
+        put(
+            pctx,
+            driver::current_ctx_id()
+                .map(handle)
+                .unwrap_or(std::ptr::null_mut()),
+        )
     })
 }
 
@@ -265,7 +278,12 @@ pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
         let until = {
             let o = d.objects();
             let c = o.current()?;
-            o.streams.values().filter(|s| s.ctx == c).map(|s| s.tail).max().unwrap_or(0)
+            o.streams
+                .values()
+                .filter(|s| s.ctx == c)
+                .map(|s| s.tail)
+                .max()
+                .unwrap_or(0)
         };
         sleep_until(until);
         Ok(())

@@ -34,7 +34,10 @@ pub unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUd
 fn uuid(out: *mut CUuuid, dev: CUdevice) -> CuResult {
     let d = driver()?;
     let text = &d.device(d.ordinal(dev)?).uuid;
-    put(out, CUuuid::parse_gpu_string(text).ok_or(CUDA_ERROR_UNKNOWN)?)
+    put(
+        out,
+        CUuuid::parse_gpu_string(text).ok_or(CUDA_ERROR_UNKNOWN)?,
+    )
 }
 
 #[no_mangle]
@@ -60,7 +63,10 @@ pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -
 pub unsafe extern "C" fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) -> CUresult {
     guard(|| {
         let d = driver()?;
-        put(bytes, d.device(d.ordinal(dev)?).memory.min(u64::from(c_uint::MAX)) as c_uint)
+        put(
+            bytes,
+            d.device(d.ordinal(dev)?).memory.min(u64::from(c_uint::MAX)) as c_uint,
+        )
     })
 }
 
@@ -90,11 +96,14 @@ fn compute_capability(model: &str) -> (c_int, c_int) {
     }
 }
 
+/// Highest attribute number accepted (the API numbers attributes 1.. without gaps).
+const ATTRIBUTE_MAX: CUdevice_attribute = 150;
+
 /// The value of attribute `attr` for `d`; `None` for an attribute number the API lacks.
 pub fn attribute(d: &SimDevice, attr: CUdevice_attribute) -> Option<c_int> {
     let (domain, bus, device, _) = parse_bus_id(&d.pci_bus_id).unwrap_or_default();
     let (major, minor) = compute_capability(&d.model);
-    Some(match attr {
+    let value = match attr {
         CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK => 1024,
         CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X | CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y => 1024,
         CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z => 64,
@@ -143,13 +152,17 @@ pub fn attribute(d: &SimDevice, attr: CUdevice_attribute) -> Option<c_int> {
         CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE => 31 << 20,
         CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED => 1,
         // Attributes this simulation does not model read as 0, as unsupported features do.
-        1..=150 => 0,
-        _ => return None,
-    })
+        _ => 0,
+    };
+    (1..=ATTRIBUTE_MAX).contains(&attr).then_some(value)
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuDeviceGetAttribute(pi: *mut c_int, attrib: CUdevice_attribute, dev: CUdevice) -> CUresult {
+pub unsafe extern "C" fn cuDeviceGetAttribute(
+    pi: *mut c_int,
+    attrib: CUdevice_attribute,
+    dev: CUdevice,
+) -> CUresult {
     guard(|| {
         let d = driver()?;
         let value = attribute(d.device(d.ordinal(dev)?), attrib).ok_or(CUDA_ERROR_INVALID_VALUE)?;
@@ -164,7 +177,11 @@ fn cuda_bus_id(d: &SimDevice) -> String {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuDeviceGetPCIBusId(bus_id: *mut c_char, len: c_int, dev: CUdevice) -> CUresult {
+pub unsafe extern "C" fn cuDeviceGetPCIBusId(
+    bus_id: *mut c_char,
+    len: c_int,
+    dev: CUdevice,
+) -> CUresult {
     guard(|| {
         let d = driver()?;
         put_str(bus_id, len, &cuda_bus_id(d.device(d.ordinal(dev)?)))
@@ -172,10 +189,17 @@ pub unsafe extern "C" fn cuDeviceGetPCIBusId(bus_id: *mut c_char, len: c_int, de
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuDeviceGetByPCIBusId(dev: *mut CUdevice, bus_id: *const c_char) -> CUresult {
+pub unsafe extern "C" fn cuDeviceGetByPCIBusId(
+    dev: *mut CUdevice,
+    bus_id: *const c_char,
+) -> CUresult {
     guard(|| {
         let d = driver()?;
-        let wanted = c_str(bus_id)?.to_str().ok().and_then(parse_bus_id).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let wanted = c_str(bus_id)?
+            .to_str()
+            .ok()
+            .and_then(parse_bus_id)
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
         let ord = (0..d.ordinals.len())
             .find(|o| parse_bus_id(&d.device(*o).pci_bus_id) == Some(wanted))
             .ok_or(CUDA_ERROR_INVALID_DEVICE)?;
@@ -204,9 +228,18 @@ mod tests {
     #[test]
     fn attributes_follow_the_device() {
         let d = dev();
-        assert_eq!(attribute(&d, CU_DEVICE_ATTRIBUTE_CLOCK_RATE), Some(1_980_000));
-        assert_eq!(attribute(&d, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT), Some(132));
-        assert_eq!(attribute(&d, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR), Some(9));
+        assert_eq!(
+            attribute(&d, CU_DEVICE_ATTRIBUTE_CLOCK_RATE),
+            Some(1_980_000)
+        );
+        assert_eq!(
+            attribute(&d, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
+            Some(132)
+        );
+        assert_eq!(
+            attribute(&d, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
+            Some(9)
+        );
         assert_eq!(attribute(&d, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID), Some(0x1a));
         assert_eq!(attribute(&d, 9999), None);
         assert_eq!(cuda_bus_id(&d), "0000:1a:00.0");

@@ -21,7 +21,14 @@ pub unsafe extern "C" fn cuEventCreate(ph: *mut CUevent, flags: c_uint) -> CUres
         let mut o = d.objects();
         let ctx = o.current()?;
         let id = o.new_id();
-        o.events.insert(id, Event { ctx, flags, stamp: None });
+        o.events.insert(
+            id,
+            Event {
+                ctx,
+                flags,
+                stamp: None,
+            },
+        );
         put(ph, handle(id))
     })
 }
@@ -33,7 +40,10 @@ fn record(ev: CUevent, stream: CUstream) -> CuResult {
     let ord = o.stream_ordinal(sid)?;
     let tail = o.streams[&sid].tail;
     let free_at = d.node.state().free_at(d.ordinals[ord]);
-    let e = o.events.get_mut(&id_of(ev)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    let e = o
+        .events
+        .get_mut(&id_of(ev))
+        .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
     e.stamp = Some(now_ns().max(tail).max(free_at));
     Ok(())
 }
@@ -50,7 +60,10 @@ pub unsafe extern "C" fn cuEventRecord_ptsz(ev: CUevent, stream: CUstream) -> CU
 
 fn stamp(ev: CUevent) -> CuResult<Option<u64>> {
     let o = driver()?.objects();
-    Ok(o.events.get(&id_of(ev)).ok_or(CUDA_ERROR_INVALID_HANDLE)?.stamp)
+    Ok(o.events
+        .get(&id_of(ev))
+        .ok_or(CUDA_ERROR_INVALID_HANDLE)?
+        .stamp)
 }
 
 #[no_mangle]
@@ -79,7 +92,10 @@ fn elapsed(ms: *mut f32, start: CUevent, end: CUevent) -> CuResult {
         if (a.flags | b.flags) & CU_EVENT_DISABLE_TIMING != 0 {
             return Err(CUDA_ERROR_INVALID_HANDLE);
         }
-        (a.stamp.ok_or(CUDA_ERROR_INVALID_HANDLE)?, b.stamp.ok_or(CUDA_ERROR_INVALID_HANDLE)?)
+        (
+            a.stamp.ok_or(CUDA_ERROR_INVALID_HANDLE)?,
+            b.stamp.ok_or(CUDA_ERROR_INVALID_HANDLE)?,
+        )
     };
     if a.max(b) > now_ns() {
         return Err(CUDA_ERROR_NOT_READY);
@@ -88,18 +104,30 @@ fn elapsed(ms: *mut f32, start: CUevent, end: CUevent) -> CuResult {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuEventElapsedTime(ms: *mut f32, start: CUevent, end: CUevent) -> CUresult {
+pub unsafe extern "C" fn cuEventElapsedTime(
+    ms: *mut f32,
+    start: CUevent,
+    end: CUevent,
+) -> CUresult {
     guard(|| elapsed(ms, start, end))
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuEventElapsedTime_v2(ms: *mut f32, start: CUevent, end: CUevent) -> CUresult {
+pub unsafe extern "C" fn cuEventElapsedTime_v2(
+    ms: *mut f32,
+    start: CUevent,
+    end: CUevent,
+) -> CUresult {
     guard(|| elapsed(ms, start, end))
 }
 
 fn destroy(ev: CUevent) -> CuResult {
     let d = driver()?;
-    d.objects().events.remove(&id_of(ev)).map(|_| ()).ok_or(CUDA_ERROR_INVALID_HANDLE)
+    d.objects()
+        .events
+        .remove(&id_of(ev))
+        .map(|_| ())
+        .ok_or(CUDA_ERROR_INVALID_HANDLE)
 }
 
 #[no_mangle]

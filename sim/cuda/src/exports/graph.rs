@@ -23,7 +23,12 @@ pub unsafe extern "C" fn cuGraphCreate(graph: *mut CUgraph, flags: c_uint) -> CU
     })
 }
 
-fn check_deps(o: &crate::driver::Objects, graph: u64, deps: *const CUgraphNode, count: usize) -> CuResult {
+fn check_deps(
+    o: &crate::driver::Objects,
+    graph: u64,
+    deps: *const CUgraphNode,
+    count: usize,
+) -> CuResult {
     let g = o.graphs.get(&graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     for dep in get_slice(deps, count)? {
         if !g.nodes.iter().any(|(id, _)| *id == id_of(dep)) {
@@ -52,14 +57,23 @@ pub unsafe extern "C" fn cuGraphAddMemAllocNode(
         {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let ord = d.ordinal(props.location.id).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+        let ord = d
+            .ordinal(props.location.id)
+            .map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
         let gid = id_of(graph);
         let mut o = d.objects();
         check_deps(&o, gid, deps, num_deps)?;
         let dptr = o.new_va(p.bytesize as u64, 0)?;
         let nid = o.new_id();
         if let Some(g) = o.graphs.get_mut(&gid) {
-            g.nodes.push((nid, GraphNode::Alloc { ordinal: ord, bytes: p.bytesize as u64, dptr }));
+            g.nodes.push((
+                nid,
+                GraphNode::Alloc {
+                    ordinal: ord,
+                    bytes: p.bytesize as u64,
+                    dptr,
+                },
+            ));
         }
         p.dptr = dptr;
         put(params, p)?;
@@ -105,7 +119,10 @@ fn instantiate(exec: *mut CUgraphExec, graph: CUgraph) -> CuResult {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let mut o = d.objects();
-    let g = o.graphs.get(&id_of(graph)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let g = o
+        .graphs
+        .get(&id_of(graph))
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
     let wanted: Vec<(usize, u64)> = g
         .nodes
         .iter()
@@ -130,7 +147,11 @@ fn instantiate(exec: *mut CUgraphExec, graph: CUgraph) -> CuResult {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, graph: CUgraph, flags: c_ulonglong) -> CUresult {
+pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
+    exec: *mut CUgraphExec,
+    graph: CUgraph,
+    flags: c_ulonglong,
+) -> CUresult {
     guard(|| {
         if flags & !0xf != 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
@@ -139,7 +160,13 @@ pub unsafe extern "C" fn cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, gra
     })
 }
 
-fn instantiate_legacy(exec: *mut CUgraphExec, graph: CUgraph, error_node: *mut CUgraphNode, log: *mut c_char, log_size: usize) -> CuResult {
+fn instantiate_legacy(
+    exec: *mut CUgraphExec,
+    graph: CUgraph,
+    error_node: *mut CUgraphNode,
+    log: *mut c_char,
+    log_size: usize,
+) -> CuResult {
     if !error_node.is_null() {
         put(error_node, std::ptr::null_mut())?;
     }
@@ -175,7 +202,10 @@ pub unsafe extern "C" fn cuGraphInstantiate_v2(
 fn launch(exec: CUgraphExec, stream: CUstream) -> CuResult {
     let o = driver()?.objects();
     o.stream(stream)?;
-    o.execs.get(&id_of(exec)).map(|_| ()).ok_or(CUDA_ERROR_INVALID_VALUE)
+    o.execs
+        .get(&id_of(exec))
+        .map(|_| ())
+        .ok_or(CUDA_ERROR_INVALID_VALUE)
 }
 
 #[no_mangle]
@@ -192,7 +222,11 @@ pub unsafe extern "C" fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream)
 pub unsafe extern "C" fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult {
     guard(|| {
         let d = driver()?;
-        let e = d.objects().execs.remove(&id_of(exec)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let e = d
+            .objects()
+            .execs
+            .remove(&id_of(exec))
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
         for (ord, bytes) in e.charges {
             d.uncharge(ord, bytes);
         }
@@ -204,7 +238,11 @@ pub unsafe extern "C" fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult {
 pub unsafe extern "C" fn cuGraphDestroy(graph: CUgraph) -> CUresult {
     guard(|| {
         let d = driver()?;
-        d.objects().graphs.remove(&id_of(graph)).map(|_| ()).ok_or(CUDA_ERROR_INVALID_VALUE)
+        d.objects()
+            .graphs
+            .remove(&id_of(graph))
+            .map(|_| ())
+            .ok_or(CUDA_ERROR_INVALID_VALUE)
     })
 }
 

@@ -60,7 +60,13 @@ fn get_proc_address(
     if pfn.is_null() || flags & !KNOWN_FLAGS != 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let report = |s: CUdriverProcAddressQueryResult| if status.is_null() { Ok(()) } else { put(status, s) };
+    let report = |s: CUdriverProcAddressQueryResult| {
+        if status.is_null() {
+            Ok(())
+        } else {
+            put(status, s)
+        }
+    };
     let found = name
         .to_str()
         .map_err(|_| procaddr::ResolveError::SymbolNotFound)
@@ -75,7 +81,9 @@ fn get_proc_address(
             put(pfn, std::ptr::null_mut())?;
             report(match e {
                 procaddr::ResolveError::SymbolNotFound => CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND,
-                procaddr::ResolveError::VersionNotSufficient { .. } => CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT,
+                procaddr::ResolveError::VersionNotSufficient { .. } => {
+                    CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
+                }
             })?;
             Err(CUDA_ERROR_NOT_FOUND)
         }

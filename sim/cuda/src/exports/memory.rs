@@ -17,21 +17,40 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
     guard(|| {
         let d = driver()?;
         let ord = d.objects().current_ordinal()?;
-        let m = d.node.memory(d.ordinals[ord]).map_err(|_| CUDA_ERROR_UNKNOWN)?;
+        let m = d
+            .node
+            .memory(d.ordinals[ord])
+            .map_err(|_| CUDA_ERROR_UNKNOWN)?;
         put(free, m.free as usize)?;
         put(total, m.total as usize)
     })
 }
 
 /// Charges `bytes` on `ord` for context `ctx` and records an allocation at a fresh address.
-pub fn allocate(d: &Driver, ctx: u64, ord: usize, bytes: u64, kind: AllocKind) -> CuResult<CUdeviceptr> {
+pub fn allocate(
+    d: &Driver,
+    ctx: u64,
+    ord: usize,
+    bytes: u64,
+    kind: AllocKind,
+) -> CuResult<CUdeviceptr> {
     if bytes == 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let mut o = d.objects();
     let va = o.new_va(bytes, 0)?;
     d.charge(ord, bytes)?;
-    o.allocations.insert(va, Allocation { charge: Charge { ctx, ordinal: ord, bytes }, kind });
+    o.allocations.insert(
+        va,
+        Allocation {
+            charge: Charge {
+                ctx,
+                ordinal: ord,
+                bytes,
+            },
+            kind,
+        },
+    );
     Ok(va)
 }
 
@@ -40,7 +59,11 @@ pub fn free(d: &Driver, dptr: CUdeviceptr) -> CuResult {
     if dptr == 0 {
         return Ok(());
     }
-    let a = d.objects().allocations.remove(&dptr).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let a = d
+        .objects()
+        .allocations
+        .remove(&dptr)
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
     d.uncharge(a.charge.ordinal, a.charge.bytes);
     Ok(())
 }
@@ -75,12 +98,21 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
     guard(|| {
         let d = driver()?;
         let (ctx, ord) = current(d)?;
-        if dptr.is_null() || pitch.is_null() || width_bytes == 0 || height == 0 || !matches!(element_size, 4 | 8 | 16) {
+        if dptr.is_null()
+            || pitch.is_null()
+            || width_bytes == 0
+            || height == 0
+            || !matches!(element_size, 4 | 8 | 16)
+        {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let row = (width_bytes as u64).div_ceil(PITCH_ALIGNMENT).checked_mul(PITCH_ALIGNMENT);
+        let row = (width_bytes as u64)
+            .div_ceil(PITCH_ALIGNMENT)
+            .checked_mul(PITCH_ALIGNMENT);
         let row = row.ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        let bytes = row.checked_mul(height as u64).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let bytes = row
+            .checked_mul(height as u64)
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
         let va = allocate(d, ctx, ord, bytes, AllocKind::Linear)?;
         put(dptr, va)?;
         put(pitch, row as usize)
@@ -88,7 +120,11 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint) -> CUresult {
+pub unsafe extern "C" fn cuMemAllocManaged(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    flags: c_uint,
+) -> CUresult {
     guard(|| {
         let d = driver()?;
         let (ctx, ord) = current(d)?;
@@ -125,12 +161,20 @@ fn alloc_async(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CuR
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CUresult {
+pub unsafe extern "C" fn cuMemAllocAsync(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    stream: CUstream,
+) -> CUresult {
     guard(|| alloc_async(dptr, bytesize, stream))
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CUresult {
+pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    stream: CUstream,
+) -> CUresult {
     guard(|| alloc_async(dptr, bytesize, stream))
 }
 

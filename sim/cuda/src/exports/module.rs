@@ -30,7 +30,11 @@ pub unsafe extern "C" fn cuModuleLoadData(module: *mut CUmodule, image: *const c
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuModuleGetFunction(f: *mut CUfunction, module: CUmodule, name: *const c_char) -> CUresult {
+pub unsafe extern "C" fn cuModuleGetFunction(
+    f: *mut CUfunction,
+    module: CUmodule,
+    name: *const c_char,
+) -> CUresult {
     guard(|| {
         let d = driver()?;
         let name = c_str(name)?;
@@ -117,7 +121,8 @@ fn launch(
         let sid = o.stream(stream)?;
         let ord = o.stream_ordinal(sid)?;
         let clock_khz = u128::from(d.device(ord).clock_khz.max(1));
-        let duration = (u128::from(cycles) * 1_000_000 / clock_khz).min(u128::from(u64::MAX / 4)) as u64;
+        let duration =
+            (u128::from(cycles) * 1_000_000 / clock_khz).min(u128::from(u64::MAX / 4)) as u64;
         let now = now_ns();
         let Some(s) = o.streams.get_mut(&sid) else {
             return Err(CUDA_ERROR_INVALID_HANDLE);
@@ -132,7 +137,10 @@ fn launch(
             sleep_until(wait);
             continue;
         }
-        let scheduled = d.node.state().schedule(d.ordinals[ord], now.max(s.tail), duration);
+        let scheduled = d
+            .node
+            .state()
+            .schedule(d.ordinals[ord], now.max(s.tail), duration);
         s.tail = scheduled.end;
         s.pending.push_back(scheduled.end);
         return Ok(());
@@ -153,7 +161,16 @@ pub unsafe extern "C" fn cuLaunchKernel(
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> CUresult {
-    guard(|| launch(f, [grid_x, grid_y, grid_z], [block_x, block_y, block_z], stream, params, extra))
+    guard(|| {
+        launch(
+            f,
+            [grid_x, grid_y, grid_z],
+            [block_x, block_y, block_z],
+            stream,
+            params,
+            extra,
+        )
+    })
 }
 
 #[no_mangle]
@@ -170,5 +187,14 @@ pub unsafe extern "C" fn cuLaunchKernel_ptsz(
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> CUresult {
-    guard(|| launch(f, [grid_x, grid_y, grid_z], [block_x, block_y, block_z], stream, params, extra))
+    guard(|| {
+        launch(
+            f,
+            [grid_x, grid_y, grid_z],
+            [block_x, block_y, block_z],
+            stream,
+            params,
+            extra,
+        )
+    })
 }

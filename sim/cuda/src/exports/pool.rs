@@ -20,14 +20,21 @@ pub fn default_pool(o: &mut Objects, ord: usize) -> u64 {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> CUresult {
+pub unsafe extern "C" fn cuMemPoolCreate(
+    pool: *mut CUmemoryPool,
+    props: *const CUmemPoolProps,
+) -> CUresult {
     guard(|| {
         let d = driver()?;
         let p = get(props)?;
-        if p.allocType != CU_MEM_ALLOCATION_TYPE_PINNED || p.location.type_ != CU_MEM_LOCATION_TYPE_DEVICE {
+        if p.allocType != CU_MEM_ALLOCATION_TYPE_PINNED
+            || p.location.type_ != CU_MEM_LOCATION_TYPE_DEVICE
+        {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let ord = d.ordinal(p.location.id).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+        let ord = d
+            .ordinal(p.location.id)
+            .map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
         if pool.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
@@ -47,20 +54,35 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
         if o.default_pools.contains(&Some(id)) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        o.pools.remove(&id).map(|_| ()).ok_or(CUDA_ERROR_INVALID_VALUE)
+        o.pools
+            .remove(&id)
+            .map(|_| ())
+            .ok_or(CUDA_ERROR_INVALID_VALUE)
     })
 }
 
 /// Freed memory goes back at once here, so there is never anything to trim.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemPoolTrimTo(pool: CUmemoryPool, _min_bytes_to_keep: usize) -> CUresult {
+pub unsafe extern "C" fn cuMemPoolTrimTo(
+    pool: CUmemoryPool,
+    _min_bytes_to_keep: usize,
+) -> CUresult {
     guard(|| {
         let d = driver()?;
-        d.objects().pools.get(&id_of(pool)).map(|_| ()).ok_or(CUDA_ERROR_INVALID_VALUE)
+        d.objects()
+            .pools
+            .get(&id_of(pool))
+            .map(|_| ())
+            .ok_or(CUDA_ERROR_INVALID_VALUE)
     })
 }
 
-fn alloc_from_pool(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream) -> CuResult {
+fn alloc_from_pool(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    pool: CUmemoryPool,
+    stream: CUstream,
+) -> CuResult {
     let d = driver()?;
     let (ctx, ord, pid) = {
         let o = d.objects();
@@ -104,7 +126,10 @@ fn device_pool(out: *mut CUmemoryPool, dev: CUdevice) -> CuResult {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuDeviceGetDefaultMemPool(out: *mut CUmemoryPool, dev: CUdevice) -> CUresult {
+pub unsafe extern "C" fn cuDeviceGetDefaultMemPool(
+    out: *mut CUmemoryPool,
+    dev: CUdevice,
+) -> CUresult {
     guard(|| device_pool(out, dev))
 }
 

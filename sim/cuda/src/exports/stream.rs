@@ -21,7 +21,14 @@ pub unsafe extern "C" fn cuStreamCreate(ph: *mut CUstream, flags: c_uint) -> CUr
         let mut o = d.objects();
         let ctx = o.current()?;
         let id = o.new_id();
-        o.streams.insert(id, Stream { ctx, tail: 0, pending: VecDeque::new() });
+        o.streams.insert(
+            id,
+            Stream {
+                ctx,
+                tail: 0,
+                pending: VecDeque::new(),
+            },
+        );
         put(ph, handle(id))
     })
 }

@@ -14,7 +14,8 @@ fn check_prop(d: &Driver, prop: *const CUmemAllocationProp) -> CuResult<usize> {
     if p.type_ != CU_MEM_ALLOCATION_TYPE_PINNED || p.location.type_ != CU_MEM_LOCATION_TYPE_DEVICE {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    d.ordinal(p.location.id).map_err(|_| CUDA_ERROR_INVALID_DEVICE)
+    d.ordinal(p.location.id)
+        .map_err(|_| CUDA_ERROR_INVALID_DEVICE)
 }
 
 #[no_mangle]
@@ -26,7 +27,10 @@ pub unsafe extern "C" fn cuMemGetAllocationGranularity(
     guard(|| {
         let d = driver()?;
         check_prop(d, prop)?;
-        if !matches!(option, CU_MEM_ALLOC_GRANULARITY_MINIMUM | CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) {
+        if !matches!(
+            option,
+            CU_MEM_ALLOC_GRANULARITY_MINIMUM | CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
+        ) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         put(granularity, VMM_GRANULARITY as usize)
@@ -53,7 +57,15 @@ pub unsafe extern "C" fn cuMemCreate(
         let mut o = d.objects();
         d.charge(ord, size as u64)?;
         let id = o.new_id();
-        o.physical.insert(id, Physical { ordinal: ord, bytes: size as u64, released: false, maps: 0 });
+        o.physical.insert(
+            id,
+            Physical {
+                ordinal: ord,
+                bytes: size as u64,
+                released: false,
+                maps: 0,
+            },
+        );
         put(handle, id)
     })
 }
@@ -72,7 +84,11 @@ pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> C
     guard(|| {
         let d = driver()?;
         let mut o = d.objects();
-        let p = o.physical.get_mut(&handle).filter(|p| !p.released).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let p = o
+            .physical
+            .get_mut(&handle)
+            .filter(|p| !p.released)
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
         p.released = true;
         drop_if_unused(d, &mut o, handle);
         Ok(())
@@ -89,7 +105,11 @@ pub unsafe extern "C" fn cuMemAddressReserve(
 ) -> CUresult {
     guard(|| {
         let d = driver()?;
-        if ptr.is_null() || flags != 0 || !aligned(size) || (alignment != 0 && !alignment.is_power_of_two()) {
+        if ptr.is_null()
+            || flags != 0
+            || !aligned(size)
+            || (alignment != 0 && !alignment.is_power_of_two())
+        {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let mut o = d.objects();
@@ -135,10 +155,18 @@ pub unsafe extern "C" fn cuMemMap(
         if flags != 0 || size == 0 || !reserved(&o, ptr, size) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        if o.mappings.range(..ptr.saturating_add(size)).next_back().is_some_and(|(s, m)| s + m.size > ptr) {
+        if o.mappings
+            .range(..ptr.saturating_add(size))
+            .next_back()
+            .is_some_and(|(s, m)| s + m.size > ptr)
+        {
             return Err(CUDA_ERROR_ALREADY_MAPPED);
         }
-        let p = o.physical.get_mut(&handle).filter(|p| !p.released).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let p = o
+            .physical
+            .get_mut(&handle)
+            .filter(|p| !p.released)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         if !matches!(offset.checked_add(size), Some(end) if end <= p.bytes) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
@@ -153,7 +181,11 @@ pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
     guard(|| {
         let d = driver()?;
         let mut o = d.objects();
-        let m = *o.mappings.get(&ptr).filter(|m| m.size == size as u64).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let m = *o
+            .mappings
+            .get(&ptr)
+            .filter(|m| m.size == size as u64)
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
         o.mappings.remove(&ptr);
         if let Some(p) = o.physical.get_mut(&m.handle) {
             p.maps = p.maps.saturating_sub(1);
@@ -164,7 +196,12 @@ pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize) -> CUresult {
+pub unsafe extern "C" fn cuMemSetAccess(
+    ptr: CUdeviceptr,
+    size: usize,
+    desc: *const CUmemAccessDesc,
+    count: usize,
+) -> CUresult {
     guard(|| {
         let d = driver()?;
         let descs = get_slice(desc, count)?;
@@ -175,14 +212,21 @@ pub unsafe extern "C" fn cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *co
             if a.location.type_ != CU_MEM_LOCATION_TYPE_DEVICE {
                 return Err(CUDA_ERROR_INVALID_VALUE);
             }
-            d.ordinal(a.location.id).map_err(|_| CUDA_ERROR_INVALID_DEVICE)?;
+            d.ordinal(a.location.id)
+                .map_err(|_| CUDA_ERROR_INVALID_DEVICE)?;
         }
         let o = d.objects();
-        let end = ptr.checked_add(size as u64).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let end = ptr
+            .checked_add(size as u64)
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
         // Every byte of the range must be mapped.
         let mut at = ptr;
         while at < end {
-            let (start, m) = o.mappings.range(..=at).next_back().ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            let (start, m) = o
+                .mappings
+                .range(..=at)
+                .next_back()
+                .ok_or(CUDA_ERROR_INVALID_VALUE)?;
             if start + m.size <= at {
                 return Err(CUDA_ERROR_INVALID_VALUE);
             }

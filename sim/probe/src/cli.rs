@@ -1,0 +1,149 @@
+//! Command line of `gpuslice-probe`.
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::cuda::Resolve;
+
+/// Drive a CUDA driver (simulated or real) the way the CUDA runtime does.
+#[derive(Debug, Parser)]
+#[command(name = "gpuslice-probe", version)]
+pub struct Cli {
+    /// The driver library to dlopen.
+    #[arg(long, global = true, default_value = "libcuda.so.1")]
+    pub lib: String,
+    /// The NVML library to dlopen for NVML figures (optional).
+    #[arg(long, global = true, default_value = "libnvidia-ml.so.1")]
+    pub nvml_lib: String,
+    /// How entry points are resolved [default: proc2 for --cuda-version 12000 and later, else proc].
+    #[arg(long, global = true, value_enum)]
+    pub resolve: Option<Resolve>,
+    /// The CUDA version the probe claims to be built against (11030 or later).
+    #[arg(long, global = true, default_value_t = 12040, value_parser = clap::value_parser!(i32).range(11030..))]
+    pub cuda_version: i32,
+    /// Device ordinal.
+    #[arg(long, global = true, default_value_t = 0)]
+    pub device: i32,
+    /// One JSON object per line instead of text.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+impl Cli {
+    pub fn resolve(&self) -> Resolve {
+        self.resolve.unwrap_or(if self.cuda_version >= 12000 {
+            Resolve::Proc2
+        } else {
+            Resolve::Proc
+        })
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Name, UUID, cuMemGetInfo, cuDeviceTotalMem and NVML memory of a device.
+    Info,
+    /// Allocate until refused; print the total allocated and the error.
+    Alloc(AllocArgs),
+    /// Launch spin kernels back to back; print the achieved share of device time.
+    Burn(BurnArgs),
+    /// Median cost of one call.
+    Bench(BenchArgs),
+}
+
+/// The allocation path exercised by `alloc`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Api {
+    /// cuMemAlloc.
+    Alloc,
+    /// cuMemAllocPitch.
+    Pitch,
+    /// cuMemAllocManaged.
+    Managed,
+    /// cuMemAllocAsync on a stream.
+    Async,
+    /// cuMemAllocFromPoolAsync from a created pool.
+    Pool,
+    /// cuMemCreate + cuMemAddressReserve + cuMemMap + cuMemSetAccess.
+    Vmm,
+    /// cuArrayCreate (float4 2D arrays).
+    Array,
+    /// A graph with a memory-allocation node, instantiated and launched.
+    Graph,
+}
+
+impl Api {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Api::Alloc => "alloc",
+            Api::Pitch => "pitch",
+            Api::Managed => "managed",
+            Api::Async => "async",
+            Api::Pool => "pool",
+            Api::Vmm => "vmm",
+            Api::Array => "array",
+            Api::Graph => "graph",
+        }
+    }
+}
+
+fn bytes(s: &str) -> Result<u64, String> {
+    gpuslice_config::parse_bytes(s)
+        .map_err(|e| e.to_string())
+        .and_then(|b| {
+            if b == 0 {
+                Err(format!("{s:?} is 0 bytes; give a size above 0, e.g. 1Gi"))
+            } else {
+                Ok(b)
+            }
+        })
+}
+
+#[derive(Debug, clap::Args)]
+pub struct AllocArgs {
+    /// Size of each allocation: bytes or 512Mi, 1Gi, 20G.
+    #[arg(long, value_parser = bytes)]
+    pub chunk: u64,
+    #[arg(long, value_enum, default_value_t = Api::Alloc)]
+    pub api: Api,
+    /// Stop once this much is allocated.
+    #[arg(long, value_parser = bytes)]
+    pub max: Option<u64>,
+    /// Keep the memory this many seconds after printing, then free it.
+    #[arg(long, default_value_t = 0.0)]
+    pub hold: f64,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct BurnArgs {
+    /// Wall time to burn.
+    #[arg(long)]
+    pub seconds: f64,
+    /// Duration of each kernel in microseconds (cycles = us × clock rate).
+    #[arg(long, default_value_t = 1000)]
+    pub kernel_us: u64,
+    /// Launches per batch; the probe waits for the previous batch after queueing each one.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    pub sync_every: u64,
+    /// Time every n-th kernel with an event pair.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+    pub sample_every: u64,
+}
+
+/// What `bench` times.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BenchWhat {
+    /// One cuLaunchKernel of a zero-cycle kernel.
+    Launch,
+    /// One cuMemAlloc + cuMemFree pair of 1 MiB.
+    Alloc,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    #[arg(value_enum)]
+    pub what: BenchWhat,
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub iters: u64,
+}
