@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use gpuslice_cdi::{DeviceNode, Mount};
 use gpuslice_config::Config;
 use gpuslice_driver::{
-    discover_device_nodes, discover_libraries, DevicesError, LibrariesError, RealInspector,
-    COMPUTE_LIBRARIES,
+    discover_device_nodes, discover_libraries, DevicesError, LibrariesError, NodeKind,
+    RealInspector, COMPUTE_LIBRARIES,
 };
 
 use crate::simnode::SimLayout;
@@ -95,7 +95,13 @@ pub fn discover(config: &Config) -> Result<DriverEdits, DriverEditsError> {
         ));
     }
     Ok(DriverEdits {
-        control: nodes.control.iter().map(cdi_node).collect(),
+        // Compute and NVML need nvidiactl and the UVM nodes; nvidia-modeset is for display.
+        control: nodes
+            .control
+            .iter()
+            .filter(|n| n.kind != NodeKind::Modeset)
+            .map(cdi_node)
+            .collect(),
         gpus: nodes.gpus.iter().map(|(m, n)| (*m, cdi_node(n))).collect(),
         mounts,
     })

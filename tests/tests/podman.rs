@@ -1,0 +1,329 @@
+//! podman on a simulated node: whole GPUs through the node CDI spec (issue 2, issue 4 §4),
+//! slices through the hooks.d precreate hook (issue 4 §2), and the same view whether podman
+//! or gpuslice applies a slice's CDI spec (issue 4 §10).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
+
+use std::collections::BTreeSet;
+use std::process::Output;
+
+use gpuslice_e2e::image::podman_image;
+use gpuslice_e2e::node::probe;
+use gpuslice_e2e::podman::Podman;
+use gpuslice_e2e::{serial, TestNode};
+
+fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "podman failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn nvidia_nodes(text: &str) -> BTreeSet<String> {
+    text.split_whitespace()
+        .filter(|w| w.starts_with("nvidia"))
+        .map(str::to_string)
+        .collect()
+}
+
+fn set(items: &[&str]) -> BTreeSet<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
+#[test]
+fn whole_gpu_by_index_uuid_and_all() {
+    let _s = serial();
+    let node = TestNode::new(&["10Gi", "10Gi"]);
+    let podman = Podman::new();
+    let image = podman_image();
+    let uuid1 = node.uuid(1);
+    let cases = [
+        (
+            "gpuslice.io/gpu=0".to_string(),
+            set(&["nvidia0", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]),
+        ),
+        (
+            format!("gpuslice.io/gpu={uuid1}"),
+            set(&["nvidia1", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]),
+        ),
+        (
+            "gpuslice.io/gpu=all".to_string(),
+            set(&[
+                "nvidia0",
+                "nvidia1",
+                "nvidiactl",
+                "nvidia-uvm",
+                "nvidia-uvm-tools",
+            ]),
+        ),
+    ];
+    for (device, want) in cases {
+        let out = podman.run(&["run", "--rm", "--device", &device, image, "ls", "/dev"]);
+        assert_eq!(nvidia_nodes(&ok(&out)), want, "{device}");
+    }
+    assert!(
+        node.reservations().is_empty(),
+        "whole GPUs not released after the containers exited"
+    );
+}
+
+#[test]
+fn whole_gpu_is_booked_while_it_runs_and_slices_avoid_it() {
+    let _s = serial();
+    let node = TestNode::new(&["10Gi", "10Gi"]);
+    let hooks = tempfile::tempdir().unwrap();
+    let out = node.gpuslice(&[
+        "configure",
+        "podman",
+        "--hooks-dir",
+        &hooks.path().display().to_string(),
+    ]);
+    assert!(out.status.success());
+    let podman = Podman::new().with_hooks_dir(hooks.path());
+    let image = podman_image();
+    let uuid1 = node.uuid(1);
+    let name = "gpuslice-e2e-whole";
+    let _ = podman.run(&["rm", "-f", name]);
+    ok(&podman.run(&[
+        "run",
+        "-d",
+        "--name",
+        name,
+        "--device",
+        "gpuslice.io/gpu=1",
+        image,
+        "sleep",
+        "600",
+    ]));
+    let res = node.reservations();
+    assert_eq!(res.len(), 1, "{res:?}");
+    assert_eq!(res[0]["gpus"][0]["uuid"], uuid1.as_str());
+    assert_eq!(res[0]["gpus"][0]["memory"], 10u64 << 30);
+    assert_eq!(res[0]["gpus"][0]["cores"], 100);
+    // A slice asked meanwhile lands on GPU 0 only, even under `spread`.
+    let out = podman.run(&[
+        "run",
+        "--rm",
+        "--annotation",
+        "gpuslice.io/memory=2Gi",
+        "--annotation",
+        "gpuslice.io/policy=spread",
+        image,
+        "ls",
+        "/dev",
+    ]);
+    assert_eq!(
+        nvidia_nodes(&ok(&out)),
+        set(&["nvidia0", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"])
+    );
+    // A second whole booking of GPU 1 is refused while the first holds it.
+    let out = podman.run(&[
+        "run",
+        "--rm",
+        "--device",
+        "gpuslice.io/gpu=1",
+        image,
+        "true",
+    ]);
+    assert!(!out.status.success(), "GPU 1 was double-booked");
+    ok(&podman.run(&["rm", "-f", "-t", "0", name]));
+    assert!(node.reservations().is_empty(), "{:?}", node.reservations());
+    ok(&podman.run(&[
+        "run",
+        "--rm",
+        "--device",
+        "gpuslice.io/gpu=1",
+        image,
+        "true",
+    ]));
+}
+
+const CHECKS: &str = "ls /dev | grep nvidia | tr '\\n' ' '; echo; \
+    echo preload=$(cat /etc/ld.so.preload); \
+    echo limits=$(cat /run/gpuslice/limits.json); \
+    if echo x > /run/gpuslice/limits.json 2>/dev/null; then echo limits-writable; else echo limits-readonly; fi; \
+    env | grep -E '^(GPUSLICE|CUDA_DEVICE|NVIDIA)' | sort; \
+    gpuslice-probe info --json; echo READY; sleep 600";
+
+fn wait_logs(podman: &Podman, name: &str) -> String {
+    let start = std::time::Instant::now();
+    loop {
+        let out = podman.run(&["logs", name]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if text.contains("READY") {
+            return text;
+        }
+        assert!(
+            start.elapsed().as_secs() < 30,
+            "{name} never got ready: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn podman_precreate_slice_sees_its_gpu_shim_limits_and_env() {
+    let _s = serial();
+    let node = TestNode::new(&["10Gi", "10Gi"]);
+    let hooks = tempfile::tempdir().unwrap();
+    assert!(node
+        .gpuslice(&[
+            "configure",
+            "podman",
+            "--hooks-dir",
+            &hooks.path().display().to_string()
+        ])
+        .status
+        .success());
+    let podman = Podman::new().with_hooks_dir(hooks.path());
+    let name = "gpuslice-e2e-podman-slice";
+    let _ = podman.run(&["rm", "-f", name]);
+    let probe_mount = format!("{}:/usr/local/bin/gpuslice-probe:ro", probe().display());
+    ok(&podman.run(&[
+        "run",
+        "-d",
+        "--name",
+        name,
+        "-v",
+        &probe_mount,
+        "--annotation",
+        "gpuslice.io/memory=4Gi",
+        "--annotation",
+        "gpuslice.io/cores=30",
+        podman_image(),
+        "sh",
+        "-c",
+        CHECKS,
+    ]));
+    let out = wait_logs(&podman, name);
+    let cid = ok(&podman.run(&["inspect", "--format", "{{.Id}}", name]))
+        .trim()
+        .to_string();
+    let res = node.reservations();
+    assert_eq!(res.len(), 1, "{res:?}");
+    assert_eq!(res[0]["state"], "bound");
+    assert_eq!(res[0]["container_id"], cid.as_str());
+    let id = res[0]["id"].as_str().unwrap();
+    assert_eq!(nvidia_nodes(out.lines().next().unwrap()).len(), 4, "{out}");
+    assert!(
+        out.contains("preload=/usr/lib/gpuslice/libgpuslice_shim.so"),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("\"reservation\":\"{id}\""))
+            && out.contains("\"memory_limit\":4294967296,\"cores\":30"),
+        "{out}"
+    );
+    assert!(out.contains("limits-readonly"), "{out}");
+    assert!(
+        out.contains(&format!("GPUSLICE_RESERVATION={id}"))
+            && out.contains("CUDA_DEVICE_MEMORY_LIMIT_0=4096m"),
+        "{out}"
+    );
+    assert!(
+        out.contains("NVIDIA_VISIBLE_DEVICES=void") && out.contains("GPUSLICE_DIR=/run/gpuslice"),
+        "{out}"
+    );
+    assert!(
+        out.contains(&(4u64 << 30).to_string()),
+        "probe does not see the 4 GiB slice: {out}"
+    );
+    ok(&podman.run(&["rm", "-f", "-t", "0", name]));
+    assert!(node.reservations().is_empty());
+    assert!(node.leftovers().is_empty(), "{:?}", node.leftovers());
+}
+
+/// What a container sees of its slice, with the reservation id replaced.
+const VIEW: &str = "ls -ln /dev | grep nvidia | awk '{print $5,$6,$NF}'; \
+    grep -E ' /(usr/lib/x86_64-linux-gnu/lib(cuda|nvidia)|usr/lib/gpuslice|etc/ld.so.preload|run/gpuslice)' /proc/self/mountinfo | awk '{print $5, $6}' | sort; \
+    env | grep -E '^(GPUSLICE|CUDA_DEVICE|NVIDIA)' | sort; echo READY; sleep 600";
+
+#[test]
+fn podman_cdi_injection_and_gpuslice_injection_give_the_same_view() {
+    let _s = serial();
+    let node = TestNode::new(&["10Gi"]);
+    let hooks = tempfile::tempdir().unwrap();
+    assert!(node
+        .gpuslice(&[
+            "configure",
+            "podman",
+            "--hooks-dir",
+            &hooks.path().display().to_string()
+        ])
+        .status
+        .success());
+    let podman = Podman::new().with_hooks_dir(hooks.path());
+    let image = podman_image();
+    for n in ["gpuslice-e2e-view-a", "gpuslice-e2e-view-b"] {
+        let _ = podman.run(&["rm", "-f", n]);
+    }
+    // A: gpuslice applies the slice spec itself (precreate hook).
+    ok(&podman.run(&[
+        "run",
+        "-d",
+        "--name",
+        "gpuslice-e2e-view-a",
+        "--annotation",
+        "gpuslice.io/memory=3Gi",
+        image,
+        "sh",
+        "-c",
+        VIEW,
+    ]));
+    let a = wait_logs(&podman, "gpuslice-e2e-view-a");
+    let id_a = node.reservations()[0]["id"].as_str().unwrap().to_string();
+    // B: a slice reserved by the spec edit, then handed to podman by its CDI name only.
+    let spec =
+        serde_json::json!({"annotations": {"gpuslice.io/memory": "3Gi"}, "process": {"env": []}});
+    let mut hook = std::process::Command::new(gpuslice_e2e::bin("gpuslice"))
+        .args(["--config", &node.config_str(), "hook", "precreate"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(hook.stdin.as_mut().unwrap(), spec.to_string().as_bytes()).unwrap();
+    let edited: serde_json::Value =
+        serde_json::from_slice(&hook.wait_with_output().unwrap().stdout).unwrap();
+    let id_b = edited["annotations"]["gpuslice.io/reservation"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let dev = format!("gpuslice.io/slice={id_b}");
+    ok(&podman.run(&[
+        "run",
+        "-d",
+        "--name",
+        "gpuslice-e2e-view-b",
+        "--device",
+        &dev,
+        image,
+        "sh",
+        "-c",
+        VIEW,
+    ]));
+    let b = wait_logs(&podman, "gpuslice-e2e-view-b");
+    let norm = |s: &str, id: &str| s.replace(id, "<id>");
+    assert_eq!(
+        norm(&a, &id_a),
+        norm(&b, &id_b),
+        "views differ:\nA (gpuslice):\n{a}\nB (podman CDI):\n{b}"
+    );
+    assert!(
+        a.contains("/etc/ld.so.preload")
+            && a.contains("/run/gpuslice/limits.json")
+            && a.contains("nvidiactl"),
+        "{a}"
+    );
+    // Both are bound to their own containers.
+    let res = node.reservations();
+    assert_eq!(res.len(), 2);
+    assert!(res.iter().all(|r| r["state"] == "bound"), "{res:?}");
+    for n in ["gpuslice-e2e-view-a", "gpuslice-e2e-view-b"] {
+        ok(&podman.run(&["rm", "-f", "-t", "0", n]));
+    }
+    assert!(node.reservations().is_empty());
+}

@@ -1,0 +1,292 @@
+//! Issue 4, with runc through `gpuslice-runtime`: a sliced container sees exactly its GPU,
+//! the shim, its read-only limits and the environment; the registry follows its life;
+//! misfits, malformed requests, forged annotations and crashes leak nothing.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
+
+use std::time::{Duration, Instant};
+
+use gpuslice_e2e::runc::{run, run_detached, runtime, Bundle};
+use gpuslice_e2e::{serial, TestNode};
+
+const CHECKS: &str = "ls /dev | grep nvidia | tr '\\n' ' '; echo; \
+    echo preload=$(cat /etc/ld.so.preload); \
+    echo limits=$(cat /run/gpuslice/limits.json); \
+    if echo x > /run/gpuslice/limits.json 2>/dev/null; then echo limits-writable; else echo limits-readonly; fi; \
+    env | grep -E '^(GPUSLICE|CUDA_DEVICE|NVIDIA)' | sort; \
+    gpuslice-probe info --json; \
+    echo READY; sleep 600";
+
+fn slice_ann() -> Vec<(&'static str, &'static str)> {
+    vec![("gpuslice.io/memory", "4Gi"), ("gpuslice.io/cores", "30")]
+}
+
+#[test]
+fn runc_slice_sees_its_gpu_shim_limits_and_env() {
+    let _s = serial();
+    let node = TestNode::new(&["10Gi", "10Gi"]);
+    let bundle = Bundle::new(CHECKS, &slice_ann());
+    let c = run_detached(&node, &bundle, "e2e-runc-slice").expect("container starts");
+    let out = c.wait_for("READY");
+
+    let res = node.reservations();
+    assert_eq!(res.len(), 1, "{res:?}");
+    let r = &res[0];
+    assert_eq!(r["state"], "bound");
+    assert_eq!(r["container_id"], "e2e-runc-slice");
+    assert_eq!(r["gpus"][0]["memory"], 4u64 << 30);
+    assert_eq!(r["gpus"][0]["cores"], 30);
+    let id = r["id"].as_str().unwrap().to_string();
+    let uuid = r["gpus"][0]["uuid"].as_str().unwrap().to_string();
+    let gpu_index = (0..2)
+        .find(|i| node.uuid(*i) == uuid)
+        .expect("booked GPU is in the inventory");
+
+    let devices = out.lines().next().unwrap_or_default();
+    let mut seen: Vec<&str> = devices.split_whitespace().collect();
+    seen.sort_unstable();
+    let mut want = vec!["nvidia-uvm", "nvidia-uvm-tools", "nvidiactl"];
+    let gpu_node = format!("nvidia{gpu_index}");
+    want.push(&gpu_node);
+    want.sort_unstable();
+    assert_eq!(seen, want, "devices in the container: {out}");
+
+    assert!(
+        out.contains("preload=/usr/lib/gpuslice/libgpuslice_shim.so"),
+        "{out}"
+    );
+    assert!(out.contains(&format!(
+        "limits={{\"version\":1,\"reservation\":\"{id}\",\"devices\":[{{\"uuid\":\"{uuid}\",\"memory_limit\":4294967296,\"cores\":30}}]}}"
+    )), "{out}");
+    assert!(out.contains("limits-readonly"), "{out}");
+    for env in [
+        format!("GPUSLICE_RESERVATION={id}"),
+        "GPUSLICE_DIR=/run/gpuslice".to_string(),
+        "NVIDIA_VISIBLE_DEVICES=void".to_string(),
+        "CUDA_DEVICE_MEMORY_LIMIT_0=4096m".to_string(),
+        "CUDA_DEVICE_SM_LIMIT=30".to_string(),
+    ] {
+        assert!(out.lines().any(|l| l == env), "missing {env}: {out}");
+    }
+    // The probe, through the shim, sees the slice: 4 GiB total.
+    let info = out
+        .lines()
+        .find(|l| l.starts_with('{') && l.contains("total"))
+        .expect("probe info JSON");
+    let v: serde_json::Value = serde_json::from_str(info).expect("probe JSON");
+    let text = v.to_string();
+    assert!(
+        text.contains(&(4u64 << 30).to_string()),
+        "probe does not report the 4 GiB slice: {text}"
+    );
+
+    c.remove(&node);
+    assert!(
+        node.reservations().is_empty(),
+        "reservation not released after delete"
+    );
+    assert!(
+        node.leftovers().is_empty(),
+        "left behind: {:?}",
+        node.leftovers()
+    );
+}
+
+#[test]
+fn misfit_is_refused_with_free_capacity_and_leaks_nothing() {
+    let _s = serial();
+    let node = TestNode::new(&["10Gi", "10Gi"]);
+    let bundle = Bundle::new("true", &[("gpuslice.io/memory", "12Gi")]);
+    let out = run(&node, &bundle, "e2e-misfit");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    let line = err
+        .lines()
+        .find(|l| l.contains("gpuslice"))
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        line.contains("12Gi") && line.contains("free per GPU") && line.contains("10Gi"),
+        "{err}"
+    );
+    assert!(node.reservations().is_empty());
+    assert!(node.leftovers().is_empty(), "{:?}", node.leftovers());
+}
+
+#[test]
+fn malformed_requests_fail_creation_and_reserve_nothing() {
+    let _s = serial();
+    let node = TestNode::new(&["10Gi", "10Gi"]);
+    let cases: Vec<(Vec<(&str, &str)>, &str)> = vec![
+        (vec![("gpuslice.io/memory", "lots")], "gpuslice.io/memory"),
+        (vec![("gpuslice.io/cores", "150")], "gpuslice.io/cores"),
+        (vec![("gpuslice.io/gpus", "0")], "gpuslice.io/gpus"),
+        (
+            vec![(
+                "gpuslice.io/gpu",
+                "GPU-00000000-0000-0000-0000-000000000000",
+            )],
+            "GPU-00000000-0000-0000-0000-000000000000",
+        ),
+        (
+            vec![("gpuslice.io/reservation", "0123456789abcdef")],
+            "gpuslice.io/reservation",
+        ),
+        (
+            vec![
+                ("gpuslice.io/memory", "4Gi"),
+                ("gpuslice.io/reservation", "0123456789abcdef"),
+            ],
+            "gpuslice.io/reservation",
+        ),
+        (vec![("gpuslice.io/policy", "fastest")], "binpack"),
+        (vec![("gpuslice.io/memroy", "4Gi")], "gpuslice.io/memroy"),
+    ];
+    for (i, (ann, want)) in cases.iter().enumerate() {
+        let bundle = Bundle::new("true", ann);
+        let before = std::fs::read(bundle.config_path()).unwrap();
+        let out = run(&node, &bundle, &format!("e2e-bad-{i}"));
+        assert!(!out.status.success(), "{ann:?} was accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.lines()
+                .any(|l| l.starts_with("gpuslice") && l.contains(want)),
+            "{ann:?}: {err}"
+        );
+        assert_eq!(
+            std::fs::read(bundle.config_path()).unwrap(),
+            before,
+            "config.json changed for {ann:?}"
+        );
+        assert!(node.reservations().is_empty(), "{ann:?} reserved something");
+        assert!(
+            node.leftovers().is_empty(),
+            "{ann:?} left {:?}",
+            node.leftovers()
+        );
+    }
+}
+
+#[test]
+fn container_without_annotations_is_byte_identical() {
+    let _s = serial();
+    let node = TestNode::new(&["10Gi"]);
+    let bundle = Bundle::new(
+        "cat /proc/self/status >/dev/null",
+        &[("example.com/other", "x")],
+    );
+    let before = std::fs::read(bundle.config_path()).unwrap();
+    let out = runtime(&node)
+        .args(["create", "-b"])
+        .arg(bundle.path())
+        .arg("e2e-plain")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read(bundle.config_path()).unwrap(), before);
+    let _ = runtime(&node)
+        .args(["delete", "--force", "e2e-plain"])
+        .output();
+    assert!(node.reservations().is_empty());
+}
+
+#[test]
+fn killed_container_without_poststop_is_reaped() {
+    let _s = serial();
+    let node = TestNode::new(&["10Gi"]);
+    let bundle = Bundle::new("echo READY; sleep 600", &slice_ann());
+    let c = run_detached(&node, &bundle, "e2e-crash").expect("starts");
+    c.wait_for("READY");
+    assert_eq!(node.reservations().len(), 1);
+    // SIGKILL the init from outside; never call delete (so no poststop runs).
+    let pid = c.pid(&node);
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(pid as i32).unwrap(),
+        rustix::process::Signal::Kill,
+    )
+    .unwrap();
+    let start = Instant::now();
+    while std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "init did not die"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The next registry operation reaps it.
+    let gc = node.gpuslice(&["gc"]);
+    assert!(gc.status.success());
+    assert!(
+        String::from_utf8_lossy(&gc.stdout).contains("exited"),
+        "{}",
+        String::from_utf8_lossy(&gc.stdout)
+    );
+    assert!(node.reservations().is_empty());
+    assert!(node.leftovers().is_empty(), "{:?}", node.leftovers());
+    let _ = runtime(&node)
+        .args(["delete", "--force", "e2e-crash"])
+        .output();
+}
+
+#[test]
+fn failed_create_after_edit_is_reaped_after_the_pending_deadline() {
+    let _s = serial();
+    let node = TestNode::with(&["10Gi"], "[registry]\npending_timeout = \"2s\"\n");
+    // A process that cannot start: runc create fails after gpuslice edited the spec.
+    let bundle = Bundle::new("true", &slice_ann());
+    let mut c = bundle.config();
+    c["process"]["args"] = serde_json::json!(["/does/not/exist"]);
+    bundle.set_config(&c);
+    let out = run(&node, &bundle, "e2e-failed-create");
+    assert!(!out.status.success());
+    let _ = runtime(&node)
+        .args(["delete", "--force", "e2e-failed-create"])
+        .output();
+    std::thread::sleep(Duration::from_millis(2500));
+    let gc = node.gpuslice(&["gc"]);
+    assert!(gc.status.success());
+    assert!(node.reservations().is_empty(), "{:?}", node.reservations());
+    assert!(node.leftovers().is_empty(), "{:?}", node.leftovers());
+}
+
+#[test]
+fn image_ld_preload_does_not_reach_the_hooks() {
+    let _s = serial();
+    let node = TestNode::new(&["10Gi"]);
+    // A library that makes every process that loads it exit at once.
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("poison.c");
+    std::fs::write(
+        &src,
+        "#include <stdlib.h>\n__attribute__((constructor)) static void p(void) { _exit(42); }\n",
+    )
+    .unwrap();
+    let lib = dir.path().join("libpoison.so");
+    let cc = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .status()
+        .unwrap();
+    assert!(cc.success());
+    let bundle = Bundle::new("echo READY; sleep 600", &slice_ann());
+    let mut c = bundle.config();
+    c["process"]["env"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!(format!("LD_PRELOAD={}", lib.display())));
+    bundle.set_config(&c);
+    // The hooks run on the host: if they inherited the image's env they would load the
+    // poison (its host path exists) and die; the container would then fail to start.
+    let started = run_detached(&node, &bundle, "e2e-ldpreload")
+        .expect("hooks unaffected by the image's LD_PRELOAD");
+    let res = node.reservations();
+    assert_eq!(res.len(), 1);
+    assert_eq!(res[0]["state"], "bound");
+    started.remove(&node);
+    assert!(node.reservations().is_empty());
+}
