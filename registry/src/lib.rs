@@ -23,8 +23,8 @@ pub use fake::FakeSystem;
 pub use id::{is_valid_id, new_id, IdError, ID_LEN};
 pub use load::{gpu_loads, memory_capacity, missing_gpus, violations, GpuLoad};
 pub use model::{
-    Booking, Counters, Gpu, Inventory, KubernetesRef, Owner, ProcessCheck, ProcessRef,
-    RegistryFile, Reservation, ReservationState, REGISTRY_VERSION,
+    Booking, Counters, Gpu, Inventory, KubernetesRef, Owner, ProcessRef, RegistryFile, Reservation,
+    ReservationState, REGISTRY_VERSION,
 };
 pub use placement::{place, Refusal, RefusalReason};
 pub use reap::{ReapReason, Reaped};

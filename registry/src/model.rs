@@ -190,16 +190,6 @@ pub struct Reservation {
     pub bound_ms: Option<u64>,
 }
 
-/// When a process was last seen alive with its recorded start time, so that the expensive
-/// `/proc/<pid>/stat` read is not repeated on every operation.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ProcessCheck {
-    pub pid: u32,
-    pub start_time: u64,
-    /// Unix milliseconds.
-    pub checked_ms: u64,
-}
-
 /// Running totals for the exporter.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Counters {
@@ -224,8 +214,11 @@ pub struct RegistryFile {
     pub reservations: Vec<Reservation>,
     #[serde(default)]
     pub counters: Counters,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub process_checks: Vec<ProcessCheck>,
+    /// When every bound owner's start time was last read (unix ms). Until `recheck` later,
+    /// operations only probe that the pids exist; processes added since were verified when
+    /// added.
+    #[serde(default)]
+    pub processes_checked_ms: u64,
 }
 
 impl Default for RegistryFile {
@@ -235,7 +228,7 @@ impl Default for RegistryFile {
             inventory: Inventory::default(),
             reservations: Vec::new(),
             counters: Counters::default(),
-            process_checks: Vec::new(),
+            processes_checked_ms: 0,
         }
     }
 }

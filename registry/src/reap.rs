@@ -2,14 +2,16 @@
 //! bound ones whose process exited, whose pid now names another process (start time differs)
 //! or that predate a reboot (boot id differs). DRA claims are never reaped.
 //!
-//! Exits are seen on every call through a cheap existence probe. Reading a process's start
-//! time costs a `/proc` read, so a (pid, start time) pair seen alive is trusted for
-//! `recheck_ms` before it is read again; `force` reads every one (as `gpuslice gc` does).
+//! Exits are seen on every call through a cheap existence probe (signal 0; a zombie still
+//! exists). Reading start times costs a `/proc` read per process, so they are all read in
+//! one pass at most every `recheck_ms` (and on `force`, as `gpuslice gc` does); processes
+//! added in between were verified when they were added. A reused pid or a zombie owner is
+//! therefore seen within `recheck_ms`, an ordinary exit at once.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 
-use crate::model::{Owner, ProcessCheck, ProcessRef, RegistryFile, Reservation, ReservationState};
+use crate::model::{Owner, ProcessRef, RegistryFile, Reservation, ReservationState};
 use crate::system::{System, SystemError};
 
 /// Why a reservation was reaped.
@@ -73,41 +75,34 @@ impl fmt::Display for Reaped {
     }
 }
 
-/// Memo of process checks within one reaping pass and across passes (the file's
-/// `process_checks`).
+/// Process checks for one reaping pass, memoised per pid.
 pub(crate) struct Liveness<'a> {
     system: &'a dyn System,
     now_ms: u64,
     boot_id: String,
-    recheck_ms: u64,
-    force: bool,
-    previous: HashMap<(u32, u64), u64>,
+    /// Read start times in this pass.
+    full: bool,
     exists: HashMap<u32, bool>,
     verdicts: HashMap<(u32, u64), Option<ReapReason>>,
-    /// Pairs seen alive in this pass, with when they were last read.
-    seen: HashMap<(u32, u64), u64>,
 }
 
 impl<'a> Liveness<'a> {
+    /// A pass that reads start times when `force` or when the last full pass (at
+    /// `checked_ms`) is `recheck_ms` old.
     pub(crate) fn new(
         system: &'a dyn System,
-        checks: &[ProcessCheck],
+        checked_ms: u64,
         recheck_ms: u64,
         force: bool,
     ) -> Result<Liveness<'a>, SystemError> {
+        let now_ms = system.now_ms();
         Ok(Liveness {
             system,
-            now_ms: system.now_ms(),
+            now_ms,
             boot_id: system.boot_id()?,
-            recheck_ms,
-            force,
-            previous: checks
-                .iter()
-                .map(|c| ((c.pid, c.start_time), c.checked_ms))
-                .collect(),
+            full: force || now_ms.saturating_sub(checked_ms) >= recheck_ms || now_ms < checked_ms,
             exists: HashMap::new(),
             verdicts: HashMap::new(),
-            seen: HashMap::new(),
         })
     }
 
@@ -136,28 +131,17 @@ impl<'a> Liveness<'a> {
             .or_insert_with(|| system.process_exists(p.pid));
         let verdict = if !exists {
             Some(ReapReason::Exited { pid: p.pid })
+        } else if !self.full {
+            None
         } else {
-            let fresh = self
-                .previous
-                .get(&key)
-                .filter(|&&at| !self.force && self.now_ms.saturating_sub(at) < self.recheck_ms);
-            match fresh {
-                Some(&at) => {
-                    self.seen.insert(key, at);
-                    None
-                }
-                None => match self.system.process_start_time(p.pid)? {
-                    None => Some(ReapReason::Exited { pid: p.pid }),
-                    Some(found) if found != p.start_time => Some(ReapReason::PidReused {
-                        pid: p.pid,
-                        recorded: p.start_time,
-                        found,
-                    }),
-                    Some(_) => {
-                        self.seen.insert(key, self.now_ms);
-                        None
-                    }
-                },
+            match system.process_start_time(p.pid)? {
+                None => Some(ReapReason::Exited { pid: p.pid }),
+                Some(found) if found != p.start_time => Some(ReapReason::PidReused {
+                    pid: p.pid,
+                    recorded: p.start_time,
+                    found,
+                }),
+                Some(_) => None,
             }
         };
         self.verdicts.insert(key, verdict.clone());
@@ -182,25 +166,10 @@ impl<'a> Liveness<'a> {
             _ => Ok(None),
         }
     }
-
-    /// The process checks to keep: pairs seen alive in this pass.
-    pub(crate) fn checks(&self) -> Vec<ProcessCheck> {
-        let mut v: Vec<ProcessCheck> = self
-            .seen
-            .iter()
-            .map(|(&(pid, start_time), &checked_ms)| ProcessCheck {
-                pid,
-                start_time,
-                checked_ms,
-            })
-            .collect();
-        v.sort_by_key(|c| (c.pid, c.start_time));
-        v
-    }
 }
 
-/// Removes every reservation that lost its owner from `file` and returns them; refreshes
-/// `process_checks`. Counts them in `reaped_total`.
+/// Removes every reservation that lost its owner from `file` and returns them, counted in
+/// `reaped_total`; after a full pass, records its time in `processes_checked_ms`.
 pub(crate) fn reap(
     file: &mut RegistryFile,
     live: &mut Liveness,
@@ -226,6 +195,8 @@ pub(crate) fn reap(
         });
         file.counters.reaped_total += reaped.len() as u64;
     }
-    file.process_checks = live.checks();
+    if live.full && !live.exists.is_empty() {
+        file.processes_checked_ms = live.now_ms;
+    }
     Ok(reaped)
 }

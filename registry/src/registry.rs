@@ -1,7 +1,7 @@
 //! The registry handle. Every operation is one transaction: take the lock, read
 //! `registry.json` once, reap reservations whose owner is gone, apply the change, write the
-//! file once (atomically), then drop the slice directories of what left and tell the caller
-//! through the cleanup callback.
+//! file once (atomically), release the lock, then drop the slice directories of what left
+//! and tell the caller through the cleanup callback.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -11,17 +11,16 @@ use gpuslice_config::{Config, PlacementConfig};
 
 use crate::id::{is_valid_id, new_id, IdError};
 use crate::load::missing_gpus;
-use crate::model::{
-    Inventory, Owner, ProcessCheck, ProcessRef, RegistryFile, Reservation, ReservationState,
-};
+use crate::model::{Inventory, Owner, ProcessRef, RegistryFile, Reservation, ReservationState};
 use crate::placement::{place, Refusal};
 use crate::reap::{reap, Liveness, ReapReason, Reaped};
 use crate::request::Request;
 use crate::store::{self, Loaded, Paths, StoreError};
 use crate::system::{RealSystem, System, SystemError};
 
-/// Called once for every reservation that leaves the registry (released or reaped), after
-/// the registry no longer lists it; the CLI deletes the slice's CDI spec here.
+/// Called for every reservation that leaves the registry (released or reaped), after the
+/// registry no longer lists it; the CLI deletes the slice's CDI spec here. It must be
+/// idempotent: a concurrent `gc` may find the leftover directory first and call it too.
 pub type Cleanup = Box<dyn Fn(&Reservation) + Send + Sync>;
 
 /// A cleanup callback that does nothing.
@@ -81,7 +80,9 @@ pub enum RegistryError {
     },
     #[error("cannot bind to container id ``: accepted: a non-empty container id")]
     EmptyContainerId,
-    #[error("process {pid} does not exist or has exited; nothing can be bound to it")]
+    #[error(
+        "process {pid} is not running (or is not the process named); nothing can be bound to it"
+    )]
     NoProcess { pid: u32 },
     #[error("inventory refused: {detail}")]
     BadInventory { detail: String },
@@ -245,11 +246,11 @@ impl Registry {
     fn reap_into(&self, txn: &mut Txn, force: bool) -> Result<(), RegistryError> {
         let recheck_ms =
             u64::try_from(self.options.recheck_interval.as_millis()).unwrap_or(u64::MAX);
-        let mut live = Liveness::new(&*self.system, &txn.file.process_checks, recheck_ms, force)?;
+        let before = txn.file.processes_checked_ms;
+        let mut live = Liveness::new(&*self.system, before, recheck_ms, force)?;
         txn.now_ms = live.now_ms();
-        let before = std::mem::take(&mut txn.file.process_checks);
         let reaped = reap(&mut txn.file, &mut live)?;
-        txn.dirty |= !reaped.is_empty() || txn.file.process_checks != before;
+        txn.dirty |= !reaped.is_empty() || txn.file.processes_checked_ms != before;
         txn.removed
             .extend(reaped.iter().filter_map(|r| r.reservation.clone()));
         txn.reaped.extend(reaped);
@@ -263,7 +264,7 @@ impl Registry {
         force_recheck: bool,
         op: impl FnOnce(&mut Txn) -> Result<T, RegistryError>,
     ) -> Result<(T, Vec<Reaped>), RegistryError> {
-        let _lock = store::lock(&self.paths.lock)?;
+        let lock = store::lock(&self.paths.lock)?;
         let file = match store::load(&self.paths.registry)? {
             Loaded::Missing => RegistryFile::default(),
             Loaded::Ok(f) => f,
@@ -288,6 +289,9 @@ impl Registry {
                 return Err(e.into());
             }
         }
+        // The registry no longer lists them, so their directories can go without the lock,
+        // which keeps the serialised part of every operation short.
+        drop(lock);
         for r in &txn.removed {
             self.discard(r);
         }
@@ -308,6 +312,13 @@ impl Registry {
     /// Reserves a slice. The reservation is pending (reaped after the pending timeout unless
     /// bound), or bound at once when the owner names its process or is a DRA claim.
     pub fn reserve(&self, request: &Request) -> Result<Reservation, RegistryError> {
+        if let Some(p) = request.owner.process() {
+            // Verified now, so the next full check of start times may be up to the recheck
+            // interval away.
+            if self.process_ref(p.pid).ok().as_ref() != Some(p) {
+                return Err(RegistryError::NoProcess { pid: p.pid });
+            }
+        }
         let timeout_ms =
             u64::try_from(self.options.pending_timeout.as_millis()).unwrap_or(u64::MAX);
         let (r, _) = self.transact(false, |txn| {
@@ -430,13 +441,6 @@ impl Registry {
             // The record first: a rebuild after a crash between the two writes then keeps
             // the binding.
             store::write_record(&self.paths, &r)?;
-            let checks = &mut txn.file.process_checks;
-            checks.retain(|c| !(c.pid == process.pid && c.start_time == process.start_time));
-            checks.push(ProcessCheck {
-                pid: process.pid,
-                start_time: process.start_time,
-                checked_ms: now,
-            });
             txn.dirty = true;
             Ok(r)
         })?;
@@ -592,7 +596,7 @@ impl Registry {
     pub fn rebuild(&self, inventory: Inventory) -> Result<RebuildReport, RegistryError> {
         check_inventory(&inventory)?;
         let _lock = store::lock(&self.paths.lock)?;
-        let mut live = Liveness::new(&*self.system, &[], 0, true)?;
+        let mut live = Liveness::new(&*self.system, 0, 0, true)?;
         let now = live.now_ms();
         let mut report = RebuildReport::default();
         let counters = match store::load(&self.paths.registry)? {
@@ -646,7 +650,7 @@ impl Registry {
             inventory,
             reservations: report.restored.clone(),
             counters,
-            process_checks: live.checks(),
+            processes_checked_ms: now,
             ..RegistryFile::default()
         };
         file.counters.reaped_total += report

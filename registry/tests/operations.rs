@@ -12,7 +12,7 @@ use common::{inventory, open, state_dir, GI};
 use gpuslice_config::Quantity;
 use gpuslice_registry::{
     read_registry, FakeSystem, KubernetesRef, Owner, ProcessRef, ReapReason, RefusalReason,
-    Registry, RegistryError, Request, ReservationState, Selector, RECORD_FILE,
+    Registry, RegistryError, Request, ReservationState, Selector, System, RECORD_FILE,
 };
 
 fn slice(memory: u64, cores: u8) -> Request {
@@ -181,25 +181,58 @@ fn pid_reuse_and_reboot_are_reaped_with_reasons() {
 }
 
 #[test]
-fn pid_reuse_is_seen_within_the_recheck_interval() {
+fn pid_reuse_is_seen_by_the_next_start_time_check() {
     let (_d, sys, reg, _) = setup(1, 10 * GI);
     sys.spawn(30, 300);
     let a = reg.reserve(&slice(GI, 0)).expect("reserve");
     reg.bind(&a.id, "a", 30).expect("bind");
-    sys.spawn(30, 301);
-    // Within the interval the existence probe alone vouches for pid 30...
     reg.release("0000000000000000").expect("no-op");
-    assert!(read_registry(reg.state_dir())
+    let checked = read_registry(reg.state_dir())
         .expect("read")
-        .reservation(&a.id)
-        .is_some());
-    // ...after it the start time is read again.
+        .processes_checked_ms;
+    assert_eq!(checked, sys.now_ms(), "the start times were read");
+    sys.spawn(30, 301);
+    // Start times are read again once the recheck interval has passed.
     sys.advance_ms(1_000);
     reg.release("0000000000000000").expect("no-op");
+    let file = read_registry(reg.state_dir()).expect("read");
+    assert!(file.reservation(&a.id).is_none());
+    assert_eq!(file.counters.reaped_total, 1);
+}
+
+#[test]
+fn reserve_for_a_process_refuses_one_that_is_not_running() {
+    let (_d, sys, reg, _) = setup(1, 10 * GI);
+    sys.spawn(40, 400);
+    let real = reg.process_ref(40).expect("process");
+    let stale = ProcessRef {
+        start_time: 399,
+        ..real.clone()
+    };
+    for p in [
+        stale,
+        ProcessRef {
+            pid: 41,
+            ..real.clone()
+        },
+    ] {
+        let owner = Owner::Container {
+            container_id: Some("c".into()),
+            process: Some(p),
+            kubernetes: None,
+        };
+        let e = reg
+            .reserve(&Request {
+                owner,
+                ..slice(GI, 0)
+            })
+            .expect_err("not running");
+        assert!(matches!(e, RegistryError::NoProcess { .. }), "{e}");
+    }
     assert!(read_registry(reg.state_dir())
         .expect("read")
-        .reservation(&a.id)
-        .is_none());
+        .reservations
+        .is_empty());
 }
 
 #[test]

@@ -347,6 +347,15 @@ impl World {
                         p.pid
                     );
                     prop_assert_eq!(&p.boot_id, &boot);
+                    // A reused pid survives only until start times are read again.
+                    if self.sys.start_time(p.pid) != Some(p.start_time) {
+                        prop_assert!(
+                            now.saturating_sub(file.processes_checked_ms) < 1_000,
+                            "{} survived a start-time check after pid {} was reused",
+                            r.id,
+                            p.pid
+                        );
+                    }
                 } else if let Some(deadline) = r.deadline_ms {
                     prop_assert!(deadline >= now, "{} survived its deadline", r.id);
                 }

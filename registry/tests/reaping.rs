@@ -106,17 +106,23 @@ fn reservation_whose_pid_names_another_process_is_reaped() {
     let (reg, _) = open(dir.path(), Duration::from_secs(3600));
     let live = sleeper();
     let real = reg.process_ref(live.0.id()).expect("process");
-    // Bound to the same pid, but to an earlier process (as after pid reuse).
-    let earlier = ProcessRef {
-        start_time: real.start_time.saturating_sub(1),
-        ..real.clone()
-    };
     let owner = Owner::Container {
         container_id: Some("old".into()),
-        process: Some(earlier),
+        process: Some(real.clone()),
         kubernetes: None,
     };
     let r = reg.reserve(&Request { owner, ..slice() }).expect("reserve");
+    assert!(
+        reg.gc().expect("gc").is_empty(),
+        "the true start time keeps it"
+    );
+    // The registry now remembers an earlier process under the same pid: as after pid reuse.
+    let path = reg.registry_path().to_path_buf();
+    let text = std::fs::read_to_string(&path).expect("read");
+    let needle = format!("\"start_time\":{}", real.start_time);
+    assert_eq!(text.matches(&needle).count(), 1);
+    let edited = text.replace(&needle, &format!("\"start_time\":{}", real.start_time - 1));
+    std::fs::write(&path, edited).expect("write");
     let reaped = reg.gc().expect("gc");
     assert_eq!(reaped.len(), 1);
     assert_eq!(reaped[0].id, r.id);
@@ -128,18 +134,17 @@ fn reservation_whose_pid_names_another_process_is_reaped() {
             found: real.start_time
         }
     );
-    // The same pid with its true start time stays.
+    // A process that is not the one named is refused outright.
+    let stale = ProcessRef {
+        start_time: real.start_time - 1,
+        ..real
+    };
     let owner = Owner::Container {
-        container_id: Some("new".into()),
-        process: Some(real),
+        container_id: None,
+        process: Some(stale),
         kubernetes: None,
     };
-    let ok = reg.reserve(&Request { owner, ..slice() }).expect("reserve");
-    assert!(reg.gc().expect("gc").is_empty());
-    assert!(read_registry(dir.path())
-        .expect("read")
-        .reservation(&ok.id)
-        .is_some());
+    assert!(reg.reserve(&Request { owner, ..slice() }).is_err());
 }
 
 #[test]
