@@ -33,6 +33,8 @@ pub(crate) struct Header {
     pub version: AtomicU64,
     /// One past the highest slot index ever claimed: scans stop there.
     pub slots_hwm: AtomicU64,
+    /// Hash of the boot id the timelines belong to (CLOCK_MONOTONIC restarts at boot).
+    pub boot: AtomicU64,
 }
 
 /// Per-device state.
@@ -214,7 +216,28 @@ impl SharedState {
                 path: path.to_path_buf(),
             });
         }
+        state.reset_timelines_after_reboot(boot_hash());
         Ok(state)
+    }
+
+    /// A state file kept across a reboot (not on tmpfs) holds timelines of the old
+    /// CLOCK_MONOTONIC: the first opener after the boot clears them.
+    fn reset_timelines_after_reboot(&self, boot: u64) {
+        let h = &self.layout().header;
+        let old = h.boot.load(Ordering::Acquire);
+        if old == boot
+            || h.boot
+                .compare_exchange(old, boot, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+        {
+            return;
+        }
+        for d in &self.layout().devices {
+            d.free_at.store(0, Ordering::Release);
+            for b in &d.buckets {
+                b.store(0, Ordering::Release);
+            }
+        }
     }
 
     pub(crate) fn layout(&self) -> &Layout {
@@ -285,6 +308,18 @@ impl SharedState {
             libc::F_OFD_SETLK,
             libc::F_UNLCK as libc::c_short,
         );
+    }
+}
+
+/// This boot's id (`/proc/sys/kernel/random/boot_id`, a UUID) folded to 64 bits; 1 when
+/// unreadable. Stable across builds, unlike `std`'s hashers.
+fn boot_hash() -> u64 {
+    let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let hex: String = id.chars().filter(char::is_ascii_hexdigit).collect();
+    let fold = |s: &str| u64::from_str_radix(s, 16).unwrap_or(0);
+    match hex.len() {
+        32 => (fold(&hex[..16]) ^ fold(&hex[16..])) | 1,
+        _ => 1,
     }
 }
 
@@ -359,6 +394,28 @@ mod tests {
             b.layout().devices[3].busy_ns.load(Ordering::SeqCst),
             42,
             "one shared mapping"
+        );
+    }
+
+    #[test]
+    fn timelines_of_another_boot_are_cleared() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join(STATE_FILE);
+        let a = SharedState::open(&p).unwrap();
+        a.layout().devices[0]
+            .free_at
+            .store(u64::MAX / 2, Ordering::SeqCst);
+        a.reset_timelines_after_reboot(boot_hash());
+        assert_eq!(
+            a.layout().devices[0].free_at.load(Ordering::SeqCst),
+            u64::MAX / 2,
+            "same boot: kept"
+        );
+        a.reset_timelines_after_reboot(42);
+        assert_eq!(
+            a.layout().devices[0].free_at.load(Ordering::SeqCst),
+            0,
+            "new boot: cleared"
         );
     }
 

@@ -266,10 +266,16 @@ pub fn run(cuda: &Cuda, out: Out, ordinal: i32, args: &AllocArgs) -> Result<(), 
     let dev = cuda.open_device(ordinal)?;
     let a = Allocator::new(cuda, dev, args.api)?;
     let chunk = a.effective_chunk(args.chunk)?;
+    // Without --max, stop at twice the device's memory: managed memory may oversubscribe a
+    // real GPU instead of being refused.
+    let max = match args.max {
+        Some(m) => m,
+        None => cuda.total_mem(&a.dev)?.saturating_mul(2),
+    };
     let mut held = Vec::new();
     let mut total = 0u64;
     let refusal = loop {
-        if args.max.is_some_and(|m| total + chunk > m) {
+        if total + chunk > max {
             break None;
         }
         match a.alloc(args.chunk) {
@@ -297,11 +303,12 @@ pub fn run(cuda: &Cuda, out: Out, ordinal: i32, args: &AllocArgs) -> Result<(), 
             "call": call,
             "mem_free": free,
             "mem_total": mem_total,
+            "max": max,
         }),
         || {
             let end = match (&error, call) {
                 (Some(e), Some(c)) => format!("refused by {c}: {e}"),
-                _ => "stopped at --max".to_string(),
+                _ => format!("stopped at {}", human_bytes(max)),
             };
             format!(
                 "alloc ({}): {} × {} = {} allocated; {end}; cuMemGetInfo free {} of {}",

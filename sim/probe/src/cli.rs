@@ -107,7 +107,7 @@ pub struct AllocArgs {
     pub chunk: u64,
     #[arg(long, value_enum, default_value_t = Api::Alloc)]
     pub api: Api,
-    /// Stop once this much is allocated.
+    /// Stop before exceeding this much [default: twice the device's memory].
     #[arg(long, value_parser = bytes)]
     pub max: Option<u64>,
     /// Keep the memory this many seconds after printing, then free it.
