@@ -1,0 +1,169 @@
+//! Memory accounting of this process: every successful allocation is charged to the
+//! slice's shared usage file before the driver is asked (reserve, then call, then record),
+//! and remembered by its handle so the matching free, or the destruction of its context,
+//! gives exactly that much back.
+
+use std::collections::HashMap;
+
+use gpuslice_cuda_ffi::*;
+use gpuslice_slice::usage::UsageError;
+
+use crate::forksafe::ForkSafe;
+use crate::log::{info, warning};
+use crate::state::{self, Devices, Slice};
+
+/// What a handle names; keys of different kinds never collide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// A device address (linear, pitched, managed, async and pool allocations).
+    Ptr,
+    /// A `cuMemCreate` handle.
+    Vmm,
+    Array,
+    Mipmap,
+    /// An instantiated graph holding graph-memory nodes.
+    GraphExec,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    dev: usize,
+    bytes: u64,
+    ctx: usize,
+}
+
+#[derive(Default)]
+struct Tables {
+    allocs: HashMap<(Kind, u64), Entry>,
+    /// Primary context handle per CUDA device, learnt at retain.
+    primary: HashMap<CUdevice, usize>,
+}
+
+static TABLES: ForkSafe<Tables> = ForkSafe::new(Tables::default);
+
+/// Where an allocation is charged: the limits index and the context that owns it.
+#[derive(Debug, Clone, Copy)]
+pub struct Target {
+    pub idx: usize,
+    pub ctx: usize,
+}
+
+/// The target for an allocation on CUDA device `dev`; refuses devices without limits.
+pub fn target_on(devices: &Devices, dev: CUdevice) -> Result<Target, CUresult> {
+    match devices.index(dev) {
+        Some(idx) => Ok(Target {
+            idx,
+            ctx: state::current_context() as usize,
+        }),
+        None => {
+            warning!("device {dev} has no limits entry; allocation refused");
+            Err(CUDA_ERROR_OUT_OF_MEMORY)
+        }
+    }
+}
+
+/// The target for an allocation in the current context.
+pub fn target_current(devices: &Devices) -> Result<Target, CUresult> {
+    let dev = state::current_device()?;
+    target_on(devices, dev)
+}
+
+/// Charges `bytes` to the slice, or refuses with `CUDA_ERROR_OUT_OF_MEMORY`.
+pub fn reserve(slice: &Slice, t: Target, bytes: u64) -> Result<(), CUresult> {
+    let Some(limit) = slice.device(t.idx).map(|d| d.memory_limit) else {
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    };
+    match slice.usage.reserve(t.idx, bytes, limit) {
+        Ok(()) => Ok(()),
+        Err(e @ UsageError::OutOfMemory { .. }) => {
+            info!("{e}");
+            Err(CUDA_ERROR_OUT_OF_MEMORY)
+        }
+        Err(e) => {
+            warning!("{e}; allocation refused");
+            Err(CUDA_ERROR_OUT_OF_MEMORY)
+        }
+    }
+}
+
+/// Reserves, runs the real allocation (which returns the new handle), and records it; on
+/// any failure nothing stays charged.
+pub fn allocate(
+    slice: &Slice,
+    t: Target,
+    kind: Kind,
+    bytes: u64,
+    call: impl FnOnce() -> Result<u64, CUresult>,
+) -> CUresult {
+    if let Err(r) = reserve(slice, t, bytes) {
+        return r;
+    }
+    match call() {
+        Ok(key) => {
+            record(kind, key, t, bytes);
+            CUDA_SUCCESS
+        }
+        Err(r) => {
+            slice.usage.release(t.idx, bytes);
+            r
+        }
+    }
+}
+
+/// Remembers a charged allocation.
+pub fn record(kind: Kind, key: u64, t: Target, bytes: u64) {
+    let old = TABLES.lock().allocs.insert(
+        (kind, key),
+        Entry {
+            dev: t.idx,
+            bytes,
+            ctx: t.ctx,
+        },
+    );
+    if let (Some(old), Some(s)) = (old, state::slice()) {
+        // The driver reused a handle we never saw freed: the old charge is stale.
+        s.usage.release(old.dev, old.bytes);
+    }
+}
+
+/// Gives back the allocation named by `key`, if it was charged.
+pub fn forget(kind: Kind, key: u64) {
+    let entry = TABLES.lock().allocs.remove(&(kind, key));
+    if let (Some(e), Some(s)) = (entry, state::slice()) {
+        s.usage.release(e.dev, e.bytes);
+    }
+}
+
+/// Gives back everything charged to context `ctx` (destroyed or reset).
+pub fn forget_context(ctx: usize) {
+    let gone: Vec<Entry> = {
+        let mut t = TABLES.lock();
+        let keys: Vec<_> = t
+            .allocs
+            .iter()
+            .filter(|(_, e)| e.ctx == ctx)
+            .map(|(k, _)| *k)
+            .collect();
+        keys.iter().filter_map(|k| t.allocs.remove(k)).collect()
+    };
+    if let Some(s) = state::slice() {
+        for e in gone {
+            s.usage.release(e.dev, e.bytes);
+        }
+    }
+}
+
+/// Remembers the primary context of `dev`.
+pub fn set_primary(dev: CUdevice, ctx: CUcontext) {
+    TABLES.lock().primary.insert(dev, ctx as usize);
+}
+
+/// The primary context of `dev`, if it was retained through the shim.
+pub fn primary(dev: CUdevice) -> Option<usize> {
+    TABLES.lock().primary.get(&dev).copied()
+}
+
+/// For the child after `fork`: its parent's allocations are not its own.
+pub fn reset_in_child() {
+    TABLES.reset_in_child();
+}

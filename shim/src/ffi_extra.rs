@@ -1,0 +1,73 @@
+//! Driver declarations the shim needs beyond `gpuslice-cuda-ffi`: the pre-3.2 (`_v1`)
+//! entry points with 32-bit sizes and pointers, which a program can still reach through
+//! `dlsym` or by linking, and the launch and instantiate variants that carry no memory or
+//! stream the simulated driver models. Layouts follow `cuda.h`.
+
+#![allow(non_camel_case_types, non_snake_case)]
+
+use std::ffi::{c_uint, c_void};
+
+use gpuslice_cuda_ffi::*;
+
+/// `CUdeviceptr_v1`: a 32-bit device address.
+pub type CUdeviceptr_v1 = c_uint;
+
+pub type PFN_cuMemGetInfo_v1 = unsafe extern "C" fn(*mut c_uint, *mut c_uint) -> CUresult;
+pub type PFN_cuMemAlloc_v1 = unsafe extern "C" fn(*mut CUdeviceptr_v1, c_uint) -> CUresult;
+pub type PFN_cuMemAllocPitch_v1 =
+    unsafe extern "C" fn(*mut CUdeviceptr_v1, *mut c_uint, c_uint, c_uint, c_uint) -> CUresult;
+pub type PFN_cuMemFree_v1 = unsafe extern "C" fn(CUdeviceptr_v1) -> CUresult;
+
+/// `CUDA_GRAPH_INSTANTIATE_PARAMS` is only passed through, so it stays opaque.
+pub type PFN_cuGraphInstantiateWithParams =
+    unsafe extern "C" fn(*mut CUgraphExec, CUgraph, *mut c_void) -> CUresult;
+
+/// `cuStreamIsCapturing`: writes a `CUstreamCaptureStatus` (0 = not capturing).
+pub type PFN_cuStreamIsCapturing = unsafe extern "C" fn(CUstream, *mut std::ffi::c_int) -> CUresult;
+
+/// `CUlaunchConfig`: the shim reads only `hStream`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUlaunchConfig {
+    pub gridDimX: c_uint,
+    pub gridDimY: c_uint,
+    pub gridDimZ: c_uint,
+    pub blockDimX: c_uint,
+    pub blockDimY: c_uint,
+    pub blockDimZ: c_uint,
+    pub sharedMemBytes: c_uint,
+    pub hStream: CUstream,
+    pub attrs: *mut c_void,
+    pub numAttrs: c_uint,
+}
+
+pub type PFN_cuLaunchKernelEx = unsafe extern "C" fn(
+    *const CUlaunchConfig,
+    CUfunction,
+    *mut *mut c_void,
+    *mut *mut c_void,
+) -> CUresult;
+
+pub type PFN_cuLaunchCooperativeKernel = unsafe extern "C" fn(
+    CUfunction,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    CUstream,
+    *mut *mut c_void,
+) -> CUresult;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn launch_config_layout_matches_cuda_h() {
+        assert_eq!(std::mem::offset_of!(CUlaunchConfig, hStream), 32);
+        assert_eq!(std::mem::size_of::<CUlaunchConfig>(), 56);
+    }
+}

@@ -1,0 +1,133 @@
+//! Kernel and graph launches. Without a compute share the path is one atomic load of the
+//! mode and one of the real entry point; with one, the launch goes through the pacer.
+
+use std::ffi::{c_uint, c_void};
+use std::sync::atomic::Ordering::Relaxed;
+
+use gpuslice_cuda_ffi::*;
+
+use crate::ffi_extra::CUlaunchConfig;
+use crate::guard::guard;
+use crate::pacer;
+use crate::state::{self, MODE, MODE_FAST, MODE_PACED};
+
+/// The launch path once the mode is not `MODE_FAST`.
+#[cold]
+fn slow(stream: CUstream, per_thread: bool, call: impl FnOnce() -> CUresult) -> CUresult {
+    if MODE.load(Relaxed) == state::MODE_UNKNOWN || MODE.load(Relaxed) == state::MODE_REFUSED {
+        if let Err(r) = state::ready() {
+            return r;
+        }
+    }
+    match MODE.load(Relaxed) {
+        MODE_PACED => pacer::paced_launch(stream, per_thread, call),
+        _ => call(),
+    }
+}
+
+#[inline(always)]
+fn launch(stream: CUstream, per_thread: bool, call: impl FnOnce() -> CUresult) -> CUresult {
+    if MODE.load(Relaxed) == MODE_FAST {
+        return call();
+    }
+    slow(stream, per_thread, call)
+}
+
+macro_rules! launch_kernel {
+    ($name:ident, $per_thread:expr) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            f: CUfunction,
+            gx: c_uint,
+            gy: c_uint,
+            gz: c_uint,
+            bx: c_uint,
+            by: c_uint,
+            bz: c_uint,
+            shared: c_uint,
+            stream: CUstream,
+            params: *mut *mut c_void,
+            extra: *mut *mut c_void,
+        ) -> CUresult {
+            guard(stringify!($name), CUDA_ERROR_UNKNOWN, || {
+                let real = real!($name);
+                // SAFETY: the caller's arguments, unchanged.
+                launch(stream, $per_thread, || unsafe {
+                    real(f, gx, gy, gz, bx, by, bz, shared, stream, params, extra)
+                })
+            })
+        }
+    };
+}
+launch_kernel!(cuLaunchKernel, false);
+launch_kernel!(cuLaunchKernel_ptsz, true);
+
+macro_rules! launch_cooperative {
+    ($name:ident, $per_thread:expr) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            f: CUfunction,
+            gx: c_uint,
+            gy: c_uint,
+            gz: c_uint,
+            bx: c_uint,
+            by: c_uint,
+            bz: c_uint,
+            shared: c_uint,
+            stream: CUstream,
+            params: *mut *mut c_void,
+        ) -> CUresult {
+            guard(stringify!($name), CUDA_ERROR_UNKNOWN, || {
+                let real = real!($name);
+                // SAFETY: the caller's arguments, unchanged.
+                launch(stream, $per_thread, || unsafe {
+                    real(f, gx, gy, gz, bx, by, bz, shared, stream, params)
+                })
+            })
+        }
+    };
+}
+launch_cooperative!(cuLaunchCooperativeKernel, false);
+launch_cooperative!(cuLaunchCooperativeKernel_ptsz, true);
+
+macro_rules! launch_ex {
+    ($name:ident, $per_thread:expr) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            config: *const CUlaunchConfig,
+            f: CUfunction,
+            params: *mut *mut c_void,
+            extra: *mut *mut c_void,
+        ) -> CUresult {
+            guard(stringify!($name), CUDA_ERROR_UNKNOWN, || {
+                let real = real!($name);
+                if config.is_null() {
+                    return CUDA_ERROR_INVALID_VALUE;
+                }
+                // SAFETY: checked non-null; the caller passes a valid config.
+                let stream = unsafe { (*config).hStream };
+                // SAFETY: the caller's arguments, unchanged.
+                launch(stream, $per_thread, || unsafe {
+                    real(config, f, params, extra)
+                })
+            })
+        }
+    };
+}
+launch_ex!(cuLaunchKernelEx, false);
+launch_ex!(cuLaunchKernelEx_ptsz, true);
+
+macro_rules! graph_launch {
+    ($name:ident, $per_thread:expr) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(exec: CUgraphExec, stream: CUstream) -> CUresult {
+            guard(stringify!($name), CUDA_ERROR_UNKNOWN, || {
+                let real = real!($name);
+                // SAFETY: the caller's arguments, unchanged.
+                launch(stream, $per_thread, || unsafe { real(exec, stream) })
+            })
+        }
+    };
+}
+graph_launch!(cuGraphLaunch, false);
+graph_launch!(cuGraphLaunch_ptsz, true);

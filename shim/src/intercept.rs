@@ -1,0 +1,109 @@
+//! The table of intercepted symbols: the exported name of each interceptor and its address,
+//! consulted by the `dlsym` and `cuGetProcAddress` interceptors to hand out the shim's
+//! version of a driver entry point however the program looks it up.
+
+use std::ffi::c_void;
+
+use crate::hooks::{
+    arrays::*, context::*, graph::*, info::*, launch::*, memory::*, nvml::*, procaddr::*, vmm::*,
+};
+
+macro_rules! table {
+    ($($f:ident),* $(,)?) => {
+        /// The interceptor for exported symbol `name`, if the shim has one.
+        pub fn wrapper(name: &[u8]) -> Option<*mut c_void> {
+            $(
+                if name == stringify!($f).as_bytes() {
+                    return Some($f as *mut c_void);
+                }
+            )*
+            None
+        }
+
+        /// Every intercepted symbol name.
+        #[cfg(test)]
+        pub const NAMES: &[&str] = &[$(stringify!($f)),*];
+    };
+}
+
+table! {
+    cuInit, cuGetProcAddress, cuGetProcAddress_v2,
+    cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2,
+    cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v2,
+    cuCtxCreate_v2, cuCtxCreate_v3, cuCtxCreate_v4, cuCtxDestroy, cuCtxDestroy_v2,
+    cuMemGetInfo, cuMemGetInfo_v2, cuDeviceTotalMem, cuDeviceTotalMem_v2,
+    cuMemAlloc, cuMemAlloc_v2, cuMemAllocPitch, cuMemAllocPitch_v2, cuMemAllocManaged,
+    cuMemFree, cuMemFree_v2, cuMemAllocAsync, cuMemAllocAsync_ptsz, cuMemFreeAsync, cuMemFreeAsync_ptsz,
+    cuMemPoolCreate, cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz,
+    cuMemCreate, cuMemRelease,
+    cuArrayCreate_v2, cuArray3DCreate_v2, cuArrayDestroy, cuMipmappedArrayCreate, cuMipmappedArrayDestroy,
+    cuGraphAddMemAllocNode, cuGraphInstantiate, cuGraphInstantiate_v2, cuGraphInstantiateWithFlags,
+    cuGraphInstantiateWithParams, cuGraphInstantiateWithParams_ptsz, cuGraphExecDestroy, cuGraphDestroy,
+    cuLaunchKernel, cuLaunchKernel_ptsz, cuLaunchKernelEx, cuLaunchKernelEx_ptsz,
+    cuLaunchCooperativeKernel, cuLaunchCooperativeKernel_ptsz, cuGraphLaunch, cuGraphLaunch_ptsz,
+    nvmlDeviceGetMemoryInfo, nvmlDeviceGetMemoryInfo_v2,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_name_maps_and_others_do_not() {
+        for n in NAMES {
+            assert!(wrapper(n.as_bytes()).is_some(), "{n}");
+        }
+        assert!(wrapper(b"cuMemcpy").is_none());
+        assert!(wrapper(b"cuMemAlloc_v3").is_none());
+    }
+
+    #[test]
+    fn every_allocation_symbol_the_driver_can_return_is_intercepted() {
+        // Whatever version a program asks for, the symbol the driver hands back for an
+        // allocation, free, report or launch entry point has an interceptor.
+        for base in [
+            "cuMemAlloc",
+            "cuMemAllocPitch",
+            "cuMemAllocManaged",
+            "cuMemFree",
+            "cuMemAllocAsync",
+            "cuMemFreeAsync",
+            "cuMemAllocFromPoolAsync",
+            "cuMemCreate",
+            "cuMemRelease",
+            "cuArrayCreate",
+            "cuArray3DCreate",
+            "cuArrayDestroy",
+            "cuMipmappedArrayCreate",
+            "cuGraphAddMemAllocNode",
+            "cuGraphInstantiate",
+            "cuGraphInstantiateWithFlags",
+            "cuGraphInstantiateWithParams",
+            "cuGraphExecDestroy",
+            "cuMemGetInfo",
+            "cuDeviceTotalMem",
+            "cuLaunchKernel",
+            "cuLaunchKernelEx",
+            "cuLaunchCooperativeKernel",
+            "cuGraphLaunch",
+            "cuGetProcAddress",
+            "cuCtxCreate",
+            "cuCtxDestroy",
+            "cuInit",
+        ] {
+            for version in [11000, 11040, 11080, 12000, 12040, 12080] {
+                for flags in [
+                    0,
+                    gpuslice_cuda_ffi::CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
+                ] {
+                    if let Ok(sym) = gpuslice_cuda_ffi::resolve(base, version, flags) {
+                        assert!(
+                            wrapper(sym.as_bytes()).is_some(),
+                            "{base} {version} {flags} -> {sym}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,316 @@
+//! Compute pacing: holds a container's share of a GPU's time at its `cores` percent.
+//!
+//! Unlike HAMi-core, which reacts to coarse device-wide NVML utilisation samples, the shim
+//! measures the container's *own* kernel time: an event pair (from a per-context pool) is
+//! recorded around every paced launch, and when the end event has completed its elapsed
+//! time is the device time that launch used. All processes of the container share one
+//! pacing clock per device in the usage file, a GCRA ("virtual scheduling") clock: each
+//! nanosecond of kernel time advances it by `100 / cores` ns of wall time, and a launch may
+//! start only while the clock is at most [`TOLERANCE_NS`] ahead of now, otherwise the
+//! launching thread sleeps until it is. Launches are charged an estimate (the recent mean
+//! kernel time of this process on that device) when they start and corrected to the
+//! measured time when they complete; the work in flight per process and device is bounded
+//! ([`MAX_INFLIGHT`], and 1 until a first measurement exists) so the estimate can never run
+//! far ahead of the measurements. Over any window the container's kernel time is therefore
+//! `cores`% of wall time, give or take one tolerance and the in-flight work.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering::SeqCst;
+
+use gpuslice_cuda_ffi::*;
+use gpuslice_slice::usage::{DeviceRecord, MAX_DEVICES};
+
+use crate::forksafe::ForkSafe;
+use crate::real::cu;
+use crate::state::{self, Slice};
+
+/// Paced launches per process and device that may be in flight unmeasured.
+pub const MAX_INFLIGHT: usize = 8;
+/// How far ahead of now the pacing clock may be when a launch starts (burst allowance).
+pub const TOLERANCE_NS: u64 = 2_000_000;
+/// Longest single sleep, so a thread re-reads the shared clock regularly.
+const MAX_SLEEP_NS: u64 = 50_000_000;
+
+struct Pending {
+    start: CUevent,
+    end: CUevent,
+    ctx: usize,
+    idx: usize,
+    cores: u8,
+    /// Kernel time charged at launch (the estimate).
+    charged_ns: u64,
+}
+
+// SAFETY: event handles are plain driver handles usable from any thread.
+unsafe impl Send for Pending {}
+
+#[derive(Default)]
+struct Pacer {
+    pending: VecDeque<Pending>,
+    /// Idle events per context (events belong to the context that created them).
+    pools: HashMap<usize, Vec<usize>>,
+    /// Running mean kernel time per device index, 0 until measured.
+    est_ns: [u64; MAX_DEVICES],
+}
+
+static PACER: ForkSafe<Pacer> = ForkSafe::new(Pacer::default);
+
+/// CLOCK_MONOTONIC in ns: the clock every process of the container shares.
+pub fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out pointer; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
+/// Wall time a share of `cores` percent pays for `kernel_ns` of device time.
+pub fn wall_cost(kernel_ns: u64, cores: u8) -> u64 {
+    kernel_ns.saturating_mul(100) / u64::from(cores.max(1))
+}
+
+/// Charges `cost` ns of wall time to the clock (never from a point in the past).
+pub fn charge(clock: &std::sync::atomic::AtomicU64, now: u64, cost: u64) {
+    let _ = clock.fetch_update(SeqCst, SeqCst, |tat| {
+        Some(tat.max(now).saturating_add(cost))
+    });
+}
+
+/// Corrects the clock by `delta` ns (an estimate that was too low or too high).
+pub fn adjust(clock: &std::sync::atomic::AtomicU64, delta: i64) {
+    let _ = clock.fetch_update(SeqCst, SeqCst, |tat| Some(tat.saturating_add_signed(delta)));
+}
+
+/// How long a launch at `now` must wait for a clock at `tat` (0: go).
+pub fn wait_ns(tat: u64, now: u64) -> u64 {
+    tat.saturating_sub(now.saturating_add(TOLERANCE_NS))
+}
+
+fn record(ev: CUevent, stream: CUstream, per_thread: bool) -> CUresult {
+    let f = if per_thread {
+        cu::cuEventRecord_ptsz()
+    } else {
+        cu::cuEventRecord()
+    };
+    match f {
+        // SAFETY: an event of the current context and the caller's stream.
+        Some(f) => unsafe { f(ev, stream) },
+        None => CUDA_ERROR_NOT_FOUND,
+    }
+}
+
+fn capturing(stream: CUstream, per_thread: bool) -> bool {
+    let f = if per_thread {
+        cu::cuStreamIsCapturing_ptsz()
+    } else {
+        cu::cuStreamIsCapturing()
+    };
+    let Some(f) = f else { return false };
+    let mut status = 0;
+    // SAFETY: the caller's stream and a valid out pointer.
+    let r = unsafe { f(stream, &mut status) };
+    r == CUDA_SUCCESS && status != 0
+}
+
+/// Settles every completed launch at the front of the queue.
+fn drain(p: &mut Pacer, slice: &Slice) {
+    let (Some(query), Some(elapsed)) = (cu::cuEventQuery(), cu::cuEventElapsedTime()) else {
+        return;
+    };
+    while let Some(front) = p.pending.front() {
+        // SAFETY: an event we created and recorded.
+        let q = unsafe { query(front.end) };
+        if q == CUDA_ERROR_NOT_READY {
+            break;
+        }
+        let Some(x) = p.pending.pop_front() else {
+            break;
+        };
+        let mut ms = 0f32;
+        // SAFETY: both events were recorded on the same stream.
+        if q == CUDA_SUCCESS && unsafe { elapsed(&mut ms, x.start, x.end) } == CUDA_SUCCESS {
+            let ns = (f64::from(ms.max(0.0)) * 1e6) as u64;
+            if let Some(rec) = slice.usage.device(x.idx) {
+                rec.busy_ns.fetch_add(ns, SeqCst);
+                rec.launches.fetch_add(1, SeqCst);
+                let delta = wall_cost(ns, x.cores) as i64 - wall_cost(x.charged_ns, x.cores) as i64;
+                adjust(&rec.pace_clock, delta);
+            }
+            crate::log::debug!(
+                "pacer: device {} kernel {ns} ns (charged {} ns)",
+                x.idx,
+                x.charged_ns
+            );
+            let est = &mut p.est_ns[x.idx];
+            *est = if *est == 0 {
+                ns.max(1)
+            } else {
+                ((*est * 3 + ns) / 4).max(1)
+            };
+        }
+        p.pools
+            .entry(x.ctx)
+            .or_default()
+            .extend([x.start as usize, x.end as usize]);
+    }
+}
+
+fn take_event(p: &mut Pacer, ctx: usize) -> Option<CUevent> {
+    if let Some(e) = p.pools.get_mut(&ctx).and_then(Vec::pop) {
+        return Some(e as CUevent);
+    }
+    let create = cu::cuEventCreate()?;
+    let mut ev: CUevent = std::ptr::null_mut();
+    // SAFETY: valid out pointer; the event belongs to the current context.
+    (unsafe { create(&mut ev, CU_EVENT_DEFAULT) } == CUDA_SUCCESS).then_some(ev)
+}
+
+/// Waits until this process may put more work on device `idx`.
+fn bound_inflight(slice: &Slice, idx: usize) {
+    loop {
+        let wait_on = {
+            let mut p = PACER.lock();
+            drain(&mut p, slice);
+            let limit = if p.est_ns[idx] == 0 { 1 } else { MAX_INFLIGHT };
+            let mine = p.pending.iter().filter(|x| x.idx == idx).count();
+            if mine < limit {
+                return;
+            }
+            p.pending.iter().find(|x| x.idx == idx).map(|x| x.end)
+        };
+        match (wait_on, cu::cuEventSynchronize()) {
+            // SAFETY: an event we recorded; waiting does not hold our lock.
+            (Some(ev), Some(sync)) => unsafe {
+                sync(ev);
+            },
+            _ => return,
+        }
+    }
+}
+
+/// Sleeps until the shared clock admits a launch.
+fn admit(rec: &DeviceRecord) -> u64 {
+    loop {
+        let now = now_ns();
+        let wait = wait_ns(rec.pace_clock.load(SeqCst), now);
+        if wait == 0 {
+            return now;
+        }
+        crate::log::debug!("pacer: waiting {wait} ns");
+        std::thread::sleep(std::time::Duration::from_nanos(wait.min(MAX_SLEEP_NS)));
+    }
+}
+
+/// Runs `launch` (on `stream`) paced to the current device's share.
+pub fn paced_launch(
+    stream: CUstream,
+    per_thread: bool,
+    launch: impl FnOnce() -> CUresult,
+) -> CUresult {
+    let Ok((slice, devices)) = state::ready() else {
+        return launch();
+    };
+    let Some(idx) = state::current_device().ok().and_then(|d| devices.index(d)) else {
+        return launch();
+    };
+    let cores = slice.device(idx).map_or(0, |d| d.cores);
+    let Some(rec) = slice.usage.device(idx) else {
+        return launch();
+    };
+    if cores == 0 || cores >= 100 || capturing(stream, per_thread) {
+        return launch();
+    }
+    let ctx = state::current_context() as usize;
+    bound_inflight(slice, idx);
+    let now = admit(rec);
+    let (est, events) = {
+        let mut p = PACER.lock();
+        let est = p.est_ns[idx];
+        let start = take_event(&mut p, ctx);
+        let end = take_event(&mut p, ctx);
+        (est, start.zip(end))
+    };
+    let Some((start, end)) = events else {
+        return launch();
+    };
+    let cost = wall_cost(est, cores);
+    charge(&rec.pace_clock, now, cost);
+    let started = record(start, stream, per_thread) == CUDA_SUCCESS;
+    let r = launch();
+    if r != CUDA_SUCCESS || !started || record(end, stream, per_thread) != CUDA_SUCCESS {
+        adjust(&rec.pace_clock, -(cost as i64));
+        PACER
+            .lock()
+            .pools
+            .entry(ctx)
+            .or_default()
+            .extend([start as usize, end as usize]);
+        return r;
+    }
+    PACER.lock().pending.push_back(Pending {
+        start,
+        end,
+        ctx,
+        idx,
+        cores,
+        charged_ns: est,
+    });
+    r
+}
+
+/// Forgets events of a destroyed context (they died with it).
+pub fn forget_context(ctx: usize) {
+    let mut p = PACER.lock();
+    p.pools.remove(&ctx);
+    p.pending.retain(|x| x.ctx != ctx);
+}
+
+/// For the child after `fork`.
+pub fn reset_in_child() {
+    PACER.reset_in_child();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU64;
+
+    #[test]
+    fn cost_scales_with_the_share() {
+        assert_eq!(wall_cost(1_000, 10), 10_000);
+        assert_eq!(wall_cost(1_000, 50), 2_000);
+        assert_eq!(wall_cost(u64::MAX, 1), u64::MAX, "saturates");
+    }
+
+    #[test]
+    fn gcra_clock_admits_at_the_share() {
+        // Simulate a greedy launcher of 1 ms kernels at 30 %: it may launch only when the
+        // clock is within the tolerance; over 100 launches the clock runs at 1/0.3 ms each.
+        let clock = AtomicU64::new(0);
+        let mut now = 1_000_000_000u64;
+        let start = now;
+        for _ in 0..100 {
+            now += wait_ns(clock.load(SeqCst), now);
+            charge(&clock, now, wall_cost(1_000_000, 30));
+        }
+        let busy = 100 * 1_000_000u64;
+        let share = busy as f64 / (now - start + wall_cost(1_000_000, 30)) as f64;
+        assert!((share - 0.30).abs() < 0.01, "share {share}");
+    }
+
+    #[test]
+    fn idle_time_is_not_banked() {
+        let clock = AtomicU64::new(0);
+        charge(&clock, 1_000, 10);
+        assert_eq!(clock.load(SeqCst), 1_010);
+        // Much later: the clock restarts from now, no credit for the idle gap.
+        charge(&clock, 1_000_000, 10);
+        assert_eq!(clock.load(SeqCst), 1_000_010);
+        adjust(&clock, -20);
+        assert_eq!(clock.load(SeqCst), 999_990);
+    }
+}

@@ -1,0 +1,217 @@
+//! The real driver libraries behind the shim: the real `dlsym` (found with `dlvsym`, since
+//! ours replaces it), handles of `libcuda.so.1` / `libnvidia-ml.so.1`, and one cached,
+//! typed accessor per real entry point the interceptors call.
+//!
+//! Symbols are looked up in the library's own handle, never in the global scope, so the
+//! shim's exports of the same names are never found by mistake.
+
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ptr::null_mut;
+use std::sync::atomic::{
+    AtomicPtr,
+    Ordering::{Acquire, Release},
+};
+
+/// `dlsym`'s C signature.
+pub type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
+
+static REAL_DLSYM: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
+
+/// glibc's `dlsym`: `dlsym@GLIBC_2.34` (glibc ≥ 2.34) or `dlsym@GLIBC_2.2.5` (older).
+pub fn real_dlsym() -> Option<DlsymFn> {
+    let mut p = REAL_DLSYM.load(Acquire);
+    if p.is_null() {
+        for version in [c"GLIBC_2.34", c"GLIBC_2.2.5", c"GLIBC_2.17"] {
+            // SAFETY: dlvsym with constant NUL-terminated strings; RTLD_NEXT skips the shim.
+            p = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), version.as_ptr()) };
+            if !p.is_null() {
+                break;
+            }
+        }
+        if p.is_null() {
+            return None;
+        }
+        REAL_DLSYM.store(p, Release);
+    }
+    // SAFETY: p is glibc's dlsym, whose signature is DlsymFn.
+    Some(unsafe { std::mem::transmute::<*mut c_void, DlsymFn>(p) })
+}
+
+/// A real library, opened on first use.
+pub struct Lib {
+    soname: &'static CStr,
+    handle: AtomicPtr<c_void>,
+}
+
+impl Lib {
+    const fn new(soname: &'static CStr) -> Lib {
+        Lib {
+            soname,
+            handle: AtomicPtr::new(null_mut()),
+        }
+    }
+
+    /// The library's handle: the already loaded copy if there is one, else a fresh load.
+    pub fn handle(&self) -> Option<*mut c_void> {
+        let h = self.handle.load(Acquire);
+        if !h.is_null() {
+            return Some(h);
+        }
+        let flags: c_int = libc::RTLD_NOW | libc::RTLD_NODELETE;
+        // SAFETY: dlopen with a constant NUL-terminated soname.
+        let mut h = unsafe { libc::dlopen(self.soname.as_ptr(), flags | libc::RTLD_NOLOAD) };
+        if h.is_null() {
+            // SAFETY: as above.
+            h = unsafe { libc::dlopen(self.soname.as_ptr(), flags) };
+        }
+        if h.is_null() {
+            crate::log::warning!("cannot load {}", self.soname.to_string_lossy());
+            return None;
+        }
+        self.handle.store(h, Release);
+        Some(h)
+    }
+
+    /// The address of `name` in this library (not in the shim), or null.
+    pub fn sym(&self, name: &CStr) -> *mut c_void {
+        match (self.handle(), real_dlsym()) {
+            // SAFETY: a live handle and a NUL-terminated name.
+            (Some(h), Some(dlsym)) => unsafe { dlsym(h, name.as_ptr()) },
+            _ => null_mut(),
+        }
+    }
+}
+
+/// The real CUDA driver.
+pub static CUDA: Lib = Lib::new(c"libcuda.so.1");
+/// The real NVML.
+pub static NVML: Lib = Lib::new(c"libnvidia-ml.so.1");
+
+/// Resolves `name` (NUL-terminated) in `lib` and caches it in `cache`; the slow path of
+/// the accessors below.
+#[cold]
+#[inline(never)]
+pub fn resolve_into(cache: &AtomicPtr<c_void>, lib: &Lib, name: &'static str) -> *mut c_void {
+    let Ok(name) = CStr::from_bytes_with_nul(name.as_bytes()) else {
+        return null_mut();
+    };
+    let p = lib.sym(name);
+    if !p.is_null() {
+        cache.store(p, Release);
+    }
+    p
+}
+
+/// Declares `pub fn <symbol>() -> Option<PFN>` for real entry points of a library: one
+/// atomic load once resolved.
+macro_rules! real_fns {
+    ($lib:expr; $($name:ident : $pfn:ty;)*) => {$(
+        #[allow(non_snake_case, dead_code)]
+        #[inline(always)]
+        pub fn $name() -> Option<$pfn> {
+            static CACHE: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
+            let mut p = CACHE.load(Acquire);
+            if p.is_null() {
+                p = resolve_into(&CACHE, &$lib, concat!(stringify!($name), "\0"));
+                if p.is_null() {
+                    return None;
+                }
+            }
+            // SAFETY: the library exports this symbol with exactly the signature $pfn
+            // (cuda-ffi declares PFN_<symbol> from the C headers).
+            Some(unsafe { std::mem::transmute::<*mut c_void, $pfn>(p) })
+        }
+    )*};
+}
+
+/// Real CUDA driver entry points.
+pub mod cu {
+    use super::*;
+    use crate::ffi_extra::*;
+    use gpuslice_cuda_ffi::*;
+
+    real_fns! { CUDA;
+        cuInit: PFN_cuInit;
+        cuGetProcAddress: PFN_cuGetProcAddress;
+        cuGetProcAddress_v2: PFN_cuGetProcAddress_v2;
+        cuDeviceGet: PFN_cuDeviceGet;
+        cuDeviceGetCount: PFN_cuDeviceGetCount;
+        cuDeviceGetUuid: PFN_cuDeviceGetUuid;
+        cuDeviceGetUuid_v2: PFN_cuDeviceGetUuid_v2;
+        cuDeviceTotalMem: PFN_cuDeviceTotalMem;
+        cuDeviceTotalMem_v2: PFN_cuDeviceTotalMem_v2;
+        cuDevicePrimaryCtxRetain: PFN_cuDevicePrimaryCtxRetain;
+        cuDevicePrimaryCtxRelease: PFN_cuDevicePrimaryCtxRelease;
+        cuDevicePrimaryCtxRelease_v2: PFN_cuDevicePrimaryCtxRelease_v2;
+        cuDevicePrimaryCtxReset: PFN_cuDevicePrimaryCtxReset;
+        cuDevicePrimaryCtxReset_v2: PFN_cuDevicePrimaryCtxReset_v2;
+        cuDevicePrimaryCtxGetState: PFN_cuDevicePrimaryCtxGetState;
+        cuCtxCreate_v2: PFN_cuCtxCreate_v2;
+        cuCtxCreate_v3: PFN_cuCtxCreate_v3;
+        cuCtxCreate_v4: PFN_cuCtxCreate_v4;
+        cuCtxDestroy: PFN_cuCtxDestroy_v2;
+        cuCtxDestroy_v2: PFN_cuCtxDestroy_v2;
+        cuCtxGetCurrent: PFN_cuCtxGetCurrent;
+        cuCtxGetDevice: PFN_cuCtxGetDevice;
+        cuMemGetInfo: PFN_cuMemGetInfo_v1;
+        cuMemGetInfo_v2: PFN_cuMemGetInfo_v2;
+        cuMemAlloc: PFN_cuMemAlloc_v1;
+        cuMemAlloc_v2: PFN_cuMemAlloc_v2;
+        cuMemAllocPitch: PFN_cuMemAllocPitch_v1;
+        cuMemAllocPitch_v2: PFN_cuMemAllocPitch_v2;
+        cuMemAllocManaged: PFN_cuMemAllocManaged;
+        cuMemFree: PFN_cuMemFree_v1;
+        cuMemFree_v2: PFN_cuMemFree_v2;
+        cuMemAllocAsync: PFN_cuMemAllocAsync;
+        cuMemAllocAsync_ptsz: PFN_cuMemAllocAsync_ptsz;
+        cuMemFreeAsync: PFN_cuMemFreeAsync;
+        cuMemFreeAsync_ptsz: PFN_cuMemFreeAsync_ptsz;
+        cuMemPoolCreate: PFN_cuMemPoolCreate;
+        cuMemAllocFromPoolAsync: PFN_cuMemAllocFromPoolAsync;
+        cuMemAllocFromPoolAsync_ptsz: PFN_cuMemAllocFromPoolAsync_ptsz;
+        cuMemCreate: PFN_cuMemCreate;
+        cuMemRelease: PFN_cuMemRelease;
+        cuArrayCreate_v2: PFN_cuArrayCreate_v2;
+        cuArray3DCreate_v2: PFN_cuArray3DCreate_v2;
+        cuArrayDestroy: PFN_cuArrayDestroy;
+        cuMipmappedArrayCreate: PFN_cuMipmappedArrayCreate;
+        cuMipmappedArrayDestroy: PFN_cuMipmappedArrayDestroy;
+        cuGraphAddMemAllocNode: PFN_cuGraphAddMemAllocNode;
+        cuGraphInstantiate: PFN_cuGraphInstantiate;
+        cuGraphInstantiate_v2: PFN_cuGraphInstantiate_v2;
+        cuGraphInstantiateWithFlags: PFN_cuGraphInstantiateWithFlags;
+        cuGraphInstantiateWithParams: PFN_cuGraphInstantiateWithParams;
+        cuGraphInstantiateWithParams_ptsz: PFN_cuGraphInstantiateWithParams;
+        cuGraphExecDestroy: PFN_cuGraphExecDestroy;
+        cuGraphDestroy: PFN_cuGraphDestroy;
+        cuGraphLaunch: PFN_cuGraphLaunch;
+        cuGraphLaunch_ptsz: PFN_cuGraphLaunch_ptsz;
+        cuLaunchKernel: PFN_cuLaunchKernel;
+        cuLaunchKernel_ptsz: PFN_cuLaunchKernel_ptsz;
+        cuLaunchKernelEx: PFN_cuLaunchKernelEx;
+        cuLaunchKernelEx_ptsz: PFN_cuLaunchKernelEx;
+        cuLaunchCooperativeKernel: PFN_cuLaunchCooperativeKernel;
+        cuLaunchCooperativeKernel_ptsz: PFN_cuLaunchCooperativeKernel;
+        cuEventCreate: PFN_cuEventCreate;
+        cuEventRecord: PFN_cuEventRecord;
+        cuEventRecord_ptsz: PFN_cuEventRecord_ptsz;
+        cuEventQuery: PFN_cuEventQuery;
+        cuEventSynchronize: PFN_cuEventSynchronize;
+        cuEventElapsedTime: PFN_cuEventElapsedTime;
+        cuEventDestroy_v2: PFN_cuEventDestroy_v2;
+        cuStreamIsCapturing: PFN_cuStreamIsCapturing;
+        cuStreamIsCapturing_ptsz: PFN_cuStreamIsCapturing;
+    }
+}
+
+/// Real NVML entry points.
+pub mod nvml {
+    use super::*;
+    use gpuslice_cuda_ffi::nvml::*;
+
+    real_fns! { NVML;
+        nvmlDeviceGetMemoryInfo: PFN_nvmlDeviceGetMemoryInfo;
+        nvmlDeviceGetMemoryInfo_v2: PFN_nvmlDeviceGetMemoryInfo_v2;
+        nvmlDeviceGetUUID: PFN_nvmlDeviceGetUUID;
+    }
+}
