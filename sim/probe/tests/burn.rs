@@ -7,7 +7,16 @@
 mod common;
 use common::*;
 
-const BURN: &[&str] = &["burn", "--seconds", "3", "--kernel-us", "2000"];
+/// 50 ms of work queued per batch: robust to a loaded machine delaying the probe.
+const BURN: &[&str] = &[
+    "burn",
+    "--seconds",
+    "3",
+    "--kernel-us",
+    "2000",
+    "--sync-every",
+    "25",
+];
 
 #[test]
 fn a_burn_alone_gets_the_device() {

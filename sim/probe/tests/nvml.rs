@@ -74,7 +74,18 @@ fn nvml_wrapper_reads_the_simulated_node() {
     assert_eq!(dev1.memory_info().unwrap().used, 0);
 
     // Utilisation follows the device timeline.
-    let mut burner = spawn(&node, &["burn", "--seconds", "4", "--kernel-us", "2000"]);
+    let mut burner = spawn(
+        &node,
+        &[
+            "burn",
+            "--seconds",
+            "4",
+            "--kernel-us",
+            "2000",
+            "--sync-every",
+            "25",
+        ],
+    );
     std::thread::sleep(std::time::Duration::from_millis(2500));
     let busy = nvml
         .device_by_index(0)
