@@ -87,8 +87,12 @@ pub struct KubernetesRef {
 }
 
 /// Who holds a reservation, and so what keeps it alive.
+///
+/// Serialised internally tagged (`"kind": "container"` or `"dra_claim"` beside the fields);
+/// read through [`OwnerFields`], which avoids serde's buffering of internally tagged enums on
+/// the registry's hot path.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
+#[serde(tag = "kind", rename_all = "snake_case", try_from = "OwnerFields")]
 pub enum Owner {
     /// A container: pending until bound to its init process, then held while that process
     /// lives.
@@ -107,6 +111,63 @@ pub enum Owner {
         namespace: String,
         name: String,
     },
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum OwnerKind {
+    Container,
+    DraClaim,
+}
+
+/// The flat form an owner is read from: the tag and every variant's fields.
+#[derive(Deserialize)]
+struct OwnerFields {
+    kind: OwnerKind,
+    #[serde(default)]
+    container_id: Option<String>,
+    #[serde(default)]
+    process: Option<ProcessRef>,
+    #[serde(default)]
+    kubernetes: Option<KubernetesRef>,
+    #[serde(default)]
+    claim_uid: Option<String>,
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
+}
+
+impl TryFrom<OwnerFields> for Owner {
+    type Error = String;
+
+    fn try_from(f: OwnerFields) -> Result<Owner, String> {
+        match f.kind {
+            OwnerKind::Container => {
+                if f.claim_uid.is_some() || f.namespace.is_some() || f.name.is_some() {
+                    return Err("a container owner has no claim_uid, namespace or name".into());
+                }
+                Ok(Owner::Container {
+                    container_id: f.container_id,
+                    process: f.process,
+                    kubernetes: f.kubernetes,
+                })
+            }
+            OwnerKind::DraClaim => {
+                if f.container_id.is_some() || f.process.is_some() || f.kubernetes.is_some() {
+                    return Err(
+                        "a DRA claim owner has no container_id, process or kubernetes".into(),
+                    );
+                }
+                let missing = |field: &str| format!("a DRA claim owner needs `{field}`");
+                Ok(Owner::DraClaim {
+                    claim_uid: f.claim_uid.ok_or_else(|| missing("claim_uid"))?,
+                    namespace: f.namespace.ok_or_else(|| missing("namespace"))?,
+                    name: f.name.ok_or_else(|| missing("name"))?,
+                })
+            }
+        }
+    }
 }
 
 impl Owner {
@@ -269,6 +330,16 @@ mod tests {
         assert_eq!(back, d);
         assert_eq!(d.to_string(), "claim ns/n");
         assert_eq!(Owner::container().to_string(), "-");
+        for bad in [
+            r#"{"kind":"dra_claim","claim_uid":"u","namespace":"n"}"#,
+            r#"{"kind":"container","name":"x"}"#,
+            r#"{"kind":"pod"}"#,
+            r#"{"container_id":"c"}"#,
+        ] {
+            assert!(serde_json::from_str::<Owner>(bad).is_err(), "{bad}");
+        }
+        let c: Owner = serde_json::from_str(r#"{"kind":"container"}"#).expect("bare container");
+        assert_eq!(c, Owner::container());
     }
 
     #[test]

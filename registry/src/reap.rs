@@ -79,7 +79,8 @@ impl fmt::Display for Reaped {
 pub(crate) struct Liveness<'a> {
     system: &'a dyn System,
     now_ms: u64,
-    boot_id: String,
+    /// Read on first need: a registry without bound processes never asks.
+    boot_id: Option<String>,
     /// Read start times in this pass.
     full: bool,
     exists: HashMap<u32, bool>,
@@ -99,7 +100,7 @@ impl<'a> Liveness<'a> {
         Ok(Liveness {
             system,
             now_ms,
-            boot_id: system.boot_id()?,
+            boot_id: None,
             full: force || now_ms.saturating_sub(checked_ms) >= recheck_ms || now_ms < checked_ms,
             exists: HashMap::new(),
             verdicts: HashMap::new(),
@@ -115,7 +116,11 @@ impl<'a> Liveness<'a> {
         &mut self,
         p: &ProcessRef,
     ) -> Result<Option<ReapReason>, SystemError> {
-        if p.boot_id != self.boot_id {
+        let boot_id = match &self.boot_id {
+            Some(b) => b,
+            None => self.boot_id.insert(self.system.boot_id()?),
+        };
+        if p.boot_id != *boot_id {
             return Ok(Some(ReapReason::Rebooted {
                 recorded: p.boot_id.clone(),
             }));

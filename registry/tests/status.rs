@@ -201,7 +201,7 @@ fn table_is_aligned_in_gib_and_percent() {
         let b = l.as_bytes();
         for &(s, _) in &cols {
             assert!(
-                b[s] != b' ' && b[s - 1] == b' ' || s == 0,
+                b[s] != b' ' && (s == 0 || b[s - 1] == b' '),
                 "misaligned {l:?}"
             );
         }
