@@ -294,6 +294,38 @@ fn slot_lock(
     }
 }
 
+/// Takes (`F_WRLCK`, waiting) or drops (`F_UNLCK`) an OFD lock on one byte.
+fn lock_range(fd: RawFd, offset: i64, kind: libc::c_int) -> bool {
+    // SAFETY: flock is plain old data; zeroed is valid (l_pid must be 0 for OFD locks).
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = kind as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = offset;
+    fl.l_len = 1;
+    loop {
+        // SAFETY: fcntl with a valid fd and a pointer to a live flock.
+        if unsafe { libc::fcntl(fd, libc::F_OFD_SETLKW, &mut fl) } == 0 {
+            return true;
+        }
+        if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return false;
+        }
+    }
+}
+
+/// Held while a process of the container is in a device's critical section.
+pub struct DeviceLock<'a> {
+    fd: RawFd,
+    offset: i64,
+    _usage: &'a UsageFile,
+}
+
+impl Drop for DeviceLock<'_> {
+    fn drop(&mut self) {
+        lock_range(self.fd, self.offset, libc::F_UNLCK);
+    }
+}
+
 fn zero_slot(slot: &Slot) {
     for u in &slot.used {
         u.store(0, SeqCst);
@@ -527,6 +559,23 @@ impl UsageFile {
             }
         }
         freed
+    }
+
+    /// Serialises a short critical section on `device` among the container's processes
+    /// (an OFD lock on the device record, waited for; the kernel releases it if the holder
+    /// dies, so it cannot be left held). Threads of one process share the lock's owner and
+    /// need their own mutex. `None` when this process holds no slot descriptor.
+    pub fn device_lock(&self, device: usize) -> Option<DeviceLock<'_>> {
+        let fd = self.fd.load(SeqCst);
+        if fd < 0 || device >= MAX_DEVICES {
+            return None;
+        }
+        let offset = (std::mem::offset_of!(Header, devices) + device * 64) as i64;
+        lock_range(fd, offset, libc::F_WRLCK).then_some(DeviceLock {
+            fd,
+            offset,
+            _usage: self,
+        })
     }
 
     /// The shared counters of `device` (busy time, pacing clock).

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Builds the shim, the simulated driver libraries and the probe against an old glibc floor
+# with cargo-zigbuild, so they load in any glibc-based image a node may run (a preload
+# library linked on a recent host needs that host's glibc symbol versions, and every
+# process of an older image would then fail to start). Copies them to target/portable/.
+#
+#   scripts/build-portable.sh            # floor glibc 2.17 (default)
+#   GLIBC_FLOOR=2.28 scripts/build-portable.sh
+#
+# Installs what it needs when missing: ziglang (pip) and cargo-zigbuild (cargo install).
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+floor=${GLIBC_FLOOR:-2.17}
+arch=${PORTABLE_ARCH:-x86_64}
+target="${arch}-unknown-linux-gnu"
+target_dir=${CARGO_TARGET_DIR:-$root/target}
+out="$target_dir/portable"
+
+if ! command -v python3 >/dev/null || ! python3 -m ziglang version >/dev/null 2>&1; then
+    if ! command -v zig >/dev/null; then
+        echo "build-portable: installing ziglang (pip)" >&2
+        python3 -m pip install --quiet ziglang
+    fi
+fi
+if ! command -v cargo-zigbuild >/dev/null; then
+    echo "build-portable: installing cargo-zigbuild" >&2
+    cargo install --locked cargo-zigbuild
+fi
+
+echo "build-portable: building for $target.$floor" >&2
+cargo zigbuild --release --target "$target.$floor" --target-dir "$target_dir" \
+    -p gpuslice-shim -p gpuslice-sim-cuda -p gpuslice-sim-nvml -p gpuslice-probe
+
+built="$target_dir/$target/release"
+mkdir -p "$out"
+cp "$built/libgpuslice_shim.so" "$out/libgpuslice_shim.so"
+cp "$built/libgpuslice_sim_cuda.so" "$out/libcuda.so.1"
+cp "$built/libgpuslice_sim_nvml.so" "$out/libnvidia-ml.so.1"
+cp "$built/gpuslice-probe" "$out/gpuslice-probe"
+echo "$floor" > "$out/GLIBC_FLOOR"
+
+# Check the floor: no GLIBC_x.y symbol version above it in any artifact.
+bad=0
+for f in "$out"/libgpuslice_shim.so "$out"/libcuda.so.1 "$out"/libnvidia-ml.so.1 "$out"/gpuslice-probe; do
+    max=$(objdump -T "$f" | grep -o 'GLIBC_[0-9][0-9.]*' | sed 's/GLIBC_//' | sort -V | tail -1)
+    if [ -n "$max" ] && [ "$(printf '%s\n%s\n' "$max" "$floor" | sort -V | tail -1)" != "$floor" ]; then
+        echo "build-portable: $f needs GLIBC_$max, above the floor $floor" >&2
+        bad=1
+    fi
+done
+[ "$bad" = 0 ] || exit 1
+echo "build-portable: $out (glibc floor $floor)" >&2
+ls -l "$out" >&2

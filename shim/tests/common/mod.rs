@@ -1,0 +1,145 @@
+//! Shared setup of the shim's integration tests: the built artifacts (the shim, the
+//! simulated driver libraries, the probe), a simulated node with a slice directory, and the
+//! probe run with the shim preloaded (as `/etc/ld.so.preload` does in a container).
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use gpuslice_sim_core::testing::{target_profile_dir, SimFixture};
+use gpuslice_slice::usage::create_usage_file;
+use gpuslice_slice::{DeviceLimit, Limits};
+
+pub const GIB: u64 = 1 << 30;
+
+/// The build outputs the tests run.
+pub struct Artifacts {
+    pub shim: PathBuf,
+    pub sim_cuda: PathBuf,
+    pub sim_nvml: PathBuf,
+    pub probe: PathBuf,
+}
+
+const BUILD: &str =
+    "cargo build -p gpuslice-shim -p gpuslice-sim-cuda -p gpuslice-sim-nvml -p gpuslice-probe";
+
+/// Locates the artifacts in this test's target profile dir; fails naming what is missing.
+pub fn artifacts() -> Artifacts {
+    let dir = target_profile_dir().expect("target dir of the test binary");
+    let need = |name: &str| {
+        let p = dir.join(name);
+        assert!(
+            p.exists(),
+            "missing {}: build it first with `{BUILD}` (same target dir and profile)",
+            p.display()
+        );
+        p
+    };
+    Artifacts {
+        shim: need("libgpuslice_shim.so"),
+        sim_cuda: need("libgpuslice_sim_cuda.so"),
+        sim_nvml: need("libgpuslice_sim_nvml.so"),
+        probe: need("gpuslice-probe"),
+    }
+}
+
+/// A simulated node with one slice directory.
+pub struct SliceNode {
+    pub art: Artifacts,
+    pub sim: SimFixture,
+    pub slice_dir: PathBuf,
+}
+
+impl SliceNode {
+    /// A node with GPUs of `gpu_mem` bytes each and a slice with `(memory_limit, cores)`
+    /// on the first `limits.len()` of them.
+    pub fn new(gpus: &[u64], limits: &[(u64, u8)]) -> SliceNode {
+        let art = artifacts();
+        let spec: Vec<(&str, u64)> = gpus.iter().map(|m| ("NVIDIA H200", *m)).collect();
+        let sim = SimFixture::new(&spec);
+        std::fs::copy(&art.sim_cuda, sim.lib_dir().join("libcuda.so.1")).expect("copy libcuda");
+        std::fs::copy(&art.sim_nvml, sim.lib_dir().join("libnvidia-ml.so.1")).expect("copy nvml");
+        let node = SliceNode {
+            slice_dir: sim.dir.path().join("slice"),
+            art,
+            sim,
+        };
+        node.add_slice("slice", limits);
+        node
+    }
+
+    /// Writes another slice directory `name` with limits on the first GPUs; returns it.
+    pub fn add_slice(&self, name: &str, limits: &[(u64, u8)]) -> PathBuf {
+        let dir = self.sim.dir.path().join(name);
+        std::fs::create_dir_all(&dir).expect("slice dir");
+        let devices = limits
+            .iter()
+            .zip(&self.sim.devices)
+            .map(|((mem, cores), d)| DeviceLimit {
+                uuid: d.uuid.clone(),
+                memory_limit: *mem,
+                cores: *cores,
+            })
+            .collect();
+        Limits {
+            version: 1,
+            reservation: name.into(),
+            devices,
+        }
+        .write(&dir.join("limits.json"))
+        .expect("limits.json");
+        create_usage_file(&dir.join("usage")).expect("usage");
+        dir
+    }
+
+    /// The probe with the shim preloaded and `GPUSLICE_DIR` at the slice.
+    pub fn probe(&self, args: &[&str]) -> Command {
+        self.probe_in(&self.slice_dir, args)
+    }
+
+    pub fn probe_in(&self, slice: &Path, args: &[&str]) -> Command {
+        let mut cmd = self.bare_probe(args);
+        cmd.env("LD_PRELOAD", &self.art.shim)
+            .env("GPUSLICE_DIR", slice);
+        cmd
+    }
+
+    /// The probe without the shim.
+    pub fn bare_probe(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(&self.art.probe);
+        cmd.arg("--json").args(args);
+        self.sim.apply(&mut cmd);
+        cmd.env_remove("GPUSLICE_DIR").env_remove("GPUSLICE_LOG");
+        cmd
+    }
+}
+
+/// Runs `cmd` and returns its JSON lines; panics with stderr when it fails to run.
+pub fn json_lines(out: &Output) -> Vec<serde_json::Value> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON {l}: {e}")))
+        .collect()
+}
+
+/// Runs the command to completion and returns its single JSON object.
+pub fn run_json(mut cmd: Command) -> serde_json::Value {
+    let out = cmd.output().expect("run probe");
+    let lines = json_lines(&out);
+    assert!(
+        !lines.is_empty(),
+        "no JSON from {:?}: status {}, stderr:\n{}",
+        cmd,
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    lines.into_iter().next_back().unwrap()
+}
+
+pub fn u(v: &serde_json::Value, key: &str) -> u64 {
+    v[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{key} missing in {v}"))
+}

@@ -1,0 +1,176 @@
+//! Acceptance 1, 2 and 5: every allocation path stops at the limit with out-of-memory, CUDA
+//! and NVML report the slice, whatever way entry points are resolved; without limits CUDA
+//! does not start, and no environment variable changes a limit.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+use common::*;
+
+const APIS: &[&str] = &[
+    "alloc", "pitch", "managed", "async", "pool", "vmm", "array", "graph",
+];
+
+#[test]
+fn every_allocation_path_stops_at_the_limit() {
+    let node = SliceNode::new(&[16 * GIB], &[(4 * GIB, 0)]);
+    for api in APIS {
+        let v = run_json(node.probe(&["alloc", "--chunk", "512Mi", "--api", api]));
+        assert_eq!(v["error"], "CUDA_ERROR_OUT_OF_MEMORY", "{api}: {v}");
+        assert!(u(&v, "total") <= 4 * GIB, "{api} exceeded the limit: {v}");
+        assert_eq!(
+            u(&v, "total"),
+            4 * GIB,
+            "{api}: the whole limit is usable: {v}"
+        );
+        assert_eq!(u(&v, "mem_total"), 4 * GIB, "{api}: {v}");
+        assert_eq!(u(&v, "mem_free"), 0, "{api}: {v}");
+    }
+    // Without the shim the same node gives the whole GPU.
+    let bare = run_json(node.bare_probe(&["alloc", "--chunk", "1Gi", "--max", "16Gi"]));
+    assert!(u(&bare, "total") > 4 * GIB, "{bare}");
+}
+
+#[test]
+fn odd_sizes_never_exceed_the_limit() {
+    let node = SliceNode::new(&[16 * GIB], &[(4 * GIB, 0)]);
+    for api in ["alloc", "pitch", "array", "managed"] {
+        let v = run_json(node.probe(&["alloc", "--chunk", "300000000", "--api", api]));
+        assert_eq!(v["error"], "CUDA_ERROR_OUT_OF_MEMORY", "{api}: {v}");
+        assert!(
+            u(&v, "total") <= 4 * GIB && u(&v, "total") > 3 * GIB,
+            "{api}: {v}"
+        );
+    }
+}
+
+#[test]
+fn info_reports_the_slice_from_cuda_and_nvml() {
+    let node = SliceNode::new(&[16 * GIB], &[(4 * GIB, 0)]);
+    let v = run_json(node.probe(&["info"]));
+    assert_eq!(u(&v, "mem_total"), 4 * GIB, "{v}");
+    assert_eq!(u(&v, "mem_free"), 4 * GIB, "{v}");
+    assert_eq!(u(&v, "total_mem"), 4 * GIB, "{v}");
+    assert_eq!(u(&v["nvml"], "total"), 4 * GIB, "{v}");
+    assert_eq!(u(&v["nvml"], "free"), 4 * GIB, "{v}");
+    // With another process of the slice holding 1.5 GiB: free = limit - used, both ways.
+    let mut holder = node
+        .probe(&[
+            "alloc", "--chunk", "512Mi", "--max", "1536Mi", "--hold", "60",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn holder");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(holder.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let v = run_json(node.probe(&["info"]));
+    let _ = holder.kill();
+    let _ = holder.wait();
+    let used = 1536 << 20;
+    assert_eq!(u(&v, "mem_free"), 4 * GIB - used, "{v}");
+    assert_eq!(u(&v, "mem_total"), 4 * GIB, "{v}");
+    assert_eq!(u(&v["nvml"], "free"), 4 * GIB - used, "{v}");
+    assert_eq!(u(&v["nvml"], "used"), used, "{v}");
+}
+
+#[test]
+fn limit_above_the_gpu_is_clamped_to_physical() {
+    let node = SliceNode::new(&[2 * GIB], &[(8 * GIB, 0)]);
+    let v = run_json(node.probe(&["info"]));
+    assert_eq!(u(&v, "mem_total"), 2 * GIB, "{v}");
+    assert_eq!(u(&v["nvml"], "total"), 2 * GIB, "{v}");
+}
+
+#[test]
+fn every_resolution_path_and_cuda_version_is_covered() {
+    let node = SliceNode::new(&[16 * GIB], &[(4 * GIB, 0)]);
+    for resolve in ["proc", "proc2", "dlsym", "default"] {
+        for version in ["11040", "11080", "12000", "12040"] {
+            if resolve == "proc2" && version.starts_with("11") {
+                continue; // cuGetProcAddress_v2 exists from 12.0
+            }
+            for api in ["alloc", "async", "vmm"] {
+                let args = [
+                    "--resolve",
+                    resolve,
+                    "--cuda-version",
+                    version,
+                    "alloc",
+                    "--chunk",
+                    "1Gi",
+                    "--api",
+                    api,
+                ];
+                let v = run_json(node.probe(&args));
+                assert_eq!(
+                    v["error"], "CUDA_ERROR_OUT_OF_MEMORY",
+                    "{resolve} {version} {api}: {v}"
+                );
+                assert_eq!(u(&v, "total"), 4 * GIB, "{resolve} {version} {api}: {v}");
+                assert_eq!(
+                    u(&v, "mem_total"),
+                    4 * GIB,
+                    "{resolve} {version} {api}: {v}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn without_limits_cuda_initialisation_fails_with_the_message() {
+    let node = SliceNode::new(&[16 * GIB], &[(4 * GIB, 0)]);
+    let mut cmd = node.bare_probe(&["info"]);
+    cmd.env("LD_PRELOAD", &node.art.shim);
+    let out = cmd.output().expect("run");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("gpuslice-shim: error: no limits"), "{err}");
+    assert!(
+        err.contains("/run/gpuslice/limits.json") && err.contains("GPUSLICE_DIR"),
+        "{err}"
+    );
+    assert!(err.contains("CUDA_ERROR_NOT_INITIALIZED"), "{err}");
+    // A broken limits file is refused too, naming the file.
+    std::fs::write(node.slice_dir.join("limits.json"), b"{not json").unwrap();
+    let out = node.probe(&["info"]).output().expect("run");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("limits.json") && err.contains("invalid JSON"),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_environment_cannot_raise_a_limit() {
+    let node = SliceNode::new(&[16 * GIB], &[(4 * GIB, 0)]);
+    let mut cmd = node.probe(&["alloc", "--chunk", "1Gi", "--max", "16Gi"]);
+    cmd.env("CUDA_DEVICE_MEMORY_LIMIT", "16g")
+        .env("CUDA_DEVICE_MEMORY_LIMIT_0", "16384m")
+        .env("CUDA_DEVICE_SM_LIMIT", "100")
+        .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/tmp/x")
+        .env("GPUSLICE_MEMORY_LIMIT", "16Gi")
+        .env("NVIDIA_VISIBLE_DEVICES", "all");
+    let v = run_json(cmd);
+    assert_eq!(u(&v, "total"), 4 * GIB, "{v}");
+    assert_eq!(v["error"], "CUDA_ERROR_OUT_OF_MEMORY", "{v}");
+}
+
+#[test]
+fn a_device_missing_from_the_limits_is_not_usable() {
+    // Two GPUs, limits only for the first.
+    let node = SliceNode::new(&[16 * GIB, 16 * GIB], &[(4 * GIB, 0)]);
+    let out = node
+        .probe(&["info", "--device", "1"])
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no entry in"), "{err}");
+    let v = run_json(node.probe(&["alloc", "--chunk", "1Gi", "--api", "alloc"]));
+    assert_eq!(u(&v, "total"), 4 * GIB, "device 0 still works: {v}");
+}
