@@ -200,7 +200,7 @@ fn throughput(dir: &Path, procs: u32, seconds: u64) -> Result<(), Error> {
                     return Err(format!("oversubscribed: {broken:?}"));
                 }
                 samples.fetch_add(1, Ordering::Relaxed);
-                std::thread::sleep(Duration::from_millis(2));
+                std::thread::sleep(Duration::from_millis(5));
             }
             Ok(())
         })
