@@ -1,7 +1,7 @@
-//! The registry handle. Every operation is one transaction: take the lock, read
-//! `registry.json` once, reap reservations whose owner is gone, apply the change, write the
-//! file once (atomically), release the lock, then drop the slice directories of what left
-//! and tell the caller through the cleanup callback.
+//! The registry handle and its transaction. Every operation is one transaction: take the
+//! lock, read `registry.json` once, reap reservations whose owner is gone, apply the change,
+//! write the file once (atomically), release the lock, then drop the slice directories of
+//! what left and tell the caller through the cleanup callback.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -9,14 +9,17 @@ use std::time::Duration;
 
 use gpuslice_config::{Config, PlacementConfig};
 
-use crate::id::{is_valid_id, new_id, IdError};
-use crate::load::missing_gpus;
-use crate::model::{Inventory, Owner, ProcessRef, RegistryFile, Reservation, ReservationState};
-use crate::placement::{place, Refusal};
-use crate::reap::{reap, Liveness, ReapReason, Reaped};
-use crate::request::Request;
+use crate::id::IdError;
+use crate::model::{Inventory, ProcessRef, RegistryFile, Reservation};
+use crate::placement::Refusal;
+use crate::reap::{reap, Liveness, Reaped};
 use crate::store::{self, Loaded, Paths, StoreError};
+
+mod ops;
+mod rebuild;
+
 use crate::system::{RealSystem, System, SystemError};
+pub use rebuild::RebuildReport;
 
 /// Called for every reservation that leaves the registry (released or reaped), after the
 /// registry no longer lists it; the CLI deletes the slice's CDI spec here. It must be
@@ -34,8 +37,8 @@ pub struct Options {
     pub placement: PlacementConfig,
     /// A pending reservation not bound by then is reaped.
     pub pending_timeout: Duration,
-    /// How long a process seen alive with its recorded start time is trusted before its
-    /// start time is read again (exits are seen on every operation regardless).
+    /// How often the start times of all bound owners are read again, to see reused pids and
+    /// zombies (exits are seen on every operation regardless).
     pub recheck_interval: Duration,
 }
 
@@ -120,23 +123,6 @@ pub struct InventoryChange {
     /// Reservations that book a GPU the new inventory lacks: (reservation id, GPU UUID).
     /// They are kept.
     pub missing: Vec<(String, String)>,
-}
-
-/// What `rebuild` did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RebuildReport {
-    /// Where the unusable registry file was moved.
-    pub moved_aside: Option<PathBuf>,
-    /// Live reservations restored from their records.
-    pub restored: Vec<Reservation>,
-    /// Records of owners that are gone, removed.
-    pub dropped: Vec<Reaped>,
-    /// Slice directories whose record could not be read; left in place.
-    pub unreadable: Vec<String>,
-    /// Restored reservations on GPUs the inventory lacks: (reservation id, GPU UUID).
-    pub missing: Vec<(String, String)>,
-    /// Capacity rules the restored set breaks (after an inventory shrink), one line each.
-    pub violations: Vec<String>,
 }
 
 /// One open transaction.
@@ -307,372 +293,6 @@ impl Registry {
     fn discard(&self, r: &Reservation) {
         let _ = store::remove_slice(&self.paths, &r.id);
         (self.cleanup)(r);
-    }
-
-    /// Reserves a slice. The reservation is pending (reaped after the pending timeout unless
-    /// bound), or bound at once when the owner names its process or is a DRA claim.
-    pub fn reserve(&self, request: &Request) -> Result<Reservation, RegistryError> {
-        if let Some(p) = request.owner.process() {
-            // Verified now, so the next full check of start times may be up to the recheck
-            // interval away.
-            if self.process_ref(p.pid).ok().as_ref() != Some(p) {
-                return Err(RegistryError::NoProcess { pid: p.pid });
-            }
-        }
-        let timeout_ms =
-            u64::try_from(self.options.pending_timeout.as_millis()).unwrap_or(u64::MAX);
-        let (r, _) = self.transact(false, |txn| {
-            let gpus = match place(
-                &txn.file.inventory,
-                &txn.file.reservations,
-                &self.options.placement,
-                request,
-            ) {
-                Ok(b) => b,
-                Err(refusal) => {
-                    *txn.file
-                        .counters
-                        .refused_total
-                        .entry(refusal.reason.as_str().to_string())
-                        .or_default() += 1;
-                    txn.dirty = true;
-                    return Err(refusal.into());
-                }
-            };
-            let id = loop {
-                let id = new_id()?;
-                if txn.file.reservation(&id).is_none() {
-                    break id;
-                }
-            };
-            let now = txn.now_ms;
-            let held = matches!(request.owner, Owner::DraClaim { .. })
-                || request.owner.process().is_some();
-            let r = Reservation {
-                id: id.clone(),
-                state: if held {
-                    ReservationState::Bound
-                } else {
-                    ReservationState::Pending
-                },
-                owner: request.owner.clone(),
-                whole_gpu: request.whole_gpu,
-                gpus,
-                created_ms: now,
-                deadline_ms: (!held).then(|| now.saturating_add(timeout_ms)),
-                bound_ms: held.then_some(now),
-            };
-            if let Err(e) = store::write_record(&self.paths, &r) {
-                let _ = store::remove_slice(&self.paths, &id);
-                return Err(e.into());
-            }
-            txn.created.push(id);
-            txn.file.reservations.push(r.clone());
-            txn.file.counters.reserved_total += 1;
-            txn.dirty = true;
-            Ok(r)
-        })?;
-        Ok(r)
-    }
-
-    /// Binds reservation `id` to container `container_id` and its init process `pid`.
-    /// Idempotent for the same container; a second container is refused.
-    pub fn bind(
-        &self,
-        id: &str,
-        container_id: &str,
-        pid: u32,
-    ) -> Result<Reservation, RegistryError> {
-        if !is_valid_id(id) {
-            return Err(RegistryError::InvalidId { id: id.to_string() });
-        }
-        if container_id.is_empty() {
-            return Err(RegistryError::EmptyContainerId);
-        }
-        // Read the process before taking the lock: it is the slow part.
-        let process = self.process_ref(pid)?;
-        let (r, _) = self.transact(false, |txn| {
-            let now = txn.now_ms;
-            let r = txn
-                .file
-                .reservations
-                .iter_mut()
-                .find(|r| r.id == id)
-                .ok_or_else(|| RegistryError::NotFound {
-                    id: id.to_string(),
-                    path: self.paths.registry.clone(),
-                })?;
-            match &mut r.owner {
-                Owner::DraClaim {
-                    namespace, name, ..
-                } => {
-                    return Err(RegistryError::HeldByClaim {
-                        id: id.to_string(),
-                        namespace: namespace.clone(),
-                        name: name.clone(),
-                    })
-                }
-                Owner::Container {
-                    container_id: cid,
-                    process: p,
-                    ..
-                } => {
-                    if let Some(bound) = cid.as_deref().filter(|b| *b != container_id) {
-                        return Err(RegistryError::AlreadyBound {
-                            id: id.to_string(),
-                            bound: bound.to_string(),
-                            requested: container_id.to_string(),
-                        });
-                    }
-                    if r.state == ReservationState::Bound
-                        && p.as_ref() == Some(&process)
-                        && cid.as_deref() == Some(container_id)
-                    {
-                        return Ok(r.clone());
-                    }
-                    *cid = Some(container_id.to_string());
-                    *p = Some(process.clone());
-                }
-            }
-            r.state = ReservationState::Bound;
-            r.deadline_ms = None;
-            r.bound_ms = Some(now);
-            let r = r.clone();
-            // The record first: a rebuild after a crash between the two writes then keeps
-            // the binding.
-            store::write_record(&self.paths, &r)?;
-            txn.dirty = true;
-            Ok(r)
-        })?;
-        Ok(r)
-    }
-
-    /// Releases reservation `id`. Idempotent: releasing an unknown id removes nothing. On an
-    /// unusable registry the slice directory is still removed (and the cleanup run).
-    pub fn release(&self, id: &str) -> Result<Released, RegistryError> {
-        if !is_valid_id(id) {
-            return Err(RegistryError::InvalidId { id: id.to_string() });
-        }
-        let outcome = self.transact(false, |txn| {
-            let mut out = Vec::new();
-            if let Some(pos) = txn.file.reservations.iter().position(|r| r.id == id) {
-                let r = txn.file.reservations.remove(pos);
-                txn.file.counters.released_total += 1;
-                txn.dirty = true;
-                txn.removed.push(r.clone());
-                out.push(r);
-            } else if self.paths.slice_dir(id).exists() {
-                // Left by a crash after the registry dropped it: finish the job.
-                match store::read_record(&self.paths, id) {
-                    Ok(Some(r)) => txn.removed.push(r),
-                    _ => txn.stray.push(id.to_string()),
-                }
-            }
-            Ok(out)
-        });
-        match outcome {
-            Ok((reservations, _)) => Ok(Released {
-                reservations,
-                corrupt: None,
-            }),
-            Err(e @ RegistryError::Corrupt { .. }) => {
-                self.release_unusable(e, |r| r.id == id, Some(id))
-            }
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Releases every reservation of container `container_id`. Idempotent.
-    pub fn release_container(&self, container_id: &str) -> Result<Released, RegistryError> {
-        let outcome = self.transact(false, |txn| {
-            let (gone, kept): (Vec<Reservation>, Vec<Reservation>) =
-                std::mem::take(&mut txn.file.reservations)
-                    .into_iter()
-                    .partition(|r| r.owner.container_id() == Some(container_id));
-            txn.file.reservations = kept;
-            if !gone.is_empty() {
-                txn.file.counters.released_total += gone.len() as u64;
-                txn.dirty = true;
-                txn.removed.extend(gone.iter().cloned());
-            }
-            Ok(gone)
-        });
-        match outcome {
-            Ok((reservations, _)) => Ok(Released {
-                reservations,
-                corrupt: None,
-            }),
-            Err(e @ RegistryError::Corrupt { .. }) => {
-                self.release_unusable(e, |r| r.owner.container_id() == Some(container_id), None)
-            }
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Release on an unusable registry: remove the matching slice directories (found through
-    /// their records) under the lock, leave `registry.json` alone.
-    fn release_unusable(
-        &self,
-        corrupt: RegistryError,
-        matches: impl Fn(&Reservation) -> bool,
-        id: Option<&str>,
-    ) -> Result<Released, RegistryError> {
-        let _lock = store::lock(&self.paths.lock)?;
-        let ids = match id {
-            Some(id) => vec![id.to_string()],
-            None => store::slice_ids(&self.paths)?,
-        };
-        let mut out = Vec::new();
-        for sid in ids {
-            if let Ok(Some(r)) = store::read_record(&self.paths, &sid) {
-                if matches(&r) {
-                    self.discard(&r);
-                    out.push(r);
-                }
-            }
-        }
-        // A directory named by id goes even when its record is unreadable.
-        if let Some(id) = id {
-            store::remove_slice(&self.paths, id)?;
-        }
-        Ok(Released {
-            reservations: out,
-            corrupt: Some(corrupt.to_string()),
-        })
-    }
-
-    /// Reaps everything whose owner is gone (reading every process's start time), removes
-    /// slice directories the registry does not list and stale temp files. Returns what went.
-    pub fn gc(&self) -> Result<Vec<Reaped>, RegistryError> {
-        let (orphans, mut reaped) = self.transact(true, |txn| {
-            let mut orphans = Vec::new();
-            for id in store::slice_ids(&self.paths)? {
-                // Listed, or just reaped (its directory goes after the write).
-                if txn.file.reservation(&id).is_some() || txn.removed.iter().any(|r| r.id == id) {
-                    continue;
-                }
-                let record = store::read_record(&self.paths, &id).ok().flatten();
-                match &record {
-                    Some(r) => txn.removed.push(r.clone()),
-                    None => txn.stray.push(id.clone()),
-                }
-                orphans.push(Reaped {
-                    id,
-                    reservation: record,
-                    reason: ReapReason::Orphan,
-                });
-            }
-            store::remove_stale_temps(&self.paths)?;
-            Ok(orphans)
-        })?;
-        reaped.extend(orphans);
-        Ok(reaped)
-    }
-
-    /// Replaces the cached inventory. Reservations are kept, also those on GPUs that are
-    /// gone (reported); bookings follow their GPU's new index.
-    pub fn set_inventory(&self, inventory: Inventory) -> Result<InventoryChange, RegistryError> {
-        check_inventory(&inventory)?;
-        let (change, _) = self.transact(false, |txn| {
-            if txn.file.inventory != inventory {
-                txn.file.inventory = inventory;
-                txn.dirty = true;
-            }
-            for r in &mut txn.file.reservations {
-                txn.dirty |= sync_indices(r, &txn.file.inventory);
-            }
-            let missing = missing_gpus(&txn.file.inventory, &txn.file.reservations)
-                .into_iter()
-                .map(|(id, uuid)| (id.to_string(), uuid.to_string()))
-                .collect();
-            Ok(InventoryChange { missing })
-        })?;
-        Ok(change)
-    }
-
-    /// Rebuilds `registry.json` from `inventory` and the records of live owners in
-    /// `slices/*/reservation.json`. An unusable registry file is kept as
-    /// `registry.json.corrupt-<unix ms>`; a usable one only lends its counters.
-    pub fn rebuild(&self, inventory: Inventory) -> Result<RebuildReport, RegistryError> {
-        check_inventory(&inventory)?;
-        let _lock = store::lock(&self.paths.lock)?;
-        let mut live = Liveness::new(&*self.system, 0, 0, true)?;
-        let now = live.now_ms();
-        let mut report = RebuildReport::default();
-        let counters = match store::load(&self.paths.registry)? {
-            Loaded::Missing => Default::default(),
-            Loaded::Ok(f) => f.counters,
-            Loaded::Corrupt(_) => {
-                let aside = self
-                    .paths
-                    .state_dir
-                    .join(format!("{}.corrupt-{now}", store::REGISTRY_FILE));
-                // A hard link keeps the old file under its new name while the atomic write
-                // below replaces `registry.json`, so no moment exists without a registry.
-                std::fs::hard_link(&self.paths.registry, &aside).map_err(|source| {
-                    StoreError::Io {
-                        op: "keep a copy of",
-                        path: self.paths.registry.clone(),
-                        source,
-                    }
-                })?;
-                report.moved_aside = Some(aside);
-                Default::default()
-            }
-        };
-        for id in store::slice_ids(&self.paths)? {
-            match store::read_record(&self.paths, &id) {
-                Err(e) => report.unreadable.push(e.to_string()),
-                Ok(None) => {
-                    report.dropped.push(Reaped {
-                        id,
-                        reservation: None,
-                        reason: ReapReason::Orphan,
-                    });
-                }
-                Ok(Some(mut r)) => match live.verdict(&r)? {
-                    Some(reason) => report.dropped.push(Reaped {
-                        id,
-                        reservation: Some(r),
-                        reason,
-                    }),
-                    None => {
-                        sync_indices(&mut r, &inventory);
-                        report.restored.push(r);
-                    }
-                },
-            }
-        }
-        report
-            .restored
-            .sort_by(|a, b| a.created_ms.cmp(&b.created_ms).then(a.id.cmp(&b.id)));
-        let mut file = RegistryFile {
-            inventory,
-            reservations: report.restored.clone(),
-            counters,
-            processes_checked_ms: now,
-            ..RegistryFile::default()
-        };
-        file.counters.reaped_total += report
-            .dropped
-            .iter()
-            .filter(|d| d.reservation.is_some())
-            .count() as u64;
-        report.missing = missing_gpus(&file.inventory, &file.reservations)
-            .into_iter()
-            .map(|(id, uuid)| (id.to_string(), uuid.to_string()))
-            .collect();
-        report.violations = crate::load::violations(&file, &self.options.placement);
-        store::save(&self.paths.registry, &file)?;
-        for d in &report.dropped {
-            match &d.reservation {
-                Some(r) => self.discard(r),
-                None => {
-                    let _ = store::remove_slice(&self.paths, &d.id);
-                }
-            }
-        }
-        Ok(report)
     }
 }
 
