@@ -57,7 +57,7 @@ static PACER: ForkSafe<Pacer> = ForkSafe::new(Pacer::default);
 
 /// Serialises paced launches of this process's threads (the device lock's owner is the
 /// process); held only around two event records and the launch, never while sleeping.
-static LAUNCH: std::sync::Mutex<()> = std::sync::Mutex::new(());
+static LAUNCH: ForkSafe<()> = ForkSafe::new(|| ());
 
 /// CLOCK_MONOTONIC in ns: the clock every process of the container shares.
 pub fn now_ns() -> u64 {
@@ -246,7 +246,7 @@ pub fn paced_launch(
     // Start event, launch and end event go to the device together: another process of the
     // container launching in between would have its kernel counted as ours.
     let (started, r, ended) = {
-        let _threads = LAUNCH.lock().unwrap_or_else(|e| e.into_inner());
+        let _threads = LAUNCH.lock();
         let _processes = slice.usage.device_lock(idx);
         let started = record(start, stream, per_thread) == CUDA_SUCCESS;
         let r = launch();
@@ -284,6 +284,7 @@ pub fn forget_context(ctx: usize) {
 /// For the child after `fork`.
 pub fn reset_in_child() {
     PACER.reset_in_child();
+    LAUNCH.reset_in_child();
 }
 
 #[cfg(test)]
