@@ -77,7 +77,25 @@ pub fn run(cli: Cli) -> Result<(), Error> {
             a.dry_run,
             a.remove,
         )?),
-        Command::Configure(_) | Command::Serve(_) => unimplemented_yet(),
+        Command::Configure(ConfigureCommand::Containerd(a)) => {
+            let target = configure::containerd::Target::new(a.config_path.as_deref());
+            out(&configure::containerd::configure(
+                &target, &node, a.dry_run, a.remove,
+            )?)
+        }
+        Command::Configure(ConfigureCommand::Crio(a)) => {
+            let target = configure::crio::Target::new(a.config_path.as_deref());
+            out(&configure::crio::configure(
+                &target, &node, a.dry_run, a.remove,
+            )?)
+        }
+        Command::Configure(ConfigureCommand::Docker(a)) => {
+            let target = configure::docker::Target::new(a.config_path.as_deref());
+            out(&configure::docker::configure(
+                &target, &node, a.dry_run, a.remove,
+            )?)
+        }
+        Command::Serve(_) => unimplemented_yet(),
     }
 }
 

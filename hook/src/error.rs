@@ -24,11 +24,37 @@ pub enum Error {
     Hook(Box<crate::hooks::HookError>),
     #[error(transparent)]
     Podman(#[from] crate::configure::podman::PodmanError),
+    #[error(transparent)]
+    Registration(#[from] crate::configure::registration::RegistrationError),
+    #[error(transparent)]
+    Containerd(Box<crate::configure::containerd::ContainerdError>),
+    #[error(transparent)]
+    Crio(Box<crate::configure::crio::CrioError>),
+    #[error(transparent)]
+    Docker(Box<crate::configure::docker::DockerError>),
 }
 
 impl From<crate::hooks::HookError> for Error {
     fn from(e: crate::hooks::HookError) -> Self {
         Error::Hook(Box::new(e))
+    }
+}
+
+impl From<crate::configure::containerd::ContainerdError> for Error {
+    fn from(e: crate::configure::containerd::ContainerdError) -> Self {
+        Error::Containerd(Box::new(e))
+    }
+}
+
+impl From<crate::configure::crio::CrioError> for Error {
+    fn from(e: crate::configure::crio::CrioError) -> Self {
+        Error::Crio(Box::new(e))
+    }
+}
+
+impl From<crate::configure::docker::DockerError> for Error {
+    fn from(e: crate::configure::docker::DockerError) -> Self {
+        Error::Docker(Box::new(e))
     }
 }
 
