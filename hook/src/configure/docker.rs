@@ -95,10 +95,22 @@ pub fn plan_add(target: &Target, reg: &Registration) -> Result<Plan, DockerError
 /// The changes that unregister gpuslice.
 pub fn plan_remove(target: &Target) -> Result<Plan, DockerError> {
     let file = read(&target.config)?;
-    let edit = DaemonJson {
+    let mut edit = DaemonJson {
         path: target.config.clone(),
         binary: PathBuf::new(),
     };
+    // What `add` wrote is recognised by the path it registered.
+    if let Some(text) = &file.text {
+        let m = edit.parse(text)?;
+        if let Some(p) = m
+            .get("runtimes")
+            .and_then(|r| r.get(RUNTIME))
+            .and_then(|g| g.get("path"))
+            .and_then(Value::as_str)
+        {
+            edit.binary = PathBuf::from(p);
+        }
+    }
     let mut plan = Plan::default();
     files::plan_strip(&file, &edit, &mut plan)?;
     plan_remove_wrapper(&target.wrapper(), &mut plan)?;
