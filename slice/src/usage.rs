@@ -637,11 +637,13 @@ pub struct UsageSnapshot {
     pub processes: Vec<ProcessUsage>,
 }
 
-/// Read-only access for the exporter; never takes or changes a lock.
+/// Read-only access for the exporter; never takes or changes a lock. It reads with `pread`
+/// and never maps the file: containers have their usage file mounted read-write and may
+/// truncate it, which would turn loads from a mapping into SIGBUS in the (root) reader. A
+/// short or damaged file is an error of one snapshot instead, checked on every snapshot.
 pub struct UsageReader {
     path: PathBuf,
     file: File,
-    map: Mapping,
 }
 
 impl std::fmt::Debug for UsageReader {
@@ -652,8 +654,23 @@ impl std::fmt::Debug for UsageReader {
     }
 }
 
+/// A native-endian integer at `offset` of a buffer known to be long enough (0 otherwise).
+fn ne_u64(buf: &[u8], offset: usize) -> u64 {
+    buf.get(offset..offset + 8)
+        .and_then(|b| b.try_into().ok())
+        .map(u64::from_ne_bytes)
+        .unwrap_or(0)
+}
+
+fn ne_u32(buf: &[u8], offset: usize) -> u32 {
+    buf.get(offset..offset + 4)
+        .and_then(|b| b.try_into().ok())
+        .map(u32::from_ne_bytes)
+        .unwrap_or(0)
+}
+
 impl UsageReader {
-    /// Maps a usage file read-only.
+    /// Opens a usage file read-only and checks its size and header.
     pub fn open(path: &Path) -> Result<UsageReader, UsageError> {
         let file = OpenOptions::new()
             .read(true)
@@ -663,31 +680,91 @@ impl UsageReader {
                 path: path.to_path_buf(),
                 source,
             })?;
-        let map = Mapping::new(&file, path, false)?;
-        Ok(UsageReader {
+        let reader = UsageReader {
             path: path.to_path_buf(),
             file,
-            map,
-        })
+        };
+        reader.read_header()?;
+        Ok(reader)
+    }
+
+    /// Reads `len` bytes at `offset`; a file shorter than a usage file is a size error.
+    fn read_at(&self, offset: usize, len: usize) -> Result<Vec<u8>, UsageError> {
+        use std::os::unix::fs::FileExt;
+        let mut buf = vec![0u8; len];
+        self.file
+            .read_exact_at(&mut buf, offset as u64)
+            .map_err(|source| match self.file.metadata() {
+                Ok(m) if m.len() != USAGE_FILE_SIZE => UsageError::Size {
+                    path: self.path.clone(),
+                    found: m.len(),
+                },
+                _ => UsageError::Open {
+                    path: self.path.clone(),
+                    source,
+                },
+            })?;
+        Ok(buf)
+    }
+
+    /// The header bytes, checked like a mapping's (size, magic, layout).
+    fn read_header(&self) -> Result<Vec<u8>, UsageError> {
+        let found = self
+            .file
+            .metadata()
+            .map_err(|source| UsageError::Open {
+                path: self.path.clone(),
+                source,
+            })?
+            .len();
+        if found != USAGE_FILE_SIZE {
+            return Err(UsageError::Size {
+                path: self.path.clone(),
+                found,
+            });
+        }
+        let h = self.read_at(0, HEADER_SIZE)?;
+        if h[..8] != USAGE_MAGIC {
+            return Err(UsageError::Magic {
+                path: self.path.clone(),
+            });
+        }
+        let version = ne_u32(&h, std::mem::offset_of!(Header, version));
+        if version != USAGE_VERSION
+            || ne_u32(&h, std::mem::offset_of!(Header, max_devices)) as usize != MAX_DEVICES
+            || ne_u32(&h, std::mem::offset_of!(Header, max_slots)) as usize != MAX_SLOTS
+            || ne_u32(&h, std::mem::offset_of!(Header, slot_size)) as usize != SLOT_SIZE
+        {
+            return Err(UsageError::Version {
+                path: self.path.clone(),
+                found: version,
+            });
+        }
+        Ok(h)
     }
 
     /// Live processes' memory and the busy counters; dead slots are left out (not
     /// reclaimed: that is the shims' job).
     pub fn snapshot(&self) -> Result<UsageSnapshot, UsageError> {
-        let h = self.map.header();
-        let mut devices: Vec<DeviceUsage> = h
-            .devices
-            .iter()
+        let h = self.read_header()?;
+        let devices_at = std::mem::offset_of!(Header, devices);
+        let busy_at = std::mem::offset_of!(DeviceRecord, busy_ns);
+        let record = std::mem::size_of::<DeviceRecord>();
+        let mut devices: Vec<DeviceUsage> = (0..MAX_DEVICES)
             .map(|d| DeviceUsage {
                 used: 0,
-                busy_ns: d.busy_ns.load(SeqCst),
+                busy_ns: ne_u64(&h, devices_at + d * record + busy_at),
             })
             .collect();
+        let hwm = (ne_u32(&h, std::mem::offset_of!(Header, slot_hwm)) as usize).min(MAX_SLOTS);
+        let slots = self.read_at(HEADER_SIZE, hwm * SLOT_SIZE)?;
         let mut processes = Vec::new();
-        for i in 0..self.map.hwm() {
-            let slot = self.map.slot(i);
-            let pid = slot.pid.load(SeqCst);
-            let used: Vec<u64> = slot.used.iter().map(|u| u.load(SeqCst)).collect();
+        for (i, slot) in slots.chunks_exact(SLOT_SIZE).enumerate() {
+            let pid = ne_u32(slot, std::mem::offset_of!(Slot, pid));
+            let used_at = std::mem::offset_of!(Slot, used);
+            let used: Vec<u64> = (0..MAX_DEVICES)
+                .map(|d| ne_u64(slot, used_at + d * 8))
+                .collect();
             if pid == 0 && used.iter().all(|&u| u == 0) {
                 continue;
             }
@@ -705,7 +782,7 @@ impl UsageReader {
             }
             processes.push(ProcessUsage {
                 pid,
-                pid_ns: slot.pid_ns.load(SeqCst),
+                pid_ns: ne_u64(slot, std::mem::offset_of!(Slot, pid_ns)),
                 used,
             });
         }

@@ -319,3 +319,27 @@ fn forget_after_fork_claims_a_new_slot() {
     assert_eq!(u.reclaim_dead(), 1);
     assert_eq!(u.used(0), 1);
 }
+
+#[test]
+fn reader_survives_a_file_truncated_or_overwritten_under_it() {
+    let (_d, path) = fresh();
+    let u = UsageFile::open(&path, me()).expect("open");
+    u.reserve(1, GIB, 4 * GIB).expect("reserve");
+    u.device(1).expect("device").busy_ns.fetch_add(7, SeqCst);
+    let reader = UsageReader::open(&path).expect("reader");
+    let snap = reader.snapshot().expect("snapshot");
+    assert_eq!(snap.devices[1].used, GIB);
+    assert_eq!(snap.devices[1].busy_ns, 7);
+    assert_eq!(snap.processes[0].pid_ns, me().pid_ns);
+    // A container may truncate its (read-write mounted) usage file: the reader reports it,
+    // it does not fault.
+    let f = OpenOptions::new().write(true).open(&path).expect("open rw");
+    f.set_len(100).expect("truncate");
+    let e = reader.snapshot().expect_err("truncated");
+    assert!(matches!(e, UsageError::Size { found: 100, .. }), "{e}");
+    // Overwritten in place with junk of the right size: the header is checked every time.
+    f.set_len(USAGE_FILE_SIZE).expect("extend");
+    std::os::unix::fs::FileExt::write_all_at(&f, b"junkjunk", 0).expect("overwrite");
+    let e = reader.snapshot().expect_err("junk");
+    assert!(matches!(e, UsageError::Magic { .. }), "{e}");
+}
