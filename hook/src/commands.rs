@@ -2,7 +2,9 @@
 
 use std::io::Write;
 
-use gpuslice_registry::{render_reaped, render_rebuild, render_table, status_json, Inventory};
+use gpuslice_registry::{
+    render_reaped, render_rebuild, render_table_measured, status_json_measured, Inventory,
+};
 
 use crate::cdigen;
 use crate::cli::{CdiCommand, Cli, Command, ConfigureCommand, HookCommand};
@@ -45,14 +47,15 @@ pub fn run(cli: Cli) -> Result<(), Error> {
         Command::Status(args) => {
             let registry = crate::cleanup::open_registry(&node)?;
             let file = registry.snapshot()?;
+            let measured = crate::serve::measured::measure(&node, &file);
             if args.json {
-                let v = status_json(&file);
+                let v = status_json_measured(&file, &measured);
                 out(&format!(
                     "{}\n",
                     serde_json::to_string_pretty(&v).unwrap_or_default()
                 ))
             } else {
-                out(&render_table(&file))
+                out(&render_table_measured(&file, &measured))
             }
         }
         Command::Gc(args) => {
@@ -95,12 +98,9 @@ pub fn run(cli: Cli) -> Result<(), Error> {
                 &target, &node, a.dry_run, a.remove,
             )?)
         }
-        Command::Serve(_) => unimplemented_yet(),
+        Command::Serve(args) => Ok(crate::serve::run(
+            &node,
+            args.listen.unwrap_or(node.config().serve.listen),
+        )?),
     }
-}
-
-fn unimplemented_yet() -> Result<(), Error> {
-    Err(Error::Stdout(std::io::Error::other(
-        "this subcommand is not built yet",
-    )))
 }

@@ -32,6 +32,8 @@ pub enum Error {
     Crio(Box<crate::configure::crio::CrioError>),
     #[error(transparent)]
     Docker(Box<crate::configure::docker::DockerError>),
+    #[error(transparent)]
+    Serve(#[from] crate::serve::ServeError),
 }
 
 impl From<crate::hooks::HookError> for Error {

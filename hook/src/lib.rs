@@ -12,6 +12,7 @@ pub mod error;
 pub mod hooks;
 pub mod node;
 pub mod runtime;
+pub mod serve;
 pub mod simnode;
 pub mod slicespec;
 pub mod specedit;

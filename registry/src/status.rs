@@ -1,5 +1,8 @@
 //! What `gpuslice status` and `gpuslice gc` print: the aligned table, the JSON of DESIGN.md
-//! §4, and the reports of reaping and rebuilding. Pure functions of registry data.
+//! §4 (with the measured figures next to the booked ones), and the reports of reaping and
+//! rebuilding. Pure functions of registry data and of measurements taken by the caller.
+
+use std::collections::{BTreeMap, HashMap};
 
 use serde_json::{json, Value};
 
@@ -36,14 +39,66 @@ fn owner_cell(owner: &Owner) -> String {
     }
 }
 
+/// What was measured on one GPU (NVML); `None` where it could not be measured.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct GpuMeasured {
+    /// Bytes in use.
+    pub memory_used: Option<u64>,
+    /// Percent of the last sample period a kernel ran.
+    pub utilization: Option<u32>,
+}
+
+/// Measured figures shown beside the booked ones; empty when nothing was measured.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Measured {
+    /// By GPU UUID.
+    pub gpus: HashMap<String, GpuMeasured>,
+    /// By reservation id, then GPU UUID: bytes its processes hold (from the usage file).
+    pub memory_used: HashMap<String, BTreeMap<String, u64>>,
+    /// Why the GPUs could not be measured (NVML unavailable), one line.
+    pub gpu_error: Option<String>,
+}
+
+impl Measured {
+    fn reservation_used(&self, id: &str, uuid: &str) -> Option<u64> {
+        self.memory_used.get(id)?.get(uuid).copied()
+    }
+}
+
+fn gib_or_dash(bytes: Option<u64>) -> String {
+    bytes.map_or_else(|| "-".to_string(), gib)
+}
+
+fn gpu_label(uuid: &str, inventory: &Inventory) -> String {
+    match inventory.gpu(uuid) {
+        Some(g) => g.index.to_string(),
+        None => format!("{uuid} (missing)"),
+    }
+}
+
+/// Memory in use per booking (`0: 1.5 GiB, 1: -`); `-` when nothing was measured.
+fn used_cell(r: &Reservation, inventory: &Inventory, measured: &Measured) -> String {
+    if !measured.memory_used.contains_key(&r.id) {
+        return "-".to_string();
+    }
+    r.gpus
+        .iter()
+        .map(|b| {
+            format!(
+                "{}: {}",
+                gpu_label(&b.uuid, inventory),
+                gib_or_dash(measured.reservation_used(&r.id, &b.uuid))
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn bookings_cell(r: &Reservation, inventory: &Inventory) -> String {
     r.gpus
         .iter()
         .map(|b| {
-            let gpu = match inventory.gpu(&b.uuid) {
-                Some(g) => g.index.to_string(),
-                None => format!("{} (missing)", b.uuid),
-            };
+            let gpu = gpu_label(&b.uuid, inventory);
             if r.whole_gpu {
                 format!("{gpu}: whole GPU")
             } else if b.cores > 0 {
@@ -56,9 +111,15 @@ fn bookings_cell(r: &Reservation, inventory: &Inventory) -> String {
         .join(", ")
 }
 
-/// The status table: per GPU (index, model, memory total / allocated / free in GiB, cores
-/// allocated, share of the GPU's memory booked, slice count), then the reservations.
+/// The status table without measurements (measured columns show `-`).
 pub fn render_table(file: &RegistryFile) -> String {
+    render_table_measured(file, &Measured::default())
+}
+
+/// The status table: per GPU (index, model, memory total / allocated / free in GiB, memory
+/// used as measured, cores allocated, utilisation as measured, share of the GPU's memory
+/// booked, slice count), then the reservations with the memory each uses per GPU.
+pub fn render_table_measured(file: &RegistryFile, measured: &Measured) -> String {
     let loads = gpu_loads(&file.reservations);
     let mut gpus = Table::new(&[
         ("GPU", Align::Right),
@@ -66,19 +127,25 @@ pub fn render_table(file: &RegistryFile) -> String {
         ("MEMORY", Align::Right),
         ("ALLOCATED", Align::Right),
         ("FREE", Align::Right),
+        ("USED", Align::Right),
         ("CORES", Align::Right),
+        ("UTIL", Align::Right),
         ("BOOKED", Align::Right),
         ("SLICES", Align::Right),
     ]);
     for g in &file.inventory.gpus {
         let l = loads.get(g.uuid.as_str()).copied().unwrap_or_default();
+        let m = measured.gpus.get(&g.uuid).copied().unwrap_or_default();
         gpus.row(vec![
             g.index.to_string(),
             g.model.clone(),
             gib(g.memory_total),
             gib(l.memory),
             gib(g.memory_total.saturating_sub(l.memory)),
+            gib_or_dash(m.memory_used),
             format!("{}%", l.cores),
+            m.utilization
+                .map_or_else(|| "-".to_string(), |u| format!("{u}%")),
             format!("{}%", percent(l.memory, g.memory_total)),
             if l.whole {
                 "whole".into()
@@ -92,6 +159,9 @@ pub fn render_table(file: &RegistryFile) -> String {
     } else {
         gpus.render()
     };
+    if let Some(e) = &measured.gpu_error {
+        out.push_str(&format!("not measured: {e}\n"));
+    }
     let mut missing: Vec<&str> = missing_gpus(&file.inventory, &file.reservations)
         .into_iter()
         .map(|(_, u)| u)
@@ -113,6 +183,7 @@ pub fn render_table(file: &RegistryFile) -> String {
         ("STATE", Align::Left),
         ("OWNER", Align::Left),
         ("GPUS", Align::Left),
+        ("USED", Align::Left),
     ]);
     for r in &file.reservations {
         rs.row(vec![
@@ -120,17 +191,25 @@ pub fn render_table(file: &RegistryFile) -> String {
             r.state.to_string(),
             owner_cell(&r.owner),
             bookings_cell(r, &file.inventory),
+            used_cell(r, &file.inventory, measured),
         ]);
     }
     out.push_str(&rs.render());
     out
 }
 
-/// `status --json` per DESIGN.md §4: `gpus` (index, uuid, model, memory_total,
-/// memory_allocated, cores_allocated; plus memory_free, slices, whole_gpu) and
-/// `reservations` (id, state, container_id, gpus[uuid, memory, cores]; plus owner, whole_gpu,
-/// created_ms, deadline_ms, bound_ms, and each GPU's index). Bytes are integers.
+/// `status --json` without measurements (the measured fields are `null`).
 pub fn status_json(file: &RegistryFile) -> Value {
+    status_json_measured(file, &Measured::default())
+}
+
+/// `status --json` per DESIGN.md §4: `gpus` (index, uuid, model, memory_total,
+/// memory_allocated, cores_allocated; plus memory_free, slices, whole_gpu, and measured
+/// memory_used and utilization in percent) and `reservations` (id, state, container_id,
+/// gpus[uuid, memory, cores]; plus owner, whole_gpu, created_ms, deadline_ms, bound_ms, and
+/// each GPU's index and measured memory_used). Bytes are integers; what was not measured is
+/// `null`, and `measure_error` says why the GPUs were not.
+pub fn status_json_measured(file: &RegistryFile, measured: &Measured) -> Value {
     let loads = gpu_loads(&file.reservations);
     let gpus: Vec<Value> = file
         .inventory
@@ -138,6 +217,7 @@ pub fn status_json(file: &RegistryFile) -> Value {
         .iter()
         .map(|g| {
             let l = loads.get(g.uuid.as_str()).copied().unwrap_or_default();
+            let m = measured.gpus.get(&g.uuid).copied().unwrap_or_default();
             json!({
                 "index": g.index,
                 "uuid": g.uuid,
@@ -148,6 +228,8 @@ pub fn status_json(file: &RegistryFile) -> Value {
                 "memory_free": g.memory_total.saturating_sub(l.memory),
                 "slices": l.slices,
                 "whole_gpu": l.whole,
+                "memory_used": m.memory_used,
+                "utilization": m.utilization,
             })
         })
         .collect();
@@ -164,6 +246,7 @@ pub fn status_json(file: &RegistryFile) -> Value {
                     "memory": b.memory,
                     "cores": b.cores,
                     "index": file.inventory.gpu(&b.uuid).map(|g| g.index),
+                    "memory_used": measured.reservation_used(&r.id, &b.uuid),
                 })).collect::<Vec<_>>(),
                 "owner": r.owner,
                 "whole_gpu": r.whole_gpu,
@@ -173,7 +256,12 @@ pub fn status_json(file: &RegistryFile) -> Value {
             })
         })
         .collect();
-    json!({ "gpus": gpus, "reservations": reservations, "counters": file.counters })
+    json!({
+        "gpus": gpus,
+        "reservations": reservations,
+        "counters": file.counters,
+        "measure_error": measured.gpu_error,
+    })
 }
 
 /// What `gpuslice gc` prints: one line per reaped reservation with its reason.

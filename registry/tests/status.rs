@@ -11,8 +11,9 @@ use std::time::Duration;
 use common::{inventory, state_dir, GI};
 use gpuslice_config::Quantity;
 use gpuslice_registry::{
-    read_registry, render_reaped, render_table, status_json, FakeSystem, KubernetesRef, Owner,
-    RegistryFile, Request, Selector,
+    read_registry, render_reaped, render_table, render_table_measured, status_json,
+    status_json_measured, FakeSystem, GpuMeasured, KubernetesRef, Measured, Owner, RegistryFile,
+    Request, Selector,
 };
 use serde_json::Value;
 
@@ -227,4 +228,117 @@ fn empty_registry_and_gc_report_render() {
         "{text}"
     );
     assert_eq!(render_reaped(&[]), "nothing to reap\n");
+}
+
+/// GPU 0 measured (3 GiB used, 45 %), GPU 1 not; the pending slice uses 1 GiB.
+fn measured(file: &RegistryFile) -> Measured {
+    let mut m = Measured::default();
+    m.gpus.insert(
+        file.inventory.gpus[0].uuid.clone(),
+        GpuMeasured {
+            memory_used: Some(3 * GI),
+            utilization: Some(45),
+        },
+    );
+    let r0 = &file.reservations[0];
+    m.memory_used.insert(
+        r0.id.clone(),
+        [(r0.gpus[0].uuid.clone(), GI)].into_iter().collect(),
+    );
+    m
+}
+
+#[test]
+fn measured_columns_sit_next_to_the_booked_ones() {
+    let (_d, file) = populated();
+    let m = measured(&file);
+    let text = render_table_measured(&file, &m);
+    let lines: Vec<&str> = text.lines().collect();
+    let header = lines[0];
+    let cols: Vec<&str> = header.split_whitespace().collect();
+    assert_eq!(
+        cols,
+        [
+            "GPU",
+            "MODEL",
+            "MEMORY",
+            "ALLOCATED",
+            "FREE",
+            "USED",
+            "CORES",
+            "UTIL",
+            "BOOKED",
+            "SLICES"
+        ]
+    );
+    // Right-aligned under their headers.
+    let used_end = header.find("USED").unwrap() + 4;
+    let util_end = header.find("UTIL").unwrap() + 4;
+    assert_eq!(&lines[1][used_end - 7..used_end], "3.0 GiB", "{text}");
+    assert_eq!(&lines[1][util_end - 3..util_end], "45%", "{text}");
+    assert_eq!(
+        &lines[2][used_end - 1..used_end],
+        "-",
+        "GPU 1 not measured: {text}"
+    );
+    assert_eq!(&lines[2][util_end - 1..util_end], "-", "{text}");
+    let blank = lines.iter().position(|l| l.is_empty()).unwrap();
+    let res = &lines[blank + 1..];
+    assert!(res[0].ends_with("USED"), "{}", res[0]);
+    let at = res[0].find("USED").unwrap();
+    assert_eq!(&res[1][at..], "0: 1.0 GiB", "{text}");
+    assert_eq!(&res[2][at..], "-", "unmeasured reservation: {text}");
+    // Without measurements every measured cell is a dash and nothing else moves.
+    let plain = render_table(&file);
+    assert_eq!(plain.lines().count(), text.lines().count());
+    assert!(!plain.contains("45%"));
+
+    let mut m = m;
+    m.gpu_error = Some("NVML (libnvidia-ml.so.1) cannot be initialised: not loaded".into());
+    let text = render_table_measured(&file, &m);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("not measured: NVML") && l.contains("not loaded")),
+        "{text}"
+    );
+}
+
+#[test]
+fn status_json_carries_measured_figures_beside_the_contract() {
+    let (_d, file) = populated();
+    let v = status_json_measured(&file, &measured(&file));
+    assert_eq!(v["gpus"][0]["memory_used"].as_u64(), Some(3 * GI));
+    assert_eq!(v["gpus"][0]["utilization"].as_u64(), Some(45));
+    assert!(v["gpus"][1]["memory_used"].is_null());
+    assert!(v["gpus"][1]["utilization"].is_null());
+    assert_eq!(
+        v["reservations"][0]["gpus"][0]["memory_used"].as_u64(),
+        Some(GI)
+    );
+    assert!(v["reservations"][1]["gpus"][0]["memory_used"].is_null());
+    assert!(v["measure_error"].is_null());
+    // The contract's fields are unchanged by measurements.
+    let plain = status_json(&file);
+    for (g, p) in v["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(plain["gpus"].as_array().unwrap())
+    {
+        for key in [
+            "index",
+            "uuid",
+            "model",
+            "memory_total",
+            "memory_allocated",
+            "cores_allocated",
+        ] {
+            assert_eq!(g[key], p[key], "{key}");
+        }
+    }
+    assert_eq!(v["reservations"][0]["id"], plain["reservations"][0]["id"]);
+    assert_eq!(
+        v["reservations"][0]["gpus"][0]["memory"],
+        plain["reservations"][0]["gpus"][0]["memory"]
+    );
 }
