@@ -8,6 +8,7 @@
 // A test harness: a failed step must fail the test that called it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod cri;
 pub mod env;
 pub mod image;
 pub mod node;
