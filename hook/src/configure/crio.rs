@@ -157,7 +157,12 @@ pub fn plan_remove(target: &Target) -> Result<Plan, CrioError> {
     check_ours(&drop_in)?;
     let mut plan = Plan::default();
     plan.remove(&drop_in);
-    if let Some(dir) = drop_in.parent() {
+    // The drop-in directory and the config directory, when gpuslice's files were all
+    // they held.
+    for dir in [drop_in.parent(), target.config.parent()]
+        .into_iter()
+        .flatten()
+    {
         plan.ops.push(Op::RemoveEmptyDir {
             path: dir.to_path_buf(),
         });

@@ -147,7 +147,17 @@ impl Plan {
     pub fn apply(&self, dry_run: bool) -> Result<String, FileError> {
         let mut out = String::new();
         let mut changed = false;
-        for op in &self.ops {
+        // Files first, then the directories they may leave empty, deepest first.
+        let (dirs, files): (Vec<&Op>, Vec<&Op>) = self
+            .ops
+            .iter()
+            .partition(|op| matches!(op, Op::RemoveEmptyDir { .. }));
+        let mut dirs = dirs;
+        dirs.sort_by_key(|op| match op {
+            Op::RemoveEmptyDir { path } => std::cmp::Reverse(path.components().count()),
+            _ => std::cmp::Reverse(0),
+        });
+        for op in files.into_iter().chain(dirs) {
             changed |= apply_op(op, dry_run, &mut out)?;
         }
         if !changed {
@@ -330,6 +340,11 @@ pub fn plan_strip<E: Edit>(file: &Current, edit: &E, plan: &mut Plan) -> Result<
         plan.write(&file.path, original, file.mode);
     } else if backup.text.is_none() && edit.create().ok().as_deref() == Some(text.as_str()) {
         plan.remove(&file.path);
+        if let Some(dir) = file.path.parent() {
+            plan.ops.push(Op::RemoveEmptyDir {
+                path: dir.to_path_buf(),
+            });
+        }
     } else {
         plan.write(&file.path, edit.strip(text)?, file.mode);
     }
@@ -412,6 +427,10 @@ mod tests {
         assert!(!backup_path(&f).exists());
         run(&f, true);
         assert!(!f.exists());
+        assert!(
+            !f.parent().unwrap().exists(),
+            "the directory it created is left"
+        );
     }
 
     #[test]

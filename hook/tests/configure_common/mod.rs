@@ -60,7 +60,10 @@ pub fn dirs(dir: &Path) -> Vec<String> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).unwrap() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd {
             let p = e.unwrap().path();
             if p.is_dir() {
                 out.push(p.strip_prefix(dir).unwrap().display().to_string());

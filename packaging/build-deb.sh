@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Builds the Debian package target/debian/gpuslice_<version>-1_<arch>.deb with cargo-deb:
+# the release binaries, the portable (old-glibc) shim, simulated driver and probe from
+# scripts/build-portable.sh, the systemd units, podman's hooks.d file, the Kubernetes
+# manifests and the docs, with the maintainer scripts of packaging/deb/.
+# Installs cargo-deb when it is missing. Prints the package's path on its last line.
+#
+#   packaging/build-deb.sh                       # everything from this tree
+#   GPUSLICE_PORTABLE_DIR=dir packaging/build-deb.sh   # take the portable files from dir
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+target=${CARGO_TARGET_DIR:-$root/target}
+
+if ! command -v cargo-deb >/dev/null 2>&1; then
+    echo "build-deb: installing cargo-deb" >&2
+    cargo install --locked cargo-deb
+fi
+cargo build --release --locked -p gpuslice >&2
+
+portable=${GPUSLICE_PORTABLE_DIR:-$target/portable}
+if [ ! -f "$portable/libgpuslice_shim.so" ]; then
+    ./scripts/build-portable.sh >&2
+fi
+# cargo-deb resolves asset paths under target/release/ to the real target directory.
+stage="$target/release/deb-portable"
+rm -rf "$stage"
+mkdir -p "$stage"
+for f in libgpuslice_shim.so libcuda.so.1 libnvidia-ml.so.1 gpuslice-probe; do
+    cp "$portable/$f" "$stage/$f"
+done
+
+cargo deb --no-build --locked -p gpuslice --output "$target/debian/" >&2
+ls -t "$target"/debian/gpuslice_*.deb | head -1

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Builds the installer image of daemonset.yaml (localhost/gpuslice-installer:<version>) with
+# podman from this tree's release build and portable shim. Push it to your registry and
+# set the DaemonSet's image to it, or load it on the nodes (`ctr -n k8s.io images import`).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+target=${CARGO_TARGET_DIR:-$root/target}
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+[ -x "$target/release/gpuslice" ] || cargo build --release --locked -p gpuslice
+[ -f "$target/portable/libgpuslice_shim.so" ] || ./scripts/build-portable.sh
+ctx=$(mktemp -d)
+trap 'rm -rf "$ctx"' EXIT
+cp "$target/release/gpuslice" "$target/release/gpuslice-runtime" \
+   "$target/portable/libgpuslice_shim.so" packaging/kubernetes/installer.sh \
+   packaging/kubernetes/Containerfile "$ctx/"
+podman build -t "localhost/gpuslice-installer:$version" -f "$ctx/Containerfile" "$ctx"
+echo "built localhost/gpuslice-installer:$version"

@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# Acceptance check of the Debian package (issue 6, item 3), as root on Debian 12:
+#   1. snapshot everything the package or its commands may touch;
+#   2. `dpkg -i` the package (built by packaging/build-deb.sh unless given as $1);
+#   3. the operator guide's demo with the installed paths: a simulated two-GPU node, the
+#      CDI spec, a sliced podman container that sees its limits through the installed shim
+#      and simulated driver, and `gpuslice configure` for containerd (checked with
+#      containerd's own `config dump`), docker, CRI-O and podman at their standard paths;
+#   4. `dpkg -r`, then the snapshot again: the node must be exactly as before.
+# Exits non-zero with the difference when anything is left behind or a check fails.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+
+fail() { echo "check-deb: FAIL: $*" >&2; exit 1; }
+step() { echo "== check-deb: $*"; }
+
+[ "$(id -u)" = 0 ] || fail "run as root"
+if dpkg-query -W -f='${Status}' gpuslice 2>/dev/null | grep -q "install ok installed"; then
+    fail "gpuslice is already installed; this check needs a node without it"
+fi
+
+# The e2e tests share /var/run/cdi and the engines: take their host-wide lock.
+mkdir -p /run/lock
+exec 9>/run/lock/gpuslice-e2e.lock
+flock 9
+
+deb=${1:-}
+if [ -z "$deb" ]; then
+    step "building the package"
+    deb=$(packaging/build-deb.sh | tail -1)
+fi
+[ -f "$deb" ] || fail "no package at $deb"
+
+WATCHED=(
+    /usr/bin/gpuslice /usr/bin/gpuslice-runtime /usr/lib/gpuslice /usr/share/gpuslice
+    /usr/share/doc/gpuslice /lib/systemd/system/gpuslice-cdi.service
+    /lib/systemd/system/gpuslice-cdi.path /etc/systemd/system
+    /var/lib/systemd/deb-systemd-helper-enabled /var/lib/systemd/deb-systemd-helper-masked
+    /etc/gpuslice /etc/containerd /etc/containers/oci /usr/share/containers/oci /etc/docker
+    /etc/crio /etc/cdi /var/run/cdi /run/gpuslice
+)
+
+# Every path under WATCHED: type, mode, and content digest or link target.
+snapshot() {
+    local p
+    for p in "${WATCHED[@]}"; do
+        [ -e "$p" ] || [ -L "$p" ] || continue
+        find "$p" -xdev | sort | while IFS= read -r f; do
+            if [ -L "$f" ]; then
+                echo "link $f -> $(readlink "$f")"
+            elif [ -d "$f" ]; then
+                echo "dir  $(stat -c %a "$f") $f"
+            else
+                echo "file $(stat -c %a "$f") $(sha256sum < "$f" | cut -c1-16) $f"
+            fi
+        done
+    done
+}
+
+# /var/run/cdi is the tmpfs directory every CDI user shares (podman reads only it and
+# /etc/cdi): the package writes a file there, and its removal deletes that file only.
+mkdir -p /var/run/cdi
+T=$(mktemp -d /tmp/gpuslice-check-deb.XXXXXX)
+IMAGE=localhost/gpuslice-check-deb:1
+had_image=no
+podman image exists "$IMAGE" 2>/dev/null && had_image=yes
+cleanup() {
+    dpkg -r gpuslice >/dev/null 2>&1 || true
+    [ "$had_image" = yes ] || podman rmi -f "$IMAGE" >/dev/null 2>&1 || true
+    rm -rf "$T"
+}
+trap cleanup EXIT
+
+snapshot > "$T/before"
+
+step "dpkg -i $deb"
+dpkg -i "$deb"
+for f in /usr/bin/gpuslice /usr/bin/gpuslice-runtime /usr/lib/gpuslice/libgpuslice_shim.so \
+    /usr/lib/gpuslice/sim/libcuda.so.1 /usr/lib/gpuslice/sim/libnvidia-ml.so.1 \
+    /usr/lib/gpuslice/sim/gpuslice-probe /lib/systemd/system/gpuslice-cdi.service \
+    /lib/systemd/system/gpuslice-cdi.path /usr/share/containers/oci/hooks.d/gpuslice.json \
+    /usr/share/gpuslice/kubernetes/runtimeclass.yaml /usr/share/doc/gpuslice/operator-guide.md; do
+    [ -e "$f" ] || fail "the package did not install $f"
+done
+[ -L /etc/systemd/system/paths.target.wants/gpuslice-cdi.path ] \
+    || fail "postinst did not enable gpuslice-cdi.path"
+gpuslice --version
+# postinst configures no engine unless asked (GPUSLICE_CONFIGURE).
+snapshot | grep -E ' /etc/(containerd|docker|crio)' > "$T/engines-after-install" || true
+grep -E ' /etc/(containerd|docker|crio)' "$T/before" > "$T/engines-before" || true
+diff -u "$T/engines-before" "$T/engines-after-install" \
+    || fail "postinst changed engine configs without being asked"
+
+step "demo: a simulated two-GPU node with the installed shim and driver"
+cat > "$T/config.toml" <<EOF
+state_dir = "$T/state"
+[inventory]
+source = "simulated"
+[[inventory.simulated]]
+memory = "16Gi"
+[[inventory.simulated]]
+memory = "16Gi"
+EOF
+GS=(gpuslice --config "$T/config.toml")
+"${GS[@]}" cdi generate
+"${GS[@]}" cdi list | grep -qx 'gpuslice.io/gpu=all' || fail "cdi list lacks gpuslice.io/gpu=all"
+"${GS[@]}" status
+
+# A small glibc image (busybox for the shell) and podman with this host's needs.
+mkdir -p "$T/rootfs/bin" "$T/rootfs/usr/lib/x86_64-linux-gnu" "$T/rootfs/lib64" \
+    "$T/rootfs/etc" "$T/rootfs/proc" "$T/rootfs/sys" "$T/rootfs/dev" "$T/rootfs/tmp"
+cp /bin/busybox "$T/rootfs/bin/busybox"
+for a in sh cat ls env grep sort tr echo sleep; do ln -s busybox "$T/rootfs/bin/$a"; done
+for l in libc.so.6 libm.so.6 libgcc_s.so.1 libdl.so.2 libpthread.so.0 librt.so.1 ld-linux-x86-64.so.2; do
+    cp "/lib/x86_64-linux-gnu/$l" "$T/rootfs/usr/lib/x86_64-linux-gnu/"
+done
+ln -s usr/lib "$T/rootfs/lib"
+ln -s /usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 "$T/rootfs/lib64/ld-linux-x86-64.so.2"
+[ "$had_image" = yes ] || tar -C "$T/rootfs" -c . | podman import -q - "$IMAGE" >/dev/null
+nofile=$(ulimit -Hn); [ "$nofile" -gt 4096 ] && nofile=4096
+cat > "$T/containers.conf" <<EOF
+[containers]
+default_ulimits = ["nofile=$nofile:$nofile", "nproc=4096:4096"]
+netns = "none"
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+EOF
+"${GS[@]}" configure podman --hooks-dir "$T/hooks.d"
+out=$(CONTAINERS_CONF="$T/containers.conf" podman --hooks-dir "$T/hooks.d" run --rm \
+    --annotation gpuslice.io/memory=4Gi --annotation gpuslice.io/cores=30 \
+    -v /usr/lib/gpuslice/sim/gpuslice-probe:/usr/local/bin/gpuslice-probe:ro \
+    "$IMAGE" sh -c 'cat /etc/ld.so.preload; cat /run/gpuslice/limits.json; echo; ls /dev; /usr/local/bin/gpuslice-probe info --json')
+echo "$out"
+echo "$out" | grep -qx /usr/lib/gpuslice/libgpuslice_shim.so || fail "the container does not preload the installed shim"
+echo "$out" | grep -q '"memory_limit":4294967296' || fail "the container's limits.json lacks the 4 GiB limit"
+echo "$out" | grep -q 4294967296 || fail "the probe does not see the 4 GiB slice"
+"${GS[@]}" status --json | grep -q '"reservations": \[\]' || fail "the slice was not released"
+
+step "demo: register with every engine at the standard paths"
+gpuslice configure containerd
+if command -v containerd >/dev/null; then
+    containerd config dump | grep -q 'BinaryName = "/usr/bin/gpuslice-runtime"' \
+        || fail "containerd's effective config lacks the gpuslice runtime"
+fi
+gpuslice configure docker
+grep -q '"path": "/usr/bin/gpuslice-runtime"' /etc/docker/daemon.json || fail "daemon.json lacks the runtime"
+gpuslice configure crio
+grep -q 'runtime_path = "/usr/bin/gpuslice-runtime"' /etc/crio/crio.conf.d/99-gpuslice.conf \
+    || fail "the CRI-O drop-in lacks the runtime"
+gpuslice configure containerd | grep -q "nothing to change" || fail "configure containerd is not idempotent"
+
+step "dpkg -r gpuslice"
+rm -rf "$T/state"
+dpkg -r gpuslice
+snapshot > "$T/after"
+if ! diff -u "$T/before" "$T/after"; then
+    fail "dpkg -r left the node different from before (diff above)"
+fi
+dpkg -P gpuslice >/dev/null 2>&1 || true
+echo "check-deb: OK: installed, demo passed, removal restored the node"
