@@ -176,16 +176,22 @@ fn container_without_annotations_is_byte_identical() {
         &[("example.com/other", "x")],
     );
     let before = std::fs::read(bundle.config_path()).unwrap();
-    let out = runtime(&node)
+    // `create` leaves the container's stdio open in `runc init`: give it files, not pipes.
+    let log = bundle.path().join("create.log");
+    let f = std::fs::File::create(&log).unwrap();
+    let status = runtime(&node)
         .args(["create", "-b"])
         .arg(bundle.path())
         .arg("e2e-plain")
-        .output()
+        .stdin(std::process::Stdio::null())
+        .stdout(f.try_clone().unwrap())
+        .stderr(f)
+        .status()
         .unwrap();
     assert!(
-        out.status.success(),
+        status.success(),
         "{}",
-        String::from_utf8_lossy(&out.stderr)
+        std::fs::read_to_string(&log).unwrap_or_default()
     );
     assert_eq!(std::fs::read(bundle.config_path()).unwrap(), before);
     let _ = runtime(&node)
@@ -262,7 +268,7 @@ fn image_ld_preload_does_not_reach_the_hooks() {
     let src = dir.path().join("poison.c");
     std::fs::write(
         &src,
-        "#include <stdlib.h>\n__attribute__((constructor)) static void p(void) { _exit(42); }\n",
+        "#include <unistd.h>\n__attribute__((constructor)) static void p(void) { _exit(42); }\n",
     )
     .unwrap();
     let lib = dir.path().join("libpoison.so");
