@@ -1,0 +1,276 @@
+//! Issue 4 §3: containerd 1.6 (Debian) running `ctr run --runc-binary gpuslice-runtime
+//! --annotation …`; containerd is started by the test with its own root, state and socket.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use gpuslice_e2e::image::copy_rootfs;
+use gpuslice_e2e::node::probe;
+use gpuslice_e2e::{bin, serial, TestNode};
+
+/// A private containerd; killed when dropped.
+struct Containerd {
+    dir: tempfile::TempDir,
+    child: Child,
+}
+
+impl Containerd {
+    fn start(gpuslice_config: &str) -> Containerd {
+        let dir = tempfile::Builder::new()
+            .prefix("gpuslice-containerd-")
+            .tempdir()
+            .unwrap();
+        let d = dir.path();
+        let config = format!(
+            "version = 2\nroot = \"{r}\"\nstate = \"{s}\"\ndisabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n\
+             [grpc]\n  address = \"{a}\"\n[ttrpc]\n  address = \"{a}.ttrpc\"\n",
+            r = d.join("root").display(),
+            s = d.join("state").display(),
+            a = d.join("containerd.sock").display(),
+        );
+        std::fs::write(d.join("config.toml"), config).unwrap();
+        let log = std::fs::File::create(d.join("containerd.log")).unwrap();
+        let child = Command::new("containerd")
+            .arg("--config")
+            .arg(d.join("config.toml"))
+            // containerd hands its environment to the shim, which runs the runtime with it:
+            // that is how gpuslice-runtime finds a non-default gpuslice config.
+            .env("GPUSLICE_CONFIG", gpuslice_config)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start containerd (package containerd)");
+        let c = Containerd { dir, child };
+        let start = Instant::now();
+        while !c.socket().exists() || !c.ctr(&["version"]).status.success() {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "containerd did not start: {}",
+                c.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        c
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.path().join("containerd.sock")
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("containerd.log")).unwrap_or_default()
+    }
+
+    fn ctr(&self, args: &[&str]) -> Output {
+        Command::new("ctr")
+            .arg("--address")
+            .arg(self.socket())
+            .args(["--namespace", "gpuslice-e2e"])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run ctr")
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        // Shims outlive containerd: stop them, and remove what a failed test left in runc's
+        // state for this namespace.
+        let _ = Command::new("pkill")
+            .arg("-f")
+            .arg(self.dir.path().display().to_string())
+            .status();
+        let root = "/run/containerd/runc/gpuslice-e2e";
+        if let Ok(rd) = std::fs::read_dir(root) {
+            for e in rd.filter_map(|e| e.ok()) {
+                let _ = Command::new("runc")
+                    .args(["--root", root, "delete", "--force"])
+                    .arg(e.file_name())
+                    .output();
+            }
+        }
+    }
+}
+
+/// `ctr run --rootfs` has no image config to take a PATH from.
+const PATH: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+const CHECKS: &str = "ls /dev | grep nvidia | tr '\\n' ' '; echo; \
+    echo preload=$(cat /etc/ld.so.preload); \
+    echo limits=$(cat /run/gpuslice/limits.json); \
+    if echo x > /run/gpuslice/limits.json 2>/dev/null; then echo limits-writable; else echo limits-readonly; fi; \
+    env | grep -E '^(GPUSLICE|CUDA_DEVICE|NVIDIA)' | sort; \
+    gpuslice-probe info --json; echo READY; sleep 600";
+
+fn wait_for(path: &Path, marker: &str) -> String {
+    let start = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if text.contains(marker) {
+            return text;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no {marker:?} in {}: {text}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn ctr_run_with_gpuslice_runtime_gets_its_slice() {
+    let _s = serial();
+    let node = TestNode::new(&["10Gi", "10Gi"]);
+    let containerd = Containerd::start(&node.config_str());
+    let work = tempfile::tempdir().unwrap();
+    let rootfs = work.path().join("rootfs");
+    copy_rootfs(&rootfs);
+    let log = work.path().join("task.log");
+    let id = "e2e-ctr-slice";
+    let runtime = bin("gpuslice-runtime");
+    let mount = format!(
+        "type=bind,src={},dst=/usr/local/bin/gpuslice-probe,options=rbind:ro",
+        probe().display()
+    );
+    let log_uri = format!("file://{}", log.display());
+    let out = containerd.ctr(&[
+        "run",
+        "-d",
+        "--runc-binary",
+        &runtime.display().to_string(),
+        "--annotation",
+        "gpuslice.io/memory=4Gi",
+        "--annotation",
+        "gpuslice.io/cores=30",
+        "--mount",
+        &mount,
+        "--log-uri",
+        &log_uri,
+        "--env",
+        PATH,
+        "--rootfs",
+        &rootfs.display().to_string(),
+        id,
+        "sh",
+        "-c",
+        CHECKS,
+    ]);
+    assert!(
+        out.status.success(),
+        "ctr run: {}{}",
+        String::from_utf8_lossy(&out.stderr),
+        containerd.log()
+    );
+    let text = wait_for(&log, "READY");
+
+    let res = node.reservations();
+    assert_eq!(res.len(), 1, "{res:?}");
+    assert_eq!(res[0]["state"], "bound");
+    assert_eq!(res[0]["container_id"], id);
+    let rid = res[0]["id"].as_str().unwrap();
+    // stderr and stdout share the log: pick the device line.
+    let first = text
+        .lines()
+        .find(|l| l.contains("nvidiactl"))
+        .unwrap_or_default();
+    assert_eq!(
+        first
+            .split_whitespace()
+            .filter(|w| w.starts_with("nvidia"))
+            .count(),
+        4,
+        "{text}"
+    );
+    assert!(
+        text.contains("preload=/usr/lib/gpuslice/libgpuslice_shim.so"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("\"reservation\":\"{rid}\""))
+            && text.contains("\"memory_limit\":4294967296,\"cores\":30"),
+        "{text}"
+    );
+    assert!(text.contains("limits-readonly"), "{text}");
+    assert!(
+        text.contains(&format!("GPUSLICE_RESERVATION={rid}"))
+            && text.contains("NVIDIA_VISIBLE_DEVICES=void"),
+        "{text}"
+    );
+    assert!(
+        text.contains("CUDA_DEVICE_MEMORY_LIMIT_0=4096m")
+            && text.contains("CUDA_DEVICE_SM_LIMIT=30"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&(4u64 << 30).to_string()),
+        "probe does not see the 4 GiB slice: {text}"
+    );
+
+    let _ = containerd.ctr(&["task", "kill", "-s", "KILL", id]);
+    let start = Instant::now();
+    loop {
+        let out = containerd.ctr(&["task", "delete", id]);
+        if out.status.success() {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "task delete: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = containerd.ctr(&["container", "delete", id]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        node.reservations().is_empty(),
+        "not released: {:?}",
+        node.reservations()
+    );
+    assert!(node.leftovers().is_empty(), "{:?}", node.leftovers());
+}
+
+#[test]
+fn ctr_misfit_fails_with_the_capacity_line() {
+    let _s = serial();
+    let node = TestNode::new(&["10Gi"]);
+    let containerd = Containerd::start(&node.config_str());
+    let work = tempfile::tempdir().unwrap();
+    let rootfs = work.path().join("rootfs");
+    copy_rootfs(&rootfs);
+    let runtime = bin("gpuslice-runtime");
+    let out = containerd.ctr(&[
+        "run",
+        "--rm",
+        "--runc-binary",
+        &runtime.display().to_string(),
+        "--annotation",
+        "gpuslice.io/memory=11Gi",
+        "--env",
+        PATH,
+        "--rootfs",
+        &rootfs.display().to_string(),
+        "e2e-ctr-misfit",
+        "true",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    // containerd shows the runtime's --log message to the user.
+    assert!(
+        err.contains("free per GPU") && err.contains("11Gi"),
+        "{err}"
+    );
+    assert!(node.reservations().is_empty());
+    assert!(node.leftovers().is_empty(), "{:?}", node.leftovers());
+}
