@@ -18,11 +18,16 @@ target="${arch}-unknown-linux-gnu"
 target_dir=${CARGO_TARGET_DIR:-$root/target}
 out="$target_dir/portable"
 
-if ! command -v python3 >/dev/null || ! python3 -m ziglang version >/dev/null 2>&1; then
-    if ! command -v zig >/dev/null; then
-        echo "build-portable: installing ziglang (pip)" >&2
-        python3 -m pip install --quiet ziglang
+# zig comes from PyPI (ziglang). A Debian system python refuses `pip install` outside a
+# virtual environment (PEP 668), so it goes into one under the target dir.
+venv="$target_dir/tools/zig-venv"
+if ! command -v zig >/dev/null && ! python3 -m ziglang version >/dev/null 2>&1; then
+    if [ ! -x "$venv/bin/python3" ] || ! "$venv/bin/python3" -m ziglang version >/dev/null 2>&1; then
+        echo "build-portable: installing ziglang (pip, into $venv)" >&2
+        python3 -m venv "$venv"
+        "$venv/bin/python3" -m pip install --quiet ziglang
     fi
+    export PATH="$venv/bin:$PATH"
 fi
 if ! command -v cargo-zigbuild >/dev/null; then
     echo "build-portable: installing cargo-zigbuild" >&2
