@@ -2,10 +2,12 @@
 # Acceptance check of the Debian package (issue 6, item 3), as root on Debian 12:
 #   1. snapshot everything the package or its commands may touch;
 #   2. `dpkg -i` the package (built by packaging/build-deb.sh unless given as $1);
-#   3. the operator guide's demo with the installed paths: a simulated two-GPU node, the
-#      CDI spec, a sliced podman container that sees its limits through the installed shim
-#      and simulated driver, and `gpuslice configure` for containerd (checked with
-#      containerd's own `config dump`), docker, CRI-O and podman at their standard paths;
+#   3. the demo (scripts/demo.sh, docs/operator-guide.md) with the installed paths: a
+#      simulated two-GPU node from the installed simulated driver, the CDI spec, a whole GPU
+#      through CDI, a sliced podman container that sees its limits through the installed
+#      shim, a request that does not fit refused, the slices released; then
+#      `gpuslice configure` for containerd (checked with containerd's own `config dump`),
+#      docker and CRI-O at their standard paths;
 #   4. `dpkg -r`, then the snapshot again: the node must be exactly as before.
 # Exits non-zero with the difference when anything is left behind or a check fails.
 set -euo pipefail
@@ -128,8 +130,13 @@ runtime = "runc"
 cgroup_manager = "cgroupfs"
 events_logger = "file"
 EOF
+export CONTAINERS_CONF="$T/containers.conf"
+out=$(podman run --rm --device gpuslice.io/gpu=0 "$IMAGE" sh -c 'ls /dev | grep nvidia')
+echo "$out"
+echo "$out" | grep -qx nvidia0 || fail "a whole GPU through CDI: /dev/nvidia0 missing"
+! echo "$out" | grep -qx nvidia1 || fail "a whole GPU through CDI: /dev/nvidia1 visible"
 "${GS[@]}" configure podman --hooks-dir "$T/hooks.d"
-out=$(CONTAINERS_CONF="$T/containers.conf" podman --hooks-dir "$T/hooks.d" run --rm \
+out=$(podman --hooks-dir "$T/hooks.d" run --rm \
     --annotation gpuslice.io/memory=4Gi --annotation gpuslice.io/cores=30 \
     -v /usr/lib/gpuslice/sim/gpuslice-probe:/usr/local/bin/gpuslice-probe:ro \
     "$IMAGE" sh -c 'cat /etc/ld.so.preload; cat /run/gpuslice/limits.json; echo; ls /dev; /usr/local/bin/gpuslice-probe info --json')
@@ -137,7 +144,10 @@ echo "$out"
 echo "$out" | grep -qx /usr/lib/gpuslice/libgpuslice_shim.so || fail "the container does not preload the installed shim"
 echo "$out" | grep -q '"memory_limit":4294967296' || fail "the container's limits.json lacks the 4 GiB limit"
 echo "$out" | grep -q 4294967296 || fail "the probe does not see the 4 GiB slice"
-"${GS[@]}" status --json | grep -q '"reservations": \[\]' || fail "the slice was not released"
+if podman --hooks-dir "$T/hooks.d" run --rm --annotation gpuslice.io/memory=20Gi "$IMAGE" true; then
+    fail "a 20 GiB slice was created on 16 GiB GPUs"
+fi
+"${GS[@]}" status --json | grep -q '"reservations": \[\]' || fail "the slices were not released"
 
 step "demo: register with every engine at the standard paths"
 gpuslice configure containerd
