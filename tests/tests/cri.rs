@@ -38,6 +38,7 @@ fn kubelet_style_pod_through_containerd_cri_gets_its_slice() {
     let mut ctd = Containerd::new();
 
     // Register exactly as an operator would, against this containerd's config.
+    let original = std::fs::read(&ctd.config).unwrap();
     let out = node.gpuslice(&[
         "configure",
         "containerd",
@@ -166,7 +167,20 @@ fn kubelet_style_pod_through_containerd_cri_gets_its_slice() {
     assert!(node.reservations().is_empty(), "{:?}", node.reservations());
     assert!(node.leftovers().is_empty(), "{:?}", node.leftovers());
 
-    // And the registration comes off again.
+    // And the registration comes off again: the original config, byte for byte.
     drop(cri);
-    drop(ctd);
+    let out = node.gpuslice(&[
+        "configure",
+        "containerd",
+        "--config-path",
+        &ctd.config.display().to_string(),
+        "--remove",
+    ]);
+    assert!(
+        out.status.success(),
+        "configure containerd --remove: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read(&ctd.config).unwrap(), original);
+    assert!(!drop_in.exists() && !ctd.dir.path().join("gpuslice-runtime.sh").exists());
 }
