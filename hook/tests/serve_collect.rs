@@ -289,11 +289,23 @@ fn vanished_container_and_expired_pending_drop_out() {
         1.0,
         "a vanished container is an error"
     );
-    // A reused pid (another start time) is a vanished container too.
+    // A reused pid (another start time) is a vanished container too, seen once the owner's
+    // start time is read again.
     node.sys.spawn(4001, 1);
     let (_, s) = scrape(&mut c, Instant::now());
+    assert_eq!(
+        value(
+            &s,
+            "gpuslice_slice_memory_limit_bytes",
+            &[("reservation", live.as_str())]
+        ),
+        GI as f64,
+        "between rechecks only the pid's existence is probed"
+    );
+    let later = Instant::now() + gpuslice::serve::collect::OWNER_RECHECK;
+    let (_, s) = scrape(&mut c, later);
     assert!(find(&s, "gpuslice_slice_memory_limit_bytes", &[]).is_empty());
-    assert_eq!(errors(&s, "container"), 3.0);
+    assert_eq!(errors(&s, "container"), 4.0);
 }
 
 #[test]

@@ -7,7 +7,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use gpuslice_registry::{
     gpu_loads, read_registry, Owner, RefusalReason, RegistryFile, Reservation, ReservationState,
@@ -19,7 +19,7 @@ use gpuslice_slice::{Limits, LIMITS_FILE, USAGE_FILE};
 use crate::serve::errors::{ErrorLog, Source};
 use crate::serve::gpu::{DeviceReading, GpuMeter, Reading};
 use crate::serve::model::{GpuSample, OwnerLabels, RegistryHealth, Scrape, SliceSample};
-use crate::serve::procmap::{HostProcess, Members, ProcFs};
+use crate::serve::procmap::{Attributor, ProcFs};
 use crate::serve::share::ShareTracker;
 
 /// Opens the GPU meter again after it failed (NVML may load after the exporter starts).
@@ -27,7 +27,12 @@ pub type MeterOpener =
     Box<dyn FnMut() -> Result<Box<dyn GpuMeter>, crate::serve::gpu::MeterError> + Send>;
 
 /// How long to wait before trying to open an unavailable meter again.
-pub const METER_RETRY: std::time::Duration = std::time::Duration::from_secs(60);
+pub const METER_RETRY: Duration = Duration::from_secs(60);
+
+/// How often a bound owner's start time is read again. In between, a scrape only checks
+/// that its pid exists (one syscall), which sees every exit at once; a reused pid or a
+/// zombie is seen within this interval.
+pub const OWNER_RECHECK: Duration = Duration::from_secs(5);
 
 /// Where the collector reads from.
 #[derive(Debug, Clone)]
@@ -59,6 +64,10 @@ pub struct Collector {
     last_open: Option<Instant>,
     /// Reservation id → device UUIDs in `limits.json` order (usage device `i`).
     limits: HashMap<String, Vec<String>>,
+    /// Reservation id → when its owner's start time was last seen to match.
+    verified: HashMap<String, Instant>,
+    /// Reservation id → (init pid, its pid namespace inode).
+    init_ns: HashMap<String, (u32, u64)>,
     shares: ShareTracker<(String, usize)>,
     errors: ErrorLog,
 }
@@ -116,6 +125,8 @@ impl Collector {
             reopen: None,
             last_open: None,
             limits: HashMap::new(),
+            verified: HashMap::new(),
+            init_ns: HashMap::new(),
             shares: ShareTracker::default(),
             errors,
         }
@@ -176,26 +187,43 @@ impl Collector {
         Some(reading)
     }
 
-    /// Whether `r` is live: a bound owner's process still runs (same start time and boot),
-    /// a pending reservation is within its deadline.
-    fn liveness(&self, r: &Reservation, now_ms: u64, boot_id: Option<&str>) -> Liveness {
+    /// Whether `r` is live: a bound owner's process still runs (same start time and boot;
+    /// re-read every [`OWNER_RECHECK`]), a pending reservation is within its deadline.
+    fn liveness(
+        &mut self,
+        r: &Reservation,
+        now: Instant,
+        now_ms: u64,
+        boot_id: Option<&str>,
+    ) -> Liveness {
         match (r.state, r.owner.process()) {
             (ReservationState::Pending, _) => match r.deadline_ms {
                 Some(d) if d <= now_ms => Liveness::Stale { vanished: None },
                 _ => Liveness::Live,
             },
             (ReservationState::Bound, Some(p)) => {
+                let fresh = self
+                    .verified
+                    .get(&r.id)
+                    .is_some_and(|t| now.saturating_duration_since(*t) < OWNER_RECHECK);
+                if fresh && self.system.process_exists(p.pid) {
+                    return Liveness::Live;
+                }
                 let same_boot = boot_id.map_or(true, |b| b == p.boot_id);
                 match self.system.process_start_time(p.pid) {
-                    Ok(Some(t)) if t == p.start_time && same_boot => Liveness::Live,
-                    Ok(_) => Liveness::Stale {
-                        vanished: Some(format!(
-                            "reservation {}: container {} (pid {}) is gone; its series are left out until it is reaped",
-                            r.id,
-                            r.owner,
-                            p.pid
-                        )),
-                    },
+                    Ok(Some(t)) if t == p.start_time && same_boot => {
+                        self.verified.insert(r.id.clone(), now);
+                        Liveness::Live
+                    }
+                    Ok(_) => {
+                        self.verified.remove(&r.id);
+                        Liveness::Stale {
+                            vanished: Some(format!(
+                                "reservation {}: container {} (pid {}) is gone; its series are left out until it is reaped",
+                                r.id, r.owner, p.pid
+                            )),
+                        }
+                    }
                     // Unreadable is not proof of death: keep the series.
                     Err(_) => Liveness::Live,
                 }
@@ -235,7 +263,7 @@ impl Collector {
         });
         for r in file.map(|f| f.reservations.as_slice()).unwrap_or_default() {
             let Some(h) = health.as_mut() else { break };
-            match self.liveness(r, now_ms, boot_id.as_deref()) {
+            match self.liveness(r, now, now_ms, boot_id.as_deref()) {
                 Liveness::Live => {
                     match r.state {
                         ReservationState::Pending => h.pending += 1,
@@ -253,15 +281,17 @@ impl Collector {
         }
 
         let gpus = self.gpu_samples(file, &live, reading.as_ref());
-        let hosts = self.host_processes(reading.as_ref());
-        let own_ns = self.proc.pid_ns("self").ok();
+        let files: Vec<SliceFiles> = live.iter().map(|r| self.slice_files(r)).collect();
+        let nvml_used = self.attribute(&live, &files, reading.as_ref());
         let mut slices = Vec::new();
-        for r in &live {
-            self.slice_samples(r, file, reading.as_ref(), &hosts, own_ns, now, &mut slices);
+        for (n, (r, f)) in live.iter().zip(&files).enumerate() {
+            self.slice_samples(r, f, file, &nvml_used[n], now, &mut slices);
         }
 
         let keep: HashSet<&str> = live.iter().map(|r| r.id.as_str()).collect();
         self.limits.retain(|id, _| keep.contains(id.as_str()));
+        self.verified.retain(|id, _| keep.contains(id.as_str()));
+        self.init_ns.retain(|id, _| keep.contains(id.as_str()));
         self.shares.retain(|(id, _)| keep.contains(id.as_str()));
 
         Scrape {
@@ -324,28 +354,6 @@ impl Collector {
         out
     }
 
-    /// Every pid NVML reported, identified through `/proc`.
-    fn host_processes(&mut self, reading: Option<&Reading>) -> HashMap<u32, HostProcess> {
-        let mut out = HashMap::new();
-        let pids: HashSet<u32> = reading
-            .map(|r| {
-                r.devices
-                    .iter()
-                    .flat_map(|d| d.processes.iter().flatten().map(|p| p.pid))
-                    .collect()
-            })
-            .unwrap_or_default();
-        for pid in pids {
-            match self.proc.identify(pid) {
-                Ok(p) => {
-                    out.insert(pid, p);
-                }
-                Err(e) => self.errors.record(Source::Proc, e),
-            }
-        }
-        out
-    }
-
     /// The device UUIDs of a slice's `limits.json`, read once per reservation.
     fn limits_uuids(&mut self, id: &str) -> Option<&Vec<String>> {
         if !self.limits.contains_key(id) {
@@ -367,64 +375,114 @@ impl Collector {
         self.limits.get(id)
     }
 
-    /// The processes of `r`'s container: its shim processes (usage slots), its own pid
-    /// namespace (when not the exporter's) and its cgroup.
-    fn members(
-        &self,
-        r: &Reservation,
-        usage: Option<&UsageSnapshot>,
-        own_ns: Option<u64>,
-    ) -> Members {
-        let pid_ns = r
-            .owner
-            .process()
-            .and_then(|p| self.proc.pid_ns(&p.pid.to_string()).ok())
-            .filter(|ns| Some(*ns) != own_ns);
-        Members {
-            slots: usage
-                .map(|u| u.processes.iter().map(|p| (p.pid_ns, p.pid)).collect())
-                .unwrap_or_default(),
-            pid_ns,
-            container_id: r.owner.container_id().map(str::to_string),
+    /// The limits and usage of a live reservation (none for whole GPUs, which have no
+    /// slice files: no shim, nothing to account).
+    fn slice_files(&mut self, r: &Reservation) -> SliceFiles {
+        if r.whole_gpu {
+            return SliceFiles::default();
         }
+        let uuids = self.limits_uuids(&r.id).cloned();
+        let path = self.slice_file(&r.id, USAGE_FILE);
+        let usage = match read_snapshot(&path) {
+            Ok(u) => Some(u),
+            Err(e) => {
+                self.errors.record(Source::Usage, e);
+                None
+            }
+        };
+        SliceFiles { uuids, usage }
+    }
+
+    /// The pid namespace of a bound owner's init process, read once per reservation.
+    fn init_pid_ns(&mut self, r: &Reservation) -> Option<u64> {
+        let pid = r.owner.process()?.pid;
+        if let Some((p, ns)) = self.init_ns.get(&r.id) {
+            if *p == pid {
+                return Some(*ns);
+            }
+        }
+        let ns = self.proc.pid_ns(&pid.to_string()).ok()?;
+        self.init_ns.insert(r.id.clone(), (pid, ns));
+        Some(ns)
+    }
+
+    /// NVML's per-process memory attributed to each live reservation: for reservation `n`,
+    /// bytes by GPU UUID; a GPU whose processes NVML listed is present (possibly 0).
+    fn attribute(
+        &mut self,
+        live: &[&Reservation],
+        files: &[SliceFiles],
+        reading: Option<&Reading>,
+    ) -> Vec<HashMap<String, u64>> {
+        let mut out: Vec<HashMap<String, u64>> = vec![HashMap::new(); live.len()];
+        let Some(reading) = reading else {
+            return out;
+        };
+        let listed: Vec<&DeviceReading> = reading
+            .devices
+            .iter()
+            .filter(|d| d.processes.is_some())
+            .collect();
+        for (n, r) in live.iter().enumerate() {
+            for b in &r.gpus {
+                if listed.iter().any(|d| d.uuid == b.uuid) {
+                    out[n].insert(b.uuid.clone(), 0);
+                }
+            }
+        }
+        if listed
+            .iter()
+            .all(|d| d.processes.as_ref().map_or(true, Vec::is_empty))
+        {
+            return out;
+        }
+        let own_ns = self.proc.pid_ns("self").ok();
+        let namespaces: Vec<Option<u64>> = live.iter().map(|r| self.init_pid_ns(r)).collect();
+        let proc = self.proc.clone();
+        let mut who = Attributor::new(&proc, own_ns);
+        for (n, r) in live.iter().enumerate() {
+            let slots = files[n]
+                .usage
+                .iter()
+                .flat_map(|u| u.processes.iter().map(|p| (p.pid_ns, p.pid)));
+            who.add(n, slots, namespaces[n], r.owner.container_id());
+        }
+        for d in listed {
+            for p in d.processes.iter().flatten() {
+                match who.owner_of(p.pid) {
+                    Ok(Some(n)) => {
+                        if let (Some(sum), Some(used)) = (out[n].get_mut(&d.uuid), p.used) {
+                            *sum = sum.saturating_add(used);
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(e) => self.errors.record(Source::Proc, e),
+                }
+            }
+        }
+        out
     }
 
     #[allow(clippy::too_many_arguments)]
     fn slice_samples(
         &mut self,
         r: &Reservation,
+        files: &SliceFiles,
         file: Option<&RegistryFile>,
-        reading: Option<&Reading>,
-        hosts: &HashMap<u32, HostProcess>,
-        own_ns: Option<u64>,
+        nvml_used: &HashMap<String, u64>,
         now: Instant,
         out: &mut Vec<SliceSample>,
     ) {
-        // Whole GPUs have no slice files: no shim, nothing to account.
-        let (uuids, usage) = if r.whole_gpu {
-            (None, None)
-        } else {
-            let uuids = self.limits_uuids(&r.id).cloned();
-            let path = self.slice_file(&r.id, USAGE_FILE);
-            let usage = match read_snapshot(&path) {
-                Ok(u) => Some(u),
-                Err(e) => {
-                    self.errors.record(Source::Usage, e);
-                    None
-                }
-            };
-            (uuids, usage)
-        };
-        let members = self.members(r, usage.as_ref(), own_ns);
         let owner = owner_labels(&r.owner);
         for b in &r.gpus {
             let index = file
                 .and_then(|f| f.inventory.gpu(&b.uuid))
                 .map_or(b.index, |g| g.index);
-            let device = uuids
+            let device = files
+                .uuids
                 .as_ref()
                 .and_then(|u| u.iter().position(|x| *x == b.uuid));
-            let dev_usage = match (&usage, device) {
+            let dev_usage = match (&files.usage, device) {
                 (Some(u), Some(i)) => u.devices.get(i).map(|d| (i, *d)),
                 _ => None,
             };
@@ -443,16 +501,6 @@ impl Collector {
                 ),
                 _ => (None, None),
             };
-            let nvml_memory_used = reading
-                .and_then(|m| m.devices.iter().find(|d| d.uuid == b.uuid))
-                .and_then(|d| d.processes.as_ref())
-                .map(|procs| {
-                    procs
-                        .iter()
-                        .filter(|p| hosts.get(&p.pid).is_some_and(|h| members.contains(h)))
-                        .filter_map(|p| p.used)
-                        .sum()
-                });
             out.push(SliceSample {
                 reservation: r.id.clone(),
                 owner: owner.clone(),
@@ -461,12 +509,20 @@ impl Collector {
                 memory_limit: b.memory,
                 compute_limit,
                 memory_used: dev_usage.map(|(_, d)| d.used),
-                nvml_memory_used,
+                nvml_memory_used: nvml_used.get(&b.uuid).copied(),
                 busy_seconds,
                 compute_used,
             });
         }
     }
+}
+
+/// A live slice's files as read this scrape.
+#[derive(Debug, Default)]
+struct SliceFiles {
+    /// Device UUIDs of `limits.json`, in order.
+    uuids: Option<Vec<String>>,
+    usage: Option<UsageSnapshot>,
 }
 
 /// The `node` label: `NODE_NAME` (Kubernetes downward API) when set, else the hostname

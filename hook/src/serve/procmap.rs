@@ -4,7 +4,7 @@
 //! `/proc/<pid>/cgroup` translate between the two. The proc root is a parameter so tests run
 //! on fixture directories.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 /// A `/proc` entry that cannot be read or understood.
@@ -19,19 +19,6 @@ pub enum ProcError {
     NsLink { path: PathBuf, found: String },
     #[error("{path}: no usable NSpid line; accepted: `NSpid:` followed by pids")]
     NsPid { path: PathBuf },
-}
-
-/// A host process as its container sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HostProcess {
-    /// Pid in the exporter's pid namespace (what NVML reports to it).
-    pub pid: u32,
-    /// Inode of the process's own (innermost) pid namespace.
-    pub pid_ns: u64,
-    /// Pid in that namespace (what the process itself, and so its usage slot, sees).
-    pub ns_pid: u32,
-    /// Text of `/proc/<pid>/cgroup`.
-    pub cgroup: String,
 }
 
 /// The proc filesystem under `root` (normally `/proc`).
@@ -97,47 +84,95 @@ impl ProcFs {
         })
     }
 
-    /// Identifies host process `pid`: its innermost pid namespace, its pid there, its cgroup.
-    pub fn identify(&self, pid: u32) -> Result<HostProcess, ProcError> {
-        let dir = pid.to_string();
-        let pid_ns = self.pid_ns(&dir)?;
-        let status_path = self.root.join(&dir).join("status");
-        let status = self.read(status_path.clone())?;
-        let ns_pid = parse_nspid(&status)
+    /// The pid of host process `pid` in its own (innermost) pid namespace.
+    pub fn ns_pid(&self, pid: u32) -> Result<u32, ProcError> {
+        let path = self.root.join(pid.to_string()).join("status");
+        let status = self.read(path.clone())?;
+        parse_nspid(&status)
             .and_then(|p| p.last().copied())
-            .ok_or(ProcError::NsPid { path: status_path })?;
-        let cgroup = self.read(self.root.join(&dir).join("cgroup"))?;
-        Ok(HostProcess {
-            pid,
-            pid_ns,
-            ns_pid,
-            cgroup,
-        })
+            .ok_or(ProcError::NsPid { path })
+    }
+
+    /// The text of `/proc/<pid>/cgroup`.
+    pub fn cgroup(&self, pid: u32) -> Result<String, ProcError> {
+        self.read(self.root.join(pid.to_string()).join("cgroup"))
     }
 }
 
-/// What identifies the processes of one reservation's container on the host.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Members {
-    /// (pid namespace inode, pid there) of every live slot of the usage file: processes that
-    /// run the shim.
-    pub slots: HashSet<(u64, u32)>,
-    /// The container's own pid namespace, when it has one (not the exporter's): every
-    /// process in it belongs to the container, shim or not.
-    pub pid_ns: Option<u64>,
-    /// The container id, matched against cgroup paths.
-    pub container_id: Option<String>,
+/// Attributes host pids to owners (reservations, by position), reading `/proc` lazily:
+/// the pid namespace first; the `NSpid` line only for processes neither in the exporter's
+/// namespace nor in a known container namespace; the cgroup only for those still unmatched.
+/// A scrape builds one, so each pid is looked at once whatever the number of reservations.
+#[derive(Debug)]
+pub struct Attributor<'a> {
+    proc: &'a ProcFs,
+    own_ns: Option<u64>,
+    /// (pid namespace inode, pid there) of usage-file slots → owner.
+    slots: HashMap<(u64, u32), usize>,
+    /// A container's own pid namespace → owner.
+    namespaces: HashMap<u64, usize>,
+    /// Container ids, for the cgroup fallback.
+    containers: Vec<(String, usize)>,
+    seen: HashMap<u32, Option<usize>>,
 }
 
-impl Members {
-    /// True when host process `p` is one of the container's.
-    pub fn contains(&self, p: &HostProcess) -> bool {
-        self.slots.contains(&(p.pid_ns, p.ns_pid))
-            || self.pid_ns == Some(p.pid_ns)
-            || self
-                .container_id
-                .as_deref()
-                .is_some_and(|id| cgroup_names_container(&p.cgroup, id))
+impl<'a> Attributor<'a> {
+    /// `own_ns` is the exporter's pid namespace (NVML reports pids as seen from it).
+    pub fn new(proc: &'a ProcFs, own_ns: Option<u64>) -> Attributor<'a> {
+        Attributor {
+            proc,
+            own_ns,
+            slots: Default::default(),
+            namespaces: Default::default(),
+            containers: Vec::new(),
+            seen: Default::default(),
+        }
+    }
+
+    /// Registers `owner`: the processes of its usage-file slots, its container's pid
+    /// namespace (ignored when it is the exporter's: `--pid=host`) and its container id.
+    pub fn add(
+        &mut self,
+        owner: usize,
+        slots: impl IntoIterator<Item = (u64, u32)>,
+        pid_ns: Option<u64>,
+        container_id: Option<&str>,
+    ) {
+        for key in slots {
+            self.slots.insert(key, owner);
+        }
+        if let Some(ns) = pid_ns.filter(|ns| Some(*ns) != self.own_ns) {
+            self.namespaces.insert(ns, owner);
+        }
+        if let Some(id) = container_id.filter(|id| !id.is_empty()) {
+            self.containers.push((id.to_string(), owner));
+        }
+    }
+
+    /// The owner of host process `pid`, if any; an unreadable `/proc` entry is an error.
+    pub fn owner_of(&mut self, pid: u32) -> Result<Option<usize>, ProcError> {
+        if let Some(o) = self.seen.get(&pid) {
+            return Ok(*o);
+        }
+        let ns = self.proc.pid_ns(&pid.to_string())?;
+        let mut owner = if Some(ns) == self.own_ns {
+            self.slots.get(&(ns, pid)).copied()
+        } else if let Some(o) = self.namespaces.get(&ns) {
+            Some(*o)
+        } else {
+            let ns_pid = self.proc.ns_pid(pid)?;
+            self.slots.get(&(ns, ns_pid)).copied()
+        };
+        if owner.is_none() && !self.containers.is_empty() {
+            let cgroup = self.proc.cgroup(pid)?;
+            owner = self
+                .containers
+                .iter()
+                .find(|(id, _)| cgroup_names_container(&cgroup, id))
+                .map(|(_, o)| *o);
+        }
+        self.seen.insert(pid, owner);
+        Ok(owner)
     }
 }
 
@@ -173,34 +208,29 @@ mod tests {
     }
 
     #[test]
-    fn identifies_a_containerised_process_from_fixture_proc() {
+    fn reads_namespace_nspid_and_cgroup_from_fixture_proc() {
         let root = tempfile::tempdir().unwrap();
         fake_process(
             root.path(),
             4242,
             4026532999,
             "4242\t7",
-            "0::/system.slice/runc-e2e-a.scope\n",
+            "0::/runc-e2e-a.scope\n",
         );
         let proc = ProcFs::new(root.path());
-        let p = proc.identify(4242).unwrap();
-        assert_eq!(
-            p,
-            HostProcess {
-                pid: 4242,
-                pid_ns: 4026532999,
-                ns_pid: 7,
-                cgroup: "0::/system.slice/runc-e2e-a.scope\n".into(),
-            }
-        );
+        assert_eq!(proc.pid_ns("4242").unwrap(), 4026532999);
+        assert_eq!(proc.ns_pid(4242).unwrap(), 7);
+        assert_eq!(proc.cgroup(4242).unwrap(), "0::/runc-e2e-a.scope\n");
         // A vanished process is an error naming the path, not a panic.
-        let e = proc.identify(4243).unwrap_err();
+        let e = proc.pid_ns("4243").unwrap_err();
         assert!(e.to_string().contains("4243/ns/pid"), "{e}");
         // A status without NSpid (kernels before 4.1) is refused with the path.
         fake_process(root.path(), 5, 1, "", "");
         std::fs::write(root.path().join("5/status"), "Name:\tx\n").unwrap();
-        let e = proc.identify(5).unwrap_err();
-        assert!(matches!(e, ProcError::NsPid { .. }), "{e}");
+        assert!(matches!(proc.ns_pid(5), Err(ProcError::NsPid { .. })));
+        std::fs::create_dir_all(root.path().join("7/ns")).unwrap();
+        std::os::unix::fs::symlink("net:[1]", root.path().join("7/ns/pid")).unwrap();
+        assert!(matches!(proc.pid_ns("7"), Err(ProcError::NsLink { .. })));
     }
 
     #[test]
@@ -218,32 +248,48 @@ mod tests {
     }
 
     #[test]
-    fn members_by_slot_namespace_or_cgroup() {
-        let p = HostProcess {
-            pid: 900,
-            pid_ns: 11,
-            ns_pid: 3,
-            cgroup: "0::/other\n".into(),
-        };
-        let mut m = Members::default();
-        assert!(!m.contains(&p));
-        m.slots.insert((11, 3));
-        assert!(m.contains(&p));
-        let m = Members {
-            pid_ns: Some(11),
-            ..Members::default()
-        };
-        assert!(m.contains(&p));
-        let m = Members {
-            container_id: Some("other".into()),
-            ..Members::default()
-        };
-        assert!(m.contains(&p));
-        let m = Members {
-            slots: [(11, 4), (12, 3)].into_iter().collect(),
-            pid_ns: Some(12),
-            container_id: Some("mine".into()),
-        };
-        assert!(!m.contains(&p));
+    fn attributes_by_slot_namespace_or_cgroup_reading_only_what_is_needed() {
+        let root = tempfile::tempdir().unwrap();
+        let own = 4026531836;
+        // Owner 0: container with its own namespace 11 (any process in it is its).
+        fake_process(root.path(), 100, 11, "100\t1", "0::/a\n");
+        // Owner 1: a shim process in the exporter's namespace (`--pid=host`), pid 200.
+        fake_process(root.path(), 200, own, "200", "0::/b\n");
+        // Owner 2: known by a slot in a nested namespace 13 (pid 5 there) only.
+        fake_process(root.path(), 300, 13, "300\t9\t5", "0::/c\n");
+        // Owner 3: known only by its cgroup.
+        fake_process(
+            root.path(),
+            400,
+            14,
+            "400\t1",
+            "0::/system.slice/runc-ctr-d.scope\n",
+        );
+        // Nobody's: a host process, and one in an unknown namespace.
+        fake_process(root.path(), 500, own, "500", "0::/user\n");
+        fake_process(root.path(), 600, 15, "600\t3", "0::/e\n");
+        let proc = ProcFs::new(root.path());
+        let mut a = Attributor::new(&proc, Some(own));
+        a.add(0, [], Some(11), Some("ctr-a"));
+        a.add(1, [(own, 200)], Some(own), Some("ctr-b"));
+        a.add(2, [(13, 5)], None, None);
+        a.add(3, [], None, Some("ctr-d"));
+        assert_eq!(a.owner_of(100).unwrap(), Some(0));
+        assert_eq!(a.owner_of(200).unwrap(), Some(1));
+        assert_eq!(a.owner_of(300).unwrap(), Some(2));
+        assert_eq!(a.owner_of(400).unwrap(), Some(3));
+        assert_eq!(a.owner_of(500).unwrap(), None);
+        assert_eq!(a.owner_of(600).unwrap(), None);
+        assert!(a.owner_of(700).is_err(), "no /proc entry");
+        // A process in a known container namespace needs neither status nor cgroup.
+        std::fs::remove_file(root.path().join("100/status")).unwrap();
+        std::fs::remove_file(root.path().join("100/cgroup")).unwrap();
+        let mut b = Attributor::new(&proc, Some(own));
+        b.add(0, [], Some(11), Some("ctr-a"));
+        assert_eq!(b.owner_of(100).unwrap(), Some(0));
+        // The host namespace is never taken for a container's own.
+        let mut c = Attributor::new(&proc, Some(own));
+        c.add(0, [], Some(own), None);
+        assert_eq!(c.owner_of(500).unwrap(), None);
     }
 }
