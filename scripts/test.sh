@@ -21,3 +21,6 @@ echo "== unit, integration and end-to-end tests"
 export GPUSLICE_TEST_BIN_DIR="$PWD/target/release"
 export GPUSLICE_TEST_PORTABLE_DIR="$PWD/target/portable"
 cargo test --workspace --release --locked --no-fail-fast -- --include-ignored
+
+echo "== package: dpkg -i, the demo with installed paths, dpkg -r restores the node"
+./scripts/check-deb.sh

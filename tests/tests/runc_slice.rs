@@ -296,3 +296,37 @@ fn image_ld_preload_does_not_reach_the_hooks() {
     started.remove(&node);
     assert!(node.reservations().is_empty());
 }
+
+#[test]
+fn precreate_hook_and_runtime_wrapper_together_reserve_once() {
+    let _s = serial();
+    let node = TestNode::new(&["10Gi"]);
+    let bundle = Bundle::new("echo READY; sleep 600", &slice_ann());
+    // The engine's precreate hook edits the spec first…
+    let mut hook = std::process::Command::new(gpuslice_e2e::bin("gpuslice"))
+        .args(["--config", &node.config_str(), "hook", "precreate"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let spec = std::fs::read(bundle.config_path()).unwrap();
+    std::io::Write::write_all(hook.stdin.as_mut().unwrap(), &spec).unwrap();
+    let out = hook.wait_with_output().unwrap();
+    assert!(out.status.success());
+    std::fs::write(bundle.config_path(), &out.stdout).unwrap();
+    assert_eq!(node.reservations().len(), 1);
+    // …then the runtime wrapper sees gpuslice's own edit and leaves it alone.
+    let c = run_detached(&node, &bundle, "e2e-twice").expect("starts");
+    c.wait_for("READY");
+    let res = node.reservations();
+    assert_eq!(res.len(), 1, "reserved twice: {res:?}");
+    assert_eq!(res[0]["state"], "bound");
+    assert_eq!(res[0]["container_id"], "e2e-twice");
+    assert_eq!(
+        std::fs::read(bundle.config_path()).unwrap(),
+        out.stdout,
+        "the wrapper rewrote an edited spec"
+    );
+    c.remove(&node);
+    assert!(node.reservations().is_empty());
+}
