@@ -143,14 +143,18 @@ fn node_spec_is_schema_valid_lowest_version_and_deterministic() {
 }
 
 #[test]
-fn without_host_paths_the_node_spec_needs_only_0_3_0() {
+fn without_host_paths_only_the_index_names_need_0_5_0() {
     let dir = tempfile::tempdir().unwrap();
     let n = node(dir.path());
     let mut d = driver("");
     for node in d.control.iter_mut().chain(d.gpus.values_mut()) {
         node.host_path = None;
     }
-    let spec = node_spec(&n, Path::new("/usr/bin/gpuslice"), &gpus(), &d).unwrap();
+    let mut spec = node_spec(&n, Path::new("/usr/bin/gpuslice"), &gpus(), &d).unwrap();
+    let v = check(&validator(), &gpuslice_cdi::to_json(&spec).unwrap());
+    // Device names starting with a digit (`0`, `1`) arrived in CDI 0.5.0.
+    assert_eq!(v["cdiVersion"], "0.5.0");
+    spec.devices.retain(|d| !d.name.starts_with(|c: char| c.is_ascii_digit()));
     let v = check(&validator(), &gpuslice_cdi::to_json(&spec).unwrap());
     assert_eq!(v["cdiVersion"], "0.3.0");
 }
