@@ -77,7 +77,7 @@ if ! podman image exists "$IMAGE"; then
   mkdir -p "$rootfs"/{bin,usr/lib/x86_64-linux-gnu,lib64,etc,tmp,proc,sys,dev,run,root}
   ln -s usr/lib "$rootfs/lib"
   cp /bin/busybox "$rootfs/bin/"
-  for a in $(/bin/busybox --list); do ln -sf busybox "$rootfs/bin/$a"; done
+  for a in $(/bin/busybox --list); do [ "$a" = busybox ] || ln -s busybox "$rootfs/bin/$a"; done
   for l in libc.so.6 libm.so.6 libgcc_s.so.1 libdl.so.2 libpthread.so.0 librt.so.1 ld-linux-x86-64.so.2; do
     cp "/lib/x86_64-linux-gnu/$l" "$rootfs/usr/lib/x86_64-linux-gnu/"
   done
