@@ -5,7 +5,9 @@
 # processes through /proc). Measures the latency of GET /metrics against GET /healthz (the
 # same server doing no collection) over one keep-alive connection, in one run, and the
 # exporter's resident memory. State lives on tmpfs, as /run does on a node. Needs root
-# (device nodes of the simulated node).
+# (device nodes of the simulated node). A second exporter on the same state, configured for a
+# real driver that this machine lacks, runs without NVML: the with/without-NVML ratio from the
+# same run.
 #
 #   scripts/bench-exporter.sh [scrapes]      # default 500
 set -euo pipefail
@@ -69,8 +71,14 @@ done
 "${GS[@]}" serve --listen 127.0.0.1:0 2> "$NODE/serve.log" &
 SERVE=$!
 PIDS+=("$SERVE")
-until grep -q listening "$NODE/serve.log"; do sleep 0.05; done
+sed -e 's/^source = "simulated"/source = "nvml"/' "$CONFIG" > "$NODE/no-nvml.toml"
+"$REL/gpuslice" --config "$NODE/no-nvml.toml" serve --listen 127.0.0.1:0 2> "$NODE/serve-no-nvml.log" &
+PIDS+=("$!")
+until grep -q listening "$NODE/serve.log" && grep -q listening "$NODE/serve-no-nvml.log"; do
+  sleep 0.05
+done
 URL=$(sed -n 's|.*listening on \(http://[^/]*\)/metrics|\1|p' "$NODE/serve.log")
+URL_NO_NVML=$(sed -n 's|.*listening on \(http://[^/]*\)/metrics|\1|p' "$NODE/serve-no-nvml.log")
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) CPUs"
 
 echo "== one scrape, checked"
@@ -82,30 +90,42 @@ echo "bound reservations: $(sed -n 's/^gpuslice_reservations{.*state="bound"} //
   "with NVML cross-check: $(grep -c '^gpuslice_slice_nvml_memory_used_bytes' "$NODE/metrics.txt")," \
   "errors: $(grep '^gpuslice_exporter_errors_total' "$NODE/metrics.txt" | awk '{s+=$2} END {print s}')"
 
-echo "== $SCRAPES scrapes of /metrics against /healthz, alternating, one keep-alive connection"
-python3 - "$URL" "$SCRAPES" <<'PY'
-import http.client, statistics, sys, time, urllib.parse
+echo "== $SCRAPES scrapes each of /metrics, /healthz and /metrics without NVML, interleaved, keep-alive"
+python3 - "$URL" "$SCRAPES" "$URL_NO_NVML" <<'PY'
+import http.client, re, statistics, sys, time, urllib.parse
 url, n = urllib.parse.urlparse(sys.argv[1]), int(sys.argv[2])
+bare = urllib.parse.urlparse(sys.argv[3])
 conn = http.client.HTTPConnection(url.hostname, url.port)
-def get(path):
+bare_conn = http.client.HTTPConnection(bare.hostname, bare.port)
+collect = re.compile(rb"^gpuslice_exporter_collect_duration_seconds\{[^}]*\} (\S+)$", re.M)
+def get(path, c=conn):
     t = time.perf_counter()
-    conn.request("GET", path)
-    r = conn.getresponse()
-    r.read()
+    c.request("GET", path)
+    r = c.getresponse()
+    body = r.read()
     assert r.status == 200, r.status
-    return time.perf_counter() - t
+    return time.perf_counter() - t, body
 for _ in range(20):
     get("/metrics"); get("/healthz")
-m, h = [], []
+m, h, c, b, bc = [], [], [], [], []
 for _ in range(n):
-    m.append(get("/metrics")); h.append(get("/healthz"))
+    t, body = get("/metrics")
+    m.append(t)
+    c.append(float(collect.search(body).group(1)))
+    h.append(get("/healthz")[0])
+    t, body = get("/metrics", bare_conn)
+    assert b"gpuslice_gpu_memory_used_bytes{" not in body
+    b.append(t)
+    bc.append(float(collect.search(body).group(1)))
 ms = lambda v: f"{v * 1000:.2f} ms"
 q = lambda v, p: sorted(v)[int(len(v) * p)]
-print(f"/metrics median {ms(statistics.median(m))} (p90 {ms(q(m, .9))}), "
-      f"/healthz median {ms(statistics.median(h))}, "
-      f"ratio {statistics.median(m) / statistics.median(h):.1f}, "
-      f"collection + encoding {ms(statistics.median(m) - statistics.median(h))}")
+med = statistics.median
+print(f"/metrics median {ms(med(m))} (p90 {ms(q(m, .9))}), /healthz median {ms(med(h))}, "
+      f"ratio {med(m) / med(h):.1f}, collection + encoding {ms(med(m) - med(h))}")
+print(f"in-process collection (gpuslice_exporter_collect_duration_seconds): median {ms(med(c))} "
+      f"(p90 {ms(q(c, .9))})")
+print(f"without NVML: /metrics median {ms(med(b))}, collection median {ms(med(bc))}; "
+      f"ratio with/without NVML: scrape {med(m) / med(b):.2f}, collection {med(c) / med(bc):.2f}")
 PY
-curl -sf "$URL/metrics" | sed -n 's/^gpuslice_exporter_collect_duration_seconds{.*} /in-process collection of the last scrape (s): /p'
-echo "exporter memory: $(grep -E 'VmRSS|VmHWM' /proc/$SERVE/status | tr -s ' \t' ' ' | tr '\n' ' ')"
+echo "exporter memory (with NVML): $(grep -E 'VmRSS|VmHWM' /proc/$SERVE/status | tr -s ' \t' ' ' | tr '\n' ' ')"
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -66,12 +66,15 @@ pub fn route(collector: &mut Collector, method: &Method, url: &str, accept: Opti
     }
 }
 
-/// Starts listening on `addr` (port 0 picks a free port; see [`Server::server_addr`]).
+/// Starts listening on `addr` (port 0 picks a free port; see [`local_addr`]).
 pub fn bind(addr: SocketAddr) -> Result<Server, HttpError> {
-    Server::http(addr).map_err(|e| HttpError::Bind {
-        addr,
-        detail: e.to_string(),
-    })
+    let err = |detail: String| HttpError::Bind { addr, detail };
+    let listener = std::net::TcpListener::bind(addr).map_err(|e| err(e.to_string()))?;
+    // tiny_http writes responses in 1 KiB pieces: with Nagle's algorithm the last piece of
+    // a scrape waits for the scraper's delayed ACK (up to 40 ms). Accepted sockets inherit
+    // TCP_NODELAY from the listener.
+    rustix::net::sockopt::set_tcp_nodelay(&listener, true).map_err(|e| err(e.to_string()))?;
+    Server::from_listener(listener, None).map_err(|e| err(e.to_string()))
 }
 
 /// The address a server listens on.
