@@ -421,3 +421,43 @@ fn corrupt_registry_keeps_measured_gpus_and_counts() {
     assert_eq!(find(&s, "gpuslice_gpu_memory_used_bytes", &[]).len(), 2);
     assert_eq!(find(&s, "gpuslice_gpu_memory_total_bytes", &[]).len(), 2);
 }
+
+#[test]
+fn whole_gpu_is_limited_to_the_gpu_and_measured_by_nvml_only() {
+    use gpuslice_registry::{Owner, Request, Selector};
+    let node = Node::new(1);
+    let req = Request {
+        whole_gpu: true,
+        selectors: vec![Selector::Index(0)],
+        ..Request::new(Owner::container())
+    };
+    let r = node.reg.reserve(&req).unwrap();
+    node.sys.spawn(4500, 45_000);
+    node.reg.bind(&r.id, "whole", 4500).unwrap();
+    fake_process(node.proc.path(), "4500", 4026532050, 1, "0::/whole\n");
+    fake_process(node.proc.path(), "4501", 4026532050, 2, "0::/whole\n");
+    let meter = FakeMeter::default();
+    *meter.0.lock().unwrap() = reading(vec![GpuProcess {
+        pid: 4501,
+        used: Some(3 * GI),
+    }]);
+    let mut c = node.collector(Some(meter));
+    let (_, s) = scrape(&mut c, Instant::now());
+    let id = [("reservation", r.id.as_str())];
+    assert_eq!(
+        value(&s, "gpuslice_slice_memory_limit_bytes", &id),
+        (10 * GI) as f64
+    );
+    assert_eq!(value(&s, "gpuslice_slice_compute_limit_ratio", &id), 1.0);
+    assert_eq!(
+        value(&s, "gpuslice_slice_nvml_memory_used_bytes", &id),
+        (3 * GI) as f64
+    );
+    assert!(find(&s, "gpuslice_slice_memory_used_bytes", &id).is_empty());
+    assert_eq!(errors(&s, "usage"), 0.0, "no usage file is expected");
+    assert_eq!(errors(&s, "limits"), 0.0);
+    assert_eq!(
+        value(&s, "gpuslice_gpu_cores_booked_ratio", &[("uuid", &uuid(0))]),
+        1.0
+    );
+}
