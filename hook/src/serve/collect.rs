@@ -463,7 +463,7 @@ impl Collector {
         out
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// The series of one live reservation, one per booked GPU.
     fn slice_samples(
         &mut self,
         r: &Reservation,

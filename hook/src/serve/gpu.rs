@@ -102,8 +102,10 @@ impl NvmlSource {
 }
 
 impl NvmlMeter {
-    /// Loads and initialises NVML from `source`. Sets the simulated node's environment
-    /// first, so it must run before the process starts other threads.
+    /// Loads and initialises NVML from `source`, first setting the simulated node's
+    /// environment where it is not set. The first call must come before the process starts
+    /// other threads (`std::env::set_var` is not thread-safe); later calls (retries) find
+    /// the variables set and leave the environment alone.
     pub fn open(source: &NvmlSource) -> Result<NvmlMeter, MeterError> {
         for (key, value) in &source.env {
             if std::env::var_os(key).is_none() {
