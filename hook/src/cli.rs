@@ -88,6 +88,13 @@ pub enum HookCommand {
     CreateRuntime(HookArgs),
     /// `poststop` hook: release the container's reservations (state on stdin).
     Poststop(HookArgs),
+    /// Print MESSAGE and fail: how a refused precreate edit reaches the user through the
+    /// runtime's error.
+    #[command(hide = true)]
+    Fail {
+        /// The refusal, one line.
+        message: String,
+    },
 }
 
 #[derive(Debug, Args)]

@@ -74,6 +74,7 @@ pub fn run(cli: Cli) -> Result<(), Error> {
             hooks::create_runtime(&node, a.reservation.as_deref(), &a.whole_gpu)
         }
         Command::Hook(HookCommand::Poststop(a)) => hooks::poststop(&node, a.reservation.as_deref()),
+        Command::Hook(HookCommand::Fail { message }) => hooks::fail(&message),
         Command::Configure(ConfigureCommand::Podman(a)) => out(&configure::podman::configure(
             &node,
             &a.hooks_dir,

@@ -42,6 +42,8 @@ pub enum HookError {
         id: String,
         source: Box<RegistryError>,
     },
+    #[error("{0}")]
+    Refused(String),
     #[error("`{value}` is not a GPU UUID for --whole-gpu; accepted: GPU-<uuid>")]
     WholeSelector { value: String },
 }
@@ -60,17 +62,58 @@ fn read_state() -> Result<State, HookError> {
 }
 
 /// `hook precreate`: spec on stdin, edited (or unchanged) spec on stdout.
+///
+/// podman and CRI-O discard a precreate hook's stderr and report only its exit status, so
+/// a refusal (a malformed annotation, a request that does not fit) would reach the user as
+/// "exit status 1". Instead the hook returns the spec with a first `createRuntime` hook,
+/// `gpuslice hook fail <message>`: the runtime then refuses the container and its error,
+/// which engines do show, carries gpuslice's one line. Nothing is reserved either way.
 pub fn precreate(node: &Node) -> Result<(), Error> {
     let input = read_stdin()?;
-    let output = match edit_spec(node, &input).map_err(HookError::Edit)? {
-        Outcome::Edited { bytes, .. } => bytes,
-        Outcome::Untouched | Outcome::AlreadyEdited { .. } => input,
+    let output = match edit_spec(node, &input) {
+        Ok(Outcome::Edited { bytes, .. }) => bytes,
+        Ok(Outcome::Untouched | Outcome::AlreadyEdited { .. }) => input,
+        Err(e) => {
+            let message = e.to_string();
+            eprintln!("gpuslice: {message}");
+            match failing_spec(node, &input, &message) {
+                Some(bytes) => bytes,
+                None => return Err(HookError::Edit(e).into()),
+            }
+        }
     };
     let mut out = std::io::stdout().lock();
     out.write_all(&output)
         .and_then(|_| out.flush())
         .map_err(HookError::Write)?;
     Ok(())
+}
+
+/// The spec `input` with a first createRuntime hook that prints `message` and fails; `None`
+/// when the input is not a JSON object or the hook binary is unknown.
+fn failing_spec(node: &Node, input: &[u8], message: &str) -> Option<Vec<u8>> {
+    let mut spec: serde_json::Value = serde_json::from_slice(input).ok()?;
+    let binary = node.hook_binary().ok()?;
+    let hook = serde_json::json!({
+        "path": binary.display().to_string(),
+        "args": node.hook_args(&["hook", "fail", message]),
+        "env": crate::node::HOOK_ENV,
+    });
+    let hooks = spec
+        .as_object_mut()?
+        .entry("hooks")
+        .or_insert_with(|| serde_json::json!({}));
+    let list = hooks
+        .as_object_mut()?
+        .entry("createRuntime")
+        .or_insert_with(|| serde_json::json!([]));
+    list.as_array_mut()?.insert(0, hook);
+    serde_json::to_vec(&spec).ok()
+}
+
+/// `hook fail MESSAGE`: prints the message and fails (see [`precreate`]).
+pub fn fail(message: &str) -> Result<(), Error> {
+    Err(HookError::Refused(message.to_string()).into())
 }
 
 /// `hook create-runtime`: binds `reservation` to the container; books `whole` GPUs.

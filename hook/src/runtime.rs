@@ -112,7 +112,7 @@ pub enum RuntimeError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("{0}")]
+    #[error("gpuslice: {0}")]
     Edit(#[from] EditError),
     #[error("gpuslice-runtime: cannot write {path}: {source}")]
     WriteSpec {

@@ -24,40 +24,40 @@ use crate::slicespec::{preload_contents, slice_spec, SliceSpecError, PRELOAD_FIL
 /// Why a container's creation is refused. Each prints as one line for the user.
 #[derive(Debug, thiserror::Error)]
 pub enum EditError {
-    #[error("gpuslice: the OCI spec is not valid JSON: {0}")]
+    #[error("the OCI spec is not valid JSON: {0}")]
     Json(serde_json::Error),
-    #[error("gpuslice: the OCI spec's {field} is malformed: {detail}")]
+    #[error("the OCI spec's {field} is malformed: {detail}")]
     Shape { field: String, detail: String },
-    #[error("gpuslice: {0}")]
+    #[error("{0}")]
     Annotation(#[from] AnnotationError),
-    #[error("gpuslice: annotation {RESERVATION}={id:?} is set by gpuslice only and does not belong to this spec; remove it")]
+    #[error("annotation {RESERVATION}={id:?} is set by gpuslice only and does not belong to this spec; remove it")]
     Forged { id: String },
-    #[error("gpuslice: no GPU slice: {0}")]
+    #[error("no GPU slice: {0}")]
     Registry(Box<RegistryError>),
     #[error(
         "gpuslice: no node CDI spec cached: {0}; run `gpuslice cdi generate` on this node first"
     )]
     NodeSpec(SpecFileError),
-    #[error("gpuslice: shim library {path} does not exist; install it or set shim.library in the config")]
+    #[error("shim library {path} does not exist; install it or set shim.library in the config")]
     NoShim { path: PathBuf },
-    #[error("gpuslice: {0}")]
+    #[error("{0}")]
     Node(#[from] NodeError),
-    #[error("gpuslice: {0}")]
+    #[error("{0}")]
     SliceSpec(#[from] SliceSpecError),
-    #[error("gpuslice: {0}")]
+    #[error("{0}")]
     Limits(#[from] LimitsError),
-    #[error("gpuslice: cannot create the usage file of slice {id}: {detail}")]
+    #[error("cannot create the usage file of slice {id}: {detail}")]
     Usage { id: String, detail: String },
-    #[error("gpuslice: cannot write {path}: {source}")]
+    #[error("cannot write {path}: {source}")]
     Write {
         path: PathBuf,
         source: gpuslice_fsutil::AtomicWriteError,
     },
-    #[error("gpuslice: {0}")]
+    #[error("{0}")]
     SpecFile(SpecFileError),
-    #[error("gpuslice: {0}")]
+    #[error("{0}")]
     Inject(#[from] InjectError),
-    #[error("gpuslice: {0}")]
+    #[error("{0}")]
     Open(Box<Error>),
 }
 

@@ -327,3 +327,46 @@ fn podman_cdi_injection_and_gpuslice_injection_give_the_same_view() {
     }
     assert!(node.reservations().is_empty());
 }
+
+#[test]
+fn podman_shows_the_refusal_line_and_nothing_is_reserved() {
+    let _s = serial();
+    let node = TestNode::new(&["10Gi", "10Gi"]);
+    let hooks = tempfile::tempdir().unwrap();
+    assert!(node
+        .gpuslice(&[
+            "configure",
+            "podman",
+            "--hooks-dir",
+            &hooks.path().display().to_string()
+        ])
+        .status
+        .success());
+    let podman = Podman::new().with_hooks_dir(hooks.path());
+    for (ann, want) in [
+        (
+            "gpuslice.io/memory=12Gi",
+            vec!["12Gi", "free per GPU", "10Gi"],
+        ),
+        (
+            "gpuslice.io/cores=150",
+            vec!["annotation gpuslice.io/cores", "\"150\"", "1 to 100"],
+        ),
+    ] {
+        let out = podman.run(&["run", "--rm", "--annotation", ann, podman_image(), "true"]);
+        assert!(!out.status.success(), "{ann} was accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        for w in want {
+            assert!(
+                err.contains(w),
+                "podman's error for {ann} lacks {w:?}: {err}"
+            );
+        }
+        assert!(node.reservations().is_empty(), "{ann} reserved something");
+        assert!(
+            node.leftovers().is_empty(),
+            "{ann} left {:?}",
+            node.leftovers()
+        );
+    }
+}
