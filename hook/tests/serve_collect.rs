@@ -302,7 +302,7 @@ fn vanished_container_and_expired_pending_drop_out() {
         GI as f64,
         "between rechecks only the pid's existence is probed"
     );
-    let later = Instant::now() + gpuslice::serve::collect::OWNER_RECHECK;
+    let later = Instant::now() + gpuslice::serve::liveness::OWNER_RECHECK;
     let (_, s) = scrape(&mut c, later);
     assert!(find(&s, "gpuslice_slice_memory_limit_bytes", &[]).is_empty());
     assert_eq!(errors(&s, "container"), 4.0);

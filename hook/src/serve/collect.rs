@@ -18,6 +18,7 @@ use gpuslice_slice::{Limits, LIMITS_FILE, USAGE_FILE};
 
 use crate::serve::errors::{ErrorLog, Source};
 use crate::serve::gpu::{DeviceReading, GpuMeter, Reading};
+use crate::serve::liveness::{Liveness, OwnerCheck};
 use crate::serve::model::{GpuSample, OwnerLabels, RegistryHealth, Scrape, SliceSample};
 use crate::serve::procmap::{Attributor, ProcFs};
 use crate::serve::share::ShareTracker;
@@ -28,11 +29,6 @@ pub type MeterOpener =
 
 /// How long to wait before trying to open an unavailable meter again.
 pub const METER_RETRY: Duration = Duration::from_secs(60);
-
-/// How often a bound owner's start time is read again. In between, a scrape only checks
-/// that its pid exists (one syscall), which sees every exit at once; a reused pid or a
-/// zombie is seen within this interval.
-pub const OWNER_RECHECK: Duration = Duration::from_secs(5);
 
 /// Where the collector reads from.
 #[derive(Debug, Clone)]
@@ -45,27 +41,16 @@ pub struct Sources {
     pub node: String,
 }
 
-/// Why a listed reservation is not live.
-enum Liveness {
-    Live,
-    /// Owner gone (or pid reused), or the pending deadline passed.
-    Stale {
-        vanished: Option<String>,
-    },
-}
-
 /// Collects scrapes; keeps what must outlive one (share baselines, limits, error counts).
 pub struct Collector {
     sources: Sources,
     proc: ProcFs,
-    system: Arc<dyn System>,
+    owners: OwnerCheck,
     meter: Option<Box<dyn GpuMeter>>,
     reopen: Option<MeterOpener>,
     last_open: Option<Instant>,
     /// Reservation id → device UUIDs in `limits.json` order (usage device `i`).
     limits: HashMap<String, Vec<String>>,
-    /// Reservation id → when its owner's start time was last seen to match.
-    verified: HashMap<String, Instant>,
     /// Reservation id → (init pid, its pid namespace inode).
     init_ns: HashMap<String, (u32, u64)>,
     shares: ShareTracker<(String, usize)>,
@@ -120,12 +105,11 @@ impl Collector {
         Collector {
             proc: ProcFs::new(sources.proc_root.clone()),
             sources,
-            system,
+            owners: OwnerCheck::new(system),
             meter,
             reopen: None,
             last_open: None,
             limits: HashMap::new(),
-            verified: HashMap::new(),
             init_ns: HashMap::new(),
             shares: ShareTracker::default(),
             errors,
@@ -187,57 +171,11 @@ impl Collector {
         Some(reading)
     }
 
-    /// Whether `r` is live: a bound owner's process still runs (same start time and boot;
-    /// re-read every [`OWNER_RECHECK`]), a pending reservation is within its deadline.
-    fn liveness(
-        &mut self,
-        r: &Reservation,
-        now: Instant,
-        now_ms: u64,
-        boot_id: Option<&str>,
-    ) -> Liveness {
-        match (r.state, r.owner.process()) {
-            (ReservationState::Pending, _) => match r.deadline_ms {
-                Some(d) if d <= now_ms => Liveness::Stale { vanished: None },
-                _ => Liveness::Live,
-            },
-            (ReservationState::Bound, Some(p)) => {
-                let fresh = self
-                    .verified
-                    .get(&r.id)
-                    .is_some_and(|t| now.saturating_duration_since(*t) < OWNER_RECHECK);
-                if fresh && self.system.process_exists(p.pid) {
-                    return Liveness::Live;
-                }
-                let same_boot = boot_id.map_or(true, |b| b == p.boot_id);
-                match self.system.process_start_time(p.pid) {
-                    Ok(Some(t)) if t == p.start_time && same_boot => {
-                        self.verified.insert(r.id.clone(), now);
-                        Liveness::Live
-                    }
-                    Ok(_) => {
-                        self.verified.remove(&r.id);
-                        Liveness::Stale {
-                            vanished: Some(format!(
-                                "reservation {}: container {} (pid {}) is gone; its series are left out until it is reaped",
-                                r.id, r.owner, p.pid
-                            )),
-                        }
-                    }
-                    // Unreadable is not proof of death: keep the series.
-                    Err(_) => Liveness::Live,
-                }
-            }
-            // A DRA claim (or a bound owner without a process) lives until released.
-            (ReservationState::Bound, None) => Liveness::Live,
-        }
-    }
-
     /// Collects one scrape from an already read registry (`None`: it could not be read).
     pub fn collect_from(&mut self, file: Option<&RegistryFile>, now: Instant) -> Scrape {
         let reading = self.read_meter(now);
-        let now_ms = self.system.now_ms();
-        let boot_id = self.system.boot_id().ok();
+        let now_ms = self.owners.system().now_ms();
+        let boot_id = self.owners.system().boot_id().ok();
 
         let mut live: Vec<&Reservation> = Vec::new();
         let mut health = file.map(|f| {
@@ -263,7 +201,7 @@ impl Collector {
         });
         for r in file.map(|f| f.reservations.as_slice()).unwrap_or_default() {
             let Some(h) = health.as_mut() else { break };
-            match self.liveness(r, now, now_ms, boot_id.as_deref()) {
+            match self.owners.check(r, now, now_ms, boot_id.as_deref()) {
                 Liveness::Live => {
                     match r.state {
                         ReservationState::Pending => h.pending += 1,
@@ -290,7 +228,7 @@ impl Collector {
 
         let keep: HashSet<&str> = live.iter().map(|r| r.id.as_str()).collect();
         self.limits.retain(|id, _| keep.contains(id.as_str()));
-        self.verified.retain(|id, _| keep.contains(id.as_str()));
+        self.owners.retain(|id| keep.contains(id));
         self.init_ns.retain(|id, _| keep.contains(id.as_str()));
         self.shares.retain(|(id, _)| keep.contains(id.as_str()));
 

@@ -9,6 +9,7 @@ pub mod encode;
 pub mod errors;
 pub mod gpu;
 pub mod http;
+pub mod liveness;
 pub mod measured;
 pub mod model;
 pub mod procmap;
