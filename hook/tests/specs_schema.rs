@@ -154,7 +154,8 @@ fn without_host_paths_only_the_index_names_need_0_5_0() {
     let v = check(&validator(), &gpuslice_cdi::to_json(&spec).unwrap());
     // Device names starting with a digit (`0`, `1`) arrived in CDI 0.5.0.
     assert_eq!(v["cdiVersion"], "0.5.0");
-    spec.devices.retain(|d| !d.name.starts_with(|c: char| c.is_ascii_digit()));
+    spec.devices
+        .retain(|d| !d.name.starts_with(|c: char| c.is_ascii_digit()));
     let v = check(&validator(), &gpuslice_cdi::to_json(&spec).unwrap());
     assert_eq!(v["cdiVersion"], "0.3.0");
 }
