@@ -9,7 +9,7 @@ use gpuslice_driver::{Gpu, InventoryError};
 use gpuslice_registry::{Inventory, Registry, RegistryError};
 
 use crate::driveredits::{discover, DriverEdits, DriverEditsError};
-use crate::node::{Node, NodeError, HOOK_ENV};
+use crate::node::{Node, NodeError};
 use crate::simnode::{default_driver_dirs, setup_sim_node, RealMknod, SimError};
 
 /// Kind of the node spec's whole-GPU devices.
@@ -53,16 +53,6 @@ pub struct Generated {
     pub gpus: Vec<Gpu>,
 }
 
-fn hook(node: &Node, binary: &Path, name: &str, sub: &[&str]) -> Hook {
-    Hook {
-        hook_name: name.to_string(),
-        path: binary.display().to_string(),
-        args: node.hook_args(sub),
-        env: HOOK_ENV.iter().map(|s| s.to_string()).collect(),
-        timeout: None,
-    }
-}
-
 /// The createRuntime/poststop hooks that book `uuids` whole for the container.
 pub fn whole_gpu_hooks(node: &Node, binary: &Path, uuids: &[&str]) -> Vec<Hook> {
     let mut sub = vec!["hook", "create-runtime"];
@@ -71,8 +61,8 @@ pub fn whole_gpu_hooks(node: &Node, binary: &Path, uuids: &[&str]) -> Vec<Hook> 
         sub.push(u);
     }
     vec![
-        hook(node, binary, "createRuntime", &sub),
-        hook(node, binary, "poststop", &["hook", "poststop"]),
+        node.hook(binary, "createRuntime", &sub),
+        node.hook(binary, "poststop", &["hook", "poststop"]),
     ]
 }
 

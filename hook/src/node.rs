@@ -61,6 +61,18 @@ impl Node {
         Ok(path)
     }
 
+    /// A CDI hook entry running `gpuslice <sub…>` at stage `name`: absolute path, `--config`
+    /// when needed, and the fixed environment.
+    pub fn hook(&self, binary: &Path, name: &str, sub: &[&str]) -> gpuslice_cdi::Hook {
+        gpuslice_cdi::Hook {
+            hook_name: name.to_string(),
+            path: binary.display().to_string(),
+            args: self.hook_args(sub),
+            env: HOOK_ENV.iter().map(|s| s.to_string()).collect(),
+            timeout: None,
+        }
+    }
+
     /// Arguments of a hook entry: program name, `--config PATH` when the config is not the
     /// default, then `sub`.
     pub fn hook_args(&self, sub: &[&str]) -> Vec<String> {

@@ -5,14 +5,14 @@
 
 use std::path::{Path, PathBuf};
 
-use gpuslice_cdi::{ContainerEdits, Device, Hook, Mount, Spec};
+use gpuslice_cdi::{ContainerEdits, Device, Mount, Spec};
 use gpuslice_registry::Reservation;
 use gpuslice_slice::{CONTAINER_DIR, CONTAINER_LIMITS, CONTAINER_USAGE, LIMITS_FILE, USAGE_FILE};
 
 use crate::cdigen::VISIBLE_DEVICES_VOID;
 use crate::cleanup::SLICE_KIND;
 use crate::driveredits::{RO_BIND, RW_BIND};
-use crate::node::{Node, HOOK_ENV};
+use crate::node::Node;
 
 /// Where the shim is mounted in slice containers.
 pub const SHIM_CONTAINER_PATH: &str = "/usr/lib/gpuslice/libgpuslice_shim.so";
@@ -29,16 +29,6 @@ pub enum SliceSpecError {
 /// The contents of the host's `ld.so.preload` file for slice containers.
 pub fn preload_contents() -> String {
     format!("{SHIM_CONTAINER_PATH}\n")
-}
-
-fn hook(node: &Node, binary: &Path, name: &str, sub: &[&str]) -> Hook {
-    Hook {
-        hook_name: name.to_string(),
-        path: binary.display().to_string(),
-        args: node.hook_args(sub),
-        env: HOOK_ENV.iter().map(|s| s.to_string()).collect(),
-        timeout: None,
-    }
 }
 
 /// The environment of DESIGN.md §5. `CUDA_DEVICE_*` are for HAMi-core's `libvgpu.so` when an
@@ -115,14 +105,12 @@ pub fn slice_spec(
         RW_BIND,
     ));
     edits.hooks = vec![
-        hook(
-            node,
+        node.hook(
             binary,
             "createRuntime",
             &["hook", "create-runtime", "--reservation", &r.id],
         ),
-        hook(
-            node,
+        node.hook(
             binary,
             "poststop",
             &["hook", "poststop", "--reservation", &r.id],

@@ -14,6 +14,7 @@ pub mod image;
 pub mod node;
 pub mod podman;
 pub mod runc;
+pub mod view;
 
 pub use env::{bin, portable, require_root, serial, Serial};
 pub use node::TestNode;

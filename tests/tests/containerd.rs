@@ -3,12 +3,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use gpuslice_e2e::image::copy_rootfs;
 use gpuslice_e2e::node::probe;
+use gpuslice_e2e::view::{assert_slice_view, wait_for_file, SLICE_CHECKS};
 use gpuslice_e2e::{bin, serial, TestNode};
 
 /// A private containerd; killed when dropped.
@@ -101,29 +102,6 @@ impl Drop for Containerd {
 /// `ctr run --rootfs` has no image config to take a PATH from.
 const PATH: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-const CHECKS: &str = "ls /dev | grep nvidia | tr '\\n' ' '; echo; \
-    echo preload=$(cat /etc/ld.so.preload); \
-    echo limits=$(cat /run/gpuslice/limits.json); \
-    if echo x > /run/gpuslice/limits.json 2>/dev/null; then echo limits-writable; else echo limits-readonly; fi; \
-    env | grep -E '^(GPUSLICE|CUDA_DEVICE|NVIDIA)' | sort; \
-    gpuslice-probe info --json; echo READY; sleep 600";
-
-fn wait_for(path: &Path, marker: &str) -> String {
-    let start = Instant::now();
-    loop {
-        let text = std::fs::read_to_string(path).unwrap_or_default();
-        if text.contains(marker) {
-            return text;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "no {marker:?} in {}: {text}",
-            path.display()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 #[test]
 fn ctr_run_with_gpuslice_runtime_gets_its_slice() {
     let _s = serial();
@@ -160,7 +138,7 @@ fn ctr_run_with_gpuslice_runtime_gets_its_slice() {
         id,
         "sh",
         "-c",
-        CHECKS,
+        SLICE_CHECKS,
     ]);
     assert!(
         out.status.success(),
@@ -168,50 +146,8 @@ fn ctr_run_with_gpuslice_runtime_gets_its_slice() {
         String::from_utf8_lossy(&out.stderr),
         containerd.log()
     );
-    let text = wait_for(&log, "READY");
-
-    let res = node.reservations();
-    assert_eq!(res.len(), 1, "{res:?}");
-    assert_eq!(res[0]["state"], "bound");
-    assert_eq!(res[0]["container_id"], id);
-    let rid = res[0]["id"].as_str().unwrap();
-    // stderr and stdout share the log: pick the device line.
-    let first = text
-        .lines()
-        .find(|l| l.contains("nvidiactl"))
-        .unwrap_or_default();
-    assert_eq!(
-        first
-            .split_whitespace()
-            .filter(|w| w.starts_with("nvidia"))
-            .count(),
-        4,
-        "{text}"
-    );
-    assert!(
-        text.contains("preload=/usr/lib/gpuslice/libgpuslice_shim.so"),
-        "{text}"
-    );
-    assert!(
-        text.contains(&format!("\"reservation\":\"{rid}\""))
-            && text.contains("\"memory_limit\":4294967296,\"cores\":30"),
-        "{text}"
-    );
-    assert!(text.contains("limits-readonly"), "{text}");
-    assert!(
-        text.contains(&format!("GPUSLICE_RESERVATION={rid}"))
-            && text.contains("NVIDIA_VISIBLE_DEVICES=void"),
-        "{text}"
-    );
-    assert!(
-        text.contains("CUDA_DEVICE_MEMORY_LIMIT_0=4096m")
-            && text.contains("CUDA_DEVICE_SM_LIMIT=30"),
-        "{text}"
-    );
-    assert!(
-        text.contains(&(4u64 << 30).to_string()),
-        "probe does not see the 4 GiB slice: {text}"
-    );
+    let text = wait_for_file(&log, "READY");
+    assert_slice_view(&node, &text, id);
 
     let _ = containerd.ctr(&["task", "kill", "-s", "KILL", id]);
     let start = Instant::now();

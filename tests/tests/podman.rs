@@ -10,6 +10,7 @@ use std::process::Output;
 use gpuslice_e2e::image::podman_image;
 use gpuslice_e2e::node::probe;
 use gpuslice_e2e::podman::Podman;
+use gpuslice_e2e::view::{assert_slice_view, SLICE_ANNOTATIONS, SLICE_CHECKS};
 use gpuslice_e2e::{serial, TestNode};
 
 fn ok(out: &Output) -> String {
@@ -141,13 +142,6 @@ fn whole_gpu_is_booked_while_it_runs_and_slices_avoid_it() {
     ]));
 }
 
-const CHECKS: &str = "ls /dev | grep nvidia | tr '\\n' ' '; echo; \
-    echo preload=$(cat /etc/ld.so.preload); \
-    echo limits=$(cat /run/gpuslice/limits.json); \
-    if echo x > /run/gpuslice/limits.json 2>/dev/null; then echo limits-writable; else echo limits-readonly; fi; \
-    env | grep -E '^(GPUSLICE|CUDA_DEVICE|NVIDIA)' | sort; \
-    gpuslice-probe info --json; echo READY; sleep 600";
-
 fn wait_logs(podman: &Podman, name: &str) -> String {
     let start = std::time::Instant::now();
     loop {
@@ -191,47 +185,19 @@ fn podman_precreate_slice_sees_its_gpu_shim_limits_and_env() {
         "-v",
         &probe_mount,
         "--annotation",
-        "gpuslice.io/memory=4Gi",
+        &format!("{}={}", SLICE_ANNOTATIONS[0].0, SLICE_ANNOTATIONS[0].1),
         "--annotation",
-        "gpuslice.io/cores=30",
+        &format!("{}={}", SLICE_ANNOTATIONS[1].0, SLICE_ANNOTATIONS[1].1),
         podman_image(),
         "sh",
         "-c",
-        CHECKS,
+        SLICE_CHECKS,
     ]));
     let out = wait_logs(&podman, name);
     let cid = ok(&podman.run(&["inspect", "--format", "{{.Id}}", name]))
         .trim()
         .to_string();
-    let res = node.reservations();
-    assert_eq!(res.len(), 1, "{res:?}");
-    assert_eq!(res[0]["state"], "bound");
-    assert_eq!(res[0]["container_id"], cid.as_str());
-    let id = res[0]["id"].as_str().unwrap();
-    assert_eq!(nvidia_nodes(out.lines().next().unwrap()).len(), 4, "{out}");
-    assert!(
-        out.contains("preload=/usr/lib/gpuslice/libgpuslice_shim.so"),
-        "{out}"
-    );
-    assert!(
-        out.contains(&format!("\"reservation\":\"{id}\""))
-            && out.contains("\"memory_limit\":4294967296,\"cores\":30"),
-        "{out}"
-    );
-    assert!(out.contains("limits-readonly"), "{out}");
-    assert!(
-        out.contains(&format!("GPUSLICE_RESERVATION={id}"))
-            && out.contains("CUDA_DEVICE_MEMORY_LIMIT_0=4096m"),
-        "{out}"
-    );
-    assert!(
-        out.contains("NVIDIA_VISIBLE_DEVICES=void") && out.contains("GPUSLICE_DIR=/run/gpuslice"),
-        "{out}"
-    );
-    assert!(
-        out.contains(&(4u64 << 30).to_string()),
-        "probe does not see the 4 GiB slice: {out}"
-    );
+    assert_slice_view(&node, &out, &cid);
     ok(&podman.run(&["rm", "-f", "-t", "0", name]));
     assert!(node.reservations().is_empty());
     assert!(node.leftovers().is_empty(), "{:?}", node.leftovers());

@@ -7,15 +7,8 @@
 use std::time::{Duration, Instant};
 
 use gpuslice_e2e::runc::{run, run_detached, runtime, Bundle};
+use gpuslice_e2e::view::{assert_slice_view, SLICE_ANNOTATIONS, SLICE_CHECKS};
 use gpuslice_e2e::{serial, TestNode};
-
-const CHECKS: &str = "ls /dev | grep nvidia | tr '\\n' ' '; echo; \
-    echo preload=$(cat /etc/ld.so.preload); \
-    echo limits=$(cat /run/gpuslice/limits.json); \
-    if echo x > /run/gpuslice/limits.json 2>/dev/null; then echo limits-writable; else echo limits-readonly; fi; \
-    env | grep -E '^(GPUSLICE|CUDA_DEVICE|NVIDIA)' | sort; \
-    gpuslice-probe info --json; \
-    echo READY; sleep 600";
 
 fn slice_ann() -> Vec<(&'static str, &'static str)> {
     vec![("gpuslice.io/memory", "4Gi"), ("gpuslice.io/cores", "30")]
@@ -25,61 +18,10 @@ fn slice_ann() -> Vec<(&'static str, &'static str)> {
 fn runc_slice_sees_its_gpu_shim_limits_and_env() {
     let _s = serial();
     let node = TestNode::new(&["10Gi", "10Gi"]);
-    let bundle = Bundle::new(CHECKS, &slice_ann());
+    let bundle = Bundle::new(SLICE_CHECKS, &SLICE_ANNOTATIONS);
     let c = run_detached(&node, &bundle, "e2e-runc-slice").expect("container starts");
     let out = c.wait_for("READY");
-
-    let res = node.reservations();
-    assert_eq!(res.len(), 1, "{res:?}");
-    let r = &res[0];
-    assert_eq!(r["state"], "bound");
-    assert_eq!(r["container_id"], "e2e-runc-slice");
-    assert_eq!(r["gpus"][0]["memory"], 4u64 << 30);
-    assert_eq!(r["gpus"][0]["cores"], 30);
-    let id = r["id"].as_str().unwrap().to_string();
-    let uuid = r["gpus"][0]["uuid"].as_str().unwrap().to_string();
-    let gpu_index = (0..2)
-        .find(|i| node.uuid(*i) == uuid)
-        .expect("booked GPU is in the inventory");
-
-    let devices = out.lines().next().unwrap_or_default();
-    let mut seen: Vec<&str> = devices.split_whitespace().collect();
-    seen.sort_unstable();
-    let mut want = vec!["nvidia-uvm", "nvidia-uvm-tools", "nvidiactl"];
-    let gpu_node = format!("nvidia{gpu_index}");
-    want.push(&gpu_node);
-    want.sort_unstable();
-    assert_eq!(seen, want, "devices in the container: {out}");
-
-    assert!(
-        out.contains("preload=/usr/lib/gpuslice/libgpuslice_shim.so"),
-        "{out}"
-    );
-    assert!(out.contains(&format!(
-        "limits={{\"version\":1,\"reservation\":\"{id}\",\"devices\":[{{\"uuid\":\"{uuid}\",\"memory_limit\":4294967296,\"cores\":30}}]}}"
-    )), "{out}");
-    assert!(out.contains("limits-readonly"), "{out}");
-    for env in [
-        format!("GPUSLICE_RESERVATION={id}"),
-        "GPUSLICE_DIR=/run/gpuslice".to_string(),
-        "NVIDIA_VISIBLE_DEVICES=void".to_string(),
-        "CUDA_DEVICE_MEMORY_LIMIT_0=4096m".to_string(),
-        "CUDA_DEVICE_SM_LIMIT=30".to_string(),
-    ] {
-        assert!(out.lines().any(|l| l == env), "missing {env}: {out}");
-    }
-    // The probe, through the shim, sees the slice: 4 GiB total.
-    let info = out
-        .lines()
-        .find(|l| l.starts_with('{') && l.contains("total"))
-        .expect("probe info JSON");
-    let v: serde_json::Value = serde_json::from_str(info).expect("probe JSON");
-    let text = v.to_string();
-    assert!(
-        text.contains(&(4u64 << 30).to_string()),
-        "probe does not report the 4 GiB slice: {text}"
-    );
-
+    assert_slice_view(&node, &out, "e2e-runc-slice");
     c.remove(&node);
     assert!(
         node.reservations().is_empty(),
