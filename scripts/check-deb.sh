@@ -110,26 +110,10 @@ GS=(gpuslice --config "$T/config.toml")
 "${GS[@]}" status
 
 # A small glibc image (busybox for the shell) and podman with this host's needs.
-mkdir -p "$T/rootfs/bin" "$T/rootfs/usr/lib/x86_64-linux-gnu" "$T/rootfs/lib64" \
-    "$T/rootfs/etc" "$T/rootfs/proc" "$T/rootfs/sys" "$T/rootfs/dev" "$T/rootfs/tmp"
-cp /bin/busybox "$T/rootfs/bin/busybox"
-for a in sh cat ls env grep sort tr echo sleep; do ln -s busybox "$T/rootfs/bin/$a"; done
-for l in libc.so.6 libm.so.6 libgcc_s.so.1 libdl.so.2 libpthread.so.0 librt.so.1 ld-linux-x86-64.so.2; do
-    cp "/lib/x86_64-linux-gnu/$l" "$T/rootfs/usr/lib/x86_64-linux-gnu/"
-done
-ln -s usr/lib "$T/rootfs/lib"
-ln -s /usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 "$T/rootfs/lib64/ld-linux-x86-64.so.2"
-[ "$had_image" = yes ] || tar -C "$T/rootfs" -c . | podman import -q - "$IMAGE" >/dev/null
-nofile=$(ulimit -Hn); [ "$nofile" -gt 4096 ] && nofile=4096
-cat > "$T/containers.conf" <<EOF
-[containers]
-default_ulimits = ["nofile=$nofile:$nofile", "nproc=4096:4096"]
-netns = "none"
-[engine]
-runtime = "runc"
-cgroup_manager = "cgroupfs"
-events_logger = "file"
-EOF
+# shellcheck source=lib/image.sh
+. "$root/scripts/lib/image.sh"
+[ "$had_image" = yes ] || podman_image "$T/rootfs" "$IMAGE"
+podman_conf "$T/containers.conf"
 export CONTAINERS_CONF="$T/containers.conf"
 out=$(podman run --rm --device gpuslice.io/gpu=0 "$IMAGE" sh -c 'ls /dev | grep nvidia')
 echo "$out"

@@ -58,34 +58,13 @@ show gpuslice cdi generate --sim-driver "$PORTABLE"
 show ls -l "$DEMO/state/sim/dev"
 
 # podman on this kind of host needs runc, cgroupfs and explicit ulimits: the demo's own
-# containers.conf, not gpuslice's business.
-nofile=$(ulimit -Hn); [ "$nofile" -gt 4096 ] && nofile=4096
-cat > "$DEMO/containers.conf" <<CONF
-[containers]
-default_ulimits = ["nofile=$nofile:$nofile", "nproc=4096:4096"]
-netns = "none"
-[engine]
-runtime = "runc"
-cgroup_manager = "cgroupfs"
-events_logger = "file"
-CONF
+# containers.conf, not gpuslice's business. The image: busybox, glibc and the probe.
+# shellcheck source=lib/image.sh
+. "$root/scripts/lib/image.sh"
+podman_conf "$DEMO/containers.conf"
 export CONTAINERS_CONF=$DEMO/containers.conf
-
-# A small glibc image from this host's files: busybox for the shell, glibc for the probe.
-if ! podman image exists "$IMAGE"; then
-  rootfs=$DEMO/rootfs
-  mkdir -p "$rootfs"/{bin,usr/lib/x86_64-linux-gnu,lib64,etc,tmp,proc,sys,dev,run,root}
-  ln -s usr/lib "$rootfs/lib"
-  cp /bin/busybox "$rootfs/bin/"
-  for a in $(/bin/busybox --list); do [ "$a" = busybox ] || ln -s busybox "$rootfs/bin/$a"; done
-  for l in libc.so.6 libm.so.6 libgcc_s.so.1 libdl.so.2 libpthread.so.0 librt.so.1 ld-linux-x86-64.so.2; do
-    cp "/lib/x86_64-linux-gnu/$l" "$rootfs/usr/lib/x86_64-linux-gnu/"
-  done
-  ln -s /usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 "$rootfs/lib64/ld-linux-x86-64.so.2"
-  mkdir -p "$rootfs/usr/local/bin"
-  cp "$PORTABLE/gpuslice-probe" "$rootfs/usr/local/bin/"
-  tar -C "$rootfs" -c . | podman import -q - "$IMAGE" >/dev/null
-fi
+podman rmi -f "$IMAGE" >/dev/null 2>&1 || true   # the probe may have been rebuilt
+podman_image "$DEMO/rootfs" "$IMAGE" "$PORTABLE/gpuslice-probe"
 
 say "Whole GPUs through CDI: --device gpuslice.io/gpu=0 sees /dev/nvidia0 and the control nodes, not /dev/nvidia1"
 show gpuslice cdi list
@@ -105,7 +84,8 @@ run_slice() { # name, annotations...
     gpuslice-probe info
     gpuslice-probe alloc --chunk 4Gi
     gpuslice-probe burn --seconds 4
-    echo DONE; sleep 600' >/dev/null
+    gpuslice-probe alloc --chunk 2Gi --max 8Gi --hold 600 &
+    sleep 1; echo DONE; wait' >/dev/null
   echo "started gpuslice-demo-$name with ${*}"
 }
 run_slice infer-a memory=40Gi cores=30
@@ -121,7 +101,7 @@ for name in infer-a infer-b train-c; do
   podman logs "gpuslice-demo-$name" 2>&1 | grep -v '^DONE$'
 done
 
-say "gpuslice status: capacity, what is booked, who holds it"
+say "gpuslice status: capacity, what is booked, who holds it, and what each slice really uses (each probe now holds 8 GiB)"
 show gpuslice status
 
 say "A request that does not fit is refused at create time, with the free capacity per GPU"
