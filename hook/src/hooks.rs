@@ -178,13 +178,14 @@ pub fn create_runtime(
     Ok(())
 }
 
-/// `hook poststop`: releases `reservation` and everything booked for the container.
+/// `hook poststop`: releases `reservation` (a slice's hook), or everything booked for the
+/// container (the whole-GPU devices' hook, which names no reservation). One registry
+/// transaction either way.
 pub fn poststop(node: &Node, reservation: Option<&str>) -> Result<(), Error> {
-    let state = read_state()?;
     let registry = open_registry(node)?;
-    if let Some(id) = reservation {
-        registry.release(id)?;
-    }
-    registry.release_container(&state.id)?;
+    match reservation {
+        Some(id) => registry.release(id)?,
+        None => registry.release_container(&read_state()?.id)?,
+    };
     Ok(())
 }
