@@ -77,11 +77,8 @@ fn ensure_image(work: &Path) {
 #[ignore = "needs root and podman: cargo test -p gpuslice-cdi --test podman_e2e -- --ignored"]
 fn podman_accepts_and_applies_a_written_spec() {
     // SAFETY: geteuid has no preconditions and cannot fail.
-    assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
-        "this test needs root (podman run, /var/run/cdi)"
-    );
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(euid, 0, "this test needs root (podman run, /var/run/cdi)");
     let version = run(Command::new("podman").arg("--version"));
     assert!(version.status.success(), "podman is not installed");
 

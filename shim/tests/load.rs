@@ -51,9 +51,9 @@ fn shell_ls_and_python_run_normally_under_the_shim() {
     );
 }
 
-/// `target/portable` (from `scripts/build-portable.sh`), or `GPUSLICE_PORTABLE_DIR`.
+/// `target/portable` (from `scripts/build-portable.sh`), or `GPUSLICE_TEST_PORTABLE_DIR`.
 fn portable_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("GPUSLICE_PORTABLE_DIR") {
+    if let Some(d) = std::env::var_os("GPUSLICE_TEST_PORTABLE_DIR") {
         return PathBuf::from(d);
     }
     let profile = gpuslice_sim_core::testing::target_profile_dir().expect("target dir");

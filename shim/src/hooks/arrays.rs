@@ -30,8 +30,8 @@ pub unsafe extern "C" fn cuArrayCreate_v2(
         alloc_array(Kind::Array, bytes, || {
             // SAFETY: the caller's arguments; arr read only after success.
             let r = unsafe { f(arr, desc) };
-            // SAFETY: as above.
             if r == CUDA_SUCCESS {
+                // SAFETY: the call succeeded, so the driver wrote the output.
                 Ok(unsafe { *arr } as u64)
             } else {
                 Err(r)
@@ -55,8 +55,8 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
         alloc_array(Kind::Array, bytes, || {
             // SAFETY: the caller's arguments; arr read only after success.
             let r = unsafe { f(arr, desc) };
-            // SAFETY: as above.
             if r == CUDA_SUCCESS {
+                // SAFETY: the call succeeded, so the driver wrote the output.
                 Ok(unsafe { *arr } as u64)
             } else {
                 Err(r)
@@ -94,8 +94,8 @@ pub unsafe extern "C" fn cuMipmappedArrayCreate(
         alloc_array(Kind::Mipmap, bytes, || {
             // SAFETY: the caller's arguments; arr read only after success.
             let r = unsafe { f(arr, desc, levels) };
-            // SAFETY: as above.
             if r == CUDA_SUCCESS {
+                // SAFETY: the call succeeded, so the driver wrote the output.
                 Ok(unsafe { *arr } as u64)
             } else {
                 Err(r)

@@ -110,15 +110,17 @@ pub unsafe extern "C" fn cuMemAllocPitch_v2(
         alloc_pitch(
             width as u64,
             height as u64,
-            // SAFETY: the caller's arguments; outputs read only after success.
             || {
-                ok_then(unsafe { f(dptr, pitch, width, height, elem) }, || unsafe {
-                    (*dptr, *pitch as u64)
-                })
+                ok_then(
+                    // SAFETY: the caller's arguments.
+                    unsafe { f(dptr, pitch, width, height, elem) },
+                    // SAFETY: read only after success, when the driver wrote both.
+                    || unsafe { (*dptr, *pitch as u64) },
+                )
             },
-            // SAFETY: freeing the allocation just made.
             |p| {
                 if let Some(free) = free {
+                    // SAFETY: freeing the allocation just made.
                     unsafe { free(p) };
                 }
             },
@@ -140,15 +142,17 @@ pub unsafe extern "C" fn cuMemAllocPitch(
         alloc_pitch(
             u64::from(width),
             u64::from(height),
-            // SAFETY: as for cuMemAllocPitch_v2.
             || {
-                ok_then(unsafe { f(dptr, pitch, width, height, elem) }, || unsafe {
-                    (u64::from(*dptr), u64::from(*pitch))
-                })
+                ok_then(
+                    // SAFETY: the caller's arguments.
+                    unsafe { f(dptr, pitch, width, height, elem) },
+                    // SAFETY: read only after success, when the driver wrote both.
+                    || unsafe { (u64::from(*dptr), u64::from(*pitch)) },
+                )
             },
-            // SAFETY: freeing the allocation just made (32-bit address from the driver).
             |p| {
                 if let Some(free) = free {
+                    // SAFETY: freeing the allocation just made (32-bit address from the driver).
                     unsafe { free(p as CUdeviceptr_v1) };
                 }
             },
@@ -232,9 +236,9 @@ pub unsafe extern "C" fn cuMemPoolCreate(
         let f = real!(cuMemPoolCreate);
         // SAFETY: the caller's arguments.
         let r = unsafe { f(pool, props) };
-        // SAFETY: on success the driver validated props and wrote the pool.
         if r == CUDA_SUCCESS
             && !props.is_null()
+            // SAFETY: on success the driver validated props (checked non-null).
             && unsafe { (*props).location.type_ } == CU_MEM_LOCATION_TYPE_DEVICE
         {
             // SAFETY: as above.

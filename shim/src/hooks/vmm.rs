@@ -33,8 +33,8 @@ pub unsafe extern "C" fn cuMemCreate(
         account::allocate(slice, t, Kind::Vmm, size as u64, || {
             // SAFETY: the caller's arguments; handle read only after success.
             let r = unsafe { f(handle, size, prop, flags) };
-            // SAFETY: as above.
             if r == CUDA_SUCCESS {
+                // SAFETY: the call succeeded, so the driver wrote the output.
                 Ok(unsafe { *handle })
             } else {
                 Err(r)

@@ -57,8 +57,8 @@ impl Cuda {
         };
         let (mut get_proc, mut get_proc2) = (None, None);
         match resolve {
-            // SAFETY: the driver exports cuGetProcAddress with the 11.3 signature.
             Resolve::Proc => {
+                // SAFETY: the driver exports cuGetProcAddress with the 11.3 signature.
                 get_proc = Some(unsafe {
                     as_fn(
                         lib.sym("cuGetProcAddress")
@@ -66,8 +66,8 @@ impl Cuda {
                     )
                 })
             }
-            // SAFETY: the driver exports cuGetProcAddress_v2 with the 12.0 signature.
             Resolve::Proc2 => {
+                // SAFETY: the driver exports cuGetProcAddress_v2 with the 12.0 signature.
                 get_proc2 = Some(unsafe {
                     as_fn(
                         lib.sym("cuGetProcAddress_v2")

@@ -499,10 +499,8 @@ fn error_strings_and_versions() {
         CUDA_SUCCESS
     );
     // SAFETY: the driver returns a static NUL-terminated string.
-    assert_eq!(
-        unsafe { std::ffi::CStr::from_ptr(s) },
-        c"CUDA_ERROR_OUT_OF_MEMORY"
-    );
+    let name = unsafe { std::ffi::CStr::from_ptr(s) };
+    assert_eq!(name, c"CUDA_ERROR_OUT_OF_MEMORY");
     assert_eq!(
         cu!(cuGetErrorString: PFN_cuGetErrorString, CUresult(4242), &mut s),
         CUDA_ERROR_INVALID_VALUE
