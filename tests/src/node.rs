@@ -142,6 +142,24 @@ impl TestNode {
         out
     }
 
+    /// podman with gpuslice's precreate hook installed by `gpuslice configure podman` into a
+    /// hooks directory of this node's own (kept until the node is dropped).
+    pub fn podman_with_hook(&self) -> crate::podman::Podman {
+        let hooks = self.dir.path().join("hooks.d");
+        let out = self.gpuslice(&[
+            "configure",
+            "podman",
+            "--hooks-dir",
+            &hooks.display().to_string(),
+        ]);
+        assert!(
+            out.status.success(),
+            "configure podman: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        crate::podman::Podman::new().with_hooks_dir(&hooks)
+    }
+
     /// The config path as a string (for `GPUSLICE_CONFIG`).
     pub fn config_str(&self) -> String {
         self.config.display().to_string()

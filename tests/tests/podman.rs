@@ -75,15 +75,7 @@ fn whole_gpu_by_index_uuid_and_all() {
 fn whole_gpu_is_booked_while_it_runs_and_slices_avoid_it() {
     let _s = serial();
     let node = TestNode::new(&["10Gi", "10Gi"]);
-    let hooks = tempfile::tempdir().unwrap();
-    let out = node.gpuslice(&[
-        "configure",
-        "podman",
-        "--hooks-dir",
-        &hooks.path().display().to_string(),
-    ]);
-    assert!(out.status.success());
-    let podman = Podman::new().with_hooks_dir(hooks.path());
+    let podman = node.podman_with_hook();
     let image = podman_image();
     let uuid1 = node.uuid(1);
     let name = "gpuslice-e2e-whole";
@@ -163,17 +155,7 @@ fn wait_logs(podman: &Podman, name: &str) -> String {
 fn podman_precreate_slice_sees_its_gpu_shim_limits_and_env() {
     let _s = serial();
     let node = TestNode::new(&["10Gi", "10Gi"]);
-    let hooks = tempfile::tempdir().unwrap();
-    assert!(node
-        .gpuslice(&[
-            "configure",
-            "podman",
-            "--hooks-dir",
-            &hooks.path().display().to_string()
-        ])
-        .status
-        .success());
-    let podman = Podman::new().with_hooks_dir(hooks.path());
+    let podman = node.podman_with_hook();
     let name = "gpuslice-e2e-podman-slice";
     let _ = podman.run(&["rm", "-f", name]);
     let probe_mount = format!("{}:/usr/local/bin/gpuslice-probe:ro", probe().display());
@@ -212,17 +194,7 @@ const VIEW: &str = "ls -ln /dev | grep nvidia | awk '{print $5,$6,$NF}'; \
 fn podman_cdi_injection_and_gpuslice_injection_give_the_same_view() {
     let _s = serial();
     let node = TestNode::new(&["10Gi"]);
-    let hooks = tempfile::tempdir().unwrap();
-    assert!(node
-        .gpuslice(&[
-            "configure",
-            "podman",
-            "--hooks-dir",
-            &hooks.path().display().to_string()
-        ])
-        .status
-        .success());
-    let podman = Podman::new().with_hooks_dir(hooks.path());
+    let podman = node.podman_with_hook();
     let image = podman_image();
     for n in ["gpuslice-e2e-view-a", "gpuslice-e2e-view-b"] {
         let _ = podman.run(&["rm", "-f", n]);
@@ -298,17 +270,7 @@ fn podman_cdi_injection_and_gpuslice_injection_give_the_same_view() {
 fn podman_shows_the_refusal_line_and_nothing_is_reserved() {
     let _s = serial();
     let node = TestNode::new(&["10Gi", "10Gi"]);
-    let hooks = tempfile::tempdir().unwrap();
-    assert!(node
-        .gpuslice(&[
-            "configure",
-            "podman",
-            "--hooks-dir",
-            &hooks.path().display().to_string()
-        ])
-        .status
-        .success());
-    let podman = Podman::new().with_hooks_dir(hooks.path());
+    let podman = node.podman_with_hook();
     for (ann, want) in [
         (
             "gpuslice.io/memory=12Gi",
