@@ -23,6 +23,18 @@ pub enum AtomicWriteError {
 /// Replaces `path` with `contents` atomically, with permission bits `mode`. Readers see the
 /// old file or the new one, never a mix; after return the new file survives a crash.
 pub fn atomic_write(path: &Path, contents: &[u8], mode: u32) -> Result<(), AtomicWriteError> {
+    atomic_write_sized(path, contents, contents.len() as u64, mode)
+}
+
+/// Like [`atomic_write`], for a file of `len` bytes that starts with `head` and is zero
+/// after it: the zeros are a hole (no page written or allocated until someone writes there),
+/// so a large, mostly empty file costs what its header costs.
+pub fn atomic_write_sized(
+    path: &Path,
+    head: &[u8],
+    len: u64,
+    mode: u32,
+) -> Result<(), AtomicWriteError> {
     let dir = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -57,7 +69,10 @@ pub fn atomic_write(path: &Path, contents: &[u8], mode: u32) -> Result<(), Atomi
             Err(e) => return Err(io("creating", e)),
         };
         let result = (|| {
-            file.write_all(contents).map_err(|e| io("writing", e))?;
+            file.write_all(head).map_err(|e| io("writing", e))?;
+            if len > head.len() as u64 {
+                file.set_len(len).map_err(|e| io("extending", e))?;
+            }
             // The umask may have narrowed the mode at creation.
             file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode))
                 .map_err(|e| io("setting permissions of", e))?;
@@ -122,6 +137,21 @@ mod tests {
         let e = atomic_write(&p, b"x", 0o600).expect_err("no directory");
         assert!(e.to_string().contains("missing-dir"), "{e}");
         assert!(!p.exists());
+    }
+
+    #[test]
+    fn sized_write_has_header_then_zeros() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("usage");
+        atomic_write_sized(&p, b"HEAD", 1 << 20, 0o666).expect("write");
+        let bytes = fs::read(&p).expect("read");
+        assert_eq!(bytes.len(), 1 << 20);
+        assert_eq!(&bytes[..4], b"HEAD");
+        assert!(bytes[4..].iter().all(|b| *b == 0));
+        assert_eq!(
+            fs::metadata(&p).expect("meta").permissions().mode() & 0o777,
+            0o666
+        );
     }
 
     #[test]

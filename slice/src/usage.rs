@@ -133,15 +133,19 @@ pub enum UsageError {
 /// Creates (or replaces) a zeroed usage file with a valid header, mode 0666 so that
 /// non-root users in the container can map it read-write. Called by the host.
 pub fn create_usage_file(path: &Path) -> Result<(), UsageError> {
-    let mut bytes = vec![0u8; USAGE_FILE_SIZE as usize];
-    bytes[0..8].copy_from_slice(&USAGE_MAGIC);
-    bytes[8..12].copy_from_slice(&USAGE_VERSION.to_ne_bytes());
-    bytes[12..16].copy_from_slice(&(MAX_DEVICES as u32).to_ne_bytes());
-    bytes[16..20].copy_from_slice(&(MAX_SLOTS as u32).to_ne_bytes());
-    bytes[20..24].copy_from_slice(&(SLOT_SIZE as u32).to_ne_bytes());
-    gpuslice_fsutil::atomic_write(path, &bytes, 0o666).map_err(|source| UsageError::Create {
-        path: path.to_path_buf(),
-        source,
+    // The header; everything after it starts as zeros, left as a hole in the file so the
+    // create path does not write (or the tmpfs allocate) the whole account up front.
+    let mut head = [0u8; 24];
+    head[0..8].copy_from_slice(&USAGE_MAGIC);
+    head[8..12].copy_from_slice(&USAGE_VERSION.to_ne_bytes());
+    head[12..16].copy_from_slice(&(MAX_DEVICES as u32).to_ne_bytes());
+    head[16..20].copy_from_slice(&(MAX_SLOTS as u32).to_ne_bytes());
+    head[20..24].copy_from_slice(&(SLOT_SIZE as u32).to_ne_bytes());
+    gpuslice_fsutil::atomic_write_sized(path, &head, USAGE_FILE_SIZE, 0o666).map_err(|source| {
+        UsageError::Create {
+            path: path.to_path_buf(),
+            source,
+        }
     })
 }
 
