@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::{inventory, state_dir, CleanedUp, KillOnDrop, GI};
 use gpuslice_config::Quantity;
 use gpuslice_registry::{
-    read_registry, Owner, ProcessRef, RealSystem, ReapReason, Registry, Request,
+    read_registry, Options, Owner, ProcessRef, RealSystem, ReapReason, Registry, Request,
 };
 
 fn open(dir: &std::path::Path, pending: Duration) -> (Registry, CleanedUp) {
@@ -134,6 +134,32 @@ fn reservation_whose_pid_names_another_process_is_reaped() {
             found: real.start_time
         }
     );
+    // An ordinary operation (not only `gc`) reaps a reused pid too, once the start-time
+    // recheck interval has passed since the owners were last read.
+    let r2 = reg
+        .reserve(&Request {
+            owner: Owner::Container {
+                container_id: Some("old2".into()),
+                process: Some(real.clone()),
+                kubernetes: None,
+            },
+            ..slice()
+        })
+        .expect("reserve");
+    let text = std::fs::read_to_string(&path).expect("read");
+    std::fs::write(
+        &path,
+        text.replace(&needle, &format!("\"start_time\":{}", real.start_time - 2)),
+    )
+    .expect("write");
+    std::thread::sleep(Options::DEFAULT_RECHECK + Duration::from_millis(100));
+    let r3 = reg.reserve(&slice()).expect("a later reserve");
+    let file = read_registry(dir.path()).expect("registry");
+    assert!(
+        file.reservation(&r2.id).is_none(),
+        "a reserve did not reap the reused pid"
+    );
+    assert!(file.reservation(&r3.id).is_some());
     // A process that is not the one named is refused outright.
     let stale = ProcessRef {
         start_time: real.start_time - 1,
