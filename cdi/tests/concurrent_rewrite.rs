@@ -43,7 +43,7 @@ fn readers_never_see_partial_specs() {
         std::thread::spawn(move || {
             let mut writes = 0u32;
             while !stop.load(Ordering::Relaxed) || writes < 200 {
-                let s = if writes % 2 == 0 { &b } else { &a };
+                let s = if writes.is_multiple_of(2) { &b } else { &a };
                 write_spec(&dir, s).expect("rewrite");
                 writes += 1;
             }

@@ -200,7 +200,7 @@ fn parse_inner(input: &str, allow_percent: bool) -> Result<Quantity, QuantityErr
         denominator = denominator.checked_mul(10).ok_or_else(overflow)?;
     }
     let scaled = numerator.checked_mul(mult).ok_or_else(overflow)?;
-    if scaled % denominator != 0 {
+    if !scaled.is_multiple_of(denominator) {
         return Err(QuantityError::Fraction {
             value: input.to_string(),
             accepted,
@@ -221,7 +221,7 @@ pub fn format_bytes(bytes: u64) -> String {
         ("Ki", 1 << 10),
     ];
     for (name, size) in UNITS {
-        if bytes >= size && bytes % size == 0 {
+        if bytes >= size && bytes.is_multiple_of(size) {
             return format!("{}{}", bytes / size, name);
         }
     }

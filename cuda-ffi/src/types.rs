@@ -395,8 +395,8 @@ pub const CUDA_ARRAY3D_CUBEMAP: c_uint = 0x04;
 
 /// `cuLaunchKernel` `extra` markers.
 pub const CU_LAUNCH_PARAM_END: *mut c_void = std::ptr::null_mut();
-pub const CU_LAUNCH_PARAM_BUFFER_POINTER: *mut c_void = 0x01 as *mut c_void;
-pub const CU_LAUNCH_PARAM_BUFFER_SIZE: *mut c_void = 0x02 as *mut c_void;
+pub const CU_LAUNCH_PARAM_BUFFER_POINTER: *mut c_void = std::ptr::without_provenance_mut(0x01);
+pub const CU_LAUNCH_PARAM_BUFFER_SIZE: *mut c_void = std::ptr::without_provenance_mut(0x02);
 
 /// `cuGetProcAddress` flags (`CUdriverProcAddress_flags`).
 pub const CU_GET_PROC_ADDRESS_DEFAULT: cuuint64_t = 0;

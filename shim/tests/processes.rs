@@ -65,7 +65,11 @@ fn killing_processes_mid_allocation_never_hangs_or_leaks() {
                     "--chunk",
                     "256Mi",
                     "--api",
-                    if round % 2 == 0 { "alloc" } else { "vmm" },
+                    if round.is_multiple_of(2) {
+                        "alloc"
+                    } else {
+                        "vmm"
+                    },
                     "--hold",
                     "120",
                 ])

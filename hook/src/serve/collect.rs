@@ -155,7 +155,7 @@ impl Collector {
         if self.meter.is_none() {
             let due = self
                 .last_open
-                .map_or(true, |t| now.saturating_duration_since(t) >= METER_RETRY);
+                .is_none_or(|t| now.saturating_duration_since(t) >= METER_RETRY);
             if let (true, Some(open)) = (due, self.reopen.as_mut()) {
                 self.last_open = Some(now);
                 match open() {
@@ -370,7 +370,7 @@ impl Collector {
         }
         if listed
             .iter()
-            .all(|d| d.processes.as_ref().map_or(true, Vec::is_empty))
+            .all(|d| d.processes.as_ref().is_none_or(Vec::is_empty))
         {
             return out;
         }

@@ -73,7 +73,7 @@ impl OwnerCheck {
                 if fresh && self.system.process_exists(p.pid) {
                     return Liveness::Live;
                 }
-                let same_boot = boot_id.map_or(true, |b| b == p.boot_id);
+                let same_boot = boot_id.is_none_or(|b| b == p.boot_id);
                 match self.system.process_start_time(p.pid) {
                     Ok(Some(t)) if t == p.start_time && same_boot => {
                         self.verified.insert(r.id.clone(), now);

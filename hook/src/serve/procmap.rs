@@ -46,7 +46,7 @@ pub fn cgroup_names_container(cgroup: &str, container_id: &str) -> bool {
     if container_id.is_empty() {
         return false;
     }
-    let bounded = |c: Option<char>| c.map_or(true, |c| matches!(c, '/' | '-' | '.' | ':' | '_'));
+    let bounded = |c: Option<char>| c.is_none_or(|c| matches!(c, '/' | '-' | '.' | ':' | '_'));
     cgroup.lines().any(|line| {
         // `hierarchy-id:controllers:path`; only the path is matched.
         let path = line.splitn(3, ':').nth(2).unwrap_or("");

@@ -124,7 +124,7 @@ pub fn handle<T>(id: u64) -> *mut T {
 /// The object id of a handle; 0 (no object) for anything not made by [`handle`].
 pub fn id_of<T>(h: *mut T) -> u64 {
     let v = h as usize as u64;
-    if v < HANDLE_BASE || (v - HANDLE_BASE) % 16 != 0 {
+    if v < HANDLE_BASE || !(v - HANDLE_BASE).is_multiple_of(16) {
         0
     } else {
         (v - HANDLE_BASE) / 16

@@ -78,7 +78,7 @@ impl Nvml {
     /// The (NVML index, device) behind a handle.
     pub fn device(&self, h: nvmlDevice_t) -> NvResult<(usize, &SimDevice)> {
         let v = h as usize;
-        if v < HANDLE_BASE || (v - HANDLE_BASE) % 16 != 0 {
+        if v < HANDLE_BASE || !(v - HANDLE_BASE).is_multiple_of(16) {
             return Err(NVML_ERROR_INVALID_ARGUMENT);
         }
         let host = (v - HANDLE_BASE) / 16;

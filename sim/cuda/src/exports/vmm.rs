@@ -38,7 +38,7 @@ pub unsafe extern "C" fn cuMemGetAllocationGranularity(
 }
 
 fn aligned(size: usize) -> bool {
-    size > 0 && (size as u64) % VMM_GRANULARITY == 0
+    size > 0 && (size as u64).is_multiple_of(VMM_GRANULARITY)
 }
 
 #[no_mangle]
