@@ -79,10 +79,9 @@ fn model_shape(model: &str) -> (u32, u32) {
     }
 }
 
-/// The PCI bus id of simulated GPU `index`, the same the simulated inventory reports.
-pub fn simulated_pci_bus_id(index: usize) -> String {
-    format!("00000000:{:02X}:00.0", 0x18 + index)
-}
+/// The PCI bus id of simulated GPU `index`: the config crate's, which the simulated
+/// inventory reports too.
+pub use gpuslice_config::simulated_pci_bus_id;
 
 /// The simulated devices of a config's `[[inventory.simulated]]` list, in index order:
 /// minor = index, the config's UUIDs, NUMA node 0.
