@@ -281,6 +281,15 @@ mod tests {
             parse_quantity("16Ei"),
             Err(QuantityError::Overflow { .. })
         ));
+        // An exact fraction above u64::MAX bytes is an overflow, not a fraction error.
+        assert!(matches!(
+            parse_quantity("16.125Ei"),
+            Err(QuantityError::Overflow { .. })
+        ));
+        assert_eq!(
+            parse_quantity("15.5Ei"),
+            Ok(Quantity::Bytes((15 << 60) + (1 << 59)))
+        );
         assert!(matches!(
             parse_quantity("99999999999999999999999999999999999999999"),
             Err(QuantityError::Overflow { .. })
@@ -374,12 +383,15 @@ mod tests {
             let (suffix, mult) = SUFFIXES[idx];
             let text = format!("{int}.{frac:03}{suffix}");
             let exact_num = (u128::from(int) * 1000 + u128::from(frac)) * u128::from(mult);
+            let fits = exact_num / 1000 <= u128::from(u64::MAX);
             match parse_quantity(&text) {
                 Ok(Quantity::Bytes(b)) => {
                     prop_assert_eq!(exact_num % 1000, 0);
                     prop_assert_eq!(u128::from(b), exact_num / 1000);
                 }
                 Err(QuantityError::Fraction { .. }) => prop_assert_ne!(exact_num % 1000, 0),
+                // Above 16 Ei no byte count fits in u64, exact or not.
+                Err(QuantityError::Overflow { .. }) => prop_assert!(!fits, "{} fits in u64", text),
                 other => prop_assert!(false, "unexpected {:?} for {}", other, text),
             }
         }
