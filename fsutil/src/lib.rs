@@ -76,15 +76,36 @@ pub fn atomic_write_sized(
             // The umask may have narrowed the mode at creation.
             file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode))
                 .map_err(|e| io("setting permissions of", e))?;
-            file.sync_all().map_err(|e| io("syncing", e))?;
+            // On a memory filesystem (the state dir is a tmpfs) nothing outlives a crash and
+            // fsync does nothing, so the three system calls it takes are saved there.
+            let durable = !in_memory(&file);
+            if durable {
+                file.sync_all().map_err(|e| io("syncing", e))?;
+            }
             fs::rename(&tmp, path).map_err(|e| io("renaming", e))?;
-            sync_dir(dir).map_err(|e| io("syncing directory of", e))
+            if durable {
+                sync_dir(dir).map_err(|e| io("syncing directory of", e))?;
+            }
+            Ok(())
         })();
         if result.is_err() {
             let _ = fs::remove_file(&tmp);
         }
         return result;
     }
+}
+
+/// Whether `file` lives on tmpfs or ramfs, where fsync has nothing to write. Unknown
+/// (statfs failed) counts as durable storage.
+fn in_memory(file: &File) -> bool {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    const RAMFS_MAGIC: i64 = 0x8584_58f6;
+    rustix::fs::fstatfs(file).is_ok_and(|s| {
+        // `f_type` is `__fsword_t`, whose width depends on the architecture.
+        #[allow(clippy::useless_conversion)]
+        let kind = i64::from(s.f_type);
+        kind == TMPFS_MAGIC || kind == RAMFS_MAGIC
+    })
 }
 
 /// Removes `path` and syncs its directory; a missing file is not an error.
@@ -128,6 +149,19 @@ mod tests {
             .filter(|e| e.file_name().to_string_lossy().contains(".tmp."))
             .collect();
         assert!(leftovers.is_empty(), "temp files left behind");
+    }
+
+    #[test]
+    fn memory_filesystems_are_told_apart() {
+        // /dev/shm is a tmpfs on every Linux with POSIX shared memory.
+        let shm = tempfile::tempdir_in("/dev/shm").expect("tempdir in /dev/shm");
+        let f = File::create(shm.path().join("x")).expect("create");
+        assert!(in_memory(&f));
+        atomic_write(&shm.path().join("y"), b"y", 0o600).expect("write on tmpfs");
+        assert_eq!(fs::read(shm.path().join("y")).expect("read"), b"y");
+        // procfs is neither: it counts as durable storage, so writers there would sync.
+        let proc = File::open("/proc/self/stat").expect("open /proc/self/stat");
+        assert!(!in_memory(&proc));
     }
 
     #[test]

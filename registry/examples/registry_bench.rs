@@ -5,7 +5,8 @@
 //! registry_bench once DIR                                  one reserve + release, as a whole process
 //! registry_bench noop DIR                                  same process start, no registry work
 //! registry_bench loop DIR [--count N]                      N reserve + release in one process
-//! registry_bench throughput DIR [--procs N] [--seconds S]  N processes reserve + release in a loop
+//! registry_bench throughput DIR [--procs N] [--seconds S] [--request fit|contended]
+//!                                                          N processes reserve + release in a loop
 //! registry_bench teardown DIR                              stop the owner processes of setup
 //! ```
 //!
@@ -120,14 +121,33 @@ fn teardown(dir: &Path) -> Result<(), Error> {
     Ok(())
 }
 
-/// The request of `once` and of the throughput workers: 40Gi and 10% cores, which only the
-/// GPUs that setup left without slices can take (a few at a time), so workers contend for
-/// capacity and any oversubscription would show.
+/// The request of `once` and of `--request contended` workers: 40Gi and 10% cores, which
+/// only the GPUs that setup left without slices can take (three on each, nine in all), so
+/// 16 workers contend for capacity: many reserves are refused, and any oversubscription
+/// would show.
 fn contended() -> Request {
     Request {
         memory: Some(Quantity::Bytes(40 * GI)),
         cores: 10,
         ..Request::new(Owner::container())
+    }
+}
+
+/// The request of `--request fit` workers: 10Gi and 10% cores, of which the free GPUs hold
+/// 30, so 16 workers are never refused and every operation is a reserve or a release.
+fn fitting() -> Request {
+    Request {
+        memory: Some(Quantity::Bytes(10 * GI)),
+        ..contended()
+    }
+}
+
+/// The request a `--request` value names.
+fn request(kind: &str) -> Result<Request, Error> {
+    match kind {
+        "contended" => Ok(contended()),
+        "fit" => Ok(fitting()),
+        other => Err(format!("--request {other}: accepted: fit, contended").into()),
     }
 }
 
@@ -155,7 +175,7 @@ fn repeat(dir: &Path, count: u32) -> Result<(), Error> {
 }
 
 /// Loops reserve + release until `until` (unix ms); prints `pairs refused`.
-fn worker(dir: &Path, until_ms: u64) -> Result<(), Error> {
+fn worker(dir: &Path, until_ms: u64, request: &Request) -> Result<(), Error> {
     let reg = open(dir)?;
     let (mut pairs, mut refused) = (0u64, 0u64);
     let now = || {
@@ -165,7 +185,7 @@ fn worker(dir: &Path, until_ms: u64) -> Result<(), Error> {
             .unwrap_or(0)
     };
     while now() < until_ms {
-        match reg.reserve(&contended()) {
+        match reg.reserve(request) {
             Ok(r) => {
                 reg.release(&r.id)?;
                 pairs += 1;
@@ -178,7 +198,8 @@ fn worker(dir: &Path, until_ms: u64) -> Result<(), Error> {
     Ok(())
 }
 
-fn throughput(dir: &Path, procs: u32, seconds: u64) -> Result<(), Error> {
+fn throughput(dir: &Path, procs: u32, seconds: u64, kind: &str) -> Result<(), Error> {
+    request(kind)?;
     let reg = open(dir)?;
     let before = read_registry(dir)?;
     let placement = reg.options().placement.clone();
@@ -214,7 +235,12 @@ fn throughput(dir: &Path, procs: u32, seconds: u64) -> Result<(), Error> {
     let children: Vec<_> = (0..procs)
         .map(|_| {
             Command::new(&exe)
-                .args(["worker", &dir.display().to_string(), &until_ms.to_string()])
+                .args([
+                    "worker",
+                    &dir.display().to_string(),
+                    &until_ms.to_string(),
+                    kind,
+                ])
                 .stdout(Stdio::piped())
                 .spawn()
         })
@@ -245,10 +271,12 @@ fn throughput(dir: &Path, procs: u32, seconds: u64) -> Result<(), Error> {
     }
     let secs = seconds as f64;
     println!(
-        "{procs} processes, {seconds} s: {pairs} reserve+release pairs ({:.0}/s), {refused} refused ({:.0}/s); \
+        "{procs} processes, {kind} requests, {seconds} s: {pairs} reserve+release pairs ({:.0}/s), \
+         {refused} refused ({:.0}/s), {:.0} registry operations/s; \
          {} samples without oversubscription; wall {:.1} s",
         pairs as f64 / secs,
         refused as f64 / secs,
+        (2 * pairs + refused) as f64 / secs,
         samples.load(Ordering::Relaxed),
         elapsed.as_secs_f64()
     );
@@ -273,8 +301,13 @@ fn run(args: &[String]) -> Result<(), Error> {
             &dir,
             flag(rest, "--procs", 16)?,
             flag(rest, "--seconds", 5)?,
+            &flag(rest, "--request", "contended".to_string())?,
         ),
-        "worker" => worker(&dir, rest.first().ok_or(usage)?.parse()?),
+        "worker" => worker(
+            &dir,
+            rest.first().ok_or(usage)?.parse()?,
+            &request(rest.get(1).ok_or(usage)?)?,
+        ),
         "teardown" => teardown(&dir),
         _ => Err(usage.into()),
     }

@@ -6,6 +6,7 @@
 // Tests may panic on unexpected errors; the library itself may not.
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
+mod compact;
 mod fake;
 mod id;
 mod load;

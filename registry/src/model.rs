@@ -6,8 +6,11 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-/// The only `registry.json` version this build reads and writes.
-pub const REGISTRY_VERSION: u32 = 1;
+/// The `registry.json` version this build writes: reservations in the compact form of
+/// [`crate::compact`]. Version 1 (reservations as objects) is read too.
+pub const REGISTRY_VERSION: u32 = 2;
+/// The oldest `registry.json` version this build reads.
+pub const REGISTRY_VERSION_OLDEST: u32 = 1;
 
 /// One GPU of the node, as taken by `gpuslice cdi generate` (NVML or the simulated list).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -271,7 +274,7 @@ pub struct RegistryFile {
     pub version: u32,
     #[serde(default)]
     pub inventory: Inventory,
-    #[serde(default)]
+    #[serde(default, with = "crate::compact::reservations")]
     pub reservations: Vec<Reservation>,
     #[serde(default)]
     pub counters: Counters,
@@ -344,7 +347,7 @@ mod tests {
 
     #[test]
     fn minimal_file_parses_with_defaults() {
-        let f: RegistryFile = serde_json::from_str(r#"{"version":1}"#).expect("parses");
+        let f: RegistryFile = serde_json::from_str(r#"{"version":2}"#).expect("parses");
         assert_eq!(f, RegistryFile::default());
     }
 }

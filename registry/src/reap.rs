@@ -7,6 +7,11 @@
 //! one pass at most every `recheck_ms` (and on `force`, as `gpuslice gc` does); processes
 //! added in between were verified when they were added. A reused pid or a zombie owner is
 //! therefore seen within `recheck_ms`, an ordinary exit at once.
+//!
+//! The existence probes are one syscall per owner, so the registry runs them after its
+//! write, outside the lock ([`Probe::Deferred`] under it), and reaps what they find in a second
+//! short transaction: the serialised part of an operation stays independent of how many
+//! processes own reservations.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -75,12 +80,27 @@ impl fmt::Display for Reaped {
     }
 }
 
+/// How much a reaping pass asks of the system about owning processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Probe {
+    /// The boot id; existence and start times only when the last full pass is `recheck_ms`
+    /// old. Exits are otherwise left to a probe after the write.
+    Deferred,
+    /// Existence of every owner; start times too when the last full pass is `recheck_ms`
+    /// old.
+    Due,
+    /// Existence and start times of every owner (`gpuslice gc`, rebuild).
+    Full,
+}
+
 /// Process checks for one reaping pass, memoised per pid.
 pub(crate) struct Liveness<'a> {
     system: &'a dyn System,
     now_ms: u64,
     /// Read on first need: a registry without bound processes never asks.
     boot_id: Option<String>,
+    /// Probe that owners exist in this pass.
+    probe: bool,
     /// Read start times in this pass.
     full: bool,
     exists: HashMap<u32, bool>,
@@ -88,20 +108,22 @@ pub(crate) struct Liveness<'a> {
 }
 
 impl<'a> Liveness<'a> {
-    /// A pass that reads start times when `force` or when the last full pass (at
-    /// `checked_ms`) is `recheck_ms` old.
+    /// A pass that probes as `probe` says, `Due` reading start times when the last full
+    /// pass (at `checked_ms`) is `recheck_ms` old.
     pub(crate) fn new(
         system: &'a dyn System,
         checked_ms: u64,
         recheck_ms: u64,
-        force: bool,
+        probe: Probe,
     ) -> Result<Liveness<'a>, SystemError> {
         let now_ms = system.now_ms();
+        let due = now_ms.saturating_sub(checked_ms) >= recheck_ms || now_ms < checked_ms;
         Ok(Liveness {
             system,
             now_ms,
             boot_id: None,
-            full: force || now_ms.saturating_sub(checked_ms) >= recheck_ms || now_ms < checked_ms,
+            probe: probe != Probe::Deferred || due,
+            full: probe == Probe::Full || due,
             exists: HashMap::new(),
             verdicts: HashMap::new(),
         })
@@ -109,6 +131,11 @@ impl<'a> Liveness<'a> {
 
     pub(crate) fn now_ms(&self) -> u64 {
         self.now_ms
+    }
+
+    /// Whether this pass probes that owners exist.
+    pub(crate) fn probes(&self) -> bool {
+        self.probe
     }
 
     /// Why this process no longer owns anything, or `None` while it lives.
@@ -124,6 +151,9 @@ impl<'a> Liveness<'a> {
             return Ok(Some(ReapReason::Rebooted {
                 recorded: p.boot_id.clone(),
             }));
+        }
+        if !self.probe {
+            return Ok(None);
         }
         let key = (p.pid, p.start_time);
         if let Some(v) = self.verdicts.get(&key) {

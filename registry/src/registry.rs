@@ -2,6 +2,12 @@
 //! lock, read `registry.json` once, reap reservations whose owner is gone, apply the change,
 //! write the file once (atomically), release the lock, then drop the slice directories of
 //! what left and tell the caller through the cleanup callback.
+//!
+//! Work that does not need the lock happens after it: the records of new reservations
+//! (nobody knows their ids yet) and the existence probes of owning processes, whose finds
+//! are reaped in a second short transaction before the operation returns. A reservation
+//! that does not fit probes under the lock first, so capacity held by exited owners is
+//! never refused.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -12,7 +18,7 @@ use gpuslice_config::{Config, PlacementConfig};
 use crate::id::IdError;
 use crate::model::{Inventory, ProcessRef, RegistryFile, Reservation};
 use crate::placement::Refusal;
-use crate::reap::{reap, Liveness, Reaped};
+use crate::reap::{reap, Liveness, Probe, ReapReason, Reaped};
 use crate::store::{self, Loaded, Paths, StoreError};
 
 mod ops;
@@ -134,8 +140,10 @@ struct Txn {
     removed: Vec<Reservation>,
     /// Slice directories to remove after the write that have no readable record.
     stray: Vec<String>,
-    /// Slice directories created in this transaction, removed if the write fails.
-    created: Vec<String>,
+    /// New reservations whose records are written after the lock is released.
+    records: Vec<Reservation>,
+    /// Whether owning processes were probed under the lock (else they are after it).
+    probed: bool,
     now_ms: u64,
 }
 
@@ -229,12 +237,14 @@ impl Registry {
         read_registry(&self.paths.state_dir)
     }
 
-    fn reap_into(&self, txn: &mut Txn, force: bool) -> Result<(), RegistryError> {
+    /// Reaps what `probe` lets this pass see into the open transaction.
+    fn reap_into(&self, txn: &mut Txn, probe: Probe) -> Result<(), RegistryError> {
         let recheck_ms =
             u64::try_from(self.options.recheck_interval.as_millis()).unwrap_or(u64::MAX);
         let before = txn.file.processes_checked_ms;
-        let mut live = Liveness::new(&*self.system, before, recheck_ms, force)?;
+        let mut live = Liveness::new(&*self.system, before, recheck_ms, probe)?;
         txn.now_ms = live.now_ms();
+        txn.probed |= live.probes();
         let reaped = reap(&mut txn.file, &mut live)?;
         txn.dirty |= !reaped.is_empty() || txn.file.processes_checked_ms != before;
         txn.removed
@@ -243,13 +253,99 @@ impl Registry {
         Ok(())
     }
 
-    /// Runs `op` as one locked transaction after reaping; writes the file when anything
-    /// changed (also when `op` fails after counting a refusal).
+    /// Runs `op` as one registry operation: a locked transaction after reaping (every owner
+    /// probed when `force_recheck`), then the work that needs no lock. Returns what `op`
+    /// returned and everything reaped on the way.
     fn transact<T>(
         &self,
         force_recheck: bool,
         op: impl FnOnce(&mut Txn) -> Result<T, RegistryError>,
     ) -> Result<(T, Vec<Reaped>), RegistryError> {
+        let probe = if force_recheck {
+            Probe::Full
+        } else {
+            Probe::Deferred
+        };
+        let done = self.locked(probe, op)?;
+        let mut reaped = done.reaped;
+        for r in &done.records {
+            if let Err(e) = store::write_record(&self.paths, r) {
+                // Nobody has the id yet: take the reservation back before saying so.
+                let _ = self.release(&r.id);
+                let _ = store::remove_slice(&self.paths, &r.id);
+                return Err(e.into());
+            }
+        }
+        if let Some(file) = done.unprobed {
+            reaped.extend(self.reap_exited(&file)?);
+        }
+        done.result.map(|t| (t, reaped))
+    }
+
+    /// Probes the owners listed in `file` (as this operation left it) and reaps those that
+    /// exited, in a second transaction; an owner re-bound meanwhile is kept.
+    fn reap_exited(&self, file: &RegistryFile) -> Result<Vec<Reaped>, RegistryError> {
+        let mut seen: std::collections::HashMap<u32, bool> = std::collections::HashMap::new();
+        let mut exited: Vec<(&str, &ProcessRef)> = Vec::new();
+        for r in &file.reservations {
+            if let Some(p) = r.owner.process() {
+                let system = &self.system;
+                if !*seen
+                    .entry(p.pid)
+                    .or_insert_with(|| system.process_exists(p.pid))
+                {
+                    exited.push((&r.id, p));
+                }
+            }
+        }
+        if exited.is_empty() {
+            return Ok(Vec::new());
+        }
+        let done = self.locked(Probe::Deferred, |txn| {
+            let mut gone = Vec::new();
+            txn.file.reservations.retain(|r| {
+                let exit = exited
+                    .iter()
+                    .any(|(id, p)| r.id == *id && r.owner.process() == Some(*p));
+                if exit {
+                    gone.push(r.clone());
+                }
+                !exit
+            });
+            if !gone.is_empty() {
+                txn.file.counters.reaped_total += gone.len() as u64;
+                txn.dirty = true;
+                for r in gone {
+                    let pid = r.owner.process().map_or(0, |p| p.pid);
+                    txn.removed.push(r.clone());
+                    txn.reaped.push(Reaped {
+                        id: r.id.clone(),
+                        reservation: Some(r),
+                        reason: ReapReason::Exited { pid },
+                    });
+                }
+            }
+            Ok(())
+        });
+        match done {
+            Ok(done) => done.result.map(|()| done.reaped),
+            // The first transaction wrote the file; if it is unusable now, the next
+            // operation says so.
+            Err(RegistryError::Corrupt { .. }) => Ok(Vec::new()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The locked part of an operation: lock, load, reap as `probe` allows, `op`, write
+    /// when anything changed (also when `op` fails after counting a refusal), unlock, then
+    /// remove the directories of what left.
+    fn locked<T>(
+        &self,
+        probe: Probe,
+        op: impl FnOnce(&mut Txn) -> Result<T, RegistryError>,
+    ) -> Result<Locked<T>, RegistryError> {
+        // Read (and cached) before the lock: owners are checked against it under the lock.
+        let _ = self.system.boot_id();
         let lock = store::lock(&self.paths.lock)?;
         let file = match store::load(&self.paths.registry)? {
             Loaded::Missing => RegistryFile::default(),
@@ -262,18 +358,14 @@ impl Registry {
             reaped: Vec::new(),
             removed: Vec::new(),
             stray: Vec::new(),
-            created: Vec::new(),
+            records: Vec::new(),
+            probed: false,
             now_ms: 0,
         };
-        self.reap_into(&mut txn, force_recheck)?;
+        self.reap_into(&mut txn, probe)?;
         let result = op(&mut txn);
         if txn.dirty {
-            if let Err(e) = store::save(&self.paths.registry, &txn.file) {
-                for id in &txn.created {
-                    let _ = store::remove_slice(&self.paths, id);
-                }
-                return Err(e.into());
-            }
+            store::save(&self.paths.registry, &txn.file)?;
         }
         // The registry no longer lists them, so their directories can go without the lock,
         // which keeps the serialised part of every operation short.
@@ -285,7 +377,12 @@ impl Registry {
             // Best effort: a directory that resists is found again by `gc`.
             let _ = store::remove_slice(&self.paths, id);
         }
-        result.map(|t| (t, txn.reaped))
+        Ok(Locked {
+            result,
+            reaped: txn.reaped,
+            records: txn.records,
+            unprobed: (!txn.probed).then_some(txn.file),
+        })
     }
 
     /// Removes a departed reservation's directory and runs the cleanup callback. Failures to
@@ -294,6 +391,16 @@ impl Registry {
         let _ = store::remove_slice(&self.paths, &r.id);
         (self.cleanup)(r);
     }
+}
+
+/// What the locked part of an operation left for the rest of it.
+struct Locked<T> {
+    result: Result<T, RegistryError>,
+    reaped: Vec<Reaped>,
+    /// Records of new reservations, to write now.
+    records: Vec<Reservation>,
+    /// The file as written, when its owners were not probed under the lock.
+    unprobed: Option<RegistryFile>,
 }
 
 /// Sets each booking's index to its GPU's index in `inventory`; true when any changed.

@@ -65,11 +65,11 @@ impl System for RealSystem {
             return Ok(id.clone());
         }
         let path = self.proc_root.join("sys/kernel/random/boot_id");
-        let text = std::fs::read_to_string(&path).map_err(|e| SystemError::BootId {
+        let text = read_small(&path).map_err(|e| SystemError::BootId {
             path: path.clone(),
             detail: e.to_string(),
         })?;
-        let id = text.trim().to_string();
+        let id = String::from_utf8_lossy(&text).trim().to_string();
         if id.is_empty() {
             return Err(SystemError::BootId {
                 path,
@@ -97,7 +97,7 @@ impl System for RealSystem {
             return Err(SystemError::Pid { pid });
         }
         let path = self.proc_root.join(pid.to_string()).join("stat");
-        let text = match std::fs::read(&path) {
+        let text = match read_small(&path) {
             Ok(t) => t,
             // ESRCH: the process went away between open and read.
             Err(e)
@@ -114,6 +114,24 @@ impl System for RealSystem {
             }
         };
         parse_stat(&text).map_err(|detail| SystemError::Stat { path, detail })
+    }
+}
+
+/// Reads a small file (a `/proc` line) with one `read` into a stack buffer where it fits:
+/// `std::fs::read` spends a `statx` and a read per doubling of its buffer on procfs files,
+/// which report size 0, and a full start-time pass reads one per owning process.
+fn read_small(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
+    let mut buf = [0u8; 1024];
+    let mut out = Vec::new();
+    loop {
+        let n = file.read(&mut buf)?;
+        out.extend_from_slice(&buf[..n]);
+        // procfs hands a whole line to one read; a short read ending the line is the end.
+        if n == 0 || (n < buf.len() && out.last() == Some(&b'\n')) {
+            return Ok(out);
+        }
     }
 }
 

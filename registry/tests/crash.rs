@@ -15,7 +15,8 @@ use std::time::Duration;
 use common::{child_role, inventory, report, spawn_child, state_dir, Rng, GI};
 use gpuslice_config::Quantity;
 use gpuslice_registry::{
-    no_cleanup, read_registry, violations, Owner, RealSystem, Registry, Request, RECORD_FILE,
+    no_cleanup, read_registry, violations, Owner, RealSystem, Registry, Request, ReservationState,
+    RECORD_FILE,
 };
 
 const ROLE: &str = "writer";
@@ -122,12 +123,14 @@ fn sigkilled_writers_never_corrupt_or_lose_reservations() {
         }
         let broken = violations(&file, &reg.options().placement);
         assert!(broken.is_empty(), "round {round}: {broken:?}");
-        // Records are written before the registry lists a reservation.
-        for r in &file.reservations {
+        // A reserve call returns only after the reservation's record is written (it is
+        // written after the registry lists it, outside the lock), so every promised
+        // reservation can be rebuilt; one whose writer died before the record waits for
+        // its pending deadline.
+        for id in &promised {
             assert!(
-                reg.slice_dir(&r.id).join(RECORD_FILE).is_file(),
-                "round {round}: no record for {}",
-                r.id
+                reg.slice_dir(id).join(RECORD_FILE).is_file(),
+                "round {round}: no record for {id}"
             );
         }
         // Keep room for the next round: release about half of what the dead writers held.
@@ -144,8 +147,10 @@ fn sigkilled_writers_never_corrupt_or_lose_reservations() {
         reported >= ROUNDS * WRITERS as u64,
         "only {reported} reservations reported"
     );
-    // gc sweeps what the kills left (orphan directories, temp files); the registry and the
-    // slice directories then agree.
+    // gc sweeps what the kills left (orphan directories, temp files); every slice directory
+    // is then listed, and a listed reservation without one is pending: a writer died
+    // between listing it and writing its record, so nobody has its id and its pending
+    // deadline reaps it.
     let swept = reg.gc().expect("gc");
     eprintln!(
         "{reported} reservations reported; gc swept {} leftovers",
@@ -157,7 +162,19 @@ fn sigkilled_writers_never_corrupt_or_lose_reservations() {
         .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
         .collect();
     dirs.sort();
-    let mut ids: Vec<String> = file.reservations.iter().map(|r| r.id.clone()).collect();
+    let mut ids: Vec<String> = file
+        .reservations
+        .iter()
+        .filter(|r| {
+            let has_dir = reg.slice_dir(&r.id).exists();
+            if !has_dir {
+                assert_eq!(r.state, ReservationState::Pending, "{}", r.id);
+                assert!(!promised.contains(&r.id), "{} lost its directory", r.id);
+            }
+            has_dir
+        })
+        .map(|r| r.id.clone())
+        .collect();
     ids.sort();
     assert_eq!(dirs, ids);
     let temps = std::fs::read_dir(dir.path())

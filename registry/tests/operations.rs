@@ -149,6 +149,59 @@ fn pending_past_deadline_and_dead_owners_are_reaped_by_the_next_operation() {
 }
 
 #[test]
+fn capacity_of_an_exited_owner_is_reclaimed_before_a_refusal() {
+    let (_d, sys, reg, seen) = setup(1, 10 * GI);
+    sys.spawn(12, 120);
+    let a = reg.reserve(&slice(8 * GI, 0)).expect("reserve");
+    reg.bind(&a.id, "a", 12).expect("bind");
+    // Start times were just read, so the next operation only probes exits.
+    reg.release("0000000000000000").expect("no-op");
+    assert_eq!(
+        read_registry(reg.state_dir()).unwrap().processes_checked_ms,
+        sys.now_ms()
+    );
+    sys.kill(12);
+    // Fits only once `a` is reaped: the reserve probes owners under the lock, reaps `a`
+    // and places, instead of refusing for a dead process.
+    let b = reg
+        .reserve(&slice(6 * GI, 0))
+        .expect("the exited owner's memory is free");
+    let file = read_registry(reg.state_dir()).expect("read");
+    let ids: Vec<&str> = file.reservations.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!(ids, vec![b.id.as_str()]);
+    assert_eq!(file.counters.reaped_total, 1);
+    assert!(
+        file.counters.refused_total.is_empty(),
+        "{:?}",
+        file.counters
+    );
+    assert_eq!(*seen.lock().unwrap(), vec![a.id.clone()]);
+    assert!(!reg.slice_dir(&a.id).exists());
+}
+
+#[test]
+fn a_failing_operation_still_reaps_exited_owners() {
+    let (_d, sys, reg, _) = setup(1, 10 * GI);
+    sys.spawn(13, 130);
+    let a = reg.reserve(&slice(GI, 0)).expect("reserve");
+    reg.bind(&a.id, "a", 13).expect("bind");
+    reg.release("0000000000000000").expect("no-op");
+    sys.kill(13);
+    let e = reg
+        .bind("0123456789abcdef", "c", 13)
+        .expect_err("no such process");
+    assert!(matches!(e, RegistryError::NoProcess { pid: 13 }), "{e}");
+    sys.spawn(14, 140);
+    let e = reg
+        .bind("0123456789abcdef", "c", 14)
+        .expect_err("no such reservation");
+    assert!(matches!(e, RegistryError::NotFound { .. }), "{e}");
+    let file = read_registry(reg.state_dir()).expect("read");
+    assert!(file.reservations.is_empty(), "{:?}", file.reservations);
+    assert_eq!(file.counters.reaped_total, 1);
+}
+
+#[test]
 fn pid_reuse_and_reboot_are_reaped_with_reasons() {
     let (_d, sys, reg, _) = setup(1, 10 * GI);
     sys.spawn(20, 200);

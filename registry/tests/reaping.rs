@@ -100,6 +100,28 @@ fn zombie_owner_counts_as_exited() {
         .is_empty());
 }
 
+/// Rewrites `registry.json` so its one process-bound reservation names an earlier process
+/// under the same pid, as after pid reuse.
+fn set_start_time(reg: &Registry, start_time: u64) {
+    let mut file = read_registry(reg.state_dir()).expect("read");
+    let bound: Vec<_> = file
+        .reservations
+        .iter_mut()
+        .filter_map(|r| match &mut r.owner {
+            Owner::Container {
+                process: Some(p), ..
+            } => Some(p),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(bound.len(), 1, "one process-bound reservation");
+    for p in bound {
+        p.start_time = start_time;
+    }
+    let edited = serde_json::to_string(&file).expect("serialise");
+    std::fs::write(reg.registry_path(), edited).expect("write");
+}
+
 #[test]
 fn reservation_whose_pid_names_another_process_is_reaped() {
     let dir = state_dir();
@@ -117,12 +139,7 @@ fn reservation_whose_pid_names_another_process_is_reaped() {
         "the true start time keeps it"
     );
     // The registry now remembers an earlier process under the same pid: as after pid reuse.
-    let path = reg.registry_path().to_path_buf();
-    let text = std::fs::read_to_string(&path).expect("read");
-    let needle = format!("\"start_time\":{}", real.start_time);
-    assert_eq!(text.matches(&needle).count(), 1);
-    let edited = text.replace(&needle, &format!("\"start_time\":{}", real.start_time - 1));
-    std::fs::write(&path, edited).expect("write");
+    set_start_time(&reg, real.start_time - 1);
     let reaped = reg.gc().expect("gc");
     assert_eq!(reaped.len(), 1);
     assert_eq!(reaped[0].id, r.id);
@@ -146,12 +163,7 @@ fn reservation_whose_pid_names_another_process_is_reaped() {
             ..slice()
         })
         .expect("reserve");
-    let text = std::fs::read_to_string(&path).expect("read");
-    std::fs::write(
-        &path,
-        text.replace(&needle, &format!("\"start_time\":{}", real.start_time - 2)),
-    )
-    .expect("write");
+    set_start_time(&reg, real.start_time - 2);
     std::thread::sleep(Options::DEFAULT_RECHECK + Duration::from_millis(100));
     let r3 = reg.reserve(&slice()).expect("a later reserve");
     let file = read_registry(dir.path()).expect("registry");

@@ -5,7 +5,7 @@ use crate::id::{is_valid_id, new_id};
 use crate::load::missing_gpus;
 use crate::model::{Inventory, Owner, Reservation, ReservationState};
 use crate::placement::place;
-use crate::reap::{ReapReason, Reaped};
+use crate::reap::{Probe, ReapReason, Reaped};
 use crate::request::Request;
 use crate::store;
 
@@ -25,12 +25,24 @@ impl Registry {
         let timeout_ms =
             u64::try_from(self.options.pending_timeout.as_millis()).unwrap_or(u64::MAX);
         let (r, _) = self.transact(false, |txn| {
-            let gpus = match place(
+            let mut placed = place(
                 &txn.file.inventory,
                 &txn.file.reservations,
                 &self.options.placement,
                 request,
-            ) {
+            );
+            if placed.is_err() && !txn.probed {
+                // Owners that exited hold capacity until probed: probe them now, under the
+                // lock, rather than refuse for them.
+                self.reap_into(txn, Probe::Due)?;
+                placed = place(
+                    &txn.file.inventory,
+                    &txn.file.reservations,
+                    &self.options.placement,
+                    request,
+                );
+            }
+            let gpus = match placed {
                 Ok(b) => b,
                 Err(refusal) => {
                     *txn.file
@@ -65,11 +77,9 @@ impl Registry {
                 deadline_ms: (!held).then(|| now.saturating_add(timeout_ms)),
                 bound_ms: held.then_some(now),
             };
-            if let Err(e) = store::write_record(&self.paths, &r) {
-                let _ = store::remove_slice(&self.paths, &id);
-                return Err(e.into());
-            }
-            txn.created.push(id);
+            // Its record is written after the lock is released: until the call returns,
+            // nobody else knows the id.
+            txn.records.push(r.clone());
             txn.file.reservations.push(r.clone());
             txn.file.counters.reserved_total += 1;
             txn.dirty = true;

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use crate::load::{missing_gpus, violations};
 use crate::model::{Inventory, RegistryFile, Reservation};
-use crate::reap::{Liveness, ReapReason, Reaped};
+use crate::reap::{Liveness, Probe, ReapReason, Reaped};
 use crate::store::{self, Loaded, StoreError};
 
 use super::{check_inventory, sync_indices, Registry, RegistryError};
@@ -34,7 +34,7 @@ impl Registry {
     pub fn rebuild(&self, inventory: Inventory) -> Result<RebuildReport, RegistryError> {
         check_inventory(&inventory)?;
         let _lock = store::lock(&self.paths.lock)?;
-        let mut live = Liveness::new(&*self.system, 0, 0, true)?;
+        let mut live = Liveness::new(&*self.system, 0, 0, Probe::Full)?;
         let now = live.now_ms();
         let mut report = RebuildReport::default();
         let counters = match store::load(&self.paths.registry)? {
