@@ -3,7 +3,8 @@
 # reservations (each bound to its own running process), the whole-process time of one
 # reserve + release (hyperfine, against the same binary doing no registry work, in one run),
 # then 16 concurrent processes doing reserve + release in a loop, with the registry checked
-# for oversubscription throughout and at the end. The state directory is on tmpfs, as /run
+# for oversubscription throughout and at the end: once with requests that always fit, once
+# with 16 workers contending for 9 slots (many refusals, each one a registry operation too). The state directory is on tmpfs, as /run
 # is on a node. Usage: scripts/bench-registry.sh [seconds-of-throughput-run]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,8 +41,10 @@ echo "== in one process (no process start): 2000 pairs"
 "$BIN" loop "$STATE" --count 2000
 "$BIN" loop "$EMPTY" --count 2000
 
-echo "== throughput: 16 processes, 100 live reservations"
-"$BIN" throughput "$STATE" --procs 16 --seconds "$SECONDS_RUN"
-echo "== throughput: 16 processes, no other reservations"
-"$BIN" throughput "$EMPTY" --procs 16 --seconds "$SECONDS_RUN"
+echo "== throughput: 16 processes, 100 live reservations, requests that fit (every operation succeeds)"
+"$BIN" throughput "$STATE" --procs 16 --seconds "$SECONDS_RUN" --request fit
+echo "== throughput: 16 processes, 100 live reservations, 16 workers for 9 slots (refusals, oversubscription check)"
+"$BIN" throughput "$STATE" --procs 16 --seconds "$SECONDS_RUN" --request contended
+echo "== throughput: 16 processes, no other reservations, requests that fit"
+"$BIN" throughput "$EMPTY" --procs 16 --seconds "$SECONDS_RUN" --request fit
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"

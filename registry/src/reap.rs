@@ -2,7 +2,7 @@
 //! bound ones whose process exited, whose pid now names another process (start time differs)
 //! or that predate a reboot (boot id differs). DRA claims are never reaped.
 //!
-//! Exits are seen on every call through a cheap existence probe (signal 0; a zombie still
+//! Exits are seen on every call through a cheap existence probe (`getpgid`; a zombie still
 //! exists). Reading start times costs a `/proc` read per process, so they are all read in
 //! one pass at most every `recheck_ms` (and on `force`, as `gpuslice gc` does); processes
 //! added in between were verified when they were added. A reused pid or a zombie owner is
