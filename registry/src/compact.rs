@@ -8,7 +8,8 @@
 //! reservation  [id, state, owner, gpus, whole_gpu, created_ms, deadline_ms|null, bound_ms|null]
 //! owner        ["container", container_id|null, process|null, kubernetes|null]
 //!              ["dra_claim", claim_uid, namespace, name]
-//! process      [pid, start_time, boot_id]
+//! process      [pid, start_time, boot_id]  or  [pid, start_time] when the boot id is the
+//!              one of the process before it in the array (all of them, between reboots)
 //! kubernetes   [namespace, pod, pod_uid|null, container]
 //! booking      [index, uuid, memory, cores]
 //! ```
@@ -24,11 +25,74 @@ use crate::model::{Booking, KubernetesRef, Owner, ProcessRef, Reservation, Reser
 const CONTAINER: &str = "container";
 const DRA_CLAIM: &str = "dra_claim";
 
-#[derive(Serialize)]
-struct ProcessOut<'a>(u32, u64, &'a str);
+/// A process; its boot id left out when `elide_boot`.
+struct ProcessOut<'a> {
+    p: &'a ProcessRef,
+    elide_boot: bool,
+}
 
-#[derive(Deserialize)]
-struct ProcessIn(u32, u64, String);
+impl Serialize for ProcessOut<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut t = s.serialize_tuple(if self.elide_boot { 2 } else { 3 })?;
+        t.serialize_element(&self.p.pid)?;
+        t.serialize_element(&self.p.start_time)?;
+        if !self.elide_boot {
+            t.serialize_element(&self.p.boot_id)?;
+        }
+        t.end()
+    }
+}
+
+/// Reads a process, taking a left-out boot id from the process before it.
+struct ProcessIn<'b>(&'b mut Option<String>);
+
+impl<'de> DeserializeSeed<'de> for ProcessIn<'_> {
+    type Value = Option<ProcessRef>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_option(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ProcessIn<'_> {
+    type Value = Option<ProcessRef>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a process [pid, start_time, boot_id] or null")
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_seq(self)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let pid = next(&mut seq, "pid")?;
+        let start_time = next(&mut seq, "start_time")?;
+        let boot_id = match seq.next_element::<String>()? {
+            Some(b) => {
+                end(&mut seq, "process")?;
+                *self.0 = Some(b.clone());
+                b
+            }
+            None => self.0.clone().ok_or_else(|| {
+                de::Error::custom("process [pid, start_time] has no boot id before it")
+            })?,
+        };
+        Ok(Some(ProcessRef {
+            pid,
+            start_time,
+            boot_id,
+        }))
+    }
+}
 
 #[derive(Serialize)]
 struct KubernetesOut<'a>(&'a str, &'a str, Option<&'a str>, &'a str);
@@ -42,12 +106,16 @@ struct BookingOut<'a>(u32, &'a str, u64, u8);
 #[derive(Deserialize)]
 struct BookingIn(u32, String, u64, u8);
 
-struct OwnerOut<'a>(&'a Owner);
+/// An owner; its process's boot id left out when `elide_boot`.
+struct OwnerOut<'a> {
+    owner: &'a Owner,
+    elide_boot: bool,
+}
 
 impl Serialize for OwnerOut<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let mut t = s.serialize_tuple(4)?;
-        match self.0 {
+        match self.owner {
             Owner::Container {
                 container_id,
                 process,
@@ -55,11 +123,10 @@ impl Serialize for OwnerOut<'_> {
             } => {
                 t.serialize_element(CONTAINER)?;
                 t.serialize_element(container_id)?;
-                t.serialize_element(
-                    &process
-                        .as_ref()
-                        .map(|p| ProcessOut(p.pid, p.start_time, &p.boot_id)),
-                )?;
+                t.serialize_element(&process.as_ref().map(|p| ProcessOut {
+                    p,
+                    elide_boot: self.elide_boot,
+                }))?;
                 t.serialize_element(&kubernetes.as_ref().map(|k| {
                     KubernetesOut(&k.namespace, &k.pod, k.pod_uid.as_deref(), &k.container)
                 }))?;
@@ -80,15 +147,21 @@ impl Serialize for OwnerOut<'_> {
 }
 
 /// One reservation in the compact form.
-struct ReservationOut<'a>(&'a Reservation);
+struct ReservationOut<'a> {
+    r: &'a Reservation,
+    elide_boot: bool,
+}
 
 impl Serialize for ReservationOut<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let r = self.0;
+        let r = self.r;
         let mut t = s.serialize_tuple(8)?;
         t.serialize_element(&r.id)?;
         t.serialize_element(&r.state)?;
-        t.serialize_element(&OwnerOut(&r.owner))?;
+        t.serialize_element(&OwnerOut {
+            owner: &r.owner,
+            elide_boot: self.elide_boot,
+        })?;
         let gpus: Vec<BookingOut> = r
             .gpus
             .iter()
@@ -130,54 +203,56 @@ enum Kind {
     DraClaim,
 }
 
-struct OwnerIn(Owner);
+/// Reads an owner; the boot id of its process may come from the one before.
+struct OwnerIn<'b>(&'b mut Option<String>);
 
-impl<'de> Deserialize<'de> for OwnerIn {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = OwnerIn;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("an owner array [\"container\" | \"dra_claim\", …]")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<OwnerIn, A::Error> {
-                let owner = match next(&mut seq, "owner kind")? {
-                    Kind::Container => Owner::Container {
-                        container_id: next(&mut seq, "container_id")?,
-                        process: next::<_, Option<ProcessIn>>(&mut seq, "process")?.map(|p| {
-                            ProcessRef {
-                                pid: p.0,
-                                start_time: p.1,
-                                boot_id: p.2,
-                            }
-                        }),
-                        kubernetes: next::<_, Option<KubernetesIn>>(&mut seq, "kubernetes")?.map(
-                            |k| KubernetesRef {
-                                namespace: k.0,
-                                pod: k.1,
-                                pod_uid: k.2,
-                                container: k.3,
-                            },
-                        ),
-                    },
-                    Kind::DraClaim => Owner::DraClaim {
-                        claim_uid: next(&mut seq, "claim_uid")?,
-                        namespace: next(&mut seq, "namespace")?,
-                        name: next(&mut seq, "name")?,
-                    },
-                };
-                end(&mut seq, "owner")?;
-                Ok(OwnerIn(owner))
-            }
-        }
-        d.deserialize_seq(V)
+impl<'de> DeserializeSeed<'de> for OwnerIn<'_> {
+    type Value = Owner;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Owner, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for OwnerIn<'_> {
+    type Value = Owner;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an owner array [\"container\" | \"dra_claim\", …]")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Owner, A::Error> {
+        let owner = match next(&mut seq, "owner kind")? {
+            Kind::Container => Owner::Container {
+                container_id: next(&mut seq, "container_id")?,
+                process: seq
+                    .next_element_seed(ProcessIn(self.0))?
+                    .ok_or_else(|| de::Error::custom("compact array ends before `process`"))?,
+                kubernetes: next::<_, Option<KubernetesIn>>(&mut seq, "kubernetes")?.map(|k| {
+                    KubernetesRef {
+                        namespace: k.0,
+                        pod: k.1,
+                        pod_uid: k.2,
+                        container: k.3,
+                    }
+                }),
+            },
+            Kind::DraClaim => Owner::DraClaim {
+                claim_uid: next(&mut seq, "claim_uid")?,
+                namespace: next(&mut seq, "namespace")?,
+                name: next(&mut seq, "name")?,
+            },
+        };
+        end(&mut seq, "owner")?;
+        Ok(owner)
     }
 }
 
 /// One reservation of `registry.json`: the compact array, or the named object of version 1.
-struct ReservationIn;
+/// Holds the last boot id read, for processes that leave theirs out.
+struct ReservationIn<'b>(&'b mut Option<String>);
 
-impl<'de> DeserializeSeed<'de> for ReservationIn {
+impl<'de> DeserializeSeed<'de> for ReservationIn<'_> {
     type Value = Reservation;
 
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Reservation, D::Error> {
@@ -185,7 +260,7 @@ impl<'de> DeserializeSeed<'de> for ReservationIn {
     }
 }
 
-impl<'de> Visitor<'de> for ReservationIn {
+impl<'de> Visitor<'de> for ReservationIn<'_> {
     type Value = Reservation;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
@@ -196,7 +271,9 @@ impl<'de> Visitor<'de> for ReservationIn {
         let r = Reservation {
             id: next(&mut seq, "id")?,
             state: next::<_, ReservationState>(&mut seq, "state")?,
-            owner: next::<_, OwnerIn>(&mut seq, "owner")?.0,
+            owner: seq
+                .next_element_seed(OwnerIn(self.0))?
+                .ok_or_else(|| de::Error::custom("compact array ends before `owner`"))?,
             gpus: next::<_, Vec<BookingIn>>(&mut seq, "gpus")?
                 .into_iter()
                 .map(|b| Booking {
@@ -216,7 +293,11 @@ impl<'de> Visitor<'de> for ReservationIn {
     }
 
     fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<Reservation, A::Error> {
-        Reservation::deserialize(de::value::MapAccessDeserializer::new(map))
+        let r = Reservation::deserialize(de::value::MapAccessDeserializer::new(map))?;
+        if let Some(p) = r.owner.process() {
+            *self.0 = Some(p.boot_id.clone());
+        }
+        Ok(r)
     }
 }
 
@@ -226,8 +307,16 @@ pub(crate) mod reservations {
 
     pub(crate) fn serialize<S: Serializer>(rs: &[Reservation], s: S) -> Result<S::Ok, S::Error> {
         let mut seq = s.serialize_seq(Some(rs.len()))?;
+        let mut last_boot: Option<&str> = None;
         for r in rs {
-            seq.serialize_element(&ReservationOut(r))?;
+            let boot = r.owner.process().map(|p| p.boot_id.as_str());
+            seq.serialize_element(&ReservationOut {
+                r,
+                elide_boot: boot.is_some() && boot == last_boot,
+            })?;
+            if boot.is_some() {
+                last_boot = boot;
+            }
         }
         seq.end()
     }
@@ -245,7 +334,8 @@ pub(crate) mod reservations {
                 // serde_json gives no length; start where a busy node is, not at zero, so
                 // the vector is not copied on every doubling.
                 let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(128).min(4096));
-                while let Some(r) = seq.next_element_seed(ReservationIn)? {
+                let mut last_boot = None;
+                while let Some(r) = seq.next_element_seed(ReservationIn(&mut last_boot))? {
                     out.push(r);
                 }
                 Ok(out)
@@ -329,6 +419,47 @@ mod tests {
         assert!(text.contains(r#"["0123456789abcdef","pending",["container",null,null,null],[[0,"GPU-0",4294967296,30]],false,10,20,null]"#), "{text}");
         let back: RegistryFile = serde_json::from_str(&text).unwrap();
         assert_eq!(back, file);
+    }
+
+    #[test]
+    fn boot_id_is_written_once_per_run_of_equal_ones() {
+        let bound = |id: &str, pid: u32, boot: &str| Reservation {
+            id: id.into(),
+            state: ReservationState::Bound,
+            owner: Owner::Container {
+                container_id: Some(format!("c{pid}")),
+                process: Some(ProcessRef {
+                    pid,
+                    start_time: 1,
+                    boot_id: boot.into(),
+                }),
+                kubernetes: None,
+            },
+            whole_gpu: false,
+            gpus: vec![],
+            created_ms: 1,
+            deadline_ms: None,
+            bound_ms: Some(1),
+        };
+        let mut rs = samples();
+        rs.insert(2, bound("3123456789abcdef", 8, "b"));
+        rs.push(bound("4123456789abcdef", 9, "other-boot"));
+        rs.push(bound("5123456789abcdef", 10, "other-boot"));
+        let file = RegistryFile {
+            reservations: rs.clone(),
+            ..RegistryFile::default()
+        };
+        let text = serde_json::to_string(&file).unwrap();
+        assert_eq!(text.matches(r#""b""#).count(), 1, "{text}");
+        assert_eq!(text.matches(r#""other-boot""#).count(), 1, "{text}");
+        assert!(text.contains("[8,1]"), "{text}");
+        assert!(text.contains("[10,1]"), "{text}");
+        let back: RegistryFile = serde_json::from_str(&text).unwrap();
+        assert_eq!(back.reservations, rs);
+        // A left-out boot id needs a process before it.
+        let bad = r#"{"version":2,"reservations":[["0123456789abcdef","bound",["container",null,[5,1],null],[],false,1,null,1]]}"#;
+        let e = serde_json::from_str::<RegistryFile>(bad).unwrap_err();
+        assert!(e.to_string().contains("no boot id before it"), "{e}");
     }
 
     #[test]
