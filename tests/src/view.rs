@@ -15,7 +15,7 @@ pub const SLICE_ANNOTATIONS: [(&str, &str); 2] =
 pub const SLICE_CHECKS: &str = "echo devices=$(ls /dev | grep nvidia | tr '\\n' ' '); \
     echo preload=$(cat /etc/ld.so.preload); \
     echo limits=$(cat /run/gpuslice/limits.json); \
-    if echo x > /run/gpuslice/limits.json 2>/dev/null; then echo limits-writable; else echo limits-readonly; fi; \
+    if (echo x > /run/gpuslice/limits.json) 2>/dev/null; then echo limits-writable; else echo limits-readonly; fi; \
     env | grep -E '^(GPUSLICE|CUDA_DEVICE|NVIDIA)' | sort; \
     gpuslice-probe info --json; \
     echo READY; exec sleep 600";
