@@ -277,7 +277,11 @@ impl Registry {
             }
         }
         if let Some(file) = done.unprobed {
-            reaped.extend(self.reap_exited(&file)?);
+            // Best effort: `op` has happened and must be reported as it went; what this pass
+            // cannot reap (the lock or file failing now), the next operation finds again.
+            if let Ok(more) = self.reap_exited(&file) {
+                reaped.extend(more);
+            }
         }
         done.result.map(|t| (t, reaped))
     }
@@ -327,13 +331,7 @@ impl Registry {
             }
             Ok(())
         });
-        match done {
-            Ok(done) => done.result.map(|()| done.reaped),
-            // The first transaction wrote the file; if it is unusable now, the next
-            // operation says so.
-            Err(RegistryError::Corrupt { .. }) => Ok(Vec::new()),
-            Err(e) => Err(e),
-        }
+        done.and_then(|done| done.result.map(|()| done.reaped))
     }
 
     /// The locked part of an operation: lock, load, reap as `probe` allows, `op`, write
