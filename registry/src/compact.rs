@@ -65,10 +65,6 @@ impl<'de> Visitor<'de> for ProcessIn<'_> {
         Ok(None)
     }
 
-    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-
     fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
         d.deserialize_seq(self)
     }

@@ -148,19 +148,31 @@ fn pending_past_deadline_and_dead_owners_are_reaped_by_the_next_operation() {
     assert!(!reg.slice_dir(&pending.id).exists() && !reg.slice_dir(&a.id).exists());
 }
 
-#[test]
-fn capacity_of_an_exited_owner_is_reclaimed_before_a_refusal() {
-    let (_d, sys, reg, seen) = setup(1, 10 * GI);
-    sys.spawn(12, 120);
-    let a = reg.reserve(&slice(8 * GI, 0)).expect("reserve");
-    reg.bind(&a.id, "a", 12).expect("bind");
-    // Start times were just read, so the next operation only probes exits.
+/// A reservation of `memory` bound to process `pid`, whose start time the registry has just
+/// read (so the next operation only probes exits), after which `pid` exits.
+fn bound_then_exited(
+    sys: &FakeSystem,
+    reg: &Registry,
+    pid: u32,
+    memory: u64,
+) -> gpuslice_registry::Reservation {
+    sys.spawn(pid, u64::from(pid) * 10);
+    let r = reg.reserve(&slice(memory, 0)).expect("reserve");
+    reg.bind(&r.id, "a", pid).expect("bind");
     reg.release("0000000000000000").expect("no-op");
     assert_eq!(
         read_registry(reg.state_dir()).unwrap().processes_checked_ms,
-        sys.now_ms()
+        sys.now_ms(),
+        "start times were just read"
     );
-    sys.kill(12);
+    sys.kill(pid);
+    r
+}
+
+#[test]
+fn capacity_of_an_exited_owner_is_reclaimed_before_a_refusal() {
+    let (_d, sys, reg, seen) = setup(1, 10 * GI);
+    let a = bound_then_exited(&sys, &reg, 12, 8 * GI);
     // Fits only once `a` is reaped: the reserve probes owners under the lock, reaps `a`
     // and places, instead of refusing for a dead process.
     let b = reg
@@ -182,11 +194,7 @@ fn capacity_of_an_exited_owner_is_reclaimed_before_a_refusal() {
 #[test]
 fn a_failing_operation_still_reaps_exited_owners() {
     let (_d, sys, reg, _) = setup(1, 10 * GI);
-    sys.spawn(13, 130);
-    let a = reg.reserve(&slice(GI, 0)).expect("reserve");
-    reg.bind(&a.id, "a", 13).expect("bind");
-    reg.release("0000000000000000").expect("no-op");
-    sys.kill(13);
+    bound_then_exited(&sys, &reg, 13, GI);
     let e = reg
         .bind("0123456789abcdef", "c", 13)
         .expect_err("no such process");
