@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds the Debian package target/debian/gpuslice_<version>-1_<arch>.deb with cargo-deb:
-# the release binaries, the portable (old-glibc) shim, simulated driver and probe from
+# the release binaries (`gpuslice` and `gpuslice-runtime` static from
+# scripts/build-static.sh, with the full glibc `gpuslice` as /usr/lib/gpuslice/gpuslice-full;
+# the glibc builds in both places when the musl target cannot be had), the portable (old-glibc) shim, simulated driver and probe from
 # scripts/build-portable.sh, the systemd units, podman's hooks.d file, the Kubernetes
 # manifests and the docs, with the maintainer scripts of packaging/deb/.
 # Installs cargo-deb when it is missing. Prints the package's path on its last line.
@@ -17,6 +19,16 @@ if ! command -v cargo-deb >/dev/null 2>&1; then
     cargo install --locked cargo-deb
 fi
 cargo build --release --locked -p gpuslice >&2
+bins="$target/release/deb-bin"
+rm -rf "$bins"
+mkdir -p "$bins"
+if ./scripts/build-static.sh >&2; then
+    cp "$target/release/static/gpuslice" "$target/release/static/gpuslice-runtime" "$bins/"
+else
+    echo "build-deb: packaging the glibc binaries (no static build)" >&2
+    cp "$target/release/gpuslice" "$target/release/gpuslice-runtime" "$bins/"
+fi
+cp "$target/release/gpuslice" "$bins/gpuslice-full"
 
 portable=${GPUSLICE_PORTABLE_DIR:-$target/portable}
 if [ ! -f "$portable/libgpuslice_shim.so" ]; then

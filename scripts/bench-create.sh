@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Benchmark: what gpuslice adds to a container's life (issue 4: the wrapper and hooks add at
-# most 5 ms median). `runc create + start + delete` of one bundle, three ways in one run, on
+# most 5 ms median). `runc create + start + delete` of one bundle, several ways in one run, on
 # a simulated node of 8 GPUs that already holds 100 live reservations (bound to a running
 # process):
 #   runc               the plain spec;
@@ -8,15 +8,26 @@
 #                      the container itself costs runc with its GPU (device nodes, cgroup
 #                      rules, driver-library, shim and slice-file mounts);
 #   gpuslice-runtime   the wrapper with a slice annotation: spec edit, reservation, slice
-#                      files, CDI spec, then runc with the createRuntime and poststop hooks.
-# The wrapper and hooks add (gpuslice-runtime - runc+slice-spec); the whole difference to
-# plain runc is reported too. Medians, added milliseconds and ratios.
+#                      files, CDI spec, then runc with the createRuntime and poststop hooks;
+#                      the static (musl) build that scripts/build-static.sh stages, as
+#                      installed by the package;
+#   glibc-build        the same with the dynamically linked glibc binaries of target/release
+#                      (what `cargo build --release` alone gives).
+# The wrapper and hooks add (gpuslice-runtime - runc+slice-spec). The ways run interleaved,
+# one of each per round in a shuffled order, so that the machine's drift (these hosts are
+# shared) falls on all of them alike; reported: medians per way, the added milliseconds and
+# ratios, and the median of the per-round differences.
 #
-#   scripts/bench-create.sh [RUNS]              (root)
+#   scripts/bench-create.sh [ROUNDS]              (root; default 100)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-runs=${1:-40}
-bin=${GPUSLICE_BIN_DIR:-$PWD/target/release}
+rounds=${1:-100}
+glibc=${GPUSLICE_GLIBC_BIN_DIR:-$PWD/target/release}
+bin=${GPUSLICE_BIN_DIR:-$PWD/target/release/static}
+if [ ! -x "$bin/gpuslice-runtime" ]; then
+  echo "bench-create: no static build in $bin (scripts/build-static.sh); measuring the glibc build only" >&2
+  bin=$glibc
+fi
 portable=${GPUSLICE_PORTABLE_DIR:-$PWD/target/portable}
 work=$(mktemp -d /dev/shm/gpuslice-bench-create.XXXXXX)
 holder_pid=
@@ -83,18 +94,42 @@ cp "$work/bundle/config.json.\$2" "$work/bundle/config.json"
 SH
 chmod +x "$work/life.sh"
 
-hyperfine --style basic --warmup 3 --runs "$runs" --export-json "$work/result.json" \
-  -n runc "$work/life.sh $(command -v runc) plain" \
-  -n runc+slice-spec "$work/life.sh $(command -v runc) edited" \
-  -n gpuslice-runtime "$work/life.sh $bin/gpuslice-runtime slice" >&2
-left=$("$bin/gpuslice" status --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["reservations"]))')
-python3 - "$work/result.json" "$left" <<'PY'
-import json, sys
-res = {r["command"]: r["median"] * 1000 for r in json.load(open(sys.argv[1]))["results"]}
-base, spec, ours = res["runc"], res["runc+slice-spec"], res["gpuslice-runtime"]
-print(f"median create+start+delete: runc {base:.2f} ms; runc with the edited spec {spec:.2f} ms; "
-      f"gpuslice-runtime {ours:.2f} ms")
-print(f"wrapper and hooks add {ours - spec:.2f} ms (ratio {ours / spec:.2f}); the container's GPU "
-      f"edits cost runc {spec - base:.2f} ms; all together {ours - base:.2f} ms (ratio {ours / base:.2f}); "
-      f"reservations afterwards: {sys.argv[2]} (the 100 held ones and the pre-edited spec's)")
+python3 - "$work" "$(command -v runc)" "$bin" "$glibc" "$rounds" <<'PY'
+import os, random, statistics, subprocess, sys, time
+work, runc, static, glibc, rounds = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
+ways = {
+    "runc": (runc, "plain"),
+    "runc+slice-spec": (runc, "edited"),
+    "gpuslice-runtime": (static + "/gpuslice-runtime", "slice"),
+}
+if os.path.realpath(static) != os.path.realpath(glibc):
+    ways["glibc-build"] = (glibc + "/gpuslice-runtime", "slice")
+times = {w: [] for w in ways}
+def life(way):
+    exe, kind = ways[way]
+    t0 = time.perf_counter()
+    subprocess.run([work + "/life.sh", exe, kind], check=True)
+    return (time.perf_counter() - t0) * 1000
+for w in ways:  # warm-up
+    for _ in range(3):
+        life(w)
+for _ in range(rounds):
+    order = list(ways)
+    random.shuffle(order)
+    for w in order:
+        times[w].append(life(w))
+med = {w: statistics.median(v) for w, v in times.items()}
+print(f"{rounds} rounds; median create+start+delete:")
+for w, m in med.items():
+    q = statistics.quantiles(times[w], n=4)
+    print(f"  {w:17s} {m:7.2f} ms   (quartiles {q[0]:.2f} .. {q[2]:.2f})")
+spec = med["runc+slice-spec"]
+for w in [w for w in ways if w not in ("runc", "runc+slice-spec")]:
+    paired = statistics.median(a - b for a, b in zip(times[w], times["runc+slice-spec"]))
+    print(f"{w}: wrapper and hooks add {med[w] - spec:.2f} ms (ratio {med[w] / spec:.2f}); "
+          f"median of per-round differences {paired:.2f} ms")
+print(f"the container's GPU edits cost runc {spec - med['runc']:.2f} ms "
+      f"(ratio {spec / med['runc']:.2f})")
 PY
+left=$("$bin/gpuslice" status --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["reservations"]))')
+echo "reservations afterwards: $left (the 100 held ones and the pre-edited spec's)"

@@ -88,6 +88,15 @@ done
 [ -L /etc/systemd/system/paths.target.wants/gpuslice-cdi.path ] \
     || fail "postinst did not enable gpuslice-cdi.path"
 gpuslice --version
+# With a static build (scripts/build-static.sh), the create path's binaries are static and
+# the full build they hand other commands to is installed beside the shim.
+if [ -x "$root/target/release/static/gpuslice-runtime" ]; then
+    for f in /usr/bin/gpuslice /usr/bin/gpuslice-runtime; do
+        ! readelf -l "$f" | grep -q INTERP || fail "$f is not the static build"
+    done
+    readelf -l /usr/lib/gpuslice/gpuslice-full | grep -q INTERP \
+        || fail "/usr/lib/gpuslice/gpuslice-full is not the full (glibc) build"
+fi
 # postinst configures no engine unless asked (GPUSLICE_CONFIGURE).
 snapshot | grep -E ' /etc/(containerd|docker|crio)' > "$T/engines-after-install" || true
 grep -E ' /etc/(containerd|docker|crio)' "$T/before" > "$T/engines-before" || true
@@ -120,6 +129,9 @@ echo "$out"
 echo "$out" | grep -qx nvidia0 || fail "a whole GPU through CDI: /dev/nvidia0 missing"
 ! echo "$out" | grep -qx nvidia1 || fail "a whole GPU through CDI: /dev/nvidia1 visible"
 "${GS[@]}" configure podman --hooks-dir "$T/hooks.d"
+# Written by the full build, the hook still names the installed /usr/bin/gpuslice.
+grep -q '"path": "/usr/bin/gpuslice"' "$T/hooks.d/gpuslice.json" \
+    || fail "the podman hook does not run /usr/bin/gpuslice: $(cat "$T/hooks.d/gpuslice.json")"
 out=$(podman --hooks-dir "$T/hooks.d" run --rm \
     --annotation gpuslice.io/memory=4Gi --annotation gpuslice.io/cores=30 \
     -v /usr/lib/gpuslice/sim/gpuslice-probe:/usr/local/bin/gpuslice-probe:ro \

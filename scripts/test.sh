@@ -22,5 +22,13 @@ export GPUSLICE_TEST_BIN_DIR="$PWD/target/release"
 export GPUSLICE_TEST_PORTABLE_DIR="$PWD/target/portable"
 cargo test --workspace --release --locked --no-fail-fast -- --include-ignored
 
+if [ -x target/release/static/gpuslice-runtime ]; then
+  echo "== end-to-end tests again with the static create-path build (as the package installs it)"
+  GPUSLICE_TEST_BIN_DIR="$PWD/target/release/static" cargo test --release --locked \
+    -p gpuslice-e2e --test runc_slice --test podman --test containerd -- --include-ignored
+else
+  echo "== no static build (scripts/build-static.sh could not add the musl target): skipped its end-to-end run"
+fi
+
 echo "== package: dpkg -i, the demo with installed paths, dpkg -r restores the node"
 ./scripts/check-deb.sh

@@ -140,5 +140,7 @@ pub fn generate(
 
 /// Reads the node spec cached by the last `cdi generate`.
 pub fn cached_node_spec(node: &Node) -> Result<Spec, SpecFileError> {
-    gpuslice_cdi::read_spec(&node.config().state_dir.join(NODE_SPEC_CACHE))
+    // Validated when `cdi generate` wrote it; what a slice takes from it is validated again
+    // when the slice's own spec is written.
+    gpuslice_cdi::read_own_spec(&node.config().state_dir.join(NODE_SPEC_CACHE))
 }

@@ -2,6 +2,7 @@
 //! binaries.
 
 pub mod annotations;
+pub mod arena;
 pub mod cdigen;
 pub mod cleanup;
 pub mod cli;
@@ -16,3 +17,4 @@ pub mod serve;
 pub mod simnode;
 pub mod slicespec;
 pub mod specedit;
+pub mod staticbuild;

@@ -44,21 +44,21 @@ impl Node {
 
     /// Absolute path of the `gpuslice` binary that hooks run: `hook.path` of the config,
     /// else the `gpuslice` next to the running executable (also when that is
-    /// `gpuslice-runtime`).
+    /// `gpuslice-runtime`); the full build started by the static `gpuslice` names that one
+    /// (see `staticbuild::sibling_candidates`).
     pub fn hook_binary(&self) -> Result<PathBuf, NodeError> {
         if let Some(p) = &self.config().hook.path {
             return Ok(p.clone());
         }
         let exe = std::env::current_exe().map_err(NodeError::CurrentExe)?;
         let exe = exe.canonicalize().unwrap_or(exe);
-        let path = exe
-            .parent()
-            .map(|d| d.join("gpuslice"))
-            .unwrap_or_else(|| PathBuf::from("/usr/bin/gpuslice"));
-        if !path.exists() {
-            return Err(NodeError::MissingHookBinary { path });
+        match crate::staticbuild::find_sibling(&exe, "gpuslice") {
+            Some((path, true)) => Ok(path),
+            Some((path, false)) => Err(NodeError::MissingHookBinary { path }),
+            None => Err(NodeError::MissingHookBinary {
+                path: PathBuf::from("/usr/bin/gpuslice"),
+            }),
         }
-        Ok(path)
     }
 
     /// A CDI hook entry running `gpuslice <sub…>` at stage `name`: absolute path, `--config`

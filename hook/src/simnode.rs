@@ -130,8 +130,10 @@ pub fn default_driver_dirs() -> Vec<PathBuf> {
         .and_then(|e| e.canonicalize().ok())
         .and_then(|e| e.parent().map(Path::to_path_buf))
     {
-        if let Some(target) = exe_dir.parent() {
-            dirs.push(target.join("portable"));
+        // target/release/ → target/portable; target/release/static/ (the static build) →
+        // target/portable too.
+        for up in exe_dir.ancestors().skip(1).take(2) {
+            dirs.push(up.join("portable"));
         }
         dirs.push(exe_dir);
     }

@@ -42,18 +42,22 @@ pub struct Registration {
 }
 
 impl Registration {
-    /// `gpuslice-runtime` next to the running executable, and the node's config when it is
-    /// not the default.
+    /// `gpuslice-runtime` next to the running executable (see
+    /// `staticbuild::sibling_candidates`), and the node's config when it is not the default.
     pub fn from_node(node: &Node) -> Result<Registration, RegistrationError> {
         let exe = std::env::current_exe().map_err(RegistrationError::CurrentExe)?;
         let exe = exe.canonicalize().unwrap_or(exe);
-        let runtime = exe
-            .parent()
-            .map(|d| d.join(RUNTIME_BINARY))
-            .unwrap_or_else(|| PathBuf::from("/usr/bin").join(RUNTIME_BINARY));
-        if !runtime.exists() {
-            return Err(RegistrationError::MissingRuntime { path: runtime });
-        }
+        // Beside this binary; for the full build started by the static `gpuslice`, the
+        // installed `<prefix>/bin/gpuslice-runtime`.
+        let runtime = match crate::staticbuild::find_sibling(&exe, RUNTIME_BINARY) {
+            Some((path, true)) => path,
+            Some((path, false)) => return Err(RegistrationError::MissingRuntime { path }),
+            None => {
+                return Err(RegistrationError::MissingRuntime {
+                    path: PathBuf::from("/usr/bin").join(RUNTIME_BINARY),
+                })
+            }
+        };
         let config = (!node.loaded.is_default()).then(|| node.loaded.path.clone());
         Ok(Registration { runtime, config })
     }
