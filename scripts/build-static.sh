@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds the static (musl) `gpuslice` and `gpuslice-runtime` that a container's create path
-# runs, and stages them in target/release/static/ with the full (glibc) `gpuslice` beside
-# them as `gpuslice-full`, which the static `gpuslice` hands every non-hook command to (it
-# cannot load NVML). On VMs where `cpuid` traps, a static process starts in ~0.3 ms against
-# ~1 ms for glibc (docs/benchmarks.md, "Create path").
+# runs (Cargo profile `static`), and stages them in target/release/static/ with the full
+# (glibc) `gpuslice` beside them as `gpuslice-full`, which the static `gpuslice` hands every
+# non-hook command to (it cannot load NVML). On VMs where `cpuid` traps, a static process
+# starts in ~0.3 ms against ~1 ms for glibc (docs/benchmarks.md, "Create path").
 #
 #   scripts/build-static.sh        # after `cargo build --release` (scripts/build.sh)
 #
@@ -22,10 +22,10 @@ if ! rustup target list --installed 2>/dev/null | grep -qx "$target"; then
     exit 3
   fi
 fi
-cargo build --release --locked --target "$target" -p gpuslice --bins
+cargo build --profile static --locked --target "$target" -p gpuslice --bins
 [ -x target/release/gpuslice ] || cargo build --release --locked -p gpuslice --bins
 rm -rf "$out"
 mkdir -p "$out"
-cp "target/$target/release/gpuslice" "target/$target/release/gpuslice-runtime" "$out/"
+cp "target/$target/static/gpuslice" "target/$target/static/gpuslice-runtime" "$out/"
 cp target/release/gpuslice "$out/gpuslice-full"
 echo "build-static: staged $out/{gpuslice,gpuslice-runtime} (static) and $out/gpuslice-full" >&2

@@ -175,19 +175,6 @@ pub fn read_spec(path: &Path) -> Result<Spec, SpecFileError> {
     })
 }
 
-/// Reads a spec this node wrote (and validated) itself, such as the node spec cache, without
-/// validating it again; it is still parsed strictly.
-pub fn read_own_spec(path: &Path) -> Result<Spec, SpecFileError> {
-    let bytes = fs::read(path).map_err(|source| SpecFileError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    crate::json::from_json_unvalidated(&bytes).map_err(|source| SpecFileError::Decode {
-        path: path.to_path_buf(),
-        source,
-    })
-}
-
 /// Removes the spec file at `path` and syncs its directory; a missing file is not an error.
 pub fn remove_spec(path: &Path) -> Result<(), SpecFileError> {
     remove_synced(path).map_err(|source| SpecFileError::Remove {

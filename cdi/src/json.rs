@@ -49,13 +49,6 @@ pub fn from_json(bytes: &[u8]) -> Result<Spec, JsonError> {
     Ok(spec)
 }
 
-/// Decodes a spec strictly (unknown fields rejected) without validating it: for a spec this
-/// node wrote itself after validating it, whose parts are validated again as they are
-/// written into another spec.
-pub fn from_json_unvalidated(bytes: &[u8]) -> Result<Spec, JsonError> {
-    serde_json::from_slice(bytes).map_err(JsonError::Parse)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -140,7 +140,12 @@ pub fn generate(
 
 /// Reads the node spec cached by the last `cdi generate`.
 pub fn cached_node_spec(node: &Node) -> Result<Spec, SpecFileError> {
-    // Validated when `cdi generate` wrote it; what a slice takes from it is validated again
-    // when the slice's own spec is written.
+    gpuslice_cdi::read_spec(&node.config().state_dir.join(NODE_SPEC_CACHE))
+}
+
+/// The node spec cache for the create path: parsed strictly, not validated again (it was when
+/// `cdi generate` wrote it; what a slice takes from it is validated when the slice's own spec
+/// is written), and devices parsed only when asked for.
+pub fn cached_node_spec_lazy(node: &Node) -> Result<gpuslice_cdi::LazySpec, SpecFileError> {
     gpuslice_cdi::read_own_spec(&node.config().state_dir.join(NODE_SPEC_CACHE))
 }

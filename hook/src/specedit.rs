@@ -165,7 +165,7 @@ pub fn edit_spec(node: &Node, input: &[u8]) -> Result<Outcome, EditError> {
 
     // Everything that can be checked before reserving is checked first.
     let config = node.config();
-    let node_spec = crate::cdigen::cached_node_spec(node).map_err(EditError::NodeSpec)?;
+    let node_spec = crate::cdigen::cached_node_spec_lazy(node).map_err(EditError::NodeSpec)?;
     if !config.shim.library.is_file() {
         return Err(EditError::NoShim {
             path: config.shim.library.clone(),
@@ -209,6 +209,13 @@ pub fn edit_spec(node: &Node, input: &[u8]) -> Result<Outcome, EditError> {
         detail: e.to_string(),
     })?;
 
+    let booked: Vec<&str> = reservation.gpus.iter().map(|b| b.uuid.as_str()).collect();
+    let node_spec = node_spec.with_devices(&booked).map_err(|source| {
+        EditError::NodeSpec(SpecFileError::Decode {
+            path: config.state_dir.join(crate::cdigen::NODE_SPEC_CACHE),
+            source,
+        })
+    })?;
     let cdi = slice_spec(node, &binary, &node_spec, &reservation, &slice_dir)?;
     // Written before injection: the rollback's release removes it again (registry cleanup).
     gpuslice_cdi::write_transient_spec(&config.cdi.spec_dir, &cdi, &reservation.id)

@@ -342,12 +342,12 @@ pub(crate) mod reservations {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use crate::model::RegistryFile;
 
     use super::*;
 
-    fn samples() -> Vec<Reservation> {
+    pub(crate) fn samples() -> Vec<Reservation> {
         let booking = |index, cores| Booking {
             index,
             uuid: format!("GPU-{index}"),

@@ -8,6 +8,8 @@
 
 mod compact;
 mod fake;
+mod fastread;
+mod fastwrite;
 mod id;
 mod load;
 mod model;

@@ -170,7 +170,13 @@ pub fn parse_registry(text: &[u8]) -> Result<RegistryFile, String> {
              {REGISTRY_VERSION_OLDEST} to {REGISTRY_VERSION})"
         )
     };
-    match serde_json::from_str::<RegistryFile>(text) {
+    // The layout this build writes is read without serde; anything else (and every error
+    // message) goes through serde.
+    let parsed = match crate::fastread::read_registry(text) {
+        Some(f) => Ok(f),
+        None => serde_json::from_str::<RegistryFile>(text),
+    };
+    match parsed {
         // Written back in this build's version.
         Ok(f) if known.contains(&f.version) => Ok(RegistryFile {
             version: REGISTRY_VERSION,
@@ -203,7 +209,7 @@ pub fn save(path: &Path, file: &RegistryFile) -> Result<(), StoreError> {
     // About 220 bytes a reservation in the compact form: room for all, so the buffer is not
     // copied on every doubling.
     let mut text = Vec::with_capacity(4096 + 256 * file.reservations.len());
-    serde_json::to_writer(&mut text, file).map_err(|e| StoreError::Io {
+    crate::fastwrite::write_registry(&mut text, file).map_err(|e| StoreError::Io {
         op: "serialise",
         path: path.to_path_buf(),
         source: std::io::Error::other(e),

@@ -1,0 +1,383 @@
+//! Reading `registry.json` as this build writes it without serde's generic deserializer:
+//! every registry operation parses the whole file under the lock (three per container), and
+//! the per-value dispatch of the compact arrays was half of an operation.
+//!
+//! Only the exact layout [`crate::fastwrite`] produces is read here: the top-level fields in
+//! their order, no whitespace, strings without escapes, plain unsigned integers. Anything
+//! else — an escape, a version 1 file, a hand-edited or corrupt file — returns `None` and
+//! the caller parses with serde, which also gives the error message. So this path accepts
+//! nothing serde would refuse and yields the same values (tests compare the two).
+
+use crate::model::{
+    Booking, Counters, Inventory, KubernetesRef, Owner, ProcessRef, RegistryFile, Reservation,
+    ReservationState,
+};
+
+/// The file, when it has exactly the layout this build writes.
+pub(crate) fn read_registry(text: &str) -> Option<RegistryFile> {
+    let mut c = Cursor { s: text, i: 0 };
+    c.lit("{\"version\":")?;
+    let version = u32::try_from(c.num()?).ok()?;
+    c.lit(",\"inventory\":")?;
+    let inventory: Inventory = serde_json::from_str(c.object()?).ok()?;
+    c.lit(",\"reservations\":[")?;
+    let mut reservations = Vec::with_capacity(128);
+    let mut last_boot: Option<String> = None;
+    if !c.eat(b']') {
+        loop {
+            reservations.push(c.reservation(&mut last_boot)?);
+            if c.eat(b']') {
+                break;
+            }
+            c.lit(",")?;
+        }
+    }
+    c.lit(",\"counters\":")?;
+    let counters: Counters = serde_json::from_str(c.object()?).ok()?;
+    c.lit(",\"processes_checked_ms\":")?;
+    let processes_checked_ms = c.num()?;
+    c.lit("}")?;
+    (c.i == text.len()).then_some(RegistryFile {
+        version,
+        inventory,
+        reservations,
+        counters,
+        processes_checked_ms,
+    })
+}
+
+struct Cursor<'a> {
+    s: &'a str,
+    i: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn peek(&self) -> Option<u8> {
+        self.s.as_bytes().get(self.i).copied()
+    }
+
+    fn eat(&mut self, b: u8) -> bool {
+        let hit = self.peek() == Some(b);
+        if hit {
+            self.i += 1;
+        }
+        hit
+    }
+
+    fn lit(&mut self, l: &str) -> Option<()> {
+        // A byte loop: the literals are a few bytes, shorter than a call to `memcmp`.
+        let rest = self.s.as_bytes().get(self.i..)?;
+        let l = l.as_bytes();
+        if rest.len() < l.len() || rest.iter().zip(l).any(|(a, b)| a != b) {
+            return None;
+        }
+        self.i += l.len();
+        Some(())
+    }
+
+    /// An unsigned integer as serde_json reads it into a `u64`: no sign, no leading zero,
+    /// no fraction or exponent, no overflow.
+    fn num(&mut self) -> Option<u64> {
+        let b = self.s.as_bytes();
+        let start = self.i;
+        let mut n: u64 = 0;
+        while let Some(d) = b.get(self.i).filter(|d| d.is_ascii_digit()) {
+            n = n.checked_mul(10)?.checked_add(u64::from(d - b'0'))?;
+            self.i += 1;
+        }
+        let len = self.i - start;
+        let ok = len > 0 && !(len > 1 && b[start] == b'0');
+        // A fraction or exponent would make it a float, which serde refuses for integers.
+        (ok && !matches!(self.peek(), Some(b'.' | b'e' | b'E'))).then_some(n)
+    }
+
+    fn opt_num(&mut self) -> Option<Option<u64>> {
+        if self.lit("null").is_some() {
+            return Some(None);
+        }
+        self.num().map(Some)
+    }
+
+    /// A string without escapes or control characters (else `None`: serde decides).
+    fn str(&mut self) -> Option<&'a str> {
+        if !self.eat(b'"') {
+            return None;
+        }
+        let start = self.i;
+        let b = self.s.as_bytes();
+        loop {
+            match *b.get(self.i)? {
+                b'"' => break,
+                b'\\' => return None,
+                c if c < 0x20 => return None,
+                _ => self.i += 1,
+            }
+        }
+        let out = self.s.get(start..self.i)?;
+        self.i += 1;
+        Some(out)
+    }
+
+    fn opt_str(&mut self) -> Option<Option<&'a str>> {
+        if self.lit("null").is_some() {
+            return Some(None);
+        }
+        self.str().map(Some)
+    }
+
+    fn bool(&mut self) -> Option<bool> {
+        if self.lit("true").is_some() {
+            Some(true)
+        } else {
+            self.lit("false").map(|_| false)
+        }
+    }
+
+    /// The text of a JSON object starting here (strings may hold braces), for serde.
+    fn object(&mut self) -> Option<&'a str> {
+        let b = self.s.as_bytes();
+        let start = self.i;
+        if b.get(start) != Some(&b'{') {
+            return None;
+        }
+        let mut depth = 0usize;
+        let mut in_str = false;
+        while let Some(&c) = b.get(self.i) {
+            self.i += 1;
+            if in_str {
+                match c {
+                    b'\\' => self.i += 1,
+                    b'"' => in_str = false,
+                    _ => {}
+                }
+                continue;
+            }
+            match c {
+                b'"' => in_str = true,
+                b'{' | b'[' => depth += 1,
+                b'}' | b']' => {
+                    depth = depth.checked_sub(1)?;
+                    if depth == 0 {
+                        return self.s.get(start..self.i);
+                    }
+                }
+                _ => {}
+            }
+        }
+        None
+    }
+
+    fn reservation(&mut self, last_boot: &mut Option<String>) -> Option<Reservation> {
+        self.lit("[")?;
+        let id = self.str()?.to_string();
+        self.lit(",")?;
+        let state = match self.str()? {
+            "pending" => ReservationState::Pending,
+            "bound" => ReservationState::Bound,
+            _ => return None,
+        };
+        self.lit(",")?;
+        let owner = self.owner(last_boot)?;
+        self.lit(",[")?;
+        let mut gpus = Vec::new();
+        if !self.eat(b']') {
+            loop {
+                gpus.push(self.booking()?);
+                if self.eat(b']') {
+                    break;
+                }
+                self.lit(",")?;
+            }
+        }
+        self.lit(",")?;
+        let whole_gpu = self.bool()?;
+        self.lit(",")?;
+        let created_ms = self.num()?;
+        self.lit(",")?;
+        let deadline_ms = self.opt_num()?;
+        self.lit(",")?;
+        let bound_ms = self.opt_num()?;
+        self.lit("]")?;
+        Some(Reservation {
+            id,
+            state,
+            owner,
+            whole_gpu,
+            gpus,
+            created_ms,
+            deadline_ms,
+            bound_ms,
+        })
+    }
+
+    fn owner(&mut self, last_boot: &mut Option<String>) -> Option<Owner> {
+        let owner = if self.lit("[\"container\",").is_some() {
+            let container_id = self.opt_str()?.map(str::to_string);
+            self.lit(",")?;
+            let process = if self.lit("null").is_some() {
+                None
+            } else {
+                Some(self.process(last_boot)?)
+            };
+            self.lit(",")?;
+            let kubernetes = if self.lit("null").is_some() {
+                None
+            } else {
+                self.lit("[")?;
+                let namespace = self.str()?.to_string();
+                self.lit(",")?;
+                let pod = self.str()?.to_string();
+                self.lit(",")?;
+                let pod_uid = self.opt_str()?.map(str::to_string);
+                self.lit(",")?;
+                let container = self.str()?.to_string();
+                self.lit("]")?;
+                Some(KubernetesRef {
+                    namespace,
+                    pod,
+                    pod_uid,
+                    container,
+                })
+            };
+            Owner::Container {
+                container_id,
+                process,
+                kubernetes,
+            }
+        } else {
+            self.lit("[\"dra_claim\",")?;
+            let claim_uid = self.str()?.to_string();
+            self.lit(",")?;
+            let namespace = self.str()?.to_string();
+            self.lit(",")?;
+            let name = self.str()?.to_string();
+            Owner::DraClaim {
+                claim_uid,
+                namespace,
+                name,
+            }
+        };
+        self.lit("]")?;
+        Some(owner)
+    }
+
+    fn process(&mut self, last_boot: &mut Option<String>) -> Option<ProcessRef> {
+        self.lit("[")?;
+        let pid = u32::try_from(self.num()?).ok()?;
+        self.lit(",")?;
+        let start_time = self.num()?;
+        let boot_id = if self.eat(b',') {
+            let b = self.str()?.to_string();
+            *last_boot = Some(b.clone());
+            b
+        } else {
+            last_boot.clone()?
+        };
+        self.lit("]")?;
+        Some(ProcessRef {
+            pid,
+            start_time,
+            boot_id,
+        })
+    }
+
+    fn booking(&mut self) -> Option<Booking> {
+        self.lit("[")?;
+        let index = u32::try_from(self.num()?).ok()?;
+        self.lit(",")?;
+        let uuid = self.str()?.to_string();
+        self.lit(",")?;
+        let memory = self.num()?;
+        self.lit(",")?;
+        let cores = u8::try_from(self.num()?).ok()?;
+        self.lit("]")?;
+        Some(Booking {
+            index,
+            uuid,
+            memory,
+            cores,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(f: &RegistryFile) -> String {
+        let mut out = Vec::new();
+        crate::fastwrite::write_registry(&mut out, f).unwrap_or_else(|e| panic!("{e}"));
+        String::from_utf8(out).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn file(reservations: Vec<Reservation>) -> RegistryFile {
+        let mut counters = Counters::default();
+        counters.refused_total.insert("no-fit".into(), 2);
+        RegistryFile {
+            version: 2,
+            inventory: Inventory::default(),
+            reservations,
+            counters,
+            processes_checked_ms: 7,
+        }
+    }
+
+    #[test]
+    fn reads_what_this_build_writes_as_serde_does() {
+        let mut rs = crate::compact::tests::samples();
+        rs[1].id = "no-escapes-but-{braces}-and-[brackets]-é".into();
+        if let Owner::Container { container_id, .. } = &mut rs[1].owner {
+            *container_id = Some("c{1}".into());
+        }
+        let f = file(rs);
+        let t = text(&f);
+        let fast = read_registry(&t);
+        let slow: RegistryFile = serde_json::from_str(&t).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(fast.as_ref(), Some(&slow));
+        assert_eq!(fast.as_ref(), Some(&f));
+        assert_eq!(
+            read_registry(&text(&file(Vec::new()))),
+            Some(file(Vec::new()))
+        );
+    }
+
+    #[test]
+    fn anything_else_is_left_to_serde() {
+        let f = file(crate::compact::tests::samples());
+        let t = text(&f);
+        // The samples hold an escaped container id: serde reads it, this path declines.
+        assert!(t.contains("\\\""));
+        assert_eq!(read_registry(&t), None);
+        let mut plain = crate::compact::tests::samples();
+        plain[1].owner = Owner::container();
+        let t = text(&file(plain));
+        assert!(read_registry(&t).is_some());
+        for bad in [
+            t.replacen("{\"version\":2", "{ \"version\":2", 1), // whitespace
+            t.replacen(
+                "\"processes_checked_ms\":7",
+                "\"processes_checked_ms\":07",
+                1,
+            ),
+            t.replacen(
+                "\"processes_checked_ms\":7",
+                "\"processes_checked_ms\":7.0",
+                1,
+            ),
+            t.replacen(
+                "\"processes_checked_ms\":7",
+                "\"processes_checked_ms\":-7",
+                1,
+            ),
+            t.replacen("\"pending\"", "\"Pending\"", 1),
+            t.replacen(",30]", ",300]", 1), // cores above u8
+            format!("{t}\n"),
+            t[..t.len() - 1].to_string(),
+        ] {
+            assert_eq!(read_registry(&bad), None, "{bad}");
+        }
+        // Version 1 objects.
+        let v1 = r#"{"version":1,"inventory":{"gpus":[]},"reservations":[{"id":"x"}]}"#;
+        assert_eq!(read_registry(v1), None);
+    }
+}
