@@ -2,15 +2,18 @@
 //! (`gpuslice-runtime`, the OCI hooks): each allocates about half a megabyte in a few thousand
 //! blocks and exits, so the system allocator's bookkeeping is wasted work on every container.
 //!
-//! The allocator is off until [`enable`] is called; long-running commands (`gpuslice serve`)
-//! never call it and use the system allocator throughout. While on, blocks come from a fixed
+//! `Arena<true>` serves from the first allocation of the process (so even the runtime's
+//! start-up allocations never touch the system allocator, whose first use maps and touches
+//! several pages), until [`disable`] is called; `Arena<false>` waits for [`enable`].
+//! Long-running commands (`gpuslice serve`) disable it and use the system allocator; the few
+//! blocks handed out before stay valid. While on, blocks come from a fixed
 //! region in `.bss` (untouched pages cost nothing); freeing the most recent block gives its
 //! space back (so a growing `Vec` or `String` extends in place), any other free is a no-op,
 //! and once the region is used up every allocation falls back to the system allocator.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
 /// Size of the region; a create path of 100 reservations uses about 0.5 MB of it.
 pub const ARENA_SIZE: usize = 16 << 20;
@@ -26,15 +29,29 @@ unsafe impl Sync for Region {}
 static REGION: Region = Region(UnsafeCell::new([0; ARENA_SIZE]));
 /// Offset of the first free byte of the region.
 static NEXT: AtomicUsize = AtomicUsize::new(0);
-static ON: AtomicBool = AtomicBool::new(false);
+/// 0: the type's default; 1: on; 2: off.
+static STATE: AtomicU8 = AtomicU8::new(0);
 
-/// The global allocator type; see the module comment.
+/// The global allocator type; see the module comment. `ON_AT_START`: whether it serves from
+/// the region before [`enable`] or [`disable`] is called.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Arena;
+pub struct Arena<const ON_AT_START: bool>;
 
 /// Serves later allocations from the region (until it is full).
 pub fn enable() {
-    ON.store(true, Ordering::Relaxed);
+    STATE.store(1, Ordering::Relaxed);
+}
+
+/// Serves later allocations from the system allocator.
+pub fn disable() {
+    STATE.store(2, Ordering::Relaxed);
+}
+
+fn on(at_start: bool) -> bool {
+    match STATE.load(Ordering::Relaxed) {
+        0 => at_start,
+        s => s == 1,
+    }
 }
 
 /// Bytes of the region handed out so far (tests, diagnostics).
@@ -71,9 +88,9 @@ fn bump(layout: Layout) -> Option<*mut u8> {
 // SAFETY: blocks are disjoint and aligned as `layout` asks (see `bump`); a block is given
 // back (by moving `NEXT` down) only when it is the last one handed out, and pointers not in
 // the region go to `System`, which allocated them.
-unsafe impl GlobalAlloc for Arena {
+unsafe impl<const ON_AT_START: bool> GlobalAlloc for Arena<ON_AT_START> {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if ON.load(Ordering::Relaxed) {
+        if on(ON_AT_START) {
             if let Some(p) = bump(layout) {
                 return p;
             }
@@ -143,7 +160,7 @@ mod tests {
     // The region is process-global, so all checks live in one test.
     #[test]
     fn bump_reuse_growth_and_fallback() {
-        let a = Arena;
+        let a = Arena::<false>;
         let l8 = Layout::from_size_align(24, 8).unwrap_or(Layout::new::<u64>());
         // Off: the system allocator serves, the region is untouched.
         // SAFETY: valid layout; the block is freed with the same layout.
@@ -183,6 +200,18 @@ mod tests {
             let s = a.alloc(big);
             assert!(!s.is_null() && !owns(s));
             a.dealloc(s, big);
+            // Off again: the system allocator serves, and blocks of the region are still
+            // freed as region blocks (a no-op), not handed to the system allocator.
+            let last = a.alloc(l8);
+            disable();
+            let t = a.alloc(l8);
+            assert!(!owns(t));
+            a.dealloc(t, l8);
+            a.dealloc(last, l8);
+            // An allocator that starts on follows the same switch once it is set.
+            let u = Arena::<true>.alloc(l8);
+            assert!(!owns(u));
+            Arena::<true>.dealloc(u, l8);
         }
     }
 }

@@ -7,13 +7,12 @@ use std::process::ExitCode;
 use gpuslice::node::Node;
 use gpuslice::runtime::{edit_bundle, parse_args, report, resolve_runtime, RuntimeError};
 
-/// Every call of the wrapper is short-lived: it allocates from a bump region (see
-/// `gpuslice::arena`).
+/// Every call of the wrapper is short-lived: it allocates from a bump region from its first
+/// allocation (see `gpuslice::arena`).
 #[global_allocator]
-static ALLOC: gpuslice::arena::Arena = gpuslice::arena::Arena;
+static ALLOC: gpuslice::arena::Arena<true> = gpuslice::arena::Arena;
 
 fn main() -> ExitCode {
-    gpuslice::arena::enable();
     let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
     let parsed = parse_args(&args);
     let creates = matches!(parsed.command.as_deref(), Some("create" | "run"));

@@ -7,16 +7,17 @@ use std::process::ExitCode;
 use clap::Parser;
 use gpuslice::staticbuild;
 
-/// The hooks (a container's create path) allocate from a bump region; every other command
-/// keeps the system allocator (see `gpuslice::arena`).
+/// The hooks (a container's create path) allocate from a bump region from the process's first
+/// allocation; every other command switches to the system allocator at once (see
+/// `gpuslice::arena`).
 #[global_allocator]
-static ALLOC: gpuslice::arena::Arena = gpuslice::arena::Arena;
+static ALLOC: gpuslice::arena::Arena<true> = gpuslice::arena::Arena;
 
 fn main() -> ExitCode {
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
     let hook = staticbuild::is_hook(&args);
-    if hook {
-        gpuslice::arena::enable();
+    if !hook {
+        gpuslice::arena::disable();
     }
     if staticbuild::IS_STATIC {
         // The static build runs the hooks; NVML needs the full build (see `staticbuild`).
