@@ -303,23 +303,12 @@ impl<'a> Cursor<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fastwrite::tests::file;
 
     fn text(f: &RegistryFile) -> String {
         let mut out = Vec::new();
         crate::fastwrite::write_registry(&mut out, f).unwrap_or_else(|e| panic!("{e}"));
         String::from_utf8(out).unwrap_or_else(|e| panic!("{e}"))
-    }
-
-    fn file(reservations: Vec<Reservation>) -> RegistryFile {
-        let mut counters = Counters::default();
-        counters.refused_total.insert("no-fit".into(), 2);
-        RegistryFile {
-            version: 2,
-            inventory: Inventory::default(),
-            reservations,
-            counters,
-            processes_checked_ms: 7,
-        }
     }
 
     #[test]
@@ -354,26 +343,15 @@ mod tests {
         assert!(read_registry(&t).is_some());
         for bad in [
             t.replacen("{\"version\":2", "{ \"version\":2", 1), // whitespace
-            t.replacen(
-                "\"processes_checked_ms\":7",
-                "\"processes_checked_ms\":07",
-                1,
-            ),
-            t.replacen(
-                "\"processes_checked_ms\":7",
-                "\"processes_checked_ms\":7.0",
-                1,
-            ),
-            t.replacen(
-                "\"processes_checked_ms\":7",
-                "\"processes_checked_ms\":-7",
-                1,
-            ),
+            t.replacen(":1796067552114}", ":01796067552114}", 1),
+            t.replacen(":1796067552114}", ":1796067552114.0}", 1),
+            t.replacen(":1796067552114}", ":-1796067552114}", 1),
             t.replacen("\"pending\"", "\"Pending\"", 1),
             t.replacen(",30]", ",300]", 1), // cores above u8
             format!("{t}\n"),
             t[..t.len() - 1].to_string(),
         ] {
+            assert_ne!(bad, t, "each case changes the text");
             assert_eq!(read_registry(&bad), None, "{bad}");
         }
         // Version 1 objects.

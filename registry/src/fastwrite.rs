@@ -167,11 +167,12 @@ fn opt_num(out: &mut Vec<u8>, n: Option<u64>) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::model::{Counters, Inventory, ReservationState};
 
-    fn file(reservations: Vec<Reservation>) -> RegistryFile {
+    /// A registry file around `reservations` (also used by `fastread`'s tests).
+    pub(crate) fn file(reservations: Vec<Reservation>) -> RegistryFile {
         let mut counters = Counters {
             reserved_total: 3,
             ..Default::default()
