@@ -52,13 +52,8 @@ impl Node {
         }
         let exe = std::env::current_exe().map_err(NodeError::CurrentExe)?;
         let exe = exe.canonicalize().unwrap_or(exe);
-        match crate::staticbuild::find_sibling(&exe, "gpuslice") {
-            Some((path, true)) => Ok(path),
-            Some((path, false)) => Err(NodeError::MissingHookBinary { path }),
-            None => Err(NodeError::MissingHookBinary {
-                path: PathBuf::from("/usr/bin/gpuslice"),
-            }),
-        }
+        crate::staticbuild::find_sibling(&exe, "gpuslice")
+            .map_err(|path| NodeError::MissingHookBinary { path })
     }
 
     /// A CDI hook entry running `gpuslice <sub…>` at stage `name`: absolute path, `--config`

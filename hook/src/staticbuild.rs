@@ -69,14 +69,17 @@ pub fn sibling_candidates(exe: &Path, name: &str) -> Vec<PathBuf> {
     out
 }
 
-/// The first of [`sibling_candidates`] that exists, else the first candidate (for the
-/// error message); `None` only when `exe` has no directory.
-pub fn find_sibling(exe: &Path, name: &str) -> Option<(PathBuf, bool)> {
+/// The first of [`sibling_candidates`] that exists; `Err` names where it was expected
+/// (beside `exe`, else `/usr/bin/<name>`), for the error message.
+pub fn find_sibling(exe: &Path, name: &str) -> Result<PathBuf, PathBuf> {
     let candidates = sibling_candidates(exe, name);
     if let Some(found) = candidates.iter().find(|p| p.exists()) {
-        return Some((found.clone(), true));
+        return Ok(found.clone());
     }
-    candidates.into_iter().next().map(|p| (p, false))
+    Err(candidates
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| Path::new("/usr/bin").join(name)))
 }
 
 /// The full build a static `gpuslice` should re-execute `args` with: `None` for hook
@@ -183,12 +186,12 @@ mod tests {
         let full = lib.join(FULL_BUILD_NAME);
         assert_eq!(
             find_sibling(&full, "gpuslice-runtime"),
-            Some((lib.join("gpuslice-runtime"), false))
+            Err(lib.join("gpuslice-runtime"))
         );
         std::fs::write(bin.join("gpuslice-runtime"), b"").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
             find_sibling(&full, "gpuslice-runtime"),
-            Some((bin.join("gpuslice-runtime"), true))
+            Ok(bin.join("gpuslice-runtime"))
         );
     }
 }

@@ -49,15 +49,8 @@ impl Registration {
         let exe = exe.canonicalize().unwrap_or(exe);
         // Beside this binary; for the full build started by the static `gpuslice`, the
         // installed `<prefix>/bin/gpuslice-runtime`.
-        let runtime = match crate::staticbuild::find_sibling(&exe, RUNTIME_BINARY) {
-            Some((path, true)) => path,
-            Some((path, false)) => return Err(RegistrationError::MissingRuntime { path }),
-            None => {
-                return Err(RegistrationError::MissingRuntime {
-                    path: PathBuf::from("/usr/bin").join(RUNTIME_BINARY),
-                })
-            }
-        };
+        let runtime = crate::staticbuild::find_sibling(&exe, RUNTIME_BINARY)
+            .map_err(|path| RegistrationError::MissingRuntime { path })?;
         let config = (!node.loaded.is_default()).then(|| node.loaded.path.clone());
         Ok(Registration { runtime, config })
     }
