@@ -21,6 +21,7 @@
 #   scripts/bench-create.sh [ROUNDS]              (root; default 100)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+./scripts/install-deps.sh   # runc, busybox-static
 rounds=${1:-100}
 glibc=${GPUSLICE_GLIBC_BIN_DIR:-$PWD/target/release}
 bin=${GPUSLICE_BIN_DIR:-$PWD/target/release/static}
