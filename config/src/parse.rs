@@ -420,53 +420,58 @@ fn simulated_gpu(r: &Reader<'_>, index: usize, item: &Value) -> Result<Simulated
         }
     };
     r.check_keys(t, &prefix, &["model", "memory", "uuid"])?;
-    let model_key = format!("{prefix}.model");
-    let model = match r.string(t, "model", &model_key)? {
+    // Keys are spelled out only for an error: this runs in every create-path process.
+    let key = |k: &str| format!("{prefix}.{k}");
+    let model = match t.get("model") {
         None => DEFAULT_SIM_MODEL.to_string(),
-        Some((s, v)) => {
+        Some(v @ Value::String(s)) => {
             if s.trim().is_empty() || s.len() > 96 || s.chars().any(|c| c.is_control()) {
                 return Err(r.bad_value(
-                    &model_key,
+                    &key("model"),
                     v,
                     "a model name of 1 to 96 printable characters",
                 ));
             }
             s.to_string()
         }
+        Some(v) => return Err(r.wrong_type(&key("model"), v, "a string")),
     };
-    let mem_key = format!("{prefix}.memory");
     let memory = match t.get("memory") {
         None => DEFAULT_SIM_MEMORY,
         Some(v @ Value::String(s)) => {
-            let b = parse_bytes(s).map_err(|_| r.bad_value(&mem_key, v, ACCEPTED_BYTES))?;
+            let b = parse_bytes(s).map_err(|_| r.bad_value(&key("memory"), v, ACCEPTED_BYTES))?;
             if b < (1 << 20) {
-                return Err(r.bad_value(&mem_key, v, "at least 1Mi"));
+                return Err(r.bad_value(&key("memory"), v, "at least 1Mi"));
             }
             b
         }
         Some(v @ Value::Integer(i)) => {
             if *i < (1 << 20) {
-                return Err(r.bad_value(&mem_key, v, "at least 1Mi"));
+                return Err(r.bad_value(&key("memory"), v, "at least 1Mi"));
             }
             *i as u64
         }
         Some(other) => {
-            return Err(r.wrong_type(&mem_key, other, &format!("a string of {ACCEPTED_BYTES}")))
+            return Err(r.wrong_type(
+                &key("memory"),
+                other,
+                &format!("a string of {ACCEPTED_BYTES}"),
+            ))
         }
     };
-    let uuid_key = format!("{prefix}.uuid");
-    let uuid = match r.string(t, "uuid", &uuid_key)? {
+    let uuid = match t.get("uuid") {
         None => simulated_uuid(index, &model),
-        Some((s, v)) => {
+        Some(v @ Value::String(s)) => {
             if !is_gpu_uuid(s) {
                 return Err(r.bad_value(
-                    &uuid_key,
+                    &key("uuid"),
                     v,
                     "`GPU-` followed by a UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)",
                 ));
             }
             s.to_string()
         }
+        Some(v) => return Err(r.wrong_type(&key("uuid"), v, "a string")),
     };
     Ok(SimulatedGpu {
         model,

@@ -124,6 +124,26 @@ fn wrong_type_names_key_value_and_expected() {
     );
     let line = err("placement = \"binpack\"\n");
     assert!(line.contains("expected a table"), "{line}");
+    let sim = "[inventory]\nsource=\"simulated\"\n[[inventory.simulated]]\nmemory = \"1Gi\"\n";
+    let line = err(&format!("{sim}[[inventory.simulated]]\nmodel = 7\n"));
+    assert!(
+        line.contains(
+            "key `inventory.simulated[1].model`: value 7 is a integer; expected a string"
+        ),
+        "{line}"
+    );
+    let line = err(&format!("{sim}uuid = true\n"));
+    assert!(
+        line.contains(
+            "key `inventory.simulated[0].uuid`: value true is a boolean; expected a string"
+        ),
+        "{line}"
+    );
+    let line = err(&format!("{sim}uuid = \"GPU-nope\"\n"));
+    assert!(
+        line.contains("key `inventory.simulated[0].uuid`: value \"GPU-nope\" is not accepted"),
+        "{line}"
+    );
 }
 
 #[test]

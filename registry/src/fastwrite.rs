@@ -19,7 +19,8 @@ pub(crate) fn write_registry(out: &mut Vec<u8>, file: &RegistryFile) -> serde_js
             out.push(b',');
         }
         let boot = r.owner.process().map(|p| p.boot_id.as_str());
-        reservation(out, r, boot.is_some() && boot == last_boot)?;
+        let elide = matches!((boot, last_boot), (Some(b), Some(l)) if crate::sametext::same(b, l));
+        reservation(out, r, elide)?;
         if boot.is_some() {
             last_boot = boot;
         }

@@ -17,6 +17,7 @@ mod placement;
 mod reap;
 mod registry;
 mod request;
+mod sametext;
 mod status;
 mod store;
 mod system;
@@ -24,7 +25,7 @@ mod table;
 
 pub use fake::FakeSystem;
 pub use id::{is_valid_id, new_id, IdError, ID_LEN};
-pub use load::{gpu_loads, memory_capacity, missing_gpus, violations, GpuLoad};
+pub use load::{gpu_loads, memory_capacity, missing_gpus, violations, GpuLoad, GpuLoads};
 pub use model::{
     Booking, Counters, Gpu, Inventory, KubernetesRef, Owner, ProcessRef, RegistryFile, Reservation,
     ReservationState, REGISTRY_VERSION,

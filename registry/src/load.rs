@@ -1,8 +1,6 @@
 //! What is booked on each GPU, summed from the reservations: the one computation placement,
 //! status and the oversubscription check all share.
 
-use std::collections::HashMap;
-
 use gpuslice_config::PlacementConfig;
 
 use crate::model::{Inventory, RegistryFile, Reservation};
@@ -21,11 +19,11 @@ pub struct GpuLoad {
 }
 
 /// Loads keyed by GPU UUID, over every reservation (also those on GPUs the inventory lost).
-pub fn gpu_loads(reservations: &[Reservation]) -> HashMap<&str, GpuLoad> {
-    let mut loads: HashMap<&str, GpuLoad> = HashMap::new();
+pub fn gpu_loads(reservations: &[Reservation]) -> GpuLoads<'_> {
+    let mut loads = GpuLoads(Vec::new());
     for r in reservations {
         for b in &r.gpus {
-            let l = loads.entry(b.uuid.as_str()).or_default();
+            let l = loads.entry(&b.uuid);
             l.memory = l.memory.saturating_add(b.memory);
             l.cores += u32::from(b.cores);
             l.slices += 1;
@@ -33,6 +31,37 @@ pub fn gpu_loads(reservations: &[Reservation]) -> HashMap<&str, GpuLoad> {
         }
     }
     loads
+}
+
+/// The loads of [`gpu_loads`] by GPU UUID. A node has a handful of GPUs, so a list searched
+/// with [`crate::sametext::same`] beats hashing a 40-byte UUID per booking, which every
+/// placement does for every reservation.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GpuLoads<'a>(Vec<(&'a str, GpuLoad)>);
+
+impl<'a> GpuLoads<'a> {
+    /// The load of the GPU with this UUID, if anything is booked on it.
+    pub fn get(&self, uuid: &str) -> Option<&GpuLoad> {
+        self.0
+            .iter()
+            .find(|(u, _)| crate::sametext::same(u, uuid))
+            .map(|(_, l)| l)
+    }
+
+    fn entry(&mut self, uuid: &'a str) -> &mut GpuLoad {
+        let at = match self
+            .0
+            .iter()
+            .position(|(u, _)| crate::sametext::same(u, uuid))
+        {
+            Some(i) => i,
+            None => {
+                self.0.push((uuid, GpuLoad::default()));
+                self.0.len() - 1
+            }
+        };
+        &mut self.0[at].1
+    }
 }
 
 /// Bytes that may be booked on a GPU of `total` bytes under `overcommit` (≥ 1.0).
