@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use gpuslice_fsutil::{atomic_write, remove_synced, AtomicWriteError};
 
-use crate::json::{from_json, to_json, JsonError};
+use crate::json::{from_json, to_json, to_json_compact, JsonError};
 use crate::model::Spec;
 use crate::names::{spec_file_name, transient_spec_file_name, NameError};
 
@@ -124,6 +124,25 @@ pub fn write_transient_spec(dir: &Path, spec: &Spec, id: &str) -> Result<PathBuf
 /// Writes `spec` to `dir/file_name` as [`write_spec`] does; `file_name` must be a plain
 /// name ending in `.json`.
 pub fn write_spec_as(dir: &Path, file_name: &str, spec: &Spec) -> Result<PathBuf, SpecFileError> {
+    write_named(dir, file_name, spec, to_json)
+}
+
+/// As [`write_spec_as`], without indentation ([`crate::to_json_compact`]): for a private copy
+/// that gpuslice reads on every create.
+pub fn write_spec_compact_as(
+    dir: &Path,
+    file_name: &str,
+    spec: &Spec,
+) -> Result<PathBuf, SpecFileError> {
+    write_named(dir, file_name, spec, to_json_compact)
+}
+
+fn write_named(
+    dir: &Path,
+    file_name: &str,
+    spec: &Spec,
+    encode: fn(&Spec) -> Result<Vec<u8>, JsonError>,
+) -> Result<PathBuf, SpecFileError> {
     let plain = !file_name.is_empty()
         && !file_name.starts_with('.')
         && !file_name.contains('/')
@@ -136,7 +155,7 @@ pub fn write_spec_as(dir: &Path, file_name: &str, spec: &Spec) -> Result<PathBuf
         });
     }
     let path = dir.join(file_name);
-    let bytes = to_json(spec).map_err(|source| SpecFileError::Encode {
+    let bytes = encode(spec).map_err(|source| SpecFileError::Encode {
         path: path.clone(),
         source,
     })?;

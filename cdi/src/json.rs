@@ -32,9 +32,24 @@ pub fn stamped(spec: &Spec) -> Spec {
 
 /// Encodes `spec` after stamping the lowest sufficient `cdiVersion` and validating it.
 pub fn to_json(spec: &Spec) -> Result<Vec<u8>, JsonError> {
+    encode(spec, true)
+}
+
+/// As [`to_json`], without the indentation: for copies only gpuslice reads, on every
+/// container's create path (half the bytes to scan).
+pub fn to_json_compact(spec: &Spec) -> Result<Vec<u8>, JsonError> {
+    encode(spec, false)
+}
+
+fn encode(spec: &Spec, pretty: bool) -> Result<Vec<u8>, JsonError> {
     let spec = stamped(spec);
     spec.validate()?;
-    let mut bytes = serde_json::to_vec_pretty(&spec).map_err(|source| JsonError::Encode {
+    let encoded = if pretty {
+        serde_json::to_vec_pretty(&spec)
+    } else {
+        serde_json::to_vec(&spec)
+    };
+    let mut bytes = encoded.map_err(|source| JsonError::Encode {
         kind: spec.kind.clone(),
         source,
     })?;
@@ -89,6 +104,23 @@ mod tests {
         assert_eq!(
             from_json(text.as_bytes()).expect("decode"),
             stamped(&spec())
+        );
+    }
+
+    #[test]
+    fn compact_encoding_is_the_same_spec_on_one_line() {
+        let pretty = to_json(&spec()).expect("encode");
+        let compact = to_json_compact(&spec()).expect("encode");
+        let text = String::from_utf8(compact.clone()).expect("utf8");
+        assert_eq!(text.matches('\n').count(), 1, "{text}");
+        assert!(
+            text.ends_with("}\n") && text.contains("\"cdiVersion\":\"0.5.0\""),
+            "{text}"
+        );
+        assert!(compact.len() < pretty.len());
+        assert_eq!(
+            from_json(&compact).expect("decode"),
+            from_json(&pretty).expect("decode")
         );
     }
 

@@ -36,13 +36,14 @@ mod version;
 pub use annotations::TOTAL_ANNOTATION_SIZE_LIMIT;
 pub use files::{
     list_transient_specs, read_spec, remove_spec, spec_path, transient_spec_path, write_spec,
-    write_spec_as, write_transient_spec, SpecFileError, SPEC_DIR_MODE, SPEC_FILE_MODE,
+    write_spec_as, write_spec_compact_as, write_transient_spec, SpecFileError, SPEC_DIR_MODE,
+    SPEC_FILE_MODE,
 };
 pub use inject::{
     apply_edits, apply_edits_with, inject, inject_with, resolve_edits, DeviceStat, HostDevice,
     HostDeviceStat, HostDeviceType, InjectError,
 };
-pub use json::{from_json, stamped, to_json, JsonError};
+pub use json::{from_json, stamped, to_json, to_json_compact, JsonError};
 pub use lazy::{read_own_spec, LazySpec};
 pub use model::{ContainerEdits, Device, DeviceNode, Hook, IntelRdt, Mount, NetDevice, Spec};
 pub use names::{

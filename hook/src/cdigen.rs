@@ -130,7 +130,7 @@ pub fn generate(
     let spec = node_spec(node, &binary, &gpus, &driver)?;
     let registry = Registry::open_config(config, gpuslice_registry::no_cleanup())?;
     registry.set_inventory(Inventory { gpus: gpus.clone() })?;
-    gpuslice_cdi::write_spec_as(&config.state_dir, NODE_SPEC_CACHE, &spec)?;
+    gpuslice_cdi::write_spec_compact_as(&config.state_dir, NODE_SPEC_CACHE, &spec)?;
     let dir = output
         .map(Path::to_path_buf)
         .unwrap_or_else(|| config.cdi.spec_dir.clone());
