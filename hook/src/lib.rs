@@ -11,6 +11,7 @@ pub mod configure;
 pub mod driveredits;
 pub mod error;
 pub mod hooks;
+pub mod muslbcmp;
 pub mod node;
 pub mod runtime;
 pub mod serve;

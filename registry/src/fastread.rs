@@ -14,18 +14,43 @@ use crate::model::{
 };
 
 /// The file, when it has exactly the layout this build writes.
+#[cfg(test)]
 pub(crate) fn read_registry(text: &str) -> Option<RegistryFile> {
-    let mut c = Cursor { s: text, i: 0 };
+    read_registry_spans(text).map(|(f, _)| f)
+}
+
+/// Where one reservation's text lies in the file, and whether it left out its owner's boot
+/// id (the same as the reservation's before it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Span {
+    pub(crate) range: std::ops::Range<usize>,
+    pub(crate) elided: bool,
+}
+
+/// As [`read_registry`], with the span of each reservation's text.
+pub(crate) fn read_registry_spans(text: &str) -> Option<(RegistryFile, Vec<Span>)> {
+    let mut c = Cursor {
+        s: text,
+        i: 0,
+        elided: false,
+    };
     c.lit("{\"version\":")?;
     let version = u32::try_from(c.num()?).ok()?;
     c.lit(",\"inventory\":")?;
     let inventory: Inventory = serde_json::from_str(c.object()?).ok()?;
     c.lit(",\"reservations\":[")?;
     let mut reservations = Vec::with_capacity(128);
+    let mut spans = Vec::with_capacity(128);
     let mut last_boot: Option<String> = None;
     if !c.eat(b']') {
         loop {
+            let start = c.i;
+            c.elided = false;
             reservations.push(c.reservation(&mut last_boot)?);
+            spans.push(Span {
+                range: start..c.i,
+                elided: c.elided,
+            });
             if c.eat(b']') {
                 break;
             }
@@ -37,18 +62,23 @@ pub(crate) fn read_registry(text: &str) -> Option<RegistryFile> {
     c.lit(",\"processes_checked_ms\":")?;
     let processes_checked_ms = c.num()?;
     c.lit("}")?;
-    (c.i == text.len()).then_some(RegistryFile {
-        version,
-        inventory,
-        reservations,
-        counters,
-        processes_checked_ms,
-    })
+    (c.i == text.len()).then_some((
+        RegistryFile {
+            version,
+            inventory,
+            reservations,
+            counters,
+            processes_checked_ms,
+        },
+        spans,
+    ))
 }
 
 struct Cursor<'a> {
     s: &'a str,
     i: usize,
+    /// The last process read left out its boot id.
+    elided: bool,
 }
 
 impl<'a> Cursor<'a> {
@@ -271,6 +301,7 @@ impl<'a> Cursor<'a> {
             *last_boot = Some(b.clone());
             b
         } else {
+            self.elided = true;
             last_boot.clone()?
         };
         self.lit("]")?;

@@ -5,9 +5,21 @@
 //! compare the two on every owner kind and on strings that need escaping.
 
 use crate::model::{Booking, KubernetesRef, Owner, ProcessRef, RegistryFile, Reservation};
+use crate::verbatim::Origin;
 
 /// Appends the JSON of `file` to `out`.
+#[cfg(test)]
 pub(crate) fn write_registry(out: &mut Vec<u8>, file: &RegistryFile) -> serde_json::Result<()> {
+    write_registry_from(out, file, None)
+}
+
+/// As [`write_registry`], copying the text of reservations unchanged since `origin` was read.
+pub(crate) fn write_registry_from(
+    out: &mut Vec<u8>,
+    file: &RegistryFile,
+    origin: Option<&Origin>,
+) -> serde_json::Result<()> {
+    let mut reuse = origin.map(Origin::reuse);
     out.extend_from_slice(b"{\"version\":");
     num(out, u64::from(file.version));
     out.extend_from_slice(b",\"inventory\":");
@@ -20,7 +32,10 @@ pub(crate) fn write_registry(out: &mut Vec<u8>, file: &RegistryFile) -> serde_js
         }
         let boot = r.owner.process().map(|p| p.boot_id.as_str());
         let elide = matches!((boot, last_boot), (Some(b), Some(l)) if crate::sametext::same(b, l));
-        reservation(out, r, elide)?;
+        match reuse.as_mut().and_then(|u| u.text_of(r, elide)) {
+            Some(text) => out.extend_from_slice(text),
+            None => reservation(out, r, elide)?,
+        }
         if boot.is_some() {
             last_boot = boot;
         }

@@ -22,6 +22,7 @@ mod status;
 mod store;
 mod system;
 mod table;
+mod verbatim;
 
 pub use fake::FakeSystem;
 pub use id::{is_valid_id, new_id, IdError, ID_LEN};

@@ -9,8 +9,10 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::fastread::Span;
 use crate::id::is_valid_id;
 use crate::model::{RegistryFile, Reservation, REGISTRY_VERSION, REGISTRY_VERSION_OLDEST};
+use crate::verbatim::Origin;
 
 /// The registry file in `state_dir`.
 pub const REGISTRY_FILE: &str = "registry.json";
@@ -143,7 +145,9 @@ pub fn lock(path: &Path) -> Result<LockGuard, StoreError> {
 pub enum Loaded {
     /// No file yet: a fresh node.
     Missing,
-    Ok(RegistryFile),
+    /// The file, and what a later [`save`] of it can copy (with [`load_for_update`], when the
+    /// file has this build's layout).
+    Ok(RegistryFile, Option<Origin>),
     /// Unparseable or an unknown version: never guessed at or overwritten.
     Corrupt(String),
 }
@@ -154,7 +158,13 @@ struct VersionProbe {
 }
 
 /// Parses registry text; `Err` carries what is wrong, for the corrupt-file message.
+#[cfg(test)]
 pub fn parse_registry(text: &[u8]) -> Result<RegistryFile, String> {
+    parse_with_spans(text).map(|(f, _)| f)
+}
+
+/// As [`parse_registry`], with the reservations' spans when the fast path read it.
+fn parse_with_spans(text: &[u8]) -> Result<(RegistryFile, Option<Vec<Span>>), String> {
     // Validating UTF-8 once for the whole file and parsing from `str` spares serde_json a
     // validation per string, about a tenth of the parse on the registry's hot path.
     let text = std::str::from_utf8(text).map_err(|e| {
@@ -172,17 +182,20 @@ pub fn parse_registry(text: &[u8]) -> Result<RegistryFile, String> {
     };
     // The layout this build writes is read without serde; anything else (and every error
     // message) goes through serde.
-    let parsed = match crate::fastread::read_registry(text) {
-        Some(f) => Ok(f),
-        None => serde_json::from_str::<RegistryFile>(text),
+    let parsed = match crate::fastread::read_registry_spans(text) {
+        Some((f, spans)) => Ok((f, Some(spans))),
+        None => serde_json::from_str::<RegistryFile>(text).map(|f| (f, None)),
     };
     match parsed {
-        // Written back in this build's version.
-        Ok(f) if known.contains(&f.version) => Ok(RegistryFile {
-            version: REGISTRY_VERSION,
-            ..f
-        }),
-        Ok(f) => Err(unsupported(f.version)),
+        // Written back in this build's version (spans only of text in it).
+        Ok((f, spans)) if known.contains(&f.version) => Ok((
+            RegistryFile {
+                version: REGISTRY_VERSION,
+                ..f
+            },
+            spans.filter(|_| f.version == REGISTRY_VERSION),
+        )),
+        Ok((f, _)) => Err(unsupported(f.version)),
         Err(e) => match serde_json::from_str::<VersionProbe>(text) {
             Ok(p) if !known.contains(&p.version) => Err(unsupported(p.version)),
             _ => Err(format!("invalid JSON: {e}")),
@@ -192,24 +205,42 @@ pub fn parse_registry(text: &[u8]) -> Result<RegistryFile, String> {
 
 /// Reads and parses `registry.json`.
 pub fn load(path: &Path) -> Result<Loaded, StoreError> {
+    load_as(path, false)
+}
+
+/// As [`load`], keeping what [`save`] needs to copy the reservations the caller leaves
+/// unchanged (a copy of each as read, and the text).
+pub fn load_for_update(path: &Path) -> Result<Loaded, StoreError> {
+    load_as(path, true)
+}
+
+fn load_as(path: &Path, keep_origin: bool) -> Result<Loaded, StoreError> {
     let mut text = Vec::with_capacity(64 * 1024);
     match File::open(path) {
         Ok(mut f) => f.read_to_end(&mut text).map_err(io("read", path))?,
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Loaded::Missing),
         Err(e) => return Err(io("open", path)(e)),
     };
-    Ok(match parse_registry(&text) {
-        Ok(f) => Loaded::Ok(f),
+    Ok(match parse_with_spans(&text) {
+        Ok((f, Some(spans))) if keep_origin => {
+            // The fast path read it, so it is UTF-8.
+            let origin = String::from_utf8(text)
+                .ok()
+                .map(|t| Origin::new(t, &f.reservations, spans));
+            Loaded::Ok(f, origin)
+        }
+        Ok((f, _)) => Loaded::Ok(f, None),
         Err(detail) => Loaded::Corrupt(detail),
     })
 }
 
-/// Replaces `registry.json` atomically, mode 0600.
-pub fn save(path: &Path, file: &RegistryFile) -> Result<(), StoreError> {
+/// Replaces `registry.json` atomically, mode 0600, copying the text of reservations
+/// unchanged since `origin` was read.
+pub fn save(path: &Path, file: &RegistryFile, origin: Option<&Origin>) -> Result<(), StoreError> {
     // About 220 bytes a reservation in the compact form: room for all, so the buffer is not
     // copied on every doubling.
     let mut text = Vec::with_capacity(4096 + 256 * file.reservations.len());
-    crate::fastwrite::write_registry(&mut text, file).map_err(|e| StoreError::Io {
+    crate::fastwrite::write_registry_from(&mut text, file, origin).map_err(|e| StoreError::Io {
         op: "serialise",
         path: path.to_path_buf(),
         source: std::io::Error::other(e),
