@@ -160,19 +160,22 @@ struct VersionProbe {
 /// Parses registry text; `Err` carries what is wrong, for the corrupt-file message.
 #[cfg(test)]
 pub fn parse_registry(text: &[u8]) -> Result<RegistryFile, String> {
-    parse_with_spans(text).map(|(f, _)| f)
+    parse_with_spans(utf8(text)?).map(|(f, _)| f)
 }
 
-/// As [`parse_registry`], with the reservations' spans when the fast path read it.
-fn parse_with_spans(text: &[u8]) -> Result<(RegistryFile, Option<Vec<Span>>), String> {
-    // Validating UTF-8 once for the whole file and parsing from `str` spares serde_json a
-    // validation per string, about a tenth of the parse on the registry's hot path.
-    let text = std::str::from_utf8(text).map_err(|e| {
+/// Validating UTF-8 once for the whole file and parsing from `str` spares serde_json a
+/// validation per string, about a tenth of the parse on the registry's hot path.
+fn utf8(text: &[u8]) -> Result<&str, String> {
+    std::str::from_utf8(text).map_err(|e| {
         format!(
             "invalid UTF-8 at byte {}; accepted: a JSON document",
             e.valid_up_to()
         )
-    })?;
+    })
+}
+
+/// As [`parse_registry`], with the reservations' spans when the fast path read it.
+fn parse_with_spans(text: &str) -> Result<(RegistryFile, Option<Vec<Span>>), String> {
     let known = REGISTRY_VERSION_OLDEST..=REGISTRY_VERSION;
     let unsupported = |v: u32| {
         format!(
@@ -221,13 +224,18 @@ fn load_as(path: &Path, keep_origin: bool) -> Result<Loaded, StoreError> {
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Loaded::Missing),
         Err(e) => return Err(io("open", path)(e)),
     };
+    let text = match String::from_utf8(text) {
+        Ok(t) => t,
+        Err(e) => {
+            return Ok(Loaded::Corrupt(
+                utf8(e.as_bytes()).err().unwrap_or_default(),
+            ))
+        }
+    };
     Ok(match parse_with_spans(&text) {
         Ok((f, Some(spans))) if keep_origin => {
-            // The fast path read it, so it is UTF-8.
-            let origin = String::from_utf8(text)
-                .ok()
-                .map(|t| Origin::new(t, &f.reservations, spans));
-            Loaded::Ok(f, origin)
+            let origin = Origin::new(text, &f.reservations, spans);
+            Loaded::Ok(f, Some(origin))
         }
         Ok((f, _)) => Loaded::Ok(f, None),
         Err(detail) => Loaded::Corrupt(detail),
@@ -388,6 +396,19 @@ mod tests {
         assert!(parse_registry(b"").is_err());
         let e = parse_registry(b"{\"version\":1,\"x\":\"\xff\"}").expect_err("not UTF-8");
         assert!(e.contains("invalid UTF-8 at byte 18"), "{e}");
+    }
+
+    #[test]
+    fn load_reports_a_file_that_is_not_utf8_as_corrupt() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join(REGISTRY_FILE);
+        fs::write(&p, b"{\"version\":2,\"x\":\"\xff\"}").expect("write");
+        for loaded in [load(&p).expect("load"), load_for_update(&p).expect("load")] {
+            match loaded {
+                Loaded::Corrupt(e) => assert!(e.contains("invalid UTF-8 at byte 18"), "{e}"),
+                other => panic!("{other:?}"),
+            }
+        }
     }
 
     #[test]
