@@ -5,7 +5,8 @@
 # non-hook command to (it cannot load NVML). On VMs where `cpuid` traps, a static process
 # starts in ~0.3 ms against ~1 ms for glibc (docs/benchmarks.md, "Create path").
 #
-#   scripts/build-static.sh        # after `cargo build --release` (scripts/build.sh)
+#   scripts/build-static.sh        # after `cargo build --release` and scripts/build-portable.sh
+#                                  # (scripts/build.sh); GPUSLICE_NO_PGO=1: no profile
 #
 # Adds the Rust target x86_64-unknown-linux-musl with rustup when it is missing. Exits 3
 # (and stages nothing) when the target cannot be had; callers then use the glibc build.
