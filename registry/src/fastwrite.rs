@@ -31,7 +31,7 @@ pub(crate) fn write_registry_from(
             out.push(b',');
         }
         let boot = r.owner.process().map(|p| p.boot_id.as_str());
-        let elide = matches!((boot, last_boot), (Some(b), Some(l)) if crate::sametext::same(b, l));
+        let elide = boot.is_some() && boot == last_boot;
         match reuse.as_mut().and_then(|u| u.text_of(r, elide)) {
             Some(text) => out.extend_from_slice(text),
             None => reservation(out, r, elide)?,

@@ -17,7 +17,6 @@ mod placement;
 mod reap;
 mod registry;
 mod request;
-mod sametext;
 mod status;
 mod store;
 mod system;

@@ -34,7 +34,7 @@ pub fn gpu_loads(reservations: &[Reservation]) -> GpuLoads<'_> {
 }
 
 /// The loads of [`gpu_loads`] by GPU UUID. A node has a handful of GPUs, so a list searched
-/// with [`crate::sametext::same`] beats hashing a 40-byte UUID per booking, which every
+/// beats hashing a 40-byte UUID per booking, which every
 /// placement does for every reservation.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GpuLoads<'a>(Vec<(&'a str, GpuLoad)>);
@@ -42,18 +42,11 @@ pub struct GpuLoads<'a>(Vec<(&'a str, GpuLoad)>);
 impl<'a> GpuLoads<'a> {
     /// The load of the GPU with this UUID, if anything is booked on it.
     pub fn get(&self, uuid: &str) -> Option<&GpuLoad> {
-        self.0
-            .iter()
-            .find(|(u, _)| crate::sametext::same(u, uuid))
-            .map(|(_, l)| l)
+        self.0.iter().find(|(u, _)| *u == uuid).map(|(_, l)| l)
     }
 
     fn entry(&mut self, uuid: &'a str) -> &mut GpuLoad {
-        let at = match self
-            .0
-            .iter()
-            .position(|(u, _)| crate::sametext::same(u, uuid))
-        {
+        let at = match self.0.iter().position(|(u, _)| *u == uuid) {
             Some(i) => i,
             None => {
                 self.0.push((uuid, GpuLoad::default()));

@@ -147,7 +147,7 @@ impl<'a> Liveness<'a> {
             Some(b) => b,
             None => self.boot_id.insert(self.system.boot_id()?),
         };
-        if !crate::sametext::same(&p.boot_id, boot_id) {
+        if p.boot_id != *boot_id {
             return Ok(Some(ReapReason::Rebooted {
                 recorded: p.boot_id.clone(),
             }));

@@ -6,7 +6,6 @@
 
 use crate::fastread::Span;
 use crate::model::Reservation;
-use crate::sametext::same;
 
 /// The text a registry was read from and, per reservation as read, its value and its text.
 #[derive(Debug)]
@@ -46,7 +45,7 @@ impl<'a> Reuse<'a> {
     pub(crate) fn text_of(&mut self, r: &Reservation, elide: bool) -> Option<&'a [u8]> {
         let origin = self.origin;
         let rest = origin.entries.get(self.at..)?;
-        let k = rest.iter().position(|(o, _)| same(&o.id, &r.id))?;
+        let k = rest.iter().position(|(o, _)| o.id == r.id)?;
         self.at += k + 1;
         let (o, span) = rest.get(k)?;
         if span.elided != elide || o != r {
