@@ -40,15 +40,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
+. scripts/lib/bench-node.sh
 {
-  echo "state_dir = \"$work/state\""
-  echo "[inventory]"
-  echo "source = \"simulated\""
-  for _ in $(seq 8); do printf '[[inventory.simulated]]\nmemory = "141Gi"\n'; done
-  echo "[cdi]"
-  echo "spec_dir = \"$work/cdi\""
-  echo "[shim]"
-  echo "library = \"$portable/libgpuslice_shim.so\""
+  bench_node_config "$work" "$portable"
   echo "[registry]"
   echo "pending_timeout = \"1h\""   # the pre-edited spec's reservation stays pending
 } > "$work/config.toml"

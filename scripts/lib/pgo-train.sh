@@ -22,17 +22,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
+. "$(dirname "$0")/bench-node.sh"
 {
-  echo "state_dir = \"$work/state\""
+  bench_node_config "$work" "$portable"
   echo "[runtime]"
   echo "path = \"$work/no-runtime\""
-  echo "[inventory]"
-  echo "source = \"simulated\""
-  for _ in $(seq 8); do printf '[[inventory.simulated]]\nmemory = "141Gi"\n'; done
-  echo "[cdi]"
-  echo "spec_dir = \"$work/cdi\""
-  echo "[shim]"
-  echo "library = \"$portable/libgpuslice_shim.so\""
 } > "$work/config.toml"
 export GPUSLICE_CONFIG=$work/config.toml
 "$full" cdi generate --sim-driver "$portable" >/dev/null
