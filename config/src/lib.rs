@@ -5,8 +5,10 @@ mod load;
 mod model;
 mod parse;
 pub mod quantity;
+mod runtimepath;
 
 pub use load::{load_config, load_from_env, ConfigOrigin, LoadedConfig, CONFIG_ENV};
 pub use model::*;
 pub use parse::{parse_config, ConfigError, MAX_SIMULATED_GPUS};
 pub use quantity::{format_bytes, parse_bytes, parse_quantity, Quantity, QuantityError};
+pub use runtimepath::{passthrough_runtime, runtime_path_of};

@@ -51,15 +51,7 @@ pub fn load_config(
     flag: Option<&Path>,
     env: Option<&std::ffi::OsStr>,
 ) -> Result<LoadedConfig, ConfigError> {
-    let (path, origin) = match (flag, env.filter(|e| !e.is_empty())) {
-        (Some(p), _) => (p.to_path_buf(), ConfigOrigin::Flag),
-        (None, Some(e)) => (PathBuf::from(e), ConfigOrigin::Env),
-        (None, None) => (
-            PathBuf::from(DEFAULT_CONFIG_PATH),
-            ConfigOrigin::Default { exists: true },
-        ),
-    };
-    let path = absolute(&path);
+    let (path, origin) = config_path(flag, env);
     match std::fs::read_to_string(&path) {
         Ok(text) => Ok(LoadedConfig {
             config: parse_config(&text, &path)?,
@@ -78,6 +70,22 @@ pub fn load_config(
         }
         Err(source) => Err(ConfigError::Read { path, source }),
     }
+}
+
+/// The config file `flag`, else `env`, else the default path names (made absolute).
+pub(crate) fn config_path(
+    flag: Option<&Path>,
+    env: Option<&std::ffi::OsStr>,
+) -> (PathBuf, ConfigOrigin) {
+    let (path, origin) = match (flag, env.filter(|e| !e.is_empty())) {
+        (Some(p), _) => (p.to_path_buf(), ConfigOrigin::Flag),
+        (None, Some(e)) => (PathBuf::from(e), ConfigOrigin::Env),
+        (None, None) => (
+            PathBuf::from(DEFAULT_CONFIG_PATH),
+            ConfigOrigin::Default { exists: true },
+        ),
+    };
+    (absolute(&path), origin)
 }
 
 /// Loads from the process environment (`GPUSLICE_CONFIG`) and an optional flag.

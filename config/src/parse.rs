@@ -354,16 +354,14 @@ pub fn parse_config(text: &str, path: &Path) -> Result<Config, ConfigError> {
     if let Some(t) = r.table(&root, "runtime", "runtime")? {
         r.check_keys(t, "runtime", &["path"])?;
         if let Some((s, v)) = r.string(t, "path", "runtime.path")? {
-            let p = PathBuf::from(s);
-            let bare_name = !s.is_empty() && !s.contains('/');
-            if !(bare_name || is_clean_absolute(&p)) {
+            if !crate::runtimepath::valid_runtime_path(s) {
                 return Err(r.bad_value(
                     "runtime.path",
                     v,
                     "an absolute path or a program name found in PATH (e.g. `runc`)",
                 ));
             }
-            cfg.runtime.path = p;
+            cfg.runtime.path = PathBuf::from(s);
         }
     }
 

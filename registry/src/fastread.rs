@@ -25,6 +25,8 @@ pub(crate) fn read_registry(text: &str) -> Option<RegistryFile> {
 pub(crate) struct Span {
     pub(crate) range: std::ops::Range<usize>,
     pub(crate) elided: bool,
+    /// Where the boot id it left out is written (in an earlier reservation's text).
+    pub(crate) boot: Option<std::ops::Range<usize>>,
 }
 
 /// As [`read_registry`], with the span of each reservation's text.
@@ -33,6 +35,7 @@ pub(crate) fn read_registry_spans(text: &str) -> Option<(RegistryFile, Vec<Span>
         s: text,
         i: 0,
         elided: false,
+        boot: None,
     };
     c.lit("{\"version\":")?;
     let version = u32::try_from(c.num()?).ok()?;
@@ -50,6 +53,7 @@ pub(crate) fn read_registry_spans(text: &str) -> Option<(RegistryFile, Vec<Span>
             spans.push(Span {
                 range: start..c.i,
                 elided: c.elided,
+                boot: c.elided.then(|| c.boot.clone()).flatten(),
             });
             if c.eat(b']') {
                 break;
@@ -79,6 +83,8 @@ struct Cursor<'a> {
     i: usize,
     /// The last process read left out its boot id.
     elided: bool,
+    /// Where the last boot id written out lies.
+    boot: Option<std::ops::Range<usize>>,
 }
 
 impl<'a> Cursor<'a> {
@@ -297,7 +303,9 @@ impl<'a> Cursor<'a> {
         self.lit(",")?;
         let start_time = self.num()?;
         let boot_id = if self.eat(b',') {
+            let start = self.i + 1;
             let b = self.str()?.to_string();
+            self.boot = Some(start..start + b.len());
             *last_boot = Some(b.clone());
             b
         } else {
@@ -328,6 +336,158 @@ impl<'a> Cursor<'a> {
             memory,
             cores,
         })
+    }
+}
+
+/// Whether the reservation text at `span` of `text` (as [`read_registry_spans`] found it)
+/// reads as `r`, compared field by field without building anything. A boot id the text left
+/// out is the one at `span.boot`.
+pub(crate) fn reads_as(text: &str, span: &Span, r: &Reservation) -> bool {
+    let boot = span.boot.clone().and_then(|b| text.get(b));
+    let mut c = Cursor {
+        s: text.get(..span.range.end).unwrap_or_default(),
+        i: span.range.start,
+        elided: false,
+        boot: None,
+    };
+    c.same_reservation(r, boot).is_some() && c.i == span.range.end
+}
+
+/// `Some(())` when `a == b`: the comparing walker stops at the first difference with `?`.
+fn same<T: PartialEq + ?Sized>(a: &T, b: &T) -> Option<()> {
+    (a == b).then_some(())
+}
+
+impl Cursor<'_> {
+    // The walkers below destructure every struct without `..`, so that a field added to the
+    // model fails to compile here until it is compared.
+
+    fn same_reservation(&mut self, r: &Reservation, boot: Option<&str>) -> Option<()> {
+        let Reservation {
+            id,
+            state,
+            owner,
+            whole_gpu,
+            gpus,
+            created_ms,
+            deadline_ms,
+            bound_ms,
+        } = r;
+        self.lit("[")?;
+        same(self.str()?, id.as_str())?;
+        self.lit(",")?;
+        let read = match self.str()? {
+            "pending" => ReservationState::Pending,
+            "bound" => ReservationState::Bound,
+            _ => return None,
+        };
+        same(&read, state)?;
+        self.lit(",")?;
+        self.same_owner(owner, boot)?;
+        self.lit(",[")?;
+        let mut expected = gpus.iter();
+        if !self.eat(b']') {
+            loop {
+                self.same_booking(expected.next()?)?;
+                if self.eat(b']') {
+                    break;
+                }
+                self.lit(",")?;
+            }
+        }
+        if expected.next().is_some() {
+            return None;
+        }
+        self.lit(",")?;
+        same(&self.bool()?, whole_gpu)?;
+        self.lit(",")?;
+        same(&self.num()?, created_ms)?;
+        self.lit(",")?;
+        same(&self.opt_num()?, deadline_ms)?;
+        self.lit(",")?;
+        same(&self.opt_num()?, bound_ms)?;
+        self.lit("]")
+    }
+
+    fn same_owner(&mut self, owner: &Owner, boot: Option<&str>) -> Option<()> {
+        match owner {
+            Owner::Container {
+                container_id,
+                process,
+                kubernetes,
+            } => {
+                self.lit("[\"container\",")?;
+                same(&self.opt_str()?, &container_id.as_deref())?;
+                self.lit(",")?;
+                match process {
+                    None => self.lit("null")?,
+                    Some(ProcessRef {
+                        pid,
+                        start_time,
+                        boot_id,
+                    }) => {
+                        self.lit("[")?;
+                        same(&self.num()?, &u64::from(*pid))?;
+                        self.lit(",")?;
+                        same(&self.num()?, start_time)?;
+                        let read = if self.eat(b',') { self.str()? } else { boot? };
+                        same(read, boot_id.as_str())?;
+                        self.lit("]")?;
+                    }
+                }
+                self.lit(",")?;
+                match kubernetes {
+                    None => self.lit("null")?,
+                    Some(KubernetesRef {
+                        namespace,
+                        pod,
+                        pod_uid,
+                        container,
+                    }) => {
+                        self.lit("[")?;
+                        same(self.str()?, namespace.as_str())?;
+                        self.lit(",")?;
+                        same(self.str()?, pod.as_str())?;
+                        self.lit(",")?;
+                        same(&self.opt_str()?, &pod_uid.as_deref())?;
+                        self.lit(",")?;
+                        same(self.str()?, container.as_str())?;
+                        self.lit("]")?;
+                    }
+                }
+            }
+            Owner::DraClaim {
+                claim_uid,
+                namespace,
+                name,
+            } => {
+                self.lit("[\"dra_claim\",")?;
+                same(self.str()?, claim_uid.as_str())?;
+                self.lit(",")?;
+                same(self.str()?, namespace.as_str())?;
+                self.lit(",")?;
+                same(self.str()?, name.as_str())?;
+            }
+        }
+        self.lit("]")
+    }
+
+    fn same_booking(&mut self, b: &Booking) -> Option<()> {
+        let Booking {
+            index,
+            uuid,
+            memory,
+            cores,
+        } = b;
+        self.lit("[")?;
+        same(&self.num()?, &u64::from(*index))?;
+        self.lit(",")?;
+        same(self.str()?, uuid.as_str())?;
+        self.lit(",")?;
+        same(&self.num()?, memory)?;
+        self.lit(",")?;
+        same(&self.num()?, &u64::from(*cores))?;
+        self.lit("]")
     }
 }
 

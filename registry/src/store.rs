@@ -218,7 +218,8 @@ pub fn load_for_update(path: &Path) -> Result<Loaded, StoreError> {
 }
 
 fn load_as(path: &Path, keep_origin: bool) -> Result<Loaded, StoreError> {
-    let mut text = Vec::with_capacity(64 * 1024);
+    // `read_to_end` sizes the buffer from the file's length.
+    let mut text = Vec::new();
     match File::open(path) {
         Ok(mut f) => f.read_to_end(&mut text).map_err(io("read", path))?,
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Loaded::Missing),
@@ -234,7 +235,7 @@ fn load_as(path: &Path, keep_origin: bool) -> Result<Loaded, StoreError> {
     };
     Ok(match parse_with_spans(&text) {
         Ok((f, Some(spans))) if keep_origin => {
-            let origin = Origin::new(text, &f.reservations, spans);
+            let origin = Origin::new(text, spans);
             Loaded::Ok(f, Some(origin))
         }
         Ok((f, _)) => Loaded::Ok(f, None),

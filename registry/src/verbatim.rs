@@ -4,23 +4,20 @@
 //! what was read and its boot id is left out (or not) as it was then, so the file is byte for
 //! byte what [`crate::fastwrite`] would write (tests compare).
 
-use crate::fastread::Span;
+use crate::fastread::{reads_as, Span};
 use crate::model::Reservation;
 
-/// The text a registry was read from and, per reservation as read, its value and its text.
+/// The text a registry was read from and where each reservation's text lies in it.
 #[derive(Debug)]
 pub(crate) struct Origin {
     text: String,
-    entries: Vec<(Reservation, Span)>,
+    spans: Vec<Span>,
 }
 
 impl Origin {
-    /// `reservations` as read from `text`, with their spans (the same length).
-    pub(crate) fn new(text: String, reservations: &[Reservation], spans: Vec<Span>) -> Origin {
-        Origin {
-            text,
-            entries: reservations.iter().cloned().zip(spans).collect(),
-        }
+    /// The text and the spans of its reservations, as read.
+    pub(crate) fn new(text: String, spans: Vec<Span>) -> Origin {
+        Origin { text, spans }
     }
 
     /// A cursor for one write, which visits reservations in file order.
@@ -30,12 +27,18 @@ impl Origin {
             at: 0,
         }
     }
+
+    /// The id a span's text starts with (`["<id>",…`).
+    fn id_of(&self, span: &Span) -> Option<&str> {
+        let rest = self.text.get(span.range.start + 2..span.range.end)?;
+        rest.get(..rest.find('"')?)
+    }
 }
 
 /// Finds the text of each reservation of a write in the file it was read from.
 pub(crate) struct Reuse<'a> {
     origin: &'a Origin,
-    /// Entries before this one were passed (reservations keep their order in the file).
+    /// Spans before this one were passed (reservations keep their order in the file).
     at: usize,
 }
 
@@ -44,11 +47,13 @@ impl<'a> Reuse<'a> {
     /// out now) is what it was.
     pub(crate) fn text_of(&mut self, r: &Reservation, elide: bool) -> Option<&'a [u8]> {
         let origin = self.origin;
-        let rest = origin.entries.get(self.at..)?;
-        let k = rest.iter().position(|(o, _)| o.id == r.id)?;
+        let rest = origin.spans.get(self.at..)?;
+        let k = rest
+            .iter()
+            .position(|span| origin.id_of(span) == Some(r.id.as_str()))?;
         self.at += k + 1;
-        let (o, span) = rest.get(k)?;
-        if span.elided != elide || o != r {
+        let span = rest.get(k)?;
+        if span.elided != elide || !reads_as(&origin.text, span, r) {
             return None;
         }
         origin.text.as_bytes().get(span.range.clone())
@@ -101,7 +106,7 @@ mod tests {
         let s = String::from_utf8(t.to_vec()).unwrap_or_else(|e| panic!("{e}"));
         let (f, spans) =
             crate::fastread::read_registry_spans(&s).unwrap_or_else(|| panic!("fast path"));
-        let origin = Origin::new(s, &f.reservations, spans);
+        let origin = Origin::new(s, spans);
         (f, origin)
     }
 
@@ -125,6 +130,110 @@ mod tests {
             assert!(copied.starts_with(format!("[\"{}\"", r.id).as_bytes()));
         }
         assert_eq!(rewritten(&f, &origin), t);
+    }
+
+    /// The comparison behind the copy: every reservation reads as itself (the left-out boot
+    /// ids included), and a change to any one field is seen.
+    #[test]
+    fn a_change_to_any_field_is_seen() {
+        let mut rs = reservations();
+        rs[2].owner = Owner::Container {
+            container_id: None,
+            process: rs[2].owner.process().cloned(),
+            kubernetes: Some(crate::model::KubernetesRef {
+                namespace: "ns".into(),
+                pod: "p".into(),
+                pod_uid: Some("u".into()),
+                container: "c".into(),
+            }),
+        };
+        rs.push(Reservation {
+            owner: Owner::DraClaim {
+                claim_uid: "claim".into(),
+                namespace: "ns".into(),
+                name: "n".into(),
+            },
+            id: "e123456789abcdef".into(),
+            ..rs[0].clone()
+        });
+        let t = text(&file(rs));
+        let s = String::from_utf8(t.clone()).unwrap_or_else(|e| panic!("{e}"));
+        let (f, spans) =
+            crate::fastread::read_registry_spans(&s).unwrap_or_else(|| panic!("fast path"));
+        assert!(spans.iter().filter(|sp| sp.elided).count() >= 2);
+        for (r, span) in f.reservations.iter().zip(&spans) {
+            assert!(crate::fastread::reads_as(&s, span, r), "{}", r.id);
+        }
+        type Change = (&'static str, fn(&mut Reservation));
+        let changes: Vec<Change> = vec![
+            ("id", |r| r.id.push('0')),
+            ("state", |r| {
+                r.state = match r.state {
+                    ReservationState::Pending => ReservationState::Bound,
+                    ReservationState::Bound => ReservationState::Pending,
+                }
+            }),
+            ("whole gpu", |r| r.whole_gpu = !r.whole_gpu),
+            ("a gpu more", |r| r.gpus.push(r.gpus[0].clone())),
+            ("a gpu less", |r| r.gpus.clear()),
+            ("gpu index", |r| r.gpus[0].index += 1),
+            ("gpu uuid", |r| r.gpus[0].uuid.push('x')),
+            ("gpu memory", |r| r.gpus[0].memory += 1),
+            ("gpu cores", |r| r.gpus[0].cores += 1),
+            ("created", |r| r.created_ms += 1),
+            ("deadline", |r| {
+                r.deadline_ms = Some(r.deadline_ms.unwrap_or(0) + 1)
+            }),
+            ("bound", |r| r.bound_ms = Some(r.bound_ms.unwrap_or(0) + 1)),
+            ("owner", |r| match &mut r.owner {
+                Owner::Container {
+                    container_id,
+                    process,
+                    kubernetes,
+                } => {
+                    if let Some(k) = kubernetes {
+                        k.pod_uid = None;
+                    } else if let Some(p) = process {
+                        p.boot_id.push('x');
+                    } else {
+                        *container_id = Some("other".into());
+                    }
+                }
+                Owner::DraClaim { name, .. } => name.push('x'),
+            }),
+            ("pid", |r| {
+                if let Owner::Container {
+                    process: Some(p), ..
+                } = &mut r.owner
+                {
+                    p.pid += 1;
+                } else {
+                    r.created_ms += 1;
+                }
+            }),
+            ("start time", |r| {
+                if let Owner::Container {
+                    process: Some(p), ..
+                } = &mut r.owner
+                {
+                    p.start_time += 1;
+                } else {
+                    r.created_ms += 1;
+                }
+            }),
+        ];
+        for (what, change) in changes {
+            for (r, span) in f.reservations.iter().zip(&spans) {
+                let mut changed = r.clone();
+                change(&mut changed);
+                assert_ne!(&changed, r, "{what} changes {}", r.id);
+                assert!(
+                    !crate::fastread::reads_as(&s, span, &changed),
+                    "{what} of {} not seen",
+                    r.id
+                );
+            }
+        }
     }
 
     #[test]

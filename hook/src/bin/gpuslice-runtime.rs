@@ -16,28 +16,28 @@ fn main() -> ExitCode {
     let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
     let parsed = parse_args(&args);
     let creates = matches!(parsed.command.as_deref(), Some("create" | "run"));
-    let node = match Node::load(None) {
-        Ok(n) => Some(n),
-        Err(e) if creates => {
-            report(&parsed, &RuntimeError::Config(e).to_string());
-            return ExitCode::from(1);
-        }
-        // Other commands (delete, kill, state...) must keep working with a broken config so
-        // existing containers can be cleaned up: they fall back to the default runtime.
-        Err(_) => None,
-    };
-    if creates {
-        if let Some(node) = &node {
-            if let Err(e) = edit_bundle(node, &parsed) {
-                report(&parsed, &e.to_string());
+    let configured = if creates {
+        let node = match Node::load(None) {
+            Ok(n) => n,
+            Err(e) => {
+                report(&parsed, &RuntimeError::Config(e).to_string());
                 return ExitCode::from(1);
             }
+        };
+        if let Err(e) = edit_bundle(&node, &parsed) {
+            report(&parsed, &e.to_string());
+            return ExitCode::from(1);
         }
-    }
-    let configured = node
-        .as_ref()
-        .map(|n| n.config().runtime.path.clone())
-        .unwrap_or_else(|| gpuslice_config::DEFAULT_RUNTIME.into());
+        node.config().runtime.path.clone()
+    } else {
+        // Other commands (start, delete, kill, state…) only pass through: they read
+        // `runtime.path` alone, and must keep working with a broken config so existing
+        // containers can be cleaned up (the default runtime then).
+        gpuslice_config::passthrough_runtime(
+            None,
+            std::env::var_os(gpuslice_config::CONFIG_ENV).as_deref(),
+        )
+    };
     let own = std::env::current_exe().ok();
     let runtime = match resolve_runtime(
         &configured,

@@ -37,7 +37,9 @@ fn main() -> ExitCode {
         }
     }
     let cli = if hook {
-        gpuslice::cli::HookCli::parse().into()
+        // The lines gpuslice writes are read without clap (see `hookargv`); clap reads the
+        // rest and gives its errors and help.
+        gpuslice::hookargv::parse(&args).unwrap_or_else(|| gpuslice::cli::HookCli::parse().into())
     } else {
         gpuslice::cli::Cli::parse()
     };
