@@ -32,7 +32,7 @@ static NEXT: AtomicUsize = AtomicUsize::new(0);
 /// Offset up to which the region's pages have been populated (see [`populate_to`]).
 static POPULATED: AtomicUsize = AtomicUsize::new(0);
 /// Pages are populated this many bytes at a time.
-const POPULATE_CHUNK: usize = 64 << 10;
+const POPULATE_CHUNK: usize = 16 << 10;
 /// 0: the type's default; 1: on; 2: off.
 static STATE: AtomicU8 = AtomicU8::new(0);
 

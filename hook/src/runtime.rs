@@ -160,23 +160,33 @@ pub fn edit_bundle(node: &Node, args: &RuncArgs) -> Result<(), RuntimeError> {
 }
 
 /// The real runtime: `runtime.path`, looked up in PATH when it is a bare name (never this
-/// wrapper itself, even if it is installed under the same name).
+/// wrapper itself, even if it is installed under the same name: `own_exe`, e.g.
+/// `/proc/self/exe`, is compared by device and inode, which also sees through links).
 pub fn resolve_runtime(
     configured: &Path,
     path_env: Option<&OsStr>,
     own_exe: Option<&Path>,
 ) -> Result<PathBuf, RuntimeError> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
     if configured.is_absolute() {
         return Ok(configured.to_path_buf());
     }
-    let own = own_exe.and_then(|p| p.canonicalize().ok());
+    let mut own: Option<Option<(u64, u64)>> = None;
     let dirs = path_env.map(std::env::split_paths).into_iter().flatten();
     for dir in dirs {
         let candidate = dir.join(configured);
-        if !is_executable(&candidate) {
+        let Ok(meta) = std::fs::metadata(&candidate) else {
+            continue;
+        };
+        if !(meta.is_file() && meta.permissions().mode() & 0o111 != 0) {
             continue;
         }
-        if own.is_some() && candidate.canonicalize().ok() == own {
+        let own = *own.get_or_insert_with(|| {
+            own_exe
+                .and_then(|p| std::fs::metadata(p).ok())
+                .map(|m| (m.dev(), m.ino()))
+        });
+        if own == Some((meta.dev(), meta.ino())) {
             continue;
         }
         return Ok(candidate);
@@ -184,13 +194,6 @@ pub fn resolve_runtime(
     Err(RuntimeError::NotFound {
         name: configured.display().to_string(),
     })
-}
-
-fn is_executable(p: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(p)
-        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        .unwrap_or(false)
 }
 
 /// Reports an error where the engine shows it: stderr, and runc's `--log` file in its format.
@@ -297,6 +300,12 @@ mod tests {
         }
         let path = std::env::join_paths([d1.path(), d2.path()]).expect("join");
         let own = d1.path().join("runc");
+        let found = resolve_runtime(Path::new("runc"), Some(&path), Some(&own)).expect("found");
+        assert_eq!(found, d2.path().join("runc"));
+        // Itself under another name (a symlink in PATH) is skipped too.
+        let d0 = tempfile::tempdir().expect("tempdir");
+        std::os::unix::fs::symlink(&own, d0.path().join("runc")).expect("symlink");
+        let path = std::env::join_paths([d0.path(), d1.path(), d2.path()]).expect("join");
         let found = resolve_runtime(Path::new("runc"), Some(&path), Some(&own)).expect("found");
         assert_eq!(found, d2.path().join("runc"));
         assert!(matches!(

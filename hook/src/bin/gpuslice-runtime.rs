@@ -38,11 +38,10 @@ fn main() -> ExitCode {
             std::env::var_os(gpuslice_config::CONFIG_ENV).as_deref(),
         )
     };
-    let own = std::env::current_exe().ok();
     let runtime = match resolve_runtime(
         &configured,
         std::env::var_os("PATH").as_deref(),
-        own.as_deref(),
+        Some(std::path::Path::new("/proc/self/exe")),
     ) {
         Ok(p) => p,
         Err(e) => {
