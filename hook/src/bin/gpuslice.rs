@@ -19,7 +19,7 @@ fn main() -> ExitCode {
     if !hook {
         gpuslice::arena::disable();
     }
-    if staticbuild::IS_STATIC {
+    if staticbuild::IS_STATIC && !hook {
         // The static build runs the hooks; NVML needs the full build (see `staticbuild`).
         let full = std::env::current_exe()
             .ok()
