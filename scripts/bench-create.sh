@@ -18,6 +18,8 @@
 # shared) falls on all of them alike; reported: medians per way, the added milliseconds and
 # ratios, and the median of the per-round differences.
 #
+# Then, with perf, the time of each gpuslice process in a life (BENCH_SPLIT_LIVES, default 100).
+#
 #   scripts/bench-create.sh [ROUNDS]              (root; default 100)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -126,5 +128,50 @@ for w in [w for w in ways if w not in ("runc", "runc+slice-spec")]:
 print(f"the container's GPU edits cost runc {spec - med['runc']:.2f} ms "
       f"(ratio {spec / med['runc']:.2f})")
 PY
+# Where the added time goes, per gpuslice process: exec to exit (for the wrapper, exec to its
+# exec of the runtime) from the kernel's sched tracepoints over interleaved lives of each
+# build. Needs perf (Debian: linux-perf) and a kernel that lets root trace; skipped otherwise
+# or with BENCH_SPLIT_LIVES=0.
+split=${BENCH_SPLIT_LIVES:-100}
+if [ "$split" -gt 0 ] && command -v perf >/dev/null \
+  && perf record -q -e sched:sched_process_exec -o "$work/probe.data" -- true >/dev/null 2>&1; then
+  lives=""
+  for d in "$bin" "$glibc"; do lives="$lives $work/life.sh $d/gpuslice-runtime slice;"; done
+  perf record -q -e sched:sched_process_exec,sched:sched_process_exit -a -o "$work/sched.data" \
+    -- sh -c "for i in \$(seq $split); do $lives done" >/dev/null 2>&1
+  perf script -i "$work/sched.data" 2>/dev/null | python3 -c '
+import collections, re, statistics, sys
+builds = list(dict.fromkeys(sys.argv[1:]))
+cur, res, calls = {}, collections.defaultdict(list), collections.Counter()
+for line in sys.stdin:
+    m = re.search(r"\s(\d+\.\d+): sched:(\w+): (.*)$", line)
+    if not m:
+        continue
+    t, kind, rest = float(m.group(1)) * 1000, m.group(2), m.group(3)
+    pid = int(re.search(r" pid=(\d+)", rest).group(1))
+    if kind == "sched_process_exec":
+        exe = re.search(r"filename=(\S+)", rest).group(1)
+        if pid in cur:  # the wrapper execs the runtime
+            b, what, t0 = cur.pop(pid)
+            res[(b, what)].append(t - t0)
+            continue
+        for b in builds:
+            if exe == b + "/gpuslice-runtime":
+                cur[pid] = (b, "wrapper " + ["create", "start", "delete"][calls[b] % 3], t)
+                calls[b] += 1
+            elif exe == b + "/gpuslice":
+                cur[pid] = (b, "hook", t)
+    elif kind == "sched_process_exit" and pid in cur:
+        b, what, t0 = cur.pop(pid)
+        res[(b, what)].append(t - t0)
+parts = ["wrapper create", "wrapper start", "wrapper delete", "hook"]
+print("per process, median exec to exit (ms; the wrapper: to its exec of the runtime):")
+print("  " + "build".ljust(34) + "".join(p.rjust(16) for p in parts) + "   life (2 hooks)")
+for b in builds:
+    med = [statistics.median(res[(b, p)]) if res[(b, p)] else float("nan") for p in parts]
+    print("  " + b[-34:].ljust(34) + "".join(f"{m:16.3f}" for m in med)
+          + f"   {med[0] + med[1] + med[2] + 2 * med[3]:8.3f}")
+' "$bin" "$glibc"
+fi
 left=$("$bin/gpuslice" status --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["reservations"]))')
 echo "reservations afterwards: $left (the 100 held ones and the pre-edited spec's)"

@@ -78,6 +78,38 @@ pub(crate) fn read_registry_spans(text: &str) -> Option<(RegistryFile, Vec<Span>
     ))
 }
 
+/// The index of the first byte at or after `i` that is `"`, `\\` or a control character
+/// (`b.len()` when there is none), eight bytes a step: the strings of the registry (ids,
+/// UUIDs, boot ids) are most of its text.
+fn special_from(b: &[u8], mut i: usize) -> usize {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    while let Some(chunk) = b.get(i..i + 8) {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        let x = u64::from_le_bytes(word);
+        let quote = x ^ (ONES * u64::from(b'"'));
+        let backslash = x ^ (ONES * u64::from(b'\\'));
+        // A byte's high bit is set where it is zero (`quote`, `backslash`) or below 0x20
+        // (`x`); the lowest set one is exact (borrows only make later bytes look set).
+        let hit = (quote.wrapping_sub(ONES) & !quote)
+            | (backslash.wrapping_sub(ONES) & !backslash)
+            | (x.wrapping_sub(ONES * 0x20) & !x);
+        let hit = hit & HIGH;
+        if hit != 0 {
+            return i + (hit.trailing_zeros() / 8) as usize;
+        }
+        i += 8;
+    }
+    while let Some(&c) = b.get(i) {
+        if c == b'"' || c == b'\\' || c < 0x20 {
+            return i;
+        }
+        i += 1;
+    }
+    b.len()
+}
+
 struct Cursor<'a> {
     s: &'a str,
     i: usize,
@@ -140,17 +172,12 @@ impl<'a> Cursor<'a> {
             return None;
         }
         let start = self.i;
-        let b = self.s.as_bytes();
-        loop {
-            match *b.get(self.i)? {
-                b'"' => break,
-                b'\\' => return None,
-                c if c < 0x20 => return None,
-                _ => self.i += 1,
-            }
+        let end = special_from(self.s.as_bytes(), start);
+        if self.s.as_bytes().get(end) != Some(&b'"') {
+            return None; // an escape, a control character or the end of the text
         }
-        let out = self.s.get(start..self.i)?;
-        self.i += 1;
+        let out = self.s.get(start..end)?;
+        self.i = end + 1;
         Some(out)
     }
 
@@ -519,6 +546,39 @@ mod tests {
             read_registry(&text(&file(Vec::new()))),
             Some(file(Vec::new()))
         );
+    }
+
+    #[test]
+    fn special_bytes_are_found_where_a_byte_loop_finds_them() {
+        let naive = |b: &[u8], i: usize| {
+            (i..b.len())
+                .find(|&k| b[k] == b'"' || b[k] == b'\\' || b[k] < 0x20)
+                .unwrap_or(b.len())
+        };
+        // Every special byte (and some that are not: 0x20, 0x7f, UTF-8 bytes) at every
+        // position of texts of every length up to 24, from every start.
+        for special in [b'"', b'\\', 0x00, 0x1f, 0x0a] {
+            for len in 0..24 {
+                for at in 0..=len {
+                    let mut b: Vec<u8> = (0..len)
+                        .map(|k| [b'a', 0x20, 0x7f, 0xc3, 0xa9, b'Z'][k % 6])
+                        .collect();
+                    if at < len {
+                        b[at] = special;
+                        if at + 2 < len {
+                            b[at + 2] = b'"';
+                        }
+                    }
+                    for start in 0..=len {
+                        assert_eq!(
+                            special_from(&b, start),
+                            naive(&b, start),
+                            "{b:?} from {start}"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]
