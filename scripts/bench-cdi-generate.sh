@@ -11,14 +11,8 @@ portable=${GPUSLICE_PORTABLE_DIR:-$PWD/target/portable}
 work=$(mktemp -d /dev/shm/gpuslice-bench-cdi.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
-{
-  echo "state_dir = \"$work/state\""
-  echo "[inventory]"
-  echo "source = \"simulated\""
-  for _ in $(seq 8); do printf '[[inventory.simulated]]\nmemory = "141Gi"\n'; done
-  echo "[cdi]"
-  echo "spec_dir = \"$work/cdi\""
-} > "$work/config.toml"
+. scripts/lib/bench-node.sh
+bench_node_config "$work" "$portable" > "$work/config.toml"
 
 cmd="$bin/gpuslice --config $work/config.toml cdi generate --sim-driver $portable"
 $cmd >/dev/null   # creates the simulated node once; later runs find it in place
