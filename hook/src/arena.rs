@@ -95,8 +95,9 @@ fn bump(layout: Layout) -> Option<*mut u8> {
 }
 
 /// Maps the region's pages up to `end` (rounded up to a chunk) in one call instead of one
-/// page fault per page: a fault costs a trap, which on these VMs is most of its cost.
-/// Best effort: without `MADV_POPULATE_WRITE` (Linux < 5.14) the pages fault in as usual.
+/// page fault (a trap into the kernel) per page; measured about 0.1 ms less per container on
+/// the benchmark's guests (docs/benchmarks.md). Best effort: without `MADV_POPULATE_WRITE`
+/// (Linux < 5.14) the pages fault in as usual.
 #[cold]
 fn populate_to(end: usize) {
     let from = POPULATED.load(Ordering::Relaxed);
