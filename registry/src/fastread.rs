@@ -19,14 +19,13 @@ pub(crate) fn read_registry(text: &str) -> Option<RegistryFile> {
     read_registry_spans(text).map(|(f, _)| f)
 }
 
-/// Where one reservation's text lies in the file, and whether it left out its owner's boot
-/// id (the same as the reservation's before it).
+/// Where one reservation's text lies in the file and, when it left out its owner's boot id
+/// (the same as the reservation's before it), where that boot id is written.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Span {
     pub(crate) range: std::ops::Range<usize>,
-    pub(crate) elided: bool,
-    /// Where the boot id it left out is written (in an earlier reservation's text).
-    pub(crate) boot: Option<std::ops::Range<usize>>,
+    /// Set when the text left the boot id out: its place in an earlier reservation's text.
+    pub(crate) left_out_boot: Option<std::ops::Range<usize>>,
 }
 
 /// As [`read_registry`], with the span of each reservation's text.
@@ -34,7 +33,7 @@ pub(crate) fn read_registry_spans(text: &str) -> Option<(RegistryFile, Vec<Span>
     let mut c = Cursor {
         s: text,
         i: 0,
-        elided: false,
+        left_out: None,
         boot: None,
     };
     c.lit("{\"version\":")?;
@@ -44,16 +43,13 @@ pub(crate) fn read_registry_spans(text: &str) -> Option<(RegistryFile, Vec<Span>
     c.lit(",\"reservations\":[")?;
     let mut reservations = Vec::with_capacity(128);
     let mut spans = Vec::with_capacity(128);
-    let mut last_boot: Option<String> = None;
     if !c.eat(b']') {
         loop {
             let start = c.i;
-            c.elided = false;
-            reservations.push(c.reservation(&mut last_boot)?);
+            reservations.push(c.reservation()?);
             spans.push(Span {
                 range: start..c.i,
-                elided: c.elided,
-                boot: c.elided.then(|| c.boot.clone()).flatten(),
+                left_out_boot: c.left_out.take(),
             });
             if c.eat(b']') {
                 break;
@@ -113,10 +109,10 @@ fn special_from(b: &[u8], mut i: usize) -> usize {
 struct Cursor<'a> {
     s: &'a str,
     i: usize,
-    /// The last process read left out its boot id.
-    elided: bool,
     /// Where the last boot id written out lies.
     boot: Option<std::ops::Range<usize>>,
+    /// The process just read left out its boot id: where it is written (`boot` then).
+    left_out: Option<std::ops::Range<usize>>,
 }
 
 impl<'a> Cursor<'a> {
@@ -230,7 +226,7 @@ impl<'a> Cursor<'a> {
         None
     }
 
-    fn reservation(&mut self, last_boot: &mut Option<String>) -> Option<Reservation> {
+    fn reservation(&mut self) -> Option<Reservation> {
         self.lit("[")?;
         let id = self.str()?.to_string();
         self.lit(",")?;
@@ -240,7 +236,7 @@ impl<'a> Cursor<'a> {
             _ => return None,
         };
         self.lit(",")?;
-        let owner = self.owner(last_boot)?;
+        let owner = self.owner()?;
         self.lit(",[")?;
         let mut gpus = Vec::new();
         if !self.eat(b']') {
@@ -273,14 +269,14 @@ impl<'a> Cursor<'a> {
         })
     }
 
-    fn owner(&mut self, last_boot: &mut Option<String>) -> Option<Owner> {
+    fn owner(&mut self) -> Option<Owner> {
         let owner = if self.lit("[\"container\",").is_some() {
             let container_id = self.opt_str()?.map(str::to_string);
             self.lit(",")?;
             let process = if self.lit("null").is_some() {
                 None
             } else {
-                Some(self.process(last_boot)?)
+                Some(self.process()?)
             };
             self.lit(",")?;
             let kubernetes = if self.lit("null").is_some() {
@@ -324,7 +320,7 @@ impl<'a> Cursor<'a> {
         Some(owner)
     }
 
-    fn process(&mut self, last_boot: &mut Option<String>) -> Option<ProcessRef> {
+    fn process(&mut self) -> Option<ProcessRef> {
         self.lit("[")?;
         let pid = u32::try_from(self.num()?).ok()?;
         self.lit(",")?;
@@ -333,11 +329,11 @@ impl<'a> Cursor<'a> {
             let start = self.i + 1;
             let b = self.str()?.to_string();
             self.boot = Some(start..start + b.len());
-            *last_boot = Some(b.clone());
             b
         } else {
-            self.elided = true;
-            last_boot.clone()?
+            let at = self.boot.clone()?;
+            self.left_out = Some(at.clone());
+            self.s.get(at)?.to_string()
         };
         self.lit("]")?;
         Some(ProcessRef {
@@ -368,13 +364,13 @@ impl<'a> Cursor<'a> {
 
 /// Whether the reservation text at `span` of `text` (as [`read_registry_spans`] found it)
 /// reads as `r`, compared field by field without building anything. A boot id the text left
-/// out is the one at `span.boot`.
+/// out is the one at `span.left_out_boot`.
 pub(crate) fn reads_as(text: &str, span: &Span, r: &Reservation) -> bool {
-    let boot = span.boot.clone().and_then(|b| text.get(b));
+    let boot = span.left_out_boot.clone().and_then(|b| text.get(b));
     let mut c = Cursor {
         s: text.get(..span.range.end).unwrap_or_default(),
         i: span.range.start,
-        elided: false,
+        left_out: None,
         boot: None,
     };
     c.same_reservation(r, boot).is_some() && c.i == span.range.end

@@ -53,7 +53,7 @@ impl<'a> Reuse<'a> {
             .position(|span| origin.id_of(span) == Some(r.id.as_str()))?;
         self.at += k + 1;
         let span = rest.get(k)?;
-        if span.elided != elide || !reads_as(&origin.text, span, r) {
+        if span.left_out_boot.is_some() != elide || !reads_as(&origin.text, span, r) {
             return None;
         }
         origin.text.as_bytes().get(span.range.clone())
@@ -160,7 +160,7 @@ mod tests {
         let s = String::from_utf8(t.clone()).unwrap_or_else(|e| panic!("{e}"));
         let (f, spans) =
             crate::fastread::read_registry_spans(&s).unwrap_or_else(|| panic!("fast path"));
-        assert!(spans.iter().filter(|sp| sp.elided).count() >= 2);
+        assert!(spans.iter().filter(|sp| sp.left_out_boot.is_some()).count() >= 2);
         for (r, span) in f.reservations.iter().zip(&spans) {
             assert!(crate::fastread::reads_as(&s, span, r), "{}", r.id);
         }
