@@ -134,6 +134,42 @@ pub struct nvmlProcessInfo_t {
     pub computeInstanceId: c_uint,
 }
 
+/// `nvmlProcessInfo_v1_t`, taken by the unversioned `nvmlDeviceGetComputeRunningProcesses`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct nvmlProcessInfo_v1_t {
+    pub pid: c_uint,
+    pub usedGpuMemory: c_ulonglong,
+}
+
+/// `nvmlProcessUtilizationSample_t`: one process's utilisation (percent) over the sample
+/// period ending at `timeStamp` (µs).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct nvmlProcessUtilizationSample_t {
+    pub pid: c_uint,
+    pub timeStamp: c_ulonglong,
+    pub smUtil: c_uint,
+    pub memUtil: c_uint,
+    pub encUtil: c_uint,
+    pub decUtil: c_uint,
+}
+
+/// `nvmlTemperatureSensors_t`: the GPU die.
+pub const NVML_TEMPERATURE_GPU: c_uint = 0;
+/// `nvmlClockType_t` values.
+pub const NVML_CLOCK_GRAPHICS: c_uint = 0;
+pub const NVML_CLOCK_SM: c_uint = 1;
+pub const NVML_CLOCK_MEM: c_uint = 2;
+pub const NVML_CLOCK_VIDEO: c_uint = 3;
+/// `nvmlEnableState_t`.
+pub const NVML_FEATURE_DISABLED: c_uint = 0;
+pub const NVML_FEATURE_ENABLED: c_uint = 1;
+/// `nvmlComputeMode_t`: `NVML_COMPUTEMODE_DEFAULT`.
+pub const NVML_COMPUTEMODE_DEFAULT: c_uint = 0;
+/// `NVML_DEVICE_SERIAL_BUFFER_SIZE`.
+pub const NVML_DEVICE_SERIAL_BUFFER_SIZE: usize = 30;
+
 /// `NVML_VALUE_NOT_AVAILABLE` for `usedGpuMemory` (and `0xFFFFFFFF` for instance ids).
 pub const NVML_VALUE_NOT_AVAILABLE: c_ulonglong = c_ulonglong::MAX;
 
@@ -217,6 +253,8 @@ mod tests {
         assert_eq!(nvmlMemory_v2, 40 | (2 << 24));
         assert_eq!(size_of::<nvmlProcessInfo_t>(), 24);
         assert_eq!(size_of::<nvmlUtilization_t>(), 8);
+        assert_eq!(size_of::<nvmlProcessInfo_v1_t>(), 16);
+        assert_eq!(size_of::<nvmlProcessUtilizationSample_t>(), 32);
         assert_eq!(size_of::<nvmlPciInfo_t>(), 68);
         assert_eq!(offset_of!(nvmlPciInfo_t, busId), 36);
     }

@@ -39,11 +39,25 @@ pub struct SlotUsage {
     pub used: u64,
     /// Contexts held on the device.
     pub contexts: u64,
+    /// Kernel time the process ever ran on the device, ns.
+    pub busy_ns: u64,
 }
 
 fn zero(counters: &[AtomicU64; MAX_DEVICES]) {
     for c in counters {
         c.store(0, Ordering::Release);
+    }
+}
+
+/// Clears everything a slot records about its process's use.
+fn clear(s: &crate::state::SlotState) {
+    zero(&s.used);
+    zero(&s.contexts);
+    zero(&s.busy_ns);
+    for dev in &s.buckets {
+        for b in dev {
+            b.store(0, Ordering::Release);
+        }
     }
 }
 
@@ -69,8 +83,7 @@ impl SharedState {
             }
             let s = &self.layout().slots[i];
             // Whatever is recorded belongs to a dead process.
-            zero(&s.used);
-            zero(&s.contexts);
+            clear(s);
             s.pid.store(u64::from(pid), Ordering::Release);
             s.pid_ns.store(pid_ns, Ordering::Release);
             s.in_use.store(1, Ordering::Release);
@@ -103,8 +116,7 @@ impl SharedState {
             if !dirty || !self.probe_slot_lock(i)? {
                 continue;
             }
-            zero(&s.used);
-            zero(&s.contexts);
+            clear(s);
             s.in_use.store(0, Ordering::Release);
             self.release_probe_lock(i);
             reaped += 1;
@@ -132,6 +144,7 @@ impl SharedState {
                 pid_ns: s.pid_ns.load(Ordering::Acquire),
                 used,
                 contexts,
+                busy_ns: s.busy_ns[dev].load(Ordering::Acquire),
             });
         }
         Ok(out)

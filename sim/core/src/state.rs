@@ -22,9 +22,12 @@ pub const MAX_SLOTS: usize = 512;
 pub const BUCKETS: usize = 128;
 /// ... of this many nanoseconds each.
 pub const BUCKET_NS: u64 = 100_000_000;
+/// Per-process utilisation history: this many [`BUCKET_NS`] buckets per device (1.6 s,
+/// enough for NVML's one-second per-process figure).
+pub const SLOT_BUCKETS: usize = 16;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"GSLSIM\0\x01");
-const LAYOUT_VERSION: u64 = 1;
+const LAYOUT_VERSION: u64 = 2;
 
 /// File header.
 #[repr(C, align(64))]
@@ -63,6 +66,12 @@ pub(crate) struct SlotState {
     pub used: [AtomicU64; MAX_DEVICES],
     /// Contexts held, per device index (a process with a context shows in NVML).
     pub contexts: [AtomicU64; MAX_DEVICES],
+    /// Kernel time this process ever ran, per device index (what NVML's per-process SM
+    /// utilisation is made of).
+    pub busy_ns: [AtomicU64; MAX_DEVICES],
+    /// This process's busy ns per [`BUCKET_NS`] bucket and device, encoded like the
+    /// device buckets.
+    pub buckets: [[AtomicU64; SLOT_BUCKETS]; MAX_DEVICES],
 }
 
 #[repr(C)]

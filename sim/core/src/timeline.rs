@@ -1,10 +1,12 @@
 //! The device timeline: a simulated GPU runs one kernel at a time, first come first served
 //! across all processes. A kernel occupies the device from `max(not_before, free_at)` for its
-//! duration, and busy time is recorded per 100 ms bucket so NVML can report utilisation.
+//! duration, and busy time is recorded per 100 ms bucket, for the device and for the process
+//! that launched it, so NVML can report the device's utilisation and each process's.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::state::{SharedState, BUCKETS, BUCKET_NS};
+use crate::slots::Slot;
+use crate::state::{SharedState, BUCKET_NS};
 
 /// CLOCK_MONOTONIC in nanoseconds: the clock of every timeline, the same in all processes
 /// and containers of the node.
@@ -88,43 +90,79 @@ impl SharedState {
         self.layout().devices[dev].launches.load(Ordering::Acquire)
     }
 
+    /// Schedules like [`SharedState::schedule`] and charges the kernel's time to `slot`'s
+    /// process: the driver's own per-process figure, which nothing in a container's slice
+    /// files can change.
+    pub fn schedule_by(
+        &self,
+        slot: &Slot,
+        dev: usize,
+        not_before: u64,
+        duration_ns: u64,
+    ) -> Scheduled {
+        let at = self.schedule(dev, not_before, duration_ns);
+        let s = &self.layout().slots[slot.index()];
+        s.busy_ns[dev].fetch_add(duration_ns, Ordering::AcqRel);
+        record_in(&s.buckets[dev], at.start, at.end);
+        at
+    }
+
     fn record_busy(&self, dev: usize, start: u64, end: u64) {
-        if end <= start {
-            return;
-        }
-        let buckets = &self.layout().devices[dev].buckets;
-        let first = start / BUCKET_NS;
-        let last = (end - 1) / BUCKET_NS;
-        let from = first.max(last.saturating_sub(BUCKETS as u64 - 1));
-        for epoch in from..=last {
-            let lo = start.max(epoch * BUCKET_NS);
-            let hi = end.min((epoch + 1) * BUCKET_NS);
-            bucket_add(
-                &buckets[(epoch % BUCKETS as u64) as usize],
-                epoch as u32,
-                (hi - lo) as u32,
-            );
-        }
+        record_in(&self.layout().devices[dev].buckets, start, end);
     }
 
     /// Percent of the last second (the ten complete 100 ms buckets before `now`) during
     /// which device `dev` ran kernels.
     pub fn utilization(&self, dev: usize, now: u64) -> u32 {
-        let buckets = &self.layout().devices[dev].buckets;
-        let current = now / BUCKET_NS;
-        let window = 1_000_000_000 / BUCKET_NS;
-        let busy: u64 = (current.saturating_sub(window)..current)
-            .map(|epoch| {
-                let v = buckets[(epoch % BUCKETS as u64) as usize].load(Ordering::Acquire);
-                if (v >> 32) as u32 == epoch as u32 {
-                    u64::from(v as u32)
-                } else {
-                    0
-                }
-            })
-            .sum();
-        ((busy * 100 + 500_000_000) / 1_000_000_000).min(100) as u32
+        percent_of_last_second(&self.layout().devices[dev].buckets, now)
     }
+
+    /// Percent of the last second during which device `dev` ran kernels of the process
+    /// holding slot `slot` (an index from [`SharedState::slot_usage`]).
+    pub fn slot_utilization(&self, slot: usize, dev: usize, now: u64) -> u32 {
+        match self.layout().slots.get(slot) {
+            Some(s) => percent_of_last_second(&s.buckets[dev], now),
+            None => 0,
+        }
+    }
+}
+
+/// Adds `[start, end)` to a ring of buckets (the most recent `buckets.len()` are kept).
+fn record_in(buckets: &[AtomicU64], start: u64, end: u64) {
+    if end <= start || buckets.is_empty() {
+        return;
+    }
+    let n = buckets.len() as u64;
+    let first = start / BUCKET_NS;
+    let last = (end - 1) / BUCKET_NS;
+    let from = first.max(last.saturating_sub(n - 1));
+    for epoch in from..=last {
+        let lo = start.max(epoch * BUCKET_NS);
+        let hi = end.min((epoch + 1) * BUCKET_NS);
+        bucket_add(
+            &buckets[(epoch % n) as usize],
+            epoch as u32,
+            (hi - lo) as u32,
+        );
+    }
+}
+
+/// Busy percent of the ten complete buckets before `now`.
+fn percent_of_last_second(buckets: &[AtomicU64], now: u64) -> u32 {
+    let n = buckets.len() as u64;
+    let current = now / BUCKET_NS;
+    let window = (1_000_000_000 / BUCKET_NS).min(n);
+    let busy: u64 = (current.saturating_sub(window)..current)
+        .map(|epoch| {
+            let v = buckets[(epoch % n) as usize].load(Ordering::Acquire);
+            if (v >> 32) as u32 == epoch as u32 {
+                u64::from(v as u32)
+            } else {
+                0
+            }
+        })
+        .sum();
+    ((busy * 100 + 500_000_000) / 1_000_000_000).min(100) as u32
 }
 
 #[cfg(test)]
@@ -183,5 +221,37 @@ mod tests {
         // One long kernel spanning buckets counts fully.
         s.schedule(0, t0 + 30 * BUCKET_NS, 10 * BUCKET_NS);
         assert_eq!(s.utilization(0, t0 + 40 * BUCKET_NS), 100);
+    }
+
+    #[test]
+    fn kernels_are_charged_to_the_launching_process() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = SharedState::open(&dir.path().join(STATE_FILE)).unwrap();
+        let a = s.claim_slot(1, 1).unwrap();
+        let b = s.claim_slot(2, 1).unwrap();
+        let t0 = 100 * BUCKET_NS;
+        // A runs 70 % of every 100 ms, B 20 %, for one second on device 2.
+        for i in 0..10 {
+            s.schedule_by(&a, 2, t0 + i * BUCKET_NS, BUCKET_NS * 7 / 10);
+            s.schedule_by(&b, 2, t0 + i * BUCKET_NS, BUCKET_NS / 5);
+        }
+        let now = t0 + 10 * BUCKET_NS;
+        assert_eq!(s.slot_utilization(a.index(), 2, now), 70);
+        assert_eq!(s.slot_utilization(b.index(), 2, now), 20);
+        assert_eq!(s.utilization(2, now), 90, "the device sums both");
+        assert_eq!(s.slot_utilization(a.index(), 1, now), 0, "other devices");
+        let usage = s.slot_usage(2).unwrap();
+        assert!(usage.is_empty(), "no memory or context: not listed");
+        assert_eq!(s.busy_ns(2), 9 * BUCKET_NS);
+        // A dead process's figures go with it.
+        let idx = b.index();
+        drop(b);
+        s.reap_dead().unwrap();
+        assert_eq!(s.slot_utilization(idx, 2, now), 0);
+        assert_eq!(
+            s.slot_utilization(crate::state::MAX_SLOTS + 1, 2, now),
+            0,
+            "out of range reads 0"
+        );
     }
 }

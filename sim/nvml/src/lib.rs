@@ -1,7 +1,7 @@
 //! Simulated `libnvidia-ml.so.1`: the NVML entry points gpuslice's inventory (through
 //! nvml-wrapper), exporter and shim use, with the real names and C ABI, reporting the
 //! simulated node of `gpuslice-sim-core`: its GPUs, node-wide memory use, compute processes
-//! and utilisation.
+//! and utilisation (per device and per process), temperature, power and clocks.
 //!
 //! Every export is an `unsafe extern "C" fn` whose safety contract is NVML's for its pointer
 //! arguments; bodies run under a panic guard and touch caller memory only through `ffi`.
@@ -11,6 +11,7 @@
 
 mod device;
 mod ffi;
+mod monitor;
 mod state;
 mod system;
 mod usage;

@@ -1,14 +1,16 @@
 //! What NVML reports about use: node-wide memory (every process's allocations, dead
 //! processes' reclaimed), the compute processes with their memory (pids as seen from the
-//! caller's pid namespace, so host-side callers get host pids), and utilisation over the
-//! last second of the device timeline.
+//! caller's pid namespace, so host-side callers get host pids, and a container sees only its
+//! own), utilisation over the last second of the device timeline, and each process's SM
+//! utilisation from the kernel time the driver charged to it. Every figure comes from the
+//! simulated driver's state, never from a slice's `usage` file.
 
 use std::ffi::c_uint;
 use std::path::Path;
 
 use gpuslice_cuda_ffi::nvml::*;
-use gpuslice_sim_core::now_ns;
 use gpuslice_sim_core::procs::{pid_ns_inode, visible_pid};
+use gpuslice_sim_core::{now_ns, SlotUsage};
 
 use crate::ffi::{get, guard, put, put_slice, NvResult};
 use crate::state::nvml;
@@ -62,26 +64,36 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     })
 }
 
-/// The compute processes on `device`, pids as the caller sees them.
-fn processes(device: nvmlDevice_t) -> NvResult<Vec<nvmlProcessInfo_t>> {
+/// The driver's processes on `device` that the caller can see: (pid as the caller sees
+/// it, the slot's figures), and the device's host index.
+fn visible_slots(device: nvmlDevice_t) -> NvResult<(usize, Vec<(u32, SlotUsage)>)> {
     let n = nvml()?;
     let (_, d) = n.device(device)?;
+    let dev = d.index as usize;
     let usage = n
         .node
         .state()
-        .slot_usage(d.index as usize)
+        .slot_usage(dev)
         .map_err(|_| NVML_ERROR_UNKNOWN)?;
     let proc_root = Path::new("/proc");
     let own_ns = pid_ns_inode(proc_root, "self");
-    Ok(usage
+    let list = usage
+        .into_iter()
+        .filter_map(|u| visible_pid(proc_root, own_ns, u.pid, u.pid_ns).map(|pid| (pid, u)))
+        .collect();
+    Ok((dev, list))
+}
+
+/// The compute processes on `device`, pids as the caller sees them.
+fn processes(device: nvmlDevice_t) -> NvResult<Vec<nvmlProcessInfo_t>> {
+    Ok(visible_slots(device)?
+        .1
         .iter()
-        .filter_map(|u| {
-            visible_pid(proc_root, own_ns, u.pid, u.pid_ns).map(|pid| nvmlProcessInfo_t {
-                pid,
-                usedGpuMemory: u.used,
-                gpuInstanceId: u32::MAX,
-                computeInstanceId: u32::MAX,
-            })
+        .map(|(pid, u)| nvmlProcessInfo_t {
+            pid: *pid,
+            usedGpuMemory: u.used,
+            gpuInstanceId: u32::MAX,
+            computeInstanceId: u32::MAX,
         })
         .collect())
 }
@@ -128,5 +140,117 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
         let (_, d) = n.device(device)?;
         let gpu = n.node.state().utilization(d.index as usize, now_ns());
         put(out, nvmlUtilization_t { gpu, memory: 0 })
+    })
+}
+
+/// The oldest interface: `nvmlProcessInfo_v1_t` (pid and memory only).
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_v1_t,
+) -> nvmlReturn_t {
+    guard(|| {
+        let list: Vec<nvmlProcessInfo_v1_t> = processes(device)?
+            .iter()
+            .map(|p| nvmlProcessInfo_v1_t {
+                pid: p.pid,
+                usedGpuMemory: p.usedGpuMemory,
+            })
+            .collect();
+        let capacity = get(count.cast_const())? as usize;
+        put(count, list.len() as c_uint)?;
+        put_slice(infos, capacity, &list)
+    })
+}
+
+/// Graphics processes: the simulated GPU runs compute only, so the lists are empty.
+fn no_processes(device: nvmlDevice_t, count: *mut c_uint) -> NvResult {
+    nvml()?.device(device)?;
+    get(count.cast_const())?;
+    put(count, 0)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    _infos: *mut nvmlProcessInfo_v1_t,
+) -> nvmlReturn_t {
+    guard(|| no_processes(device, count))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v2(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    _infos: *mut nvmlProcessInfo_t,
+) -> nvmlReturn_t {
+    guard(|| no_processes(device, count))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v3(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    _infos: *mut nvmlProcessInfo_t,
+) -> nvmlReturn_t {
+    guard(|| no_processes(device, count))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses_v3(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    _infos: *mut nvmlProcessInfo_t,
+) -> nvmlReturn_t {
+    guard(|| no_processes(device, count))
+}
+
+/// Microseconds of the wall clock, NVML's sample timestamps.
+fn wall_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+/// One sample per visible process on the device: its SM utilisation over the last second
+/// from the kernel time the driver ran for it. With `utilization` null, the count needed
+/// comes back with `NVML_ERROR_INSUFFICIENT_SIZE`, as the real library does; with no
+/// process, success and 0 samples.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
+    device: nvmlDevice_t,
+    utilization: *mut nvmlProcessUtilizationSample_t,
+    count: *mut c_uint,
+    last_seen: std::ffi::c_ulonglong,
+) -> nvmlReturn_t {
+    guard(|| {
+        let n = nvml()?;
+        let (dev, list) = visible_slots(device)?;
+        let now = now_ns();
+        let stamp = wall_us().max(last_seen.saturating_add(1));
+        let samples: Vec<nvmlProcessUtilizationSample_t> = list
+            .iter()
+            .map(|(pid, u)| nvmlProcessUtilizationSample_t {
+                pid: *pid,
+                timeStamp: stamp,
+                smUtil: n.node.state().slot_utilization(u.slot, dev, now),
+                memUtil: 0,
+                encUtil: 0,
+                decUtil: 0,
+            })
+            .collect();
+        let capacity = get(count.cast_const())? as usize;
+        put(count, samples.len() as c_uint)?;
+        if utilization.is_null() {
+            return if samples.is_empty() {
+                Ok(())
+            } else {
+                Err(NVML_ERROR_INSUFFICIENT_SIZE)
+            };
+        }
+        put_slice(utilization, capacity, &samples)
     })
 }

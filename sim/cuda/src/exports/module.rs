@@ -140,7 +140,7 @@ fn launch(
         let scheduled = d
             .node
             .state()
-            .schedule(d.ordinals[ord], now.max(s.tail), duration);
+            .schedule_by(&d.slot, d.ordinals[ord], now.max(s.tail), duration);
         s.tail = scheduled.end;
         s.pending.push_back(scheduled.end);
         return Ok(());
