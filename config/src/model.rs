@@ -18,6 +18,12 @@ pub const DEFAULT_RUNTIME: &str = "runc";
 pub const DEFAULT_PENDING_TIMEOUT: Duration = Duration::from_secs(120);
 /// Default metrics listen address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9400";
+/// Default grace before the enforcer acts on a slice over its memory limit.
+pub const DEFAULT_ENFORCE_GRACE: Duration = Duration::from_secs(2);
+/// Default period of the enforcer's readings.
+pub const DEFAULT_ENFORCE_INTERVAL: Duration = Duration::from_millis(500);
+/// Default window over which the enforcer judges a slice's compute share.
+pub const DEFAULT_ENFORCE_WINDOW: Duration = Duration::from_secs(5);
 /// Default model name of a simulated GPU.
 pub const DEFAULT_SIM_MODEL: &str = "NVIDIA H200";
 /// Default memory of a simulated GPU (141 GiB, like an H200).
@@ -37,6 +43,88 @@ pub struct Config {
     pub driver: DriverConfig,
     pub hook: HookConfig,
     pub serve: ServeConfig,
+    pub enforce: EnforceConfig,
+}
+
+/// What the enforcer does with a slice whose processes hold more than its memory limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryAction {
+    /// Kill the process that crossed the limit (after `grace`).
+    Kill,
+    /// Log and count it only.
+    Report,
+}
+
+impl MemoryAction {
+    pub const ACCEPTED: &'static str = "`kill` or `report`";
+
+    pub fn parse(s: &str) -> Option<MemoryAction> {
+        match s {
+            "kill" => Some(MemoryAction::Kill),
+            "report" => Some(MemoryAction::Report),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MemoryAction::Kill => "kill",
+            MemoryAction::Report => "report",
+        }
+    }
+}
+
+/// What the enforcer does with a slice running above its compute share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ComputeAction {
+    /// Log and count it only.
+    Report,
+    /// Freeze the container's cgroup in a duty cycle that brings it back to its share.
+    Throttle,
+}
+
+impl ComputeAction {
+    pub const ACCEPTED: &'static str = "`report` or `throttle`";
+
+    pub fn parse(s: &str) -> Option<ComputeAction> {
+        match s {
+            "report" => Some(ComputeAction::Report),
+            "throttle" => Some(ComputeAction::Throttle),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ComputeAction::Report => "report",
+            ComputeAction::Throttle => "throttle",
+        }
+    }
+}
+
+/// The host-side enforcer of `gpuslice serve` (DESIGN §8).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnforceConfig {
+    pub memory: MemoryAction,
+    pub compute: ComputeAction,
+    /// How long a slice may stay over its memory limit before the action.
+    pub grace: Duration,
+    /// How often the driver's per-process figures are read.
+    pub interval: Duration,
+    /// The window a slice's compute share is judged over.
+    pub window: Duration,
+}
+
+impl Default for EnforceConfig {
+    fn default() -> Self {
+        EnforceConfig {
+            memory: MemoryAction::Kill,
+            compute: ComputeAction::Report,
+            grace: DEFAULT_ENFORCE_GRACE,
+            interval: DEFAULT_ENFORCE_INTERVAL,
+            window: DEFAULT_ENFORCE_WINDOW,
+        }
+    }
 }
 
 /// Where the GPU inventory comes from.
@@ -187,6 +275,7 @@ impl Default for Config {
                     .parse()
                     .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 9400))),
             },
+            enforce: EnforceConfig::default(),
         }
     }
 }

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use toml::{Table, Value};
 
 use crate::model::{
-    is_clean_absolute, is_gpu_uuid, simulated_uuid, Config, InventorySource, Policy, SimulatedGpu,
-    DEFAULT_SIM_MEMORY, DEFAULT_SIM_MODEL,
+    is_clean_absolute, is_gpu_uuid, simulated_uuid, ComputeAction, Config, InventorySource,
+    MemoryAction, Policy, SimulatedGpu, DEFAULT_SIM_MEMORY, DEFAULT_SIM_MODEL,
 };
 use crate::quantity::{parse_bytes, ACCEPTED_BYTES};
 
@@ -225,6 +225,7 @@ pub fn parse_config(text: &str, path: &Path) -> Result<Config, ConfigError> {
             "driver",
             "hook",
             "serve",
+            "enforce",
         ],
     )?;
     if let Some(p) = r.abs_path(&root, "state_dir", "state_dir")? {
@@ -402,7 +403,75 @@ pub fn parse_config(text: &str, path: &Path) -> Result<Config, ConfigError> {
             })?;
         }
     }
+    if let Some(t) = r.table(&root, "enforce", "enforce")? {
+        enforce(&r, t, &mut cfg)?;
+    }
     Ok(cfg)
+}
+
+/// The `[enforce]` table.
+fn enforce(r: &Reader<'_>, t: &Table, cfg: &mut Config) -> Result<(), ConfigError> {
+    use std::time::Duration;
+    r.check_keys(
+        t,
+        "enforce",
+        &["memory", "compute", "grace", "interval", "window"],
+    )?;
+    let e = &mut cfg.enforce;
+    if let Some((s, v)) = r.string(t, "memory", "enforce.memory")? {
+        e.memory = MemoryAction::parse(s)
+            .ok_or_else(|| r.bad_value("enforce.memory", v, MemoryAction::ACCEPTED))?;
+    }
+    if let Some((s, v)) = r.string(t, "compute", "enforce.compute")? {
+        e.compute = ComputeAction::parse(s)
+            .ok_or_else(|| r.bad_value("enforce.compute", v, ComputeAction::ACCEPTED))?;
+    }
+    let duration = |key: &str, min: Duration, max: Duration, accepted: &str| {
+        let full = format!("enforce.{key}");
+        match r.string(t, key, &full)? {
+            None => Ok(None),
+            Some((s, v)) => match humantime::parse_duration(s) {
+                Ok(d) if d >= min && d <= max => Ok(Some(d)),
+                _ => Err(r.bad_value(&full, v, accepted)),
+            },
+        }
+    };
+    if let Some(d) = duration(
+        "grace",
+        Duration::ZERO,
+        Duration::from_secs(600),
+        "a duration from 0s to 10m such as `2s` or `500ms`",
+    )? {
+        e.grace = d;
+    }
+    if let Some(d) = duration(
+        "interval",
+        Duration::from_millis(50),
+        Duration::from_secs(60),
+        "a duration from 50ms to 60s such as `500ms` or `1s`",
+    )? {
+        e.interval = d;
+    }
+    if let Some(d) = duration(
+        "window",
+        Duration::from_secs(1),
+        Duration::from_secs(3600),
+        "a duration from 1s to 1h such as `5s` or `1m`",
+    )? {
+        e.window = d;
+    }
+    if e.window < e.interval {
+        let shown = Value::String(humantime::format_duration(e.window).to_string());
+        return Err(r.bad_value(
+            "enforce.window",
+            &shown,
+            format!(
+                "a window at least as long as enforce.interval ({})",
+                humantime::format_duration(e.interval)
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn simulated_gpu(r: &Reader<'_>, index: usize, item: &Value) -> Result<SimulatedGpu, ConfigError> {
