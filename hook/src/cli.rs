@@ -1,4 +1,6 @@
-//! The `gpuslice` command line: subcommands, flags and their help texts.
+//! The `gpuslice` command line: subcommands, flags and their help texts (clap). A new
+//! subcommand is a variant of [`Command`] and an arm of `commands::run`; the hook lines
+//! gpuslice writes are read by `create::hookargv` before clap is built.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -38,37 +40,6 @@ pub enum Command {
     Configure(ConfigureCommand),
     /// Serve Prometheus metrics.
     Serve(ServeArgs),
-}
-
-/// `gpuslice [--config PATH] hook …` alone: parsed instead of [`Cli`] on a container's
-/// create path, where building the whole command tree costs a measurable part of a hook.
-#[derive(Debug, Parser)]
-#[command(name = "gpuslice", version, propagate_version = true)]
-pub struct HookCli {
-    /// Node config file [default: $GPUSLICE_CONFIG, else /etc/gpuslice/config.toml].
-    #[arg(long, global = true, value_name = "PATH")]
-    pub config: Option<PathBuf>,
-
-    #[command(subcommand)]
-    pub command: HookOnly,
-}
-
-/// The one subcommand of [`HookCli`].
-#[derive(Debug, Subcommand)]
-pub enum HookOnly {
-    /// OCI hooks called by container engines and runtimes (not for interactive use).
-    #[command(subcommand)]
-    Hook(HookCommand),
-}
-
-impl From<HookCli> for Cli {
-    fn from(h: HookCli) -> Cli {
-        let HookOnly::Hook(command) = h.command;
-        Cli {
-            config: h.config,
-            command: Command::Hook(command),
-        }
-    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -185,54 +156,4 @@ pub struct ServeArgs {
     /// Address to serve /metrics and /healthz on [default: serve.listen of the config].
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The create path parses hooks with [`HookCli`]; it must read every hook line exactly
-    /// as the whole command line does.
-    #[test]
-    fn hook_lines_parse_the_same_with_the_hook_only_parser() {
-        let lines: &[&[&str]] = &[
-            &["gpuslice", "hook", "precreate"],
-            &[
-                "gpuslice",
-                "--config",
-                "/c.toml",
-                "hook",
-                "create-runtime",
-                "--reservation",
-                "r1",
-            ],
-            &[
-                "gpuslice",
-                "hook",
-                "prestart",
-                "--whole-gpu",
-                "GPU-a",
-                "--whole-gpu",
-                "GPU-b",
-            ],
-            &["gpuslice", "hook", "poststop", "--config", "/c.toml"],
-            &["gpuslice", "hook", "fail", "no room"],
-        ];
-        for line in lines {
-            let whole = Cli::try_parse_from(*line).map(|c| format!("{c:?}"));
-            let hook = HookCli::try_parse_from(*line).map(|h| format!("{:?}", Cli::from(h)));
-            match (whole, hook) {
-                (Ok(a), Ok(b)) => assert_eq!(a, b, "{line:?}"),
-                (a, b) => panic!("{line:?}: {a:?} / {b:?}"),
-            }
-        }
-        // A bad hook line is refused by both.
-        for line in [
-            &["gpuslice", "hook", "poststop", "--bogus"][..],
-            &["gpuslice", "hook"],
-        ] {
-            assert!(Cli::try_parse_from(line).is_err());
-            assert!(HookCli::try_parse_from(line).is_err());
-        }
-    }
 }

@@ -3,7 +3,7 @@
 
 use gpuslice_config::ConfigError;
 
-use crate::cdigen::GenerateError;
+use crate::commands::cdi::GenerateError;
 
 /// Why a subcommand failed; each variant prints as one line.
 #[derive(Debug, thiserror::Error)]
@@ -21,7 +21,7 @@ pub enum Error {
     #[error(transparent)]
     Inventory(#[from] gpuslice_driver::InventoryError),
     #[error(transparent)]
-    Hook(Box<crate::hooks::HookError>),
+    Hook(Box<crate::create::hooks::HookError>),
     #[error(transparent)]
     Podman(#[from] crate::configure::podman::PodmanError),
     #[error(transparent)]
@@ -36,8 +36,8 @@ pub enum Error {
     Serve(#[from] crate::serve::ServeError),
 }
 
-impl From<crate::hooks::HookError> for Error {
-    fn from(e: crate::hooks::HookError) -> Self {
+impl From<crate::create::hooks::HookError> for Error {
+    fn from(e: crate::create::hooks::HookError) -> Self {
         Error::Hook(Box::new(e))
     }
 }

@@ -1,23 +1,14 @@
-//! gpuslice: the spec edit, hooks and CLI shared by the `gpuslice` and `gpuslice-runtime`
-//! binaries.
+//! gpuslice: the library behind the `gpuslice` and `gpuslice-runtime` binaries, grouped by
+//! job: the create path (`create`), the node commands (`commands`), engine registration
+//! (`configure`) and the exporter (`serve`), with the node context, the command line and the
+//! static build's hand-over they share.
 
-pub mod annotations;
-pub mod arena;
-pub mod cdigen;
-pub mod cleanup;
 pub mod cli;
 pub mod commands;
 pub mod configure;
-pub mod driveredits;
+pub mod create;
 pub mod error;
-pub mod hookargv;
-pub mod hooks;
-pub mod muslbcmp;
-pub mod muslmem;
 pub mod node;
-pub mod runtime;
 pub mod serve;
 pub mod simnode;
-pub mod slicespec;
-pub mod specedit;
 pub mod staticbuild;

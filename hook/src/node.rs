@@ -1,9 +1,12 @@
-//! The node context every subcommand starts from: the loaded config, where the `gpuslice`
-//! binary lives (for hooks written into specs) and the hooks' fixed environment.
+//! The node context every subcommand starts from: the loaded config, its registry, where the
+//! `gpuslice` binary lives (for hooks written into specs) and the hooks' fixed environment.
 
 use std::path::{Path, PathBuf};
 
 use gpuslice_config::{load_from_env, Config, ConfigError, LoadedConfig};
+use gpuslice_registry::{Registry, RegistryError, Reservation};
+
+use crate::create::slicespec::slice_spec_path;
 
 /// The explicit, minimal environment every hook runs with — never the image's
 /// (cf. CVE-2025-23266: an image's `LD_PRELOAD` reaching a hook that runs as root).
@@ -40,6 +43,18 @@ impl Node {
 
     pub fn config(&self) -> &Config {
         &self.loaded.config
+    }
+
+    /// Opens the node's registry; a released or reaped slice loses its CDI spec file in
+    /// `cdi.spec_dir` with it.
+    pub fn open_registry(&self) -> Result<Registry, RegistryError> {
+        let spec_dir = self.config().cdi.spec_dir.clone();
+        let cleanup = Box::new(move |r: &Reservation| {
+            if let Some(path) = slice_spec_path(&spec_dir, &r.id) {
+                let _ = gpuslice_cdi::remove_spec(&path);
+            }
+        });
+        Registry::open_config(self.config(), cleanup)
     }
 
     /// Absolute path of the `gpuslice` binary that hooks run: `hook.path` of the config,

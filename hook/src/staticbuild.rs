@@ -4,10 +4,10 @@
 //! twice; on virtual machines where `cpuid` traps, a dynamically linked glibc process spends
 //! most of its ~1 ms start-up detecting CPU features, a static musl one starts in ~0.3 ms
 //! (docs/benchmarks.md, "Create path"). But a static binary cannot `dlopen` NVML, so the
-//! static `gpuslice` runs only the hooks itself and re-executes every other command
-//! (`status`, `serve`, `cdi generate`, …) with the full build installed beside it.
+//! static `gpuslice` runs only the hook lines `create::hookargv` reads and re-executes every
+//! other command line (`status`, `serve`, `cdi generate`, `--help`, …) with the full build
+//! installed beside it, `gpuslice-full`; without one it fails naming where it looked.
 
-use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 
 /// File name of the full (glibc, NVML-capable) build of `gpuslice` that a static build
@@ -17,26 +17,13 @@ pub const FULL_BUILD_NAME: &str = "gpuslice-full";
 /// Whether this binary is the static (musl) build.
 pub const IS_STATIC: bool = cfg!(target_env = "musl");
 
-/// The subcommand of a `gpuslice` command line (arguments after the program name): the first
-/// argument that is not the global `--config PATH` / `--config=PATH` or another flag.
-pub fn subcommand(args: &[OsString]) -> Option<&OsStr> {
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        if a == "--config" {
-            it.next();
-            continue;
-        }
-        if a.to_str().is_some_and(|s| s.starts_with('-')) {
-            continue;
-        }
-        return Some(a.as_os_str());
-    }
-    None
-}
-
-/// Whether a command line runs a hook (the create path: `gpuslice hook …`).
-pub fn is_hook(args: &[OsString]) -> bool {
-    subcommand(args).is_some_and(|s| s == "hook")
+/// The static build has no full build to hand a command line over to.
+#[derive(Debug, thiserror::Error)]
+pub enum HandoverError {
+    #[error("cannot locate the running executable to find {FULL_BUILD_NAME} next to it: {0}")]
+    CurrentExe(std::io::Error),
+    #[error("this static gpuslice runs only the OCI hooks and hands every other command to the full build, which is missing: no {FULL_BUILD_NAME} at {}; install it there (the package puts it in /usr/lib/gpuslice/) or run the glibc build of gpuslice", .searched.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(" or "))]
+    Missing { searched: Vec<PathBuf> },
 }
 
 /// Where the full build is looked for, next to `exe` first, then in the package's
@@ -82,14 +69,13 @@ pub fn find_sibling(exe: &Path, name: &str) -> Result<PathBuf, PathBuf> {
         .unwrap_or_else(|| Path::new("/usr/bin").join(name)))
 }
 
-/// The full build a static `gpuslice` should re-execute `args` with: `None` for hook
-/// commands (and `--help`/`--version` without a subcommand), which it runs itself, and when
-/// no full build is installed (then it runs the command itself and only NVML is missing).
-pub fn handover_target(args: &[OsString], exe: &Path) -> Option<PathBuf> {
-    match subcommand(args) {
-        None => None,
-        Some(s) if s == "hook" => None,
-        Some(_) => full_build_candidates(exe).into_iter().find(|p| p.is_file()),
+/// The full build a static `gpuslice` at `exe` hands a command line over to: the first of
+/// [`full_build_candidates`] that is a file.
+pub fn full_build(exe: &Path) -> Result<PathBuf, HandoverError> {
+    let searched = full_build_candidates(exe);
+    match searched.iter().find(|p| p.is_file()) {
+        Some(found) => Ok(found.clone()),
+        None => Err(HandoverError::Missing { searched }),
     }
 }
 
@@ -97,55 +83,32 @@ pub fn handover_target(args: &[OsString], exe: &Path) -> Option<PathBuf> {
 mod tests {
     use super::*;
 
-    fn args(v: &[&str]) -> Vec<OsString> {
-        v.iter().map(OsString::from).collect()
-    }
-
     #[test]
-    fn the_subcommand_skips_the_global_config_flag() {
-        assert_eq!(
-            subcommand(&args(&["--config", "/x/hook", "status"])),
-            Some(OsStr::new("status"))
-        );
-        assert_eq!(
-            subcommand(&args(&["--config=/x", "hook", "poststop"])),
-            Some(OsStr::new("hook"))
-        );
-        assert_eq!(subcommand(&args(&["--version"])), None);
-        assert!(is_hook(&args(&[
-            "hook",
-            "--config",
-            "/c",
-            "create-runtime"
-        ])));
-        // A config file named `hook` is not the hook subcommand.
-        assert!(!is_hook(&args(&["--config", "hook", "status"])));
-    }
-
-    #[test]
-    fn hooks_stay_in_the_static_build_and_other_commands_go_to_the_full_one() {
+    fn the_full_build_is_found_beside_the_binary_or_in_the_package_and_named_when_missing() {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
         let bin = dir.path().join("bin");
         let lib = dir.path().join("lib/gpuslice");
         std::fs::create_dir_all(&bin).unwrap_or_else(|e| panic!("{e}"));
         std::fs::create_dir_all(&lib).unwrap_or_else(|e| panic!("{e}"));
         let exe = bin.join("gpuslice");
-        // No full build installed: everything runs here.
-        assert_eq!(handover_target(&args(&["status"]), &exe), None);
+        // No full build installed: one error naming every place looked at.
+        let err = full_build(&exe).err().map(|e| e.to_string());
+        let err = err.unwrap_or_else(|| panic!("found a full build in an empty tree"));
+        assert!(
+            err.contains(&bin.join(FULL_BUILD_NAME).display().to_string())
+                && err.contains(&lib.join(FULL_BUILD_NAME).display().to_string()),
+            "{err}"
+        );
+        // A directory of that name is not a build.
+        std::fs::create_dir(lib.join(FULL_BUILD_NAME)).unwrap_or_else(|e| panic!("{e}"));
+        assert!(full_build(&exe).is_err());
+        std::fs::remove_dir(lib.join(FULL_BUILD_NAME)).unwrap_or_else(|e| panic!("{e}"));
         // The package layout: <prefix>/lib/gpuslice/gpuslice-full.
         std::fs::write(lib.join(FULL_BUILD_NAME), b"").unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(
-            handover_target(&args(&["status", "--json"]), &exe),
-            Some(lib.join(FULL_BUILD_NAME))
-        );
-        assert_eq!(handover_target(&args(&["hook", "poststop"]), &exe), None);
-        assert_eq!(handover_target(&args(&["--help"]), &exe), None);
+        assert_eq!(full_build(&exe).ok(), Some(lib.join(FULL_BUILD_NAME)));
         // Next to the binary wins (the build tree's target/release/static/).
         std::fs::write(bin.join(FULL_BUILD_NAME), b"").unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(
-            handover_target(&args(&["--config", "/c", "serve"]), &exe),
-            Some(bin.join(FULL_BUILD_NAME))
-        );
+        assert_eq!(full_build(&exe).ok(), Some(bin.join(FULL_BUILD_NAME)));
     }
 
     #[test]

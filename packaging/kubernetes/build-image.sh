@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Builds the installer image of daemonset.yaml (localhost/gpuslice-installer:<version>) with
-# podman from this tree's release build and portable shim. Push it to your registry and
+# podman from this tree's build, the same binaries as the .deb (packaging/build-deb.sh): the
+# static `gpuslice` and `gpuslice-runtime` of scripts/build-static.sh with the full glibc
+# `gpuslice` as `gpuslice-full` (the glibc builds in both places when the musl target cannot
+# be had), and the portable shim. Push it to your registry and
 # set the DaemonSet's image to it, or load it on the nodes (`ctr -n k8s.io images import`).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -11,8 +14,14 @@ version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 [ -f "$target/portable/libgpuslice_shim.so" ] || ./scripts/build-portable.sh
 ctx=$(mktemp -d)
 trap 'rm -rf "$ctx"' EXIT
-cp "$target/release/gpuslice" "$target/release/gpuslice-runtime" \
-   "$target/portable/libgpuslice_shim.so" packaging/kubernetes/installer.sh \
+if ./scripts/build-static.sh >&2; then
+  cp "$target/release/static/gpuslice" "$target/release/static/gpuslice-runtime" "$ctx/"
+else
+  echo "build-image: the glibc binaries (no static build)" >&2
+  cp "$target/release/gpuslice" "$target/release/gpuslice-runtime" "$ctx/"
+fi
+cp "$target/release/gpuslice" "$ctx/gpuslice-full"
+cp "$target/portable/libgpuslice_shim.so" packaging/kubernetes/installer.sh \
    packaging/kubernetes/Containerfile "$ctx/"
 podman build -t "localhost/gpuslice-installer:$version" -f "$ctx/Containerfile" "$ctx"
 echo "built localhost/gpuslice-installer:$version"

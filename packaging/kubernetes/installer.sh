@@ -44,6 +44,8 @@ fi
 
 put "$SRC/gpuslice" "$GS" 0755
 put "$SRC/gpuslice-runtime" "$PREFIX/bin/gpuslice-runtime" 0755
+# Where the static `gpuslice` hands its non-hook commands to (docs/architecture.md).
+put "$SRC/gpuslice-full" "$PREFIX/lib/gpuslice/gpuslice-full" 0755
 put "$SRC/libgpuslice_shim.so" "$PREFIX/lib/libgpuslice_shim.so" 0644
 put /etc/gpuslice-configmap/config.toml /etc/gpuslice/config.toml 0644
 log "installed to $PREFIX"

@@ -1,5 +1,4 @@
-# Shell helper shared by the benchmarks (create path, cdi generate) and the profile-guided
-# build's training run (sourced, not run).
+# Shell helper shared by the benchmarks (create path, cdi generate) (sourced, not run).
 
 # bench_node_config WORK PORTABLE: prints the config of the simulated node both measure (8
 # H200-sized GPUs, state and CDI specs under WORK, the shim from PORTABLE); callers append

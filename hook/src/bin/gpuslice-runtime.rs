@@ -4,13 +4,13 @@
 use std::os::unix::process::CommandExt;
 use std::process::ExitCode;
 
+use gpuslice::create::runtime::{edit_bundle, parse_args, report, resolve_runtime, RuntimeError};
 use gpuslice::node::Node;
-use gpuslice::runtime::{edit_bundle, parse_args, report, resolve_runtime, RuntimeError};
 
 /// Every call of the wrapper is short-lived: it allocates from a bump region from its first
-/// allocation (see `gpuslice::arena`).
+/// allocation (see `gpuslice::create::arena`).
 #[global_allocator]
-static ALLOC: gpuslice::arena::Arena<true> = gpuslice::arena::Arena;
+static ALLOC: gpuslice::create::arena::Arena<true> = gpuslice::create::arena::Arena;
 
 fn main() -> ExitCode {
     let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();

@@ -9,39 +9,21 @@ use gpuslice::staticbuild;
 
 /// The hooks (a container's create path) allocate from a bump region from the process's first
 /// allocation; every other command switches to the system allocator at once (see
-/// `gpuslice::arena`).
+/// `gpuslice::create::arena`).
 #[global_allocator]
-static ALLOC: gpuslice::arena::Arena<true> = gpuslice::arena::Arena;
+static ALLOC: gpuslice::create::arena::Arena<true> = gpuslice::create::arena::Arena;
 
 fn main() -> ExitCode {
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
-    let hook = staticbuild::is_hook(&args);
-    if !hook {
-        gpuslice::arena::disable();
-    }
-    if staticbuild::IS_STATIC && !hook {
-        // The static build runs the hooks; NVML needs the full build (see `staticbuild`).
-        let full = std::env::current_exe()
-            .ok()
-            .and_then(|exe| staticbuild::handover_target(&args, &exe));
-        if let Some(full) = full {
-            let err = std::process::Command::new(&full)
-                .arg0("gpuslice")
-                .args(&args)
-                .exec();
-            eprintln!(
-                "gpuslice: cannot run the full build {}: {err}",
-                full.display()
-            );
-            return ExitCode::from(1);
+    // One rule: the hook lines gpuslice writes are read by `hookargv`; any other line is
+    // clap's, and the static build hands it to the full build (see `staticbuild`).
+    let cli = match gpuslice::create::hookargv::parse(&args) {
+        Some(cli) => cli,
+        None if staticbuild::IS_STATIC => return hand_over(&args),
+        None => {
+            gpuslice::create::arena::disable();
+            gpuslice::cli::Cli::parse()
         }
-    }
-    let cli = if hook {
-        // The lines gpuslice writes are read without clap (see `hookargv`); clap reads the
-        // rest and gives its errors and help.
-        gpuslice::hookargv::parse(&args).unwrap_or_else(|| gpuslice::cli::HookCli::parse().into())
-    } else {
-        gpuslice::cli::Cli::parse()
     };
     match gpuslice::commands::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
@@ -50,4 +32,23 @@ fn main() -> ExitCode {
             ExitCode::from(e.exit_code())
         }
     }
+}
+
+/// Re-executes the command line with `gpuslice-full`; returns only when that fails.
+fn hand_over(args: &[OsString]) -> ExitCode {
+    let full = std::env::current_exe()
+        .map_err(staticbuild::HandoverError::CurrentExe)
+        .and_then(|exe| staticbuild::full_build(&exe));
+    let err = match full {
+        Ok(full) => {
+            let err = std::process::Command::new(&full)
+                .arg0("gpuslice")
+                .args(args)
+                .exec();
+            format!("cannot run the full build {}: {err}", full.display())
+        }
+        Err(e) => e.to_string(),
+    };
+    eprintln!("gpuslice: {err}");
+    ExitCode::from(1)
 }

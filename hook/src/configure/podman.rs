@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::json;
 
-use crate::annotations::KEYS;
+use crate::create::annotations::KEYS;
 use crate::node::{Node, NodeError, HOOK_ENV};
 
 /// File name of the hook in the hooks directory.

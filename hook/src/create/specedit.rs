@@ -15,11 +15,11 @@ use gpuslice_slice::{
 };
 use serde_json::Value;
 
-use crate::annotations::{parse_ask, AnnotationError, Ask, RESERVATION};
-use crate::cleanup::{open_registry, SLICE_KIND};
-use crate::error::Error;
+use crate::create::annotations::{parse_ask, AnnotationError, Ask, RESERVATION};
+use crate::create::slicespec::{
+    preload_contents, slice_spec, SliceSpecError, PRELOAD_FILE, SLICE_KIND,
+};
 use crate::node::{Node, NodeError};
-use crate::slicespec::{preload_contents, slice_spec, SliceSpecError, PRELOAD_FILE};
 
 /// Why a container's creation is refused. Each prints as one line for the user.
 #[derive(Debug, thiserror::Error)]
@@ -58,7 +58,7 @@ pub enum EditError {
     #[error("{0}")]
     Inject(#[from] InjectError),
     #[error("{0}")]
-    Open(Box<Error>),
+    Open(Box<RegistryError>),
 }
 
 impl From<RegistryError> for EditError {
@@ -144,7 +144,9 @@ pub fn edit_spec(node: &Node, input: &[u8]) -> Result<Outcome, EditError> {
     }
     let ann = annotations(&spec)?;
     if let Some(id) = ann.get(RESERVATION) {
-        let registry = open_registry(node).map_err(|e| EditError::Open(Box::new(e)))?;
+        let registry = node
+            .open_registry()
+            .map_err(|e| EditError::Open(Box::new(e)))?;
         let ours = has_our_hook(&spec, id)
             && registry
                 .snapshot()?
@@ -165,7 +167,8 @@ pub fn edit_spec(node: &Node, input: &[u8]) -> Result<Outcome, EditError> {
 
     // Everything that can be checked before reserving is checked first.
     let config = node.config();
-    let node_spec = crate::cdigen::cached_node_spec_lazy(node).map_err(EditError::NodeSpec)?;
+    let node_spec =
+        crate::commands::cdi::cached_node_spec_lazy(node).map_err(EditError::NodeSpec)?;
     if !config.shim.library.is_file() {
         return Err(EditError::NoShim {
             path: config.shim.library.clone(),
@@ -182,7 +185,9 @@ pub fn edit_spec(node: &Node, input: &[u8]) -> Result<Outcome, EditError> {
         )?;
     }
 
-    let registry = open_registry(node).map_err(|e| EditError::Open(Box::new(e)))?;
+    let registry = node
+        .open_registry()
+        .map_err(|e| EditError::Open(Box::new(e)))?;
     let reservation = registry.reserve(&request)?;
     let mut rollback = Rollback {
         registry: &registry,
@@ -212,7 +217,7 @@ pub fn edit_spec(node: &Node, input: &[u8]) -> Result<Outcome, EditError> {
     let booked: Vec<&str> = reservation.gpus.iter().map(|b| b.uuid.as_str()).collect();
     let node_spec = node_spec.with_devices(&booked).map_err(|source| {
         EditError::NodeSpec(SpecFileError::Decode {
-            path: config.state_dir.join(crate::cdigen::NODE_SPEC_CACHE),
+            path: config.state_dir.join(crate::commands::cdi::NODE_SPEC_CACHE),
             source,
         })
     })?;

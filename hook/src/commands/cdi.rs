@@ -1,6 +1,6 @@
 //! `gpuslice cdi generate`: the node's CDI spec for whole GPUs (`gpuslice.io/gpu=0`,
 //! `=GPU-<uuid>`, `=all`), with the registry hooks that book them, plus the inventory cache
-//! the create path reads instead of NVML.
+//! the create path reads instead of NVML; and `gpuslice cdi list`.
 
 use std::path::{Path, PathBuf};
 
@@ -8,7 +8,9 @@ use gpuslice_cdi::{ContainerEdits, Device, Hook, Spec, SpecFileError};
 use gpuslice_driver::{Gpu, InventoryError};
 use gpuslice_registry::{Inventory, Registry, RegistryError};
 
-use crate::driveredits::{discover, DriverEdits, DriverEditsError};
+use crate::cli::CdiCommand;
+use crate::commands::out;
+use crate::create::driveredits::{discover, DriverEdits, DriverEditsError};
 use crate::node::{Node, NodeError};
 use crate::simnode::{default_driver_dirs, setup_sim_node, RealMknod, SimError};
 
@@ -136,6 +138,28 @@ pub fn generate(
         .unwrap_or_else(|| config.cdi.spec_dir.clone());
     let path = gpuslice_cdi::write_spec(&dir, &spec)?;
     Ok(Generated { spec, path, gpus })
+}
+
+/// `cdi generate` prints what it wrote; `cdi list` the node spec's device names.
+pub fn run(node: &Node, command: CdiCommand) -> Result<(), crate::error::Error> {
+    match command {
+        CdiCommand::Generate(args) => {
+            let g = generate(node, args.output.as_deref(), args.sim_driver.as_deref())?;
+            let names = g.spec.qualified_device_names();
+            out(&format!(
+                "wrote {} ({} GPUs, {} devices: {})\n",
+                g.path.display(),
+                g.gpus.len(),
+                names.len(),
+                names.join(" ")
+            ))
+        }
+        CdiCommand::List => out(&cached_node_spec(node)?
+            .qualified_device_names()
+            .iter()
+            .map(|n| format!("{n}\n"))
+            .collect::<String>()),
+    }
 }
 
 /// Reads the node spec cached by the last `cdi generate`.

@@ -6,8 +6,8 @@ use std::ffi::{OsStr, OsString};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use crate::create::specedit::{edit_spec, EditError, Outcome};
 use crate::node::Node;
-use crate::specedit::{edit_spec, EditError, Outcome};
 
 /// runc's global flags that take a value.
 const GLOBAL_VALUE_FLAGS: &[&str] = &["--log", "--log-format", "--root", "--criu", "--rootless"];

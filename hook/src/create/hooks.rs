@@ -7,11 +7,23 @@ use std::io::{Read, Write};
 use gpuslice_registry::{Owner, ProcessRef, RegistryError, Request, Selector};
 use serde::Deserialize;
 
-use crate::annotations::kubernetes_ref;
-use crate::cleanup::open_registry;
+use crate::cli::HookCommand;
+use crate::create::annotations::kubernetes_ref;
+use crate::create::specedit::{edit_spec, Outcome};
 use crate::error::Error;
 use crate::node::Node;
-use crate::specedit::{edit_spec, Outcome};
+
+/// Runs one hook.
+pub fn run(node: &Node, command: HookCommand) -> Result<(), Error> {
+    match command {
+        HookCommand::Precreate => precreate(node),
+        HookCommand::CreateRuntime(a) => {
+            create_runtime(node, a.reservation.as_deref(), &a.whole_gpu)
+        }
+        HookCommand::Poststop(a) => poststop(node, a.reservation.as_deref()),
+        HookCommand::Fail { message } => fail(&message),
+    }
+}
 
 /// The OCI state runtimes pass to hooks on stdin.
 #[derive(Debug, Deserialize)]
@@ -35,7 +47,7 @@ pub enum HookError {
     #[error("cannot write the edited spec to stdout: {0}")]
     Write(std::io::Error),
     #[error("{0}")]
-    Edit(#[from] crate::specedit::EditError),
+    Edit(#[from] crate::create::specedit::EditError),
     #[error("GPU {uuid} cannot be given whole to container {id}: {source}")]
     Whole {
         uuid: String,
@@ -129,7 +141,7 @@ pub fn create_runtime(
         .ok_or_else(|| HookError::NoPid {
             id: state.id.clone(),
         })?;
-    let registry = open_registry(node)?;
+    let registry = node.open_registry()?;
     if let Some(id) = reservation {
         registry.bind(id, &state.id, pid)?;
     }
@@ -182,7 +194,7 @@ pub fn create_runtime(
 /// container (the whole-GPU devices' hook, which names no reservation). One registry
 /// transaction either way.
 pub fn poststop(node: &Node, reservation: Option<&str>) -> Result<(), Error> {
-    let registry = open_registry(node)?;
+    let registry = node.open_registry()?;
     match reservation {
         Some(id) => registry.release(id)?,
         None => registry.release_container(&read_state()?.id)?,
