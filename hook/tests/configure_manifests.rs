@@ -238,8 +238,8 @@ fn example_pod_annotations_are_valid_requests() {
             "io.kubernetes.cri.container-type".into(),
             "container".into(),
         );
-        match gpuslice::annotations::parse_ask(&a) {
-            Ok(gpuslice::annotations::Ask::Slice(_)) => {}
+        match gpuslice::create::annotations::parse_ask(&a) {
+            Ok(gpuslice::create::annotations::Ask::Slice(_)) => {}
             other => panic!("container {}: {other:?}", c.name),
         }
     }

@@ -7,10 +7,10 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use gpuslice::cdigen::node_spec;
-use gpuslice::driveredits::DriverEdits;
+use gpuslice::commands::cdi::node_spec;
+use gpuslice::create::driveredits::DriverEdits;
+use gpuslice::create::slicespec::slice_spec;
 use gpuslice::node::Node;
-use gpuslice::slicespec::slice_spec;
 use gpuslice_cdi::{DeviceNode, Mount};
 use gpuslice_registry::{Booking, Gpu, Owner, Reservation, ReservationState};
 use serde_json::Value;
