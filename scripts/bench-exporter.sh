@@ -14,7 +14,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SCRAPES="${1:-500}"
+# Absolute: the config refuses a relative shim path.
 TARGET="${CARGO_TARGET_DIR:-target}"
+case "$TARGET" in /*) ;; *) TARGET="$PWD/$TARGET" ;; esac
 REL="$TARGET/release"
 NODE="/dev/shm/gpuslice-bench-exporter.$$"
 PIDS=()

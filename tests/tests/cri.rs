@@ -3,7 +3,8 @@
 //! (RunPodSandbox with the `gpuslice` runtime handler and pod annotations, CreateContainer,
 //! StartContainer, StopContainer, RemoveContainer, StopPodSandbox, RemovePodSandbox).
 //! The pod annotations reach the container's spec, the sandbox (pause) container is left
-//! alone, the app container gets its slice, and everything is released afterwards.
+//! alone, the app container gets its slice, a sidecar opted out with
+//! `gpuslice.io/gpus.<name>: "0"` gets none, and everything is released afterwards.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
@@ -74,6 +75,8 @@ fn kubelet_style_pod_through_containerd_cri_gets_its_slice() {
             ("gpuslice.io/cores", "30"),
             // The per-container override wins for the container named `app`.
             ("gpuslice.io/memory.app", "3Gi"),
+            // The sidecar wants no GPU from the pod's request.
+            ("gpuslice.io/gpus.sidecar", "0"),
         ],
         logs.path(),
     );
@@ -120,6 +123,34 @@ fn kubelet_style_pod_through_containerd_cri_gets_its_slice() {
     let id = r["id"].as_str().unwrap().to_string();
     let uuid = r["gpus"][0]["uuid"].as_str().unwrap().to_string();
 
+    // The sidecar of the same pod, opted out: created and running with no slice, no GPU
+    // node, no shim, and no second reservation.
+    let sidecar_config = container_config(
+        "sidecar",
+        APP_IMAGE,
+        "echo devices=$(ls /dev | grep nvidia | tr '\\n' ' '); \
+         echo preload=$(cat /etc/ld.so.preload 2>/dev/null); echo READY; exec sleep 600",
+        &[],
+    );
+    let sidecar = cri
+        .create_container(&sandbox, &sidecar_config, &pod)
+        .unwrap_or_else(|e| panic!("CreateContainer (sidecar): {e}\n{}", ctd.log_text()));
+    cri.start_container(&sidecar)
+        .unwrap_or_else(|e| panic!("StartContainer (sidecar): {e}\n{}", ctd.log_text()));
+    let sidecar_out = wait_for_log(&logs.path().join("sidecar.log"), "READY");
+    assert!(sidecar_out.lines().any(|l| l == "devices="), "{sidecar_out}");
+    assert!(sidecar_out.lines().any(|l| l == "preload="), "{sidecar_out}");
+    let sidecar_spec = ctd.bundle_spec(&sidecar);
+    let sidecar_ann = annotations(&sidecar_spec);
+    assert_eq!(sidecar_ann["gpuslice.io/gpus.sidecar"], "0");
+    assert!(
+        !sidecar_ann.contains_key("gpuslice.io/reservation"),
+        "{sidecar_ann:?}"
+    );
+    assert!(!mounts_to(&sidecar_spec, "/etc/ld.so.preload"));
+    assert!(!sidecar_spec.to_string().contains("nvidia"));
+    assert_eq!(node.reservations().len(), 1, "{:?}", node.reservations());
+
     // The pod annotations reached the app container's spec, edited by gpuslice-runtime.
     let spec = ctd.bundle_spec(&ctr);
     let ann = annotations(&spec);
@@ -159,7 +190,10 @@ fn kubelet_style_pod_through_containerd_cri_gets_its_slice() {
         assert!(out.lines().any(|l| l == env), "missing {env}: {out}");
     }
 
-    // Tear down like the kubelet: stop and remove the container, then the sandbox.
+    // Tear down like the kubelet: stop and remove the containers, then the sandbox.
+    cri.stop_container(&sidecar, 0).unwrap();
+    cri.remove_container(&sidecar).unwrap();
+    assert_eq!(node.reservations().len(), 1, "{:?}", node.reservations());
     cri.stop_container(&ctr, 0).unwrap();
     cri.remove_container(&ctr).unwrap();
     cri.stop_pod_sandbox(&sandbox).unwrap();

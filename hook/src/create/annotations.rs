@@ -116,8 +116,9 @@ fn integer(key: &str, v: &str, lo: u32, hi: u32) -> Result<u32, AnnotationError>
     }
 }
 
-/// Reads the request of a container from its annotations. Sandbox containers and containers
-/// no gpuslice annotation applies to ask for nothing; a malformed value is an error.
+/// Reads the request of a container from its annotations. Sandbox containers, containers
+/// no gpuslice annotation applies to and containers opted out with
+/// `gpuslice.io/gpus.<container-name>: "0"` ask for nothing; a malformed value is an error.
 pub fn parse_ask(ann: &BTreeMap<String, String>) -> Result<Ask, AnnotationError> {
     if is_sandbox(ann) {
         return Ok(Ask::Sandbox);
@@ -145,14 +146,32 @@ pub fn parse_ask(ann: &BTreeMap<String, String>) -> Result<Ask, AnnotationError>
         return Ok(Ask::Nothing);
     }
 
+    // `gpuslice.io/gpus.<container-name>: "0"`: this container of the pod (a sidecar) wants
+    // no GPU from the pod-level request. Pod-wide, 0 would ask for nothing: refused.
+    let gpus = match value(ann, "gpus", container) {
+        Some((k, v)) => {
+            let per_container = k != format!("{PREFIX}gpus");
+            let lo = u32::from(!per_container);
+            let accepted = if per_container {
+                format!("a whole number from 0 (no GPU for this container) to {MAX_GPUS}")
+            } else {
+                format!("a whole number from 1 to {MAX_GPUS} (no GPU for one container of a pod: gpuslice.io/gpus.<container-name>: \"0\")")
+            };
+            match integer(&k, v, lo, MAX_GPUS).map_err(|_| bad(&k, v, accepted))? {
+                0 => return Ok(Ask::Nothing),
+                n => Some(n),
+            }
+        }
+        None => None,
+    };
     let owner = Owner::Container {
         container_id: None,
         process: None,
         kubernetes: kubernetes_ref(ann),
     };
     let mut req = Request::new(owner);
-    if let Some((k, v)) = value(ann, "gpus", container) {
-        req.gpus = integer(&k, v, 1, MAX_GPUS)?;
+    if let Some(n) = gpus {
+        req.gpus = n;
     }
     if let Some((k, v)) = value(ann, "memory", container) {
         let q = parse_quantity(v).map_err(|_| bad(&k, v, ACCEPTED_QUANTITY))?;
@@ -301,6 +320,49 @@ mod tests {
             ("io.kubernetes.container.name", "sidecar"),
         ]);
         assert_eq!(parse_ask(&sidecar), Ok(Ask::Nothing));
+    }
+
+    #[test]
+    fn zero_gpus_for_one_container_opts_it_out_of_the_pod_request() {
+        let pod = |name: &str| {
+            ann(&[
+                ("gpuslice.io/memory", "8Gi"),
+                ("gpuslice.io/cores", "30"),
+                ("gpuslice.io/gpus.sidecar", "0"),
+                ("io.kubernetes.cri.container-name", name),
+            ])
+        };
+        assert_eq!(parse_ask(&pod("sidecar")), Ok(Ask::Nothing));
+        let app = slice(&[
+            ("gpuslice.io/memory", "8Gi"),
+            ("gpuslice.io/gpus.sidecar", "0"),
+            ("io.kubernetes.cri.container-name", "app"),
+        ]);
+        assert_eq!((app.gpus, app.memory), (1, Some(Quantity::Bytes(8 << 30))));
+        assert!(matches!(parse_ask(&pod("app")), Ok(Ask::Slice(_))));
+        // A per-container count other than 0 is still a request, in range.
+        let two = slice(&[
+            ("gpuslice.io/memory", "8Gi"),
+            ("gpuslice.io/gpus.app", "2"),
+            ("io.kubernetes.cri.container-name", "app"),
+        ]);
+        assert_eq!(two.gpus, 2);
+        let e = parse_ask(&ann(&[
+            ("gpuslice.io/gpus.app", "17"),
+            ("io.kubernetes.cri.container-name", "app"),
+        ]))
+        .expect_err("17 GPUs");
+        assert!(
+            e.to_string()
+                .contains("from 0 (no GPU for this container) to 16"),
+            "{e}"
+        );
+        // Pod-wide, 0 asks for nothing and is refused with the per-container form named.
+        let e = parse_ask(&ann(&[("gpuslice.io/gpus", "0")])).expect_err("0 GPUs");
+        assert!(
+            e.to_string().contains("gpuslice.io/gpus.<container-name>"),
+            "{e}"
+        );
     }
 
     #[test]
