@@ -138,8 +138,14 @@ fn kubelet_style_pod_through_containerd_cri_gets_its_slice() {
     cri.start_container(&sidecar)
         .unwrap_or_else(|e| panic!("StartContainer (sidecar): {e}\n{}", ctd.log_text()));
     let sidecar_out = wait_for_log(&logs.path().join("sidecar.log"), "READY");
-    assert!(sidecar_out.lines().any(|l| l == "devices="), "{sidecar_out}");
-    assert!(sidecar_out.lines().any(|l| l == "preload="), "{sidecar_out}");
+    assert!(
+        sidecar_out.lines().any(|l| l == "devices="),
+        "{sidecar_out}"
+    );
+    assert!(
+        sidecar_out.lines().any(|l| l == "preload="),
+        "{sidecar_out}"
+    );
     let sidecar_spec = ctd.bundle_spec(&sidecar);
     let sidecar_ann = annotations(&sidecar_spec);
     assert_eq!(sidecar_ann["gpuslice.io/gpus.sidecar"], "0");
