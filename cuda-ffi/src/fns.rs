@@ -68,6 +68,8 @@ pfns! {
     PFN_cuCtxPopCurrent_v2(*mut CUcontext);
     PFN_cuCtxGetDevice(*mut CUdevice);
     PFN_cuCtxSynchronize();
+    PFN_cuCtxSetLimit(CUlimit, usize);
+    PFN_cuCtxGetLimit(*mut usize, CUlimit);
 
     // Memory: linear, pitched, managed.
     PFN_cuMemGetInfo_v2(*mut usize, *mut usize);
@@ -86,6 +88,8 @@ pfns! {
     PFN_cuMemPoolTrimTo(CUmemoryPool, usize);
     PFN_cuMemAllocFromPoolAsync(*mut CUdeviceptr, usize, CUmemoryPool, CUstream);
     PFN_cuMemAllocFromPoolAsync_ptsz(*mut CUdeviceptr, usize, CUmemoryPool, CUstream);
+    PFN_cuMemPoolSetAttribute(CUmemoryPool, CUmemPool_attribute, *mut c_void);
+    PFN_cuMemPoolGetAttribute(CUmemoryPool, CUmemPool_attribute, *mut c_void);
 
     // Memory: virtual memory management.
     PFN_cuMemCreate(*mut CUmemGenericAllocationHandle, usize, *const CUmemAllocationProp, c_ulonglong);
@@ -116,6 +120,15 @@ pfns! {
     PFN_cuGraphLaunch_ptsz(CUgraphExec, CUstream);
     PFN_cuGraphExecDestroy(CUgraphExec);
     PFN_cuGraphDestroy(CUgraph);
+    PFN_cuGraphClone(*mut CUgraph, CUgraph);
+    PFN_cuGraphAddChildGraphNode(*mut CUgraphNode, CUgraph, *const CUgraphNode, usize, CUgraph);
+    /// CUDA 12.2.
+    PFN_cuGraphAddNode(*mut CUgraphNode, CUgraph, *const CUgraphNode, usize, *mut CUgraphNodeParams);
+    /// CUDA 12.3: with edge data.
+    PFN_cuGraphAddNode_v2(*mut CUgraphNode, CUgraph, *const CUgraphNode, *const CUgraphEdgeData, usize, *mut CUgraphNodeParams);
+    /// `CUDA_GRAPH_INSTANTIATE_PARAMS` is only passed through by gpuslice, so it stays opaque.
+    PFN_cuGraphInstantiateWithParams(*mut CUgraphExec, CUgraph, *mut c_void);
+    PFN_cuGraphInstantiateWithParams_ptsz(*mut CUgraphExec, CUgraph, *mut c_void);
 
     // Modules and launches.
     PFN_cuModuleLoadData(*mut CUmodule, *const c_void);
@@ -147,6 +160,16 @@ pfns! {
     PFN_cuStreamSynchronize_ptsz(CUstream);
     PFN_cuStreamQuery(CUstream);
     PFN_cuStreamQuery_ptsz(CUstream);
+    PFN_cuStreamBeginCapture(CUstream);
+    PFN_cuStreamBeginCapture_ptsz(CUstream);
+    PFN_cuStreamBeginCapture_v2(CUstream, CUstreamCaptureMode);
+    PFN_cuStreamBeginCapture_v2_ptsz(CUstream, CUstreamCaptureMode);
+    PFN_cuStreamEndCapture(CUstream, *mut CUgraph);
+    PFN_cuStreamEndCapture_ptsz(CUstream, *mut CUgraph);
+    PFN_cuStreamIsCapturing(CUstream, *mut CUstreamCaptureStatus);
+    PFN_cuStreamIsCapturing_ptsz(CUstream, *mut CUstreamCaptureStatus);
+    PFN_cuStreamGetCaptureInfo_v2(CUstream, *mut CUstreamCaptureStatus, *mut cuuint64_t, *mut CUgraph, *mut *const CUgraphNode, *mut usize);
+    PFN_cuStreamGetCaptureInfo_v2_ptsz(CUstream, *mut CUstreamCaptureStatus, *mut cuuint64_t, *mut CUgraph, *mut *const CUgraphNode, *mut usize);
 
     // Events.
     PFN_cuEventCreate(*mut CUevent, c_uint);

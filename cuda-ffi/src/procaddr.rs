@@ -113,10 +113,14 @@ pub static PROC_TABLE: &[ProcEntry] = table! {
     "cuGetErrorString" 6000 "cuGetErrorString";
     "cuGetProcAddress" 11030 "cuGetProcAddress";
     "cuGetProcAddress" 12000 "cuGetProcAddress_v2";
+    "cuGraphAddChildGraphNode" 10000 "cuGraphAddChildGraphNode";
     "cuGraphAddKernelNode" 10000 "cuGraphAddKernelNode";
     "cuGraphAddKernelNode" 12000 "cuGraphAddKernelNode_v2";
     "cuGraphAddMemAllocNode" 11040 "cuGraphAddMemAllocNode";
     "cuGraphAddMemFreeNode" 11040 "cuGraphAddMemFreeNode";
+    "cuGraphAddNode" 12020 "cuGraphAddNode";
+    "cuGraphAddNode" 12030 "cuGraphAddNode_v2";
+    "cuGraphClone" 10000 "cuGraphClone";
     "cuGraphCreate" 10000 "cuGraphCreate";
     "cuGraphDestroy" 10000 "cuGraphDestroy";
     "cuGraphExecDestroy" 10000 "cuGraphExecDestroy";

@@ -412,6 +412,82 @@ pub const CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT: CUdriverProcAddressQueryRe
 /// `cuGraphInstantiateWithFlags` flags (subset).
 pub const CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH: c_ulonglong = 1;
 
+/// `CUlimit` (`cuCtxSetLimit` / `cuCtxGetLimit`).
+pub type CUlimit = c_int;
+pub const CU_LIMIT_STACK_SIZE: CUlimit = 0;
+pub const CU_LIMIT_PRINTF_FIFO_SIZE: CUlimit = 1;
+pub const CU_LIMIT_MALLOC_HEAP_SIZE: CUlimit = 2;
+pub const CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH: CUlimit = 3;
+pub const CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT: CUlimit = 4;
+pub const CU_LIMIT_MAX_L2_FETCH_GRANULARITY: CUlimit = 5;
+pub const CU_LIMIT_PERSISTING_L2_CACHE_SIZE: CUlimit = 6;
+
+/// `CUstreamCaptureStatus`.
+pub type CUstreamCaptureStatus = c_int;
+pub const CU_STREAM_CAPTURE_STATUS_NONE: CUstreamCaptureStatus = 0;
+pub const CU_STREAM_CAPTURE_STATUS_ACTIVE: CUstreamCaptureStatus = 1;
+pub const CU_STREAM_CAPTURE_STATUS_INVALIDATED: CUstreamCaptureStatus = 2;
+
+/// `CUstreamCaptureMode`.
+pub type CUstreamCaptureMode = c_int;
+pub const CU_STREAM_CAPTURE_MODE_GLOBAL: CUstreamCaptureMode = 0;
+pub const CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: CUstreamCaptureMode = 1;
+pub const CU_STREAM_CAPTURE_MODE_RELAXED: CUstreamCaptureMode = 2;
+
+/// `CUgraphNodeType` (subset).
+pub type CUgraphNodeType = c_int;
+pub const CU_GRAPH_NODE_TYPE_KERNEL: CUgraphNodeType = 0;
+pub const CU_GRAPH_NODE_TYPE_GRAPH: CUgraphNodeType = 4;
+pub const CU_GRAPH_NODE_TYPE_EMPTY: CUgraphNodeType = 5;
+pub const CU_GRAPH_NODE_TYPE_MEM_ALLOC: CUgraphNodeType = 10;
+pub const CU_GRAPH_NODE_TYPE_MEM_FREE: CUgraphNodeType = 11;
+
+/// The union of `CUgraphNodeParams` as the node types gpuslice reads it: a memory
+/// allocation (`CUDA_MEM_ALLOC_NODE_PARAMS_v2`, laid out as v1), a memory free, a child
+/// graph (`CUDA_CHILD_GRAPH_NODE_PARAMS`), padded to the header's 29 `long long`s.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union CUgraphNodeParamsUnion {
+    pub reserved1: [i64; 29],
+    pub alloc: CUDA_MEM_ALLOC_NODE_PARAMS,
+    /// `CUDA_MEM_FREE_NODE_PARAMS`: the address to free.
+    pub free_dptr: CUdeviceptr,
+    /// `CUDA_CHILD_GRAPH_NODE_PARAMS`: the graph the node embeds (cloned by the driver).
+    pub child_graph: CUgraph,
+}
+
+/// `CUgraphNodeParams` (CUDA 12.2+), what `cuGraphAddNode` takes.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUgraphNodeParams {
+    pub type_: CUgraphNodeType,
+    pub reserved0: [c_int; 3],
+    pub u: CUgraphNodeParamsUnion,
+    pub reserved2: i64,
+}
+
+impl CUgraphNodeParams {
+    /// Parameters of a node of type `type_` with all of its union zeroed.
+    pub fn zeroed(type_: CUgraphNodeType) -> CUgraphNodeParams {
+        CUgraphNodeParams {
+            type_,
+            reserved0: [0; 3],
+            u: CUgraphNodeParamsUnion { reserved1: [0; 29] },
+            reserved2: 0,
+        }
+    }
+}
+
+/// `CUgraphEdgeData` (CUDA 12.3+), passed through by `cuGraphAddNode_v2`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CUgraphEdgeData {
+    pub from_port: u8,
+    pub to_port: u8,
+    pub type_: u8,
+    pub reserved: [u8; 5],
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -437,6 +513,9 @@ mod tests {
         assert_eq!(size_of::<CUexecAffinityParam>(), 8);
         assert_eq!(size_of::<CUctxCreateParams>(), 24);
         assert_eq!(align_of::<CUmemPoolProps>(), 8);
+        assert_eq!(size_of::<CUgraphNodeParams>(), 256);
+        assert_eq!(offset_of!(CUgraphNodeParams, u), 16);
+        assert_eq!(size_of::<CUgraphEdgeData>(), 8);
     }
 
     #[test]

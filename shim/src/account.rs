@@ -23,13 +23,19 @@ pub enum Kind {
     Mipmap,
     /// An instantiated graph holding graph-memory nodes.
     GraphExec,
+    /// A context's device malloc heap grown by `cuCtxSetLimit` (keyed by the context).
+    Heap,
 }
 
+/// One charged allocation.
 #[derive(Debug, Clone, Copy)]
-struct Entry {
-    dev: usize,
-    bytes: u64,
+pub struct Entry {
+    /// Limits index of its device.
+    pub dev: usize,
+    pub bytes: u64,
     ctx: usize,
+    /// The memory pool it came from (0: none); its memory goes back to that pool.
+    pub pool: usize,
 }
 
 #[derive(Default)]
@@ -68,12 +74,20 @@ pub fn target_current(devices: &Devices) -> Result<Target, CUresult> {
     target_on(devices, dev)
 }
 
-/// Charges `bytes` to the slice, or refuses with `CUDA_ERROR_OUT_OF_MEMORY`.
+/// Charges `bytes` to the slice, or refuses with `CUDA_ERROR_OUT_OF_MEMORY`. Before
+/// refusing, what this process's memory pools keep reserved on the device is trimmed (the
+/// driver gives it back) and the reservation is tried once more.
 pub fn reserve(slice: &Slice, t: Target, bytes: u64) -> Result<(), CUresult> {
     let Some(limit) = slice.device(t.idx).map(|d| d.memory_limit) else {
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
     };
-    match slice.usage.reserve(t.idx, bytes, limit) {
+    let mut result = slice.usage.reserve(t.idx, bytes, limit);
+    if matches!(result, Err(UsageError::OutOfMemory { .. }))
+        && crate::hooks::pools::trim_caches(slice, t.idx)
+    {
+        result = slice.usage.reserve(t.idx, bytes, limit);
+    }
+    match result {
         Ok(()) => Ok(()),
         Err(e @ UsageError::OutOfMemory { .. }) => {
             info!("{e}");
@@ -112,18 +126,35 @@ pub fn allocate(
 
 /// Remembers a charged allocation.
 pub fn record(kind: Kind, key: u64, t: Target, bytes: u64) {
+    record_in_pool(kind, key, t, bytes, 0);
+}
+
+/// Remembers a charged allocation from memory pool `pool` (0: none).
+pub fn record_in_pool(kind: Kind, key: u64, t: Target, bytes: u64, pool: usize) {
     let old = TABLES.lock().allocs.insert(
         (kind, key),
         Entry {
             dev: t.idx,
             bytes,
             ctx: t.ctx,
+            pool,
         },
     );
     if let (Some(old), Some(s)) = (old, state::slice()) {
         // The driver reused a handle we never saw freed: the old charge is stale.
         s.usage.release(old.dev, old.bytes);
     }
+}
+
+/// Removes the allocation named by `key` from the tables without giving its charge back
+/// (the caller decides where the charge goes).
+pub fn take(kind: Kind, key: u64) -> Option<Entry> {
+    TABLES.lock().allocs.remove(&(kind, key))
+}
+
+/// The charge of the allocation named by `key`, if any.
+pub fn charged(kind: Kind, key: u64) -> Option<Entry> {
+    TABLES.lock().allocs.get(&(kind, key)).copied()
 }
 
 /// Gives back the allocation named by `key`, if it was charged.

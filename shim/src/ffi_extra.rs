@@ -18,13 +18,6 @@ pub type PFN_cuMemAllocPitch_v1 =
     unsafe extern "C" fn(*mut CUdeviceptr_v1, *mut c_uint, c_uint, c_uint, c_uint) -> CUresult;
 pub type PFN_cuMemFree_v1 = unsafe extern "C" fn(CUdeviceptr_v1) -> CUresult;
 
-/// `CUDA_GRAPH_INSTANTIATE_PARAMS` is only passed through, so it stays opaque.
-pub type PFN_cuGraphInstantiateWithParams =
-    unsafe extern "C" fn(*mut CUgraphExec, CUgraph, *mut c_void) -> CUresult;
-
-/// `cuStreamIsCapturing`: writes a `CUstreamCaptureStatus` (0 = not capturing).
-pub type PFN_cuStreamIsCapturing = unsafe extern "C" fn(CUstream, *mut std::ffi::c_int) -> CUresult;
-
 /// `CUlaunchConfig`: the shim reads only `hStream`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]

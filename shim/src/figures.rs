@@ -20,7 +20,8 @@ pub fn figures(limit: u64, used: u64, phys_total: u64, phys_free: u64) -> Figure
 }
 
 /// The figures of the slice's device `idx` (reclaiming dead processes' memory first), or
-/// all zero for a device the slice does not include.
+/// all zero for a device the slice does not include. A damaged usage file reports the
+/// whole limit as used (nothing free), as allocations are refused then.
 pub fn for_slice(
     slice: &crate::state::Slice,
     idx: Option<usize>,
@@ -29,8 +30,12 @@ pub fn for_slice(
 ) -> Figures {
     match idx.and_then(|i| slice.device(i).map(|d| (i, d.memory_limit))) {
         Some((i, limit)) => {
+            if slice.usage.intact().is_err() {
+                return figures(limit, u64::MAX, phys_total, phys_free);
+            }
             slice.usage.reclaim_dead();
-            figures(limit, slice.usage.used(i), phys_total, phys_free)
+            let used = slice.usage.used(i).max(slice.usage.reserved_here(i));
+            figures(limit, used, phys_total, phys_free)
         }
         None => Figures {
             total: 0,

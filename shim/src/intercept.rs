@@ -5,7 +5,8 @@
 use std::ffi::c_void;
 
 use crate::hooks::{
-    arrays::*, context::*, graph::*, info::*, launch::*, memory::*, nvml::*, procaddr::*, vmm::*,
+    arrays::*, context::*, graph::*, info::*, launch::*, memory::*, nvml::*, pools::*, procaddr::*,
+    vmm::*,
 };
 
 macro_rules! table {
@@ -30,14 +31,16 @@ table! {
     cuInit, cuGetProcAddress, cuGetProcAddress_v2,
     cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2,
     cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v2,
-    cuCtxCreate_v2, cuCtxCreate_v3, cuCtxCreate_v4, cuCtxDestroy, cuCtxDestroy_v2,
+    cuCtxCreate_v2, cuCtxCreate_v3, cuCtxCreate_v4, cuCtxDestroy, cuCtxDestroy_v2, cuCtxSetLimit,
     cuMemGetInfo, cuMemGetInfo_v2, cuDeviceTotalMem, cuDeviceTotalMem_v2,
     cuMemAlloc, cuMemAlloc_v2, cuMemAllocPitch, cuMemAllocPitch_v2, cuMemAllocManaged,
     cuMemFree, cuMemFree_v2, cuMemAllocAsync, cuMemAllocAsync_ptsz, cuMemFreeAsync, cuMemFreeAsync_ptsz,
-    cuMemPoolCreate, cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz,
+    cuMemPoolCreate, cuMemPoolDestroy, cuMemPoolTrimTo, cuMemPoolSetAttribute,
+    cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz,
     cuMemCreate, cuMemRelease,
     cuArrayCreate_v2, cuArray3DCreate_v2, cuArrayDestroy, cuMipmappedArrayCreate, cuMipmappedArrayDestroy,
-    cuGraphAddMemAllocNode, cuGraphInstantiate, cuGraphInstantiate_v2, cuGraphInstantiateWithFlags,
+    cuGraphAddMemAllocNode, cuGraphAddNode, cuGraphAddNode_v2, cuGraphAddChildGraphNode, cuGraphClone,
+    cuGraphInstantiate, cuGraphInstantiate_v2, cuGraphInstantiateWithFlags,
     cuGraphInstantiateWithParams, cuGraphInstantiateWithParams_ptsz, cuGraphExecDestroy, cuGraphDestroy,
     cuLaunchKernel, cuLaunchKernel_ptsz, cuLaunchKernelEx, cuLaunchKernelEx_ptsz,
     cuLaunchCooperativeKernel, cuLaunchCooperativeKernel_ptsz, cuGraphLaunch, cuGraphLaunch_ptsz,
@@ -76,6 +79,13 @@ mod tests {
             "cuArrayDestroy",
             "cuMipmappedArrayCreate",
             "cuGraphAddMemAllocNode",
+            "cuGraphAddNode",
+            "cuGraphAddChildGraphNode",
+            "cuGraphClone",
+            "cuCtxSetLimit",
+            "cuMemPoolSetAttribute",
+            "cuMemPoolTrimTo",
+            "cuMemPoolDestroy",
             "cuGraphInstantiate",
             "cuGraphInstantiateWithFlags",
             "cuGraphInstantiateWithParams",
@@ -91,7 +101,7 @@ mod tests {
             "cuCtxDestroy",
             "cuInit",
         ] {
-            for version in [11000, 11040, 11080, 12000, 12040, 12080] {
+            for version in [11000, 11040, 11080, 12000, 12020, 12030, 12040, 12080] {
                 for flags in [
                     0,
                     gpuslice_cuda_ffi::CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,

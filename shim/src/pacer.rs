@@ -30,6 +30,9 @@ pub const MAX_INFLIGHT: usize = 32;
 pub const TOLERANCE_NS: u64 = 20_000_000;
 /// Longest single sleep, so a thread re-reads the shared clock regularly.
 const MAX_SLEEP_NS: u64 = 50_000_000;
+/// Furthest ahead of now launches can push the shared clock (one launch's cost at a 1 %
+/// share of a 36 s kernel); anything beyond is damage and is not waited for.
+pub const MAX_AHEAD_NS: u64 = 3_600 * 1_000_000_000;
 
 struct Pending {
     start: CUevent,
@@ -196,11 +199,22 @@ fn bound_inflight(slice: &Slice, idx: usize) {
     }
 }
 
-/// Sleeps until the shared clock admits a launch.
+/// Sleeps until the shared clock admits a launch. A clock more than [`MAX_AHEAD_NS`] ahead
+/// of now cannot come from launches (it is damage in the shared file, or a forged record)
+/// and is restarted from now instead of being waited for.
 fn admit(rec: &DeviceRecord) -> u64 {
     loop {
         let now = now_ns();
-        let wait = wait_ns(rec.pace_clock.load(SeqCst), now);
+        let tat = rec.pace_clock.load(SeqCst);
+        if tat.saturating_sub(now) > MAX_AHEAD_NS {
+            crate::log::warning!(
+                "pacer: the shared pacing clock is {} s ahead; restarting it from now",
+                (tat - now) / 1_000_000_000
+            );
+            let _ = rec.pace_clock.compare_exchange(tat, now, SeqCst, SeqCst);
+            continue;
+        }
+        let wait = wait_ns(tat, now);
         if wait == 0 {
             return now;
         }
@@ -227,6 +241,10 @@ pub fn paced_launch(
     };
     if cores == 0 || cores >= 100 || capturing(stream, per_thread) {
         return launch();
+    }
+    if let Err(e) = slice.usage.intact() {
+        crate::log::error!("{e}; paced launch refused");
+        return CUDA_ERROR_ILLEGAL_STATE;
     }
     let ctx = state::current_context() as usize;
     bound_inflight(slice, idx);

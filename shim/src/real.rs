@@ -153,6 +153,19 @@ pub mod cu {
         cuCtxDestroy_v2: PFN_cuCtxDestroy_v2;
         cuCtxGetCurrent: PFN_cuCtxGetCurrent;
         cuCtxGetDevice: PFN_cuCtxGetDevice;
+        cuCtxSetLimit: PFN_cuCtxSetLimit;
+        cuCtxGetLimit: PFN_cuCtxGetLimit;
+        cuDeviceGetMemPool: PFN_cuDeviceGetMemPool;
+        cuMemPoolDestroy: PFN_cuMemPoolDestroy;
+        cuMemPoolTrimTo: PFN_cuMemPoolTrimTo;
+        cuMemPoolSetAttribute: PFN_cuMemPoolSetAttribute;
+        cuMemPoolGetAttribute: PFN_cuMemPoolGetAttribute;
+        cuGraphAddNode: PFN_cuGraphAddNode;
+        cuGraphAddNode_v2: PFN_cuGraphAddNode_v2;
+        cuGraphAddChildGraphNode: PFN_cuGraphAddChildGraphNode;
+        cuGraphClone: PFN_cuGraphClone;
+        cuStreamGetCaptureInfo_v2: PFN_cuStreamGetCaptureInfo_v2;
+        cuStreamGetCaptureInfo_v2_ptsz: PFN_cuStreamGetCaptureInfo_v2_ptsz;
         cuMemGetInfo: PFN_cuMemGetInfo_v1;
         cuMemGetInfo_v2: PFN_cuMemGetInfo_v2;
         cuMemAlloc: PFN_cuMemAlloc_v1;
@@ -181,7 +194,7 @@ pub mod cu {
         cuGraphInstantiate_v2: PFN_cuGraphInstantiate_v2;
         cuGraphInstantiateWithFlags: PFN_cuGraphInstantiateWithFlags;
         cuGraphInstantiateWithParams: PFN_cuGraphInstantiateWithParams;
-        cuGraphInstantiateWithParams_ptsz: PFN_cuGraphInstantiateWithParams;
+        cuGraphInstantiateWithParams_ptsz: PFN_cuGraphInstantiateWithParams_ptsz;
         cuGraphExecDestroy: PFN_cuGraphExecDestroy;
         cuGraphDestroy: PFN_cuGraphDestroy;
         cuGraphLaunch: PFN_cuGraphLaunch;
@@ -200,7 +213,7 @@ pub mod cu {
         cuEventElapsedTime: PFN_cuEventElapsedTime;
         cuEventDestroy_v2: PFN_cuEventDestroy_v2;
         cuStreamIsCapturing: PFN_cuStreamIsCapturing;
-        cuStreamIsCapturing_ptsz: PFN_cuStreamIsCapturing;
+        cuStreamIsCapturing_ptsz: PFN_cuStreamIsCapturing_ptsz;
     }
 }
 

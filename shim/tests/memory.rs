@@ -8,8 +8,24 @@ mod common;
 use common::*;
 
 const APIS: &[&str] = &[
-    "alloc", "pitch", "managed", "async", "pool", "vmm", "array", "graph",
+    "alloc",
+    "pitch",
+    "managed",
+    "async",
+    "pool",
+    "vmm",
+    "array",
+    "array3d",
+    "graph",
+    "graph-node",
+    "capture",
+    "clone",
+    "child",
+    "heap",
 ];
+
+/// Graph APIs: every way of putting an allocation into a graph.
+const GRAPH_APIS: &[&str] = &["graph", "graph-node", "capture", "clone", "child"];
 
 #[test]
 fn every_allocation_path_stops_at_the_limit() {
@@ -26,9 +42,144 @@ fn every_allocation_path_stops_at_the_limit() {
         assert_eq!(u(&v, "mem_total"), 4 * GIB, "{api}: {v}");
         assert_eq!(u(&v, "mem_free"), 0, "{api}: {v}");
     }
-    // Without the shim the same node gives the whole GPU.
-    let bare = run_json(node.bare_probe(&["alloc", "--chunk", "1Gi", "--max", "16Gi"]));
-    assert!(u(&bare, "total") > 4 * GIB, "{bare}");
+    // Without the shim the same node gives the whole GPU, on every path.
+    for api in APIS {
+        let bare =
+            run_json(node.bare_probe(&["alloc", "--chunk", "1Gi", "--max", "8Gi", "--api", api]));
+        assert_eq!(u(&bare, "total"), 8 * GIB, "{api} without the shim: {bare}");
+    }
+}
+
+#[test]
+fn mipmapped_arrays_count_every_level() {
+    let node = SliceNode::new(&[16 * GIB], &[(4 * GIB, 0)]);
+    let v = run_json(node.probe(&["alloc", "--chunk", "512Mi", "--api", "mipmap"]));
+    assert_eq!(v["error"], "CUDA_ERROR_OUT_OF_MEMORY", "{v}");
+    // Two levels: 512 MiB + 128 MiB per array, so six fit in 4 GiB.
+    assert_eq!(u(&v, "chunk"), 640 << 20, "{v}");
+    assert_eq!(
+        (u(&v, "count"), u(&v, "total")),
+        (6, 6 * (640 << 20)),
+        "{v}"
+    );
+    assert_eq!(u(&v, "mem_free"), 4 * GIB - 6 * (640 << 20), "{v}");
+}
+
+#[test]
+fn every_graph_instantiate_variant_is_charged() {
+    let node = SliceNode::new(&[16 * GIB], &[(4 * GIB, 0)]);
+    for api in GRAPH_APIS {
+        for how in ["legacy", "v2", "flags", "params"] {
+            let v = run_json(node.probe(&[
+                "alloc",
+                "--chunk",
+                "1Gi",
+                "--api",
+                api,
+                "--instantiate",
+                how,
+            ]));
+            assert_eq!(v["error"], "CUDA_ERROR_OUT_OF_MEMORY", "{api} {how}: {v}");
+            assert_eq!(u(&v, "total"), 4 * GIB, "{api} {how}: {v}");
+            assert_eq!(u(&v, "mem_free"), 0, "{api} {how}: {v}");
+        }
+    }
+    // cuGraphAddNode before 12.3 (no edge data) is covered too.
+    let v = run_json(node.probe(&[
+        "--cuda-version",
+        "12020",
+        "alloc",
+        "--chunk",
+        "1Gi",
+        "--api",
+        "graph-node",
+    ]));
+    assert_eq!(v["error"], "CUDA_ERROR_OUT_OF_MEMORY", "{v}");
+    assert_eq!(u(&v, "total"), 4 * GIB, "{v}");
+}
+
+#[test]
+fn memory_a_pool_keeps_counts_against_the_limit() {
+    let node = SliceNode::new(&[16 * GIB], &[(4 * GIB, 0)]);
+    // Pools that keep what is freed into them: without the shim they hold the whole GPU.
+    let bare = run_json(node.bare_probe(&[
+        "alloc",
+        "--chunk",
+        "1Gi",
+        "--max",
+        "12Gi",
+        "--api",
+        "pool-keep",
+    ]));
+    assert_eq!(u(&bare, "reserved_peak"), 12 * GIB, "{bare}");
+    // With the shim the kept memory is charged; at the limit the pools are trimmed instead
+    // of the allocation failing, so the driver never holds more than the limit.
+    let v = run_json(node.probe(&[
+        "alloc",
+        "--chunk",
+        "1Gi",
+        "--max",
+        "12Gi",
+        "--api",
+        "pool-keep",
+    ]));
+    assert!(v["error"].is_null(), "trimming makes room: {v}");
+    assert!(u(&v, "reserved_peak") <= 4 * GIB, "{v}");
+    assert!(u(&v, "reserved_peak") >= 3 * GIB, "{v}");
+    // Kept memory is the slice's: another process of the slice gets only the rest.
+    let mut keeper = node
+        .probe(&[
+            "alloc",
+            "--chunk",
+            "1Gi",
+            "--max",
+            "3Gi",
+            "--api",
+            "pool-keep",
+            "--hold",
+            "60",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn keeper");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(keeper.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let kept: serde_json::Value = serde_json::from_str(&line).expect("keeper JSON");
+    let other = run_json(node.probe(&["alloc", "--chunk", "512Mi", "--api", "alloc"]));
+    let info = run_json(node.probe(&["info"]));
+    let _ = keeper.kill();
+    let _ = keeper.wait();
+    assert_eq!(u(&kept, "reserved_peak"), 3 * GIB, "{kept}");
+    assert_eq!(u(&other, "total"), GIB, "{other}");
+    assert_eq!(u(&info, "mem_free"), GIB, "{info}");
+}
+
+#[test]
+fn a_process_with_two_limited_gpus_is_held_to_each_limit() {
+    let node = SliceNode::new(&[16 * GIB, 16 * GIB], &[(4 * GIB, 0), (2 * GIB, 0)]);
+    for api in ["alloc", "async", "graph", "heap"] {
+        let v = run_json(node.probe(&[
+            "multi",
+            "--devices",
+            "0,1",
+            "--chunk",
+            "512Mi",
+            "--api",
+            api,
+        ]));
+        let d = v["devices"].as_array().expect("devices");
+        assert_eq!(d.len(), 2, "{v}");
+        for (dev, limit) in [(0, 4 * GIB), (1, 2 * GIB)] {
+            assert_eq!(d[dev]["error"], "CUDA_ERROR_OUT_OF_MEMORY", "{api}: {v}");
+            assert_eq!(u(&d[dev], "total"), limit, "{api} device {dev}: {v}");
+            assert_eq!(u(&d[dev], "mem_total"), limit, "{api} device {dev}: {v}");
+            assert_eq!(u(&d[dev], "mem_free"), 0, "{api} device {dev}: {v}");
+        }
+    }
 }
 
 #[test]

@@ -348,6 +348,9 @@ pub struct UsageFile {
     fd: AtomicI32,
     /// Our slot index, NO_SLOT, or CLAIMING while a thread claims one.
     slot: AtomicU32,
+    /// What this process reserved per device, kept in its own memory: a slot lowered by
+    /// another writer of the shared file cannot make this process take more than the limit.
+    mine: [AtomicU64; MAX_DEVICES],
 }
 
 impl std::fmt::Debug for UsageFile {
@@ -373,6 +376,7 @@ impl UsageFile {
             identity,
             fd: AtomicI32::new(-1),
             slot: AtomicU32::new(NO_SLOT),
+            mine: std::array::from_fn(|_| AtomicU64::new(0)),
         };
         usage.claim_with(file)?;
         Ok(usage)
@@ -455,7 +459,46 @@ impl UsageFile {
             // the parent's lock, which the parent's copy keeps.
             unsafe { libc::close(fd) };
         }
+        for m in &self.mine {
+            m.store(0, SeqCst);
+        }
         self.slot.store(NO_SLOT, SeqCst);
+    }
+
+    /// Whether the file is still what was mapped: its size (a file truncated under a
+    /// mapping turns loads into SIGBUS) and its header (magic and layout). Checked before
+    /// every reservation and release, so a damaged file refuses instead of crashing; a
+    /// truncation racing with the check itself can still fault (documented in docs/shim.md).
+    pub fn intact(&self) -> Result<(), UsageError> {
+        let fd = self.fd.load(SeqCst);
+        if fd >= 0 {
+            // SAFETY: stat is plain old data; zeroed is a valid value.
+            let mut st: libc::stat = unsafe { std::mem::zeroed() };
+            // SAFETY: fstat on our own descriptor with a live out pointer.
+            if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_size as u64 != USAGE_FILE_SIZE {
+                return Err(UsageError::Size {
+                    path: self.path.clone(),
+                    found: st.st_size.max(0) as u64,
+                });
+            }
+        }
+        let h = self.map.header();
+        if h.magic != USAGE_MAGIC {
+            return Err(UsageError::Magic {
+                path: self.path.clone(),
+            });
+        }
+        if h.version != USAGE_VERSION
+            || h.max_devices as usize != MAX_DEVICES
+            || h.max_slots as usize != MAX_SLOTS
+            || h.slot_size as usize != SLOT_SIZE
+        {
+            return Err(UsageError::Version {
+                path: self.path.clone(),
+                found: h.version,
+            });
+        }
+        Ok(())
     }
 
     fn check_device(&self, device: usize) -> Result<(), UsageError> {
@@ -489,23 +532,38 @@ impl UsageFile {
     }
 
     /// Reserves `bytes` of `device` against `limit` for this process. Past the limit it
-    /// first reclaims dead processes' memory, then refuses with `OutOfMemory`.
+    /// first reclaims dead processes' memory, then refuses with `OutOfMemory`. A damaged
+    /// file (see [`UsageFile::intact`]) or counts that would overflow refuse too. The
+    /// process's own share is the larger of its slot and what it knows it reserved, so a
+    /// slot lowered by someone else cannot raise what this process gets.
     pub fn reserve(&self, device: usize, bytes: u64, limit: u64) -> Result<(), UsageError> {
         self.check_device(device)?;
+        self.intact()?;
+        let refuse = |used: u64| UsageError::OutOfMemory {
+            device,
+            requested: bytes,
+            used,
+            limit,
+        };
         if bytes > limit {
-            let used = self.used(device);
-            return Err(UsageError::OutOfMemory {
-                device,
-                requested: bytes,
-                used,
-                limit,
-            });
+            return Err(refuse(self.used(device)));
         }
         let own = &self.map.slot(self.own_slot()?).used[device];
-        own.fetch_add(bytes, SeqCst);
+        if own
+            .fetch_update(SeqCst, SeqCst, |v| v.checked_add(bytes))
+            .is_err()
+        {
+            return Err(refuse(u64::MAX));
+        }
+        let mine = &self.mine[device];
+        let my_total = mine.fetch_add(bytes, SeqCst).saturating_add(bytes);
         let mut reclaimed = false;
         loop {
-            let total = self.used(device);
+            let slot_now = own.load(SeqCst);
+            let total = self
+                .used(device)
+                .saturating_sub(slot_now)
+                .saturating_add(slot_now.max(my_total));
             if total <= limit {
                 return Ok(());
             }
@@ -515,25 +573,30 @@ impl UsageFile {
                     continue;
                 }
             }
-            own.fetch_sub(bytes, SeqCst);
-            let used = total.saturating_sub(bytes);
-            return Err(UsageError::OutOfMemory {
-                device,
-                requested: bytes,
-                used,
-                limit,
-            });
+            let _ = own.fetch_update(SeqCst, SeqCst, |v| Some(v.saturating_sub(bytes)));
+            let _ = mine.fetch_update(SeqCst, SeqCst, |v| Some(v.saturating_sub(bytes)));
+            return Err(refuse(total.saturating_sub(bytes)));
         }
     }
 
-    /// Returns `bytes` of `device` this process reserved earlier (saturating at zero).
+    /// Returns `bytes` of `device` this process reserved earlier (saturating at zero); the
+    /// slot of a damaged file is left alone.
     pub fn release(&self, device: usize, bytes: u64) {
-        let Some(s) = self.slot_index() else { return };
         if device >= MAX_DEVICES || bytes == 0 {
+            return;
+        }
+        let _ = self.mine[device].fetch_update(SeqCst, SeqCst, |v| Some(v.saturating_sub(bytes)));
+        let Some(s) = self.slot_index() else { return };
+        if self.intact().is_err() {
             return;
         }
         let own = &self.map.slot(s).used[device];
         let _ = own.fetch_update(SeqCst, SeqCst, |v| Some(v.saturating_sub(bytes)));
+    }
+
+    /// Bytes of `device` this process reserved and has not released, from its own memory.
+    pub fn reserved_here(&self, device: usize) -> u64 {
+        self.mine.get(device).map_or(0, |m| m.load(SeqCst))
     }
 
     /// Zeroes every slot whose owner is dead (its lock can be taken). Returns how many

@@ -1,12 +1,15 @@
 //! Initialisation and contexts: `cuInit` is where a process without limits is refused;
 //! contexts cannot be made on a device the slice does not include; destroying or resetting
-//! a context gives back everything allocated in it.
+//! a context gives back everything allocated in it; growing a context's device malloc heap
+//! (`cuCtxSetLimit`) is charged.
 
+use std::collections::HashMap;
 use std::ffi::{c_int, c_uint};
 
 use gpuslice_cuda_ffi::*;
 
-use crate::account;
+use crate::account::{self, Kind};
+use crate::forksafe::ForkSafe;
 use crate::guard::guard;
 use crate::log::warning;
 use crate::state;
@@ -76,6 +79,7 @@ fn forget_primary(dev: CUdevice) {
     if let Some(ctx) = account::primary(dev) {
         account::forget_context(ctx);
         crate::pacer::forget_context(ctx);
+        forget_heap(ctx);
     }
 }
 
@@ -156,6 +160,7 @@ macro_rules! ctx_destroy {
                 if r == CUDA_SUCCESS {
                     account::forget_context(ctx as usize);
                     crate::pacer::forget_context(ctx as usize);
+                    forget_heap(ctx as usize);
                 }
                 r
             })
@@ -164,3 +169,72 @@ macro_rules! ctx_destroy {
 }
 ctx_destroy!(cuCtxDestroy);
 ctx_destroy!(cuCtxDestroy_v2);
+
+/// Each context's malloc heap size before the program first changed it: memory the context
+/// came with, not charged.
+static HEAP_BASE: ForkSafe<HashMap<usize, u64>> = ForkSafe::new(HashMap::new);
+
+/// The heap size of the current context as first seen (the driver's default, 8 MiB, when it
+/// cannot say).
+fn heap_base(ctx: usize) -> u64 {
+    if let Some(b) = HEAP_BASE.lock().get(&ctx).copied() {
+        return b;
+    }
+    let mut v: usize = 8 << 20;
+    if let Some(get) = crate::real::cu::cuCtxGetLimit() {
+        // SAFETY: a valid out pointer; the limit of the current context.
+        if unsafe { get(&mut v, CU_LIMIT_MALLOC_HEAP_SIZE) } != CUDA_SUCCESS {
+            v = 8 << 20;
+        }
+    }
+    *HEAP_BASE.lock().entry(ctx).or_insert(v as u64)
+}
+
+/// `cuCtxSetLimit`: growing the device malloc heap (`CU_LIMIT_MALLOC_HEAP_SIZE`) above what
+/// the context started with takes device memory, so the growth is charged before the driver
+/// is asked (refused with out-of-memory past the limit), given back when the heap shrinks or
+/// the context goes. Other limits pass through.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxSetLimit(limit: CUlimit, value: usize) -> CUresult {
+    guard("cuCtxSetLimit", CUDA_ERROR_UNKNOWN, || {
+        let f = real!(cuCtxSetLimit);
+        if limit != CU_LIMIT_MALLOC_HEAP_SIZE {
+            // SAFETY: the caller's arguments.
+            return unsafe { f(limit, value) };
+        }
+        let (slice, devices) = tri!(state::ready());
+        let t = tri!(account::target_current(devices));
+        let key = t.ctx as u64;
+        let want = (value as u64).saturating_sub(heap_base(t.ctx));
+        let had = account::charged(Kind::Heap, key).map_or(0, |e| e.bytes);
+        if want > had {
+            tri!(account::reserve(slice, t, want - had));
+        }
+        // SAFETY: the caller's arguments.
+        let r = unsafe { f(limit, value) };
+        if r != CUDA_SUCCESS {
+            if want > had {
+                slice.usage.release(t.idx, want - had);
+            }
+            return r;
+        }
+        if want < had {
+            slice.usage.release(t.idx, had - want);
+        }
+        account::take(Kind::Heap, key);
+        if want > 0 {
+            account::record(Kind::Heap, key, t, want);
+        }
+        r
+    })
+}
+
+/// Forgets a destroyed context's heap baseline.
+fn forget_heap(ctx: usize) {
+    HEAP_BASE.lock().remove(&ctx);
+}
+
+/// For the child after `fork`.
+pub fn reset_in_child() {
+    HEAP_BASE.reset_in_child();
+}

@@ -1,12 +1,14 @@
-//! Linear, pitched, managed, stream-ordered and pool allocations and their frees.
+//! Linear, pitched, managed and stream-ordered allocations and their frees (pools, and what
+//! they keep after a free, are in [`crate::hooks::pools`]).
 
 use std::ffi::c_uint;
 
 use gpuslice_cuda_ffi::*;
 
-use crate::account::{self, Kind, Target};
+use crate::account::{self, Kind};
 use crate::ffi_extra::CUdeviceptr_v1;
 use crate::guard::guard;
+use crate::hooks::{graph, pools};
 use crate::sizes::pitch_estimate;
 use crate::state;
 
@@ -18,7 +20,7 @@ fn alloc_current(bytes: u64, call: impl FnOnce() -> Result<u64, CUresult>) -> CU
     account::allocate(slice, t, Kind::Ptr, bytes, call)
 }
 
-fn ok_then<T>(r: CUresult, value: impl FnOnce() -> T) -> Result<T, CUresult> {
+pub fn ok_then<T>(r: CUresult, value: impl FnOnce() -> T) -> Result<T, CUresult> {
     if r == CUDA_SUCCESS {
         Ok(value())
     } else {
@@ -160,11 +162,20 @@ pub unsafe extern "C" fn cuMemAllocPitch(
     })
 }
 
-/// Frees through `call`, then gives the allocation back.
+/// Frees through `call`, then gives the allocation back; a pool allocation's memory goes to
+/// its pool's cache (see [`crate::hooks::pools`]).
 fn free_ptr(ptr: u64, call: impl FnOnce() -> CUresult) -> CUresult {
     let r = call();
     if r == CUDA_SUCCESS {
-        account::forget(Kind::Ptr, ptr);
+        if let Some(e) = account::take(Kind::Ptr, ptr) {
+            if let Some(s) = state::slice() {
+                if e.pool != 0 {
+                    pools::freed(s, e);
+                } else {
+                    s.usage.release(e.dev, e.bytes);
+                }
+            }
+        }
     }
     r
 }
@@ -187,8 +198,10 @@ pub unsafe extern "C" fn cuMemFree(dptr: CUdeviceptr_v1) -> CUresult {
     })
 }
 
+/// `cuMemAllocAsync`: from the current pool of the current device, charged and recorded with
+/// that pool; on a stream in capture, an allocation node of the capture graph instead.
 macro_rules! alloc_async {
-    ($name:ident) => {
+    ($name:ident, $per_thread:expr) => {
         #[no_mangle]
         pub unsafe extern "C" fn $name(
             dptr: *mut CUdeviceptr,
@@ -197,89 +210,43 @@ macro_rules! alloc_async {
         ) -> CUresult {
             guard(stringify!($name), CUDA_ERROR_UNKNOWN, || {
                 let f = real!($name);
-                alloc_current(bytesize as u64, || {
-                    // SAFETY: the caller's arguments; dptr read only after success.
-                    ok_then(unsafe { f(dptr, bytesize, stream) }, || unsafe { *dptr })
+                let (slice, devices) = tri!(state::ready());
+                // SAFETY: the caller's arguments; dptr read only after success.
+                let call = || unsafe { f(dptr, bytesize, stream) };
+                if let Some(graph) = graph::capture_graph(stream, $per_thread) {
+                    return graph::captured(graph, None, bytesize as u64, call);
+                }
+                let dev = tri!(state::current_device());
+                let t = tri!(account::target_on(devices, dev));
+                let pool = pools::current_pool_of(dev).unwrap_or(0);
+                pools::allocate_from(slice, t, pool, bytesize as u64, || {
+                    // SAFETY: the driver wrote dptr on success.
+                    ok_then(call(), || unsafe { *dptr })
                 })
             })
         }
     };
 }
-alloc_async!(cuMemAllocAsync);
-alloc_async!(cuMemAllocAsync_ptsz);
+alloc_async!(cuMemAllocAsync, false);
+alloc_async!(cuMemAllocAsync_ptsz, true);
 
+/// `cuMemFreeAsync`; on a stream in capture the free becomes a graph node that runs with
+/// the graph, so nothing is given back now.
 macro_rules! free_async {
-    ($name:ident) => {
+    ($name:ident, $per_thread:expr) => {
         #[no_mangle]
         pub unsafe extern "C" fn $name(dptr: CUdeviceptr, stream: CUstream) -> CUresult {
             guard(stringify!($name), CUDA_ERROR_UNKNOWN, || {
                 let f = real!($name);
+                if graph::capture_graph(stream, $per_thread).is_some() {
+                    // SAFETY: the caller's arguments.
+                    return unsafe { f(dptr, stream) };
+                }
                 // SAFETY: the caller's arguments.
                 free_ptr(dptr, || unsafe { f(dptr, stream) })
             })
         }
     };
 }
-free_async!(cuMemFreeAsync);
-free_async!(cuMemFreeAsync_ptsz);
-
-/// Pools created through the shim and their CUDA devices.
-static POOLS: crate::forksafe::ForkSafe<std::collections::HashMap<usize, CUdevice>> =
-    crate::forksafe::ForkSafe::new(std::collections::HashMap::new);
-
-#[no_mangle]
-pub unsafe extern "C" fn cuMemPoolCreate(
-    pool: *mut CUmemoryPool,
-    props: *const CUmemPoolProps,
-) -> CUresult {
-    guard("cuMemPoolCreate", CUDA_ERROR_UNKNOWN, || {
-        let f = real!(cuMemPoolCreate);
-        // SAFETY: the caller's arguments.
-        let r = unsafe { f(pool, props) };
-        if r == CUDA_SUCCESS
-            && !props.is_null()
-            // SAFETY: on success the driver validated props (checked non-null).
-            && unsafe { (*props).location.type_ } == CU_MEM_LOCATION_TYPE_DEVICE
-        {
-            // SAFETY: as above.
-            let (p, dev) = unsafe { (*pool as usize, (*props).location.id) };
-            POOLS.lock().insert(p, dev);
-        }
-        r
-    })
-}
-
-macro_rules! alloc_from_pool {
-    ($name:ident) => {
-        #[no_mangle]
-        pub unsafe extern "C" fn $name(
-            dptr: *mut CUdeviceptr,
-            bytesize: usize,
-            pool: CUmemoryPool,
-            stream: CUstream,
-        ) -> CUresult {
-            guard(stringify!($name), CUDA_ERROR_UNKNOWN, || {
-                let f = real!($name);
-                let (slice, devices) = tri!(state::ready());
-                let pool_dev = POOLS.lock().get(&(pool as usize)).copied();
-                let t: Target = match pool_dev {
-                    Some(dev) => tri!(account::target_on(devices, dev)),
-                    None => tri!(account::target_current(devices)),
-                };
-                account::allocate(slice, t, Kind::Ptr, bytesize as u64, || {
-                    // SAFETY: the caller's arguments; dptr read only after success.
-                    ok_then(unsafe { f(dptr, bytesize, pool, stream) }, || unsafe {
-                        *dptr
-                    })
-                })
-            })
-        }
-    };
-}
-alloc_from_pool!(cuMemAllocFromPoolAsync);
-alloc_from_pool!(cuMemAllocFromPoolAsync_ptsz);
-
-/// For the child after `fork`.
-pub fn reset_in_child() {
-    POOLS.reset_in_child();
-}
+free_async!(cuMemFreeAsync, false);
+free_async!(cuMemFreeAsync_ptsz, true);

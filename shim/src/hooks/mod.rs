@@ -31,5 +31,6 @@ pub mod info;
 pub mod launch;
 pub mod memory;
 pub mod nvml;
+pub mod pools;
 pub mod procaddr;
 pub mod vmm;

@@ -162,11 +162,19 @@ pub fn pop_current() -> Option<u64> {
     CTX_STACK.with(|s| s.borrow_mut().pop())
 }
 
+/// Default device malloc heap of a context (8 MiB, as on real GPUs); part of a context's
+/// footprint, so only what `cuCtxSetLimit` adds above it is charged.
+pub const DEFAULT_MALLOC_HEAP: u64 = 8 << 20;
+
 /// A context.
 #[derive(Debug)]
 pub struct Context {
     pub ordinal: usize,
     pub default_stream: u64,
+    /// `cuCtxSetLimit` values by `CUlimit` (0 to 6).
+    pub limits: [u64; 7],
+    /// Bytes of the malloc heap charged above [`DEFAULT_MALLOC_HEAP`].
+    pub heap_charge: u64,
 }
 
 /// A device's primary context bookkeeping.
@@ -183,6 +191,8 @@ pub struct Stream {
     pub ctx: u64,
     pub tail: u64,
     pub pending: VecDeque<u64>,
+    /// The graph work is captured into while `cuStreamBeginCapture` is in effect.
+    pub capture: Option<u64>,
 }
 
 /// An event and, once recorded, the time the device reaches it.
@@ -217,10 +227,29 @@ pub struct Allocation {
     pub kind: AllocKind,
 }
 
-/// A memory pool.
+/// A memory pool: freed memory stays reserved (charged) up to the release threshold and is
+/// reused by the pool's next allocations, as the real driver keeps it across
+/// synchronisations (here the excess is released when the free is issued).
 #[derive(Debug)]
 pub struct Pool {
     pub ordinal: usize,
+    /// `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD` (0 by default).
+    pub threshold: u64,
+    /// Bytes of live allocations from the pool.
+    pub used: u64,
+    /// Bytes freed into the pool and kept reserved (still charged).
+    pub cached: u64,
+}
+
+impl Pool {
+    pub fn new(ordinal: usize) -> Pool {
+        Pool {
+            ordinal,
+            threshold: 0,
+            used: 0,
+            cached: 0,
+        }
+    }
 }
 
 /// A physical allocation of `cuMemCreate`.
@@ -240,7 +269,7 @@ pub struct Mapping {
 }
 
 /// A graph node.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub enum GraphNode {
     /// Memory allocation of `bytes` on `ordinal` at `dptr`.
     Alloc {
@@ -250,6 +279,30 @@ pub enum GraphNode {
     },
     /// Frees graph memory (checked when added).
     Free,
+    /// A child graph: a copy of its nodes, made when the node is added.
+    Child(Vec<GraphNode>),
+    /// A node that holds no memory (empty, kernel, captured launches).
+    Other,
+}
+
+impl GraphNode {
+    /// The `(ordinal, bytes)` of every allocation node here, child graphs included.
+    pub fn allocations(&self, out: &mut Vec<(usize, u64)>) {
+        match self {
+            GraphNode::Alloc { ordinal, bytes, .. } => out.push((*ordinal, *bytes)),
+            GraphNode::Child(nodes) => nodes.iter().for_each(|n| n.allocations(out)),
+            GraphNode::Free | GraphNode::Other => {}
+        }
+    }
+
+    /// Whether this node (or a child graph in it) allocates `dptr`.
+    pub fn allocates(&self, dptr: u64) -> bool {
+        match self {
+            GraphNode::Alloc { dptr: a, .. } => *a == dptr,
+            GraphNode::Child(nodes) => nodes.iter().any(|n| n.allocates(dptr)),
+            GraphNode::Free | GraphNode::Other => false,
+        }
+    }
 }
 
 /// A graph.
@@ -370,13 +423,20 @@ impl Objects {
                 ctx,
                 tail: 0,
                 pending: VecDeque::new(),
+                capture: None,
             },
         );
+        let mut limits = [0; 7];
+        limits[CU_LIMIT_STACK_SIZE as usize] = 1024;
+        limits[CU_LIMIT_PRINTF_FIFO_SIZE as usize] = 1 << 20;
+        limits[CU_LIMIT_MALLOC_HEAP_SIZE as usize] = DEFAULT_MALLOC_HEAP;
         self.contexts.insert(
             ctx,
             Context {
                 ordinal,
                 default_stream,
+                limits,
+                heap_charge: 0,
             },
         );
         ctx
@@ -417,6 +477,9 @@ impl Objects {
         let Some(c) = self.contexts.remove(&ctx) else {
             return;
         };
+        if c.heap_charge > 0 {
+            drv.uncharge(c.ordinal, c.heap_charge);
+        }
         let owned = |charge: &Charge| charge.ctx == ctx;
         for (_, a) in self.allocations.iter().filter(|(_, a)| owned(&a.charge)) {
             drv.uncharge(a.charge.ordinal, a.charge.bytes);

@@ -2,13 +2,15 @@
 //! (or `--max` is reached), report the total and the refusal, optionally hold the memory,
 //! then free it. Each path is driven as applications drive it.
 
+use std::cell::Cell;
+use std::ffi::c_void;
 use std::time::Duration;
 
 use serde_json::json;
 
 use gpuslice_cuda_ffi::*;
 
-use crate::cli::{AllocArgs, Api};
+use crate::cli::{AllocArgs, Api, Instantiate, MultiArgs};
 use crate::cuda::{call, Cuda, Device};
 use crate::error::{name, ProbeError};
 use crate::report::{human_bytes, Out};
@@ -17,6 +19,10 @@ use crate::report::{human_bytes, Out};
 const ARRAY_WIDTH: usize = 8192;
 const FLOAT4: u64 = 16;
 const ARRAY_MAX_HEIGHT: usize = 65536;
+/// float4 elements per row and rows per layer of the 3D arrays `--api array3d` creates.
+const ARRAY3D_SIDE: usize = 1024;
+/// Bytes of one 1024 × 1024 float4 layer.
+const ARRAY3D_LAYER: u64 = (ARRAY3D_SIDE * ARRAY3D_SIDE) as u64 * FLOAT4;
 
 /// One successful allocation, as needed to free it.
 enum Held {
@@ -28,11 +34,17 @@ enum Held {
         handle: CUmemGenericAllocationHandle,
     },
     Array(CUarray),
+    Mipmap(CUmipmappedArray),
     Graph {
-        graph: CUgraph,
+        /// Every graph made for it (the built one, its clone or parent), destroyed at free.
+        graphs: Vec<CUgraph>,
         exec: CUgraphExec,
         dptr: CUdeviceptr,
     },
+    /// One step of malloc heap growth (given back together at the end).
+    Heap,
+    /// A pool that keeps the chunk it allocated and freed.
+    Pool(CUmemoryPool),
 }
 
 struct Allocator<'a> {
@@ -42,10 +54,18 @@ struct Allocator<'a> {
     stream: CUstream,
     pool: CUmemoryPool,
     granularity: usize,
+    instantiate: Instantiate,
+    /// The malloc heap size before `--api heap` grew it, and its current size.
+    heap: (usize, Cell<usize>),
 }
 
 impl<'a> Allocator<'a> {
-    fn new(cuda: &'a Cuda, dev: Device, api: Api) -> Result<Self, ProbeError> {
+    fn new(
+        cuda: &'a Cuda,
+        dev: Device,
+        api: Api,
+        instantiate: Instantiate,
+    ) -> Result<Self, ProbeError> {
         let mut a = Allocator {
             cuda,
             dev,
@@ -53,9 +73,16 @@ impl<'a> Allocator<'a> {
             stream: std::ptr::null_mut(),
             pool: std::ptr::null_mut(),
             granularity: 1,
+            instantiate,
+            heap: (0, Cell::new(0)),
         };
-        if matches!(api, Api::Async | Api::Pool | Api::Graph) {
+        if matches!(api, Api::Async | Api::Pool | Api::PoolKeep) || api.is_graph() {
             a.stream = cuda.stream_create()?;
+        }
+        if api == Api::Heap {
+            let mut base = 0usize;
+            call!(cuda, cuCtxGetLimit: PFN_cuCtxGetLimit, &mut base, CU_LIMIT_MALLOC_HEAP_SIZE)?;
+            a.heap = (base, Cell::new(base));
         }
         if api == Api::Pool {
             let props = CUmemPoolProps::pinned_on(a.dev.ordinal);
@@ -77,6 +104,12 @@ impl<'a> Allocator<'a> {
             Api::Array => {
                 let (w, h) = array_shape(chunk)?;
                 w as u64 * h.max(1) as u64 * FLOAT4
+            }
+            Api::Array3d => chunk.div_ceil(ARRAY3D_LAYER) * ARRAY3D_LAYER,
+            Api::Mipmap => {
+                let (w, h) = array_shape(chunk)?;
+                let (w, h) = (w as u64, h.max(1) as u64);
+                (w * h + (w / 2).max(1) * (h / 2).max(1)) * FLOAT4
             }
             _ => chunk,
         })
@@ -124,8 +157,76 @@ impl<'a> Allocator<'a> {
                 call!(cuda, cuArrayCreate: PFN_cuArrayCreate_v2, &mut a, &desc)?;
                 Ok(Held::Array(a))
             }
-            Api::Graph => self.alloc_graph(size),
+            Api::Array3d => {
+                let desc = CUDA_ARRAY3D_DESCRIPTOR {
+                    Width: ARRAY3D_SIDE,
+                    Height: ARRAY3D_SIDE,
+                    Depth: chunk.div_ceil(ARRAY3D_LAYER) as usize,
+                    Format: CU_AD_FORMAT_FLOAT,
+                    NumChannels: 4,
+                    Flags: 0,
+                };
+                let mut a: CUarray = std::ptr::null_mut();
+                call!(cuda, cuArray3DCreate: PFN_cuArray3DCreate_v2, &mut a, &desc)?;
+                Ok(Held::Array(a))
+            }
+            Api::Mipmap => {
+                let (w, h) = array_shape(chunk)?;
+                let desc = CUDA_ARRAY3D_DESCRIPTOR {
+                    Width: w,
+                    Height: h,
+                    Depth: 0,
+                    Format: CU_AD_FORMAT_FLOAT,
+                    NumChannels: 4,
+                    Flags: 0,
+                };
+                let mut m: CUmipmappedArray = std::ptr::null_mut();
+                call!(cuda, cuMipmappedArrayCreate: PFN_cuMipmappedArrayCreate, &mut m, &desc, 2)?;
+                Ok(Held::Mipmap(m))
+            }
+            Api::Graph | Api::GraphNode | Api::Capture | Api::Clone | Api::Child => {
+                self.alloc_graph(size)
+            }
+            Api::Heap => {
+                let next = self.heap.1.get() + size;
+                call!(cuda, cuCtxSetLimit: PFN_cuCtxSetLimit, CU_LIMIT_MALLOC_HEAP_SIZE, next)?;
+                self.heap.1.set(next);
+                Ok(Held::Heap)
+            }
+            Api::PoolKeep => self.alloc_pool_keep(size),
         }
+    }
+
+    /// A new pool that keeps everything freed into it; `size` allocated and freed in it.
+    fn alloc_pool_keep(&self, size: usize) -> Result<Held, ProbeError> {
+        let cuda = self.cuda;
+        let props = CUmemPoolProps::pinned_on(self.dev.ordinal);
+        let mut pool: CUmemoryPool = std::ptr::null_mut();
+        call!(cuda, cuMemPoolCreate: PFN_cuMemPoolCreate, &mut pool, &props)?;
+        let used = (|| {
+            let mut keep = u64::MAX;
+            call!(cuda, cuMemPoolSetAttribute: PFN_cuMemPoolSetAttribute, pool,
+                CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, (&mut keep as *mut u64).cast::<c_void>())?;
+            let mut p: CUdeviceptr = 0;
+            call!(cuda, cuMemAllocFromPoolAsync: PFN_cuMemAllocFromPoolAsync, &mut p, size, pool, self.stream)?;
+            call!(cuda, cuMemFreeAsync: PFN_cuMemFreeAsync, p, self.stream)?;
+            cuda.stream_sync(self.stream)
+        })();
+        match used {
+            Ok(()) => Ok(Held::Pool(pool)),
+            Err(e) => {
+                self.free(Held::Pool(pool));
+                Err(e)
+            }
+        }
+    }
+
+    /// Bytes the driver says pool `pool` holds (live and kept).
+    fn pool_reserved(&self, pool: CUmemoryPool) -> Result<u64, ProbeError> {
+        let mut v = 0u64;
+        call!(self.cuda, cuMemPoolGetAttribute: PFN_cuMemPoolGetAttribute, pool,
+            CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, (&mut v as *mut u64).cast::<c_void>())?;
+        Ok(v)
     }
 
     fn alloc_vmm(&self, size: usize) -> Result<Held, ProbeError> {
@@ -153,9 +254,67 @@ impl<'a> Allocator<'a> {
         }
     }
 
+    /// Builds a graph that allocates `size` (an allocation node added directly, through
+    /// cuGraphAddNode, or by capturing cuMemAllocAsync), takes its clone or wraps it as a
+    /// child graph when asked, instantiates that as `--instantiate` says and launches it.
     fn alloc_graph(&self, size: usize) -> Result<Held, ProbeError> {
         let cuda = self.cuda;
+        let mut graphs: Vec<CUgraph> = Vec::new();
+        let mut exec: CUgraphExec = std::ptr::null_mut();
+        let mut dptr: CUdeviceptr = 0;
+        let built = (|| {
+            let built = self.build_graph(size, &mut dptr)?;
+            graphs.push(built);
+            let target = match self.api {
+                Api::Clone => {
+                    let mut clone: CUgraph = std::ptr::null_mut();
+                    call!(cuda, cuGraphClone: PFN_cuGraphClone, &mut clone, built)?;
+                    graphs.push(clone);
+                    clone
+                }
+                Api::Child => {
+                    let mut parent: CUgraph = std::ptr::null_mut();
+                    call!(cuda, cuGraphCreate: PFN_cuGraphCreate, &mut parent, 0)?;
+                    graphs.push(parent);
+                    let mut node: CUgraphNode = std::ptr::null_mut();
+                    call!(cuda, cuGraphAddChildGraphNode: PFN_cuGraphAddChildGraphNode,
+                        &mut node, parent, std::ptr::null(), 0, built)?;
+                    parent
+                }
+                _ => built,
+            };
+            self.instantiate(&mut exec, target)?;
+            // Real drivers back graph memory at launch; the simulated one at instantiation.
+            call!(cuda, cuGraphLaunch: PFN_cuGraphLaunch, exec, self.stream)?;
+            cuda.stream_sync(self.stream)
+        })();
+        let held = Held::Graph { graphs, exec, dptr };
+        match built {
+            Ok(()) => Ok(held),
+            Err(e) => {
+                self.free(held);
+                Err(e)
+            }
+        }
+    }
+
+    /// A new graph holding one allocation of `size`; its address goes to `dptr`.
+    fn build_graph(&self, size: usize, dptr: &mut CUdeviceptr) -> Result<CUgraph, ProbeError> {
+        let cuda = self.cuda;
         let mut graph: CUgraph = std::ptr::null_mut();
+        if self.api == Api::Capture {
+            call!(cuda, cuStreamBeginCapture: PFN_cuStreamBeginCapture_v2, self.stream, CU_STREAM_CAPTURE_MODE_GLOBAL)?;
+            // Scratch memory allocated and freed inside the graph, as captured code does.
+            let allocated =
+                call!(cuda, cuMemAllocAsync: PFN_cuMemAllocAsync, dptr, size, self.stream)
+                    .and_then(
+                        |()| call!(cuda, cuMemFreeAsync: PFN_cuMemFreeAsync, *dptr, self.stream),
+                    );
+            let ended =
+                call!(cuda, cuStreamEndCapture: PFN_cuStreamEndCapture, self.stream, &mut graph);
+            allocated.and(ended)?;
+            return Ok(graph);
+        }
         call!(cuda, cuGraphCreate: PFN_cuGraphCreate, &mut graph, 0)?;
         let access = CUmemAccessDesc {
             location: CUmemLocation {
@@ -164,32 +323,76 @@ impl<'a> Allocator<'a> {
             },
             flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
-        let mut params = CUDA_MEM_ALLOC_NODE_PARAMS {
+        let alloc = CUDA_MEM_ALLOC_NODE_PARAMS {
             poolProps: CUmemPoolProps::pinned_on(self.dev.ordinal),
             accessDescs: &access,
             accessDescCount: 1,
             bytesize: size,
             dptr: 0,
         };
-        let mut exec: CUgraphExec = std::ptr::null_mut();
-        let built = (|| {
-            let mut node: CUgraphNode = std::ptr::null_mut();
-            call!(cuda, cuGraphAddMemAllocNode: PFN_cuGraphAddMemAllocNode, &mut node, graph, std::ptr::null(), 0, &mut params)?;
-            call!(cuda, cuGraphInstantiateWithFlags: PFN_cuGraphInstantiateWithFlags, &mut exec, graph, 0)?;
-            // Real drivers back graph memory at launch; the simulated one at instantiation.
-            call!(cuda, cuGraphLaunch: PFN_cuGraphLaunch, exec, self.stream)?;
-            cuda.stream_sync(self.stream)
-        })();
-        let held = Held::Graph {
-            graph,
-            exec,
-            dptr: params.dptr,
+        let mut node: CUgraphNode = std::ptr::null_mut();
+        let added = if self.api == Api::GraphNode {
+            let mut params = CUgraphNodeParams::zeroed(CU_GRAPH_NODE_TYPE_MEM_ALLOC);
+            params.u.alloc = alloc;
+            let r = if cuda.version >= 12030 {
+                call!(cuda, cuGraphAddNode: PFN_cuGraphAddNode_v2, &mut node, graph,
+                    std::ptr::null(), std::ptr::null(), 0, &mut params)
+            } else {
+                call!(cuda, cuGraphAddNode: PFN_cuGraphAddNode, &mut node, graph,
+                    std::ptr::null(), 0, &mut params)
+            };
+            // SAFETY: the union holds the allocation parameters written above.
+            *dptr = unsafe { params.u.alloc.dptr };
+            r
+        } else {
+            let mut params = alloc;
+            let r = call!(cuda, cuGraphAddMemAllocNode: PFN_cuGraphAddMemAllocNode,
+                &mut node, graph, std::ptr::null(), 0, &mut params);
+            *dptr = params.dptr;
+            r
         };
-        match built {
-            Ok(()) => Ok(held),
+        match added {
+            Ok(()) => Ok(graph),
             Err(e) => {
-                self.free(held);
+                let _ = call!(cuda, cuGraphDestroy: PFN_cuGraphDestroy, graph);
                 Err(e)
+            }
+        }
+    }
+
+    /// Instantiates `graph` through the entry point `--instantiate` names.
+    fn instantiate(&self, exec: &mut CUgraphExec, graph: CUgraph) -> Result<(), ProbeError> {
+        let cuda = self.cuda;
+        match self.instantiate {
+            Instantiate::Flags => {
+                call!(cuda, cuGraphInstantiateWithFlags: PFN_cuGraphInstantiateWithFlags, exec, graph, 0)
+            }
+            Instantiate::Params => {
+                // CUDA_GRAPH_INSTANTIATE_PARAMS: flags, upload stream, error node, result.
+                let mut params = [0u64; 4];
+                call!(cuda, cuGraphInstantiateWithParams: PFN_cuGraphInstantiateWithParams,
+                    exec, graph, params.as_mut_ptr().cast::<c_void>())
+            }
+            Instantiate::Legacy | Instantiate::V2 => {
+                let symbol = if self.instantiate == Instantiate::Legacy {
+                    "cuGraphInstantiate"
+                } else {
+                    "cuGraphInstantiate_v2"
+                };
+                // SAFETY: both exports have the pre-12.0 signature.
+                let f: PFN_cuGraphInstantiate = unsafe { cuda.exact(symbol)? };
+                let mut log = [0 as std::ffi::c_char; 64];
+                // SAFETY: valid out pointers and a log buffer of its stated size.
+                let r = unsafe {
+                    f(
+                        exec,
+                        graph,
+                        std::ptr::null_mut(),
+                        log.as_mut_ptr(),
+                        log.len(),
+                    )
+                };
+                crate::error::check(symbol, r)
             }
         }
     }
@@ -209,7 +412,10 @@ impl<'a> Allocator<'a> {
                 call!(cuda, cuMemRelease: PFN_cuMemRelease, handle)
             }
             Held::Array(a) => call!(cuda, cuArrayDestroy: PFN_cuArrayDestroy, a),
-            Held::Graph { graph, exec, dptr } => {
+            Held::Mipmap(m) => call!(cuda, cuMipmappedArrayDestroy: PFN_cuMipmappedArrayDestroy, m),
+            Held::Heap => Ok(()),
+            Held::Pool(pool) => call!(cuda, cuMemPoolDestroy: PFN_cuMemPoolDestroy, pool),
+            Held::Graph { graphs, exec, dptr } => {
                 // Real drivers keep launched graph memory until it is freed like async memory.
                 if dptr != 0 && !exec.is_null() {
                     let _ = call!(cuda, cuMemFreeAsync: PFN_cuMemFreeAsync, dptr, self.stream);
@@ -218,7 +424,9 @@ impl<'a> Allocator<'a> {
                 if !exec.is_null() {
                     let _ = call!(cuda, cuGraphExecDestroy: PFN_cuGraphExecDestroy, exec);
                 }
-                let _ = call!(cuda, cuGraphDestroy: PFN_cuGraphDestroy, graph);
+                for graph in graphs {
+                    let _ = call!(cuda, cuGraphDestroy: PFN_cuGraphDestroy, graph);
+                }
                 call!(cuda, cuDeviceGraphMemTrim: PFN_cuDeviceGraphMemTrim, self.dev.ordinal)
             }
         };
@@ -226,6 +434,9 @@ impl<'a> Allocator<'a> {
 
     fn finish(&self) {
         let cuda = self.cuda;
+        if self.api == Api::Heap && self.heap.1.get() != self.heap.0 {
+            let _ = call!(cuda, cuCtxSetLimit: PFN_cuCtxSetLimit, CU_LIMIT_MALLOC_HEAP_SIZE, self.heap.0);
+        }
         if !self.pool.is_null() {
             let _ = call!(cuda, cuMemPoolDestroy: PFN_cuMemPoolDestroy, self.pool);
         }
@@ -262,9 +473,22 @@ fn array_shape(chunk: u64) -> Result<(usize, usize), ProbeError> {
     Ok((ARRAY_WIDTH, height))
 }
 
-pub fn run(cuda: &Cuda, out: Out, ordinal: i32, args: &AllocArgs) -> Result<(), ProbeError> {
+/// One device filled by `alloc`: what was allocated and why it stopped.
+struct Filled<'a> {
+    a: Allocator<'a>,
+    held: Vec<Held>,
+    chunk: u64,
+    total: u64,
+    max: u64,
+    refusal: Option<(&'static str, CUresult)>,
+    /// `--api pool-keep`: the most the driver said the pools held together at once.
+    reserved_peak: u64,
+}
+
+/// Opens device `ordinal` and allocates through `args.api` until refused or `--max`.
+fn fill<'a>(cuda: &'a Cuda, ordinal: i32, args: &AllocArgs) -> Result<Filled<'a>, ProbeError> {
     let dev = cuda.open_device(ordinal)?;
-    let a = Allocator::new(cuda, dev, args.api)?;
+    let a = Allocator::new(cuda, dev, args.api, args.instantiate)?;
     let chunk = a.effective_chunk(args.chunk)?;
     // Without --max, stop at twice the device's memory: managed memory may oversubscribe a
     // real GPU instead of being refused.
@@ -274,6 +498,7 @@ pub fn run(cuda: &Cuda, out: Out, ordinal: i32, args: &AllocArgs) -> Result<(), 
     };
     let mut held = Vec::new();
     let mut total = 0u64;
+    let mut reserved_peak = 0u64;
     let refusal = loop {
         if total + chunk > max {
             break None;
@@ -286,55 +511,123 @@ pub fn run(cuda: &Cuda, out: Out, ordinal: i32, args: &AllocArgs) -> Result<(), 
             Err(ProbeError::Cuda { call, code }) => break Some((call, code)),
             Err(e) => return Err(e),
         }
+        if args.api == Api::PoolKeep {
+            let mut reserved = 0u64;
+            for h in &held {
+                if let Held::Pool(p) = h {
+                    reserved += a.pool_reserved(*p)?;
+                }
+            }
+            reserved_peak = reserved_peak.max(reserved);
+        }
     };
-    let (free, mem_total) = cuda.mem_info()?;
-    let (error, call) = match refusal {
-        Some((call, code)) => (Some(name(code)), Some(call)),
-        None => (None, None),
-    };
-    out.emit(
-        json!({
+    Ok(Filled {
+        a,
+        held,
+        chunk,
+        total,
+        max,
+        refusal,
+        reserved_peak,
+    })
+}
+
+impl Filled<'_> {
+    /// The JSON report, with `cuMemGetInfo` of the current (this device's) context.
+    fn report(&self, api: Api) -> Result<serde_json::Value, ProbeError> {
+        let (free, mem_total) = self.a.cuda.mem_info()?;
+        let (error, call) = match self.refusal {
+            Some((call, code)) => (Some(name(code)), Some(call)),
+            None => (None, None),
+        };
+        let mut v = json!({
             "cmd": "alloc",
-            "api": args.api.as_str(),
-            "chunk": chunk,
-            "count": held.len(),
-            "total": total,
+            "api": api.as_str(),
+            "device": self.a.dev.ordinal,
+            "chunk": self.chunk,
+            "count": self.held.len(),
+            "total": self.total,
             "error": error,
             "call": call,
             "mem_free": free,
             "mem_total": mem_total,
-            "max": max,
-        }),
-        || {
-            let end = match (&error, call) {
-                (Some(e), Some(c)) => format!("refused by {c}: {e}"),
-                _ => format!("stopped at {}", human_bytes(max)),
-            };
-            format!(
-                "alloc ({}): {} × {} = {} allocated; {end}; cuMemGetInfo free {} of {}",
-                args.api.as_str(),
-                held.len(),
-                human_bytes(chunk),
-                human_bytes(total),
-                human_bytes(free),
-                human_bytes(mem_total)
-            )
-        },
-    );
+            "max": self.max,
+        });
+        if api == Api::PoolKeep {
+            v["reserved_peak"] = json!(self.reserved_peak);
+        }
+        Ok(v)
+    }
+
+    /// A refusal other than out-of-memory is the probe's error.
+    fn outcome(&self) -> Result<(), ProbeError> {
+        match self.refusal {
+            Some((call, code)) if code != CUDA_ERROR_OUT_OF_MEMORY => {
+                Err(ProbeError::Cuda { call, code })
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+pub fn run(cuda: &Cuda, out: Out, ordinal: i32, args: &AllocArgs) -> Result<(), ProbeError> {
+    let f = fill(cuda, ordinal, args)?;
+    let v = f.report(args.api)?;
+    out.emit(v.clone(), || {
+        let end = match (&v["error"].as_str(), v["call"].as_str()) {
+            (Some(e), Some(c)) => format!("refused by {c}: {e}"),
+            _ => format!("stopped at {}", human_bytes(f.max)),
+        };
+        format!(
+            "alloc ({}): {} × {} = {} allocated; {end}; cuMemGetInfo free {} of {}",
+            args.api.as_str(),
+            f.held.len(),
+            human_bytes(f.chunk),
+            human_bytes(f.total),
+            human_bytes(v["mem_free"].as_u64().unwrap_or(0)),
+            human_bytes(v["mem_total"].as_u64().unwrap_or(0))
+        )
+    });
     if args.hold > 0.0 {
         std::thread::sleep(Duration::from_secs_f64(args.hold));
     }
-    for h in held {
-        a.free(h);
+    let outcome = f.outcome();
+    for h in f.held {
+        f.a.free(h);
     }
-    a.finish();
-    match refusal {
-        Some((_, code)) if code != CUDA_ERROR_OUT_OF_MEMORY => Err(ProbeError::Cuda {
-            call: refusal.map(|r| r.0).unwrap_or("alloc"),
-            code,
-        }),
-        _ => Ok(()),
+    f.a.finish();
+    outcome
+}
+
+/// `multi`: fills each device in turn, holding everything, and reports them together.
+/// Memory is given back when the process exits.
+pub fn run_multi(cuda: &Cuda, out: Out, args: &MultiArgs) -> Result<(), ProbeError> {
+    let mut filled = Vec::new();
+    let mut reports = Vec::new();
+    for ordinal in &args.devices {
+        let f = fill(cuda, *ordinal, &args.alloc)?;
+        reports.push(f.report(args.alloc.api)?);
+        filled.push(f);
     }
+    let v = json!({"cmd": "multi", "devices": reports});
+    out.emit(v.clone(), || {
+        reports
+            .iter()
+            .map(|r| {
+                format!(
+                    "device {}: {} allocated, {}",
+                    r["device"],
+                    human_bytes(r["total"].as_u64().unwrap_or(0)),
+                    r["error"].as_str().unwrap_or("not refused")
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    });
+    if args.alloc.hold > 0.0 {
+        std::thread::sleep(Duration::from_secs_f64(args.alloc.hold));
+    }
+    filled.iter().try_for_each(Filled::outcome)
 }
 
 #[cfg(test)]

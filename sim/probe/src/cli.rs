@@ -46,6 +46,8 @@ pub enum Command {
     Info,
     /// Allocate until refused; print the total allocated and the error.
     Alloc(AllocArgs),
+    /// `alloc` on several devices of one process: each filled until refused, all held.
+    Multi(MultiArgs),
     /// Launch spin kernels back to back; print the achieved share of device time.
     Burn(BurnArgs),
     /// Median cost of one call.
@@ -71,6 +73,37 @@ pub enum Api {
     Array,
     /// A graph with a memory-allocation node, instantiated and launched.
     Graph,
+    /// cuArray3DCreate (float4 3D arrays of 1024 × 1024 × depth).
+    Array3d,
+    /// cuMipmappedArrayCreate (float4 2D arrays, two levels).
+    Mipmap,
+    /// A graph with a memory-allocation node added by cuGraphAddNode (CUDA 12.2+).
+    GraphNode,
+    /// A graph built by stream capture (cuStreamBeginCapture/EndCapture) of scratch memory:
+    /// cuMemAllocAsync then cuMemFreeAsync.
+    Capture,
+    /// A clone (cuGraphClone) of a graph with a memory-allocation node.
+    Clone,
+    /// A graph whose child-graph node (cuGraphAddChildGraphNode) allocates.
+    Child,
+    /// The device malloc heap grown by cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE).
+    Heap,
+    /// A fresh pool per chunk with release threshold UINT64_MAX: allocate and free, so the
+    /// pool keeps the memory reserved (reports the pools' peak reserved bytes).
+    PoolKeep,
+}
+
+/// How graphs of the graph APIs are instantiated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Instantiate {
+    /// The exported cuGraphInstantiate (pre-12.0 signature), looked up with dlsym.
+    Legacy,
+    /// The exported cuGraphInstantiate_v2, looked up with dlsym.
+    V2,
+    /// cuGraphInstantiateWithFlags.
+    Flags,
+    /// cuGraphInstantiateWithParams (CUDA 12.0+).
+    Params,
 }
 
 impl Api {
@@ -84,7 +117,23 @@ impl Api {
             Api::Vmm => "vmm",
             Api::Array => "array",
             Api::Graph => "graph",
+            Api::Array3d => "array3d",
+            Api::Mipmap => "mipmap",
+            Api::GraphNode => "graph-node",
+            Api::Capture => "capture",
+            Api::Clone => "clone",
+            Api::Child => "child",
+            Api::Heap => "heap",
+            Api::PoolKeep => "pool-keep",
         }
+    }
+
+    /// Whether this path builds and instantiates a graph.
+    pub fn is_graph(self) -> bool {
+        matches!(
+            self,
+            Api::Graph | Api::GraphNode | Api::Capture | Api::Clone | Api::Child
+        )
     }
 }
 
@@ -113,6 +162,18 @@ pub struct AllocArgs {
     /// Keep the memory this many seconds after printing, then free it.
     #[arg(long, default_value_t = 0.0)]
     pub hold: f64,
+    /// How the graph APIs instantiate their graphs.
+    #[arg(long, value_enum, default_value_t = Instantiate::Flags)]
+    pub instantiate: Instantiate,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct MultiArgs {
+    /// Device ordinals to fill one after the other, all held together: 0,1.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub devices: Vec<i32>,
+    #[command(flatten)]
+    pub alloc: AllocArgs,
 }
 
 #[derive(Debug, clap::Args)]

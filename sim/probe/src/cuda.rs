@@ -147,6 +147,22 @@ impl Cuda {
         Ok(p)
     }
 
+    /// Exported symbol `symbol` looked up with `dlsym` on the library (not by base name), as
+    /// type `F`.
+    ///
+    /// # Safety
+    /// `F` must be the signature of that exported symbol.
+    pub unsafe fn exact<F: Copy>(&self, symbol: &'static str) -> Result<F, ProbeError> {
+        let p = self.lib.sym(symbol).ok_or_else(|| ProbeError::Resolve {
+            name: symbol.into(),
+            version: self.version,
+            how: "dlsym".into(),
+            detail: format!("{} has no symbol {symbol}", self.lib.name),
+        })?;
+        // SAFETY: forwarded to the caller.
+        Ok(unsafe { as_fn(p) })
+    }
+
     /// Base entry point `name` as function type `F`.
     ///
     /// # Safety

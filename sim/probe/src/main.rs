@@ -30,6 +30,7 @@ fn run(cli: &Cli) -> Result<(), ProbeError> {
     match &cli.command {
         Command::Info => info::run(&cuda, out, cli.device, &cli.nvml_lib),
         Command::Alloc(a) => alloc::run(&cuda, out, cli.device, a),
+        Command::Multi(m) => alloc::run_multi(&cuda, out, m),
         Command::Burn(b) => burn::run(&cuda, out, cli.device, b),
         Command::Bench(b) => bench::run(&cuda, out, cli.device, b),
     }

@@ -289,3 +289,47 @@ pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
         Ok(())
     })
 }
+
+/// `cuCtxSetLimit` on the current context. Growing the device malloc heap
+/// (`CU_LIMIT_MALLOC_HEAP_SIZE`) beyond the default 8 MiB takes device memory: the excess is
+/// charged (out of memory past capacity) and given back when the heap shrinks or the context
+/// is destroyed. The other limits are stored.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxSetLimit(limit: CUlimit, value: usize) -> CUresult {
+    guard(|| {
+        let d = driver()?;
+        let idx = usize::try_from(limit)
+            .ok()
+            .filter(|l| *l < 7)
+            .ok_or(CUDA_ERROR_UNSUPPORTED_LIMIT)?;
+        let mut o = d.objects();
+        let ctx = o.current()?;
+        let c = o.contexts.get_mut(&ctx).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        if limit == CU_LIMIT_MALLOC_HEAP_SIZE {
+            let want = (value as u64).saturating_sub(driver::DEFAULT_MALLOC_HEAP);
+            if want > c.heap_charge {
+                d.charge(c.ordinal, want - c.heap_charge)?;
+            } else {
+                d.uncharge(c.ordinal, c.heap_charge - want);
+            }
+            c.heap_charge = want;
+        }
+        c.limits[idx] = value as u64;
+        Ok(())
+    })
+}
+
+/// `cuCtxGetLimit` of the current context.
+#[no_mangle]
+pub unsafe extern "C" fn cuCtxGetLimit(value: *mut usize, limit: CUlimit) -> CUresult {
+    guard(|| {
+        let d = driver()?;
+        let idx = usize::try_from(limit)
+            .ok()
+            .filter(|l| *l < 7)
+            .ok_or(CUDA_ERROR_UNSUPPORTED_LIMIT)?;
+        let o = d.objects();
+        let ctx = o.current()?;
+        put(value, o.contexts[&ctx].limits[idx] as usize)
+    })
+}

@@ -1,6 +1,8 @@
-//! Graphs with memory nodes: an allocation node gets its address when added; the memory is
-//! charged when the graph is instantiated and given back when the executable graph is
-//! destroyed. Launching a graph with no kernel nodes takes no device time.
+//! Graphs with memory nodes: an allocation node gets its address when added (directly, through
+//! `cuGraphAddNode`, or by stream capture of `cuMemAllocAsync`); the memory of every
+//! allocation node, those in child graphs and clones included, is charged when the graph is
+//! instantiated and given back when the executable graph is destroyed. Launching a graph
+//! takes no device time.
 
 use std::ffi::{c_char, c_uint, c_ulonglong};
 
@@ -38,6 +40,45 @@ fn check_deps(
     Ok(())
 }
 
+/// Adds a memory-allocation node; writes the address it will have into `params.dptr`.
+fn add_alloc_node(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    num_deps: usize,
+    p: &mut CUDA_MEM_ALLOC_NODE_PARAMS,
+) -> CuResult {
+    let d = driver()?;
+    let props = p.poolProps;
+    if props.allocType != CU_MEM_ALLOCATION_TYPE_PINNED
+        || props.location.type_ != CU_MEM_LOCATION_TYPE_DEVICE
+        || p.bytesize == 0
+        || node.is_null()
+    {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let ord = d
+        .ordinal(props.location.id)
+        .map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+    let gid = id_of(graph);
+    let mut o = d.objects();
+    check_deps(&o, gid, deps, num_deps)?;
+    let dptr = o.new_va(p.bytesize as u64, 0)?;
+    let nid = o.new_id();
+    if let Some(g) = o.graphs.get_mut(&gid) {
+        g.nodes.push((
+            nid,
+            GraphNode::Alloc {
+                ordinal: ord,
+                bytes: p.bytesize as u64,
+                dptr,
+            },
+        ));
+    }
+    p.dptr = dptr;
+    put(node, handle(nid))
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuGraphAddMemAllocNode(
     node: *mut CUgraphNode,
@@ -47,37 +88,140 @@ pub unsafe extern "C" fn cuGraphAddMemAllocNode(
     params: *mut CUDA_MEM_ALLOC_NODE_PARAMS,
 ) -> CUresult {
     guard(|| {
-        let d = driver()?;
         let mut p = get(params.cast_const())?;
-        let props = p.poolProps;
-        if props.allocType != CU_MEM_ALLOCATION_TYPE_PINNED
-            || props.location.type_ != CU_MEM_LOCATION_TYPE_DEVICE
-            || p.bytesize == 0
-            || node.is_null()
-        {
+        add_alloc_node(node, graph, deps, num_deps, &mut p)?;
+        put(params, p)
+    })
+}
+
+/// Adds a node holding `n` (a copy of a child graph, or one that holds no memory).
+fn add_plain_node(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    num_deps: usize,
+    n: GraphNode,
+) -> CuResult {
+    let d = driver()?;
+    if node.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let gid = id_of(graph);
+    let mut o = d.objects();
+    check_deps(&o, gid, deps, num_deps)?;
+    let nid = o.new_id();
+    if let Some(g) = o.graphs.get_mut(&gid) {
+        g.nodes.push((nid, n));
+    }
+    put(node, handle(nid))
+}
+
+/// The nodes of graph `child`, copied (the driver clones a child graph into its node).
+fn copy_of(child: CUgraph) -> CuResult<Vec<GraphNode>> {
+    let o = driver()?.objects();
+    let g = o
+        .graphs
+        .get(&id_of(child))
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    Ok(g.nodes.iter().map(|(_, n)| n.clone()).collect())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddChildGraphNode(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    num_deps: usize,
+    child: CUgraph,
+) -> CUresult {
+    guard(|| {
+        let nodes = copy_of(child)?;
+        add_plain_node(node, graph, deps, num_deps, GraphNode::Child(nodes))
+    })
+}
+
+/// `cuGraphAddNode`: the generic form; memory allocation and free, child graph and empty
+/// nodes are simulated, other types are `CUDA_ERROR_NOT_SUPPORTED`.
+fn add_node(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    num_deps: usize,
+    params: *mut CUgraphNodeParams,
+) -> CuResult {
+    let mut p = get(params.cast_const())?;
+    match p.type_ {
+        CU_GRAPH_NODE_TYPE_MEM_ALLOC => {
+            // SAFETY: the union is read as the member its type names.
+            let mut alloc = unsafe { p.u.alloc };
+            add_alloc_node(node, graph, deps, num_deps, &mut alloc)?;
+            p.u.alloc = alloc;
+            put(params, p)
+        }
+        CU_GRAPH_NODE_TYPE_MEM_FREE => {
+            // SAFETY: as above.
+            let dptr = unsafe { p.u.free_dptr };
+            // SAFETY: the checks of the dedicated entry point, on the caller's arguments.
+            let r = unsafe { cuGraphAddMemFreeNode(node, graph, deps, num_deps, dptr) };
+            if r == CUDA_SUCCESS {
+                Ok(())
+            } else {
+                Err(r)
+            }
+        }
+        CU_GRAPH_NODE_TYPE_GRAPH => {
+            // SAFETY: as above.
+            let nodes = copy_of(unsafe { p.u.child_graph })?;
+            add_plain_node(node, graph, deps, num_deps, GraphNode::Child(nodes))
+        }
+        CU_GRAPH_NODE_TYPE_EMPTY => add_plain_node(node, graph, deps, num_deps, GraphNode::Other),
+        _ => Err(CUDA_ERROR_NOT_SUPPORTED),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddNode(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    num_deps: usize,
+    params: *mut CUgraphNodeParams,
+) -> CUresult {
+    guard(|| add_node(node, graph, deps, num_deps, params))
+}
+
+/// The 12.3 form; edge data only describes ports, which this simulation does not model.
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddNode_v2(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    _edges: *const CUgraphEdgeData,
+    num_deps: usize,
+    params: *mut CUgraphNodeParams,
+) -> CUresult {
+    guard(|| add_node(node, graph, deps, num_deps, params))
+}
+
+/// `cuGraphClone`: a new graph with copies of every node (allocation nodes keep their
+/// addresses, as a clone's instantiation maps the same graph memory).
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphClone(clone: *mut CUgraph, original: CUgraph) -> CUresult {
+    guard(|| {
+        let d = driver()?;
+        if clone.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let ord = d
-            .ordinal(props.location.id)
-            .map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
-        let gid = id_of(graph);
+        let nodes = copy_of(original)?;
         let mut o = d.objects();
-        check_deps(&o, gid, deps, num_deps)?;
-        let dptr = o.new_va(p.bytesize as u64, 0)?;
-        let nid = o.new_id();
-        if let Some(g) = o.graphs.get_mut(&gid) {
-            g.nodes.push((
-                nid,
-                GraphNode::Alloc {
-                    ordinal: ord,
-                    bytes: p.bytesize as u64,
-                    dptr,
-                },
-            ));
+        let mut g = Graph::default();
+        for n in nodes {
+            let nid = o.new_id();
+            g.nodes.push((nid, n));
         }
-        p.dptr = dptr;
-        put(params, p)?;
-        put(node, handle(nid))
+        let id = o.new_id();
+        o.graphs.insert(id, g);
+        put(clone, handle(id))
     })
 }
 
@@ -101,7 +245,7 @@ pub unsafe extern "C" fn cuGraphAddMemFreeNode(
             .graphs
             .values()
             .flat_map(|g| g.nodes.iter())
-            .any(|(_, n)| matches!(n, GraphNode::Alloc { dptr: a, .. } if *a == dptr));
+            .any(|(_, n)| n.allocates(dptr));
         if !is_graph_memory {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
@@ -123,14 +267,10 @@ fn instantiate(exec: *mut CUgraphExec, graph: CUgraph) -> CuResult {
         .graphs
         .get(&id_of(graph))
         .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    let wanted: Vec<(usize, u64)> = g
-        .nodes
-        .iter()
-        .filter_map(|(_, n)| match n {
-            GraphNode::Alloc { ordinal, bytes, .. } => Some((*ordinal, *bytes)),
-            GraphNode::Free => None,
-        })
-        .collect();
+    let mut wanted: Vec<(usize, u64)> = Vec::new();
+    for (_, n) in &g.nodes {
+        n.allocations(&mut wanted);
+    }
     let mut charged = Vec::with_capacity(wanted.len());
     for (ord, bytes) in wanted {
         if let Err(e) = d.charge(ord, bytes) {
@@ -186,6 +326,43 @@ pub unsafe extern "C" fn cuGraphInstantiate(
     log_size: usize,
 ) -> CUresult {
     guard(|| instantiate_legacy(exec, graph, error_node, log, log_size))
+}
+
+/// `cuGraphInstantiateWithParams`: the parameters' flags and upload stream change nothing
+/// this simulation models; the result is written to `params.result_out` when given.
+fn instantiate_with_params(
+    exec: *mut CUgraphExec,
+    graph: CUgraph,
+    params: *mut std::ffi::c_void,
+) -> CuResult {
+    let r = instantiate(exec, graph);
+    if !params.is_null() {
+        // CUDA_GRAPH_INSTANTIATE_PARAMS: flags (u64), hUploadStream, hErrNode_out, result_out.
+        let result_out = params
+            .cast::<u8>()
+            .wrapping_add(24)
+            .cast::<std::ffi::c_int>();
+        put(result_out, if r.is_ok() { 0 } else { 1 })?;
+    }
+    r
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphInstantiateWithParams(
+    exec: *mut CUgraphExec,
+    graph: CUgraph,
+    params: *mut std::ffi::c_void,
+) -> CUresult {
+    guard(|| instantiate_with_params(exec, graph, params))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphInstantiateWithParams_ptsz(
+    exec: *mut CUgraphExec,
+    graph: CUgraph,
+    params: *mut std::ffi::c_void,
+) -> CUresult {
+    guard(|| instantiate_with_params(exec, graph, params))
 }
 
 #[no_mangle]

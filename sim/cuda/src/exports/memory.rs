@@ -6,7 +6,7 @@ use std::ffi::c_uint;
 
 use gpuslice_cuda_ffi::*;
 
-use crate::driver::{driver, AllocKind, Allocation, Charge, Driver};
+use crate::driver::{driver, AllocKind, Allocation, Charge, Driver, GraphNode};
 use crate::guard::{guard, put, CuResult};
 
 /// Row alignment of pitched allocations.
@@ -27,6 +27,7 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
 }
 
 /// Charges `bytes` on `ord` for context `ctx` and records an allocation at a fresh address.
+/// An allocation from a pool reuses what the pool keeps reserved before charging more.
 pub fn allocate(
     d: &Driver,
     ctx: u64,
@@ -39,7 +40,18 @@ pub fn allocate(
     }
     let mut o = d.objects();
     let va = o.new_va(bytes, 0)?;
-    d.charge(ord, bytes)?;
+    let pool = match kind {
+        AllocKind::Pool(p) => Some(p),
+        _ => None,
+    };
+    let reuse = pool
+        .and_then(|p| o.pools.get(&p))
+        .map_or(0, |p| p.cached.min(bytes));
+    d.charge(ord, bytes - reuse)?;
+    if let Some(p) = pool.and_then(|p| o.pools.get_mut(&p)) {
+        p.cached -= reuse;
+        p.used = p.used.saturating_add(bytes);
+    }
     o.allocations.insert(
         va,
         Allocation {
@@ -54,18 +66,95 @@ pub fn allocate(
     Ok(va)
 }
 
-/// Frees the allocation at `dptr` (exactly its base address).
+/// Frees the allocation at `dptr` (exactly its base address). Memory of a pool goes back to
+/// the pool, which keeps up to its release threshold reserved and releases the rest.
 pub fn free(d: &Driver, dptr: CUdeviceptr) -> CuResult {
     if dptr == 0 {
         return Ok(());
     }
-    let a = d
-        .objects()
+    let mut o = d.objects();
+    let a = o
         .allocations
         .remove(&dptr)
         .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    d.uncharge(a.charge.ordinal, a.charge.bytes);
+    let bytes = a.charge.bytes;
+    let release = match a.kind {
+        AllocKind::Pool(p) => match o.pools.get_mut(&p) {
+            Some(pool) => {
+                pool.used = pool.used.saturating_sub(bytes);
+                let kept = pool.cached.saturating_add(bytes).min(pool.threshold);
+                let released = pool.cached.saturating_add(bytes) - kept;
+                pool.cached = kept;
+                released
+            }
+            None => bytes,
+        },
+        _ => bytes,
+    };
+    drop(o);
+    d.uncharge(a.charge.ordinal, release);
     Ok(())
+}
+
+/// If `stream` is being captured, adds an allocation node of `bytes` to the capture graph
+/// and returns its address (nothing is charged until the graph is instantiated).
+fn captured_alloc(d: &Driver, stream: CUstream, bytes: u64) -> CuResult<Option<CUdeviceptr>> {
+    let mut o = d.objects();
+    let sid = o.stream(stream)?;
+    let Some(g) = o.streams[&sid].capture else {
+        return Ok(None);
+    };
+    if bytes == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let ordinal = o.stream_ordinal(sid)?;
+    let dptr = o.new_va(bytes, 0)?;
+    let nid = o.new_id();
+    let graph = o.graphs.get_mut(&g).ok_or(CUDA_ERROR_ILLEGAL_STATE)?;
+    graph.nodes.push((
+        nid,
+        GraphNode::Alloc {
+            ordinal,
+            bytes,
+            dptr,
+        },
+    ));
+    Ok(Some(dptr))
+}
+
+/// Stream-ordered allocation on a stream (`pool` = `None`: the device's default pool), or an
+/// allocation node when the stream is being captured.
+pub fn alloc_on_stream(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    stream: CUstream,
+    pool: Option<u64>,
+) -> CuResult {
+    let d = driver()?;
+    if dptr.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if let Some(p) = pool {
+        if !d.objects().pools.contains_key(&p) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+    }
+    if let Some(va) = captured_alloc(d, stream, bytesize as u64)? {
+        return put(dptr, va);
+    }
+    let (ctx, ord, pool) = {
+        let mut o = d.objects();
+        let sid = o.stream(stream)?;
+        let ctx = o.streams[&sid].ctx;
+        let ord = o.stream_ordinal(sid)?;
+        let pool = match pool {
+            Some(p) => p,
+            None => crate::exports::pool::default_pool(&mut o, ord),
+        };
+        (ctx, ord, pool)
+    };
+    let va = allocate(d, ctx, ord, bytesize as u64, AllocKind::Pool(pool))?;
+    put(dptr, va)
 }
 
 fn current(d: &Driver) -> CuResult<(u64, usize)> {
@@ -141,32 +230,13 @@ pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
     guard(|| free(driver()?, dptr))
 }
 
-/// Stream-ordered allocation from the default pool of the stream's device. Memory is
-/// charged when the call returns and given back when the free is issued (a pool with
-/// release threshold 0 after synchronisation, without the reuse in between).
-fn alloc_async(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CuResult {
-    let d = driver()?;
-    let (ctx, ord, pool) = {
-        let mut o = d.objects();
-        let sid = o.stream(stream)?;
-        let ctx = o.streams[&sid].ctx;
-        let ord = o.stream_ordinal(sid)?;
-        (ctx, ord, crate::exports::pool::default_pool(&mut o, ord))
-    };
-    if dptr.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    let va = allocate(d, ctx, ord, bytesize as u64, AllocKind::Pool(pool))?;
-    put(dptr, va)
-}
-
 #[no_mangle]
 pub unsafe extern "C" fn cuMemAllocAsync(
     dptr: *mut CUdeviceptr,
     bytesize: usize,
     stream: CUstream,
 ) -> CUresult {
-    guard(|| alloc_async(dptr, bytesize, stream))
+    guard(|| alloc_on_stream(dptr, bytesize, stream, None))
 }
 
 #[no_mangle]
@@ -175,15 +245,22 @@ pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
     bytesize: usize,
     stream: CUstream,
 ) -> CUresult {
-    guard(|| alloc_async(dptr, bytesize, stream))
+    guard(|| alloc_on_stream(dptr, bytesize, stream, None))
 }
 
-/// Only stream-ordered allocations may be freed stream-ordered.
+/// Only stream-ordered allocations may be freed stream-ordered; on a stream being captured
+/// the free becomes a node of the graph (graph memory or not, freed when the graph runs).
 fn free_async(dptr: CUdeviceptr, stream: CUstream) -> CuResult {
     let d = driver()?;
     {
-        let o = d.objects();
-        o.stream(stream)?;
+        let mut o = d.objects();
+        let sid = o.stream(stream)?;
+        if let Some(g) = o.streams[&sid].capture {
+            let nid = o.new_id();
+            let graph = o.graphs.get_mut(&g).ok_or(CUDA_ERROR_ILLEGAL_STATE)?;
+            graph.nodes.push((nid, GraphNode::Free));
+            return Ok(());
+        }
         match o.allocations.get(&dptr) {
             Some(a) if matches!(a.kind, AllocKind::Pool(_)) => {}
             _ => return Err(CUDA_ERROR_INVALID_VALUE),

@@ -119,6 +119,14 @@ fn launch(
             return Err(CUDA_ERROR_INVALID_HANDLE);
         }
         let sid = o.stream(stream)?;
+        if let Some(g) = o.streams[&sid].capture {
+            // Captured: the launch becomes a node of the graph being built.
+            let nid = o.new_id();
+            if let Some(graph) = o.graphs.get_mut(&g) {
+                graph.nodes.push((nid, crate::driver::GraphNode::Other));
+            }
+            return Ok(());
+        }
         let ord = o.stream_ordinal(sid)?;
         let clock_khz = u128::from(d.device(ord).clock_khz.max(1));
         let duration =
@@ -137,10 +145,10 @@ fn launch(
             sleep_until(wait);
             continue;
         }
-        let scheduled = d
-            .node
-            .state()
-            .schedule_by(&d.slot, d.ordinals[ord], now.max(s.tail), duration);
+        let scheduled =
+            d.node
+                .state()
+                .schedule_by(&d.slot, d.ordinals[ord], now.max(s.tail), duration);
         s.tail = scheduled.end;
         s.pending.push_back(scheduled.end);
         return Ok(());

@@ -1,11 +1,13 @@
 //! Memory pools (`cuMemPoolCreate`, `cuMemAllocFromPoolAsync`): allocations from a pool are
-//! charged like any other; a destroyed pool's outstanding allocations stay valid until freed,
-//! as the driver documents.
+//! charged like any other; freed memory stays reserved in the pool up to its release
+//! threshold (`cuMemPoolSetAttribute`) until reused, trimmed or the pool is destroyed; a
+//! destroyed pool's outstanding allocations stay valid until freed, as the driver documents.
 
 use gpuslice_cuda_ffi::*;
 
-use crate::driver::{driver, handle, id_of, AllocKind, Objects, Pool};
-use crate::exports::memory::allocate;
+use std::ffi::{c_int, c_void};
+
+use crate::driver::{driver, handle, id_of, Objects, Pool};
 use crate::guard::{get, guard, put, CuResult};
 
 /// The default pool of ordinal `ord`, created on first use.
@@ -14,7 +16,7 @@ pub fn default_pool(o: &mut Objects, ord: usize) -> u64 {
         return p;
     }
     let id = o.new_id();
-    o.pools.insert(id, Pool { ordinal: ord });
+    o.pools.insert(id, Pool::new(ord));
     o.default_pools[ord] = Some(id);
     id
 }
@@ -40,40 +42,116 @@ pub unsafe extern "C" fn cuMemPoolCreate(
         }
         let mut o = d.objects();
         let id = o.new_id();
-        o.pools.insert(id, Pool { ordinal: ord });
+        o.pools.insert(id, Pool::new(ord));
         put(pool, handle(id))
     })
 }
 
+/// Destroys a pool, releasing what it keeps reserved; its live allocations stay valid.
 #[no_mangle]
 pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
     guard(|| {
         let d = driver()?;
-        let mut o = d.objects();
-        let id = id_of(pool);
-        if o.default_pools.contains(&Some(id)) {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        o.pools
-            .remove(&id)
-            .map(|_| ())
-            .ok_or(CUDA_ERROR_INVALID_VALUE)
+        let removed = {
+            let mut o = d.objects();
+            let id = id_of(pool);
+            if o.default_pools.contains(&Some(id)) {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+            o.pools.remove(&id).ok_or(CUDA_ERROR_INVALID_VALUE)?
+        };
+        d.uncharge(removed.ordinal, removed.cached);
+        Ok(())
     })
 }
 
-/// Freed memory goes back at once here, so there is never anything to trim.
+/// Releases what the pool keeps reserved beyond its live allocations, down to
+/// `min_bytes_to_keep`.
 #[no_mangle]
-pub unsafe extern "C" fn cuMemPoolTrimTo(
+pub unsafe extern "C" fn cuMemPoolTrimTo(pool: CUmemoryPool, min_bytes_to_keep: usize) -> CUresult {
+    guard(|| {
+        let d = driver()?;
+        let (ord, released) = {
+            let mut o = d.objects();
+            let p = o
+                .pools
+                .get_mut(&id_of(pool))
+                .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            let keep = p.cached.min(min_bytes_to_keep as u64);
+            let released = p.cached - keep;
+            p.cached = keep;
+            (p.ordinal, released)
+        };
+        d.uncharge(ord, released);
+        Ok(())
+    })
+}
+
+/// Sets a pool attribute: the release threshold (a `cuuint64_t`; lowering it releases what
+/// is kept above it), the reuse flags (an `int`, accepted) and the high-water marks (reset).
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolSetAttribute(
     pool: CUmemoryPool,
-    _min_bytes_to_keep: usize,
+    attr: CUmemPool_attribute,
+    value: *mut c_void,
 ) -> CUresult {
     guard(|| {
         let d = driver()?;
-        d.objects()
-            .pools
-            .get(&id_of(pool))
-            .map(|_| ())
-            .ok_or(CUDA_ERROR_INVALID_VALUE)
+        let (ord, released) = {
+            let mut o = d.objects();
+            let p = o
+                .pools
+                .get_mut(&id_of(pool))
+                .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            match attr {
+                CU_MEMPOOL_ATTR_RELEASE_THRESHOLD => {
+                    p.threshold = get(value.cast::<u64>().cast_const())?;
+                    let keep = p.cached.min(p.threshold);
+                    let released = p.cached - keep;
+                    p.cached = keep;
+                    (p.ordinal, released)
+                }
+                CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES
+                | CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC
+                | CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES => {
+                    get(value.cast::<c_int>().cast_const())?;
+                    (p.ordinal, 0)
+                }
+                CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH | CU_MEMPOOL_ATTR_USED_MEM_HIGH => (p.ordinal, 0),
+                _ => return Err(CUDA_ERROR_INVALID_VALUE),
+            }
+        };
+        d.uncharge(ord, released);
+        Ok(())
+    })
+}
+
+/// Reads a pool attribute: threshold, reserved (live + kept) and used (live) bytes as
+/// `cuuint64_t` (the high-water marks report the current figures), reuse flags as `int` 1.
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolGetAttribute(
+    pool: CUmemoryPool,
+    attr: CUmemPool_attribute,
+    value: *mut c_void,
+) -> CUresult {
+    guard(|| {
+        let d = driver()?;
+        let o = d.objects();
+        let p = o.pools.get(&id_of(pool)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let bytes = match attr {
+            CU_MEMPOOL_ATTR_RELEASE_THRESHOLD => p.threshold,
+            CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT | CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH => {
+                p.used.saturating_add(p.cached)
+            }
+            CU_MEMPOOL_ATTR_USED_MEM_CURRENT | CU_MEMPOOL_ATTR_USED_MEM_HIGH => p.used,
+            CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES
+            | CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC
+            | CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES => {
+                return put(value.cast::<c_int>(), 1);
+            }
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        };
+        put(value.cast::<u64>(), bytes)
     })
 }
 
@@ -83,19 +161,7 @@ fn alloc_from_pool(
     pool: CUmemoryPool,
     stream: CUstream,
 ) -> CuResult {
-    let d = driver()?;
-    let (ctx, ord, pid) = {
-        let o = d.objects();
-        let sid = o.stream(stream)?;
-        let pid = id_of(pool);
-        let ord = o.pools.get(&pid).ok_or(CUDA_ERROR_INVALID_VALUE)?.ordinal;
-        (o.streams[&sid].ctx, ord, pid)
-    };
-    if dptr.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    let va = allocate(d, ctx, ord, bytesize as u64, AllocKind::Pool(pid))?;
-    put(dptr, va)
+    crate::exports::memory::alloc_on_stream(dptr, bytesize, stream, Some(id_of(pool)))
 }
 
 #[no_mangle]

@@ -1,0 +1,272 @@
+//! Memory pools: allocations from created pools and from a device's default pool, and the
+//! memory a pool keeps reserved after its allocations are freed. A pool with a release
+//! threshold above 0 does not give freed memory back to the device, so a freed pool
+//! allocation stays charged as the pool's cache until the driver says the pool no longer
+//! holds it (reserved minus used bytes, `cuMemPoolGetAttribute`), the pool is trimmed or
+//! destroyed. Before an allocation is refused, this process's pool caches on that device are
+//! trimmed (`cuMemPoolTrimTo(pool, 0)`), so a cache never makes the program fail: it only
+//! loses reuse.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+
+use gpuslice_cuda_ffi::*;
+
+use crate::account::{self, Entry, Kind, Target};
+use crate::forksafe::ForkSafe;
+use crate::guard::guard;
+use crate::real::cu;
+use crate::state::{self, Slice};
+
+/// What the shim knows of one pool.
+#[derive(Debug, Clone, Copy, Default)]
+struct PoolState {
+    /// The CUDA device whose memory it holds (`None` when not a device pool).
+    dev: Option<CUdevice>,
+    /// Limits index and bytes of freed memory the pool keeps, charged to the slice.
+    cache: Option<(usize, u64)>,
+}
+
+static POOLS: ForkSafe<HashMap<usize, PoolState>> = ForkSafe::new(HashMap::new);
+
+/// The CUDA device of pool `pool`, if it was created or looked up through the shim.
+pub fn device_of(pool: usize) -> Option<CUdevice> {
+    POOLS.lock().get(&pool).and_then(|p| p.dev)
+}
+
+/// The current pool of CUDA device `dev` (where `cuMemAllocAsync` allocates), remembered.
+pub fn current_pool_of(dev: CUdevice) -> Option<usize> {
+    let f = cu::cuDeviceGetMemPool()?;
+    let mut pool: CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: a valid out pointer and a device of this process.
+    if unsafe { f(&mut pool, dev) } != CUDA_SUCCESS || pool.is_null() {
+        return None;
+    }
+    let key = pool as usize;
+    POOLS.lock().entry(key).or_default().dev = Some(dev);
+    Some(key)
+}
+
+fn attribute(pool: usize, attr: CUmemPool_attribute) -> Option<u64> {
+    let f = cu::cuMemPoolGetAttribute()?;
+    let mut v: u64 = 0;
+    // SAFETY: the byte-count attributes write a cuuint64_t into the out pointer.
+    let r = unsafe { f(pool as CUmemoryPool, attr, (&mut v as *mut u64).cast()) };
+    (r == CUDA_SUCCESS).then_some(v)
+}
+
+/// Bytes the driver says pool `pool` keeps beyond its live allocations; the release
+/// threshold when it cannot say; 0 when the pool is gone.
+fn driver_cache(pool: usize) -> u64 {
+    match (
+        attribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT),
+        attribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT),
+    ) {
+        (Some(reserved), Some(used)) => reserved.saturating_sub(used),
+        _ => attribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD).unwrap_or(0),
+    }
+}
+
+/// Gives back the part of pool `pool`'s charged cache the driver no longer holds.
+fn settle(slice: &Slice, pool: usize) {
+    let Some((idx, cached)) = POOLS.lock().get(&pool).and_then(|p| p.cache) else {
+        return;
+    };
+    if cached == 0 {
+        return;
+    }
+    let held = driver_cache(pool);
+    if held >= cached {
+        return;
+    }
+    let mut pools = POOLS.lock();
+    if let Some(p) = pools.get_mut(&pool) {
+        if let Some((_, c)) = p.cache.as_mut() {
+            let give = c.saturating_sub(held);
+            *c -= give;
+            slice.usage.release(idx, give);
+        }
+    }
+}
+
+/// A pool allocation's memory went back to its pool: it stays charged as the pool's cache
+/// for as long as the driver keeps it reserved.
+pub fn freed(slice: &Slice, e: Entry) {
+    let kept = {
+        let mut pools = POOLS.lock();
+        let p = pools.entry(e.pool).or_default();
+        match p.cache.get_or_insert((e.dev, 0)) {
+            (idx, c) if *idx == e.dev => {
+                *c = c.saturating_add(e.bytes);
+                true
+            }
+            // A pool holds one device's memory; anything else is given back at once.
+            _ => false,
+        }
+    };
+    if kept {
+        settle(slice, e.pool);
+    } else {
+        slice.usage.release(e.dev, e.bytes);
+    }
+}
+
+/// Trims every pool of this process that keeps charged memory on limits device `idx`;
+/// true when some charge was given back.
+pub fn trim_caches(slice: &Slice, idx: usize) -> bool {
+    let holding: Vec<usize> = POOLS
+        .lock()
+        .iter()
+        .filter(|(_, p)| matches!(p.cache, Some((i, c)) if i == idx && c > 0))
+        .map(|(k, _)| *k)
+        .collect();
+    let Some(trim) = cu::cuMemPoolTrimTo() else {
+        return false;
+    };
+    let before = slice.usage.reserved_here(idx);
+    for pool in holding {
+        // SAFETY: a pool handle the driver gave this process; trimming frees only unused memory.
+        unsafe { trim(pool as CUmemoryPool, 0) };
+        settle(slice, pool);
+    }
+    slice.usage.reserved_here(idx) < before
+}
+
+/// Charges an allocation of `bytes` from pool `pool` (0: unknown), runs it and records it.
+pub fn allocate_from(
+    slice: &Slice,
+    t: Target,
+    pool: usize,
+    bytes: u64,
+    call: impl FnOnce() -> Result<u64, CUresult>,
+) -> CUresult {
+    if let Err(r) = account::reserve(slice, t, bytes) {
+        return r;
+    }
+    match call() {
+        Ok(ptr) => {
+            account::record_in_pool(Kind::Ptr, ptr, t, bytes, pool);
+            if pool != 0 {
+                // The driver may have reused cached memory for it.
+                settle(slice, pool);
+            }
+            CUDA_SUCCESS
+        }
+        Err(r) => {
+            slice.usage.release(t.idx, bytes);
+            r
+        }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolCreate(
+    pool: *mut CUmemoryPool,
+    props: *const CUmemPoolProps,
+) -> CUresult {
+    guard("cuMemPoolCreate", CUDA_ERROR_UNKNOWN, || {
+        let f = real!(cuMemPoolCreate);
+        // SAFETY: the caller's arguments.
+        let r = unsafe { f(pool, props) };
+        if r == CUDA_SUCCESS
+            && !props.is_null()
+            // SAFETY: on success the driver validated props (checked non-null).
+            && unsafe { (*props).location.type_ } == CU_MEM_LOCATION_TYPE_DEVICE
+        {
+            // SAFETY: as above.
+            let (p, dev) = unsafe { (*pool as usize, (*props).location.id) };
+            POOLS.lock().insert(
+                p,
+                PoolState {
+                    dev: Some(dev),
+                    cache: None,
+                },
+            );
+        }
+        r
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
+    guard("cuMemPoolDestroy", CUDA_ERROR_UNKNOWN, || {
+        let f = real!(cuMemPoolDestroy);
+        // SAFETY: the caller's argument.
+        let r = unsafe { f(pool) };
+        if r == CUDA_SUCCESS {
+            let gone = POOLS.lock().remove(&(pool as usize));
+            if let (Some((idx, c)), Some(s)) = (gone.and_then(|p| p.cache), state::slice()) {
+                s.usage.release(idx, c);
+            }
+        }
+        r
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) -> CUresult {
+    guard("cuMemPoolTrimTo", CUDA_ERROR_UNKNOWN, || {
+        let f = real!(cuMemPoolTrimTo);
+        // SAFETY: the caller's arguments.
+        let r = unsafe { f(pool, keep) };
+        if let Some(s) = state::slice() {
+            settle(s, pool as usize);
+        }
+        r
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuMemPoolSetAttribute(
+    pool: CUmemoryPool,
+    attr: CUmemPool_attribute,
+    value: *mut c_void,
+) -> CUresult {
+    guard("cuMemPoolSetAttribute", CUDA_ERROR_UNKNOWN, || {
+        let f = real!(cuMemPoolSetAttribute);
+        // SAFETY: the caller's arguments.
+        let r = unsafe { f(pool, attr, value) };
+        if let Some(s) = state::slice() {
+            settle(s, pool as usize);
+        }
+        r
+    })
+}
+
+macro_rules! alloc_from_pool {
+    ($name:ident, $per_thread:expr) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            dptr: *mut CUdeviceptr,
+            bytesize: usize,
+            pool: CUmemoryPool,
+            stream: CUstream,
+        ) -> CUresult {
+            guard(stringify!($name), CUDA_ERROR_UNKNOWN, || {
+                let f = real!($name);
+                let (slice, devices) = tri!(state::ready());
+                let pool_dev = device_of(pool as usize);
+                // SAFETY: the caller's arguments; dptr read only after success.
+                let call = || unsafe { f(dptr, bytesize, pool, stream) };
+                if let Some(graph) = crate::hooks::graph::capture_graph(stream, $per_thread) {
+                    return crate::hooks::graph::captured(graph, pool_dev, bytesize as u64, call);
+                }
+                let t: Target = match pool_dev {
+                    Some(dev) => tri!(account::target_on(devices, dev)),
+                    None => tri!(account::target_current(devices)),
+                };
+                allocate_from(slice, t, pool as usize, bytesize as u64, || {
+                    // SAFETY: the driver wrote dptr on success.
+                    crate::hooks::memory::ok_then(call(), || unsafe { *dptr })
+                })
+            })
+        }
+    };
+}
+alloc_from_pool!(cuMemAllocFromPoolAsync, false);
+alloc_from_pool!(cuMemAllocFromPoolAsync_ptsz, true);
+
+/// For the child after `fork`.
+pub fn reset_in_child() {
+    POOLS.reset_in_child();
+}
