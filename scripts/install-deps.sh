@@ -13,6 +13,7 @@ PACKAGES=(
   python3 python3-venv          # ziglang (for the portable shim build) comes from PyPI
   iproute2 procps util-linux kmod
   ca-certificates
+  openssl curl                  # scripts/kube-cluster.sh: the test cluster's certificates, health checks
 )
 
 missing=()
@@ -29,4 +30,46 @@ fi
 if ! command -v cargo >/dev/null 2>&1; then
   echo "install-deps: cargo is not on PATH; install the Rust toolchain (rustup) first" >&2
   exit 1
+fi
+
+# Go, for the test control plane's Kubernetes binaries (tests/kube, scripts/kube-cluster.sh): at
+# least the version tests/kube/go.mod names. Debian 12's golang (1.19) is too old, so when no new
+# enough go is present, the Go toolchain of GO_TOOLCHAIN_VERSION is fetched from the Go module
+# proxy as the module golang.org/toolchain (what the go command itself does to switch
+# toolchains) into /usr/local/lib/gpuslice-go and linked as /usr/local/bin/go.
+GO_TOOLCHAIN_VERSION=1.26.8
+go_wanted="$(awk '$1 == "go" { print $2; exit }' "$(dirname "$0")/../tests/kube/go.mod")"
+go_found() {
+  local g v
+  for g in "$(command -v go 2>/dev/null || true)" /usr/local/go/bin/go; do
+    if [ -z "$g" ] || [ ! -x "$g" ]; then continue; fi
+    v="$("$g" env GOVERSION 2>/dev/null)" || continue
+    v="${v#go}"
+    if [ "$(printf '%s\n%s\n' "$go_wanted" "$v" | sort -V | head -n1)" = "$go_wanted" ]; then
+      [ "$g" = "$(command -v go 2>/dev/null || true)" ] || ln -sf "$g" /usr/local/bin/go
+      return 0
+    fi
+  done
+  return 1
+}
+if ! go_found; then
+  arch="$(dpkg --print-architecture)"
+  proxy="${GOPROXY:-https://proxy.golang.org}"
+  proxy="${proxy%%[,|]*}"
+  mod="v0.0.1-go$GO_TOOLCHAIN_VERSION.linux-$arch"
+  dest=/usr/local/lib/gpuslice-go
+  echo "install-deps: no Go >= $go_wanted found: fetching Go $GO_TOOLCHAIN_VERSION from $proxy"
+  tmp="$(mktemp -d)"
+  curl -fsSL --retry 3 -o "$tmp/go.zip" "$proxy/golang.org/toolchain/@v/$mod.zip"
+  python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' "$tmp/go.zip" "$tmp/x"
+  root="$tmp/x/golang.org/toolchain@$mod"
+  # Module zips keep no file modes.
+  chmod +x "$root"/bin/* "$root"/pkg/tool/*/*
+  mkdir -p "$dest"
+  rm -rf "$dest/go$GO_TOOLCHAIN_VERSION"
+  mv "$root" "$dest/go$GO_TOOLCHAIN_VERSION"
+  rm -rf "$tmp"
+  ln -sf "$dest/go$GO_TOOLCHAIN_VERSION/bin/go" /usr/local/bin/go
+  ln -sf "$dest/go$GO_TOOLCHAIN_VERSION/bin/gofmt" /usr/local/bin/gofmt
+  go_found || { echo "install-deps: Go $GO_TOOLCHAIN_VERSION was installed but is not usable" >&2; exit 1; }
 fi
