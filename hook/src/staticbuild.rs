@@ -83,13 +83,19 @@ pub fn full_build(exe: &Path) -> Result<PathBuf, HandoverError> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_full_build_is_found_beside_the_binary_or_in_the_package_and_named_when_missing() {
+    /// A prefix in a temporary directory with `bin/` and `lib/gpuslice/`.
+    fn prefix() -> (tempfile::TempDir, PathBuf, PathBuf) {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
         let bin = dir.path().join("bin");
         let lib = dir.path().join("lib/gpuslice");
         std::fs::create_dir_all(&bin).unwrap_or_else(|e| panic!("{e}"));
         std::fs::create_dir_all(&lib).unwrap_or_else(|e| panic!("{e}"));
+        (dir, bin, lib)
+    }
+
+    #[test]
+    fn the_full_build_is_found_beside_the_binary_or_in_the_package_and_named_when_missing() {
+        let (_dir, bin, lib) = prefix();
         let exe = bin.join("gpuslice");
         // No full build installed: one error naming every place looked at.
         let err = full_build(&exe).err().map(|e| e.to_string());
@@ -141,11 +147,7 @@ mod tests {
 
     #[test]
     fn find_sibling_prefers_an_existing_candidate_and_names_the_first_otherwise() {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
-        let lib = dir.path().join("lib/gpuslice");
-        let bin = dir.path().join("bin");
-        std::fs::create_dir_all(&lib).unwrap_or_else(|e| panic!("{e}"));
-        std::fs::create_dir_all(&bin).unwrap_or_else(|e| panic!("{e}"));
+        let (_dir, bin, lib) = prefix();
         let full = lib.join(FULL_BUILD_NAME);
         assert_eq!(
             find_sibling(&full, "gpuslice-runtime"),

@@ -25,10 +25,10 @@ use toml_edit::{value, Array, DocumentMut, Item, Table, TableLike, Value};
 
 use crate::configure::files::{self, read, Edit, FileError, Op, Plan};
 use crate::configure::registration::{
-    plan_remove_wrapper, Registration, RegistrationError, WRAPPER_NAME,
+    beside, plan_remove_wrapper, Registration, RegistrationError, WRAPPER_NAME,
 };
 use crate::configure::tomldoc::{self, Malformed};
-use crate::node::Node;
+use crate::configure::Engine;
 
 /// containerd's standard config file.
 pub const DEFAULT_CONFIG: &str = "/etc/containerd/config.toml";
@@ -143,38 +143,27 @@ impl Target {
         }
     }
 
-    fn dir(&self) -> PathBuf {
-        self.config
-            .parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_else(|| PathBuf::from("/"))
-    }
-
     /// The drop-in: `conf.d/gpuslice.toml` next to the main config.
     pub fn drop_in(&self) -> PathBuf {
-        self.dir().join(DROP_IN)
+        beside(&self.config, DROP_IN)
     }
 
     /// The runtime wrapper used with a non-default gpuslice config.
     pub fn wrapper(&self) -> PathBuf {
-        self.dir().join(WRAPPER_NAME)
+        beside(&self.config, WRAPPER_NAME)
     }
 }
 
-/// Registers the `gpuslice-runtime` next to this executable with the node's config (or
-/// with `remove`, unregisters it); with `dry_run` only reports.
-pub fn configure(
-    target: &Target,
-    node: &Node,
-    dry_run: bool,
-    remove: bool,
-) -> Result<String, ContainerdError> {
-    let plan = if remove {
-        plan_remove(target)?
-    } else {
-        plan_add(target, &Registration::from_node(node)?)?
-    };
-    Ok(plan.apply(dry_run)?)
+impl Engine for Target {
+    type Error = ContainerdError;
+
+    fn plan_add(&self, reg: &Registration) -> Result<Plan, ContainerdError> {
+        plan_add(self, reg)
+    }
+
+    fn plan_remove(&self) -> Result<Plan, ContainerdError> {
+        plan_remove(self)
+    }
 }
 
 const RESTART: &str = "containerd reads its config only when it starts: restart it to apply (`systemctl restart containerd`); running containers keep running";

@@ -14,10 +14,10 @@ use toml_edit::{value, DocumentMut, Item, Table};
 
 use crate::configure::files::{read, FileError, Op, Plan};
 use crate::configure::registration::{
-    plan_remove_wrapper, Registration, RegistrationError, WRAPPER_NAME,
+    beside, plan_remove_wrapper, Registration, RegistrationError, WRAPPER_NAME,
 };
 use crate::configure::tomldoc::{self, Malformed};
-use crate::node::Node;
+use crate::configure::Engine;
 
 /// CRI-O's standard config file.
 pub const DEFAULT_CONFIG: &str = "/etc/crio/crio.conf";
@@ -79,41 +79,30 @@ impl Target {
         }
     }
 
-    fn dir(&self) -> PathBuf {
-        self.config
-            .parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_else(|| PathBuf::from("/"))
-    }
-
     /// `crio.conf.d/99-gpuslice.conf` next to the main config.
     pub fn drop_in(&self) -> PathBuf {
-        self.dir().join(DROP_IN_DIR).join(DROP_IN_NAME)
+        beside(&self.config, DROP_IN_DIR).join(DROP_IN_NAME)
     }
 
     /// The runtime wrapper used with a non-default gpuslice config.
     pub fn wrapper(&self) -> PathBuf {
-        self.dir().join(WRAPPER_NAME)
+        beside(&self.config, WRAPPER_NAME)
     }
 }
 
 const RESTART: &str =
     "CRI-O reads runtime handlers when it starts: restart it to apply (`systemctl restart crio`)";
 
-/// Registers the `gpuslice-runtime` next to this executable with the node's config (or
-/// with `remove`, unregisters it); with `dry_run` only reports.
-pub fn configure(
-    target: &Target,
-    node: &Node,
-    dry_run: bool,
-    remove: bool,
-) -> Result<String, CrioError> {
-    let plan = if remove {
-        plan_remove(target)?
-    } else {
-        plan_add(target, &Registration::from_node(node)?)?
-    };
-    Ok(plan.apply(dry_run)?)
+impl Engine for Target {
+    type Error = CrioError;
+
+    fn plan_add(&self, reg: &Registration) -> Result<Plan, CrioError> {
+        plan_add(self, reg)
+    }
+
+    fn plan_remove(&self) -> Result<Plan, CrioError> {
+        plan_remove(self)
+    }
 }
 
 /// The changes that register gpuslice.
@@ -185,7 +174,7 @@ fn check_ours(path: &Path) -> Result<(), CrioError> {
 /// refused.
 fn sources(target: &Target, drop_in: &Path) -> Result<Vec<DocumentMut>, CrioError> {
     let mut paths = vec![target.config.clone()];
-    let dir = target.dir().join(DROP_IN_DIR);
+    let dir = beside(&target.config, DROP_IN_DIR);
     match std::fs::read_dir(&dir) {
         Ok(rd) => {
             let mut found: Vec<PathBuf> = rd

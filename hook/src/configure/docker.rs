@@ -10,9 +10,9 @@ use serde_json::{Map, Value};
 
 use crate::configure::files::{self, read, Edit, FileError, Plan};
 use crate::configure::registration::{
-    plan_remove_wrapper, Registration, RegistrationError, WRAPPER_NAME,
+    beside, plan_remove_wrapper, Registration, RegistrationError, WRAPPER_NAME,
 };
-use crate::node::Node;
+use crate::configure::Engine;
 
 /// docker's standard daemon config.
 pub const DEFAULT_CONFIG: &str = "/etc/docker/daemon.json";
@@ -49,29 +49,22 @@ impl Target {
 
     /// The runtime wrapper used with a non-default gpuslice config.
     pub fn wrapper(&self) -> PathBuf {
-        self.config
-            .parent()
-            .map(|d| d.join(WRAPPER_NAME))
-            .unwrap_or_else(|| PathBuf::from(WRAPPER_NAME))
+        beside(&self.config, WRAPPER_NAME)
     }
 }
 
 const RELOAD: &str = "dockerd reloads `runtimes` on SIGHUP: `systemctl reload docker` (or `kill -HUP $(pidof dockerd)`)";
 
-/// Registers the `gpuslice-runtime` next to this executable with the node's config (or
-/// with `remove`, unregisters it); with `dry_run` only reports.
-pub fn configure(
-    target: &Target,
-    node: &Node,
-    dry_run: bool,
-    remove: bool,
-) -> Result<String, DockerError> {
-    let plan = if remove {
-        plan_remove(target)?
-    } else {
-        plan_add(target, &Registration::from_node(node)?)?
-    };
-    Ok(plan.apply(dry_run)?)
+impl Engine for Target {
+    type Error = DockerError;
+
+    fn plan_add(&self, reg: &Registration) -> Result<Plan, DockerError> {
+        plan_add(self, reg)
+    }
+
+    fn plan_remove(&self) -> Result<Plan, DockerError> {
+        plan_remove(self)
+    }
 }
 
 /// The changes that register gpuslice.

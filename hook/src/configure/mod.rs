@@ -10,25 +10,61 @@ pub mod tomldoc;
 
 use crate::cli::ConfigureCommand;
 use crate::commands::out;
+use crate::configure::files::{FileError, Plan};
+use crate::configure::registration::{Registration, RegistrationError};
 use crate::error::Error;
 use crate::node::Node;
+
+/// What the engines that take a runtime (containerd, CRI-O, docker) share: a plan of the
+/// file changes that register gpuslice, and one that removes them again.
+pub trait Engine {
+    type Error: From<FileError> + From<RegistrationError>;
+
+    /// The changes that register `reg` (nothing is written yet).
+    fn plan_add(&self, reg: &Registration) -> Result<Plan, Self::Error>;
+
+    /// The changes that unregister gpuslice.
+    fn plan_remove(&self) -> Result<Plan, Self::Error>;
+}
+
+/// Registers the `gpuslice-runtime` next to this executable with the node's config (or with
+/// `remove`, unregisters it) with `engine`; with `dry_run` only reports.
+pub fn configure<E: Engine>(
+    engine: &E,
+    node: &Node,
+    dry_run: bool,
+    remove: bool,
+) -> Result<String, E::Error> {
+    let plan = if remove {
+        engine.plan_remove()?
+    } else {
+        engine.plan_add(&Registration::from_node(node)?)?
+    };
+    Ok(plan.apply(dry_run)?)
+}
 
 /// Runs `configure <engine>` and prints what changed (or would change).
 pub fn run(node: &Node, command: ConfigureCommand) -> Result<(), Error> {
     let text = match command {
         ConfigureCommand::Podman(a) => podman::configure(node, &a.hooks_dir, a.dry_run, a.remove)?,
-        ConfigureCommand::Containerd(a) => {
-            let target = containerd::Target::new(a.config_path.as_deref());
-            containerd::configure(&target, node, a.dry_run, a.remove)?
-        }
-        ConfigureCommand::Crio(a) => {
-            let target = crio::Target::new(a.config_path.as_deref());
-            crio::configure(&target, node, a.dry_run, a.remove)?
-        }
-        ConfigureCommand::Docker(a) => {
-            let target = docker::Target::new(a.config_path.as_deref());
-            docker::configure(&target, node, a.dry_run, a.remove)?
-        }
+        ConfigureCommand::Containerd(a) => configure(
+            &containerd::Target::new(a.config_path.as_deref()),
+            node,
+            a.dry_run,
+            a.remove,
+        )?,
+        ConfigureCommand::Crio(a) => configure(
+            &crio::Target::new(a.config_path.as_deref()),
+            node,
+            a.dry_run,
+            a.remove,
+        )?,
+        ConfigureCommand::Docker(a) => configure(
+            &docker::Target::new(a.config_path.as_deref()),
+            node,
+            a.dry_run,
+            a.remove,
+        )?,
     };
     out(&text)
 }

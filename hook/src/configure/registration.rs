@@ -113,6 +113,11 @@ fn check_ours(path: &Path) -> Result<(), RegistrationError> {
 }
 
 /// `s` single-quoted for /bin/sh.
+/// `name` in the directory of an engine's config file `config` (`/` when it has none).
+pub fn beside(config: &Path, name: &str) -> PathBuf {
+    config.parent().unwrap_or(Path::new("/")).join(name)
+}
+
 pub fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', "'\\''"))
 }

@@ -163,6 +163,20 @@ mod tests {
         }
     }
 
+    /// Lines that look like hook lines but that clap refuses too, with its own message.
+    const CLAP_REFUSES: &[&[&str]] = &[
+        &[
+            "hook",
+            "poststop",
+            "--reservation",
+            "r1",
+            "--reservation",
+            "r2",
+        ],
+        &["hook", "poststop", "--bogus", "x"],
+        &["hook", "precreate", "--reservation", "r1"],
+    ];
+
     #[test]
     fn anything_else_is_left_to_clap() {
         let lines: &[&[&str]] = &[
@@ -178,20 +192,10 @@ mod tests {
             &["hook", "poststop", "--reservation"],
             &["hook", "poststop", "--reservation", ""],
             &["hook", "poststop", "--reservation", "-r1"],
-            &[
-                "hook",
-                "poststop",
-                "--reservation",
-                "r1",
-                "--reservation",
-                "r2",
-            ],
-            &["hook", "poststop", "--bogus", "x"],
             &["hook", "poststop", "extra"],
             &["hook", "fail"],
             &["hook", "fail", "a", "b"],
             &["hook", "fail", "-x"],
-            &["hook", "precreate", "--reservation", "r1"],
             &["hook", "bogus"],
             &[
                 "--config", "/c.toml", "--config", "/d.toml", "hook", "poststop",
@@ -199,22 +203,10 @@ mod tests {
             &["--config", "hook", "poststop"],
             &["-V"],
         ];
-        for line in lines {
+        for line in lines.iter().chain(CLAP_REFUSES) {
             assert!(parse(&os(line)).is_none(), "{line:?}");
         }
-        // Some of them clap refuses, with its own message.
-        for line in [
-            &[
-                "hook",
-                "poststop",
-                "--reservation",
-                "r1",
-                "--reservation",
-                "r2",
-            ][..],
-            &["hook", "poststop", "--bogus", "x"],
-            &["hook", "precreate", "--reservation", "r1"],
-        ] {
+        for line in CLAP_REFUSES {
             assert!(clap(line).is_err(), "{line:?}");
         }
         // A non-UTF-8 argument.

@@ -42,6 +42,18 @@ fn split_flag(arg: &str) -> (&str, Option<&str>) {
     }
 }
 
+/// The value of the flag at `args[*i]`: its `=value`, else the next argument (then `*i`
+/// moves onto it).
+fn flag_value(args: &[OsString], i: &mut usize, inline: Option<&str>) -> Option<String> {
+    match inline {
+        Some(v) => Some(v.to_string()),
+        None => {
+            *i += 1;
+            args.get(*i).map(|v| v.to_string_lossy().into_owned())
+        }
+    }
+}
+
 /// Parses runc's command line (without the program name).
 pub fn parse_args(args: &[OsString]) -> RuncArgs {
     let mut out = RuncArgs::default();
@@ -56,13 +68,7 @@ pub fn parse_args(args: &[OsString]) -> RuncArgs {
         }
         let (flag, inline) = split_flag(&arg);
         if GLOBAL_VALUE_FLAGS.contains(&flag) {
-            let value = match inline {
-                Some(v) => Some(v.to_string()),
-                None => {
-                    i += 1;
-                    args.get(i).map(|v| v.to_string_lossy().into_owned())
-                }
-            };
+            let value = flag_value(args, &mut i, inline);
             match flag {
                 "--log" => out.log = value.map(PathBuf::from),
                 "--log-format" => out.log_json = value.as_deref() == Some("json"),
@@ -86,13 +92,7 @@ pub fn parse_args(args: &[OsString]) -> RuncArgs {
         }
         let (flag, inline) = split_flag(&arg);
         if CREATE_VALUE_FLAGS.contains(&flag) {
-            let value = match inline {
-                Some(v) => Some(v.to_string()),
-                None => {
-                    i += 1;
-                    args.get(i).map(|v| v.to_string_lossy().into_owned())
-                }
-            };
+            let value = flag_value(args, &mut i, inline);
             if matches!(flag, "--bundle" | "-b") {
                 out.bundle = value.map(PathBuf::from);
             }
