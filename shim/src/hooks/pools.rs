@@ -2,8 +2,8 @@
 //! memory a pool keeps reserved after its allocations are freed. A pool with a release
 //! threshold above 0 does not give freed memory back to the device, so a freed pool
 //! allocation stays charged as the pool's cache until the driver says the pool no longer
-//! holds it (reserved minus used bytes, `cuMemPoolGetAttribute`), the pool is trimmed or
-//! destroyed. Before an allocation is refused, this process's pool caches on that device are
+//! holds it (reserved minus used bytes, `cuMemPoolGetAttribute`, never below what the
+//! release threshold lets it keep after a free), the pool is trimmed or destroyed. Before an allocation is refused, this process's pool caches on that device are
 //! trimmed (`cuMemPoolTrimTo(pool, 0)`), so a cache never makes the program fail: it only
 //! loses reuse.
 
@@ -55,27 +55,36 @@ fn attribute(pool: usize, attr: CUmemPool_attribute) -> Option<u64> {
     (r == CUDA_SUCCESS).then_some(v)
 }
 
-/// Bytes the driver says pool `pool` keeps beyond its live allocations; the release
-/// threshold when it cannot say; 0 when the pool is gone.
-fn driver_cache(pool: usize) -> u64 {
-    match (
+/// What pool `pool` still keeps of the `cached` bytes charged to it. `exact`: the driver's
+/// figure (reserved minus used bytes), right after an allocation or a trim. Otherwise (after
+/// a free, whose bytes count as used until the stream reaches it) at least what the release
+/// threshold lets the pool keep. Without figures, the threshold; 0 for a pool that is gone.
+fn kept(pool: usize, cached: u64, exact: bool) -> u64 {
+    let threshold = attribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD);
+    let figure = match (
         attribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT),
         attribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT),
     ) {
-        (Some(reserved), Some(used)) => reserved.saturating_sub(used),
-        _ => attribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD).unwrap_or(0),
+        (Some(reserved), Some(used)) => Some(reserved.saturating_sub(used)),
+        _ => None,
+    };
+    let bound = threshold.unwrap_or(0).min(cached);
+    match (figure, exact) {
+        (Some(f), true) => f,
+        (Some(f), false) => f.max(bound),
+        (None, _) => bound,
     }
 }
 
-/// Gives back the part of pool `pool`'s charged cache the driver no longer holds.
-fn settle(slice: &Slice, pool: usize) {
+/// Gives back the part of pool `pool`'s charged cache it no longer keeps (see [`kept`]).
+fn settle(slice: &Slice, pool: usize, exact: bool) {
     let Some((idx, cached)) = POOLS.lock().get(&pool).and_then(|p| p.cache) else {
         return;
     };
     if cached == 0 {
         return;
     }
-    let held = driver_cache(pool);
+    let held = kept(pool, cached, exact);
     if held >= cached {
         return;
     }
@@ -105,7 +114,7 @@ pub fn freed(slice: &Slice, e: Entry) {
         }
     };
     if kept {
-        settle(slice, e.pool);
+        settle(slice, e.pool, false);
     } else {
         slice.usage.release(e.dev, e.bytes);
     }
@@ -127,7 +136,7 @@ pub fn trim_caches(slice: &Slice, idx: usize) -> bool {
     for pool in holding {
         // SAFETY: a pool handle the driver gave this process; trimming frees only unused memory.
         unsafe { trim(pool as CUmemoryPool, 0) };
-        settle(slice, pool);
+        settle(slice, pool, true);
     }
     slice.usage.reserved_here(idx) < before
 }
@@ -148,7 +157,7 @@ pub fn allocate_from(
             account::record_in_pool(Kind::Ptr, ptr, t, bytes, pool);
             if pool != 0 {
                 // The driver may have reused cached memory for it.
-                settle(slice, pool);
+                settle(slice, pool, true);
             }
             CUDA_SUCCESS
         }
@@ -210,7 +219,7 @@ pub unsafe extern "C" fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) -> CUr
         // SAFETY: the caller's arguments.
         let r = unsafe { f(pool, keep) };
         if let Some(s) = state::slice() {
-            settle(s, pool as usize);
+            settle(s, pool as usize, true);
         }
         r
     })
@@ -227,7 +236,7 @@ pub unsafe extern "C" fn cuMemPoolSetAttribute(
         // SAFETY: the caller's arguments.
         let r = unsafe { f(pool, attr, value) };
         if let Some(s) = state::slice() {
-            settle(s, pool as usize);
+            settle(s, pool as usize, false);
         }
         r
     })
