@@ -7,11 +7,6 @@ use std::process::ExitCode;
 use gpuslice::create::runtime::{edit_bundle, parse_args, report, resolve_runtime, RuntimeError};
 use gpuslice::node::Node;
 
-/// Every call of the wrapper is short-lived: it allocates from a bump region from its first
-/// allocation (see `gpuslice::create::arena`).
-#[global_allocator]
-static ALLOC: gpuslice::create::arena::Arena<true> = gpuslice::create::arena::Arena;
-
 fn main() -> ExitCode {
     let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
     let parsed = parse_args(&args);

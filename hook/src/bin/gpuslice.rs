@@ -7,12 +7,6 @@ use std::process::ExitCode;
 use clap::Parser;
 use gpuslice::staticbuild;
 
-/// The hooks (a container's create path) allocate from a bump region from the process's first
-/// allocation; every other command switches to the system allocator at once (see
-/// `gpuslice::create::arena`).
-#[global_allocator]
-static ALLOC: gpuslice::create::arena::Arena<true> = gpuslice::create::arena::Arena;
-
 fn main() -> ExitCode {
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
     // One rule: the hook lines gpuslice writes are read by `hookargv`; any other line is
@@ -20,10 +14,7 @@ fn main() -> ExitCode {
     let cli = match gpuslice::create::hookargv::parse(&args) {
         Some(cli) => cli,
         None if staticbuild::IS_STATIC => return hand_over(&args),
-        None => {
-            gpuslice::create::arena::disable();
-            gpuslice::cli::Cli::parse()
-        }
+        None => gpuslice::cli::Cli::parse(),
     };
     match gpuslice::commands::run(cli) {
         Ok(()) => ExitCode::SUCCESS,

@@ -4,7 +4,6 @@
 //! that bind and release the reservation.
 
 pub mod annotations;
-pub mod arena;
 pub mod driveredits;
 pub mod hookargv;
 pub mod hooks;
