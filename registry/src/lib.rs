@@ -6,10 +6,7 @@
 // Tests may panic on unexpected errors; the library itself may not.
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
-mod compact;
 mod fake;
-mod fastread;
-mod fastwrite;
 mod id;
 mod load;
 mod model;
@@ -17,11 +14,12 @@ mod placement;
 mod reap;
 mod registry;
 mod request;
+#[cfg(test)]
+mod roundtrip;
 mod status;
 mod store;
 mod system;
 mod table;
-mod verbatim;
 
 pub use fake::FakeSystem;
 pub use id::{is_valid_id, new_id, IdError, ID_LEN};

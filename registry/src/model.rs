@@ -6,11 +6,9 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-/// The `registry.json` version this build writes: reservations in the compact form of
-/// [`crate::compact`]. Version 1 (reservations as objects) is read too.
-pub const REGISTRY_VERSION: u32 = 2;
-/// The oldest `registry.json` version this build reads.
-pub const REGISTRY_VERSION_OLDEST: u32 = 1;
+/// The `registry.json` version this build reads and writes: [`RegistryFile`] as serde_json
+/// writes it (version 2 stored reservations as arrays; it is refused, like any other).
+pub const REGISTRY_VERSION: u32 = 3;
 
 /// One GPU of the node, as taken by `gpuslice cdi generate` (NVML or the simulated list).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -91,11 +89,10 @@ pub struct KubernetesRef {
 
 /// Who holds a reservation, and so what keeps it alive.
 ///
-/// Serialised internally tagged (`"kind": "container"` or `"dra_claim"` beside the fields);
-/// read through [`OwnerFields`], which avoids serde's buffering of internally tagged enums on
-/// the registry's hot path.
+/// Serialised internally tagged: `"kind": "container"` or `"dra_claim"` beside the
+/// variant's fields; a field of the other kind is refused.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case", try_from = "OwnerFields")]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Owner {
     /// A container: pending until bound to its init process, then held while that process
     /// lives.
@@ -114,63 +111,6 @@ pub enum Owner {
         namespace: String,
         name: String,
     },
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "snake_case")]
-enum OwnerKind {
-    Container,
-    DraClaim,
-}
-
-/// The flat form an owner is read from: the tag and every variant's fields.
-#[derive(Deserialize)]
-struct OwnerFields {
-    kind: OwnerKind,
-    #[serde(default)]
-    container_id: Option<String>,
-    #[serde(default)]
-    process: Option<ProcessRef>,
-    #[serde(default)]
-    kubernetes: Option<KubernetesRef>,
-    #[serde(default)]
-    claim_uid: Option<String>,
-    #[serde(default)]
-    namespace: Option<String>,
-    #[serde(default)]
-    name: Option<String>,
-}
-
-impl TryFrom<OwnerFields> for Owner {
-    type Error = String;
-
-    fn try_from(f: OwnerFields) -> Result<Owner, String> {
-        match f.kind {
-            OwnerKind::Container => {
-                if f.claim_uid.is_some() || f.namespace.is_some() || f.name.is_some() {
-                    return Err("a container owner has no claim_uid, namespace or name".into());
-                }
-                Ok(Owner::Container {
-                    container_id: f.container_id,
-                    process: f.process,
-                    kubernetes: f.kubernetes,
-                })
-            }
-            OwnerKind::DraClaim => {
-                if f.container_id.is_some() || f.process.is_some() || f.kubernetes.is_some() {
-                    return Err(
-                        "a DRA claim owner has no container_id, process or kubernetes".into(),
-                    );
-                }
-                let missing = |field: &str| format!("a DRA claim owner needs `{field}`");
-                Ok(Owner::DraClaim {
-                    claim_uid: f.claim_uid.ok_or_else(|| missing("claim_uid"))?,
-                    namespace: f.namespace.ok_or_else(|| missing("namespace"))?,
-                    name: f.name.ok_or_else(|| missing("name"))?,
-                })
-            }
-        }
-    }
 }
 
 impl Owner {
@@ -274,7 +214,7 @@ pub struct RegistryFile {
     pub version: u32,
     #[serde(default)]
     pub inventory: Inventory,
-    #[serde(default, with = "crate::compact::reservations")]
+    #[serde(default)]
     pub reservations: Vec<Reservation>,
     #[serde(default)]
     pub counters: Counters,
@@ -347,7 +287,8 @@ mod tests {
 
     #[test]
     fn minimal_file_parses_with_defaults() {
-        let f: RegistryFile = serde_json::from_str(r#"{"version":2}"#).expect("parses");
+        let text = format!(r#"{{"version":{REGISTRY_VERSION}}}"#);
+        let f: RegistryFile = serde_json::from_str(&text).expect("parses");
         assert_eq!(f, RegistryFile::default());
     }
 }

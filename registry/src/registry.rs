@@ -345,9 +345,9 @@ impl Registry {
         // Read (and cached) before the lock: owners are checked against it under the lock.
         let _ = self.system.boot_id();
         let lock = store::lock(&self.paths.lock)?;
-        let (file, origin) = match store::load_for_update(&self.paths.registry)? {
-            Loaded::Missing => (RegistryFile::default(), None),
-            Loaded::Ok(f, origin) => (f, origin),
+        let file = match store::load(&self.paths.registry)? {
+            Loaded::Missing => RegistryFile::default(),
+            Loaded::Ok(f) => f,
             Loaded::Corrupt(detail) => return Err(self.corrupt(detail)),
         };
         let mut txn = Txn {
@@ -363,7 +363,7 @@ impl Registry {
         self.reap_into(&mut txn, probe)?;
         let result = op(&mut txn);
         if txn.dirty {
-            store::save(&self.paths.registry, &txn.file, origin.as_ref())?;
+            store::save(&self.paths.registry, &txn.file)?;
         }
         // The registry no longer lists them, so their directories can go without the lock,
         // which keeps the serialised part of every operation short.
@@ -449,7 +449,7 @@ pub fn read_registry(state_dir: &Path) -> Result<RegistryFile, RegistryError> {
     let path = state_dir.join(store::REGISTRY_FILE);
     match store::load(&path)? {
         Loaded::Missing => Ok(RegistryFile::default()),
-        Loaded::Ok(f, _) => Ok(f),
+        Loaded::Ok(f) => Ok(f),
         Loaded::Corrupt(detail) => Err(RegistryError::Corrupt { path, detail }),
     }
 }

@@ -9,10 +9,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::fastread::Span;
 use crate::id::is_valid_id;
-use crate::model::{RegistryFile, Reservation, REGISTRY_VERSION, REGISTRY_VERSION_OLDEST};
-use crate::verbatim::Origin;
+use crate::model::{RegistryFile, Reservation, REGISTRY_VERSION};
 
 /// The registry file in `state_dir`.
 pub const REGISTRY_FILE: &str = "registry.json";
@@ -145,10 +143,8 @@ pub fn lock(path: &Path) -> Result<LockGuard, StoreError> {
 pub enum Loaded {
     /// No file yet: a fresh node.
     Missing,
-    /// The file, and what a later [`save`] of it can copy (with [`load_for_update`], when the
-    /// file has this build's layout).
-    Ok(RegistryFile, Option<Origin>),
-    /// Unparseable or an unknown version: never guessed at or overwritten.
+    Ok(RegistryFile),
+    /// Unparseable or another version: never guessed at or overwritten.
     Corrupt(String),
 }
 
@@ -158,49 +154,25 @@ struct VersionProbe {
 }
 
 /// Parses registry text; `Err` carries what is wrong, for the corrupt-file message.
-#[cfg(test)]
 pub fn parse_registry(text: &[u8]) -> Result<RegistryFile, String> {
-    parse_with_spans(utf8(text)?).map(|(f, _)| f)
-}
-
-/// Validating UTF-8 once for the whole file and parsing from `str` spares serde_json a
-/// validation per string, about a tenth of the parse on the registry's hot path.
-fn utf8(text: &[u8]) -> Result<&str, String> {
-    std::str::from_utf8(text).map_err(|e| {
+    // Validating UTF-8 once for the whole file and parsing from `str` spares serde_json a
+    // validation per string.
+    let text = std::str::from_utf8(text).map_err(|e| {
         format!(
             "invalid UTF-8 at byte {}; accepted: a JSON document",
             e.valid_up_to()
         )
-    })
-}
-
-/// As [`parse_registry`], with the reservations' spans when the fast path read it.
-fn parse_with_spans(text: &str) -> Result<(RegistryFile, Option<Vec<Span>>), String> {
-    let known = REGISTRY_VERSION_OLDEST..=REGISTRY_VERSION;
+    })?;
     let unsupported = |v: u32| {
-        format!(
-            "version {v} is not supported (this build reads versions \
-             {REGISTRY_VERSION_OLDEST} to {REGISTRY_VERSION})"
-        )
+        format!("version {v} is not supported (this build reads version {REGISTRY_VERSION})")
     };
-    // The layout this build writes is read without serde; anything else (and every error
-    // message) goes through serde.
-    let parsed = match crate::fastread::read_registry_spans(text) {
-        Some((f, spans)) => Ok((f, Some(spans))),
-        None => serde_json::from_str::<RegistryFile>(text).map(|f| (f, None)),
-    };
-    match parsed {
-        // Written back in this build's version (spans only of text in it).
-        Ok((f, spans)) if known.contains(&f.version) => Ok((
-            RegistryFile {
-                version: REGISTRY_VERSION,
-                ..f
-            },
-            spans.filter(|_| f.version == REGISTRY_VERSION),
-        )),
-        Ok((f, _)) => Err(unsupported(f.version)),
+    match serde_json::from_str::<RegistryFile>(text) {
+        Ok(f) if f.version == REGISTRY_VERSION => Ok(f),
+        Ok(f) => Err(unsupported(f.version)),
+        // Another version's layout fails to parse as this one: name the version, not the
+        // first field that differs.
         Err(e) => match serde_json::from_str::<VersionProbe>(text) {
-            Ok(p) if !known.contains(&p.version) => Err(unsupported(p.version)),
+            Ok(p) if p.version != REGISTRY_VERSION => Err(unsupported(p.version)),
             _ => Err(format!("invalid JSON: {e}")),
         },
     }
@@ -208,16 +180,6 @@ fn parse_with_spans(text: &str) -> Result<(RegistryFile, Option<Vec<Span>>), Str
 
 /// Reads and parses `registry.json`.
 pub fn load(path: &Path) -> Result<Loaded, StoreError> {
-    load_as(path, false)
-}
-
-/// As [`load`], keeping what [`save`] needs to copy the reservations the caller leaves
-/// unchanged (a copy of each as read, and the text).
-pub fn load_for_update(path: &Path) -> Result<Loaded, StoreError> {
-    load_as(path, true)
-}
-
-fn load_as(path: &Path, keep_origin: bool) -> Result<Loaded, StoreError> {
     // `read_to_end` sizes the buffer from the file's length.
     let mut text = Vec::new();
     match File::open(path) {
@@ -225,31 +187,15 @@ fn load_as(path: &Path, keep_origin: bool) -> Result<Loaded, StoreError> {
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Loaded::Missing),
         Err(e) => return Err(io("open", path)(e)),
     };
-    let text = match String::from_utf8(text) {
-        Ok(t) => t,
-        Err(e) => {
-            return Ok(Loaded::Corrupt(
-                utf8(e.as_bytes()).err().unwrap_or_default(),
-            ))
-        }
-    };
-    Ok(match parse_with_spans(&text) {
-        Ok((f, Some(spans))) if keep_origin => {
-            let origin = Origin::new(text, spans);
-            Loaded::Ok(f, Some(origin))
-        }
-        Ok((f, _)) => Loaded::Ok(f, None),
+    Ok(match parse_registry(&text) {
+        Ok(f) => Loaded::Ok(f),
         Err(detail) => Loaded::Corrupt(detail),
     })
 }
 
-/// Replaces `registry.json` atomically, mode 0600, copying the text of reservations
-/// unchanged since `origin` was read.
-pub fn save(path: &Path, file: &RegistryFile, origin: Option<&Origin>) -> Result<(), StoreError> {
-    // About 220 bytes a reservation in the compact form: room for all, so the buffer is not
-    // copied on every doubling.
-    let mut text = Vec::with_capacity(4096 + 256 * file.reservations.len());
-    crate::fastwrite::write_registry_from(&mut text, file, origin).map_err(|e| StoreError::Io {
+/// Replaces `registry.json` atomically, mode 0600.
+pub fn save(path: &Path, file: &RegistryFile) -> Result<(), StoreError> {
+    let text = serde_json::to_vec(file).map_err(|e| StoreError::Io {
         op: "serialise",
         path: path.to_path_buf(),
         source: std::io::Error::other(e),
@@ -258,16 +204,11 @@ pub fn save(path: &Path, file: &RegistryFile, origin: Option<&Origin>) -> Result
     Ok(())
 }
 
+/// `reservation.json`: a [`Reservation`] (owned when read, borrowed when written).
 #[derive(Serialize, Deserialize)]
-struct Record {
+struct Record<R> {
     version: u32,
-    reservation: Reservation,
-}
-
-#[derive(Serialize)]
-struct RecordRef<'a> {
-    version: u32,
-    reservation: &'a Reservation,
+    reservation: R,
 }
 
 /// Creates `slices/<id>/` if needed and (re)writes its `reservation.json`.
@@ -278,7 +219,7 @@ pub fn write_record(paths: &Paths, r: &Reservation) -> Result<(), StoreError> {
         Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
         Err(e) => return Err(io("create directory", &dir)(e)),
     }
-    let text = serde_json::to_vec(&RecordRef {
+    let text = serde_json::to_vec(&Record {
         version: RECORD_VERSION,
         reservation: r,
     })
@@ -299,10 +240,11 @@ pub fn read_record(paths: &Paths, id: &str) -> Result<Option<Reservation>, Store
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(io("read", &path)(e)),
     };
-    let rec: Record = serde_json::from_slice(&text).map_err(|e| StoreError::Record {
-        path: path.clone(),
-        detail: format!("invalid JSON: {e}"),
-    })?;
+    let rec: Record<Reservation> =
+        serde_json::from_slice(&text).map_err(|e| StoreError::Record {
+            path: path.clone(),
+            detail: format!("invalid JSON: {e}"),
+        })?;
     if rec.version != RECORD_VERSION {
         return Err(StoreError::Record {
             path,
@@ -381,21 +323,42 @@ mod tests {
 
     #[test]
     fn corrupt_and_unknown_versions_are_named() {
+        let current = format!(r#"{{"version":{REGISTRY_VERSION}}}"#);
         assert_eq!(
-            parse_registry(br#"{"version":1}"#).map(|f| f.version),
+            parse_registry(current.as_bytes()).map(|f| f.version),
             Ok(REGISTRY_VERSION)
         );
-        assert!(parse_registry(br#"{"version":2}"#).is_ok());
-        let e = parse_registry(br#"{"version":3,"whatever":[1]}"#).expect_err("v3");
-        assert!(e.contains("version 3 is not supported"), "{e}");
-        let e = parse_registry(br#"{"version":3,"reservations":"no"}"#).expect_err("v3");
-        assert!(e.contains("version 3"), "{e}");
-        let e = parse_registry(br#"{"version":0}"#).expect_err("v0");
-        assert!(e.contains("versions 1 to 2"), "{e}");
-        let e = parse_registry(b"{\"version\":1,\"reserv").expect_err("truncated");
+        // Versions 1 and 2 (never released; 2 kept reservations as arrays) are refused by
+        // name, like any other version.
+        for (text, version) in [
+            (&br#"{"version":1}"#[..], 1),
+            (br#"{"version":2}"#, 2),
+            (
+                br#"{"version":2,"reservations":[["0123456789abcdef","pending",["container",null,null,null],[],false,1,null,null]]}"#,
+                2,
+            ),
+            (br#"{"version":4,"whatever":[1]}"#, 4),
+            (br#"{"version":4,"reservations":"no"}"#, 4),
+            (br#"{"version":0}"#, 0),
+        ] {
+            let e = parse_registry(text).expect_err("another version");
+            assert!(
+                e.contains(&format!(
+                    "version {version} is not supported (this build reads version {REGISTRY_VERSION})"
+                )),
+                "{e}"
+            );
+        }
+        let e = parse_registry(b"{\"version\":3,\"reserv").expect_err("truncated");
         assert!(e.contains("invalid JSON"), "{e}");
+        let e = parse_registry(br#"{"version":3,"reservations":[["0123456789abcdef"]]}"#)
+            .expect_err("an array where a reservation belongs");
+        assert!(
+            e.contains("invalid JSON") && e.contains("struct Reservation"),
+            "{e}"
+        );
         assert!(parse_registry(b"").is_err());
-        let e = parse_registry(b"{\"version\":1,\"x\":\"\xff\"}").expect_err("not UTF-8");
+        let e = parse_registry(b"{\"version\":3,\"x\":\"\xff\"}").expect_err("not UTF-8");
         assert!(e.contains("invalid UTF-8 at byte 18"), "{e}");
     }
 
@@ -403,12 +366,10 @@ mod tests {
     fn load_reports_a_file_that_is_not_utf8_as_corrupt() {
         let dir = tempfile::tempdir().expect("tempdir");
         let p = dir.path().join(REGISTRY_FILE);
-        fs::write(&p, b"{\"version\":2,\"x\":\"\xff\"}").expect("write");
-        for loaded in [load(&p).expect("load"), load_for_update(&p).expect("load")] {
-            match loaded {
-                Loaded::Corrupt(e) => assert!(e.contains("invalid UTF-8 at byte 18"), "{e}"),
-                other => panic!("{other:?}"),
-            }
+        fs::write(&p, b"{\"version\":3,\"x\":\"\xff\"}").expect("write");
+        match load(&p).expect("load") {
+            Loaded::Corrupt(e) => assert!(e.contains("invalid UTF-8 at byte 18"), "{e}"),
+            other => panic!("{other:?}"),
         }
     }
 
@@ -417,15 +378,19 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let p = dir.path().join(LOCK_FILE);
         let held = lock(&p).expect("lock");
+        let (started, is_started) = std::sync::mpsc::channel();
         let waiter = {
             let p = p.clone();
             std::thread::spawn(move || {
                 let t = std::time::Instant::now();
+                started.send(()).expect("tell the holder");
                 let g = lock(&p).expect("lock after the holder");
                 (t.elapsed(), g)
             })
         };
-        // Longer than the trying phase: the waiter sleeps in flock, then is woken.
+        // Held from the waiter's start for longer than the trying phase (however late the
+        // waiter is scheduled): the waiter sleeps in flock, then is woken.
+        is_started.recv().expect("waiter started");
         std::thread::sleep(LOCK_SPIN * 5);
         drop(held);
         let (waited, _g) = waiter.join().expect("waiter");

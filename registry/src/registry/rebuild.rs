@@ -39,7 +39,7 @@ impl Registry {
         let mut report = RebuildReport::default();
         let counters = match store::load(&self.paths.registry)? {
             Loaded::Missing => Default::default(),
-            Loaded::Ok(f, _) => f.counters,
+            Loaded::Ok(f) => f.counters,
             Loaded::Corrupt(_) => {
                 let aside = self
                     .paths
@@ -101,7 +101,7 @@ impl Registry {
             .map(|(id, uuid)| (id.to_string(), uuid.to_string()))
             .collect();
         report.violations = violations(&file, &self.options.placement);
-        store::save(&self.paths.registry, &file, None)?;
+        store::save(&self.paths.registry, &file)?;
         for d in &report.dropped {
             match &d.reservation {
                 Some(r) => self.discard(r),
