@@ -191,6 +191,49 @@ fn unknown_version_is_refused_by_name() {
 }
 
 #[test]
+fn a_version_2_file_is_refused_by_version_and_rebuilt_from_the_records() {
+    let n = node();
+    n.sys.spawn(100, 1);
+    let pending = n.reg.reserve(&slice(Owner::container())).expect("reserve");
+    let bound = n.reg.reserve(&slice(Owner::container())).expect("reserve");
+    let bound = n.reg.bind(&bound.id, "ctr", 100).expect("bind");
+    // What a build of the version 2 layout (reservations as arrays) left behind.
+    let path = n.reg.registry_path().to_path_buf();
+    let old = format!(
+        r#"{{"version":2,"inventory":{{"gpus":[]}},"reservations":[["{}","pending",["container",null,null,null],[],false,1,null,null]]}}"#,
+        pending.id
+    );
+    std::fs::write(&path, &old).expect("write");
+    let e = n
+        .reg
+        .reserve(&slice(Owner::container()))
+        .expect_err("version 2");
+    assert_refuses(
+        e,
+        &path,
+        &format!(
+            "version 2 is not supported (this build reads version {})",
+            gpuslice_registry::REGISTRY_VERSION
+        ),
+    );
+    assert_eq!(std::fs::read_to_string(&path).expect("read"), old);
+    let report = n.reg.rebuild(inventory(2, 20 * GI)).expect("rebuild");
+    assert!(report.moved_aside.is_some());
+    let mut restored = report.restored.clone();
+    restored.sort_by(|a, b| a.id.cmp(&b.id));
+    let mut want = vec![pending, bound];
+    want.sort_by(|a, b| a.id.cmp(&b.id));
+    assert_eq!(restored, want);
+    assert_eq!(
+        read_registry(n.reg.state_dir())
+            .expect("parses")
+            .reservations
+            .len(),
+        2
+    );
+}
+
+#[test]
 fn rebuild_of_a_sound_registry_keeps_counters_and_reports_unreadable_records() {
     let n = node();
     let r = n.reg.reserve(&slice(Owner::container())).expect("reserve");
