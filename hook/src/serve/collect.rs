@@ -55,6 +55,7 @@ pub struct Collector {
     init_ns: HashMap<String, (u32, u64)>,
     shares: ShareTracker<(String, usize)>,
     errors: ErrorLog,
+    enforcer: Option<crate::serve::enforce::events::Shared>,
 }
 
 impl std::fmt::Debug for Collector {
@@ -113,6 +114,7 @@ impl Collector {
             init_ns: HashMap::new(),
             shares: ShareTracker::default(),
             errors,
+            enforcer: None,
         }
     }
 
@@ -120,6 +122,12 @@ impl Collector {
     pub fn with_reopen(mut self, opener: MeterOpener, now: Instant) -> Collector {
         self.reopen = Some(opener);
         self.last_open = Some(now);
+        self
+    }
+
+    /// Shows the enforcer's state in every scrape.
+    pub fn with_enforcer(mut self, shared: crate::serve::enforce::events::Shared) -> Collector {
+        self.enforcer = Some(shared);
         self
     }
 
@@ -147,6 +155,10 @@ impl Collector {
             }
         };
         let mut scrape = self.collect_from(file.as_ref(), now);
+        scrape.enforcer = self
+            .enforcer
+            .as_ref()
+            .map(|s| crate::serve::enforce::events::lock(s).clone());
         scrape.collect_seconds = started.elapsed().as_secs_f64();
         scrape
     }
@@ -238,6 +250,7 @@ impl Collector {
             slices,
             registry: health,
             collect_seconds: 0.0,
+            enforcer: None,
         }
     }
 

@@ -343,6 +343,103 @@ fn exporter_metrics(reg: &mut Registry, scrape: &Scrape, errors: &ErrorLog) {
     );
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    node: String,
+    kind: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ThrottleLabels {
+    node: String,
+    reservation: String,
+    uuid: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct UuidLabels {
+    node: String,
+    uuid: String,
+}
+
+/// The enforcer's families, when it runs.
+fn enforcer_metrics(reg: &mut Registry, scrape: &Scrape) {
+    use crate::serve::enforce::events::EventKind;
+    let Some(live) = &scrape.enforcer else {
+        return;
+    };
+    let node = || NodeLabels {
+        node: scrape.node.clone(),
+    };
+    let kills = Total::<NodeLabels>::default();
+    kills.get_or_create(&node()).inc_by(live.record.kills_total);
+    reg.register(
+        "gpuslice_enforcer_kills",
+        "Processes the enforcer killed for taking their slice over its memory limit past grace",
+        kills,
+    );
+    let events = Total::<KindLabels>::default();
+    for kind in EventKind::ALL {
+        events
+            .get_or_create(&KindLabels {
+                node: scrape.node.clone(),
+                kind: kind.as_str().into(),
+            })
+            .inc_by(live.record.count(kind));
+    }
+    reg.register(
+        "gpuslice_enforcer_events",
+        "Enforcer events by kind: memory_kill, memory_report, compute_report, compute_throttle, unowned",
+        events,
+    );
+    let cycles = Total::<NodeLabels>::default();
+    cycles
+        .get_or_create(&node())
+        .inc_by(live.record.cycles_total);
+    reg.register(
+        "gpuslice_enforcer_cycles",
+        "Readings of the driver's per-process figures the enforcer acted on",
+        cycles,
+    );
+    let run = Ratio::<ThrottleLabels>::default();
+    for (reservation, uuid, fraction) in &live.throttled {
+        run.get_or_create(&ThrottleLabels {
+            node: scrape.node.clone(),
+            reservation: reservation.clone(),
+            uuid: uuid.clone(),
+        })
+        .set(*fraction);
+    }
+    reg.register_with_unit(
+        "gpuslice_enforcer_run",
+        "Fraction of each freezer period a throttled slice may run",
+        ratio(),
+        run,
+    );
+    let unowned = Bytes::<UuidLabels>::default();
+    for (uuid, n) in &live.unowned {
+        unowned
+            .get_or_create(&UuidLabels {
+                node: scrape.node.clone(),
+                uuid: uuid.clone(),
+            })
+            .set(bytes(*n));
+    }
+    reg.register(
+        "gpuslice_enforcer_unowned_processes",
+        "Processes on a GPU that belong to no reservation of that GPU",
+        unowned,
+    );
+    let d = Family::<NodeLabels, Gauge<f64, AtomicU64>>::default();
+    d.get_or_create(&node()).set(live.cycle_seconds);
+    reg.register_with_unit(
+        "gpuslice_enforcer_cycle_duration",
+        "Time the enforcer's last cycle took",
+        Unit::Seconds,
+        d,
+    );
+}
+
 /// The metric families of one scrape.
 pub fn registry(scrape: &Scrape, errors: &ErrorLog) -> Registry {
     let mut reg = Registry::default();
@@ -350,6 +447,7 @@ pub fn registry(scrape: &Scrape, errors: &ErrorLog) -> Registry {
     slice_metrics(&mut reg, scrape);
     registry_metrics(&mut reg, scrape);
     exporter_metrics(&mut reg, scrape, errors);
+    enforcer_metrics(&mut reg, scrape);
     reg
 }
 

@@ -2,10 +2,13 @@
 //! cores, used memory and utilisation as measured by NVML; per reservation: its limits, the
 //! memory its processes hold (usage file, cross-checked with NVML's per-process figures),
 //! its compute limit and achieved share; the registry's health; the exporter's own errors.
-//! Everything is read lock-free per scrape, and nothing a scrape meets is fatal.
+//! Everything is read lock-free per scrape, and nothing a scrape meets is fatal. Beside it
+//! runs the host-side enforcer (`enforce`), whose kills, reports and throttles the
+//! exporter shows.
 
 pub mod collect;
 pub mod encode;
+pub mod enforce;
 pub mod errors;
 pub mod gpu;
 pub mod http;
@@ -60,5 +63,9 @@ pub fn run(node: &Node, listen: SocketAddr) -> Result<(), ServeError> {
     let server = http::bind(listen)?;
     let addr = http::local_addr(&server).unwrap_or(listen);
     eprintln!("gpuslice serve: listening on http://{addr}/metrics");
+    match enforce::start(node) {
+        Ok(shared) => collector = collector.with_enforcer(shared),
+        Err(e) => collector.record_error(Source::Nvml, &e),
+    }
     http::serve(&server, &mut collector)
 }

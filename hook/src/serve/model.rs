@@ -76,4 +76,6 @@ pub struct Scrape {
     pub registry: Option<RegistryHealth>,
     /// How long collecting took, seconds.
     pub collect_seconds: f64,
+    /// The enforcer's totals and current throttles; `None` when it does not run.
+    pub enforcer: Option<crate::serve::enforce::events::Live>,
 }
