@@ -137,8 +137,6 @@ fn runtime_class_names_the_handler_configure_registers() {
     let ds_sel = m
         .daemonset
         .spec
-        .as_ref()
-        .unwrap()
         .template
         .spec
         .as_ref()
@@ -158,7 +156,7 @@ fn daemonset_selects_its_pods_and_installs_what_its_config_names() {
         m.config_map.metadata.namespace.as_deref(),
         Some(ns.as_str())
     );
-    let spec = m.daemonset.spec.as_ref().unwrap();
+    let spec = &m.daemonset.spec;
     let labels = spec
         .template
         .metadata

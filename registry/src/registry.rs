@@ -21,10 +21,12 @@ use crate::placement::Refusal;
 use crate::reap::{reap, Liveness, Probe, ReapReason, Reaped};
 use crate::store::{self, Loaded, Paths, StoreError};
 
+mod claims;
 mod ops;
 mod rebuild;
 
 use crate::system::{RealSystem, System, SystemError};
+pub use claims::{claim_uid, ClaimReservation, ClaimShare};
 pub use rebuild::RebuildReport;
 
 /// Called for every reservation that leaves the registry (released or reaped), after the

@@ -1,0 +1,247 @@
+//! Prepare and unprepare: read the claim from the API server, book exactly what the scheduler
+//! chose in the node registry (owner: the claim), have the slice files and the claim's CDI spec
+//! written, and answer with the CDI ids. One reservation per claim UID, so a repeated call
+//! finds it again and a restart loses nothing: the registry is the state.
+
+use std::sync::Arc;
+
+use gpuslice_registry::{ClaimShare, Owner, Registry, RegistryError, Reservation};
+use k8s_openapi::api::resource::v1::ResourceClaim;
+
+use crate::claim::{check_ref, node_allocation, ClaimError, ClaimRef};
+use crate::proto::dra;
+use crate::writer::{SliceWriter, WriteError};
+
+/// Why a claim was not prepared or unprepared; the kubelet shows the message in the pod's
+/// events.
+#[derive(Debug, thiserror::Error)]
+pub enum BookingError {
+    #[error("{0}")]
+    Claim(#[from] ClaimError),
+    #[error("{claim} does not exist in the API server")]
+    NotFound { claim: String },
+    #[error("cannot read {claim} from the API server: {detail}")]
+    Api { claim: String, detail: String },
+    #[error("{claim}: device {device} is not in this node's GPU inventory; run `gpuslice cdi generate` and let the plugin republish")]
+    NoGpu { claim: String, device: String },
+    /// The registry refused the booking; its message names the claim.
+    #[error("{0}")]
+    Refused(Box<RegistryError>),
+    #[error("{claim}: {source}")]
+    Registry {
+        claim: String,
+        source: Box<RegistryError>,
+    },
+    #[error("{claim}: {source}")]
+    Write { claim: String, source: WriteError },
+    #[error("{claim}: {detail}")]
+    Task { claim: String, detail: String },
+}
+
+/// The plugin's prepare and unprepare, over the node registry and the API server.
+pub struct Plugin {
+    node: String,
+    registry: Arc<Registry>,
+    writer: Arc<dyn SliceWriter>,
+    client: kube::Client,
+}
+
+impl std::fmt::Debug for Plugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plugin").field("node", &self.node).finish()
+    }
+}
+
+/// Runs blocking registry or file work off the async threads.
+async fn blocking<T: Send + 'static>(
+    claim: &ClaimRef,
+    f: impl FnOnce() -> Result<T, BookingError> + Send + 'static,
+) -> Result<T, BookingError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| BookingError::Task {
+            claim: claim.to_string(),
+            detail: e.to_string(),
+        })?
+}
+
+impl Plugin {
+    pub fn new(
+        node: String,
+        registry: Arc<Registry>,
+        writer: Arc<dyn SliceWriter>,
+        client: kube::Client,
+    ) -> Plugin {
+        Plugin {
+            node,
+            registry,
+            writer,
+            client,
+        }
+    }
+
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
+    pub fn writer(&self) -> &Arc<dyn SliceWriter> {
+        &self.writer
+    }
+
+    pub fn client(&self) -> &kube::Client {
+        &self.client
+    }
+
+    /// The claim `namespace/name` from the API server, `None` when it does not exist.
+    pub async fn read_claim(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<ResourceClaim>, kube::Error> {
+        kube::Api::<ResourceClaim>::namespaced(self.client.clone(), namespace)
+            .get_opt(name)
+            .await
+    }
+
+    /// Prepares claim `c`: the devices to report, each with the claim's CDI device.
+    pub async fn prepare(&self, c: &ClaimRef) -> Result<Vec<dra::Device>, BookingError> {
+        check_ref(c)?;
+        let who = c.to_string();
+        let claim = match self.read_claim(&c.namespace, &c.name).await {
+            Ok(Some(claim)) => claim,
+            Ok(None) => return Err(BookingError::NotFound { claim: who }),
+            Err(e) => {
+                return Err(BookingError::Api {
+                    claim: who,
+                    detail: e.to_string(),
+                })
+            }
+        };
+        let allocation = node_allocation(&claim, c, &self.node)?;
+        let registry = self.registry.clone();
+        let writer = self.writer.clone();
+        let owner = Owner::DraClaim {
+            claim_uid: c.uid.clone(),
+            namespace: c.namespace.clone(),
+            name: c.name.clone(),
+        };
+        let claim_ref = c.clone();
+        let shares = allocation.shares.clone();
+        let ids = blocking(c, move || {
+            book_and_write(&registry, &*writer, &owner, &claim_ref, &shares)
+        })
+        .await?;
+        Ok(allocation
+            .results
+            .iter()
+            .map(|r| dra::Device {
+                request_names: vec![r.request.clone()],
+                pool_name: self.node.clone(),
+                device_name: r.device.clone(),
+                cdi_device_ids: ids.clone(),
+                share_id: r.share_id.clone(),
+            })
+            .collect())
+    }
+
+    /// Unprepares claim `c`: releases its reservation and removes its CDI spec. A claim this
+    /// node never prepared succeeds.
+    pub async fn unprepare(&self, c: &ClaimRef) -> Result<(), BookingError> {
+        check_ref(c)?;
+        let registry = self.registry.clone();
+        let writer = self.writer.clone();
+        let claim = c.clone();
+        blocking(c, move || release(&registry, &*writer, &claim)).await
+    }
+}
+
+/// Books `shares` for `owner` and writes the claim's files; a booking this call made is
+/// released again when writing fails.
+fn book_and_write(
+    registry: &Registry,
+    writer: &dyn SliceWriter,
+    owner: &Owner,
+    c: &ClaimRef,
+    shares: &[crate::claim::DeviceShare],
+) -> Result<Vec<String>, BookingError> {
+    let who = c.to_string();
+    let inventory = registry
+        .snapshot()
+        .map_err(|e| BookingError::Registry {
+            claim: who.clone(),
+            source: Box::new(e),
+        })?
+        .inventory;
+    let mut wanted = Vec::with_capacity(shares.len());
+    for s in shares {
+        let gpu = inventory
+            .gpus
+            .iter()
+            .find(|g| g.index == s.index)
+            .ok_or_else(|| BookingError::NoGpu {
+                claim: who.clone(),
+                device: crate::slices::device_name(s.index),
+            })?;
+        wanted.push(ClaimShare {
+            uuid: gpu.uuid.clone(),
+            memory: s.memory,
+            cores: s.cores,
+        });
+    }
+    let booked = registry
+        .reserve_claim(owner, &wanted)
+        .map_err(|e| match e.refusal() {
+            Some(_) => BookingError::Refused(Box::new(e)),
+            None => BookingError::Registry {
+                claim: who.clone(),
+                source: Box::new(e),
+            },
+        })?;
+    match writer.write(&c.uid, &booked.reservation) {
+        Ok(ids) => Ok(ids),
+        Err(source) => {
+            if booked.created {
+                let _ = release(registry, writer, c);
+            }
+            Err(BookingError::Write { claim: who, source })
+        }
+    }
+}
+
+/// Releases claim `c`'s reservation and removes its spec; the released reservations.
+pub(crate) fn release(
+    registry: &Registry,
+    writer: &dyn SliceWriter,
+    c: &ClaimRef,
+) -> Result<(), BookingError> {
+    let who = c.to_string();
+    registry
+        .release_claim(&c.uid)
+        .map_err(|e| BookingError::Registry {
+            claim: who.clone(),
+            source: Box::new(e),
+        })?;
+    writer
+        .remove(&c.uid)
+        .map_err(|source| BookingError::Write { claim: who, source })
+}
+
+/// The claim a reservation is held by, when it is one.
+pub fn held_by(r: &Reservation) -> Option<ClaimRef> {
+    match &r.owner {
+        Owner::DraClaim {
+            claim_uid,
+            namespace,
+            name,
+        } => Some(ClaimRef {
+            namespace: namespace.clone(),
+            name: name.clone(),
+            uid: claim_uid.clone(),
+        }),
+        Owner::Container { .. } => None,
+    }
+}

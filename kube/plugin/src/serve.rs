@@ -1,0 +1,295 @@
+//! `gpuslice kubelet-plugin`: the DRA socket and the registration socket (each created under
+//! a dot-name the kubelet ignores, then renamed), the slice publisher and the cleanup loop, in
+//! the foreground until the shutdown signal; then the servers stop and the sockets go.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use gpuslice_registry::Registry;
+use tokio::net::UnixListener;
+use tokio::sync::{watch, Notify};
+use tokio_stream::wrappers::UnixListenerStream;
+
+use crate::booking::Plugin;
+use crate::cleanup::release_stale;
+use crate::dra_service::DraService;
+use crate::proto::dra::dra_plugin_server::DraPluginServer;
+use crate::proto::registration::registration_server::RegistrationServer;
+use crate::publisher::Publisher;
+use crate::registration::RegistrationService;
+use crate::slices::{is_dns_subdomain, offered, MAX_NAME};
+use crate::writer::SliceWriter;
+
+/// Default `--plugin-dir`: holds the DRA socket.
+pub const DEFAULT_PLUGIN_DIR: &str = "/var/lib/kubelet/plugins/gpuslice.io";
+/// Default `--registration-dir`: the kubelet's plugin watcher directory.
+pub const DEFAULT_REGISTRATION_DIR: &str = "/var/lib/kubelet/plugins_registry";
+/// The DRA socket's name in the plugin directory.
+pub const DRA_SOCKET: &str = "dra.sock";
+/// The registration socket's name in the registration directory.
+pub const REGISTRATION_SOCKET: &str = "gpuslice.io-reg.sock";
+
+/// How the plugin runs.
+#[derive(Debug, Clone)]
+pub struct PluginOptions {
+    pub node_name: String,
+    /// `None`: the pod's in-cluster credentials.
+    pub kubeconfig: Option<PathBuf>,
+    pub plugin_dir: PathBuf,
+    pub registration_dir: PathBuf,
+    /// How often the registry is read for inventory and node-path booking changes.
+    pub publish_interval: Duration,
+    /// How often the API server's slices are compared with what they should say, changed or
+    /// not (someone may have deleted them).
+    pub resync_interval: Duration,
+    /// How often claim bookings are checked against the API server.
+    pub cleanup_interval: Duration,
+}
+
+impl PluginOptions {
+    /// The defaults of DESIGN.md §7 for node `node_name`.
+    pub fn new(node_name: String) -> PluginOptions {
+        PluginOptions {
+            node_name,
+            kubeconfig: None,
+            plugin_dir: PathBuf::from(DEFAULT_PLUGIN_DIR),
+            registration_dir: PathBuf::from(DEFAULT_REGISTRATION_DIR),
+            publish_interval: Duration::from_secs(1),
+            resync_interval: Duration::from_secs(60),
+            cleanup_interval: Duration::from_secs(60),
+        }
+    }
+
+    /// The DRA socket.
+    pub fn dra_socket(&self) -> PathBuf {
+        self.plugin_dir.join(DRA_SOCKET)
+    }
+
+    /// The registration socket.
+    pub fn registration_socket(&self) -> PathBuf {
+        self.registration_dir.join(REGISTRATION_SOCKET)
+    }
+}
+
+/// The plugin could not start or serve.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("node name `{0}` is not a Node name (a DNS subdomain); pass --node-name NAME or set $NODE_NAME")]
+    NodeName(String),
+    #[error("{0}")]
+    Api(#[from] crate::api::ApiError),
+    #[error("cannot {op} socket {path}: {source}")]
+    Socket {
+        op: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the {what} server failed: {detail}")]
+    Server { what: &'static str, detail: String },
+    #[error("cannot start the async runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+/// Binds `dir/name` through the dot-name `dir/.name.tmp` (which the kubelet ignores), so the
+/// socket appears complete. A stale socket of an earlier run is replaced.
+fn bind(dir: &Path, name: &str) -> Result<(UnixListener, PathBuf), ServeError> {
+    let err = |op, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| ServeError::Socket { op, path, source }
+    };
+    std::fs::create_dir_all(dir).map_err(err("create the directory of", dir))?;
+    let path = dir.join(name);
+    let tmp = dir.join(format!(".{name}.tmp"));
+    for p in [&tmp, &path] {
+        match std::fs::remove_file(p) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(err("remove the stale", p)(e)),
+        }
+    }
+    let listener = UnixListener::bind(&tmp).map_err(err("bind", &tmp))?;
+    std::fs::rename(&tmp, &path).map_err(err("rename into place", &path))?;
+    Ok((listener, path))
+}
+
+/// Runs the plugin until `shutdown` completes, then stops serving and removes the sockets.
+pub async fn run(
+    options: PluginOptions,
+    registry: Arc<Registry>,
+    writer: Arc<dyn SliceWriter>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    let node = options.node_name.clone();
+    if !is_dns_subdomain(&node, MAX_NAME) {
+        return Err(ServeError::NodeName(node));
+    }
+    let client = crate::api::client(options.kubeconfig.as_deref()).await?;
+    let plugin = Arc::new(Plugin::new(
+        node.clone(),
+        registry.clone(),
+        writer,
+        client.clone(),
+    ));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+
+    // The DRA socket first: the kubelet connects to it once registered.
+    let (dra_listener, dra_path) = bind(&options.plugin_dir, DRA_SOCKET)?;
+    let dra = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(DraPluginServer::new(DraService::new(plugin.clone())))
+            .serve_with_incoming_shutdown(
+                UnixListenerStream::new(dra_listener),
+                stopped(stop_rx.clone()),
+            ),
+    );
+    let republish = Arc::new(Notify::new());
+    let endpoint = std::path::absolute(&dra_path).unwrap_or(dra_path.clone());
+    let reg_service = RegistrationService::new(endpoint.display().to_string(), republish.clone());
+    let (reg_listener, reg_path) = bind(&options.registration_dir, REGISTRATION_SOCKET)?;
+    let reg = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(RegistrationServer::new(reg_service))
+            .serve_with_incoming_shutdown(
+                UnixListenerStream::new(reg_listener),
+                stopped(stop_rx.clone()),
+            ),
+    );
+    eprintln!(
+        "gpuslice kubelet-plugin: node {node}: serving {} and {}",
+        dra_path.display(),
+        reg_path.display()
+    );
+
+    let publish = tokio::spawn(publish_loop(
+        Publisher::new(client, node.clone()),
+        registry,
+        republish,
+        options.clone(),
+    ));
+    let cleanup_plugin = plugin.clone();
+    let cleanup_every = options.cleanup_interval;
+    let cleanup = tokio::spawn(async move {
+        loop {
+            match release_stale(&cleanup_plugin).await {
+                Ok(report) => {
+                    for (uid, why) in &report.released {
+                        eprintln!("gpuslice kubelet-plugin: released claim {uid}: {why}");
+                    }
+                }
+                Err(e) => eprintln!("gpuslice kubelet-plugin: claim cleanup: {e}"),
+            }
+            tokio::time::sleep(cleanup_every).await;
+        }
+    });
+
+    shutdown.await;
+    let _ = stop_tx.send(true);
+    publish.abort();
+    cleanup.abort();
+    let dra = dra.await;
+    let reg = reg.await;
+    for p in [&dra_path, &reg_path] {
+        let _ = std::fs::remove_file(p);
+    }
+    eprintln!("gpuslice kubelet-plugin: stopped; sockets removed");
+    for (what, r) in [("DRA", dra), ("registration", reg)] {
+        match r {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                return Err(ServeError::Server {
+                    what,
+                    detail: e.to_string(),
+                })
+            }
+            Err(e) => {
+                return Err(ServeError::Server {
+                    what,
+                    detail: e.to_string(),
+                })
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Republishes when the registry's offer changes, when the kubelet registers the plugin, and
+/// every resync interval; a failed publication is retried on the next tick.
+async fn publish_loop(
+    mut publisher: Publisher,
+    registry: Arc<Registry>,
+    republish: Arc<Notify>,
+    options: PluginOptions,
+) {
+    let mut force = true;
+    let mut last_error = String::new();
+    let mut last_sync = tokio::time::Instant::now();
+    loop {
+        let r = registry.clone();
+        let snapshot = tokio::task::spawn_blocking(move || r.snapshot()).await;
+        match snapshot {
+            Ok(Ok(file)) => {
+                let gpus = offered(&file.inventory, &file.reservations);
+                match publisher.sync(&gpus, force).await {
+                    Ok(wrote) => {
+                        if wrote {
+                            eprintln!(
+                                "gpuslice kubelet-plugin: published {} device(s), pool generation {}",
+                                gpus.len(),
+                                publisher.generation()
+                            );
+                        }
+                        force = false;
+                        last_error.clear();
+                        last_sync = tokio::time::Instant::now();
+                    }
+                    Err(e) => {
+                        let e = e.to_string();
+                        if e != last_error {
+                            eprintln!("gpuslice kubelet-plugin: publishing slices: {e} (retrying)");
+                            last_error = e;
+                        }
+                    }
+                }
+            }
+            Ok(Err(e)) => eprintln!("gpuslice kubelet-plugin: reading the registry: {e}"),
+            Err(e) => eprintln!("gpuslice kubelet-plugin: {e}"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(options.publish_interval) => {}
+            _ = republish.notified() => force = true,
+        }
+        if last_sync.elapsed() >= options.resync_interval {
+            force = true;
+        }
+    }
+}
+
+/// Runs the plugin on a runtime of its own until SIGTERM or SIGINT.
+pub fn run_until_signal(
+    options: PluginOptions,
+    registry: Arc<Registry>,
+    writer: Arc<dyn SliceWriter>,
+) -> Result<(), ServeError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(ServeError::Runtime)?;
+    rt.block_on(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).map_err(ServeError::Runtime)?;
+        let mut int = signal(SignalKind::interrupt()).map_err(ServeError::Runtime)?;
+        let stop = async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        };
+        run(options, registry, writer, stop).await
+    })
+}

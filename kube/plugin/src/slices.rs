@@ -1,0 +1,453 @@
+//! The node's ResourceSlices as objects: one pool named after the node, one device per GPU
+//! (`gpu-<index>`, shared by several claims) with `memory` and `cores` capacities whose request
+//! policies the API server accepts, offering only what the node paths (annotations, whole GPUs
+//! of the node CDI spec) have not booked. Pure functions; the publisher sends them.
+
+use std::collections::BTreeMap;
+
+use gpuslice_registry::{claim_uid, gpu_loads, Inventory, Reservation};
+use k8s_openapi::api::resource::v1::{
+    CapacityRequestPolicy, CapacityRequestPolicyRange, Device, DeviceAttribute, DeviceCapacity,
+    ResourcePool, ResourceSlice, ResourceSliceSpec,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+
+use crate::quantity::format_binary;
+use crate::DRIVER;
+
+/// The memory step of every device: requests are rounded up to it, capacity down.
+pub const MEMORY_STEP: u64 = 1 << 20;
+/// The API server's limit of devices per ResourceSlice.
+pub const MAX_DEVICES_PER_SLICE: usize = 128;
+/// The API server's limit of a string attribute's length.
+pub const MAX_STRING_ATTRIBUTE: usize = 64;
+/// The API server's limit of an object name (a DNS subdomain).
+pub const MAX_NAME: usize = 253;
+
+/// Attribute and capacity names (bare: the driver's own domain).
+pub const ATTR_UUID: &str = "uuid";
+pub const ATTR_INDEX: &str = "index";
+pub const ATTR_PRODUCT: &str = "productName";
+/// The standard NUMA node attribute, published where the inventory knows it.
+pub const ATTR_NUMA: &str = "resource.kubernetes.io/numaNode";
+pub const CAP_MEMORY: &str = "memory";
+pub const CAP_CORES: &str = "cores";
+
+/// The slices cannot be made for this node.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SliceError {
+    #[error("node name `{name}` is not a DNS subdomain of at most {max} characters (lowercase letters, digits, `-` and `.`, starting and ending with a letter or digit); pass the Node object's name with --node-name or $NODE_NAME", max = MAX_NAME - SLICE_SUFFIX.len() - 4)]
+    NodeName { name: String },
+}
+
+/// `<node>-gpuslice.io`, the first slice's name; others add `-<n>`.
+pub const SLICE_SUFFIX: &str = "-gpuslice.io";
+
+/// What one GPU offers the scheduler.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OfferedGpu {
+    pub index: u32,
+    pub uuid: String,
+    pub model: String,
+    pub numa_node: Option<i32>,
+    /// Bytes not booked by node paths, rounded down to [`MEMORY_STEP`].
+    pub memory: u64,
+    /// Percent of compute not booked by node paths.
+    pub cores: u32,
+}
+
+/// What each GPU of `inventory` offers: its memory and compute minus what reservations not
+/// held by claims book on it (claims are the scheduler's own bookkeeping). A GPU with less
+/// than one step of memory left (booked whole, say) is not offered.
+pub fn offered(inventory: &Inventory, reservations: &[Reservation]) -> Vec<OfferedGpu> {
+    let node_paths: Vec<Reservation> = reservations
+        .iter()
+        .filter(|r| claim_uid(r).is_none())
+        .cloned()
+        .collect();
+    let loads = gpu_loads(&node_paths);
+    let mut out: Vec<OfferedGpu> = inventory
+        .gpus
+        .iter()
+        .filter_map(|g| {
+            let load = loads.get(&g.uuid).copied().unwrap_or_default();
+            if load.whole {
+                return None;
+            }
+            let memory = g.memory_total.saturating_sub(load.memory) / MEMORY_STEP * MEMORY_STEP;
+            (memory >= MEMORY_STEP).then(|| OfferedGpu {
+                index: g.index,
+                uuid: g.uuid.clone(),
+                model: g.model.clone(),
+                numa_node: g.numa_node,
+                memory,
+                cores: 100u32.saturating_sub(load.cores),
+            })
+        })
+        .collect();
+    out.sort_by_key(|g| g.index);
+    out
+}
+
+/// The device name of GPU `index`.
+pub fn device_name(index: u32) -> String {
+    format!("gpu-{index}")
+}
+
+/// The GPU index a device name of ours names (`gpu-3` → 3).
+pub fn device_index(name: &str) -> Option<u32> {
+    let digits = name.strip_prefix("gpu-")?;
+    if digits.is_empty() || digits.len() > 10 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    if digits.len() > 1 && digits.starts_with('0') {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// Whether `name` is a DNS subdomain (RFC 1123) of at most `max` characters.
+pub fn is_dns_subdomain(name: &str, max: usize) -> bool {
+    !name.is_empty()
+        && name.len() <= max
+        && name.split('.').all(|label| {
+            let b = label.as_bytes();
+            !b.is_empty()
+                && label.len() <= 63
+                && b.iter()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+                && b[0] != b'-'
+                && b[b.len() - 1] != b'-'
+        })
+}
+
+/// The name of the pool's `n`-th slice.
+pub fn slice_name(node: &str, n: usize) -> String {
+    if n == 0 {
+        format!("{node}{SLICE_SUFFIX}")
+    } else {
+        format!("{node}{SLICE_SUFFIX}-{n}")
+    }
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
+}
+
+fn quantity(s: String) -> Quantity {
+    Quantity(s)
+}
+
+/// The device for one offered GPU.
+pub fn device(g: &OfferedGpu) -> Device {
+    let mut attributes = BTreeMap::new();
+    attributes.insert(
+        ATTR_UUID.to_string(),
+        DeviceAttribute {
+            string: Some(truncate(&g.uuid, MAX_STRING_ATTRIBUTE)),
+            ..Default::default()
+        },
+    );
+    attributes.insert(
+        ATTR_INDEX.to_string(),
+        DeviceAttribute {
+            int: Some(i64::from(g.index)),
+            ..Default::default()
+        },
+    );
+    attributes.insert(
+        ATTR_PRODUCT.to_string(),
+        DeviceAttribute {
+            string: Some(truncate(&g.model, MAX_STRING_ATTRIBUTE)),
+            ..Default::default()
+        },
+    );
+    if let Some(n) = g.numa_node.filter(|n| *n >= 0) {
+        attributes.insert(
+            ATTR_NUMA.to_string(),
+            DeviceAttribute {
+                int: Some(i64::from(n)),
+                ..Default::default()
+            },
+        );
+    }
+    let memory = format_binary(g.memory);
+    let mut capacity = BTreeMap::new();
+    capacity.insert(
+        CAP_MEMORY.to_string(),
+        DeviceCapacity {
+            value: quantity(memory.clone()),
+            request_policy: Some(CapacityRequestPolicy {
+                // A request that names no memory consumes the whole GPU (as the annotation).
+                default: Some(quantity(memory.clone())),
+                valid_range: Some(CapacityRequestPolicyRange {
+                    min: quantity(format_binary(MEMORY_STEP)),
+                    step: Some(quantity(format_binary(MEMORY_STEP))),
+                    max: Some(quantity(memory)),
+                }),
+                valid_values: None,
+            }),
+        },
+    );
+    capacity.insert(
+        CAP_CORES.to_string(),
+        DeviceCapacity {
+            value: quantity(g.cores.to_string()),
+            request_policy: Some(CapacityRequestPolicy {
+                default: Some(quantity("0".into())),
+                valid_range: Some(CapacityRequestPolicyRange {
+                    min: quantity("0".into()),
+                    step: Some(quantity("1".into())),
+                    max: Some(quantity(g.cores.to_string())),
+                }),
+                valid_values: None,
+            }),
+        },
+    );
+    Device {
+        name: device_name(g.index),
+        allow_multiple_allocations: Some(true),
+        attributes: Some(attributes),
+        capacity: Some(capacity),
+        ..Default::default()
+    }
+}
+
+/// The pool's slices at `generation`: devices in index order (the scheduler's first-fit
+/// order), at most [`MAX_DEVICES_PER_SLICE`] a slice, at least one slice (an empty pool says
+/// the node offers nothing).
+pub fn build_slices(
+    node: &str,
+    gpus: &[OfferedGpu],
+    generation: i64,
+    owner: Option<&OwnerReference>,
+) -> Result<Vec<ResourceSlice>, SliceError> {
+    let longest = slice_name(node, gpus.len() / MAX_DEVICES_PER_SLICE + 1);
+    if !is_dns_subdomain(node, MAX_NAME) || !is_dns_subdomain(&longest, MAX_NAME) {
+        return Err(SliceError::NodeName {
+            name: node.to_string(),
+        });
+    }
+    let chunks: Vec<&[OfferedGpu]> = if gpus.is_empty() {
+        vec![&[]]
+    } else {
+        gpus.chunks(MAX_DEVICES_PER_SLICE).collect()
+    };
+    let count = chunks.len() as i64;
+    Ok(chunks
+        .into_iter()
+        .enumerate()
+        .map(|(n, chunk)| ResourceSlice {
+            metadata: ObjectMeta {
+                name: Some(slice_name(node, n)),
+                owner_references: owner.map(|o| vec![o.clone()]),
+                ..Default::default()
+            },
+            spec: ResourceSliceSpec {
+                driver: DRIVER.to_string(),
+                node_name: Some(node.to_string()),
+                pool: ResourcePool {
+                    name: node.to_string(),
+                    generation,
+                    resource_slice_count: count,
+                },
+                devices: Some(chunk.iter().map(device).collect()),
+                ..Default::default()
+            },
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use gpuslice_registry::{Booking, Gpu, Owner, ReservationState};
+
+    use super::*;
+    use crate::quantity::parse_whole;
+
+    const MIB: u64 = 1 << 20;
+
+    fn gpu(index: u32, memory_total: u64) -> Gpu {
+        Gpu {
+            index,
+            uuid: format!("GPU-{index:08}-0000-0000-0000-000000000000"),
+            model: "NVIDIA H200".into(),
+            memory_total,
+            minor: index,
+            pci_bus_id: None,
+            numa_node: (index == 1).then_some(1),
+        }
+    }
+
+    fn reservation(owner: Owner, whole: bool, uuid: &str, memory: u64, cores: u8) -> Reservation {
+        Reservation {
+            id: "0123456789abcdef".into(),
+            state: ReservationState::Bound,
+            owner,
+            whole_gpu: whole,
+            gpus: vec![Booking {
+                index: 0,
+                uuid: uuid.into(),
+                memory,
+                cores,
+            }],
+            created_ms: 0,
+            deadline_ms: None,
+            bound_ms: None,
+        }
+    }
+
+    #[test]
+    fn capacity_is_what_node_paths_left_rounded_down_to_the_step() {
+        // 141 GiB plus half a MiB: rounded down to whole MiB.
+        let inv = Inventory {
+            gpus: vec![
+                gpu(0, 141 * 1024 * MIB + MIB / 2),
+                gpu(1, 80 * 1024 * MIB),
+                gpu(2, 8 * 1024 * MIB),
+            ],
+        };
+        let claim = Owner::DraClaim {
+            claim_uid: "u".into(),
+            namespace: "n".into(),
+            name: "c".into(),
+        };
+        let held = vec![
+            // An annotation slice: subtracted.
+            reservation(
+                Owner::container(),
+                false,
+                &inv.gpus[1].uuid,
+                10 * 1024 * MIB + 3,
+                30,
+            ),
+            // A claim: the scheduler counts it itself.
+            reservation(claim, false, &inv.gpus[0].uuid, 20 * 1024 * MIB, 50),
+            // A whole GPU from the node CDI spec: not offered at all.
+            reservation(
+                Owner::container(),
+                true,
+                &inv.gpus[2].uuid,
+                8 * 1024 * MIB,
+                100,
+            ),
+        ];
+        let o = offered(&inv, &held);
+        assert_eq!(o.len(), 2);
+        assert_eq!(o[0].memory, 141 * 1024 * MIB);
+        assert_eq!(o[0].cores, 100);
+        assert_eq!(
+            o[1].memory,
+            70 * 1024 * MIB - MIB,
+            "10 GiB + 3 bytes taken, rounded down"
+        );
+        assert_eq!(o[1].cores, 70);
+        let slices = build_slices("node-a", &o, 4, None).unwrap();
+        assert_eq!(slices.len(), 1);
+        let s = &slices[0];
+        assert_eq!(s.metadata.name.as_deref(), Some("node-a-gpuslice.io"));
+        assert_eq!(s.spec.driver, "gpuslice.io");
+        assert_eq!(s.spec.pool.name, "node-a");
+        assert_eq!(s.spec.pool.generation, 4);
+        assert_eq!(s.spec.pool.resource_slice_count, 1);
+        let devices = s.spec.devices.as_ref().unwrap();
+        assert_eq!(devices[0].name, "gpu-0");
+        assert_eq!(devices[0].allow_multiple_allocations, Some(true));
+        let attrs = devices[1].attributes.as_ref().unwrap();
+        assert_eq!(attrs["index"].int, Some(1));
+        assert_eq!(attrs["productName"].string.as_deref(), Some("NVIDIA H200"));
+        assert_eq!(attrs[ATTR_NUMA].int, Some(1));
+        assert!(!devices[0]
+            .attributes
+            .as_ref()
+            .unwrap()
+            .contains_key(ATTR_NUMA));
+        // The API server's rule: default and max are multiples of the step, within value.
+        for d in devices {
+            let cap = d.capacity.as_ref().unwrap();
+            let mem = &cap["memory"];
+            let value = parse_whole(&mem.value.0).unwrap();
+            let policy = mem.request_policy.as_ref().unwrap();
+            let range = policy.valid_range.as_ref().unwrap();
+            let step = parse_whole(&range.step.as_ref().unwrap().0).unwrap();
+            assert_eq!(step, MIB);
+            assert_eq!(parse_whole(&range.min.0).unwrap(), MIB);
+            let max = parse_whole(&range.max.as_ref().unwrap().0).unwrap();
+            let default = parse_whole(&policy.default.as_ref().unwrap().0).unwrap();
+            assert_eq!(max % step, 0);
+            assert_eq!(default % step, 0);
+            assert!(max <= value && default <= value);
+            let cores = &cap["cores"];
+            let cp = cores.request_policy.as_ref().unwrap();
+            assert_eq!(cp.default.as_ref().unwrap().0, "0");
+            assert_eq!(
+                cp.valid_range.as_ref().unwrap().max.as_ref().unwrap().0,
+                cores.value.0
+            );
+        }
+        assert_eq!(devices[1].capacity.as_ref().unwrap()["cores"].value.0, "70");
+    }
+
+    #[test]
+    fn slices_respect_the_api_servers_limits() {
+        // 300 GPUs: 128 + 128 + 44 devices, one pool of three slices.
+        let inv = Inventory {
+            gpus: (0..300).map(|i| gpu(i, 16 << 30)).collect(),
+        };
+        let o = offered(&inv, &[]);
+        let slices = build_slices("n1", &o, 1, None).unwrap();
+        let sizes: Vec<usize> = slices
+            .iter()
+            .map(|s| s.spec.devices.as_ref().unwrap().len())
+            .collect();
+        assert_eq!(sizes, [128, 128, 44]);
+        assert!(slices.iter().all(|s| s.spec.pool.resource_slice_count == 3));
+        assert_eq!(slices[2].metadata.name.as_deref(), Some("n1-gpuslice.io-2"));
+        // Device names are DNS labels and read back to their index.
+        for d in slices.iter().flat_map(|s| s.spec.devices.iter().flatten()) {
+            assert!(is_dns_subdomain(&d.name, 63) && !d.name.contains('.'));
+            assert!(device_index(&d.name).is_some());
+        }
+        // A long model name is cut to the API server's 64 characters, on a char boundary.
+        let mut long = gpu(0, 16 << 30);
+        long.model = "é".repeat(40);
+        let o = offered(&Inventory { gpus: vec![long] }, &[]);
+        let d = device(&o[0]);
+        let p = d.attributes.unwrap()["productName"].string.clone().unwrap();
+        assert!(
+            p.len() <= MAX_STRING_ATTRIBUTE && p.chars().all(|c| c == 'é'),
+            "{p}"
+        );
+        // Node names the API server would refuse in a slice name.
+        for bad in ["", "Node", "-a", "a_b", &"a".repeat(250)] {
+            let e = build_slices(bad, &[], 1, None).unwrap_err();
+            assert!(e.to_string().contains("--node-name"), "{e}");
+        }
+        // An empty pool still publishes one (empty) slice.
+        let empty = build_slices("n1", &[], 2, None).unwrap();
+        assert_eq!(empty.len(), 1);
+        assert!(empty[0].spec.devices.as_ref().unwrap().is_empty());
+    }
+
+    #[test]
+    fn device_names_read_back() {
+        assert_eq!(device_name(7), "gpu-7");
+        assert_eq!(device_index("gpu-7"), Some(7));
+        assert_eq!(device_index("gpu-10"), Some(10));
+        for bad in [
+            "gpu-",
+            "gpu-07",
+            "gpu--1",
+            "gpu-1a",
+            "cpu-1",
+            "gpu-99999999999",
+        ] {
+            assert_eq!(device_index(bad), None, "{bad}");
+        }
+    }
+}

@@ -1,0 +1,275 @@
+//! The DRA packaging (`packaging/kubernetes/dra/`), validated without a cluster: every
+//! document deserialises into the Kubernetes API types of the pinned release and serialises
+//! back to exactly what the file says (an unknown or misspelt field fails), and the parts
+//! that must agree with the plugin do: the DeviceClass and driver name, the RBAC of
+//! kubernetes.md, the DaemonSet's sockets and directories, and the claims' capacity keys.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
+
+use std::path::{Path, PathBuf};
+
+use gpuslice_kube::serve::{DEFAULT_PLUGIN_DIR, DEFAULT_REGISTRATION_DIR};
+use gpuslice_kube::DRIVER;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{PodSpec, PodTemplateSpec, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+fn dra() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../packaging/kubernetes/dra")
+}
+
+/// Every YAML document of `dir/*.yaml`: (file name, document).
+fn documents(dir: &Path) -> Vec<(String, Value)> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    let mut out = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        for doc in serde_yaml_ng::Deserializer::from_str(&text) {
+            let v = Value::deserialize(doc).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+            out.push((f.file_name().unwrap().to_string_lossy().into_owned(), v));
+        }
+    }
+    out
+}
+
+/// Parses `doc` as `T` and checks nothing was lost or invented on the way back.
+fn typed<T: DeserializeOwned + Serialize>(file: &str, doc: &Value) -> T {
+    let t: T = serde_json::from_value(doc.clone())
+        .unwrap_or_else(|e| panic!("{file}: not a valid {}: {e}", std::any::type_name::<T>()));
+    let back = serde_json::to_value(&t).unwrap();
+    assert_eq!(
+        &back, doc,
+        "{file}: fields lost or changed by the API types"
+    );
+    t
+}
+
+/// The claim names a pod spec declares and the ones its containers use: each used one is
+/// declared, and every declared one names a template.
+fn check_pod_claims(file: &str, spec: &PodSpec) {
+    let declared: Vec<&str> = spec
+        .resource_claims
+        .iter()
+        .flatten()
+        .map(|c| {
+            assert!(
+                c.resource_claim_template_name.is_some(),
+                "{file}: {} names no template",
+                c.name
+            );
+            c.name.as_str()
+        })
+        .collect();
+    assert!(!declared.is_empty(), "{file}: the pod declares no claim");
+    for c in &spec.containers {
+        let used: Vec<&str> = c
+            .resources
+            .as_ref()
+            .and_then(|r| r.claims.as_ref())
+            .into_iter()
+            .flatten()
+            .map(|c| c.name.as_str())
+            .collect();
+        assert!(
+            !used.is_empty(),
+            "{file}: container {} uses no claim",
+            c.name
+        );
+        for u in used {
+            assert!(
+                declared.contains(&u),
+                "{file}: container {} uses undeclared claim {u}",
+                c.name
+            );
+        }
+    }
+}
+
+fn check_template(file: &str, t: &ResourceClaimTemplate) {
+    for r in t
+        .spec
+        .as_ref()
+        .unwrap()
+        .spec
+        .as_ref()
+        .unwrap()
+        .devices
+        .as_ref()
+        .unwrap()
+        .requests
+        .as_ref()
+        .unwrap()
+    {
+        let exactly = r.exactly.as_ref().unwrap();
+        assert_eq!(exactly.device_class_name, DRIVER, "{file}");
+        let requests = exactly
+            .capacity
+            .as_ref()
+            .unwrap()
+            .requests
+            .as_ref()
+            .unwrap();
+        // Bare keys: until Kubernetes 1.38 a claim must name exactly the published key.
+        for k in requests.keys() {
+            assert!(k == "memory" || k == "cores", "{file}: capacity key {k}");
+        }
+        assert!(
+            requests.contains_key("memory"),
+            "{file}: a slice names its memory"
+        );
+    }
+}
+
+#[test]
+fn dra_manifests_are_valid_and_agree_with_the_plugin() {
+    let docs = documents(&dra());
+    let examples = documents(&dra().join("examples"));
+    let mut kinds = Vec::new();
+    for (file, doc) in docs.iter().chain(examples.iter()) {
+        let kind = doc["kind"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{file}: no kind"))
+            .to_string();
+        match kind.as_str() {
+            "DeviceClass" => {
+                let d: DeviceClass = typed(file, doc);
+                assert_eq!(d.metadata.name.as_deref(), Some(DRIVER));
+                let cel = &d.spec.as_ref().unwrap().selectors.as_ref().unwrap()[0]
+                    .cel
+                    .as_ref()
+                    .unwrap()
+                    .expression;
+                assert_eq!(cel, &format!("device.driver == \"{DRIVER}\""));
+            }
+            "ServiceAccount" => {
+                typed::<ServiceAccount>(file, doc);
+            }
+            "ClusterRole" => {
+                let r: ClusterRole = typed(file, doc);
+                let rules = r.rules.unwrap();
+                let verbs = |res: &str| -> Vec<String> {
+                    rules
+                        .iter()
+                        .find(|r| r.resources.iter().flatten().any(|x| x == res))
+                        .unwrap_or_else(|| panic!("no rule for {res}"))
+                        .verbs
+                        .clone()
+                };
+                assert_eq!(
+                    verbs("resourceslices"),
+                    ["get", "list", "watch", "create", "update", "patch", "delete"]
+                );
+                assert_eq!(verbs("resourceclaims"), ["get", "list", "watch"]);
+                assert_eq!(verbs("nodes"), ["get"]);
+            }
+            "ClusterRoleBinding" => {
+                let b: ClusterRoleBinding = typed(file, doc);
+                assert_eq!(b.role_ref.name, "gpuslice-kubelet-plugin");
+                assert_eq!(b.subjects.unwrap()[0].name, "gpuslice-kubelet-plugin");
+            }
+            "DaemonSet" => {
+                let d: DaemonSet = typed(file, doc);
+                let spec = d.spec.template.spec.unwrap();
+                assert_eq!(
+                    spec.host_pid,
+                    Some(true),
+                    "the registry checks the node's pids"
+                );
+                assert_eq!(
+                    spec.service_account_name.as_deref(),
+                    Some("gpuslice-kubelet-plugin")
+                );
+                let c = &spec.containers[0];
+                assert_eq!(c.command.as_ref().unwrap()[1], "kubelet-plugin");
+                let env = c.env.as_ref().unwrap();
+                assert!(env.iter().any(|e| e.name == "NODE_NAME"
+                    && e.value_from
+                        .as_ref()
+                        .unwrap()
+                        .field_ref
+                        .as_ref()
+                        .unwrap()
+                        .field_path
+                        == "spec.nodeName"));
+                let mounts: Vec<&str> = c
+                    .volume_mounts
+                    .as_ref()
+                    .unwrap()
+                    .iter()
+                    .map(|m| m.mount_path.as_str())
+                    .collect();
+                for dir in [
+                    DEFAULT_PLUGIN_DIR,
+                    DEFAULT_REGISTRATION_DIR,
+                    "/run/gpuslice",
+                    "/var/run/cdi",
+                    "/etc/gpuslice",
+                ] {
+                    assert!(mounts.contains(&dir), "{file}: {dir} not mounted");
+                }
+                // Each mount is the host's directory at the same path (the CDI specs and the
+                // kubelet name host paths).
+                for v in spec.volumes.as_ref().unwrap() {
+                    let host = &v.host_path.as_ref().unwrap().path;
+                    let m = c
+                        .volume_mounts
+                        .as_ref()
+                        .unwrap()
+                        .iter()
+                        .find(|m| m.name == v.name)
+                        .unwrap();
+                    assert_eq!(&m.mount_path, host, "{file}: volume {}", v.name);
+                }
+            }
+            "ResourceClaimTemplate" => {
+                let t: ResourceClaimTemplate = typed(file, doc);
+                check_template(file, &t);
+            }
+            "Pod" => {
+                let p: Pod = typed(file, doc);
+                check_pod_claims(file, p.spec.as_ref().unwrap());
+            }
+            "Deployment" => {
+                let d: Deployment = typed(file, doc);
+                let spec = d.spec;
+                assert_eq!(spec.replicas, Some(3));
+                check_pod_claims(file, spec.template.spec.as_ref().unwrap());
+            }
+            "PyTorchJob" => {
+                // Kubeflow's type is not in k8s-openapi: its replica templates are pod templates.
+                assert_eq!(doc["apiVersion"], "kubeflow.org/v1");
+                let specs = doc["spec"]["pytorchReplicaSpecs"].as_object().unwrap();
+                assert!(specs.contains_key("Master") && specs.contains_key("Worker"));
+                for (role, r) in specs {
+                    let t: PodTemplateSpec = typed(&format!("{file} {role}"), &r["template"]);
+                    check_pod_claims(file, t.spec.as_ref().unwrap());
+                }
+            }
+            other => panic!("{file}: unexpected kind {other}"),
+        }
+        kinds.push(kind);
+    }
+    for k in [
+        "DeviceClass",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "DaemonSet",
+        "ResourceClaimTemplate",
+        "Pod",
+        "Deployment",
+        "PyTorchJob",
+    ] {
+        assert!(kinds.iter().any(|x| x == k), "no {k} in the DRA packaging");
+    }
+}

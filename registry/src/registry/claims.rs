@@ -1,0 +1,405 @@
+//! Reservations held by Kubernetes DRA claims: the scheduler has already chosen the GPUs and
+//! the capacity, so a claim is not placed but checked: exactly what it consumes is booked,
+//! one reservation per claim UID, only where nobody else (a node path or another claim)
+//! holds the capacity.
+
+use gpuslice_config::format_bytes;
+
+use crate::load::{gpu_loads, memory_capacity};
+use crate::model::{Booking, Owner, Reservation, ReservationState};
+use crate::placement::{Refusal, RefusalReason};
+
+use super::{Registry, RegistryError, Released, Txn};
+
+/// What a claim consumes on one GPU, as the scheduler wrote it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimShare {
+    /// `GPU-<uuid>` of the GPU.
+    pub uuid: String,
+    /// Bytes.
+    pub memory: u64,
+    /// Compute share in percent (0: none).
+    pub cores: u8,
+}
+
+/// The reservation a claim holds, and whether this call made it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimReservation {
+    pub reservation: Reservation,
+    /// False when the claim already held exactly this (a repeated prepare).
+    pub created: bool,
+}
+
+/// The claim UID of a reservation held by a claim.
+pub fn claim_uid(r: &Reservation) -> Option<&str> {
+    match &r.owner {
+        Owner::DraClaim { claim_uid, .. } => Some(claim_uid),
+        Owner::Container { .. } => None,
+    }
+}
+
+fn refuse(txn: &mut Txn, reason: RefusalReason, message: String) -> RegistryError {
+    *txn.file
+        .counters
+        .refused_total
+        .entry(reason.as_str().to_string())
+        .or_default() += 1;
+    txn.dirty = true;
+    RegistryError::Refused(Refusal { reason, message })
+}
+
+impl Registry {
+    /// Books `shares` (one per GPU, distinct GPUs) for the DRA claim `owner`, bound at once.
+    ///
+    /// Keyed by the claim's UID: a claim that already holds exactly these shares gets its
+    /// reservation back (`created: false`); one that holds different shares is refused (its
+    /// allocation changed without an unprepare). A share that does not fit beside what others
+    /// hold on its GPU (memory under the overcommit factor, cores up to 100, whole-GPU
+    /// bookings, the slice cap) is refused and nothing is booked.
+    pub fn reserve_claim(
+        &self,
+        owner: &Owner,
+        shares: &[ClaimShare],
+    ) -> Result<ClaimReservation, RegistryError> {
+        let Owner::DraClaim {
+            claim_uid: uid,
+            namespace,
+            name,
+        } = owner
+        else {
+            return Err(RegistryError::Refused(Refusal {
+                reason: RefusalReason::BadRequest,
+                message: format!("reserve_claim needs a DRA claim owner, not {owner}"),
+            }));
+        };
+        let who = format!("claim {namespace}/{name} (uid {uid})");
+        let (out, _) = self.transact(false, |txn| {
+            if let Some(held) = txn
+                .file
+                .reservations
+                .iter()
+                .find(|r| claim_uid(r) == Some(uid.as_str()))
+            {
+                let same = held.gpus.len() == shares.len()
+                    && shares.iter().all(|s| {
+                        held.gpus.iter().any(|b| {
+                            b.uuid == s.uuid && b.memory == s.memory && b.cores == s.cores
+                        })
+                    });
+                if same {
+                    return Ok(ClaimReservation {
+                        reservation: held.clone(),
+                        created: false,
+                    });
+                }
+                let id = held.id.clone();
+                return Err(refuse(
+                    txn,
+                    RefusalReason::BadRequest,
+                    format!("{who} already holds reservation {id} with other GPUs or capacity; it must be unprepared before it is prepared again"),
+                ));
+            }
+            if shares.is_empty() {
+                return Err(refuse(
+                    txn,
+                    RefusalReason::BadRequest,
+                    format!("{who} consumes no GPU of this node; accepted: at least one device"),
+                ));
+            }
+            let mut gpus = Vec::with_capacity(shares.len());
+            for (i, s) in shares.iter().enumerate() {
+                if shares[..i].iter().any(|o| o.uuid == s.uuid) {
+                    return Err(refuse(
+                        txn,
+                        RefusalReason::BadRequest,
+                        format!("{who} lists GPU {} twice; accepted: one share per GPU", s.uuid),
+                    ));
+                }
+                if s.cores > 100 {
+                    return Err(refuse(
+                        txn,
+                        RefusalReason::BadRequest,
+                        format!(
+                            "{who} consumes {}% cores of GPU {}; accepted: 0 to 100",
+                            s.cores, s.uuid
+                        ),
+                    ));
+                }
+                let Some(gpu) = txn.file.inventory.gpu(&s.uuid).cloned() else {
+                    let here: Vec<String> = txn
+                        .file
+                        .inventory
+                        .gpus
+                        .iter()
+                        .map(|g| format!("{} ({})", g.index, g.uuid))
+                        .collect();
+                    return Err(refuse(
+                        txn,
+                        RefusalReason::BadSelector,
+                        format!(
+                            "{who} is allocated GPU {}, which this node's inventory does not list; GPUs here: {}",
+                            s.uuid,
+                            if here.is_empty() { "none (run `gpuslice cdi generate`)".to_string() } else { here.join(", ") }
+                        ),
+                    ));
+                };
+                let loads = gpu_loads(&txn.file.reservations);
+                let load = loads.get(&gpu.uuid).copied().unwrap_or_default();
+                let cap = memory_capacity(gpu.memory_total, self.options.placement.memory_overcommit);
+                let free = cap.saturating_sub(load.memory);
+                let problem = if load.whole {
+                    Some("it is booked whole (CDI gpuslice.io/gpu)".to_string())
+                } else if s.memory > free {
+                    Some(format!(
+                        "it needs {} of memory and {} of {} is free",
+                        format_bytes(s.memory),
+                        format_bytes(free),
+                        format_bytes(cap)
+                    ))
+                } else if u32::from(s.cores) + load.cores > 100 {
+                    Some(format!(
+                        "it needs {}% cores and {}% are free",
+                        s.cores,
+                        100u32.saturating_sub(load.cores)
+                    ))
+                } else if self
+                    .options
+                    .placement
+                    .max_slices_per_gpu
+                    .is_some_and(|max| load.slices >= max)
+                {
+                    Some(format!("the GPU already holds {} slices, the most allowed", load.slices))
+                } else {
+                    None
+                };
+                if let Some(p) = problem {
+                    return Err(refuse(
+                        txn,
+                        RefusalReason::NoFit,
+                        format!(
+                            "{who} cannot be prepared on GPU {} ({}): {p}; the rest is held by other reservations on this node (annotations, whole GPUs or other claims): one bookkeeper per GPU",
+                            gpu.index, gpu.uuid
+                        ),
+                    ));
+                }
+                gpus.push(Booking {
+                    index: gpu.index,
+                    uuid: gpu.uuid.clone(),
+                    memory: s.memory,
+                    cores: s.cores,
+                });
+            }
+            let id = loop {
+                let id = crate::id::new_id()?;
+                if txn.file.reservation(&id).is_none() {
+                    break id;
+                }
+            };
+            let r = Reservation {
+                id,
+                state: ReservationState::Bound,
+                owner: owner.clone(),
+                whole_gpu: false,
+                gpus,
+                created_ms: txn.now_ms,
+                deadline_ms: None,
+                bound_ms: Some(txn.now_ms),
+            };
+            txn.records.push(r.clone());
+            txn.file.reservations.push(r.clone());
+            txn.file.counters.reserved_total += 1;
+            txn.dirty = true;
+            Ok(ClaimReservation {
+                reservation: r,
+                created: true,
+            })
+        })?;
+        Ok(out)
+    }
+
+    /// Releases the reservation of the claim with UID `uid`. Idempotent: an unknown claim
+    /// releases nothing.
+    pub fn release_claim(&self, uid: &str) -> Result<Released, RegistryError> {
+        let (reservations, _) = self.transact(false, |txn| {
+            let (gone, kept): (Vec<Reservation>, Vec<Reservation>) =
+                std::mem::take(&mut txn.file.reservations)
+                    .into_iter()
+                    .partition(|r| claim_uid(r) == Some(uid));
+            txn.file.reservations = kept;
+            if !gone.is_empty() {
+                txn.file.counters.released_total += gone.len() as u64;
+                txn.dirty = true;
+                txn.removed.extend(gone.iter().cloned());
+            }
+            Ok(gone)
+        })?;
+        Ok(Released {
+            reservations,
+            corrupt: None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use gpuslice_config::{PlacementConfig, Quantity};
+
+    use super::*;
+    use crate::fake::FakeSystem;
+    use crate::model::{Gpu, Inventory};
+    use crate::request::Request;
+    use crate::Options;
+
+    const GIB: u64 = 1 << 30;
+
+    fn registry(dir: &std::path::Path) -> Registry {
+        let r = Registry::open(
+            dir,
+            Options {
+                placement: PlacementConfig {
+                    policy: gpuslice_config::Policy::Binpack,
+                    memory_overcommit: 1.0,
+                    max_slices_per_gpu: None,
+                },
+                pending_timeout: Duration::from_secs(60),
+                recheck_interval: Duration::from_secs(1),
+            },
+            Arc::new(FakeSystem::new(1_000)),
+            crate::no_cleanup(),
+        )
+        .unwrap();
+        let gpus = (0..2)
+            .map(|i| Gpu {
+                index: i,
+                uuid: format!("GPU-{i}"),
+                model: "NVIDIA H200".into(),
+                memory_total: 16 * GIB,
+                minor: i,
+                pci_bus_id: None,
+                numa_node: None,
+            })
+            .collect();
+        r.set_inventory(Inventory { gpus }).unwrap();
+        r
+    }
+
+    fn claim(uid: &str) -> Owner {
+        Owner::DraClaim {
+            claim_uid: uid.into(),
+            namespace: "ns".into(),
+            name: format!("c-{uid}"),
+        }
+    }
+
+    fn share(uuid: &str, gib: u64, cores: u8) -> ClaimShare {
+        ClaimShare {
+            uuid: uuid.into(),
+            memory: gib * GIB,
+            cores,
+        }
+    }
+
+    #[test]
+    fn a_claim_books_exactly_its_shares_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = registry(dir.path());
+        let shares = [share("GPU-0", 4, 30), share("GPU-1", 2, 0)];
+        let first = r.reserve_claim(&claim("u1"), &shares).unwrap();
+        assert!(first.created);
+        assert_eq!(first.reservation.state, ReservationState::Bound);
+        assert_eq!(first.reservation.gpus.len(), 2);
+        assert_eq!(first.reservation.gpus[0].memory, 4 * GIB);
+        assert_eq!(first.reservation.gpus[0].cores, 30);
+        // Repeated: the same reservation, nothing more booked.
+        let again = r.reserve_claim(&claim("u1"), &shares).unwrap();
+        assert!(!again.created);
+        assert_eq!(again.reservation.id, first.reservation.id);
+        assert_eq!(r.snapshot().unwrap().reservations.len(), 1);
+        // Other capacity under the same UID: refused, the first booking kept.
+        let e = r
+            .reserve_claim(&claim("u1"), &[share("GPU-0", 5, 30)])
+            .unwrap_err();
+        assert!(e.to_string().contains("unprepared"), "{e}");
+        assert_eq!(r.snapshot().unwrap().reservations.len(), 1);
+        // Its record exists for `gc --rebuild`.
+        assert!(r
+            .slice_dir(&first.reservation.id)
+            .join(crate::RECORD_FILE)
+            .is_file());
+        // Released by UID, idempotently.
+        assert_eq!(r.release_claim("u1").unwrap().reservations.len(), 1);
+        assert!(r.release_claim("u1").unwrap().reservations.is_empty());
+        assert!(r.snapshot().unwrap().reservations.is_empty());
+        assert!(!r.slice_dir(&first.reservation.id).exists());
+    }
+
+    #[test]
+    fn claims_share_a_gpu_but_never_capacity_someone_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = registry(dir.path());
+        r.reserve_claim(&claim("a"), &[share("GPU-0", 10, 60)])
+            .unwrap();
+        r.reserve_claim(&claim("b"), &[share("GPU-0", 6, 40)])
+            .unwrap();
+        // Full now: memory, then cores.
+        let e = r
+            .reserve_claim(&claim("c"), &[share("GPU-0", 1, 0)])
+            .unwrap_err();
+        assert_eq!(e.refusal().map(|f| f.reason), Some(RefusalReason::NoFit));
+        assert!(e.to_string().contains("GPU 0 (GPU-0)"), "{e}");
+        // A node-path booking (annotations) on GPU-1 shrinks what a claim may take.
+        let mut req = Request::new(Owner::container());
+        req.memory = Some(Quantity::Bytes(12 * GIB));
+        req.selectors = vec![crate::Selector::Index(1)];
+        r.reserve(&req).unwrap();
+        let e = r
+            .reserve_claim(&claim("d"), &[share("GPU-1", 5, 0)])
+            .unwrap_err();
+        assert!(e.to_string().contains("one bookkeeper"), "{e}");
+        r.reserve_claim(&claim("d"), &[share("GPU-1", 4, 0)])
+            .unwrap();
+        // Two shares, the second refused: nothing of the first is booked.
+        let before = r.snapshot().unwrap().reservations.len();
+        let e = r
+            .reserve_claim(&claim("e"), &[share("GPU-1", 0, 10), share("GPU-0", 1, 0)])
+            .unwrap_err();
+        assert!(e.to_string().contains("GPU 0"), "{e}");
+        assert_eq!(r.snapshot().unwrap().reservations.len(), before);
+        let cores = r
+            .reserve_claim(&claim("f"), &[share("GPU-1", 0, 101)])
+            .unwrap_err();
+        assert!(cores.to_string().contains("0 to 100"), "{cores}");
+    }
+
+    #[test]
+    fn unknown_gpus_and_empty_claims_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = registry(dir.path());
+        let e = r
+            .reserve_claim(&claim("x"), &[share("GPU-9", 1, 0)])
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("GPU-9") && e.to_string().contains("GPUs here: 0 (GPU-0)"),
+            "{e}"
+        );
+        let e = r.reserve_claim(&claim("x"), &[]).unwrap_err();
+        assert!(e.to_string().contains("at least one"), "{e}");
+        let e = r
+            .reserve_claim(&claim("x"), &[share("GPU-0", 1, 0), share("GPU-0", 1, 0)])
+            .unwrap_err();
+        assert!(e.to_string().contains("twice"), "{e}");
+        let e = r
+            .reserve_claim(&Owner::container(), &[share("GPU-0", 1, 0)])
+            .unwrap_err();
+        assert!(e.to_string().contains("DRA claim owner"), "{e}");
+        assert!(r.snapshot().unwrap().reservations.is_empty());
+        // Claims are not reaped by container exits or deadlines.
+        r.reserve_claim(&claim("y"), &[share("GPU-0", 1, 0)])
+            .unwrap();
+        r.gc().unwrap();
+        assert_eq!(r.snapshot().unwrap().reservations.len(), 1);
+    }
+}
