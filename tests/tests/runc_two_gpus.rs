@@ -21,7 +21,7 @@ const SCRIPT: &str = "gpuslice-probe --json multi --devices 0,1 --chunk 512Mi --
 
 fn json_lines(text: &str) -> Vec<serde_json::Value> {
     text.lines()
-        .filter_map(|l| l.strip_prefix("FIRST ").or(Some(l)))
+        .map(|l| l.strip_prefix("FIRST ").unwrap_or(l))
         .filter(|l| l.starts_with('{'))
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON {l}: {e}")))
         .collect()
