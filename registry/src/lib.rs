@@ -31,8 +31,8 @@ pub use model::{
 pub use placement::{place, Refusal, RefusalReason};
 pub use reap::{ReapReason, Reaped};
 pub use registry::{
-    claim_uid, no_cleanup, read_registry, ClaimReservation, ClaimShare, Cleanup, InventoryChange,
-    Options, RebuildReport, Registry, RegistryError, Released,
+    check_state_dir, claim_uid, no_cleanup, read_registry, ClaimReservation, ClaimShare, Cleanup,
+    InventoryChange, Options, RebuildReport, Registry, RegistryError, Released,
 };
 pub use request::{Request, Selector, SelectorError, MAX_GPUS};
 pub use status::{

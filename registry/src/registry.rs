@@ -175,7 +175,11 @@ impl Registry {
         cleanup: Cleanup,
     ) -> Result<Registry, RegistryError> {
         let paths = Paths::new(state_dir);
+        let owner = rustix::process::geteuid().as_raw();
+        // Checked before anything is created in it, and again once it exists.
+        check_state_dir(state_dir, owner)?;
         paths.create()?;
+        check_state_dir(state_dir, owner)?;
         Ok(Registry {
             paths,
             options,
@@ -204,9 +208,14 @@ impl Registry {
         &self.paths.registry
     }
 
-    /// `state_dir/slices/<id>`: where the slice's files (limits, usage) live.
+    /// `state_dir/slices/<id>`: where the slice's files (limits, usage) live. `id` comes
+    /// from a [`Reservation`] of this registry, whose ids are checked when read; any other
+    /// string is still never joined as it is (it names `slices/invalid-id`, which no
+    /// reservation has).
     pub fn slice_dir(&self, id: &str) -> PathBuf {
-        self.paths.slice_dir(id)
+        self.paths
+            .slice_dir(id)
+            .unwrap_or_else(|_| self.paths.slices.join("invalid-id"))
     }
 
     /// The options in force.
@@ -443,6 +452,13 @@ fn check_inventory(inventory: &Inventory) -> Result<(), RegistryError> {
         }
     }
     Ok(())
+}
+
+/// Refuses a state directory (or its `registry.json`) that is a symbolic link, is not owned
+/// by uid `owner` or is writable by group or others; [`Registry::open`] checks with the
+/// caller's effective uid (root on a node).
+pub fn check_state_dir(state_dir: &Path, owner: u32) -> Result<(), RegistryError> {
+    Ok(store::check_state_dir(state_dir, owner)?)
 }
 
 /// Reads `state_dir/registry.json` without the lock (the file is replaced atomically). A

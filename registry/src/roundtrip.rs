@@ -43,7 +43,10 @@ fn records_round_trip(dir: &Path, file: &RegistryFile) -> Result<(), TestCaseErr
         .map_err(|e| TestCaseError::fail(e.to_string()))?;
     let fail = |e: store::StoreError| TestCaseError::fail(e.to_string());
     for r in &file.reservations {
-        let record = paths.slice_dir(&r.id).join(store::RECORD_FILE);
+        let record = paths
+            .slice_dir(&r.id)
+            .map_err(fail)?
+            .join(store::RECORD_FILE);
         store::write_record(&paths, r).map_err(fail)?;
         let first = bytes(&record)?;
         let read = store::read_record(&paths, &r.id).map_err(fail)?;

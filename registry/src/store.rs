@@ -4,7 +4,7 @@
 
 use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io::{ErrorKind, Read};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -36,6 +36,15 @@ pub enum StoreError {
     Write(#[from] gpuslice_fsutil::AtomicWriteError),
     #[error("reservation record {path} is unreadable: {detail}")]
     Record { path: PathBuf, detail: String },
+    #[error("`{id}` is not a reservation id, so it names no slice directory; accepted: 16 lowercase hex characters")]
+    InvalidId { id: String },
+    #[error("{what} {path} is refused: {detail}; accepted: {accepted}")]
+    Unsafe {
+        what: &'static str,
+        path: PathBuf,
+        detail: String,
+        accepted: String,
+    },
 }
 
 fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> StoreError + 'a {
@@ -65,19 +74,87 @@ impl Paths {
         }
     }
 
-    /// `slices/<id>`; `id` must be a valid reservation id.
-    pub fn slice_dir(&self, id: &str) -> PathBuf {
-        self.slices.join(id)
+    /// `slices/<id>`; an `id` that is not a reservation id (`..`, `/`) is refused.
+    pub fn slice_dir(&self, id: &str) -> Result<PathBuf, StoreError> {
+        if !is_valid_id(id) {
+            return Err(StoreError::InvalidId { id: id.to_string() });
+        }
+        Ok(self.slices.join(id))
     }
 
-    /// Creates the state and slices directories when missing.
+    /// Creates the state directory (0755) and `slices/` (0700: host users never reach a
+    /// slice's files; containers reach theirs through bind mounts, which runtimes set up
+    /// as root) when missing, and tightens a `slices/` an older build left open.
     pub fn create(&self) -> Result<(), StoreError> {
         DirBuilder::new()
             .recursive(true)
             .mode(0o755)
-            .create(&self.slices)
-            .map_err(io("create directory", &self.slices))
+            .create(&self.state_dir)
+            .map_err(io("create directory", &self.state_dir))?;
+        match DirBuilder::new().mode(0o700).create(&self.slices) {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(io("create directory", &self.slices)(e)),
+        }
+        let meta = fs::symlink_metadata(&self.slices).map_err(io("inspect", &self.slices))?;
+        if !meta.is_dir() {
+            return Err(StoreError::Unsafe {
+                what: "slices directory",
+                path: self.slices.clone(),
+                detail: "it is not a directory".into(),
+                accepted: "a directory (not a symbolic link)".into(),
+            });
+        }
+        if meta.permissions().mode() & 0o077 != 0 {
+            fs::set_permissions(&self.slices, fs::Permissions::from_mode(0o700))
+                .map_err(io("set mode 0700 on", &self.slices))?;
+        }
+        Ok(())
     }
+}
+
+/// Refuses `state_dir`, and its `registry.json` when present, if either is a symbolic link,
+/// is not owned by uid `owner` (root on a node) or is writable by group or others: whoever
+/// could change them could make the hooks, which run as root, book or remove what they
+/// choose. A missing state directory is fine (it is created 0755).
+pub fn check_state_dir(state_dir: &Path, owner: u32) -> Result<(), StoreError> {
+    let check = |what: &'static str, path: &Path, dir: bool| -> Result<(), StoreError> {
+        let meta = match fs::symlink_metadata(path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(io("inspect", path)(e)),
+        };
+        let accepted = format!(
+            "a {} (not a symbolic link) owned by uid {owner}, not writable by group or others",
+            if dir { "directory" } else { "regular file" }
+        );
+        let refuse = |detail: String| StoreError::Unsafe {
+            what,
+            path: path.to_path_buf(),
+            detail,
+            accepted: accepted.clone(),
+        };
+        let kind = meta.file_type();
+        if kind.is_symlink() {
+            return Err(refuse("it is a symbolic link".into()));
+        }
+        if (dir && !kind.is_dir()) || (!dir && !kind.is_file()) {
+            return Err(refuse(format!(
+                "it is not a {}",
+                if dir { "directory" } else { "regular file" }
+            )));
+        }
+        if meta.uid() != owner {
+            return Err(refuse(format!("it is owned by uid {}", meta.uid())));
+        }
+        let mode = meta.permissions().mode() & 0o7777;
+        if mode & 0o022 != 0 {
+            return Err(refuse(format!("it has mode {mode:04o}")));
+        }
+        Ok(())
+    };
+    check("state directory", state_dir, true)?;
+    check("registry file", &state_dir.join(REGISTRY_FILE), false)
 }
 
 /// An exclusive `flock` on the lock file, released when dropped (or by the kernel when the
@@ -167,7 +244,17 @@ pub fn parse_registry(text: &[u8]) -> Result<RegistryFile, String> {
         format!("version {v} is not supported (this build reads version {REGISTRY_VERSION})")
     };
     match serde_json::from_str::<RegistryFile>(text) {
-        Ok(f) if f.version == REGISTRY_VERSION => Ok(f),
+        Ok(f) if f.version == REGISTRY_VERSION => {
+            // Ids become paths (`slices/<id>`, CDI spec names): one that is not an id
+            // makes the whole file unusable rather than a path outside `slices/`.
+            match f.reservations.iter().find(|r| !is_valid_id(&r.id)) {
+                Some(r) => Err(format!(
+                    "reservation id `{}` is not a reservation id; accepted: 16 lowercase hex characters",
+                    r.id.escape_debug()
+                )),
+                None => Ok(f),
+            }
+        }
         Ok(f) => Err(unsupported(f.version)),
         // Another version's layout fails to parse as this one: name the version, not the
         // first field that differs.
@@ -213,7 +300,7 @@ struct Record<R> {
 
 /// Creates `slices/<id>/` if needed and (re)writes its `reservation.json`.
 pub fn write_record(paths: &Paths, r: &Reservation) -> Result<(), StoreError> {
-    let dir = paths.slice_dir(&r.id);
+    let dir = paths.slice_dir(&r.id)?;
     match DirBuilder::new().mode(0o755).create(&dir) {
         Ok(()) => {}
         Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
@@ -234,7 +321,7 @@ pub fn write_record(paths: &Paths, r: &Reservation) -> Result<(), StoreError> {
 
 /// Reads `slices/<id>/reservation.json`; `Ok(None)` when the directory or record is absent.
 pub fn read_record(paths: &Paths, id: &str) -> Result<Option<Reservation>, StoreError> {
-    let path = paths.slice_dir(id).join(RECORD_FILE);
+    let path = paths.slice_dir(id)?.join(RECORD_FILE);
     let text = match fs::read(&path) {
         Ok(t) => t,
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
@@ -265,7 +352,7 @@ pub fn read_record(paths: &Paths, id: &str) -> Result<Option<Reservation>, Store
 
 /// Removes `slices/<id>/` and everything in it; a missing directory is fine.
 pub fn remove_slice(paths: &Paths, id: &str) -> Result<(), StoreError> {
-    let dir = paths.slice_dir(id);
+    let dir = paths.slice_dir(id)?;
     match fs::remove_dir_all(&dir) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),

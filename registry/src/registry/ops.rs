@@ -174,7 +174,7 @@ impl Registry {
                 txn.dirty = true;
                 txn.removed.push(r.clone());
                 out.push(r);
-            } else if self.paths.slice_dir(id).exists() {
+            } else if self.paths.slice_dir(id)?.exists() {
                 // Left by a crash after the registry dropped it: finish the job.
                 match store::read_record(&self.paths, id) {
                     Ok(Some(r)) => txn.removed.push(r),

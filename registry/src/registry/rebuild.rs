@@ -37,9 +37,15 @@ impl Registry {
         let mut live = Liveness::new(&*self.system, 0, 0, Probe::Full)?;
         let now = live.now_ms();
         let mut report = RebuildReport::default();
+        // A usable file also lends its reservations: a live one whose record is missing
+        // (removed by hand, or a crash before it was written) is kept.
+        let mut listed: Vec<Reservation> = Vec::new();
         let counters = match store::load(&self.paths.registry)? {
             Loaded::Missing => Default::default(),
-            Loaded::Ok(f) => f.counters,
+            Loaded::Ok(f) => {
+                listed = f.reservations;
+                f.counters
+            }
             Loaded::Corrupt(_) => {
                 let aside = self
                     .paths
@@ -58,9 +64,15 @@ impl Registry {
                 Default::default()
             }
         };
+        let mut seen: Vec<String> = Vec::new();
         for id in store::slice_ids(&self.paths)? {
+            seen.push(id.clone());
             match store::read_record(&self.paths, &id) {
                 Err(e) => report.unreadable.push(e.to_string()),
+                // A directory without a record that the registry lists: decided below.
+                Ok(None) if listed.iter().any(|r| r.id == id) => {
+                    seen.pop();
+                }
                 Ok(None) => {
                     report.dropped.push(Reaped {
                         id,
@@ -79,6 +91,24 @@ impl Registry {
                         report.restored.push(r);
                     }
                 },
+            }
+        }
+        for mut r in listed {
+            if seen.contains(&r.id) {
+                continue;
+            }
+            match live.verdict(&r)? {
+                Some(reason) => report.dropped.push(Reaped {
+                    id: r.id.clone(),
+                    reservation: Some(r),
+                    reason,
+                }),
+                None => {
+                    sync_indices(&mut r, &inventory);
+                    // Best effort: without it a later rebuild of a corrupt file loses it.
+                    let _ = store::write_record(&self.paths, &r);
+                    report.restored.push(r);
+                }
             }
         }
         report
