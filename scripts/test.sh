@@ -17,6 +17,11 @@ echo "== format and lints"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --release --locked -- -D warnings
 
+echo "== test control plane: Kubernetes binaries of tests/kube (built once, then cached in /var/cache/gpuslice/kube)"
+# A failed build stops the suite here: the control-plane tests never skip.
+GPUSLICE_KUBE_BIN_DIR="$(./scripts/kube-cluster.sh build)"
+export GPUSLICE_KUBE_BIN_DIR
+
 echo "== unit, integration and end-to-end tests"
 export GPUSLICE_TEST_BIN_DIR="$PWD/target/release"
 export GPUSLICE_TEST_PORTABLE_DIR="$PWD/target/portable"

@@ -11,9 +11,11 @@
 pub mod cri;
 pub mod env;
 pub mod image;
+pub mod kube;
 pub mod node;
 pub mod podman;
 pub mod runc;
+pub mod serve;
 pub mod view;
 
 pub use env::{bin, portable, require_root, serial, Serial};

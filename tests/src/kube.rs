@@ -1,0 +1,238 @@
+//! A real Kubernetes control plane for end-to-end tests: starts `scripts/kube-cluster.sh up`
+//! in a temporary directory, drives it with the release's own `kubectl`, and takes it down
+//! again when dropped.
+//!
+//! The binaries come from `GPUSLICE_KUBE_BIN_DIR` (the README's test command sets it after
+//! `scripts/kube-cluster.sh build`); without it, this runs that build, which reuses its cache
+//! and is slow only the first time on a machine.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::env::workspace;
+
+/// The components `scripts/kube-cluster.sh up DIR` starts, as named in `DIR/pids`.
+pub const COMPONENTS: [&str; 4] = [
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+];
+
+/// `scripts/kube-cluster.sh` of this checkout.
+pub fn script() -> PathBuf {
+    workspace().join("scripts/kube-cluster.sh")
+}
+
+/// Directory holding kube-apiserver, kube-scheduler, kube-controller-manager, kubectl,
+/// kubelet and etcd: `GPUSLICE_KUBE_BIN_DIR`, else what `scripts/kube-cluster.sh build` prints.
+pub fn kube_bin_dir() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        if let Some(d) = std::env::var_os("GPUSLICE_KUBE_BIN_DIR") {
+            return PathBuf::from(d);
+        }
+        let out = Command::new(script())
+            .arg("build")
+            .stderr(Stdio::inherit())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {} build: {e}", script().display()));
+        assert!(
+            out.status.success(),
+            "{} build failed ({}): the Kubernetes binaries could not be built",
+            script().display(),
+            out.status
+        );
+        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    })
+    .clone()
+}
+
+/// One of the cluster binaries; panics with the build command when it is missing.
+pub fn kube_bin(name: &str) -> PathBuf {
+    let p = kube_bin_dir().join(name);
+    assert!(
+        p.exists(),
+        "{} is missing: build it with scripts/kube-cluster.sh build",
+        p.display()
+    );
+    p
+}
+
+/// A control plane started by `scripts/kube-cluster.sh up` in a temporary directory.
+#[derive(Debug)]
+pub struct KubeCluster {
+    dir: tempfile::TempDir,
+    down: bool,
+}
+
+impl KubeCluster {
+    /// Starts a control plane; panics with the script's output when it does not come up.
+    pub fn up() -> KubeCluster {
+        let dir = tempfile::Builder::new()
+            .prefix("gpuslice-kube-")
+            .tempdir()
+            .expect("create a temporary directory for the cluster");
+        let out = run_script(&["up".as_ref(), dir.path().as_os_str()]);
+        assert!(
+            out.status.success(),
+            "scripts/kube-cluster.sh up {} failed ({}):\n{}",
+            dir.path().display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        KubeCluster { dir, down: false }
+    }
+
+    /// The cluster's directory (`DIR` of the script).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The admin kubeconfig, `DIR/kubeconfig`.
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.dir().join("kubeconfig")
+    }
+
+    /// `DIR/cluster.env`: `API_URL`, `ETCD_URL`, `SCHEDULER_URL`, `CONTROLLER_MANAGER_URL`, `BIN_DIR`.
+    pub fn endpoints(&self) -> BTreeMap<String, String> {
+        let path = self.dir().join("cluster.env");
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+        text.lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    /// The pid `up` recorded for each component.
+    pub fn pids(&self) -> BTreeMap<&'static str, u32> {
+        COMPONENTS
+            .iter()
+            .map(|c| {
+                let path = self.dir().join("pids").join(format!("{c}.pid"));
+                let text = std::fs::read_to_string(&path)
+                    .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+                let pid = text
+                    .trim()
+                    .parse()
+                    .unwrap_or_else(|e| panic!("{} holds no pid ({text:?}): {e}", path.display()));
+                (*c, pid)
+            })
+            .collect()
+    }
+
+    /// The last `lines` lines of a component's log, for failure messages.
+    pub fn log_tail(&self, component: &str, lines: usize) -> String {
+        let path = self.dir().join("logs").join(format!("{component}.log"));
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// Runs kubectl against the cluster with the admin kubeconfig.
+    pub fn kubectl_output(&self, args: &[&str], stdin: Option<&[u8]>) -> Output {
+        let mut cmd = Command::new(kube_bin("kubectl"));
+        cmd.arg("--kubeconfig")
+            .arg(self.kubeconfig())
+            .arg("--request-timeout=30s")
+            .args(args)
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("start kubectl");
+        if let Some(input) = stdin {
+            let mut pipe = child.stdin.take().unwrap();
+            pipe.write_all(input).expect("write kubectl's input");
+        }
+        child.wait_with_output().expect("wait for kubectl")
+    }
+
+    /// Runs kubectl and returns its stdout; panics with its stderr when it fails.
+    pub fn kubectl(&self, args: &[&str]) -> String {
+        let out = self.kubectl_output(args, None);
+        assert!(
+            out.status.success(),
+            "kubectl {} failed ({}): {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `kubectl create -f -` of one object (JSON); the API server's answer on failure.
+    pub fn create(&self, object: &Value) -> Result<(), String> {
+        let out = self.kubectl_output(&["create", "-f", "-"], Some(object.to_string().as_bytes()));
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
+    /// `kubectl get ... -o json`, parsed.
+    pub fn get_json(&self, args: &[&str]) -> Value {
+        let mut all = vec!["get"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["-o", "json"]);
+        let text = self.kubectl(&all);
+        serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("kubectl {} printed no JSON ({e}): {text}", all.join(" ")))
+    }
+
+    /// Runs `scripts/kube-cluster.sh down DIR`; panics when it fails.
+    pub fn down(&mut self) {
+        self.down = true;
+        let out = run_script(&["down".as_ref(), self.dir().as_os_str()]);
+        assert!(
+            out.status.success(),
+            "scripts/kube-cluster.sh down {} failed ({}):\n{}",
+            self.dir().display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for KubeCluster {
+    fn drop(&mut self) {
+        if !self.down {
+            let _ = run_script(&["down".as_ref(), self.dir().as_os_str()]);
+        }
+    }
+}
+
+fn run_script(args: &[&std::ffi::OsStr]) -> Output {
+    Command::new(script())
+        .args(args)
+        .env("GPUSLICE_KUBE_BIN_DIR", kube_bin_dir())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script().display()))
+}
+
+/// Polls `probe` every 250 ms until it gives a value; panics naming `what` after `timeout`.
+pub fn wait_for<T>(what: &str, timeout: Duration, mut probe: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = probe() {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
