@@ -170,6 +170,10 @@ proptest! {
                     if restore {
                         other.set_len(USAGE_FILE_SIZE).unwrap();
                     }
+                    // Allocations check the size at most once a millisecond.
+                    std::thread::sleep(std::time::Duration::from_nanos(
+                        gpuslice_slice::usage::SIZE_CHECK_INTERVAL_NS * 2,
+                    ));
                 }
             }
             for (dev, h) in held.iter().enumerate() {

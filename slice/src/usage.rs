@@ -43,6 +43,22 @@ const SLOT_SIZE: usize = 256;
 /// Exact size of a usage file.
 pub const USAGE_FILE_SIZE: u64 = (HEADER_SIZE + MAX_SLOTS * SLOT_SIZE) as u64;
 
+/// How often reservations and releases check the file's size with `fstat` (1 ms).
+pub const SIZE_CHECK_INTERVAL_NS: u64 = 1_000_000;
+
+/// CLOCK_MONOTONIC in ns (a vDSO call, no system call).
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out pointer; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
 const NO_SLOT: u32 = u32::MAX;
 const CLAIMING: u32 = u32::MAX - 1;
 
@@ -351,6 +367,8 @@ pub struct UsageFile {
     /// What this process reserved per device, kept in its own memory: a slot lowered by
     /// another writer of the shared file cannot make this process take more than the limit.
     mine: [AtomicU64; MAX_DEVICES],
+    /// CLOCK_MONOTONIC ns of the last check that found the file's size right (0: none).
+    size_checked_ns: AtomicU64,
 }
 
 impl std::fmt::Debug for UsageFile {
@@ -377,6 +395,7 @@ impl UsageFile {
             fd: AtomicI32::new(-1),
             slot: AtomicU32::new(NO_SLOT),
             mine: std::array::from_fn(|_| AtomicU64::new(0)),
+            size_checked_ns: AtomicU64::new(0),
         };
         usage.claim_with(file)?;
         Ok(usage)
@@ -465,22 +484,28 @@ impl UsageFile {
         self.slot.store(NO_SLOT, SeqCst);
     }
 
-    /// Whether the file is still what was mapped: its size (a file truncated under a
-    /// mapping turns loads into SIGBUS) and its header (magic and layout). Checked before
-    /// every reservation and release, so a damaged file refuses instead of crashing; a
-    /// truncation racing with the check itself can still fault (documented in docs/shim.md).
+    /// Whether the file is still what was mapped: its header (magic and layout, loads from
+    /// the mapping) every time, its size (a file truncated under a mapping turns loads into
+    /// SIGBUS; an `fstat`) at most once per [`SIZE_CHECK_INTERVAL_NS`]. Reservations and
+    /// releases run it first, so a damaged file refuses instead of crashing without a system
+    /// call on every allocation. A truncation within the interval, or racing with the check,
+    /// can still fault (documented in docs/shim.md).
     pub fn intact(&self) -> Result<(), UsageError> {
         let fd = self.fd.load(SeqCst);
-        if fd >= 0 {
+        let now = monotonic_ns();
+        let last = self.size_checked_ns.load(SeqCst);
+        if fd >= 0 && (last == 0 || now.saturating_sub(last) >= SIZE_CHECK_INTERVAL_NS) {
             // SAFETY: stat is plain old data; zeroed is a valid value.
             let mut st: libc::stat = unsafe { std::mem::zeroed() };
             // SAFETY: fstat on our own descriptor with a live out pointer.
             if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_size as u64 != USAGE_FILE_SIZE {
+                self.size_checked_ns.store(0, SeqCst);
                 return Err(UsageError::Size {
                     path: self.path.clone(),
                     found: st.st_size.max(0) as u64,
                 });
             }
+            self.size_checked_ns.store(now.max(1), SeqCst);
         }
         let h = self.map.header();
         if h.magic != USAGE_MAGIC {
