@@ -1,12 +1,15 @@
 //! What gpuslice needs to know about a node's NVIDIA driver: its device nodes, its
-//! user-space libraries (found like the dynamic loader finds them) and the GPU inventory
+//! user-space libraries (found like the dynamic loader finds them), its utility programs
+//! (`nvidia-smi`) and the GPU inventory
 //! from NVML or from the simulated list of the config.
 
+pub mod binaries;
 pub mod devices;
 pub mod inventory;
 pub mod ldcache;
 pub mod libraries;
 
+pub use binaries::{discover_binaries, DriverBinary, UTILITY_BINARIES};
 pub use devices::{
     discover_device_nodes, DeviceNode, DeviceNodes, DevicesError, NodeInspector, NodeKind,
     RealInspector,

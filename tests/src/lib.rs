@@ -15,6 +15,7 @@ pub mod kube;
 pub mod node;
 pub mod podman;
 pub mod runc;
+pub mod serve;
 pub mod view;
 
 pub use env::{bin, portable, require_root, serial, Serial};

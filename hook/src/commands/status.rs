@@ -11,18 +11,23 @@ use crate::error::Error;
 use crate::node::Node;
 
 /// `status [--json]`: per-GPU capacity and allocation and the reservations, with what the
-/// exporter's collector measures next to what is booked.
+/// exporter's collector measures next to what is booked, and what the enforcer did.
 pub fn status(node: &Node, args: &StatusArgs) -> Result<(), Error> {
     let file = node.open_registry()?.snapshot()?;
     let measured = crate::serve::measured::measure(node, &file);
     if args.json {
-        let v = status_json_measured(&file, &measured);
+        let mut v = status_json_measured(&file, &measured);
+        crate::serve::enforce::status::add_json(&mut v, &node.config().state_dir);
         out(&format!(
             "{}\n",
             serde_json::to_string_pretty(&v).unwrap_or_default()
         ))
     } else {
-        out(&render_table_measured(&file, &measured))
+        let enforcer = crate::serve::enforce::status::render_text(&node.config().state_dir);
+        out(&format!(
+            "{}{enforcer}",
+            render_table_measured(&file, &measured)
+        ))
     }
 }
 

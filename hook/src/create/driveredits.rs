@@ -86,6 +86,19 @@ pub fn discover(config: &Config) -> Result<DriverEdits, DriverEditsError> {
             )
         })
         .collect();
+    // nvidia-smi and the driver's other utility programs, when the host has them.
+    let binaries = gpuslice_driver::discover_binaries(&root, gpuslice_driver::UTILITY_BINARIES)
+        .map_err(|source| DriverEditsError::Libraries {
+            root: shown.clone(),
+            source,
+        })?;
+    mounts.extend(binaries.iter().map(|b| {
+        Mount::bind(
+            b.host_path.display().to_string(),
+            b.container_path.display().to_string(),
+            RO_BIND,
+        )
+    }));
     if config.is_simulated() {
         let state = SimLayout::of(config).state;
         mounts.push(Mount::bind(

@@ -15,6 +15,7 @@ pub mod freezer;
 pub mod memory;
 pub mod meter;
 pub mod signal;
+pub mod status;
 
 use std::path::PathBuf;
 use std::time::Instant;
