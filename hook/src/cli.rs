@@ -40,6 +40,9 @@ pub enum Command {
     Configure(ConfigureCommand),
     /// Serve Prometheus metrics.
     Serve(ServeArgs),
+    /// Run the DRA kubelet plugin of this node (Kubernetes 1.36+; docs/kubernetes-dra.md).
+    #[cfg(feature = "kubernetes")]
+    KubeletPlugin(crate::kubelet_plugin::KubeletPluginArgs),
 }
 
 #[derive(Debug, Subcommand)]

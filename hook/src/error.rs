@@ -34,6 +34,16 @@ pub enum Error {
     Docker(Box<crate::configure::docker::DockerError>),
     #[error(transparent)]
     Serve(#[from] crate::serve::ServeError),
+    #[cfg(feature = "kubernetes")]
+    #[error(transparent)]
+    KubeletPlugin(Box<crate::kubelet_plugin::KubeletPluginError>),
+}
+
+#[cfg(feature = "kubernetes")]
+impl From<crate::kubelet_plugin::KubeletPluginError> for Error {
+    fn from(e: crate::kubelet_plugin::KubeletPluginError) -> Self {
+        Error::KubeletPlugin(Box::new(e))
+    }
 }
 
 impl From<crate::create::hooks::HookError> for Error {

@@ -8,6 +8,8 @@ pub mod commands;
 pub mod configure;
 pub mod create;
 pub mod error;
+#[cfg(feature = "kubernetes")]
+pub mod kubelet_plugin;
 pub mod node;
 pub mod serve;
 pub mod simnode;

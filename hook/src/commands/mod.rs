@@ -33,5 +33,7 @@ pub fn run(cli: Cli) -> Result<(), Error> {
             &node,
             args.listen.unwrap_or(node.config().serve.listen),
         )?),
+        #[cfg(feature = "kubernetes")]
+        Command::KubeletPlugin(args) => Ok(crate::kubelet_plugin::run(&node, args)?),
     }
 }

@@ -133,6 +133,52 @@ impl Drop for Rollback<'_> {
     }
 }
 
+/// Writes the host's `ld.so.preload` for slice containers when it is missing or differs.
+pub fn ensure_preload(node: &Node) -> Result<(), EditError> {
+    let preload = node.config().state_dir.join(PRELOAD_FILE);
+    if std::fs::read_to_string(&preload).ok().as_deref() != Some(preload_contents().as_str()) {
+        gpuslice_fsutil::atomic_write(&preload, preload_contents().as_bytes(), 0o644).map_err(
+            |source| EditError::Write {
+                path: preload.clone(),
+                source,
+            },
+        )?;
+    }
+    Ok(())
+}
+
+/// Writes the slice directory of `reservation`: its limits file, and a fresh usage file
+/// (kept as it is when `keep_usage` and it exists: a DRA claim prepared again while its
+/// containers run keeps their accounting).
+pub fn write_slice_files(
+    slice_dir: &std::path::Path,
+    reservation: &Reservation,
+    keep_usage: bool,
+) -> Result<(), EditError> {
+    let limits = Limits {
+        version: LIMITS_VERSION,
+        reservation: reservation.id.clone(),
+        devices: reservation
+            .gpus
+            .iter()
+            .map(|b| DeviceLimit {
+                uuid: b.uuid.clone(),
+                memory_limit: b.memory,
+                cores: b.cores,
+            })
+            .collect(),
+    };
+    limits.write(&slice_dir.join(LIMITS_FILE))?;
+    let usage = slice_dir.join(USAGE_FILE);
+    if !(keep_usage && usage.is_file()) {
+        create_usage_file(&usage).map_err(|e| EditError::Usage {
+            id: reservation.id.clone(),
+            detail: e.to_string(),
+        })?;
+    }
+    Ok(())
+}
+
 /// Edits the OCI spec `input` for `node`.
 pub fn edit_spec(node: &Node, input: &[u8]) -> Result<Outcome, EditError> {
     let mut spec: Value = serde_json::from_slice(input).map_err(EditError::Json)?;
@@ -175,15 +221,7 @@ pub fn edit_spec(node: &Node, input: &[u8]) -> Result<Outcome, EditError> {
         });
     }
     let binary = node.hook_binary()?;
-    let preload = config.state_dir.join(PRELOAD_FILE);
-    if std::fs::read_to_string(&preload).ok().as_deref() != Some(preload_contents().as_str()) {
-        gpuslice_fsutil::atomic_write(&preload, preload_contents().as_bytes(), 0o644).map_err(
-            |source| EditError::Write {
-                path: preload.clone(),
-                source,
-            },
-        )?;
-    }
+    ensure_preload(node)?;
 
     let registry = node
         .open_registry()
@@ -195,24 +233,7 @@ pub fn edit_spec(node: &Node, input: &[u8]) -> Result<Outcome, EditError> {
     };
     let slice_dir = registry.slice_dir(&reservation.id);
 
-    let limits = Limits {
-        version: LIMITS_VERSION,
-        reservation: reservation.id.clone(),
-        devices: reservation
-            .gpus
-            .iter()
-            .map(|b| DeviceLimit {
-                uuid: b.uuid.clone(),
-                memory_limit: b.memory,
-                cores: b.cores,
-            })
-            .collect(),
-    };
-    limits.write(&slice_dir.join(LIMITS_FILE))?;
-    create_usage_file(&slice_dir.join(USAGE_FILE)).map_err(|e| EditError::Usage {
-        id: reservation.id.clone(),
-        detail: e.to_string(),
-    })?;
+    write_slice_files(&slice_dir, &reservation, false)?;
 
     let booked: Vec<&str> = reservation.gpus.iter().map(|b| b.uuid.as_str()).collect();
     let node_spec = node_spec.with_devices(&booked).map_err(|source| {
