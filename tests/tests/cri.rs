@@ -154,7 +154,19 @@ fn kubelet_style_pod_through_containerd_cri_gets_its_slice() {
         "{sidecar_ann:?}"
     );
     assert!(!mounts_to(&sidecar_spec, "/etc/ld.so.preload"));
-    assert!(!sidecar_spec.to_string().contains("nvidia"));
+    for part in [
+        &sidecar_spec["mounts"],
+        &sidecar_spec["linux"]["devices"],
+        &sidecar_spec["linux"]["resources"]["devices"],
+        &sidecar_spec["process"]["env"],
+        &sidecar_spec["hooks"],
+    ] {
+        let text = part.to_string();
+        assert!(
+            !text.contains("nvidia") && !text.contains("GPUSLICE") && !text.contains("libgpuslice"),
+            "the sidecar got a part of a slice: {text}"
+        );
+    }
     assert_eq!(node.reservations().len(), 1, "{:?}", node.reservations());
 
     // The pod annotations reached the app container's spec, edited by gpuslice-runtime.
