@@ -210,10 +210,12 @@ fn parse_inner(input: &str, allow_percent: bool) -> Result<Quantity, QuantityErr
     Ok(Quantity::Bytes(bytes))
 }
 
-/// Formats bytes for people: the largest binary unit that divides exactly, else GiB with two
-/// decimals (`4Gi`, `512Mi`, `3.27 GiB`).
+/// Formats bytes for people: the largest binary unit that divides exactly, else the largest
+/// unit that fits (from MiB up) with two decimals (`4Gi`, `512Mi`, `3.27 GiB`, `16.00 EiB`
+/// for 2^64-1).
 pub fn format_bytes(bytes: u64) -> String {
-    const UNITS: [(&str, u64); 5] = [
+    const UNITS: [(&str, u64); 6] = [
+        ("Ei", 1 << 60),
         ("Pi", 1 << 50),
         ("Ti", 1 << 40),
         ("Gi", 1 << 30),
@@ -225,12 +227,9 @@ pub fn format_bytes(bytes: u64) -> String {
             return format!("{}{}", bytes / size, name);
         }
     }
-    if bytes >= 1 << 30 {
-        format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
-    } else if bytes >= 1 << 20 {
-        format!("{:.2} MiB", bytes as f64 / (1u64 << 20) as f64)
-    } else {
-        format!("{bytes} B")
+    match UNITS[..5].iter().find(|(_, size)| bytes >= *size) {
+        Some((name, size)) => format!("{:.2} {name}B", bytes as f64 / *size as f64),
+        None => format!("{bytes} B"),
     }
 }
 
@@ -330,6 +329,12 @@ mod tests {
         assert_eq!(format_bytes(4 << 30), "4Gi");
         assert_eq!(format_bytes(512 << 20), "512Mi");
         assert_eq!(format_bytes(100), "100 B");
+        assert_eq!(format_bytes((3 << 30) + (1 << 28) + 1), "3.25 GiB");
+        assert_eq!(format_bytes((3 << 20) + 1), "3.00 MiB");
+        assert_eq!(format_bytes(u64::MAX), "16.00 EiB");
+        assert_eq!(format_bytes(u64::MAX - (1 << 50)), "16.00 EiB");
+        assert_eq!(format_bytes((5 << 40) + 1), "5.00 TiB");
+        assert_eq!(format_bytes(1 << 60), "1Ei");
     }
 
     const SUFFIXES: [(&str, u64); 13] = [

@@ -36,7 +36,7 @@ pub use registry::{
 };
 pub use request::{Request, Selector, SelectorError, MAX_GPUS};
 pub use status::{
-    render_reaped, render_rebuild, render_table, render_table_measured, status_json,
+    problems, render_reaped, render_rebuild, render_table, render_table_measured, status_json,
     status_json_measured, GpuMeasured, Measured,
 };
 pub use store::{StoreError, LOCK_FILE, RECORD_FILE, REGISTRY_FILE, SLICES_DIR};

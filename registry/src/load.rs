@@ -83,7 +83,7 @@ pub fn violations(file: &RegistryFile, placement: &PlacementConfig) -> Vec<Strin
         let cap = memory_capacity(gpu.memory_total, placement.memory_overcommit);
         if l.memory > cap {
             out.push(format!(
-                "GPU {}: {} bytes booked, capacity {cap}",
+                "GPU {}: {} bytes booked, more than it holds ({cap} bytes)",
                 gpu.index, l.memory
             ));
         }

@@ -6,16 +6,29 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde_json::{json, Value};
 
-use crate::load::{gpu_loads, missing_gpus};
+use gpuslice_config::PlacementConfig;
+
+use crate::load::{gpu_loads, missing_gpus, violations};
 use crate::model::{Inventory, Owner, RegistryFile, Reservation};
 use crate::reap::Reaped;
 use crate::registry::RebuildReport;
-use crate::table::{Align, Table};
+use crate::table::{printable, Align, Table};
 
-const GIB: f64 = (1u64 << 30) as f64;
-
+/// Bytes in GiB with one decimal, or in the largest binary unit that fits from 1 TiB up
+/// (so a damaged 2^64-1 reads `16.0 EiB`, not `17179869184.0 GiB`).
 fn gib(bytes: u64) -> String {
-    format!("{:.1} GiB", bytes as f64 / GIB)
+    const UNITS: [(&str, u32); 3] = [("EiB", 60), ("PiB", 50), ("TiB", 40)];
+    let (name, shift) = UNITS
+        .into_iter()
+        .find(|(_, shift)| bytes >= 1u64 << shift)
+        .unwrap_or(("GiB", 30));
+    format!("{:.1} {name}", bytes as f64 / (1u64 << shift) as f64)
+}
+
+/// What is wrong with the registry's contents (more booked than a GPU holds, an id listed
+/// twice, …), one line each; empty for a sound registry. `status` shows them.
+pub fn problems(file: &RegistryFile, placement: &PlacementConfig) -> Vec<String> {
+    violations(file, placement)
 }
 
 fn percent(part: u64, whole: u64) -> u64 {
@@ -111,15 +124,25 @@ fn bookings_cell(r: &Reservation, inventory: &Inventory) -> String {
         .join(", ")
 }
 
-/// The status table without measurements (measured columns show `-`).
+/// The status table without measurements (measured columns show `-`), checked against the
+/// default placement rules.
 pub fn render_table(file: &RegistryFile) -> String {
-    render_table_measured(file, &Measured::default())
+    render_table_measured(
+        file,
+        &Measured::default(),
+        &gpuslice_config::Config::default().placement,
+    )
 }
 
 /// The status table: per GPU (index, model, memory total / allocated / free in GiB, memory
 /// used as measured, cores allocated, utilisation as measured, share of the GPU's memory
-/// booked, slice count), then the reservations with the memory each uses per GPU.
-pub fn render_table_measured(file: &RegistryFile, measured: &Measured) -> String {
+/// booked, slice count), a `warning:` line for each [`problems`] under `placement`, then the
+/// reservations with the memory each uses per GPU. Control characters in names are escaped.
+pub fn render_table_measured(
+    file: &RegistryFile,
+    measured: &Measured,
+    placement: &PlacementConfig,
+) -> String {
     let loads = gpu_loads(&file.reservations);
     let mut gpus = Table::new(&[
         ("GPU", Align::Right),
@@ -160,7 +183,7 @@ pub fn render_table_measured(file: &RegistryFile, measured: &Measured) -> String
         gpus.render()
     };
     if let Some(e) = &measured.gpu_error {
-        out.push_str(&format!("not measured: {e}\n"));
+        out.push_str(&format!("not measured: {}\n", printable(e)));
     }
     let mut missing: Vec<&str> = missing_gpus(&file.inventory, &file.reservations)
         .into_iter()
@@ -170,8 +193,12 @@ pub fn render_table_measured(file: &RegistryFile, measured: &Measured) -> String
     missing.dedup();
     for uuid in missing {
         out.push_str(&format!(
-            "GPU {uuid} is booked but no longer in the inventory\n"
+            "GPU {} is booked but no longer in the inventory\n",
+            printable(uuid)
         ));
+    }
+    for p in problems(file, placement) {
+        out.push_str(&format!("warning: {}\n", printable(&p)));
     }
     out.push('\n');
     if file.reservations.is_empty() {
@@ -198,9 +225,14 @@ pub fn render_table_measured(file: &RegistryFile, measured: &Measured) -> String
     out
 }
 
-/// `status --json` without measurements (the measured fields are `null`).
+/// `status --json` without measurements (the measured fields are `null`), checked against
+/// the default placement rules.
 pub fn status_json(file: &RegistryFile) -> Value {
-    status_json_measured(file, &Measured::default())
+    status_json_measured(
+        file,
+        &Measured::default(),
+        &gpuslice_config::Config::default().placement,
+    )
 }
 
 /// `status --json` per DESIGN.md §4: `gpus` (index, uuid, model, memory_total,
@@ -208,8 +240,13 @@ pub fn status_json(file: &RegistryFile) -> Value {
 /// memory_used and utilization in percent) and `reservations` (id, state, container_id,
 /// gpus[uuid, memory, cores]; plus owner, whole_gpu, created_ms, deadline_ms, bound_ms, and
 /// each GPU's index and measured memory_used). Bytes are integers; what was not measured is
-/// `null`, and `measure_error` says why the GPUs were not.
-pub fn status_json_measured(file: &RegistryFile, measured: &Measured) -> Value {
+/// `null`, and `measure_error` says why the GPUs were not; `problems` lists the
+/// [`problems`] under `placement`. Strings keep their characters (JSON escapes control ones).
+pub fn status_json_measured(
+    file: &RegistryFile,
+    measured: &Measured,
+    placement: &PlacementConfig,
+) -> Value {
     let loads = gpu_loads(&file.reservations);
     let gpus: Vec<Value> = file
         .inventory
@@ -261,6 +298,7 @@ pub fn status_json_measured(file: &RegistryFile, measured: &Measured) -> Value {
         "reservations": reservations,
         "counters": file.counters,
         "measure_error": measured.gpu_error,
+        "problems": problems(file, placement),
     })
 }
 
@@ -271,7 +309,7 @@ pub fn render_reaped(reaped: &[Reaped]) -> String {
     }
     let mut out = format!("reaped {}:\n", reaped.len());
     for r in reaped {
-        out.push_str(&format!("  {r}\n"));
+        out.push_str(&format!("  {}\n", printable(&r.to_string())));
     }
     out
 }
@@ -287,20 +325,26 @@ pub fn render_rebuild(report: &RebuildReport) -> String {
         report.restored.len()
     ));
     for r in &report.restored {
-        out.push_str(&format!("  {} ({}, {})\n", r.id, r.state, r.owner));
+        out.push_str(&format!(
+            "  {} ({}, {})\n",
+            r.id,
+            r.state,
+            printable(&r.owner.to_string())
+        ));
     }
     if !report.dropped.is_empty() {
         out.push_str(&format!("dropped {}:\n", report.dropped.len()));
         for d in &report.dropped {
-            out.push_str(&format!("  {d}\n"));
+            out.push_str(&format!("  {}\n", printable(&d.to_string())));
         }
     }
     for u in &report.unreadable {
-        out.push_str(&format!("left in place: {u}\n"));
+        out.push_str(&format!("left in place: {}\n", printable(u)));
     }
     for (id, uuid) in &report.missing {
         out.push_str(&format!(
-            "reservation {id} books GPU {uuid}, which the inventory lacks\n"
+            "reservation {id} books GPU {}, which the inventory lacks\n",
+            printable(uuid)
         ));
     }
     for v in &report.violations {

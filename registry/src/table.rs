@@ -1,5 +1,23 @@
 //! A plain text table with aligned columns, for `gpuslice status`.
 
+/// `s` with every control character (newline, escape, bell, …) written as a Rust escape
+/// (`\n`, `\u{1b}`): names from annotations and the driver reach the operator's terminal,
+/// where they must not move the cursor or forge lines.
+pub(crate) fn printable(s: &str) -> String {
+    if !s.chars().any(char::is_control) {
+        return s.to_string();
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// Column alignment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Align {
@@ -21,8 +39,10 @@ impl Table {
         }
     }
 
+    /// Adds a row; control characters in cells are escaped (see [`printable`]).
     pub(crate) fn row(&mut self, cells: Vec<String>) {
-        self.rows.push(cells);
+        self.rows
+            .push(cells.into_iter().map(|c| printable(&c)).collect());
     }
 
     /// The table, one line per row, each ending in a newline; no trailing spaces.
@@ -79,5 +99,17 @@ mod tests {
         t.row(vec!["long".into(), "5".into(), "x".into()]);
         t.row(vec!["s".into(), "12345".into(), "".into()]);
         assert_eq!(t.render(), "A       NUM  Z\nlong      5  x\ns     12345\n");
+    }
+
+    #[test]
+    fn control_characters_are_escaped_and_others_kept() {
+        assert_eq!(printable("plain ünïcode"), "plain ünïcode");
+        assert_eq!(
+            printable("a\u{1b}[2J\nb\tc\u{7f}\u{85}"),
+            "a\\u{1b}[2J\\nb\\tc\\u{7f}\\u{85}"
+        );
+        let mut t = Table::new(&[("A", Align::Left), ("B", Align::Left)]);
+        t.row(vec!["x\ny".into(), "z".into()]);
+        assert_eq!(t.render(), "A     B\nx\\ny  z\n");
     }
 }

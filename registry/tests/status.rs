@@ -252,7 +252,7 @@ fn measured(file: &RegistryFile) -> Measured {
 fn measured_columns_sit_next_to_the_booked_ones() {
     let (_d, file) = populated();
     let m = measured(&file);
-    let text = render_table_measured(&file, &m);
+    let text = render_table_measured(&file, &m, &gpuslice_config::Config::default().placement);
     let lines: Vec<&str> = text.lines().collect();
     let header = lines[0];
     let cols: Vec<&str> = header.split_whitespace().collect();
@@ -295,7 +295,7 @@ fn measured_columns_sit_next_to_the_booked_ones() {
 
     let mut m = m;
     m.gpu_error = Some("NVML (libnvidia-ml.so.1) cannot be initialised: not loaded".into());
-    let text = render_table_measured(&file, &m);
+    let text = render_table_measured(&file, &m, &gpuslice_config::Config::default().placement);
     assert!(
         text.lines()
             .any(|l| l.starts_with("not measured: NVML") && l.contains("not loaded")),
@@ -306,7 +306,11 @@ fn measured_columns_sit_next_to_the_booked_ones() {
 #[test]
 fn status_json_carries_measured_figures_beside_the_contract() {
     let (_d, file) = populated();
-    let v = status_json_measured(&file, &measured(&file));
+    let v = status_json_measured(
+        &file,
+        &measured(&file),
+        &gpuslice_config::Config::default().placement,
+    );
     assert_eq!(v["gpus"][0]["memory_used"].as_u64(), Some(3 * GI));
     assert_eq!(v["gpus"][0]["utilization"].as_u64(), Some(45));
     assert!(v["gpus"][1]["memory_used"].is_null());

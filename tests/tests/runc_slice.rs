@@ -34,6 +34,37 @@ fn runc_slice_sees_its_gpu_shim_limits_and_env() {
     );
 }
 
+/// Issue 16 (3): the host's `slices/` is 0700 root, yet a container running as an
+/// unprivileged user still writes its usage file and reads its limits through the mounts.
+#[test]
+fn a_non_root_container_user_reaches_its_usage_and_limits_files() {
+    let _s = serial();
+    let node = TestNode::new(&["10Gi"]);
+    let bundle = Bundle::new(
+        "id -u; if (exec 3<>/run/gpuslice/usage) 2>/dev/null; then echo usage-writable; fi; \
+         if cat /run/gpuslice/limits.json >/dev/null 2>&1; then echo limits-readable; fi",
+        &slice_ann(),
+    );
+    let mut c = bundle.config();
+    c["process"]["user"] = serde_json::json!({"uid": 1000, "gid": 1000});
+    bundle.set_config(&c);
+    let out = run(&node, &bundle, "e2e-runc-nonroot");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.lines().any(|l| l == "1000"), "{text}");
+    assert!(text.contains("usage-writable"), "{text}");
+    assert!(text.contains("limits-readable"), "{text}");
+    let slices = node.state_dir().join("slices");
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&slices).expect("slices").permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o700, "{slices:?}");
+}
+
 #[test]
 fn misfit_is_refused_with_free_capacity_and_leaks_nothing() {
     let _s = serial();
@@ -62,6 +93,7 @@ fn malformed_requests_fail_creation_and_reserve_nothing() {
     let cases: Vec<(Vec<(&str, &str)>, &str)> = vec![
         (vec![("gpuslice.io/memory", "lots")], "gpuslice.io/memory"),
         (vec![("gpuslice.io/cores", "150")], "gpuslice.io/cores"),
+        (vec![("gpuslice.io/cores", "30%%%%")], "gpuslice.io/cores"),
         (vec![("gpuslice.io/gpus", "0")], "gpuslice.io/gpus"),
         (
             vec![(

@@ -2,11 +2,13 @@
 //! figures, rendered by the registry crate) and reaped or rebuilt.
 
 use gpuslice_registry::{
-    render_reaped, render_rebuild, render_table_measured, status_json_measured, Inventory,
+    is_valid_id, render_reaped, render_rebuild, render_table_measured, status_json_measured,
+    Inventory, Registry,
 };
 
 use crate::cli::{GcArgs, StatusArgs};
 use crate::commands::out;
+use crate::create::slicespec::{slice_spec_path, SLICE_KIND};
 use crate::error::Error;
 use crate::node::Node;
 
@@ -16,7 +18,7 @@ pub fn status(node: &Node, args: &StatusArgs) -> Result<(), Error> {
     let file = node.open_registry()?.snapshot()?;
     let measured = crate::serve::measured::measure(node, &file);
     if args.json {
-        let mut v = status_json_measured(&file, &measured);
+        let mut v = status_json_measured(&file, &measured, &node.config().placement);
         crate::serve::enforce::status::add_json(&mut v, &node.config().state_dir);
         out(&format!(
             "{}\n",
@@ -26,19 +28,51 @@ pub fn status(node: &Node, args: &StatusArgs) -> Result<(), Error> {
         let enforcer = crate::serve::enforce::status::render_text(&node.config().state_dir);
         out(&format!(
             "{}{enforcer}",
-            render_table_measured(&file, &measured)
+            render_table_measured(&file, &measured, &node.config().placement)
         ))
     }
 }
 
 /// `gc [--rebuild]`: reaps the reservations of containers that are gone, or rebuilds a
-/// corrupt registry from the inventory and the live slice directories.
+/// corrupt registry from the inventory and the live slice directories; either way, then
+/// removes the slice CDI specs whose reservation is gone.
 pub fn gc(node: &Node, args: &GcArgs) -> Result<(), Error> {
     let registry = node.open_registry()?;
-    if args.rebuild {
+    let report = if args.rebuild {
         let gpus = gpuslice_driver::inventory(node.config(), &node.loaded.path)?;
-        out(&render_rebuild(&registry.rebuild(Inventory { gpus })?))
+        render_rebuild(&registry.rebuild(Inventory { gpus })?)
     } else {
-        out(&render_reaped(&registry.gc()?))
+        render_reaped(&registry.gc()?)
+    };
+    let specs = remove_leftover_specs(node, &registry)?;
+    out(&format!("{report}{specs}"))
+}
+
+/// Removes gpuslice's slice CDI specs (`gpuslice.io-slice_<id>.json` in `cdi.spec_dir`, `<id>`
+/// a reservation id) whose reservation the registry does not list: a hook killed between
+/// its reservation being reaped and its spec being written leaves one that no release
+/// would remove. The specs are listed before the registry is read, and a create writes its
+/// spec only after reserving, so a spec being created is never taken. Returns one line per
+/// spec removed.
+fn remove_leftover_specs(node: &Node, registry: &Registry) -> Result<String, Error> {
+    let dir = &node.config().cdi.spec_dir;
+    let ids = gpuslice_cdi::list_transient_specs(dir, SLICE_KIND)?;
+    if ids.is_empty() {
+        return Ok(String::new());
     }
+    let file = registry.snapshot()?;
+    let mut lines = String::new();
+    for id in ids.iter().filter(|id| is_valid_id(id)) {
+        if file.reservation(id).is_some() {
+            continue;
+        }
+        if let Some(path) = slice_spec_path(dir, id) {
+            gpuslice_cdi::remove_spec(&path)?;
+            lines.push_str(&format!(
+                "removed CDI spec {} of reservation {id}, which the registry does not list\n",
+                path.display()
+            ));
+        }
+    }
+    Ok(lines)
 }

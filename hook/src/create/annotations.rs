@@ -185,9 +185,15 @@ pub fn parse_ask(ann: &BTreeMap<String, String>) -> Result<Ask, AnnotationError>
         req.memory = Some(q);
     }
     if let Some((k, v)) = value(ann, "cores", container) {
-        req.cores = integer(&k, v.trim_end_matches('%'), 1, 100)
-            .map_err(|_| bad(&k, v, "a compute share in percent from 1 to 100"))?
-            as u8;
+        // One optional `%`: `30` or `30%`, never `30%%%%`.
+        let number = v.trim().strip_suffix('%').unwrap_or(v);
+        req.cores = integer(&k, number, 1, 100).map_err(|_| {
+            bad(
+                &k,
+                v,
+                "a compute share in percent from 1 to 100 (`30` or `30%`)",
+            )
+        })? as u8;
     }
     if let Some((k, v)) = value(ann, "gpu", container) {
         req.selectors = Selector::parse_list(v).map_err(|e| {
@@ -373,6 +379,9 @@ mod tests {
             ("gpuslice.io/memory", "0", "more than 0 bytes"),
             ("gpuslice.io/cores", "150", "from 1 to 100"),
             ("gpuslice.io/cores", "0", "from 1 to 100"),
+            ("gpuslice.io/cores", "30%%%%", "(`30` or `30%`)"),
+            ("gpuslice.io/cores", "30%%", "from 1 to 100"),
+            ("gpuslice.io/cores", "%", "from 1 to 100"),
             ("gpuslice.io/gpus", "0", "from 1 to 16"),
             ("gpuslice.io/gpus", "17", "from 1 to 16"),
             ("gpuslice.io/gpus", "two", "from 1 to 16"),
