@@ -245,3 +245,150 @@ pub fn scrape(c: &mut Collector, now: Instant) -> (String, Vec<Series>) {
     let series = parse(&text);
     (text, series)
 }
+
+/// A `gpuslice serve` process on a free port of the loopback, for the availability tests
+/// (issue 16): a config with only a state dir (no GPU: NVML fails to open and is counted),
+/// optionally started with `RLIMIT_NOFILE` lowered to `nofile`. Killed when dropped.
+pub struct Exporter {
+    pub child: std::process::Child,
+    pub addr: std::net::SocketAddr,
+    pub log: Arc<Mutex<String>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Exporter {
+    pub fn start(nofile: Option<u64>) -> Exporter {
+        use std::io::BufRead;
+        use std::os::unix::process::CommandExt;
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("config.toml");
+        std::fs::write(
+            &config,
+            format!("state_dir = \"{}\"\n", dir.path().join("state").display()),
+        )
+        .unwrap();
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_gpuslice"));
+        cmd.arg("--config")
+            .arg(&config)
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .env_remove("GPUSLICE_CONFIG")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        if let Some(n) = nofile {
+            // SAFETY: the closure runs in the forked child before exec and only makes one
+            // setrlimit system call (async-signal-safe); it allocates nothing and takes no lock.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let limit = rustix::process::Rlimit {
+                        current: Some(n),
+                        maximum: Some(n),
+                    };
+                    rustix::process::setrlimit(rustix::process::Resource::Nofile, limit)
+                        .map_err(std::io::Error::from)
+                });
+            }
+        }
+        let mut child = cmd.spawn().expect("start gpuslice serve");
+        let mut lines = std::io::BufReader::new(child.stderr.take().unwrap());
+        // Errors met at start (no NVML here) may come before the listening line.
+        let mut early = String::new();
+        let mut addr = None;
+        for _ in 0..20 {
+            let mut line = String::new();
+            if lines.read_line(&mut line).unwrap() == 0 {
+                break;
+            }
+            addr = line
+                .trim()
+                .strip_prefix("gpuslice serve: listening on http://")
+                .and_then(|a| a.strip_suffix("/metrics"))
+                .and_then(|a| a.parse().ok());
+            early.push_str(&line);
+            if addr.is_some() {
+                break;
+            }
+        }
+        let addr = addr.unwrap_or_else(|| panic!("gpuslice serve did not start: {early}"));
+        let log = Arc::new(Mutex::new(early));
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in lines.lines().map_while(Result::ok) {
+                let mut l = sink.lock().unwrap();
+                if l.len() < 1 << 20 {
+                    l.push_str(&line);
+                    l.push('\n');
+                }
+            }
+        });
+        Exporter {
+            child,
+            addr,
+            log,
+            _dir: dir,
+        }
+    }
+
+    /// Whether the process still runs.
+    pub fn alive(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+
+    /// A `/proc/<pid>/status` figure in KiB (`VmRSS`, `VmHWM`).
+    pub fn status_kib(&self, field: &str) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+            .and_then(|v| v.trim().strip_suffix("kB"))
+            .map(|v| v.trim().parse().unwrap())
+            .unwrap_or_else(|| panic!("no {field} in {status}"))
+    }
+
+    /// One `GET path` with HTTP/1.0 and a read timeout of `within`: the status code and
+    /// body, or why there was none.
+    pub fn get(&self, path: &str, within: Duration) -> Result<(u16, String), String> {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect_timeout(&self.addr, within)
+            .map_err(|e| format!("connect: {e}"))?;
+        s.set_read_timeout(Some(within)).unwrap();
+        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
+            .map_err(|e| format!("write: {e}"))?;
+        let mut resp = Vec::new();
+        s.read_to_end(&mut resp).map_err(|e| format!("read: {e}"))?;
+        let resp = String::from_utf8_lossy(&resp).into_owned();
+        let (head, body) = resp
+            .split_once("\r\n\r\n")
+            .ok_or_else(|| format!("no response head in {resp:?}"))?;
+        let status = head
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .ok_or_else(|| format!("no status in {head:?}"))?;
+        Ok((status, body.to_string()))
+    }
+
+    /// Polls `/healthz` until it answers `200 ok` or `deadline` passes.
+    pub fn healthy_within(&self, deadline: Duration) -> Result<(), String> {
+        let end = Instant::now() + deadline;
+        let mut last = String::new();
+        while Instant::now() < end {
+            match self.get("/healthz", Duration::from_secs(5)) {
+                Ok((200, body)) if body == "ok\n" => return Ok(()),
+                Ok(other) => last = format!("{other:?}"),
+                Err(e) => last = e,
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Err(format!(
+            "/healthz did not answer within {deadline:?}: {last}"
+        ))
+    }
+}
+
+impl Drop for Exporter {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
