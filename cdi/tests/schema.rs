@@ -8,31 +8,9 @@ mod support;
 use gpuslice_cdi::{to_json, ContainerEdits, Device, Spec};
 use serde_json::Value;
 
-struct DefsRetriever(Value);
-
-impl jsonschema::Retrieve for DefsRetriever {
-    fn retrieve(
-        &self,
-        uri: &jsonschema::Uri<String>,
-    ) -> Result<Value, Box<dyn std::error::Error + Send + Sync>> {
-        if uri.path().as_str().ends_with("/defs.json") {
-            Ok(self.0.clone())
-        } else {
-            Err(format!("the CDI schema refers only to defs.json, not {uri}").into())
-        }
-    }
-}
-
-fn validator() -> jsonschema::Validator {
-    let schema: Value =
-        serde_json::from_str(include_str!("schema/schema.json")).expect("schema.json");
-    let defs: Value = serde_json::from_str(include_str!("schema/defs.json")).expect("defs.json");
-    jsonschema::options()
-        .with_draft(jsonschema::Draft::Draft7)
-        .with_retriever(DefsRetriever(defs))
-        .build(&schema)
-        .expect("the CDI schema compiles")
-}
+#[path = "schema/validator.rs"]
+mod cdi_schema;
+use cdi_schema::validator;
 
 fn assert_schema_valid(v: &jsonschema::Validator, spec: &Spec) {
     let bytes = to_json(spec).expect("encodes");

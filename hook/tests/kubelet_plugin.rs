@@ -20,32 +20,9 @@ use gpuslice_kube::SliceWriter;
 use gpuslice_registry::{ClaimShare, Gpu, Inventory, Owner};
 use serde_json::Value;
 
-struct Defs(Value);
-
-impl jsonschema::Retrieve for Defs {
-    fn retrieve(
-        &self,
-        uri: &jsonschema::Uri<String>,
-    ) -> Result<Value, Box<dyn std::error::Error + Send + Sync>> {
-        if uri.path().as_str().ends_with("/defs.json") {
-            Ok(self.0.clone())
-        } else {
-            Err(format!("unexpected reference {uri}").into())
-        }
-    }
-}
-
-fn validator() -> jsonschema::Validator {
-    let schema: Value =
-        serde_json::from_str(include_str!("../../cdi/tests/schema/schema.json")).unwrap();
-    let defs: Value =
-        serde_json::from_str(include_str!("../../cdi/tests/schema/defs.json")).unwrap();
-    jsonschema::options()
-        .with_draft(jsonschema::Draft::Draft7)
-        .with_retriever(Defs(defs))
-        .build(&schema)
-        .unwrap()
-}
+#[path = "../../cdi/tests/schema/validator.rs"]
+mod cdi_schema;
+use cdi_schema::validator;
 
 fn node(dir: &Path) -> Node {
     let shim = dir.join("libgpuslice_shim.so");
