@@ -8,9 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use hyper_util::rt::TokioIo;
 use serde_json::json;
-use tonic::transport::{Endpoint, Uri};
 
 use crate::image::rootfs;
 
@@ -319,19 +317,7 @@ impl Cri {
             .enable_all()
             .build()
             .expect("tokio runtime");
-        let path = socket.to_path_buf();
-        let channel = rt.block_on(async move {
-            // The URI is required by the API and ignored by the connector.
-            Endpoint::from_static("http://[::]:50051")
-                .connect_with_connector(tower::service_fn(move |_: Uri| {
-                    let path = path.clone();
-                    async move {
-                        let stream = tokio::net::UnixStream::connect(path).await?;
-                        Ok::<_, std::io::Error>(TokioIo::new(stream))
-                    }
-                }))
-                .await
-        })?;
+        let channel = rt.block_on(crate::kubelet::unix_channel(socket))?;
         Ok(Cri {
             rt,
             client: RuntimeServiceClient::new(channel),

@@ -191,6 +191,30 @@ impl KubeCluster {
             .unwrap_or_else(|e| panic!("kubectl {} printed no JSON ({e}): {text}", all.join(" ")))
     }
 
+    /// Creates the Node object `name` of a node without a kubelet (labelled
+    /// `kubernetes.io/hostname`), with capacity and allocatable set so the scheduler has room
+    /// for pods on it.
+    pub fn add_node(&self, name: &str) {
+        self.create(&serde_json::json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+        }))
+        .unwrap_or_else(|e| panic!("Node {name} refused: {e}"));
+        self.kubectl(&[
+            "patch",
+            "node",
+            name,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &serde_json::json!({"status": {
+                "capacity": {"cpu": "8", "memory": "32Gi", "pods": "110"},
+                "allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110"},
+            }})
+            .to_string(),
+        ]);
+    }
+
     /// Runs `scripts/kube-cluster.sh down DIR`; panics when it fails.
     pub fn down(&mut self) {
         self.down = true;

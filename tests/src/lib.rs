@@ -12,6 +12,7 @@ pub mod cri;
 pub mod env;
 pub mod image;
 pub mod kube;
+pub mod kubelet;
 pub mod node;
 pub mod podman;
 pub mod runc;

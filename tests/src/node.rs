@@ -18,6 +18,9 @@ pub struct TestNode {
     pub dir: tempfile::TempDir,
     pub config: PathBuf,
     pub state: PathBuf,
+    /// Where its CDI specs go (`cdi.spec_dir`): [`CDI_DIR`] unless made with
+    /// [`TestNode::with_models`].
+    pub cdi_dir: PathBuf,
 }
 
 /// The directory holding the portable build (old-glibc shim, simulated driver, probe), else
@@ -52,10 +55,38 @@ impl TestNode {
 
     /// Like [`TestNode::new`] with extra TOML appended to the config (top-level tables).
     pub fn with(gpus: &[&str], extra: &str) -> TestNode {
+        let gpus: Vec<(Option<&str>, &str)> = gpus.iter().map(|m| (None, *m)).collect();
+        TestNode::build(&gpus, extra, None)
+    }
+
+    /// A node with one simulated GPU per `(model, memory)`, e.g. `&[("NVIDIA L4", "24Gi")]`,
+    /// whose CDI specs go to a directory of its own (under its temp dir) instead of
+    /// [`CDI_DIR`], so that several nodes can live on one host.
+    pub fn with_models(gpus: &[(&str, &str)]) -> TestNode {
+        let gpus: Vec<(Option<&str>, &str)> = gpus.iter().map(|(m, s)| (Some(*m), *s)).collect();
         let dir = tempfile::Builder::new()
             .prefix("gpuslice-e2e-")
             .tempdir()
             .expect("tempdir");
+        let cdi = dir.path().join("cdi");
+        TestNode::build_in(dir, &gpus, "", Some(cdi))
+    }
+
+    fn build(gpus: &[(Option<&str>, &str)], extra: &str, cdi_dir: Option<PathBuf>) -> TestNode {
+        let dir = tempfile::Builder::new()
+            .prefix("gpuslice-e2e-")
+            .tempdir()
+            .expect("tempdir");
+        TestNode::build_in(dir, gpus, extra, cdi_dir)
+    }
+
+    fn build_in(
+        dir: tempfile::TempDir,
+        gpus: &[(Option<&str>, &str)],
+        extra: &str,
+        cdi_dir: Option<PathBuf>,
+    ) -> TestNode {
+        let cdi_dir = cdi_dir.unwrap_or_else(|| PathBuf::from(CDI_DIR));
         let state = dir.path().join("state");
         let shim = artifacts_dir().join("libgpuslice_shim.so");
         assert!(
@@ -64,17 +95,26 @@ impl TestNode {
             shim.display()
         );
         let mut text = format!(
-            "state_dir = \"{}\"\n[shim]\nlibrary = \"{}\"\n[cdi]\nspec_dir = \"{CDI_DIR}\"\n[inventory]\nsource = \"simulated\"\n",
+            "state_dir = \"{}\"\n[shim]\nlibrary = \"{}\"\n[cdi]\nspec_dir = \"{}\"\n[inventory]\nsource = \"simulated\"\n",
             state.display(),
-            shim.display()
+            shim.display(),
+            cdi_dir.display()
         );
-        for m in gpus {
+        for (model, m) in gpus {
             text.push_str(&format!("[[inventory.simulated]]\nmemory = \"{m}\"\n"));
+            if let Some(model) = model {
+                text.push_str(&format!("model = \"{model}\"\n"));
+            }
         }
         text.push_str(extra);
         let config = dir.path().join("config.toml");
         std::fs::write(&config, text).expect("write config");
-        let node = TestNode { dir, config, state };
+        let node = TestNode {
+            dir,
+            config,
+            state,
+            cdi_dir,
+        };
         let out = node.gpuslice(&[
             "cdi",
             "generate",
@@ -133,7 +173,7 @@ impl TestNode {
         if let Ok(rd) = std::fs::read_dir(self.state.join("slices")) {
             out.extend(rd.filter_map(|e| e.ok()).map(|e| e.path()));
         }
-        if let Ok(rd) = std::fs::read_dir(CDI_DIR) {
+        if let Ok(rd) = std::fs::read_dir(&self.cdi_dir) {
             out.extend(rd.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| {
                 p.file_name()
                     .is_some_and(|n| n.to_string_lossy().starts_with("gpuslice.io-slice"))
@@ -174,9 +214,9 @@ impl TestNode {
 impl Drop for TestNode {
     fn drop(&mut self) {
         let _ = self.gpuslice(&["gc"]);
-        let _ = std::fs::remove_file(Path::new(CDI_DIR).join("gpuslice.io-gpu.json"));
+        let _ = std::fs::remove_file(self.cdi_dir.join("gpuslice.io-gpu.json"));
         for p in self.leftovers() {
-            if p.starts_with(CDI_DIR) {
+            if p.starts_with(&self.cdi_dir) {
                 let _ = std::fs::remove_file(p);
             }
         }

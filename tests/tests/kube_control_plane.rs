@@ -100,25 +100,7 @@ fn control_plane_serves_dra_with_consumable_capacity_and_goes_down() {
     }
 
     // A node without a kubelet: the Node object, with room for pods.
-    cluster
-        .create(&json!({
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": "node-a", "labels": {"kubernetes.io/hostname": "node-a"}},
-        }))
-        .unwrap();
-    cluster.kubectl(&[
-        "patch",
-        "node",
-        "node-a",
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        &json!({"status": {
-            "capacity": {"cpu": "8", "memory": "32Gi", "pods": "110"},
-            "allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110"},
-        }})
-        .to_string(),
-    ]);
+    cluster.add_node("node-a");
 
     // Consumable capacity is on: a shared device with request policies round-trips intact
     // (a disabled feature's fields would be dropped silently) ...
