@@ -6,113 +6,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
-use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::io::Write;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gpuslice_e2e::runc::{run_detached, runtime, Bundle, Detached};
-use gpuslice_e2e::{bin, serial, TestNode};
+use gpuslice_e2e::serve::{Exporter, Series};
+use gpuslice_e2e::{serial, TestNode};
 use serde_json::Value;
-
-/// A `gpuslice serve` on a free port of the loopback; killed when dropped.
-struct Exporter {
-    child: Child,
-    addr: SocketAddr,
-    log: Arc<Mutex<String>>,
-}
-
-impl Exporter {
-    fn start(node: &TestNode) -> Exporter {
-        let mut child = Command::new(bin("gpuslice"))
-            .arg("--config")
-            .arg(&node.config)
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start gpuslice serve");
-        let mut lines = BufReader::new(child.stderr.take().unwrap());
-        let mut first = String::new();
-        lines.read_line(&mut first).unwrap();
-        let addr = first
-            .trim()
-            .strip_prefix("gpuslice serve: listening on http://")
-            .and_then(|a| a.strip_suffix("/metrics"))
-            .unwrap_or_else(|| panic!("unexpected first line of gpuslice serve: {first:?}"))
-            .parse()
-            .unwrap();
-        // Keep draining its log (errors it counts are logged) for failure messages.
-        let log = Arc::new(Mutex::new(String::new()));
-        let sink = log.clone();
-        std::thread::spawn(move || {
-            let mut rest = String::new();
-            for line in lines.lines().map_while(Result::ok) {
-                rest.push_str(&line);
-                rest.push('\n');
-                *sink.lock().unwrap() = rest.clone();
-            }
-        });
-        Exporter { child, addr, log }
-    }
-
-    /// `GET /metrics` in the Prometheus text format.
-    fn text(&self) -> String {
-        let mut s = TcpStream::connect(self.addr).unwrap();
-        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: e2e\r\n\r\n")
-            .unwrap();
-        let mut resp = String::new();
-        s.read_to_string(&mut resp).unwrap();
-        let (head, body) = resp.split_once("\r\n\r\n").unwrap();
-        assert!(head.split(' ').nth(1) == Some("200"), "{head}");
-        body.to_string()
-    }
-
-    fn scrape(&self) -> Vec<Series> {
-        parse(&self.text())
-    }
-}
-
-impl Drop for Exporter {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-#[derive(Debug)]
-struct Series {
-    name: String,
-    labels: BTreeMap<String, String>,
-    value: f64,
-}
-
-fn parse(text: &str) -> Vec<Series> {
-    text.lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .map(|l| {
-            let (head, value) = l.rsplit_once(' ').unwrap();
-            let (name, labels) = head.split_once('{').unwrap_or((head, "}"));
-            let labels = labels
-                .trim_end_matches('}')
-                .split("\",")
-                .filter(|p| !p.is_empty())
-                .map(|p| {
-                    let (k, v) = p.split_once("=\"").unwrap();
-                    (k.to_string(), v.trim_end_matches('"').to_string())
-                })
-                .collect();
-            Series {
-                name: name.into(),
-                labels,
-                value: value.parse().unwrap(),
-            }
-        })
-        .collect()
-}
 
 /// The value of `name` for reservation `id`, if exported.
 fn of(series: &[Series], name: &str, id: &str) -> Option<f64> {
@@ -217,7 +118,7 @@ fn exporter_shows_two_slices_measured_and_forgets_them_after_exit() {
     let total = alloc["total"].as_f64().unwrap();
     assert_eq!(total, (1u64 << 30) as f64, "{alloc}");
     let s = exporter.scrape();
-    let log = || exporter.log.lock().unwrap().clone();
+    let log = || exporter.log();
     assert_eq!(
         of(&s, "gpuslice_slice_memory_limit_bytes", &ra),
         Some((4u64 << 30) as f64),
