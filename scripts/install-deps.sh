@@ -14,6 +14,7 @@ PACKAGES=(
   iproute2 procps util-linux kmod
   ca-certificates
   openssl curl                  # scripts/kube-cluster.sh: the test cluster's certificates, health checks
+  containernetworking-plugins   # scripts/kube-cluster.sh up --node: the test node's CNI (bridge, host-local, loopback)
 )
 
 missing=()

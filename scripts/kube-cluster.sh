@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # A real Kubernetes control plane on 127.0.0.1 for tests and demos (DESIGN §7): etcd (in-process
 # embed), kube-apiserver, kube-scheduler and kube-controller-manager of the release pinned in
-# tests/kube/go.mod, built from its Go modules and cached outside the checkout.
+# tests/kube/go.mod, built from its Go modules and cached outside the checkout; with --node, a
+# node for the local machine too: containerd 2.x (built from the Go module pinned in
+# tests/node/go.mod), runc and CNI from Debian, the release's kubelet and the gpuslice kubelet
+# plugin on a simulated GPU node.
 set -euo pipefail
 
 usage() {
@@ -18,12 +21,29 @@ Usage: scripts/kube-cluster.sh COMMAND [ARGS]
                 timeout or a crash it prints the failing component's log tail, stops what it
                 started and exits 1.
   up DIR --node NAME
-                (not yet: a kubelet and containerd 2.x for the local machine come later)
+                The same, plus a node NAME for this machine, its files under DIR/node:
+                containerd 2.x (own root, state, socket and config, CDI on, native
+                snapshotter; gpuslice-runtime registered as handler `gpuslice` by
+                `gpuslice configure containerd`), CNI (Debian's bridge, host-local and
+                loopback plugins, bridge gskube0 on 10.244.77.0/24), a pause image built
+                here from busybox-static and imported with ctr, the release's kubelet
+                (KubeletConfiguration DIR/node/kubelet-config.yaml: cgroupfs driver,
+                failCgroupV1 false; root dir DIR/node/kubelet), and `gpuslice
+                kubelet-plugin` registered with that kubelet. Applies the DeviceClass
+                gpuslice.io and the RuntimeClass gpuslice. Returns once the Node is Ready
+                and its ResourceSlice is published; adds the node's paths to
+                DIR/cluster.env. One node per machine at a time.
   down DIR      Stop what `up DIR` started (only the pids it recorded) and remove what it
-                wrote. Idempotent: a second call, or one for a DIR never used, does nothing.
+                wrote. With a node: first deletes the workloads and pods through the API
+                (so the kubelet tears them down: CNI, DRA unprepare), then stops the plugin,
+                the kubelet, what containerd still runs and containerd, unmounts what is
+                mounted under DIR and removes DIR/node and the bridge. Idempotent: a second
+                call, or one for a DIR never used, does nothing.
   build         Build the binaries if the cache has none for the current sources, and print
                 their directory (kube-apiserver, kube-scheduler, kube-controller-manager,
                 kubectl, kubelet, etcd).
+  build-node    The same for the node's containerd, ctr and containerd-shim-runc-v2
+                (tests/node); prints their directory.
   --help        This text.
 
 Environment:
@@ -31,6 +51,15 @@ Environment:
   GPUSLICE_KUBE_CACHE     cache root (default /var/cache/gpuslice/kube); entries are
                           <release>-<hash of tests/kube's go.mod, go.sum and sources>/bin
   GPUSLICE_KUBE_TIMEOUT   seconds `up` waits for each component (default 240)
+  GPUSLICE_NODE_BIN_DIR   (--node) use containerd, ctr and containerd-shim-runc-v2 from here
+  GPUSLICE_NODE_CACHE     (--node) their cache root (default /var/cache/gpuslice/node);
+                          entries are <containerd version>-<hash of tests/node's go.mod and go.sum>/bin
+  GPUSLICE_BIN_DIR        (--node) gpuslice and gpuslice-runtime (default target/release, else
+                          target/debug)
+  GPUSLICE_CONFIG         (--node) the node's gpuslice config; default: one written under
+                          DIR/node/gpuslice for a simulated node with one NVIDIA H200 (141Gi),
+                          whose CDI inventory is taken with the simulated driver of
+                          GPUSLICE_SIM_DIR (default target/portable, else GPUSLICE_BIN_DIR)
 EOF
 }
 
@@ -142,6 +171,493 @@ check_bin_dir() {
   for b in "${BINARIES[@]}"; do
     [ -x "$1/$b" ] || die "$1/$b is missing (GPUSLICE_KUBE_BIN_DIR or the cache holds an incomplete build)"
   done
+}
+
+# --- node: containerd 2.x, CNI, pause image, kubelet, gpuslice kubelet-plugin ----------------
+
+NODE_SRC="$REPO/tests/node"
+NODE_CACHE_ROOT="${GPUSLICE_NODE_CACHE:-/var/cache/gpuslice/node}"
+# Node components in start order; stopped in reverse before the control plane.
+NODE_COMPONENTS=(containerd kubelet gpuslice-kubelet-plugin gpuslice-registrar)
+NODE_BINARIES=(containerd ctr containerd-shim-runc-v2 gpuslice-registrar)
+CNI_BIN_DIR=/usr/lib/cni
+CNI_BRIDGE=gskube0
+CNI_SUBNET=10.244.77.0/24
+PAUSE_IMAGE=localhost/gpuslice-node-pause:1
+
+containerd_release() {
+  awk '$1 == "github.com/containerd/containerd/v2" { print $2; exit }' "$NODE_SRC/go.mod"
+}
+
+node_ldflags() {
+  echo "-s -w -X github.com/containerd/containerd/v2/version.Version=$1"
+}
+
+# Build tags: no btrfs/zfs/devmapper snapshotters (they need C headers; the node uses native).
+NODE_TAGS="no_btrfs no_devmapper no_zfs"
+
+node_cache_key() {
+  local go="$1" release="$2"
+  {
+    (cd "$NODE_SRC" && sha256sum go.mod go.sum registrar/go.mod registrar/go.sum registrar/*.go)
+    node_ldflags "$release"
+    echo "CGO_ENABLED=0 $NODE_TAGS"
+    printf '%s\n' "${NODE_BINARIES[@]}"
+    "$go" version
+  } | sha256sum | cut -c1-16
+}
+
+check_node_bin_dir() {
+  local b
+  for b in "${NODE_BINARIES[@]}"; do
+    [ -x "$1/$b" ] || die "$1/$b is missing (GPUSLICE_NODE_BIN_DIR or the cache holds an incomplete build)"
+  done
+}
+
+# Prints the cached bin directory of containerd, ctr and the runc shim, building it first.
+build_node_binaries() {
+  if [ -n "${GPUSLICE_NODE_BIN_DIR:-}" ]; then
+    check_node_bin_dir "$GPUSLICE_NODE_BIN_DIR"
+    echo "$GPUSLICE_NODE_BIN_DIR"
+    return
+  fi
+  local go release key entry
+  go="$(find_go)"
+  release="$(containerd_release)"
+  [ -n "$release" ] || die "$NODE_SRC/go.mod requires no github.com/containerd/containerd/v2 version"
+  key="$(node_cache_key "$go" "$release")"
+  entry="$NODE_CACHE_ROOT/containerd-$release-$key"
+  if [ -d "$entry/bin" ]; then
+    check_node_bin_dir "$entry/bin"
+    echo "$entry/bin"
+    return
+  fi
+  mkdir -p "$NODE_CACHE_ROOT" || die "cannot create the cache $NODE_CACHE_ROOT (set GPUSLICE_NODE_CACHE to a writable directory)"
+  exec 8>"$NODE_CACHE_ROOT/.lock"
+  flock 8
+  if [ ! -d "$entry/bin" ]; then
+    local tmp start
+    tmp="$(mktemp -d "$NODE_CACHE_ROOT/.build.XXXXXX")"
+    chmod 755 "$tmp"
+    start=$(date +%s)
+    log "building containerd $release (containerd, ctr, containerd-shim-runc-v2) and the registrar into $entry (first run only)"
+    if ! (cd "$NODE_SRC" && CGO_ENABLED=0 "$go" build -mod=readonly -trimpath -tags "$NODE_TAGS" \
+      -ldflags "$(node_ldflags "$release")" -o "$tmp/bin/" \
+      github.com/containerd/containerd/v2/cmd/containerd github.com/containerd/containerd/v2/cmd/ctr \
+      github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 &&
+      cd registrar && CGO_ENABLED=0 "$go" build -mod=readonly -trimpath -ldflags "-s -w" \
+        -o "$tmp/bin/gpuslice-registrar" .) >&2; then
+      rm -rf "$tmp"
+      die "building containerd from $NODE_SRC failed (see above)"
+    fi
+    mv "$tmp" "$entry"
+    find "$NODE_CACHE_ROOT" -mindepth 1 -maxdepth 1 -type d ! -path "$entry" -exec rm -rf {} +
+    log "built in $(($(date +%s) - start)) s"
+  fi
+  flock -u 8
+  exec 8>&-
+  check_node_bin_dir "$entry/bin"
+  echo "$entry/bin"
+}
+
+# gpuslice's binaries: GPUSLICE_BIN_DIR, else the workspace's release or debug build.
+gpuslice_bin_dir() {
+  local d
+  if [ -n "${GPUSLICE_BIN_DIR:-}" ]; then
+    d="$GPUSLICE_BIN_DIR"
+  elif [ -x "$REPO/target/release/gpuslice" ]; then
+    d="$REPO/target/release"
+  else
+    d="$REPO/target/debug"
+  fi
+  [ -x "$d/gpuslice" ] && [ -x "$d/gpuslice-runtime" ] ||
+    die "$d has no gpuslice and gpuslice-runtime: build them (scripts/build.sh) or set GPUSLICE_BIN_DIR"
+  echo "$d"
+}
+
+# The simulated driver, probe and shim: GPUSLICE_SIM_DIR, else target/portable, else the build.
+sim_dir() {
+  local d="${GPUSLICE_SIM_DIR:-$REPO/target/portable}"
+  if [ -e "$d/libgpuslice_shim.so" ] && [ -e "$d/libcuda.so.1" ]; then
+    echo "$d"
+  else
+    echo "$GBIN"
+  fi
+}
+
+# toml_get FILE KEY.PATH DEFAULT: one string value of a TOML file.
+toml_get() {
+  python3 - "$@" <<'PY'
+import sys, tomllib
+path, key, default = sys.argv[1:4]
+with open(path, "rb") as f:
+    v = tomllib.load(f)
+for k in key.split("."):
+    v = v.get(k) if isinstance(v, dict) else None
+print(v if isinstance(v, str) else default)
+PY
+}
+
+# The node's gpuslice config: GPUSLICE_CONFIG, else a simulated node written under DIR/node.
+node_gpuslice_config() {
+  if [ -n "${GPUSLICE_CONFIG:-}" ]; then
+    [ -f "$GPUSLICE_CONFIG" ] || die "GPUSLICE_CONFIG=$GPUSLICE_CONFIG is not a file"
+    NODE_CONFIG="$(cd "$(dirname "$GPUSLICE_CONFIG")" && pwd)/$(basename "$GPUSLICE_CONFIG")"
+    return
+  fi
+  local g="$NODE/gpuslice" sim
+  sim="$(sim_dir)"
+  mkdir -p "$g/state" "$g/cdi"
+  NODE_CONFIG="$g/config.toml"
+  cat >"$NODE_CONFIG" <<TOML
+# Written by scripts/kube-cluster.sh up --node: a simulated GPU node for tests and demos.
+state_dir = "$g/state"
+[shim]
+library = "$sim/libgpuslice_shim.so"
+[cdi]
+spec_dir = "$g/cdi"
+[inventory]
+source = "simulated"
+[[inventory.simulated]]
+model = "NVIDIA H200"
+memory = "141Gi"
+TOML
+  "$GBIN/gpuslice" --config "$NODE_CONFIG" cdi generate --sim-driver "$sim" >"$DIR/logs/cdi-generate.log" 2>&1 ||
+    die "gpuslice cdi generate failed: $(cat "$DIR/logs/cdi-generate.log")"
+}
+
+# json_string S: S as a JSON string.
+json_string() {
+  python3 -c 'import json, sys; print(json.dumps(sys.argv[1]))' "$1"
+}
+
+# blob DIR FILE: moves FILE into the layout's blobs; prints "sha256:<hex> <size>".
+blob() {
+  local blobs="$1/blobs/sha256" hex size
+  mkdir -p "$blobs"
+  hex="$(sha256sum "$2" | cut -d' ' -f1)"
+  size="$(stat -c %s "$2")"
+  mv "$2" "$blobs/$hex"
+  echo "sha256:$hex $size"
+}
+
+# pause_image FILE: an OCI image layout archive of the pause image (busybox-static, whose sh
+# waits until SIGTERM), for `ctr images import`.
+pause_image() {
+  local out="$1" work="$NODE/images/pause" layer config manifest
+  command -v busybox >/dev/null && busybox --list 2>/dev/null | grep -qx sh ||
+    die "busybox (package busybox-static) is missing: run scripts/install-deps.sh"
+  local busybox
+  busybox="$(command -v busybox)"
+  ldd "$busybox" >/dev/null 2>&1 && die "$busybox is not static: install busybox-static"
+  rm -rf "$work"
+  mkdir -p "$work/rootfs/bin" "$work/layout"
+  cp "$busybox" "$work/rootfs/bin/busybox"
+  ln -s busybox "$work/rootfs/bin/sh"
+  tar -C "$work/rootfs" --numeric-owner --owner=0 --group=0 -cf "$work/layer.tar" .
+  read -r layer layer_size < <(blob "$work/layout" "$work/layer.tar")
+  printf '{"architecture":"amd64","os":"linux","config":{"Entrypoint":["/bin/sh","-c","trap \\"exit 0\\" TERM INT; while :; do sleep 3600 & wait; done"]},"rootfs":{"type":"layers","diff_ids":["%s"]}}' \
+    "$layer" >"$work/config.json"
+  read -r config config_size < <(blob "$work/layout" "$work/config.json")
+  printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"%s","size":%s},"layers":[{"mediaType":"application/vnd.oci.image.layer.v1.tar","digest":"%s","size":%s}]}' \
+    "$config" "$config_size" "$layer" "$layer_size" >"$work/manifest.json"
+  read -r manifest manifest_size < <(blob "$work/layout" "$work/manifest.json")
+  printf '{"schemaVersion":2,"manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"%s","size":%s,"platform":{"architecture":"amd64","os":"linux"},"annotations":{"io.containerd.image.name":"%s"}}]}' \
+    "$manifest" "$manifest_size" "$PAUSE_IMAGE" >"$work/layout/index.json"
+  echo '{"imageLayoutVersion":"1.0.0"}' >"$work/layout/oci-layout"
+  tar -C "$work/layout" -cf "$out" oci-layout index.json blobs
+  rm -rf "$work"
+}
+
+ctr_node() {
+  "$NODE_BIN/ctr" --address "$NODE/containerd/containerd.sock" --namespace k8s.io "$@"
+}
+
+write_containerd_config() {
+  local c="$NODE/containerd" cdi
+  cdi="$(toml_get "$NODE_CONFIG" cdi.spec_dir /var/run/cdi)"
+  mkdir -p "$c/root" "$c/state" "$NODE/runc" "$NODE/cni/net.d" "$NODE/cni/ipam"
+  cat >"$c/config.toml" <<TOML
+# Written by scripts/kube-cluster.sh up --node: the test node's containerd 2.x.
+version = 3
+root = "$c/root"
+state = "$c/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.blockfile", "io.containerd.snapshotter.v1.erofs", "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.opt"]
+
+[grpc]
+  address = "$c/containerd.sock"
+
+[ttrpc]
+  address = "$c/containerd.sock.ttrpc"
+
+[plugins]
+  [plugins."io.containerd.cri.v1.images"]
+    snapshotter = "native"
+    [plugins."io.containerd.cri.v1.images".pinned_images]
+      sandbox = "$PAUSE_IMAGE"
+  [plugins."io.containerd.cri.v1.runtime"]
+    enable_cdi = true
+    cdi_spec_dirs = ["$cdi"]
+    # Sandboxes ask for oom_score_adj -998; a test host in a container may not lower it.
+    restrict_oom_score_adj = true
+    [plugins."io.containerd.cri.v1.runtime".cni]
+      bin_dirs = ["$CNI_BIN_DIR"]
+      conf_dir = "$NODE/cni/net.d"
+    [plugins."io.containerd.cri.v1.runtime".containerd]
+      default_runtime_name = "runc"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+        runtime_type = "io.containerd.runc.v2"
+        snapshotter = "native"
+        [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+          BinaryName = "$(command -v runc)"
+          Root = "$NODE/runc"
+          SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri"]
+    disable_tcp_service = true
+    stream_server_address = "127.0.0.1"
+    stream_server_port = "0"
+TOML
+  # What the harness wrote, before gpuslice registered itself: `configure --remove` must
+  # give this back.
+  cp "$c/config.toml" "$c/config.base.toml"
+  cat >"$NODE/cni/net.d/10-gpuslice-node.conflist" <<JSON
+{
+  "cniVersion": "1.0.0",
+  "name": "gpuslice-node",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "$CNI_BRIDGE",
+      "isGateway": true,
+      "ipMasq": false,
+      "hairpinMode": true,
+      "ipam": {
+        "type": "host-local",
+        "dataDir": "$NODE/cni/ipam",
+        "ranges": [[{"subnet": "$CNI_SUBNET"}]],
+        "routes": [{"dst": "0.0.0.0/0"}]
+      }
+    },
+    {"type": "loopback"}
+  ]
+}
+JSON
+}
+
+write_kubelet_config() {
+  local ip="$1" port="$2" healthz="$3"
+  cat >"$NODE/kubelet-config.yaml" <<YAML
+# Written by scripts/kube-cluster.sh up --node: test-harness settings for this host (hybrid
+# cgroup v1, no systemd, a container), not the product's.
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+failCgroupV1: false
+cgroupDriver: cgroupfs
+containerRuntimeEndpoint: unix://$NODE/containerd/containerd.sock
+address: $ip
+port: $port
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: $healthz
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: false}
+  x509: {clientCAFile: $DIR/pki/ca.crt}
+authorization:
+  mode: AlwaysAllow
+failSwapOn: false
+podLogsDir: $NODE/pod-logs
+rotateCertificates: false
+serializeImagePulls: false
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard:
+  memory.available: "1Mi"
+  nodefs.available: "1%"
+  nodefs.inodesFree: "1%"
+  imagefs.available: "1%"
+  imagefs.inodesFree: "1%"
+YAML
+}
+
+node_ready() {
+  kubectl_admin get node "$1" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' | grep -qx True
+}
+
+node_slice() {
+  kubectl_admin get resourceslices -o 'jsonpath={range .items[*]}{.spec.nodeName}/{.spec.driver}{"\n"}{end}' |
+    grep -qx "$1/gpuslice.io"
+}
+
+ctr_ready() {
+  ctr_node version
+}
+
+cri_ready() {
+  # The CRI plugin is loaded (containerd 2.x reports it under plugins).
+  ctr_node plugins ls | grep -E 'io\.containerd\.grpc\.v1 +cri +.* ok'
+}
+
+# node_die MESSAGE: a node step failed: stop what `up` started, then fail.
+node_die() {
+  echo "kube-cluster: $*" >&2
+  stop_all
+  exit 1
+}
+
+# start_node NAME: everything of the node, after the control plane is up.
+start_node() {
+  local name="$1"
+  NODE="$DIR/node"
+  # Whatever fails from here on (a build, a missing tool, a component) stops what `up` started.
+  trap '[ -n "${NODE_UP:-}" ] || stop_all' EXIT
+  mkdir -p "$NODE"
+  NODE_BIN="$(build_node_binaries)"
+  echo "$NODE_BIN" >"$NODE/bin-dir"
+  GBIN="$(gpuslice_bin_dir)"
+  local p
+  for p in bridge host-local loopback; do
+    [ -x "$CNI_BIN_DIR/$p" ] || node_die "$CNI_BIN_DIR/$p is missing (package containernetworking-plugins): run scripts/install-deps.sh"
+  done
+  command -v runc >/dev/null || node_die "runc is missing: run scripts/install-deps.sh"
+  node_gpuslice_config
+  write_containerd_config
+  "$GBIN/gpuslice" --config "$NODE_CONFIG" configure containerd --config-path "$NODE/containerd/config.toml" \
+    >"$DIR/logs/configure-containerd.log" 2>&1 ||
+    node_die "gpuslice configure containerd failed: $(cat "$DIR/logs/configure-containerd.log")"
+
+  # containerd hands its environment to the shims: PATH finds this build's shim first.
+  start containerd env PATH="$NODE_BIN:$PATH" "$NODE_BIN/containerd" --config "$NODE/containerd/config.toml"
+  wait_for containerd "answering on $NODE/containerd/containerd.sock" ctr_ready
+  wait_for containerd "loading its CRI plugin" cri_ready
+  mkdir -p "$NODE/images"
+  pause_image "$NODE/images/pause.tar"
+  # --local: containerd 2.x's transfer service unpacks only for its default snapshotter.
+  ctr_node images import --local --snapshotter native "$NODE/images/pause.tar" \
+    >"$DIR/logs/pause-import.log" 2>&1 || node_die "importing the pause image failed: $(cat "$DIR/logs/pause-import.log")"
+
+  sign "node-$name" "/O=system:nodes/CN=system:node:$name" "basicConstraints=CA:FALSE
+keyUsage=critical,digitalSignature,keyEncipherment
+extendedKeyUsage=clientAuth"
+  kubeconfig "$NODE/kubelet.kubeconfig" "node-$name"
+  local port healthz ip
+  # The kubelet refuses a loopback node IP: the address of the default route, else the first.
+  ip="$(ip -4 route get 1.1.1.1 2>/dev/null | sed -n 's/.* src \([0-9.]*\).*/\1/p' | head -n1)"
+  [ -n "$ip" ] || ip="$(hostname -I 2>/dev/null | awk '{ print $1 }')"
+  [ -n "$ip" ] || node_die "this machine has no IPv4 address other than loopback for the kubelet's node IP"
+  port="$(free_port)"
+  healthz="$(free_port)"
+  write_kubelet_config "$ip" "$port" "$healthz"
+  mkdir -p "$NODE/kubelet" "$NODE/pod-logs" "$NODE/plugin-registration"
+  start kubelet "$BIN/kubelet" --config "$NODE/kubelet-config.yaml" \
+    --kubeconfig "$NODE/kubelet.kubeconfig" --root-dir "$NODE/kubelet" \
+    --cert-dir "$NODE/kubelet/pki" --hostname-override "$name" --node-ip "$ip" \
+    --node-labels nvidia.com/gpu.present=true --v 2
+  wait_for kubelet "making Node $name Ready" node_ready "$name"
+
+  # The plugin's own registration socket goes to a directory the kubelet does not watch: the
+  # kubelet's registration client sends the socket path as HTTP/2 :authority, which the
+  # plugin's gRPC server (tonic on h2) refuses with PROTOCOL_ERROR. gpuslice-registrar (Go,
+  # tests/node/registrar) registers the plugin's DRA socket instead, like CSI's
+  # node-driver-registrar; the kubelet's DRA calls then go to the plugin itself.
+  start gpuslice-kubelet-plugin "$GBIN/gpuslice" --config "$NODE_CONFIG" kubelet-plugin \
+    --node-name "$name" --kubeconfig "$DIR/kubeconfig" \
+    --plugin-dir "$NODE/kubelet/plugins/gpuslice.io" \
+    --registration-dir "$NODE/plugin-registration"
+  wait_for gpuslice-kubelet-plugin "publishing the ResourceSlice of $name" node_slice "$name"
+  wait_for gpuslice-kubelet-plugin "serving $NODE/kubelet/plugins/gpuslice.io/dra.sock" \
+    test -S "$NODE/kubelet/plugins/gpuslice.io/dra.sock"
+  start gpuslice-registrar "$NODE_BIN/gpuslice-registrar" --driver gpuslice.io \
+    --registration-dir "$NODE/kubelet/plugins_registry" \
+    --endpoint "$NODE/kubelet/plugins/gpuslice.io/dra.sock"
+  wait_for gpuslice-registrar "being registered by the kubelet" \
+    grep -q "NotifyRegistrationStatus: registered=true" "$DIR/logs/gpuslice-registrar.log"
+  kubectl_admin apply -f "$REPO/packaging/kubernetes/dra/deviceclass.yaml" \
+    -f "$REPO/packaging/kubernetes/runtimeclass.yaml" >"$DIR/logs/node-objects.log" 2>&1 ||
+    node_die "applying the DeviceClass and RuntimeClass failed: $(cat "$DIR/logs/node-objects.log")"
+  {
+    echo "NODE_NAME=$name"
+    echo "NODE_DIR=$NODE"
+    echo "NODE_BIN_DIR=$NODE_BIN"
+    echo "CONTAINERD_SOCKET=$NODE/containerd/containerd.sock"
+    echo "CONTAINERD_CONFIG=$NODE/containerd/config.toml"
+    echo "CTR=$NODE_BIN/ctr"
+    echo "KUBELET_ROOT=$NODE/kubelet"
+    echo "KUBELET_CONFIG=$NODE/kubelet-config.yaml"
+    echo "GPUSLICE_CONFIG=$NODE_CONFIG"
+    echo "GPUSLICE_BIN_DIR=$GBIN"
+    echo "PAUSE_IMAGE=$PAUSE_IMAGE"
+  } >>"$DIR/cluster.env"
+  NODE_UP=1
+  log "node $name up: kubelet on $ip:$port, containerd $NODE/containerd/containerd.sock"
+}
+
+# Pids whose command line names DIR/node/ (containerd's shims outlive it), except ours.
+node_leftover_pids() {
+  local p
+  for p in /proc/[0-9]*; do
+    p="${p#/proc/}"
+    [ "$p" != $$ ] || continue
+    { tr '\0' ' ' <"/proc/$p/cmdline"; } 2>/dev/null | grep -qF -- "$DIR/node/" && echo "$p"
+  done
+  return 0
+}
+
+# drain_node: with the kubelet and the API still up, delete every workload and pod so that
+# the kubelet tears them down (CNI, DRA unprepare, volumes).
+drain_node() {
+  alive kubelet && alive kube-apiserver || return 0
+  kubectl_admin delete deployments,replicasets,statefulsets,daemonsets,jobs --all --all-namespaces \
+    --wait=false >/dev/null 2>&1 || true
+  "$BIN/kubectl" --kubeconfig "$DIR/kubeconfig" --request-timeout=70s delete pods --all --all-namespaces \
+    --wait=true --timeout=60s >/dev/null 2>&1 || log "some pods were not gone within 60 s; stopping the node anyway"
+}
+
+# stop_node: stops the node's processes and removes its files (a no-op without a node).
+stop_node() {
+  NODE="$DIR/node"
+  [ -d "$NODE" ] || return 0
+  stop_one gpuslice-registrar
+  stop_one gpuslice-kubelet-plugin
+  stop_one kubelet
+  if alive containerd; then
+    NODE_BIN="$(cat "$NODE/bin-dir" 2>/dev/null || true)"
+    if [ -n "$NODE_BIN" ] && [ -x "$NODE_BIN/ctr" ]; then
+      local t
+      for t in $(ctr_node tasks ls -q 2>/dev/null); do
+        ctr_node tasks kill -s KILL "$t" >/dev/null 2>&1 || true
+      done
+      sleep 1
+      for t in $(ctr_node tasks ls -q 2>/dev/null); do
+        ctr_node tasks delete -f "$t" >/dev/null 2>&1 || true
+      done
+    fi
+  fi
+  stop_one containerd
+  local p
+  for p in $(node_leftover_pids); do
+    kill -KILL "$p" 2>/dev/null || true
+  done
+  # Mounts under the node's dirs (the kubelet's volumes, sandbox files), deepest first.
+  local m
+  while read -r m; do
+    umount -l "$m" 2>/dev/null || true
+  done < <(awk -v d="$NODE/" 'index($5, d) == 1 { print $5 }' /proc/self/mountinfo | sort -r)
+  if [ -d "$NODE/runc" ]; then
+    local c
+    for c in "$NODE/runc"/*; do
+      [ -e "$c" ] || continue
+      runc --root "$NODE/runc" delete --force "$(basename "$c")" >/dev/null 2>&1 || true
+    done
+  fi
+  ip link delete "$CNI_BRIDGE" >/dev/null 2>&1 || true
+  # The kubelet's cgroups for the pods it ran (cgroupfs driver): empty once the pods are gone.
+  local cg
+  for cg in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/unified/kubepods; do
+    [ -d "$cg" ] || continue
+    find "$cg" -depth -type d -exec rmdir {} \; 2>/dev/null || true
+  done
+  rm -rf "$NODE"
 }
 
 # --- up ---------------------------------------------------------------------------------------
@@ -266,11 +782,16 @@ cmd_up() {
   [ $# -ge 1 ] || die "up needs a directory: scripts/kube-cluster.sh up DIR"
   DIR="$1"
   shift
+  local node_name=""
   while [ $# -gt 0 ]; do
     case "$1" in
       --node)
-        die "up --node is not available yet: a kubelet and containerd 2.x for the local machine come with the node issue; 'up DIR' starts the control plane only" ;;
-      *) die "unknown argument to up: '$1' (accepted: DIR, later --node NAME)" ;;
+        [ $# -ge 2 ] || die "--node needs a node name: scripts/kube-cluster.sh up DIR --node NAME"
+        [[ "$2" =~ ^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$ ]] ||
+          die "--node '$2' is not a node name: lowercase letters, digits and '-', at most 63, starting and ending with a letter or digit"
+        node_name="$2"
+        shift 2 ;;
+      *) die "unknown argument to up: '$1' (accepted: DIR, --node NAME)" ;;
     esac
   done
   local created=""
@@ -283,7 +804,7 @@ cmd_up() {
       die "$DIR already runs a cluster ($c is pid $(cat "$DIR/pids/$c.pid")): run 'scripts/kube-cluster.sh down $DIR' first"
     fi
   done
-  for c in pki etcd logs pids kubeconfigs kubeconfig cluster.env; do
+  for c in pki etcd logs pids kubeconfigs kubeconfig cluster.env node; do
     [ ! -e "$DIR/$c" ] || die "$DIR/$c exists from an earlier run: run 'scripts/kube-cluster.sh down $DIR' first, or give an empty directory"
   done
   for c in openssl curl python3 setsid flock; do
@@ -317,6 +838,7 @@ cmd_up() {
     --service-account-signing-key-file="$DIR/pki/sa.key" \
     --service-cluster-ip-range=10.0.0.0/24 \
     --endpoint-reconciler-type=none \
+    --kubelet-preferred-address-types=InternalIP,Hostname \
     --authorization-mode=Node,RBAC \
     --enable-admission-plugins=NodeRestriction \
     --allow-privileged=true \
@@ -357,6 +879,7 @@ cmd_up() {
   wait_for kube-controller-manager "publishing kube-root-ca.crt" \
     kubectl_admin get configmap kube-root-ca.crt --namespace default
   log "control plane up: $API_URL, admin kubeconfig $DIR/kubeconfig"
+  [ -z "$node_name" ] || start_node "$node_name"
 }
 
 # --- down -------------------------------------------------------------------------------------
@@ -389,6 +912,7 @@ stop_one() {
 
 stop_all() {
   local i
+  stop_node
   for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do
     stop_one "${COMPONENTS[$i]}"
   done
@@ -398,6 +922,8 @@ cmd_down() {
   [ $# -eq 1 ] || die "down needs exactly one directory: scripts/kube-cluster.sh down DIR"
   [ -d "$1" ] || return 0
   DIR="$(cd "$1" && pwd)"
+  BIN="$(sed -n 's/^BIN_DIR=//p' "$DIR/cluster.env" 2>/dev/null || true)"
+  [ -z "$BIN" ] || drain_node
   stop_all
   local created=""
   [ ! -e "$DIR/pids/created-dir" ] || created=1
@@ -411,7 +937,8 @@ case "${1:-}" in
   up) shift; cmd_up "$@" ;;
   down) shift; cmd_down "$@" ;;
   build) shift; [ $# -eq 0 ] || die "build takes no arguments"; build_binaries ;;
+  build-node) shift; [ $# -eq 0 ] || die "build-node takes no arguments"; build_node_binaries ;;
   -h | --help | help) usage ;;
   "") usage >&2; exit 2 ;;
-  *) echo "kube-cluster: unknown command '$1' (accepted: up, down, build, --help)" >&2; exit 2 ;;
+  *) echo "kube-cluster: unknown command '$1' (accepted: up, down, build, build-node, --help)" >&2; exit 2 ;;
 esac
