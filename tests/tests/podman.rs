@@ -298,3 +298,98 @@ fn podman_shows_the_refusal_line_and_nothing_is_reserved() {
         );
     }
 }
+
+/// Issue 16, defect 11: the hooks.d trigger is every `gpuslice.io/` key, so a misspelled key
+/// reaches the hook, which refuses it naming the key and the accepted ones, instead of the
+/// container starting without its GPU; the per-container opt-out still starts the container
+/// without a GPU, and a request still gets one.
+#[test]
+fn podman_refuses_a_misspelled_key_and_keeps_the_opt_out() {
+    let _s = serial();
+    let node = TestNode::new(&["10Gi"]);
+    let podman = node.podman_with_hook();
+    let image = podman_image();
+    for ann in [
+        "gpuslice.io/memroy=1Gi",
+        "gpuslice.io/Memory=1Gi",
+        "gpuslice.io/memory.=1Gi",
+    ] {
+        let out = podman.run(&["run", "--rm", "--annotation", ann, image, "ls", "/dev"]);
+        let key = ann.split('=').next().unwrap_or(ann);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "{ann}: the container started: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        assert!(
+            err.contains(&format!("annotation {key} is not a gpuslice annotation"))
+                && err.contains("gpuslice.io/{gpus,memory,cores,gpu,gpu-type,policy}"),
+            "podman's error for {ann} does not name the key and the accepted ones: {err}"
+        );
+        assert!(node.reservations().is_empty(), "{ann} reserved something");
+        assert!(
+            node.leftovers().is_empty(),
+            "{ann} left {:?}",
+            node.leftovers()
+        );
+    }
+    // The opt-out of one container of a pod: it starts, without a GPU.
+    let out = podman.run(&[
+        "run",
+        "--rm",
+        "--annotation",
+        "gpuslice.io/gpus.sidecar=0",
+        "--annotation",
+        "io.kubernetes.cri.container-name=sidecar",
+        image,
+        "ls",
+        "/dev",
+    ]);
+    assert!(
+        nvidia_nodes(&ok(&out)).is_empty(),
+        "the opted-out container got a GPU"
+    );
+    // A request (a known key beside one for another container) still gets its slice.
+    let out = podman.run(&[
+        "run",
+        "--rm",
+        "--annotation",
+        "gpuslice.io/memory=1Gi",
+        "--annotation",
+        "gpuslice.io/cores.other=10",
+        image,
+        "ls",
+        "/dev",
+    ]);
+    assert!(nvidia_nodes(&ok(&out)).contains("nvidia0"));
+    assert!(node.reservations().is_empty());
+}
+
+/// The hook file the package installs triggers as `gpuslice configure podman` writes it.
+#[test]
+fn packaged_hook_file_triggers_on_every_gpuslice_key() {
+    let packaged: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(gpuslice_e2e::env::workspace().join("packaging/hooks.d/gpuslice.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(gpuslice_e2e::bin("gpuslice"))
+        .args(["configure", "podman", "--hooks-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let written: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("gpuslice.json")).unwrap()).unwrap();
+    assert_eq!(packaged["when"], written["when"]);
+    assert_eq!(
+        packaged["when"]["annotations"],
+        serde_json::json!({"^gpuslice\\.io/": ".*"})
+    );
+}

@@ -10,3 +10,5 @@ pub mod hooks;
 pub mod runtime;
 pub mod slicespec;
 pub mod specedit;
+pub mod specfile;
+pub mod specjson;

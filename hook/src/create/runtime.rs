@@ -140,11 +140,9 @@ pub fn edit_bundle(node: &Node, args: &RuncArgs) -> Result<(), RuntimeError> {
         })?,
     };
     let path = bundle.join("config.json");
-    let input = std::fs::read(&path).map_err(|source| RuntimeError::ReadSpec {
-        path: path.clone(),
-        source,
-    })?;
-    if let Outcome::Edited { bytes, .. } = edit_spec(node, &input)? {
+    // Bounded, regular files only (specfile); a spec without a request is never rewritten.
+    let input = crate::create::specfile::read_spec(&path).map_err(EditError::from)?;
+    if let Outcome::Edited { bytes, .. } = edit_spec(node, &input).map_err(|e| e.in_file(&path))? {
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(&path)
             .map(|m| m.permissions().mode() & 0o7777)

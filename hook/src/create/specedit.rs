@@ -1,8 +1,9 @@
 //! The spec edit: the one function every front end (gpuslice-runtime, the hooks.d precreate
 //! hook) calls. It reads a container's annotations, reserves a slice, writes the slice's
 //! directory and CDI spec, and applies that spec to the OCI spec exactly as a CDI-aware
-//! engine would. Specs without a request pass through byte for byte; any failure after
-//! reserving releases the reservation.
+//! engine would. Specs without a request pass through byte for byte, whatever else they
+//! hold; an edited spec keeps what the edit does not touch as written (`specjson`); any
+//! failure after reserving releases the reservation.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -15,17 +16,27 @@ use gpuslice_slice::{
 };
 use serde_json::Value;
 
-use crate::create::annotations::{parse_ask, AnnotationError, Ask, RESERVATION};
+use crate::create::annotations::{parse_ask, AnnotationError, Ask, PREFIX, RESERVATION};
 use crate::create::slicespec::{
     preload_contents, slice_spec, SliceSpecError, PRELOAD_FILE, SLICE_KIND,
 };
+use crate::create::specfile::SpecFileError as SpecReadError;
+use crate::create::specjson::{SpecJsonError, SpecText};
 use crate::node::{Node, NodeError};
 
 /// Why a container's creation is refused. Each prints as one line for the user.
 #[derive(Debug, thiserror::Error)]
 pub enum EditError {
-    #[error("the OCI spec is not valid JSON: {0}")]
-    Json(serde_json::Error),
+    #[error("{what} is not a valid JSON object ({source}); a spec that mentions gpuslice.io/ is edited and must be one")]
+    Json {
+        /// "the OCI spec", or the file's path.
+        what: String,
+        source: SpecJsonError,
+    },
+    #[error("cannot encode the edited OCI spec: {0}")]
+    Encode(serde_json::Error),
+    #[error("{0}")]
+    Read(#[from] SpecReadError),
     #[error("the OCI spec's {field} is malformed: {detail}")]
     Shape { field: String, detail: String },
     #[error("{0}")]
@@ -61,6 +72,19 @@ pub enum EditError {
     Open(Box<RegistryError>),
 }
 
+impl EditError {
+    /// The error with the spec named by its file `path`.
+    pub fn in_file(self, path: &std::path::Path) -> EditError {
+        match self {
+            EditError::Json { source, .. } => EditError::Json {
+                what: format!("OCI spec {}", path.display()),
+                source,
+            },
+            other => other,
+        }
+    }
+}
+
 impl From<RegistryError> for EditError {
     fn from(e: RegistryError) -> Self {
         EditError::Registry(Box::new(e))
@@ -82,9 +106,10 @@ pub enum Outcome {
     },
 }
 
-fn annotations(spec: &Value) -> Result<BTreeMap<String, String>, EditError> {
+/// The spec's `annotations` member (`None` when absent) as a map of strings.
+fn annotations(member: Option<&Value>) -> Result<BTreeMap<String, String>, EditError> {
     let mut out = BTreeMap::new();
-    match spec.get("annotations") {
+    match member {
         None | Some(Value::Null) => {}
         Some(Value::Object(map)) => {
             for (k, v) in map {
@@ -179,36 +204,72 @@ pub fn write_slice_files(
     Ok(())
 }
 
+/// A spec that arrives with gpuslice's reservation annotation `id`: edited already when it
+/// also carries our createRuntime hook for a pending reservation (wrapper and precreate hook
+/// both configured), forged otherwise.
+fn already_edited(node: &Node, spec: &Value, id: &str) -> Result<Outcome, EditError> {
+    let registry = node
+        .open_registry()
+        .map_err(|e| EditError::Open(Box::new(e)))?;
+    let ours = has_our_hook(spec, id)
+        && registry
+            .snapshot()?
+            .reservation(id)
+            .is_some_and(|r| r.state == ReservationState::Pending);
+    if ours {
+        Ok(Outcome::AlreadyEdited {
+            reservation: id.to_string(),
+        })
+    } else {
+        Err(EditError::Forged { id: id.to_string() })
+    }
+}
+
+/// True when `input` holds the bytes `gpuslice.io/` anywhere.
+fn mentions_gpuslice(input: &[u8]) -> bool {
+    input.windows(PREFIX.len()).any(|w| w == PREFIX.as_bytes())
+}
+
 /// Edits the OCI spec `input` for `node`.
+///
+/// A spec serde_json cannot read as an object (invalid UTF-8, …) carries no request when the
+/// bytes `gpuslice.io/` appear nowhere in it: it passes untouched for the runtime to judge.
+/// Otherwise it is refused, since a request in it could not be honoured.
 pub fn edit_spec(node: &Node, input: &[u8]) -> Result<Outcome, EditError> {
-    let mut spec: Value = serde_json::from_slice(input).map_err(EditError::Json)?;
-    if !spec.is_object() {
-        return Err(EditError::Shape {
-            field: "document".into(),
-            detail: "expected a JSON object".into(),
-        });
+    let json = |source| EditError::Json {
+        what: "the OCI spec".into(),
+        source,
+    };
+    let (lossy, invalid_utf8) = SpecText::text(input);
+    let mut text = match SpecText::parse(&lossy) {
+        Ok(t) => t,
+        Err(_) if !mentions_gpuslice(input) => return Ok(Outcome::Untouched),
+        Err(e) => return Err(json(e)),
+    };
+    let ann = match text.member("annotations") {
+        Ok(v) => match annotations(v.as_ref()) {
+            Ok(ann) => ann,
+            Err(_) if !mentions_gpuslice(input) => return Ok(Outcome::Untouched),
+            Err(e) => return Err(e),
+        },
+        Err(_) if !mentions_gpuslice(input) => return Ok(Outcome::Untouched),
+        Err(e) => return Err(json(e)),
+    };
+    // A spec with a request is read further; the edit must not replace invalid UTF-8.
+    let reservation = ann.get(RESERVATION);
+    let request = match reservation {
+        Some(_) => None,
+        None => match parse_ask(&ann)? {
+            Ask::Nothing | Ask::Sandbox => return Ok(Outcome::Untouched),
+            Ask::Slice(r) => Some(r),
+        },
+    };
+    if let Some(e) = invalid_utf8 {
+        return Err(json(e));
     }
-    let ann = annotations(&spec)?;
-    if let Some(id) = ann.get(RESERVATION) {
-        let registry = node
-            .open_registry()
-            .map_err(|e| EditError::Open(Box::new(e)))?;
-        let ours = has_our_hook(&spec, id)
-            && registry
-                .snapshot()?
-                .reservation(id)
-                .is_some_and(|r| r.state == ReservationState::Pending);
-        return if ours {
-            Ok(Outcome::AlreadyEdited {
-                reservation: id.clone(),
-            })
-        } else {
-            Err(EditError::Forged { id: id.clone() })
-        };
-    }
-    let request = match parse_ask(&ann)? {
-        Ask::Nothing | Ask::Sandbox => return Ok(Outcome::Untouched),
-        Ask::Slice(r) => r,
+    let mut spec = text.view_all().map_err(json)?;
+    let (Some(request), None) = (request, reservation) else {
+        return already_edited(node, &spec, reservation.map_or("", String::as_str));
     };
 
     // Everything that can be checked before reserving is checked first.
@@ -260,7 +321,7 @@ pub fn edit_spec(node: &Node, input: &[u8]) -> Result<Outcome, EditError> {
             );
         }
     }
-    let bytes = serde_json::to_vec(&spec).map_err(EditError::Json)?;
+    let bytes = text.encode(&spec).map_err(EditError::Encode)?;
     rollback.id = None;
     Ok(Outcome::Edited {
         reservation: Box::new(reservation),
