@@ -116,6 +116,7 @@ fn main() {
                     pid: init,
                     start_time: 1,
                     boot_id: "b".into(),
+                    cgroup: None,
                 }),
                 kubernetes: None,
             },
@@ -129,6 +130,7 @@ fn main() {
             created_ms: 0,
             deadline_ms: None,
             bound_ms: Some(0),
+            reserved_by: None,
         });
     }
     let mut enforcer = Enforcer::new(

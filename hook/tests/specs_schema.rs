@@ -157,6 +157,7 @@ fn slice_spec_is_schema_valid_and_complete() {
         created_ms: 0,
         deadline_ms: Some(1),
         bound_ms: None,
+        reserved_by: None,
     };
     let spec = slice_spec(
         &n,

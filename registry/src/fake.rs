@@ -1,7 +1,9 @@
-//! A scripted [`System`] for tests: a settable clock, a boot id and a process table, so
-//! process deaths, pid reuse and reboots can be played out without real processes.
+//! A scripted [`System`] for tests: a settable clock, a boot id, a process table (with
+//! parents and cgroups) and the cgroups that still hold processes, so process deaths, pid
+//! reuse, reboots and containers outliving their init can be played out without real
+//! processes.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, MutexGuard};
 
 use crate::system::{System, SystemError};
@@ -13,6 +15,14 @@ struct State {
     boots: u32,
     /// pid → start time of the live process holding it.
     processes: HashMap<u32, u64>,
+    /// pid → parent pid.
+    parents: HashMap<u32, u32>,
+    /// pid → the cgroup it runs in.
+    cgroups: HashMap<u32, String>,
+    /// Cgroups holding processes besides those of the table (children not modelled).
+    populated: HashSet<String>,
+    /// The pid the registry's caller runs as, when set.
+    current: Option<u32>,
 }
 
 /// A fake system; share it with the registry through an `Arc`.
@@ -30,6 +40,10 @@ impl FakeSystem {
                 boot_id: "fake-boot-0".into(),
                 boots: 0,
                 processes: HashMap::new(),
+                parents: HashMap::new(),
+                cgroups: HashMap::new(),
+                populated: HashSet::new(),
+                current: None,
             }),
         }
     }
@@ -52,7 +66,37 @@ impl FakeSystem {
 
     /// Ends process `pid`.
     pub fn kill(&self, pid: u32) {
-        self.state().processes.remove(&pid);
+        let mut s = self.state();
+        s.processes.remove(&pid);
+        s.parents.remove(&pid);
+        s.cgroups.remove(&pid);
+    }
+
+    /// Makes the registry's caller run as `pid` (none by default: reservations then name no
+    /// reserving process).
+    pub fn set_current(&self, pid: Option<u32>) {
+        self.state().current = pid;
+    }
+
+    /// Makes `parent` the parent of the running process `pid`.
+    pub fn set_parent(&self, pid: u32, parent: u32) {
+        self.state().parents.insert(pid, parent);
+    }
+
+    /// Puts the running process `pid` into `cgroup`.
+    pub fn set_cgroup(&self, pid: u32, cgroup: &str) {
+        self.state().cgroups.insert(pid, cgroup.to_string());
+    }
+
+    /// Marks `cgroup` as holding (or no longer holding) processes outside the table, such as
+    /// the children a container's init left behind.
+    pub fn set_populated(&self, cgroup: &str, populated: bool) {
+        let mut s = self.state();
+        if populated {
+            s.populated.insert(cgroup.to_string());
+        } else {
+            s.populated.remove(cgroup);
+        }
     }
 
     /// Reboots: a new boot id and no processes.
@@ -61,6 +105,9 @@ impl FakeSystem {
         s.boots += 1;
         s.boot_id = format!("fake-boot-{}", s.boots);
         s.processes.clear();
+        s.parents.clear();
+        s.cgroups.clear();
+        s.populated.clear();
     }
 
     /// The start time of `pid`, if it runs.
@@ -87,5 +134,31 @@ impl System for FakeSystem {
             return Err(SystemError::Pid { pid });
         }
         Ok(self.state().processes.get(&pid).copied())
+    }
+
+    fn current_pid(&self) -> Option<u32> {
+        self.state().current
+    }
+
+    fn process_parent(&self, pid: u32) -> Result<Option<u32>, SystemError> {
+        if pid == 0 {
+            return Err(SystemError::Pid { pid });
+        }
+        let s = self.state();
+        Ok(s.processes
+            .contains_key(&pid)
+            .then(|| s.parents.get(&pid).copied().unwrap_or(1)))
+    }
+
+    fn process_cgroup(&self, pid: u32) -> Result<Option<String>, SystemError> {
+        if pid == 0 {
+            return Err(SystemError::Pid { pid });
+        }
+        Ok(self.state().cgroups.get(&pid).cloned())
+    }
+
+    fn cgroup_populated(&self, cgroup: &str) -> bool {
+        let s = self.state();
+        s.populated.contains(cgroup) || s.cgroups.values().any(|c| c == cgroup)
     }
 }

@@ -75,6 +75,23 @@ pub struct ProcessRef {
     pub start_time: u64,
     /// `/proc/sys/kernel/random/boot_id` when the process was seen.
     pub boot_id: String,
+    /// The cgroup the process was in when seen, relative to the cgroup root (`pids/x/y` on
+    /// cgroup v1, `unified/x/y` on a hybrid host's v2 tree, `x/y` on v2). An owner bound to
+    /// a container's init lives while this cgroup still holds processes, also after init
+    /// exited (a container without its own pid namespace leaves its children running).
+    /// Absent for older records and for processes in a root cgroup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<String>,
+}
+
+impl ProcessRef {
+    /// The same process instance: pid, start time and boot id match (the cgroup it was
+    /// seen in is not part of its identity).
+    pub fn same_process(&self, other: &ProcessRef) -> bool {
+        self.pid == other.pid
+            && self.start_time == other.start_time
+            && self.boot_id == other.boot_id
+    }
 }
 
 /// Where a container sits in Kubernetes, for status and metrics.
@@ -192,6 +209,11 @@ pub struct Reservation {
     pub deadline_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bound_ms: Option<u64>,
+    /// The process that made a container's pending reservation (the runtime wrapper or the
+    /// precreate hook). While it lives, only its descendants may bind the reservation, and
+    /// it may give back what it reserved when the runtime fails before any hook bound it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserved_by: Option<ProcessRef>,
 }
 
 /// Running totals for the exporter.
@@ -256,6 +278,7 @@ mod tests {
                 pid: 7,
                 start_time: 9,
                 boot_id: "b".into(),
+                cgroup: None,
             }),
             kubernetes: None,
         };

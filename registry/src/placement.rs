@@ -335,6 +335,7 @@ mod tests {
             created_ms: 0,
             deadline_ms: Some(1),
             bound_ms: None,
+            reserved_by: None,
         }
     }
 

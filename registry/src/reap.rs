@@ -12,6 +12,11 @@
 //! write, outside the lock ([`Probe::Deferred`] under it), and reaps what they find in a second
 //! short transaction: the serialised part of an operation stays independent of how many
 //! processes own reservations.
+//!
+//! A container's owner is its init process *and* the processes of its cgroup: a container
+//! without its own pid namespace keeps its children when init exits, and they still hold
+//! the slice's memory. So an owner whose init is gone is only reaped once the cgroup
+//! recorded at bind ([`ProcessRef::cgroup`]) holds no process.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -105,6 +110,7 @@ pub(crate) struct Liveness<'a> {
     full: bool,
     exists: HashMap<u32, bool>,
     verdicts: HashMap<(u32, u64), Option<ReapReason>>,
+    populated: HashMap<String, bool>,
 }
 
 impl<'a> Liveness<'a> {
@@ -126,6 +132,7 @@ impl<'a> Liveness<'a> {
             full: probe == Probe::Full || due,
             exists: HashMap::new(),
             verdicts: HashMap::new(),
+            populated: HashMap::new(),
         })
     }
 
@@ -183,13 +190,30 @@ impl<'a> Liveness<'a> {
         Ok(verdict)
     }
 
+    /// Whether the cgroup `p` was seen in still holds processes (false when none was seen).
+    pub(crate) fn cgroup_holds_processes(&mut self, p: &ProcessRef) -> bool {
+        let Some(cgroup) = &p.cgroup else {
+            return false;
+        };
+        let system = self.system;
+        *self
+            .populated
+            .entry(cgroup.clone())
+            .or_insert_with(|| system.cgroup_populated(cgroup))
+    }
+
     /// Why `r` has lost its owner, or `None` while it is held.
     pub(crate) fn verdict(&mut self, r: &Reservation) -> Result<Option<ReapReason>, SystemError> {
         if let Owner::DraClaim { .. } = r.owner {
             return Ok(None);
         }
         if let Some(p) = r.owner.process() {
-            return self.process_gone(p);
+            return match self.process_gone(p)? {
+                rebooted @ Some(ReapReason::Rebooted { .. }) => Ok(rebooted),
+                // Init is gone, its container's processes are not.
+                Some(_) if self.cgroup_holds_processes(p) => Ok(None),
+                other => Ok(other),
+            };
         }
         match (r.state, r.deadline_ms) {
             (ReservationState::Pending, Some(deadline_ms)) if self.now_ms > deadline_ms => {

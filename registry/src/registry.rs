@@ -89,6 +89,8 @@ pub enum RegistryError {
         namespace: String,
         name: String,
     },
+    #[error("reservation {id} was made by process {reserver}, which still runs, and container init {pid} is not one of its descendants: only the create that reserved a slice may bind it")]
+    NotReserver { id: String, reserver: u32, pid: u32 },
     #[error("cannot bind to container id ``: accepted: a non-empty container id")]
     EmptyContainerId,
     #[error(
@@ -223,8 +225,16 @@ impl Registry {
         &self.options
     }
 
-    /// Identifies the live process `pid` (start time and boot id), for a bound owner.
+    /// Identifies the live process `pid` (start time and boot id) and the cgroup that holds
+    /// its container's processes, for a bound owner.
     pub fn process_ref(&self, pid: u32) -> Result<ProcessRef, RegistryError> {
+        let mut p = self.bare_process_ref(pid)?;
+        p.cgroup = self.system.process_cgroup(pid)?;
+        Ok(p)
+    }
+
+    /// Identifies the live process `pid` by start time and boot id alone.
+    fn bare_process_ref(&self, pid: u32) -> Result<ProcessRef, RegistryError> {
         let start_time = self
             .system
             .process_start_time(pid)?
@@ -233,7 +243,37 @@ impl Registry {
             pid,
             start_time,
             boot_id: self.system.boot_id()?,
+            cgroup: None,
         })
+    }
+
+    /// Whether the owner process `p` is gone: it exited or its pid names another process,
+    /// and the cgroup it was seen in holds no process either; or it ran before a reboot.
+    fn owner_gone(&self, p: &ProcessRef) -> Result<bool, RegistryError> {
+        if p.boot_id != self.system.boot_id()? {
+            return Ok(true);
+        }
+        let alive = self.system.process_start_time(p.pid)? == Some(p.start_time);
+        Ok(!alive
+            && !p
+                .cgroup
+                .as_deref()
+                .is_some_and(|c| self.system.cgroup_populated(c)))
+    }
+
+    /// Whether the live process `pid` is `ancestor` or descends from it (up to 32 levels).
+    fn descends_from(&self, pid: u32, ancestor: &ProcessRef) -> Result<bool, RegistryError> {
+        let mut cur = pid;
+        for _ in 0..32 {
+            if cur == ancestor.pid {
+                return Ok(self.system.process_start_time(cur)? == Some(ancestor.start_time));
+            }
+            match self.system.process_parent(cur)? {
+                Some(parent) if parent != 0 && parent != cur => cur = parent,
+                _ => return Ok(false),
+            }
+        }
+        Ok(false)
     }
 
     fn corrupt(&self, detail: String) -> RegistryError {
@@ -302,13 +342,23 @@ impl Registry {
     fn reap_exited(&self, file: &RegistryFile) -> Result<Vec<Reaped>, RegistryError> {
         let mut seen: std::collections::HashMap<u32, bool> = std::collections::HashMap::new();
         let mut exited: Vec<(&str, &ProcessRef)> = Vec::new();
+        let mut populated: std::collections::HashMap<&str, bool> = std::collections::HashMap::new();
         for r in &file.reservations {
             if let Some(p) = r.owner.process() {
                 let system = &self.system;
-                if !*seen
+                if *seen
                     .entry(p.pid)
                     .or_insert_with(|| system.process_exists(p.pid))
                 {
+                    continue;
+                }
+                // Init is gone; its container lives on while its cgroup holds processes.
+                let left = p.cgroup.as_deref().is_some_and(|c| {
+                    *populated
+                        .entry(c)
+                        .or_insert_with(|| system.cgroup_populated(c))
+                });
+                if !left {
                     exited.push((&r.id, p));
                 }
             }

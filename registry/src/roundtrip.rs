@@ -126,11 +126,18 @@ fn gpu() -> impl Strategy<Value = Gpu> {
 }
 
 fn process() -> impl Strategy<Value = ProcessRef> {
-    (any_u32(), any_u64(), odd_string()).prop_map(|(pid, start_time, boot_id)| ProcessRef {
-        pid,
-        start_time,
-        boot_id,
-    })
+    (
+        any_u32(),
+        any_u64(),
+        odd_string(),
+        proptest::option::of(odd_string()),
+    )
+        .prop_map(|(pid, start_time, boot_id, cgroup)| ProcessRef {
+            pid,
+            start_time,
+            boot_id,
+            cgroup,
+        })
 }
 
 fn kubernetes() -> impl Strategy<Value = KubernetesRef> {
@@ -194,9 +201,10 @@ fn reservation() -> impl Strategy<Value = Reservation> {
         any_u64(),
         proptest::option::of(any_u64()),
         proptest::option::of(any_u64()),
+        proptest::option::of(process()),
     )
         .prop_map(
-            |(id, state, owner, whole_gpu, gpus, created_ms, deadline_ms, bound_ms)| Reservation {
+            |(
                 id,
                 state,
                 owner,
@@ -205,6 +213,19 @@ fn reservation() -> impl Strategy<Value = Reservation> {
                 created_ms,
                 deadline_ms,
                 bound_ms,
+                reserved_by,
+            )| {
+                Reservation {
+                    id,
+                    state,
+                    owner,
+                    whole_gpu,
+                    gpus,
+                    created_ms,
+                    deadline_ms,
+                    bound_ms,
+                    reserved_by,
+                }
             },
         )
 }
@@ -289,6 +310,7 @@ fn every_field_set() -> RegistryFile {
             pid: u32::MAX,
             start_time: u64::MAX,
             boot_id: "boot\n".into(),
+            cgroup: Some("pids/ctr\u{1}/x".into()),
         }),
         kubernetes: Some(KubernetesRef {
             namespace: "ns".into(),
@@ -311,6 +333,12 @@ fn every_field_set() -> RegistryFile {
         created_ms: 1,
         deadline_ms: Some(2),
         bound_ms: Some(3),
+        reserved_by: Some(ProcessRef {
+            pid: 9,
+            start_time: 10,
+            boot_id: "boot".into(),
+            cgroup: None,
+        }),
     };
     RegistryFile {
         version: REGISTRY_VERSION,

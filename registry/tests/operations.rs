@@ -83,6 +83,7 @@ fn bind_records_process_and_is_idempotent_for_one_container() {
         pid: 4242,
         start_time: 777,
         boot_id: "fake-boot-0".into(),
+        cgroup: None,
     };
     assert_eq!(b.owner.process(), Some(&want));
     assert_eq!(b.owner.container_id(), Some("ctr-a"));

@@ -4,26 +4,31 @@
 use std::os::unix::process::CommandExt;
 use std::process::ExitCode;
 
-use gpuslice::create::runtime::{edit_bundle, parse_args, report, resolve_runtime, RuntimeError};
+use gpuslice::create::runtime::{
+    edit_bundle, exit_like, parse_args, report, resolve_runtime, run_forwarding, RuntimeError,
+};
 use gpuslice::node::Node;
 
 fn main() -> ExitCode {
     let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
     let parsed = parse_args(&args);
     let creates = matches!(parsed.command.as_deref(), Some("create" | "run"));
+    let mut node = None;
     let configured = if creates {
-        let node = match Node::load(None) {
+        let n = match Node::load(None) {
             Ok(n) => n,
             Err(e) => {
                 report(&parsed, &RuntimeError::Config(e).to_string());
                 return ExitCode::from(1);
             }
         };
-        if let Err(e) = edit_bundle(&node, &parsed) {
+        if let Err(e) = edit_bundle(&n, &parsed) {
             report(&parsed, &e.to_string());
             return ExitCode::from(1);
         }
-        node.config().runtime.path.clone()
+        let path = n.config().runtime.path.clone();
+        node = Some(n);
+        path
     } else {
         // Other commands (start, delete, kill, state…) only pass through: they read
         // `runtime.path` alone, and must keep working with a broken config so existing
@@ -40,10 +45,28 @@ fn main() -> ExitCode {
     ) {
         Ok(p) => p,
         Err(e) => {
+            give_back(node.as_ref(), &parsed);
             report(&parsed, &e.to_string());
             return ExitCode::from(1);
         }
     };
+    if let Some(node) = &node {
+        // create/run: the runtime runs as a child, so that a failure before any hook bound
+        // the reservation this create made gives it back now, not at the pending timeout.
+        return match run_forwarding(&runtime, &args) {
+            Ok(status) => {
+                if !status.success() {
+                    give_back(Some(node), &parsed);
+                }
+                exit_like(status)
+            }
+            Err(e) => {
+                give_back(Some(node), &parsed);
+                report(&parsed, &e.to_string());
+                ExitCode::from(1)
+            }
+        };
+    }
     let err = std::process::Command::new(&runtime).args(&args).exec();
     report(
         &parsed,
@@ -54,4 +77,21 @@ fn main() -> ExitCode {
         .to_string(),
     );
     ExitCode::from(1)
+}
+
+/// Releases the reservations this process made that no hook bound (the runtime failed or
+/// never ran). A failure here is reported; the runtime's exit status stays what it was, and
+/// the pending timeout still reaps what could not be released.
+fn give_back(node: Option<&Node>, parsed: &gpuslice::create::runtime::RuncArgs) {
+    let Some(node) = node else { return };
+    let result = node
+        .open_registry()
+        .map_err(|e| e.to_string())
+        .and_then(|r| r.give_back_pending().map_err(|e| e.to_string()));
+    if let Err(e) = result {
+        report(
+            parsed,
+            &format!("gpuslice-runtime: cannot release the slice reserved for this create: {e}"),
+        );
+    }
 }

@@ -58,6 +58,31 @@ pub enum HookError {
     Refused(String),
     #[error("`{value}` is not a GPU UUID for --whole-gpu; accepted: GPU-<uuid>")]
     WholeSelector { value: String },
+    #[error("container {id} names reservation {reservation} in its createRuntime hook, but its spec {found}: only the spec gpuslice edited for a reservation (annotation {RESERVATION_ANNOTATION}={reservation}) may bind it")]
+    ForeignReservation {
+        id: String,
+        reservation: String,
+        found: String,
+    },
+}
+
+/// The annotation the spec edit writes: the reservation a spec was edited for.
+const RESERVATION_ANNOTATION: &str = "gpuslice.io/reservation";
+
+/// Refuses to bind `reservation` for a container whose spec was not edited for it: the hook
+/// line alone (copied from another spec, or injected with the slice's CDI device) does not
+/// carry the annotation, and a spec that arrives with the annotation is refused by the edit.
+fn check_edited_for(state: &State, reservation: &str) -> Result<(), HookError> {
+    let found = match state.annotations.get(RESERVATION_ANNOTATION) {
+        Some(v) if v == reservation => return Ok(()),
+        Some(v) => format!("was edited for reservation {v}"),
+        None => format!("has no annotation {RESERVATION_ANNOTATION}"),
+    };
+    Err(HookError::ForeignReservation {
+        id: state.id.clone(),
+        reservation: reservation.to_string(),
+        found,
+    })
 }
 
 fn read_stdin() -> Result<Vec<u8>, HookError> {
@@ -129,6 +154,9 @@ pub fn fail(message: &str) -> Result<(), Error> {
 }
 
 /// `hook create-runtime`: binds `reservation` to the container; books `whole` GPUs.
+///
+/// Whole-GPU bookings are the container's init process's (pid, start time, boot id: unique
+/// on the node), not its id's: container ids are unique per runtime root or namespace only.
 pub fn create_runtime(
     node: &Node,
     reservation: Option<&str>,
@@ -143,6 +171,7 @@ pub fn create_runtime(
         })?;
     let registry = node.open_registry()?;
     if let Some(id) = reservation {
+        check_edited_for(&state, id)?;
         registry.bind(id, &state.id, pid)?;
     }
     if whole.is_empty() {
@@ -163,7 +192,7 @@ pub fn create_runtime(
         // The same GPU named twice (`=0` and `=GPU-…`, or `=all`) is booked once.
         let held = snapshot.reservations.iter().any(|r| {
             r.whole_gpu
-                && r.owner.container_id() == Some(state.id.as_str())
+                && r.owner.process().is_some_and(|p| p.same_process(&process))
                 && r.gpus.iter().any(|b| b.uuid.eq_ignore_ascii_case(uuid))
         });
         if held {
@@ -177,8 +206,9 @@ pub fn create_runtime(
         req.whole_gpu = true;
         req.selectors = vec![selector];
         if let Err(source) = registry.reserve(&req) {
-            // Give back what this container got so far; the runtime fails the create.
-            let _ = registry.release_container(&state.id);
+            // Give back what this container got so far (not what a container of the same id
+            // under another runtime root holds); the runtime fails the create.
+            let _ = registry.release_container_process(&state.id, &process);
             return Err(HookError::Whole {
                 uuid: uuid.clone(),
                 id: state.id.clone(),
@@ -190,14 +220,21 @@ pub fn create_runtime(
     Ok(())
 }
 
-/// `hook poststop`: releases `reservation` (a slice's hook), or everything booked for the
-/// container (the whole-GPU devices' hook, which names no reservation). One registry
-/// transaction either way.
+/// `hook poststop`: releases `reservation` (a slice's hook), or what the stopped container
+/// booked (the whole-GPU devices' hook, which names no reservation): the bookings of its id
+/// whose owner process is gone, never those of a running container of the same id under
+/// another runtime root or namespace. A slice's hook releases only when the stopped
+/// container's spec was edited for that reservation (its annotation names it).
 pub fn poststop(node: &Node, reservation: Option<&str>) -> Result<(), Error> {
+    let state = read_state()?;
+    if let Some(id) = reservation {
+        // A spec that only copied the hook line cannot release someone else's slice.
+        check_edited_for(&state, id)?;
+    }
     let registry = node.open_registry()?;
     match reservation {
         Some(id) => registry.release(id)?,
-        None => registry.release_container(&read_state()?.id)?,
+        None => registry.release_stopped_container(&state.id)?,
     };
     Ok(())
 }

@@ -1,6 +1,9 @@
 //! `gpuslice-runtime`: a runc-compatible wrapper. On `create` and `run` it applies the spec
-//! edit to `<bundle>/config.json` (atomic replace), then executes the real runtime with the
-//! unchanged arguments; every other subcommand passes straight through.
+//! edit to `<bundle>/config.json` (atomic replace), then runs the real runtime with the
+//! unchanged arguments as its child — stdio and every other open descriptor inherited,
+//! signals forwarded, its exit status passed on — so that when the runtime fails before any
+//! hook bound the reservation it made, the wrapper gives the reservation back at once
+//! ([`run_forwarding`]); every other subcommand passes straight through (`exec`).
 
 use std::ffi::{OsStr, OsString};
 use std::io::Write;
@@ -128,6 +131,130 @@ pub enum RuntimeError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("gpuslice-runtime: cannot wait for {path}: {source}")]
+    Wait {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// The signals the wrapper passes on to the runtime (everything a process can catch but
+/// SIGCHLD, which tells the wrapper the runtime exited, and the synchronous faults).
+const FORWARDED: &[libc::c_int] = &[
+    libc::SIGHUP,
+    libc::SIGINT,
+    libc::SIGQUIT,
+    libc::SIGUSR1,
+    libc::SIGUSR2,
+    libc::SIGPIPE,
+    libc::SIGALRM,
+    libc::SIGTERM,
+    libc::SIGCONT,
+    libc::SIGTSTP,
+    libc::SIGTTIN,
+    libc::SIGTTOU,
+    libc::SIGURG,
+    libc::SIGXCPU,
+    libc::SIGXFSZ,
+    libc::SIGVTALRM,
+    libc::SIGPROF,
+    libc::SIGWINCH,
+    libc::SIGIO,
+    libc::SIGPWR,
+    libc::SIGSYS,
+];
+
+/// The set of [`FORWARDED`] signals plus SIGCHLD.
+fn wait_set() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data; sigemptyset initialises it before any other use.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid sigset_t owned here; the signal numbers are valid.
+    unsafe {
+        libc::sigemptyset(&mut set);
+        for sig in FORWARDED.iter().chain(&[libc::SIGCHLD]) {
+            libc::sigaddset(&mut set, *sig);
+        }
+    }
+    set
+}
+
+/// Runs `runtime args` as a child and returns how it ended. The child inherits stdin,
+/// stdout, stderr and every descriptor not marked close-on-exec (`--preserve-fds`, a
+/// console socket passed by fd), as it would through `exec`; Rust resets the signal mask
+/// and SIGPIPE in it. The signals in [`FORWARDED`] are blocked here before it starts (none
+/// is lost in between) and each one that arrives is sent on to it, until it exits.
+pub fn run_forwarding(
+    runtime: &Path,
+    args: &[OsString],
+) -> Result<std::process::ExitStatus, RuntimeError> {
+    let set = wait_set();
+    // SAFETY: sigset_t is plain data, filled by pthread_sigmask below.
+    let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` and `old` are valid sigsets; this thread is the only one that runs.
+    // SIGCHLD ignored by whoever started us (inherited through exec) would reap the runtime
+    // behind our back and never be reported: the default disposition queues it.
+    unsafe {
+        libc::signal(libc::SIGCHLD, libc::SIG_DFL);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
+    }
+    let restore = |old: &libc::sigset_t| {
+        // SAFETY: `old` is the mask saved above.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, old, std::ptr::null_mut()) };
+    };
+    let mut child = match std::process::Command::new(runtime).args(args).spawn() {
+        Ok(c) => c,
+        Err(source) => {
+            restore(&old);
+            return Err(RuntimeError::Exec {
+                path: runtime.to_path_buf(),
+                source,
+            });
+        }
+    };
+    let pid = child.id() as libc::pid_t;
+    let status = loop {
+        // SAFETY: `set` is a valid sigset; a null info pointer is allowed.
+        let sig = unsafe { libc::sigwaitinfo(&set, std::ptr::null_mut()) };
+        if sig == libc::SIGCHLD || sig < 0 {
+            match child.try_wait() {
+                Ok(Some(status)) => break Ok(status),
+                Ok(None) => continue,
+                Err(source) => {
+                    break Err(RuntimeError::Wait {
+                        path: runtime.to_path_buf(),
+                        source,
+                    })
+                }
+            }
+        }
+        // SAFETY: kill has no memory effects; `pid` is our child, not yet reaped.
+        unsafe { libc::kill(pid, sig) };
+    };
+    restore(&old);
+    status
+}
+
+/// Ends the wrapper as the runtime ended: with its exit code, or killed by the same signal
+/// (re-raised with its default action), so the engine reads the runtime's own status.
+pub fn exit_like(status: std::process::ExitStatus) -> std::process::ExitCode {
+    use std::os::unix::process::ExitStatusExt;
+    if let Some(code) = status.code() {
+        return std::process::ExitCode::from(u8::try_from(code & 0xff).unwrap_or(1));
+    }
+    if let Some(sig) = status.signal() {
+        // SAFETY: resetting a disposition to the default, unblocking and raising the signal
+        // only affect this process, which is about to end.
+        unsafe {
+            libc::signal(sig, libc::SIG_DFL);
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, sig);
+            libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+            libc::raise(sig);
+        }
+        return std::process::ExitCode::from(u8::try_from((128 + sig) & 0xff).unwrap_or(1));
+    }
+    std::process::ExitCode::from(1)
 }
 
 /// Applies the spec edit to the bundle's config.json when the command creates a container.

@@ -2,7 +2,9 @@
 //! the way the registry's own reaping judges it: a pending reservation within its deadline,
 //! a bound one whose owner process still runs (same start time, same boot). Exits are seen
 //! at once (the pid is probed every time); start times are re-read every
-//! [`OWNER_RECHECK`], which catches reused pids and zombies.
+//! [`OWNER_RECHECK`], which catches reused pids and zombies. A container whose init exited
+//! lives on while the cgroup recorded at bind still holds processes (no pid namespace of its
+//! own: its children outlive init).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -79,6 +81,15 @@ impl OwnerCheck {
                         self.verified.insert(r.id.clone(), now);
                         Liveness::Live
                     }
+                    // Init is gone (or its pid reused) but its container's processes are not.
+                    Ok(_)
+                        if same_boot
+                            && p.cgroup
+                                .as_deref()
+                                .is_some_and(|c| self.system.cgroup_populated(c)) =>
+                    {
+                        Liveness::Live
+                    }
                     Ok(_) => {
                         self.verified.remove(&r.id);
                         Liveness::Stale {
@@ -118,6 +129,7 @@ mod tests {
             created_ms: 0,
             deadline_ms,
             bound_ms: None,
+            reserved_by: None,
         }
     }
 
@@ -130,6 +142,7 @@ mod tests {
                     pid,
                     start_time,
                     boot_id: "fake-boot-0".into(),
+                    cgroup: None,
                 }),
                 kubernetes: None,
             },
@@ -187,5 +200,36 @@ mod tests {
         ));
         owners.retain(|_| false);
         assert!(format!("{owners:?}").contains("verified: 0"));
+    }
+
+    /// Issue 16 (13): a container without its own pid namespace keeps its children when init
+    /// exits; its series stay until its cgroup holds no process.
+    #[test]
+    fn owner_lives_while_its_cgroup_holds_processes() {
+        let sys = Arc::new(FakeSystem::new(1_000));
+        let mut owners = OwnerCheck::new(sys.clone());
+        let t0 = Instant::now();
+        let boot = Some("fake-boot-0");
+        sys.spawn(90, 7);
+        let mut r = bound(90, 7);
+        if let Owner::Container {
+            process: Some(p), ..
+        } = &mut r.owner
+        {
+            p.cgroup = Some("pids/ctr-90".into());
+        }
+        sys.set_populated("pids/ctr-90", true);
+        assert_eq!(owners.check(&r, t0, 1_000, boot), Liveness::Live);
+        sys.kill(90);
+        assert_eq!(
+            owners.check(&r, t0, 1_000, boot),
+            Liveness::Live,
+            "init exited, its child still runs in the container's cgroup"
+        );
+        sys.set_populated("pids/ctr-90", false);
+        assert!(matches!(
+            owners.check(&r, t0, 1_000, boot),
+            Liveness::Stale { vanished: Some(_) }
+        ));
     }
 }

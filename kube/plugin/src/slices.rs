@@ -299,6 +299,7 @@ mod tests {
             created_ms: 0,
             deadline_ms: None,
             bound_ms: None,
+            reserved_by: None,
         }
     }
 

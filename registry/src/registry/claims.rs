@@ -204,6 +204,7 @@ impl Registry {
                 created_ms: txn.now_ms,
                 deadline_ms: None,
                 bound_ms: Some(txn.now_ms),
+                reserved_by: None,
             };
             txn.records.push(r.clone());
             txn.file.reservations.push(r.clone());

@@ -3,13 +3,31 @@
 
 use crate::id::{is_valid_id, new_id};
 use crate::load::missing_gpus;
-use crate::model::{Inventory, Owner, Reservation, ReservationState};
+use crate::model::{Inventory, Owner, ProcessRef, Reservation, ReservationState};
 use crate::placement::place;
 use crate::reap::{Probe, ReapReason, Reaped};
 use crate::request::Request;
 use crate::store;
 
-use super::{check_inventory, sync_indices, InventoryChange, Registry, RegistryError, Released};
+use super::{
+    check_inventory, sync_indices, InventoryChange, Registry, RegistryError, Released, Txn,
+};
+
+/// Removes the reservations `matches` selects from the open transaction, counted as
+/// released; their directories go after the write.
+fn take(txn: &mut Txn, matches: impl Fn(&Reservation) -> bool) -> Vec<Reservation> {
+    let (gone, kept): (Vec<Reservation>, Vec<Reservation>) =
+        std::mem::take(&mut txn.file.reservations)
+            .into_iter()
+            .partition(|r| matches(r));
+    txn.file.reservations = kept;
+    if !gone.is_empty() {
+        txn.file.counters.released_total += gone.len() as u64;
+        txn.dirty = true;
+        txn.removed.extend(gone.iter().cloned());
+    }
+    gone
+}
 
 impl Registry {
     /// Reserves a slice. The reservation is pending (reaped after the pending timeout unless
@@ -18,10 +36,22 @@ impl Registry {
         if let Some(p) = request.owner.process() {
             // Verified now, so the next full check of start times may be up to the recheck
             // interval away.
-            if self.process_ref(p.pid).ok().as_ref() != Some(p) {
+            if !self
+                .bare_process_ref(p.pid)
+                .is_ok_and(|found| found.same_process(p))
+            {
                 return Err(RegistryError::NoProcess { pid: p.pid });
             }
         }
+        // A container's pending reservation names the process that made it (the wrapper or
+        // the precreate hook): see `bind` and `give_back_pending`.
+        let reserved_by = match (&request.owner, request.owner.process()) {
+            (Owner::Container { .. }, None) => self
+                .system
+                .current_pid()
+                .and_then(|pid| self.bare_process_ref(pid).ok()),
+            _ => None,
+        };
         let timeout_ms =
             u64::try_from(self.options.pending_timeout.as_millis()).unwrap_or(u64::MAX);
         let (r, _) = self.transact(false, |txn| {
@@ -76,6 +106,7 @@ impl Registry {
                 created_ms: now,
                 deadline_ms: (!held).then(|| now.saturating_add(timeout_ms)),
                 bound_ms: held.then_some(now),
+                reserved_by,
             };
             // Its record is written after the lock is released: until the call returns,
             // nobody else knows the id.
@@ -104,6 +135,7 @@ impl Registry {
         }
         // Read the process before taking the lock: it is the slow part.
         let process = self.process_ref(pid)?;
+
         let (r, _) = self.transact(false, |txn| {
             let now = txn.now_ms;
             let r = txn
@@ -115,6 +147,13 @@ impl Registry {
                     id: id.to_string(),
                     path: self.paths.registry.clone(),
                 })?;
+            // While the process that reserved it runs, only containers it creates may bind
+            // it: a spec carrying someone else's reservation (copied hooks, a slice's CDI
+            // device) does not descend from it. A few /proc reads, under the lock so the
+            // reservation cannot change in between.
+            if let (ReservationState::Pending, Some(reserver)) = (r.state, &r.reserved_by) {
+                self.check_binder(id, pid, reserver)?;
+            }
             match &mut r.owner {
                 Owner::DraClaim {
                     namespace, name, ..
@@ -158,6 +197,108 @@ impl Registry {
             Ok(r)
         })?;
         Ok(r)
+    }
+
+    /// Refuses to bind `id` for the container whose init is `pid` unless `reserver` (the
+    /// process that reserved it) is gone, or the init or the calling process descends from
+    /// it.
+    fn check_binder(&self, id: &str, pid: u32, reserver: &ProcessRef) -> Result<(), RegistryError> {
+        if self.owner_gone(reserver)? || self.descends_from(pid, reserver)? {
+            return Ok(());
+        }
+        if let Some(me) = self.system.current_pid() {
+            if self.descends_from(me, reserver)? {
+                return Ok(());
+            }
+        }
+        Err(RegistryError::NotReserver {
+            id: id.to_string(),
+            reserver: reserver.pid,
+            pid,
+        })
+    }
+
+    /// Releases the pending reservations the calling process made, when no hook has bound
+    /// them: the runtime wrapper calls it when the runtime failed (it refused the edited spec
+    /// before any hook ran), so the slice does not wait for the pending timeout. Bound ones
+    /// are left to their poststop hook and to reaping.
+    pub fn give_back_pending(&self) -> Result<Vec<Reservation>, RegistryError> {
+        let Some(me) = self
+            .system
+            .current_pid()
+            .and_then(|pid| self.bare_process_ref(pid).ok())
+        else {
+            return Ok(Vec::new());
+        };
+        let mine = |r: &Reservation| {
+            r.state == ReservationState::Pending
+                && r.reserved_by.as_ref().is_some_and(|b| b.same_process(&me))
+        };
+        let (gone, _) = self.transact(false, |txn| Ok(take(txn, mine)))?;
+        Ok(gone)
+    }
+
+    /// Releases the reservations of container `container_id` bound to the process `process`
+    /// (what one createRuntime hook booked), leaving those of any other container that has
+    /// the same id under another runtime root or namespace.
+    pub fn release_container_process(
+        &self,
+        container_id: &str,
+        process: &ProcessRef,
+    ) -> Result<Vec<Reservation>, RegistryError> {
+        let (gone, _) = self.transact(false, |txn| {
+            Ok(take(txn, |r| {
+                r.owner.container_id() == Some(container_id)
+                    && r.owner.process().is_some_and(|p| p.same_process(process))
+            }))
+        })?;
+        Ok(gone)
+    }
+
+    /// Releases the reservations of container `container_id` whose owner is gone: the
+    /// poststop hook of a container that names no reservation (whole GPUs). Container ids
+    /// are unique per runtime root or namespace, not per node, so a reservation of the same
+    /// id whose owner still runs belongs to another container and is kept. Idempotent.
+    pub fn release_stopped_container(&self, container_id: &str) -> Result<Released, RegistryError> {
+        // Judged outside the lock (process and cgroup reads); an owner cannot come back.
+        let snapshot = match self.snapshot() {
+            Ok(f) => Some(f),
+            Err(RegistryError::Corrupt { .. }) => None,
+            Err(e) => return Err(e),
+        };
+        let mut stopped: Vec<String> = Vec::new();
+        for r in snapshot.iter().flat_map(|f| &f.reservations) {
+            if r.owner.container_id() != Some(container_id) {
+                continue;
+            }
+            let gone = match r.owner.process() {
+                Some(p) => self.owner_gone(p)?,
+                None => true,
+            };
+            if gone {
+                stopped.push(r.id.clone());
+            }
+        }
+        let outcome = self.transact(false, |txn| {
+            Ok(take(txn, |r| stopped.contains(&r.id)))
+        });
+        match outcome {
+            Ok((reservations, _)) => Ok(Released {
+                reservations,
+                corrupt: None,
+            }),
+            Err(e @ RegistryError::Corrupt { .. }) => self.release_unusable(
+                e,
+                |r| {
+                    r.owner.container_id() == Some(container_id)
+                        && r.owner
+                            .process()
+                            .is_none_or(|p| self.owner_gone(p).unwrap_or(true))
+                },
+                None,
+            ),
+            Err(e) => Err(e),
+        }
     }
 
     /// Releases reservation `id`. Idempotent: releasing an unknown id removes nothing. On an
