@@ -279,9 +279,7 @@ impl Registry {
                 stopped.push(r.id.clone());
             }
         }
-        let outcome = self.transact(false, |txn| {
-            Ok(take(txn, |r| stopped.contains(&r.id)))
-        });
+        let outcome = self.transact(false, |txn| Ok(take(txn, |r| stopped.contains(&r.id))));
         match outcome {
             Ok((reservations, _)) => Ok(Released {
                 reservations,
