@@ -231,11 +231,16 @@ fn podman_cdi_injection_and_gpuslice_injection_give_the_same_view() {
         .unwrap()
         .to_string();
     let dev = format!("gpuslice.io/slice={id_b}");
+    // The container the slice was made for says so (issue 16, defect 12: a slice's hooks bind
+    // it only for a spec edited for that reservation, not for anyone who names the device).
+    let made_for = format!("gpuslice.io/reservation={id_b}");
     ok(&podman.run(&[
         "run",
         "-d",
         "--name",
         "gpuslice-e2e-view-b",
+        "--annotation",
+        &made_for,
         "--device",
         &dev,
         image,
