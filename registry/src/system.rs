@@ -189,7 +189,7 @@ impl System for RealSystem {
             return Err(SystemError::Pid { pid });
         }
         let path = self.proc_root.join(pid.to_string()).join("cgroup");
-        let text = match std::fs::read(&path) {
+        let text = match read_small(&path) {
             Ok(t) => t,
             Err(e) if gone(&e) => return Ok(None),
             Err(e) => {
@@ -201,7 +201,7 @@ impl System for RealSystem {
             }
         };
         // Read after the target's: a caller that cannot read its own shares nothing.
-        let own = std::fs::read(self.proc_root.join("self/cgroup")).unwrap_or_default();
+        let own = read_small(&self.proc_root.join("self/cgroup")).unwrap_or_default();
         Ok(choose_cgroup(
             &self.cgroup_root,
             &String::from_utf8_lossy(&text),
