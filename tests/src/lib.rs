@@ -13,6 +13,7 @@ pub mod env;
 pub mod image;
 pub mod kube;
 pub mod kubelet;
+pub mod kubelet_plugin;
 pub mod node;
 pub mod podman;
 pub mod runc;

@@ -1,0 +1,15 @@
+//! gpuslice's console: the data layer (ResourceSlices, ResourceClaims, pods and Prometheus
+//! read into one model per node, per GPU and per pod container), its text, JSON and YAML
+//! renderings for `kubectl gpuslice`, and the allocate / release operation on workloads.
+//! The web console reuses the model and the operation; only the renderings are the plugin's.
+
+// Tests may panic on unexpected errors; the library itself may not.
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
+pub mod client;
+pub mod edit;
+pub mod fetch;
+pub mod model;
+pub mod render;
+pub mod usage;
+pub mod workload;

@@ -1,0 +1,167 @@
+//! `kubectl-gpuslice`, the kubectl plugin of gpuslice (`kubectl gpuslice …`): GPU capacity,
+//! bookings and use per node, GPU and pod, and allocating slices to workloads.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use gpuslice_console::fetch::{self, PodScope};
+use gpuslice_console::model::{self, Model};
+use gpuslice_console::render::{self, Output};
+use gpuslice_console::{client, workload};
+use serde_json::json;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "kubectl-gpuslice",
+    bin_name = "kubectl gpuslice",
+    about = "GPU slices of the cluster: capacity and bookings from ResourceSlices and ResourceClaims, use from Prometheus"
+)]
+struct Cli {
+    /// The namespace (default: the context's).
+    #[arg(short = 'n', long, global = true)]
+    namespace: Option<String>,
+    /// Every namespace.
+    #[arg(short = 'A', long, global = true)]
+    all_namespaces: bool,
+    /// The kubeconfig context.
+    #[arg(long, global = true)]
+    context: Option<String>,
+    /// The kubeconfig (default: $KUBECONFIG, else ~/.kube/config, else in-cluster).
+    #[arg(long, global = true)]
+    kubeconfig: Option<PathBuf>,
+    /// Output format: wide, json or yaml (default: a table).
+    #[arg(short = 'o', long, global = true, value_enum)]
+    output: Option<Output>,
+    /// Prometheus scraping the nodes' `gpuslice serve`, e.g. http://prometheus:9090.
+    #[arg(long, global = true, env = "GPUSLICE_PROMETHEUS")]
+    prometheus: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Per node: GPUs, memory and cores capacity, allocated, free, used.
+    Nodes {
+        /// Only nodes with a GPU that has free memory.
+        #[arg(long)]
+        available: bool,
+    },
+    /// Per GPU: the same plus model, the claims on it and idle slices.
+    Gpus {
+        /// Only GPUs with free memory.
+        #[arg(long)]
+        available: bool,
+    },
+    /// Per pod and container: its slices, memory used vs limit, compute used vs share.
+    Pods,
+    /// Gives a workload's pods a GPU slice each (a ResourceClaimTemplate and a claim).
+    Allocate(workload::AllocateArgs),
+    /// Undoes `allocate`: the pod template as before, the ResourceClaimTemplate deleted.
+    Release(workload::ReleaseArgs),
+}
+
+fn print_model(cli: &Cli, command: &Command, m: &Model) -> anyhow::Result<()> {
+    if let Some(w) = render::usage_warning(m) {
+        eprintln!("{w}");
+    }
+    for w in &m.warnings {
+        eprintln!("warning: {w}");
+    }
+    let wide = cli.output == Some(Output::Wide);
+    let structured = matches!(cli.output, Some(Output::Json | Output::Yaml));
+    let text = match command {
+        Command::Nodes { available } => {
+            let nodes: Vec<&model::NodeView> = m
+                .nodes
+                .iter()
+                .filter(|n| !available || n.largest_free_memory > 0)
+                .collect();
+            if structured {
+                let v = json!({"total": m.total, "nodes": nodes, "usageUnavailable": m.usage_unavailable});
+                render::encode(&v, cli.output.unwrap_or(Output::Json))?
+            } else {
+                render::nodes_table(&m.total, &nodes, wide)
+            }
+        }
+        Command::Gpus { available } => {
+            let gpus: Vec<&model::GpuView> = m
+                .gpus
+                .iter()
+                .filter(|g| !available || g.memory.free > 0)
+                .collect();
+            if structured {
+                let v = json!({"total": m.total, "gpus": gpus, "usageUnavailable": m.usage_unavailable});
+                render::encode(&v, cli.output.unwrap_or(Output::Json))?
+            } else {
+                render::gpus_table(&m.total, &gpus, wide)
+            }
+        }
+        Command::Pods => {
+            let pods: Vec<&model::ContainerSlice> = m.pods.iter().collect();
+            if structured {
+                let v = json!({"pods": pods, "usageUnavailable": m.usage_unavailable});
+                render::encode(&v, cli.output.unwrap_or(Output::Json))?
+            } else {
+                render::pods_table(&pods, cli.all_namespaces, wide)
+            }
+        }
+        Command::Allocate(_) | Command::Release(_) => String::new(),
+    };
+    print!("{text}");
+    Ok(())
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let cluster = client::connect(cli.kubeconfig.as_deref(), cli.context.as_deref()).await?;
+    let namespace = cli
+        .namespace
+        .clone()
+        .unwrap_or_else(|| cluster.default_namespace.clone());
+    match &cli.command {
+        Command::Nodes { .. } | Command::Gpus { .. } | Command::Pods => {
+            let scope = match (&cli.command, cli.all_namespaces) {
+                (Command::Pods, true) => PodScope::All,
+                (Command::Pods, false) => PodScope::Namespace(namespace.clone()),
+                _ => PodScope::None,
+            };
+            let src = fetch::sources(&cluster.client, &scope, cli.prometheus.as_deref()).await?;
+            let only: Option<BTreeSet<String>> =
+                (!cli.all_namespaces).then(|| BTreeSet::from([namespace.clone()]));
+            let m = model::build(&src, only.as_ref());
+            print_model(&cli, &cli.command, &m)?;
+        }
+        Command::Allocate(args) => {
+            let out = workload::allocate(&cluster.client, &namespace, args).await?;
+            print!("{out}");
+        }
+        Command::Release(args) => {
+            let out = workload::release(&cluster.client, &namespace, args).await?;
+            print!("{out}");
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

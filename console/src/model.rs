@@ -1,0 +1,855 @@
+//! The console's data model: per node, per GPU and per pod container, what the ResourceSlices
+//! offer (capacity), what allocated ResourceClaims consume (allocated = the sum of their
+//! `consumedCapacity` per device), what is free, and what Prometheus says is really used.
+//! Pure functions over API objects and a usage sample, shared by the kubectl plugin and the
+//! web console; nothing here talks to a server or prints.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gpuslice_kube::quantity::parse_whole;
+use gpuslice_kube::slices::{device_index, ATTR_PRODUCT, ATTR_UUID, CAP_CORES, CAP_MEMORY};
+use gpuslice_kube::DRIVER;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use serde::Serialize;
+
+use crate::usage::{SliceUsage, Usage};
+
+/// The objects a view is made from.
+#[derive(Debug, Clone)]
+pub struct Sources {
+    pub slices: Vec<ResourceSlice>,
+    pub claims: Vec<ResourceClaim>,
+    pub pods: Vec<Pod>,
+    /// What Prometheus says is used, or why that is not known.
+    pub usage: Result<Usage, String>,
+}
+
+/// One resource (memory in bytes, cores in percent of a GPU: 100 per GPU).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Figure {
+    /// What the ResourceSlices offer the scheduler.
+    pub capacity: u64,
+    /// The sum of allocated claims' `consumedCapacity`.
+    pub allocated: u64,
+    /// `capacity - allocated` (never below 0).
+    pub free: u64,
+    /// Measured (Prometheus); `None` when not known.
+    pub used: Option<u64>,
+}
+
+impl Figure {
+    fn add(&mut self, other: &Figure) {
+        self.capacity += other.capacity;
+        self.allocated += other.allocated;
+        self.free += other.free;
+        self.used = match (self.used, other.used) {
+            (Some(a), Some(b)) => Some(a + b),
+            _ => None,
+        };
+    }
+}
+
+/// One claim's consumption of one GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimOnGpu {
+    pub namespace: String,
+    pub name: String,
+    pub memory: u64,
+    pub cores: u64,
+    /// The pods the claim is reserved for.
+    pub pods: Vec<String>,
+    /// Holds its booking but uses no GPU memory and runs no measured kernels (`None`: not
+    /// measured or not matched to an exporter series).
+    pub idle: Option<bool>,
+}
+
+/// One GPU as a device of a gpuslice ResourceSlice.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuView {
+    pub node: String,
+    pub device: String,
+    pub index: Option<u32>,
+    pub uuid: String,
+    pub model: String,
+    pub memory: Figure,
+    pub cores: Figure,
+    pub claims: Vec<ClaimOnGpu>,
+    /// Claims on this GPU that hold a booking and use nothing; `None` when not measured.
+    pub idle_slices: Option<u64>,
+}
+
+/// One node (a pool of gpuslice devices).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeView {
+    pub name: String,
+    pub gpus: u64,
+    pub models: Vec<String>,
+    pub memory: Figure,
+    pub cores: Figure,
+    /// Allocations of claims on the node's GPUs.
+    pub slices: u64,
+    pub idle_slices: Option<u64>,
+    /// The largest free memory of one GPU (what the biggest new single-GPU claim can get).
+    pub largest_free_memory: u64,
+}
+
+/// One container's slice on one GPU.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerSlice {
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
+    pub node: String,
+    /// The claim's name; `None` for a slice of the annotation path (from the exporter only).
+    pub claim: Option<String>,
+    pub device: String,
+    pub uuid: String,
+    pub memory_limit: u64,
+    /// The shim's account (the slice's usage file).
+    pub memory_used: Option<u64>,
+    /// The driver's figure (NVML, summed over the container's processes).
+    pub memory_used_driver: Option<u64>,
+    /// The compute share, percent (0: not throttled).
+    pub cores_share: u64,
+    /// The achieved share, percent.
+    pub cores_used: Option<f64>,
+    /// The containers of a pod that use one claim share one slice.
+    pub shared_with: Vec<String>,
+}
+
+/// Everything the views show.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Model {
+    pub total: NodeView,
+    pub nodes: Vec<NodeView>,
+    pub gpus: Vec<GpuView>,
+    pub pods: Vec<ContainerSlice>,
+    /// Why the used figures are missing (`None` when Prometheus answered).
+    pub usage_unavailable: Option<String>,
+    /// Things the model could not place (a claim on a device no slice publishes, …).
+    pub warnings: Vec<String>,
+}
+
+/// The name of the cluster total row.
+pub const TOTAL: &str = "*";
+
+fn quantity(q: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>) -> Option<u64> {
+    q.and_then(|q| parse_whole(&q.0).ok())
+}
+
+/// (pool, device) → the claims' consumption of it.
+type Bookings = BTreeMap<(String, String), Vec<ClaimOnGpu>>;
+
+fn bookings(
+    claims: &[ResourceClaim],
+    capacity: &BTreeMap<(String, String), (u64, u64)>,
+    warnings: &mut Vec<String>,
+) -> Bookings {
+    let mut out: Bookings = BTreeMap::new();
+    for c in claims {
+        let Some(alloc) = c.status.as_ref().and_then(|s| s.allocation.as_ref()) else {
+            continue;
+        };
+        let namespace = c.metadata.namespace.clone().unwrap_or_default();
+        let name = c.metadata.name.clone().unwrap_or_default();
+        let pods: Vec<String> = c
+            .status
+            .as_ref()
+            .and_then(|s| s.reserved_for.as_ref())
+            .map(|r| {
+                r.iter()
+                    .filter(|r| r.resource == "pods")
+                    .map(|r| r.name.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        for r in alloc
+            .devices
+            .iter()
+            .flat_map(|d| d.results.iter().flatten())
+        {
+            if r.driver != DRIVER {
+                continue;
+            }
+            let key = (r.pool.clone(), r.device.clone());
+            let Some((cap_memory, _)) = capacity.get(&key) else {
+                warnings.push(format!(
+                    "claim {namespace}/{name} is allocated device {} of pool {}, which no gpuslice ResourceSlice publishes",
+                    r.device, r.pool
+                ));
+                continue;
+            };
+            let consumed = r.consumed_capacity.as_ref();
+            // No consumedCapacity (a scheduler without consumable capacity): the whole GPU.
+            let memory = quantity(consumed.and_then(|c| c.get(CAP_MEMORY))).unwrap_or(*cap_memory);
+            let cores = quantity(consumed.and_then(|c| c.get(CAP_CORES))).unwrap_or(0);
+            out.entry(key).or_default().push(ClaimOnGpu {
+                namespace: namespace.clone(),
+                name: name.clone(),
+                memory,
+                cores,
+                pods: pods.clone(),
+                idle: None,
+            });
+        }
+    }
+    out
+}
+
+/// The exporter series of a claim's slice on GPU `uuid`: the claim's reservation carries its
+/// namespace and no pod, and its memory limit is the claim's consumed memory. `None` when no
+/// series, or more than one, fits (two claims of one namespace with the same size on one GPU
+/// cannot be told apart from the exporter's labels).
+pub fn claim_series<'a>(
+    usage: &'a Usage,
+    node: &str,
+    uuid: &str,
+    claim: &ClaimOnGpu,
+) -> Option<&'a SliceUsage> {
+    let mut found = usage.slices.iter().filter(|s| {
+        s.uuid == uuid
+            && s.pod.is_empty()
+            && s.namespace == claim.namespace
+            && (s.node.is_empty() || s.node == node)
+            && s.memory_limit == Some(claim.memory)
+    });
+    let first = found.next()?;
+    found.next().is_none().then_some(first)
+}
+
+fn is_idle(s: &SliceUsage) -> Option<bool> {
+    let memory = s.memory_used?;
+    Some(memory == 0 && s.compute_used.unwrap_or(0.0) == 0.0)
+}
+
+/// Builds the model. `namespaces`: the namespaces whose pods the `pods` view shows (`None`:
+/// all); nodes and GPUs always show every claim, as they are cluster-wide.
+pub fn build(src: &Sources, namespaces: Option<&BTreeSet<String>>) -> Model {
+    let mut warnings = Vec::new();
+    let usage = src.usage.as_ref().ok();
+    // (pool, device) → its published capacity.
+    let mut devices: Vec<(String, &k8s_openapi::api::resource::v1::Device)> = Vec::new();
+    for s in src.slices.iter().filter(|s| s.spec.driver == DRIVER) {
+        let pool = s.spec.pool.name.clone();
+        for d in s.spec.devices.iter().flatten() {
+            devices.push((pool.clone(), d));
+        }
+    }
+    let capacity: BTreeMap<(String, String), (u64, u64)> = devices
+        .iter()
+        .map(|(pool, d)| {
+            let cap = d.capacity.as_ref();
+            let memory = quantity(cap.and_then(|c| c.get(CAP_MEMORY)).map(|c| &c.value));
+            let cores = quantity(cap.and_then(|c| c.get(CAP_CORES)).map(|c| &c.value));
+            (
+                (pool.clone(), d.name.clone()),
+                (memory.unwrap_or(0), cores.unwrap_or(0)),
+            )
+        })
+        .collect();
+    let mut booked = bookings(&src.claims, &capacity, &mut warnings);
+
+    let mut gpus: Vec<GpuView> = devices
+        .iter()
+        .map(|(pool, d)| {
+            let key = (pool.clone(), d.name.clone());
+            let (cap_memory, cap_cores) = capacity[&key];
+            let attr = |k: &str| {
+                d.attributes
+                    .as_ref()
+                    .and_then(|a| a.get(k))
+                    .and_then(|a| a.string.clone())
+                    .unwrap_or_default()
+            };
+            let uuid = attr(ATTR_UUID);
+            let mut claims = booked.remove(&key).unwrap_or_default();
+            claims.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+            // A GPU Prometheus knows nothing of: idle unknown, not 0.
+            let gpu_usage = usage.and_then(|u| u.gpus.get(&uuid));
+            let mut idle_slices = gpu_usage.map(|_| 0);
+            if let Some(u) = usage.filter(|_| gpu_usage.is_some()) {
+                for c in &mut claims {
+                    c.idle = claim_series(u, pool, &uuid, c).and_then(is_idle);
+                    if c.idle == Some(true) {
+                        idle_slices = idle_slices.map(|n| n + 1);
+                    }
+                }
+            }
+            let memory_allocated: u64 = claims.iter().map(|c| c.memory).sum();
+            let cores_allocated: u64 = claims.iter().map(|c| c.cores).sum();
+            GpuView {
+                node: pool.clone(),
+                device: d.name.clone(),
+                index: device_index(&d.name),
+                model: attr(ATTR_PRODUCT),
+                uuid,
+                memory: Figure {
+                    capacity: cap_memory,
+                    allocated: memory_allocated,
+                    free: cap_memory.saturating_sub(memory_allocated),
+                    used: gpu_usage.and_then(|g| g.memory_used),
+                },
+                cores: Figure {
+                    capacity: cap_cores,
+                    allocated: cores_allocated,
+                    free: cap_cores.saturating_sub(cores_allocated),
+                    used: gpu_usage
+                        .and_then(|g| g.utilization)
+                        .map(|u| (u * 100.0).round() as u64),
+                },
+                claims,
+                idle_slices,
+            }
+        })
+        .collect();
+    gpus.sort_by(|a, b| (&a.node, a.index, &a.device).cmp(&(&b.node, b.index, &b.device)));
+
+    let mut nodes: BTreeMap<String, NodeView> = BTreeMap::new();
+    for g in &gpus {
+        let n = nodes
+            .entry(g.node.clone())
+            .or_insert_with(|| empty_node(&g.node, usage));
+        add_gpu(n, g);
+    }
+    let nodes: Vec<NodeView> = nodes.into_values().collect();
+    let mut total = empty_node(TOTAL, usage);
+    for g in &gpus {
+        add_gpu(&mut total, g);
+    }
+
+    let pods = container_slices(src, &gpus, namespaces);
+    Model {
+        total,
+        nodes,
+        gpus,
+        pods,
+        usage_unavailable: src.usage.as_ref().err().cloned(),
+        warnings,
+    }
+}
+
+fn empty_node(name: &str, usage: Option<&Usage>) -> NodeView {
+    let measured = usage.map(|_| 0);
+    NodeView {
+        name: name.to_string(),
+        gpus: 0,
+        models: Vec::new(),
+        memory: Figure {
+            used: measured,
+            ..Figure::default()
+        },
+        cores: Figure {
+            used: measured,
+            ..Figure::default()
+        },
+        slices: 0,
+        idle_slices: measured,
+        largest_free_memory: 0,
+    }
+}
+
+fn add_gpu(n: &mut NodeView, g: &GpuView) {
+    n.gpus += 1;
+    if !n.models.contains(&g.model) {
+        n.models.push(g.model.clone());
+    }
+    n.memory.add(&g.memory);
+    n.cores.add(&g.cores);
+    n.slices += g.claims.len() as u64;
+    n.idle_slices = match (n.idle_slices, g.idle_slices) {
+        (Some(a), Some(b)) => Some(a + b),
+        _ => None,
+    };
+    n.largest_free_memory = n.largest_free_memory.max(g.memory.free);
+}
+
+/// The pod's claim name for its entry `entry` of `spec.resourceClaims`.
+fn pod_claim_name(pod: &Pod, entry: &str) -> Option<String> {
+    let spec = pod.spec.as_ref()?;
+    let pc = spec
+        .resource_claims
+        .as_ref()?
+        .iter()
+        .find(|c| c.name == entry)?;
+    if let Some(n) = &pc.resource_claim_name {
+        return Some(n.clone());
+    }
+    pod.status
+        .as_ref()?
+        .resource_claim_statuses
+        .as_ref()?
+        .iter()
+        .find(|s| s.name == entry)?
+        .resource_claim_name
+        .clone()
+}
+
+fn container_slices(
+    src: &Sources,
+    gpus: &[GpuView],
+    namespaces: Option<&BTreeSet<String>>,
+) -> Vec<ContainerSlice> {
+    let usage = src.usage.as_ref().ok();
+    let wanted = |ns: &str| namespaces.is_none_or(|set| set.contains(ns));
+    let mut out = Vec::new();
+    for pod in &src.pods {
+        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+        if !wanted(&namespace) {
+            continue;
+        }
+        let pod_name = pod.metadata.name.clone().unwrap_or_default();
+        let Some(spec) = pod.spec.as_ref() else {
+            continue;
+        };
+        // entry name → the containers using it.
+        let mut users: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for c in &spec.containers {
+            for rc in c.resources.iter().flat_map(|r| r.claims.iter().flatten()) {
+                users
+                    .entry(rc.name.clone())
+                    .or_default()
+                    .push(c.name.clone());
+            }
+        }
+        for (entry, containers) in &users {
+            let Some(claim) = pod_claim_name(pod, entry) else {
+                continue;
+            };
+            for g in gpus {
+                let Some(c) = g
+                    .claims
+                    .iter()
+                    .find(|c| c.namespace == namespace && c.name == claim)
+                else {
+                    continue;
+                };
+                let series = usage.and_then(|u| claim_series(u, &g.node, &g.uuid, c));
+                for container in containers {
+                    out.push(ContainerSlice {
+                        namespace: namespace.clone(),
+                        pod: pod_name.clone(),
+                        container: container.clone(),
+                        node: g.node.clone(),
+                        claim: Some(claim.clone()),
+                        device: g.device.clone(),
+                        uuid: g.uuid.clone(),
+                        memory_limit: c.memory,
+                        memory_used: series.and_then(|s| s.memory_used),
+                        memory_used_driver: series.and_then(|s| s.nvml_memory_used),
+                        cores_share: c.cores,
+                        cores_used: series.and_then(|s| s.compute_used).map(|r| r * 100.0),
+                        shared_with: containers
+                            .iter()
+                            .filter(|o| *o != container)
+                            .cloned()
+                            .collect(),
+                    });
+                }
+            }
+        }
+    }
+    // Annotation-path slices: only the exporter knows them.
+    if let Some(u) = usage {
+        for s in u
+            .slices
+            .iter()
+            .filter(|s| !s.pod.is_empty() && wanted(&s.namespace))
+        {
+            let device = gpus
+                .iter()
+                .find(|g| g.uuid == s.uuid)
+                .map(|g| g.device.clone())
+                .unwrap_or_else(|| format!("gpu-{}", s.index));
+            out.push(ContainerSlice {
+                namespace: s.namespace.clone(),
+                pod: s.pod.clone(),
+                container: s.container.clone(),
+                node: s.node.clone(),
+                claim: None,
+                device,
+                uuid: s.uuid.clone(),
+                memory_limit: s.memory_limit.unwrap_or(0),
+                memory_used: s.memory_used,
+                memory_used_driver: s.nvml_memory_used,
+                cores_share: s
+                    .compute_limit
+                    .map(|r| (r * 100.0).round() as u64)
+                    .unwrap_or(0),
+                cores_used: s.compute_used.map(|r| r * 100.0),
+                shared_with: Vec::new(),
+            });
+        }
+    }
+    out.sort_by(|a, b| {
+        (&a.namespace, &a.pod, &a.container, &a.node, &a.device).cmp(&(
+            &b.namespace,
+            &b.pod,
+            &b.container,
+            &b.node,
+            &b.device,
+        ))
+    });
+    out
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use gpuslice_kube::slices::{build_slices, OfferedGpu};
+    use serde_json::json;
+
+    use super::*;
+
+    pub const GIB: u64 = 1 << 30;
+
+    fn gpu(index: u32, model: &str, gib: u64) -> OfferedGpu {
+        OfferedGpu {
+            index,
+            uuid: format!("GPU-{model}-{index}").replace(' ', "-"),
+            model: model.into(),
+            numa_node: None,
+            memory: gib * GIB,
+            cores: 100,
+        }
+    }
+
+    /// A claim allocated on `(pool, device, memory, cores)` results, reserved for `pod`.
+    pub fn claim(
+        ns: &str,
+        name: &str,
+        results: &[(&str, &str, &str, &str)],
+        pod: Option<&str>,
+    ) -> ResourceClaim {
+        let results: Vec<_> = results
+            .iter()
+            .map(|(pool, device, memory, cores)| {
+                json!({"request": "gpu", "driver": "gpuslice.io", "pool": pool, "device": device,
+                       "consumedCapacity": {"memory": memory, "cores": cores}})
+            })
+            .collect();
+        let mut status = json!({"allocation": {"devices": {"results": results}}});
+        if let Some(p) = pod {
+            status["reservedFor"] = json!([{"resource": "pods", "name": p, "uid": "u"}]);
+        }
+        serde_json::from_value(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {},
+            "status": status,
+        }))
+        .unwrap()
+    }
+
+    /// node-a: 2 × H200 141Gi (the second offering 100Gi and 75 cores, node paths hold the
+    /// rest), node-b: 1 × L4 24Gi.
+    pub fn slices() -> Vec<ResourceSlice> {
+        let mut a1 = gpu(1, "NVIDIA H200", 100);
+        a1.cores = 75;
+        let mut s = build_slices("node-a", &[gpu(0, "NVIDIA H200", 141), a1], 1, None).unwrap();
+        s.extend(build_slices("node-b", &[gpu(0, "NVIDIA L4", 24)], 1, None).unwrap());
+        s
+    }
+
+    pub fn claims() -> Vec<ResourceClaim> {
+        let mut unallocated = claim("ml", "pending", &[], None);
+        unallocated.status = None;
+        let mut foreign = claim("ml", "nvidia", &[("node-a", "gpu-0", "1Gi", "1")], None);
+        foreign
+            .status
+            .as_mut()
+            .unwrap()
+            .allocation
+            .as_mut()
+            .unwrap()
+            .devices
+            .as_mut()
+            .unwrap()
+            .results
+            .as_mut()
+            .unwrap()[0]
+            .driver = "gpu.nvidia.com".into();
+        vec![
+            claim(
+                "ml",
+                "train",
+                &[("node-a", "gpu-0", "20Gi", "30")],
+                Some("train-0"),
+            ),
+            claim(
+                "ml",
+                "pair",
+                &[
+                    ("node-a", "gpu-0", "10Gi", "0"),
+                    ("node-a", "gpu-1", "10Gi", "0"),
+                ],
+                Some("pair-0"),
+            ),
+            claim(
+                "web",
+                "infer",
+                &[("node-b", "gpu-0", "24Gi", "50")],
+                Some("infer-0"),
+            ),
+            claim("ml", "ghost", &[("node-c", "gpu-0", "1Gi", "1")], None),
+            unallocated,
+            foreign,
+        ]
+    }
+
+    fn sources(usage: Result<Usage, String>) -> Sources {
+        Sources {
+            slices: slices(),
+            claims: claims(),
+            pods: Vec::new(),
+            usage,
+        }
+    }
+
+    #[test]
+    fn capacity_is_the_slices_allocated_the_claims_consumption() {
+        let m = build(&sources(Err("no --prometheus URL given".into())), None);
+        assert_eq!(m.gpus.len(), 3);
+        let a0 = &m.gpus[0];
+        assert_eq!(
+            (a0.node.as_str(), a0.device.as_str(), a0.index),
+            ("node-a", "gpu-0", Some(0))
+        );
+        assert_eq!(a0.model, "NVIDIA H200");
+        assert_eq!(
+            a0.memory,
+            Figure {
+                capacity: 141 * GIB,
+                allocated: 30 * GIB,
+                free: 111 * GIB,
+                used: None
+            }
+        );
+        assert_eq!(
+            a0.cores,
+            Figure {
+                capacity: 100,
+                allocated: 30,
+                free: 70,
+                used: None
+            }
+        );
+        let names: Vec<&str> = a0.claims.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["pair", "train"],
+            "the other driver's and the pending claim are not ours"
+        );
+        assert_eq!(a0.claims[1].pods, ["train-0"]);
+        assert_eq!(a0.idle_slices, None);
+        let a1 = &m.gpus[1];
+        assert_eq!(a1.memory.capacity, 100 * GIB);
+        assert_eq!(a1.cores.free, 75);
+        // The L4: fully allocated, nothing free.
+        let b0 = &m.gpus[2];
+        assert_eq!((b0.memory.free, b0.cores.free), (0, 50));
+
+        assert_eq!(m.nodes.len(), 2);
+        let a = &m.nodes[0];
+        assert_eq!((a.name.as_str(), a.gpus, a.slices), ("node-a", 2, 3));
+        assert_eq!(a.memory.capacity, 241 * GIB);
+        assert_eq!(a.memory.allocated, 40 * GIB);
+        assert_eq!(a.cores.capacity, 175);
+        assert_eq!(a.largest_free_memory, 111 * GIB);
+        assert_eq!(m.nodes[1].largest_free_memory, 0);
+        assert_eq!(m.total.name, TOTAL);
+        assert_eq!(m.total.gpus, 3);
+        assert_eq!(m.total.memory.capacity, 265 * GIB);
+        assert_eq!(m.total.memory.allocated, 64 * GIB);
+        assert_eq!(m.total.memory.free, 201 * GIB);
+        assert_eq!(m.total.memory.used, None);
+        assert_eq!(m.total.models, ["NVIDIA H200", "NVIDIA L4"]);
+        assert_eq!(
+            m.usage_unavailable.as_deref(),
+            Some("no --prometheus URL given")
+        );
+        assert_eq!(m.warnings.len(), 1, "{:?}", m.warnings);
+        assert!(m.warnings[0].contains("ml/ghost") && m.warnings[0].contains("node-c"));
+    }
+
+    fn slice(ns: &str, pod: &str, uuid: &str, limit: u64, used: u64, nvml: u64) -> SliceUsage {
+        SliceUsage {
+            node: "node-a".into(),
+            reservation: format!("r-{ns}-{pod}-{limit}"),
+            namespace: ns.into(),
+            pod: pod.into(),
+            uuid: uuid.into(),
+            index: "0".into(),
+            memory_limit: Some(limit),
+            memory_used: Some(used),
+            nvml_memory_used: Some(nvml),
+            ..SliceUsage::default()
+        }
+    }
+
+    pub fn usage() -> Usage {
+        let a0 = "GPU-NVIDIA-H200-0";
+        let a1 = "GPU-NVIDIA-H200-1";
+        let mut u = Usage::default();
+        u.gpus.insert(
+            a0.into(),
+            GpuUsage {
+                memory_used: Some(12 * GIB),
+                utilization: Some(0.42),
+            },
+        );
+        u.gpus.insert(
+            a1.into(),
+            GpuUsage {
+                memory_used: Some(0),
+                utilization: Some(0.0),
+            },
+        );
+        let mut train = slice("ml", "", a0, 20 * GIB, 8 * GIB, 9 * GIB);
+        train.compute_used = Some(0.28);
+        train.compute_limit = Some(0.3);
+        u.slices = vec![
+            train,
+            // The pair's two GPUs: idle on both.
+            slice("ml", "", a0, 10 * GIB, 0, 0),
+            slice("ml", "", a1, 10 * GIB, 0, 0),
+            // An annotation-path container.
+            slice("ops", "probe", a1, 2 * GIB, GIB, GIB),
+        ];
+        u
+    }
+
+    use crate::usage::GpuUsage;
+
+    #[test]
+    fn use_comes_from_prometheus_and_idle_slices_are_counted() {
+        let m = build(&sources(Ok(usage())), None);
+        let a0 = &m.gpus[0];
+        assert_eq!(a0.memory.used, Some(12 * GIB));
+        assert_eq!(a0.cores.used, Some(42));
+        assert_eq!(
+            a0.idle_slices,
+            Some(1),
+            "the pair is idle on gpu-0, train is not"
+        );
+        let idle: Vec<(&str, Option<bool>)> = a0
+            .claims
+            .iter()
+            .map(|c| (c.name.as_str(), c.idle))
+            .collect();
+        assert_eq!(idle, [("pair", Some(true)), ("train", Some(false))]);
+        // The L4 is not in Prometheus: unknown, not zero.
+        assert_eq!(m.gpus[2].memory.used, None);
+        assert_eq!(m.gpus[2].claims[0].idle, None);
+        assert_eq!(m.nodes[0].memory.used, Some(12 * GIB));
+        assert_eq!(m.nodes[0].idle_slices, Some(2));
+        assert_eq!(m.nodes[1].memory.used, None);
+        assert_eq!(
+            m.total.memory.used, None,
+            "a GPU not measured leaves the total unknown"
+        );
+        assert_eq!(m.usage_unavailable, None);
+    }
+
+    #[test]
+    fn two_same_sized_claims_of_one_namespace_on_one_gpu_are_not_guessed() {
+        let mut u = usage();
+        u.slices.push(slice(
+            "ml",
+            "",
+            "GPU-NVIDIA-H200-0",
+            10 * GIB,
+            3 * GIB,
+            3 * GIB,
+        ));
+        let c = ClaimOnGpu {
+            namespace: "ml".into(),
+            name: "pair".into(),
+            memory: 10 * GIB,
+            cores: 0,
+            pods: vec![],
+            idle: None,
+        };
+        assert!(claim_series(&u, "node-a", "GPU-NVIDIA-H200-0", &c).is_none());
+        assert!(claim_series(&u, "node-a", "GPU-NVIDIA-H200-1", &c).is_some());
+        assert!(
+            claim_series(&u, "node-b", "GPU-NVIDIA-H200-1", &c).is_none(),
+            "another node's series"
+        );
+    }
+
+    pub fn pod(ns: &str, name: &str, entry: &str, claim: &str, containers: &[(&str, bool)]) -> Pod {
+        let containers: Vec<_> = containers
+            .iter()
+            .map(|(c, uses)| {
+                if *uses {
+                    json!({"name": c, "resources": {"claims": [{"name": entry}]}})
+                } else {
+                    json!({"name": c})
+                }
+            })
+            .collect();
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"containers": containers,
+                     "resourceClaims": [{"name": entry, "resourceClaimTemplateName": "t"}]},
+            "status": {"resourceClaimStatuses": [{"name": entry, "resourceClaimName": claim}]},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn pods_show_each_containers_slice_with_the_shims_and_the_drivers_figures() {
+        let mut src = sources(Ok(usage()));
+        src.pods = vec![
+            pod(
+                "ml",
+                "train-0",
+                "gpu",
+                "train",
+                &[("main", true), ("log", false)],
+            ),
+            pod("ml", "pair-0", "gpu", "pair", &[("a", true), ("b", true)]),
+            pod("web", "infer-0", "gpu", "infer", &[("main", true)]),
+        ];
+        let ml = BTreeSet::from(["ml".to_string()]);
+        let m = build(&src, Some(&ml));
+        let rows: Vec<(&str, &str, &str)> = m
+            .pods
+            .iter()
+            .map(|p| (p.pod.as_str(), p.container.as_str(), p.device.as_str()))
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                ("pair-0", "a", "gpu-0"),
+                ("pair-0", "a", "gpu-1"),
+                ("pair-0", "b", "gpu-0"),
+                ("pair-0", "b", "gpu-1"),
+                ("train-0", "main", "gpu-0"),
+            ],
+            "namespace ml only; the annotation slice is in ops"
+        );
+        let train = &m.pods[4];
+        assert_eq!(train.claim.as_deref(), Some("train"));
+        assert_eq!(train.memory_limit, 20 * GIB);
+        assert_eq!(train.memory_used, Some(8 * GIB));
+        assert_eq!(train.memory_used_driver, Some(9 * GIB));
+        assert_eq!(train.cores_share, 30);
+        assert!((train.cores_used.unwrap() - 28.0).abs() < 1e-9);
+        assert_eq!(m.pods[0].shared_with, ["b"]);
+        // All namespaces: the L4 pod (not in Prometheus: n/a) and the annotation container.
+        let m = build(&src, None);
+        let infer = m.pods.iter().find(|p| p.pod == "infer-0").unwrap();
+        assert_eq!((infer.memory_limit, infer.memory_used), (24 * GIB, None));
+        let probe = m.pods.iter().find(|p| p.pod == "probe").unwrap();
+        assert_eq!(probe.claim, None);
+        assert_eq!(probe.device, "gpu-1");
+        assert_eq!(probe.memory_used, Some(GIB));
+    }
+}

@@ -1,0 +1,234 @@
+//! Real use from Prometheus's HTTP API (`/api/v1/query`) over the metrics `gpuslice serve`
+//! exports: per GPU the memory in use and utilisation (NVML), per slice its limit, the
+//! shim's and the driver's memory figures and the achieved compute share. Only `http://`
+//! URLs; one instant query per call.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Bytes;
+use hyper::Uri;
+use hyper_util::rt::TokioIo;
+use serde::{Deserialize, Serialize};
+
+/// The query of every figure the console shows.
+pub const QUERY: &str = r#"{__name__=~"gpuslice_gpu_memory_used_bytes|gpuslice_gpu_utilization_ratio|gpuslice_slice_memory_limit_bytes|gpuslice_slice_memory_used_bytes|gpuslice_slice_nvml_memory_used_bytes|gpuslice_slice_compute_limit_ratio|gpuslice_slice_compute_used_ratio"}"#;
+
+/// How long one query may take.
+pub const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Prometheus could not be asked, or answered something else than a vector.
+#[derive(Debug, thiserror::Error)]
+pub enum UsageError {
+    #[error("--prometheus `{url}` is not an http:// URL ({detail}); accepted: http://HOST:PORT[/PATH], e.g. http://127.0.0.1:9090")]
+    Url { url: String, detail: String },
+    #[error("Prometheus at {url} is unreachable: {detail}")]
+    Unreachable { url: String, detail: String },
+    #[error("Prometheus at {url} answered HTTP {status}: {body}")]
+    Status {
+        url: String,
+        status: u16,
+        body: String,
+    },
+    #[error("Prometheus at {url} answered no vector ({detail})")]
+    Answer { url: String, detail: String },
+}
+
+/// Measured use of one GPU, keyed by its UUID.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuUsage {
+    pub memory_used: Option<u64>,
+    /// 0–1.
+    pub utilization: Option<f64>,
+}
+
+/// One slice's series (one reservation on one GPU).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SliceUsage {
+    pub node: String,
+    pub reservation: String,
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
+    pub uuid: String,
+    pub index: String,
+    pub memory_limit: Option<u64>,
+    pub memory_used: Option<u64>,
+    pub nvml_memory_used: Option<u64>,
+    /// 0–1.
+    pub compute_limit: Option<f64>,
+    /// 0–1.
+    pub compute_used: Option<f64>,
+}
+
+/// What Prometheus said.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Usage {
+    pub gpus: BTreeMap<String, GpuUsage>,
+    pub slices: Vec<SliceUsage>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Answer {
+    status: String,
+    #[serde(default)]
+    error: Option<String>,
+    data: Option<Data>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Data {
+    result_type: String,
+    result: Vec<Sample>,
+}
+
+/// One sample of an instant vector: labels and `[time, "value"]`.
+#[derive(Debug, Deserialize)]
+pub struct Sample {
+    pub metric: BTreeMap<String, String>,
+    pub value: (f64, String),
+}
+
+/// Folds the samples of [`QUERY`] into per-GPU and per-slice figures.
+pub fn fold(samples: &[Sample]) -> Usage {
+    let mut usage = Usage::default();
+    let mut slices: BTreeMap<(String, String, String), SliceUsage> = BTreeMap::new();
+    for s in samples {
+        let label = |k: &str| s.metric.get(k).cloned().unwrap_or_default();
+        let Ok(v) = s.value.1.parse::<f64>() else {
+            continue;
+        };
+        if !v.is_finite() {
+            continue;
+        }
+        let bytes = (v.max(0.0)).round() as u64;
+        let name = label("__name__");
+        if let Some(metric) = name.strip_prefix("gpuslice_gpu_") {
+            let g = usage.gpus.entry(label("uuid")).or_default();
+            match metric {
+                "memory_used_bytes" => g.memory_used = Some(bytes),
+                "utilization_ratio" => g.utilization = Some(v),
+                _ => {}
+            }
+        } else if let Some(metric) = name.strip_prefix("gpuslice_slice_") {
+            let key = (label("node"), label("reservation"), label("uuid"));
+            let sl = slices.entry(key).or_insert_with(|| SliceUsage {
+                node: label("node"),
+                reservation: label("reservation"),
+                namespace: label("namespace"),
+                pod: label("pod"),
+                container: label("container"),
+                uuid: label("uuid"),
+                index: label("index"),
+                ..SliceUsage::default()
+            });
+            match metric {
+                "memory_limit_bytes" => sl.memory_limit = Some(bytes),
+                "memory_used_bytes" => sl.memory_used = Some(bytes),
+                "nvml_memory_used_bytes" => sl.nvml_memory_used = Some(bytes),
+                "compute_limit_ratio" => sl.compute_limit = Some(v),
+                "compute_used_ratio" => sl.compute_used = Some(v),
+                _ => {}
+            }
+        }
+    }
+    usage.slices = slices.into_values().collect();
+    usage
+}
+
+/// Parses an answer of `/api/v1/query`.
+pub fn parse_answer(url: &str, body: &[u8]) -> Result<Vec<Sample>, UsageError> {
+    let answer = |detail: String| UsageError::Answer {
+        url: url.to_string(),
+        detail,
+    };
+    let a: Answer = serde_json::from_slice(body).map_err(|e| answer(e.to_string()))?;
+    if a.status != "success" {
+        return Err(answer(a.error.unwrap_or(a.status)));
+    }
+    let data = a.data.ok_or_else(|| answer("no data".into()))?;
+    if data.result_type != "vector" {
+        return Err(answer(format!("result type {}", data.result_type)));
+    }
+    Ok(data.result)
+}
+
+/// Runs one instant query against the Prometheus at `base` (`http://host:port[/prefix]`).
+pub async fn query(base: &str, promql: &str) -> Result<Vec<Sample>, UsageError> {
+    let url_err = |detail: String| UsageError::Url {
+        url: base.to_string(),
+        detail,
+    };
+    let uri: Uri = base
+        .parse()
+        .map_err(|e: hyper::http::uri::InvalidUri| url_err(e.to_string()))?;
+    if uri.scheme_str() != Some("http") {
+        return Err(url_err(format!(
+            "scheme {}",
+            uri.scheme_str().unwrap_or("missing")
+        )));
+    }
+    let authority = uri
+        .authority()
+        .ok_or_else(|| url_err("no host".into()))?
+        .clone();
+    let host = authority
+        .host()
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    let port = authority.port_u16().unwrap_or(80);
+    let prefix = uri.path().trim_end_matches('/');
+    let encoded: String = form_urlencoded::byte_serialize(promql.as_bytes()).collect();
+    let path = format!("{prefix}/api/v1/query?query={encoded}");
+    let unreachable = |detail: String| UsageError::Unreachable {
+        url: base.to_string(),
+        detail,
+    };
+    let work = async {
+        let stream = tokio::net::TcpStream::connect((host, port))
+            .await
+            .map_err(|e| unreachable(e.to_string()))?;
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| unreachable(e.to_string()))?;
+        tokio::spawn(conn);
+        let req = hyper::Request::get(path)
+            .header(hyper::header::HOST, authority.as_str())
+            .header(hyper::header::ACCEPT, "application/json")
+            .body(Empty::<Bytes>::new())
+            .map_err(|e| url_err(e.to_string()))?;
+        let resp = sender
+            .send_request(req)
+            .await
+            .map_err(|e| unreachable(e.to_string()))?;
+        let status = resp.status().as_u16();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| unreachable(e.to_string()))?
+            .to_bytes();
+        // Prometheus answers 400/422 with its JSON error; anything else is not Prometheus.
+        if status != 200 && parse_answer(base, &body).is_err() {
+            return Err(UsageError::Status {
+                url: base.to_string(),
+                status,
+                body: String::from_utf8_lossy(&body).chars().take(200).collect(),
+            });
+        }
+        parse_answer(base, &body)
+    };
+    tokio::time::timeout(TIMEOUT, work)
+        .await
+        .map_err(|_| unreachable(format!("no answer within {}s", TIMEOUT.as_secs())))?
+}
+
+/// The use the console shows, from the Prometheus at `base`.
+pub async fn fetch(base: &str) -> Result<Usage, UsageError> {
+    Ok(fold(&query(base, QUERY).await?))
+}

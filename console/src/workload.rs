@@ -1,0 +1,449 @@
+//! `allocate` and `release` against the API server: reads the workload, checks the request
+//! and the free room, creates the ResourceClaimTemplate, replaces the workload with its
+//! edited pod template (the read resourceVersion travels with it, so an edit made meanwhile
+//! is never overwritten: the console re-reads and edits again), and deletes templates of
+//! its own that nothing names any more. `--dry-run` prints the diff and writes nothing.
+
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::PodSpec;
+use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
+use k8s_openapi::NamespaceResourceScope;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::Api;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::edit::{self, EditError, Kind, Request, MANAGED_BY};
+use crate::fetch::{self, FetchError, PodScope};
+use crate::model;
+
+/// How often a replace that lost a race with another edit is redone.
+const ATTEMPTS: usize = 5;
+
+/// `kubectl gpuslice allocate` flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct AllocateArgs {
+    /// deployment/NAME, statefulset/NAME or daemonset/NAME.
+    pub workload: String,
+    /// GPU memory per GPU of each pod (a quantity: 20Gi, 1536Mi).
+    #[arg(long)]
+    pub memory: String,
+    /// Compute share per GPU, percent (0–100; default: not throttled).
+    #[arg(long)]
+    pub cores: Option<String>,
+    /// GPUs per pod.
+    #[arg(long, default_value_t = 1)]
+    pub gpus: u32,
+    /// Only these containers get the slice (repeatable; default: every container).
+    #[arg(short = 'c', long = "container")]
+    pub containers: Vec<String>,
+    /// Print the diff and change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Write even when the replicas do not fit now (their pods stay Pending until room is free).
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// `kubectl gpuslice release` flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ReleaseArgs {
+    /// deployment/NAME, statefulset/NAME or daemonset/NAME.
+    pub workload: String,
+    /// Print the diff and change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+/// Why nothing (or not everything) was changed.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkloadError {
+    #[error(transparent)]
+    Edit(#[from] EditError),
+    #[error(transparent)]
+    Fetch(#[from] FetchError),
+    #[error("{workload} not found in namespace {namespace}")]
+    NotFound { workload: String, namespace: String },
+    #[error("cannot {op} {what}: {source}")]
+    Api {
+        op: &'static str,
+        what: String,
+        source: kube::Error,
+    },
+    #[error("{workload} needs {want} pod(s) of {request}; the GPUs' free room fits {fit} ({per_node}): nothing changed; free room or pass --force to let the pods wait Pending")]
+    NoRoom {
+        workload: String,
+        want: u64,
+        request: String,
+        fit: u64,
+        per_node: String,
+    },
+    #[error(
+        "{workload}: ResourceClaimTemplate {name} exists and is not the console's: nothing changed"
+    )]
+    ForeignTemplate { workload: String, name: String },
+    #[error("{workload} has no gpuslice allocation of the console: nothing to release")]
+    NotAllocated { workload: String },
+    #[error("{workload} kept changing under the console ({attempts} attempts): nothing changed")]
+    Contended { workload: String, attempts: usize },
+    #[error("cannot encode {what} as YAML: {detail}")]
+    Yaml { what: String, detail: String },
+}
+
+/// The workload kinds, as one shape: their pod template and replicas.
+pub trait Workload:
+    kube::Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+    + Clone
+    + Serialize
+    + DeserializeOwned
+    + std::fmt::Debug
+{
+    fn pod_spec(&self) -> Option<&PodSpec>;
+    fn pod_spec_mut(&mut self) -> Option<&mut PodSpec>;
+    /// `None` for a DaemonSet (one pod per node).
+    fn replicas(&self) -> Option<u64>;
+}
+
+impl Workload for Deployment {
+    fn pod_spec(&self) -> Option<&PodSpec> {
+        self.spec.template.spec.as_ref()
+    }
+    fn pod_spec_mut(&mut self) -> Option<&mut PodSpec> {
+        self.spec.template.spec.as_mut()
+    }
+    fn replicas(&self) -> Option<u64> {
+        Some(self.spec.replicas.unwrap_or(1).max(0) as u64)
+    }
+}
+
+impl Workload for StatefulSet {
+    fn pod_spec(&self) -> Option<&PodSpec> {
+        self.spec.template.spec.as_ref()
+    }
+    fn pod_spec_mut(&mut self) -> Option<&mut PodSpec> {
+        self.spec.template.spec.as_mut()
+    }
+    fn replicas(&self) -> Option<u64> {
+        Some(self.spec.replicas.unwrap_or(1).max(0) as u64)
+    }
+}
+
+impl Workload for DaemonSet {
+    fn pod_spec(&self) -> Option<&PodSpec> {
+        self.spec.template.spec.as_ref()
+    }
+    fn pod_spec_mut(&mut self) -> Option<&mut PodSpec> {
+        self.spec.template.spec.as_mut()
+    }
+    fn replicas(&self) -> Option<u64> {
+        None
+    }
+}
+
+fn api_err<'a>(op: &'static str, what: &'a str) -> impl FnOnce(kube::Error) -> WorkloadError + 'a {
+    move |source| WorkloadError::Api {
+        op,
+        what: what.to_string(),
+        source,
+    }
+}
+
+fn yaml<T: Serialize>(what: &str, v: &T) -> Result<String, WorkloadError> {
+    serde_yaml_ng::to_string(v).map_err(|e| WorkloadError::Yaml {
+        what: what.to_string(),
+        detail: e.to_string(),
+    })
+}
+
+fn is_status(e: &kube::Error, code: u16) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == code)
+}
+
+/// The console's templates of workload `kind/name`.
+async fn our_templates(
+    templates: &Api<ResourceClaimTemplate>,
+    kind: Kind,
+    name: &str,
+) -> Result<Vec<String>, WorkloadError> {
+    let lp = ListParams::default().labels(&format!("{}={}", MANAGED_BY.0, MANAGED_BY.1));
+    let list = templates
+        .list(&lp)
+        .await
+        .map_err(api_err("list", "resourceclaimtemplates.resource.k8s.io"))?;
+    Ok(list
+        .items
+        .iter()
+        .filter(|t| edit::is_ours(t, kind, name))
+        .filter_map(|t| t.metadata.name.clone())
+        .collect())
+}
+
+async fn get<W: Workload>(
+    api: &Api<W>,
+    label: &str,
+    name: &str,
+    ns: &str,
+) -> Result<W, WorkloadError> {
+    match api.get_opt(name).await {
+        Ok(Some(w)) => Ok(w),
+        Ok(None) => Err(WorkloadError::NotFound {
+            workload: label.to_string(),
+            namespace: ns.to_string(),
+        }),
+        Err(e) => Err(api_err("get", label)(e)),
+    }
+}
+
+/// The pod template part of a workload, as YAML for the diff.
+fn template_yaml<W: Workload>(label: &str, w: &W) -> Result<String, WorkloadError> {
+    yaml(label, &w.pod_spec())
+}
+
+/// Checks that `want` pods (`None`: a DaemonSet, one per node with GPUs) fit.
+async fn check_fit(
+    client: &kube::Client,
+    label: &str,
+    req: &Request,
+    want: Option<u64>,
+) -> Result<(), WorkloadError> {
+    let src = fetch::sources(client, &PodScope::None, None).await?;
+    let m = model::build(&src, None);
+    let per_node = edit::fit_per_node(&m.gpus, req, want.unwrap_or(1));
+    let describe = || {
+        if per_node.is_empty() {
+            "no node publishes gpuslice GPUs".to_string()
+        } else {
+            per_node
+                .iter()
+                .map(|(n, k)| format!("{n}: {k}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    };
+    let (need, fit) = match want {
+        Some(w) => (w, per_node.values().sum::<u64>()),
+        // A DaemonSet: one pod on each node with GPUs.
+        None => (
+            per_node.len().max(1) as u64,
+            per_node.values().filter(|k| **k >= 1).count() as u64,
+        ),
+    };
+    if fit < need {
+        return Err(WorkloadError::NoRoom {
+            workload: label.to_string(),
+            want: need,
+            request: req.describe(),
+            fit,
+            per_node: describe(),
+        });
+    }
+    Ok(())
+}
+
+async fn allocate_kind<W: Workload>(
+    client: &kube::Client,
+    ns: &str,
+    kind: Kind,
+    name: &str,
+    args: &AllocateArgs,
+    req: Request,
+) -> Result<String, WorkloadError> {
+    let label = format!("{}/{name}", kind.as_str());
+    let api: Api<W> = Api::namespaced(client.clone(), ns);
+    let templates: Api<ResourceClaimTemplate> = Api::namespaced(client.clone(), ns);
+    let template = edit::claim_template(ns, kind, name, &req);
+    let template_name = template.metadata.name.clone().unwrap_or_default();
+    let mut ours = our_templates(&templates, kind, name).await?;
+    if !ours.contains(&template_name) {
+        ours.push(template_name.clone());
+    }
+    let mut created = false;
+    let mut checked = false;
+    for _ in 0..ATTEMPTS {
+        let current = get(&api, &label, name, ns).await?;
+        let spec = current.pod_spec().ok_or_else(|| EditError::NoPodSpec {
+            workload: label.clone(),
+        })?;
+        edit::check_claims(&label, spec, &ours)?;
+        let previous = edit::current_template(spec);
+        let mut next = current.clone();
+        let spec = next.pod_spec_mut().ok_or_else(|| EditError::NoPodSpec {
+            workload: label.clone(),
+        })?;
+        edit::add_claim(&label, spec, &template_name, &args.containers)?;
+        let unchanged = next.pod_spec() == current.pod_spec();
+        if args.dry_run {
+            let mut out = String::new();
+            if previous.as_deref() != Some(template_name.as_str()) {
+                out.push_str(&edit::diff(
+                    &format!("resourceclaimtemplate/{template_name}"),
+                    "",
+                    &yaml("the template", &template)?,
+                ));
+            }
+            out.push_str(&edit::diff(
+                &format!("{label} spec.template.spec"),
+                &template_yaml(&label, &current)?,
+                &template_yaml(&label, &next)?,
+            ));
+            if let Some(p) = previous.filter(|p| *p != template_name) {
+                out.push_str(&format!("resourceclaimtemplate/{p} would be deleted\n"));
+            }
+            if !checked {
+                check_fit(client, &label, &req, current.replicas()).await?;
+            }
+            out.push_str("(dry run: nothing changed)\n");
+            return Ok(out);
+        }
+        if unchanged {
+            return Ok(format!(
+                "{label} unchanged: already allocated {}\n",
+                req.describe()
+            ));
+        }
+        if !checked && !args.force {
+            check_fit(client, &label, &req, current.replicas()).await?;
+        }
+        checked = true;
+        if !created {
+            match templates.create(&PostParams::default(), &template).await {
+                Ok(_) => created = true,
+                Err(e) if is_status(&e, 409) => {
+                    let existing = templates
+                        .get(&template_name)
+                        .await
+                        .map_err(api_err("get", &template_name))?;
+                    if !edit::is_ours(&existing, kind, name) {
+                        return Err(WorkloadError::ForeignTemplate {
+                            workload: label,
+                            name: template_name,
+                        });
+                    }
+                }
+                Err(e) => return Err(api_err("create", &template_name)(e)),
+            }
+        }
+        match api.replace(name, &PostParams::default(), &next).await {
+            Ok(_) => {
+                // Templates of ours the workload no longer names.
+                for old in ours.iter().filter(|t| **t != template_name) {
+                    match templates.delete(old, &DeleteParams::default()).await {
+                        Ok(_) => {}
+                        Err(e) if is_status(&e, 404) => {}
+                        Err(e) => return Err(api_err("delete", old)(e)),
+                    }
+                }
+                return Ok(format!(
+                    "{label} allocated: each pod gets {} (resourceclaimtemplate/{template_name})\n",
+                    req.describe()
+                ));
+            }
+            Err(e) if is_status(&e, 409) => continue,
+            Err(e) => {
+                if created {
+                    let _ = templates
+                        .delete(&template_name, &DeleteParams::default())
+                        .await;
+                }
+                return Err(api_err("update", &label)(e));
+            }
+        }
+    }
+    if created {
+        let _ = templates
+            .delete(&template_name, &DeleteParams::default())
+            .await;
+    }
+    Err(WorkloadError::Contended {
+        workload: label,
+        attempts: ATTEMPTS,
+    })
+}
+
+async fn release_kind<W: Workload>(
+    client: &kube::Client,
+    ns: &str,
+    kind: Kind,
+    name: &str,
+    dry_run: bool,
+) -> Result<String, WorkloadError> {
+    let label = format!("{}/{name}", kind.as_str());
+    let api: Api<W> = Api::namespaced(client.clone(), ns);
+    let templates: Api<ResourceClaimTemplate> = Api::namespaced(client.clone(), ns);
+    let ours = our_templates(&templates, kind, name).await?;
+    for _ in 0..ATTEMPTS {
+        let current = get(&api, &label, name, ns).await?;
+        let spec = current.pod_spec().ok_or_else(|| EditError::NoPodSpec {
+            workload: label.clone(),
+        })?;
+        let named = edit::current_template(spec);
+        if !named.as_ref().is_some_and(|t| ours.contains(t)) {
+            return Err(WorkloadError::NotAllocated { workload: label });
+        }
+        let mut next = current.clone();
+        if let Some(spec) = next.pod_spec_mut() {
+            edit::remove_claim(spec);
+        }
+        if dry_run {
+            let mut out = edit::diff(
+                &format!("{label} spec.template.spec"),
+                &template_yaml(&label, &current)?,
+                &template_yaml(&label, &next)?,
+            );
+            for t in &ours {
+                out.push_str(&format!("resourceclaimtemplate/{t} would be deleted\n"));
+            }
+            out.push_str("(dry run: nothing changed)\n");
+            return Ok(out);
+        }
+        match api.replace(name, &PostParams::default(), &next).await {
+            Ok(_) => {
+                for t in &ours {
+                    match templates.delete(t, &DeleteParams::default()).await {
+                        Ok(_) => {}
+                        Err(e) if is_status(&e, 404) => {}
+                        Err(e) => return Err(api_err("delete", t)(e)),
+                    }
+                }
+                return Ok(format!("{label} released\n"));
+            }
+            Err(e) if is_status(&e, 409) => continue,
+            Err(e) => return Err(api_err("update", &label)(e)),
+        }
+    }
+    Err(WorkloadError::Contended {
+        workload: label,
+        attempts: ATTEMPTS,
+    })
+}
+
+/// `allocate`: returns what to print.
+pub async fn allocate(
+    client: &kube::Client,
+    ns: &str,
+    args: &AllocateArgs,
+) -> Result<String, WorkloadError> {
+    let (kind, name) = edit::parse_workload(&args.workload)?;
+    let req = Request::parse(&args.memory, args.cores.as_deref(), args.gpus)?;
+    match kind {
+        Kind::Deployment => allocate_kind::<Deployment>(client, ns, kind, &name, args, req).await,
+        Kind::StatefulSet => allocate_kind::<StatefulSet>(client, ns, kind, &name, args, req).await,
+        Kind::DaemonSet => allocate_kind::<DaemonSet>(client, ns, kind, &name, args, req).await,
+    }
+}
+
+/// `release`: returns what to print.
+pub async fn release(
+    client: &kube::Client,
+    ns: &str,
+    args: &ReleaseArgs,
+) -> Result<String, WorkloadError> {
+    let (kind, name) = edit::parse_workload(&args.workload)?;
+    match kind {
+        Kind::Deployment => release_kind::<Deployment>(client, ns, kind, &name, args.dry_run).await,
+        Kind::StatefulSet => {
+            release_kind::<StatefulSet>(client, ns, kind, &name, args.dry_run).await
+        }
+        Kind::DaemonSet => release_kind::<DaemonSet>(client, ns, kind, &name, args.dry_run).await,
+    }
+}

@@ -1,0 +1,96 @@
+//! One real `gpuslice kubelet-plugin` process per simulated node for tests against the
+//! control plane: its kubelet directories in the node's temp dir, started with the cluster's
+//! admin kubeconfig, ready once its DRA socket exists; killed when dropped.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::env::bin;
+use crate::kube::{wait_for, KubeCluster};
+use crate::kubelet::Kubelet;
+use crate::node::TestNode;
+
+/// A running plugin.
+#[derive(Debug)]
+pub struct KubeletPlugin {
+    child: Child,
+    pub dra: PathBuf,
+    log: PathBuf,
+}
+
+impl KubeletPlugin {
+    /// Starts the plugin for Node `name` on `node`; returns once its DRA socket is in place.
+    pub fn start(cluster: &KubeCluster, name: &str, node: &TestNode) -> KubeletPlugin {
+        let plugin_dir = node.dir.path().join("kubelet/plugins/gpuslice.io");
+        let registration_dir = node.dir.path().join("kubelet/plugins_registry");
+        std::fs::create_dir_all(&plugin_dir).unwrap();
+        std::fs::create_dir_all(&registration_dir).unwrap();
+        let log = node.dir.path().join("plugin.log");
+        let out = std::fs::File::create(&log).unwrap();
+        let child = Command::new(bin("gpuslice"))
+            .arg("--config")
+            .arg(&node.config)
+            .args(["kubelet-plugin", "--node-name", name])
+            .arg("--kubeconfig")
+            .arg(cluster.kubeconfig())
+            .arg("--plugin-dir")
+            .arg(&plugin_dir)
+            .arg("--registration-dir")
+            .arg(&registration_dir)
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .expect("start gpuslice kubelet-plugin");
+        let mut p = KubeletPlugin {
+            child,
+            dra: plugin_dir.join("dra.sock"),
+            log,
+        };
+        wait_for(
+            &format!("the plugin of {name} to open {}", p.dra.display()),
+            Duration::from_secs(30),
+            || {
+                if let Ok(Some(status)) = p.child.try_wait() {
+                    panic!("the plugin of {name} exited ({status}):\n{}", p.log_text());
+                }
+                p.dra.exists().then_some(())
+            },
+        );
+        p
+    }
+
+    /// What the plugin logged.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// A kubelet's DRA client on the plugin's socket.
+    pub fn kubelet(&self) -> Kubelet {
+        Kubelet::connect(&self.dra).unwrap_or_else(|e| {
+            panic!(
+                "cannot dial {}: {e}\nplugin log:\n{}",
+                self.dra.display(),
+                self.log_text()
+            )
+        })
+    }
+}
+
+impl Drop for KubeletPlugin {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The gpuslice ResourceSlice of Node `node` (`<node>-gpuslice.io`), once published.
+pub fn slice_of(cluster: &KubeCluster, node: &str) -> Option<Value> {
+    let all = cluster.get_json(&["resourceslices"]);
+    all["items"].as_array()?.iter().find_map(|s| {
+        (s["spec"]["nodeName"] == node && s["spec"]["driver"] == "gpuslice.io").then(|| s.clone())
+    })
+}

@@ -1,0 +1,675 @@
+//! Issue 18, `kubectl-gpuslice` against the real control plane: two Node objects (no
+//! kubelet), one real `gpuslice kubelet-plugin` per simulated node publishing real
+//! ResourceSlices (node-a: 2 × H200 141Gi, node-b: 1 × L4 24Gi), claims allocated by the
+//! stock scheduler. `nodes` and `gpus` show exactly what the slices offer and what the
+//! allocated claims consume; without Prometheus the used columns say `n/a` with one warning
+//! line. `allocate` on a Deployment makes the real scheduler place its new pods on GPUs with
+//! room, `--dry-run` changes nothing, `release` restores the pod template; bad input gets one
+//! line and changes nothing.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
+
+use std::collections::BTreeMap;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use gpuslice_e2e::kube::{wait_for, KubeCluster};
+use gpuslice_e2e::kubelet_plugin::{slice_of, KubeletPlugin};
+use gpuslice_e2e::{bin, env::workspace, serial, TestNode};
+use gpuslice_kube::quantity::parse_whole;
+use serde_json::{json, Value};
+
+const NS: &str = "default";
+const GIB: u64 = 1 << 30;
+const STEP: Duration = Duration::from_secs(90);
+
+fn quantity(v: &Value) -> u64 {
+    parse_whole(v.as_str().unwrap_or_else(|| panic!("not a quantity: {v}")))
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// `kubectl-gpuslice --kubeconfig <cluster> args…`.
+fn plugin(cluster: &KubeCluster, args: &[&str]) -> Output {
+    Command::new(bin("kubectl-gpuslice"))
+        .arg("--kubeconfig")
+        .arg(cluster.kubeconfig())
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run kubectl-gpuslice")
+}
+
+/// Runs it, expecting success; stdout.
+fn plugin_ok(cluster: &KubeCluster, args: &[&str]) -> (String, String) {
+    let out = plugin(cluster, args);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success(),
+        "kubectl-gpuslice {} failed ({}): {stderr}{stdout}",
+        args.join(" "),
+        out.status
+    );
+    (stdout, stderr)
+}
+
+/// Runs it, expecting a failure with one line on stderr; that line.
+fn plugin_refused(cluster: &KubeCluster, args: &[&str]) -> String {
+    let out = plugin(cluster, args);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        !out.status.success(),
+        "kubectl-gpuslice {} succeeded: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(
+        stderr.lines().count(),
+        1,
+        "kubectl-gpuslice {}: not one line: {stderr}",
+        args.join(" ")
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    stderr.trim().to_string()
+}
+
+fn json_of(cluster: &KubeCluster, args: &[&str]) -> Value {
+    let (stdout, _) = plugin_ok(cluster, args);
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+}
+
+/// What the registry (the API server) holds, computed here from the raw objects: per
+/// (node, device) the offered memory and cores and the sum of allocated claims'
+/// consumedCapacity, and the claims on it.
+#[derive(Debug, Default, PartialEq)]
+struct Expected {
+    memory: u64,
+    cores: u64,
+    memory_allocated: u64,
+    cores_allocated: u64,
+    model: String,
+    uuid: String,
+    claims: Vec<String>,
+}
+
+fn expected(cluster: &KubeCluster) -> BTreeMap<(String, String), Expected> {
+    let mut out: BTreeMap<(String, String), Expected> = BTreeMap::new();
+    for s in cluster.get_json(&["resourceslices"])["items"]
+        .as_array()
+        .unwrap()
+    {
+        if s["spec"]["driver"] != "gpuslice.io" {
+            continue;
+        }
+        let pool = s["spec"]["pool"]["name"].as_str().unwrap().to_string();
+        for d in s["spec"]["devices"].as_array().unwrap() {
+            out.insert(
+                (pool.clone(), d["name"].as_str().unwrap().to_string()),
+                Expected {
+                    memory: quantity(&d["capacity"]["memory"]["value"]),
+                    cores: quantity(&d["capacity"]["cores"]["value"]),
+                    model: d["attributes"]["productName"]["string"]
+                        .as_str()
+                        .unwrap()
+                        .to_string(),
+                    uuid: d["attributes"]["uuid"]["string"]
+                        .as_str()
+                        .unwrap()
+                        .to_string(),
+                    ..Default::default()
+                },
+            );
+        }
+    }
+    for c in cluster.get_json(&["resourceclaims", "-A"])["items"]
+        .as_array()
+        .unwrap()
+    {
+        let name = format!(
+            "{}/{}",
+            c["metadata"]["namespace"].as_str().unwrap(),
+            c["metadata"]["name"].as_str().unwrap()
+        );
+        for r in c["status"]["allocation"]["devices"]["results"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let e = out
+                .get_mut(&(
+                    r["pool"].as_str().unwrap().to_string(),
+                    r["device"].as_str().unwrap().to_string(),
+                ))
+                .unwrap_or_else(|| panic!("claim {name} on an unpublished device: {r}"));
+            e.memory_allocated += quantity(&r["consumedCapacity"]["memory"]);
+            e.cores_allocated += quantity(&r["consumedCapacity"]["cores"]);
+            e.claims.push(name.clone());
+        }
+    }
+    for e in out.values_mut() {
+        e.claims.sort();
+    }
+    out
+}
+
+/// `gpus -o json` and `nodes -o json` agree with [`expected`], and used is `null`.
+fn check_figures(cluster: &KubeCluster) -> BTreeMap<(String, String), Expected> {
+    let want = expected(cluster);
+    let gpus = json_of(cluster, &["gpus", "-o", "json"]);
+    let got: BTreeMap<(String, String), Expected> = gpus["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| {
+            assert!(g["memory"]["used"].is_null(), "{g}");
+            assert!(g["cores"]["used"].is_null(), "{g}");
+            assert_eq!(
+                g["memory"]["free"].as_u64().unwrap(),
+                g["memory"]["capacity"].as_u64().unwrap()
+                    - g["memory"]["allocated"].as_u64().unwrap()
+            );
+            let mut claims: Vec<String> = g["claims"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| {
+                    format!(
+                        "{}/{}",
+                        c["namespace"].as_str().unwrap(),
+                        c["name"].as_str().unwrap()
+                    )
+                })
+                .collect();
+            claims.sort();
+            (
+                (
+                    g["node"].as_str().unwrap().to_string(),
+                    g["device"].as_str().unwrap().to_string(),
+                ),
+                Expected {
+                    memory: g["memory"]["capacity"].as_u64().unwrap(),
+                    cores: g["cores"]["capacity"].as_u64().unwrap(),
+                    memory_allocated: g["memory"]["allocated"].as_u64().unwrap(),
+                    cores_allocated: g["cores"]["allocated"].as_u64().unwrap(),
+                    model: g["model"].as_str().unwrap().to_string(),
+                    uuid: g["uuid"].as_str().unwrap().to_string(),
+                    claims,
+                },
+            )
+        })
+        .collect();
+    assert_eq!(got, want, "gpus -o json against the slices and claims");
+
+    let nodes = json_of(cluster, &["nodes", "-o", "json"]);
+    let mut total = (0u64, 0u64, 0u64, 0u64, 0u64);
+    for n in nodes["nodes"].as_array().unwrap() {
+        let name = n["name"].as_str().unwrap();
+        let mine: Vec<&Expected> = want
+            .iter()
+            .filter(|((node, _), _)| node == name)
+            .map(|(_, e)| e)
+            .collect();
+        let sum = |f: fn(&Expected) -> u64| mine.iter().map(|e| f(e)).sum::<u64>();
+        assert_eq!(n["gpus"].as_u64().unwrap(), mine.len() as u64, "{n}");
+        assert_eq!(
+            n["memory"]["capacity"].as_u64().unwrap(),
+            sum(|e| e.memory),
+            "{n}"
+        );
+        assert_eq!(
+            n["memory"]["allocated"].as_u64().unwrap(),
+            sum(|e| e.memory_allocated),
+            "{n}"
+        );
+        assert_eq!(
+            n["cores"]["capacity"].as_u64().unwrap(),
+            sum(|e| e.cores),
+            "{n}"
+        );
+        assert_eq!(
+            n["cores"]["allocated"].as_u64().unwrap(),
+            sum(|e| e.cores_allocated),
+            "{n}"
+        );
+        assert!(n["memory"]["used"].is_null(), "{n}");
+        total.0 += mine.len() as u64;
+        total.1 += sum(|e| e.memory);
+        total.2 += sum(|e| e.memory_allocated);
+        total.3 += sum(|e| e.cores);
+        total.4 += sum(|e| e.cores_allocated);
+    }
+    let t = &nodes["total"];
+    assert_eq!(t["name"], "*");
+    assert_eq!(
+        (
+            t["gpus"].as_u64().unwrap(),
+            t["memory"]["capacity"].as_u64().unwrap(),
+            t["memory"]["allocated"].as_u64().unwrap(),
+            t["cores"]["capacity"].as_u64().unwrap(),
+            t["cores"]["allocated"].as_u64().unwrap()
+        ),
+        total,
+        "{t}"
+    );
+    assert!(
+        nodes["usageUnavailable"]
+            .as_str()
+            .unwrap()
+            .contains("--prometheus"),
+        "{nodes}"
+    );
+    want
+}
+
+fn resource_claim(name: &str, count: u32, memory: &str, cores: &str, cel: Option<&str>) -> Value {
+    let mut exactly = json!({
+        "deviceClassName": "gpuslice.io",
+        "count": count,
+        "capacity": {"requests": {"memory": memory, "cores": cores}},
+    });
+    if let Some(expression) = cel {
+        exactly["selectors"] = json!([{"cel": {"expression": expression}}]);
+    }
+    json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
+    })
+}
+
+fn pod(name: &str, claim: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "tolerations": [{"operator": "Exists"}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+            "containers": [{
+                "name": "main",
+                "image": "gpuslice.invalid/never-pulled:1",
+                "resources": {"claims": [{"name": "gpu"}]},
+            }],
+        },
+    })
+}
+
+/// A Deployment of `replicas` pods (two containers) that replaces all its pods at once on a
+/// template change (no kubelet ever makes them ready).
+fn deployment(name: &str, replicas: u32, claims: Option<Value>) -> Value {
+    let mut d = json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "100%", "maxUnavailable": "100%"}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "tolerations": [{"operator": "Exists"}],
+                    "containers": [
+                        {"name": "main", "image": "gpuslice.invalid/never-pulled:1"},
+                        {"name": "sidecar", "image": "gpuslice.invalid/never-pulled:1"},
+                    ],
+                },
+            },
+        },
+    });
+    if let Some(c) = claims {
+        d["spec"]["template"]["spec"]["resourceClaims"] = c;
+    }
+    d
+}
+
+fn wait_bound(cluster: &KubeCluster, pod: &str) -> String {
+    wait_for(&format!("pod {pod} to be bound"), STEP, || {
+        let p = cluster.get_json(&["pod", pod, "-n", NS]);
+        p["spec"]["nodeName"].as_str().map(str::to_string)
+    })
+}
+
+fn rct_names(cluster: &KubeCluster) -> Vec<String> {
+    let mut v: Vec<String> = cluster.get_json(&["resourceclaimtemplates", "-n", NS])["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["metadata"]["name"].as_str().unwrap().to_string())
+        .collect();
+    v.sort();
+    v
+}
+
+fn deploy(cluster: &KubeCluster, name: &str) -> Value {
+    cluster.get_json(&["deployment", name, "-n", NS])
+}
+
+/// The Deployment's spec and generation are as `before` (its status may have moved on).
+fn assert_unchanged(cluster: &KubeCluster, name: &str, before: &Value) {
+    let now = deploy(cluster, name);
+    assert_eq!(now["spec"], before["spec"], "deployment/{name} changed");
+    assert_eq!(
+        now["metadata"]["generation"], before["metadata"]["generation"],
+        "deployment/{name} changed"
+    );
+}
+
+const L4: &str = "device.attributes[\"gpuslice.io\"].productName == \"NVIDIA L4\"";
+
+#[test]
+#[ignore = "starts a real Kubernetes control plane and two plugin processes; the README's test command runs it"]
+fn kubectl_gpuslice_shows_the_registry_and_allocates_workloads() {
+    let _s = serial();
+    let mut cluster = KubeCluster::up();
+    let nodes: BTreeMap<&str, TestNode> = [
+        (
+            "node-a",
+            TestNode::with_models(&[("NVIDIA H200", "141Gi"), ("NVIDIA H200", "141Gi")]),
+        ),
+        ("node-b", TestNode::with_models(&[("NVIDIA L4", "24Gi")])),
+    ]
+    .into_iter()
+    .collect();
+    for name in nodes.keys() {
+        cluster.add_node(name);
+    }
+    let plugins: Vec<KubeletPlugin> = nodes
+        .iter()
+        .map(|(name, node)| KubeletPlugin::start(&cluster, name, node))
+        .collect();
+    for name in nodes.keys() {
+        wait_for(&format!("the ResourceSlice of {name}"), STEP, || {
+            slice_of(&cluster, name)
+        });
+    }
+    let class = workspace().join("packaging/kubernetes/dra/deviceclass.yaml");
+    cluster.kubectl(&["create", "-f", &class.display().to_string()]);
+
+    // Before any claim: capacity only; the table's first row is the cluster total, used n/a
+    // with one warning line naming the missing source.
+    let want = check_figures(&cluster);
+    assert_eq!(want.len(), 3);
+    assert!(want.values().all(|e| e.memory_allocated == 0));
+    let (table, warning) = plugin_ok(&cluster, &["nodes"]);
+    eprintln!("kubectl gpuslice nodes:\n{table}");
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(
+        lines[0].starts_with("NODE") && lines[0].contains("MEMORY USED"),
+        "{table}"
+    );
+    assert!(lines[1].starts_with("* "), "{table}");
+    assert!(
+        lines[1].contains("306Gi"),
+        "the total of 2 × 141Gi + 24Gi: {table}"
+    );
+    assert!(
+        lines[2].starts_with("node-a") && lines[3].starts_with("node-b"),
+        "{table}"
+    );
+    assert!(lines[1..].iter().all(|l| l.contains("n/a")), "{table}");
+    assert_eq!(warning.lines().count(), 1, "{warning}");
+    assert!(
+        warning.contains("n/a") && warning.contains("--prometheus"),
+        "{warning}"
+    );
+
+    // Claims of several sizes, placed by the scheduler: the L4 filled, node-a partly.
+    for (name, count, memory, cores, cel) in [
+        ("l4-full", 1, "24Gi", "50", Some(L4)),
+        ("two-gpus", 2, "30Gi", "10", None),
+        ("big", 1, "100Gi", "40", None),
+    ] {
+        cluster
+            .create(&resource_claim(name, count, memory, cores, cel))
+            .unwrap();
+        cluster.create(&pod(name, name)).unwrap();
+        wait_bound(&cluster, name);
+    }
+    let want = check_figures(&cluster);
+    assert_eq!(
+        want[&("node-b".into(), "gpu-0".into())].memory_allocated,
+        24 * GIB
+    );
+    assert_eq!(
+        want.values().map(|e| e.memory_allocated).sum::<u64>(),
+        (24 + 60 + 100) * GIB
+    );
+    let (table, _) = plugin_ok(&cluster, &["gpus", "-o", "wide"]);
+    eprintln!("kubectl gpuslice gpus -o wide:\n{table}");
+    assert!(table.contains("default/l4-full=24Gi/50"), "{table}");
+    assert!(
+        table.contains("24Gi (100%)"),
+        "the L4 fully allocated: {table}"
+    );
+    // --available: node-b has no room left.
+    let available = json_of(&cluster, &["nodes", "--available", "-o", "json"]);
+    let names: Vec<&str> = available["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["node-a"], "{available}");
+    let (yaml, _) = plugin_ok(&cluster, &["nodes", "-o", "yaml"]);
+    assert!(
+        yaml.contains("name: node-a") && yaml.contains("allocated:"),
+        "{yaml}"
+    );
+
+    // A Deployment of 3 pods without GPUs.
+    cluster.create(&deployment("web", 3, None)).unwrap();
+    let original = deploy(&cluster, "web");
+    let template_before = original["spec"]["template"].clone();
+
+    // --dry-run prints the diff and changes nothing.
+    let (diff, _) = plugin_ok(
+        &cluster,
+        &[
+            "allocate",
+            "deployment/web",
+            "--memory",
+            "20Gi",
+            "--cores",
+            "30",
+            "--dry-run",
+        ],
+    );
+    eprintln!("allocate --dry-run:\n{diff}");
+    assert!(diff.contains("+++ resourceclaimtemplate/"), "{diff}");
+    assert!(diff.contains("+- name: gpuslice"), "{diff}");
+    assert!(
+        diff.contains("+  resourceClaimTemplateName: web-deployment-gpuslice-"),
+        "{diff}"
+    );
+    assert!(diff.contains("+    - name: gpuslice"), "{diff}");
+    assert!(diff.contains("memory: 20Gi"), "{diff}");
+    assert!(diff.contains("nothing changed"), "{diff}");
+    assert_unchanged(&cluster, "web", &original);
+    assert!(rct_names(&cluster).is_empty());
+
+    // Bad input: one line, nothing changed.
+    cluster
+        .create(&deployment(
+            "other",
+            1,
+            Some(json!([{"name": "mine", "resourceClaimTemplateName": "someone-elses"}])),
+        ))
+        .unwrap();
+    let other_before = deploy(&cluster, "other");
+    for (args, says) in [
+        (
+            vec!["allocate", "deployment/nope", "--memory", "1Gi"],
+            "deployment/nope not found",
+        ),
+        (
+            vec!["allocate", "pod/web", "--memory", "1Gi"],
+            "accepted: deployment/NAME",
+        ),
+        (
+            vec!["allocate", "deployment/web", "--memory", "20GB"],
+            "--memory `20GB`",
+        ),
+        (
+            vec![
+                "allocate",
+                "deployment/web",
+                "--memory",
+                "20Gi",
+                "--cores",
+                "130",
+            ],
+            "--cores `130`",
+        ),
+        (
+            vec!["allocate", "deployment/other", "--memory", "1Gi"],
+            "already uses claim `mine`",
+        ),
+        // No GPU has 200Gi; and 3 × 100Gi do not fit the 141Gi H200s' free room (41 + 111).
+        (
+            vec!["allocate", "deployment/web", "--memory", "200Gi"],
+            "fits 0",
+        ),
+        (
+            vec!["allocate", "deployment/web", "--memory", "100Gi"],
+            "fits 1 (node-a: 1, node-b: 0)",
+        ),
+        (vec!["release", "deployment/web"], "nothing to release"),
+        (
+            vec![
+                "allocate",
+                "deployment/web",
+                "--memory",
+                "1Gi",
+                "-c",
+                "nosuch",
+            ],
+            "no container `nosuch`",
+        ),
+    ] {
+        let line = plugin_refused(&cluster, &args);
+        eprintln!("{}: {line}", args.join(" "));
+        assert!(line.contains(says), "{}: {line}", args.join(" "));
+    }
+    assert_unchanged(&cluster, "web", &original);
+    assert_unchanged(&cluster, "other", &other_before);
+    assert!(rct_names(&cluster).is_empty());
+
+    // allocate: the template and the claim; the scheduler places the new pods on GPUs with
+    // room (only node-a has any).
+    let (said, _) = plugin_ok(
+        &cluster,
+        &[
+            "allocate",
+            "deployment/web",
+            "--memory",
+            "20Gi",
+            "--cores",
+            "30",
+            "-c",
+            "main",
+        ],
+    );
+    assert!(said.contains("allocated"), "{said}");
+    let rcts = rct_names(&cluster);
+    assert_eq!(rcts.len(), 1, "{rcts:?}");
+    let rct = cluster.get_json(&["resourceclaimtemplate", &rcts[0], "-n", NS]);
+    let exactly = &rct["spec"]["spec"]["devices"]["requests"][0]["exactly"];
+    assert_eq!(exactly["deviceClassName"], "gpuslice.io", "{rct}");
+    assert_eq!(exactly["count"], 1, "{rct}");
+    assert_eq!(exactly["capacity"]["requests"]["memory"], "20Gi", "{rct}");
+    assert_eq!(exactly["capacity"]["requests"]["cores"], "30", "{rct}");
+    let d = deploy(&cluster, "web");
+    let spec = &d["spec"]["template"]["spec"];
+    assert_eq!(
+        spec["resourceClaims"],
+        json!([{"name": "gpuslice", "resourceClaimTemplateName": rcts[0]}]),
+        "{spec}"
+    );
+    assert_eq!(
+        spec["containers"][0]["resources"]["claims"],
+        json!([{"name": "gpuslice"}])
+    );
+    assert!(
+        spec["containers"][1]["resources"]["claims"].is_null(),
+        "{spec}"
+    );
+    // Allocating the same again changes nothing.
+    let (said, _) = plugin_ok(
+        &cluster,
+        &[
+            "allocate",
+            "deployment/web",
+            "--memory",
+            "20Gi",
+            "--cores",
+            "30",
+            "-c",
+            "main",
+        ],
+    );
+    assert!(said.contains("unchanged"), "{said}");
+
+    let placed: Vec<(String, Value)> =
+        wait_for("3 new pods of web with allocated claims", STEP, || {
+            let pods = cluster.get_json(&["pods", "-n", NS, "-l", "app=web"]);
+            let mut out = Vec::new();
+            for p in pods["items"].as_array()? {
+                if p["spec"]["resourceClaims"].is_null()
+                    || !p["metadata"]["deletionTimestamp"].is_null()
+                {
+                    continue;
+                }
+                let node = p["spec"]["nodeName"].as_str()?.to_string();
+                let claim =
+                    p["status"]["resourceClaimStatuses"][0]["resourceClaimName"].as_str()?;
+                let c = cluster.get_json(&["resourceclaim", claim, "-n", NS]);
+                c["status"]["allocation"].is_object().then_some(())?;
+                out.push((node, c));
+            }
+            (out.len() == 3).then_some(out)
+        });
+    for (node, c) in &placed {
+        assert_eq!(node, "node-a", "the L4 has no room: {c}");
+        let r = &c["status"]["allocation"]["devices"]["results"][0];
+        assert_eq!(r["pool"], "node-a", "{c}");
+        assert_eq!(quantity(&r["consumedCapacity"]["memory"]), 20 * GIB, "{c}");
+        assert_eq!(r["consumedCapacity"]["cores"], "30", "{c}");
+    }
+    // No GPU holds more than it offers, and the console's figures still equal the registry.
+    for ((node, gpu), e) in check_figures(&cluster) {
+        assert!(
+            e.memory_allocated <= e.memory && e.cores_allocated <= e.cores,
+            "{node}/{gpu}: {e:?}"
+        );
+    }
+    let (table, _) = plugin_ok(&cluster, &["pods"]);
+    eprintln!("kubectl gpuslice pods:\n{table}");
+    assert_eq!(
+        table.lines().count(),
+        2 + 4 + 3,
+        "header, total, 4 slices of the claim pods (two-gpus has two) and 3 web pods: {table}"
+    );
+    let web: Vec<&str> = table.lines().filter(|l| l.starts_with("web-")).collect();
+    assert_eq!(web.len(), 3, "{table}");
+    assert!(
+        web.iter().all(|l| l.contains("   main   ")
+            && l.contains("   node-a   ")
+            && l.contains("   20Gi   ")),
+        "the main container's slice of 20Gi, the sidecar none: {table}"
+    );
+
+    // release: the pod template exactly as before, the template deleted.
+    let (diff, _) = plugin_ok(&cluster, &["release", "deployment/web", "--dry-run"]);
+    assert!(diff.contains("-- name: gpuslice"), "{diff}");
+    assert_eq!(rct_names(&cluster), rcts);
+    let (said, _) = plugin_ok(&cluster, &["release", "deployment/web"]);
+    assert!(said.contains("released"), "{said}");
+    assert_eq!(deploy(&cluster, "web")["spec"]["template"], template_before);
+    assert!(rct_names(&cluster).is_empty());
+
+    drop(plugins);
+    cluster.down();
+}
