@@ -7,6 +7,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod api;
+pub mod authority;
 pub mod booking;
 pub mod claim;
 pub mod cleanup;

@@ -1,6 +1,7 @@
 //! `gpuslice kubelet-plugin`: the DRA socket and the registration socket (each created under
-//! a dot-name the kubelet ignores, then renamed), the slice publisher and the cleanup loop, in
-//! the foreground until the shutdown signal; then the servers stop and the sockets go.
+//! a dot-name the kubelet ignores, then renamed; the registration socket's connections pass
+//! through `authority::relay`), the slice publisher and the cleanup loop, in the foreground
+//! until the shutdown signal; then the servers stop and the sockets go.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -12,6 +13,7 @@ use tokio::net::UnixListener;
 use tokio::sync::{watch, Notify};
 use tokio_stream::wrappers::UnixListenerStream;
 
+use crate::authority::relayed_incoming;
 use crate::booking::Plugin;
 use crate::cleanup::release_stale;
 use crate::dra_service::DraService;
@@ -154,10 +156,7 @@ pub async fn run(
     let reg = tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(RegistrationServer::new(reg_service))
-            .serve_with_incoming_shutdown(
-                UnixListenerStream::new(reg_listener),
-                stopped(stop_rx.clone()),
-            ),
+            .serve_with_incoming_shutdown(relayed_incoming(reg_listener), stopped(stop_rx.clone())),
     );
     eprintln!(
         "gpuslice kubelet-plugin: node {node}: serving {} and {}",
