@@ -238,3 +238,40 @@ pub fn poststop(node: &Node, reservation: Option<&str>) -> Result<(), Error> {
     };
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(annotations: &[(&str, &str)]) -> State {
+        State {
+            id: "ctr".into(),
+            pid: Some(7),
+            annotations: annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        }
+    }
+
+    /// Issue 16 (12): the hook line alone does not let a container bind or release a slice.
+    #[test]
+    fn only_a_spec_edited_for_the_reservation_may_use_it() {
+        let rid = "0123456789abcdef";
+        assert!(check_edited_for(&state(&[(RESERVATION_ANNOTATION, rid)]), rid).is_ok());
+        let none = check_edited_for(&state(&[("gpuslice.io/memory", "4Gi")]), rid)
+            .expect_err("no annotation")
+            .to_string();
+        assert!(
+            none.contains(rid) && none.contains("has no annotation gpuslice.io/reservation"),
+            "{none}"
+        );
+        let other = check_edited_for(&state(&[(RESERVATION_ANNOTATION, "1111111111111111")]), rid)
+            .expect_err("edited for another")
+            .to_string();
+        assert!(
+            other.contains("edited for reservation 1111111111111111"),
+            "{other}"
+        );
+    }
+}
