@@ -4,7 +4,10 @@
 # scripts/build-static.sh, with the full glibc `gpuslice` as /usr/lib/gpuslice/gpuslice-full;
 # the glibc builds in both places when the musl target cannot be had), the portable (old-glibc) shim, simulated driver and probe from
 # scripts/build-portable.sh, the systemd units, podman's hooks.d file, the Kubernetes
-# manifests and the docs, with the maintainer scripts of packaging/deb/.
+# manifests (packaging/kubernetes/*.yaml in /usr/share/gpuslice/kubernetes/, the DRA ones of
+# packaging/kubernetes/dra/ and their examples/ in its dra/ folder) and the docs, with the
+# maintainer scripts of packaging/deb/. The asset list is [package.metadata.deb] of
+# hook/Cargo.toml; scripts/check-deb.sh checks every manifest is installed as in the tree.
 # Installs cargo-deb when it is missing. Prints the package's path on its last line.
 #
 #   packaging/build-deb.sh                       # everything from this tree

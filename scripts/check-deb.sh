@@ -85,6 +85,12 @@ for f in /usr/bin/gpuslice /usr/bin/gpuslice-runtime /usr/lib/gpuslice/libgpusli
     /usr/share/gpuslice/kubernetes/runtimeclass.yaml /usr/share/doc/gpuslice/operator-guide.md; do
     [ -e "$f" ] || fail "the package did not install $f"
 done
+# Every Kubernetes manifest of the tree, the DRA ones and their examples too, as shipped.
+for f in packaging/kubernetes/*.yaml packaging/kubernetes/dra/*.yaml \
+    packaging/kubernetes/dra/examples/*.yaml; do
+    installed=/usr/share/gpuslice/kubernetes/${f#packaging/kubernetes/}
+    cmp -s "$f" "$installed" || fail "the package did not install $f as $installed"
+done
 [ -L /etc/systemd/system/paths.target.wants/gpuslice-cdi.path ] \
     || fail "postinst did not enable gpuslice-cdi.path"
 gpuslice --version
