@@ -21,6 +21,9 @@ echo "== test control plane: Kubernetes binaries of tests/kube (built once, then
 # A failed build stops the suite here: the control-plane tests never skip.
 GPUSLICE_KUBE_BIN_DIR="$(./scripts/kube-cluster.sh build)"
 export GPUSLICE_KUBE_BIN_DIR
+echo "== test node: containerd 2.x of tests/node (built once, then cached in /var/cache/gpuslice/node)"
+GPUSLICE_NODE_BIN_DIR="$(./scripts/kube-cluster.sh build-node)"
+export GPUSLICE_NODE_BIN_DIR
 
 echo "== unit, integration and end-to-end tests"
 export GPUSLICE_TEST_BIN_DIR="$PWD/target/release"

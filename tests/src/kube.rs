@@ -90,6 +90,44 @@ impl KubeCluster {
         KubeCluster { dir, down: false }
     }
 
+    /// Starts a control plane and, with `up DIR --node NAME`, a node for this machine
+    /// (containerd 2.x, kubelet, the gpuslice kubelet plugin) whose gpuslice config is
+    /// `gpuslice_config` and whose gpuslice binaries are in `gpuslice_bin_dir`; panics with the
+    /// script's output when it does not come up.
+    pub fn up_with_node(
+        name: &str,
+        gpuslice_config: &Path,
+        gpuslice_bin_dir: &Path,
+    ) -> KubeCluster {
+        let dir = tempfile::Builder::new()
+            .prefix("gpuslice-kube-")
+            .tempdir()
+            .expect("create a temporary directory for the cluster");
+        let out = Command::new(script())
+            .arg("up")
+            .arg(dir.path())
+            .args(["--node", name])
+            .env("GPUSLICE_KUBE_BIN_DIR", kube_bin_dir())
+            .env("GPUSLICE_CONFIG", gpuslice_config)
+            .env("GPUSLICE_BIN_DIR", gpuslice_bin_dir)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", script().display()));
+        let mut cluster = KubeCluster { dir, down: false };
+        if !out.status.success() {
+            // `up` stopped what it started; what it left (the directory) goes with `down`.
+            cluster.down = true;
+            let _ = run_script(&["down".as_ref(), cluster.dir().as_os_str()]);
+            panic!(
+                "scripts/kube-cluster.sh up {} --node {name} failed ({}):\n{}",
+                cluster.dir().display(),
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        cluster
+    }
+
     /// The cluster's directory (`DIR` of the script).
     pub fn dir(&self) -> &Path {
         self.dir.path()

@@ -12,6 +12,7 @@ pub mod cri;
 pub mod env;
 pub mod image;
 pub mod kube;
+pub mod kube_node;
 pub mod kubelet;
 pub mod kubelet_plugin;
 pub mod node;

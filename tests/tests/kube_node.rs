@@ -1,0 +1,414 @@
+//! Issue 17: a real Kubernetes node. `scripts/kube-cluster.sh up DIR --node NAME` runs the
+//! release's kubelet on containerd 2.x (built from its Go module, CDI on by default) with
+//! gpuslice registered by `gpuslice configure containerd` and the gpuslice kubelet plugin
+//! registered with that kubelet, on a simulated GPU node (one 24 GiB L4). Pods go through the
+//! scheduler, the kubelet's DRA calls, CRI and runc:
+//! 1. a pod with a claim from a template gets the claim's GPU node and limits, the probe
+//!    through the shim is refused past the slice, and deleting the pod releases the booking;
+//! 2. a Deployment of 3 replicas whose claims fit 2: 2 Running, 1 Pending with the
+//!    scheduler's reason; scaling to 2 frees nothing wrongly;
+//! 3. the RuntimeClass + annotation path through the same kubelet and containerd, and
+//!    `configure containerd --remove` gives containerd's config back as it was;
+//! 4. the plugin, then the kubelet, restarted under a running pod: nothing is lost and the
+//!    pod's deletion still unprepares.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
+
+use std::collections::BTreeSet;
+
+use gpuslice_e2e::kube_node::{
+    claim_template, pod, pod_spec, wait, wait_for_or, KubeNode, NS, STEP,
+};
+use gpuslice_e2e::view::{assert_slice_view, SLICE_CHECKS};
+use gpuslice_e2e::{serial, TestNode};
+use serde_json::{json, Value};
+
+const GIB: u64 = 1 << 30;
+const NODE: &str = "gpu-node";
+
+/// What a claimed container prints: its GPU device nodes, the shim preload, its limits and
+/// whether it can write them, and the probe allocating 1 GiB chunks through the shim.
+const CLAIM_CHECKS: &str = "echo devices=$(ls /dev | grep nvidia | tr '\\n' ' '); \
+    echo preload=$(cat /etc/ld.so.preload); \
+    echo limits=$(cat /run/gpuslice/limits.json); \
+    if (echo x > /run/gpuslice/limits.json) 2>/dev/null; then echo limits-writable; else echo limits-readonly; fi; \
+    gpuslice-probe --json alloc --chunk 1Gi --max 20Gi; echo EXIT $?; \
+    echo READY; exec sleep 600";
+
+fn l4_node() -> TestNode {
+    TestNode::with_models(&[("NVIDIA L4", "24Gi")])
+}
+
+/// The ResourceClaim of pod `p` (made from its template), as JSON.
+fn claim_of(kn: &KubeNode, p: &Value) -> Value {
+    let name = p["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+        .as_str()
+        .unwrap_or_else(|| panic!("pod has no generated claim: {}", p["status"]));
+    kn.cluster.get_json(&["resourceclaim", name, "-n", NS])
+}
+
+/// The one line of the log starting with `prefix`, without it.
+fn line<'a>(log: &'a str, prefix: &str) -> &'a str {
+    log.lines()
+        .find_map(|l| l.strip_prefix(prefix))
+        .unwrap_or_else(|| panic!("no {prefix:?} line in: {log}"))
+}
+
+/// The node's reservations as (id, uuid, memory, cores).
+fn bookings(node: &TestNode) -> BTreeSet<(String, String, u64, u64)> {
+    node.reservations()
+        .iter()
+        .flat_map(|r| {
+            let id = r["id"].as_str().unwrap().to_string();
+            r["gpus"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .map(move |g| {
+                    (
+                        id.clone(),
+                        g["uuid"].as_str().unwrap().to_string(),
+                        g["memory"].as_u64().unwrap(),
+                        g["cores"].as_u64().unwrap_or(0),
+                    )
+                })
+        })
+        .collect()
+}
+
+/// Checks the view of a container holding the claim of `p` (10 GiB, 30 % of GPU 0): the
+/// allocation the scheduler wrote, the booking `status` shows, and what the container saw.
+/// Returns the reservation id.
+fn assert_claim_view(kn: &KubeNode, node: &TestNode, p: &Value, log: &str) -> String {
+    let claim = claim_of(kn, p);
+    let results = &claim["status"]["allocation"]["devices"]["results"];
+    assert_eq!(results.as_array().map(Vec::len), Some(1), "{claim}");
+    let r = &results[0];
+    assert_eq!(r["driver"], "gpuslice.io", "{r}");
+    assert_eq!(r["pool"], NODE, "{r}");
+    assert_eq!(r["device"], "gpu-0", "{r}");
+    assert_eq!(r["consumedCapacity"]["memory"], "10Gi", "{r}");
+    assert_eq!(r["consumedCapacity"]["cores"], "30", "{r}");
+
+    let uuid = node.uuid(0);
+    let res = node.reservations();
+    assert_eq!(res.len(), 1, "{res:?}");
+    let id = res[0]["id"].as_str().unwrap().to_string();
+    assert_eq!(
+        bookings(node),
+        BTreeSet::from([(id.clone(), uuid.clone(), 10 * GIB, 30)]),
+        "status --json: {res:?}"
+    );
+
+    let mut devices: Vec<&str> = line(log, "devices=").split_whitespace().collect();
+    devices.sort_unstable();
+    assert_eq!(
+        devices,
+        ["nvidia-uvm", "nvidia-uvm-tools", "nvidia0", "nvidiactl"],
+        "{log}"
+    );
+    assert_eq!(
+        line(log, "preload="),
+        "/usr/lib/gpuslice/libgpuslice_shim.so",
+        "{log}"
+    );
+    let limits: Value = serde_json::from_str(line(log, "limits=")).expect("limits JSON");
+    assert_eq!(
+        limits,
+        json!({"version": 1, "reservation": id,
+               "devices": [{"uuid": uuid, "memory_limit": 10 * GIB, "cores": 30}]}),
+        "{log}"
+    );
+    assert!(log.lines().any(|l| l == "limits-readonly"), "{log}");
+    let report: Value = log
+        .lines()
+        .find_map(|l| {
+            serde_json::from_str::<Value>(l)
+                .ok()
+                .filter(|v| v["cmd"] == "alloc")
+        })
+        .unwrap_or_else(|| panic!("no alloc report from the probe: {log}"));
+    assert_eq!(report["total"], 10 * GIB, "{report}");
+    assert_eq!(report["error"], "CUDA_ERROR_OUT_OF_MEMORY", "{report}");
+    assert_eq!(report["mem_total"], 10 * GIB, "{report}");
+    assert!(log.contains("EXIT 0"), "{log}");
+    id
+}
+
+/// After pod deletion: no booking, no slice files, no claim spec, claim gone.
+fn assert_released(kn: &KubeNode, node: &TestNode, claim: &Value) {
+    let uid = claim["metadata"]["uid"].as_str().unwrap().to_string();
+    let name = claim["metadata"]["name"].as_str().unwrap().to_string();
+    wait_for_or(STEP, || node.reservations().is_empty().then_some(())).unwrap_or_else(|| {
+        panic!(
+            "the claim's booking was not released: {:?}\n{}",
+            node.reservations(),
+            kn.logs()
+        )
+    });
+    assert!(node.leftovers().is_empty(), "{:?}", node.leftovers());
+    let spec = node
+        .cdi_dir
+        .join(gpuslice_cdi::transient_spec_file_name(gpuslice_kube::CLAIM_KIND, &uid).unwrap());
+    assert!(!spec.exists(), "{} left behind", spec.display());
+    wait(&format!("claim {name} to be deleted with its pod"), || {
+        let out = kn
+            .cluster
+            .kubectl_output(&["get", "resourceclaim", &name, "-n", NS], None);
+        (!out.status.success()).then_some(())
+    });
+}
+
+#[test]
+fn pod_with_a_claim_runs_with_its_slice_and_releases_it() {
+    let _s = serial();
+    let node = l4_node();
+    let mut kn = KubeNode::up(NODE, &node);
+    kn.cluster
+        .create(&claim_template("slice-10g-30", "10Gi", "30"))
+        .unwrap();
+    kn.cluster
+        .create(&pod("sliced", CLAIM_CHECKS, Some("slice-10g-30")))
+        .unwrap();
+    let p = kn.wait_running("sliced");
+    assert_eq!(p["spec"]["nodeName"], NODE, "{}", p["spec"]);
+    let log = kn.wait_log("sliced", "READY");
+    assert_claim_view(&kn, &node, &p, &log);
+
+    let claim = claim_of(&kn, &p);
+    kn.delete_pod("sliced");
+    assert_released(&kn, &node, &claim);
+    kn.cluster.down();
+}
+
+/// The pods of Deployment `app` by phase: (Running and ready, Pending).
+fn replicas(kn: &KubeNode, app: &str) -> (Vec<Value>, Vec<Value>) {
+    let pods = kn
+        .cluster
+        .get_json(&["pods", "-n", NS, "-l", &format!("app={app}")]);
+    let items = pods["items"].as_array().cloned().unwrap_or_default();
+    let running = items
+        .iter()
+        .filter(|p| {
+            p["metadata"]["deletionTimestamp"].is_null()
+                && p["status"]["phase"] == "Running"
+                && p["status"]["containerStatuses"]
+                    .as_array()
+                    .is_some_and(|c| c.iter().all(|c| c["ready"] == true))
+        })
+        .cloned()
+        .collect();
+    let pending = items
+        .iter()
+        .filter(|p| {
+            p["metadata"]["deletionTimestamp"].is_null() && p["status"]["phase"] == "Pending"
+        })
+        .cloned()
+        .collect();
+    (running, pending)
+}
+
+fn names(pods: &[Value]) -> BTreeSet<String> {
+    pods.iter()
+        .map(|p| p["metadata"]["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn deployment_of_three_whose_claims_fit_two_runs_two() {
+    let _s = serial();
+    let node = l4_node();
+    let mut kn = KubeNode::up(NODE, &node);
+    kn.cluster
+        .create(&claim_template("slice-10g", "10Gi", "0"))
+        .unwrap();
+    let mut spec = pod_spec("echo READY; exec sleep 600", Some("slice-10g"));
+    spec["containers"][0]["volumeMounts"] = json!([]);
+    spec["volumes"] = json!([]);
+    kn.cluster
+        .create(&json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "sliced", "namespace": NS},
+            "spec": {
+                "replicas": 3,
+                "selector": {"matchLabels": {"app": "sliced"}},
+                "template": {"metadata": {"labels": {"app": "sliced"}}, "spec": spec},
+            },
+        }))
+        .unwrap();
+    let mut last = (Vec::new(), Vec::new());
+    let (running, pending) = wait_for_or(STEP, || {
+        last = replicas(&kn, "sliced");
+        let (running, pending) = &last;
+        let unschedulable = pending.len() == 1
+            && pending[0]["status"]["conditions"]
+                .as_array()
+                .is_some_and(|c| {
+                    c.iter().any(|c| {
+                        c["type"] == "PodScheduled"
+                            && c["status"] == "False"
+                            && c["reason"] == "Unschedulable"
+                    })
+                });
+        (running.len() == 2 && unschedulable).then(|| last.clone())
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "want 2 Running and 1 unschedulable: running {:?}, pending {:?}\n{}",
+            names(&last.0),
+            last.1.iter().map(|p| &p["status"]).collect::<Vec<_>>(),
+            kn.logs()
+        )
+    });
+    let message = pending[0]["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "PodScheduled")
+        .unwrap()["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        message.contains("cannot allocate all claims"),
+        "scheduler's reason: {message}"
+    );
+    // Two claims of 10 GiB booked on the one GPU, nothing for the Pending one.
+    let uuid = node.uuid(0);
+    let booked = bookings(&node);
+    assert_eq!(booked.len(), 2, "{booked:?}");
+    assert!(
+        booked
+            .iter()
+            .all(|(_, u, m, _)| *u == uuid && *m == 10 * GIB),
+        "{booked:?}"
+    );
+
+    // Scaling to 2 removes the Pending pod; the Running ones keep their slices.
+    kn.cluster
+        .kubectl(&["scale", "deployment", "sliced", "-n", NS, "--replicas=2"]);
+    wait("the Pending replica to go", || {
+        let (r, p) = replicas(&kn, "sliced");
+        let all = kn.cluster.get_json(&["pods", "-n", NS, "-l", "app=sliced"]);
+        (p.is_empty() && r.len() == 2 && all["items"].as_array().map(Vec::len) == Some(2))
+            .then_some(())
+    });
+    let (after, _) = replicas(&kn, "sliced");
+    assert_eq!(names(&after), names(&running));
+    assert_eq!(bookings(&node), booked, "scaling to 2 changed the bookings");
+    // The two slices' claims are still prepared on this node.
+    for p in &after {
+        let claim = claim_of(&kn, p);
+        assert_eq!(
+            claim["status"]["allocation"]["devices"]["results"][0]["consumedCapacity"]["memory"],
+            "10Gi",
+            "{claim}"
+        );
+    }
+    kn.cluster.down();
+    assert!(node.reservations().is_empty(), "{:?}", node.reservations());
+}
+
+#[test]
+fn runtime_class_and_annotations_through_kubelet_and_containerd_2() {
+    let _s = serial();
+    let node = l4_node();
+    let mut kn = KubeNode::up(NODE, &node);
+    let mut spec = pod_spec(SLICE_CHECKS, None);
+    spec["runtimeClassName"] = json!("gpuslice");
+    kn.cluster
+        .create(&json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "annotated", "namespace": NS, "annotations": {
+                "gpuslice.io/memory": "4Gi", "gpuslice.io/cores": "30",
+            }},
+            "spec": spec,
+        }))
+        .unwrap();
+    let p = kn.wait_running("annotated");
+    let log = kn.wait_log("annotated", "READY");
+    let cid = p["status"]["containerStatuses"][0]["containerID"]
+        .as_str()
+        .and_then(|c| c.strip_prefix("containerd://"))
+        .unwrap_or_else(|| panic!("no containerd id: {}", p["status"]))
+        .to_string();
+    assert_slice_view(&node, &log, &cid);
+
+    kn.delete_pod("annotated");
+    wait("the annotation slice to be released", || {
+        node.reservations().is_empty().then_some(())
+    });
+    assert!(node.leftovers().is_empty(), "{:?}", node.leftovers());
+
+    // `configure containerd --remove` gives back the config the harness wrote.
+    let config = std::path::PathBuf::from(kn.env("CONTAINERD_CONFIG"));
+    let base = std::fs::read_to_string(config.with_file_name("config.base.toml")).unwrap();
+    let configured = std::fs::read_to_string(&config).unwrap();
+    assert_ne!(configured, base, "gpuslice did not register itself");
+    let drop_in = config.with_file_name("conf.d/gpuslice.toml");
+    let drop_in_text =
+        std::fs::read_to_string(&drop_in).unwrap_or_else(|e| panic!("{}: {e}", drop_in.display()));
+    assert!(drop_in_text.contains("version = 3"), "{drop_in_text}");
+    let out = node.gpuslice(&[
+        "configure",
+        "containerd",
+        "--remove",
+        "--config-path",
+        &config.display().to_string(),
+    ]);
+    assert!(
+        out.status.success(),
+        "configure --remove: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read_to_string(&config).unwrap(), base);
+    assert!(!drop_in.exists(), "{} left behind", drop_in.display());
+    kn.cluster.down();
+}
+
+#[test]
+fn plugin_and_kubelet_restarts_lose_nothing() {
+    let _s = serial();
+    let node = l4_node();
+    let mut kn = KubeNode::up(NODE, &node);
+    kn.cluster
+        .create(&claim_template("slice-10g-30", "10Gi", "30"))
+        .unwrap();
+    kn.cluster
+        .create(&pod("kept", CLAIM_CHECKS, Some("slice-10g-30")))
+        .unwrap();
+    let p = kn.wait_running("kept");
+    let log = kn.wait_log("kept", "READY");
+    let id = assert_claim_view(&kn, &node, &p, &log);
+    let claim = claim_of(&kn, &p);
+    let cid = p["status"]["containerStatuses"][0]["containerID"].clone();
+    let booked = bookings(&node);
+
+    for component in ["gpuslice-kubelet-plugin", "kubelet"] {
+        kn.restart(component);
+        kn.wait_ready();
+        let p = kn.wait_running("kept");
+        assert_eq!(
+            p["status"]["containerStatuses"][0]["containerID"], cid,
+            "after restarting {component}: {}",
+            p["status"]
+        );
+        assert_eq!(
+            p["status"]["containerStatuses"][0]["restartCount"], 0,
+            "after restarting {component}"
+        );
+        assert_eq!(bookings(&node), booked, "after restarting {component}");
+        let now = claim_of(&kn, &p);
+        assert_eq!(now["metadata"]["uid"], claim["metadata"]["uid"]);
+        assert_eq!(
+            now["status"]["allocation"], claim["status"]["allocation"],
+            "after restarting {component}"
+        );
+    }
+    assert!(node.reservations().iter().any(|r| r["id"] == id.as_str()));
+
+    kn.delete_pod("kept");
+    assert_released(&kn, &node, &claim);
+    kn.cluster.down();
+}
