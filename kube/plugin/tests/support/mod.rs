@@ -230,12 +230,17 @@ pub struct Kubelet {
 
 impl Kubelet {
     pub fn connect(p: &Running) -> Kubelet {
+        Kubelet::connect_sockets(&p.dra, &p.reg)
+    }
+
+    /// Dials a plugin's DRA and registration sockets (a plugin of this process or another).
+    pub fn connect_sockets(dra: &Path, reg: &Path) -> Kubelet {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .unwrap();
-        let (dra, reg) = rt.block_on(async { (channel(&p.dra).await, channel(&p.reg).await) });
+        let (dra, reg) = rt.block_on(async { (channel(dra).await, channel(reg).await) });
         Kubelet {
             rt,
             dra: DraPluginClient::new(dra),
