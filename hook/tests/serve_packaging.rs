@@ -20,7 +20,7 @@ fn packaging(rel: &str) -> PathBuf {
 }
 
 /// The names of every family a fully populated node exports (two scrapes, so the achieved
-/// share exists too).
+/// share exists too; an enforcer with a throttled slice and an unowned process).
 fn exported_names() -> BTreeSet<String> {
     let node = Node::new(1);
     let a = node.slice(2 * GI, 30, 0, Some(("c", 4001)), Some(("ns", "pod", "ctr")));
@@ -38,7 +38,13 @@ fn exported_names() -> BTreeSet<String> {
         }],
         errors: vec![],
     };
-    let mut c = node.collector(Some(meter));
+    let enforcer = gpuslice::serve::enforce::events::Shared::default();
+    {
+        let mut live = gpuslice::serve::enforce::events::lock(&enforcer);
+        live.throttled = vec![(a.clone(), uuid(0), 0.4)];
+        live.unowned = vec![(uuid(0), 1)];
+    }
+    let mut c = node.collector(Some(meter)).with_enforcer(enforcer);
     let t0 = Instant::now();
     c.collect(t0);
     let s = c.collect(t0 + Duration::from_secs(2));

@@ -357,3 +357,292 @@ impl Enforcer {
             .push((r.id.clone(), uuid.to_string(), v.run_fraction));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The enforcer's cycle against a fixture `/proc` (pid namespace links, status and
+    //! cgroup files, as the kernel has them) and a recording signaller: the property that
+    //! matters, over random per-process figures, is that no process of a slice under its
+    //! limit is ever killed, whatever its neighbours on the GPU (other slices, unowned
+    //! processes) hold.
+
+    use super::*;
+    use crate::serve::enforce::signal::SignalError;
+    use gpuslice_registry::{Gpu, Inventory};
+    use proptest::prelude::*;
+    use std::path::Path;
+    use std::time::Duration;
+
+    const SLICES: usize = 3;
+    /// GPU processes per slice (each in its container's pid namespace).
+    const PROCS: usize = 3;
+    const GPUS: usize = 2;
+    /// Host processes on the GPUs that belong to no reservation.
+    const UNOWNED: [u32; 2] = [500, 501];
+
+    type Kills = Arc<Mutex<Vec<u32>>>;
+
+    struct Recorder(Kills);
+
+    impl Signaller for Recorder {
+        fn start_time(&self, _pid: u32) -> Option<u64> {
+            Some(1)
+        }
+        fn kill(&mut self, pid: u32, _start: u64) -> Result<(), SignalError> {
+            self.0.lock().unwrap().push(pid);
+            Ok(())
+        }
+    }
+
+    fn fake_process(root: &Path, pid: u32, ns: u64, nspid: u32, cgroup: &str) {
+        let dir = root.join(pid.to_string());
+        std::fs::create_dir_all(dir.join("ns")).unwrap();
+        std::os::unix::fs::symlink(format!("pid:[{ns}]"), dir.join("ns/pid")).unwrap();
+        std::fs::write(
+            dir.join("status"),
+            format!("Name:\tburn\nPid:\t{pid}\nNSpid:\t{pid}\t{nspid}\n"),
+        )
+        .unwrap();
+        std::fs::write(dir.join("cgroup"), cgroup).unwrap();
+    }
+
+    fn uuid(g: usize) -> String {
+        format!("GPU-00000000-0000-0000-0000-{g:012}")
+    }
+
+    fn init_pid(s: usize) -> u32 {
+        10_000 + s as u32 * 10
+    }
+
+    fn pid_of(s: usize, k: usize) -> u32 {
+        init_pid(s) + 1 + k as u32
+    }
+
+    /// A node with [`SLICES`] bound container slices, each booked on every GPU with the
+    /// memory of `limits[s][g]`, their processes and the unowned ones in a fixture `/proc`.
+    fn node(dir: &Path, limits: &[[u64; GPUS]; SLICES]) -> (Roots, RegistryFile) {
+        let proc_root = dir.join("proc");
+        fake_process(&proc_root, 1, 4026531836, 1, "0::/\n");
+        std::os::unix::fs::symlink("1", proc_root.join("self")).unwrap();
+        for pid in UNOWNED {
+            fake_process(&proc_root, pid, 4026531836, pid, "0::/user.slice\n");
+        }
+        let mut file = RegistryFile {
+            inventory: Inventory {
+                gpus: (0..GPUS)
+                    .map(|g| Gpu {
+                        index: g as u32,
+                        uuid: uuid(g),
+                        model: "NVIDIA H200".into(),
+                        memory_total: 1 << 40,
+                        minor: g as u32,
+                        pci_bus_id: None,
+                        numa_node: None,
+                    })
+                    .collect(),
+            },
+            ..RegistryFile::default()
+        };
+        for (s, limit) in limits.iter().enumerate() {
+            let ns = 4026540000 + s as u64;
+            let id = format!("ctr{s}");
+            fake_process(&proc_root, init_pid(s), ns, 1, &format!("0::/{id}\n"));
+            for k in 0..PROCS {
+                fake_process(
+                    &proc_root,
+                    pid_of(s, k),
+                    ns,
+                    2 + k as u32,
+                    &format!("0::/{id}\n"),
+                );
+            }
+            // Through the registry's JSON: the form every version of the record reads.
+            let r = serde_json::json!({
+                "id": format!("{s:016x}"),
+                "state": "bound",
+                "owner": {
+                    "kind": "container",
+                    "container_id": id,
+                    "process": {"pid": init_pid(s), "start_time": 1, "boot_id": "b"},
+                },
+                "gpus": (0..GPUS).map(|g| serde_json::json!({
+                    "index": g, "uuid": uuid(g), "memory": limit[g], "cores": 0,
+                })).collect::<Vec<_>>(),
+                "created_ms": 0,
+                "bound_ms": 0,
+            });
+            file.reservations.push(serde_json::from_value(r).unwrap());
+        }
+        let state_dir = dir.join("state");
+        std::fs::create_dir_all(&state_dir).unwrap();
+        let roots = Roots {
+            state_dir,
+            proc_root,
+            cgroup_root: dir.join("cgroup"),
+        };
+        (roots, file)
+    }
+
+    /// Every GPU process of the node: (slice or `None` for unowned, pid).
+    fn all_pids() -> Vec<(Option<usize>, u32)> {
+        let mut v: Vec<(Option<usize>, u32)> = (0..SLICES)
+            .flat_map(|s| (0..PROCS).map(move |k| (Some(s), pid_of(s, k))))
+            .collect();
+        v.extend(UNOWNED.iter().map(|p| (None, *p)));
+        v
+    }
+
+    #[test]
+    fn the_process_that_took_its_slice_over_is_killed_and_no_other() {
+        let dir = tempfile::tempdir().unwrap();
+        let limits = [[4, 100], [4, 100], [4, 100]];
+        let (roots, file) = node(dir.path(), &limits);
+        let kills = Kills::default();
+        let mut e = Enforcer::new(
+            EnforceConfig::default(),
+            roots,
+            Box::new(Recorder(kills.clone())),
+            Throttles::default(),
+        );
+        let reading = |a: u64, b: u64| {
+            vec![GpuProcs {
+                uuid: uuid(0),
+                processes: vec![
+                    ProcFigures {
+                        pid: pid_of(0, 0),
+                        used: Some(a),
+                        sm: Some(10),
+                    },
+                    ProcFigures {
+                        pid: pid_of(0, 1),
+                        used: Some(b),
+                        sm: Some(10),
+                    },
+                    // Slice 1 is at its limit, and an unowned process holds a lot.
+                    ProcFigures {
+                        pid: pid_of(1, 0),
+                        used: Some(4),
+                        sm: Some(10),
+                    },
+                    ProcFigures {
+                        pid: UNOWNED[0],
+                        used: Some(1000),
+                        sm: Some(90),
+                    },
+                ],
+            }]
+        };
+        let t0 = Instant::now();
+        let out = e.cycle(&file, &reading(3, 0), t0);
+        assert!(
+            out.events.iter().all(|e| e.kind == EventKind::Unowned),
+            "{:?}",
+            out.events
+        );
+        e.cycle(&file, &reading(3, 3), t0 + Duration::from_millis(500));
+        assert!(kills.lock().unwrap().is_empty(), "within grace");
+        let out = e.cycle(&file, &reading(3, 3), t0 + Duration::from_millis(2500));
+        assert_eq!(*kills.lock().unwrap(), vec![pid_of(0, 1)]);
+        let kill = out
+            .events
+            .iter()
+            .find(|e| e.kind == EventKind::MemoryKill)
+            .unwrap();
+        assert_eq!(
+            (kill.slice_bytes, kill.limit_bytes, kill.process_bytes),
+            (Some(6), Some(4), Some(3))
+        );
+        assert_eq!(kill.reservation, format!("{:016x}", 0));
+        assert_eq!(out.unowned, vec![(uuid(0), 1)]);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Over random per-process figures on two GPUs shared by three slices and two
+        /// unowned processes: every kill hits a process of a slice that, on a GPU where the
+        /// process holds memory, was over its limit at that reading and had been over
+        /// since at least `grace` before; unowned processes are never killed; a killed
+        /// process is gone from later readings, as it is from the driver's.
+        #[test]
+        fn never_kills_a_process_of_a_slice_under_its_limit(
+            limits in prop::array::uniform3(prop::array::uniform2(1u64..60)),
+            grace_ms in 0u64..2000,
+            steps in proptest::collection::vec(
+                (
+                    1u64..1200,
+                    proptest::collection::vec(
+                        proptest::option::of(0u64..40),
+                        (SLICES * PROCS + UNOWNED.len()) * GPUS,
+                    ),
+                ),
+                1..30,
+            ),
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let (roots, file) = node(dir.path(), &limits);
+            let kills = Kills::default();
+            let cfg = EnforceConfig {
+                grace: Duration::from_millis(grace_ms),
+                ..EnforceConfig::default()
+            };
+            let mut e = Enforcer::new(cfg, roots, Box::new(Recorder(kills.clone())), Throttles::default());
+            let pids = all_pids();
+            let mut dead: HashSet<u32> = HashSet::new();
+            let mut over_since: HashMap<(usize, usize), Instant> = HashMap::new();
+            let mut now = Instant::now();
+            for (dt, figures) in steps {
+                now += Duration::from_millis(dt);
+                let mut gpus: Vec<GpuProcs> = (0..GPUS)
+                    .map(|g| GpuProcs { uuid: uuid(g), processes: Vec::new() })
+                    .collect();
+                // (slice, GPU) → bytes its live processes hold this reading.
+                let mut totals: HashMap<(usize, usize), u64> = HashMap::new();
+                for (i, used) in figures.iter().enumerate() {
+                    let (g, (owner, pid)) = (i % GPUS, pids[i / GPUS]);
+                    let Some(used) = *used else { continue };
+                    if dead.contains(&pid) {
+                        continue;
+                    }
+                    gpus[g].processes.push(ProcFigures { pid, used: Some(used), sm: Some(1) });
+                    if let Some(s) = owner {
+                        *totals.entry((s, g)).or_default() += used;
+                    }
+                }
+                for s in 0..SLICES {
+                    for g in 0..GPUS {
+                        if totals.get(&(s, g)).copied().unwrap_or(0) > limits[s][g] {
+                            over_since.entry((s, g)).or_insert(now);
+                        } else {
+                            over_since.remove(&(s, g));
+                        }
+                    }
+                }
+                let before = kills.lock().unwrap().len();
+                let out = e.cycle(&file, &gpus, now);
+                let new: Vec<u32> = kills.lock().unwrap()[before..].to_vec();
+                for pid in &new {
+                    let owner = pids.iter().find(|(_, p)| p == pid).and_then(|(o, _)| *o);
+                    prop_assert!(owner.is_some(), "killed unowned process {pid}");
+                    let s = owner.unwrap_or_default();
+                    let justified = (0..GPUS).any(|g| {
+                        let holds = gpus[g].processes.iter().any(|p| p.pid == *pid && p.used > Some(0));
+                        let over = totals.get(&(s, g)).copied().unwrap_or(0) > limits[s][g];
+                        let long = over_since
+                            .get(&(s, g))
+                            .is_some_and(|t| now.duration_since(*t) >= Duration::from_millis(grace_ms));
+                        holds && over && long
+                    });
+                    prop_assert!(
+                        justified,
+                        "killed {pid} of slice {s}: totals {totals:?}, limits {:?}, over since {over_since:?}",
+                        limits[s]
+                    );
+                    dead.insert(*pid);
+                }
+                let killed_events = out.events.iter().filter(|e| e.kind == EventKind::MemoryKill).count();
+                prop_assert_eq!(killed_events, new.len());
+            }
+        }
+    }
+}

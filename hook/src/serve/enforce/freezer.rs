@@ -1,9 +1,17 @@
 //! The container's cgroup freezer, behind a seam, with the cgroup root as a parameter: on
 //! a cgroup v1 (or hybrid) host the `freezer` hierarchy's `freezer.state` (`FROZEN` /
 //! `THAWED`), on a unified (v2) host the cgroup's `cgroup.freeze` (`1` / `0`). A process's
-//! cgroup comes from `/proc/<pid>/cgroup`, which the host writes.
+//! cgroup comes from `/proc/<pid>/cgroup`, which the host writes. The files the duty cycle
+//! holds are recorded in the state dir ([`HELD_FILE`]), so an enforcer started after one
+//! that was stopped mid-period thaws what it left frozen (a frozen container shows no use,
+//! so nothing else would ever throttle, and so thaw, it again).
 
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// File in the state dir naming the freezer files under a duty cycle now.
+pub const HELD_FILE: &str = "enforcer-throttled.json";
 
 /// A freezer that cannot be found or written.
 #[derive(Debug, thiserror::Error)]
@@ -22,10 +30,19 @@ pub enum FreezeError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("cannot record the throttled cgroups in {path}: {detail}")]
+    Record { path: PathBuf, detail: String },
+    #[error("{path}: `{file}` is not a freezer file under {root}; left alone")]
+    Foreign {
+        path: PathBuf,
+        file: PathBuf,
+        root: PathBuf,
+    },
 }
 
 /// One container's freezer control file.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum FreezerFile {
     /// `<root>/freezer/<path>/freezer.state`.
     V1(PathBuf),
@@ -63,6 +80,84 @@ impl Freezer for CgroupFreezer {
             source,
         })
     }
+}
+
+impl FreezerFile {
+    /// Whether this names a freezer control file below `cgroup_root`, with no `..` on the
+    /// way (what a recorded file must be before it is written).
+    fn is_under(&self, cgroup_root: &Path) -> bool {
+        let name = match self {
+            FreezerFile::V1(_) => "freezer.state",
+            FreezerFile::V2(_) => "cgroup.freeze",
+        };
+        let p = self.path();
+        p.starts_with(cgroup_root)
+            && p.file_name().is_some_and(|n| n == name)
+            && p.components()
+                .all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
+    }
+}
+
+/// Records `held` as the freezer files under a duty cycle, replacing the record
+/// atomically (no file when none is held).
+pub fn record_held(state_dir: &Path, held: &[FreezerFile]) -> Result<(), FreezeError> {
+    let path = state_dir.join(HELD_FILE);
+    let err = |detail: String| FreezeError::Record {
+        path: path.clone(),
+        detail,
+    };
+    if held.is_empty() {
+        return match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(err(e.to_string())),
+            _ => Ok(()),
+        };
+    }
+    let text = serde_json::to_vec(held).map_err(|e| err(e.to_string()))?;
+    gpuslice_fsutil::atomic_write(&path, &text, 0o600).map_err(|e| err(e.to_string()))
+}
+
+/// Thaws what the record of an earlier run names (files that are not freezer files under
+/// `cgroup_root` are left alone) and removes the record; the problems met, as errors.
+pub fn thaw_held(
+    state_dir: &Path,
+    cgroup_root: &Path,
+    freezer: &mut dyn Freezer,
+) -> Vec<FreezeError> {
+    let path = state_dir.join(HELD_FILE);
+    let text = match std::fs::read(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
+        Err(source) => return vec![FreezeError::Read { path, source }],
+    };
+    let mut errors = Vec::new();
+    match serde_json::from_slice::<Vec<FreezerFile>>(&text) {
+        Ok(files) => {
+            for f in files {
+                if !f.is_under(cgroup_root) {
+                    errors.push(FreezeError::Foreign {
+                        path: path.clone(),
+                        file: f.path().to_path_buf(),
+                        root: cgroup_root.to_path_buf(),
+                    });
+                    continue;
+                }
+                // A container gone since has no freezer left to thaw.
+                if f.path().exists() {
+                    if let Err(e) = freezer.set(&f, false) {
+                        errors.push(e);
+                    }
+                }
+            }
+        }
+        Err(e) => errors.push(FreezeError::Record {
+            path: path.clone(),
+            detail: format!("unreadable ({e}); nothing thawed"),
+        }),
+    }
+    if let Err(e) = record_held(state_dir, &[]) {
+        errors.push(e);
+    }
+    errors
 }
 
 fn clean(cgroup: &str) -> bool {
@@ -165,6 +260,48 @@ mod tests {
             freezer_of("0::/u\n", r, Path::new("/p")).unwrap(),
             FreezerFile::V2(r.join("unified/u/cgroup.freeze"))
         );
+    }
+
+    #[test]
+    fn what_an_earlier_run_held_is_thawed_at_start_and_foreign_files_are_left_alone() {
+        let root = tempfile::tempdir().unwrap();
+        let state = tempfile::tempdir().unwrap();
+        let cg = root.path();
+        std::fs::create_dir_all(cg.join("freezer/c1")).unwrap();
+        std::fs::write(cg.join("freezer/c1/freezer.state"), "FROZEN").unwrap();
+        let held = vec![
+            FreezerFile::V1(cg.join("freezer/c1/freezer.state")),
+            // Gone since: nothing to thaw, no error.
+            FreezerFile::V1(cg.join("freezer/c2/freezer.state")),
+        ];
+        record_held(state.path(), &held).unwrap();
+        let other = state.path().join("other");
+        std::fs::write(&other, "keep").unwrap();
+        // A record naming something else: refused, never written.
+        let mut text: Vec<FreezerFile> = held.clone();
+        text.push(FreezerFile::V1(other.clone()));
+        text.push(FreezerFile::V2(cg.join("x/../../etc/cgroup.freeze")));
+        std::fs::write(
+            state.path().join(HELD_FILE),
+            serde_json::to_vec(&text).unwrap(),
+        )
+        .unwrap();
+        let errors = thaw_held(state.path(), cg, &mut CgroupFreezer);
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(errors
+            .iter()
+            .all(|e| matches!(e, FreezeError::Foreign { .. })));
+        assert_eq!(
+            std::fs::read_to_string(cg.join("freezer/c1/freezer.state")).unwrap(),
+            "THAWED"
+        );
+        assert_eq!(std::fs::read_to_string(&other).unwrap(), "keep");
+        assert!(!state.path().join(HELD_FILE).exists(), "record removed");
+        assert!(thaw_held(state.path(), cg, &mut CgroupFreezer).is_empty());
+        // An unreadable record is an error naming it.
+        std::fs::write(state.path().join(HELD_FILE), "{").unwrap();
+        let e = thaw_held(state.path(), cg, &mut CgroupFreezer);
+        assert!(e[0].to_string().contains(HELD_FILE), "{e:?}");
     }
 
     #[test]

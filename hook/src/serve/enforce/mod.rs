@@ -100,6 +100,14 @@ pub fn start(node: &Node) -> Result<Shared, EnforceError> {
         };
     }
     let throttles = Throttles::default();
+    // What an earlier run left frozen (stopped mid-period) is thawed before anything else.
+    for e in freezer::thaw_held(
+        &state_dir,
+        std::path::Path::new(CGROUP_ROOT),
+        &mut freezer::CgroupFreezer,
+    ) {
+        eprintln!("gpuslice serve: enforcer: {e}");
+    }
     let roots = Roots {
         state_dir: state_dir.clone(),
         proc_root: PathBuf::from(crate::serve::PROC_ROOT),
@@ -112,9 +120,17 @@ pub fn start(node: &Node) -> Result<Shared, EnforceError> {
         throttles.clone(),
     );
     let t = throttles.clone();
+    let held_dir = state_dir.clone();
     std::thread::Builder::new()
         .name("gpuslice-freezer".into())
-        .spawn(move || dutycycle::run(t, Box::new(freezer::CgroupFreezer), dutycycle::PERIOD))
+        .spawn(move || {
+            dutycycle::run(
+                t,
+                Box::new(freezer::CgroupFreezer),
+                dutycycle::PERIOD,
+                &held_dir,
+            )
+        })
         .map_err(|source| EnforceError::Thread {
             name: "freezer",
             source,
