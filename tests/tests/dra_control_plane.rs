@@ -170,6 +170,13 @@ fn device<'a>(slice: &'a Value, device: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no device {device} in {slice}"))
 }
 
+/// The field names of a JSON object (none for anything else).
+fn keys(v: &Value) -> BTreeSet<&str> {
+    v.as_object()
+        .map(|o| o.keys().map(String::as_str).collect())
+        .unwrap_or_default()
+}
+
 fn quantity(v: &Value) -> u64 {
     let s = v.as_str().unwrap_or_else(|| panic!("not a quantity: {v}"));
     parse_whole(s).unwrap_or_else(|e| panic!("{e}"))
@@ -319,6 +326,76 @@ fn the_scheduler_places_slices_the_plugins_publish_and_prepare_enforces_them() {
             );
             assert_eq!(d["capacity"]["memory"]["value"], memory, "{d}");
             assert_eq!(d["capacity"]["cores"]["value"], "100", "{d}");
+        }
+    }
+    // Exactly the shape docs/kubernetes-dra.md ("What kubectl shows") documents, as the API
+    // server returns it: no field more or less in the spec, the slice owned by its Node.
+    for (name, s) in &slices {
+        assert_eq!(s["metadata"]["name"], format!("{name}-gpuslice.io"), "{s}");
+        let owners = s["metadata"]["ownerReferences"].as_array().unwrap();
+        assert_eq!(owners.len(), 1, "{s}");
+        assert_eq!(
+            keys(&owners[0]),
+            keys(&json!({"apiVersion": 0, "controller": 0, "kind": 0, "name": 0, "uid": 0})),
+            "{s}"
+        );
+        assert_eq!(
+            (
+                &owners[0]["apiVersion"],
+                &owners[0]["kind"],
+                &owners[0]["name"],
+                &owners[0]["controller"]
+            ),
+            (&json!("v1"), &json!("Node"), &json!(name), &json!(true)),
+            "{s}"
+        );
+        assert_eq!(
+            keys(&s["spec"]),
+            keys(&json!({"devices": 0, "driver": 0, "nodeName": 0, "pool": 0})),
+            "{s}"
+        );
+        assert_eq!(s["spec"]["driver"], "gpuslice.io", "{s}");
+        assert_eq!(
+            keys(&s["spec"]["pool"]),
+            keys(&json!({"generation": 0, "name": 0, "resourceSliceCount": 0})),
+            "{s}"
+        );
+        assert_eq!(s["spec"]["pool"]["resourceSliceCount"], 1, "{s}");
+        for d in s["spec"]["devices"].as_array().unwrap() {
+            assert_eq!(
+                keys(d),
+                keys(
+                    &json!({"allowMultipleAllocations": 0, "attributes": 0, "capacity": 0, "name": 0})
+                ),
+                "{d}"
+            );
+            // The simulated inventory knows the NUMA node (0), as a real node's sysfs does.
+            assert_eq!(
+                d["attributes"],
+                json!({
+                    "index": {"int": d["attributes"]["index"]["int"]},
+                    "productName": {"string": d["attributes"]["productName"]["string"]},
+                    "resource.kubernetes.io/numaNode": {"int": 0},
+                    "uuid": {"string": d["attributes"]["uuid"]["string"]},
+                }),
+                "{d}"
+            );
+            let memory = &d["capacity"]["memory"]["value"];
+            let cores = &d["capacity"]["cores"]["value"];
+            assert_eq!(
+                d["capacity"],
+                json!({
+                    "cores": {"value": cores, "requestPolicy": {
+                        "default": "0",
+                        "validRange": {"max": cores, "min": "0", "step": "1"},
+                    }},
+                    "memory": {"value": memory, "requestPolicy": {
+                        "default": memory,
+                        "validRange": {"max": memory, "min": "1Mi", "step": "1Mi"},
+                    }},
+                }),
+                "{d}"
+            );
         }
     }
 
