@@ -203,13 +203,13 @@ fn bookings(
     out
 }
 
-/// The exporter series of a claim's slice on GPU `uuid`: the claim's reservation carries its
-/// namespace and no pod, and its memory limit is the claim's consumed memory. `None` when no
-/// series, or more than one, fits (two claims of one namespace with the same size on one GPU
-/// cannot be told apart from the exporter's labels).
+/// The exporter series of a claim's slice on GPU `uuid` (GPU UUIDs are unique, so the join
+/// needs no node name, which the exporter may spell as the host name): the claim's
+/// reservation carries its namespace and no pod, and its memory limit is the claim's consumed
+/// memory. `None` when no series, or more than one, fits (two claims of one namespace with the
+/// same size on one GPU cannot be told apart from the exporter's labels).
 pub fn claim_series<'a>(
     usage: &'a Usage,
-    node: &str,
     uuid: &str,
     claim: &ClaimOnGpu,
 ) -> Option<&'a SliceUsage> {
@@ -217,7 +217,6 @@ pub fn claim_series<'a>(
         s.uuid == uuid
             && s.pod.is_empty()
             && s.namespace == claim.namespace
-            && (s.node.is_empty() || s.node == node)
             && s.memory_limit == Some(claim.memory)
     });
     let first = found.next()?;
@@ -276,7 +275,7 @@ pub fn build(src: &Sources, namespaces: Option<&BTreeSet<String>>) -> Model {
             let mut idle_slices = gpu_usage.map(|_| 0);
             if let Some(u) = usage.filter(|_| gpu_usage.is_some()) {
                 for c in &mut claims {
-                    c.idle = claim_series(u, pool, &uuid, c).and_then(is_idle);
+                    c.idle = claim_series(u, &uuid, c).and_then(is_idle);
                     if c.idle == Some(true) {
                         idle_slices = idle_slices.map(|n| n + 1);
                     }
@@ -430,7 +429,7 @@ fn container_slices(
                 else {
                     continue;
                 };
-                let series = usage.and_then(|u| claim_series(u, &g.node, &g.uuid, c));
+                let series = usage.and_then(|u| claim_series(u, &g.uuid, c));
                 for container in containers {
                     out.push(ContainerSlice {
                         namespace: namespace.clone(),
@@ -775,12 +774,18 @@ pub(crate) mod tests {
             pods: vec![],
             idle: None,
         };
-        assert!(claim_series(&u, "node-a", "GPU-NVIDIA-H200-0", &c).is_none());
-        assert!(claim_series(&u, "node-a", "GPU-NVIDIA-H200-1", &c).is_some());
-        assert!(
-            claim_series(&u, "node-b", "GPU-NVIDIA-H200-1", &c).is_none(),
-            "another node's series"
-        );
+        assert!(claim_series(&u, "GPU-NVIDIA-H200-0", &c).is_none());
+        assert!(claim_series(&u, "GPU-NVIDIA-H200-1", &c).is_some());
+        let other_ns = ClaimOnGpu {
+            namespace: "web".into(),
+            ..c.clone()
+        };
+        assert!(claim_series(&u, "GPU-NVIDIA-H200-1", &other_ns).is_none());
+        let other_size = ClaimOnGpu {
+            memory: 11 * GIB,
+            ..c
+        };
+        assert!(claim_series(&u, "GPU-NVIDIA-H200-1", &other_size).is_none());
     }
 
     pub fn pod(ns: &str, name: &str, entry: &str, claim: &str, containers: &[(&str, bool)]) -> Pod {

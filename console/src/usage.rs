@@ -31,6 +31,8 @@ pub enum UsageError {
         status: u16,
         body: String,
     },
+    #[error("Prometheus at {url} has no gpuslice_gpu_* series: it scrapes no `gpuslice serve` (docs/observability.md)")]
+    NoSeries { url: String },
     #[error("Prometheus at {url} answered no vector ({detail})")]
     Answer { url: String, detail: String },
 }
@@ -228,7 +230,72 @@ pub async fn query(base: &str, promql: &str) -> Result<Vec<Sample>, UsageError> 
         .map_err(|_| unreachable(format!("no answer within {}s", TIMEOUT.as_secs())))?
 }
 
-/// The use the console shows, from the Prometheus at `base`.
+/// The use the console shows, from the Prometheus at `base`. A Prometheus without any of
+/// the exporter's GPU series is not a source of use (it scrapes no `gpuslice serve`).
 pub async fn fetch(base: &str) -> Result<Usage, UsageError> {
-    Ok(fold(&query(base, QUERY).await?))
+    let usage = fold(&query(base, QUERY).await?);
+    if usage.gpus.is_empty() {
+        return Err(UsageError::NoSeries {
+            url: base.to_string(),
+        });
+    }
+    Ok(usage)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_real_answer_folds_into_gpu_and_slice_figures() {
+        let body = include_str!("../tests/data/prometheus-answer.json");
+        let samples = parse_answer("http://p", body.as_bytes()).unwrap();
+        let u = fold(&samples);
+        assert_eq!(u.gpus.len(), 2);
+        let g = &u.gpus["GPU-371d38fa-b643-52bd-b498-5aaafe5093ad"];
+        assert_eq!((g.memory_used, g.utilization), (Some(0), Some(0.0)));
+        assert_eq!(u.slices.len(), 1);
+        let sl = &u.slices[0];
+        assert_eq!(sl.namespace, "default");
+        assert_eq!(
+            sl.pod, "",
+            "an empty label is absent in Prometheus's answer"
+        );
+        assert_eq!(sl.memory_limit, Some(20 << 30));
+        assert_eq!((sl.memory_used, sl.nvml_memory_used), (Some(0), Some(0)));
+        assert_eq!((sl.compute_limit, sl.compute_used), (Some(0.3), Some(0.0)));
+    }
+
+    #[test]
+    fn errors_and_other_answers_are_refused_with_the_url() {
+        let e = parse_answer("http://p", br#"{"status":"error","error":"bad query"}"#).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "Prometheus at http://p answered no vector (bad query)"
+        );
+        let e = parse_answer(
+            "http://p",
+            br#"{"status":"success","data":{"resultType":"matrix","result":[]}}"#,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("result type matrix"), "{e}");
+        assert!(parse_answer("http://p", b"<html>").is_err());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        for bad in ["https://p:9090", "p:9090", "ftp://x"] {
+            let e = rt.block_on(fetch(bad)).unwrap_err().to_string();
+            assert!(e.contains("accepted: http://HOST:PORT"), "{e}");
+        }
+        // Nothing listens on port 1.
+        let e = rt
+            .block_on(fetch("http://127.0.0.1:1"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("Prometheus at http://127.0.0.1:1 is unreachable"),
+            "{e}"
+        );
+    }
 }

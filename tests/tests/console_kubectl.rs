@@ -673,3 +673,194 @@ fn kubectl_gpuslice_shows_the_registry_and_allocates_workloads() {
     drop(plugins);
     cluster.down();
 }
+
+/// A Prometheus server (Debian's `prometheus`) scraping one target every second, on a free
+/// port of 127.0.0.1; killed when dropped.
+struct Prometheus {
+    child: std::process::Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Prometheus {
+    fn start(target: std::net::SocketAddr) -> Prometheus {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\nscrape_configs:\n- job_name: gpuslice\n  honor_labels: true\n  static_configs: [{{targets: ['{target}']}}]\n"
+            ),
+        )
+        .unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let log = std::fs::File::create(dir.path().join("prometheus.log")).unwrap();
+        let child = Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect(
+                "start prometheus (Debian package prometheus; scripts/install-deps.sh installs it)",
+            );
+        Prometheus {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            _dir: dir,
+        }
+    }
+
+    /// `curl URL/path`.
+    fn get(&self, path: &str) -> String {
+        let out = Command::new("curl")
+            .args(["-sS", "--max-time", "10"])
+            .arg(format!("{}{path}", self.url))
+            .output()
+            .expect("curl");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self._dir.path().join("prometheus.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+#[ignore = "starts a real Kubernetes control plane, a plugin, gpuslice serve and Prometheus; the README's test command runs it"]
+fn used_figures_come_from_prometheus_scraping_the_exporter() {
+    use gpuslice_e2e::kubelet::claim as kubelet_claim;
+    use gpuslice_e2e::serve::{value, Exporter};
+
+    let _s = serial();
+    let mut cluster = KubeCluster::up();
+    let node = TestNode::with_models(&[("NVIDIA H200", "141Gi"), ("NVIDIA H200", "141Gi")]);
+    cluster.add_node("node-a");
+    let plugin_process = KubeletPlugin::start(&cluster, "node-a", &node);
+    wait_for("the ResourceSlice of node-a", STEP, || {
+        slice_of(&cluster, "node-a")
+    });
+    let class = workspace().join("packaging/kubernetes/dra/deviceclass.yaml");
+    cluster.kubectl(&["create", "-f", &class.display().to_string()]);
+    cluster
+        .create(&resource_claim("train", 1, "20Gi", "30", None))
+        .unwrap();
+    cluster.create(&pod("train", "train")).unwrap();
+    wait_bound(&cluster, "train");
+    let claim = cluster.get_json(&["resourceclaim", "train", "-n", NS]);
+    let uid = claim["metadata"]["uid"].as_str().unwrap().to_string();
+    let device = claim["status"]["allocation"]["devices"]["results"][0]["device"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // The kubelet's prepare books the claim's slice on the node: the exporter shows it.
+    let mut kubelet = plugin_process.kubelet();
+    let answer = kubelet.prepare(kubelet_claim(NS, "train", &uid)).unwrap();
+    assert_eq!(answer.error, "", "{}", plugin_process.log_text());
+
+    // Unreachable: n/a and one warning line naming it, never zeros.
+    let out = plugin(&cluster, &["pods", "--prometheus", "http://127.0.0.1:1"]);
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("n/a") && stderr.contains("http://127.0.0.1:1 is unreachable"),
+        "{stderr}"
+    );
+    let table = String::from_utf8_lossy(&out.stdout);
+    let row = table.lines().find(|l| l.starts_with("train")).unwrap();
+    assert!(row.contains("n/a") && !row.contains("0 (0%)"), "{table}");
+
+    let exporter = Exporter::start(&node);
+    let prometheus = Prometheus::start(exporter.addr);
+    let url = prometheus.url.clone();
+    // Once Prometheus has scraped the exporter, the used figures are the exporter's.
+    let deadline = std::time::Instant::now() + STEP;
+    let pods = loop {
+        let out = plugin(&cluster, &["pods", "-o", "json", "--prometheus", &url]);
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        if v["pods"][0]["memoryUsed"].is_u64() && v["usageUnavailable"].is_null() {
+            break v;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "Prometheus at {url} never had the exporter's slice series: {v}\n{}\nexporter:\n{}\nprometheus log:\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            exporter.text(),
+            prometheus.get("/api/v1/query?query=%7B__name__%3D~%22gpuslice_(slice%7Cgpu_memory_used).*%22%7D")
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let series = exporter.scrape();
+    let uuid = node.uuid(device.strip_prefix("gpu-").unwrap().parse().unwrap());
+    let want = |name: &str| {
+        value(&series, name, &[("uuid", uuid.as_str()), ("namespace", NS)])
+            .unwrap_or_else(|| panic!("no {name} for {uuid} in the exporter's scrape"))
+            as u64
+    };
+    let p = &pods["pods"][0];
+    assert_eq!(
+        (p["pod"].as_str(), p["container"].as_str()),
+        (Some("train"), Some("main"))
+    );
+    assert_eq!(p["memoryLimit"], 20 * GIB);
+    assert_eq!(p["memoryLimit"], want("gpuslice_slice_memory_limit_bytes"));
+    assert_eq!(
+        p["memoryUsed"],
+        want("gpuslice_slice_memory_used_bytes"),
+        "{p}"
+    );
+    assert_eq!(
+        p["memoryUsedDriver"],
+        want("gpuslice_slice_nvml_memory_used_bytes"),
+        "{p}"
+    );
+    let (gpus, warning) = plugin_ok(&cluster, &["gpus", "-o", "json", "--prometheus", &url]);
+    assert!(warning.is_empty(), "{warning}");
+    let gpus: Value = serde_json::from_str(&gpus).unwrap();
+    for g in gpus["gpus"].as_array().unwrap() {
+        let u = g["uuid"].as_str().unwrap();
+        let used = value(&series, "gpuslice_gpu_memory_used_bytes", &[("uuid", u)]).unwrap();
+        let util = value(&series, "gpuslice_gpu_utilization_ratio", &[("uuid", u)]).unwrap();
+        assert_eq!(g["memory"]["used"], used as u64, "{g}");
+        assert_eq!(g["cores"]["used"], (util * 100.0).round() as u64, "{g}");
+    }
+    // The claim's slice holds 20Gi and no process uses it: idle.
+    let held = gpus["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["device"] == device.as_str())
+        .unwrap();
+    assert_eq!(held["claims"][0]["name"], "train", "{held}");
+    assert_eq!(held["claims"][0]["idle"], true, "{held}");
+    assert_eq!(held["idleSlices"], 1, "{held}");
+    let (table, _) = plugin_ok(&cluster, &["pods", "--prometheus", &url]);
+    eprintln!("kubectl gpuslice pods --prometheus {url}:\n{table}");
+    let (table, _) = plugin_ok(&cluster, &["nodes", "-o", "wide", "--prometheus", &url]);
+    eprintln!("kubectl gpuslice nodes -o wide --prometheus {url}:\n{table}");
+    assert!(!table.contains("n/a"), "{table}\n{}", prometheus.log());
+
+    let answer = kubelet.unprepare(kubelet_claim(NS, "train", &uid)).unwrap();
+    assert_eq!(answer.error, "");
+    drop(prometheus);
+    drop(exporter);
+    drop(plugin_process);
+    cluster.down();
+}

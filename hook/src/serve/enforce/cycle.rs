@@ -609,9 +609,9 @@ mod tests {
                         *totals.entry((s, g)).or_default() += used;
                     }
                 }
-                for s in 0..SLICES {
-                    for g in 0..GPUS {
-                        if totals.get(&(s, g)).copied().unwrap_or(0) > limits[s][g] {
+                for (s, limit) in limits.iter().enumerate() {
+                    for (g, limit) in limit.iter().enumerate() {
+                        if totals.get(&(s, g)).copied().unwrap_or(0) > *limit {
                             over_since.entry((s, g)).or_insert(now);
                         } else {
                             over_since.remove(&(s, g));
