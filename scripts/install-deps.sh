@@ -6,7 +6,7 @@ set -euo pipefail
 PACKAGES=(
   runc podman containerd        # container engines driven by the end-to-end tests and the demo
   debootstrap                   # Debian bullseye rootfs for the shim's old-glibc test
-  prometheus                    # promtool checks the exporter's output
+  prometheus                    # promtool checks the exporter's output; the console test's Prometheus server
   hyperfine                     # whole-process benchmarks
   jq busybox-static             # test images and JSON checks
   gcc libc6-dev binutils        # linking, fixture libraries, objdump
