@@ -42,6 +42,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# shellcheck source=scripts/lib/bench-node.sh
 . scripts/lib/bench-node.sh
 bench_node_config "$work" "$portable" >"$work/config.toml"
 "$bin" --config "$work/config.toml" cdi generate --sim-driver "$portable" >/dev/null
