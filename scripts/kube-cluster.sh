@@ -178,8 +178,8 @@ check_bin_dir() {
 NODE_SRC="$REPO/tests/node"
 NODE_CACHE_ROOT="${GPUSLICE_NODE_CACHE:-/var/cache/gpuslice/node}"
 # Node components in start order; stopped in reverse before the control plane.
-NODE_COMPONENTS=(containerd kubelet gpuslice-kubelet-plugin gpuslice-registrar)
-NODE_BINARIES=(containerd ctr containerd-shim-runc-v2 gpuslice-registrar)
+NODE_COMPONENTS=(containerd kubelet gpuslice-kubelet-plugin)
+NODE_BINARIES=(containerd ctr containerd-shim-runc-v2)
 CNI_BIN_DIR=/usr/lib/cni
 CNI_BRIDGE=gskube0
 CNI_SUBNET=10.244.77.0/24
@@ -199,7 +199,7 @@ NODE_TAGS="no_btrfs no_devmapper no_zfs"
 node_cache_key() {
   local go="$1" release="$2"
   {
-    (cd "$NODE_SRC" && sha256sum go.mod go.sum registrar/go.mod registrar/go.sum registrar/*.go)
+    (cd "$NODE_SRC" && sha256sum go.mod go.sum)
     node_ldflags "$release"
     echo "CGO_ENABLED=0 $NODE_TAGS"
     printf '%s\n' "${NODE_BINARIES[@]}"
@@ -240,13 +240,11 @@ build_node_binaries() {
     tmp="$(mktemp -d "$NODE_CACHE_ROOT/.build.XXXXXX")"
     chmod 755 "$tmp"
     start=$(date +%s)
-    log "building containerd $release (containerd, ctr, containerd-shim-runc-v2) and the registrar into $entry (first run only)"
+    log "building containerd $release (containerd, ctr, containerd-shim-runc-v2) into $entry (first run only)"
     if ! (cd "$NODE_SRC" && CGO_ENABLED=0 "$go" build -mod=readonly -trimpath -tags "$NODE_TAGS" \
       -ldflags "$(node_ldflags "$release")" -o "$tmp/bin/" \
       github.com/containerd/containerd/v2/cmd/containerd github.com/containerd/containerd/v2/cmd/ctr \
-      github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 &&
-      cd registrar && CGO_ENABLED=0 "$go" build -mod=readonly -trimpath -ldflags "-s -w" \
-        -o "$tmp/bin/gpuslice-registrar" .) >&2; then
+      github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2) >&2; then
       rm -rf "$tmp"
       die "building containerd from $NODE_SRC failed (see above)"
     fi
@@ -548,30 +546,25 @@ extendedKeyUsage=clientAuth"
   port="$(free_port)"
   healthz="$(free_port)"
   write_kubelet_config "$ip" "$port" "$healthz"
-  mkdir -p "$NODE/kubelet" "$NODE/pod-logs" "$NODE/plugin-registration"
+  mkdir -p "$NODE/kubelet" "$NODE/pod-logs"
   start kubelet "$BIN/kubelet" --config "$NODE/kubelet-config.yaml" \
     --kubeconfig "$NODE/kubelet.kubeconfig" --root-dir "$NODE/kubelet" \
     --cert-dir "$NODE/kubelet/pki" --hostname-override "$name" --node-ip "$ip" \
     --node-labels nvidia.com/gpu.present=true --v 2
   wait_for kubelet "making Node $name Ready" node_ready "$name"
 
-  # The plugin's own registration socket goes to a directory the kubelet does not watch: the
-  # kubelet's registration client sends the socket path as HTTP/2 :authority, which the
-  # plugin's gRPC server (tonic on h2) refuses with PROTOCOL_ERROR. gpuslice-registrar (Go,
-  # tests/node/registrar) registers the plugin's DRA socket instead, like CSI's
-  # node-driver-registrar; the kubelet's DRA calls then go to the plugin itself.
+  # The plugin registers itself with the kubelet through the kubelet's plugin watcher
+  # directory, as on a real node (its registration socket accepts the kubelet's socket-path
+  # :authority: kube/plugin/src/authority.rs).
   start gpuslice-kubelet-plugin "$GBIN/gpuslice" --config "$NODE_CONFIG" kubelet-plugin \
     --node-name "$name" --kubeconfig "$DIR/kubeconfig" \
     --plugin-dir "$NODE/kubelet/plugins/gpuslice.io" \
-    --registration-dir "$NODE/plugin-registration"
+    --registration-dir "$NODE/kubelet/plugins_registry"
   wait_for gpuslice-kubelet-plugin "publishing the ResourceSlice of $name" node_slice "$name"
   wait_for gpuslice-kubelet-plugin "serving $NODE/kubelet/plugins/gpuslice.io/dra.sock" \
     test -S "$NODE/kubelet/plugins/gpuslice.io/dra.sock"
-  start gpuslice-registrar "$NODE_BIN/gpuslice-registrar" --driver gpuslice.io \
-    --registration-dir "$NODE/kubelet/plugins_registry" \
-    --endpoint "$NODE/kubelet/plugins/gpuslice.io/dra.sock"
-  wait_for gpuslice-registrar "being registered by the kubelet" \
-    grep -q "NotifyRegistrationStatus: registered=true" "$DIR/logs/gpuslice-registrar.log"
+  wait_for gpuslice-kubelet-plugin "being registered by the kubelet" \
+    grep -q "registered with the kubelet" "$DIR/logs/gpuslice-kubelet-plugin.log"
   kubectl_admin apply -f "$REPO/packaging/kubernetes/dra/deviceclass.yaml" \
     -f "$REPO/packaging/kubernetes/runtimeclass.yaml" >"$DIR/logs/node-objects.log" 2>&1 ||
     node_die "applying the DeviceClass and RuntimeClass failed: $(cat "$DIR/logs/node-objects.log")"
@@ -617,7 +610,6 @@ drain_node() {
 stop_node() {
   NODE="$DIR/node"
   [ -d "$NODE" ] || return 0
-  stop_one gpuslice-registrar
   stop_one gpuslice-kubelet-plugin
   stop_one kubelet
   if alive containerd; then

@@ -154,6 +154,20 @@ impl KubeNode {
         .unwrap_or_else(|| panic!("no {marker:?} in the log of pod {name}: {last}"))
     }
 
+    /// Waits until the plugin's log says it was registered with the kubelet `times` times in
+    /// all (through its own registration socket, as on a real node); returns the log.
+    pub fn wait_registered(&self, times: usize) -> String {
+        let log = self.cluster.dir().join("logs").join("gpuslice-kubelet-plugin.log");
+        let mut last = String::new();
+        wait_for_or(STEP, || {
+            last = std::fs::read_to_string(&log).unwrap_or_default();
+            (last.matches("registered with the kubelet").count() >= times).then(|| last.clone())
+        })
+        .unwrap_or_else(|| {
+            panic!("the kubelet did not register the plugin {times} times: {}", log.display())
+        })
+    }
+
     /// Deletes pod `name` and waits until the API server no longer has it.
     pub fn delete_pod(&self, name: &str) {
         self.cluster

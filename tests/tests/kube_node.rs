@@ -384,9 +384,13 @@ fn plugin_and_kubelet_restarts_lose_nothing() {
     let claim = claim_of(&kn, &p);
     let cid = p["status"]["containerStatuses"][0]["containerID"].clone();
     let booked = bookings(&node);
+    kn.wait_registered(1);
 
-    for component in ["gpuslice-kubelet-plugin", "kubelet"] {
+    // Each restart ends with the kubelet registering the plugin's own socket again (the
+    // plugin's new socket, or the restarted kubelet's walk of its plugin directory).
+    for (times, component) in [(2, "gpuslice-kubelet-plugin"), (3, "kubelet")] {
         kn.restart(component);
+        kn.wait_registered(times);
         kn.wait_ready();
         let p = kn.wait_running("kept");
         assert_eq!(
