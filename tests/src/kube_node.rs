@@ -157,14 +157,21 @@ impl KubeNode {
     /// Waits until the plugin's log says it was registered with the kubelet `times` times in
     /// all (through its own registration socket, as on a real node); returns the log.
     pub fn wait_registered(&self, times: usize) -> String {
-        let log = self.cluster.dir().join("logs").join("gpuslice-kubelet-plugin.log");
+        let log = self
+            .cluster
+            .dir()
+            .join("logs")
+            .join("gpuslice-kubelet-plugin.log");
         let mut last = String::new();
         wait_for_or(STEP, || {
             last = std::fs::read_to_string(&log).unwrap_or_default();
             (last.matches("registered with the kubelet").count() >= times).then(|| last.clone())
         })
         .unwrap_or_else(|| {
-            panic!("the kubelet did not register the plugin {times} times: {}", log.display())
+            panic!(
+                "the kubelet did not register the plugin {times} times: {}",
+                log.display()
+            )
         })
     }
 
