@@ -12,13 +12,14 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use gpuslice_e2e::kube::{wait_for, KubeCluster};
 use gpuslice_e2e::kubelet::{claim as kubelet_claim, Kubelet};
+use gpuslice_e2e::kubelet_plugin::{slice_of, KubeletPlugin};
 use gpuslice_e2e::runc::{run_detached, runtime, Bundle, RUNC_ROOT};
-use gpuslice_e2e::{bin, env::workspace, serial, TestNode};
+use gpuslice_e2e::{env::workspace, serial, TestNode};
 use gpuslice_kube::quantity::parse_whole;
 use serde_json::{json, Value};
 
@@ -30,78 +31,6 @@ const NS: &str = "default";
 const GIB: u64 = 1 << 30;
 /// How long the control plane gets for one step (scheduling, slice publication).
 const STEP: Duration = Duration::from_secs(90);
-
-/// One `gpuslice kubelet-plugin` process; killed when dropped.
-struct Plugin {
-    child: Child,
-    dra: PathBuf,
-    log: PathBuf,
-}
-
-impl Plugin {
-    /// Starts the plugin for Node `name` on `node`, with its kubelet directories in the
-    /// node's temp dir; returns once its DRA socket is in place.
-    fn start(cluster: &KubeCluster, name: &str, node: &TestNode) -> Plugin {
-        let plugin_dir = node.dir.path().join("kubelet/plugins/gpuslice.io");
-        let registration_dir = node.dir.path().join("kubelet/plugins_registry");
-        std::fs::create_dir_all(&plugin_dir).unwrap();
-        std::fs::create_dir_all(&registration_dir).unwrap();
-        let log = node.dir.path().join("plugin.log");
-        let out = std::fs::File::create(&log).unwrap();
-        let child = Command::new(bin("gpuslice"))
-            .arg("--config")
-            .arg(&node.config)
-            .args(["kubelet-plugin", "--node-name", name])
-            .arg("--kubeconfig")
-            .arg(cluster.kubeconfig())
-            .arg("--plugin-dir")
-            .arg(&plugin_dir)
-            .arg("--registration-dir")
-            .arg(&registration_dir)
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .spawn()
-            .expect("start gpuslice kubelet-plugin");
-        let mut p = Plugin {
-            child,
-            dra: plugin_dir.join("dra.sock"),
-            log,
-        };
-        wait_for(
-            &format!("the plugin of {name} to open {}", p.dra.display()),
-            Duration::from_secs(30),
-            || {
-                if let Ok(Some(status)) = p.child.try_wait() {
-                    panic!("the plugin of {name} exited ({status}):\n{}", p.log_text());
-                }
-                p.dra.exists().then_some(())
-            },
-        );
-        p
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn kubelet(&self) -> Kubelet {
-        Kubelet::connect(&self.dra).unwrap_or_else(|e| {
-            panic!(
-                "cannot dial {}: {e}\nplugin log:\n{}",
-                self.dra.display(),
-                self.log_text()
-            )
-        })
-    }
-}
-
-impl Drop for Plugin {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// A container started through `gpuslice-runtime`; force-deleted when dropped.
 struct Container<'a> {
@@ -149,14 +78,6 @@ fn pod(name: &str, claim: &str) -> Value {
                 "resources": {"claims": [{"name": "gpu"}]},
             }],
         },
-    })
-}
-
-/// The ResourceSlice the plugin of `node` publishes (`<node>-gpuslice.io`), once present.
-fn slice_of(cluster: &KubeCluster, node: &str) -> Option<Value> {
-    let all = cluster.get_json(&["resourceslices"]);
-    all["items"].as_array()?.iter().find_map(|s| {
-        (s["spec"]["nodeName"] == node && s["spec"]["driver"] == "gpuslice.io").then(|| s.clone())
     })
 }
 
@@ -288,9 +209,9 @@ fn the_scheduler_places_slices_the_plugins_publish_and_prepare_enforces_them() {
     for name in nodes.keys() {
         cluster.add_node(name);
     }
-    let plugins: BTreeMap<&str, Plugin> = nodes
+    let plugins: BTreeMap<&str, KubeletPlugin> = nodes
         .iter()
-        .map(|(name, node)| (*name, Plugin::start(&cluster, name, node)))
+        .map(|(name, node)| (*name, KubeletPlugin::start(&cluster, name, node)))
         .collect();
 
     // Both plugins publish their GPUs.
