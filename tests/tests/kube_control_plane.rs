@@ -362,12 +362,18 @@ fn up_names_the_component_that_died_shows_its_log_and_stops_the_rest() {
 }
 
 #[test]
-fn up_refuses_node_for_now_and_bad_arguments_with_a_clear_error() {
+fn up_refuses_bad_arguments_with_a_clear_error() {
+    // Every case is refused before anything starts (`up DIR --node NAME` itself is
+    // tests/tests/kube_node.rs's: one node per machine).
     let dir = tempfile::tempdir().unwrap();
     for (args, needle) in [
         (
-            vec!["up", "DIR", "--node", "n1"],
-            "up --node is not available yet",
+            vec!["up", "DIR", "--node"],
+            "--node needs a node name: scripts/kube-cluster.sh up DIR --node NAME",
+        ),
+        (
+            vec!["up", "DIR", "--node", "Bad_Name"],
+            "--node 'Bad_Name' is not a node name",
         ),
         (
             vec!["up", "DIR", "--bogus"],
