@@ -56,7 +56,7 @@ sleep 3600 & holder_pid=$!
 for i in $(seq 100); do
   id=$(echo '{"annotations":{"gpuslice.io/memory":"1Gi","gpuslice.io/cores":"5"}}' \
     | "$bin/gpuslice" hook precreate | python3 -c 'import json,sys; print(json.load(sys.stdin)["annotations"]["gpuslice.io/reservation"])')
-  echo "{\"id\":\"holder-$i\",\"pid\":$holder_pid}" | "$bin/gpuslice" hook create-runtime --reservation "$id"
+  echo "{\"id\":\"holder-$i\",\"pid\":$holder_pid,\"annotations\":{\"gpuslice.io/reservation\":\"$id\"}}" | "$bin/gpuslice" hook create-runtime --reservation "$id"
 done
 echo "live reservations: $("$bin/gpuslice" status --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["reservations"]))')" >&2
 

@@ -64,7 +64,7 @@ for i in $(seq 1 100); do
     "$REL/gpuslice-probe" --lib "$LIBCUDA" --device "$index" --json \
     alloc --chunk 64Mi --max 256Mi --hold 3600 > "$NODE/probe-$i.out" 2>/dev/null &
   PIDS+=("$!")
-  echo "{\"id\":\"bench-$i\",\"pid\":$!,\"annotations\":{}}" | "${GS[@]}" hook create-runtime --reservation "$id"
+  echo "{\"id\":\"bench-$i\",\"pid\":$!,\"annotations\":{\"gpuslice.io/reservation\":\"$id\"}}" | "${GS[@]}" hook create-runtime --reservation "$id"
 done
 for i in $(seq 1 100); do
   until grep -q '"cmd":"alloc"' "$NODE/probe-$i.out" 2>/dev/null; do sleep 0.05; done
