@@ -172,3 +172,65 @@ impl Detached {
         );
     }
 }
+
+/// Force-deletes the named containers now and when dropped, thawing them first (a
+/// `gpuslice serve` stopped mid-period leaves its duty cycle's last freeze in place).
+pub struct Containers<'a> {
+    node: &'a TestNode,
+    ids: Vec<String>,
+}
+
+impl<'a> Containers<'a> {
+    pub fn new(node: &'a TestNode, ids: &[&str]) -> Containers<'a> {
+        let c = Containers {
+            node,
+            ids: ids.iter().map(|s| s.to_string()).collect(),
+        };
+        c.delete();
+        c
+    }
+
+    fn delete(&self) {
+        for id in &self.ids {
+            if let Some(pid) = init_pid(self.node, id) {
+                thaw(pid);
+            }
+            let _ = runtime(self.node).args(["delete", "--force", id]).output();
+        }
+    }
+}
+
+impl Drop for Containers<'_> {
+    fn drop(&mut self) {
+        self.delete();
+    }
+}
+
+/// The host pid of container `id`'s init, while it exists.
+pub fn init_pid(node: &TestNode, id: &str) -> Option<u32> {
+    let out = runtime(node).args(["state", id]).output().ok()?;
+    let v: Value = serde_json::from_slice(&out.stdout).ok()?;
+    v["pid"].as_u64().map(|p| p as u32).filter(|p| *p > 0)
+}
+
+/// The v1 freezer state file of host process `pid` (this host is hybrid v1).
+pub fn freezer_state(pid: u32) -> Option<PathBuf> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let path = text.lines().find_map(|l| {
+        let mut f = l.splitn(3, ':');
+        let (_, c, p) = (f.next()?, f.next()?, f.next()?);
+        c.split(',').any(|c| c == "freezer").then(|| p.to_string())
+    })?;
+    Some(
+        PathBuf::from("/sys/fs/cgroup/freezer")
+            .join(path.trim_start_matches('/'))
+            .join("freezer.state"),
+    )
+}
+
+/// Thaws the v1 freezer cgroup of host process `pid` (a no-op when there is none).
+pub fn thaw(pid: u32) {
+    if let Some(f) = freezer_state(pid) {
+        let _ = std::fs::write(f, "THAWED");
+    }
+}

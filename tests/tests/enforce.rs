@@ -14,7 +14,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use gpuslice_e2e::runc::{run_detached, runtime, Bundle, Detached};
+use gpuslice_e2e::runc::{run_detached, Bundle, Containers, Detached};
 use gpuslice_e2e::serve::{value, Exporter};
 use gpuslice_e2e::{serial, TestNode};
 use serde_json::Value;
@@ -62,35 +62,6 @@ fn now_ms() -> u64 {
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_millis() as u64
-}
-
-/// Force-deletes the named containers now and when dropped.
-struct Containers<'a> {
-    node: &'a TestNode,
-    ids: Vec<String>,
-}
-
-impl<'a> Containers<'a> {
-    fn new(node: &'a TestNode, ids: &[&str]) -> Containers<'a> {
-        let c = Containers {
-            node,
-            ids: ids.iter().map(|s| s.to_string()).collect(),
-        };
-        c.delete();
-        c
-    }
-
-    fn delete(&self) {
-        for id in &self.ids {
-            let _ = runtime(self.node).args(["delete", "--force", id]).output();
-        }
-    }
-}
-
-impl Drop for Containers<'_> {
-    fn drop(&mut self) {
-        self.delete();
-    }
 }
 
 fn reservation_of(node: &TestNode, cid: &str) -> String {

@@ -23,10 +23,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use gpuslice_e2e::runc::{run_detached, runtime, Bundle, Detached};
+use gpuslice_e2e::runc::{run_detached, thaw, Bundle, Containers, Detached};
 use gpuslice_e2e::serve::{value, Exporter};
 use gpuslice_e2e::{serial, TestNode};
 use gpuslice_sim_core::state::STATE_FILE;
@@ -50,66 +49,6 @@ fn script() -> String {
     "while :; do dd if=/dev/zero of=/run/gpuslice/usage bs=8 seek=9 count=1 conv=notrunc 2>/dev/null; usleep 3000; done & \
      gpuslice-probe --json burn --seconds 120; echo EXIT $?"
         .to_string()
-}
-
-/// Force-deletes the named containers now and when dropped, thawing them first (a
-/// `gpuslice serve` stopped mid-period leaves its duty cycle's last freeze in place).
-struct Containers<'a> {
-    node: &'a TestNode,
-    ids: Vec<String>,
-}
-
-impl<'a> Containers<'a> {
-    fn new(node: &'a TestNode, ids: &[&str]) -> Containers<'a> {
-        let c = Containers {
-            node,
-            ids: ids.iter().map(|s| s.to_string()).collect(),
-        };
-        c.delete();
-        c
-    }
-
-    fn delete(&self) {
-        for id in &self.ids {
-            if let Some(pid) = init_pid(self.node, id) {
-                thaw(pid);
-            }
-            let _ = runtime(self.node).args(["delete", "--force", id]).output();
-        }
-    }
-}
-
-impl Drop for Containers<'_> {
-    fn drop(&mut self) {
-        self.delete();
-    }
-}
-
-fn init_pid(node: &TestNode, id: &str) -> Option<u32> {
-    let out = runtime(node).args(["state", id]).output().ok()?;
-    let v: Value = serde_json::from_slice(&out.stdout).ok()?;
-    v["pid"].as_u64().map(|p| p as u32).filter(|p| *p > 0)
-}
-
-/// The v1 freezer state file of host process `pid` (this host is hybrid v1).
-fn freezer_state(pid: u32) -> Option<PathBuf> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-    let path = text.lines().find_map(|l| {
-        let mut f = l.splitn(3, ':');
-        let (_, c, p) = (f.next()?, f.next()?, f.next()?);
-        c.split(',').any(|c| c == "freezer").then(|| p.to_string())
-    })?;
-    Some(
-        PathBuf::from("/sys/fs/cgroup/freezer")
-            .join(path.trim_start_matches('/'))
-            .join("freezer.state"),
-    )
-}
-
-fn thaw(pid: u32) {
-    if let Some(f) = freezer_state(pid) {
-        let _ = std::fs::write(f, "THAWED");
-    }
 }
 
 fn reservation_of(node: &TestNode, cid: &str) -> String {
