@@ -1,12 +1,13 @@
 //! One real `gpuslice kubelet-plugin` process per simulated node for tests against the
 //! control plane: its kubelet directories in the node's temp dir, started with the cluster's
-//! admin kubeconfig, ready once its DRA socket exists; killed when dropped.
+//! admin kubeconfig, ready once its DRA socket exists; killed when dropped. Also the claim and
+//! pod objects such tests create.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use crate::env::bin;
 use crate::kube::{wait_for, KubeCluster};
@@ -92,5 +93,49 @@ pub fn slice_of(cluster: &KubeCluster, node: &str) -> Option<Value> {
     let all = cluster.get_json(&["resourceslices"]);
     all["items"].as_array()?.iter().find_map(|s| {
         (s["spec"]["nodeName"] == node && s["spec"]["driver"] == "gpuslice.io").then(|| s.clone())
+    })
+}
+
+/// The namespace of [`resource_claim`]'s and [`pod`]'s objects.
+pub const CLAIMS_NS: &str = "default";
+
+/// A ResourceClaim asking the DeviceClass `gpuslice.io` for `count` GPUs of `memory` and
+/// `cores` each, optionally with a CEL selector.
+pub fn resource_claim(
+    name: &str,
+    count: u32,
+    memory: &str,
+    cores: &str,
+    cel: Option<&str>,
+) -> Value {
+    let mut exactly = json!({
+        "deviceClassName": "gpuslice.io",
+        "count": count,
+        "capacity": {"requests": {"memory": memory, "cores": cores}},
+    });
+    if let Some(expression) = cel {
+        exactly["selectors"] = json!([{"cel": {"expression": expression}}]);
+    }
+    json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": CLAIMS_NS},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
+    })
+}
+
+/// A pod (tolerating the taints of a node without a kubelet) using claim `claim`.
+pub fn pod(name: &str, claim: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": CLAIMS_NS},
+        "spec": {
+            "tolerations": [{"operator": "Exists"}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+            "containers": [{
+                "name": "main",
+                "image": "gpuslice.invalid/never-pulled:1",
+                "resources": {"claims": [{"name": "gpu"}]},
+            }],
+        },
     })
 }

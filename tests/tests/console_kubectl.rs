@@ -14,7 +14,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use gpuslice_e2e::kube::{wait_for, KubeCluster};
-use gpuslice_e2e::kubelet_plugin::{slice_of, KubeletPlugin};
+use gpuslice_e2e::kubelet_plugin::{pod, resource_claim, slice_of, KubeletPlugin};
 use gpuslice_e2e::{bin, env::workspace, serial, TestNode};
 use gpuslice_kube::quantity::parse_whole;
 use serde_json::{json, Value};
@@ -263,38 +263,6 @@ fn check_figures(cluster: &KubeCluster) -> BTreeMap<(String, String), Expected> 
         "{nodes}"
     );
     want
-}
-
-fn resource_claim(name: &str, count: u32, memory: &str, cores: &str, cel: Option<&str>) -> Value {
-    let mut exactly = json!({
-        "deviceClassName": "gpuslice.io",
-        "count": count,
-        "capacity": {"requests": {"memory": memory, "cores": cores}},
-    });
-    if let Some(expression) = cel {
-        exactly["selectors"] = json!([{"cel": {"expression": expression}}]);
-    }
-    json!({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
-    })
-}
-
-fn pod(name: &str, claim: &str) -> Value {
-    json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {
-            "tolerations": [{"operator": "Exists"}],
-            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
-            "containers": [{
-                "name": "main",
-                "image": "gpuslice.invalid/never-pulled:1",
-                "resources": {"claims": [{"name": "gpu"}]},
-            }],
-        },
-    })
 }
 
 /// A Deployment of `replicas` pods (two containers) that replaces all its pods at once on a

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use gpuslice_e2e::kube::{wait_for, KubeCluster};
 use gpuslice_e2e::kubelet::{claim as kubelet_claim, Kubelet};
-use gpuslice_e2e::kubelet_plugin::{slice_of, KubeletPlugin};
+use gpuslice_e2e::kubelet_plugin::{pod, resource_claim, slice_of, KubeletPlugin};
 use gpuslice_e2e::runc::{run_detached, runtime, Bundle, RUNC_ROOT};
 use gpuslice_e2e::{env::workspace, serial, TestNode};
 use gpuslice_kube::quantity::parse_whole;
@@ -44,41 +44,6 @@ impl Drop for Container<'_> {
             .args(["delete", "--force", &self.id])
             .output();
     }
-}
-
-/// A ResourceClaim asking the DeviceClass `gpuslice.io` for `count` GPUs of `memory` and
-/// `cores` each, optionally with a CEL selector.
-fn resource_claim(name: &str, count: u32, memory: &str, cores: &str, cel: Option<&str>) -> Value {
-    let mut exactly = json!({
-        "deviceClassName": "gpuslice.io",
-        "count": count,
-        "capacity": {"requests": {"memory": memory, "cores": cores}},
-    });
-    if let Some(expression) = cel {
-        exactly["selectors"] = json!([{"cel": {"expression": expression}}]);
-    }
-    json!({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
-    })
-}
-
-/// A pod (tolerating the taints of a node without a kubelet) using claim `claim`.
-fn pod(name: &str, claim: &str) -> Value {
-    json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {
-            "tolerations": [{"operator": "Exists"}],
-            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
-            "containers": [{
-                "name": "main",
-                "image": "gpuslice.invalid/never-pulled:1",
-                "resources": {"claims": [{"name": "gpu"}]},
-            }],
-        },
-    })
 }
 
 /// Device `device` of a slice.
