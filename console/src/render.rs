@@ -68,8 +68,15 @@ fn count(v: Option<u64>) -> String {
     v.map_or_else(|| NOT_MEASURED.to_string(), |v| v.to_string())
 }
 
-/// Columns padded to their widest cell plus three spaces, as kubectl prints them.
+/// Columns padded to their widest cell plus three spaces, as kubectl prints them. Control
+/// characters in a cell (a model name or attribute from a ResourceSlice) are escaped, so
+/// nothing the cluster holds moves the operator's cursor or forges a line.
 pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| r.iter().map(|c| gpuslice_registry::printable(c)).collect())
+        .collect();
+    let rows = rows.as_slice();
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for r in rows {
         for (i, c) in r.iter().enumerate() {
@@ -325,6 +332,14 @@ pub fn usage_warning(model: &Model) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn control_characters_in_cells_are_escaped() {
+        let out = table(&["MODEL"], &[vec!["L4\u{1b}[2J\nFAKE   ROW".to_string()]]);
+        assert_eq!(out, "MODEL\nL4\\u{1b}[2J\\nFAKE   ROW\n");
+        assert_eq!(out.lines().count(), 2);
+    }
+
     use super::*;
     use crate::model::tests::{claims, slices, usage};
     use crate::model::{build, Sources};

@@ -41,3 +41,4 @@ pub use status::{
 };
 pub use store::{StoreError, LOCK_FILE, RECORD_FILE, REGISTRY_FILE, SLICES_DIR};
 pub use system::{parse_stat, RealSystem, System, SystemError};
+pub use table::printable;

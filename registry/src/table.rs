@@ -3,7 +3,7 @@
 /// `s` with every control character (newline, escape, bell, …) written as a Rust escape
 /// (`\n`, `\u{1b}`): names from annotations and the driver reach the operator's terminal,
 /// where they must not move the cursor or forge lines.
-pub(crate) fn printable(s: &str) -> String {
+pub fn printable(s: &str) -> String {
     if !s.chars().any(char::is_control) {
         return s.to_string();
     }
