@@ -15,7 +15,13 @@ PACKAGES=(
   ca-certificates
   openssl curl                  # scripts/kube-cluster.sh: the test cluster's certificates, health checks
   containernetworking-plugins   # scripts/kube-cluster.sh up --node: the test node's CNI (bridge, host-local, loopback)
+  chromium                      # the console's browser tests (tests/browser, playwright-core drives /usr/bin/chromium)
 )
+# npm for tests/browser (`npm ci --prefix tests/browser`): Debian's nodejs and npm, unless a
+# node with its npm (e.g. nodesource's nodejs) is already on PATH.
+if ! command -v npm >/dev/null 2>&1; then
+  PACKAGES+=(nodejs npm)
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do

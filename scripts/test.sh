@@ -25,6 +25,12 @@ echo "== test node: containerd 2.x of tests/node (built once, then cached in /va
 GPUSLICE_NODE_BIN_DIR="$(./scripts/kube-cluster.sh build-node)"
 export GPUSLICE_NODE_BIN_DIR
 
+echo "== browser tests: playwright-core of tests/browser (drives Debian's /usr/bin/chromium; no browser download)"
+if ! npm ci --prefix tests/browser --no-audit --no-fund; then
+  echo "test.sh: npm ci --prefix tests/browser failed: the console's browser tests (tests/tests/console_web.rs) need it; npm comes from scripts/install-deps.sh" >&2
+  exit 1
+fi
+
 echo "== unit, integration and end-to-end tests"
 export GPUSLICE_TEST_BIN_DIR="$PWD/target/release"
 export GPUSLICE_TEST_PORTABLE_DIR="$PWD/target/portable"
