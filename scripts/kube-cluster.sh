@@ -44,6 +44,9 @@ Usage: scripts/kube-cluster.sh COMMAND [ARGS]
                 kubectl, kubelet, etcd).
   build-node    The same for the node's containerd, ctr and containerd-shim-runc-v2
                 (tests/node); prints their directory.
+  build-nerdctl The same for nerdctl (tests/nerdctl), which the suite runs against the
+                node's containerd; prints the path of the nerdctl binary and logs what
+                it cost (cold: the build; warm: the cache lookup).
   --help        This text.
 
 Environment:
@@ -54,6 +57,9 @@ Environment:
   GPUSLICE_NODE_BIN_DIR   (--node) use containerd, ctr and containerd-shim-runc-v2 from here
   GPUSLICE_NODE_CACHE     (--node) their cache root (default /var/cache/gpuslice/node);
                           entries are <containerd version>-<hash of tests/node's go.mod and go.sum>/bin
+  GPUSLICE_NERDCTL_BIN    (build-nerdctl) use this nerdctl instead of the cache
+  GPUSLICE_NERDCTL_CACHE  (build-nerdctl) its cache root (default /var/cache/gpuslice/nerdctl);
+                          entries are nerdctl-<version>-<hash of tests/nerdctl's files>/bin
   GPUSLICE_BIN_DIR        (--node) gpuslice and gpuslice-runtime (default target/release, else
                           target/debug)
   GPUSLICE_CONFIG         (--node) the node's gpuslice config; default: one written under
@@ -256,6 +262,76 @@ build_node_binaries() {
   exec 8>&-
   check_node_bin_dir "$entry/bin"
   echo "$entry/bin"
+}
+
+# --- nerdctl (tests/nerdctl): the nerdctl release the suite runs against containerd 2.x --------
+
+NERDCTL_SRC="$REPO/tests/nerdctl"
+NERDCTL_CACHE_ROOT="${GPUSLICE_NERDCTL_CACHE:-/var/cache/gpuslice/nerdctl}"
+
+nerdctl_release() {
+  awk '$1 == "github.com/containerd/nerdctl/v2" { print $2; exit }' "$NERDCTL_SRC/go.mod"
+}
+
+nerdctl_ldflags() {
+  echo "-s -w -X github.com/containerd/nerdctl/v2/pkg/version.Version=$1"
+}
+
+nerdctl_cache_key() {
+  local go="$1" release="$2"
+  {
+    (cd "$NERDCTL_SRC" && find . -type f \( -name '*.go' -o -name go.mod -o -name go.sum \) | LC_ALL=C sort | xargs sha256sum)
+    nerdctl_ldflags "$release"
+    echo "CGO_ENABLED=0"
+    "$go" version
+  } | sha256sum | cut -c1-16
+}
+
+ms_since() {
+  echo $((($(date +%s%N) - $1) / 1000000))
+}
+
+# Prints the path of the cached nerdctl, building it first (a cold build takes minutes, a
+# cached one the key's hashing: both are logged).
+build_nerdctl_binary() {
+  if [ -n "${GPUSLICE_NERDCTL_BIN:-}" ]; then
+    [ -x "$GPUSLICE_NERDCTL_BIN" ] || die "GPUSLICE_NERDCTL_BIN=$GPUSLICE_NERDCTL_BIN is not an executable"
+    echo "$GPUSLICE_NERDCTL_BIN"
+    return
+  fi
+  local go release key entry start
+  start=$(date +%s%N)
+  go="$(find_go)"
+  release="$(nerdctl_release)"
+  [ -n "$release" ] || die "$NERDCTL_SRC/go.mod requires no github.com/containerd/nerdctl/v2 version"
+  key="$(nerdctl_cache_key "$go" "$release")"
+  entry="$NERDCTL_CACHE_ROOT/nerdctl-$release-$key"
+  if [ -x "$entry/bin/nerdctl" ]; then
+    log "nerdctl $release cached in $entry (warm: $(ms_since "$start") ms)"
+    echo "$entry/bin/nerdctl"
+    return
+  fi
+  mkdir -p "$NERDCTL_CACHE_ROOT" || die "cannot create the cache $NERDCTL_CACHE_ROOT (set GPUSLICE_NERDCTL_CACHE to a writable directory)"
+  exec 7>"$NERDCTL_CACHE_ROOT/.lock"
+  flock 7
+  if [ ! -x "$entry/bin/nerdctl" ]; then
+    local tmp
+    tmp="$(mktemp -d "$NERDCTL_CACHE_ROOT/.build.XXXXXX")"
+    chmod 755 "$tmp"
+    log "building nerdctl $release into $entry (first run only)"
+    if ! (cd "$NERDCTL_SRC" && CGO_ENABLED=0 "$go" build -mod=readonly -trimpath \
+      -ldflags "$(nerdctl_ldflags "$release")" -o "$tmp/bin/" github.com/containerd/nerdctl/v2/cmd/nerdctl) >&2; then
+      rm -rf "$tmp"
+      die "building nerdctl from $NERDCTL_SRC failed (see above)"
+    fi
+    mv "$tmp" "$entry"
+    find "$NERDCTL_CACHE_ROOT" -mindepth 1 -maxdepth 1 -type d ! -path "$entry" -exec rm -rf {} +
+    log "nerdctl $release built in $(($(ms_since "$start") / 1000)) s (cold)"
+  fi
+  flock -u 7
+  exec 7>&-
+  [ -x "$entry/bin/nerdctl" ] || die "$entry/bin/nerdctl is missing after the build"
+  echo "$entry/bin/nerdctl"
 }
 
 # gpuslice's binaries: GPUSLICE_BIN_DIR, else the workspace's release or debug build.
@@ -930,7 +1006,8 @@ case "${1:-}" in
   down) shift; cmd_down "$@" ;;
   build) shift; [ $# -eq 0 ] || die "build takes no arguments"; build_binaries ;;
   build-node) shift; [ $# -eq 0 ] || die "build-node takes no arguments"; build_node_binaries ;;
+  build-nerdctl) shift; [ $# -eq 0 ] || die "build-nerdctl takes no arguments"; build_nerdctl_binary ;;
   -h | --help | help) usage ;;
   "") usage >&2; exit 2 ;;
-  *) echo "kube-cluster: unknown command '$1' (accepted: up, down, build, build-node, --help)" >&2; exit 2 ;;
+  *) echo "kube-cluster: unknown command '$1' (accepted: up, down, build, build-node, build-nerdctl, --help)" >&2; exit 2 ;;
 esac

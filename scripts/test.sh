@@ -24,6 +24,9 @@ export GPUSLICE_KUBE_BIN_DIR
 echo "== test node: containerd 2.x of tests/node (built once, then cached in /var/cache/gpuslice/node)"
 GPUSLICE_NODE_BIN_DIR="$(./scripts/kube-cluster.sh build-node)"
 export GPUSLICE_NODE_BIN_DIR
+echo "== nerdctl of tests/nerdctl (built once, then cached in /var/cache/gpuslice/nerdctl)"
+GPUSLICE_NERDCTL_BIN="$(./scripts/kube-cluster.sh build-nerdctl)"
+export GPUSLICE_NERDCTL_BIN
 
 echo "== browser tests: playwright-core of tests/browser (drives Debian's /usr/bin/chromium; no browser download)"
 if ! npm ci --prefix tests/browser --no-audit --no-fund; then
