@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the Debian package target/debian/gpuslice_<version>-1_<arch>.deb with cargo-deb:
 # the release binaries (`gpuslice` and `gpuslice-runtime` static from
-# scripts/build-static.sh, with the full glibc `gpuslice` as /usr/lib/gpuslice/gpuslice-full;
+# scripts/build-static.sh, with the full glibc `gpuslice` as /usr/lib/gpuslice/gpuslice-full,
+# and the kubectl plugin /usr/bin/kubectl-gpuslice;
 # the glibc builds in both places when the musl target cannot be had), the portable (old-glibc) shim, simulated driver and probe from
 # scripts/build-portable.sh, the systemd units, podman's hooks.d file, the Kubernetes
 # manifests (packaging/kubernetes/*.yaml in /usr/share/gpuslice/kubernetes/, the DRA ones of
@@ -21,7 +22,7 @@ if ! command -v cargo-deb >/dev/null 2>&1; then
     echo "build-deb: installing cargo-deb" >&2
     cargo install --locked cargo-deb
 fi
-cargo build --release --locked -p gpuslice >&2
+cargo build --release --locked -p gpuslice -p gpuslice-console >&2
 bins="$target/release/deb-bin"
 rm -rf "$bins"
 mkdir -p "$bins"
@@ -32,6 +33,8 @@ else
     cp "$target/release/gpuslice" "$target/release/gpuslice-runtime" "$bins/"
 fi
 cp "$target/release/gpuslice" "$bins/gpuslice-full"
+# The kubectl plugin (`kubectl gpuslice`, docs/console.md): glibc, it is not on the create path.
+cp "$target/release/kubectl-gpuslice" "$bins/"
 
 portable=${GPUSLICE_PORTABLE_DIR:-$target/portable}
 if [ ! -f "$portable/libgpuslice_shim.so" ]; then

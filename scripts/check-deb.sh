@@ -35,7 +35,7 @@ fi
 [ -f "$deb" ] || fail "no package at $deb"
 
 WATCHED=(
-    /usr/bin/gpuslice /usr/bin/gpuslice-runtime /usr/lib/gpuslice /usr/share/gpuslice
+    /usr/bin/gpuslice /usr/bin/gpuslice-runtime /usr/bin/kubectl-gpuslice /usr/lib/gpuslice /usr/share/gpuslice
     /usr/share/doc/gpuslice /lib/systemd/system/gpuslice-cdi.service
     /lib/systemd/system/gpuslice-cdi.path /etc/systemd/system
     /var/lib/systemd/deb-systemd-helper-enabled /var/lib/systemd/deb-systemd-helper-masked
@@ -78,7 +78,8 @@ snapshot > "$T/before"
 
 step "dpkg -i $deb"
 dpkg -i "$deb"
-for f in /usr/bin/gpuslice /usr/bin/gpuslice-runtime /usr/lib/gpuslice/libgpuslice_shim.so \
+for f in /usr/bin/gpuslice /usr/bin/gpuslice-runtime /usr/bin/kubectl-gpuslice \
+    /usr/lib/gpuslice/libgpuslice_shim.so \
     /usr/lib/gpuslice/sim/libcuda.so.1 /usr/lib/gpuslice/sim/libnvidia-ml.so.1 \
     /usr/lib/gpuslice/sim/gpuslice-probe /lib/systemd/system/gpuslice-cdi.service \
     /lib/systemd/system/gpuslice-cdi.path /usr/share/containers/oci/hooks.d/gpuslice.json \
@@ -94,6 +95,10 @@ done
 [ -L /etc/systemd/system/paths.target.wants/gpuslice-cdi.path ] \
     || fail "postinst did not enable gpuslice-cdi.path"
 gpuslice --version
+# The kubectl plugin runs, and the installed gpuslice (the static one hands over to the full
+# build) has the web console.
+kubectl-gpuslice --help | grep -q 'allocate' || fail "/usr/bin/kubectl-gpuslice --help does not list allocate"
+gpuslice console --help | grep -q -- '--allow-edit' || fail "gpuslice console --help does not list --allow-edit"
 # With a static build (scripts/build-static.sh), the create path's binaries are static and
 # the full build they hand other commands to is installed beside the shim.
 if [ -x "$root/target/release/static/gpuslice-runtime" ]; then

@@ -1,7 +1,8 @@
 //! gpuslice's console: the data layer (ResourceSlices, ResourceClaims, pods and Prometheus
 //! read into one model per node, per GPU and per pod container), its text, JSON and YAML
 //! renderings for `kubectl gpuslice`, and the allocate / release operation on workloads.
-//! The web console reuses the model and the operation; only the renderings are the plugin's.
+//! The web console (`web`, served by `gpuslice console`) reuses the model and the operation
+//! with its own HTML renderings.
 
 // Tests may panic on unexpected errors; the library itself may not.
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
@@ -12,4 +13,5 @@ pub mod fetch;
 pub mod model;
 pub mod render;
 pub mod usage;
+pub mod web;
 pub mod workload;

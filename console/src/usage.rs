@@ -1,7 +1,8 @@
 //! Real use from Prometheus's HTTP API (`/api/v1/query`) over the metrics `gpuslice serve`
 //! exports: per GPU the memory in use and utilisation (NVML), per slice its limit, the
-//! shim's and the driver's memory figures and the achieved compute share. Only `http://`
-//! URLs; one instant query per call.
+//! shim's and the driver's memory figures and the achieved compute share; and range queries
+//! (`/api/v1/query_range`) for the web console's charts of use over time. Only `http://`
+//! URLs; one query per call.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -162,6 +163,93 @@ pub fn parse_answer(url: &str, body: &[u8]) -> Result<Vec<Sample>, UsageError> {
 
 /// Runs one instant query against the Prometheus at `base` (`http://host:port[/prefix]`).
 pub async fn query(base: &str, promql: &str) -> Result<Vec<Sample>, UsageError> {
+    let encoded: String = form_urlencoded::byte_serialize(promql.as_bytes()).collect();
+    let body = get(base, &format!("/api/v1/query?query={encoded}")).await?;
+    parse_answer(base, &body)
+}
+
+/// One series of a range query: its labels and `(unix seconds, value)` points in time
+/// order (values that are not finite numbers left out).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Series {
+    pub metric: BTreeMap<String, String>,
+    pub points: Vec<(f64, f64)>,
+}
+
+#[derive(Debug, Deserialize)]
+struct RangeAnswer {
+    status: String,
+    #[serde(default)]
+    error: Option<String>,
+    data: Option<RangeData>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RangeData {
+    result_type: String,
+    result: Vec<RangeSample>,
+}
+
+#[derive(Debug, Deserialize)]
+struct RangeSample {
+    metric: BTreeMap<String, String>,
+    values: Vec<(f64, String)>,
+}
+
+/// Parses an answer of `/api/v1/query_range` (a matrix).
+pub fn parse_range_answer(url: &str, body: &[u8]) -> Result<Vec<Series>, UsageError> {
+    let answer = |detail: String| UsageError::Answer {
+        url: url.to_string(),
+        detail,
+    };
+    let a: RangeAnswer = serde_json::from_slice(body).map_err(|e| answer(e.to_string()))?;
+    if a.status != "success" {
+        return Err(answer(a.error.unwrap_or(a.status)));
+    }
+    let data = a.data.ok_or_else(|| answer("no data".into()))?;
+    if data.result_type != "matrix" {
+        return Err(answer(format!("result type {}", data.result_type)));
+    }
+    Ok(data
+        .result
+        .into_iter()
+        .map(|s| Series {
+            metric: s.metric,
+            points: s
+                .values
+                .into_iter()
+                .filter_map(|(t, v)| {
+                    v.parse::<f64>()
+                        .ok()
+                        .filter(|v| v.is_finite())
+                        .map(|v| (t, v))
+                })
+                .collect(),
+        })
+        .collect())
+}
+
+/// Runs one range query (`start`..`end` unix seconds, one point per `step` seconds).
+pub async fn query_range(
+    base: &str,
+    promql: &str,
+    start: u64,
+    end: u64,
+    step: u64,
+) -> Result<Vec<Series>, UsageError> {
+    let encoded: String = form_urlencoded::byte_serialize(promql.as_bytes()).collect();
+    let body = get(
+        base,
+        &format!("/api/v1/query_range?query={encoded}&start={start}&end={end}&step={step}"),
+    )
+    .await?;
+    parse_range_answer(base, &body)
+}
+
+/// GETs `path_and_query` of the Prometheus at `base`: the body of a 200 answer, or of
+/// Prometheus's JSON error answer (400/422), which the parsers turn into the error.
+async fn get(base: &str, path_and_query: &str) -> Result<Bytes, UsageError> {
     let url_err = |detail: String| UsageError::Url {
         url: base.to_string(),
         detail,
@@ -185,8 +273,7 @@ pub async fn query(base: &str, promql: &str) -> Result<Vec<Sample>, UsageError> 
         .trim_end_matches(']');
     let port = authority.port_u16().unwrap_or(80);
     let prefix = uri.path().trim_end_matches('/');
-    let encoded: String = form_urlencoded::byte_serialize(promql.as_bytes()).collect();
-    let path = format!("{prefix}/api/v1/query?query={encoded}");
+    let path = format!("{prefix}{path_and_query}");
     let unreachable = |detail: String| UsageError::Unreachable {
         url: base.to_string(),
         detail,
@@ -216,14 +303,16 @@ pub async fn query(base: &str, promql: &str) -> Result<Vec<Sample>, UsageError> 
             .map_err(|e| unreachable(e.to_string()))?
             .to_bytes();
         // Prometheus answers 400/422 with its JSON error; anything else is not Prometheus.
-        if status != 200 && parse_answer(base, &body).is_err() {
+        let prometheus_error = serde_json::from_slice::<serde_json::Value>(&body)
+            .is_ok_and(|v| v.get("status").and_then(|s| s.as_str()) == Some("error"));
+        if status != 200 && !prometheus_error {
             return Err(UsageError::Status {
                 url: base.to_string(),
                 status,
                 body: String::from_utf8_lossy(&body).chars().take(200).collect(),
             });
         }
-        parse_answer(base, &body)
+        Ok(body)
     };
     tokio::time::timeout(TIMEOUT, work)
         .await
@@ -297,5 +386,34 @@ mod tests {
             e.starts_with("Prometheus at http://127.0.0.1:1 is unreachable"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_range_answer_parses_into_series_in_time_order() {
+        let body = br#"{"status":"success","data":{"resultType":"matrix","result":[
+            {"metric":{"uuid":"GPU-a","node":"n1"},"values":[[100,"1024"],[160,"NaN"],[220,"2048.5"]]},
+            {"metric":{"uuid":"GPU-b"},"values":[]}]}}"#;
+        let s = parse_range_answer("http://p", body).unwrap();
+        assert_eq!(s.len(), 2);
+        assert_eq!(s[0].metric["uuid"], "GPU-a");
+        assert_eq!(
+            s[0].points,
+            [(100.0, 1024.0), (220.0, 2048.5)],
+            "NaN is left out"
+        );
+        assert!(s[1].points.is_empty());
+        let e = parse_range_answer(
+            "http://p",
+            br#"{"status":"success","data":{"resultType":"vector","result":[]}}"#,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("result type vector"), "{e}");
+        let e = parse_range_answer("http://p", br#"{"status":"error","error":"bad step"}"#)
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "Prometheus at http://p answered no vector (bad step)"
+        );
+        assert!(parse_range_answer("http://p", b"[1,2]").is_err());
     }
 }

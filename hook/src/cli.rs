@@ -43,6 +43,11 @@ pub enum Command {
     /// Run the DRA kubelet plugin of this node (Kubernetes 1.36+; docs/kubernetes-dra.md).
     #[cfg(feature = "kubernetes")]
     KubeletPlugin(crate::kubelet_plugin::KubeletPluginArgs),
+    /// Serve the web console of the cluster's GPU slices (docs/console.md): nodes, GPUs,
+    /// pods and workloads, and with --allow-edit allocating slices. It acts with the
+    /// kubeconfig's rights for anyone who can reach --listen (default 127.0.0.1:8080).
+    #[cfg(feature = "kubernetes")]
+    Console(crate::commands::console::ConsoleArgs),
 }
 
 #[derive(Debug, Subcommand)]

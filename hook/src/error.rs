@@ -37,6 +37,9 @@ pub enum Error {
     #[cfg(feature = "kubernetes")]
     #[error(transparent)]
     KubeletPlugin(Box<crate::kubelet_plugin::KubeletPluginError>),
+    #[cfg(feature = "kubernetes")]
+    #[error(transparent)]
+    Console(#[from] gpuslice_console::web::WebError),
 }
 
 #[cfg(feature = "kubernetes")]

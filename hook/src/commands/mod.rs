@@ -3,6 +3,8 @@
 //! `cdi`, `status` and `gc` to the modules below.
 
 pub mod cdi;
+#[cfg(feature = "kubernetes")]
+pub mod console;
 pub mod status;
 
 use std::io::Write;
@@ -35,5 +37,7 @@ pub fn run(cli: Cli) -> Result<(), Error> {
         )?),
         #[cfg(feature = "kubernetes")]
         Command::KubeletPlugin(args) => Ok(crate::kubelet_plugin::run(&node, args)?),
+        #[cfg(feature = "kubernetes")]
+        Command::Console(args) => Ok(console::run(args)?),
     }
 }
