@@ -821,6 +821,14 @@ fn status_of(e: &WorkloadError) -> StatusCode {
         | WorkloadError::ForeignTemplate { .. }
         | WorkloadError::NotAllocated { .. }
         | WorkloadError::Contended { .. } => StatusCode::CONFLICT,
+        // The API server's own refusal (403 forbidden to the kubeconfig's user, 422 invalid)
+        // keeps its status; an unreachable one is a bad gateway.
+        WorkloadError::Api {
+            source: kube::Error::Api(s),
+            ..
+        } if (400..500).contains(&s.code) => {
+            StatusCode::from_u16(s.code).unwrap_or(StatusCode::BAD_GATEWAY)
+        }
         WorkloadError::Fetch(_) | WorkloadError::Api { .. } => StatusCode::BAD_GATEWAY,
         WorkloadError::Yaml { .. } => StatusCode::INTERNAL_SERVER_ERROR,
     }
