@@ -6,7 +6,25 @@ use std::path::Path;
 
 use gpuslice_config::{Config, InventorySource};
 
-pub use gpuslice_registry::Gpu;
+/// One GPU as the driver reports it (NVML) or the config simulates it. `gpuslice cdi
+/// generate` caches these in the registry's inventory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gpu {
+    /// NVML index.
+    pub index: u32,
+    /// `GPU-<uuid>`.
+    pub uuid: String,
+    /// Marketing name, e.g. `NVIDIA H200`.
+    pub model: String,
+    /// Total memory in bytes.
+    pub memory_total: u64,
+    /// Minor number of `/dev/nvidia<minor>`.
+    pub minor: u32,
+    /// `DDDDDDDD:BB:DD.F`, as NVML prints it, where known.
+    pub pci_bus_id: Option<String>,
+    /// The NUMA node of the GPU's PCI device, where the kernel tells.
+    pub numa_node: Option<i32>,
+}
 
 /// The inventory could not be taken.
 #[derive(Debug, thiserror::Error)]

@@ -1,13 +1,15 @@
 //! What gpuslice needs to know about a node's NVIDIA driver: its device nodes, its
 //! user-space libraries (found like the dynamic loader finds them), its utility programs
 //! (`nvidia-smi`) and the GPU inventory
-//! from NVML or from the simulated list of the config.
+//! from NVML or from the simulated list of the config, with the simulated node's device list
+//! that the simulated driver reads (`simulated`).
 
 pub mod binaries;
 pub mod devices;
 pub mod inventory;
 pub mod ldcache;
 pub mod libraries;
+pub mod simulated;
 
 pub use binaries::{discover_binaries, DriverBinary, UTILITY_BINARIES};
 pub use devices::{

@@ -212,10 +212,12 @@ pub fn setup_sim_node(
 
     // Container processes of any user create and share the simulated driver's state here.
     mkdir(&layout.state, 0o1777)?;
-    let devices = gpuslice_sim_core::devices_from_config(&config.inventory.simulated);
-    gpuslice_sim_core::write_devices(&layout.state, &devices).map_err(|e| SimError::Devices {
-        path: layout.state.clone(),
-        detail: e.to_string(),
+    let devices = gpuslice_driver::simulated::devices_from_config(&config.inventory.simulated);
+    gpuslice_driver::simulated::write_devices(&layout.state, &devices).map_err(|e| {
+        SimError::Devices {
+            path: layout.state.clone(),
+            detail: e.to_string(),
+        }
     })?;
     Ok(layout)
 }

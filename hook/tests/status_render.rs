@@ -3,30 +3,64 @@
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
-mod common;
-
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{inventory, state_dir, GI};
-use gpuslice_config::Quantity;
+use gpuslice::commands::status::render::{
+    render_reaped, render_rebuild, render_table, render_table_measured, status_json,
+    status_json_measured, GpuMeasured, Measured,
+};
+use gpuslice_config::{PlacementConfig, Policy, Quantity};
 use gpuslice_registry::{
-    read_registry, render_reaped, render_table, render_table_measured, status_json,
-    status_json_measured, FakeSystem, GpuMeasured, KubernetesRef, Measured, Owner, RegistryFile,
-    Request, Selector,
+    read_registry, FakeSystem, Gpu, Inventory, KubernetesRef, Options, Owner, Registry,
+    RegistryFile, Request, Selector,
 };
 use serde_json::Value;
+
+const GI: u64 = 1 << 30;
+
+/// `n` GPUs of `memory` bytes, model "NVIDIA H200".
+fn inventory(n: u32, memory: u64) -> Inventory {
+    Inventory {
+        gpus: (0..n)
+            .map(|i| Gpu {
+                index: i,
+                uuid: format!("GPU-{i:08x}-1111-2222-3333-444444444444"),
+                model: "NVIDIA H200".into(),
+                memory_total: memory,
+                minor: i,
+                pci_bus_id: Some(format!("0000:{:02x}:00.0", i + 1)),
+                numa_node: Some(0),
+            })
+            .collect(),
+    }
+}
+
+fn state_dir() -> tempfile::TempDir {
+    tempfile::tempdir().expect("tempdir")
+}
+
+/// A registry in `dir` on the fake system `sys`, binpacking, pending timeout 60 s.
+fn open(dir: &Path, sys: Arc<FakeSystem>) -> Registry {
+    let options = Options {
+        placement: PlacementConfig {
+            policy: Policy::Binpack,
+            memory_overcommit: 1.0,
+            max_slices_per_gpu: None,
+        },
+        pending_timeout: Duration::from_secs(60),
+        recheck_interval: Options::DEFAULT_RECHECK,
+    };
+    Registry::open(dir, options, sys, gpuslice_registry::no_cleanup()).expect("open registry")
+}
 
 /// Two H200-sized GPUs: a pending 12 GiB / 30 % slice and a bound Kubernetes one of 2 × 25 %
 /// on GPU 0 and 1, a whole GPU… on a third.
 fn populated() -> (tempfile::TempDir, RegistryFile) {
     let dir = state_dir();
     let sys = Arc::new(FakeSystem::new(1_000));
-    let (reg, _) = common::open(
-        dir.path(),
-        common::options(Duration::from_secs(60)),
-        sys.clone(),
-    );
+    let reg = open(dir.path(), sys.clone());
     reg.set_inventory(inventory(3, 141 * GI))
         .expect("inventory");
     let pending = Request {
@@ -228,6 +262,24 @@ fn empty_registry_and_gc_report_render() {
         "{text}"
     );
     assert_eq!(render_reaped(&[]), "nothing to reap\n");
+}
+
+/// `gc --rebuild` prints what it restored, also when the inventory shrank under it.
+#[test]
+fn rebuild_report_renders() {
+    let dir = state_dir();
+    let reg = open(dir.path(), Arc::new(FakeSystem::new(1_000)));
+    reg.set_inventory(inventory(2, 20 * GI)).expect("inventory");
+    let slice = Request {
+        memory: Some(Quantity::Bytes(4 * GI)),
+        selectors: vec![Selector::Index(1)],
+        ..Request::new(Owner::container())
+    };
+    let r = reg.reserve(&slice).expect("reserve");
+    let report = reg.rebuild(inventory(1, 20 * GI)).expect("rebuild");
+    let text = render_rebuild(&report);
+    assert!(text.contains("restored 1 reservations"), "{text}");
+    assert!(text.contains(&format!("  {} (pending, ", r.id)), "{text}");
 }
 
 /// GPU 0 measured (3 GiB used, 45 %), GPU 1 not; the pending slice uses 1 GiB.

@@ -1,7 +1,8 @@
 //! gpuslice's node registry: the GPU inventory and the reservations that slice it, kept in
 //! `state_dir/registry.json` under an exclusive `flock`, with placement, reaping of
 //! reservations whose owner is gone, crash-safe persistence, rebuild from the per-slice
-//! records, and the status and gc renderings the CLI prints.
+//! records. What `gpuslice status` and `gc` print is rendered by the CLI
+//! (`gpuslice::commands::status`) from these types.
 
 // Tests may panic on unexpected errors; the library itself may not.
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
@@ -11,15 +12,14 @@ mod id;
 mod load;
 mod model;
 mod placement;
+mod printable;
 mod reap;
 mod registry;
 mod request;
 #[cfg(test)]
 mod roundtrip;
-mod status;
 mod store;
 mod system;
-mod table;
 
 pub use fake::FakeSystem;
 pub use id::{is_valid_id, new_id, IdError, ID_LEN};
@@ -29,16 +29,12 @@ pub use model::{
     ReservationState, REGISTRY_VERSION,
 };
 pub use placement::{place, Refusal, RefusalReason};
+pub use printable::printable;
 pub use reap::{ReapReason, Reaped};
 pub use registry::{
     check_state_dir, claim_uid, no_cleanup, read_registry, ClaimReservation, ClaimShare, Cleanup,
     InventoryChange, Options, RebuildReport, Registry, RegistryError, Released,
 };
 pub use request::{Request, Selector, SelectorError, MAX_GPUS};
-pub use status::{
-    problems, render_reaped, render_rebuild, render_table, render_table_measured, status_json,
-    status_json_measured, GpuMeasured, Measured,
-};
 pub use store::{StoreError, LOCK_FILE, RECORD_FILE, REGISTRY_FILE, SLICES_DIR};
 pub use system::{parse_stat, RealSystem, System, SystemError};
-pub use table::printable;

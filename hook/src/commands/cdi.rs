@@ -5,8 +5,8 @@
 use std::path::{Path, PathBuf};
 
 use gpuslice_cdi::{ContainerEdits, Device, Hook, Spec, SpecFileError};
-use gpuslice_driver::{Gpu, InventoryError};
-use gpuslice_registry::{Inventory, Registry, RegistryError};
+use gpuslice_driver::InventoryError;
+use gpuslice_registry::{Gpu, Inventory, Registry, RegistryError};
 
 use crate::cli::CdiCommand;
 use crate::commands::out;
@@ -53,6 +53,24 @@ pub struct Generated {
     pub spec: Spec,
     pub path: PathBuf,
     pub gpus: Vec<Gpu>,
+}
+
+/// The node's GPUs as the registry caches them: what the driver reports (NVML) or the
+/// config simulates.
+pub fn take_inventory(node: &Node) -> Result<Vec<Gpu>, InventoryError> {
+    let gpus = gpuslice_driver::inventory(node.config(), &node.loaded.path)?;
+    Ok(gpus
+        .into_iter()
+        .map(|g| Gpu {
+            index: g.index,
+            uuid: g.uuid,
+            model: g.model,
+            memory_total: g.memory_total,
+            minor: g.minor,
+            pci_bus_id: g.pci_bus_id,
+            numa_node: g.numa_node,
+        })
+        .collect())
 }
 
 /// The createRuntime/poststop hooks that book `uuids` whole for the container.
@@ -126,7 +144,7 @@ pub fn generate(
         };
         setup_sim_node(config, &dirs, &RealMknod)?;
     }
-    let gpus = gpuslice_driver::inventory(config, &node.loaded.path)?;
+    let gpus = take_inventory(node)?;
     let driver = discover(config)?;
     let binary = node.hook_binary()?;
     let spec = node_spec(node, &binary, &gpus, &driver)?;

@@ -103,7 +103,7 @@ pub fn discover(config: &Config) -> Result<DriverEdits, DriverEditsError> {
         let state = SimLayout::of(config).state;
         mounts.push(Mount::bind(
             state.display().to_string(),
-            gpuslice_sim_core::CONTAINER_STATE_DIR,
+            gpuslice_driver::simulated::CONTAINER_STATE_DIR,
             RW_BIND,
         ));
     }

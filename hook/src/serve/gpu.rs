@@ -94,8 +94,8 @@ impl NvmlSource {
         NvmlSource {
             lib: layout.lib_dir.join(NVML_SONAME),
             env: vec![
-                (gpuslice_sim_core::STATE_ENV, layout.state),
-                (gpuslice_sim_core::DEV_ENV, layout.dev),
+                (gpuslice_driver::simulated::STATE_ENV, layout.state),
+                (gpuslice_driver::simulated::DEV_ENV, layout.dev),
             ],
         }
     }
@@ -239,12 +239,14 @@ mod tests {
             s.lib,
             Path::new("/s/sim/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1")
         );
-        assert!(s
-            .env
-            .contains(&(gpuslice_sim_core::STATE_ENV, PathBuf::from("/s/sim/state"))));
-        assert!(s
-            .env
-            .contains(&(gpuslice_sim_core::DEV_ENV, PathBuf::from("/s/sim/dev"))));
+        assert!(s.env.contains(&(
+            gpuslice_driver::simulated::STATE_ENV,
+            PathBuf::from("/s/sim/state")
+        )));
+        assert!(s.env.contains(&(
+            gpuslice_driver::simulated::DEV_ENV,
+            PathBuf::from("/s/sim/dev")
+        )));
     }
 
     #[test]

@@ -13,7 +13,6 @@ pub mod errors;
 pub mod gpu;
 pub mod http;
 pub mod liveness;
-pub mod measured;
 pub mod model;
 pub mod procmap;
 pub mod share;

@@ -5,12 +5,9 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
-/// Env var naming the sim state dir.
-pub const STATE_ENV: &str = "GPUSLICE_SIM_STATE";
-/// Env var naming the device-node dir.
-pub const DEV_ENV: &str = "GPUSLICE_SIM_DEV";
-/// Where gpuslice mounts the sim state dir inside containers.
-pub const CONTAINER_STATE_DIR: &str = "/run/gpuslice-sim";
+/// The environment variables and in-container directory of the simulated node, defined by
+/// the product's simulated inventory.
+pub use gpuslice_driver::simulated::{CONTAINER_STATE_DIR, DEV_ENV, STATE_ENV};
 
 /// The simulated node's directories as seen by this process.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use gpuslice_registry::{GpuMeasured, Measured, RegistryFile};
+use gpuslice_registry::RegistryFile;
+
+use super::render::{GpuMeasured, Measured};
 
 use crate::serve::collect::Collector;
 use crate::serve::errors::ErrorLog;

@@ -1,10 +1,13 @@
-//! `gpuslice status` and `gpuslice gc`: the node's registry shown (booked and measured
-//! figures, rendered by the registry crate) and reaped or rebuilt.
+//! `gpuslice status` and `gpuslice gc`: the node's registry shown (booked figures next to
+//! what `measured` takes, rendered by `render`) and reaped or rebuilt.
 
-use gpuslice_registry::{
-    is_valid_id, render_reaped, render_rebuild, render_table_measured, status_json_measured,
-    Inventory, Registry,
-};
+pub mod measured;
+pub mod render;
+mod table;
+
+use gpuslice_registry::{is_valid_id, Inventory, Registry};
+
+use render::{render_reaped, render_rebuild, render_table_measured, status_json_measured};
 
 use crate::cli::{GcArgs, StatusArgs};
 use crate::commands::out;
@@ -16,7 +19,7 @@ use crate::node::Node;
 /// exporter's collector measures next to what is booked, and what the enforcer did.
 pub fn status(node: &Node, args: &StatusArgs) -> Result<(), Error> {
     let file = node.open_registry()?.snapshot()?;
-    let measured = crate::serve::measured::measure(node, &file);
+    let measured = measured::measure(node, &file);
     if args.json {
         let mut v = status_json_measured(&file, &measured, &node.config().placement);
         crate::serve::enforce::status::add_json(&mut v, &node.config().state_dir);
@@ -39,7 +42,7 @@ pub fn status(node: &Node, args: &StatusArgs) -> Result<(), Error> {
 pub fn gc(node: &Node, args: &GcArgs) -> Result<(), Error> {
     let registry = node.open_registry()?;
     let report = if args.rebuild {
-        let gpus = gpuslice_driver::inventory(node.config(), &node.loaded.path)?;
+        let gpus = crate::commands::cdi::take_inventory(node)?;
         render_rebuild(&registry.rebuild(Inventory { gpus })?)
     } else {
         render_reaped(&registry.gc()?)

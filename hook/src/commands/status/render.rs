@@ -1,6 +1,6 @@
 //! What `gpuslice status` and `gpuslice gc` print: the aligned table, the JSON of DESIGN.md
 //! §4 (with the measured figures next to the booked ones), and the reports of reaping and
-//! rebuilding. Pure functions of registry data and of measurements taken by the caller.
+//! rebuilding. Pure functions of registry data and of the measurements `measured` takes.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -8,11 +8,12 @@ use serde_json::{json, Value};
 
 use gpuslice_config::PlacementConfig;
 
-use crate::load::{gpu_loads, missing_gpus, violations};
-use crate::model::{Inventory, Owner, RegistryFile, Reservation};
-use crate::reap::Reaped;
-use crate::registry::RebuildReport;
-use crate::table::{printable, Align, Table};
+use gpuslice_registry::{
+    gpu_loads, missing_gpus, printable, violations, Inventory, Owner, Reaped, RebuildReport,
+    RegistryFile, Reservation,
+};
+
+use super::table::{Align, Table};
 
 /// Bytes in GiB with one decimal, or in the largest binary unit that fits from 1 TiB up
 /// (so a damaged 2^64-1 reads `16.0 EiB`, not `17179869184.0 GiB`).
