@@ -128,27 +128,37 @@ for w in [w for w in ways if w not in ("runc", "runc+slice-spec")]:
 print(f"the container's GPU edits cost runc {spec - med['runc']:.2f} ms "
       f"(ratio {spec / med['runc']:.2f})")
 PY
-# Where the added time goes, per gpuslice process: exec to exit (for the wrapper, exec to its
-# exec of the runtime) from the kernel's sched tracepoints over interleaved lives of each
-# build. Needs perf (Debian: linux-perf) and a kernel that lets root trace; skipped otherwise
-# or with BENCH_SPLIT_LIVES=0.
+# Where the added time goes, per gpuslice process, from the kernel's sched tracepoints over
+# interleaved lives of each build: a hook from exec to exit; the wrapper's start and delete
+# from exec to their exec of the runtime; its create from exec to the spawn of the runtime
+# (the edit), and from the runtime's exit to its own (the hand-back of the exit status).
+# Needs perf (Debian: linux-perf) and a kernel that lets root trace; skipped otherwise or
+# with BENCH_SPLIT_LIVES=0.
 split=${BENCH_SPLIT_LIVES:-100}
 if [ "$split" -gt 0 ] && command -v perf >/dev/null \
   && perf record -q -e sched:sched_process_exec -o "$work/probe.data" -- true >/dev/null 2>&1; then
   lives=""
   for d in "$bin" "$glibc"; do lives="$lives $work/life.sh $d/gpuslice-runtime slice;"; done
-  perf record -q -e sched:sched_process_exec,sched:sched_process_exit -a -o "$work/sched.data" \
-    -- sh -c "for i in \$(seq $split); do $lives done" >/dev/null 2>&1
+  perf record -q -e sched:sched_process_exec,sched:sched_process_fork,sched:sched_process_exit -a \
+    -o "$work/sched.data" -- sh -c "for i in \$(seq $split); do $lives done" >/dev/null 2>&1
   perf script -i "$work/sched.data" 2>/dev/null | python3 -c '
 import collections, re, statistics, sys
 builds = list(dict.fromkeys(sys.argv[1:]))
 cur, res, calls = {}, collections.defaultdict(list), collections.Counter()
+spawned, runc_end = {}, {}
 for line in sys.stdin:
     m = re.search(r"\s(\d+\.\d+): sched:(\w+): (.*)$", line)
     if not m:
         continue
     t, kind, rest = float(m.group(1)) * 1000, m.group(2), m.group(3)
     pid = int(re.search(r" pid=(\d+)", rest).group(1))
+    if kind == "sched_process_fork":
+        # The wrapper spawns the runtime on create: its own part ends there.
+        if pid in cur and cur[pid][1] == "wrapper create" and pid not in spawned.values():
+            b, what, t0 = cur[pid]
+            res[(b, "wrapper create")].append(t - t0)
+            spawned[int(re.search(r"child_pid=(\d+)", rest).group(1))] = pid
+        continue
     if kind == "sched_process_exec":
         exe = re.search(r"filename=(\S+)", rest).group(1)
         if pid in cur:  # the wrapper execs the runtime
@@ -161,16 +171,23 @@ for line in sys.stdin:
                 calls[b] += 1
             elif exe == b + "/gpuslice":
                 cur[pid] = (b, "hook", t)
-    elif kind == "sched_process_exit" and pid in cur:
-        b, what, t0 = cur.pop(pid)
-        res[(b, what)].append(t - t0)
-parts = ["wrapper create", "wrapper start", "wrapper delete", "hook"]
-print("per process, median exec to exit (ms; the wrapper: to its exec of the runtime):")
+    elif kind == "sched_process_exit":
+        if pid in spawned:
+            runc_end[spawned.pop(pid)] = t
+        elif pid in cur:
+            b, what, t0 = cur.pop(pid)
+            if pid in runc_end:
+                res[(b, "after runc")].append(t - runc_end.pop(pid))
+            elif what != "wrapper create":
+                res[(b, what)].append(t - t0)
+parts = ["wrapper create", "after runc", "wrapper start", "wrapper delete", "hook"]
+print("per process, median (ms): wrapper create: exec to spawn of the runtime, and the runtime'"'"'s exit")
+print("to its own; start, delete: exec to exec of the runtime; a hook: exec to exit")
 print("  " + "build".ljust(34) + "".join(p.rjust(16) for p in parts) + "   life (2 hooks)")
 for b in builds:
     med = [statistics.median(res[(b, p)]) if res[(b, p)] else float("nan") for p in parts]
     print("  " + b[-34:].ljust(34) + "".join(f"{m:16.3f}" for m in med)
-          + f"   {med[0] + med[1] + med[2] + 2 * med[3]:8.3f}")
+          + f"   {sum(med[:4]) + 2 * med[4]:8.3f}")
 ' "$bin" "$glibc"
 fi
 left=$("$bin/gpuslice" status --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["reservations"]))')
