@@ -8,6 +8,8 @@ pub mod podman;
 pub mod registration;
 pub mod tomldoc;
 
+use std::path::{Path, PathBuf};
+
 use crate::cli::ConfigureCommand;
 use crate::commands::out;
 use crate::configure::files::{FileError, Plan};
@@ -48,23 +50,31 @@ pub fn run(node: &Node, command: ConfigureCommand) -> Result<(), Error> {
     let text = match command {
         ConfigureCommand::Podman(a) => podman::configure(node, &a.hooks_dir, a.dry_run, a.remove)?,
         ConfigureCommand::Containerd(a) => configure(
-            &containerd::Target::new(a.config_path.as_deref()),
+            &containerd::Target::new(absolute(a.config_path.as_deref()).as_deref()),
             node,
             a.dry_run,
             a.remove,
         )?,
         ConfigureCommand::Crio(a) => configure(
-            &crio::Target::new(a.config_path.as_deref()),
+            &crio::Target::new(absolute(a.config_path.as_deref()).as_deref()),
             node,
             a.dry_run,
             a.remove,
         )?,
         ConfigureCommand::Docker(a) => configure(
-            &docker::Target::new(a.config_path.as_deref()),
+            &docker::Target::new(absolute(a.config_path.as_deref()).as_deref()),
             node,
             a.dry_run,
             a.remove,
         )?,
     };
     out(&text)
+}
+
+/// `--config-path` made absolute against the working directory: the files written next to it
+/// (drop-in, wrapper) are named by path in the engine's config, which the engine resolves
+/// against the config's own directory (or not at all). A path `absolute` cannot resolve is
+/// kept as given, and reading it reports it.
+fn absolute(path: Option<&Path>) -> Option<PathBuf> {
+    path.map(|p| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf()))
 }
