@@ -296,6 +296,13 @@ impl Drop for Nerdctl {
                     .output();
             }
         }
+        // The namespace's parent cgroups nerdctl's cgroupfs manager made: empty once the
+        // containers are deleted.
+        if let Ok(rd) = std::fs::read_dir("/sys/fs/cgroup") {
+            for e in rd.filter_map(|e| e.ok()) {
+                let _ = std::fs::remove_dir(e.path().join(NAMESPACE));
+            }
+        }
         // Rootfs mounts under the task state, deepest first, so the temp dir can go.
         let prefix = format!("{}/", self.dir.path().display());
         let mut mounts: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
