@@ -17,6 +17,7 @@ pub mod kubelet;
 pub mod kubelet_plugin;
 pub mod node;
 pub mod podman;
+pub mod prometheus;
 pub mod runc;
 pub mod serve;
 pub mod view;

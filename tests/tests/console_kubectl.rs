@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use gpuslice_e2e::kube::{wait_for, KubeCluster};
 use gpuslice_e2e::kubelet_plugin::{pod, resource_claim, slice_of, KubeletPlugin};
+use gpuslice_e2e::prometheus::Prometheus;
 use gpuslice_e2e::{bin, env::workspace, serial, TestNode};
 use gpuslice_kube::quantity::parse_whole;
 use serde_json::{json, Value};
@@ -642,74 +643,6 @@ fn kubectl_gpuslice_shows_the_registry_and_allocates_workloads() {
     cluster.down();
 }
 
-/// A Prometheus server (Debian's `prometheus`) scraping one target every second, on a free
-/// port of 127.0.0.1; killed when dropped.
-struct Prometheus {
-    child: std::process::Child,
-    url: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Prometheus {
-    fn start(target: std::net::SocketAddr) -> Prometheus {
-        let dir = tempfile::tempdir().unwrap();
-        let config = dir.path().join("prometheus.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\nscrape_configs:\n- job_name: gpuslice\n  honor_labels: true\n  static_configs: [{{targets: ['{target}']}}]\n"
-            ),
-        )
-        .unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let log = std::fs::File::create(dir.path().join("prometheus.log")).unwrap();
-        let child = Command::new("prometheus")
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.path().join("data").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect(
-                "start prometheus (Debian package prometheus; scripts/install-deps.sh installs it)",
-            );
-        Prometheus {
-            child,
-            url: format!("http://127.0.0.1:{port}"),
-            _dir: dir,
-        }
-    }
-
-    /// `curl URL/path`.
-    fn get(&self, path: &str) -> String {
-        let out = Command::new("curl")
-            .args(["-sS", "--max-time", "10"])
-            .arg(format!("{}{path}", self.url))
-            .output()
-            .expect("curl");
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self._dir.path().join("prometheus.log")).unwrap_or_default()
-    }
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[test]
 #[ignore = "starts a real Kubernetes control plane, a plugin, gpuslice serve and Prometheus; the README's test command runs it"]
 fn used_figures_come_from_prometheus_scraping_the_exporter() {
@@ -756,7 +689,7 @@ fn used_figures_come_from_prometheus_scraping_the_exporter() {
     assert!(row.contains("n/a") && !row.contains("0 (0%)"), "{table}");
 
     let exporter = Exporter::start(&node);
-    let prometheus = Prometheus::start(exporter.addr);
+    let prometheus = Prometheus::start(&[exporter.addr]);
     let url = prometheus.url.clone();
     // Once Prometheus has scraped the exporter, the used figures are the exporter's.
     let deadline = std::time::Instant::now() + STEP;
