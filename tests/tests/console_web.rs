@@ -1,0 +1,847 @@
+//! Issue 18, the web console `gpuslice console` in a real browser (headless Debian chromium
+//! driven by tests/browser/console.js through playwright-core) against the real control
+//! plane: Node objects, one real `gpuslice kubelet-plugin` per simulated node, claims
+//! allocated by the stock scheduler, `gpuslice serve` per node and a real Prometheus scraping
+//! them. Every figure the pages show is compared with what this test computes itself from
+//! the API server's ResourceSlices and ResourceClaims and the exporters' own scrapes. The GPU
+//! tab's Allocate on a Deployment gives it exactly the pod template `kubectl-gpuslice
+//! allocate` gives a twin Deployment, and Release restores it; a console without
+//! `--allow-edit` shows no forms and refuses the POST; one without Prometheus names the
+//! missing source and shows `—`, never 0. The screenshots go to
+//! `$CARGO_TARGET_TMPDIR/console-screenshots` (docs/console.md copies them).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use gpuslice_e2e::kube::{wait_for, KubeCluster};
+use gpuslice_e2e::kubelet::claim as kubelet_claim;
+use gpuslice_e2e::kubelet_plugin::{pod, resource_claim, slice_of, KubeletPlugin};
+use gpuslice_e2e::prometheus::Prometheus;
+use gpuslice_e2e::serve::{value, Exporter, Series};
+use gpuslice_e2e::{bin, env::workspace, serial, TestNode};
+use gpuslice_kube::quantity::parse_whole;
+use serde_json::{json, Map, Value};
+
+const NS: &str = "default";
+const STEP: Duration = Duration::from_secs(90);
+/// The kubeconfig context of scripts/kube-cluster.sh, which the pages name as their rights.
+const CONTEXT: &str = "gpuslice-test";
+const L4: &str = "device.attributes[\"gpuslice.io\"].productName == \"NVIDIA L4\"";
+
+fn quantity(v: &Value) -> u64 {
+    parse_whole(v.as_str().unwrap_or_else(|| panic!("not a quantity: {v}")))
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Where the screenshots go: `GPUSLICE_SCREENSHOT_DIR`, else the target's tmp dir.
+fn screenshot_dir() -> PathBuf {
+    std::env::var_os("GPUSLICE_SCREENSHOT_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_TARGET_TMPDIR")).join("console-screenshots"))
+}
+
+/// The browser side must be there: a missing part fails the test naming its install step.
+fn require_browser() {
+    let chromium =
+        std::env::var("GPUSLICE_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    assert!(
+        Path::new(&chromium).exists(),
+        "{chromium} is missing: the console's browser tests need Debian's chromium (scripts/install-deps.sh installs it: apt-get install chromium)"
+    );
+    let modules = workspace().join("tests/browser/node_modules/playwright-core");
+    assert!(
+        modules.exists(),
+        "{} is missing: run `npm ci --prefix tests/browser` (scripts/test.sh does)",
+        modules.display()
+    );
+    let node = Command::new("node").arg("--version").output();
+    assert!(
+        node.map(|o| o.status.success()).unwrap_or(false),
+        "node is not on PATH: scripts/install-deps.sh installs nodejs and npm"
+    );
+}
+
+/// Runs tests/browser/console.js on `spec`; panics with its message when a page differs.
+fn browser(spec: &Value) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("spec.json");
+    std::fs::write(&file, serde_json::to_vec_pretty(spec).unwrap()).unwrap();
+    let out = Command::new("node")
+        .arg(workspace().join("tests/browser/console.js"))
+        .arg(&file)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run node tests/browser/console.js");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "the browser test failed ({}):\n{stderr}{stdout}\nspec:\n{}",
+        out.status,
+        serde_json::to_string_pretty(spec).unwrap()
+    );
+    eprint!("{stdout}");
+}
+
+/// A running `gpuslice console`; killed when dropped.
+struct Console {
+    child: Child,
+    url: String,
+    log: Arc<Mutex<String>>,
+}
+
+impl Console {
+    fn start(cluster: &KubeCluster, prometheus: Option<&str>, allow_edit: bool) -> Console {
+        let mut cmd = Command::new(bin("gpuslice"));
+        cmd.args(["console", "--listen", "127.0.0.1:0", "--kubeconfig"])
+            .arg(cluster.kubeconfig())
+            .env_remove("GPUSLICE_PROMETHEUS")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if let Some(url) = prometheus {
+            cmd.args(["--prometheus", url]);
+        }
+        if allow_edit {
+            cmd.arg("--allow-edit");
+        }
+        let mut child = cmd.spawn().expect("start gpuslice console");
+        let log = Arc::new(Mutex::new(String::new()));
+        let sink = log.clone();
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let mut l = sink.lock().unwrap_or_else(|p| p.into_inner());
+                l.push_str(&line);
+                l.push('\n');
+            }
+        });
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut first = String::new();
+        stdout.read_line(&mut first).unwrap();
+        let url = first
+            .trim()
+            .strip_prefix("gpuslice console: listening on ")
+            .map(|u| u.trim_end_matches('/').to_string())
+            .unwrap_or_else(|| {
+                let _ = child.kill();
+                let _ = child.wait();
+                std::thread::sleep(Duration::from_millis(200));
+                panic!(
+                    "gpuslice console printed {first:?}, not `gpuslice console: listening on http://ADDR/`:\n{}",
+                    log.lock().unwrap()
+                )
+            });
+        Console { child, url, log }
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// A form POST as a same-origin browser sends it: status and body.
+    fn post(&self, path: &str, body: &str) -> (u16, String) {
+        let out = Command::new("curl")
+            .args(["-sS", "--max-time", "20", "-o", "-", "-w", "\n%{http_code}"])
+            .args(["-H", &format!("Origin: {}", self.url)])
+            .args(["-H", "Content-Type: application/x-www-form-urlencoded"])
+            .args(["--data-raw", body])
+            .arg(format!("{}{path}", self.url))
+            .output()
+            .expect("curl");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+        (code.trim().parse().unwrap_or(0), body.to_string())
+    }
+}
+
+impl Drop for Console {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One GPU as the registry has it.
+#[derive(Debug, Clone, Default)]
+struct Gpu {
+    node: String,
+    index: u64,
+    uuid: String,
+    model: String,
+    memory: u64,
+    cores: u64,
+    memory_allocated: u64,
+    cores_allocated: u64,
+    claims: Vec<String>,
+}
+
+/// One allocated claim's share of one GPU.
+#[derive(Debug, Clone)]
+struct Share {
+    claim: String,
+    uuid: String,
+    memory: u64,
+    cores: u64,
+}
+
+/// The GPUs (by node, then device name) and the claims' shares, from the API server.
+fn registry(cluster: &KubeCluster) -> (BTreeMap<(String, String), Gpu>, Vec<Share>) {
+    let mut gpus = BTreeMap::new();
+    for s in cluster.get_json(&["resourceslices"])["items"]
+        .as_array()
+        .unwrap()
+    {
+        if s["spec"]["driver"] != "gpuslice.io" {
+            continue;
+        }
+        let pool = s["spec"]["pool"]["name"].as_str().unwrap().to_string();
+        for d in s["spec"]["devices"].as_array().unwrap() {
+            let a = &d["attributes"];
+            gpus.insert(
+                (pool.clone(), d["name"].as_str().unwrap().to_string()),
+                Gpu {
+                    node: pool.clone(),
+                    index: a["index"]["int"].as_u64().unwrap(),
+                    uuid: a["uuid"]["string"].as_str().unwrap().to_string(),
+                    model: a["productName"]["string"].as_str().unwrap().to_string(),
+                    memory: quantity(&d["capacity"]["memory"]["value"]),
+                    cores: quantity(&d["capacity"]["cores"]["value"]),
+                    ..Default::default()
+                },
+            );
+        }
+    }
+    let mut shares = Vec::new();
+    for c in cluster.get_json(&["resourceclaims", "-A"])["items"]
+        .as_array()
+        .unwrap()
+    {
+        let name = format!(
+            "{}/{}",
+            c["metadata"]["namespace"].as_str().unwrap(),
+            c["metadata"]["name"].as_str().unwrap()
+        );
+        for r in c["status"]["allocation"]["devices"]["results"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let g = gpus
+                .get_mut(&(
+                    r["pool"].as_str().unwrap().to_string(),
+                    r["device"].as_str().unwrap().to_string(),
+                ))
+                .unwrap_or_else(|| panic!("claim {name} on an unpublished device: {r}"));
+            let memory = quantity(&r["consumedCapacity"]["memory"]);
+            let cores = quantity(&r["consumedCapacity"]["cores"]);
+            g.memory_allocated += memory;
+            g.cores_allocated += cores;
+            g.claims.push(name.clone());
+            shares.push(Share {
+                claim: name.clone(),
+                uuid: g.uuid.clone(),
+                memory,
+                cores,
+            });
+        }
+    }
+    (gpus, shares)
+}
+
+/// What the exporters measure, from their own scrapes: per GPU UUID memory used and cores
+/// used (utilisation × 100), per claim slice (UUID, namespace, limit) the shim's and the
+/// driver's memory used.
+struct Measured {
+    series: Vec<Series>,
+}
+
+impl Measured {
+    fn scrape(exporters: &[&Exporter]) -> Measured {
+        Measured {
+            series: exporters.iter().flat_map(|e| e.scrape()).collect(),
+        }
+    }
+
+    fn gpu_memory(&self, uuid: &str) -> Option<u64> {
+        value(
+            &self.series,
+            "gpuslice_gpu_memory_used_bytes",
+            &[("uuid", uuid)],
+        )
+        .map(|v| v as u64)
+    }
+
+    fn gpu_cores(&self, uuid: &str) -> Option<u64> {
+        value(
+            &self.series,
+            "gpuslice_gpu_utilization_ratio",
+            &[("uuid", uuid)],
+        )
+        .map(|v| (v * 100.0).round() as u64)
+    }
+
+    /// The slice series of `share` (matched on UUID, namespace and limit, as documented).
+    fn slice(&self, share: &Share, name: &str) -> Option<u64> {
+        let ns = share.claim.split('/').next().unwrap();
+        let limit = share.memory.to_string();
+        let limits: Vec<&Series> = self
+            .series
+            .iter()
+            .filter(|s| {
+                s.name == "gpuslice_slice_memory_limit_bytes"
+                    && s.labels.get("uuid") == Some(&share.uuid)
+                    && s.labels.get("namespace").map(String::as_str) == Some(ns)
+                    && (s.value as u64).to_string() == limit
+            })
+            .collect();
+        let [one] = limits.as_slice() else {
+            return None;
+        };
+        let want: Vec<(&str, &str)> = one
+            .labels
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        value(&self.series, name, &want).map(|v| v as u64)
+    }
+}
+
+fn opt(v: Option<u64>) -> Value {
+    v.map_or(Value::Null, Value::from)
+}
+
+/// Sums that are unknown as soon as one part is.
+fn sum(parts: impl Iterator<Item = Option<u64>>) -> Option<u64> {
+    parts.fold(Some(0), |a, p| Some(a? + p?))
+}
+
+/// The pages' expected figures: `/` (node rows and the total), `/nodes/NAME` per node with
+/// GPUs and `/pods`. `measured` is `None` for a console without Prometheus.
+fn figure_pages(
+    cluster: &KubeCluster,
+    measured: Option<&Measured>,
+    shot: &str,
+    node_without_plugin: &str,
+) -> Vec<Value> {
+    let (gpus, shares) = registry(cluster);
+    let used = |g: &Gpu| measured.and_then(|m| m.gpu_memory(&g.uuid));
+    let cores_used = |g: &Gpu| measured.and_then(|m| m.gpu_cores(&g.uuid));
+    let mut nodes: BTreeMap<String, Vec<&Gpu>> = BTreeMap::new();
+    for g in gpus.values() {
+        nodes.entry(g.node.clone()).or_default().push(g);
+    }
+    let row = |gs: &[&Gpu]| {
+        let memory: u64 = gs.iter().map(|g| g.memory).sum();
+        let allocated: u64 = gs.iter().map(|g| g.memory_allocated).sum();
+        json!({
+            "gpus": gs.len(),
+            "memory-capacity": memory,
+            "memory-allocated": allocated,
+            "memory-free": memory - allocated,
+            "memory-used": opt(sum(gs.iter().map(|g| used(g)))),
+            "cores-capacity": gs.iter().map(|g| g.cores).sum::<u64>(),
+            "cores-allocated": gs.iter().map(|g| g.cores_allocated).sum::<u64>(),
+            "cores-used": opt(sum(gs.iter().map(|g| cores_used(g)))),
+        })
+    };
+    let all: Vec<&Gpu> = gpus.values().collect();
+    let mut rows = Map::new();
+    rows.insert("(total)".into(), row(&all));
+    let mut links = Map::new();
+    for (name, gs) in &nodes {
+        rows.insert(name.clone(), row(gs));
+        links.insert(name.clone(), json!([format!("/nodes/{name}")]));
+    }
+    let mut pages = vec![json!({
+        "path": "/", "name": "Nodes", "table": "nodes", "key": "data-node",
+        "first": "(total)", "rows": rows, "links": links,
+        "sparklines": measured.is_some(),
+        "missing": if measured.is_some() {
+            json!([format!("plugin:{node_without_plugin}")])
+        } else {
+            json!([format!("plugin:{node_without_plugin}"), "prometheus"])
+        },
+        "absent": if measured.is_some() { json!(["prometheus"]) } else { json!([]) },
+        "screenshot": format!("{shot}nodes.png"),
+    })];
+    for (name, gs) in &nodes {
+        let mut rows = Map::new();
+        for g in gs {
+            let mut claims: Vec<&str> = g.claims.iter().map(String::as_str).collect();
+            claims.sort();
+            claims.dedup();
+            rows.insert(
+                g.uuid.clone(),
+                json!({
+                    "index": g.index,
+                    "model": g.model,
+                    "memory-capacity": g.memory,
+                    "memory-allocated": g.memory_allocated,
+                    "memory-share": {"approx": g.memory_allocated * 100 / g.memory, "tol": 1},
+                    "memory-used": opt(used(g)),
+                    "cores-allocated": g.cores_allocated,
+                    "cores-used": opt(cores_used(g)),
+                    "claims": {"contains": claims},
+                }),
+            );
+        }
+        pages.push(json!({
+            "path": format!("/nodes/{name}"), "name": "Node", "table": "gpus", "key": "data-gpu",
+            "exact": true, "rows": rows,
+            "charts": if measured.is_some() { json!(gs.iter().map(|g| g.uuid.clone()).collect::<Vec<_>>()) } else { json!([]) },
+            "missing": if measured.is_some() { json!([]) } else { json!(["prometheus"]) },
+            "absent": if measured.is_some() { json!(["prometheus"]) } else { json!([]) },
+            "screenshot": if name == "node-a" { json!(format!("{shot}node.png")) } else { Value::Null },
+        }));
+    }
+    pages.push(pods_page(cluster, &shares, measured, shot));
+    pages
+}
+
+/// `/pods`: one row per container holding a slice (pods whose claims are allocated).
+fn pods_page(
+    cluster: &KubeCluster,
+    shares: &[Share],
+    measured: Option<&Measured>,
+    shot: &str,
+) -> Value {
+    let mut rows = Map::new();
+    for p in cluster.get_json(&["pods", "-A"])["items"]
+        .as_array()
+        .unwrap()
+    {
+        // A terminating pod (no kubelet confirms its deletion) still holds its slice.
+        let ns = p["metadata"]["namespace"].as_str().unwrap();
+        let pod_name = p["metadata"]["name"].as_str().unwrap();
+        // The pod's claim entries → the ResourceClaim names.
+        let mut claim_of: BTreeMap<String, String> = BTreeMap::new();
+        for rc in p["spec"]["resourceClaims"].as_array().into_iter().flatten() {
+            let entry = rc["name"].as_str().unwrap().to_string();
+            let claim = rc["resourceClaimName"]
+                .as_str()
+                .map(str::to_string)
+                .or_else(|| {
+                    p["status"]["resourceClaimStatuses"]
+                        .as_array()?
+                        .iter()
+                        .find(|s| s["name"] == entry.as_str())?["resourceClaimName"]
+                        .as_str()
+                        .map(str::to_string)
+                });
+            if let Some(c) = claim {
+                claim_of.insert(entry, format!("{ns}/{c}"));
+            }
+        }
+        for c in p["spec"]["containers"].as_array().unwrap() {
+            for used in c["resources"]["claims"].as_array().into_iter().flatten() {
+                let Some(claim) = claim_of.get(used["name"].as_str().unwrap()) else {
+                    continue;
+                };
+                for s in shares.iter().filter(|s| &s.claim == claim) {
+                    let m = |name: &str| measured.and_then(|m| m.slice(s, name));
+                    rows.insert(
+                        format!("{ns}/{pod_name} {}", c["name"].as_str().unwrap()),
+                        json!({
+                            "memory-limit": s.memory,
+                            "cores-share": s.cores,
+                            "memory-used": opt(m("gpuslice_slice_memory_used_bytes")),
+                            "memory-used-driver": opt(m("gpuslice_slice_nvml_memory_used_bytes")),
+                            "cpu": null,
+                            "memory": null,
+                        }),
+                    );
+                }
+            }
+        }
+    }
+    json!({
+        "path": "/pods", "name": "Pods", "table": "pods", "key": ["data-pod", "data-container"],
+        "exact": true, "rows": rows,
+        "missing": if measured.is_some() { json!(["cadvisor"]) } else { json!(["prometheus"]) },
+        "absent": if measured.is_some() { json!(["prometheus"]) } else { json!([]) },
+        "screenshot": format!("{shot}pods.png"),
+    })
+}
+
+/// `/workloads`: the given Deployments with their replicas and slice text.
+fn workloads_page(rows: Value, shot: &str) -> Value {
+    json!({
+        "path": "/workloads", "name": "Workloads", "table": "workloads", "key": "data-workload",
+        "rows": rows, "missing": [], "screenshot": format!("{shot}workloads.png"),
+    })
+}
+
+/// A Deployment of `replicas` pods (two containers) that replaces all its pods at once.
+fn deployment(name: &str, replicas: u32) -> Value {
+    json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "100%", "maxUnavailable": "100%"}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "tolerations": [{"operator": "Exists"}],
+                    "containers": [
+                        {"name": "main", "image": "gpuslice.invalid/never-pulled:1"},
+                        {"name": "sidecar", "image": "gpuslice.invalid/never-pulled:1"},
+                    ],
+                },
+            },
+        },
+    })
+}
+
+fn kubectl_gpuslice(cluster: &KubeCluster, args: &[&str]) -> Output {
+    Command::new(bin("kubectl-gpuslice"))
+        .arg("--kubeconfig")
+        .arg(cluster.kubeconfig())
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run kubectl-gpuslice")
+}
+
+/// kubectl-gpuslice's one refusal line for `args`, without its `error: ` prefix.
+fn refusal(cluster: &KubeCluster, args: &[&str]) -> String {
+    let out = kubectl_gpuslice(cluster, args);
+    assert!(!out.status.success(), "kubectl-gpuslice {args:?} succeeded");
+    let line = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    line.strip_prefix("error: ").unwrap_or(&line).to_string()
+}
+
+fn deploy(cluster: &KubeCluster, name: &str) -> Value {
+    cluster.get_json(&["deployment", name, "-n", NS])
+}
+
+/// The console's ResourceClaimTemplates of one workload.
+fn templates_of(cluster: &KubeCluster, workload: &str) -> Vec<Value> {
+    cluster.get_json(&["resourceclaimtemplates", "-n", NS])["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| {
+            t["metadata"]["annotations"]["gpuslice.io/workload"]
+                == format!("deployment/{workload}").as_str()
+        })
+        .cloned()
+        .collect()
+}
+
+/// A pod template and its one template of the console, with the workload's name and the
+/// template's name replaced, so a workload and its twin compare equal.
+fn normalised(cluster: &KubeCluster, name: &str) -> (Value, Value) {
+    let templates = templates_of(cluster, name);
+    assert_eq!(templates.len(), 1, "deployment/{name}: {templates:?}");
+    let rct = &templates[0];
+    let rct_name = rct["metadata"]["name"].as_str().unwrap().to_string();
+    let pod_template = deploy(cluster, name)["spec"]["template"].to_string();
+    let rct_text = json!({
+        "labels": rct["metadata"]["labels"],
+        "annotations": rct["metadata"]["annotations"],
+        "spec": rct["spec"],
+    })
+    .to_string();
+    let norm = |s: &str| {
+        let s = s.replace(&rct_name, "TEMPLATE");
+        let s = s.replace(&format!("\"{name}\""), "\"WORKLOAD\"");
+        let s = s.replace(&format!("deployment/{name}\""), "deployment/WORKLOAD\"");
+        serde_json::from_str::<Value>(&s).unwrap()
+    };
+    (norm(&pod_template), norm(&rct_text))
+}
+
+/// Waits until `replicas` live pods of `app` use the console's claim, each allocated.
+fn wait_allocated(cluster: &KubeCluster, app: &str, replicas: usize) {
+    wait_for(
+        &format!("{replicas} pods of {app} with allocated claims"),
+        STEP,
+        || {
+            let pods = cluster.get_json(&["pods", "-n", NS, "-l", &format!("app={app}")]);
+            let mut n = 0;
+            for p in pods["items"].as_array()? {
+                // The old pods (no kubelet ever confirms their deletion) hold no claim.
+                if !p["metadata"]["deletionTimestamp"].is_null()
+                    || p["spec"]["resourceClaims"].is_null()
+                {
+                    continue;
+                }
+                let claim =
+                    p["status"]["resourceClaimStatuses"][0]["resourceClaimName"].as_str()?;
+                let c = cluster.get_json(&["resourceclaim", claim, "-n", NS]);
+                c["status"]["allocation"].is_object().then_some(())?;
+                n += 1;
+            }
+            (n == replicas).then_some(())
+        },
+    );
+}
+
+/// Waits until Prometheus has every GPU's series and the prepared slice's.
+fn wait_scraped(prometheus: &Prometheus, uuids: &[String]) {
+    let deadline = Instant::now() + STEP;
+    loop {
+        let text = prometheus
+            .get("/api/v1/query?query=count%20by%20(uuid)%20(gpuslice_gpu_memory_used_bytes)");
+        let slices = prometheus.get("/api/v1/query?query=gpuslice_slice_memory_used_bytes");
+        if uuids.iter().all(|u| text.contains(u.as_str())) && slices.contains("\"value\"") {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Prometheus at {} never had every GPU's series ({uuids:?}): {text}\n{slices}\n{}",
+            prometheus.url,
+            prometheus.log()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+#[test]
+#[ignore = "starts a real Kubernetes control plane, plugins, exporters, Prometheus, three consoles and chromium; the README's test command runs it"]
+fn the_web_console_shows_the_registry_and_allocates_in_a_browser() {
+    let _s = serial();
+    require_browser();
+    let shots = screenshot_dir();
+    let mut cluster = KubeCluster::up();
+    let nodes: BTreeMap<&str, TestNode> = [
+        (
+            "node-a",
+            TestNode::with_models(&[("NVIDIA H200", "141Gi"), ("NVIDIA H200", "141Gi")]),
+        ),
+        ("node-b", TestNode::with_models(&[("NVIDIA L4", "24Gi")])),
+    ]
+    .into_iter()
+    .collect();
+    for name in nodes.keys() {
+        cluster.add_node(name);
+    }
+    // A node without the plugin: the pages name it as a missing source.
+    cluster.add_node("node-c");
+    let plugins: BTreeMap<&str, KubeletPlugin> = nodes
+        .iter()
+        .map(|(name, node)| (*name, KubeletPlugin::start(&cluster, name, node)))
+        .collect();
+    for name in nodes.keys() {
+        wait_for(&format!("the ResourceSlice of {name}"), STEP, || {
+            slice_of(&cluster, name)
+        });
+    }
+    let class = workspace().join("packaging/kubernetes/dra/deviceclass.yaml");
+    cluster.kubectl(&["create", "-f", &class.display().to_string()]);
+    for (name, memory, cores, cel) in [
+        ("l4-full", "24Gi", "50", Some(L4)),
+        ("big", "100Gi", "40", None),
+        ("train", "20Gi", "30", None),
+    ] {
+        cluster
+            .create(&resource_claim(name, 1, memory, cores, cel))
+            .unwrap();
+        cluster.create(&pod(name, name)).unwrap();
+        wait_for(&format!("claim {name} allocated"), STEP, || {
+            let c = cluster.get_json(&["resourceclaim", name, "-n", NS]);
+            c["status"]["allocation"].is_object().then_some(c)
+        });
+    }
+    // The kubelet's prepare of `train` books its slice on node-a: the exporter measures it.
+    let train = cluster.get_json(&["resourceclaim", "train", "-n", NS]);
+    let train_uid = train["metadata"]["uid"].as_str().unwrap().to_string();
+    let train_node = train["status"]["allocation"]["devices"]["results"][0]["pool"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut kubelet = plugins[train_node.as_str()].kubelet();
+    let answer = kubelet
+        .prepare(kubelet_claim(NS, "train", &train_uid))
+        .unwrap();
+    assert_eq!(
+        answer.error,
+        "",
+        "{}",
+        plugins[train_node.as_str()].log_text()
+    );
+
+    let exporters: Vec<Exporter> = nodes.values().map(Exporter::start).collect();
+    let prometheus = Prometheus::start(&exporters.iter().map(|e| e.addr).collect::<Vec<_>>());
+    let (gpus, _) = registry(&cluster);
+    let uuids: Vec<String> = gpus.values().map(|g| g.uuid.clone()).collect();
+    wait_scraped(&prometheus, &uuids);
+    let exporter_refs: Vec<&Exporter> = exporters.iter().collect();
+
+    cluster.create(&deployment("web", 2)).unwrap();
+    cluster.create(&deployment("web-twin", 2)).unwrap();
+    let original = deploy(&cluster, "web");
+
+    // The edit console with Prometheus: every page's figures, the filter, the GPU tab.
+    let console = Console::start(&cluster, Some(&prometheus.url), true);
+    let measured = Measured::scrape(&exporter_refs);
+    let mut pages = figure_pages(&cluster, Some(&measured), "", "node-c");
+    pages.push(workloads_page(
+        json!({
+            "default/deployment/web": {"replicas": 2, "gpu": "none"},
+            "default/deployment/web-twin": {"replicas": 2, "gpu": "none"},
+        }),
+        "",
+    ));
+    pages.push(json!({"path": "/nodes/nope", "status": 404, "contains": ["nope"]}));
+    // What kubectl-gpuslice says to the same bad input (it changes nothing either).
+    let bad_memory = refusal(
+        &cluster,
+        &["allocate", "deployment/web", "--memory", "20GB"],
+    );
+    let no_fit = refusal(
+        &cluster,
+        &["allocate", "deployment/web", "--memory", "100Gi"],
+    );
+    assert!(no_fit.contains("fits 1"), "{no_fit}");
+    let web = "default/deployment/web";
+    browser(&json!({
+        "url": console.url, "screenshots": shots, "mode": "edit allowed", "rights": CONTEXT,
+        "pages": pages,
+        "filter": {"available": ["node-a"], "screenshot": "nodes-available.png"},
+        "steps": [
+            {"do": "allocate", "workload": web, "current": "none", "button": "Allocate",
+             "defaultGpus": 1, "releaseForm": false,
+             "gpus": 1, "memory": "20Gi", "cores": "10", "dryRun": true, "expect": "ok",
+             "diffContains": ["resourceclaimtemplate/web-deployment-gpuslice-", "+- name: gpuslice", "memory: 20Gi"],
+             "formScreenshot": "workload-allocate-form.png", "screenshot": "workload-allocate-dry-run.png"},
+            {"do": "allocate", "workload": web, "gpus": 1, "memory": "20GB", "cores": "", "expect": "error",
+             "resultContains": [bad_memory]},
+            {"do": "allocate", "workload": web, "gpus": 1, "memory": "100Gi", "cores": "", "expect": "error",
+             "resultContains": [no_fit], "screenshot": "workload-allocate-refused.png"},
+        ],
+    }));
+    // The dry run and the refusals changed nothing.
+    let now = deploy(&cluster, "web");
+    assert_eq!(now["spec"], original["spec"]);
+    assert_eq!(
+        now["metadata"]["generation"],
+        original["metadata"]["generation"]
+    );
+    assert!(templates_of(&cluster, "web").is_empty());
+
+    browser(&json!({
+        "url": console.url, "screenshots": shots, "mode": "edit allowed", "rights": CONTEXT,
+        "steps": [
+            {"do": "allocate", "workload": web, "current": "none", "button": "Allocate",
+             "gpus": 1, "memory": "20Gi", "cores": "10", "dryRun": false, "expect": "ok",
+             "resultContains": ["deployment/web allocated", "resourceclaimtemplate/web-deployment-gpuslice-"],
+             "screenshot": "workload-allocated.png"},
+        ],
+    }));
+    // The browser's Allocate made exactly what kubectl-gpuslice makes of an identical twin.
+    let out = kubectl_gpuslice(
+        &cluster,
+        &[
+            "allocate",
+            "deployment/web-twin",
+            "--memory",
+            "20Gi",
+            "--cores",
+            "10",
+            "--gpus",
+            "1",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (web_template, web_rct) = normalised(&cluster, "web");
+    let (twin_template, twin_rct) = normalised(&cluster, "web-twin");
+    assert_eq!(
+        web_template, twin_template,
+        "the browser's Allocate and kubectl-gpuslice allocate differ"
+    );
+    assert_eq!(web_rct, twin_rct);
+    assert_eq!(
+        web_template["spec"]["resourceClaims"],
+        json!([{"name": "gpuslice", "resourceClaimTemplateName": "TEMPLATE"}])
+    );
+    wait_allocated(&cluster, "web", 2);
+    wait_allocated(&cluster, "web-twin", 2);
+
+    // After: the figures include the new slices, the tab shows the slice, Edit and Release.
+    let measured = Measured::scrape(&exporter_refs);
+    let mut pages = figure_pages(&cluster, Some(&measured), "allocated-", "node-c");
+    pages.push(workloads_page(
+        json!({
+            "default/deployment/web": {"replicas": 2, "gpu": {"contains": ["20Gi"], "not": "none"}},
+            "default/deployment/web-twin": {"replicas": 2, "gpu": {"contains": ["20Gi"], "not": "none"}},
+        }),
+        "allocated-",
+    ));
+    browser(&json!({
+        "url": console.url, "screenshots": shots, "mode": "edit allowed", "rights": CONTEXT,
+        "pages": pages,
+        "steps": [
+            {"do": "allocate", "workload": web, "current": {"contains": ["20Gi"], "not": "none"},
+             "button": "Edit", "releaseForm": true,
+             "gpus": 1, "memory": "30Gi", "cores": "10", "dryRun": true, "expect": "ok",
+             "diffContains": ["memory: 30Gi"], "screenshot": "workload-edit-dry-run.png"},
+            {"do": "release", "workload": web, "expect": "ok", "resultContains": ["deployment/web released"]},
+        ],
+    }));
+    assert_eq!(
+        deploy(&cluster, "web")["spec"]["template"],
+        original["spec"]["template"],
+        "Release in the browser did not restore the pod template"
+    );
+    assert!(templates_of(&cluster, "web").is_empty());
+    eprintln!("edit console log:\n{}", console.log());
+    drop(console);
+
+    // A read-only console: no forms, the sentence, and the POST refused with nothing changed.
+    let read_only = Console::start(&cluster, Some(&prometheus.url), false);
+    let before = deploy(&cluster, "web");
+    browser(&json!({
+        "url": read_only.url, "screenshots": shots, "mode": "read-only", "rights": CONTEXT,
+        "steps": [{"do": "read-only", "workload": web, "current": "none", "screenshot": "workload-read-only.png"}],
+    }));
+    for action in ["allocate", "release"] {
+        let (status, body) = read_only.post(
+            &format!("/workloads/{web}/{action}"),
+            "gpus=1&memory=20Gi&cores=10",
+        );
+        assert_eq!(
+            status, 403,
+            "POST {action} on a read-only console: {status} {body}"
+        );
+        assert_eq!(body.trim().lines().count(), 1, "not one line: {body:?}");
+    }
+    let after = deploy(&cluster, "web");
+    assert_eq!(after["spec"], before["spec"]);
+    assert_eq!(
+        after["metadata"]["generation"],
+        before["metadata"]["generation"]
+    );
+    assert!(templates_of(&cluster, "web").is_empty());
+    drop(read_only);
+
+    // A console without Prometheus: the banner naming the source and `—`, never 0.
+    let blind = Console::start(&cluster, None, false);
+    browser(&json!({
+        "url": blind.url, "screenshots": shots, "mode": "read-only", "rights": CONTEXT,
+        "pages": figure_pages(&cluster, None, "no-prometheus-", "node-c"),
+    }));
+    drop(blind);
+
+    let answer = kubelet
+        .unprepare(kubelet_claim(NS, "train", &train_uid))
+        .unwrap();
+    assert_eq!(answer.error, "");
+    drop(prometheus);
+    drop(exporters);
+    drop(plugins);
+    cluster.down();
+}
