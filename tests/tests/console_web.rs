@@ -318,8 +318,8 @@ fn opt(v: Option<u64>) -> Value {
 }
 
 /// Sums that are unknown as soon as one part is.
-fn sum(parts: impl Iterator<Item = Option<u64>>) -> Option<u64> {
-    parts.fold(Some(0), |a, p| Some(a? + p?))
+fn sum(mut parts: impl Iterator<Item = Option<u64>>) -> Option<u64> {
+    parts.try_fold(0, |a, p| Some(a + p?))
 }
 
 /// The pages' expected figures: `/` (node rows and the total), `/nodes/NAME` per node with
