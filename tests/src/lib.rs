@@ -18,6 +18,7 @@ pub mod kubelet_plugin;
 pub mod node;
 pub mod podman;
 pub mod prometheus;
+pub mod published;
 pub mod runc;
 pub mod serve;
 pub mod view;

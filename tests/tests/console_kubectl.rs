@@ -16,18 +16,13 @@ use std::time::Duration;
 use gpuslice_e2e::kube::{wait_for, KubeCluster};
 use gpuslice_e2e::kubelet_plugin::{pod, resource_claim, slice_of, KubeletPlugin};
 use gpuslice_e2e::prometheus::Prometheus;
+use gpuslice_e2e::published::{published, quantity, PublishedGpu};
 use gpuslice_e2e::{bin, env::workspace, serial, TestNode};
-use gpuslice_kube::quantity::parse_whole;
 use serde_json::{json, Value};
 
 const NS: &str = "default";
 const GIB: u64 = 1 << 30;
 const STEP: Duration = Duration::from_secs(90);
-
-fn quantity(v: &Value) -> u64 {
-    parse_whole(v.as_str().unwrap_or_else(|| panic!("not a quantity: {v}")))
-        .unwrap_or_else(|e| panic!("{e}"))
-}
 
 /// `kubectl-gpuslice --kubeconfig <cluster> args…`.
 fn plugin(cluster: &KubeCluster, args: &[&str]) -> Output {
@@ -83,85 +78,11 @@ fn json_of(cluster: &KubeCluster, args: &[&str]) -> Value {
     serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
 }
 
-/// What the registry (the API server) holds, computed here from the raw objects: per
-/// (node, device) the offered memory and cores and the sum of allocated claims'
-/// consumedCapacity, and the claims on it.
-#[derive(Debug, Default, PartialEq)]
-struct Expected {
-    memory: u64,
-    cores: u64,
-    memory_allocated: u64,
-    cores_allocated: u64,
-    model: String,
-    uuid: String,
-    claims: Vec<String>,
-}
-
-fn expected(cluster: &KubeCluster) -> BTreeMap<(String, String), Expected> {
-    let mut out: BTreeMap<(String, String), Expected> = BTreeMap::new();
-    for s in cluster.get_json(&["resourceslices"])["items"]
-        .as_array()
-        .unwrap()
-    {
-        if s["spec"]["driver"] != "gpuslice.io" {
-            continue;
-        }
-        let pool = s["spec"]["pool"]["name"].as_str().unwrap().to_string();
-        for d in s["spec"]["devices"].as_array().unwrap() {
-            out.insert(
-                (pool.clone(), d["name"].as_str().unwrap().to_string()),
-                Expected {
-                    memory: quantity(&d["capacity"]["memory"]["value"]),
-                    cores: quantity(&d["capacity"]["cores"]["value"]),
-                    model: d["attributes"]["productName"]["string"]
-                        .as_str()
-                        .unwrap()
-                        .to_string(),
-                    uuid: d["attributes"]["uuid"]["string"]
-                        .as_str()
-                        .unwrap()
-                        .to_string(),
-                    ..Default::default()
-                },
-            );
-        }
-    }
-    for c in cluster.get_json(&["resourceclaims", "-A"])["items"]
-        .as_array()
-        .unwrap()
-    {
-        let name = format!(
-            "{}/{}",
-            c["metadata"]["namespace"].as_str().unwrap(),
-            c["metadata"]["name"].as_str().unwrap()
-        );
-        for r in c["status"]["allocation"]["devices"]["results"]
-            .as_array()
-            .into_iter()
-            .flatten()
-        {
-            let e = out
-                .get_mut(&(
-                    r["pool"].as_str().unwrap().to_string(),
-                    r["device"].as_str().unwrap().to_string(),
-                ))
-                .unwrap_or_else(|| panic!("claim {name} on an unpublished device: {r}"));
-            e.memory_allocated += quantity(&r["consumedCapacity"]["memory"]);
-            e.cores_allocated += quantity(&r["consumedCapacity"]["cores"]);
-            e.claims.push(name.clone());
-        }
-    }
-    for e in out.values_mut() {
-        e.claims.sort();
-    }
-    out
-}
-
-/// `gpus -o json` and `nodes -o json` agree with [`expected`], and used is `null`.
-fn check_figures(cluster: &KubeCluster) -> BTreeMap<(String, String), Expected> {
-    let want = expected(cluster);
+/// `gpus -o json` and `nodes -o json` agree with what the API server holds ([`published`]), and used is `null`.
+fn check_figures(cluster: &KubeCluster) -> BTreeMap<(String, String), PublishedGpu> {
+    let (want, _) = published(cluster);
     let gpus = json_of(cluster, &["gpus", "-o", "json"]);
-    let got: BTreeMap<(String, String), Expected> = gpus["gpus"]
+    let got: BTreeMap<(String, String), PublishedGpu> = gpus["gpus"]
         .as_array()
         .unwrap()
         .iter()
@@ -191,7 +112,9 @@ fn check_figures(cluster: &KubeCluster) -> BTreeMap<(String, String), Expected> 
                     g["node"].as_str().unwrap().to_string(),
                     g["device"].as_str().unwrap().to_string(),
                 ),
-                Expected {
+                PublishedGpu {
+                    node: g["node"].as_str().unwrap().to_string(),
+                    index: g["index"].as_u64().unwrap(),
                     memory: g["memory"]["capacity"].as_u64().unwrap(),
                     cores: g["cores"]["capacity"].as_u64().unwrap(),
                     memory_allocated: g["memory"]["allocated"].as_u64().unwrap(),
@@ -209,12 +132,12 @@ fn check_figures(cluster: &KubeCluster) -> BTreeMap<(String, String), Expected> 
     let mut total = (0u64, 0u64, 0u64, 0u64, 0u64);
     for n in nodes["nodes"].as_array().unwrap() {
         let name = n["name"].as_str().unwrap();
-        let mine: Vec<&Expected> = want
+        let mine: Vec<&PublishedGpu> = want
             .iter()
             .filter(|((node, _), _)| node == name)
             .map(|(_, e)| e)
             .collect();
-        let sum = |f: fn(&Expected) -> u64| mine.iter().map(|e| f(e)).sum::<u64>();
+        let sum = |f: fn(&PublishedGpu) -> u64| mine.iter().map(|e| f(e)).sum::<u64>();
         assert_eq!(n["gpus"].as_u64().unwrap(), mine.len() as u64, "{n}");
         assert_eq!(
             n["memory"]["capacity"].as_u64().unwrap(),

@@ -23,9 +23,9 @@ use gpuslice_e2e::kube::{wait_for, KubeCluster};
 use gpuslice_e2e::kubelet::claim as kubelet_claim;
 use gpuslice_e2e::kubelet_plugin::{pod, resource_claim, slice_of, KubeletPlugin};
 use gpuslice_e2e::prometheus::Prometheus;
+use gpuslice_e2e::published::{published, PublishedGpu as Gpu, Share};
 use gpuslice_e2e::serve::{value, Exporter, Series};
 use gpuslice_e2e::{bin, env::workspace, serial, TestNode};
-use gpuslice_kube::quantity::parse_whole;
 use serde_json::{json, Map, Value};
 
 const NS: &str = "default";
@@ -33,11 +33,6 @@ const STEP: Duration = Duration::from_secs(90);
 /// The kubeconfig context of scripts/kube-cluster.sh, which the pages name as their rights.
 const CONTEXT: &str = "gpuslice-test";
 const L4: &str = "device.attributes[\"gpuslice.io\"].productName == \"NVIDIA L4\"";
-
-fn quantity(v: &Value) -> u64 {
-    parse_whole(v.as_str().unwrap_or_else(|| panic!("not a quantity: {v}")))
-        .unwrap_or_else(|e| panic!("{e}"))
-}
 
 /// Where the screenshots go: `GPUSLICE_SCREENSHOT_DIR`, else the target's tmp dir.
 fn screenshot_dir() -> PathBuf {
@@ -168,93 +163,6 @@ impl Drop for Console {
     }
 }
 
-/// One GPU as the registry has it.
-#[derive(Debug, Clone, Default)]
-struct Gpu {
-    node: String,
-    index: u64,
-    uuid: String,
-    model: String,
-    memory: u64,
-    cores: u64,
-    memory_allocated: u64,
-    cores_allocated: u64,
-    claims: Vec<String>,
-}
-
-/// One allocated claim's share of one GPU.
-#[derive(Debug, Clone)]
-struct Share {
-    claim: String,
-    uuid: String,
-    memory: u64,
-    cores: u64,
-}
-
-/// The GPUs (by node, then device name) and the claims' shares, from the API server.
-fn registry(cluster: &KubeCluster) -> (BTreeMap<(String, String), Gpu>, Vec<Share>) {
-    let mut gpus = BTreeMap::new();
-    for s in cluster.get_json(&["resourceslices"])["items"]
-        .as_array()
-        .unwrap()
-    {
-        if s["spec"]["driver"] != "gpuslice.io" {
-            continue;
-        }
-        let pool = s["spec"]["pool"]["name"].as_str().unwrap().to_string();
-        for d in s["spec"]["devices"].as_array().unwrap() {
-            let a = &d["attributes"];
-            gpus.insert(
-                (pool.clone(), d["name"].as_str().unwrap().to_string()),
-                Gpu {
-                    node: pool.clone(),
-                    index: a["index"]["int"].as_u64().unwrap(),
-                    uuid: a["uuid"]["string"].as_str().unwrap().to_string(),
-                    model: a["productName"]["string"].as_str().unwrap().to_string(),
-                    memory: quantity(&d["capacity"]["memory"]["value"]),
-                    cores: quantity(&d["capacity"]["cores"]["value"]),
-                    ..Default::default()
-                },
-            );
-        }
-    }
-    let mut shares = Vec::new();
-    for c in cluster.get_json(&["resourceclaims", "-A"])["items"]
-        .as_array()
-        .unwrap()
-    {
-        let name = format!(
-            "{}/{}",
-            c["metadata"]["namespace"].as_str().unwrap(),
-            c["metadata"]["name"].as_str().unwrap()
-        );
-        for r in c["status"]["allocation"]["devices"]["results"]
-            .as_array()
-            .into_iter()
-            .flatten()
-        {
-            let g = gpus
-                .get_mut(&(
-                    r["pool"].as_str().unwrap().to_string(),
-                    r["device"].as_str().unwrap().to_string(),
-                ))
-                .unwrap_or_else(|| panic!("claim {name} on an unpublished device: {r}"));
-            let memory = quantity(&r["consumedCapacity"]["memory"]);
-            let cores = quantity(&r["consumedCapacity"]["cores"]);
-            g.memory_allocated += memory;
-            g.cores_allocated += cores;
-            g.claims.push(name.clone());
-            shares.push(Share {
-                claim: name.clone(),
-                uuid: g.uuid.clone(),
-                memory,
-                cores,
-            });
-        }
-    }
-    (gpus, shares)
-}
-
 /// What the exporters measure, from their own scrapes: per GPU UUID memory used and cores
 /// used (utilisation × 100), per claim slice (UUID, namespace, limit) the shim's and the
 /// driver's memory used.
@@ -330,7 +238,7 @@ fn figure_pages(
     shot: &str,
     node_without_plugin: &str,
 ) -> Vec<Value> {
-    let (gpus, shares) = registry(cluster);
+    let (gpus, shares) = published(cluster);
     let used = |g: &Gpu| measured.and_then(|m| m.gpu_memory(&g.uuid));
     let cores_used = |g: &Gpu| measured.and_then(|m| m.gpu_cores(&g.uuid));
     let mut nodes: BTreeMap<String, Vec<&Gpu>> = BTreeMap::new();
@@ -672,7 +580,7 @@ fn the_web_console_shows_the_registry_and_allocates_in_a_browser() {
 
     let exporters: Vec<Exporter> = nodes.values().map(Exporter::start).collect();
     let prometheus = Prometheus::start(&exporters.iter().map(|e| e.addr).collect::<Vec<_>>());
-    let (gpus, _) = registry(&cluster);
+    let (gpus, _) = published(&cluster);
     let uuids: Vec<String> = gpus.values().map(|g| g.uuid.clone()).collect();
     wait_scraped(&prometheus, &uuids);
     let exporter_refs: Vec<&Exporter> = exporters.iter().collect();
