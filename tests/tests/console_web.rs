@@ -221,6 +221,49 @@ impl Measured {
     }
 }
 
+/// A host process using a simulated GPU (no reservation): `gpuslice-probe alloc`, held until
+/// dropped.
+struct HostUse(Child);
+
+impl HostUse {
+    fn start(node: &TestNode, index: u64, memory: &str) -> HostUse {
+        let sim = node.state_dir().join("sim");
+        let mut child = Command::new(gpuslice_e2e::node::probe())
+            .arg("--lib")
+            .arg(sim.join("usr/lib/x86_64-linux-gnu/libcuda.so.1"))
+            .args([
+                "--json",
+                "--device",
+                &index.to_string(),
+                "alloc",
+                "--chunk",
+                memory,
+            ])
+            .args(["--max", memory, "--hold", "900"])
+            .env("GPUSLICE_SIM_STATE", sim.join("state"))
+            .env("GPUSLICE_SIM_DEV", sim.join("dev"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("host probe");
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let line = lines
+            .find(|l| l.as_ref().map_or(true, |l| l.contains("\"cmd\":\"alloc\"")))
+            .and_then(Result::ok)
+            .unwrap_or_else(|| panic!("the host probe ended before allocating {memory}"));
+        let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(v["total"].as_u64().is_some_and(|t| t > 0), "{v}");
+        HostUse(child)
+    }
+}
+
+impl Drop for HostUse {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn opt(v: Option<u64>) -> Value {
     v.map_or(Value::Null, Value::from)
 }
@@ -578,6 +621,16 @@ fn the_web_console_shows_the_registry_and_allocates_in_a_browser() {
         plugins[train_node.as_str()].log_text()
     );
 
+    // Real use on train's GPU: a host process holds 3Gi through the simulated driver, so the
+    // used figures the pages show are measured ones, not zeros (the enforcer reports it as
+    // unowned and leaves it alone). Allocated before the exporters start: every scrape sees it.
+    let train_device = train["status"]["allocation"]["devices"]["results"][0]["device"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let train_gpu = &published(&cluster).0[&(train_node.clone(), train_device)];
+    let _user = HostUse::start(&nodes[train_node.as_str()], train_gpu.index, "3Gi");
+
     let exporters: Vec<Exporter> = nodes.values().map(Exporter::start).collect();
     let prometheus = Prometheus::start(&exporters.iter().map(|e| e.addr).collect::<Vec<_>>());
     let (gpus, _) = published(&cluster);
@@ -592,6 +645,11 @@ fn the_web_console_shows_the_registry_and_allocates_in_a_browser() {
     // The edit console with Prometheus: every page's figures, the filter, the GPU tab.
     let console = Console::start(&cluster, Some(&prometheus.url), true);
     let measured = Measured::scrape(&exporter_refs);
+    assert!(
+        measured.gpu_memory(&train_gpu.uuid) >= Some(3 << 30),
+        "the exporter does not see the host process's 3Gi on {}",
+        train_gpu.uuid
+    );
     let mut pages = figure_pages(&cluster, Some(&measured), "", "node-c");
     pages.push(workloads_page(
         json!({
