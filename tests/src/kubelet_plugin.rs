@@ -139,3 +139,32 @@ pub fn pod(name: &str, claim: &str) -> Value {
         },
     })
 }
+
+/// A Deployment of `replicas` pods (two containers, `main` and `sidecar`, tolerating a node
+/// without a kubelet) that replaces all its pods at once on a template change (no kubelet
+/// ever makes them ready), with `claims` as its pod template's `resourceClaims` if given.
+pub fn deployment(name: &str, replicas: u32, claims: Option<Value>) -> Value {
+    let mut d = json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": CLAIMS_NS},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "100%", "maxUnavailable": "100%"}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "tolerations": [{"operator": "Exists"}],
+                    "containers": [
+                        {"name": "main", "image": "gpuslice.invalid/never-pulled:1"},
+                        {"name": "sidecar", "image": "gpuslice.invalid/never-pulled:1"},
+                    ],
+                },
+            },
+        },
+    });
+    if let Some(c) = claims {
+        d["spec"]["template"]["spec"]["resourceClaims"] = c;
+    }
+    d
+}

@@ -14,7 +14,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use gpuslice_e2e::kube::{wait_for, KubeCluster};
-use gpuslice_e2e::kubelet_plugin::{pod, resource_claim, slice_of, KubeletPlugin};
+use gpuslice_e2e::kubelet_plugin::{deployment, pod, resource_claim, slice_of, KubeletPlugin};
 use gpuslice_e2e::prometheus::Prometheus;
 use gpuslice_e2e::published::{published, quantity, PublishedGpu};
 use gpuslice_e2e::{bin, env::workspace, serial, TestNode};
@@ -187,34 +187,6 @@ fn check_figures(cluster: &KubeCluster) -> BTreeMap<(String, String), PublishedG
         "{nodes}"
     );
     want
-}
-
-/// A Deployment of `replicas` pods (two containers) that replaces all its pods at once on a
-/// template change (no kubelet ever makes them ready).
-fn deployment(name: &str, replicas: u32, claims: Option<Value>) -> Value {
-    let mut d = json!({
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "100%", "maxUnavailable": "100%"}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {
-                    "tolerations": [{"operator": "Exists"}],
-                    "containers": [
-                        {"name": "main", "image": "gpuslice.invalid/never-pulled:1"},
-                        {"name": "sidecar", "image": "gpuslice.invalid/never-pulled:1"},
-                    ],
-                },
-            },
-        },
-    });
-    if let Some(c) = claims {
-        d["spec"]["template"]["spec"]["resourceClaims"] = c;
-    }
-    d
 }
 
 fn wait_bound(cluster: &KubeCluster, pod: &str) -> String {

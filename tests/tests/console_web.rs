@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use gpuslice_e2e::kube::{wait_for, KubeCluster};
 use gpuslice_e2e::kubelet::claim as kubelet_claim;
-use gpuslice_e2e::kubelet_plugin::{pod, resource_claim, slice_of, KubeletPlugin};
+use gpuslice_e2e::kubelet_plugin::{deployment, pod, resource_claim, slice_of, KubeletPlugin};
 use gpuslice_e2e::prometheus::Prometheus;
 use gpuslice_e2e::published::{published, PublishedGpu as Gpu, Share};
 use gpuslice_e2e::serve::{value, Exporter, Series};
@@ -429,29 +429,6 @@ fn workloads_page(rows: Value, shot: &str) -> Value {
     })
 }
 
-/// A Deployment of `replicas` pods (two containers) that replaces all its pods at once.
-fn deployment(name: &str, replicas: u32) -> Value {
-    json!({
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "100%", "maxUnavailable": "100%"}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {
-                    "tolerations": [{"operator": "Exists"}],
-                    "containers": [
-                        {"name": "main", "image": "gpuslice.invalid/never-pulled:1"},
-                        {"name": "sidecar", "image": "gpuslice.invalid/never-pulled:1"},
-                    ],
-                },
-            },
-        },
-    })
-}
-
 fn kubectl_gpuslice(cluster: &KubeCluster, args: &[&str]) -> Output {
     Command::new(bin("kubectl-gpuslice"))
         .arg("--kubeconfig")
@@ -638,8 +615,8 @@ fn the_web_console_shows_the_registry_and_allocates_in_a_browser() {
     wait_scraped(&prometheus, &uuids);
     let exporter_refs: Vec<&Exporter> = exporters.iter().collect();
 
-    cluster.create(&deployment("web", 2)).unwrap();
-    cluster.create(&deployment("web-twin", 2)).unwrap();
+    cluster.create(&deployment("web", 2, None)).unwrap();
+    cluster.create(&deployment("web-twin", 2, None)).unwrap();
     let original = deploy(&cluster, "web");
 
     // The edit console with Prometheus: every page's figures, the filter, the GPU tab.
