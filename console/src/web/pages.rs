@@ -264,6 +264,15 @@ pub fn node_page(chrome: &Chrome, model: &Model, node: &str, history: Option<&Hi
 /// (namespace, pod, container).
 pub type ContainerUse = BTreeMap<(String, String, String), (Option<u64>, Option<u64>)>;
 
+/// The `<p id="scope">` line of a page listed by namespace.
+fn scope_line(namespace: Option<&str>) -> String {
+    let scope = match namespace {
+        Some(ns) => format!("namespace {ns}"),
+        None => "all namespaces".to_string(),
+    };
+    format!("<p id=\"scope\">{}</p>\n", esc(&scope))
+}
+
 /// `/pods`: one row per container holding a slice.
 pub fn pods_page(
     chrome: &Chrome,
@@ -271,15 +280,7 @@ pub fn pods_page(
     namespace: Option<&str>,
     cadvisor: Option<&ContainerUse>,
 ) -> String {
-    let mut body = String::new();
-    let _ = writeln!(
-        body,
-        "<p id=\"scope\">{}</p>",
-        esc(&match namespace {
-            Some(ns) => format!("namespace {ns}"),
-            None => "all namespaces".to_string(),
-        })
-    );
+    let mut body = scope_line(namespace);
     body.push_str("<table id=\"pods\"><thead><tr><th>Pod</th><th>Container</th><th>GPU</th><th>Memory limit</th><th>Used (slice)</th><th>Used (driver)</th><th>Cores share</th><th>Cores used</th><th>CPU</th><th>Memory</th></tr></thead><tbody>\n");
     for p in model.map(|m| m.pods.as_slice()).unwrap_or(&[]) {
         body.push_str(&pod_row(p, cadvisor));
@@ -362,15 +363,7 @@ pub fn workloads_page(
     rows: Option<&[WorkloadRow]>,
     namespace: Option<&str>,
 ) -> String {
-    let mut body = String::new();
-    let _ = writeln!(
-        body,
-        "<p id=\"scope\">{}</p>",
-        esc(&match namespace {
-            Some(ns) => format!("namespace {ns}"),
-            None => "all namespaces".to_string(),
-        })
-    );
+    let mut body = scope_line(namespace);
     body.push_str("<table id=\"workloads\"><thead><tr><th>Workload</th><th>Replicas</th><th>GPU</th></tr></thead><tbody>\n");
     for w in rows.unwrap_or(&[]) {
         let id = format!("{}/{}/{}", w.namespace, w.kind.as_str(), w.name);
