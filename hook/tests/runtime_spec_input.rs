@@ -5,7 +5,8 @@
 //! a symlink to `/dev/zero`, a FIFO or a spec over 16 MiB is refused in one line naming the
 //! path and the limit, within a small memory budget. A shell script stands in for runc (it
 //! exits 7, so reaching it is seen); the end-to-end runs with real runc are in
-//! tests/tests/runtime_spec_input.rs.
+//! tests/tests/runtime_spec_input.rs. The hooks bound their stdin (spec or OCI state) the same
+//! way.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
@@ -185,4 +186,48 @@ fn a_spec_over_the_limit_is_refused_and_one_under_it_is_read_in_little_memory() 
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(std::fs::read(s.config_json()).unwrap(), spec);
+}
+
+/// `gpuslice hook LINE` with `/dev/zero` (endless input) on stdin, its data segment limited
+/// to `data_mib`.
+fn hook_on_endless_stdin(s: &Setup, line: &[&str], data_mib: u64) -> Output {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("ulimit -d {}; exec \"$0\" \"$@\"", data_mib << 10))
+        .arg(env!("CARGO_BIN_EXE_gpuslice"))
+        .arg("--config")
+        .arg(s.dir.path().join("config.toml"))
+        .args(line)
+        .env("PATH", "/usr/bin:/bin")
+        .stdin(std::fs::File::open("/dev/zero").unwrap())
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn hooks_read_at_most_16_mib_of_stdin() {
+    // The engine hands precreate the spec, the other hooks the OCI state, on stdin: an
+    // endless stream is refused after 16 MiB in one line, not read until memory runs out.
+    let s = Setup::new();
+    for line in [
+        &["hook", "precreate"][..],
+        &[
+            "hook",
+            "create-runtime",
+            "--reservation",
+            "0123456789abcdef",
+        ],
+        &["hook", "poststop", "--reservation", "0123456789abcdef"],
+    ] {
+        let out = hook_on_endless_stdin(&s, line, 64);
+        let err = one_line_error(&out);
+        assert!(
+            err.contains("the input on stdin is larger than 16 MiB") && err.contains("accepted:"),
+            "{line:?}: {err}"
+        );
+        assert!(
+            !s.dir.path().join("state/registry.json").exists(),
+            "{line:?}"
+        );
+    }
 }

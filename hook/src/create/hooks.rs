@@ -10,6 +10,7 @@ use serde::Deserialize;
 use crate::cli::HookCommand;
 use crate::create::annotations::kubernetes_ref;
 use crate::create::specedit::{edit_spec, Outcome};
+use crate::create::specfile::MAX_SPEC_BYTES;
 use crate::error::Error;
 use crate::node::Node;
 
@@ -40,6 +41,8 @@ pub struct State {
 pub enum HookError {
     #[error("cannot read the OCI state from stdin: {0}")]
     Read(std::io::Error),
+    #[error("the input on stdin is larger than {} MiB, the limit gpuslice's hooks read; accepted: an OCI spec (precreate) or OCI state (createRuntime, poststop) of at most {} MiB", MAX_SPEC_BYTES >> 20, MAX_SPEC_BYTES >> 20)]
+    TooLarge,
     #[error("the OCI state on stdin is not valid: {0}")]
     State(serde_json::Error),
     #[error("the OCI state of container {id} has no pid; createRuntime hooks need the container's init pid")]
@@ -85,12 +88,18 @@ fn check_edited_for(state: &State, reservation: &str) -> Result<(), HookError> {
     })
 }
 
+/// Reads the spec (precreate) or OCI state (the other hooks) on stdin, at most
+/// [`MAX_SPEC_BYTES`]: the same bound as the wrapper's read of `config.json`.
 fn read_stdin() -> Result<Vec<u8>, HookError> {
     let mut buf = Vec::new();
     std::io::stdin()
         .lock()
+        .take(MAX_SPEC_BYTES + 1)
         .read_to_end(&mut buf)
         .map_err(HookError::Read)?;
+    if buf.len() as u64 > MAX_SPEC_BYTES {
+        return Err(HookError::TooLarge);
+    }
     Ok(buf)
 }
 
