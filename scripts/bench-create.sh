@@ -124,7 +124,8 @@ spec = med["runc+slice-spec"]
 for w in [w for w in ways if w not in ("runc", "runc+slice-spec")]:
     paired = statistics.median(a - b for a, b in zip(times[w], times["runc+slice-spec"]))
     print(f"{w}: wrapper and hooks add {med[w] - spec:.2f} ms (ratio {med[w] / spec:.2f}); "
-          f"median of per-round differences {paired:.2f} ms")
+          f"median of per-round differences {paired:.2f} ms; "
+          f"ratio over plain runc {med[w] / med['runc']:.3f}")
 print(f"the container's GPU edits cost runc {spec - med['runc']:.2f} ms "
       f"(ratio {spec / med['runc']:.2f})")
 PY

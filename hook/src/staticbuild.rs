@@ -17,6 +17,13 @@ pub const FULL_BUILD_NAME: &str = "gpuslice-full";
 /// Whether this binary is the static (musl) build.
 pub const IS_STATIC: bool = cfg!(target_env = "musl");
 
+/// The static build allocates with dlmalloc: musl's own allocator maps and unmaps pages
+/// for most growing buffers, a third of a hook's kernel time (docs/benchmarks.md, "The
+/// static build's allocator"). The glibc build keeps glibc's.
+#[cfg(target_env = "musl")]
+#[global_allocator]
+static ALLOCATOR: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
+
 /// The static build has no full build to hand a command line over to.
 #[derive(Debug, thiserror::Error)]
 pub enum HandoverError {
