@@ -117,7 +117,7 @@ fn a_claim_gets_the_slice_edits_under_its_own_cdi_name() {
     assert_eq!(claim_spec.devices[0].name, uid);
 
     // The annotation path's slice spec for the same reservation: the same edits, hooks aside.
-    let slice_dir = registry.slice_dir(&r.id);
+    let slice_dir = registry.slice_dir(&r.id).unwrap();
     let full = gpuslice_cdi::read_spec(&config.state_dir.join(NODE_SPEC_CACHE)).unwrap();
     let mut expected = slice_spec(&n, &bin, &full, &r, &slice_dir).unwrap().devices[0]
         .container_edits

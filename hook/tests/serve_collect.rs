@@ -192,7 +192,11 @@ fn corrupt_or_missing_slice_files_drop_their_series_and_count() {
         .unwrap()
         .set_len(10)
         .unwrap();
-    std::fs::write(node.reg.slice_dir(&nolimits).join("limits.json"), "{").unwrap();
+    std::fs::write(
+        node.reg.slice_dir(&nolimits).unwrap().join("limits.json"),
+        "{",
+    )
+    .unwrap();
 
     let mut c = node.collector(None);
     let (_, s) = scrape(&mut c, Instant::now());

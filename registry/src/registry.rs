@@ -210,14 +210,10 @@ impl Registry {
         &self.paths.registry
     }
 
-    /// `state_dir/slices/<id>`: where the slice's files (limits, usage) live. `id` comes
-    /// from a [`Reservation`] of this registry, whose ids are checked when read; any other
-    /// string is still never joined as it is (it names `slices/invalid-id`, which no
-    /// reservation has).
-    pub fn slice_dir(&self, id: &str) -> PathBuf {
-        self.paths
-            .slice_dir(id)
-            .unwrap_or_else(|_| self.paths.slices.join("invalid-id"))
+    /// `state_dir/slices/<id>`: where the slice's files (limits, usage) live; an `id` that
+    /// is not a reservation id is refused, never joined.
+    pub fn slice_dir(&self, id: &str) -> Result<PathBuf, RegistryError> {
+        Ok(self.paths.slice_dir(id)?)
     }
 
     /// The options in force.

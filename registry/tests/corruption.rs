@@ -119,7 +119,7 @@ fn corrupt_registry_refuses_changes_and_rebuild_restores_live_reservations() {
         .corrupt
         .as_deref()
         .is_some_and(|m| m.contains("gpuslice gc --rebuild")));
-    assert!(!reg.slice_dir(&released.id).exists());
+    assert!(!reg.slice_dir(&released.id).expect("slice dir").exists());
     assert_eq!(n.seen.lock().unwrap().last(), Some(&released.id));
     assert!(reg
         .release_container("nobody")
@@ -158,7 +158,10 @@ fn corrupt_registry_refuses_changes_and_rebuild_restores_live_reservations() {
     let mut want_dropped = vec![(expiring.id.clone(), true), (dying.id.clone(), false)];
     want_dropped.sort();
     assert_eq!(dropped, want_dropped);
-    assert!(!reg.slice_dir(&dying.id).exists() && !reg.slice_dir(&expiring.id).exists());
+    assert!(
+        !reg.slice_dir(&dying.id).expect("slice dir").exists()
+            && !reg.slice_dir(&expiring.id).expect("slice dir").exists()
+    );
     assert!(report.violations.is_empty() && report.unreadable.is_empty());
 
     // The registry works again and holds exactly what was restored.
@@ -239,7 +242,10 @@ fn rebuild_of_a_sound_registry_keeps_counters_and_reports_unreadable_records() {
     let r = n.reg.reserve(&slice(Owner::container())).expect("reserve");
     let broken = n.reg.reserve(&slice(Owner::container())).expect("reserve");
     std::fs::write(
-        n.reg.slice_dir(&broken.id).join("reservation.json"),
+        n.reg
+            .slice_dir(&broken.id)
+            .expect("slice dir")
+            .join("reservation.json"),
         b"nonsense",
     )
     .expect("write");
@@ -254,7 +260,7 @@ fn rebuild_of_a_sound_registry_keeps_counters_and_reports_unreadable_records() {
         report.unreadable
     );
     assert!(
-        n.reg.slice_dir(&broken.id).exists(),
+        n.reg.slice_dir(&broken.id).expect("slice dir").exists(),
         "unreadable records are left in place"
     );
     assert_eq!(

@@ -129,7 +129,10 @@ fn sigkilled_writers_never_corrupt_or_lose_reservations() {
         // its pending deadline.
         for id in &promised {
             assert!(
-                reg.slice_dir(id).join(RECORD_FILE).is_file(),
+                reg.slice_dir(id)
+                    .expect("slice dir")
+                    .join(RECORD_FILE)
+                    .is_file(),
                 "round {round}: no record for {id}"
             );
         }
@@ -166,7 +169,7 @@ fn sigkilled_writers_never_corrupt_or_lose_reservations() {
         .reservations
         .iter()
         .filter(|r| {
-            let has_dir = reg.slice_dir(&r.id).exists();
+            let has_dir = reg.slice_dir(&r.id).expect("slice dir").exists();
             if !has_dir {
                 assert_eq!(r.state, ReservationState::Pending, "{}", r.id);
                 assert!(!promised.contains(&r.id), "{} lost its directory", r.id);

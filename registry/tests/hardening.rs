@@ -82,6 +82,11 @@ fn an_id_that_is_a_path_is_refused_and_nothing_outside_slices_is_removed() {
     let report = reg.rebuild(inventory(1, 20 * GI)).expect("rebuild");
     assert!(report.moved_aside.is_some());
     assert!(victim.join("keep").is_file());
+    // Nor does a caller asking for a slice's directory get a path for it.
+    let e = reg
+        .slice_dir("../../../x")
+        .expect_err("slice_dir of a path");
+    assert!(e.to_string().contains("`../../../x`"), "{e}");
 }
 
 #[test]
@@ -183,7 +188,7 @@ fn host_users_cannot_open_a_slices_usage_or_limits_file() {
     let reg = open(&state, Arc::new(FakeSystem::new(5_000_000))).expect("open");
     reg.set_inventory(inventory(1, 20 * GI)).expect("inventory");
     let r = reg.reserve(&slice()).expect("reserve");
-    let dir = reg.slice_dir(&r.id);
+    let dir = reg.slice_dir(&r.id).expect("slice dir");
     // The modes the create path gives them: the container's user, whoever it is, reads
     // the limits and writes the usage file through its bind mounts.
     let usage = dir.join("usage");
@@ -233,7 +238,7 @@ fn rebuild_of_a_sound_registry_keeps_live_reservations_that_lost_their_record() 
     reg.bind(&dead.id, "c-dead", 4343).expect("bind");
     sys.kill(4343);
     for id in [&pending.id, &bound.id, &dead.id] {
-        std::fs::remove_dir_all(reg.slice_dir(id)).expect("rm slice dir");
+        std::fs::remove_dir_all(reg.slice_dir(id).expect("slice dir")).expect("rm slice dir");
     }
 
     let report = reg.rebuild(inventory(2, 20 * GI)).expect("rebuild");
@@ -255,7 +260,10 @@ fn rebuild_of_a_sound_registry_keeps_live_reservations_that_lost_their_record() 
     // Their records are written again, so a later rebuild finds them.
     for id in [&pending.id, &bound.id] {
         assert!(
-            reg.slice_dir(id).join("reservation.json").is_file(),
+            reg.slice_dir(id)
+                .expect("slice dir")
+                .join("reservation.json")
+                .is_file(),
             "{id} has no record"
         );
     }

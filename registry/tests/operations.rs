@@ -52,7 +52,7 @@ fn reserve_writes_registry_and_record_then_release_removes_both() {
     assert_eq!(r.deadline_ms, Some(1_000_000 + 120_000));
     assert_eq!(r.gpus.len(), 1);
     assert_eq!((r.gpus[0].memory, r.gpus[0].cores), (4 * GI, 30));
-    let dir = reg.slice_dir(&r.id);
+    let dir = reg.slice_dir(&r.id).expect("slice dir");
     assert!(dir.join(RECORD_FILE).is_file());
     let file = read_registry(reg.state_dir()).expect("read");
     assert_eq!(file.reservations, vec![r.clone()]);
@@ -91,7 +91,8 @@ fn bind_records_process_and_is_idempotent_for_one_container() {
     let e = reg.bind(&r.id, "ctr-b", 4242).expect_err("other container");
     assert!(matches!(e, RegistryError::AlreadyBound { .. }), "{e}");
     // The record follows the binding, so a rebuild keeps it.
-    let rec = std::fs::read_to_string(reg.slice_dir(&r.id).join(RECORD_FILE)).expect("record");
+    let rec = std::fs::read_to_string(reg.slice_dir(&r.id).expect("slice dir").join(RECORD_FILE))
+        .expect("record");
     assert!(rec.contains("\"ctr-a\"") && rec.contains("4242"), "{rec}");
     // Bound reservations outlive the pending deadline.
     sys.advance_ms(10 * 60 * 1000);
@@ -146,7 +147,10 @@ fn pending_past_deadline_and_dead_owners_are_reaped_by_the_next_operation() {
     let mut want = vec![pending.id.clone(), a.id.clone()];
     want.sort();
     assert_eq!(cleaned, want);
-    assert!(!reg.slice_dir(&pending.id).exists() && !reg.slice_dir(&a.id).exists());
+    assert!(
+        !reg.slice_dir(&pending.id).expect("slice dir").exists()
+            && !reg.slice_dir(&a.id).expect("slice dir").exists()
+    );
 }
 
 /// A reservation of `memory` bound to process `pid`, whose start time the registry has just
@@ -189,7 +193,7 @@ fn capacity_of_an_exited_owner_is_reclaimed_before_a_refusal() {
         file.counters
     );
     assert_eq!(*seen.lock().unwrap(), vec![a.id.clone()]);
-    assert!(!reg.slice_dir(&a.id).exists());
+    assert!(!reg.slice_dir(&a.id).expect("slice dir").exists());
 }
 
 #[test]
@@ -494,11 +498,22 @@ fn gc_removes_orphan_slice_dirs_and_stale_temps() {
     let r = reg.reserve(&slice(GI, 0)).expect("reserve");
     // A crash after the registry dropped a reservation but before its directory went.
     let orphan = reg.reserve(&slice(GI, 0)).expect("reserve");
-    let kept = std::fs::read(reg.slice_dir(&orphan.id).join(RECORD_FILE)).expect("record");
+    let kept = std::fs::read(
+        reg.slice_dir(&orphan.id)
+            .expect("slice dir")
+            .join(RECORD_FILE),
+    )
+    .expect("record");
     reg.release(&orphan.id).expect("release");
-    std::fs::create_dir_all(reg.slice_dir(&orphan.id)).expect("mkdir");
-    std::fs::write(reg.slice_dir(&orphan.id).join(RECORD_FILE), kept).expect("write");
-    std::fs::create_dir_all(reg.slice_dir("abcdefabcdefabcd")).expect("mkdir");
+    std::fs::create_dir_all(reg.slice_dir(&orphan.id).expect("slice dir")).expect("mkdir");
+    std::fs::write(
+        reg.slice_dir(&orphan.id)
+            .expect("slice dir")
+            .join(RECORD_FILE),
+        kept,
+    )
+    .expect("write");
+    std::fs::create_dir_all(reg.slice_dir("abcdefabcdefabcd").expect("slice dir")).expect("mkdir");
     let temp = reg.state_dir().join(".registry.json.tmp.99999.0");
     std::fs::write(&temp, b"partial").expect("write");
     seen.lock().unwrap().clear();
@@ -510,8 +525,14 @@ fn gc_removes_orphan_slice_dirs_and_stale_temps() {
     assert_eq!(ids, want);
     assert!(reaped.iter().all(|r| r.reason == ReapReason::Orphan));
     assert_eq!(*seen.lock().unwrap(), vec![orphan.id.clone()]);
-    assert!(!reg.slice_dir(&orphan.id).exists() && !reg.slice_dir("abcdefabcdefabcd").exists());
-    assert!(reg.slice_dir(&r.id).exists());
+    assert!(
+        !reg.slice_dir(&orphan.id).expect("slice dir").exists()
+            && !reg
+                .slice_dir("abcdefabcdefabcd")
+                .expect("slice dir")
+                .exists()
+    );
+    assert!(reg.slice_dir(&r.id).expect("slice dir").exists());
     assert!(!temp.exists());
 }
 

@@ -283,7 +283,7 @@ impl World {
                         .expect("parses")
                         .reservation(&id)
                         .is_none());
-                    prop_assert!(!self.reg.slice_dir(&id).exists());
+                    prop_assert!(!self.reg.slice_dir(&id).expect("slice dir").exists());
                 }
             }
             Op::ReleaseContainer { container } => {
@@ -369,8 +369,13 @@ impl World {
             ids.sort();
             prop_assert_eq!(dirs, ids, "slice directories differ from the registry");
             for r in &file.reservations {
-                let rec = std::fs::read_to_string(self.reg.slice_dir(&r.id).join(RECORD_FILE))
-                    .expect("record");
+                let rec = std::fs::read_to_string(
+                    self.reg
+                        .slice_dir(&r.id)
+                        .expect("slice dir")
+                        .join(RECORD_FILE),
+                )
+                .expect("record");
                 let v: serde_json::Value = serde_json::from_str(&rec).expect("record parses");
                 prop_assert_eq!(&v["reservation"], &serde_json::to_value(r).expect("ser"));
             }

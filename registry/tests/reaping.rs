@@ -72,7 +72,7 @@ fn bound_reservation_is_reaped_by_the_next_operation_after_its_process_exits() {
     let mut want = vec![a.id.clone(), keep.id.clone()];
     want.sort();
     assert_eq!(cleaned, want);
-    assert!(!reg.slice_dir(&a.id).exists());
+    assert!(!reg.slice_dir(&a.id).expect("slice dir").exists());
 }
 
 #[test]
@@ -196,5 +196,5 @@ fn pending_reservation_is_reaped_after_its_deadline() {
     assert!(file.reservation(&r.id).is_none());
     assert!(file.reservation(&other.id).is_some());
     assert_eq!(*seen.lock().unwrap(), vec![r.id.clone()]);
-    assert!(!reg.slice_dir(&r.id).exists());
+    assert!(!reg.slice_dir(&r.id).expect("slice dir").exists());
 }

@@ -292,7 +292,7 @@ pub fn edit_spec(node: &Node, input: &[u8]) -> Result<Outcome, EditError> {
         registry: &registry,
         id: Some(reservation.id.clone()),
     };
-    let slice_dir = registry.slice_dir(&reservation.id);
+    let slice_dir = registry.slice_dir(&reservation.id)?;
 
     write_slice_files(&slice_dir, &reservation, false)?;
 

@@ -111,7 +111,7 @@ impl Node {
             ..Request::new(owner)
         };
         let r = self.reg.reserve(&req).unwrap();
-        let dir = self.reg.slice_dir(&r.id);
+        let dir = self.reg.slice_dir(&r.id).unwrap();
         Limits {
             version: LIMITS_VERSION,
             reservation: r.id.clone(),
@@ -136,7 +136,7 @@ impl Node {
     }
 
     pub fn usage_path(&self, id: &str) -> PathBuf {
-        self.reg.slice_dir(id).join(USAGE_FILE)
+        self.reg.slice_dir(id).unwrap().join(USAGE_FILE)
     }
 
     /// Attaches to a slice's usage file as a container process (`ns_pid` in namespace

@@ -328,13 +328,14 @@ mod tests {
         // Its record exists for `gc --rebuild`.
         assert!(r
             .slice_dir(&first.reservation.id)
+            .unwrap()
             .join(crate::RECORD_FILE)
             .is_file());
         // Released by UID, idempotently.
         assert_eq!(r.release_claim("u1").unwrap().reservations.len(), 1);
         assert!(r.release_claim("u1").unwrap().reservations.is_empty());
         assert!(r.snapshot().unwrap().reservations.is_empty());
-        assert!(!r.slice_dir(&first.reservation.id).exists());
+        assert!(!r.slice_dir(&first.reservation.id).unwrap().exists());
     }
 
     #[test]
