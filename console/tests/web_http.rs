@@ -12,6 +12,11 @@ use gpuslice_console::web::{Options, Server, CSP};
 
 /// A console on a free loopback port; the temp dir holds its kubeconfig.
 fn start(allow_edit: bool) -> (SocketAddr, tempfile::TempDir) {
+    start_with(allow_edit, 256)
+}
+
+/// [`start`] serving at most `max_connections` connections at once.
+fn start_with(allow_edit: bool, max_connections: u32) -> (SocketAddr, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
     // Port 1 on loopback: nothing listens, connections are refused at once.
@@ -29,6 +34,7 @@ contexts: [{name: test, context: {cluster: c, user: tester, namespace: ml}}]\n",
         context: None,
         prometheus: None,
         allow_edit,
+        max_connections,
     };
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -384,4 +390,49 @@ fn actions_answer_with_kubectl_gpuslices_lines() {
         "dry_run=1",
     );
     assert_eq!(a.status, 502, "{}", a.body);
+}
+
+#[test]
+fn connections_over_the_cap_wait_until_one_closes() {
+    let (addr, _dir) = start_with(false, 2);
+    // Two idle connections take both slots (each sends part of a request head, so the
+    // server has accepted it and waits for the rest).
+    let mut idle: Vec<TcpStream> = (0..2)
+        .map(|_| {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.write_all(b"GET /static/console.css HTTP/1.1\r\n")
+                .unwrap();
+            s
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    // A third is queued by the kernel, not served: no answer while both are open.
+    let mut third = TcpStream::connect(addr).unwrap();
+    third
+        .write_all(
+            format!(
+                "GET /static/console.css HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+    third
+        .set_read_timeout(Some(Duration::from_millis(1500)))
+        .unwrap();
+    let mut first = [0u8; 1];
+    let waited = third.read(&mut first);
+    assert!(
+        waited.is_err(),
+        "answered at the cap: {waited:?} {:?}",
+        first
+    );
+    // One closes: the third is accepted and answered.
+    drop(idle.remove(0));
+    third
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut raw = Vec::new();
+    third.read_to_end(&mut raw).unwrap();
+    let text = String::from_utf8_lossy(&raw);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
 }

@@ -28,6 +28,7 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use kube::api::ListParams;
 use kube::Api;
+use tokio::sync::Semaphore;
 
 use crate::client::{self, Cluster};
 use crate::edit::{self, Kind, Request as SliceRequest};
@@ -76,6 +77,10 @@ pub struct Options {
     /// Let the page allocate, edit and release workloads' slices (default: read-only).
     #[arg(long)]
     pub allow_edit: bool,
+    /// Connections served at once; further ones wait in the kernel's accept queue until one
+    /// closes (an idle connection closes after 10 s without a request).
+    #[arg(long, default_value_t = 256, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub max_connections: u32,
 }
 
 /// The console cannot start or stopped serving.
@@ -112,6 +117,7 @@ struct State {
 pub struct Server {
     listener: tokio::net::TcpListener,
     state: Arc<State>,
+    max_connections: usize,
 }
 
 impl std::fmt::Debug for Server {
@@ -183,6 +189,7 @@ impl Server {
                 allow_edit: opts.allow_edit,
                 listen,
             }),
+            max_connections: opts.max_connections as usize,
         })
     }
 
@@ -194,8 +201,16 @@ impl Server {
     /// Serves until `stop` completes.
     pub async fn run(self, stop: impl Future<Output = ()>) -> Result<(), WebError> {
         let addr = self.state.listen;
+        let slots = Arc::new(Semaphore::new(self.max_connections));
         tokio::pin!(stop);
         loop {
+            // A free slot first: at the cap, connections wait unaccepted.
+            let slot = tokio::select! {
+                _ = &mut stop => return Ok(()),
+                s = slots.clone().acquire_owned() => s,
+            };
+            // The semaphore is never closed.
+            let Ok(slot) = slot else { return Ok(()) };
             let accepted = tokio::select! {
                 _ = &mut stop => return Ok(()),
                 a = self.listener.accept() => a,
@@ -224,6 +239,7 @@ impl Server {
                     .header_read_timeout(HEAD_TIMEOUT)
                     .serve_connection(TokioIo::new(stream), service)
                     .await;
+                drop(slot);
             });
         }
     }
