@@ -151,6 +151,24 @@ struct Txn {
     now_ms: u64,
 }
 
+impl Txn {
+    /// Takes every reservation `matches` selects out of the file, counting them released;
+    /// their directories go after the write. Returns them.
+    fn release_matching(&mut self, matches: impl Fn(&Reservation) -> bool) -> Vec<Reservation> {
+        let (gone, kept): (Vec<Reservation>, Vec<Reservation>) =
+            std::mem::take(&mut self.file.reservations)
+                .into_iter()
+                .partition(|r| matches(r));
+        self.file.reservations = kept;
+        if !gone.is_empty() {
+            self.file.counters.released_total += gone.len() as u64;
+            self.dirty = true;
+            self.removed.extend(gone.iter().cloned());
+        }
+        gone
+    }
+}
+
 /// The node registry in one state directory.
 pub struct Registry {
     paths: Paths,

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use gpuslice::create::specedit::write_slice_files;
 use gpuslice::serve::collect::{Collector, Sources};
 use gpuslice::serve::errors::ErrorLog;
 use gpuslice::serve::gpu::{GpuMeter, Reading};
@@ -17,8 +18,8 @@ use gpuslice_registry::{
     no_cleanup, FakeSystem, Gpu, Inventory, KubernetesRef, Options, Owner, Registry, Request,
     Selector,
 };
-use gpuslice_slice::usage::{create_usage_file, ProcessIdentity, UsageFile};
-use gpuslice_slice::{DeviceLimit, Limits, LIMITS_FILE, LIMITS_VERSION, USAGE_FILE};
+use gpuslice_slice::usage::{ProcessIdentity, UsageFile};
+use gpuslice_slice::USAGE_FILE;
 
 pub const GI: u64 = 1 << 30;
 
@@ -112,22 +113,8 @@ impl Node {
         };
         let r = self.reg.reserve(&req).unwrap();
         let dir = self.reg.slice_dir(&r.id).unwrap();
-        Limits {
-            version: LIMITS_VERSION,
-            reservation: r.id.clone(),
-            devices: r
-                .gpus
-                .iter()
-                .map(|b| DeviceLimit {
-                    uuid: b.uuid.clone(),
-                    memory_limit: b.memory,
-                    cores: b.cores,
-                })
-                .collect(),
-        }
-        .write(&dir.join(LIMITS_FILE))
-        .unwrap();
-        create_usage_file(&dir.join(USAGE_FILE)).unwrap();
+        // The files the create path writes, by the create path's own function.
+        write_slice_files(&dir, &r, false).unwrap();
         if let Some((cid, pid)) = bound {
             self.sys.spawn(pid, u64::from(pid) * 10);
             self.reg.bind(&r.id, cid, pid).unwrap();

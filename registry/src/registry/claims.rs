@@ -222,17 +222,7 @@ impl Registry {
     /// releases nothing.
     pub fn release_claim(&self, uid: &str) -> Result<Released, RegistryError> {
         let (reservations, _) = self.transact(false, |txn| {
-            let (gone, kept): (Vec<Reservation>, Vec<Reservation>) =
-                std::mem::take(&mut txn.file.reservations)
-                    .into_iter()
-                    .partition(|r| claim_uid(r) == Some(uid));
-            txn.file.reservations = kept;
-            if !gone.is_empty() {
-                txn.file.counters.released_total += gone.len() as u64;
-                txn.dirty = true;
-                txn.removed.extend(gone.iter().cloned());
-            }
-            Ok(gone)
+            Ok(txn.release_matching(|r| claim_uid(r) == Some(uid)))
         })?;
         Ok(Released {
             reservations,

@@ -337,17 +337,7 @@ impl Registry {
     /// Releases every reservation of container `container_id`. Idempotent.
     pub fn release_container(&self, container_id: &str) -> Result<Released, RegistryError> {
         let outcome = self.transact(false, |txn| {
-            let (gone, kept): (Vec<Reservation>, Vec<Reservation>) =
-                std::mem::take(&mut txn.file.reservations)
-                    .into_iter()
-                    .partition(|r| r.owner.container_id() == Some(container_id));
-            txn.file.reservations = kept;
-            if !gone.is_empty() {
-                txn.file.counters.released_total += gone.len() as u64;
-                txn.dirty = true;
-                txn.removed.extend(gone.iter().cloned());
-            }
-            Ok(gone)
+            Ok(txn.release_matching(|r| r.owner.container_id() == Some(container_id)))
         });
         match outcome {
             Ok((reservations, _)) => Ok(Released {
