@@ -104,40 +104,32 @@ pub trait Workload:
     fn replicas(&self) -> Option<u64>;
 }
 
-impl Workload for Deployment {
-    fn pod_spec(&self) -> Option<&PodSpec> {
-        self.spec.template.spec.as_ref()
-    }
-    fn pod_spec_mut(&mut self) -> Option<&mut PodSpec> {
-        self.spec.template.spec.as_mut()
-    }
-    fn replicas(&self) -> Option<u64> {
-        Some(self.spec.replicas.unwrap_or(1).max(0) as u64)
-    }
+/// The three kinds keep their pod template at `spec.template.spec`; only how many pods they
+/// run differs.
+macro_rules! workload_kind {
+    ($kind:ty, $replicas:expr) => {
+        impl Workload for $kind {
+            fn pod_spec(&self) -> Option<&PodSpec> {
+                self.spec.template.spec.as_ref()
+            }
+            fn pod_spec_mut(&mut self) -> Option<&mut PodSpec> {
+                self.spec.template.spec.as_mut()
+            }
+            fn replicas(&self) -> Option<u64> {
+                let replicas: fn(&$kind) -> Option<u64> = $replicas;
+                replicas(self)
+            }
+        }
+    };
 }
 
-impl Workload for StatefulSet {
-    fn pod_spec(&self) -> Option<&PodSpec> {
-        self.spec.template.spec.as_ref()
-    }
-    fn pod_spec_mut(&mut self) -> Option<&mut PodSpec> {
-        self.spec.template.spec.as_mut()
-    }
-    fn replicas(&self) -> Option<u64> {
-        Some(self.spec.replicas.unwrap_or(1).max(0) as u64)
-    }
-}
+workload_kind!(Deployment, |d| declared_replicas(d.spec.replicas));
+workload_kind!(StatefulSet, |s| declared_replicas(s.spec.replicas));
+workload_kind!(DaemonSet, |_| None);
 
-impl Workload for DaemonSet {
-    fn pod_spec(&self) -> Option<&PodSpec> {
-        self.spec.template.spec.as_ref()
-    }
-    fn pod_spec_mut(&mut self) -> Option<&mut PodSpec> {
-        self.spec.template.spec.as_mut()
-    }
-    fn replicas(&self) -> Option<u64> {
-        None
-    }
+/// A Deployment or StatefulSet without `replicas` runs one pod; a negative count none.
+fn declared_replicas(replicas: Option<i32>) -> Option<u64> {
+    Some(replicas.unwrap_or(1).max(0) as u64)
 }
 
 fn api_err<'a>(op: &'static str, what: &'a str) -> impl FnOnce(kube::Error) -> WorkloadError + 'a {
@@ -445,5 +437,57 @@ pub async fn release(
             release_kind::<StatefulSet>(client, ns, kind, &name, args.dry_run).await
         }
         Kind::DaemonSet => release_kind::<DaemonSet>(client, ns, kind, &name, args.dry_run).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{Container, PodTemplateSpec};
+
+    use super::*;
+
+    fn template() -> PodTemplateSpec {
+        PodTemplateSpec {
+            spec: Some(PodSpec {
+                containers: vec![Container {
+                    name: "main".into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn deployment(replicas: Option<i32>) -> Deployment {
+        let mut d = Deployment::default();
+        d.spec.replicas = replicas;
+        d.spec.template = template();
+        d
+    }
+
+    #[test]
+    fn each_kind_reports_its_pods_and_its_template() {
+        assert_eq!(deployment(Some(3)).replicas(), Some(3));
+        assert_eq!(deployment(None).replicas(), Some(1), "unset means one pod");
+        assert_eq!(deployment(Some(-2)).replicas(), Some(0));
+        let mut s = StatefulSet::default();
+        s.spec.replicas = Some(5);
+        assert_eq!(s.replicas(), Some(5));
+        s.spec.replicas = None;
+        assert_eq!(s.replicas(), Some(1));
+        assert_eq!(DaemonSet::default().replicas(), None, "one pod per node");
+
+        let mut d = deployment(Some(1));
+        d.pod_spec_mut().expect("template").containers[0].name = "edited".into();
+        assert_eq!(
+            d.spec.template.spec.as_ref().expect("template").containers[0].name,
+            "edited"
+        );
+        assert_eq!(d.pod_spec().expect("template").containers[0].name, "edited");
+        assert!(
+            DaemonSet::default().pod_spec().is_none(),
+            "no template, no pod spec"
+        );
     }
 }
