@@ -495,14 +495,12 @@ impl UsageFile {
         let now = monotonic_ns();
         let last = self.size_checked_ns.load(SeqCst);
         if fd >= 0 && (last == 0 || now.saturating_sub(last) >= SIZE_CHECK_INTERVAL_NS) {
-            // SAFETY: stat is plain old data; zeroed is a valid value.
-            let mut st: libc::stat = unsafe { std::mem::zeroed() };
-            // SAFETY: fstat on our own descriptor with a live out pointer.
-            if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_size as u64 != USAGE_FILE_SIZE {
+            let found = file_size(fd);
+            if found != Some(USAGE_FILE_SIZE) {
                 self.size_checked_ns.store(0, SeqCst);
                 return Err(UsageError::Size {
                     path: self.path.clone(),
-                    found: st.st_size.max(0) as u64,
+                    found: found.unwrap_or(0),
                 });
             }
             self.size_checked_ns.store(now.max(1), SeqCst);
@@ -680,13 +678,28 @@ impl Drop for UsageFile {
     fn drop(&mut self) {
         let fd = self.fd.swap(-1, SeqCst);
         if fd >= 0 {
-            if let Some(s) = self.slot_index() {
+            // The slot is zeroed through the mapping only while the file still has its
+            // size (every time here, not once a millisecond): stores past the end of a file
+            // truncated under the mapping would be SIGBUS. A damaged file's slot is left as
+            // it is; closing the descriptor below still frees it for reclaim.
+            if let (Some(s), Some(USAGE_FILE_SIZE)) = (self.slot_index(), file_size(fd)) {
                 zero_slot(self.map.slot(s));
             }
             // SAFETY: we own this descriptor; closing it releases our slot's lock.
             unsafe { libc::close(fd) };
         }
     }
+}
+
+/// The size of the file behind `fd` (`fstat`), `None` when it cannot be read.
+fn file_size(fd: RawFd) -> Option<u64> {
+    // SAFETY: stat is plain old data; zeroed is a valid value.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat on a descriptor of ours with a live out pointer.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return None;
+    }
+    u64::try_from(st.st_size).ok()
 }
 
 fn open_rw(path: &Path) -> Result<File, UsageError> {

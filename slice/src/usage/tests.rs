@@ -176,6 +176,34 @@ fn reserve_stops_at_limit_and_release_returns() {
     assert_eq!(snap.processes[0].pid, std::process::id());
 }
 
+/// A process whose usage file was truncated under its mapping (by a peer in the container)
+/// and is then dropped must not fault: zeroing its slot would store past the file's end.
+#[test]
+fn dropping_after_the_file_was_truncated_does_not_fault() {
+    let (_d, path) = fresh();
+    let u = UsageFile::open(&path, me()).expect("open");
+    u.reserve(0, GIB, 4 * GIB).expect("claims a slot");
+    let other = OpenOptions::new().write(true).open(&path).expect("open");
+    other.set_len(0).expect("truncate");
+    std::thread::sleep(Duration::from_nanos(SIZE_CHECK_INTERVAL_NS * 2));
+    assert!(
+        matches!(
+            u.reserve(0, 1, 4 * GIB),
+            Err(UsageError::Size { found: 0, .. })
+        ),
+        "a truncated file refuses"
+    );
+    drop(u);
+
+    // An intact file still has the slot zeroed at drop.
+    other.set_len(USAGE_FILE_SIZE).expect("restore");
+    create_usage_file(&path).expect("recreate");
+    let u = UsageFile::open(&path, me()).expect("open");
+    u.reserve(1, GIB, 4 * GIB).expect("fits");
+    drop(u);
+    assert_eq!(read_snapshot(&path).expect("snapshot").devices[1].used, 0);
+}
+
 #[test]
 fn threads_of_one_process_never_exceed() {
     let (_d, path) = fresh();
