@@ -9,25 +9,7 @@ use crate::reap::{Probe, ReapReason, Reaped};
 use crate::request::Request;
 use crate::store;
 
-use super::{
-    check_inventory, sync_indices, InventoryChange, Registry, RegistryError, Released, Txn,
-};
-
-/// Removes the reservations `matches` selects from the open transaction, counted as
-/// released; their directories go after the write.
-fn take(txn: &mut Txn, matches: impl Fn(&Reservation) -> bool) -> Vec<Reservation> {
-    let (gone, kept): (Vec<Reservation>, Vec<Reservation>) =
-        std::mem::take(&mut txn.file.reservations)
-            .into_iter()
-            .partition(|r| matches(r));
-    txn.file.reservations = kept;
-    if !gone.is_empty() {
-        txn.file.counters.released_total += gone.len() as u64;
-        txn.dirty = true;
-        txn.removed.extend(gone.iter().cloned());
-    }
-    gone
-}
+use super::{check_inventory, sync_indices, InventoryChange, Registry, RegistryError, Released};
 
 impl Registry {
     /// Reserves a slice. The reservation is pending (reaped after the pending timeout unless
@@ -234,7 +216,7 @@ impl Registry {
             r.state == ReservationState::Pending
                 && r.reserved_by.as_ref().is_some_and(|b| b.same_process(&me))
         };
-        let (gone, _) = self.transact(false, |txn| Ok(take(txn, mine)))?;
+        let (gone, _) = self.transact(false, |txn| Ok(txn.release_matching(mine)))?;
         Ok(gone)
     }
 
@@ -247,7 +229,7 @@ impl Registry {
         process: &ProcessRef,
     ) -> Result<Vec<Reservation>, RegistryError> {
         let (gone, _) = self.transact(false, |txn| {
-            Ok(take(txn, |r| {
+            Ok(txn.release_matching(|r| {
                 r.owner.container_id() == Some(container_id)
                     && r.owner.process().is_some_and(|p| p.same_process(process))
             }))
@@ -279,7 +261,9 @@ impl Registry {
                 stopped.push(r.id.clone());
             }
         }
-        let outcome = self.transact(false, |txn| Ok(take(txn, |r| stopped.contains(&r.id))));
+        let outcome = self.transact(false, |txn| {
+            Ok(txn.release_matching(|r| stopped.contains(&r.id)))
+        });
         match outcome {
             Ok((reservations, _)) => Ok(Released {
                 reservations,
