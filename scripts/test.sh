@@ -1,7 +1,15 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting and lints, unit tests, integration tests that drive the
-# binaries, and end-to-end tests with real runc, podman and containerd containers on a
-# simulated GPU node. Run as root on Debian 12; installs what it needs.
+# binaries, and end-to-end tests with real runc, podman and containerd containers, a real
+# Kubernetes control plane and kubelet, Prometheus and chromium on a simulated GPU node.
+# Run as root on Debian 12; installs what it needs.
+#
+# Builds are cached outside the checkout (target/ -> /var/cache/gpuslice/cargo/<key>, see
+# scripts/cargo-cache.sh; the Go builds in /var/cache/gpuslice/{kube,node,nerdctl}), so a
+# fresh clone on a machine that ran the suite once rebuilds only the workspace's crates.
+# Test binaries build with the `suite` profile (release without LTO); the end-to-end tests
+# drive the release binaries. At its end, also when a step fails, it prints a table of the
+# wall-clock seconds of every phase.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,42 +18,115 @@ if [ "$(id -u)" != 0 ]; then
   exit 1
 fi
 
-./scripts/install-deps.sh
-./scripts/build.sh
+# --- the phase table -------------------------------------------------------------------
+started=$SECONDS
+phases=()
+failed=()
+# phase NAME COMMAND...: runs COMMAND, records its wall time and result under NAME; returns
+# the command's status.
+phase() {
+  local name=$1 t0=$SECONDS rc=0
+  shift
+  echo "== $name"
+  "$@" || rc=$?
+  if [ "$rc" = 0 ]; then
+    phases+=("$(printf '%6d  %-8s %s' $((SECONDS - t0)) ok "$name")")
+  else
+    phases+=("$(printf '%6d  %-8s %s' $((SECONDS - t0)) "FAILED" "$name (exit $rc)")")
+    failed+=("$name")
+  fi
+  return "$rc"
+}
+print_table() {
+  local rc=$?
+  echo
+  echo "== phase table: wall-clock seconds (scripts/test.sh)"
+  printf '%6s  %-8s %s\n' seconds result phase
+  local p
+  for p in "${phases[@]}"; do echo "$p"; done
+  printf '%6d  %-8s %s\n' $((SECONDS - started)) "" "total"
+  if [ ${#failed[@]} -gt 0 ]; then
+    echo "failed: ${failed[*]}"
+  elif [ "$rc" != 0 ]; then
+    echo "stopped with exit status $rc"
+  fi
+}
+trap print_table EXIT
 
-echo "== format and lints"
-cargo fmt --all -- --check
-cargo clippy --workspace --all-targets --release --locked -- -D warnings
+# --- set-up and builds (a failure stops the suite) --------------------------------------
+phase "install-deps" ./scripts/install-deps.sh
+phase "cargo cache (target/)" ./scripts/cargo-cache.sh
+# The same three builds as scripts/build.sh (the demo's), timed one by one.
+phase "build: release" cargo build --release --workspace --locked
+phase "build: portable (zig, glibc floor)" ./scripts/build-portable.sh
+static_rc=0
+phase "build: static (musl)" ./scripts/build-static.sh || static_rc=$?
+[ "$static_rc" = 0 ] || [ "$static_rc" = 3 ] || exit "$static_rc"
 
-echo "== test control plane: Kubernetes binaries of tests/kube (built once, then cached in /var/cache/gpuslice/kube)"
-# A failed build stops the suite here: the control-plane tests never skip.
-GPUSLICE_KUBE_BIN_DIR="$(./scripts/kube-cluster.sh build)"
-export GPUSLICE_KUBE_BIN_DIR
-echo "== test node: containerd 2.x of tests/node (built once, then cached in /var/cache/gpuslice/node)"
-GPUSLICE_NODE_BIN_DIR="$(./scripts/kube-cluster.sh build-node)"
-export GPUSLICE_NODE_BIN_DIR
-echo "== nerdctl of tests/nerdctl (built once, then cached in /var/cache/gpuslice/nerdctl)"
-GPUSLICE_NERDCTL_BIN="$(./scripts/kube-cluster.sh build-nerdctl)"
-export GPUSLICE_NERDCTL_BIN
+phase "fmt" cargo fmt --all -- --check
+phase "clippy" cargo clippy --workspace --all-targets --release --locked -- -D warnings
 
-echo "== browser tests: playwright-core of tests/browser (drives Debian's /usr/bin/chromium; no browser download)"
-if ! npm ci --prefix tests/browser --no-audit --no-fund; then
-  echo "test.sh: npm ci --prefix tests/browser failed: the console's browser tests (tests/tests/console_web.rs) need it; npm comes from scripts/install-deps.sh" >&2
-  exit 1
-fi
+# The test control plane's Kubernetes binaries, the test node's containerd 2.x and nerdctl:
+# built once from their Go modules, then cached (a failed build stops the suite here: the
+# control-plane tests never skip).
+go_out="$(mktemp -d)"
+phase "go: kubernetes (tests/kube)" sh -c './scripts/kube-cluster.sh build > "$1"' _ "$go_out/kube"
+phase "go: containerd (tests/node)" sh -c './scripts/kube-cluster.sh build-node > "$1"' _ "$go_out/node"
+phase "go: nerdctl (tests/nerdctl)" sh -c './scripts/kube-cluster.sh build-nerdctl > "$1"' _ "$go_out/nerdctl"
+GPUSLICE_KUBE_BIN_DIR="$(cat "$go_out/kube")"
+GPUSLICE_NODE_BIN_DIR="$(cat "$go_out/node")"
+GPUSLICE_NERDCTL_BIN="$(cat "$go_out/nerdctl")"
+rm -rf "$go_out"
+export GPUSLICE_KUBE_BIN_DIR GPUSLICE_NODE_BIN_DIR GPUSLICE_NERDCTL_BIN
 
-echo "== unit, integration and end-to-end tests"
+npm_ci() {
+  npm ci --prefix tests/browser --no-audit --no-fund || {
+    echo "test.sh: npm ci --prefix tests/browser failed: the console's browser tests (tests/tests/console_web.rs) need it; npm comes from scripts/install-deps.sh" >&2
+    return 1
+  }
+}
+phase "npm: playwright-core (tests/browser; drives Debian's chromium)" npm_ci
+
+# --- tests (every phase runs; the suite fails at the end if one did) --------------------
 export GPUSLICE_TEST_BIN_DIR="$PWD/target/release"
 export GPUSLICE_TEST_PORTABLE_DIR="$PWD/target/portable"
-cargo test --workspace --release --locked --no-fail-fast -- --include-ignored
+# One package selection (--workspace) for every cargo call, so that features unify the same
+# way and nothing is rebuilt between phases.
+cargo_test=(cargo test --workspace --profile suite --locked)
+phase "test build (profile suite)" "${cargo_test[@]}" --no-run
+
+tests_failed=0
+run_tests() { phase "$@" || tests_failed=1; }
+run_tests "tests: unit (every crate's lib and bins)" "${cargo_test[@]}" --no-fail-fast --lib --bins -- --include-ignored
+run_tests "tests: doc" "${cargo_test[@]}" --doc
+# The integration-test binaries (one per crate, tests/main.rs), as cargo metadata lists them;
+# the end-to-end one (tests/tests/main.rs) after them.
+for t in $(cargo metadata --no-deps --format-version 1 --locked |
+  jq -r '.packages[].targets[] | select(.kind == ["test"]) | .name' | grep -vx e2e); do
+  run_tests "tests: $t" "${cargo_test[@]}" --test "$t" -- --include-ignored
+done
+# The end-to-end tests in two runs of their binary: first those that hold only the locks of
+# what they share on the host (tests/src/env.rs: lock()), three at a time, as they mostly
+# wait on containers, kubelets and control planes; then those that need the machine alone
+# (serial(): they measure time or compute shares, or start chromium and a whole cluster), one
+# at a time. The locks keep either run correct on its own; the split keeps the alone ones from
+# holding up the others.
+alone=(enforce:: enforce_compute:: observability:: console_web::)
+skip_alone=()
+for m in "${alone[@]}"; do skip_alone+=(--skip "$m"); done
+run_tests "tests: e2e, side by side" "${cargo_test[@]}" --test e2e -- --include-ignored \
+  --test-threads 3 "${skip_alone[@]}"
+run_tests "tests: e2e, the machine alone (${alone[*]})" "${cargo_test[@]}" --test e2e -- \
+  --include-ignored --test-threads 1 "${alone[@]}"
 
 if [ -x target/release/static/gpuslice-runtime ]; then
-  echo "== end-to-end tests again with the static create-path build (as the package installs it)"
-  GPUSLICE_TEST_BIN_DIR="$PWD/target/release/static" cargo test --release --locked \
-    -p gpuslice-e2e --test runc_slice --test podman --test containerd -- --include-ignored
+  # The static binaries run on the create path only: the tests that create containers
+  # through runc, podman and containerd with them.
+  run_tests "tests: e2e with the static create-path build (runc_slice, podman, containerd)" \
+    env GPUSLICE_TEST_BIN_DIR="$PWD/target/release/static" "${cargo_test[@]}" --test e2e -- --include-ignored runc_slice:: podman:: containerd::
 else
   echo "== no static build (scripts/build-static.sh could not add the musl target): skipped its end-to-end run"
 fi
 
-echo "== package: dpkg -i, the demo with installed paths, dpkg -r restores the node"
-./scripts/check-deb.sh
+run_tests "package: dpkg -i, the demo with installed paths, dpkg -r restores the node" ./scripts/check-deb.sh
+[ "$tests_failed" = 0 ]

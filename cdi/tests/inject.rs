@@ -4,7 +4,7 @@
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use gpuslice_cdi::{
     apply_edits_with, inject_with, ContainerEdits, DeviceNode, Hook, InjectError, Mount, Spec,

@@ -2,7 +2,7 @@
 //! 0.3.0–0.5.0) accepts a spec written by `write_spec` and applies its edits.
 //!
 //! Needs root and podman; run with
-//! `cargo test -p gpuslice-cdi --test podman_e2e -- --ignored`.
+//! `cargo test -p gpuslice-cdi --test cdi -- --ignored podman_e2e::`.
 //! Podman 4.3 reads CDI specs only from /etc/cdi and /var/run/cdi (no `cdi_spec_dirs`
 //! setting yet), so the spec goes to /var/run/cdi under a kind unique to this run and is
 //! removed afterwards.
@@ -74,7 +74,7 @@ fn ensure_image(work: &Path) {
 }
 
 #[test]
-#[ignore = "needs root and podman: cargo test -p gpuslice-cdi --test podman_e2e -- --ignored"]
+#[ignore = "needs root and podman: cargo test -p gpuslice-cdi --test cdi -- --ignored podman_e2e::"]
 fn podman_accepts_and_applies_a_written_spec() {
     // SAFETY: geteuid has no preconditions and cannot fail.
     let euid = unsafe { libc::geteuid() };

@@ -3,7 +3,7 @@
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use gpuslice_cdi::{
     from_json, inject_with, minimum_version, stamped, to_json, CdiVersion, ContainerEdits, Device,

@@ -3,7 +3,7 @@
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use gpuslice_cdi::{to_json, ContainerEdits, Device, Spec};
 use serde_json::Value;

@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
-mod configure_common;
+use crate::configure_common;
 
 use std::path::Path;
 

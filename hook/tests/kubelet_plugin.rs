@@ -20,8 +20,7 @@ use gpuslice_kube::SliceWriter;
 use gpuslice_registry::{ClaimShare, Gpu, Inventory, Owner};
 use serde_json::Value;
 
-#[path = "../../cdi/tests/schema/validator.rs"]
-mod cdi_schema;
+use crate::cdi_schema;
 use cdi_schema::validator;
 
 fn node(dir: &Path) -> Node {

@@ -5,7 +5,7 @@
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
-mod serve_common;
+use crate::serve_common;
 
 use std::time::{Duration, Instant};
 

@@ -4,7 +4,7 @@
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
-mod serve_common;
+use crate::serve_common;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

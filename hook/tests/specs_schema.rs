@@ -15,8 +15,7 @@ use gpuslice_cdi::{DeviceNode, Mount};
 use gpuslice_registry::{Booking, Gpu, Owner, Reservation, ReservationState};
 use serde_json::Value;
 
-#[path = "../../cdi/tests/schema/validator.rs"]
-mod cdi_schema;
+use crate::cdi_schema;
 use cdi_schema::validator;
 
 fn node(dir: &Path) -> Node {

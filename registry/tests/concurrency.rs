@@ -4,7 +4,7 @@
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::sync::Arc;
@@ -68,7 +68,7 @@ fn sixty_four_processes_race_for_twenty_slices() {
     reg.set_inventory(inventory(2, 10 * GI)).expect("inventory");
 
     let mut children: Vec<_> = (0..PROCESSES)
-        .map(|_| spawn_child("child_reserver", ROLE, dir.path()))
+        .map(|_| spawn_child("concurrency::child_reserver", ROLE, dir.path()))
         .collect();
     let mut readers: Vec<_> = children
         .iter_mut()

@@ -5,7 +5,7 @@
 
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Write};
@@ -77,7 +77,7 @@ fn sigkilled_writers_never_corrupt_or_lose_reservations() {
     let mut reported = 0;
     for round in 0..ROUNDS {
         let mut children: Vec<_> = (0..WRITERS)
-            .map(|_| spawn_child("child_writer", ROLE, dir.path()))
+            .map(|_| spawn_child("crash::child_writer", ROLE, dir.path()))
             .collect();
         let mut readers: Vec<_> = children
             .iter_mut()

@@ -20,7 +20,8 @@ pub mod v1 {
 
 use v1::runtime_service_client::RuntimeServiceClient;
 
-/// State, sockets and runc root of the private containerd (fixed: tests hold `serial()`).
+/// State, sockets and runc root of the private containerd (fixed: a test using it holds
+/// [`crate::Resource::CriContainerd`]).
 pub const RUN_DIR: &str = "/run/gpuslice-e2e-containerd";
 /// The pause image the CRI plugin starts sandboxes from.
 pub const PAUSE_IMAGE: &str = "localhost/gpuslice-e2e-pause:1";

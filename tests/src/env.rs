@@ -1,6 +1,22 @@
-//! Where the binaries under test are, the root check and the host-wide test lock.
+//! Where the binaries under test are, the root check, and the host-wide test locks.
+//!
+//! The e2e tests are modules of one test binary, so libtest runs them on several threads at
+//! once, and a second test process may run beside it. What keeps them apart are `flock`s on
+//! files in `/run/lock` (each call opens its own file description, so threads of one process
+//! exclude each other as two processes do):
+//!
+//! - the machine lock, `/run/lock/gpuslice-e2e.lock`: [`serial`] takes it exclusively, for a
+//!   test that needs the machine alone (it measures time or compute shares, or starts so much
+//!   that anything beside it would make it flaky); [`lock`] takes it shared, so every test
+//!   that holds a lock keeps a [`serial`] test waiting. `scripts/check-deb.sh` takes the same
+//!   file exclusively.
+//! - one lock per [`Resource`], `/run/lock/gpuslice-e2e.<name>.lock`: [`lock`] takes the
+//!   named ones exclusively, after the machine lock and in the order of [`Resource`], so two
+//!   tests never wait on each other in a cycle.
 
 use std::path::{Path, PathBuf};
+
+use rustix::fs::FlockOperation;
 
 /// The workspace root (parent of this crate).
 pub fn workspace() -> PathBuf {
@@ -57,23 +73,135 @@ pub fn require_root() {
     );
 }
 
-/// Holds the host-wide e2e lock until dropped.
-#[derive(Debug)]
-pub struct Serial {
-    _file: std::fs::File,
+/// A host-wide resource that some e2e tests use and no two may use at once. [`lock`] holds
+/// `/run/lock/gpuslice-e2e.<name>.lock` for each one named; anything a test uses that is not
+/// listed here is its own (temporary directories, free ports, unique container ids).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Resource {
+    /// The host's CDI directories, `/var/run/cdi` and `/etc/cdi`. [`TestNode::new`] and
+    /// [`TestNode::with`] publish their node spec to `/var/run/cdi` under a fixed name
+    /// (`gpuslice.io-gpu.json`, removed when the node is dropped) and their slices' specs
+    /// beside it; a node's `leftovers()` and `gpuslice gc` look at every slice spec there,
+    /// and podman reads every spec in both. A node made with [`TestNode::with_models`] has a
+    /// CDI directory of its own and needs no lock for it.
+    ///
+    /// [`TestNode::new`]: crate::TestNode::new
+    /// [`TestNode::with`]: crate::TestNode::with
+    /// [`TestNode::with_models`]: crate::TestNode::with_models
+    Cdi,
+    /// podman's global state: its storage and containers (`/var/lib/containers`,
+    /// `/run/containers`, `/run/libpod`), the test image imported into it once
+    /// (`localhost/gpuslice-e2e:1`, [`crate::image::podman_image`]), the tests' container
+    /// names, and `target/e2e/containers.conf`, rewritten by every
+    /// [`crate::podman::Podman::new`].
+    Podman,
+    /// The private containerd of [`crate::cri::Containerd`]: its state, sockets and runc root
+    /// under the fixed [`crate::cri::RUN_DIR`], wiped when one is made and when it is
+    /// dropped.
+    CriContainerd,
+    /// runc's state of containerd's namespace `gpuslice-e2e`,
+    /// `/run/containerd/runc/gpuslice-e2e` (tests/tests/containerd.rs): the harness there
+    /// force-deletes every container in it when dropped.
+    CtrNamespace,
+    /// nerdctl's containerd namespace `gpuslice-nerdctl-e2e` (tests/tests/nerdctl.rs): runc's
+    /// state in `/run/containerd/runc/gpuslice-nerdctl-e2e`, whose containers the harness
+    /// force-deletes when dropped, and the parent cgroups
+    /// `/sys/fs/cgroup/*/gpuslice-nerdctl-e2e`, which it removes.
+    NerdctlNamespace,
+    /// The machine's one Kubernetes node (`scripts/kube-cluster.sh up DIR --node NAME`, one
+    /// per machine, [`crate::kube_node::KubeNode`]): the CNI bridge `gskube0` on
+    /// 10.244.77.0/24 and the kubelet's cgroups `/sys/fs/cgroup/*/kubepods`, both of which
+    /// `down` removes.
+    KubeNode,
 }
 
-/// Takes the host-wide e2e lock (every e2e test shares `/var/run/cdi` and the engines).
+impl Resource {
+    /// The `<name>` of its lock file.
+    fn name(self) -> &'static str {
+        match self {
+            Resource::Cdi => "cdi",
+            Resource::Podman => "podman",
+            Resource::CriContainerd => "cri-containerd",
+            Resource::CtrNamespace => "ctr-namespace",
+            Resource::NerdctlNamespace => "nerdctl-namespace",
+            Resource::KubeNode => "kube-node",
+        }
+    }
+
+    /// Its lock file, `/run/lock/gpuslice-e2e.<name>.lock`.
+    fn lock_path(self) -> PathBuf {
+        lock_file(self.name())
+    }
+}
+
+/// The machine lock: the one file the tests shared before there were named locks, kept so
+/// that `scripts/check-deb.sh`, which takes it exclusively, still has the machine alone.
+const MACHINE_LOCK: &str = "/run/lock/gpuslice-e2e.lock";
+
+/// `/run/lock/gpuslice-e2e.<name>.lock`.
+fn lock_file(name: &str) -> PathBuf {
+    PathBuf::from(format!("/run/lock/gpuslice-e2e.{name}.lock"))
+}
+
+/// A test's locks, held until it is dropped (which releases the resources' locks first, then
+/// the machine lock).
+#[derive(Debug)]
+pub struct Serial {
+    _resources: Vec<std::fs::File>,
+    _machine: std::fs::File,
+}
+
+/// Takes the machine lock exclusively: no other e2e test runs until the guard is dropped.
+/// For a test that measures time or compute shares, or that loads the machine so that a
+/// test beside it, or it beside another, could miss a deadline.
 pub fn serial() -> Serial {
     require_root();
+    Serial {
+        _resources: Vec::new(),
+        _machine: flock(Path::new(MACHINE_LOCK), FlockOperation::LockExclusive),
+    }
+}
+
+/// Takes the machine lock shared (keeping [`serial`] tests out) and each of `resources`
+/// exclusively, in the order of [`Resource`]; `&[]` for a test that shares nothing
+/// host-wide. Holds them until the guard is dropped.
+pub fn lock(resources: &[Resource]) -> Serial {
+    require_root();
+    let mut wanted = resources.to_vec();
+    wanted.sort_unstable();
+    // A resource named twice would wait on itself: two opens are two lock owners.
+    wanted.dedup();
+    let machine = flock(Path::new(MACHINE_LOCK), FlockOperation::LockShared);
+    let resources = wanted
+        .iter()
+        .map(|r| flock(&r.lock_path(), FlockOperation::LockExclusive))
+        .collect();
+    Serial {
+        _resources: resources,
+        _machine: machine,
+    }
+}
+
+/// Holds `/run/lock/gpuslice-e2e.<name>.lock` exclusively until the file is dropped: for a
+/// helper's one-time set-up that tests running at the same time would otherwise race on.
+pub(crate) fn setup_lock(name: &str) -> std::fs::File {
+    flock(&lock_file(name), FlockOperation::LockExclusive)
+}
+
+/// Opens (creating) the lock file at `path` and waits for `op` on it.
+fn flock(path: &Path, op: FlockOperation) -> std::fs::File {
     std::fs::create_dir_all("/run/lock").ok();
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
-        .open("/run/lock/gpuslice-e2e.lock")
-        .unwrap_or_else(|e| panic!("cannot open /run/lock/gpuslice-e2e.lock: {e}"));
-    rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
-        .unwrap_or_else(|e| panic!("cannot lock /run/lock/gpuslice-e2e.lock: {e}"));
-    Serial { _file: file }
+        .open(path)
+        .unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()));
+    loop {
+        match rustix::fs::flock(&file, op) {
+            Ok(()) => return file,
+            Err(e) if e == rustix::io::Errno::INTR => continue,
+            Err(e) => panic!("cannot lock {}: {e}", path.display()),
+        }
+    }
 }

@@ -19,10 +19,16 @@ const GLIBC_LIBS: &[&str] = &[
     "ld-linux-x86-64.so.2",
 ];
 
-/// The image's root filesystem (built once, cached under `target/e2e/rootfs`).
+/// The image's root filesystem (built once, cached under `target/e2e/rootfs`; a build holds
+/// `/run/lock/gpuslice-e2e.rootfs.lock`).
 pub fn rootfs() -> PathBuf {
     let root = workspace().join("target/e2e/rootfs");
     let stamp = root.join(".gpuslice-e2e-image");
+    if stamp.exists() {
+        return root;
+    }
+    // Tests running at the same time: one builds, the others wait and then find the stamp.
+    let _building = crate::env::setup_lock("rootfs");
     if stamp.exists() {
         return root;
     }

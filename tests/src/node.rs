@@ -48,7 +48,8 @@ pub fn probe() -> PathBuf {
 }
 
 impl TestNode {
-    /// A node with one simulated GPU per memory size, e.g. `&["10Gi", "10Gi"]`.
+    /// A node with one simulated GPU per memory size, e.g. `&["10Gi", "10Gi"]`, whose CDI
+    /// specs go to [`CDI_DIR`]: the test holds [`crate::Resource::Cdi`].
     pub fn new(gpus: &[&str]) -> TestNode {
         TestNode::with(gpus, "")
     }

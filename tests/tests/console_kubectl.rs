@@ -17,7 +17,7 @@ use gpuslice_e2e::kube::{wait_for, KubeCluster};
 use gpuslice_e2e::kubelet_plugin::{deployment, pod, resource_claim, slice_of, KubeletPlugin};
 use gpuslice_e2e::prometheus::Prometheus;
 use gpuslice_e2e::published::{published, quantity, PublishedGpu};
-use gpuslice_e2e::{bin, env::workspace, serial, TestNode};
+use gpuslice_e2e::{bin, env::workspace, lock, TestNode};
 use serde_json::{json, Value};
 
 const NS: &str = "default";
@@ -226,7 +226,7 @@ const L4: &str = "device.attributes[\"gpuslice.io\"].productName == \"NVIDIA L4\
 #[test]
 #[ignore = "starts a real Kubernetes control plane and two plugin processes; the README's test command runs it"]
 fn kubectl_gpuslice_shows_the_registry_and_allocates_workloads() {
-    let _s = serial();
+    let _s = lock(&[]);
     let mut cluster = KubeCluster::up();
     let nodes: BTreeMap<&str, TestNode> = [
         (
@@ -544,7 +544,7 @@ fn used_figures_come_from_prometheus_scraping_the_exporter() {
     use gpuslice_e2e::kubelet::claim as kubelet_claim;
     use gpuslice_e2e::serve::{value, Exporter};
 
-    let _s = serial();
+    let _s = lock(&[]);
     let mut cluster = KubeCluster::up();
     let node = TestNode::with_models(&[("NVIDIA H200", "141Gi"), ("NVIDIA H200", "141Gi")]);
     cluster.add_node("node-a");

@@ -537,6 +537,8 @@ fn wait_scraped(prometheus: &Prometheus, uuids: &[String]) {
 #[test]
 #[ignore = "starts a real Kubernetes control plane, plugins, exporters, Prometheus, three consoles and chromium; the README's test command runs it"]
 fn the_web_console_shows_the_registry_and_allocates_in_a_browser() {
+    // A control plane, plugins, exporters, Prometheus, three consoles and chromium (with
+    // playwright's 30 s timeouts) on this machine's 2 cores: the machine alone.
     let _s = serial();
     require_browser();
     let shots = screenshot_dir();

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use gpuslice_e2e::image::copy_rootfs;
 use gpuslice_e2e::node::probe;
 use gpuslice_e2e::view::{assert_slice_view, wait_for_file, SLICE_CHECKS};
-use gpuslice_e2e::{bin, serial, TestNode};
+use gpuslice_e2e::{bin, lock, Resource, TestNode};
 
 /// A private containerd; killed when dropped.
 struct Containerd {
@@ -104,7 +104,7 @@ const PATH: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin
 
 #[test]
 fn ctr_run_with_gpuslice_runtime_gets_its_slice() {
-    let _s = serial();
+    let _s = lock(&[Resource::Cdi, Resource::CtrNamespace]);
     let node = TestNode::new(&["10Gi", "10Gi"]);
     let containerd = Containerd::start(&node.config_str());
     let work = tempfile::tempdir().unwrap();
@@ -179,7 +179,7 @@ fn ctr_run_with_gpuslice_runtime_gets_its_slice() {
 
 #[test]
 fn ctr_misfit_fails_with_the_capacity_line() {
-    let _s = serial();
+    let _s = lock(&[Resource::Cdi, Resource::CtrNamespace]);
     let node = TestNode::new(&["10Gi"]);
     let containerd = Containerd::start(&node.config_str());
     let work = tempfile::tempdir().unwrap();

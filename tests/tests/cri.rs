@@ -13,7 +13,7 @@ use gpuslice_e2e::cri::{
     PAUSE_IMAGE,
 };
 use gpuslice_e2e::node::probe;
-use gpuslice_e2e::{serial, TestNode};
+use gpuslice_e2e::{lock, Resource, TestNode};
 
 const CHECKS: &str = "ls /dev | grep nvidia | tr '\\n' ' '; echo; \
     echo preload=$(cat /etc/ld.so.preload); \
@@ -34,7 +34,7 @@ fn mounts_to(spec: &serde_json::Value, dest: &str) -> bool {
 
 #[test]
 fn kubelet_style_pod_through_containerd_cri_gets_its_slice() {
-    let _s = serial();
+    let _s = lock(&[Resource::Cdi, Resource::CriContainerd]);
     let node = TestNode::new(&["10Gi", "10Gi"]);
     let mut ctd = Containerd::new();
 

@@ -19,7 +19,7 @@ use gpuslice_e2e::kube::{wait_for, KubeCluster};
 use gpuslice_e2e::kubelet::{claim as kubelet_claim, Kubelet};
 use gpuslice_e2e::kubelet_plugin::{pod, resource_claim, slice_of, KubeletPlugin};
 use gpuslice_e2e::runc::{run_detached, runtime, Bundle, RUNC_ROOT};
-use gpuslice_e2e::{env::workspace, serial, TestNode};
+use gpuslice_e2e::{env::workspace, lock, TestNode};
 use gpuslice_kube::quantity::parse_whole;
 use serde_json::{json, Value};
 
@@ -160,7 +160,7 @@ const CASES: [Case; 6] = [
 #[test]
 #[ignore = "starts a real Kubernetes control plane, two plugin processes and runc containers; the README's test command runs it"]
 fn the_scheduler_places_slices_the_plugins_publish_and_prepare_enforces_them() {
-    let _s = serial();
+    let _s = lock(&[]);
     let mut cluster = KubeCluster::up();
     let nodes: BTreeMap<&str, TestNode> = [
         (

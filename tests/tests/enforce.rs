@@ -163,6 +163,7 @@ fn assert_killed(
 
 #[test]
 fn shim_bypassed_through_a_user_namespace_is_killed_by_the_enforcer() {
+    // The enforcer's reaction is timed (kill within grace + 1 s): the machine alone.
     let _s = serial();
     let node = TestNode::new(&["16Gi"]);
     let exporter = Exporter::start(&node);
@@ -187,6 +188,7 @@ fn shim_bypassed_through_a_user_namespace_is_killed_by_the_enforcer() {
 
 #[test]
 fn forged_limits_file_is_caught_against_the_registry_limit() {
+    // The enforcer's reaction is timed (kill within grace + 1 s): the machine alone.
     let _s = serial();
     let node = TestNode::new(&["16Gi"]);
     let exporter = Exporter::start(&node);
@@ -213,6 +215,7 @@ fn unshimmed_keep_shim(inner: &str) -> String {
 
 #[test]
 fn zeroed_usage_slot_lets_a_second_process_over_and_it_is_killed() {
+    // The enforcer's reaction is timed (kill within grace + 1 s): the machine alone.
     let _s = serial();
     let node = TestNode::new(&["16Gi"]);
     let exporter = Exporter::start(&node);
@@ -242,6 +245,7 @@ fn zeroed_usage_slot_lets_a_second_process_over_and_it_is_killed() {
 
 #[test]
 fn report_mode_lets_the_process_live_and_reports_it() {
+    // The enforcer's reaction is timed (kill within grace + 1 s): the machine alone.
     let _s = serial();
     let node = TestNode::with(&["16Gi"], "[enforce]\nmemory = \"report\"\n");
     let exporter = Exporter::start(&node);
@@ -284,6 +288,7 @@ fn report_mode_lets_the_process_live_and_reports_it() {
 
 #[test]
 fn a_process_on_a_gpu_outside_any_reservation_is_reported() {
+    // The enforcer's reaction is timed (kill within grace + 1 s): the machine alone.
     let _s = serial();
     let node = TestNode::new(&["16Gi", "16Gi"]);
     let exporter = Exporter::start(&node);

@@ -169,6 +169,7 @@ fn start(node: &TestNode, id: &str) -> (Bundle, Detached, String, DriverFigure) 
 
 #[test]
 fn a_forged_pacing_burn_is_held_to_its_share_by_the_throttle() {
+    // Measures the share the enforcer holds a slice to: the machine alone.
     let _s = serial();
     let node = TestNode::with(&["16Gi"], "[enforce]\ncompute = \"throttle\"\n");
     let exporter = Exporter::start(&node);
@@ -233,6 +234,7 @@ fn a_forged_pacing_burn_is_held_to_its_share_by_the_throttle() {
 
 #[test]
 fn a_forged_pacing_burn_is_reported_and_lives_in_report_mode() {
+    // Measures the share the enforcer holds a slice to: the machine alone.
     let _s = serial();
     let node = TestNode::with(&["16Gi"], "[enforce]\ncompute = \"report\"\n");
     let exporter = Exporter::start(&node);

@@ -11,7 +11,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use gpuslice_e2e::runc::{run_detached, runtime, Bundle, RUNC_ROOT};
-use gpuslice_e2e::{serial, TestNode};
+use gpuslice_e2e::{lock, Resource, TestNode};
 use serde_json::{json, Value};
 
 /// A second runc state root: container ids are unique per root, not per node.
@@ -112,7 +112,7 @@ fn whole_bookings(node: &TestNode) -> Vec<Value> {
 /// Defect 1: two runtime roots, one container id, whole GPUs from the node CDI spec.
 #[test]
 fn whole_gpus_belong_to_a_container_instance_not_to_its_id() {
-    let _s = serial();
+    let _s = lock(&[Resource::Cdi]);
     let node = TestNode::new(&["10Gi", "10Gi"]);
     let id = "e2e-same-id";
     remove(RUNC_ROOT, id);
@@ -169,7 +169,7 @@ fn whole_gpus_belong_to_a_container_instance_not_to_its_id() {
 /// runc's status and output, and the slice is gone at once (no pending timeout).
 #[test]
 fn a_spec_runc_rejects_leaves_no_pending_slice() {
-    let _s = serial();
+    let _s = lock(&[Resource::Cdi]);
     let node = TestNode::new(&["10Gi"]);
     let bundle = Bundle::new("true", &[("gpuslice.io/memory", "4Gi")]);
     let mut c = bundle.config();
@@ -231,7 +231,7 @@ fn a_spec_runc_rejects_leaves_no_pending_slice() {
 /// status is the wrapper's.
 #[test]
 fn the_wrapper_forwards_signals_and_exit_status_of_a_foreground_run() {
-    let _s = serial();
+    let _s = lock(&[Resource::Cdi]);
     let node = TestNode::new(&["10Gi"]);
     let bundle = Bundle::new(
         "trap 'echo got-term; exit 7' TERM; echo READY; while :; do sleep 0.1; done",
@@ -291,7 +291,7 @@ fn precreate(node: &TestNode, bundle: &Bundle) -> Vec<u8> {
 /// neither binds nor releases it; the container it was reserved for then starts.
 #[test]
 fn a_spec_with_another_containers_reservation_cannot_take_it() {
-    let _s = serial();
+    let _s = lock(&[Resource::Cdi]);
     let node = TestNode::new(&["10Gi"]);
     let victim = Bundle::new("echo READY; sleep 600", &[("gpuslice.io/memory", "8Gi")]);
     let edited = precreate(&node, &victim);
@@ -373,7 +373,7 @@ fn pids_in(cgroup_dir: &Path) -> Vec<i32> {
 /// the slice stays while the child runs, and goes once no process of it is left.
 #[test]
 fn a_slice_outlives_init_while_the_containers_processes_run() {
-    let _s = serial();
+    let _s = lock(&[Resource::Cdi]);
     let node = TestNode::new(&["10Gi"]);
     let bundle = Bundle::new("sleep 100 & echo READY", &[("gpuslice.io/memory", "8Gi")]);
     let mut c = bundle.config();

@@ -15,6 +15,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use gpuslice_e2e::kube::{kube_bin, kube_bin_dir, script, wait_for, KubeCluster, COMPONENTS};
+use gpuslice_e2e::lock;
 use serde_json::{json, Value};
 
 /// Namespace of the test's objects.
@@ -23,6 +24,9 @@ const NS: &str = "default";
 #[test]
 #[ignore = "starts a real Kubernetes control plane (slow on a cold cache); the README's test command runs it"]
 fn control_plane_serves_dra_with_consumable_capacity_and_goes_down() {
+    // Its ports are free ones and its files in temporary directories; the machine lock
+    // (shared) keeps its load away from the tests that need the machine alone.
+    let _s = lock(&[]);
     let mut cluster = KubeCluster::up();
     let pids = cluster.pids();
     let endpoints = cluster.endpoints();
@@ -287,6 +291,7 @@ fn control_plane_serves_dra_with_consumable_capacity_and_goes_down() {
 #[test]
 #[ignore = "needs the Kubernetes binaries (slow on a cold cache); the README's test command runs it"]
 fn up_names_the_component_that_died_shows_its_log_and_stops_the_rest() {
+    let _s = lock(&[]);
     // A bin dir whose kube-apiserver refuses its flags: etcd comes up, the API server dies.
     let bins = tempfile::tempdir().unwrap();
     let real = kube_bin_dir();

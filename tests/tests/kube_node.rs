@@ -20,7 +20,7 @@ use gpuslice_e2e::kube_node::{
     claim_template, pod, pod_spec, wait, wait_for_or, KubeNode, NS, STEP,
 };
 use gpuslice_e2e::view::{assert_slice_view, SLICE_CHECKS};
-use gpuslice_e2e::{serial, TestNode};
+use gpuslice_e2e::{lock, Resource, TestNode};
 use serde_json::{json, Value};
 
 const GIB: u64 = 1 << 30;
@@ -162,7 +162,7 @@ fn assert_released(kn: &KubeNode, node: &TestNode, claim: &Value) {
 
 #[test]
 fn pod_with_a_claim_runs_with_its_slice_and_releases_it() {
-    let _s = serial();
+    let _s = lock(&[Resource::KubeNode]);
     let node = l4_node();
     let mut kn = KubeNode::up(NODE, &node);
     kn.cluster
@@ -217,7 +217,7 @@ fn names(pods: &[Value]) -> BTreeSet<String> {
 
 #[test]
 fn deployment_of_three_whose_claims_fit_two_runs_two() {
-    let _s = serial();
+    let _s = lock(&[Resource::KubeNode]);
     let node = l4_node();
     let mut kn = KubeNode::up(NODE, &node);
     kn.cluster
@@ -312,7 +312,7 @@ fn deployment_of_three_whose_claims_fit_two_runs_two() {
 
 #[test]
 fn runtime_class_and_annotations_through_kubelet_and_containerd_2() {
-    let _s = serial();
+    let _s = lock(&[Resource::KubeNode]);
     let node = l4_node();
     let mut kn = KubeNode::up(NODE, &node);
     let mut spec = pod_spec(SLICE_CHECKS, None);
@@ -369,7 +369,7 @@ fn runtime_class_and_annotations_through_kubelet_and_containerd_2() {
 
 #[test]
 fn plugin_and_kubelet_restarts_lose_nothing() {
-    let _s = serial();
+    let _s = lock(&[Resource::KubeNode]);
     let node = l4_node();
     let mut kn = KubeNode::up(NODE, &node);
     kn.cluster

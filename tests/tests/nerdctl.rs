@@ -21,7 +21,7 @@ use gpuslice_e2e::cri::image_archive;
 use gpuslice_e2e::kube::script;
 use gpuslice_e2e::node::probe;
 use gpuslice_e2e::view::{assert_slice_view, SLICE_CHECKS};
-use gpuslice_e2e::{serial, TestNode};
+use gpuslice_e2e::{lock, Resource, TestNode};
 use serde_json::Value;
 
 /// The test image (busybox and glibc, the test rootfs) as nerdctl names it.
@@ -364,7 +364,7 @@ fn assert_released(n: &Nerdctl, node: &TestNode) {
 
 #[test]
 fn run_with_the_gpuslice_runtime_gets_its_slice_and_rm_releases_it() {
-    let _s = serial();
+    let _s = lock(&[Resource::NerdctlNamespace]);
     let node = two_gpus();
     let n = Nerdctl::start(&node);
     // With a non-default gpuslice config the handler runs configure's wrapper, which names
@@ -432,7 +432,7 @@ fn run_with_the_gpuslice_runtime_gets_its_slice_and_rm_releases_it() {
 
 #[test]
 fn device_gpuslice_io_gpu_0_books_the_whole_gpu_until_rm() {
-    let _s = serial();
+    let _s = lock(&[Resource::NerdctlNamespace]);
     let node = two_gpus();
     let n = Nerdctl::start(&node);
     let name = "e2e-nerdctl-whole";
@@ -519,7 +519,7 @@ fn device_gpuslice_io_gpu_0_books_the_whole_gpu_until_rm() {
 
 #[test]
 fn a_bad_request_fails_nerdctl_run_with_gpuslice_s_line_and_books_nothing() {
-    let _s = serial();
+    let _s = lock(&[Resource::NerdctlNamespace]);
     let node = two_gpus();
     let n = Nerdctl::start(&node);
     let runtime = n.runtime.display().to_string();

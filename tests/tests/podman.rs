@@ -11,7 +11,7 @@ use gpuslice_e2e::image::podman_image;
 use gpuslice_e2e::node::probe;
 use gpuslice_e2e::podman::Podman;
 use gpuslice_e2e::view::{assert_slice_view, SLICE_ANNOTATIONS, SLICE_CHECKS};
-use gpuslice_e2e::{serial, TestNode};
+use gpuslice_e2e::{lock, Resource, TestNode};
 
 fn ok(out: &Output) -> String {
     assert!(
@@ -36,7 +36,7 @@ fn set(items: &[&str]) -> BTreeSet<String> {
 
 #[test]
 fn whole_gpu_by_index_uuid_and_all() {
-    let _s = serial();
+    let _s = lock(&[Resource::Cdi, Resource::Podman]);
     let node = TestNode::new(&["10Gi", "10Gi"]);
     let podman = Podman::new();
     let image = podman_image();
@@ -73,7 +73,7 @@ fn whole_gpu_by_index_uuid_and_all() {
 
 #[test]
 fn whole_gpu_is_booked_while_it_runs_and_slices_avoid_it() {
-    let _s = serial();
+    let _s = lock(&[Resource::Cdi, Resource::Podman]);
     let node = TestNode::new(&["10Gi", "10Gi"]);
     let podman = node.podman_with_hook();
     let image = podman_image();
@@ -153,7 +153,7 @@ fn wait_logs(podman: &Podman, name: &str) -> String {
 
 #[test]
 fn podman_precreate_slice_sees_its_gpu_shim_limits_and_env() {
-    let _s = serial();
+    let _s = lock(&[Resource::Cdi, Resource::Podman]);
     let node = TestNode::new(&["10Gi", "10Gi"]);
     let podman = node.podman_with_hook();
     let name = "gpuslice-e2e-podman-slice";
@@ -192,7 +192,7 @@ const VIEW: &str = "ls -ln /dev | grep nvidia | awk '{print $5,$6,$NF}'; \
 
 #[test]
 fn podman_cdi_injection_and_gpuslice_injection_give_the_same_view() {
-    let _s = serial();
+    let _s = lock(&[Resource::Cdi, Resource::Podman]);
     let node = TestNode::new(&["10Gi"]);
     let podman = node.podman_with_hook();
     let image = podman_image();
@@ -273,7 +273,7 @@ fn podman_cdi_injection_and_gpuslice_injection_give_the_same_view() {
 
 #[test]
 fn podman_shows_the_refusal_line_and_nothing_is_reserved() {
-    let _s = serial();
+    let _s = lock(&[Resource::Cdi, Resource::Podman]);
     let node = TestNode::new(&["10Gi", "10Gi"]);
     let podman = node.podman_with_hook();
     for (ann, want) in [
@@ -310,7 +310,7 @@ fn podman_shows_the_refusal_line_and_nothing_is_reserved() {
 /// without a GPU, and a request still gets one.
 #[test]
 fn podman_refuses_a_misspelled_key_and_keeps_the_opt_out() {
-    let _s = serial();
+    let _s = lock(&[Resource::Cdi, Resource::Podman]);
     let node = TestNode::new(&["10Gi"]);
     let podman = node.podman_with_hook();
     let image = podman_image();

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use gpuslice_e2e::runc::{run, run_detached, runtime, Bundle};
 use gpuslice_e2e::view::{assert_slice_view, SLICE_ANNOTATIONS, SLICE_CHECKS};
-use gpuslice_e2e::{serial, TestNode};
+use gpuslice_e2e::{lock, Resource, TestNode};
 
 fn slice_ann() -> Vec<(&'static str, &'static str)> {
     vec![("gpuslice.io/memory", "4Gi"), ("gpuslice.io/cores", "30")]
@@ -16,7 +16,7 @@ fn slice_ann() -> Vec<(&'static str, &'static str)> {
 
 #[test]
 fn runc_slice_sees_its_gpu_shim_limits_and_env() {
-    let _s = serial();
+    let _s = lock(&[Resource::Cdi]);
     let node = TestNode::new(&["10Gi", "10Gi"]);
     let bundle = Bundle::new(SLICE_CHECKS, &SLICE_ANNOTATIONS);
     let c = run_detached(&node, &bundle, "e2e-runc-slice").expect("container starts");
@@ -38,7 +38,7 @@ fn runc_slice_sees_its_gpu_shim_limits_and_env() {
 /// unprivileged user still writes its usage file and reads its limits through the mounts.
 #[test]
 fn a_non_root_container_user_reaches_its_usage_and_limits_files() {
-    let _s = serial();
+    let _s = lock(&[Resource::Cdi]);
     let node = TestNode::new(&["10Gi"]);
     let bundle = Bundle::new(
         "id -u; if (exec 3<>/run/gpuslice/usage) 2>/dev/null; then echo usage-writable; fi; \
@@ -67,7 +67,7 @@ fn a_non_root_container_user_reaches_its_usage_and_limits_files() {
 
 #[test]
 fn misfit_is_refused_with_free_capacity_and_leaks_nothing() {
-    let _s = serial();
+    let _s = lock(&[Resource::Cdi]);
     let node = TestNode::new(&["10Gi", "10Gi"]);
     let bundle = Bundle::new("true", &[("gpuslice.io/memory", "12Gi")]);
     let out = run(&node, &bundle, "e2e-misfit");
@@ -88,7 +88,7 @@ fn misfit_is_refused_with_free_capacity_and_leaks_nothing() {
 
 #[test]
 fn malformed_requests_fail_creation_and_reserve_nothing() {
-    let _s = serial();
+    let _s = lock(&[Resource::Cdi]);
     let node = TestNode::new(&["10Gi", "10Gi"]);
     let cases: Vec<(Vec<(&str, &str)>, &str)> = vec![
         (vec![("gpuslice.io/memory", "lots")], "gpuslice.io/memory"),
@@ -143,7 +143,7 @@ fn malformed_requests_fail_creation_and_reserve_nothing() {
 
 #[test]
 fn container_without_annotations_is_byte_identical() {
-    let _s = serial();
+    let _s = lock(&[Resource::Cdi]);
     let node = TestNode::new(&["10Gi"]);
     let bundle = Bundle::new(
         "cat /proc/self/status >/dev/null",
@@ -176,7 +176,7 @@ fn container_without_annotations_is_byte_identical() {
 
 #[test]
 fn killed_container_without_poststop_is_reaped() {
-    let _s = serial();
+    let _s = lock(&[Resource::Cdi]);
     let node = TestNode::new(&["10Gi"]);
     let bundle = Bundle::new("echo READY; sleep 600", &slice_ann());
     let c = run_detached(&node, &bundle, "e2e-crash").expect("starts");
@@ -214,7 +214,7 @@ fn killed_container_without_poststop_is_reaped() {
 
 #[test]
 fn failed_create_after_edit_is_reaped_after_the_pending_deadline() {
-    let _s = serial();
+    let _s = lock(&[Resource::Cdi]);
     let node = TestNode::with(&["10Gi"], "[registry]\npending_timeout = \"2s\"\n");
     // A process that cannot start: runc create fails after gpuslice edited the spec.
     let bundle = Bundle::new("true", &slice_ann());
@@ -235,7 +235,7 @@ fn failed_create_after_edit_is_reaped_after_the_pending_deadline() {
 
 #[test]
 fn image_ld_preload_does_not_reach_the_hooks() {
-    let _s = serial();
+    let _s = lock(&[Resource::Cdi]);
     let node = TestNode::new(&["10Gi"]);
     // A library that makes every process that loads it exit at once.
     let dir = tempfile::tempdir().unwrap();
@@ -273,7 +273,7 @@ fn image_ld_preload_does_not_reach_the_hooks() {
 
 #[test]
 fn precreate_hook_and_runtime_wrapper_together_reserve_once() {
-    let _s = serial();
+    let _s = lock(&[Resource::Cdi]);
     let node = TestNode::new(&["10Gi"]);
     let bundle = Bundle::new("echo READY; sleep 600", &slice_ann());
     // The engine's precreate hook edits the spec first…

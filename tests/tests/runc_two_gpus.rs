@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 use gpuslice_e2e::runc::{run, Bundle};
-use gpuslice_e2e::{serial, TestNode};
+use gpuslice_e2e::{lock, Resource, TestNode};
 
 /// A first process takes 1 GiB on each GPU and holds it; a second fills both GPUs to the
 /// limit; then both GPUs' identities are printed.
@@ -29,7 +29,7 @@ fn json_lines(text: &str) -> Vec<serde_json::Value> {
 
 #[test]
 fn runc_container_with_two_gpus_is_held_to_the_limit_on_each() {
-    let _s = serial();
+    let _s = lock(&[Resource::Cdi]);
     let node = TestNode::new(&["10Gi", "10Gi", "10Gi"]);
     let bundle = Bundle::new(
         SCRIPT,

@@ -11,7 +11,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::process::{Command, Stdio};
 
 use gpuslice_e2e::runc::{run, Bundle, RUNC_ROOT};
-use gpuslice_e2e::{bin, serial, TestNode};
+use gpuslice_e2e::{bin, lock, Resource, TestNode};
 use serde_json::{json, Value};
 
 /// `c` as JSON text with each `"@name@"` string replaced by raw JSON text.
@@ -30,7 +30,7 @@ fn with_raw(c: &Value, raw: &[(&str, &[u8])]) -> Vec<u8> {
 
 #[test]
 fn runc_runs_a_spec_without_a_request_whatever_is_in_it() {
-    let _s = serial();
+    let _s = lock(&[Resource::Cdi]);
     let node = TestNode::new(&["10Gi"]);
     let bundle = Bundle::new("echo \"A=$A B=$B\"; echo DONE", &[("note", "n")]);
     let mut c = bundle.config();
@@ -72,7 +72,7 @@ const ODD: &str = r#"{"big":12345678901234567890123,"exp":1E+2,"neg0":-0,"frac":
 
 #[test]
 fn a_sliced_spec_keeps_every_number_as_written() {
-    let _s = serial();
+    let _s = lock(&[Resource::Cdi]);
     let node = TestNode::new(&["10Gi"]);
     let bundle = Bundle::new("echo DONE", &[("gpuslice.io/memory", "1Gi")]);
     let mut c = bundle.config();
@@ -125,7 +125,7 @@ fn a_sliced_spec_keeps_every_number_as_written() {
 
 #[test]
 fn a_large_spec_with_a_request_is_edited_in_a_small_multiple_of_its_size() {
-    let _s = serial();
+    let _s = lock(&[Resource::Cdi]);
     // A stand-in for runc: the wrapper's own memory is measured, not the container's.
     let tools = tempfile::tempdir().unwrap();
     let runtime = tools.path().join("runtime");

@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 use common::*;
 
 /// 50 ms of work queued per batch: robust to a loaded machine delaying the probe.

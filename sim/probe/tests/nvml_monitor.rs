@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 use common::*;
 
 use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};

@@ -1,0 +1,11 @@
+//! The integration tests of `gpuslice-shim` in one test binary (one link instead of one per
+//! file): each file beside this one is a module, the shared helpers too.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
+
+mod common;
+mod compute;
+mod garbage;
+mod load;
+mod memory;
+mod processes;

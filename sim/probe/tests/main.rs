@@ -1,0 +1,13 @@
+//! The integration tests of `gpuslice-probe` in one test binary (one link instead of one per
+//! file): each file beside this one is a module, the shared helpers too.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
+
+mod alloc;
+mod burn;
+mod common;
+mod driver_api;
+mod info;
+mod nvml;
+mod nvml_monitor;
+mod procaddr;
