@@ -90,6 +90,9 @@ phase "npm: playwright-core (tests/browser; drives Debian's chromium)" npm_ci
 # --- tests (every phase runs; the suite fails at the end if one did) --------------------
 export GPUSLICE_TEST_BIN_DIR="$PWD/target/release"
 export GPUSLICE_TEST_PORTABLE_DIR="$PWD/target/portable"
+# The shim's and the probe's tests load the simulated driver and the shim of the release
+# build too (they are cdylibs, which a test build does not make).
+export GPUSLICE_SIM_LIB_DIR="$PWD/target/release"
 # One package selection (--workspace) for every cargo call, so that features unify the same
 # way and nothing is rebuilt between phases.
 cargo_test=(cargo test --workspace --profile suite --locked)

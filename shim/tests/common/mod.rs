@@ -24,9 +24,14 @@ pub struct Artifacts {
 const BUILD: &str =
     "cargo build -p gpuslice-shim -p gpuslice-sim-cuda -p gpuslice-sim-nvml -p gpuslice-probe";
 
-/// Locates the artifacts in this test's target profile dir; fails naming what is missing.
+/// Locates the artifacts in `GPUSLICE_TEST_BIN_DIR` when set (scripts/test.sh: the release
+/// build, `target/release`), else in this test's target profile dir; fails naming what is
+/// missing.
 pub fn artifacts() -> Artifacts {
-    let dir = target_profile_dir().expect("target dir of the test binary");
+    let dir = match std::env::var_os("GPUSLICE_TEST_BIN_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => target_profile_dir().expect("target dir of the test binary"),
+    };
     let need = |name: &str| {
         let p = dir.join(name);
         assert!(

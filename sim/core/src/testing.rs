@@ -136,11 +136,16 @@ pub fn target_profile_dir() -> std::io::Result<PathBuf> {
 /// sonames. Set `GPUSLICE_SIM_LIB_DIR` to a directory already holding
 /// `libgpuslice_sim_cuda.so` and `libgpuslice_sim_nvml.so` to skip the build.
 pub fn install_sim_libs(dir: &Path) -> std::io::Result<SimLibs> {
-    let built = match std::env::var_os("GPUSLICE_SIM_LIB_DIR") {
-        Some(d) => PathBuf::from(d),
-        None => build_sim_libs()?,
-    };
-    copy_sim_libs(&built, dir)
+    copy_sim_libs(&sim_lib_dir()?, dir)
+}
+
+/// The directory holding `libgpuslice_sim_cuda.so` and `libgpuslice_sim_nvml.so`:
+/// `GPUSLICE_SIM_LIB_DIR` when set, else [`build_sim_libs`]'s.
+pub fn sim_lib_dir() -> std::io::Result<PathBuf> {
+    match std::env::var_os("GPUSLICE_SIM_LIB_DIR") {
+        Some(d) => Ok(PathBuf::from(d)),
+        None => build_sim_libs(),
+    }
 }
 
 /// Copies `libgpuslice_sim_cuda.so` and `libgpuslice_sim_nvml.so` from `built` into `dir`

@@ -11,11 +11,12 @@ pub use gpuslice_sim_core::testing::SimFixture;
 
 pub const GIB: u64 = 1 << 30;
 
-/// The simulated libraries, built once per test binary.
+/// The simulated libraries: `GPUSLICE_SIM_LIB_DIR`'s (scripts/test.sh: the release build), else
+/// built once per test binary.
 pub fn built_libs() -> &'static PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        gpuslice_sim_core::testing::build_sim_libs().expect("build the simulated driver libraries")
+        gpuslice_sim_core::testing::sim_lib_dir().expect("build the simulated driver libraries")
     })
 }
 
