@@ -55,6 +55,25 @@ trap print_table EXIT
 
 # --- set-up and builds (a failure stops the suite) --------------------------------------
 phase "install-deps" ./scripts/install-deps.sh
+
+# The test control plane's Kubernetes binaries, the test node's containerd 2.x and nerdctl:
+# built from their Go modules once, then cached (scripts/kube-cluster.sh). They build in the
+# background beside the Rust builds, which leave cores idle in their links (on a fresh 2-core
+# machine the two together take about the time of the longer one); each one's time and
+# status go to $go_dir, and the suite waits for them before the tests.
+go_dir="$(mktemp -d)"
+go_builds() {
+  local what t0 rc
+  for what in build build-node build-nerdctl; do
+    t0=$SECONDS
+    rc=0
+    ./scripts/kube-cluster.sh "$what" >"$go_dir/$what.out" 2>"$go_dir/$what.log" || rc=$?
+    echo "$((SECONDS - t0)) $rc" >"$go_dir/$what.time"
+    [ "$rc" = 0 ] || return "$rc"
+  done
+}
+go_builds &
+go_pid=$!
 phase "cargo cache (target/)" ./scripts/cargo-cache.sh
 # The same three builds as scripts/build.sh (the demo's), timed one by one.
 phase "build: release" cargo build --release --workspace --locked
@@ -66,17 +85,37 @@ phase "build: static (musl)" ./scripts/build-static.sh || static_rc=$?
 phase "fmt" cargo fmt --all -- --check
 phase "clippy" cargo clippy --workspace --all-targets --release --locked -- -D warnings
 
-# The test control plane's Kubernetes binaries, the test node's containerd 2.x and nerdctl:
-# built once from their Go modules, then cached (a failed build stops the suite here: the
-# control-plane tests never skip).
-go_out="$(mktemp -d)"
-phase "go: kubernetes (tests/kube)" sh -c './scripts/kube-cluster.sh build > "$1"' _ "$go_out/kube"
-phase "go: containerd (tests/node)" sh -c './scripts/kube-cluster.sh build-node > "$1"' _ "$go_out/node"
-phase "go: nerdctl (tests/nerdctl)" sh -c './scripts/kube-cluster.sh build-nerdctl > "$1"' _ "$go_out/nerdctl"
-GPUSLICE_KUBE_BIN_DIR="$(cat "$go_out/kube")"
-GPUSLICE_NODE_BIN_DIR="$(cat "$go_out/node")"
-GPUSLICE_NERDCTL_BIN="$(cat "$go_out/nerdctl")"
-rm -rf "$go_out"
+# The Go builds started after install-deps: wait for them, then one row each in the table
+# (their own wall time, beside the Rust builds). A failed build stops the suite here: the
+# control-plane tests never skip.
+go_wait_rc=0
+phase "go: waiting for the background builds" wait "$go_pid" || go_wait_rc=$?
+for what in build build-node build-nerdctl; do
+  case $what in
+    build) name="go: kubernetes (tests/kube)" ;;
+    build-node) name="go: containerd (tests/node)" ;;
+    build-nerdctl) name="go: nerdctl (tests/nerdctl)" ;;
+  esac
+  if [ ! -f "$go_dir/$what.time" ]; then
+    phases+=("$(printf '%6s  %-8s %s' - "not run" "$name (in the background)")")
+    continue
+  fi
+  read -r secs rc <"$go_dir/$what.time"
+  if [ "$rc" = 0 ]; then
+    phases+=("$(printf '%6d  %-8s %s' "$secs" ok "$name (in the background)")")
+  else
+    phases+=("$(printf '%6d  %-8s %s' "$secs" FAILED "$name (in the background; exit $rc)")")
+    failed+=("$name")
+    echo "test.sh: scripts/kube-cluster.sh $what failed; its log:" >&2
+    tail -n 40 "$go_dir/$what.log" >&2
+  fi
+done
+[ "$go_wait_rc" = 0 ] || exit "$go_wait_rc"
+cat "$go_dir"/*.log >&2
+GPUSLICE_KUBE_BIN_DIR="$(cat "$go_dir/build.out")"
+GPUSLICE_NODE_BIN_DIR="$(cat "$go_dir/build-node.out")"
+GPUSLICE_NERDCTL_BIN="$(cat "$go_dir/build-nerdctl.out")"
+rm -rf "$go_dir"
 export GPUSLICE_KUBE_BIN_DIR GPUSLICE_NODE_BIN_DIR GPUSLICE_NERDCTL_BIN
 
 npm_ci() {
