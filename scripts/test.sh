@@ -29,13 +29,17 @@ phase() {
   shift
   echo "== $name"
   "$@" || rc=$?
-  if [ "$rc" = 0 ]; then
-    phases+=("$(printf '%6d  %-8s %s' $((SECONDS - t0)) ok "$name")")
-  else
-    phases+=("$(printf '%6d  %-8s %s' $((SECONDS - t0)) "FAILED" "$name (exit $rc)")")
-    failed+=("$name")
-  fi
+  record "$name" $((SECONDS - t0)) "$rc"
   return "$rc"
+}
+# record NAME SECONDS STATUS: one row of the table (a failed one also in $failed).
+record() {
+  if [ "$3" = 0 ]; then
+    phases+=("$(printf '%6s  %-8s %s' "$2" ok "$1")")
+  else
+    phases+=("$(printf '%6s  %-8s %s' "$2" FAILED "$1 (exit $3)")")
+    failed+=("$1")
+  fi
 }
 print_table() {
   local rc=$?
@@ -96,16 +100,11 @@ for what in build build-node build-nerdctl; do
     build-node) name="go: containerd (tests/node)" ;;
     build-nerdctl) name="go: nerdctl (tests/nerdctl)" ;;
   esac
-  if [ ! -f "$go_dir/$what.time" ]; then
-    phases+=("$(printf '%6s  %-8s %s' - "not run" "$name (in the background)")")
-    continue
-  fi
+  # No time: an earlier one failed and this one did not run.
+  [ -f "$go_dir/$what.time" ] || continue
   read -r secs rc <"$go_dir/$what.time"
-  if [ "$rc" = 0 ]; then
-    phases+=("$(printf '%6d  %-8s %s' "$secs" ok "$name (in the background)")")
-  else
-    phases+=("$(printf '%6d  %-8s %s' "$secs" FAILED "$name (in the background; exit $rc)")")
-    failed+=("$name")
+  record "$name (in the background)" "$secs" "$rc"
+  if [ "$rc" != 0 ]; then
     echo "test.sh: scripts/kube-cluster.sh $what failed; its log:" >&2
     tail -n 40 "$go_dir/$what.log" >&2
   fi
@@ -140,7 +139,7 @@ phase "test build (profile suite)" "${cargo_test[@]}" --no-run
 tests_failed=0
 run_tests() { phase "$@" || tests_failed=1; }
 run_tests "tests: unit (every crate's lib and bins)" "${cargo_test[@]}" --no-fail-fast --lib --bins -- --include-ignored
-run_tests "tests: doc" "${cargo_test[@]}" --doc
+run_tests "tests: doc" "${cargo_test[@]}" --no-fail-fast --doc
 # The integration-test binaries (one per crate, tests/main.rs), as cargo metadata lists them;
 # the end-to-end one (tests/tests/main.rs) after them.
 for t in $(cargo metadata --no-deps --format-version 1 --locked |
