@@ -1,8 +1,6 @@
 //! A reader polling a spec file while another thread rewrites it never sees a partial or
 //! invalid file: every read parses, validates, and equals one of the two specs written.
 
-#![allow(clippy::expect_used, clippy::unwrap_used)]
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 

@@ -2,8 +2,6 @@
 //! config.json carrying unknown fields (tests/fixtures/). Edits follow the reference
 //! library's ContainerEdits.Apply; nothing else in the spec changes.
 
-#![allow(clippy::expect_used, clippy::unwrap_used)]
-
 use crate::support;
 
 use gpuslice_cdi::{

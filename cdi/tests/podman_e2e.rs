@@ -7,8 +7,6 @@
 //! setting yet), so the spec goes to /var/run/cdi under a kind unique to this run and is
 //! removed afterwards.
 
-#![allow(clippy::expect_used, clippy::unwrap_used)]
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{SystemTime, UNIX_EPOCH};

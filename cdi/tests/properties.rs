@@ -1,8 +1,6 @@
 //! Property tests: name round trips, deterministic and stable encoding, and that the
 //! stamped cdiVersion is both sufficient and the lowest accepted.
 
-#![allow(clippy::expect_used, clippy::unwrap_used)]
-
 use crate::support;
 
 use gpuslice_cdi::{

@@ -1,8 +1,6 @@
 //! Generated specs validate against the CDI project's JSON schema (tests/schema/), with
 //! schema.json's `defs.json#/...` references served by a retriever.
 
-#![allow(clippy::expect_used, clippy::unwrap_used)]
-
 use crate::support;
 
 use gpuslice_cdi::{to_json, ContainerEdits, Device, Spec};

@@ -1,7 +1,5 @@
 //! The config file as an operator writes it: defaults, every key, and one-line refusals.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
-
 use std::path::Path;
 use std::time::Duration;
 

@@ -1,8 +1,6 @@
 //! The `[enforce]` table: defaults of DESIGN §8, every key parsed, each bad value refused
 //! with one line naming the key, the value and what is accepted.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use std::path::Path;
 use std::time::Duration;
 

@@ -2,8 +2,6 @@
 //! file, the key, the value and what is accepted, and exit status 2; and a node configured
 //! for NVML without a driver says so and how to simulate one.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
-
 use std::process::{Command, Output};
 
 fn gpuslice(config: &std::path::Path, args: &[&str]) -> Output {

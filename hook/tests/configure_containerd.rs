@@ -4,8 +4,6 @@
 //! installed) differs only by the gpuslice runtime, idempotence, `--remove` restores the
 //! original byte for byte, malformed or unsupported configs are refused untouched.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
-
 use crate::configure_common;
 
 use std::path::{Path, PathBuf};

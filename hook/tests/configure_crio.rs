@@ -2,8 +2,6 @@
 //! inherited from the default runtime across drop-ins, idempotence, `--remove` leaves the
 //! tree as it was, malformed CRI-O configs and foreign drop-ins refused untouched.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
-
 use crate::configure_common;
 
 use std::path::Path;

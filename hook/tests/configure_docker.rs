@@ -3,8 +3,6 @@
 //! `--remove` restores the original byte for byte, a created file is deleted again, malformed
 //! JSON is refused untouched.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
-
 use crate::configure_common;
 
 use std::path::Path;

@@ -6,8 +6,6 @@
 //! the installer's config and paths, the example pod's annotations, podman's hooks.d file
 //! and the systemd units.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 

@@ -1,8 +1,6 @@
 //! The Kubernetes installer image ships the same build as the .deb: the static create-path
 //! binaries with the full build installed where the static `gpuslice` looks for it.
 
-#![allow(clippy::unwrap_used)] // test code: a failed read is a failed test
-
 use std::path::{Path, PathBuf};
 
 use gpuslice::staticbuild::{full_build_candidates, FULL_BUILD_NAME};

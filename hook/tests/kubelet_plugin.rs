@@ -5,7 +5,6 @@
 //! releasing the claim removes its spec and slice directory.
 
 #![cfg(feature = "kubernetes")]
-#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 use std::collections::BTreeMap;
 use std::path::Path;

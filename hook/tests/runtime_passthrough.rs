@@ -4,8 +4,6 @@
 //! broken config is refused with one line. A shell script stands in for runc and records how
 //! it was called.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
-
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

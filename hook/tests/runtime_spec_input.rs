@@ -8,8 +8,6 @@
 //! tests/tests/runtime_spec_input.rs. The hooks bound their stdin (spec or OCI state) the same
 //! way.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
-
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};

@@ -3,8 +3,6 @@
 //! corrupted or missing usage file, a vanished container, NVML errors or a corrupt registry
 //! never crash it, the affected series are dropped and the error counter rises.
 
-#![allow(clippy::expect_used, clippy::unwrap_used)]
-
 use crate::serve_common;
 
 use std::time::{Duration, Instant};

@@ -2,8 +2,6 @@
 //! `promtool check metrics` accepts (acceptance 2), OpenMetrics for scrapers that ask for it,
 //! `/healthz`, and 404/405 for the rest — against a real listening socket.
 
-#![allow(clippy::expect_used, clippy::unwrap_used)]
-
 use crate::serve_common;
 
 use std::io::{Read, Write};

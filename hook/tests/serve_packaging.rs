@@ -2,8 +2,6 @@
 //! Grafana dashboard and the Prometheus rules query is one the exporter emits, the rules
 //! pass `promtool check rules`, and the scrape settings point at the exporter's port.
 
-#![allow(clippy::expect_used, clippy::unwrap_used)]
-
 use crate::serve_common;
 
 use std::collections::BTreeSet;

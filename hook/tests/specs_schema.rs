@@ -2,8 +2,6 @@
 //! validate against the CDI project's JSON schema, carry the lowest cdiVersion for their
 //! fields, and come out byte-identical for the same inventory.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
-
 use std::collections::BTreeMap;
 use std::path::Path;
 

@@ -4,8 +4,6 @@
 //! the registry books more than a GPU holds or lists an id twice, and prints huge figures in
 //! a unit that fits.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

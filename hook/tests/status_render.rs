@@ -1,8 +1,6 @@
 //! Acceptance 6: `status_json` follows the contract of DESIGN.md §4 and the table is
 //! aligned, in GiB and percent.
 
-#![allow(clippy::expect_used, clippy::unwrap_used)]
-
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;

@@ -2,8 +2,6 @@
 //! Exactly 20 succeed, the other 44 get the free-capacity refusal, and once the winners
 //! release (concurrently too) the registry is empty.
 
-#![allow(clippy::expect_used, clippy::unwrap_used)]
-
 use crate::common;
 
 use std::io::{BufRead, BufReader, Write};

@@ -2,8 +2,6 @@
 //! bind and gc refuse with one line naming the file and `gpuslice gc --rebuild`; release
 //! still removes slice directories; `rebuild` restores exactly the live reservations.
 
-#![allow(clippy::expect_used, clippy::unwrap_used)]
-
 use crate::common;
 
 use std::sync::Arc;

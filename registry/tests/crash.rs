@@ -3,8 +3,6 @@
 //! call returned (each child reports an id through its stdout pipe before going on, and
 //! announces a release before starting it).
 
-#![allow(clippy::expect_used, clippy::unwrap_used)]
-
 use crate::common;
 
 use std::collections::HashSet;

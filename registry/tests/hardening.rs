@@ -3,8 +3,6 @@
 //! cannot reach a slice's files; `gc --rebuild` of a sound registry keeps live reservations
 //! that lost their record.
 
-#![allow(clippy::expect_used, clippy::unwrap_used)]
-
 use crate::common;
 
 use std::os::unix::fs::PermissionsExt;

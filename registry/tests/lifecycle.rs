@@ -3,8 +3,6 @@
 //! back and is the only one whose containers bind it while it runs; an owner whose init
 //! exited lives while its cgroup holds processes.
 
-#![allow(clippy::expect_used, clippy::unwrap_used)]
-
 use crate::common;
 
 use std::sync::Arc;

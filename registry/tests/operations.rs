@@ -1,8 +1,6 @@
 //! The registry's operations one by one against a fake system: reserve, bind, release, gc,
 //! inventory changes, owners of every kind, and what each leaves on disk.
 
-#![allow(clippy::expect_used, clippy::unwrap_used)]
-
 use crate::common;
 
 use std::sync::Arc;

@@ -5,8 +5,6 @@
 //! idempotent, no dead owner survives an operation, refusals are real and the slice
 //! directories match the registry.
 
-#![allow(clippy::expect_used, clippy::unwrap_used)]
-
 use crate::common;
 
 use std::collections::HashSet;

@@ -2,8 +2,6 @@
 //! exits (reaped by its parent or still a zombie), or whose pid names another process (start
 //! time differs), is reaped by the next operation; so is a pending one past its deadline.
 
-#![allow(clippy::expect_used, clippy::unwrap_used)]
-
 use crate::common;
 
 use std::process::{Child, Command};

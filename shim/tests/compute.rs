@@ -1,8 +1,6 @@
 //! Acceptance 4: on the simulated GPU a burn alone holds its compute share (10, 30, 50, 90)
 //! within ±5 points, and two slices at 20 and 70 on one GPU both hold theirs.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use crate::common;
 use common::*;
 

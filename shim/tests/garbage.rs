@@ -4,8 +4,6 @@
 //! real accounting code (`gpuslice_slice::usage::UsageFile`, what the shim maps) over random
 //! file contents and writes; the other tests run the built shim in a probe process.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use crate::common;
 use common::*;
 

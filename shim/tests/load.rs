@@ -4,8 +4,6 @@
 //! and fail, naming it, when its output is missing; the chroot test needs root and prints
 //! `SKIP:` without it.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use crate::common;
 use common::*;
 

@@ -2,8 +2,6 @@
 //! and NVML report the slice, whatever way entry points are resolved; without limits CUDA
 //! does not start, and no environment variable changes a limit.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use crate::common;
 use common::*;
 

@@ -2,8 +2,6 @@
 //! gives its memory back at the next allocation; killing processes mid-allocation in a loop
 //! never hangs anything.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use crate::common;
 use common::*;
 

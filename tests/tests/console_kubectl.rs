@@ -7,8 +7,6 @@
 //! room, `--dry-run` changes nothing, `release` restores the pod template; bad input gets one
 //! line and changes nothing.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
-
 use std::collections::BTreeMap;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;

@@ -10,8 +10,6 @@
 //! missing source and shows `—`, never 0. The screenshots go to
 //! `$CARGO_TARGET_TMPDIR/console-screenshots` (docs/console.md copies them).
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
-
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

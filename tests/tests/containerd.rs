@@ -1,8 +1,6 @@
 //! Issue 4 §3: containerd 1.6 (Debian) running `ctr run --runc-binary gpuslice-runtime
 //! --annotation …`; containerd is started by the test with its own root, state and socket.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
-
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};

@@ -6,8 +6,6 @@
 //! alone, the app container gets its slice, a sidecar opted out with
 //! `gpuslice.io/gpus.<name>: "0"` gets none, and everything is released afterwards.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
-
 use gpuslice_e2e::cri::{
     container_config, image_archive, pod_config, v1, wait_for_log, Containerd, APP_IMAGE,
     PAUSE_IMAGE,

@@ -8,8 +8,6 @@
 //! spec is held to its slice by the shim, unprepare releases, and an annotation-path booking
 //! shrinks the capacity the node's ResourceSlice offers.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};

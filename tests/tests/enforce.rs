@@ -7,9 +7,8 @@
 //! and `gpuslice status` and the exporter show the kill; with `memory = "report"` the
 //! process lives and the report is there. A process on a GPU outside any reservation is
 //! reported. Containers get podman's default capabilities (`unshare -r` writes its gid map
-//! with CAP_SETGID), as a stock podman container has.
-
-#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
+//! with CAP_SETGID), as a stock podman container has. Every test here times the enforcer's
+//! reaction, so each holds the machine alone (`serial()`).
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -163,7 +162,6 @@ fn assert_killed(
 
 #[test]
 fn shim_bypassed_through_a_user_namespace_is_killed_by_the_enforcer() {
-    // The enforcer's reaction is timed (kill within grace + 1 s): the machine alone.
     let _s = serial();
     let node = TestNode::new(&["16Gi"]);
     let exporter = Exporter::start(&node);
@@ -188,7 +186,6 @@ fn shim_bypassed_through_a_user_namespace_is_killed_by_the_enforcer() {
 
 #[test]
 fn forged_limits_file_is_caught_against_the_registry_limit() {
-    // The enforcer's reaction is timed (kill within grace + 1 s): the machine alone.
     let _s = serial();
     let node = TestNode::new(&["16Gi"]);
     let exporter = Exporter::start(&node);
@@ -215,7 +212,6 @@ fn unshimmed_keep_shim(inner: &str) -> String {
 
 #[test]
 fn zeroed_usage_slot_lets_a_second_process_over_and_it_is_killed() {
-    // The enforcer's reaction is timed (kill within grace + 1 s): the machine alone.
     let _s = serial();
     let node = TestNode::new(&["16Gi"]);
     let exporter = Exporter::start(&node);
@@ -245,7 +241,6 @@ fn zeroed_usage_slot_lets_a_second_process_over_and_it_is_killed() {
 
 #[test]
 fn report_mode_lets_the_process_live_and_reports_it() {
-    // The enforcer's reaction is timed (kill within grace + 1 s): the machine alone.
     let _s = serial();
     let node = TestNode::with(&["16Gi"], "[enforce]\nmemory = \"report\"\n");
     let exporter = Exporter::start(&node);
@@ -288,7 +283,6 @@ fn report_mode_lets_the_process_live_and_reports_it() {
 
 #[test]
 fn a_process_on_a_gpu_outside_any_reservation_is_reported() {
-    // The enforcer's reaction is timed (kill within grace + 1 s): the machine alone.
     let _s = serial();
     let node = TestNode::new(&["16Gi", "16Gi"]);
     let exporter = Exporter::start(&node);

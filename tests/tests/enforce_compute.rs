@@ -21,8 +21,6 @@
 //! `compute_throttle` event for the slice (written when its cgroup enters the freezer duty
 //! cycle), with no settling time after it.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
-
 use std::time::{Duration, Instant};
 
 use gpuslice_e2e::runc::{run_detached, thaw, Bundle, Containers, Detached};

@@ -4,8 +4,6 @@
 //! cannot take or release it, and a container without its own pid namespace keeps its
 //! slice while its processes outlive init.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
-
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};

@@ -5,8 +5,6 @@
 //! scheduler allocates it from a shared device; `down` leaves nothing running or listening.
 //! No kubelet runs: the test creates the Node object itself.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;

@@ -12,8 +12,6 @@
 //! 4. the plugin, then the kubelet, restarted under a running pod: nothing is lost and the
 //!    pod's deletion still unprepares.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
-
 use std::collections::BTreeSet;
 
 use gpuslice_e2e::kube_node::{

@@ -10,8 +10,6 @@
 //! (not the kube node's), loads the test image with `nerdctl load`, and on drop removes the
 //! containers, stops containerd and what it left running, and unmounts what it mounted.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
-
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;

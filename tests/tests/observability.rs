@@ -4,8 +4,6 @@
 //! really use, within tolerance of what the probes print, passes `promtool check metrics`,
 //! and forgets them once they exit. `gpuslice status` shows the same measured memory.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
-
 use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

@@ -2,8 +2,6 @@
 //! slices through the hooks.d precreate hook (issue 4 §2), and the same view whether podman
 //! or gpuslice applies a slice's CDI spec (issue 4 §10).
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
-
 use std::collections::BTreeSet;
 use std::process::Output;
 

@@ -2,8 +2,6 @@
 //! the shim, its read-only limits and the environment; the registry follows its life;
 //! misfits, malformed requests, forged annotations and crashes leak nothing.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
-
 use std::time::{Duration, Instant};
 
 use gpuslice_e2e::runc::{run, run_detached, runtime, Bundle};

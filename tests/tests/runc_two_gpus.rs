@@ -2,8 +2,6 @@
 //! and the shim holds every process of it to the limit on each GPU separately, with one
 //! account per GPU shared by the container's processes.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
-
 use gpuslice_e2e::runc::{run, Bundle};
 use gpuslice_e2e::{lock, Resource, TestNode};
 

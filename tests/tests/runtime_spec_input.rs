@@ -5,8 +5,6 @@
 //! unknown fields and in known fields the edit does not change; a large spec with a request
 //! is edited within a small multiple of its size.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
-
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::process::{Command, Stdio};
 

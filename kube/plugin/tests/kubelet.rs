@@ -3,8 +3,6 @@
 //! publication, prepare and unprepare (repeated, concurrent, across a restart, unknown
 //! claims), the bad inputs, and the cleanup of claims that went away.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
-
 use crate::support;
 
 use std::sync::atomic::Ordering;

@@ -4,8 +4,6 @@
 //! that must agree with the plugin do: the DeviceClass and driver name, the RBAC of
 //! kubernetes.md, the DaemonSet's sockets and directories, and the claims' capacity keys.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
-
 use std::path::{Path, PathBuf};
 
 use gpuslice_kube::serve::{DEFAULT_PLUGIN_DIR, DEFAULT_REGISTRATION_DIR};

@@ -3,7 +3,6 @@
 //! such a GetInfo call, written as that client writes them, against the real tonic
 //! registration server — refused by h2 when served directly (what the plugin did before),
 //! answered when served through `authority::relayed_incoming` (what `serve::run` does).
-#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::borrow::Cow;
 use std::path::Path;

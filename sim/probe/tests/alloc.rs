@@ -2,8 +2,6 @@
 //! capacity with `CUDA_ERROR_OUT_OF_MEMORY`; memory is node-wide across processes and comes
 //! back when a process dies.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use crate::common;
 use common::*;
 

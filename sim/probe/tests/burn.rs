@@ -2,8 +2,6 @@
 //! device share it through the device's FIFO, and two on different devices do not interact.
 //! Bounds are wide: they check the time model, not the speed of this machine.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use crate::common;
 use common::*;
 

@@ -4,8 +4,6 @@
 //! events and streams follow the kernel timeline. Each test uses its own GPU of one shared
 //! node (the driver is per process), so they can run in parallel.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use crate::common;
 
 use std::ffi::{c_void, CString};

@@ -1,8 +1,6 @@
 //! `info` against the simulated driver reports what `devices.json` says, through every
 //! resolution mode, and only the GPUs whose device node is present.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use crate::common;
 use common::*;
 

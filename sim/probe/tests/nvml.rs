@@ -2,8 +2,6 @@
 //! count, names, UUIDs, minors, PCI ids, memory, compute processes with host pids and memory,
 //! utilisation. One test per binary: it sets the process environment NVML reads.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use crate::common;
 use common::*;
 

@@ -3,8 +3,6 @@
 //! unversioned process list, temperature, power and clocks following the device's load.
 //! One test per binary: it sets the process environment NVML reads.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use crate::common;
 use common::*;
 

@@ -2,8 +2,6 @@
 //! version and per-thread flag to the symbol the real driver would return, per the shared
 //! cuda-ffi table: the pointer handed out is the library's own export of that name.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
-
 use crate::common;
 
 use std::ffi::{c_void, CString};
