@@ -86,6 +86,7 @@ fn a_claim_gets_the_slice_edits_under_its_own_cdi_name() {
     let owner = Owner::DraClaim {
         claim_uid: uid.into(),
         namespace: "ns".into(),
+        members: Vec::new(),
         name: "c".into(),
     };
     let share = ClaimShare {

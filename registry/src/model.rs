@@ -127,6 +127,12 @@ pub enum Owner {
         claim_uid: String,
         namespace: String,
         name: String,
+        /// The containers the claim's CDI spec was applied to, each recorded host-side by
+        /// the spec's `createRuntime` hook (init pid, start time, boot id and cgroup, read
+        /// from `/proc`): what the node agent attributes the claim's GPU processes by.
+        /// Entries whose process and cgroup are gone are dropped when another joins.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        members: Vec<ProcessRef>,
     },
 }
 
@@ -153,6 +159,15 @@ impl Owner {
         match self {
             Owner::Container { process, .. } => process.as_ref(),
             Owner::DraClaim { .. } => None,
+        }
+    }
+
+    /// The container init processes whose containers hold this reservation's slice, as
+    /// recorded host-side: a container's own init, or every container a claim was given to.
+    pub fn processes(&self) -> &[ProcessRef] {
+        match self {
+            Owner::Container { process, .. } => process.as_slice(),
+            Owner::DraClaim { members, .. } => members,
         }
     }
 }
@@ -289,6 +304,7 @@ mod tests {
         let d = Owner::DraClaim {
             claim_uid: "u".into(),
             namespace: "ns".into(),
+            members: Vec::new(),
             name: "n".into(),
         };
         let back: Owner =

@@ -26,7 +26,7 @@ mod ops;
 mod rebuild;
 
 use crate::system::{RealSystem, System, SystemError};
-pub use claims::{claim_uid, ClaimReservation, ClaimShare};
+pub use claims::{claim_uid, ClaimReservation, ClaimShare, MAX_CLAIM_MEMBERS};
 pub use rebuild::RebuildReport;
 
 /// Called for every reservation that leaves the registry (released or reaped), after the
@@ -88,6 +88,15 @@ pub enum RegistryError {
         id: String,
         namespace: String,
         name: String,
+    },
+    #[error("reservation {id} is held by container {owner}, not by a DRA claim; only a claim's containers join it (its own createRuntime hook binds a container's slice)")]
+    NotAClaim { id: String, owner: String },
+    #[error("reservation {id} of claim {namespace}/{name} already records {max} running containers; accepted: at most {max} containers per claim on a node")]
+    ClaimFull {
+        id: String,
+        namespace: String,
+        name: String,
+        max: usize,
     },
     #[error("reservation {id} was made by process {reserver}, which still runs, and container init {pid} is not one of its descendants: only the create that reserved a slice may bind it")]
     NotReserver { id: String, reserver: u32, pid: u32 },

@@ -171,6 +171,7 @@ fn owner() -> impl Strategy<Value = Owner> {
             Owner::DraClaim {
                 claim_uid,
                 namespace,
+                members: Vec::new(),
                 name,
             }
         }),
@@ -322,6 +323,7 @@ fn every_field_set() -> RegistryFile {
     let claim = Owner::DraClaim {
         claim_uid: "claim-uid".into(),
         namespace: "claim-ns".into(),
+        members: Vec::new(),
         name: "claim-name".into(),
     };
     let reservation = |id: &str, state, owner| Reservation {

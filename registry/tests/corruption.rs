@@ -71,6 +71,7 @@ fn corrupt_registry_refuses_changes_and_rebuild_restores_live_reservations() {
     let claim = Owner::DraClaim {
         claim_uid: "u".into(),
         namespace: "ns".into(),
+        members: Vec::new(),
         name: "c".into(),
     };
     let claim = reg

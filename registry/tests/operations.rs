@@ -305,6 +305,7 @@ fn dra_claims_are_held_until_released_and_never_bound() {
     let owner = Owner::DraClaim {
         claim_uid: "uid-1".into(),
         namespace: "ns".into(),
+        members: Vec::new(),
         name: "claim".into(),
     };
     let r = reg

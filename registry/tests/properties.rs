@@ -195,6 +195,7 @@ impl World {
                     OwnerChoice::Claim => Owner::DraClaim {
                         claim_uid: "u".into(),
                         namespace: "ns".into(),
+                        members: Vec::new(),
                         name: "claim".into(),
                     },
                 };

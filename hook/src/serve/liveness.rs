@@ -166,6 +166,7 @@ mod tests {
             Owner::DraClaim {
                 claim_uid: "u".into(),
                 namespace: "ns".into(),
+                members: Vec::new(),
                 name: "n".into(),
             },
             None,

@@ -127,6 +127,7 @@ impl Plugin {
         let owner = Owner::DraClaim {
             claim_uid: c.uid.clone(),
             namespace: c.namespace.clone(),
+            members: Vec::new(),
             name: c.name.clone(),
         };
         let claim_ref = c.clone();
@@ -237,6 +238,7 @@ pub fn held_by(r: &Reservation) -> Option<ClaimRef> {
             claim_uid,
             namespace,
             name,
+            ..
         } => Some(ClaimRef {
             namespace: namespace.clone(),
             name: name.clone(),

@@ -316,6 +316,7 @@ mod tests {
         let claim = Owner::DraClaim {
             claim_uid: "u".into(),
             namespace: "n".into(),
+            members: Vec::new(),
             name: "c".into(),
         };
         let held = vec![

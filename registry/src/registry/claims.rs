@@ -5,8 +5,10 @@
 
 use gpuslice_config::format_bytes;
 
+use crate::id::is_valid_id;
 use crate::load::{gpu_loads, memory_capacity};
-use crate::model::{Booking, Owner, Reservation, ReservationState};
+use crate::model::{Booking, Owner, ProcessRef, Reservation, ReservationState};
+use crate::store;
 use crate::placement::{Refusal, RefusalReason};
 
 use super::{Registry, RegistryError, Released, Txn};
@@ -21,6 +23,10 @@ pub struct ClaimShare {
     /// Compute share in percent (0: none).
     pub cores: u8,
 }
+
+/// Most containers one claim's reservation records on a node (a pod's containers, their
+/// restarts, and the pods sharing the claim); bounds `registry.json`.
+pub const MAX_CLAIM_MEMBERS: usize = 256;
 
 /// The reservation a claim holds, and whether this call made it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,6 +71,7 @@ impl Registry {
             claim_uid: uid,
             namespace,
             name,
+            ..
         } = owner
         else {
             return Err(RegistryError::Refused(Refusal {
@@ -218,6 +225,73 @@ impl Registry {
         Ok(out)
     }
 
+    /// Records the container whose init is `pid` as one of the containers of the claim
+    /// holding reservation `id` (the claim's CDI `createRuntime` hook calls it, with the pid
+    /// the runtime gave): its start time, boot id and cgroup are read here, from `/proc`, so
+    /// what the node agent attributes to the claim rests on host facts only. Idempotent for
+    /// the same process; containers whose init and cgroup are both gone are dropped first.
+    pub fn join_claim(&self, id: &str, pid: u32) -> Result<Reservation, RegistryError> {
+        if !is_valid_id(id) {
+            return Err(RegistryError::InvalidId { id: id.to_string() });
+        }
+        // Read the process before taking the lock: it is the slow part.
+        let process = self.process_ref(pid)?;
+        let (r, _) = self.transact(false, |txn| {
+            let r = txn
+                .file
+                .reservations
+                .iter_mut()
+                .find(|r| r.id == id)
+                .ok_or_else(|| RegistryError::NotFound {
+                    id: id.to_string(),
+                    path: self.paths.registry.clone(),
+                })?;
+            let Owner::DraClaim {
+                namespace,
+                name,
+                members,
+                ..
+            } = &mut r.owner
+            else {
+                return Err(RegistryError::NotAClaim {
+                    id: id.to_string(),
+                    owner: r.owner.to_string(),
+                });
+            };
+            if members.iter().any(|m| m.same_process(&process)) {
+                return Ok(r.clone());
+            }
+            members.retain(|m| self.member_lives(m, &process.boot_id));
+            if members.len() >= MAX_CLAIM_MEMBERS {
+                return Err(RegistryError::ClaimFull {
+                    id: id.to_string(),
+                    namespace: namespace.clone(),
+                    name: name.clone(),
+                    max: MAX_CLAIM_MEMBERS,
+                });
+            }
+            members.push(process.clone());
+            let r = r.clone();
+            store::write_record(&self.paths, &r)?;
+            txn.dirty = true;
+            Ok(r)
+        })?;
+        Ok(r)
+    }
+
+    /// Whether a recorded container of a claim may still run processes: its init is the same
+    /// process, or the cgroup it was seen in still holds processes (this boot only).
+    fn member_lives(&self, m: &ProcessRef, boot_id: &str) -> bool {
+        if m.boot_id != boot_id {
+            return false;
+        }
+        let init = matches!(self.system.process_start_time(m.pid), Ok(Some(t)) if t == m.start_time);
+        init || m
+            .cgroup
+            .as_deref()
+            .is_some_and(|c| self.system.cgroup_populated(c))
+    }
+
     /// Releases the reservation of the claim with UID `uid`. Idempotent: an unknown claim
     /// releases nothing.
     pub fn release_claim(&self, uid: &str) -> Result<Released, RegistryError> {
@@ -281,6 +355,7 @@ mod tests {
         Owner::DraClaim {
             claim_uid: uid.into(),
             namespace: "ns".into(),
+            members: Vec::new(),
             name: format!("c-{uid}"),
         }
     }
@@ -393,5 +468,89 @@ mod tests {
             .unwrap();
         r.gc().unwrap();
         assert_eq!(r.snapshot().unwrap().reservations.len(), 1);
+    }
+
+    #[test]
+    fn a_claims_containers_are_recorded_from_the_host_and_pruned_when_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let sys = Arc::new(FakeSystem::new(1_000));
+        let r = Registry::open(
+            dir.path(),
+            Options {
+                placement: PlacementConfig {
+                    policy: gpuslice_config::Policy::Binpack,
+                    memory_overcommit: 1.0,
+                    max_slices_per_gpu: None,
+                },
+                pending_timeout: Duration::from_secs(60),
+                recheck_interval: Duration::from_secs(1),
+            },
+            sys.clone(),
+            crate::no_cleanup(),
+        )
+        .unwrap();
+        r.set_inventory(Inventory {
+            gpus: vec![Gpu {
+                index: 0,
+                uuid: "GPU-0".into(),
+                model: "NVIDIA H200".into(),
+                memory_total: 16 * GIB,
+                minor: 0,
+                pci_bus_id: None,
+                numa_node: None,
+            }],
+        })
+        .unwrap();
+        let id = r
+            .reserve_claim(&claim("u"), &[share("GPU-0", 1, 0)])
+            .unwrap()
+            .reservation
+            .id;
+        sys.spawn(100, 7);
+        sys.set_cgroup(100, "kubepods/pod1/ctr-a");
+        sys.spawn(200, 8);
+        sys.set_cgroup(200, "kubepods/pod1/ctr-b");
+        r.join_claim(&id, 100).unwrap();
+        r.join_claim(&id, 100).unwrap();
+        let held = r.join_claim(&id, 200).unwrap();
+        let recorded: Vec<(u32, Option<&str>)> = held
+            .owner
+            .processes()
+            .iter()
+            .map(|p| (p.pid, p.cgroup.as_deref()))
+            .collect();
+        assert_eq!(
+            recorded,
+            vec![
+                (100, Some("kubepods/pod1/ctr-a")),
+                (200, Some("kubepods/pod1/ctr-b"))
+            ],
+            "each container once, with the cgroup read from the host"
+        );
+        // A container whose init and cgroup are gone is dropped when the next one joins; one
+        // whose cgroup still holds processes is kept.
+        sys.kill(100);
+        sys.kill(200);
+        sys.set_populated("kubepods/pod1/ctr-b", true);
+        sys.spawn(300, 9);
+        let held = r.join_claim(&id, 300).unwrap();
+        let pids: Vec<u32> = held.owner.processes().iter().map(|p| p.pid).collect();
+        assert_eq!(pids, vec![200, 300]);
+        // Persisted in the registry the node agent reads.
+        let file = crate::read_registry(dir.path()).unwrap();
+        assert_eq!(file.reservations[0].owner.processes().len(), 2);
+        // A process that is not running, a container's reservation and an unknown id are
+        // refused, naming what was wrong.
+        let e = r.join_claim(&id, 999).unwrap_err();
+        assert!(e.to_string().contains("999"), "{e}");
+        let mut req = Request::new(Owner::container());
+        req.memory = Some(Quantity::Bytes(GIB));
+        let ctr = r.reserve(&req).unwrap();
+        let e = r.join_claim(&ctr.id, 300).unwrap_err();
+        assert!(matches!(e, RegistryError::NotAClaim { .. }), "{e}");
+        let e = r.join_claim("0123456789abcdef", 300).unwrap_err();
+        assert!(matches!(e, RegistryError::NotFound { .. }), "{e}");
+        let e = r.join_claim("../x", 300).unwrap_err();
+        assert!(matches!(e, RegistryError::InvalidId { .. }), "{e}");
     }
 }
