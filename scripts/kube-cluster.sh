@@ -86,19 +86,12 @@ log() { echo "kube-cluster: $*" >&2; }
 
 # --- build ------------------------------------------------------------------------------------
 
-find_go() {
-  local g
-  for g in "$(command -v go 2>/dev/null || true)" /usr/local/go/bin/go; do
-    if [ -n "$g" ] && [ -x "$g" ]; then
-      echo "$g"
-      return
-    fi
-  done
-  die "no Go toolchain found (go on PATH or /usr/local/go/bin/go): run scripts/install-deps.sh"
-}
+# The Go builds (find, lock, build, check and prune a keyed cache entry) are scripts/lib/gomodule.sh's.
+# shellcheck source=lib/gomodule.sh
+. "$REPO/scripts/lib/gomodule.sh"
 
 k8s_release() {
-  awk '$1 == "k8s.io/kubernetes" { print $2; exit }' "$KUBE_SRC/go.mod"
+  gomodule_release "$KUBE_SRC" k8s.io/kubernetes
 }
 
 # How the binaries are built; part of the cache key, so a change here rebuilds.
@@ -117,16 +110,6 @@ build_ldflags() {
   echo "-s -w$x"
 }
 
-cache_key() {
-  local go="$1" release="$2"
-  {
-    (cd "$KUBE_SRC" && find . -type f \( -name '*.go' -o -name go.mod -o -name go.sum \) | LC_ALL=C sort | xargs sha256sum)
-    build_ldflags "$release"
-    printf '%s\n' "${BINARIES[@]}"
-    "$go" version
-  } | sha256sum | cut -c1-16
-}
-
 # Prints the cached bin directory, building it first when missing.
 build_binaries() {
   if [ -n "${GPUSLICE_KUBE_BIN_DIR:-}" ]; then
@@ -134,42 +117,20 @@ build_binaries() {
     echo "$GPUSLICE_KUBE_BIN_DIR"
     return
   fi
-  local go release key entry
-  go="$(find_go)"
+  local go release key ldflags b bins=()
+  go="$(gomodule_go)"
   release="$(k8s_release)"
   [ -n "$release" ] || die "$KUBE_SRC/go.mod requires no k8s.io/kubernetes version"
-  key="$(cache_key "$go" "$release")"
-  entry="$CACHE_ROOT/$release-$key"
-  if [ -d "$entry/bin" ]; then
-    echo "$entry/bin"
-    return
-  fi
-  mkdir -p "$CACHE_ROOT" || die "cannot create the cache $CACHE_ROOT (set GPUSLICE_KUBE_CACHE to a writable directory)"
-  # One build at a time per cache; a second caller waits and then finds the entry.
-  exec 9>"$CACHE_ROOT/.lock"
-  flock 9
-  if [ ! -d "$entry/bin" ]; then
-    local tmp start
-    tmp="$(mktemp -d "$CACHE_ROOT/.build.XXXXXX")"
-    chmod 755 "$tmp"
-    start=$(date +%s)
-    log "building Kubernetes $release control-plane binaries and kubelet into $entry (first run only)"
-    if ! (cd "$KUBE_SRC" && "$go" build -mod=readonly -trimpath -ldflags "$(build_ldflags "$release")" -o "$tmp/bin/" \
-      k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-      k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl \
-      k8s.io/kubernetes/cmd/kubelet ./cmd/etcd) >&2; then
-      rm -rf "$tmp"
-      die "building the Kubernetes binaries from $KUBE_SRC failed (see above)"
-    fi
-    mv "$tmp" "$entry"
-    # Older entries are for sources no longer checked out here: drop them.
-    find "$CACHE_ROOT" -mindepth 1 -maxdepth 1 -type d ! -path "$entry" -exec rm -rf {} +
-    log "built in $(($(date +%s) - start)) s"
-  fi
-  flock -u 9
-  exec 9>&-
-  check_bin_dir "$entry/bin"
-  echo "$entry/bin"
+  ldflags="$(build_ldflags "$release")"
+  key="$(gomodule_key "$go" "$KUBE_SRC" -- "$ldflags" "${BINARIES[@]}")"
+  for b in "${BINARIES[@]}"; do bins+=(--bin "$b"); done
+  gomodule_build --go "$go" --cache "$CACHE_ROOT" --cache-var GPUSLICE_KUBE_CACHE \
+    --entry "$release-$key" "${bins[@]}" --src "$KUBE_SRC" \
+    --what "Kubernetes $release control-plane binaries and kubelet" --failed "the Kubernetes binaries" -- \
+    -mod=readonly -trimpath -ldflags "$ldflags" \
+    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl \
+    k8s.io/kubernetes/cmd/kubelet ./cmd/etcd
 }
 
 check_bin_dir() {
@@ -192,7 +153,7 @@ CNI_SUBNET=10.244.77.0/24
 PAUSE_IMAGE=localhost/gpuslice-node-pause:1
 
 containerd_release() {
-  awk '$1 == "github.com/containerd/containerd/v2" { print $2; exit }' "$NODE_SRC/go.mod"
+  gomodule_release "$NODE_SRC" github.com/containerd/containerd/v2
 }
 
 node_ldflags() {
@@ -201,17 +162,6 @@ node_ldflags() {
 
 # Build tags: no btrfs/zfs/devmapper snapshotters (they need C headers; the node uses native).
 NODE_TAGS="no_btrfs no_devmapper no_zfs"
-
-node_cache_key() {
-  local go="$1" release="$2"
-  {
-    (cd "$NODE_SRC" && sha256sum go.mod go.sum)
-    node_ldflags "$release"
-    echo "CGO_ENABLED=0 $NODE_TAGS"
-    printf '%s\n' "${NODE_BINARIES[@]}"
-    "$go" version
-  } | sha256sum | cut -c1-16
-}
 
 check_node_bin_dir() {
   local b
@@ -227,41 +177,20 @@ build_node_binaries() {
     echo "$GPUSLICE_NODE_BIN_DIR"
     return
   fi
-  local go release key entry
-  go="$(find_go)"
+  local go release key ldflags b bins=()
+  go="$(gomodule_go)"
   release="$(containerd_release)"
   [ -n "$release" ] || die "$NODE_SRC/go.mod requires no github.com/containerd/containerd/v2 version"
-  key="$(node_cache_key "$go" "$release")"
-  entry="$NODE_CACHE_ROOT/containerd-$release-$key"
-  if [ -d "$entry/bin" ]; then
-    check_node_bin_dir "$entry/bin"
-    echo "$entry/bin"
-    return
-  fi
-  mkdir -p "$NODE_CACHE_ROOT" || die "cannot create the cache $NODE_CACHE_ROOT (set GPUSLICE_NODE_CACHE to a writable directory)"
-  exec 8>"$NODE_CACHE_ROOT/.lock"
-  flock 8
-  if [ ! -d "$entry/bin" ]; then
-    local tmp start
-    tmp="$(mktemp -d "$NODE_CACHE_ROOT/.build.XXXXXX")"
-    chmod 755 "$tmp"
-    start=$(date +%s)
-    log "building containerd $release (containerd, ctr, containerd-shim-runc-v2) into $entry (first run only)"
-    if ! (cd "$NODE_SRC" && CGO_ENABLED=0 "$go" build -mod=readonly -trimpath -tags "$NODE_TAGS" \
-      -ldflags "$(node_ldflags "$release")" -o "$tmp/bin/" \
-      github.com/containerd/containerd/v2/cmd/containerd github.com/containerd/containerd/v2/cmd/ctr \
-      github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2) >&2; then
-      rm -rf "$tmp"
-      die "building containerd from $NODE_SRC failed (see above)"
-    fi
-    mv "$tmp" "$entry"
-    find "$NODE_CACHE_ROOT" -mindepth 1 -maxdepth 1 -type d ! -path "$entry" -exec rm -rf {} +
-    log "built in $(($(date +%s) - start)) s"
-  fi
-  flock -u 8
-  exec 8>&-
-  check_node_bin_dir "$entry/bin"
-  echo "$entry/bin"
+  ldflags="$(node_ldflags "$release")"
+  # The key covers go.mod and go.sum only: tests/node holds no Go sources.
+  key="$(gomodule_key "$go" "$NODE_SRC" go.mod go.sum -- "$ldflags" "CGO_ENABLED=0 $NODE_TAGS" "${NODE_BINARIES[@]}")"
+  for b in "${NODE_BINARIES[@]}"; do bins+=(--bin "$b"); done
+  gomodule_build --go "$go" --cache "$NODE_CACHE_ROOT" --cache-var GPUSLICE_NODE_CACHE \
+    --entry "containerd-$release-$key" "${bins[@]}" --src "$NODE_SRC" --env CGO_ENABLED=0 \
+    --what "containerd $release (containerd, ctr, containerd-shim-runc-v2)" --failed containerd -- \
+    -mod=readonly -trimpath -tags "$NODE_TAGS" -ldflags "$ldflags" \
+    github.com/containerd/containerd/v2/cmd/containerd github.com/containerd/containerd/v2/cmd/ctr \
+    github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2
 }
 
 # --- nerdctl (tests/nerdctl): the nerdctl release the suite runs against containerd 2.x --------
@@ -270,25 +199,11 @@ NERDCTL_SRC="$REPO/tests/nerdctl"
 NERDCTL_CACHE_ROOT="${GPUSLICE_NERDCTL_CACHE:-/var/cache/gpuslice/nerdctl}"
 
 nerdctl_release() {
-  awk '$1 == "github.com/containerd/nerdctl/v2" { print $2; exit }' "$NERDCTL_SRC/go.mod"
+  gomodule_release "$NERDCTL_SRC" github.com/containerd/nerdctl/v2
 }
 
 nerdctl_ldflags() {
   echo "-s -w -X github.com/containerd/nerdctl/v2/pkg/version.Version=$1"
-}
-
-nerdctl_cache_key() {
-  local go="$1" release="$2"
-  {
-    (cd "$NERDCTL_SRC" && find . -type f \( -name '*.go' -o -name go.mod -o -name go.sum \) | LC_ALL=C sort | xargs sha256sum)
-    nerdctl_ldflags "$release"
-    echo "CGO_ENABLED=0"
-    "$go" version
-  } | sha256sum | cut -c1-16
-}
-
-ms_since() {
-  echo $((($(date +%s%N) - $1) / 1000000))
 }
 
 # Prints the path of the cached nerdctl, building it first (a cold build takes minutes, a
@@ -299,39 +214,18 @@ build_nerdctl_binary() {
     echo "$GPUSLICE_NERDCTL_BIN"
     return
   fi
-  local go release key entry start
+  local go release key ldflags start bin
   start=$(date +%s%N)
-  go="$(find_go)"
+  go="$(gomodule_go)"
   release="$(nerdctl_release)"
   [ -n "$release" ] || die "$NERDCTL_SRC/go.mod requires no github.com/containerd/nerdctl/v2 version"
-  key="$(nerdctl_cache_key "$go" "$release")"
-  entry="$NERDCTL_CACHE_ROOT/nerdctl-$release-$key"
-  if [ -x "$entry/bin/nerdctl" ]; then
-    log "nerdctl $release cached in $entry (warm: $(ms_since "$start") ms)"
-    echo "$entry/bin/nerdctl"
-    return
-  fi
-  mkdir -p "$NERDCTL_CACHE_ROOT" || die "cannot create the cache $NERDCTL_CACHE_ROOT (set GPUSLICE_NERDCTL_CACHE to a writable directory)"
-  exec 7>"$NERDCTL_CACHE_ROOT/.lock"
-  flock 7
-  if [ ! -x "$entry/bin/nerdctl" ]; then
-    local tmp
-    tmp="$(mktemp -d "$NERDCTL_CACHE_ROOT/.build.XXXXXX")"
-    chmod 755 "$tmp"
-    log "building nerdctl $release into $entry (first run only)"
-    if ! (cd "$NERDCTL_SRC" && CGO_ENABLED=0 "$go" build -mod=readonly -trimpath \
-      -ldflags "$(nerdctl_ldflags "$release")" -o "$tmp/bin/" github.com/containerd/nerdctl/v2/cmd/nerdctl) >&2; then
-      rm -rf "$tmp"
-      die "building nerdctl from $NERDCTL_SRC failed (see above)"
-    fi
-    mv "$tmp" "$entry"
-    find "$NERDCTL_CACHE_ROOT" -mindepth 1 -maxdepth 1 -type d ! -path "$entry" -exec rm -rf {} +
-    log "nerdctl $release built in $(($(ms_since "$start") / 1000)) s (cold)"
-  fi
-  flock -u 7
-  exec 7>&-
-  [ -x "$entry/bin/nerdctl" ] || die "$entry/bin/nerdctl is missing after the build"
-  echo "$entry/bin/nerdctl"
+  ldflags="$(nerdctl_ldflags "$release")"
+  key="$(gomodule_key "$go" "$NERDCTL_SRC" -- "$ldflags" "CGO_ENABLED=0")"
+  bin="$(gomodule_build --go "$go" --cache "$NERDCTL_CACHE_ROOT" --cache-var GPUSLICE_NERDCTL_CACHE \
+    --entry "nerdctl-$release-$key" --bin nerdctl --src "$NERDCTL_SRC" --env CGO_ENABLED=0 \
+    --what "nerdctl $release" --failed nerdctl --timed "nerdctl $release" --since "$start" -- \
+    -mod=readonly -trimpath -ldflags "$ldflags" github.com/containerd/nerdctl/v2/cmd/nerdctl)"
+  echo "$bin/nerdctl"
 }
 
 # gpuslice's binaries: GPUSLICE_BIN_DIR, else the workspace's release or debug build.
