@@ -5,8 +5,8 @@
 # Run as root on Debian 12; installs what it needs.
 #
 # Builds are cached outside the checkout (target/ -> /var/cache/gpuslice/cargo/<key>, see
-# scripts/cargo-cache.sh; the Go builds in /var/cache/gpuslice/{kube,node,nerdctl}), so a
-# fresh clone on a machine that ran the suite once rebuilds only the workspace's crates.
+# scripts/cargo-cache.sh; the Go builds in /var/cache/gpuslice/{kube,node,nerdctl,runtime-tools}),
+# so a fresh clone on a machine that ran the suite once rebuilds only the workspace's crates.
 # Test binaries build with the `suite` profile (release without LTO); the end-to-end tests
 # drive the release binaries. At its end, also when a step fails, it prints a table of the
 # wall-clock seconds of every phase.
@@ -60,18 +60,22 @@ trap print_table EXIT
 # --- set-up and builds (a failure stops the suite) --------------------------------------
 phase "install-deps" ./scripts/install-deps.sh
 
-# The test control plane's Kubernetes binaries, the test node's containerd 2.x and nerdctl:
-# built from their Go modules once, then cached (scripts/kube-cluster.sh). They build in the
+# The test control plane's Kubernetes binaries, the test node's containerd 2.x and nerdctl
+# (scripts/kube-cluster.sh), and runtime-tools' OCI validation programs
+# (scripts/oci-conformance.sh): built from their Go modules once, then cached. They build in the
 # background beside the Rust builds, which leave cores idle in their links (on a fresh 2-core
 # machine the two together take about the time of the longer one); each one's time and
 # status go to $go_dir, and the suite waits for them before the tests.
 go_dir="$(mktemp -d)"
+go_build_cmd() {
+  if [ "$1" = oci ]; then ./scripts/oci-conformance.sh build; else ./scripts/kube-cluster.sh "$1"; fi
+}
 go_builds() {
   local what t0 rc
-  for what in build build-node build-nerdctl; do
+  for what in build build-node build-nerdctl oci; do
     t0=$SECONDS
     rc=0
-    ./scripts/kube-cluster.sh "$what" >"$go_dir/$what.out" 2>"$go_dir/$what.log" || rc=$?
+    go_build_cmd "$what" >"$go_dir/$what.out" 2>"$go_dir/$what.log" || rc=$?
     echo "$((SECONDS - t0)) $rc" >"$go_dir/$what.time"
     [ "$rc" = 0 ] || return "$rc"
   done
@@ -94,18 +98,19 @@ phase "clippy" cargo clippy --workspace --all-targets --release --locked -- -D w
 # control-plane tests never skip.
 go_wait_rc=0
 phase "go: waiting for the background builds" wait "$go_pid" || go_wait_rc=$?
-for what in build build-node build-nerdctl; do
+for what in build build-node build-nerdctl oci; do
   case $what in
     build) name="go: kubernetes (tests/kube)" ;;
     build-node) name="go: containerd (tests/node)" ;;
     build-nerdctl) name="go: nerdctl (tests/nerdctl)" ;;
+    oci) name="go: runtime-tools (tests/runtime-tools)" ;;
   esac
   # No time: an earlier one failed and this one did not run.
   [ -f "$go_dir/$what.time" ] || continue
   read -r secs rc <"$go_dir/$what.time"
   record "$name (in the background)" "$secs" "$rc"
   if [ "$rc" != 0 ]; then
-    echo "test.sh: scripts/kube-cluster.sh $what failed; its log:" >&2
+    echo "test.sh: the Go build '$what' failed; its log:" >&2
     tail -n 40 "$go_dir/$what.log" >&2
   fi
 done
@@ -114,8 +119,9 @@ cat "$go_dir"/*.log >&2
 GPUSLICE_KUBE_BIN_DIR="$(cat "$go_dir/build.out")"
 GPUSLICE_NODE_BIN_DIR="$(cat "$go_dir/build-node.out")"
 GPUSLICE_NERDCTL_BIN="$(cat "$go_dir/build-nerdctl.out")"
+GPUSLICE_RUNTIME_TOOLS_DIR="$(cat "$go_dir/oci.out")"
 rm -rf "$go_dir"
-export GPUSLICE_KUBE_BIN_DIR GPUSLICE_NODE_BIN_DIR GPUSLICE_NERDCTL_BIN
+export GPUSLICE_KUBE_BIN_DIR GPUSLICE_NODE_BIN_DIR GPUSLICE_NERDCTL_BIN GPUSLICE_RUNTIME_TOOLS_DIR
 
 npm_ci() {
   npm ci --prefix tests/browser --no-audit --no-fund || {
@@ -138,6 +144,9 @@ phase "test build (profile suite)" "${cargo_test[@]}" --no-run
 
 tests_failed=0
 run_tests() { phase "$@" || tests_failed=1; }
+# OCI runtime conformance: runtime-tools' validation programs against runc and against the
+# release build's gpuslice-runtime; fails when gpuslice-runtime fails what runc passes.
+run_tests "oci conformance" env GPUSLICE_BIN_DIR="$PWD/target/release" ./scripts/oci-conformance.sh
 run_tests "tests: unit (every crate's lib and bins)" "${cargo_test[@]}" --no-fail-fast --lib --bins -- --include-ignored
 run_tests "tests: doc" "${cargo_test[@]}" --no-fail-fast --doc
 # The integration-test binaries (one per crate, tests/main.rs), as cargo metadata lists them;
