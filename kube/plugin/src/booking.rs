@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use gpuslice_registry::{ClaimShare, Owner, Registry, RegistryError, Reservation};
+use gpuslice_registry::{claim_uid, ClaimShare, Owner, Registry, RegistryError, Reservation};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
 use crate::claim::{check_ref, node_allocation, ClaimError, ClaimRef};
@@ -24,6 +24,8 @@ pub enum BookingError {
     Api { claim: String, detail: String },
     #[error("{claim}: device {device} is not in this node's GPU inventory; run `gpuslice cdi generate` and let the plugin republish")]
     NoGpu { claim: String, device: String },
+    #[error("{claim} was not prepared on this node: its UID is booked for {booked}; nothing was released (accepted: the namespace, name and UID that prepare was called with)")]
+    OtherClaim { claim: String, booked: String },
     /// The registry refused the booking; its message names the claim.
     #[error("{0}")]
     Refused(Box<RegistryError>),
@@ -150,7 +152,8 @@ impl Plugin {
     }
 
     /// Unprepares claim `c`: releases its reservation and removes its CDI spec. A claim this
-    /// node never prepared succeeds.
+    /// node never prepared succeeds; a UID booked for another namespace or name is refused and
+    /// nothing is released.
     pub async fn unprepare(&self, c: &ClaimRef) -> Result<(), BookingError> {
         check_ref(c)?;
         let registry = self.registry.clone();
@@ -213,19 +216,37 @@ fn book_and_write(
     }
 }
 
-/// Releases claim `c`'s reservation and removes its spec; the released reservations.
+/// Releases claim `c`'s reservation and removes its spec. The reservation is found by UID and
+/// released only when it was booked for `c`'s namespace and name too: a call that names the
+/// UID under another claim releases nothing and removes nothing.
 pub(crate) fn release(
     registry: &Registry,
     writer: &dyn SliceWriter,
     c: &ClaimRef,
 ) -> Result<(), BookingError> {
     let who = c.to_string();
-    registry
-        .release_claim(&c.uid)
-        .map_err(|e| BookingError::Registry {
-            claim: who.clone(),
-            source: Box::new(e),
-        })?;
+    let registry_error = |e| BookingError::Registry {
+        claim: who.clone(),
+        source: Box::new(e),
+    };
+    let held: Vec<Reservation> = registry
+        .snapshot()
+        .map_err(registry_error)?
+        .reservations
+        .into_iter()
+        .filter(|r| claim_uid(r) == Some(c.uid.as_str()))
+        .collect();
+    if let Some(booked) = held.iter().filter_map(held_by).find(|b| b != c) {
+        return Err(BookingError::OtherClaim {
+            claim: who,
+            booked: booked.to_string(),
+        });
+    }
+    // By reservation id, not by UID: a booking made for another claim after the check above
+    // is not this one and stays.
+    for r in &held {
+        registry.release(&r.id).map_err(registry_error)?;
+    }
     writer
         .remove(&c.uid)
         .map_err(|source| BookingError::Write { claim: who, source })

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
-use crate::quantity::{parse_whole, QuantityError};
-use crate::slices::{device_index, CAP_CORES, CAP_MEMORY};
+use crate::quantity::{format_binary, parse_whole, QuantityError};
+use crate::slices::{device_index, CAP_CORES, CAP_MEMORY, MEMORY_STEP};
 use crate::DRIVER;
 
 /// A claim as the kubelet names it.
@@ -49,6 +49,8 @@ pub enum ClaimError {
     NoConsumedCapacity { at: String },
     #[error("{at} consumes no `{CAP_MEMORY}`; the scheduler writes every capacity of the device")]
     NoMemory { at: String },
+    #[error("{at} consumes 0 bytes of `{CAP_MEMORY}`: a slice of no memory is not prepared; accepted: at least 1 byte (the device's request policy asks for at least {min})", min = format_binary(MEMORY_STEP))]
+    ZeroMemory { at: String },
     #[error("{at}: consumedCapacity {key}: {source}")]
     Quantity {
         at: String,
@@ -133,6 +135,12 @@ pub fn node_allocation(
                 .transpose()
         };
         let memory = read(CAP_MEMORY)?.ok_or_else(|| ClaimError::NoMemory { at: at() })?;
+        // The published request policy never lets the scheduler allocate 0 bytes; a result that
+        // says so anyway (a changed policy, a hand-written status) would book a slice with no
+        // memory, so it is refused here rather than passed on to the registry.
+        if memory == 0 {
+            return Err(ClaimError::ZeroMemory { at: at() });
+        }
         let cores = read(CAP_CORES)?.unwrap_or(0);
         let e = per_gpu.entry(index).or_default();
         e.0 = e.0.saturating_add(memory);
@@ -322,6 +330,29 @@ mod tests {
             let c = claim_json("u-1", serde_json::Value::Array(results));
             let e = node_allocation(&c, &want(), "n1").unwrap_err();
             assert!(e.to_string().contains(text), "{e} lacks {text}");
+        }
+    }
+
+    #[test]
+    fn a_result_of_zero_bytes_is_refused_by_claim_and_device() {
+        for zero in ["0", "0Gi", "0.0Mi", "0e3"] {
+            let c = claim_json(
+                "u-1",
+                serde_json::json!([
+                    result("a", "gpu-0", "n1", "1Gi", "0"),
+                    result("b", "gpu-1", "n1", zero, "10"),
+                ]),
+            );
+            let e = node_allocation(&c, &want(), "n1").unwrap_err();
+            let text = e.to_string();
+            for part in [
+                "claim ns/c (uid u-1)",
+                "result b on device gpu-1",
+                "consumes 0 bytes of `memory`",
+                "accepted: at least 1 byte",
+            ] {
+                assert!(text.contains(part), "{zero}: `{text}` lacks `{part}`");
+            }
         }
     }
 

@@ -467,3 +467,86 @@ fn claims_that_went_away_are_released_by_the_cleanup_loop() {
     assert!(matches!(&left[0].owner, Owner::DraClaim { claim_uid, .. } if claim_uid == "uid-kept"));
     assert!(n.writer.file("uid-kept").exists());
 }
+
+#[test]
+fn a_claim_that_consumes_no_memory_is_refused_and_nothing_is_booked() {
+    let api = FakeApi::start();
+    let n = node(&api, &[16, 80]);
+    api.put_claim(&claim(
+        "ns",
+        "zero",
+        "uid-zero",
+        &[("gpu", "node-a", "gpu-1", "0", "10")],
+    ));
+    // A zero spelled with a unit, beside a result that does consume memory on the same GPU:
+    // the empty result is still refused (a share of 0 bytes is never a slice).
+    api.put_claim(&claim(
+        "ns",
+        "zero-gi",
+        "uid-zero-gi",
+        &[
+            ("a", "node-a", "gpu-0", "1Gi", "0"),
+            ("b", "node-a", "gpu-0", "0Gi", "5"),
+        ],
+    ));
+    let p = n.start();
+    let k = Kubelet::connect(&p);
+    for (name, uid, device) in [
+        ("zero", "uid-zero", "gpu-1"),
+        ("zero-gi", "uid-zero-gi", "gpu-0"),
+    ] {
+        let r = k.prepare(&[("ns", name, uid)]);
+        let e = &r.claims[uid].error;
+        for text in [
+            format!("claim ns/{name} (uid {uid})"),
+            format!("device {device}"),
+            "consumes 0 bytes of `memory`".to_string(),
+            "accepted: at least 1 byte".to_string(),
+        ] {
+            assert!(e.contains(&text), "{name}: `{e}` lacks `{text}`");
+        }
+        assert!(r.claims[uid].devices.is_empty());
+        assert!(!n.writer.file(uid).exists(), "{name}: no CDI spec");
+    }
+    assert!(n.reservations().is_empty(), "{:?}", n.reservations());
+}
+
+#[test]
+fn unprepare_releases_only_the_claim_prepare_booked() {
+    let api = FakeApi::start();
+    let n = node(&api, &[16]);
+    api.put_claim(&claim(
+        "ns",
+        "c",
+        "uid-c",
+        &[("gpu", "node-a", "gpu-0", "2Gi", "10")],
+    ));
+    let p = n.start();
+    let k = Kubelet::connect(&p);
+    assert_eq!(k.prepare(&[("ns", "c", "uid-c")]).claims["uid-c"].error, "");
+    let id = n.reservations()[0].id.clone();
+
+    // The UID of the booked claim under another name or namespace: that claim was never
+    // prepared here, so nothing is released and the booked claim's spec stays.
+    for (ns, name) in [("ns", "other"), ("other-ns", "c"), ("other-ns", "other")] {
+        let un = k.unprepare(&[(ns, name, "uid-c")]);
+        let e = &un.claims["uid-c"].error;
+        for text in [
+            format!("claim {ns}/{name} (uid uid-c)"),
+            "claim ns/c (uid uid-c)".to_string(),
+            "nothing was released".to_string(),
+        ] {
+            assert!(e.contains(&text), "{ns}/{name}: `{e}` lacks `{text}`");
+        }
+        let left = n.reservations();
+        assert_eq!(left.len(), 1, "{ns}/{name}: {left:?}");
+        assert_eq!(left[0].id, id);
+        assert!(n.writer.file("uid-c").is_file(), "{ns}/{name}: spec kept");
+    }
+
+    // The claim prepare booked is released as before.
+    let un = k.unprepare(&[("ns", "c", "uid-c")]);
+    assert_eq!(un.claims["uid-c"].error, "");
+    assert!(n.reservations().is_empty());
+    assert!(!n.writer.file("uid-c").exists());
+}
