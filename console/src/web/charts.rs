@@ -5,7 +5,7 @@
 
 use crate::render::bytes;
 
-use super::pages::esc;
+use super::escape::esc;
 
 const SPARK_W: f64 = 120.0;
 const SPARK_H: f64 = 24.0;

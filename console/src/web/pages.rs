@@ -11,40 +11,12 @@ use crate::model::{ContainerSlice, Figure, GpuView, Model, NodeView};
 use crate::render::bytes;
 
 use super::charts;
+pub use super::escape::{esc, seg};
 
 /// A figure that is not known.
 pub const UNKNOWN: &str = "—";
 /// The name of the cluster row of the Nodes table.
 pub const TOTAL_ROW: &str = "(total)";
-
-/// Text or attribute value made safe for HTML.
-pub fn esc(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
-/// A path segment percent-encoded (names from the cluster in links).
-pub fn seg(s: &str) -> String {
-    let mut out = String::new();
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(b as char);
-        } else {
-            let _ = write!(out, "%{b:02X}");
-        }
-    }
-    out
-}
 
 /// One source a page could not read, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,0 +1,70 @@
+//! The flags of `gpuslice console` and whose rights it acts with (the line every page
+//! shows): the kubeconfig context and user kubectl would use, or the in-cluster account.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// `gpuslice console` flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Options {
+    /// Address to listen on (`127.0.0.1:0`: a free port). The console acts with the
+    /// kubeconfig's rights for anyone who reaches it: keep it on loopback, or put an
+    /// authenticating proxy in front of a non-loopback address.
+    #[arg(long, default_value = "127.0.0.1:8080", value_name = "ADDR:PORT")]
+    pub listen: SocketAddr,
+    /// The kubeconfig (default: $KUBECONFIG, else ~/.kube/config, else in-cluster).
+    #[arg(long, value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context (default: its current context).
+    #[arg(long, value_name = "NAME")]
+    pub context: Option<String>,
+    /// Prometheus scraping the nodes' `gpuslice serve`, e.g. http://prometheus:9090
+    /// (without it, used figures and charts are not shown).
+    #[arg(long, env = "GPUSLICE_PROMETHEUS", value_name = "URL")]
+    pub prometheus: Option<String>,
+    /// Let the page allocate, edit and release workloads' slices (default: read-only).
+    #[arg(long)]
+    pub allow_edit: bool,
+    /// Connections served at once; further ones wait in the kernel's accept queue until one
+    /// closes (an idle connection closes after 10 s without a request).
+    #[arg(long, default_value_t = 256, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub max_connections: u32,
+}
+
+/// Whose rights the console acts with, from the kubeconfig kubectl would read.
+pub fn rights(kubeconfig: Option<&Path>, context: Option<&str>) -> String {
+    let kc = match kubeconfig {
+        Some(p) => kube::config::Kubeconfig::read_from(p).ok(),
+        None => kube::config::Kubeconfig::read().ok(),
+    };
+    let Some(kc) = kc else {
+        return "Acts with the rights of its in-cluster service account: whoever opens this page reads (and with --allow-edit changes) the cluster as that account.".to_string();
+    };
+    let ctx = context.map(str::to_string).or(kc.current_context.clone());
+    let user = ctx
+        .as_ref()
+        .and_then(|c| kc.contexts.iter().find(|n| &n.name == c))
+        .and_then(|n| n.context.as_ref())
+        .and_then(|c| c.user.clone());
+    format!(
+        "Acts with the rights of kubeconfig context `{}` (user `{}`): whoever opens this page reads (and with --allow-edit changes) the cluster as that user.",
+        ctx.as_deref().unwrap_or("(none)"),
+        user.as_deref().unwrap_or("(none)")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rights_name_the_context_and_user() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("kubeconfig");
+        std::fs::write(&p, "apiVersion: v1\nkind: Config\ncurrent-context: kind\nclusters: [{name: c, cluster: {server: 'https://127.0.0.1:1'}}]\nusers: [{name: admin, user: {token: x}}, {name: viewer, user: {token: y}}]\ncontexts: [{name: kind, context: {cluster: c, user: admin}}, {name: ro, context: {cluster: c, user: viewer}}]\n").unwrap();
+        let r = rights(Some(&p), None);
+        assert!(r.contains("context `kind` (user `admin`)"), "{r}");
+        let r = rights(Some(&p), Some("ro"));
+        assert!(r.contains("context `ro` (user `viewer`)"), "{r}");
+    }
+}

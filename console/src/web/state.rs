@@ -1,0 +1,26 @@
+//! What every request needs (the API client, the rights line, Prometheus, the edit switch,
+//! the listen address) and the frame every page is drawn in.
+
+use std::net::SocketAddr;
+
+use crate::client::Cluster;
+
+use super::pages::{Banner, Chrome};
+
+/// What every request needs.
+pub(super) struct State {
+    pub(super) cluster: Cluster,
+    pub(super) rights: String,
+    pub(super) prometheus: Option<String>,
+    pub(super) allow_edit: bool,
+    pub(super) listen: SocketAddr,
+}
+
+/// The frame of a page: whose rights, read-only or not, the banners of missing sources.
+pub(super) fn chrome(state: &State, banners: Vec<Banner>) -> Chrome {
+    Chrome {
+        rights: state.rights.clone(),
+        allow_edit: state.allow_edit,
+        banners,
+    }
+}

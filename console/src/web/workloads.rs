@@ -1,0 +1,227 @@
+//! The Workloads page (`/workloads[?namespace=NS]`: Deployments, StatefulSets and
+//! DaemonSets with their slice) and a workload's GPU tab (`/workloads/NS/KIND/NAME`),
+//! read from the API server per request.
+
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper::{Response, StatusCode};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
+use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
+use kube::api::ListParams;
+use kube::Api;
+
+use crate::edit::{self, Kind, Request as SliceRequest};
+use crate::workload;
+
+use super::http;
+use super::pages::{self, Slice, WorkloadRow};
+use super::respond::html;
+use super::sources::api_banner;
+use super::state::{chrome, State};
+
+/// The request a template of the console's shape asks for (the inverse of
+/// [`edit::claim_template`]).
+pub fn template_request(t: &ResourceClaimTemplate) -> Option<SliceRequest> {
+    let exactly = t
+        .spec
+        .as_ref()?
+        .spec
+        .as_ref()?
+        .devices
+        .as_ref()?
+        .requests
+        .as_ref()?
+        .first()?
+        .exactly
+        .as_ref()?;
+    let requests = exactly.capacity.as_ref()?.requests.as_ref()?;
+    let memory =
+        gpuslice_kube::quantity::parse_whole(&requests.get(gpuslice_kube::slices::CAP_MEMORY)?.0)
+            .ok()?;
+    let cores = match requests.get(gpuslice_kube::slices::CAP_CORES) {
+        Some(q) => Some(gpuslice_kube::quantity::parse_whole(&q.0).ok()?),
+        None => None,
+    };
+    Some(SliceRequest {
+        memory,
+        cores,
+        gpus: u32::try_from(exactly.count.unwrap_or(1)).ok()?,
+    })
+}
+
+fn row_of<W: workload::Workload>(
+    kind: Kind,
+    w: &W,
+    replicas: Option<u64>,
+    templates: &[ResourceClaimTemplate],
+) -> WorkloadRow {
+    let namespace = w.meta().namespace.clone().unwrap_or_default();
+    let slice = w
+        .pod_spec()
+        .and_then(edit::current_template)
+        .map(|template| {
+            let request = templates
+                .iter()
+                .find(|t| {
+                    t.metadata.name.as_deref() == Some(template.as_str())
+                        && t.metadata.namespace.as_deref() == Some(namespace.as_str())
+                })
+                .and_then(template_request);
+            Slice { template, request }
+        });
+    WorkloadRow {
+        namespace,
+        kind,
+        name: w.meta().name.clone().unwrap_or_default(),
+        replicas,
+        slice,
+    }
+}
+
+fn daemonset_pods(d: &DaemonSet) -> Option<u64> {
+    d.status
+        .as_ref()
+        .map(|s| s.desired_number_scheduled.max(0) as u64)
+}
+
+fn api_of<K>(client: &kube::Client, namespace: Option<&str>) -> Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+async fn list_all<K>(api: Api<K>, what: &str) -> Result<Vec<K>, String>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .map_err(|e| format!("cannot list {what}: {e}"))
+}
+
+async fn workload_rows(state: &State, namespace: Option<&str>) -> Result<Vec<WorkloadRow>, String> {
+    let c = &state.cluster.client;
+    let (deployments, statefulsets, daemonsets, templates) = tokio::join!(
+        list_all(api_of::<Deployment>(c, namespace), "deployments.apps"),
+        list_all(api_of::<StatefulSet>(c, namespace), "statefulsets.apps"),
+        list_all(api_of::<DaemonSet>(c, namespace), "daemonsets.apps"),
+        list_all(
+            api_of::<ResourceClaimTemplate>(c, namespace),
+            "resourceclaimtemplates.resource.k8s.io"
+        ),
+    );
+    let templates = templates?;
+    let mut rows = Vec::new();
+    for d in deployments? {
+        rows.push(row_of(
+            Kind::Deployment,
+            &d,
+            workload::Workload::replicas(&d),
+            &templates,
+        ));
+    }
+    for s in statefulsets? {
+        rows.push(row_of(
+            Kind::StatefulSet,
+            &s,
+            workload::Workload::replicas(&s),
+            &templates,
+        ));
+    }
+    for d in daemonsets? {
+        rows.push(row_of(Kind::DaemonSet, &d, daemonset_pods(&d), &templates));
+    }
+    rows.sort_by(|a, b| (&a.namespace, &a.name, a.kind).cmp(&(&b.namespace, &b.name, b.kind)));
+    Ok(rows)
+}
+
+pub(super) async fn workloads(state: &State, namespace: Option<&str>) -> Response<Full<Bytes>> {
+    let (rows, banners) = match workload_rows(state, namespace).await {
+        Ok(r) => (Some(r), vec![]),
+        Err(e) => (None, vec![api_banner(e)]),
+    };
+    html(
+        StatusCode::OK,
+        pages::workloads_page(&chrome(state, banners), rows.as_deref(), namespace),
+    )
+}
+
+async fn get_row<W: workload::Workload>(
+    state: &State,
+    w: &http::Workload,
+    replicas: fn(&W) -> Option<u64>,
+) -> Result<Option<WorkloadRow>, String> {
+    let c = &state.cluster.client;
+    let api: Api<W> = Api::namespaced(c.clone(), &w.namespace);
+    let Some(obj) = api
+        .get_opt(&w.name)
+        .await
+        .map_err(|e| format!("cannot get {}: {e}", w.arg()))?
+    else {
+        return Ok(None);
+    };
+    let templates: Api<ResourceClaimTemplate> = Api::namespaced(c.clone(), &w.namespace);
+    let named = obj.pod_spec().and_then(edit::current_template);
+    let template = match named {
+        Some(t) => templates
+            .get_opt(&t)
+            .await
+            .map_err(|e| format!("cannot get resourceclaimtemplate {t}: {e}"))?,
+        None => None,
+    };
+    Ok(Some(row_of(
+        w.kind,
+        &obj,
+        replicas(&obj),
+        template.as_slice(),
+    )))
+}
+
+pub(super) async fn workload_tab(state: &State, w: &http::Workload) -> Response<Full<Bytes>> {
+    let row = match w.kind {
+        Kind::Deployment => get_row::<Deployment>(state, w, workload::Workload::replicas).await,
+        Kind::StatefulSet => get_row::<StatefulSet>(state, w, workload::Workload::replicas).await,
+        Kind::DaemonSet => get_row::<DaemonSet>(state, w, daemonset_pods).await,
+    };
+    match row {
+        Ok(Some(row)) => html(
+            StatusCode::OK,
+            pages::workload_page(&chrome(state, vec![]), &row),
+        ),
+        Ok(None) => html(
+            StatusCode::NOT_FOUND,
+            pages::not_found_page(
+                &chrome(state, vec![]),
+                &format!("{} in namespace {}", w.arg(), w.namespace),
+            ),
+        ),
+        Err(e) => html(
+            StatusCode::OK,
+            pages::workloads_page(
+                &chrome(state, vec![api_banner(e)]),
+                None,
+                Some(&w.namespace),
+            ),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_template_of_the_console_reads_back_as_its_request() {
+        for (memory, cores, gpus) in [("20Gi", Some("30"), 1), ("1536Mi", None, 2)] {
+            let req = SliceRequest::parse(memory, cores, gpus).unwrap();
+            let t = edit::claim_template("ml", Kind::Deployment, "train", &req);
+            assert_eq!(template_request(&t), Some(req));
+        }
+        assert_eq!(template_request(&ResourceClaimTemplate::default()), None);
+    }
+}
