@@ -7,11 +7,11 @@
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod api;
-pub mod authority;
 pub mod booking;
 pub mod claim;
 pub mod cleanup;
 pub mod dra_service;
+pub mod h2_relay;
 pub mod proto;
 pub mod publisher;
 pub mod quantity;

@@ -1,6 +1,6 @@
 //! `gpuslice kubelet-plugin`: the DRA socket and the registration socket (each created under
 //! a dot-name the kubelet ignores, then renamed; the registration socket's connections pass
-//! through `authority::relay`), the slice publisher and the cleanup loop, in the foreground
+//! through `h2_relay::relay`), the slice publisher and the cleanup loop, in the foreground
 //! until the shutdown signal; then the servers stop and the sockets go.
 
 use std::future::Future;
@@ -13,10 +13,10 @@ use tokio::net::UnixListener;
 use tokio::sync::{watch, Notify};
 use tokio_stream::wrappers::UnixListenerStream;
 
-use crate::authority::relayed_incoming;
 use crate::booking::Plugin;
 use crate::cleanup::release_stale;
 use crate::dra_service::DraService;
+use crate::h2_relay::relayed_incoming;
 use crate::proto::dra::dra_plugin_server::DraPluginServer;
 use crate::proto::registration::registration_server::RegistrationServer;
 use crate::publisher::Publisher;

@@ -2,14 +2,14 @@
 //! path as HTTP/2 `:authority` (Kubernetes 1.37's `pkg/kubelet/pluginmanager`): the bytes of
 //! such a GetInfo call, written as that client writes them, against the real tonic
 //! registration server — refused by h2 when served directly (what the plugin did before),
-//! answered when served through `authority::relayed_incoming` (what `serve::run` does).
+//! answered when served through `h2_relay::relayed_incoming` (what `serve::run` does).
 
 use std::borrow::Cow;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpuslice_kube::authority::relayed_incoming;
+use gpuslice_kube::h2_relay::relayed_incoming;
 use gpuslice_kube::proto::registration::registration_server::RegistrationServer;
 use gpuslice_kube::proto::registration::PluginInfo;
 use gpuslice_kube::registration::RegistrationService;

@@ -1,12 +1,13 @@
-//! The kubelet's plugin-registration client (`pkg/kubelet/pluginmanager`, `grpc.DialContext`
-//! with the bare socket path, Kubernetes 1.37 included) sends that path as the HTTP/2
-//! `:authority`. h2, under tonic, refuses such a request with `PROTOCOL_ERROR`
-//! (hyperium/h2#487), so a real kubelet could never register the plugin. Each connection to
-//! the registration socket therefore passes through [`relay`]: it reads the client's HTTP/2
-//! frames, replaces an `:authority` that is not a valid authority with `localhost` in each
-//! header block, and forwards every other frame byte for byte; the server's answers go back
-//! untouched. The DRA socket needs none of this (the kubelet's DRA client dials `unix:`
-//! targets, whose authority is `localhost`).
+//! An HTTP/2 relay in front of the plugin's registration socket, so that a real kubelet can
+//! register the plugin at all. The kubelet's plugin-registration client
+//! (`pkg/kubelet/pluginmanager`, `grpc.DialContext` with the bare socket path, Kubernetes 1.37
+//! included) sends that path as the HTTP/2 `:authority`. h2, under tonic, refuses such a
+//! request with `PROTOCOL_ERROR` (hyperium/h2#487), so a real kubelet could never register the
+//! plugin. Each connection to the registration socket therefore passes through [`relay`]: it
+//! reads the client's HTTP/2 frames, replaces an `:authority` that is not a valid authority
+//! with `localhost` in each header block, and forwards every other frame byte for byte; the
+//! server's answers go back untouched. The DRA socket needs none of this (the kubelet's DRA
+//! client dials `unix:` targets, whose authority is `localhost`).
 
 use std::borrow::Cow;
 
