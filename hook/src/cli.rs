@@ -115,6 +115,11 @@ pub struct HookArgs {
     /// Book these GPUs whole for the container (CDI whole-GPU devices).
     #[arg(long = "whole-gpu", value_name = "UUID")]
     pub whole_gpu: Vec<String>,
+    /// Record the container as one of the containers of the DRA claim holding reservation
+    /// ID (the claim's CDI spec carries this hook): its init process and cgroup, read here on
+    /// the host, are what the node agent attributes the claim's GPU processes by.
+    #[arg(long, value_name = "ID", conflicts_with_all = ["reservation", "whole_gpu"])]
+    pub claim: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]

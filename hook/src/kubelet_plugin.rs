@@ -4,7 +4,8 @@
 //! nodes of its GPUs and the control nodes, driver libraries, the shim and `/etc/ld.so.preload`,
 //! the read-only limits file, the usage file), as kind `gpuslice.io/claim` with one device
 //! named by the claim's UID, and without the bind/release hooks: a claim is held from prepare
-//! to unprepare, not by a container.
+//! to unprepare, not by a container. Its one hook, `createRuntime … --claim`, records each
+//! container the claim is given to, from the host.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -113,8 +114,14 @@ impl ClaimSlices {
         for d in &mut spec.devices {
             d.name = uid.to_string();
             // The claim holds its reservation from prepare to unprepare: no container binds
-            // or releases it.
-            d.container_edits.hooks.clear();
+            // or releases it. Each container it is given to is recorded host-side, so the
+            // node agent attributes the claim's processes by their cgroups and namespaces,
+            // never by what the containers write.
+            d.container_edits.hooks = vec![self.node.hook(
+                &self.binary,
+                "createRuntime",
+                &["hook", "create-runtime", "--claim", &r.id],
+            )];
         }
         gpuslice_cdi::write_transient_spec(&config.cdi.spec_dir, &spec, uid)
             .map_err(EditError::SpecFile)?;

@@ -1,5 +1,6 @@
 //! The kubelet plugin's slice writer on a node config: a claim gets the same edits as an
-//! annotation slice (the create path's `slice_spec`) minus the bind/release hooks, as CDI
+//! annotation slice (the create path's `slice_spec`) with a claim's hook instead of the
+//! bind/release hooks, as CDI
 //! kind `gpuslice.io/claim` with one device named by the claim UID; the spec validates against
 //! the CDI schema; the limits file holds the booking; a repeated write keeps the usage file;
 //! releasing the claim removes its spec and slice directory.
@@ -126,7 +127,28 @@ fn a_claim_gets_the_slice_edits_under_its_own_cdi_name() {
         "annotation slices carry bind/release hooks"
     );
     expected.hooks.clear();
-    assert_eq!(claim_spec.devices[0].container_edits, expected);
+    let mut edits = claim_spec.devices[0].container_edits.clone();
+    // The claim's one hook records each container it is given to; nothing binds or
+    // releases the claim's reservation.
+    let hooks: Vec<(&str, &[String])> = edits
+        .hooks
+        .iter()
+        .map(|h| (h.hook_name.as_str(), &h.args[h.args.len() - 4..]))
+        .collect();
+    assert_eq!(
+        hooks,
+        [(
+            "createRuntime",
+            &[
+                "hook".to_string(),
+                "create-runtime".into(),
+                "--claim".into(),
+                r.id.clone()
+            ][..]
+        )]
+    );
+    edits.hooks.clear();
+    assert_eq!(edits, expected);
     let edits = &claim_spec.devices[0].container_edits;
     let nodes: Vec<&str> = edits.device_nodes.iter().map(|d| d.path.as_str()).collect();
     assert!(

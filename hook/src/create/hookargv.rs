@@ -8,7 +8,7 @@
 //! ```text
 //! gpuslice [--config PATH] hook precreate [--config PATH]
 //! gpuslice [--config PATH] hook create-runtime|prestart|poststop
-//!          [--config PATH] [--reservation ID] [--whole-gpu UUID]…
+//!          [--config PATH] [--reservation ID] [--whole-gpu UUID]… | [--claim ID]
 //! gpuslice [--config PATH] hook fail [--config PATH] MESSAGE
 //! ```
 //!
@@ -45,6 +45,7 @@ pub fn parse(args: &[OsString]) -> Option<Cli> {
     let mut hook_args = HookArgs {
         reservation: None,
         whole_gpu: Vec::new(),
+        claim: None,
     };
     let mut message: Option<String> = None;
     while let Some(arg) = it.next() {
@@ -63,8 +64,17 @@ pub fn parse(args: &[OsString]) -> Option<Cli> {
                 hook_args.reservation = Some(v.to_string());
             }
             "--whole-gpu" if takes_args => hook_args.whole_gpu.push(v.to_string()),
+            "--claim" if takes_args && hook_args.claim.is_none() => {
+                hook_args.claim = Some(v.to_string());
+            }
             _ => return None,
         }
+    }
+    // `--claim` stands alone, as clap has it.
+    if hook_args.claim.is_some()
+        && (hook_args.reservation.is_some() || !hook_args.whole_gpu.is_empty())
+    {
+        return None;
     }
     let command = match sub {
         "precreate" => HookCommand::Precreate,
@@ -107,6 +117,7 @@ mod tests {
         let flags: &[&[&str]] = &[
             &[],
             &["--reservation", "5f3c9a0e12ab34cd"],
+            &["--claim", "5f3c9a0e12ab34cd"],
             &["--whole-gpu", "GPU-0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"],
             &["--whole-gpu", "GPU-a", "--whole-gpu", "GPU-b"],
             &["--reservation", "r1", "--whole-gpu", "GPU-a"],
@@ -139,9 +150,9 @@ mod tests {
                         (None, _) => {
                             let twice = before.len() == 2 && tail.contains(&"--config");
                             let precreate_flags = sub == "precreate"
-                                && tail
-                                    .iter()
-                                    .any(|f| *f == "--reservation" || *f == "--whole-gpu");
+                                && tail.iter().any(|f| {
+                                    matches!(*f, "--reservation" | "--whole-gpu" | "--claim")
+                                });
                             assert!(twice || precreate_flags, "declined {line:?}");
                         }
                         (Some(a), Err(e)) => panic!("{line:?}: read as {a}, clap refuses: {e}"),
@@ -175,6 +186,22 @@ mod tests {
         ],
         &["hook", "poststop", "--bogus", "x"],
         &["hook", "precreate", "--reservation", "r1"],
+        &[
+            "hook",
+            "create-runtime",
+            "--claim",
+            "r1",
+            "--reservation",
+            "r2",
+        ],
+        &[
+            "hook",
+            "create-runtime",
+            "--whole-gpu",
+            "GPU-a",
+            "--claim",
+            "r1",
+        ],
     ];
 
     #[test]

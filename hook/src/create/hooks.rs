@@ -18,9 +18,14 @@ use crate::node::Node;
 pub fn run(node: &Node, command: HookCommand) -> Result<(), Error> {
     match command {
         HookCommand::Precreate => precreate(node),
-        HookCommand::CreateRuntime(a) => {
-            create_runtime(node, a.reservation.as_deref(), &a.whole_gpu)
-        }
+        HookCommand::CreateRuntime(a) => match a.claim.as_deref() {
+            Some(claim) => join_claim(node, claim),
+            None => create_runtime(node, a.reservation.as_deref(), &a.whole_gpu),
+        },
+        HookCommand::Poststop(a) if a.claim.is_some() => Err(HookError::Refused(
+            "--claim is a createRuntime flag: a claim's containers are recorded when they start and forgotten once gone".into(),
+        )
+        .into()),
         HookCommand::Poststop(a) => poststop(node, a.reservation.as_deref()),
         HookCommand::Fail { message } => fail(&message),
     }
@@ -160,6 +165,21 @@ fn failing_spec(node: &Node, input: &[u8], message: &str) -> Option<Vec<u8>> {
 /// `hook fail MESSAGE`: prints the message and fails (see [`precreate`]).
 pub fn fail(message: &str) -> Result<(), Error> {
     Err(HookError::Refused(message.to_string()).into())
+}
+
+/// `hook create-runtime --claim ID`: records the container (its init pid from the runtime's
+/// state, its start time and cgroup from `/proc`) as one of the containers of the DRA claim
+/// holding reservation `ID`.
+pub fn join_claim(node: &Node, reservation: &str) -> Result<(), Error> {
+    let state = read_state()?;
+    let pid = state
+        .pid
+        .filter(|p| *p > 0)
+        .ok_or_else(|| HookError::NoPid {
+            id: state.id.clone(),
+        })?;
+    node.open_registry()?.join_claim(reservation, pid)?;
+    Ok(())
 }
 
 /// `hook create-runtime`: binds `reservation` to the container; books `whole` GPUs.

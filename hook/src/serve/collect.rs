@@ -1,7 +1,7 @@
 //! One scrape's collection: `registry.json` read without the lock (it is replaced
 //! atomically, and the exporter must never slow the create path), each live reservation's
 //! `limits.json` and `usage` file, and the GPU meter (NVML). NVML processes are attributed to
-//! containers through `/proc`. Whatever cannot be read is left out and counted by source;
+//! reservations by the enforcer's own `attribution` (host facts only). Whatever cannot be read is left out and counted by source;
 //! collection itself never fails.
 
 use std::collections::{HashMap, HashSet};
@@ -16,11 +16,12 @@ use gpuslice_registry::{
 use gpuslice_slice::usage::{read_snapshot, UsageSnapshot};
 use gpuslice_slice::{Limits, LIMITS_FILE, USAGE_FILE};
 
+use crate::serve::attribution::{Attribution, Owned};
 use crate::serve::errors::{ErrorLog, Source};
 use crate::serve::gpu::{DeviceReading, GpuMeter, Reading};
 use crate::serve::liveness::{Liveness, OwnerCheck};
 use crate::serve::model::{GpuSample, OwnerLabels, RegistryHealth, Scrape, SliceSample};
-use crate::serve::procmap::{Attributor, ProcFs};
+use crate::serve::procmap::ProcFs;
 use crate::serve::share::ShareTracker;
 
 /// Opens the GPU meter again after it failed (NVML may load after the exporter starts).
@@ -51,8 +52,6 @@ pub struct Collector {
     last_open: Option<Instant>,
     /// Reservation id → device UUIDs in `limits.json` order (usage device `i`).
     limits: HashMap<String, Vec<String>>,
-    /// Reservation id → (init pid, its pid namespace inode).
-    init_ns: HashMap<String, (u32, u64)>,
     shares: ShareTracker<(String, usize)>,
     errors: ErrorLog,
     enforcer: Option<crate::serve::enforce::events::Shared>,
@@ -111,7 +110,6 @@ impl Collector {
             reopen: None,
             last_open: None,
             limits: HashMap::new(),
-            init_ns: HashMap::new(),
             shares: ShareTracker::default(),
             errors,
             enforcer: None,
@@ -232,7 +230,7 @@ impl Collector {
 
         let gpus = self.gpu_samples(file, &live, reading.as_ref());
         let files: Vec<SliceFiles> = live.iter().map(|r| self.slice_files(r)).collect();
-        let nvml_used = self.attribute(&live, &files, reading.as_ref());
+        let nvml_used = self.attribute(&live, reading.as_ref());
         let mut slices = Vec::new();
         for (n, (r, f)) in live.iter().zip(&files).enumerate() {
             self.slice_samples(r, f, file, &nvml_used[n], now, &mut slices);
@@ -241,7 +239,6 @@ impl Collector {
         let keep: HashSet<&str> = live.iter().map(|r| r.id.as_str()).collect();
         self.limits.retain(|id, _| keep.contains(id.as_str()));
         self.owners.retain(|id| keep.contains(id));
-        self.init_ns.retain(|id, _| keep.contains(id.as_str()));
         self.shares.retain(|(id, _)| keep.contains(id.as_str()));
 
         Scrape {
@@ -344,25 +341,11 @@ impl Collector {
         SliceFiles { uuids, usage }
     }
 
-    /// The pid namespace of a bound owner's init process, read once per reservation.
-    fn init_pid_ns(&mut self, r: &Reservation) -> Option<u64> {
-        let pid = r.owner.process()?.pid;
-        if let Some((p, ns)) = self.init_ns.get(&r.id) {
-            if *p == pid {
-                return Some(*ns);
-            }
-        }
-        let ns = self.proc.pid_ns(&pid.to_string()).ok()?;
-        self.init_ns.insert(r.id.clone(), (pid, ns));
-        Some(ns)
-    }
-
     /// NVML's per-process memory attributed to each live reservation: for reservation `n`,
     /// bytes by GPU UUID; a GPU whose processes NVML listed is present (possibly 0).
     fn attribute(
         &mut self,
         live: &[&Reservation],
-        files: &[SliceFiles],
         reading: Option<&Reading>,
     ) -> Vec<HashMap<String, u64>> {
         let mut out: Vec<HashMap<String, u64>> = vec![HashMap::new(); live.len()];
@@ -387,29 +370,23 @@ impl Collector {
         {
             return out;
         }
-        let own_ns = self.proc.pid_ns("self").ok();
-        let namespaces: Vec<Option<u64>> = live.iter().map(|r| self.init_pid_ns(r)).collect();
-        let proc = self.proc.clone();
-        let mut who = Attributor::new(&proc, own_ns);
-        for (n, r) in live.iter().enumerate() {
-            let slots = files[n]
-                .usage
-                .iter()
-                .flat_map(|u| u.processes.iter().map(|p| (p.pid_ns, p.pid)));
-            who.add(n, slots, namespaces[n], r.owner.container_id());
-        }
+        let mut errors = Vec::new();
+        let mut who = Attribution::new(&self.proc, self.owners.system(), live);
         for d in listed {
             for p in d.processes.iter().flatten() {
-                match who.owner_of(p.pid) {
-                    Ok(Some(n)) => {
+                match who.owner_on(p.pid, &d.uuid, live) {
+                    Ok(Owned::By(n)) => {
                         if let (Some(sum), Some(used)) = (out[n].get_mut(&d.uuid), p.used) {
                             *sum = sum.saturating_add(used);
                         }
                     }
-                    Ok(None) => {}
-                    Err(e) => self.errors.record(Source::Proc, e),
+                    Ok(Owned::ElsewhereBy(_) | Owned::Nobody) => {}
+                    Err(e) => errors.push(e),
                 }
             }
+        }
+        for e in errors {
+            self.errors.record(Source::Proc, e);
         }
         out
     }

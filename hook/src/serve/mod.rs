@@ -6,6 +6,7 @@
 //! runs the host-side enforcer (`enforce`), whose kills, reports and throttles the
 //! exporter shows.
 
+pub mod attribution;
 pub mod collect;
 pub mod encode;
 pub mod enforce;

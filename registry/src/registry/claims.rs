@@ -8,8 +8,8 @@ use gpuslice_config::format_bytes;
 use crate::id::is_valid_id;
 use crate::load::{gpu_loads, memory_capacity};
 use crate::model::{Booking, Owner, ProcessRef, Reservation, ReservationState};
-use crate::store;
 use crate::placement::{Refusal, RefusalReason};
+use crate::store;
 
 use super::{Registry, RegistryError, Released, Txn};
 
@@ -285,7 +285,8 @@ impl Registry {
         if m.boot_id != boot_id {
             return false;
         }
-        let init = matches!(self.system.process_start_time(m.pid), Ok(Some(t)) if t == m.start_time);
+        let init =
+            matches!(self.system.process_start_time(m.pid), Ok(Some(t)) if t == m.start_time);
         init || m
             .cgroup
             .as_deref()

@@ -1,7 +1,7 @@
 //! One enforcement cycle: the registry read without its lock, the driver's per-process
-//! figures, each process mapped to its reservation (container: its init process's pid
-//! namespace, then its cgroup; DRA claim: the processes its slice's usage file lists), then
-//! the memory and compute decisions per slice and GPU, acted on through the seams.
+//! figures, each process mapped to its reservation by `attribution` (host facts only: the
+//! pid namespaces and recorded cgroups of the reservation's containers), then the memory and
+//! compute decisions per slice and GPU, acted on through the seams.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
@@ -9,17 +9,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use gpuslice_config::{ComputeAction, EnforceConfig, MemoryAction};
-use gpuslice_registry::{Owner, RegistryFile, Reservation, ReservationState, SLICES_DIR};
-use gpuslice_slice::usage::read_snapshot;
-use gpuslice_slice::USAGE_FILE;
+use gpuslice_registry::{RealSystem, RegistryFile, Reservation, ReservationState, System};
 
+use crate::serve::attribution::{Attribution, Owned};
 use crate::serve::enforce::compute::ComputeTrack;
 use crate::serve::enforce::events::{Event, EventKind};
 use crate::serve::enforce::freezer::{freezer_of_pid, FreezerFile};
 use crate::serve::enforce::memory::{MemoryTrack, MemoryVerdict, ProcMemory};
 use crate::serve::enforce::meter::{GpuProcs, ProcFigures};
 use crate::serve::enforce::signal::Signaller;
-use crate::serve::procmap::{Attributor, ProcFs};
+use crate::serve::enforce::stop::stop_containers;
+use crate::serve::procmap::ProcFs;
 
 /// The run fraction of each cgroup under a duty cycle, read by the freezer thread.
 pub type Throttles = Arc<Mutex<BTreeMap<FreezerFile, f64>>>;
@@ -51,11 +51,11 @@ pub struct Enforcer {
     cfg: EnforceConfig,
     roots: Roots,
     proc: ProcFs,
+    /// Start times and cgroups of processes, as the registry reads them.
+    system: Arc<dyn System>,
     signaller: Box<dyn Signaller>,
     memory: HashMap<(String, String), MemoryTrack>,
     compute: HashMap<(String, String), ComputeTrack>,
-    /// Reservation → (init pid, its pid namespace).
-    init_ns: HashMap<String, (u32, u64)>,
     /// (GPU, pid, start time) of unowned processes already reported.
     unowned_seen: HashSet<(String, u32, u64)>,
     throttles: Throttles,
@@ -93,42 +93,25 @@ impl Enforcer {
         Enforcer {
             cfg,
             proc: ProcFs::new(roots.proc_root.clone()),
+            system: Arc::new(RealSystem::with_cgroup_root(
+                roots.proc_root.clone(),
+                roots.cgroup_root.clone(),
+            )),
             roots,
             signaller,
             memory: HashMap::new(),
             compute: HashMap::new(),
-            init_ns: HashMap::new(),
             unowned_seen: HashSet::new(),
             throttles,
             now_ms: Box::new(wall_ms),
         }
     }
 
-    /// The pid namespace of a bound container's init process, read once per reservation.
-    fn init_pid_ns(&mut self, r: &Reservation) -> Option<u64> {
-        let pid = r.owner.process()?.pid;
-        if let Some((p, ns)) = self.init_ns.get(&r.id) {
-            if *p == pid {
-                return Some(*ns);
-            }
-        }
-        let ns = self.proc.pid_ns(&pid.to_string()).ok()?;
-        self.init_ns.insert(r.id.clone(), (pid, ns));
-        Some(ns)
-    }
-
-    /// The usage-file processes of a DRA claim's slice (a claim has no container of its
-    /// own to map by; see docs/security.md for what this trusts).
-    fn claim_slots(&self, r: &Reservation) -> Vec<(u64, u32)> {
-        let path = self
-            .roots
-            .state_dir
-            .join(SLICES_DIR)
-            .join(&r.id)
-            .join(USAGE_FILE);
-        read_snapshot(&path)
-            .map(|u| u.processes.iter().map(|p| (p.pid_ns, p.pid)).collect())
-            .unwrap_or_default()
+    /// Reads start times and cgroups from `system` instead of the roots' `/proc` and cgroup
+    /// tree (tests play processes out on a fake).
+    pub fn with_system(mut self, system: Arc<dyn System>) -> Enforcer {
+        self.system = system;
+        self
     }
 
     /// Runs one cycle on `file`'s reservations and the `gpus` the meter read.
@@ -142,31 +125,14 @@ impl Enforcer {
             .collect();
 
         // Who owns each process.
-        let own_ns = self.proc.pid_ns("self").ok();
-        let namespaces: Vec<Option<u64>> = live.iter().map(|s| self.init_pid_ns(s.r)).collect();
-        let claim_slots: Vec<Vec<(u64, u32)>> = live
-            .iter()
-            .map(|s| match s.r.owner {
-                Owner::DraClaim { .. } => self.claim_slots(s.r),
-                Owner::Container { .. } => Vec::new(),
-            })
-            .collect();
-        let proc = self.proc.clone();
-        let mut who = Attributor::new(&proc, own_ns);
-        for (n, s) in live.iter().enumerate() {
-            who.add(
-                n,
-                claim_slots[n].iter().copied(),
-                namespaces[n],
-                s.r.owner.container_id(),
-            );
-        }
+        let reservations: Vec<&Reservation> = live.iter().map(|s| s.r).collect();
+        let mut who = Attribution::new(&self.proc, &*self.system, &reservations);
         // (slice, GPU UUID) → its processes there.
         let mut groups: BTreeMap<(usize, String), Vec<ProcFigures>> = BTreeMap::new();
         for g in gpus {
             let mut unowned = 0u64;
             for p in &g.processes {
-                let owner = match who.owner_of(p.pid) {
+                let owned = match who.owner_on(p.pid, &g.uuid, &reservations) {
                     Ok(o) => o,
                     Err(e) => {
                         // Gone between the driver's list and now: nothing to enforce.
@@ -174,16 +140,15 @@ impl Enforcer {
                         continue;
                     }
                 };
-                let booked = owner.filter(|n| live[*n].r.gpus.iter().any(|b| b.uuid == g.uuid));
-                match booked {
-                    Some(n) => groups.entry((n, g.uuid.clone())).or_default().push(*p),
-                    None => {
+                match owned {
+                    Owned::By(n) => groups.entry((n, g.uuid.clone())).or_default().push(*p),
+                    Owned::ElsewhereBy(_) | Owned::Nobody => {
                         unowned += 1;
                         let start = self.signaller.start_time(p.pid).unwrap_or(0);
                         if self.unowned_seen.insert((g.uuid.clone(), p.pid, start)) {
                             let mut e = self.event(EventKind::Unowned, None, &g.uuid, p.pid);
                             e.process_bytes = p.used;
-                            if let Some(n) = owner {
+                            if let Owned::ElsewhereBy(n) = owned {
                                 e.error = Some(format!(
                                     "it belongs to reservation {}, which has no booking on this GPU",
                                     live[n].r.id
@@ -228,8 +193,6 @@ impl Enforcer {
         }
         self.memory.retain(|k, _| keep.contains(k));
         self.compute.retain(|k, _| keep.contains(k));
-        let ids: HashSet<&str> = live.iter().map(|s| s.r.id.as_str()).collect();
-        self.init_ns.retain(|id, _| ids.contains(id.as_str()));
         *self.throttles.lock().unwrap_or_else(|p| p.into_inner()) = wanted;
         out
     }
@@ -269,26 +232,47 @@ impl Enforcer {
             .entry((r.id.clone(), uuid.to_string()))
             .or_default();
         let MemoryVerdict::Act {
-            pid, used, total, ..
+            procs: ended,
+            total,
+            repeat,
+            ..
         } = track.judge(&mem, limit, now, self.cfg.grace)
         else {
             return;
         };
-        let mut e = self.event(EventKind::MemoryReport, Some(r), uuid, pid);
-        e.slice_bytes = Some(total);
-        e.limit_bytes = Some(limit);
-        e.process_bytes = Some(used);
-        if self.cfg.memory == MemoryAction::Kill {
-            let result = match self.signaller.start_time(pid) {
-                Some(start) => self.signaller.kill(pid, start).map_err(|e| e.to_string()),
-                None => Err(format!("process {pid} is gone")),
-            };
-            match result {
-                Ok(()) => e.kind = EventKind::MemoryKill,
-                Err(err) => e.error = Some(format!("not killed: {err}")),
+        let kill = self.cfg.memory == MemoryAction::Kill;
+        for p in &ended {
+            let mut e = self.event(EventKind::MemoryReport, Some(r), uuid, p.pid);
+            e.slice_bytes = Some(total);
+            e.limit_bytes = Some(limit);
+            e.process_bytes = Some(p.used);
+            if kill {
+                let result = match self.signaller.start_time(p.pid) {
+                    Some(start) => self.signaller.kill(p.pid, start).map_err(|e| e.to_string()),
+                    None => Err(format!("process {} is gone", p.pid)),
+                };
+                match result {
+                    Ok(()) => e.kind = EventKind::MemoryKill,
+                    Err(err) => e.error = Some(format!("not killed: {err}")),
+                }
             }
+            out.events.push(e);
         }
-        out.events.push(e);
+        if repeat {
+            // Over again within the repeat window: a process keeps coming back past the
+            // shim. Its containers are stopped, so the slice stays under.
+            let first = ended.first().map_or(0, |p| p.pid);
+            let mut e = self.event(EventKind::MemoryEscalation, Some(r), uuid, first);
+            e.slice_bytes = Some(total);
+            e.limit_bytes = Some(limit);
+            if kill {
+                let (_, errors) = stop_containers(r, &self.roots.cgroup_root, &mut *self.signaller);
+                if !errors.is_empty() {
+                    e.error = Some(format!("not every process stopped: {}", errors.join("; ")));
+                }
+            }
+            out.events.push(e);
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -367,8 +351,9 @@ mod tests {
     //! processes) hold.
 
     use super::*;
+    use crate::serve::enforce::memory::REPEAT_WINDOW;
     use crate::serve::enforce::signal::SignalError;
-    use gpuslice_registry::{Gpu, Inventory};
+    use gpuslice_registry::{FakeSystem, Gpu, Inventory};
     use proptest::prelude::*;
     use std::path::Path;
     use std::time::Duration;
@@ -419,8 +404,10 @@ mod tests {
     }
 
     /// A node with [`SLICES`] bound container slices, each booked on every GPU with the
-    /// memory of `limits[s][g]`, their processes and the unowned ones in a fixture `/proc`.
-    fn node(dir: &Path, limits: &[[u64; GPUS]; SLICES]) -> (Roots, RegistryFile) {
+    /// memory of `limits[s][g]`, their processes and the unowned ones in a fixture `/proc`
+    /// (pid namespaces) and a fake system (start times, cgroups).
+    fn node(dir: &Path, limits: &[[u64; GPUS]; SLICES]) -> (Roots, RegistryFile, Arc<FakeSystem>) {
+        let sys = Arc::new(FakeSystem::new(0));
         let proc_root = dir.join("proc");
         fake_process(&proc_root, 1, 4026531836, 1, "0::/\n");
         std::os::unix::fs::symlink("1", proc_root.join("self")).unwrap();
@@ -447,7 +434,11 @@ mod tests {
             let ns = 4026540000 + s as u64;
             let id = format!("ctr{s}");
             fake_process(&proc_root, init_pid(s), ns, 1, &format!("0::/{id}\n"));
+            sys.spawn(init_pid(s), 1);
+            sys.set_cgroup(init_pid(s), &id);
             for k in 0..PROCS {
+                sys.spawn(pid_of(s, k), 1);
+                sys.set_cgroup(pid_of(s, k), &id);
                 fake_process(
                     &proc_root,
                     pid_of(s, k),
@@ -463,7 +454,7 @@ mod tests {
                 "owner": {
                     "kind": "container",
                     "container_id": id,
-                    "process": {"pid": init_pid(s), "start_time": 1, "boot_id": "b"},
+                    "process": {"pid": init_pid(s), "start_time": 1, "boot_id": "fake-boot-0"},
                 },
                 "gpus": (0..GPUS).map(|g| serde_json::json!({
                     "index": g, "uuid": uuid(g), "memory": limit[g], "cores": 0,
@@ -480,7 +471,7 @@ mod tests {
             proc_root,
             cgroup_root: dir.join("cgroup"),
         };
-        (roots, file)
+        (roots, file, sys)
     }
 
     /// Every GPU process of the node: (slice or `None` for unowned, pid).
@@ -496,14 +487,15 @@ mod tests {
     fn the_process_that_took_its_slice_over_is_killed_and_no_other() {
         let dir = tempfile::tempdir().unwrap();
         let limits = [[4, 100], [4, 100], [4, 100]];
-        let (roots, file) = node(dir.path(), &limits);
+        let (roots, file, sys) = node(dir.path(), &limits);
         let kills = Kills::default();
         let mut e = Enforcer::new(
             EnforceConfig::default(),
             roots,
             Box::new(Recorder(kills.clone())),
             Throttles::default(),
-        );
+        )
+        .with_system(sys);
         let reading = |a: u64, b: u64| {
             vec![GpuProcs {
                 uuid: uuid(0),
@@ -556,6 +548,282 @@ mod tests {
         assert_eq!(out.unowned, vec![(uuid(0), 1)]);
     }
 
+    const GIB: u64 = 1 << 30;
+    const HOST_NS: u64 = 4026531836;
+
+    /// One GPU's processes with their bytes.
+    fn on_gpu0(procs: &[(u32, u64)]) -> Vec<GpuProcs> {
+        vec![GpuProcs {
+            uuid: uuid(0),
+            processes: procs
+                .iter()
+                .map(|(pid, used)| ProcFigures {
+                    pid: *pid,
+                    used: Some(*used),
+                    sm: Some(1),
+                })
+                .collect(),
+        }]
+    }
+
+    /// Runs cycles over `readings` spaced `step` apart; returns the kills.
+    fn run(
+        e: &mut Enforcer,
+        kills: &Kills,
+        file: &RegistryFile,
+        readings: &[Vec<GpuProcs>],
+        step: Duration,
+    ) -> Vec<u32> {
+        let t0 = Instant::now();
+        for (i, r) in readings.iter().enumerate() {
+            e.cycle(file, r, t0 + step * i as u32);
+        }
+        kills.lock().unwrap().clone()
+    }
+
+    /// A bound DRA claim reservation booking `limit` bytes of GPU 0, whose recorded
+    /// container is `member` (pid, cgroup).
+    fn claim(id: &str, limit: u64, member: Option<(u32, &str)>) -> Reservation {
+        let members: Vec<serde_json::Value> = member
+            .iter()
+            .map(|(pid, cgroup)| {
+                serde_json::json!({"pid": pid, "start_time": 1, "boot_id": "fake-boot-0", "cgroup": cgroup})
+            })
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "id": id, "state": "bound",
+            "owner": {"kind": "dra_claim", "claim_uid": "uid-x", "namespace": "tenant-x",
+                "name": "x", "members": members},
+            "gpus": [{"index": 0, "uuid": uuid(0), "memory": limit, "cores": 0}],
+            "created_ms": 0, "bound_ms": 0,
+        }))
+        .unwrap()
+    }
+
+    /// A container (or claim) that writes other processes' (pid namespace, pid) pairs into
+    /// its usage file — a victim container's process and a host process, all it needs being
+    /// pid 1 of namespaces made before its own — gets neither charged to its slice, so
+    /// neither is killed however far over its 1 GiB slice they would take it; its own
+    /// process over the limit still is.
+    #[test]
+    fn forged_usage_file_pairs_get_no_other_process_killed() {
+        use gpuslice_slice::usage::{create_usage_file, ProcessIdentity, UsageFile};
+        let dir = tempfile::tempdir().unwrap();
+        let limits = [[4 * GIB, GIB]; SLICES];
+        let (roots, mut file, sys) = node(dir.path(), &limits);
+        // The attacker: a claim whose container runs in namespace 4026549999, cgroup `atk`.
+        let atk_ns = 4026549999;
+        fake_process(&roots.proc_root, 900, atk_ns, 1, "0::/atk\n");
+        fake_process(&roots.proc_root, 901, atk_ns, 2, "0::/atk\n");
+        for pid in [900, 901] {
+            sys.spawn(pid, 1);
+            sys.set_cgroup(pid, "atk");
+        }
+        let id = "00000000000000aa";
+        file.reservations.push(claim(id, GIB, Some((900, "atk"))));
+        let slice = roots.state_dir.join("slices").join(id);
+        std::fs::create_dir_all(&slice).unwrap();
+        let usage = slice.join("usage");
+        create_usage_file(&usage).unwrap();
+        // Forged slots: slice 0's process (pid 2 of its namespace) and host process 500.
+        let victim = pid_of(0, 0);
+        let _forged = [
+            UsageFile::open(
+                &usage,
+                ProcessIdentity {
+                    pid: 2,
+                    pid_ns: 4026540000,
+                },
+            )
+            .unwrap(),
+            UsageFile::open(
+                &usage,
+                ProcessIdentity {
+                    pid: UNOWNED[0],
+                    pid_ns: HOST_NS,
+                },
+            )
+            .unwrap(),
+        ];
+        let kills = Kills::default();
+        let mut e = Enforcer::new(
+            EnforceConfig::default(),
+            roots,
+            Box::new(Recorder(kills.clone())),
+            Throttles::default(),
+        )
+        .with_system(sys);
+        let reading = on_gpu0(&[(victim, 3 * GIB), (UNOWNED[0], 3 * GIB), (901, GIB / 2)]);
+        let killed = run(
+            &mut e,
+            &kills,
+            &file,
+            &vec![reading; 4],
+            Duration::from_secs(1),
+        );
+        assert!(killed.is_empty(), "killed {killed:?}");
+        // The attacker's own process over its slice is still caught.
+        let over = on_gpu0(&[(victim, 3 * GIB), (UNOWNED[0], 3 * GIB), (901, 2 * GIB)]);
+        let killed = run(
+            &mut e,
+            &kills,
+            &file,
+            &vec![over; 4],
+            Duration::from_secs(1),
+        );
+        assert_eq!(killed.first(), Some(&901), "{killed:?}");
+        assert!(killed.iter().all(|p| [900, 901].contains(p)), "{killed:?}");
+    }
+
+    /// A container named `system` (raw runc ids are the user's to pick) is charged with
+    /// nothing outside its own cgroup: not a host GPU job in `system.slice/…`.
+    #[test]
+    fn a_container_named_system_is_charged_only_with_its_own_cgroup() {
+        let dir = tempfile::tempdir().unwrap();
+        let (roots, mut file, sys) = node(dir.path(), &[[GIB, GIB]; SLICES]);
+        fake_process(&roots.proc_root, 700, 4026548888, 1, "0::/system\n");
+        fake_process(
+            &roots.proc_root,
+            701,
+            HOST_NS,
+            701,
+            "0::/system.slice/train.service\n",
+        );
+        sys.spawn(700, 1);
+        sys.set_cgroup(700, "system");
+        sys.spawn(701, 1);
+        sys.set_cgroup(701, "system.slice/train.service");
+        let r = serde_json::json!({
+            "id": "00000000000000bb", "state": "bound",
+            "owner": {"kind": "container", "container_id": "system",
+                "process": {"pid": 700, "start_time": 1, "boot_id": "fake-boot-0", "cgroup": "system"}},
+            "gpus": [{"index": 0, "uuid": uuid(0), "memory": GIB, "cores": 0}],
+            "created_ms": 0, "bound_ms": 0,
+        });
+        file.reservations.push(serde_json::from_value(r).unwrap());
+        let kills = Kills::default();
+        let mut e = Enforcer::new(
+            EnforceConfig::default(),
+            roots,
+            Box::new(Recorder(kills.clone())),
+            Throttles::default(),
+        )
+        .with_system(sys);
+        let reading = on_gpu0(&[(701, 8 * GIB)]);
+        let t0 = Instant::now();
+        let mut unowned = 0;
+        for i in 0..4 {
+            let out = e.cycle(&file, &reading, t0 + Duration::from_secs(i));
+            unowned += out
+                .events
+                .iter()
+                .filter(|e| e.kind == EventKind::Unowned && e.pid == 701)
+                .count();
+        }
+        assert!(
+            kills.lock().unwrap().is_empty(),
+            "{:?}",
+            kills.lock().unwrap()
+        );
+        assert_eq!(
+            unowned, 1,
+            "the host job is reported as no reservation's, once"
+        );
+    }
+
+    /// A container that keeps starting holders past the shim (one more 1 GiB holder every
+    /// second on a 2 GiB slice): one action brings the slice back under within grace plus
+    /// an interval, and when it goes over again within the repeat window its container is
+    /// stopped, so from then on the slice holds at most its limit at every reading.
+    #[test]
+    fn a_slice_that_keeps_respawning_holders_is_brought_under_and_kept_there() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut roots, mut file, sys) = node(dir.path(), &[[100 * GIB, 100 * GIB]; SLICES]);
+        // The respawning container: init 800 in cgroup `spawner`, whose cgroup.procs the
+        // fixture cgroup tree lists; killing the init ends the container (and its spawner).
+        roots.cgroup_root = dir.path().join("cgroup");
+        std::fs::create_dir_all(roots.cgroup_root.join("spawner")).unwrap();
+        std::fs::write(roots.cgroup_root.join("spawner/cgroup.procs"), "800\n").unwrap();
+        fake_process(&roots.proc_root, 800, 4026547777, 1, "0::/spawner\n");
+        sys.spawn(800, 1);
+        sys.set_cgroup(800, "spawner");
+        let r = serde_json::json!({
+            "id": "00000000000000cc", "state": "bound",
+            "owner": {"kind": "container", "container_id": "spawner",
+                "process": {"pid": 800, "start_time": 1, "boot_id": "fake-boot-0", "cgroup": "spawner"}},
+            "gpus": [{"index": 0, "uuid": uuid(0), "memory": 2 * GIB, "cores": 0}],
+            "created_ms": 0, "bound_ms": 0,
+        });
+        file.reservations.push(serde_json::from_value(r).unwrap());
+        let kills = Kills::default();
+        let grace = Duration::from_secs(2);
+        let interval = Duration::from_millis(500);
+        let mut e = Enforcer::new(
+            EnforceConfig {
+                grace,
+                interval,
+                ..EnforceConfig::default()
+            },
+            roots,
+            Box::new(Recorder(kills.clone())),
+            Throttles::default(),
+        )
+        .with_system(sys);
+        let t0 = Instant::now();
+        let mut holders: Vec<u32> = Vec::new();
+        let mut stopped = false;
+        let mut first_over: Option<Instant> = None;
+        let mut back_under: Option<Instant> = None;
+        for tick in 0..40u32 {
+            let now = t0 + interval * tick;
+            // A new holder every second while the container runs.
+            if !stopped && tick % 2 == 0 {
+                let pid = 1000 + tick;
+                fake_process(
+                    e.roots.proc_root.as_path(),
+                    pid,
+                    4026547777,
+                    2 + tick,
+                    "0::/spawner\n",
+                );
+                holders.push(pid);
+            }
+            let reading = on_gpu0(&holders.iter().map(|p| (*p, GIB)).collect::<Vec<_>>());
+            let out = e.cycle(&file, &reading, now);
+            let gone: HashSet<u32> = kills.lock().unwrap().iter().copied().collect();
+            holders.retain(|p| !gone.contains(p));
+            stopped |= gone.contains(&800);
+            if stopped {
+                // Its container stopped: no holder outlives it.
+                holders.clear();
+            }
+            let held = holders.len() as u64 * GIB;
+            let over_before = reading[0].processes.len() as u64 * GIB > 2 * GIB;
+            if over_before && first_over.is_none() {
+                first_over = Some(now);
+            }
+            if let Some(t) = first_over {
+                if back_under.is_none() && held <= 2 * GIB {
+                    back_under = Some(now);
+                    assert!(
+                        now - t <= grace + interval,
+                        "back under {:?} after going over",
+                        now - t
+                    );
+                }
+            }
+            if back_under.is_some() {
+                assert!(
+                    held <= 2 * GIB,
+                    "tick {tick}: {held} bytes held after the first action; events {:?}",
+                    out.events
+                );
+            }
+        }
+        assert!(back_under.is_some(), "never brought under");
+        assert!(stopped, "the repeat offender's container was stopped");
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
 
@@ -580,16 +848,18 @@ mod tests {
             ),
         ) {
             let dir = tempfile::tempdir().unwrap();
-            let (roots, file) = node(dir.path(), &limits);
+            let (roots, file, sys) = node(dir.path(), &limits);
             let kills = Kills::default();
             let cfg = EnforceConfig {
                 grace: Duration::from_millis(grace_ms),
                 ..EnforceConfig::default()
             };
-            let mut e = Enforcer::new(cfg, roots, Box::new(Recorder(kills.clone())), Throttles::default());
+            let mut e = Enforcer::new(cfg, roots, Box::new(Recorder(kills.clone())), Throttles::default())
+                .with_system(sys);
             let pids = all_pids();
             let mut dead: HashSet<u32> = HashSet::new();
             let mut over_since: HashMap<(usize, usize), Instant> = HashMap::new();
+            let mut acted: HashMap<(usize, usize), Instant> = HashMap::new();
             let mut now = Instant::now();
             for (dt, figures) in steps {
                 now += Duration::from_millis(dt);
@@ -621,7 +891,20 @@ mod tests {
                 let before = kills.lock().unwrap().len();
                 let out = e.cycle(&file, &gpus, now);
                 let new: Vec<u32> = kills.lock().unwrap()[before..].to_vec();
+                let escalated: HashSet<String> = out
+                    .events
+                    .iter()
+                    .filter(|e| e.kind == EventKind::MemoryEscalation)
+                    .map(|e| e.reservation.clone())
+                    .collect();
+                let mut init_kills = 0;
                 for pid in &new {
+                    // An escalation stops the slice's container (its init: no cgroup here).
+                    if let Some(s) = (0..SLICES).find(|s| init_pid(*s) == *pid) {
+                        prop_assert!(escalated.contains(&format!("{s:016x}")), "init of {s} killed");
+                        init_kills += 1;
+                        continue;
+                    }
                     let owner = pids.iter().find(|(_, p)| p == pid).and_then(|(o, _)| *o);
                     prop_assert!(owner.is_some(), "killed unowned process {pid}");
                     let s = owner.unwrap_or_default();
@@ -631,7 +914,10 @@ mod tests {
                         let long = over_since
                             .get(&(s, g))
                             .is_some_and(|t| now.duration_since(*t) >= Duration::from_millis(grace_ms));
-                        holds && over && long
+                        let again = acted
+                            .get(&(s, g))
+                            .is_some_and(|t| now.duration_since(*t) <= REPEAT_WINDOW);
+                        holds && over && (long || again)
                     });
                     prop_assert!(
                         justified,
@@ -640,8 +926,23 @@ mod tests {
                     );
                     dead.insert(*pid);
                 }
+                // One action leaves each slice it hit at or under its limit on that GPU.
+                let mut freed: HashMap<(String, String), (u64, u64, u64)> = HashMap::new();
+                for ev in out.events.iter().filter(|e| e.kind == EventKind::MemoryKill) {
+                    let f = freed
+                        .entry((ev.reservation.clone(), ev.uuid.clone()))
+                        .or_insert((ev.slice_bytes.unwrap_or(0), ev.limit_bytes.unwrap_or(0), 0));
+                    f.2 += ev.process_bytes.unwrap_or(0);
+                }
+                for ((r, u), (total, limit, gone)) in &freed {
+                    prop_assert!(total - gone <= *limit, "{r} on {u}: {total} - {gone} > {limit}");
+                    let s = usize::from_str_radix(r, 16).unwrap_or(0);
+                    let g = (0..GPUS).find(|g| uuid(*g) == *u).unwrap_or(0);
+                    acted.insert((s, g), now);
+                    over_since.remove(&(s, g));
+                }
                 let killed_events = out.events.iter().filter(|e| e.kind == EventKind::MemoryKill).count();
-                prop_assert_eq!(killed_events, new.len());
+                prop_assert_eq!(killed_events + init_kills, new.len());
             }
         }
     }

@@ -37,6 +37,9 @@ pub enum EventKind {
     ComputeThrottle,
     /// A process on a GPU belongs to no reservation (of that GPU).
     Unowned,
+    /// A slice went over its memory limit again within the repeat window of a kill: every
+    /// process of its containers was stopped (with `memory = "kill"`), or this is reported.
+    MemoryEscalation,
 }
 
 impl EventKind {
@@ -47,12 +50,14 @@ impl EventKind {
             EventKind::ComputeReport => "compute_report",
             EventKind::ComputeThrottle => "compute_throttle",
             EventKind::Unowned => "unowned",
+            EventKind::MemoryEscalation => "memory_escalation",
         }
     }
 
-    pub const ALL: [EventKind; 5] = [
+    pub const ALL: [EventKind; 6] = [
         EventKind::MemoryKill,
         EventKind::MemoryReport,
+        EventKind::MemoryEscalation,
         EventKind::ComputeReport,
         EventKind::ComputeThrottle,
         EventKind::Unowned,
@@ -137,6 +142,8 @@ pub struct Record {
     pub compute_reports_total: u64,
     pub throttles_total: u64,
     pub unowned_total: u64,
+    #[serde(default)]
+    pub escalations_total: u64,
     /// Readings taken since the enforcer started.
     pub cycles_total: u64,
     /// Newest last.
@@ -151,6 +158,7 @@ impl Record {
             EventKind::ComputeReport => self.compute_reports_total,
             EventKind::ComputeThrottle => self.throttles_total,
             EventKind::Unowned => self.unowned_total,
+            EventKind::MemoryEscalation => self.escalations_total,
         }
     }
 
@@ -161,6 +169,7 @@ impl Record {
             EventKind::ComputeReport => &mut self.compute_reports_total,
             EventKind::ComputeThrottle => &mut self.throttles_total,
             EventKind::Unowned => &mut self.unowned_total,
+            EventKind::MemoryEscalation => &mut self.escalations_total,
         };
         *c += 1;
         self.events.push(e);

@@ -1,11 +1,19 @@
 //! The memory decision, as a pure function of the driver's per-process figures: a slice
-//! whose processes together hold more than its limit on a GPU for longer than `grace` gets
-//! an action against the process that crossed the limit. Nothing here reads the system, so
-//! the property that matters (a slice under its limit is never acted on) is tested over
-//! random figures.
+//! whose processes together hold more than its limit on a GPU for longer than `grace` is
+//! brought back at or under its limit in that one action, and a slice that goes over again
+//! within [`REPEAT_WINDOW`] of an action is acted on at once and escalated. Nothing here
+//! reads the system, so the properties that matter (a slice under its limit is never acted
+//! on; an action always leaves the slice at or under its limit) are tested over random
+//! figures.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
+
+/// After an action, how long a slice that goes over its limit again counts as the same
+/// offence: it is then acted on without a new grace, and escalated (every process of its
+/// containers is stopped; see `cycle`). A process that keeps starting new holders past the
+/// shim otherwise holds memory over the slice for a grace after every kill.
+pub const REPEAT_WINDOW: Duration = Duration::from_secs(60);
 
 /// One process's memory on one GPU, as the driver reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,18 +25,22 @@ pub struct ProcMemory {
 }
 
 /// What the judge decided for one slice on one GPU this reading.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MemoryVerdict {
     /// At or under the limit.
     Under,
     /// Over the limit since `since`, within grace.
     Over { since: Instant, total: u64 },
-    /// Over for longer than grace: act on `pid`, which holds `used` of the slice's `total`.
+    /// Over for longer than grace, or over again within [`REPEAT_WINDOW`] of the last action
+    /// (`repeat`): act on `procs`, in order — the fewest processes whose end brings the
+    /// slice's `total` at or under its limit: first the one whose growth crossed the limit
+    /// (the allocation that broke it), then the largest holders (each ends the most memory
+    /// for the least work lost).
     Act {
-        pid: u32,
-        used: u64,
+        procs: Vec<ProcMemory>,
         total: u64,
         over_for: Duration,
+        repeat: bool,
     },
 }
 
@@ -40,16 +52,12 @@ pub struct MemoryTrack {
     crosser: Option<u32>,
     /// Each process's bytes at the last reading.
     last: HashMap<u32, u64>,
+    /// When the last action was decided.
+    acted: Option<Instant>,
 }
 
 impl MemoryTrack {
     /// Judges one reading of the slice's processes against `limit`.
-    ///
-    /// The process acted on is the one whose growth since the previous reading was largest
-    /// when the total crossed the limit (the allocation that broke it), or, when that
-    /// process is gone (or holds nothing now) and the slice is still over, the largest holder. After an action the
-    /// grace starts again, so a slice still over after one kill loses one more process per
-    /// grace period, never a burst.
     pub fn judge(
         &mut self,
         procs: &[ProcMemory],
@@ -71,23 +79,49 @@ impl MemoryTrack {
                 self.crosser = self.crossing(procs);
             }
             let over_for = now.saturating_duration_since(since);
-            match (over_for >= grace, self.crosser) {
-                (true, Some(pid)) => {
-                    self.over_since = Some(now);
-                    self.crosser = None;
-                    let used = procs.iter().find(|p| p.pid == pid).map_or(0, |p| p.used);
-                    MemoryVerdict::Act {
-                        pid,
-                        used,
-                        total,
-                        over_for,
-                    }
+            let repeat = self
+                .acted
+                .is_some_and(|t| now.saturating_duration_since(t) <= REPEAT_WINDOW);
+            if over_for >= grace || repeat {
+                let chosen = self.to_end(procs, total, limit);
+                self.over_since = None;
+                self.crosser = None;
+                self.acted = Some(now);
+                MemoryVerdict::Act {
+                    procs: chosen,
+                    total,
+                    over_for,
+                    repeat,
                 }
-                _ => MemoryVerdict::Over { since, total },
+            } else {
+                MemoryVerdict::Over { since, total }
             }
         };
         self.last = procs.iter().map(|p| (p.pid, p.used)).collect();
         verdict
+    }
+
+    /// The processes to end so that what is left of `total` is at or under `limit`: the
+    /// crosser, then the largest holders (ties: the higher pid, the newer process).
+    fn to_end(&self, procs: &[ProcMemory], total: u64, limit: u64) -> Vec<ProcMemory> {
+        let mut order: Vec<ProcMemory> = procs.iter().copied().filter(|p| p.used > 0).collect();
+        order.sort_by(|a, b| {
+            let first = |p: &ProcMemory| Some(p.pid) == self.crosser;
+            first(b)
+                .cmp(&first(a))
+                .then(b.used.cmp(&a.used))
+                .then(b.pid.cmp(&a.pid))
+        });
+        let mut left = total;
+        let mut chosen = Vec::new();
+        for p in order {
+            if left <= limit {
+                break;
+            }
+            left = left.saturating_sub(p.used);
+            chosen.push(p);
+        }
+        chosen
     }
 
     /// The process that grew most since the last reading; the largest holder on a tie or
@@ -148,10 +182,10 @@ mod tests {
         assert_eq!(
             act,
             MemoryVerdict::Act {
-                pid: 2,
-                used: 3 * GIB,
+                procs: vec![p(2, 3 * GIB)],
                 total: 6 * GIB,
-                over_for: Duration::from_secs(2)
+                over_for: Duration::from_secs(2),
+                repeat: false,
             }
         );
         // B is gone: under again, nothing more.
@@ -178,7 +212,7 @@ mod tests {
         let mut z = MemoryTrack::default();
         assert!(matches!(
             z.judge(&[p(9, 5)], 4, t0, Duration::ZERO),
-            MemoryVerdict::Act { pid: 9, .. }
+            MemoryVerdict::Act { procs, .. } if procs == vec![p(9, 5)]
         ));
     }
 
@@ -193,13 +227,49 @@ mod tests {
             t0 + Duration::from_secs(1),
             Duration::from_secs(1),
         );
-        assert!(matches!(v, MemoryVerdict::Act { pid: 7, .. }), "{v:?}");
+        assert!(
+            matches!(&v, MemoryVerdict::Act { procs, .. } if procs == &vec![p(7, 10 * GIB)]),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn one_action_brings_the_slice_back_under_and_a_repeat_is_acted_on_at_once() {
+        let t0 = Instant::now();
+        let grace = Duration::from_secs(2);
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        let mut m = MemoryTrack::default();
+        // Five 1 GiB holders on a 2 GiB slice, the fifth the last to come.
+        let five: Vec<ProcMemory> = (1..=5).map(|i| p(i, GIB)).collect();
+        m.judge(&five[..2], 2 * GIB, t0, grace);
+        m.judge(&five[..4], 2 * GIB, ms(500), grace);
+        m.judge(&five, 2 * GIB, ms(1000), grace);
+        let v = m.judge(&five, 2 * GIB, ms(2500), grace);
+        let MemoryVerdict::Act { procs, repeat, .. } = v else {
+            panic!("{v:?}")
+        };
+        assert!(!repeat);
+        // The crosser (4, the newest of the two that took it over) first, then the largest
+        // (the newest on a tie): three go, two stay.
+        let pids: Vec<u32> = procs.iter().map(|q| q.pid).collect();
+        assert_eq!(pids, vec![4, 5, 3]);
+        // A new holder takes the slice over again within the window: acted on without grace.
+        let v = m.judge(&[p(1, GIB), p(2, GIB), p(6, GIB)], 2 * GIB, ms(3000), grace);
+        assert!(
+            matches!(&v, MemoryVerdict::Act { procs, repeat: true, .. } if procs == &vec![p(6, GIB)]),
+            "{v:?}"
+        );
+        // Past the window, the grace applies again.
+        let late = ms(3000) + REPEAT_WINDOW + Duration::from_secs(1);
+        let v = m.judge(&[p(1, GIB), p(2, GIB), p(7, GIB)], 2 * GIB, late, grace);
+        assert!(matches!(v, MemoryVerdict::Over { .. }), "{v:?}");
     }
 
     proptest! {
         /// Over random sequences of per-process figures and limits, an action is only ever
-        /// taken on a reading whose total is over the limit, against a process of that
-        /// reading, and only after the slice has been over for the whole grace.
+        /// taken on a reading whose total is over the limit, against processes of that
+        /// reading, after the slice has been over for the whole grace or again within the
+        /// repeat window of an action; and the processes left hold at most the limit.
         #[test]
         fn never_acts_on_a_slice_under_its_limit(
             limit in 0u64..64,
@@ -213,6 +283,7 @@ mod tests {
             let mut m = MemoryTrack::default();
             let mut now = Instant::now();
             let mut over_since: Option<Instant> = None;
+            let mut acted: Option<Instant> = None;
             for (raw, dt) in steps {
                 now += Duration::from_millis(dt);
                 let mut procs: Vec<ProcMemory> = Vec::new();
@@ -228,11 +299,20 @@ mod tests {
                     over_since = None;
                 }
                 match m.judge(&procs, limit, now, grace) {
-                    MemoryVerdict::Act { pid, .. } => {
+                    MemoryVerdict::Act { procs: ended, repeat, .. } => {
                         prop_assert!(total > limit, "acted at {total} <= {limit}");
-                        prop_assert!(procs.iter().any(|q| q.pid == pid && q.used > 0));
+                        for e in &ended {
+                            prop_assert!(procs.iter().any(|q| q == e && q.used > 0));
+                        }
+                        let freed: u64 = ended.iter().map(|q| q.used).sum();
+                        prop_assert!(total - freed <= limit, "left {} > {limit}", total - freed);
                         let since = over_since.unwrap_or(now);
-                        prop_assert!(now.duration_since(since) >= grace);
+                        let again = acted.is_some_and(|t| now.duration_since(t) <= REPEAT_WINDOW);
+                        prop_assert_eq!(repeat, again);
+                        prop_assert!(now.duration_since(since) >= grace || again);
+                        acted = Some(now);
+                        // The ended processes leave the next reading, as killed ones do.
+                        over_since = None;
                     }
                     MemoryVerdict::Under => prop_assert!(total <= limit),
                     MemoryVerdict::Over { .. } => prop_assert!(total > limit),

@@ -1,8 +1,10 @@
 //! The host-side enforcer of `gpuslice serve` (DESIGN §8): what the shim inside a container
 //! cannot guarantee against a process that bypasses or corrupts it, enforced from the
 //! driver's own per-process figures. Every `enforce.interval` it reads NVML's per-process
-//! memory and SM utilisation, maps each process to its reservation, kills the process that
-//! took a slice over its memory limit for longer than `grace` (or reports it), reports a
+//! memory and SM utilisation, maps each process to its reservation (`attribution`, host facts
+//! only), brings a slice over its memory limit for longer than `grace` back under it in one
+//! action (or reports it), stops the containers of a slice that goes over again within the
+//! repeat window, reports a
 //! slice above its compute share and, with `compute = "throttle"`, freezes its cgroup in a
 //! duty cycle; processes that belong to no reservation are reported. The pure decisions
 //! (`memory`, `compute`) are apart from the seams (`meter`, `signal`, `freezer`).
@@ -16,6 +18,7 @@ pub mod memory;
 pub mod meter;
 pub mod signal;
 pub mod status;
+pub mod stop;
 
 use std::path::PathBuf;
 use std::time::Instant;

@@ -36,8 +36,9 @@ pub fn render_text(state_dir: &Path) -> String {
         Err(e) => return format!("\nENFORCER: {e}\n"),
     };
     let mut out = format!(
-        "\nENFORCER: {} killed, {} memory reports, {} compute reports, {} throttled, {} unowned\n",
+        "\nENFORCER: {} killed, {} escalations, {} memory reports, {} compute reports, {} throttled, {} unowned\n",
         r.kills_total,
+        r.escalations_total,
         r.memory_reports_total,
         r.compute_reports_total,
         r.throttles_total,
