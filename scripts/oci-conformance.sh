@@ -215,6 +215,12 @@ cleanup() {
     done < <(awk -v d="$WORK" '$5 == d || index($5, d "/") == 1 { print $5 }' /proc/self/mountinfo | sort -r)
     rm -rf --one-file-system "$WORK"
   fi
+  # The relative-cgroup programs leave their cgroup's parents (testdir/cgrouptest, under the
+  # cgroup they ran in) behind: removed once empty (rmdir only: a busy one stays).
+  local d
+  while read -r d; do
+    rmdir "$d" 2>/dev/null && rmdir "$(dirname "$d")" 2>/dev/null || true
+  done < <(find /sys/fs/cgroup -maxdepth 8 -type d -path '*/testdir/cgrouptest' 2>/dev/null)
 }
 
 cmd_run() {
