@@ -19,3 +19,4 @@ mod podman;
 mod runc_slice;
 mod runc_two_gpus;
 mod runtime_spec_input;
+mod signals;

@@ -1,17 +1,47 @@
 //! `gpuslice-runtime`: the runc-compatible wrapper for containerd's `BinaryName`, nerdctl
 //! and docker `--runtime`. Finds its config through `GPUSLICE_CONFIG` or the default path.
 
-use std::os::unix::process::CommandExt;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use gpuslice::create::runtime::{
-    edit_bundle, exit_like, parse_args, report, resolve_runtime, run_forwarding, RuntimeError,
+    edit_bundle, exec_runtime, exit_like, parse_args, report, resolve_runtime, run_forwarding,
+    RuntimeError, StartSignals,
 };
 use gpuslice::node::Node;
+
+/// Whether SIGPIPE was ignored when this process was started: Rust's runtime ignores it
+/// before `main`, and the runtime this wrapper starts must find it as the engine left it.
+static SIGPIPE_IGNORED_AT_START: AtomicBool = AtomicBool::new(false);
+
+/// Reads SIGPIPE's disposition before Rust's runtime changes it (an `.init_array` function
+/// runs before `main`, with glibc and musl alike).
+extern "C" fn record_start_sigpipe() {
+    // SAFETY: sigaction is plain data; a null new action only reads the current one into
+    // `current`, a valid sigaction owned here.
+    let ignored = unsafe {
+        let mut current: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(libc::SIGPIPE, std::ptr::null(), &mut current) == 0
+            && current.sa_sigaction == libc::SIG_IGN
+    };
+    SIGPIPE_IGNORED_AT_START.store(ignored, Ordering::Relaxed);
+}
+
+#[used]
+#[link_section = ".init_array"]
+static RECORD_START_SIGPIPE: extern "C" fn() = record_start_sigpipe;
 
 fn main() -> ExitCode {
     let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
     let parsed = parse_args(&args);
+    // Before anything blocks a signal: the runtime gets this state back.
+    let start = match StartSignals::capture(SIGPIPE_IGNORED_AT_START.load(Ordering::Relaxed)) {
+        Ok(s) => s,
+        Err(e) => {
+            report(&parsed, &e.to_string());
+            return ExitCode::from(1);
+        }
+    };
     let creates = matches!(parsed.command.as_deref(), Some("create" | "run"));
     let mut node = None;
     let configured = if creates {
@@ -53,7 +83,7 @@ fn main() -> ExitCode {
     if let Some(node) = &node {
         // create/run: the runtime runs as a child, so that a failure before any hook bound
         // the reservation this create made gives it back now, not at the pending timeout.
-        return match run_forwarding(&runtime, &args) {
+        return match run_forwarding(&runtime, &args, &start) {
             Ok(status) => {
                 if !status.success() {
                     give_back(Some(node), &parsed);
@@ -67,7 +97,7 @@ fn main() -> ExitCode {
             }
         };
     }
-    let err = std::process::Command::new(&runtime).args(&args).exec();
+    let err = exec_runtime(&runtime, &args, &start);
     report(
         &parsed,
         &RuntimeError::Exec {

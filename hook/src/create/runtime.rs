@@ -3,7 +3,9 @@
 //! unchanged arguments as its child — stdio and every other open descriptor inherited,
 //! signals forwarded, its exit status passed on — so that when the runtime fails before any
 //! hook bound the reservation it made, the wrapper gives the reservation back at once
-//! ([`run_forwarding`]); every other subcommand passes straight through (`exec`).
+//! ([`run_forwarding`]); every other subcommand passes straight through ([`exec_runtime`]).
+//! Either way the runtime starts with the signal mask and dispositions the wrapper was
+//! started with ([`StartSignals`]), which runc hands on to the container's process.
 
 use std::ffi::{OsStr, OsString};
 use std::io::Write;
@@ -136,6 +138,8 @@ pub enum RuntimeError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("gpuslice-runtime: cannot read the signal mask it was started with: {source}")]
+    StartSignals { source: std::io::Error },
 }
 
 /// The signals the wrapper passes on to the runtime (everything a process can catch but
@@ -178,30 +182,131 @@ fn wait_set() -> libc::sigset_t {
     set
 }
 
+/// The signal state the wrapper was started with, which the runtime gets back in
+/// [`run_forwarding`] and [`exec_runtime`]: a child inherits the signal mask and ignored
+/// signals of its parent (Rust's `Command` keeps both, but for SIGPIPE, which it sets to
+/// the default), and runc passes both on through `runc init` to the container's process;
+/// the signals the wrapper blocks and the dispositions it changes for itself must not reach
+/// the container.
+#[derive(Clone, Copy)]
+pub struct StartSignals {
+    /// The signal mask at start.
+    mask: libc::sigset_t,
+    /// SIGPIPE was ignored at start. Rust's runtime ignores it before `main` and `Command`
+    /// sets it to the default in a child, so only what the caller read before `main` (an
+    /// `.init_array` function of the binary) knows whether the runtime should find it ignored.
+    sigpipe_ignored: bool,
+}
+
+impl StartSignals {
+    /// The current signal mask, with `sigpipe_ignored` read before Rust's runtime started.
+    /// Call it before anything changes the mask.
+    pub fn capture(sigpipe_ignored: bool) -> Result<StartSignals, RuntimeError> {
+        // SAFETY: sigset_t is plain data, filled by pthread_sigmask below.
+        let mut mask: libc::sigset_t = unsafe { std::mem::zeroed() };
+        // SAFETY: a null new set only reads the mask into `mask`, a valid sigset_t.
+        let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut mask) };
+        if rc != 0 {
+            return Err(RuntimeError::StartSignals {
+                source: std::io::Error::from_raw_os_error(rc),
+            });
+        }
+        Ok(StartSignals {
+            mask,
+            sigpipe_ignored,
+        })
+    }
+
+    /// Makes `command`'s child put back, just before it executes the program, the mask this
+    /// process started with, SIGPIPE as it was then, and SIGCHLD as `sigchld` (its
+    /// disposition before the wrapper set its own).
+    fn restore_in_child(
+        &self,
+        command: &mut std::process::Command,
+        sigchld: Option<libc::sigaction>,
+    ) {
+        use std::os::unix::process::CommandExt;
+        let start = *self;
+        let child_setup = move || -> std::io::Result<()> {
+            // SAFETY: this runs in the forked child before exec, where only async-signal-safe
+            // calls are allowed: sigaction and sigprocmask are, and every value they read is a
+            // copy made before the fork. The dispositions go first, so that a signal the
+            // restored mask lets through finds the disposition the runtime will have.
+            unsafe {
+                if let Some(action) = &sigchld {
+                    if libc::sigaction(libc::SIGCHLD, action, std::ptr::null_mut()) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                if start.sigpipe_ignored {
+                    let mut ignore: libc::sigaction = std::mem::zeroed();
+                    ignore.sa_sigaction = libc::SIG_IGN;
+                    libc::sigemptyset(&mut ignore.sa_mask);
+                    if libc::sigaction(libc::SIGPIPE, &ignore, std::ptr::null_mut()) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                if libc::sigprocmask(libc::SIG_SETMASK, &start.mask, std::ptr::null_mut()) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        };
+        // SAFETY: the closure only makes async-signal-safe calls (above) and allocates
+        // nothing.
+        unsafe { command.pre_exec(child_setup) };
+    }
+}
+
+/// Replaces this process with `runtime args` (every subcommand but create and run), with
+/// the signal state it was started with; returns only when that fails.
+pub fn exec_runtime(runtime: &Path, args: &[OsString], start: &StartSignals) -> std::io::Error {
+    use std::os::unix::process::CommandExt;
+    let mut command = std::process::Command::new(runtime);
+    command.args(args);
+    start.restore_in_child(&mut command, None);
+    command.exec()
+}
+
 /// Runs `runtime args` as a child and returns how it ended. The child inherits stdin,
 /// stdout, stderr and every descriptor not marked close-on-exec (`--preserve-fds`, a
-/// console socket passed by fd), as it would through `exec`; Rust resets the signal mask
-/// and SIGPIPE in it. The signals in [`FORWARDED`] are blocked here before it starts (none
-/// is lost in between) and each one that arrives is sent on to it, until it exits.
+/// console socket passed by fd), as it would through `exec`, and the signal state of
+/// `start` (the mask and dispositions the wrapper was started with; std's `Command` would
+/// hand it the mask blocked here). The signals in [`FORWARDED`] and SIGCHLD are blocked here
+/// before it starts (none is lost in between) and each forwarded one that arrives is sent on
+/// to it, until it exits.
 pub fn run_forwarding(
     runtime: &Path,
     args: &[OsString],
+    start: &StartSignals,
 ) -> Result<std::process::ExitStatus, RuntimeError> {
     let set = wait_set();
+    // SAFETY: sigaction is plain data, filled by sigaction below.
+    let mut old_chld: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: `dfl` is a valid sigaction (SIG_DFL, empty mask); `old_chld` receives the
+    // previous one. SIGCHLD ignored by whoever started us (inherited through exec) would
+    // reap the runtime behind our back and never be reported: the default disposition
+    // queues it.
+    let sigchld = unsafe {
+        let mut dfl: libc::sigaction = std::mem::zeroed();
+        dfl.sa_sigaction = libc::SIG_DFL;
+        libc::sigemptyset(&mut dfl.sa_mask);
+        (libc::sigaction(libc::SIGCHLD, &dfl, &mut old_chld) == 0).then_some(old_chld)
+    };
     // SAFETY: sigset_t is plain data, filled by pthread_sigmask below.
     let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
     // SAFETY: `set` and `old` are valid sigsets; this thread is the only one that runs.
-    // SIGCHLD ignored by whoever started us (inherited through exec) would reap the runtime
-    // behind our back and never be reported: the default disposition queues it.
     unsafe {
-        libc::signal(libc::SIGCHLD, libc::SIG_DFL);
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old);
     }
     let restore = |old: &libc::sigset_t| {
         // SAFETY: `old` is the mask saved above.
         unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, old, std::ptr::null_mut()) };
     };
-    let mut child = match std::process::Command::new(runtime).args(args).spawn() {
+    let mut command = std::process::Command::new(runtime);
+    command.args(args);
+    start.restore_in_child(&mut command, sigchld);
+    let mut child = match command.spawn() {
         Ok(c) => c,
         Err(source) => {
             restore(&old);
