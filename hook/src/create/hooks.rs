@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 use gpuslice_registry::{Owner, ProcessRef, RegistryError, Request, Selector};
 use serde::Deserialize;
 
-use crate::cli::HookCommand;
+use crate::args::HookCommand;
 use crate::create::annotations::kubernetes_ref;
 use crate::create::specedit::{edit_spec, Outcome};
 use crate::create::specfile::MAX_SPEC_BYTES;

@@ -9,7 +9,7 @@ use gpuslice_cdi::{ContainerEdits, Device, Mount, Spec};
 use gpuslice_registry::Reservation;
 use gpuslice_slice::{CONTAINER_DIR, CONTAINER_LIMITS, CONTAINER_USAGE, LIMITS_FILE, USAGE_FILE};
 
-use crate::commands::cdi::VISIBLE_DEVICES_VOID;
+use crate::nodespec::VISIBLE_DEVICES_VOID;
 use crate::create::driveredits::{RO_BIND, RW_BIND};
 use crate::node::Node;
 
