@@ -10,5 +10,8 @@ mod runtimepath;
 pub use load::{load_config, load_from_env, ConfigOrigin, LoadedConfig, CONFIG_ENV};
 pub use model::*;
 pub use parse::{parse_config, ConfigError, MAX_SIMULATED_GPUS};
-pub use quantity::{format_bytes, parse_bytes, parse_quantity, Quantity, QuantityError};
+pub use quantity::{
+    format_bytes, format_bytes_rounded, format_kube_quantity, parse_bytes, parse_kube_quantity,
+    parse_quantity, KubeQuantityError, Quantity, QuantityError,
+};
 pub use runtimepath::{passthrough_runtime, runtime_path_of};

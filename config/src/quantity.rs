@@ -1,8 +1,22 @@
-//! Strict parsing of byte quantities (`4Gi`, `512Mi`, `20G`, `1073741824`) and shares (`25%`).
+//! gpuslice's one quantity grammar and its byte spellings, shared by the config file, the
+//! annotations, the DRA plugin and the console so that no two readers of `20Gi` can disagree.
 //!
-//! Quantities are parsed with exact integer arithmetic: a decimal fraction is accepted only
-//! when it names a whole number of bytes (`1.5Gi`), never rounded, and every overflow is an
-//! error. Kubernetes' milli suffix (`100m`) is refused instead of being read as megabytes.
+//! The grammar is Kubernetes': `[+]number suffix`, where the number is digits with an optional
+//! decimal fraction and the suffix a binary unit (Ki Mi Gi Ti Pi Ei), a decimal unit (n u m k M
+//! G T P E) or a decimal exponent (`e3`). Values are computed with exact integer arithmetic: a
+//! fraction is accepted only when it names a whole number (`1.5Gi`), never rounded, and every
+//! overflow is an error. Two contracts read it, and differ only in what they accept:
+//!
+//! - what people write (the config file, annotations; [`parse_quantity`], [`parse_bytes`]):
+//!   no sign, no sub-units and no exponents (`100m` is refused instead of being read as
+//!   0.1 byte where megabytes were meant), `K` as well as `k`, and a percentage where allowed;
+//! - what the API server stores (a claim's `consumedCapacity`, a slice's capacity;
+//!   [`parse_kube_quantity`]): every spelling Kubernetes itself may write (`3000m`, `1e3`,
+//!   `+7`, `.5Ki`), as long as the value is whole.
+//!
+//! Bytes are written in three spellings, one function each, because their readers differ:
+//! [`format_kube_quantity`] (exact, for API objects), [`format_bytes`] (exact where it can be,
+//! for messages) and [`format_bytes_rounded`] (short, for table columns).
 
 use std::fmt;
 
@@ -10,6 +24,8 @@ use std::fmt;
 pub const ACCEPTED_BYTES: &str = "bytes (`1073741824`), binary units (`512Mi`, `4Gi`; Ki Mi Gi Ti Pi Ei) or decimal units (`20G`; k M G T P E)";
 /// What the parser accepts when a percentage is allowed too.
 pub const ACCEPTED_QUANTITY: &str = "bytes (`1073741824`), binary units (`512Mi`, `4Gi`; Ki Mi Gi Ti Pi Ei), decimal units (`20G`; k M G T P E) or a percentage of the GPU (`25%`, 1-100)";
+/// What [`parse_kube_quantity`] accepts, for error messages.
+pub const ACCEPTED_KUBE: &str = "digits with an optional suffix Ki, Mi, Gi, Ti, Pi, Ei, k, M, G, T, P, E or an exponent (`20Gi`, `1536Mi`, `30`)";
 
 /// A parsed quantity: an exact byte count or a whole percentage (1-100).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -42,7 +58,7 @@ impl fmt::Display for Quantity {
     }
 }
 
-/// Why a quantity was refused. The message names the value; callers add the key.
+/// Why a quantity people wrote was refused. The message names the value; callers add the key.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum QuantityError {
     #[error("`{value}` is not a quantity; accepted: {accepted}")]
@@ -75,23 +91,124 @@ pub enum QuantityError {
     },
 }
 
-fn multiplier(suffix: &str) -> Option<u128> {
-    Some(match suffix {
-        "" => 1,
-        "Ki" => 1 << 10,
-        "Mi" => 1 << 20,
-        "Gi" => 1 << 30,
-        "Ti" => 1 << 40,
-        "Pi" => 1 << 50,
-        "Ei" => 1 << 60,
-        "k" | "K" => 1_000,
-        "M" => 1_000_000,
-        "G" => 1_000_000_000,
-        "T" => 1_000_000_000_000,
-        "P" => 1_000_000_000_000_000,
-        "E" => 1_000_000_000_000_000_000,
-        _ => return None,
-    })
+/// Why a quantity from the API server was refused: one reason in a few words (`detail`), which
+/// callers that check a user's flag against the same contract put in their own message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{value}` is not a whole non-negative Kubernetes quantity ({detail}); accepted: {ACCEPTED_KUBE}")]
+pub struct KubeQuantityError {
+    pub value: String,
+    pub detail: &'static str,
+}
+
+/// A suffix of the grammar: its factor is 2^`shift` · 10^`exp10`; `people` and `kube` say which
+/// contract accepts it.
+struct Suffix {
+    text: &'static str,
+    shift: u32,
+    exp10: i32,
+    people: bool,
+    kube: bool,
+}
+
+const fn suffix(text: &'static str, shift: u32, exp10: i32, people: bool, kube: bool) -> Suffix {
+    Suffix {
+        text,
+        shift,
+        exp10,
+        people,
+        kube,
+    }
+}
+
+const SUFFIXES: [Suffix; 17] = [
+    suffix("", 0, 0, true, true),
+    suffix("Ki", 10, 0, true, true),
+    suffix("Mi", 20, 0, true, true),
+    suffix("Gi", 30, 0, true, true),
+    suffix("Ti", 40, 0, true, true),
+    suffix("Pi", 50, 0, true, true),
+    suffix("Ei", 60, 0, true, true),
+    // Sub-units: whole only in multiples; people who write `m` mean megabytes.
+    suffix("n", 0, -9, false, true),
+    suffix("u", 0, -6, false, true),
+    suffix("m", 0, -3, false, true),
+    suffix("k", 0, 3, true, true),
+    // Not Kubernetes syntax; people write it for kilo.
+    suffix("K", 0, 3, true, false),
+    suffix("M", 0, 6, true, true),
+    suffix("G", 0, 9, true, true),
+    suffix("T", 0, 12, true, true),
+    suffix("P", 0, 15, true, true),
+    suffix("E", 0, 18, true, true),
+];
+
+/// A number's spelling cut into its parts; nothing is judged yet.
+struct Spelling<'a> {
+    /// The leading run of digits and dots.
+    number: &'a str,
+    /// The number's digits before its first dot.
+    int: &'a str,
+    /// What follows the number's first dot (may hold another dot); `None` without one.
+    frac: Option<&'a str>,
+    /// Everything after the number.
+    suffix: &'a str,
+}
+
+fn cut(value: &str) -> Spelling<'_> {
+    let end = value
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(value.len());
+    let (number, suffix) = value.split_at(end);
+    let (int, frac) = match number.split_once('.') {
+        Some((i, f)) => (i, Some(f)),
+        None => (number, None),
+    };
+    Spelling {
+        number,
+        int,
+        frac,
+        suffix,
+    }
+}
+
+/// Why a well-formed number has no exact `u64` value.
+enum Inexact {
+    TooLarge,
+    NotWhole,
+}
+
+/// The exact value of `int.frac` · 2^`shift` · 10^`exp10`; `int` and `frac` are ASCII digits.
+fn exact(int: &str, frac: &str, shift: u32, exp10: i32) -> Result<u64, Inexact> {
+    let mut v: u128 = 0;
+    for b in int.bytes().chain(frac.bytes()) {
+        v = v
+            .checked_mul(10)
+            .and_then(|m| m.checked_add(u128::from(b - b'0')))
+            .ok_or(Inexact::TooLarge)?;
+    }
+    let exp10 = i32::try_from(frac.len())
+        .ok()
+        .and_then(|f| exp10.checked_sub(f))
+        .ok_or(Inexact::TooLarge)?;
+    if shift > 0 {
+        if v.leading_zeros() < shift {
+            return Err(Inexact::TooLarge);
+        }
+        v <<= shift;
+    }
+    if exp10 >= 0 {
+        for _ in 0..exp10 {
+            v = v.checked_mul(10).ok_or(Inexact::TooLarge)?;
+        }
+    } else {
+        for _ in 0..exp10.unsigned_abs() {
+            if !v.is_multiple_of(10) {
+                return Err(Inexact::NotWhole);
+            }
+            v /= 10;
+        }
+    }
+    u64::try_from(v).map_err(|_| Inexact::TooLarge)
 }
 
 fn suffix_hint(suffix: &str) -> &'static str {
@@ -156,81 +273,141 @@ fn parse_inner(input: &str, allow_percent: bool) -> Result<Quantity, QuantityErr
         }
         return Ok(Quantity::Percent(p as u8));
     }
-    let split = value
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(value.len());
-    let (number, suffix) = value.split_at(split);
-    if number.is_empty() {
+    // A sign leaves the number empty: refused as syntax.
+    let s = cut(value);
+    if s.number.is_empty() {
         return Err(syntax());
     }
-    let mult = match multiplier(suffix) {
-        Some(m) => m,
-        None => {
-            return Err(QuantityError::Suffix {
-                value: input.to_string(),
-                suffix: suffix.to_string(),
-                hint: suffix_hint(suffix),
-                accepted,
-            })
-        }
-    };
-    let (int_part, frac_part) = match number.split_once('.') {
-        Some((i, f)) => (i, f),
-        None => (number, ""),
-    };
-    if int_part.is_empty()
-        || number.matches('.').count() > 1
-        || (number.contains('.') && frac_part.is_empty())
-    {
-        return Err(syntax());
-    }
-    let overflow = || QuantityError::Overflow {
-        value: input.to_string(),
-    };
-    // Exact rational arithmetic: value = (int * 10^k + frac) * mult / 10^k.
-    let mut numerator: u128 = 0;
-    for b in int_part.bytes().chain(frac_part.bytes()) {
-        numerator = numerator
-            .checked_mul(10)
-            .and_then(|n| n.checked_add(u128::from(b - b'0')))
-            .ok_or_else(overflow)?;
-    }
-    let mut denominator: u128 = 1;
-    for _ in 0..frac_part.len() {
-        denominator = denominator.checked_mul(10).ok_or_else(overflow)?;
-    }
-    let scaled = numerator.checked_mul(mult).ok_or_else(overflow)?;
-    if !scaled.is_multiple_of(denominator) {
-        return Err(QuantityError::Fraction {
+    let Some(unit) = SUFFIXES.iter().find(|u| u.people && u.text == s.suffix) else {
+        return Err(QuantityError::Suffix {
             value: input.to_string(),
+            suffix: s.suffix.to_string(),
+            hint: suffix_hint(s.suffix),
             accepted,
         });
+    };
+    let frac = s.frac.unwrap_or("");
+    if s.int.is_empty() || frac.contains('.') || s.frac == Some("") {
+        return Err(syntax());
     }
-    let bytes = u64::try_from(scaled / denominator).map_err(|_| overflow())?;
-    Ok(Quantity::Bytes(bytes))
+    match exact(s.int, frac, unit.shift, unit.exp10) {
+        Ok(bytes) => Ok(Quantity::Bytes(bytes)),
+        Err(Inexact::TooLarge) => Err(QuantityError::Overflow {
+            value: input.to_string(),
+        }),
+        Err(Inexact::NotWhole) => Err(QuantityError::Fraction {
+            value: input.to_string(),
+            accepted,
+        }),
+    }
 }
 
-/// Formats bytes for people: the largest binary unit that divides exactly, else the largest
-/// unit that fits (from MiB up) with two decimals (`4Gi`, `512Mi`, `3.27 GiB`, `16.00 EiB`
-/// for 2^64-1).
-pub fn format_bytes(bytes: u64) -> String {
-    const UNITS: [(&str, u64); 6] = [
-        ("Ei", 1 << 60),
-        ("Pi", 1 << 50),
-        ("Ti", 1 << 40),
-        ("Gi", 1 << 30),
-        ("Mi", 1 << 20),
-        ("Ki", 1 << 10),
-    ];
-    for (name, size) in UNITS {
-        if bytes >= size && bytes.is_multiple_of(size) {
-            return format!("{}{}", bytes / size, name);
-        }
+/// Parses a quantity the API server stores (a claim's `consumedCapacity`, a slice's capacity,
+/// a claim template's request) exactly, in any spelling Kubernetes writes; a value with a
+/// fractional part (`1.5`, `500m`) is refused, as is a negative one.
+pub fn parse_kube_quantity(input: &str) -> Result<u64, KubeQuantityError> {
+    let err = |detail| KubeQuantityError {
+        value: input.to_string(),
+        detail,
+    };
+    let t = input.trim();
+    let t = t.strip_prefix('+').unwrap_or(t);
+    if t.starts_with('-') {
+        return Err(err("negative"));
     }
-    match UNITS[..5].iter().find(|(_, size)| bytes >= *size) {
-        Some((name, size)) => format!("{:.2} {name}B", bytes as f64 / *size as f64),
+    let s = cut(t);
+    let frac = s.frac.unwrap_or("");
+    if s.int.is_empty() && frac.is_empty() {
+        return Err(err("no digits"));
+    }
+    if frac.contains('.') {
+        return Err(err("two decimal points"));
+    }
+    let (shift, exp10) = match SUFFIXES.iter().find(|u| u.kube && u.text == s.suffix) {
+        Some(u) => (u.shift, u.exp10),
+        None => {
+            let e = s
+                .suffix
+                .strip_prefix('e')
+                .or_else(|| s.suffix.strip_prefix('E'))
+                .ok_or_else(|| err("unknown suffix"))?;
+            let e: i32 = e.parse().map_err(|_| err("unknown suffix"))?;
+            if !(-30..=30).contains(&e) {
+                return Err(err("exponent out of range"));
+            }
+            (0, e)
+        }
+    };
+    exact(s.int, frac, shift, exp10).map_err(|e| match e {
+        Inexact::TooLarge => err("too large"),
+        Inexact::NotWhole => err("not a whole number"),
+    })
+}
+
+/// The binary units from the largest down, as (suffix, power of two).
+const BINARY_UNITS: [(&str, u32); 6] = [
+    ("Ei", 60),
+    ("Pi", 50),
+    ("Ti", 40),
+    ("Gi", 30),
+    ("Mi", 20),
+    ("Ki", 10),
+];
+
+/// `bytes` in the largest binary unit that divides it exactly (`140Gi`, `2Ki`); `None` for 0
+/// and for counts that are not whole KiB.
+fn exact_binary(bytes: u64) -> Option<String> {
+    if bytes == 0 {
+        return None;
+    }
+    BINARY_UNITS
+        .iter()
+        .find(|(_, shift)| bytes.trailing_zeros() >= *shift)
+        .map(|(unit, shift)| format!("{}{unit}", bytes >> shift))
+}
+
+/// Bytes as a Kubernetes quantity, for what is written into API objects (a ResourceSlice's
+/// capacities, a claim template's request) and read back by the scheduler and
+/// [`parse_kube_quantity`]: exact and in Kubernetes' canonical syntax, so the largest binary
+/// suffix that divides it exactly, else plain digits (`140Gi`, `1023Mi`, `1536`, `0`).
+pub fn format_kube_quantity(bytes: u64) -> String {
+    exact_binary(bytes).unwrap_or_else(|| bytes.to_string())
+}
+
+/// Formats bytes for people reading a message (a refusal, a report), where the exact figure
+/// matters: the largest binary unit that divides exactly, else the largest unit that fits
+/// (from MiB up) with two decimals and a `B` that marks the figure as rounded (`4Gi`,
+/// `512Mi`, `3.27 GiB`, `100 B`, `16.00 EiB` for 2^64-1).
+pub fn format_bytes(bytes: u64) -> String {
+    if let Some(exact) = exact_binary(bytes) {
+        return exact;
+    }
+    match BINARY_UNITS[..5]
+        .iter()
+        .find(|(_, shift)| bytes >> shift > 0)
+    {
+        Some((name, shift)) => format!("{:.2} {name}B", bytes as f64 / (1u64 << shift) as f64),
         None => format!("{bytes} B"),
     }
+}
+
+/// Formats bytes for a table column, where width matters more than the last byte (the
+/// console's kubectl-style tables and web page): the largest binary unit (Ki to Pi) that
+/// gives at least 1, rounded to one decimal shown only when not whole (`141Gi`, `20.5Gi`,
+/// `512Mi`, `512`, `0`).
+pub fn format_bytes_rounded(bytes: u64) -> String {
+    for (unit, shift) in &BINARY_UNITS[1..] {
+        if bytes >> shift > 0 {
+            let v = bytes as f64 / (1u64 << shift) as f64;
+            let tenths = (v * 10.0).round() / 10.0;
+            return if tenths.fract() == 0.0 {
+                format!("{tenths:.0}{unit}")
+            } else {
+                format!("{tenths:.1}{unit}")
+            };
+        }
+    }
+    bytes.to_string()
 }
 
 #[cfg(test)]
@@ -337,6 +514,95 @@ mod tests {
         assert_eq!(format_bytes(1 << 60), "1Ei");
     }
 
+    #[test]
+    fn kube_quantities_parse_exactly() {
+        for (s, v) in [
+            ("0", 0),
+            ("30", 30),
+            ("+7", 7),
+            ("20Gi", 20 << 30),
+            ("1536Mi", 1536 << 20),
+            ("1.5Gi", 3 << 29),
+            (".5Ki", 512),
+            ("2.", 2),
+            ("4k", 4000),
+            ("1e3", 1000),
+            ("2E2", 200),
+            ("3000m", 3),
+            ("12G", 12_000_000_000),
+            ("15Ei", 15 << 60),
+        ] {
+            assert_eq!(parse_kube_quantity(s), Ok(v), "{s}");
+        }
+        for (bad, detail) in [
+            ("", "no digits"),
+            ("-1", "negative"),
+            ("1.5", "not a whole number"),
+            ("500m", "not a whole number"),
+            ("1x", "unknown suffix"),
+            ("1K", "unknown suffix"),
+            ("Gi", "no digits"),
+            ("1..2", "two decimal points"),
+            ("16Ei", "too large"),
+            ("1e99", "exponent out of range"),
+            ("1.2.3", "two decimal points"),
+        ] {
+            let e = parse_kube_quantity(bad).expect_err(bad);
+            assert_eq!(e.detail, detail, "{bad}");
+            assert!(e.to_string().contains("accepted"), "{e}");
+            assert!(e.to_string().contains(&format!("`{bad}`")), "{e}");
+        }
+    }
+
+    #[test]
+    fn both_contracts_read_one_grammar_alike() {
+        // What people may write means the same in the API server's spelling.
+        for s in [
+            "0", "1", "4Gi", "512Mi", "1.5Gi", "0.5Ki", "20G", "1k", "7E", "15.5Ei",
+        ] {
+            assert_eq!(
+                parse_kube_quantity(s).ok(),
+                parse_bytes(s).ok(),
+                "{s} reads differently"
+            );
+        }
+        // And what one refuses as too large or not whole, the other refuses too.
+        for s in ["16Ei", "0.5", "1.0000000001Ki", "18446744073709551616"] {
+            assert!(
+                parse_kube_quantity(s).is_err() && parse_bytes(s).is_err(),
+                "{s}"
+            );
+        }
+    }
+
+    #[test]
+    fn kube_quantities_are_written_exactly_and_read_back() {
+        for (v, s) in [
+            (0, "0"),
+            (100, "100"),
+            (143_360u64 << 20, "140Gi"),
+            (1023 << 20, "1023Mi"),
+            (1536, "1536"),
+            (2048, "2Ki"),
+            (u64::MAX, "18446744073709551615"),
+        ] {
+            assert_eq!(format_kube_quantity(v), s);
+            assert_eq!(parse_kube_quantity(s), Ok(v));
+        }
+    }
+
+    #[test]
+    fn table_figures_are_short() {
+        assert_eq!(format_bytes_rounded(0), "0");
+        assert_eq!(format_bytes_rounded(512), "512");
+        assert_eq!(format_bytes_rounded(141 << 30), "141Gi");
+        assert_eq!(format_bytes_rounded(41 << 29), "20.5Gi");
+        assert_eq!(format_bytes_rounded(1536 << 20), "1.5Gi");
+        assert_eq!(format_bytes_rounded(512 << 20), "512Mi");
+        assert_eq!(format_bytes_rounded((3 << 30) + (1 << 28) + 1), "3.3Gi");
+        assert_eq!(format_bytes_rounded(u64::MAX), "16384Pi");
+    }
+
     const SUFFIXES: [(&str, u64); 13] = [
         ("", 1),
         ("Ki", 1 << 10),
@@ -404,6 +670,12 @@ mod tests {
         #[test]
         fn never_panics(s in "\\PC{0,24}") {
             let _ = parse_quantity(&s);
+            let _ = parse_kube_quantity(&s);
+        }
+
+        #[test]
+        fn kube_quantities_round_trip(n in any::<u64>()) {
+            prop_assert_eq!(parse_kube_quantity(&format_kube_quantity(n)), Ok(n));
         }
     }
 }

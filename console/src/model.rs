@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use gpuslice_kube::quantity::parse_whole;
+use gpuslice_config::quantity::parse_kube_quantity;
 use gpuslice_kube::slices::{device_index, ATTR_PRODUCT, ATTR_UUID, CAP_CORES, CAP_MEMORY};
 use gpuslice_kube::DRIVER;
 use k8s_openapi::api::core::v1::Pod;
@@ -140,8 +140,10 @@ pub struct Model {
 /// The name of the cluster total row.
 pub const TOTAL: &str = "*";
 
+/// A capacity or consumption the API server holds, when present and readable (the model shows
+/// what it can and says elsewhere what it could not).
 fn quantity(q: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>) -> Option<u64> {
-    q.and_then(|q| parse_whole(&q.0).ok())
+    q.and_then(|q| parse_kube_quantity(&q.0).ok())
 }
 
 /// (pool, device) → the claims' consumption of it.

@@ -26,23 +26,9 @@ pub enum RenderError {
 /// What a figure reads where use is not measured.
 pub const NOT_MEASURED: &str = "n/a";
 
-/// Bytes in the largest binary unit that gives at least 1, one decimal when not whole:
-/// `141Gi`, `20.5Gi`, `512Mi`, `0`.
-pub fn bytes(b: u64) -> String {
-    const UNITS: [(&str, u32); 5] = [("Pi", 50), ("Ti", 40), ("Gi", 30), ("Mi", 20), ("Ki", 10)];
-    for (unit, shift) in UNITS {
-        if b >= 1u64 << shift {
-            let v = b as f64 / (1u64 << shift) as f64;
-            let tenths = (v * 10.0).round() / 10.0;
-            return if tenths.fract() == 0.0 {
-                format!("{tenths:.0}{unit}")
-            } else {
-                format!("{tenths:.1}{unit}")
-            };
-        }
-    }
-    b.to_string()
-}
+/// Bytes as a table figure (`141Gi`, `20.5Gi`, `512Mi`, `0`): the workspace's one short
+/// spelling, shared with the web page.
+pub use gpuslice_config::quantity::format_bytes_rounded as bytes;
 
 /// `value (pct%)` of `of`; just `value` when `of` is 0.
 pub fn with_pct(value: String, part: f64, of: u64) -> String {

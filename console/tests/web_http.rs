@@ -8,7 +8,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use gpuslice_console::web::{Options, Server, CSP};
+use gpuslice_console::web::{Limits, Options, Server, CSP};
 
 /// A console on a free loopback port; the temp dir holds its kubeconfig.
 fn start(allow_edit: bool) -> (SocketAddr, tempfile::TempDir) {
@@ -17,15 +17,51 @@ fn start(allow_edit: bool) -> (SocketAddr, tempfile::TempDir) {
 
 /// [`start`] serving at most `max_connections` connections at once.
 fn start_with(allow_edit: bool, max_connections: u32) -> (SocketAddr, tempfile::TempDir) {
+    start_console(Console {
+        allow_edit,
+        max_connections,
+        ..Console::default()
+    })
+}
+
+/// How a test's console runs.
+struct Console {
+    allow_edit: bool,
+    max_connections: u32,
+    /// The kubeconfig's API server.
+    api: String,
+    limits: Limits,
+}
+
+impl Default for Console {
+    fn default() -> Console {
+        Console {
+            allow_edit: false,
+            max_connections: 256,
+            // Port 1 on loopback: nothing listens, connections are refused at once.
+            api: "https://127.0.0.1:1".into(),
+            limits: Limits::default(),
+        }
+    }
+}
+
+fn start_console(c: Console) -> (SocketAddr, tempfile::TempDir) {
+    let Console {
+        allow_edit,
+        max_connections,
+        api,
+        limits,
+    } = c;
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
-    // Port 1 on loopback: nothing listens, connections are refused at once.
     std::fs::write(
         &kubeconfig,
-        "apiVersion: v1\nkind: Config\ncurrent-context: test\n\
-clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1', insecure-skip-tls-verify: true}}]\n\
-users: [{name: tester, user: {token: t}}]\n\
-contexts: [{name: test, context: {cluster: c, user: tester, namespace: ml}}]\n",
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: test\n\
+clusters: [{{name: c, cluster: {{server: '{api}', insecure-skip-tls-verify: true}}}}]\n\
+users: [{{name: tester, user: {{token: t}}}}]\n\
+contexts: [{{name: test, context: {{cluster: c, user: tester, namespace: ml}}}}]\n"
+        ),
     )
     .unwrap();
     let opts = Options {
@@ -43,7 +79,7 @@ contexts: [{name: test, context: {cluster: c, user: tester, namespace: ml}}]\n",
             .build()
             .unwrap();
         rt.block_on(async move {
-            let server = Server::bind(&opts).await.unwrap();
+            let server = Server::bind(&opts).await.unwrap().with_limits(limits);
             tx.send(server.local_addr()).unwrap();
             server.run(std::future::pending()).await.unwrap();
         });
@@ -392,47 +428,279 @@ fn actions_answer_with_kubectl_gpuslices_lines() {
     assert_eq!(a.status, 502, "{}", a.body);
 }
 
+/// Raises this process's open-file limit to its hard limit: a slow-client test holds 256
+/// client sockets and the console's 256 in one process, beside the other tests' consoles.
+fn raise_fd_limit() {
+    let mut l = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct it is given, a valid local.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) }, 0);
+    if l.rlim_cur < l.rlim_max {
+        l.rlim_cur = l.rlim_max;
+        // SAFETY: setrlimit reads the struct it is given, a valid local.
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &l) }, 0);
+    }
+}
+
+/// A connection to `addr` (IPv4) whose client takes little unread data: a small receive
+/// buffer and small segments, so the console's writes to it stall after some KiB, as they
+/// would to a client that stops reading over a real network (loopback's 64 KiB segments
+/// would let the kernel buffer megabytes first).
+fn small_window_connection(addr: SocketAddr) -> TcpStream {
+    use std::os::fd::FromRawFd;
+    let SocketAddr::V4(v4) = addr else {
+        panic!("{addr} is not IPv4")
+    };
+    let int = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: plain socket calls on a descriptor this function owns; every pointer is to a
+    // valid local of the size passed; the descriptor moves into the TcpStream once connected.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+        let stream = TcpStream::from_raw_fd(fd);
+        for (level, opt, value) in [
+            (libc::SOL_SOCKET, libc::SO_RCVBUF, 4096),
+            (libc::IPPROTO_TCP, libc::TCP_MAXSEG, 536),
+        ] {
+            let v: libc::c_int = value;
+            let r = libc::setsockopt(fd, level, opt, (&v as *const libc::c_int).cast(), int);
+            assert_eq!(r, 0, "setsockopt: {}", std::io::Error::last_os_error());
+        }
+        let sin = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: v4.port().to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from(*v4.ip()).to_be(),
+            },
+            sin_zero: [0; 8],
+        };
+        let r = libc::connect(
+            fd,
+            (&sin as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        );
+        assert_eq!(r, 0, "connect {addr}: {}", std::io::Error::last_os_error());
+        stream
+    }
+}
+
+/// How many slow clients the tests below hold open: the default `--max-connections`.
+const SLOW_CLIENTS: usize = 256;
+
+/// Asks `addr` for the stylesheet on a fresh connection; `Err` when no whole answer came
+/// within `within`.
+fn answered_within(addr: SocketAddr, within: Duration) -> Result<Duration, String> {
+    let t0 = std::time::Instant::now();
+    let mut s = TcpStream::connect(addr).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(within)).unwrap();
+    s.write_all(
+        format!("GET /static/console.css HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")
+            .as_bytes(),
+    )
+    .map_err(|e| e.to_string())?;
+    let mut raw = Vec::new();
+    let read = s.read_to_end(&mut raw);
+    let took = t0.elapsed();
+    let text = String::from_utf8_lossy(&raw);
+    match read {
+        Ok(_) if text.starts_with("HTTP/1.1 200") && took <= within => Ok(took),
+        other => Err(format!(
+            "no answer within {within:?} (after {took:?}: {other:?}, {} bytes: {:?})",
+            raw.len(),
+            text.lines().next()
+        )),
+    }
+}
+
+/// Reads what `s` has until it closes or `within` passes; `Err` when it was still open.
+fn read_until_closed(s: &mut TcpStream, within: Duration) -> Result<String, String> {
+    s.set_read_timeout(Some(within)).unwrap();
+    let mut raw = Vec::new();
+    match s.read_to_end(&mut raw) {
+        Ok(_) => Ok(String::from_utf8_lossy(&raw).into_owned()),
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+            Ok(String::from_utf8_lossy(&raw).into_owned())
+        }
+        Err(e) => Err(format!(
+            "still open after {within:?} ({e}), {} bytes",
+            raw.len()
+        )),
+    }
+}
+
 #[test]
-fn connections_over_the_cap_wait_until_one_closes() {
+fn at_the_cap_a_new_connection_takes_the_slot_of_the_one_waiting_longest() {
     let (addr, _dir) = start_with(false, 2);
     // Two idle connections take both slots (each sends part of a request head, so the
-    // server has accepted it and waits for the rest).
+    // server has accepted it and waits for the rest), the first one earlier.
     let mut idle: Vec<TcpStream> = (0..2)
         .map(|_| {
             let mut s = TcpStream::connect(addr).unwrap();
             s.write_all(b"GET /static/console.css HTTP/1.1\r\n")
                 .unwrap();
+            std::thread::sleep(Duration::from_millis(200));
             s
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(300));
-    // A third is queued by the kernel, not served: no answer while both are open.
-    let mut third = TcpStream::connect(addr).unwrap();
-    third
-        .write_all(
-            format!(
-                "GET /static/console.css HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-            )
-            .as_bytes(),
+    // A third is answered at once: the first idle one is closed for it.
+    let took = answered_within(addr, Duration::from_secs(1));
+    assert!(took.is_ok(), "at the cap: {took:?}");
+    let first = read_until_closed(&mut idle[0], Duration::from_secs(1));
+    assert_eq!(first, Ok(String::new()));
+    // The second keeps its slot.
+    let second = read_until_closed(&mut idle[1], Duration::from_millis(300));
+    assert!(second.is_err(), "{second:?}");
+}
+
+#[test]
+fn at_the_cap_with_every_connection_served_a_new_one_waits() {
+    // An API server that takes connections into its backlog and never answers: the
+    // console's pages wait on it, so its connections are busy serving, not waiting on
+    // their clients.
+    let api = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let (addr, _dir) = start_console(Console {
+        max_connections: 2,
+        api: format!("https://{}", api.local_addr().unwrap()),
+        ..Console::default()
+    });
+    let ask = |path: &str| {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
         )
         .unwrap();
-    third
-        .set_read_timeout(Some(Duration::from_millis(1500)))
-        .unwrap();
-    let mut first = [0u8; 1];
-    let waited = third.read(&mut first);
+        s
+    };
+    let mut busy = vec![ask("/"), ask("/pods")];
+    std::thread::sleep(Duration::from_millis(300));
+    // A third is not answered while both are served, and neither is shed for it.
+    let mut third = ask("/static/console.css");
+    let waited = read_until_closed(&mut third, Duration::from_millis(1500));
+    assert!(waited.is_err(), "answered at the cap: {waited:?}");
+    // The API server goes away: the pages are answered (with its banner), the slots free,
+    // the third is answered.
+    drop(api);
+    for s in &mut busy {
+        let page = read_until_closed(s, Duration::from_secs(30)).unwrap();
+        assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+    }
+    let css = read_until_closed(&mut third, Duration::from_secs(30)).unwrap();
+    assert!(css.starts_with("HTTP/1.1 200"), "{css}");
+}
+
+#[test]
+fn a_form_body_that_does_not_arrive_in_time_is_refused() {
+    let body = Duration::from_millis(300);
+    let (addr, _dir) = start_console(Console {
+        allow_edit: true,
+        limits: Limits {
+            body,
+            ..Limits::default()
+        },
+        ..Console::default()
+    });
+    let mut s = TcpStream::connect(addr).unwrap();
+    // A declared body of 100 bytes; 9 come.
+    s.write_all(format!("POST /workloads/ml/deployment/x/allocate HTTP/1.1\r\nHost: {addr}\r\nOrigin: http://{addr}\r\nContent-Type: {FORM}\r\nContent-Length: 100\r\n\r\nmemory=8G").as_bytes()).unwrap();
+    let t0 = std::time::Instant::now();
+    let answer = read_until_closed(&mut s, Duration::from_secs(5)).unwrap();
+    assert!(t0.elapsed() >= body, "{:?}", t0.elapsed());
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     assert!(
-        waited.is_err(),
-        "answered at the cap: {waited:?} {:?}",
-        first
+        answer
+            .to_ascii_lowercase()
+            .contains("\r\nconnection: close\r\n"),
+        "{answer}"
     );
-    // One closes: the third is accepted and answered.
-    drop(idle.remove(0));
-    third
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .unwrap();
-    let mut raw = Vec::new();
-    third.read_to_end(&mut raw).unwrap();
-    let text = String::from_utf8_lossy(&raw);
-    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(
+        answer.ends_with("\r\n\r\nthe form did not arrive within 0.3 s: nothing done\n"),
+        "{answer}"
+    );
+}
+
+#[test]
+fn an_answer_the_client_does_not_read_closes_its_connection() {
+    let (addr, _dir) = start_console(Console {
+        limits: Limits {
+            write: Duration::from_millis(300),
+            requests_per_connection: 1000,
+            ..Limits::default()
+        },
+        ..Console::default()
+    });
+    let one = format!("GET /static/console.css HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+    let mut s = small_window_connection(addr);
+    s.write_all(one.repeat(128).as_bytes()).unwrap();
+    // The answers fill the window; the console's write stalls past its limit.
+    std::thread::sleep(Duration::from_millis(1500));
+    let answers = read_until_closed(&mut s, Duration::from_secs(5)).unwrap();
+    let n = answers.matches("HTTP/1.1 200").count();
+    assert!((1..128).contains(&n), "{n} answers");
+}
+
+#[test]
+fn a_connection_is_answered_at_most_its_cap_of_requests() {
+    let (addr, _dir) = start_console(Console {
+        limits: Limits {
+            requests_per_connection: 3,
+            ..Limits::default()
+        },
+        ..Console::default()
+    });
+    let mut s = TcpStream::connect(addr).unwrap();
+    let one = format!("GET /static/console.css HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+    s.write_all(one.repeat(5).as_bytes()).unwrap();
+    let answers = read_until_closed(&mut s, Duration::from_secs(10)).unwrap();
+    let heads: Vec<&str> = answers.split("HTTP/1.1 ").skip(1).collect();
+    assert_eq!(heads.len(), 3, "{answers}");
+    assert!(heads.iter().all(|h| h.starts_with("200")));
+    let close = |h: &str| h.to_ascii_lowercase().contains("\r\nconnection: close\r\n");
+    assert!(!close(heads[1]) && close(heads[2]), "{answers}");
+}
+
+#[test]
+fn clients_that_never_read_their_pipelined_answers_cannot_take_every_slot() {
+    raise_fd_limit();
+    let (addr, _dir) = start(false);
+    let one = format!("GET /static/console.css HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+    // Each pipelines far more answers than its window takes, and never reads one.
+    let pipelined = one.repeat(128);
+    let slow: Vec<TcpStream> = (0..SLOW_CLIENTS)
+        .map(|_| {
+            let mut s = small_window_connection(addr);
+            s.write_all(pipelined.as_bytes()).unwrap();
+            s
+        })
+        .collect();
+    // The console answers until every window is full, then its writes stall.
+    std::thread::sleep(Duration::from_secs(1));
+    let took = answered_within(addr, Duration::from_secs(1));
+    assert!(
+        took.is_ok(),
+        "{SLOW_CLIENTS} never-reading clients: {took:?}"
+    );
+    drop(slow);
+}
+
+#[test]
+fn posts_whose_body_never_comes_cannot_take_every_slot() {
+    raise_fd_limit();
+    let (addr, _dir) = start(true);
+    // Each declares a form body and sends none of it.
+    let head = format!(
+        "POST /workloads/ml/deployment/x/allocate HTTP/1.1\r\nHost: {addr}\r\nOrigin: http://{addr}\r\nContent-Type: {FORM}\r\nContent-Length: 100\r\n\r\n"
+    );
+    let slow: Vec<TcpStream> = (0..SLOW_CLIENTS)
+        .map(|_| {
+            let mut s = TcpStream::connect(addr).unwrap();
+            s.write_all(head.as_bytes()).unwrap();
+            s
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let took = answered_within(addr, Duration::from_secs(1));
+    assert!(took.is_ok(), "{SLOW_CLIENTS} bodiless POSTs: {took:?}");
+    drop(slow);
 }

@@ -1,8 +1,9 @@
 # shellcheck shell=bash
 # Builds the programs of a pinned Go module into a keyed cache outside the checkout: one
-# definition for the Go builds of the suite (scripts/kube-cluster.sh: Kubernetes, containerd,
-# nerdctl; scripts/oci-conformance.sh: runtime-tools' validation programs), so that each
-# entry is found, locked, built, checked and pruned the same way. The sourcing script defines
+# definition for the Go builds of the suite (scripts/lib/cluster-build.sh for
+# scripts/kube-cluster.sh: Kubernetes, containerd, nerdctl; scripts/oci-conformance.sh:
+# runtime-tools' validation programs), so that each entry is found, locked, built, checked
+# and pruned the same way. The sourcing script defines
 # `die MESSAGE` (prints it with its own prefix, exits 1) and `log MESSAGE` (stderr).
 
 # gomodule_go: the path of the Go toolchain (go on PATH, else /usr/local/go/bin/go).

@@ -1,10 +1,11 @@
 //! The web console's HTTP hygiene, as pure checks on a request's parts: the Host header
 //! must name the console (a page a DNS-rebinding site loads is refused), a POST must come
 //! from a page of the console (`Origin`, else `Referer`) as a form of at most
-//! [`MAX_BODY`] bytes, and every path segment used as a Kubernetes name is a valid name
+//! [`MAX_BODY`] bytes arriving in time, and every path segment used as a Kubernetes name is a valid name
 //! before anything reads the cluster. Each refusal is one line with its status.
 
 use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
 
 use hyper::StatusCode;
 
@@ -142,6 +143,17 @@ pub fn too_large() -> Refusal {
     Refusal::new(
         StatusCode::PAYLOAD_TOO_LARGE,
         format!("the form is over {} KiB: nothing done", MAX_BODY >> 10),
+    )
+}
+
+/// The refusal of a body that did not arrive whole within `limit`.
+pub fn too_slow(limit: Duration) -> Refusal {
+    Refusal::new(
+        StatusCode::REQUEST_TIMEOUT,
+        format!(
+            "the form did not arrive within {} s: nothing done",
+            limit.as_secs_f64()
+        ),
     )
 }
 

@@ -25,8 +25,9 @@ pub struct Options {
     /// Let the page allocate, edit and release workloads' slices (default: read-only).
     #[arg(long)]
     pub allow_edit: bool,
-    /// Connections served at once; further ones wait in the kernel's accept queue until one
-    /// closes (an idle connection closes after 10 s without a request).
+    /// Connections served at once. At the cap a new connection takes the slot of the one
+    /// that has waited longest on its client (idle, a slow request, an answer not read);
+    /// while every one is being served, new ones wait in the kernel's accept queue.
     #[arg(long, default_value_t = 256, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub max_connections: u32,
 }

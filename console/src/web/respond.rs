@@ -57,5 +57,10 @@ pub(super) fn refusal(r: Refusal) -> Response<Full<Bytes>> {
         resp.headers_mut()
             .insert(header::ALLOW, HeaderValue::from_static(allow));
     }
+    if r.status == StatusCode::REQUEST_TIMEOUT {
+        // The rest of a late body may still come: the connection carries nothing more.
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
     resp
 }

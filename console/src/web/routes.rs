@@ -3,6 +3,7 @@
 //! the page or action that answers it.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Bytes, Incoming};
@@ -11,6 +12,7 @@ use hyper::{Method, Request, Response, StatusCode};
 
 use super::actions::{allocate, release};
 use super::http::{self, Refusal, Route};
+use super::limits::{Activity, Limits};
 use super::nodes::{node, nodes};
 use super::pods::pods;
 use super::respond::{refusal, respond};
@@ -25,14 +27,25 @@ fn header_str(req: &Request<Incoming>, name: header::HeaderName) -> Option<&str>
 }
 
 /// The answer to one request: its page or action, or the one-line refusal of a check.
-pub(super) async fn handle(state: &State, req: Request<Incoming>) -> Response<Full<Bytes>> {
-    match serve(state, req).await {
+/// `activity` says when the console works on it (not while a form body is awaited).
+pub(super) async fn handle(
+    state: &State,
+    limits: &Limits,
+    activity: &Arc<Activity>,
+    req: Request<Incoming>,
+) -> Response<Full<Bytes>> {
+    match serve(state, limits, activity, req).await {
         Ok(r) => r,
         Err(r) => refusal(r),
     }
 }
 
-async fn serve(state: &State, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Refusal> {
+async fn serve(
+    state: &State,
+    limits: &Limits,
+    activity: &Arc<Activity>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Refusal> {
     let host = http::check_host(header_str(&req, header::HOST), state.listen)?;
     let route = http::route(req.uri().path())?;
     let method = req.method().clone();
@@ -58,11 +71,15 @@ async fn serve(state: &State, req: Request<Incoming>) -> Result<Response<Full<By
             header_str(&req, header::CONTENT_TYPE),
             header_str(&req, header::CONTENT_LENGTH),
         )?;
-        let body = Limited::new(req.into_body(), http::MAX_BODY)
-            .collect()
+        // The whole body within the deadline: a client declaring one and never sending it
+        // holds nothing for long.
+        let collect = Limited::new(req.into_body(), http::MAX_BODY).collect();
+        let body = tokio::time::timeout(limits.body, collect)
             .await
+            .map_err(|_| http::too_slow(limits.body))?
             .map_err(|_| http::too_large())?
             .to_bytes();
+        let _serving = activity.serving();
         let form: BTreeMap<String, String> = form_urlencoded::parse(&body).into_owned().collect();
         return Ok(match route {
             Route::Allocate(w) => allocate(state, &w, &form).await,
@@ -76,6 +93,7 @@ async fn serve(state: &State, req: Request<Incoming>) -> Result<Response<Full<By
             format!("{method} {}: pages take GET and HEAD", req.uri().path()),
         ));
     }
+    let _serving = activity.serving();
     let query = req.uri().query();
     let namespace = match http::query_param(query, "namespace").filter(|n| !n.is_empty()) {
         Some(ns) => Some(http::namespace(&ns)?),

@@ -1,25 +1,32 @@
 //! The console's server: binds `--listen`, accepts connections up to `--max-connections`
-//! and serves each with hyper under the head timeout; `run_until_signal` is
+//! and serves each with hyper under its [`Limits`]. At the cap a new connection takes the
+//! slot of the one that has waited longest on its client (idle, a slow head or body, an
+//! answer not read), so slow clients cannot hold every slot. `run_until_signal` is
 //! `gpuslice console` itself.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::io::Write;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use hyper::header::{self, HeaderValue};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::sync::Semaphore;
+use tokio::net::TcpStream;
+use tokio::sync::{Notify, Semaphore};
 
 use crate::client;
 
+use super::limits::{Activity, Limits, TimedIo};
 use super::options::{rights, Options};
 use super::routes;
 use super::state::State;
 
-/// A request head must arrive within this.
-const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+/// At the cap with every connection serving, how often to look again for one to shed.
+const SHED_RETRY: Duration = Duration::from_millis(100);
 /// errno of "too many open files" (per process, system-wide).
 const EMFILE: i32 = 24;
 const ENFILE: i32 = 23;
@@ -50,6 +57,7 @@ pub struct Server {
     listener: tokio::net::TcpListener,
     state: Arc<State>,
     max_connections: usize,
+    limits: Limits,
 }
 
 impl std::fmt::Debug for Server {
@@ -100,7 +108,14 @@ impl Server {
                 listen,
             }),
             max_connections: opts.max_connections as usize,
+            limits: Limits::default(),
         })
+    }
+
+    /// The same server under other limits (the defaults: [`Limits::default`]).
+    pub fn with_limits(mut self, limits: Limits) -> Server {
+        self.limits = limits;
+        self
     }
 
     /// The bound address.
@@ -112,15 +127,9 @@ impl Server {
     pub async fn run(self, stop: impl Future<Output = ()>) -> Result<(), WebError> {
         let addr = self.state.listen;
         let slots = Arc::new(Semaphore::new(self.max_connections));
+        let open = Arc::new(Open::default());
         tokio::pin!(stop);
         loop {
-            // A free slot first: at the cap, connections wait unaccepted.
-            let slot = tokio::select! {
-                _ = &mut stop => return Ok(()),
-                s = slots.clone().acquire_owned() => s,
-            };
-            // The semaphore is never closed.
-            let Ok(slot) = slot else { return Ok(()) };
             let accepted = tokio::select! {
                 _ = &mut stop => return Ok(()),
                 a = self.listener.accept() => a,
@@ -138,19 +147,123 @@ impl Server {
                 }
                 Err(source) => return Err(WebError::Accept { addr, source }),
             };
-            let state = self.state.clone();
+            // A slot for it: a free one, else the one of the connection that has waited
+            // longest on its client. While every connection is serving, it waits (and
+            // further ones wait unaccepted in the kernel's queue).
+            let slot = loop {
+                if let Ok(s) = slots.clone().try_acquire_owned() {
+                    break s;
+                }
+                open.shed_longest_waiting();
+                tokio::select! {
+                    _ = &mut stop => return Ok(()),
+                    s = slots.clone().acquire_owned() => match s {
+                        Ok(s) => break s,
+                        // The semaphore is never closed.
+                        Err(_) => return Ok(()),
+                    },
+                    _ = tokio::time::sleep(SHED_RETRY) => {}
+                }
+            };
+            let (id, conn) = open.add();
+            let (state, open, limits) = (self.state.clone(), open.clone(), self.limits);
             tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |req| {
-                    let state = state.clone();
-                    async move { Ok::<_, Infallible>(routes::handle(&state, req).await) }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .timer(TokioTimer::new())
-                    .header_read_timeout(HEAD_TIMEOUT)
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
+                serve_connection(state, limits, stream, &conn).await;
+                open.remove(id);
                 drop(slot);
             });
+        }
+    }
+}
+
+/// One open connection, as the accept loop sees it.
+#[derive(Debug, Default)]
+struct Conn {
+    activity: Arc<Activity>,
+    /// Told when the accept loop needs this connection's slot.
+    shed: Notify,
+}
+
+/// The open connections.
+#[derive(Debug, Default)]
+struct Open {
+    conns: Mutex<(u64, HashMap<u64, Arc<Conn>>)>,
+}
+
+impl Open {
+    fn with<T>(&self, f: impl FnOnce(&mut (u64, HashMap<u64, Arc<Conn>>)) -> T) -> T {
+        // The map stays consistent whatever panicked while holding the lock.
+        f(&mut self.conns.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    fn add(&self) -> (u64, Arc<Conn>) {
+        let conn = Arc::new(Conn::default());
+        let id = self.with(|(next, map)| {
+            *next += 1;
+            map.insert(*next, conn.clone());
+            *next
+        });
+        (id, conn)
+    }
+
+    fn remove(&self, id: u64) {
+        self.with(|(_, map)| map.remove(&id));
+    }
+
+    /// Tells the connection that has waited longest on its client to close (none while
+    /// every connection is serving).
+    fn shed_longest_waiting(&self) {
+        let oldest = self.with(|(_, map)| {
+            map.values()
+                .filter_map(|c| c.activity.waiting_since().map(|t| (t, c.clone())))
+                .min_by_key(|(t, _)| *t)
+                .map(|(_, c)| c)
+        });
+        if let Some(c) = oldest {
+            c.shed.notify_one();
+        }
+    }
+}
+
+/// Serves one connection with hyper until it ends, a limit closes it, or the accept loop
+/// sheds it while it waits on its client.
+async fn serve_connection(state: Arc<State>, limits: Limits, stream: TcpStream, conn: &Conn) {
+    let activity = conn.activity.clone();
+    let answered = Arc::new(AtomicU32::new(0));
+    let service = {
+        let activity = activity.clone();
+        hyper::service::service_fn(move |req| {
+            let (state, activity, answered) = (state.clone(), activity.clone(), answered.clone());
+            async move {
+                let mut resp = routes::handle(&state, &limits, &activity, req).await;
+                // The last request a connection may make: its answer closes it, and
+                // requests pipelined behind it are not read.
+                if answered.fetch_add(1, Ordering::Relaxed) + 1 >= limits.requests_per_connection {
+                    resp.headers_mut()
+                        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                }
+                Ok::<_, Infallible>(resp)
+            }
+        })
+    };
+    let io = TimedIo::new(stream, activity.clone(), limits.write);
+    let served = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.head)
+        .serve_connection(TokioIo::new(io), service);
+    tokio::pin!(served);
+    loop {
+        tokio::select! {
+            // A shed is looked at first, so a connection told to go does not start a request.
+            biased;
+            () = conn.shed.notified() => {
+                // A request the console already works on finishes; the accept loop then
+                // looks again.
+                if activity.waiting_since().is_some() {
+                    return;
+                }
+            }
+            _ = &mut served => return,
         }
     }
 }

@@ -4,9 +4,9 @@
 
 use std::collections::BTreeMap;
 
+use gpuslice_config::quantity::{format_kube_quantity, parse_kube_quantity, KubeQuantityError};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
-use crate::quantity::{format_binary, parse_whole, QuantityError};
 use crate::slices::{device_index, CAP_CORES, CAP_MEMORY, MEMORY_STEP};
 use crate::DRIVER;
 
@@ -49,13 +49,13 @@ pub enum ClaimError {
     NoConsumedCapacity { at: String },
     #[error("{at} consumes no `{CAP_MEMORY}`; the scheduler writes every capacity of the device")]
     NoMemory { at: String },
-    #[error("{at} consumes 0 bytes of `{CAP_MEMORY}`: a slice of no memory is not prepared; accepted: at least 1 byte (the device's request policy asks for at least {min})", min = format_binary(MEMORY_STEP))]
+    #[error("{at} consumes 0 bytes of `{CAP_MEMORY}`: a slice of no memory is not prepared; accepted: at least 1 byte (the device's request policy asks for at least {min})", min = format_kube_quantity(MEMORY_STEP))]
     ZeroMemory { at: String },
     #[error("{at}: consumedCapacity {key}: {source}")]
     Quantity {
         at: String,
         key: &'static str,
-        source: Box<QuantityError>,
+        source: Box<KubeQuantityError>,
     },
     #[error("{claim}: on {device} the claim consumes {cores}% cores; accepted: 0 to 100")]
     Cores {
@@ -126,7 +126,7 @@ pub fn node_allocation(
             consumed
                 .get(key)
                 .map(|q| {
-                    parse_whole(&q.0).map_err(|source| ClaimError::Quantity {
+                    parse_kube_quantity(&q.0).map_err(|source| ClaimError::Quantity {
                         at: at(),
                         key,
                         source: Box::new(source),

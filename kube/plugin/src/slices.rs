@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use gpuslice_config::quantity::format_kube_quantity;
 use gpuslice_registry::{claim_uid, gpu_loads, Inventory, Reservation};
 use k8s_openapi::api::resource::v1::{
     CapacityRequestPolicy, CapacityRequestPolicyRange, Device, DeviceAttribute, DeviceCapacity,
@@ -13,7 +14,6 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
-use crate::quantity::format_binary;
 use crate::DRIVER;
 
 /// The memory step of every device: requests are rounded up to it, capacity down.
@@ -176,7 +176,7 @@ pub fn device(g: &OfferedGpu) -> Device {
             },
         );
     }
-    let memory = format_binary(g.memory);
+    let memory = format_kube_quantity(g.memory);
     let mut capacity = BTreeMap::new();
     capacity.insert(
         CAP_MEMORY.to_string(),
@@ -186,8 +186,8 @@ pub fn device(g: &OfferedGpu) -> Device {
                 // A request that names no memory consumes the whole GPU (as the annotation).
                 default: Some(quantity(memory.clone())),
                 valid_range: Some(CapacityRequestPolicyRange {
-                    min: quantity(format_binary(MEMORY_STEP)),
-                    step: Some(quantity(format_binary(MEMORY_STEP))),
+                    min: quantity(format_kube_quantity(MEMORY_STEP)),
+                    step: Some(quantity(format_kube_quantity(MEMORY_STEP))),
                     max: Some(quantity(memory)),
                 }),
                 valid_values: None,
@@ -268,7 +268,7 @@ mod tests {
     use gpuslice_registry::{Booking, Gpu, Owner, ReservationState};
 
     use super::*;
-    use crate::quantity::parse_whole;
+    use gpuslice_config::quantity::parse_kube_quantity;
 
     const MIB: u64 = 1 << 20;
 
@@ -373,14 +373,14 @@ mod tests {
         for d in devices {
             let cap = d.capacity.as_ref().unwrap();
             let mem = &cap["memory"];
-            let value = parse_whole(&mem.value.0).unwrap();
+            let value = parse_kube_quantity(&mem.value.0).unwrap();
             let policy = mem.request_policy.as_ref().unwrap();
             let range = policy.valid_range.as_ref().unwrap();
-            let step = parse_whole(&range.step.as_ref().unwrap().0).unwrap();
+            let step = parse_kube_quantity(&range.step.as_ref().unwrap().0).unwrap();
             assert_eq!(step, MIB);
-            assert_eq!(parse_whole(&range.min.0).unwrap(), MIB);
-            let max = parse_whole(&range.max.as_ref().unwrap().0).unwrap();
-            let default = parse_whole(&policy.default.as_ref().unwrap().0).unwrap();
+            assert_eq!(parse_kube_quantity(&range.min.0).unwrap(), MIB);
+            let max = parse_kube_quantity(&range.max.as_ref().unwrap().0).unwrap();
+            let default = parse_kube_quantity(&policy.default.as_ref().unwrap().0).unwrap();
             assert_eq!(max % step, 0);
             assert_eq!(default % step, 0);
             assert!(max <= value && default <= value);
