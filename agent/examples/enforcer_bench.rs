@@ -5,7 +5,7 @@
 //! default 500 ms interval. The NVML query itself is the driver's cost and is left out
 //! (it is measured on a real node with `nvidia-smi`-class tools, not here).
 //!
-//! `cargo run --release -p gpuslice --example enforcer_bench [cycles]`
+//! `cargo run --release -p gpuslice-agent --example enforcer_bench [cycles]`
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: a failed step is fatal
 

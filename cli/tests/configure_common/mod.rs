@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-/// `hook/tests/fixtures/<engine>/<case>`.
+/// `cli/tests/fixtures/<engine>/<case>`.
 pub fn fixture(engine: &str, case: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures")
