@@ -25,8 +25,7 @@ use crate::procmap::ProcFs;
 use crate::share::ShareTracker;
 
 /// Opens the GPU meter again after it failed (NVML may load after the exporter starts).
-pub type MeterOpener =
-    Box<dyn FnMut() -> Result<Box<dyn GpuMeter>, crate::gpu::MeterError> + Send>;
+pub type MeterOpener = Box<dyn FnMut() -> Result<Box<dyn GpuMeter>, crate::gpu::MeterError> + Send>;
 
 /// How long to wait before trying to open an unavailable meter again.
 pub const METER_RETRY: Duration = Duration::from_secs(60);

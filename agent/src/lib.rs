@@ -29,10 +29,10 @@ use std::time::Instant;
 
 use gpuslice_registry::RealSystem;
 
-use gpuslice_hook::node::Node;
 use collect::{node_name, Collector, Sources};
 use errors::{ErrorLog, Source};
 use gpu::{GpuMeter, NvmlMeter, NvmlSource};
+use gpuslice_hook::node::Node;
 pub use http::HttpError as ServeError;
 
 /// The proc filesystem the exporter reads on a node.

@@ -41,8 +41,10 @@ impl Error {
 pub fn run(cli: Cli) -> Result<(), Error> {
     let node = Node::load(cli.config.as_deref()).map_err(gpuslice_hook::error::Error::from)?;
     match cli.command {
-        Command::Cdi(command) => Ok(gpuslice_hook::nodespec::run(&node, command)?),
-        Command::Hook(command) => Ok(gpuslice_hook::create::hooks::run(&node, command)?),
+        Command::Cdi(command) => Ok(gpuslice_hook::nodespec::run(&node, command)
+            .map_err(gpuslice_hook::error::Error::from)?),
+        Command::Hook(command) => Ok(gpuslice_hook::create::hooks::run(&node, command)
+            .map_err(gpuslice_hook::error::Error::from)?),
         Command::Status(args) => Ok(gpuslice_agent::status::status(&node, &args)?),
         Command::Gc(args) => Ok(gpuslice_agent::status::gc(&node, &args)?),
         Command::Serve(args) => Ok(gpuslice_agent::run(

@@ -76,8 +76,7 @@ fn promtool_accepts_the_text_output() {
     let t0 = Instant::now();
     c.collect(t0);
     let s = c.collect(t0 + std::time::Duration::from_secs(2));
-    let text =
-        gpuslice_agent::encode::encode(&s, c.errors(), gpuslice_agent::encode::Format::Text);
+    let text = gpuslice_agent::encode::encode(&s, c.errors(), gpuslice_agent::encode::Format::Text);
     assert!(
         text.contains("gpuslice_slice_compute_used_ratio{"),
         "{text}"

@@ -46,8 +46,7 @@ fn exported_names() -> BTreeSet<String> {
     let t0 = Instant::now();
     c.collect(t0);
     let s = c.collect(t0 + Duration::from_secs(2));
-    let text =
-        gpuslice_agent::encode::encode(&s, c.errors(), gpuslice_agent::encode::Format::Text);
+    let text = gpuslice_agent::encode::encode(&s, c.errors(), gpuslice_agent::encode::Format::Text);
     parse(&text).into_iter().map(|s| s.name).collect()
 }
 

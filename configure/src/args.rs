@@ -45,4 +45,3 @@ pub struct PodmanArgs {
     #[arg(long)]
     pub remove: bool,
 }
-

@@ -12,10 +12,10 @@ pub mod tomldoc;
 use std::path::{Path, PathBuf};
 
 use crate::args::ConfigureCommand;
-use gpuslice_hook::output::out;
 use crate::files::{FileError, Plan};
 use crate::registration::{Registration, RegistrationError};
 use gpuslice_hook::node::Node;
+use gpuslice_hook::output::out;
 
 /// `gpuslice configure` failed.
 #[derive(Debug, thiserror::Error)]
@@ -30,8 +30,8 @@ pub enum ConfigureError {
     Crio(Box<crio::CrioError>),
     #[error(transparent)]
     Docker(Box<docker::DockerError>),
-    #[error(transparent)]
-    Output(#[from] gpuslice_hook::error::Error),
+    #[error("cannot write to standard output: {0}")]
+    Output(#[from] gpuslice_hook::output::OutputError),
 }
 
 impl From<containerd::ContainerdError> for ConfigureError {

@@ -70,4 +70,3 @@ pub struct HookArgs {
     #[arg(long, value_name = "ID", conflicts_with_all = ["reservation", "whole_gpu"])]
     pub claim: Option<String>,
 }
-

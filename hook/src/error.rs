@@ -17,7 +17,7 @@ pub enum Error {
     #[error(transparent)]
     Spec(#[from] gpuslice_cdi::SpecFileError),
     #[error("cannot write to standard output: {0}")]
-    Stdout(std::io::Error),
+    Stdout(#[from] crate::output::OutputError),
     #[error(transparent)]
     Inventory(#[from] gpuslice_driver::InventoryError),
     #[error(transparent)]

@@ -10,4 +10,5 @@ pub mod node;
 pub mod nodespec;
 pub mod output;
 pub mod simnode;
+pub mod specfiles;
 pub mod staticbuild;

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use gpuslice_config::{load_from_env, Config, ConfigError, LoadedConfig};
 use gpuslice_registry::{Registry, RegistryError, Reservation};
 
-use crate::create::slicespec::slice_spec_path;
+use crate::specfiles::slice_spec_path;
 
 /// The explicit, minimal environment every hook runs with — never the image's
 /// (cf. CVE-2025-23266: an image's `LD_PRELOAD` reaching a hook that runs as root).

@@ -9,17 +9,14 @@ use gpuslice_driver::InventoryError;
 use gpuslice_registry::{Gpu, Inventory, Registry, RegistryError};
 
 use crate::args::CdiCommand;
-use crate::output::out;
 use crate::create::driveredits::{discover, DriverEdits, DriverEditsError};
 use crate::node::{Node, NodeError};
+use crate::output::out;
 use crate::simnode::{default_driver_dirs, setup_sim_node, RealMknod, SimError};
 
 /// Kind of the node spec's whole-GPU devices.
 pub const GPU_KIND: &str = "gpuslice.io/gpu";
-/// The copy of the node spec the create path reads (in `state_dir`).
-pub const NODE_SPEC_CACHE: &str = "cdi-node.json";
-/// Environment of every gpuslice container: a second GPU runtime on the node injects nothing.
-pub const VISIBLE_DEVICES_VOID: &str = "NVIDIA_VISIBLE_DEVICES=void";
+pub use crate::specfiles::{NODE_SPEC_CACHE, VISIBLE_DEVICES_VOID};
 
 /// `cdi generate` failed.
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +33,8 @@ pub enum GenerateError {
     Spec(#[from] SpecFileError),
     #[error(transparent)]
     Registry(#[from] RegistryError),
+    #[error("cannot write to standard output: {0}")]
+    Stdout(#[from] crate::output::OutputError),
     #[error(
         "GPU {index} ({uuid}) has no device node /dev/nvidia{minor} under the driver root {root}"
     )]
@@ -159,35 +158,33 @@ pub fn generate(
 }
 
 /// `cdi generate` prints what it wrote; `cdi list` the node spec's device names.
-pub fn run(node: &Node, command: CdiCommand) -> Result<(), crate::error::Error> {
+pub fn run(node: &Node, command: CdiCommand) -> Result<(), GenerateError> {
     match command {
         CdiCommand::Generate(args) => {
             let g = generate(node, args.output.as_deref(), args.sim_driver.as_deref())?;
             let names = g.spec.qualified_device_names();
-            out(&format!(
+            Ok(out(&format!(
                 "wrote {} ({} GPUs, {} devices: {})\n",
                 g.path.display(),
                 g.gpus.len(),
                 names.len(),
                 names.join(" ")
-            ))
+            ))?)
         }
-        CdiCommand::List => out(&cached_node_spec(node)?
+        CdiCommand::List => Ok(out(&cached_node_spec(node)?
             .qualified_device_names()
             .iter()
             .map(|n| format!("{n}\n"))
-            .collect::<String>()),
+            .collect::<String>())?),
     }
 }
 
 /// Reads the node spec cached by the last `cdi generate`.
 pub fn cached_node_spec(node: &Node) -> Result<Spec, SpecFileError> {
-    gpuslice_cdi::read_spec(&node.config().state_dir.join(NODE_SPEC_CACHE))
+    crate::specfiles::cached_node_spec(&node.config().state_dir)
 }
 
-/// The node spec cache for the create path: parsed strictly, not validated again (it was when
-/// `cdi generate` wrote it; what a slice takes from it is validated when the slice's own spec
-/// is written), and devices parsed only when asked for.
+/// The node spec cache for the create path (see [`crate::specfiles::cached_node_spec_lazy`]).
 pub fn cached_node_spec_lazy(node: &Node) -> Result<gpuslice_cdi::LazySpec, SpecFileError> {
-    gpuslice_cdi::read_own_spec(&node.config().state_dir.join(NODE_SPEC_CACHE))
+    crate::specfiles::cached_node_spec_lazy(&node.config().state_dir)
 }

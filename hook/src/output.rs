@@ -2,13 +2,15 @@
 
 use std::io::Write;
 
-use crate::error::Error;
+/// Standard output could not be written (closed, full).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct OutputError(#[from] std::io::Error);
 
 /// Writes a command's output to stdout.
-pub fn out(text: &str) -> Result<(), Error> {
+pub fn out(text: &str) -> Result<(), OutputError> {
     let mut stdout = std::io::stdout().lock();
-    stdout
+    Ok(stdout
         .write_all(text.as_bytes())
-        .and_then(|_| stdout.flush())
-        .map_err(Error::Stdout)
+        .and_then(|_| stdout.flush())?)
 }

@@ -99,6 +99,23 @@ fn assert_claim_view(kn: &KubeNode, node: &TestNode, p: &Value, log: &str) -> St
         "status --json: {res:?}"
     );
 
+    // The claim's CDI hook recorded its container host-side: what the node agent attributes
+    // the claim's GPU processes by (init pid, start time and the cgroup the kubelet made).
+    let file: Value =
+        serde_json::from_slice(&std::fs::read(node.state_dir().join("registry.json")).unwrap())
+            .unwrap();
+    let owner = &file["reservations"][0]["owner"];
+    assert_eq!(owner["kind"], "dra_claim", "{owner}");
+    let members = owner["members"].as_array().cloned().unwrap_or_default();
+    assert!(
+        !members.is_empty()
+            && members
+                .iter()
+                .all(|m| m["pid"].as_u64().is_some_and(|p| p > 1)
+                    && m["cgroup"].as_str().is_some_and(|c| !c.is_empty())),
+        "the claim's container is not recorded: {owner}"
+    );
+
     let mut devices: Vec<&str> = line(log, "devices=").split_whitespace().collect();
     devices.sort_unstable();
     assert_eq!(

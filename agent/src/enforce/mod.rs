@@ -25,10 +25,10 @@ use std::time::Instant;
 
 use gpuslice_registry::read_registry;
 
-use gpuslice_hook::node::Node;
 use crate::gpu::NvmlSource;
 use cycle::{Enforcer, Roots, Throttles};
 use events::{lock, publish, Shared};
+use gpuslice_hook::node::Node;
 use meter::{NvmlProcessMeter, ProcessMeter};
 
 /// The enforcer could not start.

@@ -10,10 +10,10 @@ use gpuslice_registry::{is_valid_id, Inventory, Registry};
 use render::{render_reaped, render_rebuild, render_table_measured, status_json_measured};
 
 use crate::args::{GcArgs, StatusArgs};
-use gpuslice_hook::output::out;
 use gpuslice_hook::create::slicespec::{slice_spec_path, SLICE_KIND};
 use gpuslice_hook::error::Error;
 use gpuslice_hook::node::Node;
+use gpuslice_hook::output::out;
 
 /// `status [--json]`: per-GPU capacity and allocation and the reservations, with what the
 /// exporter's collector measures next to what is booked, and what the enforcer did.
@@ -23,16 +23,16 @@ pub fn status(node: &Node, args: &StatusArgs) -> Result<(), Error> {
     if args.json {
         let mut v = status_json_measured(&file, &measured, &node.config().placement);
         crate::enforce::status::add_json(&mut v, &node.config().state_dir);
-        out(&format!(
+        Ok(out(&format!(
             "{}\n",
             serde_json::to_string_pretty(&v).unwrap_or_default()
-        ))
+        ))?)
     } else {
         let enforcer = crate::enforce::status::render_text(&node.config().state_dir);
-        out(&format!(
+        Ok(out(&format!(
             "{}{enforcer}",
             render_table_measured(&file, &measured, &node.config().placement)
-        ))
+        ))?)
     }
 }
 
@@ -48,7 +48,7 @@ pub fn gc(node: &Node, args: &GcArgs) -> Result<(), Error> {
         render_reaped(&registry.gc()?)
     };
     let specs = remove_leftover_specs(node, &registry)?;
-    out(&format!("{report}{specs}"))
+    Ok(out(&format!("{report}{specs}"))?)
 }
 
 /// Removes gpuslice's slice CDI specs (`gpuslice.io-slice_<id>.json` in `cdi.spec_dir`, `<id>`

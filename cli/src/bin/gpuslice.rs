@@ -14,7 +14,10 @@ fn main() -> ExitCode {
     if let Some(line) = gpuslice_hook::create::hookargv::parse(&args) {
         let result = gpuslice_hook::node::Node::load(line.config.as_deref())
             .map_err(gpuslice_hook::error::Error::from)
-            .and_then(|node| gpuslice_hook::create::hooks::run(&node, line.command));
+            .and_then(|node| {
+                gpuslice_hook::create::hooks::run(&node, line.command)
+                    .map_err(gpuslice_hook::error::Error::from)
+            });
         return match result {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

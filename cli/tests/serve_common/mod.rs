@@ -9,11 +9,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gpuslice_hook::create::specedit::write_slice_files;
 use gpuslice_agent::collect::{Collector, Sources};
 use gpuslice_agent::errors::ErrorLog;
 use gpuslice_agent::gpu::{GpuMeter, Reading};
 use gpuslice_config::{PlacementConfig, Policy, Quantity};
+use gpuslice_hook::create::specedit::write_slice_files;
 use gpuslice_registry::{
     no_cleanup, FakeSystem, Gpu, Inventory, KubernetesRef, Options, Owner, Registry, Request,
     Selector,
@@ -227,8 +227,7 @@ pub fn value(all: &[Series], name: &str, with: &[(&str, &str)]) -> f64 {
 /// Collects and encodes one scrape as Prometheus text, parsed.
 pub fn scrape(c: &mut Collector, now: Instant) -> (String, Vec<Series>) {
     let s = c.collect(now);
-    let text =
-        gpuslice_agent::encode::encode(&s, c.errors(), gpuslice_agent::encode::Format::Text);
+    let text = gpuslice_agent::encode::encode(&s, c.errors(), gpuslice_agent::encode::Format::Text);
     let series = parse(&text);
     (text, series)
 }

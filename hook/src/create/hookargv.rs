@@ -90,4 +90,3 @@ pub fn parse(args: &[OsString]) -> Option<HookLine> {
 fn value(arg: Option<&str>) -> Option<&str> {
     arg.filter(|v| !v.is_empty() && !v.starts_with('-'))
 }
-

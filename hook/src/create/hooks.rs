@@ -11,11 +11,10 @@ use crate::args::HookCommand;
 use crate::create::annotations::kubernetes_ref;
 use crate::create::specedit::{edit_spec, Outcome};
 use crate::create::specfile::MAX_SPEC_BYTES;
-use crate::error::Error;
 use crate::node::Node;
 
 /// Runs one hook.
-pub fn run(node: &Node, command: HookCommand) -> Result<(), Error> {
+pub fn run(node: &Node, command: HookCommand) -> Result<(), HookError> {
     match command {
         HookCommand::Precreate => precreate(node),
         HookCommand::CreateRuntime(a) => match a.claim.as_deref() {
@@ -56,6 +55,8 @@ pub enum HookError {
     Write(std::io::Error),
     #[error("{0}")]
     Edit(#[from] crate::create::specedit::EditError),
+    #[error(transparent)]
+    Registry(Box<RegistryError>),
     #[error("GPU {uuid} cannot be given whole to container {id}: {source}")]
     Whole {
         uuid: String,
@@ -72,6 +73,12 @@ pub enum HookError {
         reservation: String,
         found: String,
     },
+}
+
+impl From<RegistryError> for HookError {
+    fn from(e: RegistryError) -> Self {
+        HookError::Registry(Box::new(e))
+    }
 }
 
 /// The annotation the spec edit writes: the reservation a spec was edited for.
@@ -119,7 +126,7 @@ fn read_state() -> Result<State, HookError> {
 /// "exit status 1". Instead the hook returns the spec with a first `createRuntime` hook,
 /// `gpuslice hook fail <message>`: the runtime then refuses the container and its error,
 /// which engines do show, carries gpuslice's one line. Nothing is reserved either way.
-pub fn precreate(node: &Node) -> Result<(), Error> {
+pub fn precreate(node: &Node) -> Result<(), HookError> {
     let input = read_stdin()?;
     let output = match edit_spec(node, &input) {
         Ok(Outcome::Edited { bytes, .. }) => bytes,
@@ -163,14 +170,14 @@ fn failing_spec(node: &Node, input: &[u8], message: &str) -> Option<Vec<u8>> {
 }
 
 /// `hook fail MESSAGE`: prints the message and fails (see [`precreate`]).
-pub fn fail(message: &str) -> Result<(), Error> {
+pub fn fail(message: &str) -> Result<(), HookError> {
     Err(HookError::Refused(message.to_string()).into())
 }
 
 /// `hook create-runtime --claim ID`: records the container (its init pid from the runtime's
 /// state, its start time and cgroup from `/proc`) as one of the containers of the DRA claim
 /// holding reservation `ID`.
-pub fn join_claim(node: &Node, reservation: &str) -> Result<(), Error> {
+pub fn join_claim(node: &Node, reservation: &str) -> Result<(), HookError> {
     let state = read_state()?;
     let pid = state
         .pid
@@ -190,7 +197,7 @@ pub fn create_runtime(
     node: &Node,
     reservation: Option<&str>,
     whole: &[String],
-) -> Result<(), Error> {
+) -> Result<(), HookError> {
     let state = read_state()?;
     let pid = state
         .pid
@@ -254,7 +261,7 @@ pub fn create_runtime(
 /// whose owner process is gone, never those of a running container of the same id under
 /// another runtime root or namespace. A slice's hook releases only when the stopped
 /// container's spec was edited for that reservation (its annotation names it).
-pub fn poststop(node: &Node, reservation: Option<&str>) -> Result<(), Error> {
+pub fn poststop(node: &Node, reservation: Option<&str>) -> Result<(), HookError> {
     let state = read_state()?;
     if let Some(id) = reservation {
         // A spec that only copied the hook line cannot release someone else's slice.

@@ -274,8 +274,8 @@ pub fn edit_spec(node: &Node, input: &[u8]) -> Result<Outcome, EditError> {
 
     // Everything that can be checked before reserving is checked first.
     let config = node.config();
-    let node_spec =
-        crate::nodespec::cached_node_spec_lazy(node).map_err(EditError::NodeSpec)?;
+    let node_spec = crate::specfiles::cached_node_spec_lazy(&node.config().state_dir)
+        .map_err(EditError::NodeSpec)?;
     if !config.shim.library.is_file() {
         return Err(EditError::NoShim {
             path: config.shim.library.clone(),
@@ -299,7 +299,7 @@ pub fn edit_spec(node: &Node, input: &[u8]) -> Result<Outcome, EditError> {
     let booked: Vec<&str> = reservation.gpus.iter().map(|b| b.uuid.as_str()).collect();
     let node_spec = node_spec.with_devices(&booked).map_err(|source| {
         EditError::NodeSpec(SpecFileError::Decode {
-            path: config.state_dir.join(crate::nodespec::NODE_SPEC_CACHE),
+            path: config.state_dir.join(crate::specfiles::NODE_SPEC_CACHE),
             source,
         })
     })?;

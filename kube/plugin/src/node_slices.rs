@@ -10,17 +10,15 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::{claim_device_id, PluginOptions, ServeError, SliceWriter, WriteError, CLAIM_KIND};
 use clap::Args;
 use gpuslice_cdi::{transient_spec_file_name, SpecFileError};
-use crate::{
-    claim_device_id, PluginOptions, ServeError, SliceWriter, WriteError, CLAIM_KIND,
-};
 use gpuslice_registry::{claim_uid, Registry, RegistryError, Reservation};
 
-use gpuslice_hook::nodespec::{cached_node_spec_lazy, NODE_SPEC_CACHE};
 use gpuslice_hook::create::slicespec::{slice_spec, slice_spec_path};
 use gpuslice_hook::create::specedit::{ensure_preload, write_slice_files, EditError};
 use gpuslice_hook::node::Node;
+use gpuslice_hook::nodespec::{cached_node_spec_lazy, NODE_SPEC_CACHE};
 
 /// `gpuslice kubelet-plugin` flags (DESIGN.md §7).
 #[derive(Debug, Args)]

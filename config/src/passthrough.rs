@@ -9,14 +9,7 @@ use std::path::{Path, PathBuf};
 use toml::{Table, Value};
 
 use crate::load::config_path;
-use crate::model::{is_clean_absolute, DEFAULT_RUNTIME};
-
-/// Whether `s` is a `runtime.path` the config accepts: a program name (looked up in PATH) or
-/// a clean absolute path.
-pub(crate) fn valid_runtime_path(s: &str) -> bool {
-    let bare_name = !s.is_empty() && !s.contains('/');
-    bare_name || is_clean_absolute(Path::new(s))
-}
+use crate::model::{valid_runtime_path, DEFAULT_RUNTIME};
 
 /// `runtime.path` of config text when it has a valid one; `None` when the text is not TOML
 /// or the key is absent, not a string or not a valid path (the caller then uses the default).
