@@ -23,8 +23,7 @@ pub fn run(node: &Node, command: HookCommand) -> Result<(), HookError> {
         },
         HookCommand::Poststop(a) if a.claim.is_some() => Err(HookError::Refused(
             "--claim is a createRuntime flag: a claim's containers are recorded when they start and forgotten once gone".into(),
-        )
-        .into()),
+        )),
         HookCommand::Poststop(a) => poststop(node, a.reservation.as_deref()),
         HookCommand::Fail { message } => fail(&message),
     }
@@ -136,7 +135,7 @@ pub fn precreate(node: &Node) -> Result<(), HookError> {
             eprintln!("gpuslice: {message}");
             match failing_spec(node, &input, &message) {
                 Some(bytes) => bytes,
-                None => return Err(HookError::Edit(e).into()),
+                None => return Err(HookError::Edit(e)),
             }
         }
     };
@@ -171,7 +170,7 @@ fn failing_spec(node: &Node, input: &[u8], message: &str) -> Option<Vec<u8>> {
 
 /// `hook fail MESSAGE`: prints the message and fails (see [`precreate`]).
 pub fn fail(message: &str) -> Result<(), HookError> {
-    Err(HookError::Refused(message.to_string()).into())
+    Err(HookError::Refused(message.to_string()))
 }
 
 /// `hook create-runtime --claim ID`: records the container (its init pid from the runtime's
@@ -222,8 +221,7 @@ pub fn create_runtime(
         let Some(selector) = selector else {
             return Err(HookError::WholeSelector {
                 value: uuid.clone(),
-            }
-            .into());
+            });
         };
         // The same GPU named twice (`=0` and `=GPU-…`, or `=all`) is booked once.
         let held = snapshot.reservations.iter().any(|r| {
@@ -249,8 +247,7 @@ pub fn create_runtime(
                 uuid: uuid.clone(),
                 id: state.id.clone(),
                 source: Box::new(source),
-            }
-            .into());
+            });
         }
     }
     Ok(())
