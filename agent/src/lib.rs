@@ -32,7 +32,7 @@ use gpuslice_registry::RealSystem;
 use collect::{node_name, Collector, Sources};
 use errors::{ErrorLog, Source};
 use gpu::{GpuMeter, NvmlMeter, NvmlSource};
-use gpuslice_hook::node::Node;
+use gpuslice_hook::node::NodeContext;
 pub use http::HttpError as ServeError;
 
 /// The proc filesystem the exporter reads on a node.
@@ -41,7 +41,7 @@ pub const PROC_ROOT: &str = "/proc";
 /// A collector for `node`: its state dir, `/proc`, and NVML (the simulated one on a
 /// simulated node) opened now — before any thread starts, as opening may set the simulated
 /// driver's environment — and retried later if it fails.
-pub fn collector_for(node: &Node, mut errors: ErrorLog) -> Collector {
+pub fn collector_for(node: &NodeContext, mut errors: ErrorLog) -> Collector {
     let proc_root = PathBuf::from(PROC_ROOT);
     let sources = Sources {
         state_dir: node.config().state_dir.clone(),
@@ -62,7 +62,7 @@ pub fn collector_for(node: &Node, mut errors: ErrorLog) -> Collector {
 }
 
 /// Serves `/metrics` and `/healthz` on `listen` until the listener fails.
-pub fn run(node: &Node, listen: SocketAddr) -> Result<(), ServeError> {
+pub fn run(node: &NodeContext, listen: SocketAddr) -> Result<(), ServeError> {
     let mut collector = collector_for(node, ErrorLog::default());
     let server = http::bind(listen)?;
     let addr = http::local_addr(&server).unwrap_or(listen);

@@ -2,7 +2,7 @@
 //! create path, `status`, `gc` and `serve` to the node agent, `configure` to engine
 //! registration, `kubelet-plugin` to the DRA plugin, `console` to the web console.
 
-use gpuslice_hook::node::Node;
+use gpuslice_hook::node::NodeContext;
 
 use crate::cli::{Cli, Command};
 
@@ -39,7 +39,8 @@ impl Error {
 
 /// Runs the command; the caller prints the error and exits with its code.
 pub fn run(cli: Cli) -> Result<(), Error> {
-    let node = Node::load(cli.config.as_deref()).map_err(gpuslice_hook::error::Error::from)?;
+    let node =
+        NodeContext::load(cli.config.as_deref()).map_err(gpuslice_hook::error::Error::from)?;
     match cli.command {
         Command::Cdi(command) => Ok(gpuslice_hook::nodespec::run(&node, command)
             .map_err(gpuslice_hook::error::Error::from)?),

@@ -246,7 +246,7 @@ fn podman_hook_file_is_what_configure_podman_writes() {
     use gpuslice_config::{Config, ConfigOrigin, LoadedConfig, DEFAULT_CONFIG_PATH};
     let mut config = Config::default();
     config.hook.path = Some("/usr/bin/gpuslice".into());
-    let node = gpuslice_hook::node::Node::from_loaded(LoadedConfig {
+    let node = gpuslice_hook::node::NodeContext::from_loaded(LoadedConfig {
         config,
         path: DEFAULT_CONFIG_PATH.into(),
         origin: ConfigOrigin::Default { exists: false },

@@ -13,7 +13,7 @@ use std::path::Path;
 use gpuslice_cdi::{DeviceNode, Mount};
 use gpuslice_hook::create::driveredits::DriverEdits;
 use gpuslice_hook::create::slicespec::slice_spec;
-use gpuslice_hook::node::Node;
+use gpuslice_hook::node::NodeContext;
 use gpuslice_hook::nodespec::{node_spec, NODE_SPEC_CACHE};
 use gpuslice_kube::node_slices::{claim_spec_path, open_registry, ClaimSlices};
 use gpuslice_kube::SliceWriter;
@@ -23,7 +23,7 @@ use serde_json::Value;
 use crate::cdi_schema;
 use cdi_schema::validator;
 
-fn node(dir: &Path) -> Node {
+fn node(dir: &Path) -> NodeContext {
     let shim = dir.join("libgpuslice_shim.so");
     std::fs::write(&shim, b"shim").unwrap();
     let bin = dir.join("gpuslice");
@@ -40,7 +40,7 @@ fn node(dir: &Path) -> Node {
         ),
     )
     .unwrap();
-    Node::from_loaded(gpuslice_config::load_config(Some(&cfg), None).unwrap())
+    NodeContext::from_loaded(gpuslice_config::load_config(Some(&cfg), None).unwrap())
 }
 
 fn gpus() -> Vec<Gpu> {

@@ -8,7 +8,7 @@ use std::path::Path;
 use gpuslice_cdi::{DeviceNode, Mount};
 use gpuslice_hook::create::driveredits::DriverEdits;
 use gpuslice_hook::create::slicespec::slice_spec;
-use gpuslice_hook::node::Node;
+use gpuslice_hook::node::NodeContext;
 use gpuslice_hook::nodespec::node_spec;
 use gpuslice_registry::{Booking, Gpu, Owner, Reservation, ReservationState};
 use serde_json::Value;
@@ -16,14 +16,14 @@ use serde_json::Value;
 use crate::cdi_schema;
 use cdi_schema::validator;
 
-fn node(dir: &Path) -> Node {
+fn node(dir: &Path) -> NodeContext {
     let cfg = dir.join("config.toml");
     std::fs::write(
         &cfg,
         format!("state_dir = \"{}\"\n[inventory]\nsource = \"simulated\"\n[[inventory.simulated]]\nmemory = \"10Gi\"\n[[inventory.simulated]]\nmemory = \"10Gi\"\n", dir.join("state").display()),
     )
     .unwrap();
-    Node::from_loaded(gpuslice_config::load_config(Some(&cfg), None).unwrap())
+    NodeContext::from_loaded(gpuslice_config::load_config(Some(&cfg), None).unwrap())
 }
 
 fn gpus() -> Vec<Gpu> {

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use crate::args::ConfigureCommand;
 use crate::files::{FileError, Plan};
 use crate::registration::{Registration, RegistrationError};
-use gpuslice_hook::node::Node;
+use gpuslice_hook::node::NodeContext;
 use gpuslice_hook::output::out;
 
 /// `gpuslice configure` failed.
@@ -68,7 +68,7 @@ pub trait Engine {
 /// `remove`, unregisters it) with `engine`; with `dry_run` only reports.
 pub fn configure<E: Engine>(
     engine: &E,
-    node: &Node,
+    node: &NodeContext,
     dry_run: bool,
     remove: bool,
 ) -> Result<String, E::Error> {
@@ -81,7 +81,7 @@ pub fn configure<E: Engine>(
 }
 
 /// Runs `configure <engine>` and prints what changed (or would change).
-pub fn run(node: &Node, command: ConfigureCommand) -> Result<(), ConfigureError> {
+pub fn run(node: &NodeContext, command: ConfigureCommand) -> Result<(), ConfigureError> {
     let text = match command {
         ConfigureCommand::Podman(a) => podman::configure(node, &a.hooks_dir, a.dry_run, a.remove)?,
         ConfigureCommand::Containerd(a) => configure(

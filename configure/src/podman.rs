@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use serde_json::json;
 
 use gpuslice_hook::create::annotations::PREFIX;
-use gpuslice_hook::node::{Node, NodeError, HOOK_ENV};
+use gpuslice_hook::node::{NodeContext, NodeError, HOOK_ENV};
 
 /// File name of the hook in the hooks directory.
 pub const HOOK_FILE: &str = "gpuslice.json";
@@ -42,7 +42,7 @@ pub fn annotation_regex() -> String {
 }
 
 /// The hooks.d JSON (OCI hooks schema 1.0.0).
-pub fn hook_json(node: &Node) -> Result<String, PodmanError> {
+pub fn hook_json(node: &NodeContext) -> Result<String, PodmanError> {
     let binary = node.hook_binary()?;
     let doc = json!({
         "version": "1.0.0",
@@ -62,7 +62,7 @@ pub fn hook_json(node: &Node) -> Result<String, PodmanError> {
 
 /// Writes (or with `remove`, deletes) the hook file in `hooks_dir`. Returns a line to print.
 pub fn configure(
-    node: &Node,
+    node: &NodeContext,
     hooks_dir: &Path,
     dry_run: bool,
     remove: bool,

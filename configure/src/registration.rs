@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::files::{read, FileError, Plan};
-use gpuslice_hook::node::Node;
+use gpuslice_hook::node::NodeContext;
 
 /// The first line of every wrapper gpuslice writes (how `--remove` recognises its own).
 pub const WRAPPER_MARKER: &str = "# Written by `gpuslice configure";
@@ -44,7 +44,7 @@ pub struct Registration {
 impl Registration {
     /// `gpuslice-runtime` next to the running executable (see
     /// `staticbuild::sibling_candidates`), and the node's config when it is not the default.
-    pub fn from_node(node: &Node) -> Result<Registration, RegistrationError> {
+    pub fn from_node(node: &NodeContext) -> Result<Registration, RegistrationError> {
         let exe = std::env::current_exe().map_err(RegistrationError::CurrentExe)?;
         let exe = exe.canonicalize().unwrap_or(exe);
         // Beside this binary; for the full build started by the static `gpuslice`, the

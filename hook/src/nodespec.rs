@@ -10,7 +10,7 @@ use gpuslice_registry::{Gpu, Inventory, Registry, RegistryError};
 
 use crate::args::CdiCommand;
 use crate::create::driveredits::{discover, DriverEdits, DriverEditsError};
-use crate::node::{Node, NodeError};
+use crate::node::{NodeContext, NodeError};
 use crate::output::out;
 use crate::simnode::{default_driver_dirs, setup_sim_node, RealMknod, SimError};
 
@@ -56,7 +56,7 @@ pub struct Generated {
 
 /// The node's GPUs as the registry caches them: what the driver reports (NVML) or the
 /// config simulates.
-pub fn take_inventory(node: &Node) -> Result<Vec<Gpu>, InventoryError> {
+pub fn take_inventory(node: &NodeContext) -> Result<Vec<Gpu>, InventoryError> {
     let gpus = gpuslice_driver::inventory(node.config(), &node.loaded.path)?;
     Ok(gpus
         .into_iter()
@@ -73,7 +73,7 @@ pub fn take_inventory(node: &Node) -> Result<Vec<Gpu>, InventoryError> {
 }
 
 /// The createRuntime/poststop hooks that book `uuids` whole for the container.
-pub fn whole_gpu_hooks(node: &Node, binary: &Path, uuids: &[&str]) -> Vec<Hook> {
+pub fn whole_gpu_hooks(node: &NodeContext, binary: &Path, uuids: &[&str]) -> Vec<Hook> {
     let mut sub = vec!["hook", "create-runtime"];
     for u in uuids {
         sub.push("--whole-gpu");
@@ -88,7 +88,7 @@ pub fn whole_gpu_hooks(node: &Node, binary: &Path, uuids: &[&str]) -> Vec<Hook> 
 /// Builds the node spec for `gpus` from the driver's edits. Deterministic: the same
 /// inventory and driver give byte-identical output.
 pub fn node_spec(
-    node: &Node,
+    node: &NodeContext,
     binary: &Path,
     gpus: &[Gpu],
     driver: &DriverEdits,
@@ -131,7 +131,7 @@ pub fn node_spec(
 /// the registry, and writes the node spec to `output` (default `cdi.spec_dir`) and to the
 /// state dir's cache.
 pub fn generate(
-    node: &Node,
+    node: &NodeContext,
     output: Option<&Path>,
     sim_driver: Option<&Path>,
 ) -> Result<Generated, GenerateError> {
@@ -158,7 +158,7 @@ pub fn generate(
 }
 
 /// `cdi generate` prints what it wrote; `cdi list` the node spec's device names.
-pub fn run(node: &Node, command: CdiCommand) -> Result<(), GenerateError> {
+pub fn run(node: &NodeContext, command: CdiCommand) -> Result<(), GenerateError> {
     match command {
         CdiCommand::Generate(args) => {
             let g = generate(node, args.output.as_deref(), args.sim_driver.as_deref())?;
@@ -180,11 +180,11 @@ pub fn run(node: &Node, command: CdiCommand) -> Result<(), GenerateError> {
 }
 
 /// Reads the node spec cached by the last `cdi generate`.
-pub fn cached_node_spec(node: &Node) -> Result<Spec, SpecFileError> {
+pub fn cached_node_spec(node: &NodeContext) -> Result<Spec, SpecFileError> {
     crate::specfiles::cached_node_spec(&node.config().state_dir)
 }
 
 /// The node spec cache for the create path (see [`crate::specfiles::cached_node_spec_lazy`]).
-pub fn cached_node_spec_lazy(node: &Node) -> Result<gpuslice_cdi::LazySpec, SpecFileError> {
+pub fn cached_node_spec_lazy(node: &NodeContext) -> Result<gpuslice_cdi::LazySpec, SpecFileError> {
     crate::specfiles::cached_node_spec_lazy(&node.config().state_dir)
 }

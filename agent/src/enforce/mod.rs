@@ -28,7 +28,7 @@ use gpuslice_registry::read_registry;
 use crate::gpu::NvmlSource;
 use cycle::{Enforcer, Roots, Throttles};
 use events::{lock, publish, Shared};
-use gpuslice_hook::node::Node;
+use gpuslice_hook::node::NodeContext;
 use meter::{NvmlProcessMeter, ProcessMeter};
 
 /// The enforcer could not start.
@@ -90,7 +90,7 @@ pub fn run_loop(
 /// cycle) and returns the state the exporter shows. NVML is opened here, before the
 /// threads start; when it cannot be, the enforcer is not started and the error is returned
 /// (the exporter still serves).
-pub fn start(node: &Node) -> Result<Shared, EnforceError> {
+pub fn start(node: &NodeContext) -> Result<Shared, EnforceError> {
     let cfg = node.config().enforce.clone();
     let state_dir = node.config().state_dir.clone();
     let meter = NvmlProcessMeter::open(&NvmlSource::of(node.config()))?;

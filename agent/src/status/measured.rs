@@ -41,7 +41,7 @@ pub fn from_scrape(scrape: &Scrape) -> Measured {
 
 /// Measures the node once for `status`, from the registry `file` it already read. The
 /// first NVML problem becomes [`Measured::gpu_error`]; other read errors only blank cells.
-pub fn measure(node: &gpuslice_hook::node::Node, file: &RegistryFile) -> Measured {
+pub fn measure(node: &gpuslice_hook::node::NodeContext, file: &RegistryFile) -> Measured {
     let lines = Arc::new(Mutex::new(Vec::<String>::new()));
     let sink = lines.clone();
     let errors = ErrorLog::with_sink(Box::new(move |l| {

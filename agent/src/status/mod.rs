@@ -12,12 +12,12 @@ use render::{render_reaped, render_rebuild, render_table_measured, status_json_m
 use crate::args::{GcArgs, StatusArgs};
 use gpuslice_hook::create::slicespec::{slice_spec_path, SLICE_KIND};
 use gpuslice_hook::error::Error;
-use gpuslice_hook::node::Node;
+use gpuslice_hook::node::NodeContext;
 use gpuslice_hook::output::out;
 
 /// `status [--json]`: per-GPU capacity and allocation and the reservations, with what the
 /// exporter's collector measures next to what is booked, and what the enforcer did.
-pub fn status(node: &Node, args: &StatusArgs) -> Result<(), Error> {
+pub fn status(node: &NodeContext, args: &StatusArgs) -> Result<(), Error> {
     let file = node.open_registry()?.snapshot()?;
     let measured = measured::measure(node, &file);
     if args.json {
@@ -39,7 +39,7 @@ pub fn status(node: &Node, args: &StatusArgs) -> Result<(), Error> {
 /// `gc [--rebuild]`: reaps the reservations of containers that are gone, or rebuilds a
 /// corrupt registry from the inventory and the live slice directories; either way, then
 /// removes the slice CDI specs whose reservation is gone.
-pub fn gc(node: &Node, args: &GcArgs) -> Result<(), Error> {
+pub fn gc(node: &NodeContext, args: &GcArgs) -> Result<(), Error> {
     let registry = node.open_registry()?;
     let report = if args.rebuild {
         let gpus = gpuslice_hook::nodespec::take_inventory(node)?;
@@ -57,7 +57,7 @@ pub fn gc(node: &Node, args: &GcArgs) -> Result<(), Error> {
 /// would remove. The specs are listed before the registry is read, and a create writes its
 /// spec only after reserving, so a spec being created is never taken. Returns one line per
 /// spec removed.
-fn remove_leftover_specs(node: &Node, registry: &Registry) -> Result<String, Error> {
+fn remove_leftover_specs(node: &NodeContext, registry: &Registry) -> Result<String, Error> {
     let dir = &node.config().cdi.spec_dir;
     let ids = gpuslice_cdi::list_transient_specs(dir, SLICE_KIND)?;
     if ids.is_empty() {

@@ -8,7 +8,7 @@ use gpuslice_hook::create::runtime::{
     edit_bundle, exec_runtime, exit_like, parse_args, report, resolve_runtime, run_forwarding,
     RuntimeError, StartSignals,
 };
-use gpuslice_hook::node::Node;
+use gpuslice_hook::node::NodeContext;
 
 /// Whether SIGPIPE was ignored when this process was started: Rust's runtime ignores it
 /// before `main`, and the runtime this wrapper starts must find it as the engine left it.
@@ -45,7 +45,7 @@ fn main() -> ExitCode {
     let creates = matches!(parsed.command.as_deref(), Some("create" | "run"));
     let mut node = None;
     let configured = if creates {
-        let n = match Node::load(None) {
+        let n = match NodeContext::load(None) {
             Ok(n) => n,
             Err(e) => {
                 report(&parsed, &RuntimeError::Config(e).to_string());
@@ -112,7 +112,7 @@ fn main() -> ExitCode {
 /// Releases the reservations this process made that no hook bound (the runtime failed or
 /// never ran). A failure here is reported; the runtime's exit status stays what it was, and
 /// the pending timeout still reaps what could not be released.
-fn give_back(node: Option<&Node>, parsed: &gpuslice_hook::create::runtime::RuncArgs) {
+fn give_back(node: Option<&NodeContext>, parsed: &gpuslice_hook::create::runtime::RuncArgs) {
     let Some(node) = node else { return };
     let result = node
         .open_registry()

@@ -12,7 +12,7 @@ fn main() -> ExitCode {
     // other line is clap's, and the static build hands it to the full build (see
     // `staticbuild`).
     if let Some(line) = gpuslice_hook::create::hookargv::parse(&args) {
-        let result = gpuslice_hook::node::Node::load(line.config.as_deref())
+        let result = gpuslice_hook::node::NodeContext::load(line.config.as_deref())
             .map_err(gpuslice_hook::error::Error::from)
             .and_then(|node| {
                 gpuslice_hook::create::hooks::run(&node, line.command)

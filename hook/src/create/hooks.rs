@@ -11,10 +11,10 @@ use crate::args::HookCommand;
 use crate::create::annotations::kubernetes_ref;
 use crate::create::specedit::{edit_spec, Outcome};
 use crate::create::specfile::MAX_SPEC_BYTES;
-use crate::node::Node;
+use crate::node::NodeContext;
 
 /// Runs one hook.
-pub fn run(node: &Node, command: HookCommand) -> Result<(), HookError> {
+pub fn run(node: &NodeContext, command: HookCommand) -> Result<(), HookError> {
     match command {
         HookCommand::Precreate => precreate(node),
         HookCommand::CreateRuntime(a) => match a.claim.as_deref() {
@@ -125,7 +125,7 @@ fn read_state() -> Result<State, HookError> {
 /// "exit status 1". Instead the hook returns the spec with a first `createRuntime` hook,
 /// `gpuslice hook fail <message>`: the runtime then refuses the container and its error,
 /// which engines do show, carries gpuslice's one line. Nothing is reserved either way.
-pub fn precreate(node: &Node) -> Result<(), HookError> {
+pub fn precreate(node: &NodeContext) -> Result<(), HookError> {
     let input = read_stdin()?;
     let output = match edit_spec(node, &input) {
         Ok(Outcome::Edited { bytes, .. }) => bytes,
@@ -148,7 +148,7 @@ pub fn precreate(node: &Node) -> Result<(), HookError> {
 
 /// The spec `input` with a first createRuntime hook that prints `message` and fails; `None`
 /// when the input is not a JSON object or the hook binary is unknown.
-fn failing_spec(node: &Node, input: &[u8], message: &str) -> Option<Vec<u8>> {
+fn failing_spec(node: &NodeContext, input: &[u8], message: &str) -> Option<Vec<u8>> {
     let mut spec: serde_json::Value = serde_json::from_slice(input).ok()?;
     let binary = node.hook_binary().ok()?;
     let hook = serde_json::json!({
@@ -176,7 +176,7 @@ pub fn fail(message: &str) -> Result<(), HookError> {
 /// `hook create-runtime --claim ID`: records the container (its init pid from the runtime's
 /// state, its start time and cgroup from `/proc`) as one of the containers of the DRA claim
 /// holding reservation `ID`.
-pub fn join_claim(node: &Node, reservation: &str) -> Result<(), HookError> {
+pub fn join_claim(node: &NodeContext, reservation: &str) -> Result<(), HookError> {
     let state = read_state()?;
     let pid = state
         .pid
@@ -193,7 +193,7 @@ pub fn join_claim(node: &Node, reservation: &str) -> Result<(), HookError> {
 /// Whole-GPU bookings are the container's init process's (pid, start time, boot id: unique
 /// on the node), not its id's: container ids are unique per runtime root or namespace only.
 pub fn create_runtime(
-    node: &Node,
+    node: &NodeContext,
     reservation: Option<&str>,
     whole: &[String],
 ) -> Result<(), HookError> {
@@ -258,7 +258,7 @@ pub fn create_runtime(
 /// whose owner process is gone, never those of a running container of the same id under
 /// another runtime root or namespace. A slice's hook releases only when the stopped
 /// container's spec was edited for that reservation (its annotation names it).
-pub fn poststop(node: &Node, reservation: Option<&str>) -> Result<(), HookError> {
+pub fn poststop(node: &NodeContext, reservation: Option<&str>) -> Result<(), HookError> {
     let state = read_state()?;
     if let Some(id) = reservation {
         // A spec that only copied the hook line cannot release someone else's slice.

@@ -10,7 +10,7 @@ use gpuslice_registry::Reservation;
 use gpuslice_slice::{CONTAINER_DIR, CONTAINER_LIMITS, CONTAINER_USAGE, LIMITS_FILE, USAGE_FILE};
 
 use crate::create::driveredits::{RO_BIND, RW_BIND};
-use crate::node::Node;
+use crate::node::NodeContext;
 use crate::specfiles::VISIBLE_DEVICES_VOID;
 
 /// Kind of the per-slice CDI specs.
@@ -56,7 +56,7 @@ pub fn slice_env(r: &Reservation) -> Vec<String> {
 /// Builds the slice spec of reservation `r` from the node spec `node_spec`; `slice_dir`
 /// holds `limits.json` and `usage`.
 pub fn slice_spec(
-    node: &Node,
+    node: &NodeContext,
     binary: &Path,
     node_spec: &Spec,
     r: &Reservation,

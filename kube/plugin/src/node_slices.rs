@@ -17,7 +17,7 @@ use gpuslice_registry::{claim_uid, Registry, RegistryError, Reservation};
 
 use gpuslice_hook::create::slicespec::{slice_spec, slice_spec_path};
 use gpuslice_hook::create::specedit::{ensure_preload, write_slice_files, EditError};
-use gpuslice_hook::node::Node;
+use gpuslice_hook::node::NodeContext;
 use gpuslice_hook::nodespec::{cached_node_spec_lazy, NODE_SPEC_CACHE};
 
 /// `gpuslice kubelet-plugin` flags (DESIGN.md §7).
@@ -58,7 +58,7 @@ pub fn claim_spec_path(dir: &std::path::Path, uid: &str) -> Option<PathBuf> {
 
 /// Opens the node's registry with the cleanup every release needs: a slice's spec goes, and
 /// a claim's own spec with it.
-pub fn open_registry(node: &Node) -> Result<Registry, RegistryError> {
+pub fn open_registry(node: &NodeContext) -> Result<Registry, RegistryError> {
     let spec_dir = node.config().cdi.spec_dir.clone();
     let cleanup = Box::new(move |r: &Reservation| {
         let paths = [
@@ -75,13 +75,13 @@ pub fn open_registry(node: &Node) -> Result<Registry, RegistryError> {
 /// The [`SliceWriter`] of this node.
 #[derive(Debug)]
 pub struct ClaimSlices {
-    node: Node,
+    node: NodeContext,
     /// The `gpuslice` binary (the node spec's edits name it; the claim spec drops its hooks).
     binary: PathBuf,
 }
 
 impl ClaimSlices {
-    pub fn new(node: Node) -> Result<ClaimSlices, gpuslice_hook::node::NodeError> {
+    pub fn new(node: NodeContext) -> Result<ClaimSlices, gpuslice_hook::node::NodeError> {
         let binary = node.hook_binary()?;
         Ok(ClaimSlices { node, binary })
     }
@@ -143,7 +143,7 @@ impl SliceWriter for ClaimSlices {
 }
 
 /// Runs the plugin in the foreground until SIGTERM.
-pub fn run(node: &Node, args: KubeletPluginArgs) -> Result<(), KubeletPluginError> {
+pub fn run(node: &NodeContext, args: KubeletPluginArgs) -> Result<(), KubeletPluginError> {
     let registry = Arc::new(open_registry(node)?);
     let writer = Arc::new(ClaimSlices::new(node.clone())?);
     let mut options = PluginOptions::new(args.node_name);
