@@ -203,7 +203,7 @@ mod tests {
         assert!(format!("{owners:?}").contains("verified: 0"));
     }
 
-    /// Issue 16 (13): a container without its own pid namespace keeps its children when init
+    /// A container without its own pid namespace keeps its children when init
     /// exits; its series stay until its cgroup holds no process.
     #[test]
     fn owner_lives_while_its_cgroup_holds_processes() {

@@ -427,8 +427,8 @@ fn the_cli_wires_it_up() {
     );
 }
 
-/// A relative `--config-path`, as an operator types it in containerd's directory (issue 17:
-/// refused before as "the result does not import the drop-in (a gpuslice bug)"): taken from
+/// A relative `--config-path`, as an operator types it in containerd's directory
+/// (once refused as "the result does not import the drop-in (a gpuslice bug)"): taken from
 /// the working directory, so the main config imports the drop-in and the drop-in names the
 /// wrapper by absolute paths, and `--remove` with the same relative path restores the file.
 #[test]

@@ -1,5 +1,5 @@
-//! `gpuslice-runtime create` on what a bundle's `config.json` may hold (issue 16, defects 6
-//! and 10): a spec without a request that runc accepts is handed over byte for byte whatever
+//! `gpuslice-runtime create` on what a bundle's `config.json` may hold:
+//! a spec without a request that runc accepts is handed over byte for byte whatever
 //! is in it (invalid UTF-8, a lone surrogate, nesting deeper than serde_json's 128 levels);
 //! an unparsable spec that mentions `gpuslice.io/` is refused in one line naming the file;
 //! a symlink to `/dev/zero`, a FIFO or a spec over 16 MiB is refused in one line naming the

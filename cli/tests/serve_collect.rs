@@ -1,4 +1,4 @@
-//! The exporter's collection (issue 7): limits, measured memory and achieved share per
+//! The exporter's collection: limits, measured memory and achieved share per
 //! slice; booked and measured figures per GPU; the registry's health; and acceptance 3 — a
 //! corrupted or missing usage file, a vanished container, NVML errors or a corrupt registry
 //! never crash it, the affected series are dropped and the error counter rises.

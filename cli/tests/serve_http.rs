@@ -1,4 +1,4 @@
-//! The exporter over HTTP (issue 7): `/metrics` in the Prometheus text format that
+//! The exporter over HTTP: `/metrics` in the Prometheus text format that
 //! `promtool check metrics` accepts (acceptance 2), OpenMetrics for scrapers that ask for it,
 //! `/healthz`, and 404/405 for the rest — against a real listening socket.
 
@@ -202,7 +202,7 @@ fn negotiation_prefers_openmetrics_only_when_asked() {
     );
 }
 
-// Availability (issue 16, defect 4), against the `gpuslice serve` binary.
+// Availability, against the `gpuslice serve` binary.
 
 /// How many connections the exporter serves at once.
 const BOUND: usize = 64;

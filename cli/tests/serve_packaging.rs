@@ -1,4 +1,4 @@
-//! The monitoring packaging stays in step with the exporter (issue 7): every metric the
+//! The monitoring packaging stays in step with the exporter: every metric the
 //! Grafana dashboard and the Prometheus rules query is one the exporter emits, the rules
 //! pass `promtool check rules`, and the scrape settings point at the exporter's port.
 

@@ -1,4 +1,4 @@
-//! Issue 16 (defects 9, 14, 15), through the `gpuslice` binary on a hand-written registry:
+//! Through the `gpuslice` binary on a hand-written registry:
 //! `gc` and `gc --rebuild` remove slice CDI specs whose reservation is gone; `status` escapes
 //! control characters in owner names (JSON keeps them as JSON escapes); `status` says when
 //! the registry books more than a GPU holds or lists an id twice, and prints huge figures in

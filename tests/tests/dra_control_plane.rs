@@ -1,4 +1,4 @@
-//! Issue 14, against the real control plane: two Node objects (no kubelet), one real
+//! Against the real control plane: two Node objects (no kubelet), one real
 //! `gpuslice kubelet-plugin` process per node, each on a simulated GPU node of its own with
 //! other GPUs and sizes. The stock scheduler places claims of several sizes, a 2-GPU claim and
 //! a claim selecting a model by `productName` on what the plugins publish; what cannot fit

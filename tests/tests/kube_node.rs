@@ -1,4 +1,4 @@
-//! Issue 17: a real Kubernetes node. `scripts/kube-cluster.sh up DIR --node NAME` runs the
+//! A real Kubernetes node. `scripts/kube-cluster.sh up DIR --node NAME` runs the
 //! release's kubelet on containerd 2.x (built from its Go module, CDI on by default) with
 //! gpuslice registered by `gpuslice configure containerd` and the gpuslice kubelet plugin
 //! registered with that kubelet, on a simulated GPU node (one 24 GiB L4). Pods go through the

@@ -232,8 +232,8 @@ pub fn scrape(c: &mut Collector, now: Instant) -> (String, Vec<Series>) {
     (text, series)
 }
 
-/// A `gpuslice serve` process on a free port of the loopback, for the availability tests
-/// (issue 16): a config with only a state dir (no GPU: NVML fails to open and is counted),
+/// A `gpuslice serve` process on a free port of the loopback, for the availability tests:
+/// a config with only a state dir (no GPU: NVML fails to open and is counted),
 /// optionally started with `RLIMIT_NOFILE` lowered to `nofile`. Killed when dropped.
 pub struct Exporter {
     pub child: std::process::Child,

@@ -287,7 +287,7 @@ mod tests {
         }
     }
 
-    /// Issue 16 (12): the hook line alone does not let a container bind or release a slice.
+    /// The hook line alone does not let a container bind or release a slice.
     #[test]
     fn only_a_spec_edited_for_the_reservation_may_use_it() {
         let rid = "0123456789abcdef";
