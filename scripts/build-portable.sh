@@ -12,6 +12,7 @@ set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+. scripts/lib/install.sh
 floor=${GLIBC_FLOOR:-2.17}
 arch=${PORTABLE_ARCH:-x86_64}
 target="${arch}-unknown-linux-gnu"
@@ -40,10 +41,11 @@ cargo zigbuild --release --target "$target.$floor" --target-dir "$target_dir" \
 
 built="$target_dir/$target/release"
 mkdir -p "$out"
-cp "$built/libgpuslice_shim.so" "$out/libgpuslice_shim.so"
-cp "$built/libgpuslice_sim_cuda.so" "$out/libcuda.so.1"
-cp "$built/libgpuslice_sim_nvml.so" "$out/libnvidia-ml.so.1"
-cp "$built/gpuslice-probe" "$out/gpuslice-probe"
+# Atomic installs: a probe still running from here, or a shim loaded, keeps its file.
+install_atomic "$built/libgpuslice_shim.so" "$out/libgpuslice_shim.so"
+install_atomic "$built/libgpuslice_sim_cuda.so" "$out/libcuda.so.1"
+install_atomic "$built/libgpuslice_sim_nvml.so" "$out/libnvidia-ml.so.1"
+install_atomic "$built/gpuslice-probe" "$out/gpuslice-probe"
 echo "$floor" > "$out/GLIBC_FLOOR"
 
 # Check the floor: no GLIBC_x.y symbol version above it in any artifact.

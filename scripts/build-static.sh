@@ -11,6 +11,7 @@
 # (and stages nothing) when the target cannot be had; callers then use the glibc build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/lib/install.sh
 target=x86_64-unknown-linux-musl
 out=target/release/static
 
@@ -28,8 +29,10 @@ fi
 # registration, the kubelet plugin and the console never enter the static build, which runs
 # only the hooks and the wrapper and hands any other command line to gpuslice-full.
 cargo build --profile static --locked --target "$target" -p gpuslice --bins --no-default-features
-rm -rf "$out"
+# Atomic installs, not a fresh directory: an engine configured with these binaries keeps
+# running them while they are replaced, and never finds them missing or half-written.
 mkdir -p "$out"
-cp "target/$target/static/gpuslice" "target/$target/static/gpuslice-runtime" "$out/"
-cp target/release/gpuslice "$out/gpuslice-full"
+install_atomic "target/$target/static/gpuslice" "$out/gpuslice"
+install_atomic "target/$target/static/gpuslice-runtime" "$out/gpuslice-runtime"
+install_atomic target/release/gpuslice "$out/gpuslice-full"
 echo "build-static: staged $out/{gpuslice,gpuslice-runtime} (static) and $out/gpuslice-full" >&2
