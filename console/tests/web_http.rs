@@ -46,6 +46,12 @@ impl Default for Console {
 }
 
 fn start_console(c: Console) -> (SocketAddr, tempfile::TempDir) {
+    let (addr, dir, _) = start_console_thread(c);
+    (addr, dir)
+}
+
+/// [`start_console`], also returning the id of the thread serving it.
+fn start_console_thread(c: Console) -> (SocketAddr, tempfile::TempDir, libc::pid_t) {
     let Console {
         allow_edit,
         max_connections,
@@ -80,11 +86,14 @@ contexts: [{{name: test, context: {{cluster: c, user: tester, namespace: ml}}}}]
             .unwrap();
         rt.block_on(async move {
             let server = Server::bind(&opts).await.unwrap().with_limits(limits);
-            tx.send(server.local_addr()).unwrap();
+            // SAFETY: gettid only returns the calling thread's id.
+            let tid = unsafe { libc::gettid() };
+            tx.send((server.local_addr(), tid)).unwrap();
             server.run(std::future::pending()).await.unwrap();
         });
     });
-    (rx.recv_timeout(Duration::from_secs(20)).unwrap(), dir)
+    let (addr, tid) = rx.recv_timeout(Duration::from_secs(20)).unwrap();
+    (addr, dir, tid)
 }
 
 struct Answer {
@@ -486,6 +495,34 @@ fn small_window_connection(addr: SocketAddr) -> TcpStream {
     }
 }
 
+/// Waits until thread `tid` of this process (a console) has slept through ten looks 20 ms
+/// apart: it has done all its clients asked for now (on a busy machine that takes a while).
+fn wait_until_idle(tid: libc::pid_t) {
+    let t0 = std::time::Instant::now();
+    let mut asleep = 0;
+    while asleep < 10 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the console never went idle"
+        );
+        let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap();
+        // After `pid (comm) `: the state, S while it waits in epoll.
+        let state = stat.rsplit_once(") ").unwrap().1.chars().next();
+        asleep = if state == Some('S') { asleep + 1 } else { 0 };
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Bytes received on `s` and not read yet.
+fn unread(s: &TcpStream) -> usize {
+    use std::os::fd::AsRawFd;
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int, a valid local, about a descriptor `s` owns.
+    let r = unsafe { libc::ioctl(s.as_raw_fd(), libc::FIONREAD, &mut n) };
+    assert_eq!(r, 0, "FIONREAD: {}", std::io::Error::last_os_error());
+    usize::try_from(n).unwrap_or(0)
+}
+
 /// How many slow clients the tests below hold open: the default `--max-connections`.
 const SLOW_CLIENTS: usize = 256;
 
@@ -663,7 +700,7 @@ fn a_connection_is_answered_at_most_its_cap_of_requests() {
 #[test]
 fn clients_that_never_read_their_pipelined_answers_cannot_take_every_slot() {
     raise_fd_limit();
-    let (addr, _dir) = start(false);
+    let (addr, _dir, console) = start_console_thread(Console::default());
     let one = format!("GET /static/console.css HTTP/1.1\r\nHost: {addr}\r\n\r\n");
     // Each pipelines far more answers than its window takes, and never reads one.
     let pipelined = one.repeat(128);
@@ -674,9 +711,12 @@ fn clients_that_never_read_their_pipelined_answers_cannot_take_every_slot() {
             s
         })
         .collect();
-    // The console answers until every window is full, then its writes stall.
-    std::thread::sleep(Duration::from_secs(1));
+    // The console answers until every window and its own buffers are full, then its
+    // writes stall and it waits.
+    wait_until_idle(console);
+    assert!(slow.iter().all(|s| unread(s) > 0), "a client got no answer");
     let took = answered_within(addr, Duration::from_secs(1));
+    eprintln!("with {SLOW_CLIENTS} never-reading clients: {took:?}");
     assert!(
         took.is_ok(),
         "{SLOW_CLIENTS} never-reading clients: {took:?}"
@@ -687,7 +727,10 @@ fn clients_that_never_read_their_pipelined_answers_cannot_take_every_slot() {
 #[test]
 fn posts_whose_body_never_comes_cannot_take_every_slot() {
     raise_fd_limit();
-    let (addr, _dir) = start(true);
+    let (addr, _dir, console) = start_console_thread(Console {
+        allow_edit: true,
+        ..Console::default()
+    });
     // Each declares a form body and sends none of it.
     let head = format!(
         "POST /workloads/ml/deployment/x/allocate HTTP/1.1\r\nHost: {addr}\r\nOrigin: http://{addr}\r\nContent-Type: {FORM}\r\nContent-Length: 100\r\n\r\n"
@@ -699,8 +742,9 @@ fn posts_whose_body_never_comes_cannot_take_every_slot() {
             s
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(500));
+    wait_until_idle(console);
     let took = answered_within(addr, Duration::from_secs(1));
+    eprintln!("with {SLOW_CLIENTS} bodiless POSTs: {took:?}");
     assert!(took.is_ok(), "{SLOW_CLIENTS} bodiless POSTs: {took:?}");
     drop(slow);
 }

@@ -165,11 +165,12 @@ impl Server {
                     _ = tokio::time::sleep(SHED_RETRY) => {}
                 }
             };
-            let (id, conn) = open.add();
-            let (state, open, limits) = (self.state.clone(), open.clone(), self.limits);
+            let entry = Open::add(&open);
+            let (state, limits) = (self.state.clone(), self.limits);
             tokio::spawn(async move {
-                serve_connection(state, limits, stream, &conn).await;
-                open.remove(id);
+                serve_connection(state, limits, stream, &entry.conn).await;
+                // Out of the open connections before the slot frees (also on a panic).
+                drop(entry);
                 drop(slot);
             });
         }
@@ -196,18 +197,19 @@ impl Open {
         f(&mut self.conns.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
-    fn add(&self) -> (u64, Arc<Conn>) {
+    /// A new connection, open until the entry drops.
+    fn add(open: &Arc<Open>) -> Entry {
         let conn = Arc::new(Conn::default());
-        let id = self.with(|(next, map)| {
+        let id = open.with(|(next, map)| {
             *next += 1;
             map.insert(*next, conn.clone());
             *next
         });
-        (id, conn)
-    }
-
-    fn remove(&self, id: u64) {
-        self.with(|(_, map)| map.remove(&id));
+        Entry {
+            open: open.clone(),
+            id,
+            conn,
+        }
     }
 
     /// Tells the connection that has waited longest on its client to close (none while
@@ -222,6 +224,20 @@ impl Open {
         if let Some(c) = oldest {
             c.shed.notify_one();
         }
+    }
+}
+
+/// A connection among the open ones while this lives.
+#[derive(Debug)]
+struct Entry {
+    open: Arc<Open>,
+    id: u64,
+    conn: Arc<Conn>,
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        self.open.with(|(_, map)| map.remove(&self.id));
     }
 }
 
