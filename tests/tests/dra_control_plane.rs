@@ -18,7 +18,7 @@ use gpuslice_e2e::kubelet::{claim as kubelet_claim, Kubelet};
 use gpuslice_e2e::kubelet_plugin::{pod, resource_claim, slice_of, KubeletPlugin};
 use gpuslice_e2e::runc::{run_detached, runtime, Bundle, RUNC_ROOT};
 use gpuslice_e2e::{env::workspace, lock, TestNode};
-use gpuslice_kube::quantity::parse_whole;
+use gpuslice_config::quantity::parse_kube_quantity;
 use serde_json::{json, Value};
 
 #[path = "../../cdi/tests/schema/validator.rs"]
@@ -63,7 +63,7 @@ fn keys(v: &Value) -> BTreeSet<&str> {
 
 fn quantity(v: &Value) -> u64 {
     let s = v.as_str().unwrap_or_else(|| panic!("not a quantity: {v}"));
-    parse_whole(s).unwrap_or_else(|e| panic!("{e}"))
+    parse_kube_quantity(s).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The reservation owned by claim `uid` in the node's registry file.

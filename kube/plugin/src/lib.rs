@@ -15,7 +15,6 @@ pub mod h2_relay;
 pub mod node_slices;
 pub mod proto;
 pub mod publisher;
-pub mod quantity;
 pub mod registration;
 pub mod serve;
 pub mod slices;
