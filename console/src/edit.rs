@@ -181,7 +181,10 @@ pub fn claim_template(
     req: &Request,
 ) -> ResourceClaimTemplate {
     let mut requests = BTreeMap::new();
-    requests.insert(CAP_MEMORY.to_string(), Quantity(format_kube_quantity(req.memory)));
+    requests.insert(
+        CAP_MEMORY.to_string(),
+        Quantity(format_kube_quantity(req.memory)),
+    );
     if let Some(c) = req.cores {
         requests.insert(CAP_CORES.to_string(), Quantity(c.to_string()));
     }

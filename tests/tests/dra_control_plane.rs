@@ -13,12 +13,12 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use gpuslice_config::quantity::parse_kube_quantity;
 use gpuslice_e2e::kube::{wait_for, KubeCluster};
 use gpuslice_e2e::kubelet::{claim as kubelet_claim, Kubelet};
 use gpuslice_e2e::kubelet_plugin::{pod, resource_claim, slice_of, KubeletPlugin};
 use gpuslice_e2e::runc::{run_detached, runtime, Bundle, RUNC_ROOT};
 use gpuslice_e2e::{env::workspace, lock, TestNode};
-use gpuslice_config::quantity::parse_kube_quantity;
 use serde_json::{json, Value};
 
 #[path = "../../cdi/tests/schema/validator.rs"]
