@@ -8,7 +8,7 @@
 # manifests (packaging/kubernetes/*.yaml in /usr/share/gpuslice/kubernetes/, the DRA ones of
 # packaging/kubernetes/dra/ and their examples/ in its dra/ folder) and the docs, with the
 # maintainer scripts of packaging/deb/. The asset list is [package.metadata.deb] of
-# hook/Cargo.toml; scripts/check-deb.sh checks every manifest is installed as in the tree.
+# cli/Cargo.toml; scripts/check-deb.sh checks every manifest is installed as in the tree.
 # Installs cargo-deb when it is missing. Prints the package's path on its last line.
 #
 #   packaging/build-deb.sh                       # everything from this tree

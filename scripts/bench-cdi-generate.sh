@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmark: `gpuslice cdi generate` for 8 simulated GPUs, as a whole process (issue 2: the
+# Benchmark: `gpuslice cdi generate` for 8 simulated GPUs, as a whole process (the
 # median must stay at or below 20 ms). State and output on tmpfs, as on a real node.
 #
 #   scripts/bench-cdi-generate.sh [RUNS]        (root: the simulated node has device nodes)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmark of the console on a large cluster (issue 18; goal: first load of `/` ≤ 1 s).
+# Benchmark of the console on a large cluster.
 # Starts the suite's real control plane (scripts/kube-cluster.sh up) and fills it with
 #   - NODES Node objects (no kubelet), each with a synthetic ResourceSlice of driver
 #     gpuslice.io holding 8 GPUs of the shape `gpuslice kubelet-plugin` publishes

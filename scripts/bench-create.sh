@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Benchmark: what gpuslice adds to a container's life (issue 4: the wrapper and hooks add at
-# most 5 ms median). `runc create + start + delete` of one bundle, several ways in one run, on
+# Benchmark: what gpuslice adds to a container's life (the
+# wrapper and hooks add at most 5 ms median). `runc create + start + delete` of one bundle, several ways in one run, on
 # a simulated node of 8 GPUs that already holds 100 live reservations (bound to a running
 # process):
 #   runc               the plain spec;

@@ -25,8 +25,9 @@ if ! rustup target list --installed 2>/dev/null | grep -qx "$target"; then
 fi
 [ -x target/release/gpuslice ] || cargo build --release --locked -p gpuslice --bins
 
-# `--no-default-features`: optional parts of the full build (the Kubernetes kubelet plugin)
-# never enter the static one, which runs only the hooks and the wrapper.
+# `--no-default-features`: the create path alone (gpuslice-hook); the node agent, engine
+# registration, the kubelet plugin and the console never enter the static build, which runs
+# only the hooks and the wrapper and hands any other command line to gpuslice-full.
 cargo build --profile static --locked --target "$target" -p gpuslice --bins --no-default-features
 # Atomic installs, not a fresh directory: an engine configured with these binaries keeps
 # running them while they are replaced, and never finds them missing or half-written.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Acceptance check of the Debian package (issue 6, item 3), as root on Debian 12:
+# Acceptance check of the Debian package, as root on Debian 12:
 #   1. snapshot everything the package or its commands may touch;
 #   2. `dpkg -i` the package (built by packaging/build-deb.sh unless given as $1);
 #   3. the demo (scripts/demo.sh, docs/operator-guide.md) with the installed paths: a

@@ -4,14 +4,14 @@
 mod load;
 mod model;
 mod parse;
+mod passthrough;
 pub mod quantity;
-mod runtimepath;
 
 pub use load::{load_config, load_from_env, ConfigOrigin, LoadedConfig, CONFIG_ENV};
 pub use model::*;
 pub use parse::{parse_config, ConfigError, MAX_SIMULATED_GPUS};
+pub use passthrough::{passthrough_runtime, runtime_path_of};
 pub use quantity::{
     format_bytes, format_bytes_rounded, format_kube_quantity, parse_bytes, parse_kube_quantity,
     parse_quantity, KubeQuantityError, Quantity, QuantityError,
 };
-pub use runtimepath::{passthrough_runtime, runtime_path_of};

@@ -342,6 +342,13 @@ pub(crate) fn is_clean_absolute(p: &Path) -> bool {
             .any(|c| matches!(c, std::path::Component::ParentDir))
 }
 
+/// Whether `s` is a `runtime.path` the config accepts: a program name (looked up in PATH) or
+/// a clean absolute path.
+pub(crate) fn valid_runtime_path(s: &str) -> bool {
+    let bare_name = !s.is_empty() && !s.contains('/');
+    bare_name || is_clean_absolute(std::path::Path::new(s))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -355,7 +355,7 @@ pub fn parse_config(text: &str, path: &Path) -> Result<Config, ConfigError> {
     if let Some(t) = r.table(&root, "runtime", "runtime")? {
         r.check_keys(t, "runtime", &["path"])?;
         if let Some((s, v)) = r.string(t, "path", "runtime.path")? {
-            if !crate::runtimepath::valid_runtime_path(s) {
+            if !crate::model::valid_runtime_path(s) {
                 return Err(r.bad_value(
                     "runtime.path",
                     v,

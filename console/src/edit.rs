@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use gpuslice_kube::quantity::{format_binary, parse_whole};
+use gpuslice_config::quantity::{format_kube_quantity, parse_kube_quantity};
 use gpuslice_kube::slices::{CAP_CORES, CAP_MEMORY, MEMORY_STEP};
 use gpuslice_kube::DRIVER;
 use k8s_openapi::api::core::v1::{PodResourceClaim, PodSpec, ResourceClaim as ContainerClaim};
@@ -101,7 +101,7 @@ pub struct Request {
 impl Request {
     /// Checks the flags' values.
     pub fn parse(memory: &str, cores: Option<&str>, gpus: u32) -> Result<Request, EditError> {
-        let bytes = parse_whole(memory).map_err(|e| EditError::Memory {
+        let bytes = parse_kube_quantity(memory).map_err(|e| EditError::Memory {
             value: memory.to_string(),
             detail: e.detail.to_string(),
         })?;
@@ -181,7 +181,10 @@ pub fn claim_template(
     req: &Request,
 ) -> ResourceClaimTemplate {
     let mut requests = BTreeMap::new();
-    requests.insert(CAP_MEMORY.to_string(), Quantity(format_binary(req.memory)));
+    requests.insert(
+        CAP_MEMORY.to_string(),
+        Quantity(format_kube_quantity(req.memory)),
+    );
     if let Some(c) = req.cores {
         requests.insert(CAP_CORES.to_string(), Quantity(c.to_string()));
     }

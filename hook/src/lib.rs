@@ -1,16 +1,14 @@
-//! gpuslice: the library behind the `gpuslice` and `gpuslice-runtime` binaries, grouped by
-//! job: the create path (`create`), the node commands (`commands`), engine registration
-//! (`configure`) and the exporter (`serve`), with the node context, the command line and the
-//! static build's hand-over they share.
+//! gpuslice's create path: the runtime wrapper's bundle edit, the OCI hooks (`create`), the
+//! one spec edit, the node's CDI spec and its cache (`nodespec`), and the node context every
+//! command starts from (`node`, with the simulated node's set-up in `simnode`). The static
+//! create-path build links this crate alone.
 
-pub mod cli;
-pub mod commands;
-pub mod configure;
+pub mod args;
 pub mod create;
 pub mod error;
-#[cfg(feature = "kubernetes")]
-pub mod kubelet_plugin;
 pub mod node;
-pub mod serve;
+pub mod nodespec;
+pub mod output;
 pub mod simnode;
+pub mod specfiles;
 pub mod staticbuild;

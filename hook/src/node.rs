@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use gpuslice_config::{load_from_env, Config, ConfigError, LoadedConfig};
 use gpuslice_registry::{Registry, RegistryError, Reservation};
 
-use crate::create::slicespec::slice_spec_path;
+use crate::specfiles::slice_spec_path;
 
 /// The explicit, minimal environment every hook runs with — never the image's
 /// (cf. CVE-2025-23266: an image's `LD_PRELOAD` reaching a hook that runs as root).
@@ -22,23 +22,24 @@ pub enum NodeError {
     MissingHookBinary { path: PathBuf },
 }
 
-/// The loaded node configuration.
+/// The node context every command starts from: the loaded configuration, and what follows
+/// from it (the registry, the hook binary, hook lines).
 #[derive(Debug, Clone)]
-pub struct Node {
+pub struct NodeContext {
     pub loaded: LoadedConfig,
 }
 
-impl Node {
+impl NodeContext {
     /// Loads the config from `--config`, `GPUSLICE_CONFIG` or the default path.
-    pub fn load(flag: Option<&Path>) -> Result<Node, ConfigError> {
-        Ok(Node {
+    pub fn load(flag: Option<&Path>) -> Result<NodeContext, ConfigError> {
+        Ok(NodeContext {
             loaded: load_from_env(flag)?,
         })
     }
 
     /// Builds a node from an already loaded config (tests).
-    pub fn from_loaded(loaded: LoadedConfig) -> Node {
-        Node { loaded }
+    pub fn from_loaded(loaded: LoadedConfig) -> NodeContext {
+        NodeContext { loaded }
     }
 
     pub fn config(&self) -> &Config {

@@ -7,6 +7,7 @@
 // Tests may panic on unexpected errors; the library itself may not.
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
+#[cfg(any(test, feature = "testing"))]
 mod fake;
 mod id;
 mod load;
@@ -21,6 +22,8 @@ mod roundtrip;
 mod store;
 mod system;
 
+/// A scripted system for tests (feature `testing`).
+#[cfg(any(test, feature = "testing"))]
 pub use fake::FakeSystem;
 pub use id::{is_valid_id, new_id, IdError, ID_LEN};
 pub use load::{gpu_loads, memory_capacity, missing_gpus, violations, GpuLoad, GpuLoads};

@@ -1,4 +1,4 @@
-//! Issue 16 (defects 2, 3, 5): a reservation id in `registry.json` never becomes a path
+//! A reservation id in `registry.json` never becomes a path
 //! outside `slices/`; a state directory that others could tamper with is refused; host users
 //! cannot reach a slice's files; `gc --rebuild` of a sound registry keeps live reservations
 //! that lost their record.

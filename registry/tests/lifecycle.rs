@@ -1,4 +1,4 @@
-//! Issue 16, defects 1, 8, 12 and 13 at the registry: whole-GPU bookings belong to a process
+//! At the registry: whole-GPU bookings belong to a process
 //! instance, not to a container id; the process that reserved a pending slice can give it
 //! back and is the only one whose containers bind it while it runs; an owner whose init
 //! exited lives while its cgroup holds processes.

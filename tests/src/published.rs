@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use gpuslice_kube::quantity::parse_whole;
+use gpuslice_config::quantity::parse_kube_quantity;
 use serde_json::Value;
 
 use crate::kube::KubeCluster;
@@ -35,7 +35,7 @@ pub struct Share {
 
 /// A Kubernetes quantity string as a whole number (bytes, or cores' percent points).
 pub fn quantity(v: &Value) -> u64 {
-    parse_whole(v.as_str().unwrap_or_else(|| panic!("not a quantity: {v}")))
+    parse_kube_quantity(v.as_str().unwrap_or_else(|| panic!("not a quantity: {v}")))
         .unwrap_or_else(|e| panic!("{e}"))
 }
 

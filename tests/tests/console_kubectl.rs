@@ -1,4 +1,4 @@
-//! Issue 18, `kubectl-gpuslice` against the real control plane: two Node objects (no
+//! `kubectl-gpuslice` against the real control plane: two Node objects (no
 //! kubelet), one real `gpuslice kubelet-plugin` per simulated node publishing real
 //! ResourceSlices (node-a: 2 × H200 141Gi, node-b: 1 × L4 24Gi), claims allocated by the
 //! stock scheduler. `nodes` and `gpus` show exactly what the slices offer and what the

@@ -1,4 +1,4 @@
-//! Issue 18, the web console `gpuslice console` in a real browser (headless Debian chromium
+//! The web console `gpuslice console` in a real browser (headless Debian chromium
 //! driven by tests/browser/console.js through playwright-core) against the real control
 //! plane: Node objects, one real `gpuslice kubelet-plugin` per simulated node, claims
 //! allocated by the stock scheduler, `gpuslice serve` per node and a real Prometheus scraping

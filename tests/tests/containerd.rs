@@ -1,4 +1,4 @@
-//! Issue 4 §3: containerd 1.6 (Debian) running `ctr run --runc-binary gpuslice-runtime
+//! Containerd 1.6 (Debian) running `ctr run --runc-binary gpuslice-runtime
 //! --annotation …`; containerd is started by the test with its own root, state and socket.
 
 use std::path::PathBuf;

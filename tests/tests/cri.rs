@@ -1,4 +1,4 @@
-//! The Kubernetes path proven without a cluster (issue 6): Debian's containerd, registered
+//! The Kubernetes path proven without a cluster: Debian's containerd, registered
 //! with `gpuslice configure containerd`, driven through its CRI v1 API like the kubelet does
 //! (RunPodSandbox with the `gpuslice` runtime handler and pod annotations, CreateContainer,
 //! StartContainer, StopContainer, RemoveContainer, StopPodSandbox, RemovePodSandbox).

@@ -1,4 +1,4 @@
-//! Issue 14, against the real control plane: two Node objects (no kubelet), one real
+//! Against the real control plane: two Node objects (no kubelet), one real
 //! `gpuslice kubelet-plugin` process per node, each on a simulated GPU node of its own with
 //! other GPUs and sizes. The stock scheduler places claims of several sizes, a 2-GPU claim and
 //! a claim selecting a model by `productName` on what the plugins publish; what cannot fit
@@ -13,12 +13,12 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use gpuslice_config::quantity::parse_kube_quantity;
 use gpuslice_e2e::kube::{wait_for, KubeCluster};
 use gpuslice_e2e::kubelet::{claim as kubelet_claim, Kubelet};
 use gpuslice_e2e::kubelet_plugin::{pod, resource_claim, slice_of, KubeletPlugin};
 use gpuslice_e2e::runc::{run_detached, runtime, Bundle, RUNC_ROOT};
 use gpuslice_e2e::{env::workspace, lock, TestNode};
-use gpuslice_kube::quantity::parse_whole;
 use serde_json::{json, Value};
 
 #[path = "../../cdi/tests/schema/validator.rs"]
@@ -63,7 +63,7 @@ fn keys(v: &Value) -> BTreeSet<&str> {
 
 fn quantity(v: &Value) -> u64 {
     let s = v.as_str().unwrap_or_else(|| panic!("not a quantity: {v}"));
-    parse_whole(s).unwrap_or_else(|e| panic!("{e}"))
+    parse_kube_quantity(s).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The reservation owned by claim `uid` in the node's registry file.

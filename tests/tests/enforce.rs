@@ -1,4 +1,4 @@
-//! Issue 15, end to end on a simulated node with real runc containers (through
+//! End to end on a simulated node with real runc containers (through
 //! `gpuslice-runtime`) and a `gpuslice serve` started here: the three escapes of a slice
 //! container — the shim unloaded (`unshare -U -r -m`, then `/dev/null` bound over
 //! `/etc/ld.so.preload`), a forged `limits.json` bound over the read-only one, and one's own

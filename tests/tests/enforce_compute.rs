@@ -1,4 +1,4 @@
-//! Issue 15, compute, end to end on a simulated node with real runc containers (through
+//! Compute, end to end on a simulated node with real runc containers (through
 //! `gpuslice-runtime`) and a `gpuslice serve` started here: a process on a 30 % slice that
 //! forges its pacing record (a loop zeroing device 0's pacing clock in the shared usage
 //! file, so the shim never makes a launch wait) burns the GPU at ~98 %. With

@@ -1,4 +1,4 @@
-//! Issue 16, defects 1, 8, 12 and 13, end to end with real runc and the real
+//! End to end with real runc and the real
 //! `gpuslice-runtime`: whole GPUs booked per container instance (not per id), a spec runc
 //! rejects gives its slice back at once, a spec carrying another container's reservation
 //! cannot take or release it, and a container without its own pid namespace keeps its

@@ -1,4 +1,4 @@
-//! Issue 14, step 5: `scripts/kube-cluster.sh` starts a real control plane of the pinned
+//! `scripts/kube-cluster.sh` starts a real control plane of the pinned
 //! Kubernetes release on 127.0.0.1 — etcd, kube-apiserver, kube-scheduler and
 //! kube-controller-manager — that serves `resource.k8s.io/v1` with consumable capacity on,
 //! whose controller-manager turns a Pod's ResourceClaimTemplate into a ResourceClaim and whose

@@ -1,4 +1,4 @@
-//! Issue 17: a real Kubernetes node. `scripts/kube-cluster.sh up DIR --node NAME` runs the
+//! A real Kubernetes node. `scripts/kube-cluster.sh up DIR --node NAME` runs the
 //! release's kubelet on containerd 2.x (built from its Go module, CDI on by default) with
 //! gpuslice registered by `gpuslice configure containerd` and the gpuslice kubelet plugin
 //! registered with that kubelet, on a simulated GPU node (one 24 GiB L4). Pods go through the
@@ -97,6 +97,23 @@ fn assert_claim_view(kn: &KubeNode, node: &TestNode, p: &Value, log: &str) -> St
         bookings(node),
         BTreeSet::from([(id.clone(), uuid.clone(), 10 * GIB, 30)]),
         "status --json: {res:?}"
+    );
+
+    // The claim's CDI hook recorded its container host-side: what the node agent attributes
+    // the claim's GPU processes by (init pid, start time and the cgroup the kubelet made).
+    let file: Value =
+        serde_json::from_slice(&std::fs::read(node.state_dir().join("registry.json")).unwrap())
+            .unwrap();
+    let owner = &file["reservations"][0]["owner"];
+    assert_eq!(owner["kind"], "dra_claim", "{owner}");
+    let members = owner["members"].as_array().cloned().unwrap_or_default();
+    assert!(
+        !members.is_empty()
+            && members
+                .iter()
+                .all(|m| m["pid"].as_u64().is_some_and(|p| p > 1)
+                    && m["cgroup"].as_str().is_some_and(|c| !c.is_empty())),
+        "the claim's container is not recorded: {owner}"
     );
 
     let mut devices: Vec<&str> = line(log, "devices=").split_whitespace().collect();

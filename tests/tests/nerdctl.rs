@@ -1,4 +1,4 @@
-//! Issue 17 item 5: nerdctl, built from its Go module (`tests/nerdctl`, nerdctl 2.2.1), on a
+//! Nerdctl, built from its Go module (`tests/nerdctl`, nerdctl 2.2.1), on a
 //! containerd 2.x of its own (the test node's containerd 2.2.9, `tests/node`) registered with
 //! gpuslice by `gpuslice configure containerd`: a slice through `nerdctl run --runtime` and
 //! annotations, a whole GPU through `--device gpuslice.io/gpu=0` (CDI, the node spec in the

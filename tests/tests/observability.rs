@@ -1,4 +1,4 @@
-//! Issue 7, end to end on a simulated node: two slice containers (runc through
+//! End to end on a simulated node: two slice containers (runc through
 //! `gpuslice-runtime`) run `gpuslice-probe alloc` and `burn`; the `/metrics` of a
 //! `gpuslice serve` started here shows their limits and the memory and compute share they
 //! really use, within tolerance of what the probes print, passes `promtool check metrics`,

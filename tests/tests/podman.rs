@@ -1,6 +1,6 @@
-//! podman on a simulated node: whole GPUs through the node CDI spec (issue 2, issue 4 §4),
-//! slices through the hooks.d precreate hook (issue 4 §2), and the same view whether podman
-//! or gpuslice applies a slice's CDI spec (issue 4 §10).
+//! podman on a simulated node: whole GPUs through the node CDI spec,
+//! slices through the hooks.d precreate hook, and the same view whether podman
+//! or gpuslice applies a slice's CDI spec.
 
 use std::collections::BTreeSet;
 use std::process::Output;
@@ -229,7 +229,7 @@ fn podman_cdi_injection_and_gpuslice_injection_give_the_same_view() {
         .unwrap()
         .to_string();
     let dev = format!("gpuslice.io/slice={id_b}");
-    // The container the slice was made for says so (issue 16, defect 12: a slice's hooks bind
+    // The container the slice was made for says so (a slice's hooks bind
     // it only for a spec edited for that reservation, not for anyone who names the device).
     let made_for = format!("gpuslice.io/reservation={id_b}");
     ok(&podman.run(&[
@@ -302,7 +302,7 @@ fn podman_shows_the_refusal_line_and_nothing_is_reserved() {
     }
 }
 
-/// Issue 16, defect 11: the hooks.d trigger is every `gpuslice.io/` key, so a misspelled key
+/// The hooks.d trigger is every `gpuslice.io/` key, so a misspelled key
 /// reaches the hook, which refuses it naming the key and the accepted ones, instead of the
 /// container starting without its GPU; the per-container opt-out still starts the container
 /// without a GPU, and a request still gets one.

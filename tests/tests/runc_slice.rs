@@ -1,4 +1,4 @@
-//! Issue 4, with runc through `gpuslice-runtime`: a sliced container sees exactly its GPU,
+//! With runc through `gpuslice-runtime`: a sliced container sees exactly its GPU,
 //! the shim, its read-only limits and the environment; the registry follows its life;
 //! misfits, malformed requests, forged annotations and crashes leak nothing.
 
@@ -32,7 +32,7 @@ fn runc_slice_sees_its_gpu_shim_limits_and_env() {
     );
 }
 
-/// Issue 16 (3): the host's `slices/` is 0700 root, yet a container running as an
+/// The host's `slices/` is 0700 root, yet a container running as an
 /// unprivileged user still writes its usage file and reads its limits through the mounts.
 #[test]
 fn a_non_root_container_user_reaches_its_usage_and_limits_files() {

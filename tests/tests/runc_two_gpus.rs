@@ -1,4 +1,4 @@
-//! Issue 15: a runc container with `gpuslice.io/gpus: 2` sees both of its GPUs and no other,
+//! A runc container with `gpuslice.io/gpus: 2` sees both of its GPUs and no other,
 //! and the shim holds every process of it to the limit on each GPU separately, with one
 //! account per GPU shared by the container's processes.
 

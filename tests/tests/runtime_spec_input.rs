@@ -1,4 +1,4 @@
-//! Issue 16, defects 6, 7 and 10, with real runc through `gpuslice-runtime`: a spec runc
+//! With real runc through `gpuslice-runtime`: a spec runc
 //! accepts that carries no request (invalid UTF-8 and a lone surrogate in env values,
 //! nesting 200 deep) runs, its config.json never rewritten; a sliced container's edited spec
 //! keeps every number as written (`12345678901234567890123`, `1E+2`, `-0`, `1.50`) in

@@ -35,11 +35,12 @@ pub fn template_request(t: &ResourceClaimTemplate) -> Option<SliceRequest> {
         .exactly
         .as_ref()?;
     let requests = exactly.capacity.as_ref()?.requests.as_ref()?;
-    let memory =
-        gpuslice_kube::quantity::parse_whole(&requests.get(gpuslice_kube::slices::CAP_MEMORY)?.0)
-            .ok()?;
+    let memory = gpuslice_config::quantity::parse_kube_quantity(
+        &requests.get(gpuslice_kube::slices::CAP_MEMORY)?.0,
+    )
+    .ok()?;
     let cores = match requests.get(gpuslice_kube::slices::CAP_CORES) {
-        Some(q) => Some(gpuslice_kube::quantity::parse_whole(&q.0).ok()?),
+        Some(q) => Some(gpuslice_config::quantity::parse_kube_quantity(&q.0).ok()?),
         None => None,
     };
     Some(SliceRequest {

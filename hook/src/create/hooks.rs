@@ -7,15 +7,14 @@ use std::io::{Read, Write};
 use gpuslice_registry::{Owner, ProcessRef, RegistryError, Request, Selector};
 use serde::Deserialize;
 
-use crate::cli::HookCommand;
+use crate::args::HookCommand;
 use crate::create::annotations::kubernetes_ref;
 use crate::create::specedit::{edit_spec, Outcome};
 use crate::create::specfile::MAX_SPEC_BYTES;
-use crate::error::Error;
-use crate::node::Node;
+use crate::node::NodeContext;
 
 /// Runs one hook.
-pub fn run(node: &Node, command: HookCommand) -> Result<(), Error> {
+pub fn run(node: &NodeContext, command: HookCommand) -> Result<(), HookError> {
     match command {
         HookCommand::Precreate => precreate(node),
         HookCommand::CreateRuntime(a) => match a.claim.as_deref() {
@@ -24,8 +23,7 @@ pub fn run(node: &Node, command: HookCommand) -> Result<(), Error> {
         },
         HookCommand::Poststop(a) if a.claim.is_some() => Err(HookError::Refused(
             "--claim is a createRuntime flag: a claim's containers are recorded when they start and forgotten once gone".into(),
-        )
-        .into()),
+        )),
         HookCommand::Poststop(a) => poststop(node, a.reservation.as_deref()),
         HookCommand::Fail { message } => fail(&message),
     }
@@ -56,6 +54,8 @@ pub enum HookError {
     Write(std::io::Error),
     #[error("{0}")]
     Edit(#[from] crate::create::specedit::EditError),
+    #[error(transparent)]
+    Registry(Box<RegistryError>),
     #[error("GPU {uuid} cannot be given whole to container {id}: {source}")]
     Whole {
         uuid: String,
@@ -72,6 +72,12 @@ pub enum HookError {
         reservation: String,
         found: String,
     },
+}
+
+impl From<RegistryError> for HookError {
+    fn from(e: RegistryError) -> Self {
+        HookError::Registry(Box::new(e))
+    }
 }
 
 /// The annotation the spec edit writes: the reservation a spec was edited for.
@@ -119,7 +125,7 @@ fn read_state() -> Result<State, HookError> {
 /// "exit status 1". Instead the hook returns the spec with a first `createRuntime` hook,
 /// `gpuslice hook fail <message>`: the runtime then refuses the container and its error,
 /// which engines do show, carries gpuslice's one line. Nothing is reserved either way.
-pub fn precreate(node: &Node) -> Result<(), Error> {
+pub fn precreate(node: &NodeContext) -> Result<(), HookError> {
     let input = read_stdin()?;
     let output = match edit_spec(node, &input) {
         Ok(Outcome::Edited { bytes, .. }) => bytes,
@@ -129,7 +135,7 @@ pub fn precreate(node: &Node) -> Result<(), Error> {
             eprintln!("gpuslice: {message}");
             match failing_spec(node, &input, &message) {
                 Some(bytes) => bytes,
-                None => return Err(HookError::Edit(e).into()),
+                None => return Err(HookError::Edit(e)),
             }
         }
     };
@@ -142,7 +148,7 @@ pub fn precreate(node: &Node) -> Result<(), Error> {
 
 /// The spec `input` with a first createRuntime hook that prints `message` and fails; `None`
 /// when the input is not a JSON object or the hook binary is unknown.
-fn failing_spec(node: &Node, input: &[u8], message: &str) -> Option<Vec<u8>> {
+fn failing_spec(node: &NodeContext, input: &[u8], message: &str) -> Option<Vec<u8>> {
     let mut spec: serde_json::Value = serde_json::from_slice(input).ok()?;
     let binary = node.hook_binary().ok()?;
     let hook = serde_json::json!({
@@ -163,14 +169,14 @@ fn failing_spec(node: &Node, input: &[u8], message: &str) -> Option<Vec<u8>> {
 }
 
 /// `hook fail MESSAGE`: prints the message and fails (see [`precreate`]).
-pub fn fail(message: &str) -> Result<(), Error> {
-    Err(HookError::Refused(message.to_string()).into())
+pub fn fail(message: &str) -> Result<(), HookError> {
+    Err(HookError::Refused(message.to_string()))
 }
 
 /// `hook create-runtime --claim ID`: records the container (its init pid from the runtime's
 /// state, its start time and cgroup from `/proc`) as one of the containers of the DRA claim
 /// holding reservation `ID`.
-pub fn join_claim(node: &Node, reservation: &str) -> Result<(), Error> {
+pub fn join_claim(node: &NodeContext, reservation: &str) -> Result<(), HookError> {
     let state = read_state()?;
     let pid = state
         .pid
@@ -187,10 +193,10 @@ pub fn join_claim(node: &Node, reservation: &str) -> Result<(), Error> {
 /// Whole-GPU bookings are the container's init process's (pid, start time, boot id: unique
 /// on the node), not its id's: container ids are unique per runtime root or namespace only.
 pub fn create_runtime(
-    node: &Node,
+    node: &NodeContext,
     reservation: Option<&str>,
     whole: &[String],
-) -> Result<(), Error> {
+) -> Result<(), HookError> {
     let state = read_state()?;
     let pid = state
         .pid
@@ -215,8 +221,7 @@ pub fn create_runtime(
         let Some(selector) = selector else {
             return Err(HookError::WholeSelector {
                 value: uuid.clone(),
-            }
-            .into());
+            });
         };
         // The same GPU named twice (`=0` and `=GPU-…`, or `=all`) is booked once.
         let held = snapshot.reservations.iter().any(|r| {
@@ -242,8 +247,7 @@ pub fn create_runtime(
                 uuid: uuid.clone(),
                 id: state.id.clone(),
                 source: Box::new(source),
-            }
-            .into());
+            });
         }
     }
     Ok(())
@@ -254,7 +258,7 @@ pub fn create_runtime(
 /// whose owner process is gone, never those of a running container of the same id under
 /// another runtime root or namespace. A slice's hook releases only when the stopped
 /// container's spec was edited for that reservation (its annotation names it).
-pub fn poststop(node: &Node, reservation: Option<&str>) -> Result<(), Error> {
+pub fn poststop(node: &NodeContext, reservation: Option<&str>) -> Result<(), HookError> {
     let state = read_state()?;
     if let Some(id) = reservation {
         // A spec that only copied the hook line cannot release someone else's slice.
@@ -283,7 +287,7 @@ mod tests {
         }
     }
 
-    /// Issue 16 (12): the hook line alone does not let a container bind or release a slice.
+    /// The hook line alone does not let a container bind or release a slice.
     #[test]
     fn only_a_spec_edited_for_the_reservation_may_use_it() {
         let rid = "0123456789abcdef";

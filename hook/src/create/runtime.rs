@@ -12,7 +12,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::create::specedit::{edit_spec, EditError, Outcome};
-use crate::node::Node;
+use crate::node::NodeContext;
 
 /// runc's global flags that take a value.
 const GLOBAL_VALUE_FLAGS: &[&str] = &["--log", "--log-format", "--root", "--criu", "--rootless"];
@@ -363,7 +363,7 @@ pub fn exit_like(status: std::process::ExitStatus) -> std::process::ExitCode {
 }
 
 /// Applies the spec edit to the bundle's config.json when the command creates a container.
-pub fn edit_bundle(node: &Node, args: &RuncArgs) -> Result<(), RuntimeError> {
+pub fn edit_bundle(node: &NodeContext, args: &RuncArgs) -> Result<(), RuntimeError> {
     let bundle = match &args.bundle {
         Some(b) => b.clone(),
         None => std::env::current_dir().map_err(|source| RuntimeError::ReadSpec {

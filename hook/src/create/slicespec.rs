@@ -9,19 +9,12 @@ use gpuslice_cdi::{ContainerEdits, Device, Mount, Spec};
 use gpuslice_registry::Reservation;
 use gpuslice_slice::{CONTAINER_DIR, CONTAINER_LIMITS, CONTAINER_USAGE, LIMITS_FILE, USAGE_FILE};
 
-use crate::commands::cdi::VISIBLE_DEVICES_VOID;
 use crate::create::driveredits::{RO_BIND, RW_BIND};
-use crate::node::Node;
+use crate::node::NodeContext;
+use crate::specfiles::VISIBLE_DEVICES_VOID;
 
 /// Kind of the per-slice CDI specs.
-pub const SLICE_KIND: &str = "gpuslice.io/slice";
-
-/// Path of the CDI spec of slice `id` in `dir`; `None` when `id` cannot name a spec file.
-pub fn slice_spec_path(dir: &Path, id: &str) -> Option<PathBuf> {
-    gpuslice_cdi::transient_spec_file_name(SLICE_KIND, id)
-        .ok()
-        .map(|n| dir.join(n))
-}
+pub use crate::specfiles::{slice_spec_path, SLICE_KIND};
 
 /// Where the shim is mounted in slice containers.
 pub const SHIM_CONTAINER_PATH: &str = "/usr/lib/gpuslice/libgpuslice_shim.so";
@@ -63,7 +56,7 @@ pub fn slice_env(r: &Reservation) -> Vec<String> {
 /// Builds the slice spec of reservation `r` from the node spec `node_spec`; `slice_dir`
 /// holds `limits.json` and `usage`.
 pub fn slice_spec(
-    node: &Node,
+    node: &NodeContext,
     binary: &Path,
     node_spec: &Spec,
     r: &Reservation,

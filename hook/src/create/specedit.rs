@@ -22,7 +22,7 @@ use crate::create::slicespec::{
 };
 use crate::create::specfile::SpecFileError as SpecReadError;
 use crate::create::specjson::{SpecJsonError, SpecText};
-use crate::node::{Node, NodeError};
+use crate::node::{NodeContext, NodeError};
 
 /// Why a container's creation is refused. Each prints as one line for the user.
 #[derive(Debug, thiserror::Error)]
@@ -159,7 +159,7 @@ impl Drop for Rollback<'_> {
 }
 
 /// Writes the host's `ld.so.preload` for slice containers when it is missing or differs.
-pub fn ensure_preload(node: &Node) -> Result<(), EditError> {
+pub fn ensure_preload(node: &NodeContext) -> Result<(), EditError> {
     let preload = node.config().state_dir.join(PRELOAD_FILE);
     if std::fs::read_to_string(&preload).ok().as_deref() != Some(preload_contents().as_str()) {
         gpuslice_fsutil::atomic_write(&preload, preload_contents().as_bytes(), 0o644).map_err(
@@ -207,7 +207,7 @@ pub fn write_slice_files(
 /// A spec that arrives with gpuslice's reservation annotation `id`: edited already when it
 /// also carries our createRuntime hook for a pending reservation (wrapper and precreate hook
 /// both configured), forged otherwise.
-fn already_edited(node: &Node, spec: &Value, id: &str) -> Result<Outcome, EditError> {
+fn already_edited(node: &NodeContext, spec: &Value, id: &str) -> Result<Outcome, EditError> {
     let registry = node
         .open_registry()
         .map_err(|e| EditError::Open(Box::new(e)))?;
@@ -235,7 +235,7 @@ fn mentions_gpuslice(input: &[u8]) -> bool {
 /// A spec serde_json cannot read as an object (invalid UTF-8, …) carries no request when the
 /// bytes `gpuslice.io/` appear nowhere in it: it passes untouched for the runtime to judge.
 /// Otherwise it is refused, since a request in it could not be honoured.
-pub fn edit_spec(node: &Node, input: &[u8]) -> Result<Outcome, EditError> {
+pub fn edit_spec(node: &NodeContext, input: &[u8]) -> Result<Outcome, EditError> {
     let json = |source| EditError::Json {
         what: "the OCI spec".into(),
         source,
@@ -274,8 +274,8 @@ pub fn edit_spec(node: &Node, input: &[u8]) -> Result<Outcome, EditError> {
 
     // Everything that can be checked before reserving is checked first.
     let config = node.config();
-    let node_spec =
-        crate::commands::cdi::cached_node_spec_lazy(node).map_err(EditError::NodeSpec)?;
+    let node_spec = crate::specfiles::cached_node_spec_lazy(&node.config().state_dir)
+        .map_err(EditError::NodeSpec)?;
     if !config.shim.library.is_file() {
         return Err(EditError::NoShim {
             path: config.shim.library.clone(),
@@ -299,7 +299,7 @@ pub fn edit_spec(node: &Node, input: &[u8]) -> Result<Outcome, EditError> {
     let booked: Vec<&str> = reservation.gpus.iter().map(|b| b.uuid.as_str()).collect();
     let node_spec = node_spec.with_devices(&booked).map_err(|source| {
         EditError::NodeSpec(SpecFileError::Decode {
-            path: config.state_dir.join(crate::commands::cdi::NODE_SPEC_CACHE),
+            path: config.state_dir.join(crate::specfiles::NODE_SPEC_CACHE),
             source,
         })
     })?;

@@ -1,0 +1,528 @@
+//! Which reservation owns each GPU process, decided from host facts only, for both the
+//! exporter's per-slice figures and the enforcer's kills and throttles: a process belongs to
+//! a reservation when it runs in the pid namespace of one of the reservation's container
+//! inits (verified by start time, never the host's namespace), or in the cgroup such an init
+//! was recorded in at bind or join time, or below it. Those are the kernel's and the
+//! registry's facts, recorded by host-side hooks; nothing a container writes (its usage
+//! file's slots, its own pid as it sees it) decides where a process is charged, so a
+//! container cannot steer a kill or a freeze onto another tenant's or the host's processes.
+
+use std::collections::HashMap;
+
+use gpuslice_registry::{Reservation, System};
+
+use crate::procmap::{ProcError, ProcFs};
+
+/// The owners of the live reservations, as a cycle or a scrape sees them.
+///
+/// Built once per cycle (or scrape) from the reservations in order; each GPU process is then
+/// looked at once: its pid namespace first, its cgroup only when the namespace names no
+/// single owner.
+pub struct Attribution<'a> {
+    proc: &'a ProcFs,
+    system: &'a dyn System,
+    own_ns: Option<u64>,
+    /// A container init's pid namespace → its reservation; `None` when several
+    /// reservations' containers share it (a pod sharing its process namespace), which then
+    /// leaves the decision to the cgroups.
+    namespaces: HashMap<u64, Option<usize>>,
+    /// (recorded cgroup, reservation), deepest cgroup first.
+    cgroups: Vec<(String, usize)>,
+    seen: HashMap<u32, Vec<usize>>,
+}
+
+impl std::fmt::Debug for Attribution<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Attribution")
+            .field("own_ns", &self.own_ns)
+            .field("namespaces", &self.namespaces)
+            .field("cgroups", &self.cgroups)
+            .finish_non_exhaustive()
+    }
+}
+
+/// True when `cgroup` is `recorded` or a cgroup below it (whole path components).
+pub fn within_cgroup(cgroup: &str, recorded: &str) -> bool {
+    cgroup
+        .strip_prefix(recorded)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+}
+
+impl<'a> Attribution<'a> {
+    /// The owners of `live` (by position). `proc` gives pid namespaces, `system` start times
+    /// and cgroups (the registry's own reading of them, so a cgroup compares equal to the
+    /// one recorded at bind).
+    pub fn new(proc: &'a ProcFs, system: &'a dyn System, live: &[&Reservation]) -> Attribution<'a> {
+        let own_ns = proc.pid_ns("self").ok();
+        let boot_id = system.boot_id().ok();
+        let mut namespaces: HashMap<u64, Option<usize>> = HashMap::new();
+        let mut cgroups = Vec::new();
+        for (n, r) in live.iter().enumerate() {
+            for p in r.owner.processes() {
+                if let Some(c) = p.cgroup.as_deref().filter(|c| !c.is_empty()) {
+                    cgroups.push((c.to_string(), n));
+                }
+                // The init's namespace only while the recorded process still holds that pid:
+                // a reused pid names someone else's namespace.
+                let same = boot_id.as_deref() == Some(p.boot_id.as_str())
+                    && matches!(system.process_start_time(p.pid), Ok(Some(t)) if t == p.start_time);
+                let ns = same
+                    .then(|| proc.pid_ns(&p.pid.to_string()).ok())
+                    .flatten()
+                    .filter(|ns| Some(*ns) != own_ns);
+                if let Some(ns) = ns {
+                    namespaces
+                        .entry(ns)
+                        .and_modify(|o| {
+                            if *o != Some(n) {
+                                *o = None;
+                            }
+                        })
+                        .or_insert(Some(n));
+                }
+            }
+        }
+        cgroups.sort_by_key(|c| std::cmp::Reverse(c.0.len()));
+        Attribution {
+            proc,
+            system,
+            own_ns,
+            namespaces,
+            cgroups,
+            seen: HashMap::new(),
+        }
+    }
+
+    /// The reservations host process `pid` may belong to, most specific first: the owner of
+    /// its pid namespace, else those whose recorded cgroup holds it, deepest first. Empty
+    /// for a process of the host or of a container without a reservation. A `/proc` entry
+    /// that cannot be read (the process is gone) is an error.
+    pub fn candidates(&mut self, pid: u32) -> Result<&[usize], AttributionError> {
+        if !self.seen.contains_key(&pid) {
+            let found = self.look_up(pid)?;
+            self.seen.insert(pid, found);
+        }
+        Ok(self.seen.get(&pid).map(Vec::as_slice).unwrap_or_default())
+    }
+
+    /// The reservation that owns `pid` on GPU `uuid`: the first candidate that books that
+    /// GPU in `live` (the same list the attribution was built from).
+    pub fn owner_on(
+        &mut self,
+        pid: u32,
+        uuid: &str,
+        live: &[&Reservation],
+    ) -> Result<Owned, AttributionError> {
+        let candidates = self.candidates(pid)?;
+        let booked = candidates.iter().copied().find(|n| {
+            live.get(*n)
+                .is_some_and(|r| r.gpus.iter().any(|b| b.uuid == uuid))
+        });
+        Ok(match (booked, candidates.first()) {
+            (Some(n), _) => Owned::By(n),
+            (None, Some(n)) => Owned::ElsewhereBy(*n),
+            (None, None) => Owned::Nobody,
+        })
+    }
+
+    fn look_up(&self, pid: u32) -> Result<Vec<usize>, AttributionError> {
+        let ns = self.proc.pid_ns(&pid.to_string())?;
+        if Some(ns) != self.own_ns {
+            if let Some(Some(n)) = self.namespaces.get(&ns) {
+                return Ok(vec![*n]);
+            }
+        }
+        if self.cgroups.is_empty() {
+            return Ok(Vec::new());
+        }
+        let cgroup = self
+            .system
+            .process_cgroup(pid)
+            .map_err(|e| AttributionError::Cgroup(e.to_string()))?;
+        let Some(cgroup) = cgroup else {
+            return Ok(Vec::new());
+        };
+        let mut found: Vec<usize> = Vec::new();
+        for (recorded, n) in &self.cgroups {
+            if within_cgroup(&cgroup, recorded) && !found.contains(n) {
+                found.push(*n);
+            }
+        }
+        Ok(found)
+    }
+}
+
+/// Whose a GPU process is, on the GPU it was listed on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owned {
+    /// Reservation `n` (by position), which books this GPU.
+    By(usize),
+    /// Reservation `n`'s container, which has no booking on this GPU.
+    ElsewhereBy(usize),
+    /// The host's, or a container's without a reservation.
+    Nobody,
+}
+
+/// A process whose owner cannot be told.
+#[derive(Debug, thiserror::Error)]
+pub enum AttributionError {
+    #[error(transparent)]
+    Proc(#[from] ProcError),
+    #[error("{0}")]
+    Cgroup(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuslice_registry::FakeSystem;
+    use std::path::Path;
+
+    const HOST_NS: u64 = 4026531836;
+
+    fn fake_process(root: &Path, pid: u32, ns: u64) {
+        let dir = root.join(pid.to_string());
+        std::fs::create_dir_all(dir.join("ns")).unwrap();
+        std::os::unix::fs::symlink(format!("pid:[{ns}]"), dir.join("ns/pid")).unwrap();
+    }
+
+    /// A bound reservation of `kind` ("container" or "dra_claim") whose containers' inits are
+    /// `inits` (pid, start time, cgroup), booked on `uuids`.
+    fn reservation(kind: &str, inits: &[(u32, u64, &str)], uuids: &[&str]) -> Reservation {
+        let procs: Vec<serde_json::Value> = inits
+            .iter()
+            .map(|(pid, start, cgroup)| {
+                serde_json::json!({"pid": pid, "start_time": start, "boot_id": "fake-boot-0", "cgroup": cgroup})
+            })
+            .collect();
+        let owner = if kind == "container" {
+            serde_json::json!({"kind": "container", "container_id": "c", "process": procs[0]})
+        } else {
+            serde_json::json!({"kind": "dra_claim", "claim_uid": "u", "namespace": "ns", "name": "n", "members": procs})
+        };
+        serde_json::from_value(serde_json::json!({
+            "id": "0000000000000001",
+            "state": "bound",
+            "owner": owner,
+            "gpus": uuids.iter().enumerate().map(|(i, u)| serde_json::json!({
+                "index": i, "uuid": u, "memory": 1, "cores": 0})).collect::<Vec<_>>(),
+            "created_ms": 0,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn cgroup_containment_is_by_whole_components() {
+        assert!(within_cgroup(
+            "system.slice/runc-a.scope",
+            "system.slice/runc-a.scope"
+        ));
+        assert!(within_cgroup("kubepods/pod1/ctr/sub", "kubepods/pod1/ctr"));
+        assert!(!within_cgroup("kubepods/pod1/ctr2", "kubepods/pod1/ctr"));
+        // A container named `system` is not `system.slice`.
+        assert!(!within_cgroup("system.slice/cron.service", "system"));
+        assert!(!within_cgroup("x", "x/y"));
+    }
+
+    #[test]
+    fn processes_are_attributed_by_namespace_or_cgroup_never_to_the_host() {
+        let root = tempfile::tempdir().unwrap();
+        let proc = ProcFs::new(root.path());
+        let sys = FakeSystem::new(0);
+        fake_process(root.path(), 1, HOST_NS);
+        std::os::unix::fs::symlink("1", root.path().join("self")).unwrap();
+        // Container A: own pid namespace 11; init 100, a GPU process 101.
+        for pid in [100, 101] {
+            fake_process(root.path(), pid, 11);
+            sys.spawn(pid, pid as u64);
+            sys.set_cgroup(pid, "ctr-a");
+        }
+        // Container B runs in the host's pid namespace (`--pid=host`): its cgroup decides.
+        for pid in [200, 201] {
+            fake_process(root.path(), pid, HOST_NS);
+            sys.spawn(pid, pid as u64);
+            sys.set_cgroup(pid, "system.slice/runc-b.scope");
+        }
+        // A process of B in a nested cgroup of its own.
+        fake_process(root.path(), 202, 12);
+        sys.spawn(202, 202);
+        sys.set_cgroup(202, "system.slice/runc-b.scope/inner");
+        // Host processes, one in a cgroup whose name starts like a container's.
+        fake_process(root.path(), 300, HOST_NS);
+        sys.spawn(300, 300);
+        sys.set_cgroup(300, "system.slice/runc-b.scope2");
+        fake_process(root.path(), 301, HOST_NS);
+        sys.spawn(301, 301);
+        let a = reservation("container", &[(100, 100, "ctr-a")], &["GPU-0"]);
+        let b = reservation(
+            "container",
+            &[(200, 200, "system.slice/runc-b.scope")],
+            &["GPU-0"],
+        );
+        let live = [&a, &b];
+        let mut who = Attribution::new(&proc, &sys, &live);
+        assert_eq!(who.owner_on(101, "GPU-0", &live).unwrap(), Owned::By(0));
+        assert_eq!(who.owner_on(201, "GPU-0", &live).unwrap(), Owned::By(1));
+        assert_eq!(who.owner_on(202, "GPU-0", &live).unwrap(), Owned::By(1));
+        assert_eq!(who.owner_on(300, "GPU-0", &live).unwrap(), Owned::Nobody);
+        assert_eq!(who.owner_on(301, "GPU-0", &live).unwrap(), Owned::Nobody);
+        assert_eq!(
+            who.owner_on(101, "GPU-1", &live).unwrap(),
+            Owned::ElsewhereBy(0)
+        );
+        assert!(who.owner_on(999, "GPU-0", &live).is_err(), "no /proc entry");
+    }
+
+    #[test]
+    fn a_reused_init_pid_names_no_namespace() {
+        let root = tempfile::tempdir().unwrap();
+        let proc = ProcFs::new(root.path());
+        let sys = FakeSystem::new(0);
+        fake_process(root.path(), 1, HOST_NS);
+        std::os::unix::fs::symlink("1", root.path().join("self")).unwrap();
+        // The recorded init (start time 5) is gone; pid 100 now is another container's
+        // init (start time 9), namespace 21, cgroup other.
+        fake_process(root.path(), 100, 21);
+        fake_process(root.path(), 101, 21);
+        for pid in [100, 101] {
+            sys.spawn(pid, 9);
+            sys.set_cgroup(pid, "other");
+        }
+        let gone = reservation("container", &[(100, 5, "ctr-gone")], &["GPU-0"]);
+        let live = [&gone];
+        let mut who = Attribution::new(&proc, &sys, &live);
+        assert_eq!(who.owner_on(101, "GPU-0", &live).unwrap(), Owned::Nobody);
+    }
+
+    #[test]
+    fn a_claim_owns_the_processes_of_every_container_recorded_for_it() {
+        let root = tempfile::tempdir().unwrap();
+        let proc = ProcFs::new(root.path());
+        let sys = FakeSystem::new(0);
+        fake_process(root.path(), 1, HOST_NS);
+        std::os::unix::fs::symlink("1", root.path().join("self")).unwrap();
+        // Two containers of one pod share its pid namespace 31; each has its own cgroup.
+        for (pid, cgroup) in [
+            (100, "pod/c1"),
+            (101, "pod/c1"),
+            (200, "pod/c2"),
+            (201, "pod/c2"),
+        ] {
+            fake_process(root.path(), pid, 31);
+            sys.spawn(pid, pid as u64);
+            sys.set_cgroup(pid, cgroup);
+        }
+        // c1 holds claim X (GPU-0), c2 holds claim Y (GPU-1): the shared namespace decides
+        // nothing, the cgroups do.
+        let x = reservation("dra_claim", &[(100, 100, "pod/c1")], &["GPU-0"]);
+        let y = reservation("dra_claim", &[(200, 200, "pod/c2")], &["GPU-1"]);
+        let live = [&x, &y];
+        let mut who = Attribution::new(&proc, &sys, &live);
+        assert_eq!(who.owner_on(101, "GPU-0", &live).unwrap(), Owned::By(0));
+        assert_eq!(who.owner_on(201, "GPU-1", &live).unwrap(), Owned::By(1));
+        assert_eq!(
+            who.owner_on(201, "GPU-0", &live).unwrap(),
+            Owned::ElsewhereBy(1)
+        );
+        // One container given both claims: its processes count for the claim of the GPU.
+        let both_x = reservation("dra_claim", &[(100, 100, "pod/c1")], &["GPU-0"]);
+        let both_y = reservation("dra_claim", &[(100, 100, "pod/c1")], &["GPU-1"]);
+        let live = [&both_x, &both_y];
+        let mut who = Attribution::new(&proc, &sys, &live);
+        assert_eq!(who.owner_on(101, "GPU-0", &live).unwrap(), Owned::By(0));
+        assert_eq!(who.owner_on(101, "GPU-1", &live).unwrap(), Owned::By(1));
+    }
+}
+
+/// The exporter's per-slice figures and the enforcer's decisions come from this one
+/// attribution: what `/metrics` shows a slice holding is what the enforcer judges it by.
+#[cfg(test)]
+mod agreement {
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+
+    use gpuslice_config::EnforceConfig;
+    use gpuslice_registry::{FakeSystem, RegistryFile, System};
+    use gpuslice_slice::usage::{create_usage_file, ProcessIdentity, UsageFile};
+
+    use crate::collect::{Collector, Sources};
+    use crate::enforce::cycle::{Enforcer, Roots, Throttles};
+    use crate::enforce::events::EventKind;
+    use crate::enforce::meter::{GpuProcs, ProcFigures};
+    use crate::enforce::signal::{SignalError, Signaller};
+    use crate::errors::ErrorLog;
+    use crate::gpu::{DeviceReading, GpuMeter, GpuProcess, Reading};
+
+    const GIB: u64 = 1 << 30;
+    const HOST_NS: u64 = 4026531836;
+    const UUID: &str = "GPU-00000000-0000-0000-0000-000000000000";
+
+    struct Meter(Arc<Mutex<Vec<(u32, u64)>>>);
+    impl GpuMeter for Meter {
+        fn read(&mut self) -> Reading {
+            let procs = self.0.lock().unwrap().clone();
+            Reading {
+                devices: vec![DeviceReading {
+                    index: 0,
+                    uuid: UUID.into(),
+                    processes: Some(
+                        procs
+                            .iter()
+                            .map(|(pid, used)| GpuProcess {
+                                pid: *pid,
+                                used: Some(*used),
+                            })
+                            .collect(),
+                    ),
+                    ..DeviceReading::default()
+                }],
+                errors: Vec::new(),
+            }
+        }
+    }
+
+    struct Recorder(Arc<Mutex<Vec<u32>>>);
+    impl Signaller for Recorder {
+        fn start_time(&self, _pid: u32) -> Option<u64> {
+            Some(1)
+        }
+        fn kill(&mut self, pid: u32, _start: u64) -> Result<(), SignalError> {
+            self.0.lock().unwrap().push(pid);
+            Ok(())
+        }
+    }
+
+    fn fake_process(root: &std::path::Path, pid: u32, ns: u64) {
+        let dir = root.join(pid.to_string());
+        std::fs::create_dir_all(dir.join("ns")).unwrap();
+        std::os::unix::fs::symlink(format!("pid:[{ns}]"), dir.join("ns/pid")).unwrap();
+    }
+
+    /// A container slice (2 GiB) whose usage file also lists a host process: the exporter
+    /// used to charge the slice with it (every slice's slots attributed), the enforcer did
+    /// not (only claims' slots) — `/metrics` showed the slice over while nothing acted. Now
+    /// both charge the container's own process only, and when that alone takes the slice
+    /// over, the enforcer's figure is the exporter's.
+    #[test]
+    fn metrics_and_the_enforcer_charge_the_same_processes() {
+        let dir = tempfile::tempdir().unwrap();
+        let proc_root = dir.path().join("proc");
+        let state_dir = dir.path().join("state");
+        fake_process(&proc_root, 1, HOST_NS);
+        std::os::unix::fs::symlink("1", proc_root.join("self")).unwrap();
+        let sys = Arc::new(FakeSystem::new(1_000));
+        for (pid, ns, cgroup) in [
+            (100, 11, "ctr-a"),
+            (101, 11, "ctr-a"),
+            (500, HOST_NS, "user.slice"),
+        ] {
+            fake_process(&proc_root, pid, ns);
+            sys.spawn(pid, 1);
+            sys.set_cgroup(pid, cgroup);
+        }
+        let id = "00000000000000a1";
+        let file: RegistryFile = serde_json::from_value(serde_json::json!({
+            "version": gpuslice_registry::REGISTRY_VERSION,
+            "inventory": {"gpus": [{"index": 0, "uuid": UUID, "model": "NVIDIA H200",
+                "memory_total": 16 * GIB, "minor": 0}]},
+            "reservations": [{
+                "id": id, "state": "bound",
+                "owner": {"kind": "container", "container_id": "a",
+                    "process": {"pid": 100, "start_time": 1, "boot_id": "fake-boot-0", "cgroup": "ctr-a"}},
+                "gpus": [{"index": 0, "uuid": UUID, "memory": 2 * GIB, "cores": 0}],
+                "created_ms": 0, "bound_ms": 0,
+            }],
+        }))
+        .unwrap();
+        let slice = state_dir.join("slices").join(id);
+        std::fs::create_dir_all(&slice).unwrap();
+        create_usage_file(&slice.join("usage")).unwrap();
+        let _forged = UsageFile::open(
+            &slice.join("usage"),
+            ProcessIdentity {
+                pid: 500,
+                pid_ns: HOST_NS,
+            },
+        )
+        .unwrap();
+
+        let figures = Arc::new(Mutex::new(vec![(101, GIB), (500, 3 * GIB)]));
+        let mut collector = Collector::new(
+            Sources {
+                state_dir: state_dir.clone(),
+                proc_root: proc_root.clone(),
+                node: "n".into(),
+            },
+            sys.clone() as Arc<dyn System>,
+            Some(Box::new(Meter(figures.clone()))),
+            ErrorLog::default(),
+        );
+        let kills = Arc::new(Mutex::new(Vec::new()));
+        let mut enforcer = Enforcer::new(
+            EnforceConfig::default(),
+            Roots {
+                state_dir,
+                proc_root,
+                cgroup_root: dir.path().join("cgroup"),
+            },
+            Box::new(Recorder(kills.clone())),
+            Throttles::default(),
+        )
+        .with_system(sys);
+        let t0 = Instant::now();
+        let mut round = |at: u64| -> (Option<u64>, Option<u64>) {
+            let now = t0 + Duration::from_secs(at);
+            let shown = collector.collect_from(Some(&file), now).slices[0].nvml_memory_used;
+            let procs = figures
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|(pid, used)| ProcFigures {
+                    pid: *pid,
+                    used: Some(*used),
+                    sm: None,
+                })
+                .collect();
+            let out = enforcer.cycle(
+                &file,
+                &[GpuProcs {
+                    uuid: UUID.into(),
+                    processes: procs,
+                }],
+                now,
+            );
+            let judged = out
+                .events
+                .iter()
+                .find(|e| e.kind == EventKind::MemoryKill)
+                .and_then(|e| e.slice_bytes);
+            (shown, judged)
+        };
+        for at in 0..4 {
+            let (shown, judged) = round(at);
+            assert_eq!(
+                shown,
+                Some(GIB),
+                "the exporter charges the container's process only"
+            );
+            assert_eq!(judged, None, "under its limit: nothing to act on");
+        }
+        // The container's own process grows to 3 GiB: both see 3 GiB, and the enforcer acts.
+        figures.lock().unwrap()[0].1 = 3 * GIB;
+        let mut acted = None;
+        for at in 4..8 {
+            let (shown, judged) = round(at);
+            assert_eq!(shown, Some(3 * GIB));
+            acted = judged;
+            if acted.is_some() {
+                break;
+            }
+        }
+        assert_eq!(
+            acted,
+            Some(3 * GIB),
+            "the enforcer judged the figure the exporter shows"
+        );
+        assert_eq!(*kills.lock().unwrap(), vec![101]);
+    }
+}

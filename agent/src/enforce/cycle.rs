@@ -1,0 +1,949 @@
+//! One enforcement cycle: the registry read without its lock, the driver's per-process
+//! figures, each process mapped to its reservation by `attribution` (host facts only: the
+//! pid namespaces and recorded cgroups of the reservation's containers), then the memory and
+//! compute decisions per slice and GPU, acted on through the seams.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use gpuslice_config::{ComputeAction, EnforceConfig, MemoryAction};
+use gpuslice_registry::{RealSystem, RegistryFile, Reservation, ReservationState, System};
+
+use crate::attribution::{Attribution, Owned};
+use crate::enforce::compute::ComputeTrack;
+use crate::enforce::events::{Event, EventKind};
+use crate::enforce::freezer::{freezer_of_pid, FreezerFile};
+use crate::enforce::memory::{MemoryTrack, MemoryVerdict, ProcMemory};
+use crate::enforce::meter::{GpuProcs, ProcFigures};
+use crate::enforce::signal::Signaller;
+use crate::enforce::stop::stop_containers;
+use crate::procmap::ProcFs;
+
+/// The run fraction of each cgroup under a duty cycle, read by the freezer thread.
+pub type Throttles = Arc<Mutex<BTreeMap<FreezerFile, f64>>>;
+
+/// Where a cycle reads from.
+#[derive(Debug, Clone)]
+pub struct Roots {
+    pub state_dir: PathBuf,
+    /// Normally `/proc`.
+    pub proc_root: PathBuf,
+    /// Normally `/sys/fs/cgroup`.
+    pub cgroup_root: PathBuf,
+}
+
+/// What one cycle found and did.
+#[derive(Debug, Default)]
+pub struct CycleOutcome {
+    pub events: Vec<Event>,
+    /// Lines about what could not be read or done (not events).
+    pub errors: Vec<String>,
+    /// (reservation, GPU UUID, run fraction) of the slices under a duty cycle now.
+    pub throttled: Vec<(String, String, f64)>,
+    /// Unowned processes per GPU UUID now.
+    pub unowned: Vec<(String, u64)>,
+}
+
+/// The enforcer's state across cycles.
+pub struct Enforcer {
+    cfg: EnforceConfig,
+    roots: Roots,
+    proc: ProcFs,
+    /// Start times and cgroups of processes, as the registry reads them.
+    system: Arc<dyn System>,
+    signaller: Box<dyn Signaller>,
+    memory: HashMap<(String, String), MemoryTrack>,
+    compute: HashMap<(String, String), ComputeTrack>,
+    /// (GPU, pid, start time) of unowned processes already reported.
+    unowned_seen: HashSet<(String, u32, u64)>,
+    throttles: Throttles,
+    now_ms: Box<dyn Fn() -> u64 + Send>,
+}
+
+impl std::fmt::Debug for Enforcer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Enforcer")
+            .field("cfg", &self.cfg)
+            .field("roots", &self.roots)
+            .finish_non_exhaustive()
+    }
+}
+
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// A live reservation as the cycle sees it.
+struct Slice<'a> {
+    r: &'a Reservation,
+}
+
+impl Enforcer {
+    pub fn new(
+        cfg: EnforceConfig,
+        roots: Roots,
+        signaller: Box<dyn Signaller>,
+        throttles: Throttles,
+    ) -> Enforcer {
+        Enforcer {
+            cfg,
+            proc: ProcFs::new(roots.proc_root.clone()),
+            system: Arc::new(RealSystem::with_cgroup_root(
+                roots.proc_root.clone(),
+                roots.cgroup_root.clone(),
+            )),
+            roots,
+            signaller,
+            memory: HashMap::new(),
+            compute: HashMap::new(),
+            unowned_seen: HashSet::new(),
+            throttles,
+            now_ms: Box::new(wall_ms),
+        }
+    }
+
+    /// Reads start times and cgroups from `system` instead of the roots' `/proc` and cgroup
+    /// tree (tests play processes out on a fake).
+    pub fn with_system(mut self, system: Arc<dyn System>) -> Enforcer {
+        self.system = system;
+        self
+    }
+
+    /// Runs one cycle on `file`'s reservations and the `gpus` the meter read.
+    pub fn cycle(&mut self, file: &RegistryFile, gpus: &[GpuProcs], now: Instant) -> CycleOutcome {
+        let mut out = CycleOutcome::default();
+        let live: Vec<Slice<'_>> = file
+            .reservations
+            .iter()
+            .filter(|r| matches!(r.state, ReservationState::Bound | ReservationState::Pending))
+            .map(|r| Slice { r })
+            .collect();
+
+        // Who owns each process.
+        let reservations: Vec<&Reservation> = live.iter().map(|s| s.r).collect();
+        let mut who = Attribution::new(&self.proc, &*self.system, &reservations);
+        // (slice, GPU UUID) → its processes there.
+        let mut groups: BTreeMap<(usize, String), Vec<ProcFigures>> = BTreeMap::new();
+        for g in gpus {
+            let mut unowned = 0u64;
+            for p in &g.processes {
+                let owned = match who.owner_on(p.pid, &g.uuid, &reservations) {
+                    Ok(o) => o,
+                    Err(e) => {
+                        // Gone between the driver's list and now: nothing to enforce.
+                        out.errors.push(e.to_string());
+                        continue;
+                    }
+                };
+                match owned {
+                    Owned::By(n) => groups.entry((n, g.uuid.clone())).or_default().push(*p),
+                    Owned::ElsewhereBy(_) | Owned::Nobody => {
+                        unowned += 1;
+                        let start = self.signaller.start_time(p.pid).unwrap_or(0);
+                        if self.unowned_seen.insert((g.uuid.clone(), p.pid, start)) {
+                            let mut e = self.event(EventKind::Unowned, None, &g.uuid, p.pid);
+                            e.process_bytes = p.used;
+                            if let Owned::ElsewhereBy(n) = owned {
+                                e.error = Some(format!(
+                                    "it belongs to reservation {}, which has no booking on this GPU",
+                                    live[n].r.id
+                                ));
+                            }
+                            out.events.push(e);
+                        }
+                    }
+                }
+            }
+            out.unowned.push((g.uuid.clone(), unowned));
+        }
+        let present: HashSet<(String, u32)> = gpus
+            .iter()
+            .flat_map(|g| g.processes.iter().map(move |p| (g.uuid.clone(), p.pid)))
+            .collect();
+        self.unowned_seen
+            .retain(|(u, pid, _)| present.contains(&(u.clone(), *pid)));
+
+        // Decisions per slice and booked GPU (a GPU with no process is judged empty).
+        let mut wanted: BTreeMap<FreezerFile, f64> = BTreeMap::new();
+        let mut keep: HashSet<(String, String)> = HashSet::new();
+        for (n, s) in live.iter().enumerate() {
+            if s.r.whole_gpu {
+                continue;
+            }
+            for b in &s.r.gpus {
+                if !gpus.iter().any(|g| g.uuid == b.uuid) {
+                    continue;
+                }
+                let key = (s.r.id.clone(), b.uuid.clone());
+                keep.insert(key.clone());
+                let procs = groups
+                    .get(&(n, b.uuid.clone()))
+                    .cloned()
+                    .unwrap_or_default();
+                self.judge_memory(s.r, &b.uuid, b.memory, &procs, now, &mut out);
+                if b.cores > 0 {
+                    self.judge_compute(s.r, &b.uuid, b.cores, &procs, now, &mut out, &mut wanted);
+                }
+            }
+        }
+        self.memory.retain(|k, _| keep.contains(k));
+        self.compute.retain(|k, _| keep.contains(k));
+        *self.throttles.lock().unwrap_or_else(|p| p.into_inner()) = wanted;
+        out
+    }
+
+    fn event(&self, kind: EventKind, r: Option<&Reservation>, uuid: &str, pid: u32) -> Event {
+        Event {
+            kind,
+            at_ms: (self.now_ms)(),
+            reservation: r.map(|r| r.id.clone()).unwrap_or_default(),
+            container_id: r.and_then(|r| r.owner.container_id().map(str::to_string)),
+            uuid: uuid.to_string(),
+            pid,
+            slice_bytes: None,
+            limit_bytes: None,
+            process_bytes: None,
+            share: None,
+            share_limit: None,
+            error: None,
+        }
+    }
+
+    fn judge_memory(
+        &mut self,
+        r: &Reservation,
+        uuid: &str,
+        limit: u64,
+        procs: &[ProcFigures],
+        now: Instant,
+        out: &mut CycleOutcome,
+    ) {
+        let mem: Vec<ProcMemory> = procs
+            .iter()
+            .filter_map(|p| p.used.map(|used| ProcMemory { pid: p.pid, used }))
+            .collect();
+        let track = self
+            .memory
+            .entry((r.id.clone(), uuid.to_string()))
+            .or_default();
+        let MemoryVerdict::Act {
+            procs: ended,
+            total,
+            repeat,
+            ..
+        } = track.judge(&mem, limit, now, self.cfg.grace)
+        else {
+            return;
+        };
+        let kill = self.cfg.memory == MemoryAction::Kill;
+        for p in &ended {
+            let mut e = self.event(EventKind::MemoryReport, Some(r), uuid, p.pid);
+            e.slice_bytes = Some(total);
+            e.limit_bytes = Some(limit);
+            e.process_bytes = Some(p.used);
+            if kill {
+                let result = match self.signaller.start_time(p.pid) {
+                    Some(start) => self.signaller.kill(p.pid, start).map_err(|e| e.to_string()),
+                    None => Err(format!("process {} is gone", p.pid)),
+                };
+                match result {
+                    Ok(()) => e.kind = EventKind::MemoryKill,
+                    Err(err) => e.error = Some(format!("not killed: {err}")),
+                }
+            }
+            out.events.push(e);
+        }
+        if repeat {
+            // Over again within the repeat window: a process keeps coming back past the
+            // shim. Its containers are stopped, so the slice stays under.
+            let first = ended.first().map_or(0, |p| p.pid);
+            let mut e = self.event(EventKind::MemoryEscalation, Some(r), uuid, first);
+            e.slice_bytes = Some(total);
+            e.limit_bytes = Some(limit);
+            if kill {
+                let (_, errors) = stop_containers(r, &self.roots.cgroup_root, &mut *self.signaller);
+                if !errors.is_empty() {
+                    e.error = Some(format!("not every process stopped: {}", errors.join("; ")));
+                }
+            }
+            out.events.push(e);
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn judge_compute(
+        &mut self,
+        r: &Reservation,
+        uuid: &str,
+        cores: u8,
+        procs: &[ProcFigures],
+        now: Instant,
+        out: &mut CycleOutcome,
+        wanted: &mut BTreeMap<FreezerFile, f64>,
+    ) {
+        if procs.iter().all(|p| p.sm.is_none()) && !procs.is_empty() {
+            return; // The driver gives no per-process utilisation.
+        }
+        let used = procs.iter().filter_map(|p| p.sm).sum::<u32>() as f64 / 100.0;
+        let share = f64::from(cores.min(100)) / 100.0;
+        let throttle = self.cfg.compute == ComputeAction::Throttle;
+        let track = self
+            .compute
+            .entry((r.id.clone(), uuid.to_string()))
+            .or_default();
+        let v = track.judge(used, share, now, self.cfg.window, throttle);
+        if v.newly_over {
+            let mut e = self.event(
+                EventKind::ComputeReport,
+                Some(r),
+                uuid,
+                procs.first().map_or(0, |p| p.pid),
+            );
+            e.share = Some(v.average);
+            e.share_limit = Some(share);
+            out.events.push(e);
+        }
+        if !throttle || v.run_fraction >= 1.0 {
+            return;
+        }
+        let mut newly = false;
+        for p in procs {
+            match freezer_of_pid(&self.roots.proc_root, &self.roots.cgroup_root, p.pid) {
+                Ok(f) => {
+                    let before = self
+                        .throttles
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .contains_key(&f);
+                    newly |= !before && !wanted.contains_key(&f);
+                    wanted.insert(f, v.run_fraction);
+                }
+                Err(err) => out.errors.push(err.to_string()),
+            }
+        }
+        if newly {
+            let mut e = self.event(
+                EventKind::ComputeThrottle,
+                Some(r),
+                uuid,
+                procs.first().map_or(0, |p| p.pid),
+            );
+            e.share = Some(used);
+            e.share_limit = Some(share);
+            out.events.push(e);
+        }
+        out.throttled
+            .push((r.id.clone(), uuid.to_string(), v.run_fraction));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The enforcer's cycle against a fixture `/proc` (pid namespace links, status and
+    //! cgroup files, as the kernel has them) and a recording signaller: the property that
+    //! matters, over random per-process figures, is that no process of a slice under its
+    //! limit is ever killed, whatever its neighbours on the GPU (other slices, unowned
+    //! processes) hold.
+
+    use super::*;
+    use crate::enforce::memory::REPEAT_WINDOW;
+    use crate::enforce::signal::SignalError;
+    use gpuslice_registry::{FakeSystem, Gpu, Inventory};
+    use proptest::prelude::*;
+    use std::path::Path;
+    use std::time::Duration;
+
+    const SLICES: usize = 3;
+    /// GPU processes per slice (each in its container's pid namespace).
+    const PROCS: usize = 3;
+    const GPUS: usize = 2;
+    /// Host processes on the GPUs that belong to no reservation.
+    const UNOWNED: [u32; 2] = [500, 501];
+
+    type Kills = Arc<Mutex<Vec<u32>>>;
+
+    struct Recorder(Kills);
+
+    impl Signaller for Recorder {
+        fn start_time(&self, _pid: u32) -> Option<u64> {
+            Some(1)
+        }
+        fn kill(&mut self, pid: u32, _start: u64) -> Result<(), SignalError> {
+            self.0.lock().unwrap().push(pid);
+            Ok(())
+        }
+    }
+
+    fn fake_process(root: &Path, pid: u32, ns: u64, nspid: u32, cgroup: &str) {
+        let dir = root.join(pid.to_string());
+        std::fs::create_dir_all(dir.join("ns")).unwrap();
+        std::os::unix::fs::symlink(format!("pid:[{ns}]"), dir.join("ns/pid")).unwrap();
+        std::fs::write(
+            dir.join("status"),
+            format!("Name:\tburn\nPid:\t{pid}\nNSpid:\t{pid}\t{nspid}\n"),
+        )
+        .unwrap();
+        std::fs::write(dir.join("cgroup"), cgroup).unwrap();
+    }
+
+    fn uuid(g: usize) -> String {
+        format!("GPU-00000000-0000-0000-0000-{g:012}")
+    }
+
+    fn init_pid(s: usize) -> u32 {
+        10_000 + s as u32 * 10
+    }
+
+    fn pid_of(s: usize, k: usize) -> u32 {
+        init_pid(s) + 1 + k as u32
+    }
+
+    /// A node with [`SLICES`] bound container slices, each booked on every GPU with the
+    /// memory of `limits[s][g]`, their processes and the unowned ones in a fixture `/proc`
+    /// (pid namespaces) and a fake system (start times, cgroups).
+    fn node(dir: &Path, limits: &[[u64; GPUS]; SLICES]) -> (Roots, RegistryFile, Arc<FakeSystem>) {
+        let sys = Arc::new(FakeSystem::new(0));
+        let proc_root = dir.join("proc");
+        fake_process(&proc_root, 1, 4026531836, 1, "0::/\n");
+        std::os::unix::fs::symlink("1", proc_root.join("self")).unwrap();
+        for pid in UNOWNED {
+            fake_process(&proc_root, pid, 4026531836, pid, "0::/user.slice\n");
+        }
+        let mut file = RegistryFile {
+            inventory: Inventory {
+                gpus: (0..GPUS)
+                    .map(|g| Gpu {
+                        index: g as u32,
+                        uuid: uuid(g),
+                        model: "NVIDIA H200".into(),
+                        memory_total: 1 << 40,
+                        minor: g as u32,
+                        pci_bus_id: None,
+                        numa_node: None,
+                    })
+                    .collect(),
+            },
+            ..RegistryFile::default()
+        };
+        for (s, limit) in limits.iter().enumerate() {
+            let ns = 4026540000 + s as u64;
+            let id = format!("ctr{s}");
+            fake_process(&proc_root, init_pid(s), ns, 1, &format!("0::/{id}\n"));
+            sys.spawn(init_pid(s), 1);
+            sys.set_cgroup(init_pid(s), &id);
+            for k in 0..PROCS {
+                sys.spawn(pid_of(s, k), 1);
+                sys.set_cgroup(pid_of(s, k), &id);
+                fake_process(
+                    &proc_root,
+                    pid_of(s, k),
+                    ns,
+                    2 + k as u32,
+                    &format!("0::/{id}\n"),
+                );
+            }
+            // Through the registry's JSON: the form every version of the record reads.
+            let r = serde_json::json!({
+                "id": format!("{s:016x}"),
+                "state": "bound",
+                "owner": {
+                    "kind": "container",
+                    "container_id": id,
+                    "process": {"pid": init_pid(s), "start_time": 1, "boot_id": "fake-boot-0"},
+                },
+                "gpus": (0..GPUS).map(|g| serde_json::json!({
+                    "index": g, "uuid": uuid(g), "memory": limit[g], "cores": 0,
+                })).collect::<Vec<_>>(),
+                "created_ms": 0,
+                "bound_ms": 0,
+            });
+            file.reservations.push(serde_json::from_value(r).unwrap());
+        }
+        let state_dir = dir.join("state");
+        std::fs::create_dir_all(&state_dir).unwrap();
+        let roots = Roots {
+            state_dir,
+            proc_root,
+            cgroup_root: dir.join("cgroup"),
+        };
+        (roots, file, sys)
+    }
+
+    /// Every GPU process of the node: (slice or `None` for unowned, pid).
+    fn all_pids() -> Vec<(Option<usize>, u32)> {
+        let mut v: Vec<(Option<usize>, u32)> = (0..SLICES)
+            .flat_map(|s| (0..PROCS).map(move |k| (Some(s), pid_of(s, k))))
+            .collect();
+        v.extend(UNOWNED.iter().map(|p| (None, *p)));
+        v
+    }
+
+    #[test]
+    fn the_process_that_took_its_slice_over_is_killed_and_no_other() {
+        let dir = tempfile::tempdir().unwrap();
+        let limits = [[4, 100], [4, 100], [4, 100]];
+        let (roots, file, sys) = node(dir.path(), &limits);
+        let kills = Kills::default();
+        let mut e = Enforcer::new(
+            EnforceConfig::default(),
+            roots,
+            Box::new(Recorder(kills.clone())),
+            Throttles::default(),
+        )
+        .with_system(sys);
+        let reading = |a: u64, b: u64| {
+            vec![GpuProcs {
+                uuid: uuid(0),
+                processes: vec![
+                    ProcFigures {
+                        pid: pid_of(0, 0),
+                        used: Some(a),
+                        sm: Some(10),
+                    },
+                    ProcFigures {
+                        pid: pid_of(0, 1),
+                        used: Some(b),
+                        sm: Some(10),
+                    },
+                    // Slice 1 is at its limit, and an unowned process holds a lot.
+                    ProcFigures {
+                        pid: pid_of(1, 0),
+                        used: Some(4),
+                        sm: Some(10),
+                    },
+                    ProcFigures {
+                        pid: UNOWNED[0],
+                        used: Some(1000),
+                        sm: Some(90),
+                    },
+                ],
+            }]
+        };
+        let t0 = Instant::now();
+        let out = e.cycle(&file, &reading(3, 0), t0);
+        assert!(
+            out.events.iter().all(|e| e.kind == EventKind::Unowned),
+            "{:?}",
+            out.events
+        );
+        e.cycle(&file, &reading(3, 3), t0 + Duration::from_millis(500));
+        assert!(kills.lock().unwrap().is_empty(), "within grace");
+        let out = e.cycle(&file, &reading(3, 3), t0 + Duration::from_millis(2500));
+        assert_eq!(*kills.lock().unwrap(), vec![pid_of(0, 1)]);
+        let kill = out
+            .events
+            .iter()
+            .find(|e| e.kind == EventKind::MemoryKill)
+            .unwrap();
+        assert_eq!(
+            (kill.slice_bytes, kill.limit_bytes, kill.process_bytes),
+            (Some(6), Some(4), Some(3))
+        );
+        assert_eq!(kill.reservation, format!("{:016x}", 0));
+        assert_eq!(out.unowned, vec![(uuid(0), 1)]);
+    }
+
+    const GIB: u64 = 1 << 30;
+    const HOST_NS: u64 = 4026531836;
+
+    /// One GPU's processes with their bytes.
+    fn on_gpu0(procs: &[(u32, u64)]) -> Vec<GpuProcs> {
+        vec![GpuProcs {
+            uuid: uuid(0),
+            processes: procs
+                .iter()
+                .map(|(pid, used)| ProcFigures {
+                    pid: *pid,
+                    used: Some(*used),
+                    sm: Some(1),
+                })
+                .collect(),
+        }]
+    }
+
+    /// Runs cycles over `readings` spaced `step` apart; returns the kills.
+    fn run(
+        e: &mut Enforcer,
+        kills: &Kills,
+        file: &RegistryFile,
+        readings: &[Vec<GpuProcs>],
+        step: Duration,
+    ) -> Vec<u32> {
+        let t0 = Instant::now();
+        for (i, r) in readings.iter().enumerate() {
+            e.cycle(file, r, t0 + step * i as u32);
+        }
+        kills.lock().unwrap().clone()
+    }
+
+    /// A bound DRA claim reservation booking `limit` bytes of GPU 0, whose recorded
+    /// container is `member` (pid, cgroup).
+    fn claim(id: &str, limit: u64, member: Option<(u32, &str)>) -> Reservation {
+        let members: Vec<serde_json::Value> = member
+            .iter()
+            .map(|(pid, cgroup)| {
+                serde_json::json!({"pid": pid, "start_time": 1, "boot_id": "fake-boot-0", "cgroup": cgroup})
+            })
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "id": id, "state": "bound",
+            "owner": {"kind": "dra_claim", "claim_uid": "uid-x", "namespace": "tenant-x",
+                "name": "x", "members": members},
+            "gpus": [{"index": 0, "uuid": uuid(0), "memory": limit, "cores": 0}],
+            "created_ms": 0, "bound_ms": 0,
+        }))
+        .unwrap()
+    }
+
+    /// A container (or claim) that writes other processes' (pid namespace, pid) pairs into
+    /// its usage file — a victim container's process and a host process, all it needs being
+    /// pid 1 of namespaces made before its own — gets neither charged to its slice, so
+    /// neither is killed however far over its 1 GiB slice they would take it; its own
+    /// process over the limit still is.
+    #[test]
+    fn forged_usage_file_pairs_get_no_other_process_killed() {
+        use gpuslice_slice::usage::{create_usage_file, ProcessIdentity, UsageFile};
+        let dir = tempfile::tempdir().unwrap();
+        let limits = [[4 * GIB, GIB]; SLICES];
+        let (roots, mut file, sys) = node(dir.path(), &limits);
+        // The attacker: a claim whose container runs in namespace 4026549999, cgroup `atk`.
+        let atk_ns = 4026549999;
+        fake_process(&roots.proc_root, 900, atk_ns, 1, "0::/atk\n");
+        fake_process(&roots.proc_root, 901, atk_ns, 2, "0::/atk\n");
+        for pid in [900, 901] {
+            sys.spawn(pid, 1);
+            sys.set_cgroup(pid, "atk");
+        }
+        let id = "00000000000000aa";
+        file.reservations.push(claim(id, GIB, Some((900, "atk"))));
+        let slice = roots.state_dir.join("slices").join(id);
+        std::fs::create_dir_all(&slice).unwrap();
+        let usage = slice.join("usage");
+        create_usage_file(&usage).unwrap();
+        // Forged slots: slice 0's process (pid 2 of its namespace) and host process 500.
+        let victim = pid_of(0, 0);
+        let _forged = [
+            UsageFile::open(
+                &usage,
+                ProcessIdentity {
+                    pid: 2,
+                    pid_ns: 4026540000,
+                },
+            )
+            .unwrap(),
+            UsageFile::open(
+                &usage,
+                ProcessIdentity {
+                    pid: UNOWNED[0],
+                    pid_ns: HOST_NS,
+                },
+            )
+            .unwrap(),
+        ];
+        let kills = Kills::default();
+        let mut e = Enforcer::new(
+            EnforceConfig::default(),
+            roots,
+            Box::new(Recorder(kills.clone())),
+            Throttles::default(),
+        )
+        .with_system(sys);
+        let reading = on_gpu0(&[(victim, 3 * GIB), (UNOWNED[0], 3 * GIB), (901, GIB / 2)]);
+        let killed = run(
+            &mut e,
+            &kills,
+            &file,
+            &vec![reading; 4],
+            Duration::from_secs(1),
+        );
+        assert!(killed.is_empty(), "killed {killed:?}");
+        // The attacker's own process over its slice is still caught.
+        let over = on_gpu0(&[(victim, 3 * GIB), (UNOWNED[0], 3 * GIB), (901, 2 * GIB)]);
+        let killed = run(
+            &mut e,
+            &kills,
+            &file,
+            &vec![over; 4],
+            Duration::from_secs(1),
+        );
+        assert_eq!(killed.first(), Some(&901), "{killed:?}");
+        assert!(killed.iter().all(|p| [900, 901].contains(p)), "{killed:?}");
+    }
+
+    /// A container named `system` (raw runc ids are the user's to pick) is charged with
+    /// nothing outside its own cgroup: not a host GPU job in `system.slice/…`.
+    #[test]
+    fn a_container_named_system_is_charged_only_with_its_own_cgroup() {
+        let dir = tempfile::tempdir().unwrap();
+        let (roots, mut file, sys) = node(dir.path(), &[[GIB, GIB]; SLICES]);
+        fake_process(&roots.proc_root, 700, 4026548888, 1, "0::/system\n");
+        fake_process(
+            &roots.proc_root,
+            701,
+            HOST_NS,
+            701,
+            "0::/system.slice/train.service\n",
+        );
+        sys.spawn(700, 1);
+        sys.set_cgroup(700, "system");
+        sys.spawn(701, 1);
+        sys.set_cgroup(701, "system.slice/train.service");
+        let r = serde_json::json!({
+            "id": "00000000000000bb", "state": "bound",
+            "owner": {"kind": "container", "container_id": "system",
+                "process": {"pid": 700, "start_time": 1, "boot_id": "fake-boot-0", "cgroup": "system"}},
+            "gpus": [{"index": 0, "uuid": uuid(0), "memory": GIB, "cores": 0}],
+            "created_ms": 0, "bound_ms": 0,
+        });
+        file.reservations.push(serde_json::from_value(r).unwrap());
+        let kills = Kills::default();
+        let mut e = Enforcer::new(
+            EnforceConfig::default(),
+            roots,
+            Box::new(Recorder(kills.clone())),
+            Throttles::default(),
+        )
+        .with_system(sys);
+        let reading = on_gpu0(&[(701, 8 * GIB)]);
+        let t0 = Instant::now();
+        let mut unowned = 0;
+        for i in 0..4 {
+            let out = e.cycle(&file, &reading, t0 + Duration::from_secs(i));
+            unowned += out
+                .events
+                .iter()
+                .filter(|e| e.kind == EventKind::Unowned && e.pid == 701)
+                .count();
+        }
+        assert!(
+            kills.lock().unwrap().is_empty(),
+            "{:?}",
+            kills.lock().unwrap()
+        );
+        assert_eq!(
+            unowned, 1,
+            "the host job is reported as no reservation's, once"
+        );
+    }
+
+    /// A container that keeps starting holders past the shim (one more 1 GiB holder every
+    /// second on a 2 GiB slice): one action brings the slice back under within grace plus
+    /// an interval, and when it goes over again within the repeat window its container is
+    /// stopped, so from then on the slice holds at most its limit at every reading.
+    #[test]
+    fn a_slice_that_keeps_respawning_holders_is_brought_under_and_kept_there() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut roots, mut file, sys) = node(dir.path(), &[[100 * GIB, 100 * GIB]; SLICES]);
+        // The respawning container: init 800 in cgroup `spawner`, whose cgroup.procs the
+        // fixture cgroup tree lists; killing the init ends the container (and its spawner).
+        roots.cgroup_root = dir.path().join("cgroup");
+        std::fs::create_dir_all(roots.cgroup_root.join("spawner")).unwrap();
+        std::fs::write(roots.cgroup_root.join("spawner/cgroup.procs"), "800\n").unwrap();
+        fake_process(&roots.proc_root, 800, 4026547777, 1, "0::/spawner\n");
+        sys.spawn(800, 1);
+        sys.set_cgroup(800, "spawner");
+        let r = serde_json::json!({
+            "id": "00000000000000cc", "state": "bound",
+            "owner": {"kind": "container", "container_id": "spawner",
+                "process": {"pid": 800, "start_time": 1, "boot_id": "fake-boot-0", "cgroup": "spawner"}},
+            "gpus": [{"index": 0, "uuid": uuid(0), "memory": 2 * GIB, "cores": 0}],
+            "created_ms": 0, "bound_ms": 0,
+        });
+        file.reservations.push(serde_json::from_value(r).unwrap());
+        let kills = Kills::default();
+        let grace = Duration::from_secs(2);
+        let interval = Duration::from_millis(500);
+        let mut e = Enforcer::new(
+            EnforceConfig {
+                grace,
+                interval,
+                ..EnforceConfig::default()
+            },
+            roots,
+            Box::new(Recorder(kills.clone())),
+            Throttles::default(),
+        )
+        .with_system(sys);
+        let t0 = Instant::now();
+        let mut holders: Vec<u32> = Vec::new();
+        let mut stopped = false;
+        let mut first_over: Option<Instant> = None;
+        let mut back_under: Option<Instant> = None;
+        for tick in 0..40u32 {
+            let now = t0 + interval * tick;
+            // A new holder every second while the container runs.
+            if !stopped && tick % 2 == 0 {
+                let pid = 1000 + tick;
+                fake_process(
+                    e.roots.proc_root.as_path(),
+                    pid,
+                    4026547777,
+                    2 + tick,
+                    "0::/spawner\n",
+                );
+                holders.push(pid);
+            }
+            let reading = on_gpu0(&holders.iter().map(|p| (*p, GIB)).collect::<Vec<_>>());
+            let out = e.cycle(&file, &reading, now);
+            let gone: HashSet<u32> = kills.lock().unwrap().iter().copied().collect();
+            holders.retain(|p| !gone.contains(p));
+            stopped |= gone.contains(&800);
+            if stopped {
+                // Its container stopped: no holder outlives it.
+                holders.clear();
+            }
+            let held = holders.len() as u64 * GIB;
+            let over_before = reading[0].processes.len() as u64 * GIB > 2 * GIB;
+            if over_before && first_over.is_none() {
+                first_over = Some(now);
+            }
+            if let Some(t) = first_over {
+                if back_under.is_none() && held <= 2 * GIB {
+                    back_under = Some(now);
+                    assert!(
+                        now - t <= grace + interval,
+                        "back under {:?} after going over",
+                        now - t
+                    );
+                }
+            }
+            if back_under.is_some() {
+                assert!(
+                    held <= 2 * GIB,
+                    "tick {tick}: {held} bytes held after the first action; events {:?}",
+                    out.events
+                );
+            }
+        }
+        assert!(back_under.is_some(), "never brought under");
+        assert!(stopped, "the repeat offender's container was stopped");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Over random per-process figures on two GPUs shared by three slices and two
+        /// unowned processes: every kill hits a process of a slice that, on a GPU where the
+        /// process holds memory, was over its limit at that reading and had been over
+        /// since at least `grace` before; unowned processes are never killed; a killed
+        /// process is gone from later readings, as it is from the driver's.
+        #[test]
+        fn never_kills_a_process_of_a_slice_under_its_limit(
+            limits in prop::array::uniform3(prop::array::uniform2(1u64..60)),
+            grace_ms in 0u64..2000,
+            steps in proptest::collection::vec(
+                (
+                    1u64..1200,
+                    proptest::collection::vec(
+                        proptest::option::of(0u64..40),
+                        (SLICES * PROCS + UNOWNED.len()) * GPUS,
+                    ),
+                ),
+                1..30,
+            ),
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let (roots, file, sys) = node(dir.path(), &limits);
+            let kills = Kills::default();
+            let cfg = EnforceConfig {
+                grace: Duration::from_millis(grace_ms),
+                ..EnforceConfig::default()
+            };
+            let mut e = Enforcer::new(cfg, roots, Box::new(Recorder(kills.clone())), Throttles::default())
+                .with_system(sys);
+            let pids = all_pids();
+            let mut dead: HashSet<u32> = HashSet::new();
+            let mut over_since: HashMap<(usize, usize), Instant> = HashMap::new();
+            let mut acted: HashMap<(usize, usize), Instant> = HashMap::new();
+            let mut now = Instant::now();
+            for (dt, figures) in steps {
+                now += Duration::from_millis(dt);
+                let mut gpus: Vec<GpuProcs> = (0..GPUS)
+                    .map(|g| GpuProcs { uuid: uuid(g), processes: Vec::new() })
+                    .collect();
+                // (slice, GPU) → bytes its live processes hold this reading.
+                let mut totals: HashMap<(usize, usize), u64> = HashMap::new();
+                for (i, used) in figures.iter().enumerate() {
+                    let (g, (owner, pid)) = (i % GPUS, pids[i / GPUS]);
+                    let Some(used) = *used else { continue };
+                    if dead.contains(&pid) {
+                        continue;
+                    }
+                    gpus[g].processes.push(ProcFigures { pid, used: Some(used), sm: Some(1) });
+                    if let Some(s) = owner {
+                        *totals.entry((s, g)).or_default() += used;
+                    }
+                }
+                for (s, limit) in limits.iter().enumerate() {
+                    for (g, limit) in limit.iter().enumerate() {
+                        if totals.get(&(s, g)).copied().unwrap_or(0) > *limit {
+                            over_since.entry((s, g)).or_insert(now);
+                        } else {
+                            over_since.remove(&(s, g));
+                        }
+                    }
+                }
+                let before = kills.lock().unwrap().len();
+                let out = e.cycle(&file, &gpus, now);
+                let new: Vec<u32> = kills.lock().unwrap()[before..].to_vec();
+                let escalated: HashSet<String> = out
+                    .events
+                    .iter()
+                    .filter(|e| e.kind == EventKind::MemoryEscalation)
+                    .map(|e| e.reservation.clone())
+                    .collect();
+                let mut init_kills = 0;
+                for pid in &new {
+                    // An escalation stops the slice's container (its init: no cgroup here).
+                    if let Some(s) = (0..SLICES).find(|s| init_pid(*s) == *pid) {
+                        prop_assert!(escalated.contains(&format!("{s:016x}")), "init of {s} killed");
+                        init_kills += 1;
+                        continue;
+                    }
+                    let owner = pids.iter().find(|(_, p)| p == pid).and_then(|(o, _)| *o);
+                    prop_assert!(owner.is_some(), "killed unowned process {pid}");
+                    let s = owner.unwrap_or_default();
+                    let justified = (0..GPUS).any(|g| {
+                        let holds = gpus[g].processes.iter().any(|p| p.pid == *pid && p.used > Some(0));
+                        let over = totals.get(&(s, g)).copied().unwrap_or(0) > limits[s][g];
+                        let long = over_since
+                            .get(&(s, g))
+                            .is_some_and(|t| now.duration_since(*t) >= Duration::from_millis(grace_ms));
+                        let again = acted
+                            .get(&(s, g))
+                            .is_some_and(|t| now.duration_since(*t) <= REPEAT_WINDOW);
+                        holds && over && (long || again)
+                    });
+                    prop_assert!(
+                        justified,
+                        "killed {pid} of slice {s}: totals {totals:?}, limits {:?}, over since {over_since:?}",
+                        limits[s]
+                    );
+                    dead.insert(*pid);
+                }
+                // One action leaves each slice it hit at or under its limit on that GPU.
+                let mut freed: HashMap<(String, String), (u64, u64, u64)> = HashMap::new();
+                for ev in out.events.iter().filter(|e| e.kind == EventKind::MemoryKill) {
+                    let f = freed
+                        .entry((ev.reservation.clone(), ev.uuid.clone()))
+                        .or_insert((ev.slice_bytes.unwrap_or(0), ev.limit_bytes.unwrap_or(0), 0));
+                    f.2 += ev.process_bytes.unwrap_or(0);
+                }
+                for ((r, u), (total, limit, gone)) in &freed {
+                    prop_assert!(total - gone <= *limit, "{r} on {u}: {total} - {gone} > {limit}");
+                    let s = usize::from_str_radix(r, 16).unwrap_or(0);
+                    let g = (0..GPUS).find(|g| uuid(*g) == *u).unwrap_or(0);
+                    acted.insert((s, g), now);
+                    over_since.remove(&(s, g));
+                }
+                let killed_events = out.events.iter().filter(|e| e.kind == EventKind::MemoryKill).count();
+                prop_assert_eq!(killed_events + init_kills, new.len());
+            }
+        }
+    }
+}

@@ -1,0 +1,81 @@
+//! `gpuslice status` and `gpuslice gc`: the node's registry shown (booked figures next to
+//! what `measured` takes, rendered by `render`) and reaped or rebuilt.
+
+pub mod measured;
+pub mod render;
+mod table;
+
+use gpuslice_registry::{is_valid_id, Inventory, Registry};
+
+use render::{render_reaped, render_rebuild, render_table_measured, status_json_measured};
+
+use crate::args::{GcArgs, StatusArgs};
+use gpuslice_hook::create::slicespec::{slice_spec_path, SLICE_KIND};
+use gpuslice_hook::error::Error;
+use gpuslice_hook::node::NodeContext;
+use gpuslice_hook::output::out;
+
+/// `status [--json]`: per-GPU capacity and allocation and the reservations, with what the
+/// exporter's collector measures next to what is booked, and what the enforcer did.
+pub fn status(node: &NodeContext, args: &StatusArgs) -> Result<(), Error> {
+    let file = node.open_registry()?.snapshot()?;
+    let measured = measured::measure(node, &file);
+    if args.json {
+        let mut v = status_json_measured(&file, &measured, &node.config().placement);
+        crate::enforce::status::add_json(&mut v, &node.config().state_dir);
+        Ok(out(&format!(
+            "{}\n",
+            serde_json::to_string_pretty(&v).unwrap_or_default()
+        ))?)
+    } else {
+        let enforcer = crate::enforce::status::render_text(&node.config().state_dir);
+        Ok(out(&format!(
+            "{}{enforcer}",
+            render_table_measured(&file, &measured, &node.config().placement)
+        ))?)
+    }
+}
+
+/// `gc [--rebuild]`: reaps the reservations of containers that are gone, or rebuilds a
+/// corrupt registry from the inventory and the live slice directories; either way, then
+/// removes the slice CDI specs whose reservation is gone.
+pub fn gc(node: &NodeContext, args: &GcArgs) -> Result<(), Error> {
+    let registry = node.open_registry()?;
+    let report = if args.rebuild {
+        let gpus = gpuslice_hook::nodespec::take_inventory(node)?;
+        render_rebuild(&registry.rebuild(Inventory { gpus })?)
+    } else {
+        render_reaped(&registry.gc()?)
+    };
+    let specs = remove_leftover_specs(node, &registry)?;
+    Ok(out(&format!("{report}{specs}"))?)
+}
+
+/// Removes gpuslice's slice CDI specs (`gpuslice.io-slice_<id>.json` in `cdi.spec_dir`, `<id>`
+/// a reservation id) whose reservation the registry does not list: a hook killed between
+/// its reservation being reaped and its spec being written leaves one that no release
+/// would remove. The specs are listed before the registry is read, and a create writes its
+/// spec only after reserving, so a spec being created is never taken. Returns one line per
+/// spec removed.
+fn remove_leftover_specs(node: &NodeContext, registry: &Registry) -> Result<String, Error> {
+    let dir = &node.config().cdi.spec_dir;
+    let ids = gpuslice_cdi::list_transient_specs(dir, SLICE_KIND)?;
+    if ids.is_empty() {
+        return Ok(String::new());
+    }
+    let file = registry.snapshot()?;
+    let mut lines = String::new();
+    for id in ids.iter().filter(|id| is_valid_id(id)) {
+        if file.reservation(id).is_some() {
+            continue;
+        }
+        if let Some(path) = slice_spec_path(dir, id) {
+            gpuslice_cdi::remove_spec(&path)?;
+            lines.push_str(&format!(
+                "removed CDI spec {} of reservation {id}, which the registry does not list\n",
+                path.display()
+            ));
+        }
+    }
+    Ok(lines)
+}

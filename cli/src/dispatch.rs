@@ -1,0 +1,59 @@
+//! The one place a parsed command line is dispatched to its role: the hooks and `cdi` to the
+//! create path, `status`, `gc` and `serve` to the node agent, `configure` to engine
+//! registration, `kubelet-plugin` to the DRA plugin, `console` to the web console.
+
+use gpuslice_hook::node::NodeContext;
+
+use crate::cli::{Cli, Command};
+
+/// Why a command failed: the role's own error, one line each.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Node(#[from] gpuslice_hook::error::Error),
+    #[error(transparent)]
+    Serve(#[from] gpuslice_agent::ServeError),
+    #[error(transparent)]
+    Configure(#[from] gpuslice_configure::ConfigureError),
+    #[error(transparent)]
+    KubeletPlugin(Box<gpuslice_kube::node_slices::KubeletPluginError>),
+    #[error(transparent)]
+    Console(#[from] gpuslice_console::web::WebError),
+}
+
+impl From<gpuslice_kube::node_slices::KubeletPluginError> for Error {
+    fn from(e: gpuslice_kube::node_slices::KubeletPluginError) -> Self {
+        Error::KubeletPlugin(Box::new(e))
+    }
+}
+
+impl Error {
+    /// The process exit status: 2 for bad configuration or usage, 1 for everything else.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Error::Node(e) => e.exit_code(),
+            _ => 1,
+        }
+    }
+}
+
+/// Runs the command; the caller prints the error and exits with its code.
+pub fn run(cli: Cli) -> Result<(), Error> {
+    let node =
+        NodeContext::load(cli.config.as_deref()).map_err(gpuslice_hook::error::Error::from)?;
+    match cli.command {
+        Command::Cdi(command) => Ok(gpuslice_hook::nodespec::run(&node, command)
+            .map_err(gpuslice_hook::error::Error::from)?),
+        Command::Hook(command) => Ok(gpuslice_hook::create::hooks::run(&node, command)
+            .map_err(gpuslice_hook::error::Error::from)?),
+        Command::Status(args) => Ok(gpuslice_agent::status::status(&node, &args)?),
+        Command::Gc(args) => Ok(gpuslice_agent::status::gc(&node, &args)?),
+        Command::Serve(args) => Ok(gpuslice_agent::run(
+            &node,
+            args.listen.unwrap_or(node.config().serve.listen),
+        )?),
+        Command::Configure(command) => Ok(gpuslice_configure::run(&node, command)?),
+        Command::KubeletPlugin(args) => Ok(gpuslice_kube::node_slices::run(&node, args)?),
+        Command::Console(args) => Ok(gpuslice_console::web::run_until_signal(args)?),
+    }
+}

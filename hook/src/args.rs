@@ -1,0 +1,72 @@
+//! The create path's part of the `gpuslice` command line: the OCI hooks and `cdi`, defined
+//! next to the code they drive and composed into the command tree by the `gpuslice`
+//! binary. The hook lines gpuslice writes are read without clap by `create::hookargv`, into
+//! the same types.
+
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+
+/// A hook line: the `--config` it names and the hook.
+#[derive(Debug)]
+pub struct HookLine {
+    pub config: Option<PathBuf>,
+    pub command: HookCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CdiCommand {
+    /// Take the GPU inventory (NVML or simulated), cache it for the registry, set up a
+    /// simulated node when configured, and write the node's CDI spec for whole GPUs
+    /// (`gpuslice.io/gpu=0`, `=GPU-<uuid>`, `=all`).
+    ///
+    /// Run it at install, at boot and after a driver change. The create path never touches
+    /// NVML; it reads what this command cached.
+    Generate(GenerateArgs),
+    /// Print the CDI device names of the node spec, one per line.
+    List,
+}
+
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    /// Directory to write the spec to [default: cdi.spec_dir of the config].
+    #[arg(long, value_name = "DIR")]
+    pub output: Option<PathBuf>,
+    /// Directory holding the simulated driver libraries (simulated nodes only)
+    /// [default: next to this executable, then /usr/lib/gpuslice/sim].
+    #[arg(long, value_name = "DIR")]
+    pub sim_driver: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum HookCommand {
+    /// hooks.d `precreate` stage (podman, CRI-O): OCI spec on stdin, edited spec on stdout.
+    Precreate,
+    /// `createRuntime` hook: bind the reservation to the container (state on stdin).
+    #[command(alias = "prestart")]
+    CreateRuntime(HookArgs),
+    /// `poststop` hook: release the container's reservations (state on stdin).
+    Poststop(HookArgs),
+    /// Print MESSAGE and fail: how a refused precreate edit reaches the user through the
+    /// runtime's error.
+    #[command(hide = true)]
+    Fail {
+        /// The refusal, one line.
+        message: String,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct HookArgs {
+    /// The reservation this hook is for (slices).
+    #[arg(long, value_name = "ID")]
+    pub reservation: Option<String>,
+    /// Book these GPUs whole for the container (CDI whole-GPU devices).
+    #[arg(long = "whole-gpu", value_name = "UUID")]
+    pub whole_gpu: Vec<String>,
+    /// Record the container as one of the containers of the DRA claim holding reservation
+    /// ID (the claim's CDI spec carries this hook): its init process and cgroup, read here on
+    /// the host, are what the node agent attributes the claim's GPU processes by.
+    #[arg(long, value_name = "ID", conflicts_with_all = ["reservation", "whole_gpu"])]
+    pub claim: Option<String>,
+}

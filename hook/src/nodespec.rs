@@ -1,0 +1,190 @@
+//! `gpuslice cdi generate`: the node's CDI spec for whole GPUs (`gpuslice.io/gpu=0`,
+//! `=GPU-<uuid>`, `=all`), with the registry hooks that book them, plus the inventory cache
+//! the create path reads instead of NVML; and `gpuslice cdi list`.
+
+use std::path::{Path, PathBuf};
+
+use gpuslice_cdi::{ContainerEdits, Device, Hook, Spec, SpecFileError};
+use gpuslice_driver::InventoryError;
+use gpuslice_registry::{Gpu, Inventory, Registry, RegistryError};
+
+use crate::args::CdiCommand;
+use crate::create::driveredits::{discover, DriverEdits, DriverEditsError};
+use crate::node::{NodeContext, NodeError};
+use crate::output::out;
+use crate::simnode::{default_driver_dirs, setup_sim_node, RealMknod, SimError};
+
+/// Kind of the node spec's whole-GPU devices.
+pub const GPU_KIND: &str = "gpuslice.io/gpu";
+pub use crate::specfiles::{NODE_SPEC_CACHE, VISIBLE_DEVICES_VOID};
+
+/// `cdi generate` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum GenerateError {
+    #[error(transparent)]
+    Inventory(#[from] InventoryError),
+    #[error(transparent)]
+    Sim(#[from] SimError),
+    #[error(transparent)]
+    Driver(#[from] DriverEditsError),
+    #[error(transparent)]
+    Node(#[from] NodeError),
+    #[error(transparent)]
+    Spec(#[from] SpecFileError),
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    #[error("cannot write to standard output: {0}")]
+    Stdout(#[from] crate::output::OutputError),
+    #[error(
+        "GPU {index} ({uuid}) has no device node /dev/nvidia{minor} under the driver root {root}"
+    )]
+    MissingGpuNode {
+        index: u32,
+        uuid: String,
+        minor: u32,
+        root: PathBuf,
+    },
+}
+
+/// What `generate` produced.
+#[derive(Debug)]
+pub struct Generated {
+    pub spec: Spec,
+    pub path: PathBuf,
+    pub gpus: Vec<Gpu>,
+}
+
+/// The node's GPUs as the registry caches them: what the driver reports (NVML) or the
+/// config simulates.
+pub fn take_inventory(node: &NodeContext) -> Result<Vec<Gpu>, InventoryError> {
+    let gpus = gpuslice_driver::inventory(node.config(), &node.loaded.path)?;
+    Ok(gpus
+        .into_iter()
+        .map(|g| Gpu {
+            index: g.index,
+            uuid: g.uuid,
+            model: g.model,
+            memory_total: g.memory_total,
+            minor: g.minor,
+            pci_bus_id: g.pci_bus_id,
+            numa_node: g.numa_node,
+        })
+        .collect())
+}
+
+/// The createRuntime/poststop hooks that book `uuids` whole for the container.
+pub fn whole_gpu_hooks(node: &NodeContext, binary: &Path, uuids: &[&str]) -> Vec<Hook> {
+    let mut sub = vec!["hook", "create-runtime"];
+    for u in uuids {
+        sub.push("--whole-gpu");
+        sub.push(u);
+    }
+    vec![
+        node.hook(binary, "createRuntime", &sub),
+        node.hook(binary, "poststop", &["hook", "poststop"]),
+    ]
+}
+
+/// Builds the node spec for `gpus` from the driver's edits. Deterministic: the same
+/// inventory and driver give byte-identical output.
+pub fn node_spec(
+    node: &NodeContext,
+    binary: &Path,
+    gpus: &[Gpu],
+    driver: &DriverEdits,
+) -> Result<Spec, GenerateError> {
+    let mut spec = Spec::new(GPU_KIND);
+    spec.container_edits = ContainerEdits {
+        env: vec![VISIBLE_DEVICES_VOID.to_string()],
+        device_nodes: driver.control.clone(),
+        mounts: driver.mounts.clone(),
+        ..Default::default()
+    };
+    let mut all = ContainerEdits::default();
+    for g in gpus {
+        let dev = driver
+            .gpus
+            .get(&g.minor)
+            .ok_or_else(|| GenerateError::MissingGpuNode {
+                index: g.index,
+                uuid: g.uuid.clone(),
+                minor: g.minor,
+                root: node.config().effective_driver_root(),
+            })?;
+        let edits = ContainerEdits {
+            device_nodes: vec![dev.clone()],
+            hooks: whole_gpu_hooks(node, binary, &[&g.uuid]),
+            ..Default::default()
+        };
+        spec.devices
+            .push(Device::new(g.index.to_string(), edits.clone()));
+        spec.devices.push(Device::new(g.uuid.clone(), edits));
+        all.device_nodes.push(dev.clone());
+    }
+    let uuids: Vec<&str> = gpus.iter().map(|g| g.uuid.as_str()).collect();
+    all.hooks = whole_gpu_hooks(node, binary, &uuids);
+    spec.devices.push(Device::new("all", all));
+    Ok(spec)
+}
+
+/// Takes the inventory (setting up the simulated node first when configured), caches it in
+/// the registry, and writes the node spec to `output` (default `cdi.spec_dir`) and to the
+/// state dir's cache.
+pub fn generate(
+    node: &NodeContext,
+    output: Option<&Path>,
+    sim_driver: Option<&Path>,
+) -> Result<Generated, GenerateError> {
+    let config = node.config();
+    if config.is_simulated() {
+        let dirs = match sim_driver {
+            Some(d) => vec![d.to_path_buf()],
+            None => default_driver_dirs(),
+        };
+        setup_sim_node(config, &dirs, &RealMknod)?;
+    }
+    let gpus = take_inventory(node)?;
+    let driver = discover(config)?;
+    let binary = node.hook_binary()?;
+    let spec = node_spec(node, &binary, &gpus, &driver)?;
+    let registry = Registry::open_config(config, gpuslice_registry::no_cleanup())?;
+    registry.set_inventory(Inventory { gpus: gpus.clone() })?;
+    gpuslice_cdi::write_spec_compact_as(&config.state_dir, NODE_SPEC_CACHE, &spec)?;
+    let dir = output
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| config.cdi.spec_dir.clone());
+    let path = gpuslice_cdi::write_spec(&dir, &spec)?;
+    Ok(Generated { spec, path, gpus })
+}
+
+/// `cdi generate` prints what it wrote; `cdi list` the node spec's device names.
+pub fn run(node: &NodeContext, command: CdiCommand) -> Result<(), GenerateError> {
+    match command {
+        CdiCommand::Generate(args) => {
+            let g = generate(node, args.output.as_deref(), args.sim_driver.as_deref())?;
+            let names = g.spec.qualified_device_names();
+            Ok(out(&format!(
+                "wrote {} ({} GPUs, {} devices: {})\n",
+                g.path.display(),
+                g.gpus.len(),
+                names.len(),
+                names.join(" ")
+            ))?)
+        }
+        CdiCommand::List => Ok(out(&cached_node_spec(node)?
+            .qualified_device_names()
+            .iter()
+            .map(|n| format!("{n}\n"))
+            .collect::<String>())?),
+    }
+}
+
+/// Reads the node spec cached by the last `cdi generate`.
+pub fn cached_node_spec(node: &NodeContext) -> Result<Spec, SpecFileError> {
+    crate::specfiles::cached_node_spec(&node.config().state_dir)
+}
+
+/// The node spec cache for the create path (see [`crate::specfiles::cached_node_spec_lazy`]).
+pub fn cached_node_spec_lazy(node: &NodeContext) -> Result<gpuslice_cdi::LazySpec, SpecFileError> {
+    crate::specfiles::cached_node_spec_lazy(&node.config().state_dir)
+}
