@@ -161,6 +161,23 @@ struct Txn {
 }
 
 impl Txn {
+    /// The reservation `id` of the file, for changing it; `registry` names the file in the
+    /// error when there is none.
+    fn reservation_mut(
+        &mut self,
+        id: &str,
+        registry: &std::path::Path,
+    ) -> Result<&mut Reservation, RegistryError> {
+        self.file
+            .reservations
+            .iter_mut()
+            .find(|r| r.id == id)
+            .ok_or_else(|| RegistryError::NotFound {
+                id: id.to_string(),
+                path: registry.to_path_buf(),
+            })
+    }
+
     /// Takes every reservation `matches` selects out of the file, counting them released;
     /// their directories go after the write. Returns them.
     fn release_matching(&mut self, matches: impl Fn(&Reservation) -> bool) -> Vec<Reservation> {

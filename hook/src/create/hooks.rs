@@ -114,6 +114,16 @@ fn read_stdin() -> Result<Vec<u8>, HookError> {
     Ok(buf)
 }
 
+/// The container's init pid from the OCI state: what a createRuntime hook records.
+fn init_pid(state: &State) -> Result<u32, HookError> {
+    state
+        .pid
+        .filter(|p| *p > 0)
+        .ok_or_else(|| HookError::NoPid {
+            id: state.id.clone(),
+        })
+}
+
 fn read_state() -> Result<State, HookError> {
     serde_json::from_slice(&read_stdin()?).map_err(HookError::State)
 }
@@ -178,12 +188,7 @@ pub fn fail(message: &str) -> Result<(), HookError> {
 /// holding reservation `ID`.
 pub fn join_claim(node: &NodeContext, reservation: &str) -> Result<(), HookError> {
     let state = read_state()?;
-    let pid = state
-        .pid
-        .filter(|p| *p > 0)
-        .ok_or_else(|| HookError::NoPid {
-            id: state.id.clone(),
-        })?;
+    let pid = init_pid(&state)?;
     node.open_registry()?.join_claim(reservation, pid)?;
     Ok(())
 }
@@ -198,12 +203,7 @@ pub fn create_runtime(
     whole: &[String],
 ) -> Result<(), HookError> {
     let state = read_state()?;
-    let pid = state
-        .pid
-        .filter(|p| *p > 0)
-        .ok_or_else(|| HookError::NoPid {
-            id: state.id.clone(),
-        })?;
+    let pid = init_pid(&state)?;
     let registry = node.open_registry()?;
     if let Some(id) = reservation {
         check_edited_for(&state, id)?;

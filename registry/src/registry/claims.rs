@@ -237,15 +237,7 @@ impl Registry {
         // Read the process before taking the lock: it is the slow part.
         let process = self.process_ref(pid)?;
         let (r, _) = self.transact(false, |txn| {
-            let r = txn
-                .file
-                .reservations
-                .iter_mut()
-                .find(|r| r.id == id)
-                .ok_or_else(|| RegistryError::NotFound {
-                    id: id.to_string(),
-                    path: self.paths.registry.clone(),
-                })?;
+            let r = txn.reservation_mut(id, &self.paths.registry)?;
             let Owner::DraClaim {
                 namespace,
                 name,

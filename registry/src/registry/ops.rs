@@ -120,15 +120,7 @@ impl Registry {
 
         let (r, _) = self.transact(false, |txn| {
             let now = txn.now_ms;
-            let r = txn
-                .file
-                .reservations
-                .iter_mut()
-                .find(|r| r.id == id)
-                .ok_or_else(|| RegistryError::NotFound {
-                    id: id.to_string(),
-                    path: self.paths.registry.clone(),
-                })?;
+            let r = txn.reservation_mut(id, &self.paths.registry)?;
             // While the process that reserved it runs, only containers it creates may bind
             // it: a spec carrying someone else's reservation (copied hooks, a slice's CDI
             // device) does not descend from it. A few /proc reads, under the lock so the
