@@ -18,7 +18,9 @@ blob() {
 # waits until SIGTERM), for `ctr images import`.
 pause_image() {
   local out="$1" work="$NODE/images/pause" layer config manifest
-  { command -v busybox >/dev/null && busybox --list 2>/dev/null | grep -qx sh; } ||
+  # grep reads the whole list (no -q): an early exit would kill busybox with SIGPIPE
+  # mid-list, and pipefail would take that for a missing shell.
+  { command -v busybox >/dev/null && busybox --list 2>/dev/null | grep -x sh >/dev/null; } ||
     die "busybox (package busybox-static) is missing: run scripts/install-deps.sh"
   local busybox
   busybox="$(command -v busybox)"
