@@ -28,6 +28,8 @@ pub struct Attribution<'a> {
     namespaces: HashMap<u64, Option<usize>>,
     /// (recorded cgroup, reservation), deepest cgroup first.
     cgroups: Vec<(String, usize)>,
+    /// The GPU UUIDs each reservation books, by position.
+    booked: Vec<Vec<String>>,
     seen: HashMap<u32, Vec<usize>>,
 }
 
@@ -83,12 +85,17 @@ impl<'a> Attribution<'a> {
             }
         }
         cgroups.sort_by_key(|c| std::cmp::Reverse(c.0.len()));
+        let booked = live
+            .iter()
+            .map(|r| r.gpus.iter().map(|b| b.uuid.clone()).collect())
+            .collect();
         Attribution {
             proc,
             system,
             own_ns,
             namespaces,
             cgroups,
+            booked,
             seen: HashMap::new(),
         }
     }
@@ -106,17 +113,14 @@ impl<'a> Attribution<'a> {
     }
 
     /// The reservation that owns `pid` on GPU `uuid`: the first candidate that books that
-    /// GPU in `live` (the same list the attribution was built from).
-    pub fn owner_on(
-        &mut self,
-        pid: u32,
-        uuid: &str,
-        live: &[&Reservation],
-    ) -> Result<Owned, AttributionError> {
-        let candidates = self.candidates(pid)?;
+    /// GPU.
+    pub fn owner_on(&mut self, pid: u32, uuid: &str) -> Result<Owned, AttributionError> {
+        self.candidates(pid)?;
+        let candidates = self.seen.get(&pid).map(Vec::as_slice).unwrap_or_default();
         let booked = candidates.iter().copied().find(|n| {
-            live.get(*n)
-                .is_some_and(|r| r.gpus.iter().any(|b| b.uuid == uuid))
+            self.booked
+                .get(*n)
+                .is_some_and(|gpus| gpus.iter().any(|g| g == uuid))
         });
         Ok(match (booked, candidates.first()) {
             (Some(n), _) => Owned::By(n),
@@ -261,16 +265,13 @@ mod tests {
         );
         let live = [&a, &b];
         let mut who = Attribution::new(&proc, &sys, &live);
-        assert_eq!(who.owner_on(101, "GPU-0", &live).unwrap(), Owned::By(0));
-        assert_eq!(who.owner_on(201, "GPU-0", &live).unwrap(), Owned::By(1));
-        assert_eq!(who.owner_on(202, "GPU-0", &live).unwrap(), Owned::By(1));
-        assert_eq!(who.owner_on(300, "GPU-0", &live).unwrap(), Owned::Nobody);
-        assert_eq!(who.owner_on(301, "GPU-0", &live).unwrap(), Owned::Nobody);
-        assert_eq!(
-            who.owner_on(101, "GPU-1", &live).unwrap(),
-            Owned::ElsewhereBy(0)
-        );
-        assert!(who.owner_on(999, "GPU-0", &live).is_err(), "no /proc entry");
+        assert_eq!(who.owner_on(101, "GPU-0").unwrap(), Owned::By(0));
+        assert_eq!(who.owner_on(201, "GPU-0").unwrap(), Owned::By(1));
+        assert_eq!(who.owner_on(202, "GPU-0").unwrap(), Owned::By(1));
+        assert_eq!(who.owner_on(300, "GPU-0").unwrap(), Owned::Nobody);
+        assert_eq!(who.owner_on(301, "GPU-0").unwrap(), Owned::Nobody);
+        assert_eq!(who.owner_on(101, "GPU-1").unwrap(), Owned::ElsewhereBy(0));
+        assert!(who.owner_on(999, "GPU-0").is_err(), "no /proc entry");
     }
 
     #[test]
@@ -291,7 +292,7 @@ mod tests {
         let gone = reservation("container", &[(100, 5, "ctr-gone")], &["GPU-0"]);
         let live = [&gone];
         let mut who = Attribution::new(&proc, &sys, &live);
-        assert_eq!(who.owner_on(101, "GPU-0", &live).unwrap(), Owned::Nobody);
+        assert_eq!(who.owner_on(101, "GPU-0").unwrap(), Owned::Nobody);
     }
 
     #[test]
@@ -318,19 +319,16 @@ mod tests {
         let y = reservation("dra_claim", &[(200, 200, "pod/c2")], &["GPU-1"]);
         let live = [&x, &y];
         let mut who = Attribution::new(&proc, &sys, &live);
-        assert_eq!(who.owner_on(101, "GPU-0", &live).unwrap(), Owned::By(0));
-        assert_eq!(who.owner_on(201, "GPU-1", &live).unwrap(), Owned::By(1));
-        assert_eq!(
-            who.owner_on(201, "GPU-0", &live).unwrap(),
-            Owned::ElsewhereBy(1)
-        );
+        assert_eq!(who.owner_on(101, "GPU-0").unwrap(), Owned::By(0));
+        assert_eq!(who.owner_on(201, "GPU-1").unwrap(), Owned::By(1));
+        assert_eq!(who.owner_on(201, "GPU-0").unwrap(), Owned::ElsewhereBy(1));
         // One container given both claims: its processes count for the claim of the GPU.
         let both_x = reservation("dra_claim", &[(100, 100, "pod/c1")], &["GPU-0"]);
         let both_y = reservation("dra_claim", &[(100, 100, "pod/c1")], &["GPU-1"]);
         let live = [&both_x, &both_y];
         let mut who = Attribution::new(&proc, &sys, &live);
-        assert_eq!(who.owner_on(101, "GPU-0", &live).unwrap(), Owned::By(0));
-        assert_eq!(who.owner_on(101, "GPU-1", &live).unwrap(), Owned::By(1));
+        assert_eq!(who.owner_on(101, "GPU-0").unwrap(), Owned::By(0));
+        assert_eq!(who.owner_on(101, "GPU-1").unwrap(), Owned::By(1));
     }
 }
 

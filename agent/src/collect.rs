@@ -373,7 +373,7 @@ impl Collector {
         let mut who = Attribution::new(&self.proc, self.owners.system(), live);
         for d in listed {
             for p in d.processes.iter().flatten() {
-                match who.owner_on(p.pid, &d.uuid, live) {
+                match who.owner_on(p.pid, &d.uuid) {
                     Ok(Owned::By(n)) => {
                         if let (Some(sum), Some(used)) = (out[n].get_mut(&d.uuid), p.used) {
                             *sum = sum.saturating_add(used);

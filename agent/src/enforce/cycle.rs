@@ -132,7 +132,7 @@ impl Enforcer {
         for g in gpus {
             let mut unowned = 0u64;
             for p in &g.processes {
-                let owned = match who.owner_on(p.pid, &g.uuid, &reservations) {
+                let owned = match who.owner_on(p.pid, &g.uuid) {
                     Ok(o) => o,
                     Err(e) => {
                         // Gone between the driver's list and now: nothing to enforce.
