@@ -40,4 +40,4 @@ pub use registry::{
 };
 pub use request::{Request, Selector, SelectorError, MAX_GPUS};
 pub use store::{StoreError, LOCK_FILE, RECORD_FILE, REGISTRY_FILE, SLICES_DIR};
-pub use system::{parse_stat, RealSystem, System, SystemError};
+pub use system::{cgroup_rel_path, parse_stat, RealSystem, System, SystemError};

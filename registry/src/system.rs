@@ -228,7 +228,7 @@ fn gone(e: &std::io::Error) -> bool {
 }
 
 /// `cgroup` as a relative path of plain components (never `..`, `.`, a root or empty).
-fn cgroup_rel_path(cgroup: &str) -> Option<&Path> {
+pub fn cgroup_rel_path(cgroup: &str) -> Option<&Path> {
     use std::path::Component;
     let path = Path::new(cgroup);
     let plain = !cgroup.is_empty() && path.components().all(|c| matches!(c, Component::Normal(_)));

@@ -4,9 +4,9 @@
 //! `cgroup.procs` under the cgroup root and killed through the signaller (start time
 //! checked), in a few passes so that processes forked meanwhile go too.
 
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
-use gpuslice_registry::Reservation;
+use gpuslice_registry::{cgroup_rel_path, Reservation};
 
 use crate::enforce::signal::Signaller;
 
@@ -70,17 +70,10 @@ pub fn stop_containers(
     let mut dirs = Vec::new();
     for p in r.owner.processes() {
         match p.cgroup.as_deref() {
-            Some(c) => {
-                let plain = !c.is_empty()
-                    && Path::new(c)
-                        .components()
-                        .all(|x| matches!(x, Component::Normal(_)));
-                if plain {
-                    dirs.push(cgroup_root.join(c));
-                } else {
-                    errors.push(StopError::BadCgroup { cgroup: c.into() }.to_string());
-                }
-            }
+            Some(c) => match cgroup_rel_path(c) {
+                Some(rel) => dirs.push(cgroup_root.join(rel)),
+                None => errors.push(StopError::BadCgroup { cgroup: c.into() }.to_string()),
+            },
             None => {
                 if signaller.start_time(p.pid) == Some(p.start_time)
                     && signaller.kill(p.pid, p.start_time).is_ok()
