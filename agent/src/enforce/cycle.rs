@@ -62,15 +62,6 @@ pub struct Enforcer {
     now_ms: Box<dyn Fn() -> u64 + Send>,
 }
 
-impl std::fmt::Debug for Enforcer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Enforcer")
-            .field("cfg", &self.cfg)
-            .field("roots", &self.roots)
-            .finish_non_exhaustive()
-    }
-}
-
 fn wall_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
