@@ -172,10 +172,12 @@ pub fn run(node: &NodeContext, command: CdiCommand) -> Result<(), GenerateError>
                 names.join(" ")
             ))?)
         }
-        CdiCommand::List => Ok(out(&specfiles::cached_node_spec(&node.config().state_dir)?
-            .qualified_device_names()
-            .iter()
-            .map(|n| format!("{n}\n"))
-            .collect::<String>())?),
+        CdiCommand::List => Ok(out(&specfiles::cached_node_spec(
+            &node.config().state_dir,
+        )?
+        .qualified_device_names()
+        .iter()
+        .map(|n| format!("{n}\n"))
+        .collect::<String>())?),
     }
 }

@@ -10,8 +10,8 @@ pub mod devices;
 pub mod inventory;
 pub mod ldcache;
 pub mod libraries;
-pub mod simulated;
 pub mod simnode;
+pub mod simulated;
 
 pub use binaries::{discover_binaries, DriverBinary, UTILITY_BINARIES};
 pub use devices::{

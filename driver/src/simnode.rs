@@ -213,11 +213,9 @@ pub fn setup_sim_node(
     // Container processes of any user create and share the simulated driver's state here.
     mkdir(&layout.state, 0o1777)?;
     let devices = crate::simulated::devices_from_config(&config.inventory.simulated);
-    crate::simulated::write_devices(&layout.state, &devices).map_err(|e| {
-        SimError::Devices {
-            path: layout.state.clone(),
-            detail: e.to_string(),
-        }
+    crate::simulated::write_devices(&layout.state, &devices).map_err(|e| SimError::Devices {
+        path: layout.state.clone(),
+        detail: e.to_string(),
     })?;
     Ok(layout)
 }

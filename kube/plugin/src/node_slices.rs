@@ -88,7 +88,8 @@ impl ClaimSlices {
 
     fn write_files(&self, uid: &str, r: &Reservation) -> Result<Vec<String>, EditError> {
         let config = self.node.config();
-        let node_spec = cached_node_spec_lazy(&self.node.config().state_dir).map_err(EditError::NodeSpec)?;
+        let node_spec =
+            cached_node_spec_lazy(&self.node.config().state_dir).map_err(EditError::NodeSpec)?;
         if !config.shim.library.is_file() {
             return Err(EditError::NoShim {
                 path: config.shim.library.clone(),
