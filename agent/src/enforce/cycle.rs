@@ -343,7 +343,7 @@ mod tests {
 
     use super::*;
     use crate::enforce::memory::REPEAT_WINDOW;
-    use crate::enforce::signal::SignalError;
+    use crate::enforce::signal::Recorder;
     use gpuslice_registry::{FakeSystem, Gpu, Inventory};
     use proptest::prelude::*;
     use std::path::Path;
@@ -357,18 +357,6 @@ mod tests {
     const UNOWNED: [u32; 2] = [500, 501];
 
     type Kills = Arc<Mutex<Vec<u32>>>;
-
-    struct Recorder(Kills);
-
-    impl Signaller for Recorder {
-        fn start_time(&self, _pid: u32) -> Option<u64> {
-            Some(1)
-        }
-        fn kill(&mut self, pid: u32, _start: u64) -> Result<(), SignalError> {
-            self.0.lock().unwrap().push(pid);
-            Ok(())
-        }
-    }
 
     fn fake_process(root: &Path, pid: u32, ns: u64, nspid: u32, cgroup: &str) {
         let dir = root.join(pid.to_string());
