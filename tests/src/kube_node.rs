@@ -248,22 +248,32 @@ impl KubeNode {
 
     /// Waits until the Node is Ready and its gpuslice ResourceSlice is published.
     pub fn wait_ready(&self) {
+        // What was seen last, for the failure message: the Node's Ready condition and
+        // whether the plugin's ResourceSlice was listed.
+        let mut seen = (serde_json::Value::Null, false);
         wait_for_or(STEP, || {
             let node = self.cluster.get_json(&["node", &self.name]);
             let ready = node["status"]["conditions"]
                 .as_array()?
                 .iter()
-                .any(|c| c["type"] == "Ready" && c["status"] == "True");
+                .find(|c| c["type"] == "Ready")
+                .cloned()
+                .unwrap_or_default();
             let slices = self.cluster.get_json(&["resourceslices"]);
             let published = slices["items"].as_array()?.iter().any(|s| {
                 s["spec"]["nodeName"] == self.name.as_str() && s["spec"]["driver"] == "gpuslice.io"
             });
-            (ready && published).then_some(())
+            let ok = ready["status"] == "True" && published;
+            seen = (ready, published);
+            ok.then_some(())
         })
         .unwrap_or_else(|| {
             panic!(
-                "node {} not Ready with its ResourceSlice within {STEP:?}\n{}",
+                "node {} not Ready with its ResourceSlice within {STEP:?} (last seen: Ready \
+                 condition {}, gpuslice ResourceSlice listed: {})\n{}",
                 self.name,
+                seen.0,
+                seen.1,
                 self.logs()
             )
         });
