@@ -128,9 +128,10 @@ impl KubeCluster {
         cluster
     }
 
-    /// Starts a control plane with `up DIR ARGS…` (e.g. `--webhook`), gpuslice's binaries
-    /// from the build under test; panics with the script's output when it does not come up.
-    pub fn up_with(args: &[&str]) -> KubeCluster {
+    /// Starts a control plane with `up DIR ARGS…` (e.g. `--webhook`, `--node NAME`), gpuslice's
+    /// binaries from the build under test and the environment `envs` (e.g. `GPUSLICE_CONFIG`);
+    /// panics with the script's output when it does not come up.
+    pub fn up_with(args: &[&str], envs: &[(&str, &Path)]) -> KubeCluster {
         let dir = tempfile::Builder::new()
             .prefix("gpuslice-kube-")
             .tempdir()
@@ -141,6 +142,7 @@ impl KubeCluster {
             .args(args)
             .env("GPUSLICE_KUBE_BIN_DIR", kube_bin_dir())
             .env("GPUSLICE_BIN_DIR", crate::env::bin_dir())
+            .envs(envs.iter().map(|(k, v)| (k, v.as_os_str())))
             .stdin(Stdio::null())
             .output()
             .unwrap_or_else(|e| panic!("cannot run {}: {e}", script().display()));

@@ -11,8 +11,11 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use gpuslice_e2e::kube::{KubeCluster, wait_for};
-use gpuslice_e2e::lock;
+use gpuslice_e2e::cri::image_archive_of;
+use gpuslice_e2e::image::rootfs;
+use gpuslice_e2e::kube::{wait_for, KubeCluster};
+use gpuslice_e2e::kube_node::KubeNode;
+use gpuslice_e2e::{lock, Resource, TestNode};
 use serde_json::{json, Value};
 
 const STEP: Duration = Duration::from_secs(90);
@@ -118,7 +121,7 @@ fn fixture(name: &str) -> std::path::PathBuf {
 #[ignore = "starts a real Kubernetes control plane and the webhook; the README's test command runs it"]
 fn limits_become_claims_through_the_webhook_on_a_live_control_plane() {
     let _s = lock(&[]);
-    let mut c = KubeCluster::up_with(&["--webhook"]);
+    let mut c = KubeCluster::up_with(&["--webhook"], &[]);
     let url = c.endpoints()["WEBHOOK_URL"].clone();
     assert!(url.starts_with("https://127.0.0.1:"), "WEBHOOK_URL={url}");
     c.add_node("node-a");
@@ -417,5 +420,116 @@ fn kill_hard(pid: u32) {
     wait_for("the webhook to exit", STEP, || {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok();
         stat.is_none_or(|s| s.contains(") Z ")).then_some(())
+    });
+}
+
+/// The image HAMi's examples name on the real node: the test rootfs, whose `bash` (HAMi's
+/// examples run `bash -c …`) first prints the container's limits file and runs the probe
+/// through the shim, then runs the example's own command with `sh`.
+const HAMI_IMAGE: &str = "localhost/gpuslice-hami-e2e:1";
+const BASH: &str = "#!/bin/sh\n\
+    echo limits=$(cat /run/gpuslice/limits.json)\n\
+    gpuslice-probe --json alloc --chunk 512Mi --max 20Gi; echo EXIT $?\n\
+    echo READY\n\
+    exec /bin/sh \"$@\"\n";
+
+fn hami_image(dir: &Path) -> std::path::PathBuf {
+    let root = dir.join("hami-rootfs");
+    let st = Command::new("cp")
+        .arg("-a")
+        .arg(rootfs())
+        .arg(&root)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let bash = root.join("bin/bash");
+    let _ = std::fs::remove_file(&bash);
+    std::fs::write(&bash, BASH).unwrap();
+    std::fs::set_permissions(
+        &bash,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    std::fs::create_dir_all(root.join("usr/local/bin")).unwrap();
+    std::fs::copy(gpuslice_e2e::node::probe(), root.join("usr/local/bin/gpuslice-probe")).unwrap();
+    image_archive_of(&root, dir, HAMI_IMAGE, &["sh"])
+}
+
+#[test]
+#[ignore = "starts a real Kubernetes node and the webhook; the README's test command runs it"]
+fn hami_examples_run_unchanged_on_a_real_node_with_the_slice_they_ask() {
+    let _s = lock(&[Resource::KubeNode]);
+    let node = TestNode::with_models(&[
+        ("NVIDIA A100-SXM4-80GB", "80Gi"),
+        ("NVIDIA A100-SXM4-80GB", "80Gi"),
+    ]);
+    let cluster = KubeCluster::up_with(
+        &["--node", "gpu-node", "--webhook"],
+        &[("GPUSLICE_CONFIG", node.config.as_path())],
+    );
+    let env = cluster.endpoints();
+    let kn = KubeNode {
+        cluster,
+        name: "gpu-node".into(),
+        env,
+    };
+    let work = kn.cluster.dir().join("test-images");
+    std::fs::create_dir_all(&work).unwrap();
+    kn.ctr_import(&hami_image(&work));
+    kn.cluster
+        .kubectl(&["label", "namespace", "default", "gpuslice.io/hami-compat=true"]);
+
+    // HAMi's default example: 2 GPUs × 3000 MiB, 30 % each; the container sees that slice.
+    kn.cluster
+        .kubectl(&["apply", "-n", "default", "-f", fixture("default_use.yaml").to_str().unwrap()]);
+    kn.wait_running("gpu-pod");
+    let log = kn.wait_log("gpu-pod", "READY");
+    let limits: Value = serde_json::from_str(
+        log.lines()
+            .find_map(|l| l.strip_prefix("limits="))
+            .unwrap_or_else(|| panic!("no limits line: {log}")),
+    )
+    .unwrap_or_else(|e| panic!("limits JSON: {e}: {log}"));
+    let devs = limits["devices"].as_array().unwrap_or_else(|| panic!("{limits}"));
+    assert_eq!(devs.len(), 2, "two GPUs: {limits}");
+    let uuids: BTreeSet<&str> = devs.iter().map(|d| d["uuid"].as_str().unwrap()).collect();
+    assert_eq!(uuids.len(), 2, "two different GPUs: {limits}");
+    for d in devs {
+        assert_eq!(d["memory_limit"], 3000u64 << 20, "{limits}");
+        assert_eq!(d["cores"], 30, "{limits}");
+    }
+    let report: Value = log
+        .lines()
+        .find_map(|l| serde_json::from_str::<Value>(l).ok().filter(|v| v["cmd"] == "alloc"))
+        .unwrap_or_else(|| panic!("no alloc report from the probe: {log}"));
+    assert_eq!(report["error"], "CUDA_ERROR_OUT_OF_MEMORY", "refused past the slice: {report}");
+    assert!(
+        report["total"].as_u64().unwrap() <= 3000u64 << 20,
+        "more than 3000 MiB allocated: {report}"
+    );
+    assert_eq!(report["mem_total"], 3000u64 << 20, "{report}");
+    let booked = node.reservations();
+    assert_eq!(booked.len(), 1, "{booked:?}");
+    kn.delete_pod("gpu-pod");
+    wait_for("the example's booking to be released", STEP, || {
+        node.reservations().is_empty().then_some(())
+    });
+
+    // HAMi's memory-fraction example: 50 % of each 80Gi GPU.
+    kn.cluster.kubectl(&[
+        "apply", "-n", "default", "-f", fixture("use_memory_fraction.yaml").to_str().unwrap(),
+    ]);
+    kn.wait_running("gpu-pod");
+    let log = kn.wait_log("gpu-pod", "READY");
+    let limits: Value = serde_json::from_str(
+        log.lines().find_map(|l| l.strip_prefix("limits=")).unwrap(),
+    )
+    .unwrap();
+    for d in limits["devices"].as_array().unwrap() {
+        assert_eq!(d["memory_limit"], 40u64 << 30, "{limits}");
+    }
+    kn.delete_pod("gpu-pod");
+    wait_for("the booking to be released", STEP, || {
+        node.reservations().is_empty().then_some(())
     });
 }
