@@ -58,9 +58,20 @@ fn helm(args: &[&str]) -> String {
 }
 
 fn documents(text: &str) -> Vec<Value> {
-    serde_yaml_ng::Deserializer::from_str(text)
+    // Documents are separated by a line `---` (Helm's output, and the raw manifests).
+    let mut docs = vec![String::new()];
+    for line in text.lines() {
+        if line.trim_end() == "---" {
+            docs.push(String::new());
+        } else if let Some(d) = docs.last_mut() {
+            d.push_str(line);
+            d.push('\n');
+        }
+    }
+    docs.iter()
         .filter_map(|d| {
-            let v: Value = serde::Deserialize::deserialize(d).ok()?;
+            let v: Value =
+                serde_yaml_ng::from_str(d).unwrap_or_else(|e| panic!("not YAML ({e}): {d}"));
             (!v.is_null()).then_some(v)
         })
         .collect()
@@ -72,7 +83,8 @@ fn find<'a>(objs: &'a [Value], kind: &str, name: &str) -> Option<&'a Value> {
 }
 
 fn template(sets: &[&str]) -> Vec<Value> {
-    let mut args = vec!["template", "gpuslice", chart().to_str().unwrap()];
+    let chart = chart();
+    let mut args = vec!["template", "gpuslice", chart.to_str().unwrap()];
     for s in sets {
         args.extend(["--set", s]);
     }

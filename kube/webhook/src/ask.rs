@@ -6,7 +6,9 @@
 use std::collections::BTreeMap;
 
 use gpuslice_config::quantity::ACCEPTED_QUANTITY;
-use gpuslice_config::{format_kube_quantity, is_gpu_uuid, parse_quantity, Quantity};
+use gpuslice_config::{
+    format_kube_quantity, is_gpu_uuid, parse_kube_quantity, parse_quantity, Quantity,
+};
 use gpuslice_registry::MAX_GPUS;
 
 use crate::inventory::Inventory;
@@ -151,13 +153,11 @@ pub fn hami_selectors(
     Ok((selectors, warnings))
 }
 
+/// A whole number from `lo` to `hi`, in any spelling the API server stores a quantity in: it
+/// writes the limit `3000` back as `3k` before any webhook sees it.
 fn whole(field: &str, v: &str, lo: u32, hi: u32, accepted: &str) -> Result<u32, AskError> {
-    let t = v.trim();
-    if t.is_empty() || t.len() > 6 || !t.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(bad(field, v, accepted));
-    }
-    match t.parse::<u32>() {
-        Ok(n) if (lo..=hi).contains(&n) => Ok(n),
+    match parse_kube_quantity(v).map(u32::try_from) {
+        Ok(Ok(n)) if (lo..=hi).contains(&n) => Ok(n),
         _ => Err(bad(field, v, accepted)),
     }
 }
@@ -456,6 +456,21 @@ mod tests {
             }
         );
         assert_eq!(a.remove, vec![HAMI_GPU, HAMI_CORES, HAMI_MEM]);
+    }
+
+    #[test]
+    fn whole_numbers_are_read_as_the_api_server_writes_them() {
+        // The API server stores the limit `3000` as `3k` before admission.
+        let a = container_ask(
+            "c",
+            &map(&[(HAMI_MEM, "3k"), (HAMI_GPU, "2")]),
+            &map(&[]),
+            Some(&[]),
+            &inv(),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(a.shape.memory, Some(3000 << 20));
     }
 
     #[test]
