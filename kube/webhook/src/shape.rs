@@ -256,7 +256,29 @@ pub fn template(namespace: &str, spec: ResourceClaimSpec) -> ResourceClaimTempla
     }
 }
 
-/// Whether `t` is a template the webhook wrote, with exactly `want`'s spec.
+/// Fields the API server adds to a claim spec it stores (defaults).
+const DEFAULTED: &[&str] = &["allocationMode"];
+
+/// Whether `have` is `want` as the API server stores it: the same fields with the same values,
+/// plus at most the [`DEFAULTED`] ones.
+fn within(want: &serde_json::Value, have: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match (want, have) {
+        (Value::Object(w), Value::Object(h)) => {
+            w.iter()
+                .all(|(k, v)| h.get(k).is_some_and(|hv| within(v, hv)))
+                && h.keys()
+                    .all(|k| w.contains_key(k) || DEFAULTED.contains(&k.as_str()))
+        }
+        (Value::Array(w), Value::Array(h)) => {
+            w.len() == h.len() && w.iter().zip(h).all(|(a, b)| within(a, b))
+        }
+        _ => want == have,
+    }
+}
+
+/// Whether `t` is a template the webhook wrote, with `want`'s spec (as the API server stores
+/// it: with its defaults added).
 pub fn is_ours(t: &ResourceClaimTemplate, want: &ResourceClaimTemplate) -> bool {
     let labelled = t
         .metadata
@@ -270,7 +292,11 @@ pub fn is_ours(t: &ResourceClaimTemplate, want: &ResourceClaimTemplate) -> bool 
             .and_then(|s| s.spec.as_ref())
             .map(|s| serde_json::to_value(s).unwrap_or_default())
     };
-    labelled && spec(t) == spec(want)
+    labelled
+        && match (spec(want), spec(t)) {
+            (Some(w), Some(h)) => within(&w, &h),
+            _ => false,
+        }
 }
 
 #[cfg(test)]
@@ -394,5 +420,11 @@ mod tests {
         let mut foreign = t(&a);
         foreign.metadata.labels = None;
         assert!(!is_ours(&foreign, &t(&a)), "a template without our label");
+        // As stored: the API server's defaults added.
+        let mut stored = serde_json::to_value(t(&a)).unwrap();
+        stored["spec"]["spec"]["devices"]["requests"][0]["exactly"]["allocationMode"] =
+            json!("ExactCount");
+        let stored: ResourceClaimTemplate = serde_json::from_value(stored).unwrap();
+        assert!(is_ours(&stored, &t(&a)), "defaults are not a difference");
     }
 }
