@@ -459,9 +459,10 @@ fn hami_image(dir: &Path) -> std::path::PathBuf {
 #[ignore = "starts a real Kubernetes node and the webhook; the README's test command runs it"]
 fn hami_examples_run_unchanged_on_a_real_node_with_the_slice_they_ask() {
     let _s = lock(&[Resource::KubeNode]);
+    // Two GPUs of 30Gi: room for HAMi's two-GPU examples, and for two 20Gi slices (one each).
     let node = TestNode::with_models(&[
-        ("NVIDIA A100-SXM4-80GB", "80Gi"),
-        ("NVIDIA A100-SXM4-80GB", "80Gi"),
+        ("NVIDIA A100-SXM4-80GB", "30Gi"),
+        ("NVIDIA A100-SXM4-80GB", "30Gi"),
     ]);
     let cluster = KubeCluster::up_with(
         &["--node", "gpu-node", "--webhook"],
@@ -515,7 +516,7 @@ fn hami_examples_run_unchanged_on_a_real_node_with_the_slice_they_ask() {
         node.reservations().is_empty().then_some(())
     });
 
-    // HAMi's memory-fraction example: 50 % of each 80Gi GPU.
+    // HAMi's memory-fraction example: 50 % of each 30Gi GPU.
     kn.cluster.kubectl(&[
         "apply", "-n", "default", "-f", fixture("use_memory_fraction.yaml").to_str().unwrap(),
     ]);
@@ -526,10 +527,63 @@ fn hami_examples_run_unchanged_on_a_real_node_with_the_slice_they_ask() {
     )
     .unwrap();
     for d in limits["devices"].as_array().unwrap() {
-        assert_eq!(d["memory_limit"], 40u64 << 30, "{limits}");
+        assert_eq!(d["memory_limit"], 15u64 << 30, "{limits}");
     }
     kn.delete_pod("gpu-pod");
     wait_for("the booking to be released", STEP, || {
         node.reservations().is_empty().then_some(())
+    });
+
+    // gpuslice.io/memory: 20Gi in a Deployment of 3 where two fit (one per 30Gi GPU): two
+    // Running on different GPUs, one Pending with the scheduler's reason; scaling down
+    // releases a booking and leaves one claim.
+    kn.cluster
+        .create(&json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "twenty", "namespace": "default"},
+            "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "twenty"}},
+                     "template": {"metadata": {"labels": {"app": "twenty"}},
+                                  "spec": {"containers": [{"name": "main", "image": HAMI_IMAGE,
+                                      "command": ["bash", "-c", "sleep 600"],
+                                      "resources": {"limits": {"gpuslice.io/memory": "20Gi"}}}]}}},
+        }))
+        .unwrap();
+    let pods = |phase: &str| -> Vec<Value> {
+        kn.cluster.get_json(&["pods", "-n", "default", "-l", "app=twenty"])["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["status"]["phase"] == phase && p["metadata"]["deletionTimestamp"].is_null())
+            .cloned()
+            .collect()
+    };
+    let pending = wait_for("two Running and one Pending", STEP, || {
+        let pending = pods("Pending");
+        let unsched = pending.iter().any(|p| {
+            p["status"]["conditions"].as_array().into_iter().flatten().any(|c| {
+                c["type"] == "PodScheduled"
+                    && c["reason"] == "Unschedulable"
+                    && c["message"].as_str().is_some_and(|m| m.contains("claim"))
+            })
+        });
+        (pods("Running").len() == 2 && pending.len() == 1 && unsched).then_some(pending)
+    });
+    assert_eq!(pending.len(), 1);
+    let booked = node.reservations();
+    let gpus: BTreeSet<String> = booked
+        .iter()
+        .map(|r| r["gpus"][0]["uuid"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!((booked.len(), gpus.len()), (2, 2), "one 20Gi slice per GPU: {booked:?}");
+    for r in &booked {
+        assert_eq!(r["gpus"][0]["memory"], 20u64 << 30, "{r}");
+    }
+    kn.cluster
+        .kubectl(&["scale", "deployment", "twenty", "-n", "default", "--replicas=1"]);
+    wait_for("the scale-down to release a booking", STEP, || {
+        (node.reservations().len() == 1
+            && claims(&kn.cluster, "default").len() == 1
+            && pods("Pending").is_empty())
+        .then_some(())
     });
 }
