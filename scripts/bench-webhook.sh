@@ -14,13 +14,18 @@
 #
 #   scripts/bench-webhook.sh [PODS]          (default 300)
 #
-# Environment: CARGO_TARGET_DIR (where the release build goes), and those of
+# Environment: CARGO_TARGET_DIR (where the release build goes), GPUSLICE_BIN_DIR (gpuslice
+# from there instead, unbuilt), and those of
 # scripts/kube-cluster.sh (GPUSLICE_KUBE_BIN_DIR, GPUSLICE_KUBE_CACHE).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pods=${1:-300}
 target=${CARGO_TARGET_DIR:-$PWD/target}
-[ -n "${GPUSLICE_BENCH_NO_BUILD:-}" ] || cargo build --release -p gpuslice --bin gpuslice >&2
+bin_dir=${GPUSLICE_BIN_DIR:-}
+if [ -z "$bin_dir" ]; then
+  cargo build --release -p gpuslice >&2
+  bin_dir=$target/release
+fi
 cluster=$(mktemp -d /tmp/gpuslice-bench-webhook.XXXXXX)
 cleanup() {
   scripts/kube-cluster.sh down "$cluster" || true
@@ -28,7 +33,7 @@ cleanup() {
 }
 trap cleanup EXIT
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
-GPUSLICE_BIN_DIR=$target/release scripts/kube-cluster.sh up "$cluster" --webhook >&2
+GPUSLICE_BIN_DIR=$bin_dir scripts/kube-cluster.sh up "$cluster" --webhook >&2
 python3 - "$cluster" "$pods" <<'PY'
 import http.client, json, ssl, statistics, sys, time
 from urllib.parse import urlparse

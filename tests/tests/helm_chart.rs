@@ -33,7 +33,10 @@ fn helm_bin() -> PathBuf {
             .stderr(Stdio::inherit())
             .output()
             .unwrap();
-        assert!(out.status.success(), "scripts/kube-cluster.sh build-helm failed");
+        assert!(
+            out.status.success(),
+            "scripts/kube-cluster.sh build-helm failed"
+        );
         PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
     })
     .clone()
@@ -105,7 +108,10 @@ fn the_chart_renders_the_raw_manifests_and_both_certificate_bootstraps() {
         let raw = documents(&std::fs::read_to_string(repo().join(file)).unwrap());
         assert!(!raw.is_empty(), "{file} holds no object");
         for o in raw {
-            let (kind, name) = (o["kind"].as_str().unwrap(), o["metadata"]["name"].as_str().unwrap());
+            let (kind, name) = (
+                o["kind"].as_str().unwrap(),
+                o["metadata"]["name"].as_str().unwrap(),
+            );
             let r = find(&rendered, kind, name)
                 .unwrap_or_else(|| panic!("{file}: the chart renders no {kind} {name}"));
             assert_eq!(r, &o, "{file}: {kind} {name} differs from the chart's");
@@ -114,7 +120,12 @@ fn the_chart_renders_the_raw_manifests_and_both_certificate_bootstraps() {
     // Without cert-manager: a Secret with a CA and a serving certificate, the CA in the
     // registration; nothing of cert-manager's.
     let secret = find(&rendered, "Secret", "gpuslice-webhook-tls").expect("the webhook's Secret");
-    let mwc = find(&rendered, "MutatingWebhookConfiguration", "gpuslice-webhook").unwrap();
+    let mwc = find(
+        &rendered,
+        "MutatingWebhookConfiguration",
+        "gpuslice-webhook",
+    )
+    .unwrap();
     let hook = &mwc["webhooks"][0];
     assert_eq!(hook["clientConfig"]["caBundle"], secret["data"]["ca.crt"]);
     assert_eq!(hook["sideEffects"], "NoneOnDryRun");
@@ -123,10 +134,16 @@ fn the_chart_renders_the_raw_manifests_and_both_certificate_bootstraps() {
     let deploy = find(&rendered, "Deployment", "gpuslice-webhook").unwrap();
     assert_eq!(deploy["spec"]["replicas"], 2);
     let cmd = deploy["spec"]["template"]["spec"]["containers"][0]["command"].to_string();
-    assert!(!cmd.contains("--hami-compat"), "HAMi compatibility is off by default: {cmd}");
+    assert!(
+        !cmd.contains("--hami-compat"),
+        "HAMi compatibility is off by default: {cmd}"
+    );
 
     // With cert-manager: its Issuer and Certificate, the CA injected by it.
-    let cm = template(&["webhook.certManager.enabled=true", "webhook.hamiCompat=true"]);
+    let cm = template(&[
+        "webhook.certManager.enabled=true",
+        "webhook.hamiCompat=true",
+    ]);
     assert!(find(&cm, "Secret", "gpuslice-webhook-tls").is_none());
     let cert = find(&cm, "Certificate", "gpuslice-webhook").expect("a Certificate");
     assert_eq!(cert["spec"]["secretName"], "gpuslice-webhook-tls");
@@ -155,8 +172,15 @@ fn helm_install_creates_the_cluster_side_on_a_live_control_plane() {
     let kc = kc.to_str().unwrap();
     let chart = chart();
     helm(&[
-        "install", "gpuslice", chart.to_str().unwrap(), "--kubeconfig", kc,
-        "--set", "webhook.hamiCompat=true", "--set", "dra.mode=capacity",
+        "install",
+        "gpuslice",
+        chart.to_str().unwrap(),
+        "--kubeconfig",
+        kc,
+        "--set",
+        "webhook.hamiCompat=true",
+        "--set",
+        "dra.mode=capacity",
     ]);
     let ns = "gpuslice-system";
     for (kind, name) in [
@@ -188,13 +212,18 @@ fn helm_install_creates_the_cluster_side_on_a_live_control_plane() {
         .to_string()
         .contains("--hami-compat"));
     let cm = c.get_json(&["configmap", "gpuslice-config", "-n", ns]);
-    assert!(cm["data"]["config.toml"].as_str().unwrap().contains("[dra]\nmode = \"capacity\""));
+    assert!(cm["data"]["config.toml"]
+        .as_str()
+        .unwrap()
+        .contains("[dra]\nmode = \"capacity\""));
     let mwc = c.get_json(&["mutatingwebhookconfiguration", "gpuslice-webhook"]);
     let hook = &mwc["webhooks"][0];
     assert_eq!(hook["clientConfig"]["service"]["name"], "gpuslice-webhook");
     assert_eq!(hook["clientConfig"]["service"]["namespace"], ns);
     assert_eq!(hook["matchConditions"][0]["name"], "names-gpu-resources");
-    assert!(hook["namespaceSelector"].to_string().contains("kube-system"));
+    assert!(hook["namespaceSelector"]
+        .to_string()
+        .contains("kube-system"));
 
     // The registration's CA signs the served certificate, for the Service's DNS name.
     let secret = c.get_json(&["secret", "gpuslice-webhook-tls", "-n", ns]);
@@ -224,7 +253,11 @@ fn helm_install_creates_the_cluster_side_on_a_live_control_plane() {
         .arg(&crt)
         .output()
         .unwrap();
-    assert!(verify.status.success(), "{}", String::from_utf8_lossy(&verify.stdout));
+    assert!(
+        verify.status.success(),
+        "{}",
+        String::from_utf8_lossy(&verify.stdout)
+    );
     let text = Command::new("openssl")
         .args(["x509", "-noout", "-ext", "subjectAltName", "-in"])
         .arg(&crt)
@@ -237,13 +270,29 @@ fn helm_install_creates_the_cluster_side_on_a_live_control_plane() {
     );
 
     // An upgrade keeps the certificate (no new CA for the API server to trust).
-    helm(&["upgrade", "gpuslice", chart.to_str().unwrap(), "--kubeconfig", kc,
-           "--set", "webhook.hamiCompat=true"]);
+    helm(&[
+        "upgrade",
+        "gpuslice",
+        chart.to_str().unwrap(),
+        "--kubeconfig",
+        kc,
+        "--set",
+        "webhook.hamiCompat=true",
+    ]);
     let again = c.get_json(&["secret", "gpuslice-webhook-tls", "-n", ns]);
-    assert_eq!(again["data"], secret["data"], "the upgrade made a new certificate");
+    assert_eq!(
+        again["data"], secret["data"],
+        "the upgrade made a new certificate"
+    );
 
     helm(&["uninstall", "gpuslice", "--kubeconfig", kc, "--wait"]);
-    let left = c.kubectl_output(&["get", "mutatingwebhookconfiguration", "gpuslice-webhook"], None);
-    assert!(!left.status.success(), "the registration outlived the release");
+    let left = c.kubectl_output(
+        &["get", "mutatingwebhookconfiguration", "gpuslice-webhook"],
+        None,
+    );
+    assert!(
+        !left.status.success(),
+        "the registration outlived the release"
+    );
     c.down();
 }

@@ -74,14 +74,18 @@ fn claims(c: &KubeCluster, ns: &str) -> Vec<Value> {
 
 /// The allocation results of pod `name`'s first claim, once the scheduler wrote them.
 fn results(c: &KubeCluster, ns: &str, name: &str) -> Vec<Value> {
-    wait_for(&format!("pod {ns}/{name}'s claim to be allocated"), STEP, || {
-        let p = c.get_json(&["pod", name, "-n", ns]);
-        let claim = p["status"]["resourceClaimStatuses"][0]["resourceClaimName"].as_str()?;
-        let cl = c.get_json(&["resourceclaim", claim, "-n", ns]);
-        cl["status"]["allocation"]["devices"]["results"]
-            .as_array()
-            .cloned()
-    })
+    wait_for(
+        &format!("pod {ns}/{name}'s claim to be allocated"),
+        STEP,
+        || {
+            let p = c.get_json(&["pod", name, "-n", ns]);
+            let claim = p["status"]["resourceClaimStatuses"][0]["resourceClaimName"].as_str()?;
+            let cl = c.get_json(&["resourceclaim", claim, "-n", ns]);
+            cl["status"]["allocation"]["devices"]["results"]
+                .as_array()
+                .cloned()
+        },
+    )
 }
 
 fn devices(r: &[Value]) -> BTreeSet<String> {
@@ -106,7 +110,14 @@ fn dry_run(c: &KubeCluster, ns: &str, file: &Path) -> Value {
 }
 
 fn force_delete(c: &KubeCluster, ns: &str, what: &[&str]) {
-    let mut args = vec!["delete", "-n", ns, "--grace-period=0", "--force", "--wait=false"];
+    let mut args = vec![
+        "delete",
+        "-n",
+        ns,
+        "--grace-period=0",
+        "--force",
+        "--wait=false",
+    ];
     args.extend_from_slice(what);
     let _ = c.kubectl_output(&args, None);
 }
@@ -128,7 +139,10 @@ fn limits_become_claims_through_the_webhook_on_a_live_control_plane() {
     c.kubectl(&[
         "apply",
         "-f",
-        &format!("{}/../packaging/kubernetes/dra/deviceclass.yaml", env!("CARGO_MANIFEST_DIR")),
+        &format!(
+            "{}/../packaging/kubernetes/dra/deviceclass.yaml",
+            env!("CARGO_MANIFEST_DIR")
+        ),
     ]);
     c.create(&json!({
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
@@ -141,7 +155,12 @@ fn limits_become_claims_through_the_webhook_on_a_live_control_plane() {
     for ns in [HAMI_NS, PLAIN_NS] {
         c.kubectl(&["create", "namespace", ns]);
     }
-    c.kubectl(&["label", "namespace", HAMI_NS, "gpuslice.io/hami-compat=true"]);
+    c.kubectl(&[
+        "label",
+        "namespace",
+        HAMI_NS,
+        "gpuslice.io/hami-compat=true",
+    ]);
     for ns in ["default", HAMI_NS, PLAIN_NS] {
         wait_for(&format!("namespace {ns}'s service account"), STEP, || {
             c.kubectl_output(&["get", "serviceaccount", "default", "-n", ns], None)
@@ -155,7 +174,16 @@ fn limits_become_claims_through_the_webhook_on_a_live_control_plane() {
     wait_for("the webhook to see node-a's two GPUs", STEP, || {
         let out = c.kubectl_output(
             &["create", "--dry-run=server", "-f", "-"],
-            Some(pod("default", "probe", json!({"gpuslice.io/gpus": "3"}), json!({})).to_string().as_bytes()),
+            Some(
+                pod(
+                    "default",
+                    "probe",
+                    json!({"gpuslice.io/gpus": "3"}),
+                    json!({}),
+                )
+                .to_string()
+                .as_bytes(),
+            ),
         );
         String::from_utf8_lossy(&out.stderr)
             .contains("at most 2 GPUs")
@@ -165,19 +193,35 @@ fn limits_become_claims_through_the_webhook_on_a_live_control_plane() {
     // HAMi's published examples, unchanged but for the image: in the labelled namespace the
     // webhook turns them into claims (dry run: the stored object, nothing created) ...
     for (file, gpus, capacity) in [
-        ("default_use.yaml", 2, json!({"requests": {"cores": "30", "memory": "3000Mi"}})),
-        ("use_memory_fraction.yaml", 2, json!({"requests": {"cores": "30", "memory": "40Gi"}})),
+        (
+            "default_use.yaml",
+            2,
+            json!({"requests": {"cores": "30", "memory": "3000Mi"}}),
+        ),
+        (
+            "use_memory_fraction.yaml",
+            2,
+            json!({"requests": {"cores": "30", "memory": "40Gi"}}),
+        ),
         ("specify_card_type_to_use.yaml", 2, Value::Null),
     ] {
         let before = templates(&c);
         let p = dry_run(&c, HAMI_NS, &fixture(file));
-        assert_eq!(templates(&c), before, "{file}: a dry run created a template");
+        assert_eq!(
+            templates(&c),
+            before,
+            "{file}: a dry run created a template"
+        );
         let limits = &p["spec"]["containers"][0]["resources"];
         assert!(
             limits["limits"].get("nvidia.com/gpu").is_none(),
             "{file}: HAMi's limits are left: {limits}"
         );
-        assert_eq!(limits["claims"], json!([{"name": "gpuslice-c0"}]), "{file}: {p}");
+        assert_eq!(
+            limits["claims"],
+            json!([{"name": "gpuslice-c0"}]),
+            "{file}: {p}"
+        );
         let entry = &p["spec"]["resourceClaims"][0];
         assert_eq!(entry["name"], "gpuslice-c0", "{file}: {p}");
         assert!(entry["resourceClaimTemplateName"]
@@ -185,14 +229,22 @@ fn limits_become_claims_through_the_webhook_on_a_live_control_plane() {
             .is_some_and(|t| t.starts_with("gpuslice-")));
         // ... then for real: the pod's claim is allocated as HAMi would have sliced it, each
         // GPU of nvidia.com/gpu: 2 a different one.
-        c.kubectl(&["apply", "-n", HAMI_NS, "-f", fixture(file).to_str().unwrap()]);
+        c.kubectl(&[
+            "apply",
+            "-n",
+            HAMI_NS,
+            "-f",
+            fixture(file).to_str().unwrap(),
+        ]);
         let t = entry["resourceClaimTemplateName"].as_str().unwrap();
         let tmpl = c.get_json(&["resourceclaimtemplate", t, "-n", HAMI_NS]);
         assert_eq!(
             tmpl["metadata"]["labels"]["app.kubernetes.io/managed-by"],
             "gpuslice-webhook"
         );
-        let reqs = tmpl["spec"]["spec"]["devices"]["requests"].as_array().unwrap();
+        let reqs = tmpl["spec"]["spec"]["devices"]["requests"]
+            .as_array()
+            .unwrap();
         assert_eq!(reqs.len(), gpus, "{file}: one request per GPU: {tmpl}");
         for r in reqs {
             assert_eq!(r["exactly"]["capacity"], capacity, "{file}: {tmpl}");
@@ -201,10 +253,17 @@ fn limits_become_claims_through_the_webhook_on_a_live_control_plane() {
         // and the entry are all it gained; the pod gets bound only if the selection matches.
         let res = results(&c, HAMI_NS, "gpu-pod");
         assert_eq!(res.len(), 2, "{file}: {res:?}");
-        assert_eq!(devices(&res).len(), 2, "{file}: two GPUs, not one twice: {res:?}");
+        assert_eq!(
+            devices(&res).len(),
+            2,
+            "{file}: two GPUs, not one twice: {res:?}"
+        );
         if let Some(cap) = capacity["requests"].as_object() {
             for r in &res {
-                assert_eq!(r["consumedCapacity"]["memory"], cap["memory"], "{file}: {r}");
+                assert_eq!(
+                    r["consumedCapacity"]["memory"], cap["memory"],
+                    "{file}: {r}"
+                );
             }
         }
         force_delete(&c, HAMI_NS, &["pod", "gpu-pod"]);
@@ -214,10 +273,18 @@ fn limits_become_claims_through_the_webhook_on_a_live_control_plane() {
         });
     }
     // HAMi's Deployment example: its pod gets a 12000Mi, 30-core slice.
-    c.kubectl(&["apply", "-n", HAMI_NS, "-f", fixture("sglang_gpu_sharing.yaml").to_str().unwrap()]);
+    c.kubectl(&[
+        "apply",
+        "-n",
+        HAMI_NS,
+        "-f",
+        fixture("sglang_gpu_sharing.yaml").to_str().unwrap(),
+    ]);
     let pod_name = wait_for("the Deployment's pod", STEP, || {
         let l = c.get_json(&["pods", "-n", HAMI_NS, "-l", "app=sglang-qwen"]);
-        l["items"][0]["metadata"]["name"].as_str().map(str::to_string)
+        l["items"][0]["metadata"]["name"]
+            .as_str()
+            .map(str::to_string)
     });
     let res = results(&c, HAMI_NS, &pod_name);
     assert_eq!(
@@ -225,27 +292,45 @@ fn limits_become_claims_through_the_webhook_on_a_live_control_plane() {
         json!({"memory": "12000Mi", "cores": "30"}),
         "{res:?}"
     );
-    c.kubectl(&["delete", "deployment", "sglang-qwen", "-n", HAMI_NS, "--wait=false"]);
+    c.kubectl(&[
+        "delete",
+        "deployment",
+        "sglang-qwen",
+        "-n",
+        HAMI_NS,
+        "--wait=false",
+    ]);
     force_delete(&c, HAMI_NS, &["pods", "-l", "app=sglang-qwen"]);
 
     // Outside the labelled namespace HAMi's names are left alone (another device plugin's).
     let p = dry_run(&c, PLAIN_NS, &fixture("default_use.yaml"));
     assert_eq!(
-        p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"],
-        "2",
+        p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"], "2",
         "{p}"
     );
     assert!(p["spec"]["resourceClaims"].is_null(), "{p}");
 
     // gpuslice's own limits: two pods whose shares do not fit one GPU get different GPUs.
     for name in ["big-a", "big-b"] {
-        c.create(&pod("default", name, json!({"gpuslice.io/memory": "50Gi", "gpuslice.io/cores": "40"}), json!({})))
-            .unwrap();
+        c.create(&pod(
+            "default",
+            name,
+            json!({"gpuslice.io/memory": "50Gi", "gpuslice.io/cores": "40"}),
+            json!({}),
+        ))
+        .unwrap();
     }
     let a = results(&c, "default", "big-a");
     let b = results(&c, "default", "big-b");
-    assert_ne!(devices(&a), devices(&b), "50Gi + 50Gi on one 80Gi GPU: {a:?} {b:?}");
-    assert_eq!(a[0]["consumedCapacity"], json!({"memory": "50Gi", "cores": "40"}));
+    assert_ne!(
+        devices(&a),
+        devices(&b),
+        "50Gi + 50Gi on one 80Gi GPU: {a:?} {b:?}"
+    );
+    assert_eq!(
+        a[0]["consumedCapacity"],
+        json!({"memory": "50Gi", "cores": "40"})
+    );
     force_delete(&c, "default", &["pod", "big-a", "big-b"]);
     wait_for("big-a's and big-b's claims to go", STEP, || {
         claims(&c, "default").is_empty().then_some(())
@@ -263,20 +348,29 @@ fn limits_become_claims_through_the_webhook_on_a_live_control_plane() {
                                                        "resources": {"limits": {"gpuslice.io/memory": "50Gi"}}}]}}},
     });
     c.create(&deploy).unwrap();
-    let pending = wait_for("two of three bound and one refused by the scheduler", STEP, || {
-        let l = c.get_json(&["pods", "-n", "default", "-l", "app=fifty"]);
-        let items = l["items"].as_array()?;
-        let bound = items.iter().filter(|p| p["spec"]["nodeName"].is_string()).count();
-        let unsched: Vec<&Value> = items
-            .iter()
-            .filter(|p| {
-                p["status"]["conditions"].as_array().into_iter().flatten().any(|c| {
-                    c["type"] == "PodScheduled" && c["reason"] == "Unschedulable"
+    let pending = wait_for(
+        "two of three bound and one refused by the scheduler",
+        STEP,
+        || {
+            let l = c.get_json(&["pods", "-n", "default", "-l", "app=fifty"]);
+            let items = l["items"].as_array()?;
+            let bound = items
+                .iter()
+                .filter(|p| p["spec"]["nodeName"].is_string())
+                .count();
+            let unsched: Vec<&Value> = items
+                .iter()
+                .filter(|p| {
+                    p["status"]["conditions"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|c| c["type"] == "PodScheduled" && c["reason"] == "Unschedulable")
                 })
-            })
-            .collect();
-        (items.len() == 3 && bound == 2 && unsched.len() == 1).then(|| unsched[0].clone())
-    });
+                .collect();
+            (items.len() == 3 && bound == 2 && unsched.len() == 1).then(|| unsched[0].clone())
+        },
+    );
     let why = pending["status"]["conditions"]
         .as_array()
         .unwrap()
@@ -284,28 +378,45 @@ fn limits_become_claims_through_the_webhook_on_a_live_control_plane() {
         .find(|c| c["type"] == "PodScheduled")
         .unwrap()["message"]
         .to_string();
-    assert!(why.contains("claim"), "the scheduler's reason names the claims: {why}");
+    assert!(
+        why.contains("claim"),
+        "the scheduler's reason names the claims: {why}"
+    );
     let templ: Vec<String> = templates(&c)
         .into_iter()
         .filter(|t| t.starts_with("default/"))
         .collect();
-    c.kubectl(&["scale", "deployment", "fifty", "-n", "default", "--replicas=1"]);
-    wait_for("the scale-down to leave one pod and one claim", STEP, || {
-        let l = c.get_json(&["pods", "-n", "default", "-l", "app=fifty"]);
-        let items = l["items"].as_array()?.clone();
-        for p in &items {
-            if p["metadata"]["deletionTimestamp"].is_string() {
-                force_delete(&c, "default", &["pod", p["metadata"]["name"].as_str()?]);
+    c.kubectl(&[
+        "scale",
+        "deployment",
+        "fifty",
+        "-n",
+        "default",
+        "--replicas=1",
+    ]);
+    wait_for(
+        "the scale-down to leave one pod and one claim",
+        STEP,
+        || {
+            let l = c.get_json(&["pods", "-n", "default", "-l", "app=fifty"]);
+            let items = l["items"].as_array()?.clone();
+            for p in &items {
+                if p["metadata"]["deletionTimestamp"].is_string() {
+                    force_delete(&c, "default", &["pod", p["metadata"]["name"].as_str()?]);
+                }
             }
-        }
-        let live = items
-            .iter()
-            .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
-            .count();
-        (live == 1 && items.len() == 1 && claims(&c, "default").len() == 1).then_some(())
-    });
+            let live = items
+                .iter()
+                .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+                .count();
+            (live == 1 && items.len() == 1 && claims(&c, "default").len() == 1).then_some(())
+        },
+    );
     assert_eq!(
-        templates(&c).into_iter().filter(|t| t.starts_with("default/")).collect::<Vec<_>>(),
+        templates(&c)
+            .into_iter()
+            .filter(|t| t.starts_with("default/"))
+            .collect::<Vec<_>>(),
         templ,
         "the replicas share one template per shape"
     );
@@ -344,9 +455,13 @@ fn limits_become_claims_through_the_webhook_on_a_live_control_plane() {
     for ns in ["default", HAMI_NS] {
         let pods = c.get_json(&["pods", "-n", ns]);
         assert!(
-            !pods["items"].as_array().unwrap().iter().any(|p| p["metadata"]["name"]
-                .as_str()
-                .is_some_and(|n| n.starts_with("bad-"))),
+            !pods["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|p| p["metadata"]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("bad-"))),
             "a refused pod exists"
         );
     }
@@ -354,22 +469,37 @@ fn limits_become_claims_through_the_webhook_on_a_live_control_plane() {
     let out = c.kubectl_output(
         &["create", "--dry-run=server", "-f", "-"],
         Some(
-            pod(HAMI_NS, "warned", json!({"nvidia.com/gpu": "1"}), json!({"hami.io/node-scheduler-policy": "binpack"}))
-                .to_string()
-                .as_bytes(),
+            pod(
+                HAMI_NS,
+                "warned",
+                json!({"nvidia.com/gpu": "1"}),
+                json!({"hami.io/node-scheduler-policy": "binpack"}),
+            )
+            .to_string()
+            .as_bytes(),
         ),
     );
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("Warning: metadata.annotations[hami.io/node-scheduler-policy]=\"binpack\" ignored"),
+        stderr.contains(
+            "Warning: metadata.annotations[hami.io/node-scheduler-policy]=\"binpack\" ignored"
+        ),
         "{stderr}"
     );
 
     // The webhook killed: failurePolicy Fail refuses GPU pods (never admitted unchanged);
     // other pods never reach the webhook (matchConditions) and are created.
     let pid_file = c.dir().join("pids/gpuslice-webhook.pid");
-    let pid: u32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
+    let pid: u32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
     let cmdline: Vec<String> = std::fs::read(format!("/proc/{pid}/cmdline"))
         .unwrap()
         .split(|b| *b == 0)
@@ -378,7 +508,12 @@ fn limits_become_claims_through_the_webhook_on_a_live_control_plane() {
         .collect();
     kill_hard(pid);
     let err = c
-        .create(&pod("default", "while-down", json!({"gpuslice.io/gpus": "1"}), json!({})))
+        .create(&pod(
+            "default",
+            "while-down",
+            json!({"gpuslice.io/gpus": "1"}),
+            json!({}),
+        ))
         .expect_err("a GPU pod was admitted with the webhook down");
     assert!(
         err.contains("failed calling webhook \"pods.gpuslice.io\""),
@@ -400,8 +535,13 @@ fn limits_become_claims_through_the_webhook_on_a_live_control_plane() {
         .unwrap();
     std::fs::write(&pid_file, child.id().to_string()).unwrap();
     wait_for("the restarted webhook to admit a GPU pod", STEP, || {
-        c.create(&pod("default", "after", json!({"gpuslice.io/gpus": "1"}), json!({})))
-            .ok()
+        c.create(&pod(
+            "default",
+            "after",
+            json!({"gpuslice.io/gpus": "1"}),
+            json!({}),
+        ))
+        .ok()
     });
     let p = c.get_json(&["pod", "after", "-n", "default"]);
     assert!(p["spec"]["resourceClaims"].is_array(), "{p}");
@@ -445,13 +585,13 @@ fn hami_image(dir: &Path) -> std::path::PathBuf {
     let bash = root.join("bin/bash");
     let _ = std::fs::remove_file(&bash);
     std::fs::write(&bash, BASH).unwrap();
-    std::fs::set_permissions(
-        &bash,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    std::fs::set_permissions(&bash, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    std::fs::create_dir_all(root.join("usr/local/bin")).unwrap();
+    std::fs::copy(
+        gpuslice_e2e::node::probe(),
+        root.join("usr/local/bin/gpuslice-probe"),
     )
     .unwrap();
-    std::fs::create_dir_all(root.join("usr/local/bin")).unwrap();
-    std::fs::copy(gpuslice_e2e::node::probe(), root.join("usr/local/bin/gpuslice-probe")).unwrap();
     image_archive_of(&root, dir, HAMI_IMAGE, &["sh"])
 }
 
@@ -477,12 +617,21 @@ fn hami_examples_run_unchanged_on_a_real_node_with_the_slice_they_ask() {
     let work = kn.cluster.dir().join("test-images");
     std::fs::create_dir_all(&work).unwrap();
     kn.ctr_import(&hami_image(&work));
-    kn.cluster
-        .kubectl(&["label", "namespace", "default", "gpuslice.io/hami-compat=true"]);
+    kn.cluster.kubectl(&[
+        "label",
+        "namespace",
+        "default",
+        "gpuslice.io/hami-compat=true",
+    ]);
 
     // HAMi's default example: 2 GPUs × 3000 MiB, 30 % each; the container sees that slice.
-    kn.cluster
-        .kubectl(&["apply", "-n", "default", "-f", fixture("default_use.yaml").to_str().unwrap()]);
+    kn.cluster.kubectl(&[
+        "apply",
+        "-n",
+        "default",
+        "-f",
+        fixture("default_use.yaml").to_str().unwrap(),
+    ]);
     kn.wait_running("gpu-pod");
     let log = kn.wait_log("gpu-pod", "READY");
     let limits: Value = serde_json::from_str(
@@ -491,7 +640,9 @@ fn hami_examples_run_unchanged_on_a_real_node_with_the_slice_they_ask() {
             .unwrap_or_else(|| panic!("no limits line: {log}")),
     )
     .unwrap_or_else(|e| panic!("limits JSON: {e}: {log}"));
-    let devs = limits["devices"].as_array().unwrap_or_else(|| panic!("{limits}"));
+    let devs = limits["devices"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{limits}"));
     assert_eq!(devs.len(), 2, "two GPUs: {limits}");
     let uuids: BTreeSet<&str> = devs.iter().map(|d| d["uuid"].as_str().unwrap()).collect();
     assert_eq!(uuids.len(), 2, "two different GPUs: {limits}");
@@ -501,9 +652,16 @@ fn hami_examples_run_unchanged_on_a_real_node_with_the_slice_they_ask() {
     }
     let report: Value = log
         .lines()
-        .find_map(|l| serde_json::from_str::<Value>(l).ok().filter(|v| v["cmd"] == "alloc"))
+        .find_map(|l| {
+            serde_json::from_str::<Value>(l)
+                .ok()
+                .filter(|v| v["cmd"] == "alloc")
+        })
         .unwrap_or_else(|| panic!("no alloc report from the probe: {log}"));
-    assert_eq!(report["error"], "CUDA_ERROR_OUT_OF_MEMORY", "refused past the slice: {report}");
+    assert_eq!(
+        report["error"], "CUDA_ERROR_OUT_OF_MEMORY",
+        "refused past the slice: {report}"
+    );
     assert!(
         report["total"].as_u64().unwrap() <= 3000u64 << 20,
         "more than 3000 MiB allocated: {report}"
@@ -518,14 +676,16 @@ fn hami_examples_run_unchanged_on_a_real_node_with_the_slice_they_ask() {
 
     // HAMi's memory-fraction example: 50 % of each 30Gi GPU.
     kn.cluster.kubectl(&[
-        "apply", "-n", "default", "-f", fixture("use_memory_fraction.yaml").to_str().unwrap(),
+        "apply",
+        "-n",
+        "default",
+        "-f",
+        fixture("use_memory_fraction.yaml").to_str().unwrap(),
     ]);
     kn.wait_running("gpu-pod");
     let log = kn.wait_log("gpu-pod", "READY");
-    let limits: Value = serde_json::from_str(
-        log.lines().find_map(|l| l.strip_prefix("limits=")).unwrap(),
-    )
-    .unwrap();
+    let limits: Value =
+        serde_json::from_str(log.lines().find_map(|l| l.strip_prefix("limits=")).unwrap()).unwrap();
     for d in limits["devices"].as_array().unwrap() {
         assert_eq!(d["memory_limit"], 15u64 << 30, "{limits}");
     }
@@ -549,22 +709,29 @@ fn hami_examples_run_unchanged_on_a_real_node_with_the_slice_they_ask() {
         }))
         .unwrap();
     let pods = |phase: &str| -> Vec<Value> {
-        kn.cluster.get_json(&["pods", "-n", "default", "-l", "app=twenty"])["items"]
+        kn.cluster
+            .get_json(&["pods", "-n", "default", "-l", "app=twenty"])["items"]
             .as_array()
             .unwrap()
             .iter()
-            .filter(|p| p["status"]["phase"] == phase && p["metadata"]["deletionTimestamp"].is_null())
+            .filter(|p| {
+                p["status"]["phase"] == phase && p["metadata"]["deletionTimestamp"].is_null()
+            })
             .cloned()
             .collect()
     };
     let pending = wait_for("two Running and one Pending", STEP, || {
         let pending = pods("Pending");
         let unsched = pending.iter().any(|p| {
-            p["status"]["conditions"].as_array().into_iter().flatten().any(|c| {
-                c["type"] == "PodScheduled"
-                    && c["reason"] == "Unschedulable"
-                    && c["message"].as_str().is_some_and(|m| m.contains("claim"))
-            })
+            p["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| {
+                    c["type"] == "PodScheduled"
+                        && c["reason"] == "Unschedulable"
+                        && c["message"].as_str().is_some_and(|m| m.contains("claim"))
+                })
         });
         (pods("Running").len() == 2 && pending.len() == 1 && unsched).then_some(pending)
     });
@@ -574,12 +741,22 @@ fn hami_examples_run_unchanged_on_a_real_node_with_the_slice_they_ask() {
         .iter()
         .map(|r| r["gpus"][0]["uuid"].as_str().unwrap().to_string())
         .collect();
-    assert_eq!((booked.len(), gpus.len()), (2, 2), "one 20Gi slice per GPU: {booked:?}");
+    assert_eq!(
+        (booked.len(), gpus.len()),
+        (2, 2),
+        "one 20Gi slice per GPU: {booked:?}"
+    );
     for r in &booked {
         assert_eq!(r["gpus"][0]["memory"], 20u64 << 30, "{r}");
     }
-    kn.cluster
-        .kubectl(&["scale", "deployment", "twenty", "-n", "default", "--replicas=1"]);
+    kn.cluster.kubectl(&[
+        "scale",
+        "deployment",
+        "twenty",
+        "-n",
+        "default",
+        "--replicas=1",
+    ]);
     wait_for("the scale-down to release a booking", STEP, || {
         (node.reservations().len() == 1
             && claims(&kn.cluster, "default").len() == 1

@@ -27,7 +27,13 @@ pub const HAMI_MEM_PERCENT: &str = "nvidia.com/gpumem-percentage";
 pub const HAMI_CORES: &str = "nvidia.com/gpucores";
 /// HAMi's task priority: no equivalent, removed with a warning.
 pub const HAMI_PRIORITY: &str = "nvidia.com/priority";
-const HAMI: &[&str] = &[HAMI_GPU, HAMI_MEM, HAMI_MEM_PERCENT, HAMI_CORES, HAMI_PRIORITY];
+const HAMI: &[&str] = &[
+    HAMI_GPU,
+    HAMI_MEM,
+    HAMI_MEM_PERCENT,
+    HAMI_CORES,
+    HAMI_PRIORITY,
+];
 
 /// HAMi's selection annotations, turned into CEL selectors.
 pub const USE_TYPE: &str = "nvidia.com/use-gputype";
@@ -97,11 +103,7 @@ pub fn hami_selectors(
             .filter(|s| !s.is_empty())
             .collect();
         if items.is_empty() || items.len() > 16 {
-            return Err(bad(
-                &field,
-                v,
-                "1 to 16 values separated by commas",
-            ));
+            return Err(bad(&field, v, "1 to 16 values separated by commas"));
         }
         let expr = if uuid {
             for u in &items {
@@ -197,12 +199,17 @@ pub fn container_ask(
             container: path.to_string(),
         }),
         (true, false) => ours_ask(path, limits, requests, inventory).map(Some),
-        (false, true) => hami_ask(path, limits, requests, hami.unwrap_or_default(), inventory)
-            .map(Some),
+        (false, true) => {
+            hami_ask(path, limits, requests, hami.unwrap_or_default(), inventory).map(Some)
+        }
     }
 }
 
-fn removed(limits: &BTreeMap<String, String>, requests: &BTreeMap<String, String>, keys: &[&str]) -> Vec<String> {
+fn removed(
+    limits: &BTreeMap<String, String>,
+    requests: &BTreeMap<String, String>,
+    keys: &[&str],
+) -> Vec<String> {
     let mut v: Vec<String> = limits
         .keys()
         .chain(requests.keys())
@@ -243,7 +250,11 @@ fn ours_ask(
         Some((f, v)) => {
             let q = parse_quantity(v).map_err(|_| bad(&f, v, ACCEPTED_QUANTITY))?;
             if q == Quantity::Bytes(0) {
-                return Err(bad(&f, v, format!("more than 0 bytes: {ACCEPTED_QUANTITY}")));
+                return Err(bad(
+                    &f,
+                    v,
+                    format!("more than 0 bytes: {ACCEPTED_QUANTITY}"),
+                ));
             }
             Some(resolve(&f, v, q, inventory, &mut warnings)?)
         }
@@ -314,7 +325,13 @@ fn hami_ask(
             (mib > 0).then_some(u64::from(mib) << 20)
         }
         (None, Some((f, v))) => {
-            let p = whole(&f, v, 1, 100, "a percentage of each GPU's memory from 1 to 100")?;
+            let p = whole(
+                &f,
+                v,
+                1,
+                100,
+                "a percentage of each GPU's memory from 1 to 100",
+            )?;
             let q = Quantity::Percent(p as u8);
             Some(resolve(&f, v, q, inventory, &mut warnings)?)
         }
@@ -332,9 +349,7 @@ fn hami_ask(
         None => None,
     };
     if let Some((f, v)) = lookup(path, limits, requests, HAMI_PRIORITY) {
-        warnings.push(format!(
-            "{f}={v} removed: gpuslice has no task priority"
-        ));
+        warnings.push(format!("{f}={v} removed: gpuslice has no task priority"));
     }
     let shape = Shape {
         gpus,
@@ -502,9 +517,15 @@ mod tests {
             gpu_memory: vec![80 << 30, 141 << 30],
             ..inv()
         };
-        let e = container_ask("c", &map(&[(HAMI_MEM_PERCENT, "50")]), &map(&[]), Some(&[]), &two)
-            .unwrap_err()
-            .to_string();
+        let e = container_ask(
+            "c",
+            &map(&[(HAMI_MEM_PERCENT, "50")]),
+            &map(&[]),
+            Some(&[]),
+            &two,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("80Gi, 141Gi"), "{e}");
     }
 
@@ -513,18 +534,30 @@ mod tests {
         for (limits, want) in [
             (vec![(GPUS, "0")], "limits[gpuslice.io/gpus]: value \"0\""),
             (vec![(GPUS, "3")], "at most 2 GPUs"),
-            (vec![(MEMORY, "100m")], "limits[gpuslice.io/memory]: value \"100m\""),
+            (
+                vec![(MEMORY, "100m")],
+                "limits[gpuslice.io/memory]: value \"100m\"",
+            ),
             (vec![(MEMORY, "200Gi")], "at most 141Gi per GPU"),
             (vec![(CORES, "101")], "from 1 to 100"),
             (vec![("gpuslice.io/gpu-type", "1")], "not a gpuslice limit"),
-            (vec![(GPUS, "1"), (HAMI_GPU, "1")], "both gpuslice.io/* and nvidia.com/*"),
+            (
+                vec![(GPUS, "1"), (HAMI_GPU, "1")],
+                "both gpuslice.io/* and nvidia.com/*",
+            ),
             (vec![(HAMI_MEM, "1Gi")], "whole number of MiB"),
             (vec![(HAMI_MEM, "10"), (HAMI_MEM_PERCENT, "10")], "not both"),
             (vec![(HAMI_CORES, "150")], "from 0 to 100"),
         ] {
-            let e = container_ask("spec.containers[0]", &map(&limits), &map(&[]), Some(&[]), &inv())
-                .unwrap_err()
-                .to_string();
+            let e = container_ask(
+                "spec.containers[0]",
+                &map(&limits),
+                &map(&[]),
+                Some(&[]),
+                &inv(),
+            )
+            .unwrap_err()
+            .to_string();
             assert!(e.contains(want), "{limits:?}: {e}");
             assert!(!e.contains('\n'), "one line: {e}");
         }

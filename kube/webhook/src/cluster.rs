@@ -1,14 +1,20 @@
 //! The webhook's view of the API server: the cluster's inventory (refreshed in the
 //! background, so an admission waits on no list), a namespace's HAMi label, and the
-//! templates it creates or reuses — never one it did not write.
+//! templates it creates or reuses — never one it did not write. The templates it wrote are
+//! watched, so that reusing one costs no API call.
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::resource::v1::{ResourceClaimTemplate, ResourceSlice};
-use kube::api::{ListParams, PostParams};
+use kube::api::{ListParams, PostParams, WatchEvent, WatchParams};
 use kube::Api;
+use tokio_stream::StreamExt;
+
+use crate::shape::MANAGED_BY;
 
 use crate::inventory::Inventory;
 
@@ -32,11 +38,23 @@ pub enum ClusterError {
     NotOurs { namespace: String, name: String },
 }
 
-/// The API server client and the last inventory read.
+type Key = (String, String);
+
+/// The API server client, the last inventory read and the webhook's templates as watched.
 #[derive(Clone)]
 pub struct Cluster {
     client: kube::Client,
     inventory: Arc<RwLock<Arc<Inventory>>>,
+    /// The templates labelled as the webhook's, by (namespace, name), while `synced`.
+    templates: Arc<RwLock<HashMap<Key, ResourceClaimTemplate>>>,
+    synced: Arc<AtomicBool>,
+}
+
+fn key(t: &ResourceClaimTemplate) -> Key {
+    (
+        t.metadata.namespace.clone().unwrap_or_default(),
+        t.metadata.name.clone().unwrap_or_default(),
+    )
 }
 
 impl Cluster {
@@ -45,6 +63,8 @@ impl Cluster {
         let c = Cluster {
             client,
             inventory: Arc::default(),
+            templates: Arc::default(),
+            synced: Arc::default(),
         };
         c.refresh().await;
         let bg = c.clone();
@@ -54,7 +74,60 @@ impl Cluster {
                 bg.refresh().await;
             }
         });
+        let watcher = c.clone();
+        tokio::spawn(async move {
+            loop {
+                watcher.watch_templates().await;
+                // The watch ended (an error, an expired version): ask the API server until it
+                // answers again, then list anew.
+                watcher.synced.store(false, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        });
         c
+    }
+
+    /// Lists the webhook's templates, then follows their changes until the watch ends.
+    async fn watch_templates(&self) {
+        let selector = format!("{}={}", MANAGED_BY.0, MANAGED_BY.1);
+        let api: Api<ResourceClaimTemplate> = Api::all(self.client.clone());
+        let Ok(list) = api.list(&ListParams::default().labels(&selector)).await else {
+            return;
+        };
+        let version = list.metadata.resource_version.clone().unwrap_or_default();
+        if let Ok(mut m) = self.templates.write() {
+            *m = list.items.into_iter().map(|t| (key(&t), t)).collect();
+        }
+        let params = WatchParams::default().labels(&selector).timeout(290);
+        let Ok(stream) = api.watch(&params, &version).await else {
+            return;
+        };
+        self.synced.store(true, Ordering::SeqCst);
+        let mut stream = Box::pin(stream);
+        while let Some(ev) = stream.next().await {
+            let Ok(mut m) = self.templates.write() else {
+                return;
+            };
+            match ev {
+                Ok(WatchEvent::Added(t)) | Ok(WatchEvent::Modified(t)) => {
+                    m.insert(key(&t), t);
+                }
+                Ok(WatchEvent::Deleted(t)) => {
+                    m.remove(&key(&t));
+                }
+                Ok(WatchEvent::Bookmark(_)) => {}
+                Ok(WatchEvent::Error(_)) | Err(_) => return,
+            }
+        }
+    }
+
+    /// Whether the watch knows `want` (the webhook's, with its spec) to exist now.
+    fn known(&self, want: &ResourceClaimTemplate) -> bool {
+        self.synced.load(Ordering::SeqCst)
+            && self.templates.read().is_ok_and(|m| {
+                m.get(&key(want))
+                    .is_some_and(|t| crate::shape::is_ours(t, want))
+            })
     }
 
     async fn refresh(&self) {
@@ -97,6 +170,9 @@ impl Cluster {
     /// Creates `want` in its namespace, or reuses the template of its name when it is the
     /// webhook's with the same spec; any other template of that name is refused.
     pub async fn ensure_template(&self, want: &ResourceClaimTemplate) -> Result<(), ClusterError> {
+        if self.known(want) {
+            return Ok(());
+        }
         let namespace = want.metadata.namespace.clone().unwrap_or_default();
         let name = want.metadata.name.clone().unwrap_or_default();
         let api: Api<ResourceClaimTemplate> = Api::namespaced(self.client.clone(), &namespace);

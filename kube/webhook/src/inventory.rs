@@ -64,7 +64,11 @@ impl Inventory {
                         .and_then(|c| parse_kube_quantity(&c.value.0).ok())
                 };
                 let memory = cap(CAP_MEMORY).unwrap_or(0);
-                let entry = gpus.entry(node.clone()).or_default().entry(index).or_default();
+                let entry = gpus
+                    .entry(node.clone())
+                    .or_default()
+                    .entry(index)
+                    .or_default();
                 match slot_no {
                     None => entry.0 = memory,
                     Some(_) => {
@@ -136,7 +140,10 @@ mod tests {
                 json!([{"name": "gpu-0", "capacity": {"memory": {"value": "141Gi"}}},
                        {"name": "gpu-1", "capacity": {"memory": {"value": "141Gi"}}}]),
             ),
-            slice("b", json!([{"name": "gpu-0", "capacity": {"memory": {"value": "80Gi"}}}])),
+            slice(
+                "b",
+                json!([{"name": "gpu-0", "capacity": {"memory": {"value": "80Gi"}}}]),
+            ),
         ]);
         assert_eq!(inv.mode, Mode::Capacity);
         assert_eq!(inv.max_gpus_per_node, Some(2));

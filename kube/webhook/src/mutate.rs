@@ -91,7 +91,12 @@ pub fn plan(
         .collect();
     let mut entries = Vec::new();
     for (list, letter) in [("containers", 'c'), ("initContainers", 'i')] {
-        for (i, c) in pod["spec"][list].as_array().into_iter().flatten().enumerate() {
+        for (i, c) in pod["spec"][list]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
             let path = format!("spec.{list}[{i}]");
             let resources = &c["resources"];
             let ask = container_ask(
@@ -107,7 +112,11 @@ pub fn plan(
             out.warnings.extend(warnings);
             let t = template(namespace, spec);
             let tname = t.metadata.name.clone().unwrap_or_default();
-            if !out.templates.iter().any(|x| x.metadata.name == t.metadata.name) {
+            if !out
+                .templates
+                .iter()
+                .any(|x| x.metadata.name == t.metadata.name)
+            {
                 out.templates.push(t);
             }
             let entry = format!("{ENTRY_PREFIX}{letter}{i}");

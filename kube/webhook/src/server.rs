@@ -81,7 +81,10 @@ pub fn run_until_signal(args: WebhookArgs) -> Result<(), WebhookError> {
     };
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     // Checked before anything else starts: a bad pair is an error at start, not at a handshake.
-    let resolver = Arc::new(Reloading::new(CertFiles { cert, key }, Arc::clone(&provider))?);
+    let resolver = Arc::new(Reloading::new(
+        CertFiles { cert, key },
+        Arc::clone(&provider),
+    )?);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -89,13 +92,12 @@ pub fn run_until_signal(args: WebhookArgs) -> Result<(), WebhookError> {
         .map_err(|e| WebhookError::Runtime(e.to_string()))?;
     rt.block_on(async move {
         let client = gpuslice_kube::api::client(args.kubeconfig.as_deref()).await?;
-        let listener =
-            TcpListener::bind(args.listen)
-                .await
-                .map_err(|e| WebhookError::Listen {
-                    addr: args.listen,
-                    detail: e.to_string(),
-                })?;
+        let listener = TcpListener::bind(args.listen)
+            .await
+            .map_err(|e| WebhookError::Listen {
+                addr: args.listen,
+                detail: e.to_string(),
+            })?;
         let config = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .map_err(|e| WebhookError::Runtime(e.to_string()))?
@@ -184,7 +186,11 @@ async fn route(req: Request<Incoming>, shared: &Shared) -> Response<Full<Bytes>>
                 Ok(Ok(b)) => b.to_bytes(),
                 Ok(Err(e)) => {
                     let msg = format!("the review is not read: {e} (at most {MAX_BODY} bytes)");
-                    return reply(StatusCode::PAYLOAD_TOO_LARGE, "text/plain", msg.into_bytes());
+                    return reply(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        "text/plain",
+                        msg.into_bytes(),
+                    );
                 }
                 Err(_) => {
                     return reply(
@@ -197,7 +203,11 @@ async fn route(req: Request<Incoming>, shared: &Shared) -> Response<Full<Bytes>>
             let r = match review::parse(&bytes) {
                 Ok(r) => r,
                 Err(e) => {
-                    return reply(StatusCode::BAD_REQUEST, "text/plain", e.to_string().into_bytes())
+                    return reply(
+                        StatusCode::BAD_REQUEST,
+                        "text/plain",
+                        e.to_string().into_bytes(),
+                    )
                 }
             };
             let answer = match tokio::time::timeout(REVIEW_DEADLINE, admit(&r, shared)).await {

@@ -9,7 +9,7 @@ use gpuslice_config::format_kube_quantity;
 use gpuslice_kube::slices::{CAP_CORES, CAP_MEMORY, MEMORY_STEP};
 use gpuslice_kube::DRIVER;
 use k8s_openapi::api::resource::v1::{
-    CapacityRequirements, CELDeviceSelector, DeviceClaim, DeviceConstraint, DeviceRequest,
+    CELDeviceSelector, CapacityRequirements, DeviceClaim, DeviceConstraint, DeviceRequest,
     DeviceSelector, ExactDeviceRequest, ResourceClaimSpec, ResourceClaimTemplate,
     ResourceClaimTemplateSpec,
 };
@@ -113,7 +113,10 @@ pub fn claim_spec(
                         format_kube_quantity(rounded)
                     ));
                 }
-                req.insert(CAP_MEMORY.to_string(), Quantity(format_kube_quantity(rounded)));
+                req.insert(
+                    CAP_MEMORY.to_string(),
+                    Quantity(format_kube_quantity(rounded)),
+                );
             }
             if let Some(c) = shape.cores.filter(|c| *c > 0) {
                 req.insert(CAP_CORES.to_string(), Quantity(c.to_string()));

@@ -41,7 +41,11 @@ pub struct CertFiles {
 type Stamp = Option<(SystemTime, u64, SystemTime, u64)>;
 
 fn stamp(files: &CertFiles) -> Stamp {
-    let m = |p: &Path| fs::metadata(p).ok().and_then(|m| Some((m.modified().ok()?, m.len())));
+    let m = |p: &Path| {
+        fs::metadata(p)
+            .ok()
+            .and_then(|m| Some((m.modified().ok()?, m.len())))
+    };
     let (a, b) = (m(&files.cert)?, m(&files.key)?);
     Some((a.0, a.1, b.0, b.1))
 }
@@ -85,7 +89,9 @@ pub struct Reloading {
 
 impl std::fmt::Debug for Reloading {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Reloading").field("files", &self.files).finish()
+        f.debug_struct("Reloading")
+            .field("files", &self.files)
+            .finish()
     }
 }
 

@@ -26,7 +26,14 @@ fn pair(dir: &Path, cn: &str) -> CertFiles {
         key: dir.join("tls.key"),
     };
     let out = Command::new("openssl")
-        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"])
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+        ])
         .args(["-nodes", "-days", "1", "-subj", &format!("/CN={cn}")])
         .arg("-keyout")
         .arg(&files.key)
@@ -34,7 +41,11 @@ fn pair(dir: &Path, cn: &str) -> CertFiles {
         .arg(&files.cert)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     files
 }
 
@@ -42,10 +53,17 @@ fn pair(dir: &Path, cn: &str) -> CertFiles {
 fn without_tls_it_does_not_start() {
     let err = run_until_signal(args()).unwrap_err();
     assert!(matches!(err, WebhookError::NoTls), "{err}");
-    assert!(err.to_string().contains("--tls-cert PATH and --tls-key PATH"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("--tls-cert PATH and --tls-key PATH"),
+        "{err}"
+    );
     let mut half = args();
     half.tls_cert = Some("/nonexistent.crt".into());
-    assert!(matches!(run_until_signal(half).unwrap_err(), WebhookError::NoTls));
+    assert!(matches!(
+        run_until_signal(half).unwrap_err(),
+        WebhookError::NoTls
+    ));
 }
 
 #[test]
@@ -56,13 +74,19 @@ fn an_unusable_pair_is_refused_at_start_naming_the_file() {
     a.tls_cert = Some(files.cert.clone());
     a.tls_key = Some(dir.path().join("missing.key"));
     let err = run_until_signal(a).unwrap_err().to_string();
-    assert!(err.contains("--tls-key") && err.contains("missing.key"), "{err}");
+    assert!(
+        err.contains("--tls-key") && err.contains("missing.key"),
+        "{err}"
+    );
     std::fs::write(&files.cert, "not pem").unwrap();
     let mut a = args();
     a.tls_cert = Some(files.cert.clone());
     a.tls_key = Some(files.key.clone());
     let err = run_until_signal(a).unwrap_err().to_string();
-    assert!(err.contains("--tls-cert") && err.contains("tls.crt"), "{err}");
+    assert!(
+        err.contains("--tls-cert") && err.contains("tls.crt"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -80,7 +104,10 @@ fn a_renewed_certificate_is_served_and_a_broken_one_is_not() {
         if now != first {
             break now;
         }
-        assert!(std::time::Instant::now() < deadline, "the renewed certificate was not loaded");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the renewed certificate was not loaded"
+        );
         std::thread::sleep(Duration::from_millis(200));
     };
     // A half-written file keeps the last good pair.
