@@ -310,6 +310,34 @@ fn limits_become_claims_through_the_webhook_on_a_live_control_plane() {
     );
     assert!(p["spec"]["resourceClaims"].is_null(), "{p}");
 
+    // kubectl apply --dry-run=server of a pod of a new shape: the patch, and no template.
+    let before = templates(&c);
+    let out = c.kubectl_output(
+        &["apply", "--dry-run=server", "-o", "json", "-f", "-"],
+        Some(
+            pod(
+                "default",
+                "dry",
+                json!({"gpuslice.io/memory": "7Gi"}),
+                json!({}),
+            )
+            .to_string()
+            .as_bytes(),
+        ),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let p: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(p["spec"]["resourceClaims"][0]["name"], "gpuslice-c0", "{p}");
+    assert_eq!(templates(&c), before, "a dry run created a template");
+    assert!(!c
+        .kubectl_output(&["get", "pod", "dry", "-n", "default"], None)
+        .status
+        .success());
+
     // gpuslice's own limits: two pods whose shares do not fit one GPU get different GPUs.
     for name in ["big-a", "big-b"] {
         c.create(&pod(
@@ -763,4 +791,26 @@ fn hami_examples_run_unchanged_on_a_real_node_with_the_slice_they_ask() {
             && pods("Pending").is_empty())
         .then_some(())
     });
+}
+
+#[test]
+fn kube_cluster_help_documents_the_webhook_and_helm() {
+    let help = Command::new(gpuslice_e2e::kube::script())
+        .arg("--help")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&help.stdout);
+    assert!(help.status.success());
+    for word in [
+        "up DIR … --webhook",
+        "gpuslice webhook --hami-compat",
+        "WEBHOOK_URL",
+        "build-helm",
+        "GPUSLICE_HELM_BIN",
+    ] {
+        assert!(
+            text.contains(word),
+            "--help does not mention {word}: {text}"
+        );
+    }
 }

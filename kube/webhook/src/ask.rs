@@ -235,7 +235,7 @@ fn ours_ask(
             });
         }
     }
-    let mut warnings = Vec::new();
+    let warnings = Vec::new();
     let gpus = match lookup(path, limits, requests, GPUS) {
         Some((f, v)) => whole(
             &f,
@@ -256,7 +256,7 @@ fn ours_ask(
                     format!("more than 0 bytes: {ACCEPTED_QUANTITY}"),
                 ));
             }
-            Some(resolve(&f, v, q, inventory, &mut warnings)?)
+            Some(resolve(&f, v, q, inventory)?)
         }
         None => None,
     };
@@ -333,7 +333,7 @@ fn hami_ask(
                 "a percentage of each GPU's memory from 1 to 100",
             )?;
             let q = Quantity::Percent(p as u8);
-            Some(resolve(&f, v, q, inventory, &mut warnings)?)
+            Some(resolve(&f, v, q, inventory)?)
         }
         (None, None) => None,
     };
@@ -372,7 +372,6 @@ fn resolve(
     value: &str,
     q: Quantity,
     inventory: &Inventory,
-    _warnings: &mut Vec<String>,
 ) -> Result<u64, AskError> {
     match q {
         Quantity::Bytes(b) => Ok(b),

@@ -98,12 +98,11 @@ pub fn run_until_signal(args: WebhookArgs) -> Result<(), WebhookError> {
                 addr: args.listen,
                 detail: e.to_string(),
             })?;
-        let config = rustls::ServerConfig::builder_with_provider(provider)
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .map_err(|e| WebhookError::Runtime(e.to_string()))?
             .with_no_client_auth()
             .with_cert_resolver(resolver);
-        let mut config = config;
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         let acceptor = TlsAcceptor::from(Arc::new(config));
         let shared = Arc::new(Shared {
