@@ -367,12 +367,7 @@ fn hami_ask(
 }
 
 /// A percentage in bytes: exact when every published GPU has the same memory.
-fn resolve(
-    field: &str,
-    value: &str,
-    q: Quantity,
-    inventory: &Inventory,
-) -> Result<u64, AskError> {
+fn resolve(field: &str, value: &str, q: Quantity, inventory: &Inventory) -> Result<u64, AskError> {
     match q {
         Quantity::Bytes(b) => Ok(b),
         Quantity::Percent(p) => match inventory.gpu_memory.as_slice() {
