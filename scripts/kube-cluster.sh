@@ -15,6 +15,7 @@
 #   cluster-control-plane.sh  etcd, kube-apiserver, kube-controller-manager, kube-scheduler
 #   cluster-node.sh           the node: containerd, CNI and kubelet config and start, teardown
 #   cluster-pause-image.sh    the node's pause image, built from busybox-static
+#   cluster-webhook.sh        `--webhook`: gpuslice's admission webhook and its registration
 # shellcheck source-path=SCRIPTDIR
 set -euo pipefail
 
@@ -44,6 +45,13 @@ Usage: scripts/kube-cluster.sh COMMAND [ARGS]
                 gpuslice.io and the RuntimeClass gpuslice. Returns once the Node is Ready
                 and its ResourceSlice is published; adds the node's paths to
                 DIR/cluster.env. One node per machine at a time.
+  up DIR … --webhook
+                Also starts `gpuslice webhook --hami-compat` (GPUSLICE_BIN_DIR) on a free
+                port of 127.0.0.1 with a serving certificate signed by DIR/pki/ca.crt
+                (DIR/pki/webhook.{crt,key}), and registers it by URL with the
+                MutatingWebhookConfiguration gpuslice-webhook (failurePolicy Fail,
+                sideEffects NoneOnDryRun, only pods naming gpuslice.io/* or nvidia.com/gpu*
+                resources; DIR/webhook.yaml). Adds WEBHOOK_URL to DIR/cluster.env.
   down DIR      Stop what `up DIR` started (only the pids it recorded) and remove what it
                 wrote. With a node: first deletes the workloads and pods through the API
                 (so the kubelet tears them down: CNI, DRA unprepare), then stops the plugin,
@@ -58,6 +66,8 @@ Usage: scripts/kube-cluster.sh COMMAND [ARGS]
   build-nerdctl The same for nerdctl (tests/nerdctl), which the suite runs against the
                 node's containerd; prints the path of the nerdctl binary and logs what
                 it cost (cold: the build; warm: the cache lookup).
+  build-helm    The same for helm (tests/helm), with which the suite installs the chart
+                packaging/helm/gpuslice; prints the path of the helm binary.
   --help        This text.
 
 Environment:
@@ -71,6 +81,9 @@ Environment:
   GPUSLICE_NERDCTL_BIN    (build-nerdctl) use this nerdctl instead of the cache
   GPUSLICE_NERDCTL_CACHE  (build-nerdctl) its cache root (default /var/cache/gpuslice/nerdctl);
                           entries are nerdctl-<version>-<hash of tests/nerdctl's files>/bin
+  GPUSLICE_HELM_BIN       (build-helm) use this helm instead of the cache
+  GPUSLICE_HELM_CACHE     (build-helm) its cache root (default /var/cache/gpuslice/helm);
+                          entries are helm-<version>-<hash of tests/helm's go.mod and go.sum>/bin
   GPUSLICE_BIN_DIR        (--node) gpuslice and gpuslice-runtime (default target/release, else
                           target/debug)
   GPUSLICE_CONFIG         (--node) the node's gpuslice config; default: one written under
@@ -106,6 +119,8 @@ log() { echo "kube-cluster: $*" >&2; }
 . "$REPO/scripts/lib/cluster-pause-image.sh"
 # shellcheck source=lib/cluster-node.sh
 . "$REPO/scripts/lib/cluster-node.sh"
+# shellcheck source=lib/cluster-webhook.sh
+. "$REPO/scripts/lib/cluster-webhook.sh"
 
 # --- up ---------------------------------------------------------------------------------------
 
@@ -119,7 +134,7 @@ cmd_up() {
   [ $# -ge 1 ] || die "up needs a directory: scripts/kube-cluster.sh up DIR"
   DIR="$1"
   shift
-  local node_name=""
+  local node_name="" webhook=""
   while [ $# -gt 0 ]; do
     case "$1" in
       --node)
@@ -128,7 +143,8 @@ cmd_up() {
           die "--node '$2' is not a node name: lowercase letters, digits and '-', at most 63, starting and ending with a letter or digit"
         node_name="$2"
         shift 2 ;;
-      *) die "unknown argument to up: '$1' (accepted: DIR, --node NAME)" ;;
+      --webhook) webhook=1; shift ;;
+      *) die "unknown argument to up: '$1' (accepted: DIR, --node NAME, --webhook)" ;;
     esac
   done
   local created=""
@@ -141,7 +157,7 @@ cmd_up() {
       die "$DIR already runs a cluster ($c is pid $(cat "$DIR/pids/$c.pid")): run 'scripts/kube-cluster.sh down $DIR' first"
     fi
   done
-  for c in pki etcd logs pids kubeconfigs kubeconfig cluster.env node; do
+  for c in pki etcd logs pids kubeconfigs kubeconfig cluster.env node webhook.yaml; do
     [ ! -e "$DIR/$c" ] || die "$DIR/$c exists from an earlier run: run 'scripts/kube-cluster.sh down $DIR' first, or give an empty directory"
   done
   for c in openssl curl python3 setsid flock; do
@@ -165,7 +181,18 @@ cmd_up() {
   env_add SCHEDULER_URL "https://127.0.0.1:$SCHEDULER_PORT"
   wait_controllers
   log "control plane up: $API_URL, admin kubeconfig $DIR/kubeconfig"
+  [ -z "$webhook" ] || up_webhook
   [ -z "$node_name" ] || up_node "$node_name"
+}
+
+# up_webhook: the webhook (scripts/lib/cluster-webhook.sh), then its URL in DIR/cluster.env.
+up_webhook() {
+  trap '[ -n "${WEBHOOK_UP:-}" ] || stop_all' EXIT
+  start_webhook
+  env_add WEBHOOK_URL "$WEBHOOK_URL"
+  WEBHOOK_UP=1
+  trap - EXIT
+  log "webhook up: $WEBHOOK_URL"
 }
 
 # up_node NAME: the node (scripts/lib/cluster-node.sh), then its paths in DIR/cluster.env.
@@ -196,6 +223,7 @@ up_node() {
 stop_all() {
   local i
   stop_node
+  stop_webhook
   for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do
     stop_one "${COMPONENTS[$i]}"
   done
@@ -222,7 +250,8 @@ case "${1:-}" in
   build) shift; [ $# -eq 0 ] || die "build takes no arguments"; build_binaries ;;
   build-node) shift; [ $# -eq 0 ] || die "build-node takes no arguments"; build_node_binaries ;;
   build-nerdctl) shift; [ $# -eq 0 ] || die "build-nerdctl takes no arguments"; build_nerdctl_binary ;;
+  build-helm) shift; [ $# -eq 0 ] || die "build-helm takes no arguments"; build_helm_binary ;;
   -h | --help | help) usage ;;
   "") usage >&2; exit 2 ;;
-  *) echo "kube-cluster: unknown command '$1' (accepted: up, down, build, build-node, build-nerdctl, --help)" >&2; exit 2 ;;
+  *) echo "kube-cluster: unknown command '$1' (accepted: up, down, build, build-node, build-nerdctl, build-helm, --help)" >&2; exit 2 ;;
 esac

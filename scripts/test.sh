@@ -72,7 +72,7 @@ go_build_cmd() {
 }
 go_builds() {
   local what t0 rc
-  for what in build build-node build-nerdctl oci; do
+  for what in build build-node build-nerdctl build-helm oci; do
     t0=$SECONDS
     rc=0
     go_build_cmd "$what" >"$go_dir/$what.out" 2>"$go_dir/$what.log" || rc=$?
@@ -98,11 +98,12 @@ phase "clippy" cargo clippy --workspace --all-targets --release --locked -- -D w
 # control-plane tests never skip.
 go_wait_rc=0
 phase "go: waiting for the background builds" wait "$go_pid" || go_wait_rc=$?
-for what in build build-node build-nerdctl oci; do
+for what in build build-node build-nerdctl build-helm oci; do
   case $what in
     build) name="go: kubernetes (tests/kube)" ;;
     build-node) name="go: containerd (tests/node)" ;;
     build-nerdctl) name="go: nerdctl (tests/nerdctl)" ;;
+    build-helm) name="go: helm (tests/helm)" ;;
     oci) name="go: runtime-tools (tests/runtime-tools)" ;;
   esac
   # No time: an earlier one failed and this one did not run.
@@ -119,9 +120,10 @@ cat "$go_dir"/*.log >&2
 GPUSLICE_KUBE_BIN_DIR="$(cat "$go_dir/build.out")"
 GPUSLICE_NODE_BIN_DIR="$(cat "$go_dir/build-node.out")"
 GPUSLICE_NERDCTL_BIN="$(cat "$go_dir/build-nerdctl.out")"
+GPUSLICE_HELM_BIN="$(cat "$go_dir/build-helm.out")"
 GPUSLICE_RUNTIME_TOOLS_DIR="$(cat "$go_dir/oci.out")"
 rm -rf "$go_dir"
-export GPUSLICE_KUBE_BIN_DIR GPUSLICE_NODE_BIN_DIR GPUSLICE_NERDCTL_BIN GPUSLICE_RUNTIME_TOOLS_DIR
+export GPUSLICE_KUBE_BIN_DIR GPUSLICE_NODE_BIN_DIR GPUSLICE_NERDCTL_BIN GPUSLICE_HELM_BIN GPUSLICE_RUNTIME_TOOLS_DIR
 
 npm_ci() {
   npm ci --prefix tests/browser --no-audit --no-fund || {

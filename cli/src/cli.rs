@@ -48,6 +48,9 @@ pub enum Command {
     /// pods and workloads, and with --allow-edit allocating slices. It acts with the
     /// kubeconfig's rights for anyone who can reach --listen (default 127.0.0.1:8080).
     Console(gpuslice_console::web::Options),
+    /// Serve the mutating admission webhook that turns container limits gpuslice.io/* (and,
+    /// with --hami-compat, HAMi's nvidia.com/*) into DRA claims (docs/webhook.md).
+    Webhook(gpuslice_webhook::WebhookArgs),
 }
 
 /// The create path's reader of the hook lines gpuslice writes (`hookargv`) against this

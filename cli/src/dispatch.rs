@@ -1,6 +1,7 @@
 //! The one place a parsed command line is dispatched to its role: the hooks to the
 //! create path, `cdi`, `status`, `gc` and `serve` to the node agent, `configure` to engine
-//! registration, `kubelet-plugin` to the DRA plugin, `console` to the web console.
+//! registration, `kubelet-plugin` to the DRA plugin, `console` to the web console,
+//! `webhook` to the admission webhook.
 
 use gpuslice_hook::node::NodeContext;
 
@@ -23,6 +24,8 @@ pub enum Error {
     KubeletPlugin(Box<gpuslice_kube::node_slices::KubeletPluginError>),
     #[error(transparent)]
     Console(#[from] gpuslice_console::web::WebError),
+    #[error(transparent)]
+    Webhook(#[from] gpuslice_webhook::WebhookError),
 }
 
 impl From<gpuslice_kube::node_slices::KubeletPluginError> for Error {
@@ -58,5 +61,6 @@ pub fn run(cli: Cli) -> Result<(), Error> {
         Command::Configure(command) => Ok(gpuslice_configure::run(&node, command)?),
         Command::KubeletPlugin(args) => Ok(gpuslice_kube::node_slices::run(&node, args)?),
         Command::Console(args) => Ok(gpuslice_console::web::run_until_signal(args)?),
+        Command::Webhook(args) => Ok(gpuslice_webhook::run_until_signal(args)?),
     }
 }

@@ -1,4 +1,4 @@
-# What the test cluster's Go builds are (Kubernetes, containerd, nerdctl): module, flags, cache key.
+# What the test cluster's Go builds are (Kubernetes, containerd, nerdctl, helm): module, flags, cache key.
 # shellcheck shell=bash
 # Sourced by scripts/kube-cluster.sh after scripts/lib/gomodule.sh, which does the building
 # (find, lock, build, check and prune a keyed cache entry); this file says what each build
@@ -16,6 +16,9 @@ NODE_TAGS="no_btrfs no_devmapper no_zfs"
 
 NERDCTL_SRC="$REPO/tests/nerdctl"
 NERDCTL_CACHE_ROOT="${GPUSLICE_NERDCTL_CACHE:-/var/cache/gpuslice/nerdctl}"
+
+HELM_SRC="$REPO/tests/helm"
+HELM_CACHE_ROOT="${GPUSLICE_HELM_CACHE:-/var/cache/gpuslice/helm}"
 
 # check_bin_dir DIR VAR BIN...: every BIN is an executable in DIR, which VAR or the cache gave.
 check_bin_dir() {
@@ -134,4 +137,27 @@ build_nerdctl_binary() {
     --what "nerdctl $release" --failed nerdctl --timed "nerdctl $release" --since "$start" -- \
     -mod=readonly -trimpath -ldflags "$ldflags" github.com/containerd/nerdctl/v2/cmd/nerdctl)"
   echo "$bin/nerdctl"
+}
+
+# --- helm (tests/helm): the chart tests install packaging/helm/gpuslice with it -----------------
+
+# Prints the path of the cached helm, building it first (a cold build takes minutes).
+build_helm_binary() {
+  if [ -n "${GPUSLICE_HELM_BIN:-}" ]; then
+    [ -x "$GPUSLICE_HELM_BIN" ] || die "GPUSLICE_HELM_BIN=$GPUSLICE_HELM_BIN is not an executable"
+    echo "$GPUSLICE_HELM_BIN"
+    return
+  fi
+  local go release key ldflags start bin
+  start=$(date +%s%N)
+  go="$(gomodule_go)"
+  release="$(gomodule_release "$HELM_SRC" helm.sh/helm/v4)"
+  [ -n "$release" ] || die "$HELM_SRC/go.mod requires no helm.sh/helm/v4 version"
+  ldflags="-s -w -X helm.sh/helm/v4/internal/version.version=$release"
+  key="$(gomodule_key "$go" "$HELM_SRC" -- "$ldflags" "CGO_ENABLED=0")"
+  bin="$(gomodule_build --go "$go" --cache "$HELM_CACHE_ROOT" --cache-var GPUSLICE_HELM_CACHE \
+    --entry "helm-$release-$key" --bin helm --src "$HELM_SRC" --env CGO_ENABLED=0 \
+    --what "helm $release" --failed helm --timed "helm $release" --since "$start" -- \
+    -mod=readonly -trimpath -ldflags "$ldflags" helm.sh/helm/v4/cmd/helm)"
+  echo "$bin/helm"
 }

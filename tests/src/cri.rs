@@ -217,13 +217,18 @@ impl Drop for Containerd {
 /// Writes an OCI image layout archive of the test rootfs named `name` whose default command
 /// is `cmd`, for `ctr images import`.
 pub fn image_archive(dir: &Path, name: &str, cmd: &[&str]) -> PathBuf {
+    image_archive_of(&rootfs(), dir, name, cmd)
+}
+
+/// The same, of the root filesystem `root`.
+pub fn image_archive_of(root: &Path, dir: &Path, name: &str, cmd: &[&str]) -> PathBuf {
     let layout = dir.join(format!("layout-{}", name.replace(['/', ':'], "_")));
     let blobs = layout.join("blobs/sha256");
     std::fs::create_dir_all(&blobs).expect("layout dirs");
     let layer_tmp = layout.join("layer.tar");
     let status = Command::new("tar")
         .arg("-C")
-        .arg(rootfs())
+        .arg(root)
         .args([
             "--exclude",
             "./.gpuslice-e2e-image",

@@ -128,6 +128,39 @@ impl KubeCluster {
         cluster
     }
 
+    /// Starts a control plane with `up DIR ARGS…` (e.g. `--webhook`, `--node NAME`), gpuslice's
+    /// binaries from the build under test and the environment `envs` (e.g. `GPUSLICE_CONFIG`);
+    /// panics with the script's output when it does not come up.
+    pub fn up_with(args: &[&str], envs: &[(&str, &Path)]) -> KubeCluster {
+        let dir = tempfile::Builder::new()
+            .prefix("gpuslice-kube-")
+            .tempdir()
+            .expect("create a temporary directory for the cluster");
+        let out = Command::new(script())
+            .arg("up")
+            .arg(dir.path())
+            .args(args)
+            .env("GPUSLICE_KUBE_BIN_DIR", kube_bin_dir())
+            .env("GPUSLICE_BIN_DIR", crate::env::bin_dir())
+            .envs(envs.iter().map(|(k, v)| (k, v.as_os_str())))
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", script().display()));
+        let mut cluster = KubeCluster { dir, down: false };
+        if !out.status.success() {
+            cluster.down = true;
+            let _ = run_script(&["down".as_ref(), cluster.dir().as_os_str()]);
+            panic!(
+                "scripts/kube-cluster.sh up {} {} failed ({}):\n{}",
+                cluster.dir().display(),
+                args.join(" "),
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        cluster
+    }
+
     /// The cluster's directory (`DIR` of the script).
     pub fn dir(&self) -> &Path {
         self.dir.path()

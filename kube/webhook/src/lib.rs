@@ -1,0 +1,19 @@
+//! gpuslice's mutating admission webhook behind `gpuslice webhook`: container limits
+//! `gpuslice.io/{gpus,memory,cores}` (and, with `--hami-compat` in labelled namespaces, HAMi's
+//! `nvidia.com/*` limits and selection annotations) become a DRA claim of the cluster's
+//! publication mode, through a ResourceClaimTemplate per shape in the pod's namespace, so that
+//! requests and limits written as usual are placed by the scheduler on real free capacity.
+
+// Tests may panic on unexpected errors; the library itself may not.
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
+pub mod ask;
+pub mod cluster;
+pub mod inventory;
+pub mod mutate;
+pub mod review;
+pub mod server;
+pub mod shape;
+pub mod tls;
+
+pub use server::{run_until_signal, WebhookArgs, WebhookError};

@@ -1,0 +1,5 @@
+//! gpuslice-webhook's integration tests: the server's start-up refusals and its TLS reload.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
+
+mod server;

@@ -1,0 +1,76 @@
+# The test cluster's admission webhook (`up DIR … --webhook`): `gpuslice webhook --hami-compat`
+# on a free port of 127.0.0.1 with a serving certificate from the cluster's CA, registered with
+# a MutatingWebhookConfiguration by URL.
+# shellcheck shell=bash
+# Sourced by scripts/kube-cluster.sh. Uses DIR, BIN, sign and free_port/start/wait_for/stop_one
+# (cluster-pki.sh, cluster-process.sh), gpuslice_bin_dir (cluster-node.sh), kubectl_admin and
+# fail_up of the sourcing script.
+
+# The webhook's serving certificate: the name the API server dials.
+WEBHOOK_EXT="basicConstraints=CA:FALSE
+keyUsage=critical,digitalSignature,keyEncipherment
+extendedKeyUsage=serverAuth
+subjectAltName=IP:127.0.0.1,DNS:localhost"
+
+# webhook_configuration URL CA_BUNDLE: the registration, the same webhook the Helm chart
+# registers (packaging/helm/gpuslice/templates/webhook.yaml) but by URL: only pods whose
+# containers name gpuslice.io/* or nvidia.com/gpu* resources are sent (matchConditions), and
+# for those the API server refuses the pod while the webhook cannot be reached
+# (failurePolicy: Fail), so a GPU pod is never admitted unchanged (docs/webhook.md).
+webhook_configuration() {
+  cat <<YAML
+apiVersion: admissionregistration.k8s.io/v1
+kind: MutatingWebhookConfiguration
+metadata:
+  name: gpuslice-webhook
+  labels: {app.kubernetes.io/managed-by: kube-cluster.sh}
+webhooks:
+- name: pods.gpuslice.io
+  admissionReviewVersions: [v1]
+  sideEffects: NoneOnDryRun
+  failurePolicy: Fail
+  timeoutSeconds: 10
+  reinvocationPolicy: Never
+  clientConfig:
+    url: $1
+    caBundle: $2
+  rules:
+  - operations: [CREATE]
+    apiGroups: [""]
+    apiVersions: [v1]
+    resources: [pods]
+    scope: Namespaced
+  namespaceSelector:
+    matchExpressions:
+    - {key: kubernetes.io/metadata.name, operator: NotIn, values: [kube-system]}
+  matchConditions:
+  - name: names-gpu-resources
+    expression: >-
+      (object.spec.containers + (has(object.spec.initContainers) ? object.spec.initContainers : []))
+      .exists(c, has(c.resources) && (
+        (has(c.resources.limits) && c.resources.limits.exists(k, k.startsWith('gpuslice.io/') || k.startsWith('nvidia.com/gpu'))) ||
+        (has(c.resources.requests) && c.resources.requests.exists(k, k.startsWith('gpuslice.io/') || k.startsWith('nvidia.com/gpu')))))
+YAML
+}
+
+# start_webhook: the certificate, the webhook, its health, its registration; WEBHOOK_URL.
+start_webhook() {
+  local gbin port
+  gbin="$(gpuslice_bin_dir)"
+  sign webhook "/CN=gpuslice-webhook" "$WEBHOOK_EXT"
+  port="$(free_port)"
+  start gpuslice-webhook "$gbin/gpuslice" webhook --listen "127.0.0.1:$port" \
+    --tls-cert "$DIR/pki/webhook.crt" --tls-key "$DIR/pki/webhook.key" \
+    --kubeconfig "$DIR/kubeconfig" --hami-compat
+  wait_for gpuslice-webhook "serving https://127.0.0.1:$port/healthz" \
+    curl -sf --max-time 2 --cacert "$DIR/pki/ca.crt" "https://127.0.0.1:$port/healthz"
+  WEBHOOK_URL="https://127.0.0.1:$port/mutate"
+  webhook_configuration "$WEBHOOK_URL" "$(base64 -w0 <"$DIR/pki/ca.crt")" >"$DIR/webhook.yaml"
+  logged webhook-registration "registering the webhook" kubectl_admin apply -f "$DIR/webhook.yaml"
+}
+
+# stop_webhook: the webhook `up` started, if any (its registration goes with the cluster).
+stop_webhook() {
+  stop_one gpuslice-webhook
+  rm -f "$DIR/webhook.yaml"
+}

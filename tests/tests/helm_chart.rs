@@ -1,0 +1,298 @@
+//! The Helm chart packaging/helm/gpuslice: it renders every raw manifest of
+//! packaging/kubernetes unchanged (so the two cannot drift), its certificate bootstrap works
+//! without cert-manager and names cert-manager's objects with it, and `helm install` on a real
+//! control plane creates the cluster side: the node installer and DRA plugin DaemonSets, the
+//! DeviceClasses, and the webhook's two replicas, Service, RBAC and registration with a CA
+//! that signs the served certificate, kept across an upgrade.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+use gpuslice_e2e::kube::{script, KubeCluster};
+use gpuslice_e2e::lock;
+use serde_json::Value;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn chart() -> PathBuf {
+    repo().join("packaging/helm/gpuslice")
+}
+
+/// helm: `GPUSLICE_HELM_BIN`, else what `scripts/kube-cluster.sh build-helm` prints.
+fn helm_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(b) = std::env::var_os("GPUSLICE_HELM_BIN") {
+            return PathBuf::from(b);
+        }
+        let out = Command::new(script())
+            .arg("build-helm")
+            .stderr(Stdio::inherit())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "scripts/kube-cluster.sh build-helm failed"
+        );
+        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    })
+    .clone()
+}
+
+fn helm(args: &[&str]) -> String {
+    let home = std::env::temp_dir().join("gpuslice-helm-home");
+    let out = Command::new(helm_bin())
+        .args(args)
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_DATA_HOME", home.join("data"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "helm {} failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn documents(text: &str) -> Vec<Value> {
+    // Documents are separated by a line `---` (Helm's output, and the raw manifests).
+    let mut docs = vec![String::new()];
+    for line in text.lines() {
+        if line.trim_end() == "---" {
+            docs.push(String::new());
+        } else if let Some(d) = docs.last_mut() {
+            d.push_str(line);
+            d.push('\n');
+        }
+    }
+    docs.iter()
+        .filter_map(|d| {
+            let v: Value =
+                serde_yaml_ng::from_str(d).unwrap_or_else(|e| panic!("not YAML ({e}): {d}"));
+            (!v.is_null()).then_some(v)
+        })
+        .collect()
+}
+
+fn find<'a>(objs: &'a [Value], kind: &str, name: &str) -> Option<&'a Value> {
+    objs.iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+}
+
+fn template(sets: &[&str]) -> Vec<Value> {
+    let chart = chart();
+    let mut args = vec!["template", "gpuslice", chart.to_str().unwrap()];
+    for s in sets {
+        args.extend(["--set", s]);
+    }
+    documents(&helm(&args))
+}
+
+#[test]
+#[ignore = "needs helm, built from its Go module (slow on a cold cache); the README's test command runs it"]
+fn the_chart_renders_the_raw_manifests_and_both_certificate_bootstraps() {
+    let rendered = template(&[]);
+    for file in [
+        "packaging/kubernetes/daemonset.yaml",
+        "packaging/kubernetes/runtimeclass.yaml",
+        "packaging/kubernetes/dra/deviceclass.yaml",
+        "packaging/kubernetes/dra/rbac.yaml",
+        "packaging/kubernetes/dra/kubelet-plugin.yaml",
+    ] {
+        let raw = documents(&std::fs::read_to_string(repo().join(file)).unwrap());
+        assert!(!raw.is_empty(), "{file} holds no object");
+        for o in raw {
+            let (kind, name) = (
+                o["kind"].as_str().unwrap(),
+                o["metadata"]["name"].as_str().unwrap(),
+            );
+            let r = find(&rendered, kind, name)
+                .unwrap_or_else(|| panic!("{file}: the chart renders no {kind} {name}"));
+            assert_eq!(r, &o, "{file}: {kind} {name} differs from the chart's");
+        }
+    }
+    // Without cert-manager: a Secret with a CA and a serving certificate, the CA in the
+    // registration; nothing of cert-manager's.
+    let secret = find(&rendered, "Secret", "gpuslice-webhook-tls").expect("the webhook's Secret");
+    let mwc = find(
+        &rendered,
+        "MutatingWebhookConfiguration",
+        "gpuslice-webhook",
+    )
+    .unwrap();
+    let hook = &mwc["webhooks"][0];
+    assert_eq!(hook["clientConfig"]["caBundle"], secret["data"]["ca.crt"]);
+    assert_eq!(hook["sideEffects"], "NoneOnDryRun");
+    assert_eq!(hook["failurePolicy"], "Fail");
+    assert!(find(&rendered, "Certificate", "gpuslice-webhook").is_none());
+    let deploy = find(&rendered, "Deployment", "gpuslice-webhook").unwrap();
+    assert_eq!(deploy["spec"]["replicas"], 2);
+    let cmd = deploy["spec"]["template"]["spec"]["containers"][0]["command"].to_string();
+    assert!(
+        !cmd.contains("--hami-compat"),
+        "HAMi compatibility is off by default: {cmd}"
+    );
+
+    // With cert-manager: its Issuer and Certificate, the CA injected by it.
+    let cm = template(&[
+        "webhook.certManager.enabled=true",
+        "webhook.hamiCompat=true",
+    ]);
+    assert!(find(&cm, "Secret", "gpuslice-webhook-tls").is_none());
+    let cert = find(&cm, "Certificate", "gpuslice-webhook").expect("a Certificate");
+    assert_eq!(cert["spec"]["secretName"], "gpuslice-webhook-tls");
+    assert_eq!(
+        cert["spec"]["dnsNames"][0],
+        "gpuslice-webhook.gpuslice-system.svc"
+    );
+    assert!(find(&cm, "Issuer", "gpuslice-webhook").is_some());
+    let mwc = find(&cm, "MutatingWebhookConfiguration", "gpuslice-webhook").unwrap();
+    assert_eq!(
+        mwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+        "gpuslice-system/gpuslice-webhook"
+    );
+    let cmd = find(&cm, "Deployment", "gpuslice-webhook").unwrap()["spec"]["template"]["spec"]
+        ["containers"][0]["command"]
+        .to_string();
+    assert!(cmd.contains("--hami-compat"), "{cmd}");
+}
+
+#[test]
+#[ignore = "needs helm and starts a real Kubernetes control plane; the README's test command runs it"]
+fn helm_install_creates_the_cluster_side_on_a_live_control_plane() {
+    let _s = lock(&[]);
+    let mut c = KubeCluster::up();
+    let kc = c.kubeconfig();
+    let kc = kc.to_str().unwrap();
+    let chart = chart();
+    helm(&[
+        "install",
+        "gpuslice",
+        chart.to_str().unwrap(),
+        "--kubeconfig",
+        kc,
+        "--set",
+        "webhook.hamiCompat=true",
+        "--set",
+        "dra.mode=capacity",
+    ]);
+    let ns = "gpuslice-system";
+    for (kind, name) in [
+        ("daemonset", "gpuslice-installer"),
+        ("daemonset", "gpuslice-kubelet-plugin"),
+        ("deployment", "gpuslice-webhook"),
+        ("service", "gpuslice-webhook"),
+        ("serviceaccount", "gpuslice-webhook"),
+        ("secret", "gpuslice-webhook-tls"),
+        ("configmap", "gpuslice-config"),
+        ("poddisruptionbudget", "gpuslice-webhook"),
+    ] {
+        c.get_json(&[kind, name, "-n", ns]);
+    }
+    for (kind, name) in [
+        ("deviceclass", "gpuslice.io"),
+        ("deviceclass", "slots.gpuslice.io"),
+        ("runtimeclass", "gpuslice"),
+        ("clusterrole", "gpuslice-webhook"),
+        ("clusterrolebinding", "gpuslice-webhook"),
+        ("clusterrole", "gpuslice-kubelet-plugin"),
+        ("mutatingwebhookconfiguration", "gpuslice-webhook"),
+    ] {
+        c.get_json(&[kind, name]);
+    }
+    let d = c.get_json(&["deployment", "gpuslice-webhook", "-n", ns]);
+    assert_eq!(d["spec"]["replicas"], 2);
+    assert!(d["spec"]["template"]["spec"]["containers"][0]["command"]
+        .to_string()
+        .contains("--hami-compat"));
+    let cm = c.get_json(&["configmap", "gpuslice-config", "-n", ns]);
+    assert!(cm["data"]["config.toml"]
+        .as_str()
+        .unwrap()
+        .contains("[dra]\nmode = \"capacity\""));
+    let mwc = c.get_json(&["mutatingwebhookconfiguration", "gpuslice-webhook"]);
+    let hook = &mwc["webhooks"][0];
+    assert_eq!(hook["clientConfig"]["service"]["name"], "gpuslice-webhook");
+    assert_eq!(hook["clientConfig"]["service"]["namespace"], ns);
+    assert_eq!(hook["matchConditions"][0]["name"], "names-gpu-resources");
+    assert!(hook["namespaceSelector"]
+        .to_string()
+        .contains("kube-system"));
+
+    // The registration's CA signs the served certificate, for the Service's DNS name.
+    let secret = c.get_json(&["secret", "gpuslice-webhook-tls", "-n", ns]);
+    let dir = tempfile::tempdir().unwrap();
+    let decode = |k: &str| {
+        let b64 = secret["data"][k].as_str().unwrap();
+        let out = Command::new("base64")
+            .arg("-d")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .and_then(|mut ch| {
+                use std::io::Write;
+                ch.stdin.take().unwrap().write_all(b64.as_bytes())?;
+                ch.wait_with_output()
+            })
+            .unwrap();
+        let p = dir.path().join(k);
+        std::fs::write(&p, out.stdout).unwrap();
+        p
+    };
+    assert_eq!(hook["clientConfig"]["caBundle"], secret["data"]["ca.crt"]);
+    let (ca, crt) = (decode("ca.crt"), decode("tls.crt"));
+    let verify = Command::new("openssl")
+        .args(["verify", "-CAfile"])
+        .arg(&ca)
+        .arg(&crt)
+        .output()
+        .unwrap();
+    assert!(
+        verify.status.success(),
+        "{}",
+        String::from_utf8_lossy(&verify.stdout)
+    );
+    let text = Command::new("openssl")
+        .args(["x509", "-noout", "-ext", "subjectAltName", "-in"])
+        .arg(&crt)
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&text.stdout).contains("DNS:gpuslice-webhook.gpuslice-system.svc"),
+        "{}",
+        String::from_utf8_lossy(&text.stdout)
+    );
+
+    // An upgrade keeps the certificate (no new CA for the API server to trust).
+    helm(&[
+        "upgrade",
+        "gpuslice",
+        chart.to_str().unwrap(),
+        "--kubeconfig",
+        kc,
+        "--set",
+        "webhook.hamiCompat=true",
+    ]);
+    let again = c.get_json(&["secret", "gpuslice-webhook-tls", "-n", ns]);
+    assert_eq!(
+        again["data"], secret["data"],
+        "the upgrade made a new certificate"
+    );
+
+    helm(&["uninstall", "gpuslice", "--kubeconfig", kc, "--wait"]);
+    let left = c.kubectl_output(
+        &["get", "mutatingwebhookconfiguration", "gpuslice-webhook"],
+        None,
+    );
+    assert!(
+        !left.status.success(),
+        "the registration outlived the release"
+    );
+    c.down();
+}
