@@ -6,6 +6,7 @@
 mod build_install;
 mod console_kubectl;
 mod console_web;
+mod context_memory;
 mod containerd;
 mod cri;
 mod dra_control_plane;

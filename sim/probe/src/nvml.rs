@@ -108,6 +108,7 @@ impl DeviceView {
                         "count": l.len(),
                         "used": l.iter().map(|(_, u)| u).sum::<u64>(),
                         "pids": l.iter().map(|(p, _)| p).collect::<Vec<_>>(),
+                        "entries": l,
                     }),
                 )
             })
