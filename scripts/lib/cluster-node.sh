@@ -79,8 +79,6 @@ source = "simulated"
 [[inventory.simulated]]
 model = "NVIDIA H200"
 memory = "141Gi"
-# Contexts cost no device memory here: the Kubernetes tests fill a slice to its exact limit.
-context_memory = "0"
 TOML
   logged cdi-generate "gpuslice cdi generate" \
     "$GBIN/gpuslice" --config "$NODE_CONFIG" cdi generate --sim-driver "$sim"

@@ -124,7 +124,12 @@ fn a_slice_filled_by_what_cuda_reports_free_is_full_not_over_and_all_figures_agr
         value(&s, name, &[("reservation", r.as_str())])
             .unwrap_or_else(|| panic!("{name} missing for {r}\n{}", exporter.text())) as u64
     };
-    within_a_mib("exporter", of("gpuslice_slice_memory_used_bytes"), used, last);
+    within_a_mib(
+        "exporter",
+        of("gpuslice_slice_memory_used_bytes"),
+        used,
+        last,
+    );
     within_a_mib(
         "exporter (the driver's count)",
         of("gpuslice_slice_nvml_memory_used_bytes"),

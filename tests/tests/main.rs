@@ -6,8 +6,8 @@
 mod build_install;
 mod console_kubectl;
 mod console_web;
-mod context_memory;
 mod containerd;
+mod context_memory;
 mod cri;
 mod dra_control_plane;
 mod enforce;

@@ -97,6 +97,15 @@ fn primary_active(dev: CUdevice) -> bool {
     r == CUDA_SUCCESS && active != 0
 }
 
+/// The driver's status and, on success, the context it wrote to `pctx` (not null).
+fn created(r: CUresult, pctx: *mut CUcontext) -> (CUresult, CUcontext) {
+    if r != CUDA_SUCCESS {
+        return (r, std::ptr::null_mut());
+    }
+    // SAFETY: a non-null out-pointer the driver wrote on success.
+    (r, unsafe { *pctx })
+}
+
 /// Destroys a created context the slice could not hold.
 fn destroy_real(ctx: CUcontext) {
     if let Some(f) = crate::real::cu::cuCtxDestroy_v2() {
@@ -202,15 +211,7 @@ pub unsafe extern "C" fn cuCtxCreate_v2(
             || {
                 // SAFETY: the caller's arguments; `pctx` is not null.
                 let r = unsafe { f(pctx, flags, dev) };
-                // SAFETY: written by the driver on success.
-                (
-                    r,
-                    if r == CUDA_SUCCESS {
-                        unsafe { *pctx }
-                    } else {
-                        std::ptr::null_mut()
-                    },
-                )
+                created(r, pctx)
             },
             destroy_real,
         )
@@ -236,15 +237,7 @@ pub unsafe extern "C" fn cuCtxCreate_v3(
             || {
                 // SAFETY: the caller's arguments; `pctx` is not null.
                 let r = unsafe { f(pctx, params, nparams, flags, dev) };
-                // SAFETY: written by the driver on success.
-                (
-                    r,
-                    if r == CUDA_SUCCESS {
-                        unsafe { *pctx }
-                    } else {
-                        std::ptr::null_mut()
-                    },
-                )
+                created(r, pctx)
             },
             destroy_real,
         )
@@ -269,15 +262,7 @@ pub unsafe extern "C" fn cuCtxCreate_v4(
             || {
                 // SAFETY: the caller's arguments; `pctx` is not null.
                 let r = unsafe { f(pctx, params, flags, dev) };
-                // SAFETY: written by the driver on success.
-                (
-                    r,
-                    if r == CUDA_SUCCESS {
-                        unsafe { *pctx }
-                    } else {
-                        std::ptr::null_mut()
-                    },
-                )
+                created(r, pctx)
             },
             destroy_real,
         )

@@ -373,6 +373,11 @@ process_list!(
     filtered_list
 );
 
+/// For the child after `fork`.
+pub fn reset_in_child() {
+    HANDLES.reset_in_child();
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -403,9 +408,4 @@ mod tests {
         let none: *mut nvmlProcessInfo_v1_t = std::ptr::null_mut();
         assert_eq!(put_list(&mut zero, none, &[]), NVML_SUCCESS);
     }
-}
-
-/// For the child after `fork`.
-pub fn reset_in_child() {
-    HANDLES.reset_in_child();
 }

@@ -50,7 +50,7 @@ pub fn run(
         let mut p: CUdeviceptr = 0;
         let mut r = call!(cuda, cuMemAlloc: PFN_cuMemAlloc_v2, &mut p, want as usize);
         let mut got = want;
-        if r.is_err() && want > PAGE && want % PAGE != 0 {
+        if r.is_err() && want > PAGE && !want.is_multiple_of(PAGE) {
             got = want / PAGE * PAGE;
             r = call!(cuda, cuMemAlloc: PFN_cuMemAlloc_v2, &mut p, got as usize);
         }
