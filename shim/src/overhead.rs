@@ -3,18 +3,26 @@
 //! NVML's per-process figure (what the host enforcer judges) includes. The slice is charged
 //! what the driver added, not a guess: NVML's figure for this process when NVML can name it
 //! (same pid namespace), else the device's used memory, before and after the creation.
+//!
+//! Whether NVML names this process is learnt at its first context on a GPU: its pid must be
+//! absent from the list before and present after. A pid NVML lists before this process has
+//! any context there is another namespace's process with the same number (a container under
+//! a real driver, which reports host pids), so that GPU's device figures are used instead.
 
+use std::collections::HashMap;
 use std::ffi::{c_uint, CString};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 use gpuslice_cuda_ffi::nvml::*;
 
+use crate::forksafe::ForkSafe;
 use crate::log::warning;
 use crate::real::nvml as real;
 
-/// Serialises context creations of this process, so that one creation's reading does not
-/// take in another thread's context.
-static CREATING: Mutex<()> = Mutex::new(());
+/// Per GPU UUID, whether NVML's process list names this process (learnt at its first
+/// context there). Held for the whole measurement: it also serialises context creations of
+/// this process, so one creation's reading never takes in another thread's context.
+static BY_PROCESS: ForkSafe<HashMap<String, bool>> = ForkSafe::new(HashMap::new);
 
 /// Whether the real NVML is initialised (once per process; never shut down here, so the
 /// program's own `nvmlShutdown` cannot close it under us, NVML being reference counted).
@@ -102,13 +110,19 @@ pub fn read(uuid: &str) -> Reading {
     }
 }
 
-/// What the driver added between two readings: the process's own growth when NVML lists
-/// the process afterwards (from 0 when it did not before: its first context), else the
-/// device's growth; 0 when neither could be read.
-pub fn grown(before: Reading, after: Reading) -> u64 {
-    match (before.process, after.process) {
-        (b, Some(a)) => a.saturating_sub(b.unwrap_or(0)),
-        (_, None) => match (before.device, after.device) {
+/// Whether the first creation's readings show NVML naming this process: not listed before
+/// (no context yet), listed after.
+pub fn names_this_process(before: Reading, after: Reading) -> bool {
+    before.process.is_none() && after.process.is_some()
+}
+
+/// What the driver added between two readings: the process's own growth when NVML names
+/// the process (from 0 when it was not listed before: its first context), else the device's
+/// growth; 0 when nothing could be read.
+pub fn grown(before: Reading, after: Reading, by_process: bool) -> u64 {
+    match (by_process, before.process, after.process) {
+        (true, b, Some(a)) => a.saturating_sub(b.unwrap_or(0)),
+        _ => match (before.device, after.device) {
             (Some(b), Some(a)) => a.saturating_sub(b),
             _ => 0,
         },
@@ -118,11 +132,27 @@ pub fn grown(before: Reading, after: Reading) -> u64 {
 /// Runs `create` (a context creation on the GPU with `uuid`) and measures what the driver
 /// charged for it: `(create's result, bytes)`.
 pub fn measure<T>(uuid: &str, create: impl FnOnce() -> T) -> (T, u64) {
-    let _one = CREATING.lock().unwrap_or_else(|p| p.into_inner());
+    let mut by_process = BY_PROCESS.lock();
     let before = read(uuid);
     let out = create();
     let after = read(uuid);
-    (out, grown(before, after))
+    let trusted = match by_process.get(uuid) {
+        Some(t) => *t,
+        // Nothing listed either time (the creation failed, or NVML lists nothing): decide
+        // at the next creation.
+        None if before.process.is_none() && after.process.is_none() => false,
+        None => {
+            let t = names_this_process(before, after);
+            by_process.insert(uuid.to_string(), t);
+            t
+        }
+    };
+    (out, grown(before, after, trusted))
+}
+
+/// For the child after `fork`: its pid is new.
+pub fn reset_in_child() {
+    BY_PROCESS.reset_in_child();
 }
 
 #[cfg(test)]
@@ -130,6 +160,7 @@ mod tests {
     use super::*;
 
     const MIB: u64 = 1 << 20;
+    const GIB: u64 = 1 << 30;
 
     fn r(process: Option<u64>, device: Option<u64>) -> Reading {
         Reading { process, device }
@@ -138,27 +169,36 @@ mod tests {
     #[test]
     fn the_process_figure_wins_over_the_device() {
         // First context: not listed before, listed after.
-        assert_eq!(
-            grown(r(None, Some(0)), r(Some(500 * MIB), Some(900 * MIB))),
-            500 * MIB
-        );
+        let (b, a) = (r(None, Some(0)), r(Some(500 * MIB), Some(900 * MIB)));
+        assert!(names_this_process(b, a));
+        assert_eq!(grown(b, a, true), 500 * MIB);
         // A second context of a listed process.
         assert_eq!(
-            grown(r(Some(700 * MIB), Some(0)), r(Some(1200 * MIB), Some(0))),
+            grown(
+                r(Some(700 * MIB), Some(0)),
+                r(Some(1200 * MIB), Some(0)),
+                true
+            ),
             500 * MIB
         );
     }
 
     #[test]
-    fn device_growth_when_the_process_is_not_listed_and_never_negative() {
-        assert_eq!(
-            grown(r(None, Some(GIB)), r(None, Some(GIB + 300 * MIB))),
-            300 * MIB
-        );
-        assert_eq!(grown(r(None, Some(GIB)), r(None, Some(MIB))), 0);
-        assert_eq!(grown(r(None, None), r(None, Some(GIB))), 0);
-        assert_eq!(grown(r(Some(GIB), None), r(Some(MIB), None)), 0);
+    fn another_namespaces_process_with_this_pid_is_not_trusted() {
+        // Listed before this process had any context: someone else's pid.
+        let b = r(Some(3 * GIB), Some(5 * GIB));
+        let a = r(Some(3 * GIB), Some(5 * GIB + 300 * MIB));
+        assert!(!names_this_process(b, a));
+        assert_eq!(grown(b, a, false), 300 * MIB);
     }
 
-    const GIB: u64 = 1 << 30;
+    #[test]
+    fn device_growth_when_the_process_is_not_named_and_never_negative() {
+        let (b, a) = (r(None, Some(GIB)), r(None, Some(GIB + 300 * MIB)));
+        assert_eq!(grown(b, a, false), 300 * MIB);
+        assert_eq!(grown(b, a, true), 300 * MIB);
+        assert_eq!(grown(r(None, Some(GIB)), r(None, Some(MIB)), false), 0);
+        assert_eq!(grown(r(None, None), r(None, Some(GIB)), false), 0);
+        assert_eq!(grown(r(Some(GIB), None), r(Some(MIB), None), true), 0);
+    }
 }

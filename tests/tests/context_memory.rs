@@ -165,5 +165,16 @@ fn a_slice_filled_by_what_cuda_reports_free_is_full_not_over_and_all_figures_agr
     let mut want = vec![a["pid"].as_u64().unwrap(), last["pid"].as_u64().unwrap()];
     want.sort_unstable();
     assert_eq!(pids, want, "{d}");
+    // Whole-GPU containers get it too: the node CDI spec mounts the same program.
+    let smi_host = node.state_dir().join("sim/usr/bin/nvidia-smi");
+    let specs: String = std::fs::read_dir(&node.cdi_dir)
+        .expect("cdi dir")
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
+        .collect();
+    assert!(
+        specs.contains(&format!("\"{}\"", smi_host.display()))
+            && specs.contains("\"/usr/bin/nvidia-smi\""),
+        "nvidia-smi is not in the node CDI spec:\n{specs}"
+    );
     c.remove(&node);
 }
