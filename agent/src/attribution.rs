@@ -347,7 +347,7 @@ mod agreement {
     use crate::enforce::cycle::{Enforcer, Roots, Throttles};
     use crate::enforce::events::EventKind;
     use crate::enforce::meter::{GpuProcs, ProcFigures};
-    use crate::enforce::signal::{SignalError, Signaller};
+    use crate::enforce::signal::Recorder;
     use crate::errors::ErrorLog;
     use crate::gpu::{DeviceReading, GpuMeter, GpuProcess, Reading};
 
@@ -376,17 +376,6 @@ mod agreement {
                 }],
                 errors: Vec::new(),
             }
-        }
-    }
-
-    struct Recorder(Arc<Mutex<Vec<u32>>>);
-    impl Signaller for Recorder {
-        fn start_time(&self, _pid: u32) -> Option<u64> {
-            Some(1)
-        }
-        fn kill(&mut self, pid: u32, _start: u64) -> Result<(), SignalError> {
-            self.0.lock().unwrap().push(pid);
-            Ok(())
         }
     }
 

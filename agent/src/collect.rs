@@ -56,15 +56,6 @@ pub struct Collector {
     enforcer: Option<crate::enforce::events::Shared>,
 }
 
-impl std::fmt::Debug for Collector {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Collector")
-            .field("sources", &self.sources)
-            .field("errors", &self.errors)
-            .finish_non_exhaustive()
-    }
-}
-
 /// The owner as labels; a DRA claim shows its namespace and no pod.
 fn owner_labels(owner: &Owner) -> OwnerLabels {
     match owner {

@@ -12,7 +12,7 @@ use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
 
-use gpuslice_hook::simnode::SimLayout;
+use gpuslice_driver::simnode::SimLayout;
 
 /// NVML's soname on a real node.
 pub const NVML_SONAME: &str = "libnvidia-ml.so.1";

@@ -1,7 +1,9 @@
 //! The node agent: `gpuslice serve`, the node's Prometheus exporter and the host-side
-//! enforcer beside it, over one process attribution (`attribution`); and `status`/`gc`,
-//! which show what they measured and did. The exporter, per GPU: capacity, booked memory and
-//! cores, used memory and utilisation as measured by NVML; per reservation: its limits, the
+//! enforcer beside it, over one process attribution (`attribution`); `status`/`gc`,
+//! which show what they measured and did; and `cdi generate`/`cdi list`, which take the
+//! node's inventory and publish its CDI spec (`nodespec`). The exporter, per GPU: capacity,
+//! booked memory and cores, used memory and utilisation as measured by NVML; per
+//! reservation: its limits, the
 //! memory its processes hold (usage file, cross-checked with NVML's per-process figures),
 //! its compute limit and achieved share; the registry's health; the exporter's own errors.
 //! Everything is read lock-free per scrape, and nothing a scrape meets is fatal. Beside it
@@ -18,6 +20,7 @@ pub mod gpu;
 pub mod http;
 pub mod liveness;
 pub mod model;
+pub mod nodespec;
 pub mod procmap;
 pub mod share;
 pub mod status;

@@ -6,7 +6,8 @@
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
-use gpuslice_hook::args::{CdiCommand, HookCommand};
+use gpuslice_agent::args::CdiCommand;
+use gpuslice_hook::args::HookCommand;
 
 /// Share NVIDIA GPUs between containers with per-container memory and compute limits.
 ///

@@ -1,5 +1,5 @@
-//! The one place a parsed command line is dispatched to its role: the hooks and `cdi` to the
-//! create path, `status`, `gc` and `serve` to the node agent, `configure` to engine
+//! The one place a parsed command line is dispatched to its role: the hooks to the
+//! create path, `cdi`, `status`, `gc` and `serve` to the node agent, `configure` to engine
 //! registration, `kubelet-plugin` to the DRA plugin, `console` to the web console.
 
 use gpuslice_hook::node::NodeContext;
@@ -11,6 +11,10 @@ use crate::cli::{Cli, Command};
 pub enum Error {
     #[error(transparent)]
     Node(#[from] gpuslice_hook::error::Error),
+    #[error(transparent)]
+    Cdi(#[from] gpuslice_agent::nodespec::GenerateError),
+    #[error(transparent)]
+    Status(#[from] gpuslice_agent::status::StatusError),
     #[error(transparent)]
     Serve(#[from] gpuslice_agent::ServeError),
     #[error(transparent)]
@@ -42,8 +46,7 @@ pub fn run(cli: Cli) -> Result<(), Error> {
     let node =
         NodeContext::load(cli.config.as_deref()).map_err(gpuslice_hook::error::Error::from)?;
     match cli.command {
-        Command::Cdi(command) => Ok(gpuslice_hook::nodespec::run(&node, command)
-            .map_err(gpuslice_hook::error::Error::from)?),
+        Command::Cdi(command) => Ok(gpuslice_agent::nodespec::run(&node, command)?),
         Command::Hook(command) => Ok(gpuslice_hook::create::hooks::run(&node, command)
             .map_err(gpuslice_hook::error::Error::from)?),
         Command::Status(args) => Ok(gpuslice_agent::status::status(&node, &args)?),

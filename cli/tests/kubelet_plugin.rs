@@ -10,11 +10,12 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use gpuslice_agent::nodespec::node_spec;
 use gpuslice_cdi::{DeviceNode, Mount};
 use gpuslice_hook::create::driveredits::DriverEdits;
 use gpuslice_hook::create::slicespec::slice_spec;
 use gpuslice_hook::node::NodeContext;
-use gpuslice_hook::nodespec::{node_spec, NODE_SPEC_CACHE};
+use gpuslice_hook::specfiles::NODE_SPEC_CACHE;
 use gpuslice_kube::node_slices::{claim_spec_path, open_registry, ClaimSlices};
 use gpuslice_kube::SliceWriter;
 use gpuslice_registry::{ClaimShare, Gpu, Inventory, Owner};

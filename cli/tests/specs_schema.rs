@@ -5,11 +5,11 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use gpuslice_agent::nodespec::node_spec;
 use gpuslice_cdi::{DeviceNode, Mount};
 use gpuslice_hook::create::driveredits::DriverEdits;
 use gpuslice_hook::create::slicespec::slice_spec;
 use gpuslice_hook::node::NodeContext;
-use gpuslice_hook::nodespec::node_spec;
 use gpuslice_registry::{Booking, Gpu, Owner, Reservation, ReservationState};
 use serde_json::Value;
 

@@ -1,4 +1,4 @@
-//! The create path's part of the `gpuslice` command line: the OCI hooks and `cdi`, defined
+//! The create path's part of the `gpuslice` command line: the OCI hooks, defined
 //! next to the code they drive and composed into the command tree by the `gpuslice`
 //! binary. The hook lines gpuslice writes are read without clap by `create::hookargv`, into
 //! the same types.
@@ -12,30 +12,6 @@ use clap::{Args, Subcommand};
 pub struct HookLine {
     pub config: Option<PathBuf>,
     pub command: HookCommand,
-}
-
-#[derive(Debug, Subcommand)]
-pub enum CdiCommand {
-    /// Take the GPU inventory (NVML or simulated), cache it for the registry, set up a
-    /// simulated node when configured, and write the node's CDI spec for whole GPUs
-    /// (`gpuslice.io/gpu=0`, `=GPU-<uuid>`, `=all`).
-    ///
-    /// Run it at install, at boot and after a driver change. The create path never touches
-    /// NVML; it reads what this command cached.
-    Generate(GenerateArgs),
-    /// Print the CDI device names of the node spec, one per line.
-    List,
-}
-
-#[derive(Debug, Args)]
-pub struct GenerateArgs {
-    /// Directory to write the spec to [default: cdi.spec_dir of the config].
-    #[arg(long, value_name = "DIR")]
-    pub output: Option<PathBuf>,
-    /// Directory holding the simulated driver libraries (simulated nodes only)
-    /// [default: next to this executable, then /usr/lib/gpuslice/sim].
-    #[arg(long, value_name = "DIR")]
-    pub sim_driver: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]

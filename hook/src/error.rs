@@ -1,9 +1,7 @@
-//! The error a create-path command (the hooks, `cdi`) and the node context can end with,
+//! The error a create-path command (the hooks) and the node context can end with,
 //! and its exit status: 2 for bad configuration or usage, 1 for everything else.
 
 use gpuslice_config::ConfigError;
-
-use crate::nodespec::GenerateError;
 
 /// Why a subcommand failed; each variant prints as one line.
 #[derive(Debug, thiserror::Error)]
@@ -11,15 +9,11 @@ pub enum Error {
     #[error(transparent)]
     Config(#[from] ConfigError),
     #[error(transparent)]
-    Generate(#[from] GenerateError),
-    #[error(transparent)]
     Registry(Box<gpuslice_registry::RegistryError>),
     #[error(transparent)]
     Spec(#[from] gpuslice_cdi::SpecFileError),
     #[error("cannot write to standard output: {0}")]
     Stdout(#[from] crate::output::OutputError),
-    #[error(transparent)]
-    Inventory(#[from] gpuslice_driver::InventoryError),
     #[error(transparent)]
     Hook(Box<crate::create::hooks::HookError>),
 }

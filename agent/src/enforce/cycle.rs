@@ -62,15 +62,6 @@ pub struct Enforcer {
     now_ms: Box<dyn Fn() -> u64 + Send>,
 }
 
-impl std::fmt::Debug for Enforcer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Enforcer")
-            .field("cfg", &self.cfg)
-            .field("roots", &self.roots)
-            .finish_non_exhaustive()
-    }
-}
-
 fn wall_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -352,7 +343,7 @@ mod tests {
 
     use super::*;
     use crate::enforce::memory::REPEAT_WINDOW;
-    use crate::enforce::signal::SignalError;
+    use crate::enforce::signal::Recorder;
     use gpuslice_registry::{FakeSystem, Gpu, Inventory};
     use proptest::prelude::*;
     use std::path::Path;
@@ -366,18 +357,6 @@ mod tests {
     const UNOWNED: [u32; 2] = [500, 501];
 
     type Kills = Arc<Mutex<Vec<u32>>>;
-
-    struct Recorder(Kills);
-
-    impl Signaller for Recorder {
-        fn start_time(&self, _pid: u32) -> Option<u64> {
-            Some(1)
-        }
-        fn kill(&mut self, pid: u32, _start: u64) -> Result<(), SignalError> {
-            self.0.lock().unwrap().push(pid);
-            Ok(())
-        }
-    }
 
     fn fake_process(root: &Path, pid: u32, ns: u64, nspid: u32, cgroup: &str) {
         let dir = root.join(pid.to_string());

@@ -23,6 +23,22 @@ pub trait Signaller: Send {
     fn kill(&mut self, pid: u32, start: u64) -> Result<(), SignalError>;
 }
 
+/// A signaller for tests: every process is alive (start time 1), and each kill is recorded.
+#[cfg(test)]
+pub struct Recorder(pub std::sync::Arc<std::sync::Mutex<Vec<u32>>>);
+
+#[cfg(test)]
+impl Signaller for Recorder {
+    fn start_time(&self, _pid: u32) -> Option<u64> {
+        Some(1)
+    }
+    #[allow(clippy::unwrap_used)]
+    fn kill(&mut self, pid: u32, _start: u64) -> Result<(), SignalError> {
+        self.0.lock().unwrap().push(pid);
+        Ok(())
+    }
+}
+
 /// Field 22 of a `stat` line (start time), read after the command's closing parenthesis.
 pub fn parse_start_time(stat: &str) -> Option<u64> {
     let rest = &stat[stat.rfind(')')? + 1..];

@@ -10,14 +10,32 @@ use gpuslice_registry::{is_valid_id, Inventory, Registry};
 use render::{render_reaped, render_rebuild, render_table_measured, status_json_measured};
 
 use crate::args::{GcArgs, StatusArgs};
-use gpuslice_hook::create::slicespec::{slice_spec_path, SLICE_KIND};
-use gpuslice_hook::error::Error;
 use gpuslice_hook::node::NodeContext;
-use gpuslice_hook::output::out;
+use gpuslice_hook::output::{out, OutputError};
+use gpuslice_hook::specfiles::{slice_spec_path, SLICE_KIND};
+
+/// Why `status` or `gc` failed; each variant prints as one line naming the file or GPU.
+#[derive(Debug, thiserror::Error)]
+pub enum StatusError {
+    #[error(transparent)]
+    Registry(Box<gpuslice_registry::RegistryError>),
+    #[error(transparent)]
+    Spec(#[from] gpuslice_cdi::SpecFileError),
+    #[error(transparent)]
+    Inventory(#[from] gpuslice_driver::InventoryError),
+    #[error("cannot write to standard output: {0}")]
+    Stdout(#[from] OutputError),
+}
+
+impl From<gpuslice_registry::RegistryError> for StatusError {
+    fn from(e: gpuslice_registry::RegistryError) -> Self {
+        StatusError::Registry(Box::new(e))
+    }
+}
 
 /// `status [--json]`: per-GPU capacity and allocation and the reservations, with what the
 /// exporter's collector measures next to what is booked, and what the enforcer did.
-pub fn status(node: &NodeContext, args: &StatusArgs) -> Result<(), Error> {
+pub fn status(node: &NodeContext, args: &StatusArgs) -> Result<(), StatusError> {
     let file = node.open_registry()?.snapshot()?;
     let measured = measured::measure(node, &file);
     if args.json {
@@ -39,10 +57,10 @@ pub fn status(node: &NodeContext, args: &StatusArgs) -> Result<(), Error> {
 /// `gc [--rebuild]`: reaps the reservations of containers that are gone, or rebuilds a
 /// corrupt registry from the inventory and the live slice directories; either way, then
 /// removes the slice CDI specs whose reservation is gone.
-pub fn gc(node: &NodeContext, args: &GcArgs) -> Result<(), Error> {
+pub fn gc(node: &NodeContext, args: &GcArgs) -> Result<(), StatusError> {
     let registry = node.open_registry()?;
     let report = if args.rebuild {
-        let gpus = gpuslice_hook::nodespec::take_inventory(node)?;
+        let gpus = crate::nodespec::take_inventory(node)?;
         render_rebuild(&registry.rebuild(Inventory { gpus })?)
     } else {
         render_reaped(&registry.gc()?)
@@ -57,7 +75,7 @@ pub fn gc(node: &NodeContext, args: &GcArgs) -> Result<(), Error> {
 /// would remove. The specs are listed before the registry is read, and a create writes its
 /// spec only after reserving, so a spec being created is never taken. Returns one line per
 /// spec removed.
-fn remove_leftover_specs(node: &NodeContext, registry: &Registry) -> Result<String, Error> {
+fn remove_leftover_specs(node: &NodeContext, registry: &Registry) -> Result<String, StatusError> {
     let dir = &node.config().cdi.spec_dir;
     let ids = gpuslice_cdi::list_transient_specs(dir, SLICE_KIND)?;
     if ids.is_empty() {

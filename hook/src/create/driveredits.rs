@@ -11,7 +11,7 @@ use gpuslice_driver::{
     RealInspector, COMPUTE_LIBRARIES,
 };
 
-use crate::simnode::SimLayout;
+use gpuslice_driver::simnode::SimLayout;
 
 /// Mount options of driver files: read-only, no setuid, no device files.
 pub const RO_BIND: &[&str] = &["ro", "nosuid", "nodev", "bind"];

@@ -18,7 +18,7 @@ use gpuslice_registry::{claim_uid, Registry, RegistryError, Reservation};
 use gpuslice_hook::create::slicespec::{slice_spec, slice_spec_path};
 use gpuslice_hook::create::specedit::{ensure_preload, write_slice_files, EditError};
 use gpuslice_hook::node::NodeContext;
-use gpuslice_hook::nodespec::{cached_node_spec_lazy, NODE_SPEC_CACHE};
+use gpuslice_hook::specfiles::{cached_node_spec_lazy, NODE_SPEC_CACHE};
 
 /// `gpuslice kubelet-plugin` flags (DESIGN.md §7).
 #[derive(Debug, Args)]
@@ -88,7 +88,8 @@ impl ClaimSlices {
 
     fn write_files(&self, uid: &str, r: &Reservation) -> Result<Vec<String>, EditError> {
         let config = self.node.config();
-        let node_spec = cached_node_spec_lazy(&self.node).map_err(EditError::NodeSpec)?;
+        let node_spec =
+            cached_node_spec_lazy(&self.node.config().state_dir).map_err(EditError::NodeSpec)?;
         if !config.shim.library.is_file() {
             return Err(EditError::NoShim {
                 path: config.shim.library.clone(),

@@ -8,15 +8,16 @@ use gpuslice_cdi::{ContainerEdits, Device, Hook, Spec, SpecFileError};
 use gpuslice_driver::InventoryError;
 use gpuslice_registry::{Gpu, Inventory, Registry, RegistryError};
 
+use gpuslice_driver::simnode::{default_driver_dirs, setup_sim_node, RealMknod, SimError};
+use gpuslice_hook::create::driveredits::{discover, DriverEdits, DriverEditsError};
+use gpuslice_hook::node::{NodeContext, NodeError};
+use gpuslice_hook::output::{out, OutputError};
+use gpuslice_hook::specfiles::{self, NODE_SPEC_CACHE, VISIBLE_DEVICES_VOID};
+
 use crate::args::CdiCommand;
-use crate::create::driveredits::{discover, DriverEdits, DriverEditsError};
-use crate::node::{NodeContext, NodeError};
-use crate::output::out;
-use crate::simnode::{default_driver_dirs, setup_sim_node, RealMknod, SimError};
 
 /// Kind of the node spec's whole-GPU devices.
 pub const GPU_KIND: &str = "gpuslice.io/gpu";
-pub use crate::specfiles::{NODE_SPEC_CACHE, VISIBLE_DEVICES_VOID};
 
 /// `cdi generate` failed.
 #[derive(Debug, thiserror::Error)]
@@ -34,7 +35,7 @@ pub enum GenerateError {
     #[error(transparent)]
     Registry(#[from] RegistryError),
     #[error("cannot write to standard output: {0}")]
-    Stdout(#[from] crate::output::OutputError),
+    Stdout(#[from] OutputError),
     #[error(
         "GPU {index} ({uuid}) has no device node /dev/nvidia{minor} under the driver root {root}"
     )]
@@ -171,20 +172,12 @@ pub fn run(node: &NodeContext, command: CdiCommand) -> Result<(), GenerateError>
                 names.join(" ")
             ))?)
         }
-        CdiCommand::List => Ok(out(&cached_node_spec(node)?
-            .qualified_device_names()
-            .iter()
-            .map(|n| format!("{n}\n"))
-            .collect::<String>())?),
+        CdiCommand::List => Ok(out(&specfiles::cached_node_spec(
+            &node.config().state_dir,
+        )?
+        .qualified_device_names()
+        .iter()
+        .map(|n| format!("{n}\n"))
+        .collect::<String>())?),
     }
-}
-
-/// Reads the node spec cached by the last `cdi generate`.
-pub fn cached_node_spec(node: &NodeContext) -> Result<Spec, SpecFileError> {
-    crate::specfiles::cached_node_spec(&node.config().state_dir)
-}
-
-/// The node spec cache for the create path (see [`crate::specfiles::cached_node_spec_lazy`]).
-pub fn cached_node_spec_lazy(node: &NodeContext) -> Result<gpuslice_cdi::LazySpec, SpecFileError> {
-    crate::specfiles::cached_node_spec_lazy(&node.config().state_dir)
 }

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use gpuslice_config::Config;
 
-use gpuslice_driver::devices::{MODESET_MINOR, NVIDIACTL_MINOR, NVIDIA_MAJOR};
+use crate::devices::{MODESET_MINOR, NVIDIACTL_MINOR, NVIDIA_MAJOR};
 
 /// Major number the simulated node gives `nvidia-uvm` (dynamic on real nodes).
 pub const SIM_UVM_MAJOR: u32 = 510;
@@ -240,12 +240,10 @@ pub fn setup_sim_node(
 
     // Container processes of any user create and share the simulated driver's state here.
     mkdir(&layout.state, 0o1777)?;
-    let devices = gpuslice_driver::simulated::devices_from_config(&config.inventory.simulated);
-    gpuslice_driver::simulated::write_devices(&layout.state, &devices).map_err(|e| {
-        SimError::Devices {
-            path: layout.state.clone(),
-            detail: e.to_string(),
-        }
+    let devices = crate::simulated::devices_from_config(&config.inventory.simulated);
+    crate::simulated::write_devices(&layout.state, &devices).map_err(|e| SimError::Devices {
+        path: layout.state.clone(),
+        detail: e.to_string(),
     })?;
     Ok(layout)
 }
