@@ -342,8 +342,7 @@ mod tests {
         assert_eq!(std::fs::read(&smi).expect("nvidia-smi"), b"probe");
         // The create path finds it where it finds a real driver's.
         let found =
-            gpuslice_driver::discover_binaries(&layout.root, gpuslice_driver::UTILITY_BINARIES)
-                .expect("discover");
+            crate::discover_binaries(&layout.root, crate::UTILITY_BINARIES).expect("discover");
         assert_eq!(found.len(), 1);
         assert_eq!(found[0].container_path, Path::new("/usr/bin/nvidia-smi"));
     }
