@@ -163,7 +163,7 @@ done
 # (serial(): they measure time or compute shares, or start chromium and a whole cluster), one
 # at a time. The locks keep either run correct on its own; the split keeps the alone ones from
 # holding up the others.
-alone=(enforce:: enforce_compute:: observability:: console_web::)
+alone=(enforce:: enforce_compute:: observability:: console_web:: context_memory::)
 skip_alone=()
 for m in "${alone[@]}"; do skip_alone+=(--skip "$m"); done
 run_tests "tests: e2e, side by side" "${cargo_test[@]}" --test e2e -- --include-ignored \

@@ -28,6 +28,10 @@ pub const DEFAULT_ENFORCE_WINDOW: Duration = Duration::from_secs(5);
 pub const DEFAULT_SIM_MODEL: &str = "NVIDIA H200";
 /// Default memory of a simulated GPU (141 GiB, like an H200).
 pub const DEFAULT_SIM_MEMORY: u64 = 141 << 30;
+/// Default device memory each CUDA context of a simulated GPU costs its process (512 MiB):
+/// between a bare driver context on a current data-centre GPU and the 781 MB `nvidia-smi`
+/// shows for a small PyTorch program (pytorch/pytorch#34323); see docs/configuration.md.
+pub const DEFAULT_SIM_CONTEXT_MEMORY: u64 = 512 << 20;
 
 /// The whole node configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -159,6 +163,9 @@ pub struct SimulatedGpu {
     pub memory: u64,
     /// `GPU-<uuid>`; derived stably from index and model when not configured.
     pub uuid: String,
+    /// Device memory each CUDA context costs its process (NVML's per-process figures
+    /// include it; no allocation returns it).
+    pub context_memory: u64,
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -8,7 +8,8 @@ use toml::{Table, Value};
 
 use crate::model::{
     is_clean_absolute, is_gpu_uuid, simulated_uuid, ComputeAction, Config, InventorySource,
-    MemoryAction, Policy, SimulatedGpu, DEFAULT_SIM_MEMORY, DEFAULT_SIM_MODEL,
+    MemoryAction, Policy, SimulatedGpu, DEFAULT_SIM_CONTEXT_MEMORY, DEFAULT_SIM_MEMORY,
+    DEFAULT_SIM_MODEL,
 };
 use crate::quantity::{parse_bytes, ACCEPTED_BYTES};
 
@@ -482,11 +483,11 @@ fn simulated_gpu(r: &Reader<'_>, index: usize, item: &Value) -> Result<Simulated
             return Err(r.wrong_type(
                 &prefix,
                 other,
-                "a table with `model`, `memory` and optional `uuid`",
+                "a table with `model`, `memory`, optional `uuid` and `context_memory`",
             ))
         }
     };
-    r.check_keys(t, &prefix, &["model", "memory", "uuid"])?;
+    r.check_keys(t, &prefix, &["model", "memory", "uuid", "context_memory"])?;
     // Keys are spelled out only for an error: this runs in every create-path process.
     let key = |k: &str| format!("{prefix}.{k}");
     let model = match t.get("model") {
@@ -540,10 +541,34 @@ fn simulated_gpu(r: &Reader<'_>, index: usize, item: &Value) -> Result<Simulated
         }
         Some(v) => return Err(r.wrong_type(&key("uuid"), v, "a string")),
     };
+    let context_memory = match t.get("context_memory") {
+        None => DEFAULT_SIM_CONTEXT_MEMORY.min(memory / 4),
+        Some(v) => {
+            let accepted = || format!("{ACCEPTED_BYTES}, at most a quarter of `memory`");
+            let b = match v {
+                Value::String(s) => parse_bytes(s)
+                    .map_err(|_| r.bad_value(&key("context_memory"), v, accepted()))?,
+                Value::Integer(i) => u64::try_from(*i)
+                    .map_err(|_| r.bad_value(&key("context_memory"), v, accepted()))?,
+                other => {
+                    return Err(r.wrong_type(
+                        &key("context_memory"),
+                        other,
+                        &format!("a string of {ACCEPTED_BYTES}"),
+                    ))
+                }
+            };
+            if b > memory / 4 {
+                return Err(r.bad_value(&key("context_memory"), v, accepted()));
+            }
+            b
+        }
+    };
     Ok(SimulatedGpu {
         model,
         memory,
         uuid,
+        context_memory,
     })
 }
 

@@ -212,3 +212,33 @@ fn load_prefers_flag_then_env_then_default() {
     assert!(e.to_string().contains("cannot read"), "{e}");
     assert!(e.to_string().contains("missing.toml"), "{e}");
 }
+
+#[test]
+fn simulated_context_memory_is_a_byte_quantity_with_a_default() {
+    let sim = "[inventory]\nsource=\"simulated\"\n[[inventory.simulated]]\nmemory = \"16Gi\"\n";
+    let c = parse(sim).expect("default context memory");
+    assert_eq!(
+        c.inventory.simulated[0].context_memory,
+        DEFAULT_SIM_CONTEXT_MEMORY
+    );
+    let c = parse(&format!("{sim}context_memory = \"300Mi\"\n")).expect("300Mi");
+    assert_eq!(c.inventory.simulated[0].context_memory, 300 << 20);
+    let c = parse(&format!("{sim}context_memory = 0\n")).expect("0 for exact figures");
+    assert_eq!(c.inventory.simulated[0].context_memory, 0);
+    // A small GPU's default leaves it three quarters of its memory.
+    let small = "[inventory]\nsource=\"simulated\"\n[[inventory.simulated]]\nmemory = \"1Gi\"\n";
+    assert_eq!(
+        parse(small).expect("small").inventory.simulated[0].context_memory,
+        256 << 20
+    );
+    let line = err(&format!("{sim}context_memory = \"5Gi\"\n"));
+    assert!(
+        line.contains("key `inventory.simulated[0].context_memory`: value \"5Gi\" is not accepted")
+            && line.contains("at most a quarter of `memory`"),
+        "{line}"
+    );
+    let line = err(&format!("{sim}context_memory = \"lots\"\n"));
+    assert!(line.contains("Mi"), "{line}");
+    let line = err(&format!("{sim}context_memory = -1\n"));
+    assert!(line.contains("context_memory"), "{line}");
+}

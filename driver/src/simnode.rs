@@ -1,6 +1,7 @@
 //! The simulated GPU node: device nodes with NVIDIA's real major numbers under
 //! `state_dir/sim/dev`, the simulated driver libraries under `state_dir/sim/usr/lib/...`,
-//! and the simulated driver's state directory — a driver root like a real one, so every
+//! its `nvidia-smi` stand-in under `state_dir/sim/usr/bin`, and the simulated driver's state
+//! directory — a driver root like a real one, so every
 //! later path (discovery, CDI, containers) runs unchanged without a GPU.
 
 use std::io;
@@ -23,6 +24,9 @@ const SIM_LIBRARIES: &[(&str, &[&str])] = &[
         &["libnvidia-ml.so.1", "libgpuslice_sim_nvml.so"],
     ),
 ];
+
+/// The program installed as the simulated driver's `nvidia-smi` (from the driver dirs).
+const SIM_SMI_SOURCE: &str = "gpuslice-probe";
 
 /// A simulated node that could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -210,6 +214,30 @@ pub fn setup_sim_node(
         }
     }
 
+    // The simulated driver's `nvidia-smi`: the probe, which run under that name reads what
+    // nvidia-smi reads through NVML (memory, process lists). Installed where a real driver
+    // keeps it, so the create path mounts it into containers as it mounts the real one.
+    // Optional: a driver directory without the probe gives a node without it.
+    if let Some(source) = driver_dirs
+        .iter()
+        .map(|d| d.join(SIM_SMI_SOURCE))
+        .find(|p| p.is_file())
+    {
+        let bin = layout.root.join("usr/bin");
+        mkdir(&bin, 0o755)?;
+        let bytes = std::fs::read(&source).map_err(|e| SimError::Read {
+            path: source.clone(),
+            source: e,
+        })?;
+        let dest = bin.join("nvidia-smi");
+        if std::fs::read(&dest).ok().as_deref() != Some(&bytes[..]) {
+            gpuslice_fsutil::atomic_write(&dest, &bytes, 0o755).map_err(|e| SimError::Install {
+                path: dest.clone(),
+                source: e,
+            })?;
+        }
+    }
+
     // Container processes of any user create and share the simulated driver's state here.
     mkdir(&layout.state, 0o1777)?;
     let devices = crate::simulated::devices_from_config(&config.inventory.simulated);
@@ -295,6 +323,28 @@ mod tests {
             b"nvml"
         );
         assert!(layout.state.join("devices.json").exists());
+        // No probe in the driver dir: no nvidia-smi stand-in.
+        assert!(!layout.root.join("usr/bin/nvidia-smi").exists());
+    }
+
+    #[test]
+    fn installs_the_probe_as_the_simulated_drivers_nvidia_smi() {
+        let state = tempfile::tempdir().expect("tempdir");
+        let drv = fake_driver_dir();
+        std::fs::write(drv.path().join("gpuslice-probe"), b"probe").expect("write");
+        let layout = setup_sim_node(
+            &config(state.path(), 1),
+            &[drv.path().to_path_buf()],
+            &Recorder::default(),
+        )
+        .expect("setup");
+        let smi = layout.root.join("usr/bin/nvidia-smi");
+        assert_eq!(std::fs::read(&smi).expect("nvidia-smi"), b"probe");
+        // The create path finds it where it finds a real driver's.
+        let found =
+            crate::discover_binaries(&layout.root, crate::UTILITY_BINARIES).expect("discover");
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].container_path, Path::new("/usr/bin/nvidia-smi"));
     }
 
     #[test]

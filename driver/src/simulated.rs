@@ -45,6 +45,11 @@ pub struct SimDevice {
     pub sm_count: u32,
     /// SM clock in kHz; a `gpuslice_spin(cycles)` kernel runs `cycles / clock_khz` ms.
     pub clock_khz: u32,
+    /// Device memory each CUDA context costs its process, as a real driver charges it:
+    /// NVML's per-process figures and the device's free memory include it, no allocation
+    /// returns it. Absent in a list written before it existed: 0.
+    #[serde(default)]
+    pub context_memory: u64,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -110,6 +115,7 @@ pub fn devices_from_config(gpus: &[SimulatedGpu]) -> Vec<SimDevice> {
                 numa_node: 0,
                 sm_count,
                 clock_khz,
+                context_memory: g.context_memory,
             }
         })
         .collect()
@@ -142,6 +148,13 @@ fn validate(path: &Path, devices: &[SimDevice]) -> Result<(), DevicesError> {
         if d.memory == 0 || d.clock_khz == 0 || d.sm_count == 0 {
             return Err(invalid(format!(
                 "device {i} needs memory, sm_count and clock_khz above 0"
+            )));
+        }
+        if d.context_memory > d.memory / 4 {
+            return Err(invalid(format!(
+                "device {i} has context_memory {}; at most a quarter of its memory ({}) is accepted",
+                d.context_memory,
+                d.memory / 4
             )));
         }
         if devices[..i]
@@ -204,11 +217,13 @@ mod tests {
                 model: "NVIDIA H200".into(),
                 memory: 141 << 30,
                 uuid: gpuslice_config::simulated_uuid(0, "NVIDIA H200"),
+                context_memory: 512 << 20,
             },
             SimulatedGpu {
                 model: "NVIDIA A100-SXM4-80GB".into(),
                 memory: 80 << 30,
                 uuid: gpuslice_config::simulated_uuid(1, "NVIDIA A100-SXM4-80GB"),
+                context_memory: 0,
             },
         ]
     }
@@ -222,6 +237,24 @@ mod tests {
         assert_eq!((d[1].sm_count, d[1].clock_khz), (108, 1_410_000));
         assert_eq!(d[1].minor, 1);
         assert_eq!(d[1].pci_bus_id, "00000000:19:00.0");
+        assert_eq!((d[0].context_memory, d[1].context_memory), (512 << 20, 0));
+    }
+
+    #[test]
+    fn a_list_without_context_memory_reads_as_none() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let d = devices_from_config(&gpus());
+        write_devices(dir.path(), &d).expect("write");
+        let path = dir.path().join(DEVICES_FILE);
+        let mut doc: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).expect("read")).expect("json");
+        for d in doc["devices"].as_array_mut().expect("devices") {
+            d.as_object_mut().expect("device").remove("context_memory");
+        }
+        let old = serde_json::to_vec(&doc).expect("json");
+        std::fs::write(&path, old).expect("write old");
+        let read = read_devices(dir.path()).expect("read old");
+        assert_eq!(read[0].context_memory, 0);
     }
 
     #[test]

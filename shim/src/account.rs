@@ -25,6 +25,8 @@ pub enum Kind {
     GraphExec,
     /// A context's device malloc heap grown by `cuCtxSetLimit` (keyed by the context).
     Heap,
+    /// A context's own device memory, measured at its creation (keyed by the context).
+    Context,
 }
 
 /// One charged allocation.

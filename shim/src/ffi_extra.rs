@@ -1,7 +1,8 @@
 //! Driver declarations the shim needs beyond `gpuslice-cuda-ffi`: the pre-3.2 (`_v1`)
 //! entry points with 32-bit sizes and pointers, which a program can still reach through
 //! `dlsym` or by linking, and the launch and instantiate variants that carry no memory or
-//! stream the simulated driver models. Layouts follow `cuda.h`.
+//! stream the simulated driver models, and NVML's process-list signatures. Layouts follow
+//! `cuda.h` and `nvml.h`.
 
 #![allow(non_camel_case_types, non_snake_case)]
 
@@ -53,6 +54,20 @@ pub type PFN_cuLaunchCooperativeKernel = unsafe extern "C" fn(
     CUstream,
     *mut *mut c_void,
 ) -> CUresult;
+
+/// NVML's process lists: `nvmlDevice*RunningProcesses` with the v1 entry layout (the
+/// unversioned names) and with the v2 layout (`_v2` and `_v3`; cuda-ffi's
+/// `nvmlProcessInfo_t`).
+pub type PFN_nvmlProcesses_v1 = unsafe extern "C" fn(
+    gpuslice_cuda_ffi::nvml::nvmlDevice_t,
+    *mut c_uint,
+    *mut gpuslice_cuda_ffi::nvml::nvmlProcessInfo_v1_t,
+) -> gpuslice_cuda_ffi::nvml::nvmlReturn_t;
+pub type PFN_nvmlProcesses_v2 = unsafe extern "C" fn(
+    gpuslice_cuda_ffi::nvml::nvmlDevice_t,
+    *mut c_uint,
+    *mut gpuslice_cuda_ffi::nvml::nvmlProcessInfo_t,
+) -> gpuslice_cuda_ffi::nvml::nvmlReturn_t;
 
 #[cfg(test)]
 mod tests {

@@ -17,6 +17,7 @@ mod hooks;
 mod intercept;
 mod locate;
 mod log;
+mod overhead;
 mod pacer;
 mod real;
 mod sizes;

@@ -222,7 +222,20 @@ pub mod nvml {
     use super::*;
     use gpuslice_cuda_ffi::nvml::*;
 
+    use crate::ffi_extra::{PFN_nvmlProcesses_v1, PFN_nvmlProcesses_v2};
+
     real_fns! { NVML;
+        nvmlInit_v2: PFN_nvmlInit_v2;
+        nvmlDeviceGetHandleByUUID: PFN_nvmlDeviceGetHandleByUUID;
+        nvmlDeviceGetComputeRunningProcesses: PFN_nvmlProcesses_v1;
+        nvmlDeviceGetComputeRunningProcesses_v2: PFN_nvmlProcesses_v2;
+        nvmlDeviceGetComputeRunningProcesses_v3: PFN_nvmlProcesses_v2;
+        nvmlDeviceGetGraphicsRunningProcesses: PFN_nvmlProcesses_v1;
+        nvmlDeviceGetGraphicsRunningProcesses_v2: PFN_nvmlProcesses_v2;
+        nvmlDeviceGetGraphicsRunningProcesses_v3: PFN_nvmlProcesses_v2;
+        nvmlDeviceGetMPSComputeRunningProcesses: PFN_nvmlProcesses_v1;
+        nvmlDeviceGetMPSComputeRunningProcesses_v2: PFN_nvmlProcesses_v2;
+        nvmlDeviceGetMPSComputeRunningProcesses_v3: PFN_nvmlProcesses_v2;
         nvmlDeviceGetMemoryInfo: PFN_nvmlDeviceGetMemoryInfo;
         nvmlDeviceGetMemoryInfo_v2: PFN_nvmlDeviceGetMemoryInfo_v2;
         nvmlDeviceGetUUID: PFN_nvmlDeviceGetUUID;

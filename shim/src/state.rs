@@ -215,6 +215,7 @@ extern "C" fn after_fork_in_child() {
     crate::hooks::context::reset_in_child();
     crate::hooks::graph::reset_in_child();
     crate::hooks::nvml::reset_in_child();
+    crate::overhead::reset_in_child();
 }
 
 fn register_atfork() {

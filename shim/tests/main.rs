@@ -5,6 +5,7 @@
 
 mod common;
 mod compute;
+mod context;
 mod garbage;
 mod load;
 mod memory;

@@ -57,35 +57,65 @@ impl TestNode {
     /// Like [`TestNode::new`] with extra TOML appended to the config (top-level tables).
     pub fn with(gpus: &[&str], extra: &str) -> TestNode {
         let gpus: Vec<(Option<&str>, &str)> = gpus.iter().map(|m| (None, *m)).collect();
-        TestNode::build(&gpus, extra, None)
+        TestNode::build(&gpus, extra, None, None)
+    }
+
+    /// Like [`TestNode::with`], each CUDA context costing `context_memory` (a byte quantity)
+    /// of device memory instead of the config's default.
+    pub fn with_context(gpus: &[&str], context_memory: &str, extra: &str) -> TestNode {
+        let gpus: Vec<(Option<&str>, &str)> = gpus.iter().map(|m| (None, *m)).collect();
+        TestNode::build(&gpus, extra, None, Some(context_memory))
+    }
+
+    /// Like [`TestNode::new`] with contexts that cost no device memory: for tests that assert
+    /// exact figures (a slice filled to its limit by allocations alone).
+    pub fn exact(gpus: &[&str]) -> TestNode {
+        TestNode::with_context(gpus, "0", "")
     }
 
     /// A node with one simulated GPU per `(model, memory)`, e.g. `&[("NVIDIA L4", "24Gi")]`,
     /// whose CDI specs go to a directory of its own (under its temp dir) instead of
     /// [`CDI_DIR`], so that several nodes can live on one host.
     pub fn with_models(gpus: &[(&str, &str)]) -> TestNode {
+        TestNode::models(gpus, None)
+    }
+
+    /// [`TestNode::with_models`] with contexts that cost no device memory (exact figures).
+    pub fn with_models_exact(gpus: &[(&str, &str)]) -> TestNode {
+        TestNode::models(gpus, Some("0"))
+    }
+
+    fn models(gpus: &[(&str, &str)], context_memory: Option<&str>) -> TestNode {
         let gpus: Vec<(Option<&str>, &str)> = gpus.iter().map(|(m, s)| (Some(*m), *s)).collect();
         let dir = tempfile::Builder::new()
             .prefix("gpuslice-e2e-")
             .tempdir()
             .expect("tempdir");
         let cdi = dir.path().join("cdi");
-        TestNode::build_in(dir, &gpus, "", Some(cdi))
+        TestNode::build_in(dir, &gpus, "", Some(cdi), context_memory)
     }
 
-    fn build(gpus: &[(Option<&str>, &str)], extra: &str, cdi_dir: Option<PathBuf>) -> TestNode {
+    fn build(
+        gpus: &[(Option<&str>, &str)],
+        extra: &str,
+        cdi_dir: Option<PathBuf>,
+        context_memory: Option<&str>,
+    ) -> TestNode {
         let dir = tempfile::Builder::new()
             .prefix("gpuslice-e2e-")
             .tempdir()
             .expect("tempdir");
-        TestNode::build_in(dir, gpus, extra, cdi_dir)
+        TestNode::build_in(dir, gpus, extra, cdi_dir, context_memory)
     }
 
+    /// `context_memory`: each simulated GPU's `context_memory` key (the config's default when
+    /// `None`).
     fn build_in(
         dir: tempfile::TempDir,
         gpus: &[(Option<&str>, &str)],
         extra: &str,
         cdi_dir: Option<PathBuf>,
+        context_memory: Option<&str>,
     ) -> TestNode {
         let cdi_dir = cdi_dir.unwrap_or_else(|| PathBuf::from(CDI_DIR));
         let state = dir.path().join("state");
@@ -105,6 +135,9 @@ impl TestNode {
             text.push_str(&format!("[[inventory.simulated]]\nmemory = \"{m}\"\n"));
             if let Some(model) = model {
                 text.push_str(&format!("model = \"{model}\"\n"));
+            }
+            if let Some(c) = context_memory {
+                text.push_str(&format!("context_memory = \"{c}\"\n"));
             }
         }
         text.push_str(extra);

@@ -163,9 +163,12 @@ fn the_scheduler_places_slices_the_plugins_publish_and_prepare_enforces_them() {
     let nodes: BTreeMap<&str, TestNode> = [
         (
             "node-a",
-            TestNode::with_models(&[("NVIDIA H200", "141Gi"), ("NVIDIA H200", "141Gi")]),
+            TestNode::with_models_exact(&[("NVIDIA H200", "141Gi"), ("NVIDIA H200", "141Gi")]),
         ),
-        ("node-b", TestNode::with_models(&[("NVIDIA L4", "24Gi")])),
+        (
+            "node-b",
+            TestNode::with_models_exact(&[("NVIDIA L4", "24Gi")]),
+        ),
     ]
     .into_iter()
     .collect();

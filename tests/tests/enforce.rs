@@ -213,7 +213,8 @@ fn unshimmed_keep_shim(inner: &str) -> String {
 #[test]
 fn zeroed_usage_slot_lets_a_second_process_over_and_it_is_killed() {
     let _s = serial();
-    let node = TestNode::new(&["16Gi"]);
+    // Exact figures: the killed process holds its 3 GiB and nothing for its context.
+    let node = TestNode::exact(&["16Gi"]);
     let exporter = Exporter::start(&node);
     let _c = Containers::new(&node, &["e2e-enf-zeroed"]);
     // A holds 3 GiB of a 4 GiB slice; the usage file's slots are zeroed; B takes 3 GiB more.

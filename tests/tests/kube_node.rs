@@ -34,7 +34,7 @@ const CLAIM_CHECKS: &str = "echo devices=$(ls /dev | grep nvidia | tr '\\n' ' ')
     echo READY; exec sleep 600";
 
 fn l4_node() -> TestNode {
-    TestNode::with_models(&[("NVIDIA L4", "24Gi")])
+    TestNode::with_models_exact(&[("NVIDIA L4", "24Gi")])
 }
 
 /// The ResourceClaim of pod `p` (made from its template), as JSON.

@@ -7,6 +7,7 @@ mod build_install;
 mod console_kubectl;
 mod console_web;
 mod containerd;
+mod context_memory;
 mod cri;
 mod dra_control_plane;
 mod enforce;

@@ -318,7 +318,7 @@ impl Drop for Nerdctl {
 
 /// A simulated node of two 10 GiB GPUs whose CDI specs go to a directory of its own.
 fn two_gpus() -> TestNode {
-    TestNode::with_models(&[("NVIDIA H200", "10Gi"), ("NVIDIA H200", "10Gi")])
+    TestNode::with_models_exact(&[("NVIDIA H200", "10Gi"), ("NVIDIA H200", "10Gi")])
 }
 
 /// Waits until `nerdctl logs name` holds `marker`; returns the log.

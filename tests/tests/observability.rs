@@ -88,7 +88,7 @@ fn wait_stopped(node: &TestNode, c: &Detached) {
 fn exporter_shows_two_slices_measured_and_forgets_them_after_exit() {
     // Measures compute shares over timed windows: the machine alone.
     let _s = serial();
-    let node = TestNode::new(&["10Gi", "10Gi"]);
+    let node = TestNode::exact(&["10Gi", "10Gi"]);
     let exporter = Exporter::start(&node);
     let _containers = Containers::new(&node, &["e2e-obs-alloc", "e2e-obs-burn"]);
 

@@ -28,7 +28,7 @@ fn json_lines(text: &str) -> Vec<serde_json::Value> {
 #[test]
 fn runc_container_with_two_gpus_is_held_to_the_limit_on_each() {
     let _s = lock(&[Resource::Cdi]);
-    let node = TestNode::new(&["10Gi", "10Gi", "10Gi"]);
+    let node = TestNode::exact(&["10Gi", "10Gi", "10Gi"]);
     let bundle = Bundle::new(
         SCRIPT,
         &[("gpuslice.io/gpus", "2"), ("gpuslice.io/memory", "3Gi")],

@@ -1,7 +1,9 @@
 //! Initialisation and contexts: `cuInit` is where a process without limits is refused;
-//! contexts cannot be made on a device the slice does not include; destroying or resetting
-//! a context gives back everything allocated in it; growing a context's device malloc heap
-//! (`cuCtxSetLimit`) is charged.
+//! contexts cannot be made on a device the slice does not include; a context's own device
+//! memory, measured from the driver's figures as it is created ([`crate::overhead`]), is
+//! charged to the slice (a context the slice cannot hold is destroyed again and refused with
+//! out-of-memory); destroying or resetting a context gives back that and everything
+//! allocated in it; growing a context's device malloc heap (`cuCtxSetLimit`) is charged.
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_uint};
@@ -34,11 +36,11 @@ pub unsafe extern "C" fn cuInit(flags: c_uint) -> CUresult {
     })
 }
 
-/// Refuses devices without a limits entry.
-fn allowed(dev: CUdevice) -> Result<(), CUresult> {
+/// Refuses devices without a limits entry; the limits index of an allowed one.
+fn allowed(dev: CUdevice) -> Result<usize, CUresult> {
     let (slice, devices) = state::ready()?;
-    if devices.index(dev).is_some() {
-        return Ok(());
+    if let Some(idx) = devices.index(dev) {
+        return Ok(idx);
     }
     warning!(
         "device {dev}: no entry in {}; refusing a context on it",
@@ -47,18 +49,106 @@ fn allowed(dev: CUdevice) -> Result<(), CUresult> {
     Err(CUDA_ERROR_INVALID_DEVICE)
 }
 
+/// Runs `create` (which makes a context on the device with limits index `idx` and returns
+/// the driver's status and the new context) measuring the context's own memory, and charges
+/// that to the slice. When the slice cannot hold it, `undo` destroys the context again and
+/// the creation is refused with out-of-memory.
+fn create_charged(
+    idx: usize,
+    create: impl FnOnce() -> (CUresult, CUcontext),
+    undo: impl FnOnce(CUcontext),
+) -> CUresult {
+    let Some(slice) = state::slice() else {
+        return CUDA_ERROR_NOT_INITIALIZED;
+    };
+    let Some(uuid) = slice.device(idx).map(|d| d.uuid.clone()) else {
+        return CUDA_ERROR_INVALID_DEVICE;
+    };
+    let ((r, ctx), bytes) = crate::overhead::measure(&uuid, create);
+    if r != CUDA_SUCCESS || bytes == 0 || ctx.is_null() {
+        return r;
+    }
+    let t = account::Target {
+        idx,
+        ctx: ctx as usize,
+    };
+    if let Err(e) = account::reserve(slice, t, bytes) {
+        warning!(
+            "a CUDA context on device {uuid} takes {bytes} bytes of device memory, more than the slice has left; context refused"
+        );
+        undo(ctx);
+        return e;
+    }
+    crate::log::info!(
+        "CUDA context on {uuid}: {bytes} bytes of device memory charged to the slice"
+    );
+    account::record(Kind::Context, ctx as u64, t, bytes);
+    r
+}
+
+/// Whether `dev`'s primary context exists (a retain then only counts a reference).
+fn primary_active(dev: CUdevice) -> bool {
+    let Some(get_state) = crate::real::cu::cuDevicePrimaryCtxGetState() else {
+        return false;
+    };
+    let (mut flags, mut active): (c_uint, c_int) = (0, 0);
+    // SAFETY: valid out pointers.
+    let r = unsafe { get_state(dev, &mut flags, &mut active) };
+    r == CUDA_SUCCESS && active != 0
+}
+
+/// The driver's status and, on success, the context it wrote to `pctx` (not null).
+fn created(r: CUresult, pctx: *mut CUcontext) -> (CUresult, CUcontext) {
+    if r != CUDA_SUCCESS {
+        return (r, std::ptr::null_mut());
+    }
+    // SAFETY: a non-null out-pointer the driver wrote on success.
+    (r, unsafe { *pctx })
+}
+
+/// Destroys a created context the slice could not hold.
+fn destroy_real(ctx: CUcontext) {
+    if let Some(f) = crate::real::cu::cuCtxDestroy_v2() {
+        // SAFETY: a context the driver just created.
+        unsafe { f(ctx) };
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
     guard("cuDevicePrimaryCtxRetain", CUDA_ERROR_UNKNOWN, || {
         let f = real!(cuDevicePrimaryCtxRetain);
-        tri!(allowed(dev));
-        // SAFETY: the caller's arguments.
-        let r = unsafe { f(pctx, dev) };
-        if r == CUDA_SUCCESS && !pctx.is_null() {
-            // SAFETY: written by the driver on success.
-            account::set_primary(dev, unsafe { *pctx });
+        let idx = tri!(allowed(dev));
+        if pctx.is_null() || primary_active(dev) {
+            // SAFETY: the caller's arguments.
+            let r = unsafe { f(pctx, dev) };
+            if r == CUDA_SUCCESS && !pctx.is_null() {
+                // SAFETY: written by the driver on success.
+                account::set_primary(dev, unsafe { *pctx });
+            }
+            return r;
         }
-        r
+        create_charged(
+            idx,
+            || {
+                // SAFETY: the caller's arguments; `pctx` is not null.
+                let r = unsafe { f(pctx, dev) };
+                if r != CUDA_SUCCESS {
+                    return (r, std::ptr::null_mut());
+                }
+                // SAFETY: written by the driver on success.
+                let ctx = unsafe { *pctx };
+                account::set_primary(dev, ctx);
+                (r, ctx)
+            },
+            |_| {
+                if let Some(release) = crate::real::cu::cuDevicePrimaryCtxRelease_v2() {
+                    // SAFETY: balances the retain just made.
+                    unsafe { release(dev) };
+                }
+                after_release(dev);
+            },
+        )
     })
 }
 
@@ -112,9 +202,19 @@ pub unsafe extern "C" fn cuCtxCreate_v2(
 ) -> CUresult {
     guard("cuCtxCreate_v2", CUDA_ERROR_UNKNOWN, || {
         let f = real!(cuCtxCreate_v2);
-        tri!(allowed(dev));
-        // SAFETY: the caller's arguments.
-        unsafe { f(pctx, flags, dev) }
+        let idx = tri!(allowed(dev));
+        if pctx.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        create_charged(
+            idx,
+            || {
+                // SAFETY: the caller's arguments; `pctx` is not null.
+                let r = unsafe { f(pctx, flags, dev) };
+                created(r, pctx)
+            },
+            destroy_real,
+        )
     })
 }
 
@@ -128,9 +228,19 @@ pub unsafe extern "C" fn cuCtxCreate_v3(
 ) -> CUresult {
     guard("cuCtxCreate_v3", CUDA_ERROR_UNKNOWN, || {
         let f = real!(cuCtxCreate_v3);
-        tri!(allowed(dev));
-        // SAFETY: the caller's arguments.
-        unsafe { f(pctx, params, nparams, flags, dev) }
+        let idx = tri!(allowed(dev));
+        if pctx.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        create_charged(
+            idx,
+            || {
+                // SAFETY: the caller's arguments; `pctx` is not null.
+                let r = unsafe { f(pctx, params, nparams, flags, dev) };
+                created(r, pctx)
+            },
+            destroy_real,
+        )
     })
 }
 
@@ -143,9 +253,19 @@ pub unsafe extern "C" fn cuCtxCreate_v4(
 ) -> CUresult {
     guard("cuCtxCreate_v4", CUDA_ERROR_UNKNOWN, || {
         let f = real!(cuCtxCreate_v4);
-        tri!(allowed(dev));
-        // SAFETY: the caller's arguments.
-        unsafe { f(pctx, params, flags, dev) }
+        let idx = tri!(allowed(dev));
+        if pctx.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        create_charged(
+            idx,
+            || {
+                // SAFETY: the caller's arguments; `pctx` is not null.
+                let r = unsafe { f(pctx, params, flags, dev) };
+                created(r, pctx)
+            },
+            destroy_real,
+        )
     })
 }
 

@@ -60,9 +60,27 @@ impl SliceNode {
     /// A node with GPUs of `gpu_mem` bytes each and a slice with `(memory_limit, cores)`
     /// on the first `limits.len()` of them.
     pub fn new(gpus: &[u64], limits: &[(u64, u8)]) -> SliceNode {
+        SliceNode::with_context_memory(gpus, limits, 0)
+    }
+
+    /// Like [`SliceNode::new`], each CUDA context costing `context_memory` bytes of device
+    /// memory, as on a real GPU.
+    pub fn with_context_memory(
+        gpus: &[u64],
+        limits: &[(u64, u8)],
+        context_memory: u64,
+    ) -> SliceNode {
         let art = artifacts();
-        let spec: Vec<(&str, u64)> = gpus.iter().map(|m| ("NVIDIA H200", *m)).collect();
-        let sim = SimFixture::new(&spec);
+        let devices = gpus
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                let mut d = gpuslice_sim_core::testing::device(i as u32, "NVIDIA H200", *m);
+                d.context_memory = context_memory;
+                d
+            })
+            .collect();
+        let sim = SimFixture::with_devices(devices);
         std::fs::copy(&art.sim_cuda, sim.lib_dir().join("libcuda.so.1")).expect("copy libcuda");
         std::fs::copy(&art.sim_nvml, sim.lib_dir().join("libnvidia-ml.so.1")).expect("copy nvml");
         let node = SliceNode {

@@ -39,6 +39,7 @@ pub fn device(index: u32, model: &str, memory: u64) -> SimDevice {
         numa_node: 0,
         sm_count: 132,
         clock_khz: 1_980_000,
+        context_memory: 0,
     }
 }
 

@@ -175,6 +175,8 @@ pub struct Context {
     pub limits: [u64; 7],
     /// Bytes of the malloc heap charged above [`DEFAULT_MALLOC_HEAP`].
     pub heap_charge: u64,
+    /// The context's own device memory, charged at creation.
+    pub overhead: u64,
 }
 
 /// A device's primary context bookkeeping.
@@ -413,8 +415,18 @@ impl Objects {
     }
 
     /// Creates a context on `ordinal` with its default stream (context flags only tune host
-    /// scheduling, which this simulation does not model).
-    pub fn create_context(&mut self, ordinal: usize) -> u64 {
+    /// scheduling, which this simulation does not model). The context's own device memory
+    /// (the device's `context_memory`) is charged to this process first, as the real driver
+    /// does: `CUDA_ERROR_OUT_OF_MEMORY` when the device cannot hold it. It is counted in the
+    /// process's NVML figure and the device's free memory, and no allocation returns it.
+    pub fn create_context(&mut self, drv: &Driver, ordinal: usize) -> CuResult<u64> {
+        let overhead = drv.device(ordinal).context_memory;
+        if overhead > 0 {
+            drv.charge(ordinal, overhead)?;
+        }
+        drv.node
+            .state()
+            .count_context(&drv.slot, drv.ordinals[ordinal], true);
         let ctx = self.new_id();
         let default_stream = self.new_id();
         self.streams.insert(
@@ -437,9 +449,10 @@ impl Objects {
                 default_stream,
                 limits,
                 heap_charge: 0,
+                overhead,
             },
         );
-        ctx
+        Ok(ctx)
     }
 
     /// The stream a handle names: a created stream, or for `0`, `CU_STREAM_LEGACY` and
@@ -477,8 +490,8 @@ impl Objects {
         let Some(c) = self.contexts.remove(&ctx) else {
             return;
         };
-        if c.heap_charge > 0 {
-            drv.uncharge(c.ordinal, c.heap_charge);
+        if c.heap_charge + c.overhead > 0 {
+            drv.uncharge(c.ordinal, c.heap_charge + c.overhead);
         }
         let owned = |charge: &Charge| charge.ctx == ctx;
         for (_, a) in self.allocations.iter().filter(|(_, a)| owned(&a.charge)) {

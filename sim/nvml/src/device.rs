@@ -177,6 +177,7 @@ mod tests {
             numa_node: 0,
             sm_count: 1,
             clock_khz: 1,
+            context_memory: 0,
         };
         let p = pci_info(&d);
         let text = |b: &[c_char]| {

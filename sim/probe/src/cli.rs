@@ -52,6 +52,12 @@ pub enum Command {
     Burn(BurnArgs),
     /// Median cost of one call.
     Bench(BenchArgs),
+    /// Make contexts, allocate the free memory cuMemGetInfo reports (or a fraction), report
+    /// CUDA's and NVML's figures (memory v1/v2, every process list), hold.
+    Fill(FillArgs),
+    /// NVML only, as nvidia-smi reads it: every GPU's memory and process lists. The probe
+    /// run under the name `nvidia-smi` does this.
+    Smi,
 }
 
 /// The allocation path exercised by `alloc`.
@@ -165,6 +171,23 @@ pub struct AllocArgs {
     /// How the graph APIs instantiate their graphs.
     #[arg(long, value_enum, default_value_t = Instantiate::Flags)]
     pub instantiate: Instantiate,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct FillArgs {
+    /// Contexts made with cuCtxCreate besides the primary one (allocations go to the
+    /// primary context).
+    #[arg(long, default_value_t = 0)]
+    pub contexts: u32,
+    /// Fraction of the reported free memory to allocate.
+    #[arg(long, default_value_t = 1.0)]
+    pub fraction: f64,
+    /// Largest single allocation.
+    #[arg(long, value_parser = bytes, default_value = "256Mi")]
+    pub chunk: u64,
+    /// Keep everything this many seconds after printing.
+    #[arg(long, default_value_t = 0.0)]
+    pub hold: f64,
 }
 
 #[derive(Debug, clap::Args)]

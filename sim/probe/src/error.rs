@@ -25,6 +25,8 @@ pub enum ProbeError {
     Cuda { call: &'static str, code: CUresult },
     #[error("{0}")]
     Usage(String),
+    #[error("NVML: {0}")]
+    Nvml(String),
 }
 
 /// The C name of a status, or its number.

@@ -1,6 +1,7 @@
 //! Contexts: per-device primary contexts with retain counts (what the CUDA runtime uses),
-//! created contexts, the per-thread context stack, and synchronisation. Destroying a context
-//! gives back the memory it owns, as the real driver does.
+//! created contexts, the per-thread context stack, and synchronisation. A context costs its
+//! device's `context_memory`; destroying it gives that back with the memory it owns, as the
+//! real driver does.
 
 use std::ffi::{c_int, c_uint};
 
@@ -16,8 +17,7 @@ fn retain_primary(d: &Driver, pctx: *mut CUcontext, dev: CUdevice) -> CuResult {
     let ctx = match o.primary[ord].ctx {
         Some(c) => c,
         None => {
-            let c = o.create_context(ord);
-            d.node.state().count_context(&d.slot, d.ordinals[ord], true);
+            let c = o.create_context(d, ord)?;
             o.primary[ord].ctx = Some(c);
             c
         }
@@ -126,8 +126,7 @@ fn create(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CuResult {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let mut o = d.objects();
-    let c = o.create_context(ord);
-    d.node.state().count_context(&d.slot, d.ordinals[ord], true);
+    let c = o.create_context(d, ord)?;
     put(pctx, handle(c))?;
     driver::push_current(c);
     Ok(())

@@ -222,6 +222,7 @@ mod tests {
             numa_node: 0,
             sm_count: 132,
             clock_khz: 1_980_000,
+            context_memory: 0,
         }
     }
 
