@@ -121,6 +121,8 @@ pub struct ContainerSlice {
     pub cores_used: Option<f64>,
     /// The containers of a pod that use one claim share one slice.
     pub shared_with: Vec<String>,
+    /// The pod's workload, `kind/name` ([`workload_of`]).
+    pub workload: String,
 }
 
 /// Everything the views show.
@@ -135,6 +137,16 @@ pub struct Model {
     pub usage_unavailable: Option<String>,
     /// Things the model could not place (a claim on a device no slice publishes, …).
     pub warnings: Vec<String>,
+}
+
+/// A GPU as a person names it: `node/gpu-0 (H200)` (the model less its vendor prefix).
+pub fn gpu_label(node: &str, device: &str, model: &str) -> String {
+    let short = model.strip_prefix("NVIDIA ").unwrap_or(model).trim();
+    if short.is_empty() {
+        format!("{node}/{device}")
+    } else {
+        format!("{node}/{device} ({short})")
+    }
 }
 
 /// The name of the cluster total row.
@@ -371,6 +383,33 @@ fn add_gpu(n: &mut NodeView, g: &GpuView) {
     n.largest_free_memory = n.largest_free_memory.max(g.memory.free);
 }
 
+/// The workload a pod belongs to, as `kind/name`: its controller owner, a ReplicaSet's pod
+/// named by its Deployment (the ReplicaSet's name less the pod's `pod-template-hash`
+/// label); `pod/NAME` for a pod without a controller.
+pub fn workload_of(pod: &Pod) -> String {
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let Some(owner) = pod
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+    else {
+        return format!("pod/{name}");
+    };
+    let hash = pod
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get("pod-template-hash"));
+    if owner.kind == "ReplicaSet" {
+        if let Some(deployment) = hash.and_then(|h| owner.name.strip_suffix(&format!("-{h}"))) {
+            return format!("deployment/{deployment}");
+        }
+    }
+    format!("{}/{}", owner.kind.to_ascii_lowercase(), owner.name)
+}
+
 /// The pod's claim name for its entry `entry` of `spec.resourceClaims`.
 fn pod_claim_name(pod: &Pod, entry: &str) -> Option<String> {
     let spec = pod.spec.as_ref()?;
@@ -432,6 +471,7 @@ fn container_slices(
                     continue;
                 };
                 let series = usage.and_then(|u| claim_series(u, &g.uuid, c));
+                let workload = workload_of(pod);
                 for container in containers {
                     out.push(ContainerSlice {
                         namespace: namespace.clone(),
@@ -451,6 +491,7 @@ fn container_slices(
                             .filter(|o| *o != container)
                             .cloned()
                             .collect(),
+                        workload: workload.clone(),
                     });
                 }
             }
@@ -485,6 +526,14 @@ fn container_slices(
                     .unwrap_or(0),
                 cores_used: s.compute_used.map(|r| r * 100.0),
                 shared_with: Vec::new(),
+                workload: src
+                    .pods
+                    .iter()
+                    .find(|p| {
+                        p.metadata.namespace.as_deref() == Some(s.namespace.as_str())
+                            && p.metadata.name.as_deref() == Some(s.pod.as_str())
+                    })
+                    .map_or_else(|| format!("pod/{}", s.pod), workload_of),
             });
         }
     }
