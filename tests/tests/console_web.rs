@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use gpuslice_e2e::kube::{wait_for, KubeCluster};
 use gpuslice_e2e::kubelet::claim as kubelet_claim;
 use gpuslice_e2e::kubelet_plugin::{deployment, pod, resource_claim, slice_of, KubeletPlugin};
-use gpuslice_e2e::kube_node::{claim_template, pod as kube_pod, KubeNode};
+use gpuslice_e2e::kube_node::{claim_template, pod as kube_pod, wait_for_or, KubeNode};
 use gpuslice_e2e::prometheus::{kubelet_cadvisor, openmetrics, Prometheus};
 use gpuslice_e2e::published::{published, PublishedGpu as Gpu, Share};
 use gpuslice_e2e::serve::{value, Exporter, Series};
@@ -683,24 +683,49 @@ fn wait_allocated(cluster: &KubeCluster, app: &str, replicas: usize) {
     );
 }
 
-/// Waits until Prometheus has every GPU's series and the prepared slice's.
-fn wait_scraped(prometheus: &Prometheus, uuids: &[String]) {
+/// Waits until Prometheus has scraped every GPU's series and `slices` slice series live:
+/// samples newer than `since` (unix seconds), not only the history written before it started.
+fn wait_scraped(prometheus: &Prometheus, uuids: &[String], slices: usize, since: u64) {
     let deadline = Instant::now() + STEP;
+    let count = |metric: &str| -> usize {
+        let q = format!("count(timestamp({metric}) > {since})");
+        let enc: String = form_urlencoded(&q);
+        let text = prometheus.get(&format!("/api/v1/query?query={enc}"));
+        let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        v["data"]["result"][0]["value"][1]
+            .as_str()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
     loop {
-        let text = prometheus
-            .get("/api/v1/query?query=count%20by%20(uuid)%20(gpuslice_gpu_memory_used_bytes)");
-        let slices = prometheus.get("/api/v1/query?query=gpuslice_slice_memory_used_bytes");
-        if uuids.iter().all(|u| text.contains(u.as_str())) && slices.contains("\"value\"") {
+        let (g, s) = (
+            count("gpuslice_gpu_memory_used_bytes"),
+            count("gpuslice_slice_memory_used_bytes"),
+        );
+        if g >= uuids.len() && s >= slices {
             return;
         }
         assert!(
             Instant::now() < deadline,
-            "Prometheus at {} never had every GPU's series ({uuids:?}): {text}\n{slices}\n{}",
+            "Prometheus at {} never scraped every GPU's series ({uuids:?}) and {slices} slices live: {g} GPUs, {s} slices\n{}",
             prometheus.url,
             prometheus.log()
         );
         std::thread::sleep(Duration::from_millis(500));
     }
+}
+
+/// `text` percent-encoded for a query string.
+fn form_urlencoded(text: &str) -> String {
+    text.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
 }
 
 #[test]
@@ -804,7 +829,7 @@ fn the_web_console_shows_the_registry_and_allocates_in_a_browser() {
     );
     let (gpus, _) = published(&cluster);
     let uuids: Vec<String> = gpus.values().map(|g| g.uuid.clone()).collect();
-    wait_scraped(&prometheus, &uuids);
+    wait_scraped(&prometheus, &uuids, 2, unix_now());
     let exporter_refs: Vec<&Exporter> = exporters.iter().collect();
 
     cluster.create(&deployment("web", 2, None)).unwrap();
@@ -1075,31 +1100,29 @@ fn cpu_and_memory_columns_show_the_real_kubelets_cadvisor_figures() {
     // cAdvisor's series of the pod's container and of the node (root cgroup), each with two
     // samples at least (the console's CPU is a rate over 5 minutes), and the exporter's.
     let ready = |q: &str| {
-        let enc: String = q
-            .bytes()
-            .map(|b| {
-                if b.is_ascii_alphanumeric() {
-                    (b as char).to_string()
-                } else {
-                    format!("%{b:02X}")
-                }
-            })
-            .collect();
+        let enc = form_urlencoded(q);
         prometheus
             .get(&format!("/api/v1/query?query={enc}"))
             .contains("\"value\"")
     };
-    wait_for(
-        "Prometheus holding the kubelet's cAdvisor series of the worker and the node",
-        STEP,
-        || {
-            (ready(r#"rate(container_cpu_usage_seconds_total{pod="worker",container="main"}[5m])"#)
-                && ready(r#"rate(container_cpu_usage_seconds_total{id="/",node="node-a"}[5m])"#)
-                && ready(r#"container_memory_working_set_bytes{pod="worker",container="main"}"#)
-                && ready("gpuslice_slice_memory_limit_bytes"))
-            .then_some(())
-        },
-    );
+    let held = wait_for_or(STEP, || {
+        (ready(r#"rate(container_cpu_usage_seconds_total{pod="worker",container=""}[5m])"#)
+            && ready(r#"rate(container_cpu_usage_seconds_total{id="/",node="node-a"}[5m])"#)
+            && ready(r#"container_memory_working_set_bytes{pod="worker",container=""}"#)
+            && ready("gpuslice_slice_memory_limit_bytes"))
+        .then_some(())
+    });
+    if held.is_none() {
+        let q = |q: &str| prometheus.get(&format!("/api/v1/query?query={}", form_urlencoded(q)));
+        panic!(
+            "Prometheus never held the kubelet's cAdvisor series of the worker and the node:\ntargets: {}\nworker: {}\nroot: {}\nids: {}\n{}",
+            prometheus.get("/api/v1/targets"),
+            q(r#"container_cpu_usage_seconds_total{pod="worker"}"#),
+            q(r#"container_cpu_usage_seconds_total{id="/"}"#),
+            q(r#"count by (id) (container_cpu_usage_seconds_total)"#),
+            prometheus.log()
+        );
+    }
     // The console's charts end on a minute a scrape interval ago: wait until that minute
     // comes after the samples above, so its charts have points to compare.
     let first = unix_now();
@@ -1107,8 +1130,10 @@ fn cpu_and_memory_columns_show_the_real_kubelets_cadvisor_figures() {
         ((unix_now() - 15) / 60 * 60 >= first + 2).then_some(())
     });
     let console = Console::start(cluster, Some(&prometheus.url), false);
-    let cpu_pod = r#"sum(rate(container_cpu_usage_seconds_total{namespace="default",pod="worker",container="main"}[5m]))"#;
-    let mem_pod = r#"sum(container_memory_working_set_bytes{namespace="default",pod="worker",container="main"})"#;
+    // The pod's own cgroup (`container=""`): the kubelet labels it with the pod whatever the
+    // runtime.
+    let cpu_pod = r#"sum(rate(container_cpu_usage_seconds_total{namespace="default",pod="worker",container=""}[5m]))"#;
+    let mem_pod = r#"sum(container_memory_working_set_bytes{namespace="default",pod="worker",container=""})"#;
     let cpu_node = r#"sum(rate(container_cpu_usage_seconds_total{id="/",node="node-a"}[5m]))"#;
     let mem_node = r#"sum(container_memory_working_set_bytes{id="/",node="node-a"})"#;
     let spark = |row: &str, what: &str, query: &str| {

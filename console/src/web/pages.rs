@@ -208,7 +208,7 @@ pub fn nodes_page(
         body,
         "<p><a id=\"filter-available\" href=\"{href}\">{label}</a></p>"
     );
-    body.push_str("<div class=\"scroll\"><table id=\"nodes\"><thead><tr><th>Node</th><th>GPUs</th><th>CPU</th><th>Memory</th><th>GPU memory used</th><th>GPU memory</th><th>Allocated</th><th>Free</th><th>Cores</th><th>Cores allocated</th><th>Cores used</th><th>Slice map (memory per GPU)</th></tr></thead><tbody>\n");
+    body.push_str("<div class=\"scroll\"><table id=\"nodes\"><thead><tr><th>Node</th><th>GPUs</th><th>Slice map (memory per GPU)</th><th>CPU</th><th>Memory</th><th>GPU memory used</th><th>GPU memory</th><th>Allocated</th><th>Free</th><th>Cores</th><th>Cores allocated</th><th>Cores used</th></tr></thead><tbody>\n");
     if let Some(m) = model {
         let rows = std::iter::once((TOTAL_ROW, &m.total)).chain(
             m.nodes
@@ -295,7 +295,7 @@ fn node_row(
             .collect()
     };
     format!(
-        "<tr data-node=\"{}\"><td data-col=\"name\">{label}</td>{}{cpu}{memory}{gpu_used}{}{}{}{}{}{}<td data-col=\"slice-map\" class=\"maps\">{map}</td></tr>\n",
+        "<tr data-node=\"{}\"><td data-col=\"name\">{label}</td>{}<td data-col=\"slice-map\" class=\"maps\">{map}</td>{cpu}{memory}{gpu_used}{}{}{}{}{}{}</tr>\n",
         esc(name),
         num_cell("gpus", Some(n.gpus)),
         bytes_cell("memory-capacity", Some(n.memory.capacity)),
@@ -340,7 +340,8 @@ pub fn node_page(
             .claims
             .iter()
             .map(|c| {
-                let idle = if c.idle == Some(true) { " (idle)" } else { "" };
+                // Idle now (the last sample); over a window: the Idle slices page.
+                let idle = if c.idle == Some(true) { " (idle now)" } else { "" };
                 format!("{}/{}{idle}", c.namespace, c.name)
             })
             .collect();
@@ -402,8 +403,8 @@ pub fn node_page(
 }
 
 /// What the Pods list shows beside the model, over time: per slice its memory used (key
-/// [`slice_key`]), per container cAdvisor's CPU and memory (key [`container_key`]; `None`:
-/// not scraped), and the nodes' capacity (CPU cores, memory bytes) for the share bars.
+/// [`slice_key`]), per pod cAdvisor's CPU and memory (key [`pod_key`]; `None`: not
+/// scraped), and the nodes' capacity (CPU cores, memory bytes) for the share bars.
 #[derive(Debug, Clone)]
 pub struct PodUse {
     pub slices: History,
@@ -417,9 +418,9 @@ pub fn slice_key(node: &str, reservation: &str, uuid: &str) -> String {
     format!("{node} {reservation} {uuid}")
 }
 
-/// The history key of a container.
-pub fn container_key(namespace: &str, pod: &str, container: &str) -> String {
-    format!("{namespace}/{pod}/{container}")
+/// The history key of a pod.
+pub fn pod_key(namespace: &str, pod: &str) -> String {
+    format!("{namespace}/{pod}")
 }
 
 /// The `<p id="scope">` line of a page listed by namespace.
@@ -474,7 +475,7 @@ pub fn pods_page(
     let mut body = scope_line(namespace);
     let all = model.map(|m| m.pods.as_slice()).unwrap_or(&[]);
     body.push_str(&pod_filters(all, namespace, node));
-    body.push_str("<div class=\"scroll\"><table id=\"pods\"><thead><tr><th>Pod</th><th>Container</th><th>GPU</th><th>CPU</th><th>Memory</th><th>GPU memory used</th><th>Memory limit</th><th>Used (driver)</th><th>Cores share</th><th>Cores used</th></tr></thead><tbody>\n");
+    body.push_str("<div class=\"scroll\"><table id=\"pods\"><thead><tr><th>Pod</th><th>Container</th><th>GPU</th><th>Pod CPU</th><th>Pod memory</th><th>GPU memory used</th><th>Memory limit</th><th>Used (driver)</th><th>Cores share</th><th>Cores used</th></tr></thead><tbody>\n");
     let mut groups: BTreeMap<(&str, &str), Vec<&ContainerSlice>> = BTreeMap::new();
     for p in all.iter().filter(|p| node.is_none_or(|n| p.node == n)) {
         groups
@@ -509,7 +510,7 @@ fn pod_row(
     used: Option<&PodUse>,
     usage: Option<&Usage>,
 ) -> String {
-    let ckey = container_key(&p.namespace, &p.pod, &p.container);
+    let ckey = pod_key(&p.namespace, &p.pod);
     let cap = used.and_then(|u| u.capacity.get(&p.node)).copied();
     let cpu = use_cell(
         "cpu",
@@ -1063,7 +1064,7 @@ mod tests {
         );
         assert_eq!(
             td(g0, "claims"),
-            "<td data-col=\"claims\">ml/pair (idle), ml/train</td>"
+            "<td data-col=\"claims\">ml/pair (idle now), ml/train</td>"
         );
         assert_eq!(td(g0, "model"), "<td data-col=\"model\">NVIDIA H200</td>");
         // No history: each GPU's chart says so instead of drawing an empty frame.
@@ -1104,7 +1105,7 @@ mod tests {
             span: span(),
             series: [(k.to_string(), vec![(60.0, v)])].into(),
         };
-        let key = container_key("ml", "train-0", "main");
+        let key = pod_key("ml", "train-0");
         let used = PodUse {
             slices: History {
                 span: span(),

@@ -1,5 +1,5 @@
 //! The Pods page (`/pods[?namespace=NS][&node=NODE]`): per container holding a slice, grouped
-//! under its workload, cAdvisor's CPU and memory and the slice's GPU memory used, each with
+//! under its workload, cAdvisor's CPU and memory of its pod and the slice's GPU memory used, each with
 //! its share bar and the sparkline of its last hour from Prometheus (one range query each:
 //! three per page), beside the model's figures; and the Idle page (`/idle`), the rows of
 //! `kubectl gpuslice pods --idle`.
@@ -14,14 +14,16 @@ use crate::fetch::PodScope;
 use crate::idle::{self, IdleOptions};
 
 use super::nodes::{keyed, range, span};
-use super::pages::{self, container_key, slice_key, IdleSort, PodUse};
+use super::pages::{self, pod_key, slice_key, IdleSort, PodUse};
 use super::respond::html;
 use super::sources::{banner, model_of, Loaded};
 use super::state::{chrome, State};
 
-/// cAdvisor's CPU (cores, over 5 minutes) and working set per container.
-pub(super) const CONTAINER_CPU: &str = r#"sum by (namespace, pod, container) (rate(container_cpu_usage_seconds_total{container!="",container!="POD"}[5m]))"#;
-pub(super) const CONTAINER_MEMORY: &str = r#"sum by (namespace, pod, container) (container_memory_working_set_bytes{container!="",container!="POD"})"#;
+/// cAdvisor's CPU (cores, over 5 minutes) and working set per pod: its pod cgroup's series
+/// (`container=""`), which the kubelet labels with the pod whatever the runtime (a
+/// container's own series carry its name only where cAdvisor knows the runtime).
+pub(super) const POD_CPU: &str = r#"sum by (namespace, pod) (rate(container_cpu_usage_seconds_total{pod!="",container=""}[5m]))"#;
+pub(super) const POD_MEMORY: &str = r#"sum by (namespace, pod) (container_memory_working_set_bytes{pod!="",container=""})"#;
 /// Each slice's memory used (the shim's account).
 pub(super) const SLICE_MEMORY: &str = "gpuslice_slice_memory_used_bytes";
 
@@ -44,12 +46,12 @@ pub(super) async fn pods(
         let span = span();
         let (slices, cpu, memory) = tokio::join!(
             range(state, SLICE_MEMORY, span),
-            range(state, CONTAINER_CPU, span),
-            range(state, CONTAINER_MEMORY, span)
+            range(state, POD_CPU, span),
+            range(state, POD_MEMORY, span)
         );
         let container = |s: &crate::usage::Series| {
             let l = |k: &str| s.metric.get(k).cloned().unwrap_or_default();
-            Some(container_key(&l("namespace"), &l("pod"), &l("container")))
+            Some(pod_key(&l("namespace"), &l("pod")))
         };
         let (cpu, memory) = match (cpu, memory) {
             (Ok(c), Ok(m)) if !(c.is_empty() && m.is_empty()) => {
