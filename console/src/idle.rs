@@ -51,7 +51,10 @@ pub async fn fetch_rows(
     let src = src?;
     let window = window?;
     let model = crate::model::build(&src, namespaces);
-    let usage = src.usage.as_ref().map_err(|e| IdleError::Usage(e.clone()))?;
+    let usage = src
+        .usage
+        .as_ref()
+        .map_err(|e| IdleError::Usage(e.clone()))?;
     Ok(idle_slices(&model, usage, &window, opts, namespaces))
 }
 
@@ -213,7 +216,7 @@ pub fn idle_slices(
             if let Some(c) = gpu.and_then(|g| {
                 g.claims
                     .iter()
-                    .find(|c| claim_series(usage, &g.uuid, c).is_some_and(|x| x == s))
+                    .find(|c| claim_series(usage, &g.uuid, c, &g.claims).is_some_and(|x| x == s))
             }) {
                 claim = Some(c.name.clone());
                 pods = c.pods.clone();
@@ -245,16 +248,14 @@ pub fn idle_slices(
             uuid: s.uuid.clone(),
             memory_held: limit,
             memory_used_max: used.max(0.0).round() as u64,
-            cores_share: s
-                .compute_limit
-                .map_or(0, |c| (c * 100.0).round() as u64),
+            cores_share: s.compute_limit.map_or(0, |c| (c * 100.0).round() as u64),
             cores_used_max: compute * 100.0,
         });
     }
     out.sort_by(|a, b| {
-        b.memory_held
-            .cmp(&a.memory_held)
-            .then_with(|| (&a.namespace, &a.workload, &a.uuid).cmp(&(&b.namespace, &b.workload, &b.uuid)))
+        b.memory_held.cmp(&a.memory_held).then_with(|| {
+            (&a.namespace, &a.workload, &a.uuid).cmp(&(&b.namespace, &b.workload, &b.uuid))
+        })
     });
     out
 }
@@ -293,7 +294,8 @@ mod tests {
             serde_json::json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "pair-5d8f", "uid": "u", "controller": true}),
         )
         .unwrap()]);
-        src.pods[0].metadata.labels = Some([("pod-template-hash".to_string(), "5d8f".to_string())].into());
+        src.pods[0].metadata.labels =
+            Some([("pod-template-hash".to_string(), "5d8f".to_string())].into());
         let m = build(&src, None);
         // train (20Gi) used 8Gi; the pair's two slices (10Gi each) at most 256Mi, under 5 %
         // of 10Gi (512Mi); the annotation probe (2Gi) used 1Gi.
@@ -323,8 +325,20 @@ mod tests {
         assert_eq!(
             rows,
             [
-                ("deployment/pair", Some("pair"), "gpu-0", 10 * GIB, 256 << 20),
-                ("deployment/pair", Some("pair"), "gpu-1", 10 * GIB, 256 << 20),
+                (
+                    "deployment/pair",
+                    Some("pair"),
+                    "gpu-0",
+                    10 * GIB,
+                    256 << 20
+                ),
+                (
+                    "deployment/pair",
+                    Some("pair"),
+                    "gpu-1",
+                    10 * GIB,
+                    256 << 20
+                ),
             ]
         );
         assert_eq!(idle[0].pods, ["pair-0"]);

@@ -163,7 +163,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     &json!({"idle": rows, "thresholdPercent": opts.threshold_percent, "windowSeconds": opts.window}),
                     o,
                 )?,
-                _ => render::idle_table(&rows, cli.all_namespaces, cli.output == Some(Output::Wide)),
+                _ => {
+                    render::idle_table(&rows, cli.all_namespaces, cli.output == Some(Output::Wide))
+                }
             };
             print!("{text}");
         }

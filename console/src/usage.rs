@@ -50,6 +50,8 @@ pub struct Span {
 
 /// The most points a chart asks for (a 480-pixel chart shows no more).
 pub const CHART_POINTS: u64 = 60;
+/// The points of a list's sparkline (96 pixels wide): 1h at 2 minutes.
+pub const SPARK_POINTS: u64 = 30;
 /// The finest step: no scrape interval in use is shorter.
 pub const MIN_STEP: u64 = 15;
 
@@ -57,7 +59,12 @@ impl Span {
     /// The last `window` seconds before `now`, with [`step_for`]'s step; `end` and `start`
     /// on multiples of the step, so that two loads in one step ask Prometheus the same.
     pub fn last(window: u64, now: u64) -> Span {
-        let step = step_for(window);
+        Span::last_points(window, now, CHART_POINTS)
+    }
+
+    /// [`Span::last`] with `points` points (a list's sparklines need fewer than a chart).
+    pub fn last_points(window: u64, now: u64, points: u64) -> Span {
+        let step = window.div_ceil(points.max(1)).max(MIN_STEP);
         let end = now - now % step;
         Span {
             start: end.saturating_sub(window),
@@ -97,7 +104,7 @@ pub fn parse_window(value: &str) -> Result<u64, UsageError> {
 /// A window in the shortest spelling [`parse_window`] reads back (`1h`, `90m`, `45s`).
 pub fn format_window(secs: u64) -> String {
     for (unit, n) in [("d", 86400), ("h", 3600), ("m", 60)] {
-        if secs % n == 0 {
+        if secs.is_multiple_of(n) {
             return format!("{}{unit}", secs / n);
         }
     }
@@ -456,11 +463,17 @@ mod tests {
         assert_eq!(parse_window("1d").unwrap(), 86400);
         for bad in ["", "h", "5", "1w", "30s", "31d", "-1h", "1.5h"] {
             let e = parse_window(bad).unwrap_err().to_string();
-            assert!(e.contains("accepted: a whole number with s, m, h or d"), "{bad}: {e}");
+            assert!(
+                e.contains("accepted: a whole number with s, m, h or d"),
+                "{bad}: {e}"
+            );
         }
         assert_eq!(format_window(3600), "1h");
         assert_eq!(format_window(5400), "90m");
-        assert_eq!((step_for(3600), step_for(21600), step_for(600)), (60, 360, 15));
+        assert_eq!(
+            (step_for(3600), step_for(21600), step_for(600)),
+            (60, 360, 15)
+        );
         let s = Span::last(3600, 100_030);
         assert_eq!((s.start, s.end, s.step), (96_420, 100_020, 60));
     }

@@ -50,7 +50,9 @@ impl Prometheus {
                 .arg(&file)
                 .arg(dir.path().join("data"))
                 .output()
-                .expect("run promtool (Debian package prometheus; scripts/install-deps.sh installs it)");
+                .expect(
+                    "run promtool (Debian package prometheus; scripts/install-deps.sh installs it)",
+                );
             assert!(
                 out.status.success(),
                 "promtool tsdb create-blocks-from openmetrics failed: {}{}",

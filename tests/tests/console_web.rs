@@ -18,9 +18,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gpuslice_e2e::kube::{wait_for, KubeCluster};
+use gpuslice_e2e::kube_node::{claim_template, pod as kube_pod, wait_for_or, KubeNode};
 use gpuslice_e2e::kubelet::claim as kubelet_claim;
 use gpuslice_e2e::kubelet_plugin::{deployment, pod, resource_claim, slice_of, KubeletPlugin};
-use gpuslice_e2e::kube_node::{claim_template, pod as kube_pod, wait_for_or, KubeNode};
 use gpuslice_e2e::prometheus::{kubelet_cadvisor, openmetrics, Prometheus};
 use gpuslice_e2e::published::{published, PublishedGpu as Gpu, Share};
 use gpuslice_e2e::serve::{value, Exporter, Series};
@@ -35,6 +35,8 @@ const L4: &str = "device.attributes[\"gpuslice.io\"].productName == \"NVIDIA L4\
 /// The points a chart over the last hour must have from the history the test writes (one a
 /// minute; the console asks for 61).
 const HISTORY_POINTS: u64 = 55;
+/// The same for a list's sparkline (the console asks for 31, one per 2 minutes).
+const SPARK_POINTS: u64 = 27;
 /// A phone's width in CSS pixels: the pages must not scroll sideways at it.
 const PHONE: u64 = 390;
 /// How far back the test's history goes: more than the idle window (1h) and the charts.
@@ -65,16 +67,16 @@ fn history(exporters: &[Exporter], busy: &[(String, u64)], now: u64) -> String {
         let scrape = e.scrape();
         for s in &scrape {
             let mut labels = s.labels.clone();
-            labels.entry("job".into()).or_insert_with(|| "gpuslice".into());
+            labels
+                .entry("job".into())
+                .or_insert_with(|| "gpuslice".into());
             labels
                 .entry("instance".into())
                 .or_insert_with(|| e.addr.to_string());
             let limit = || {
                 scrape
                     .iter()
-                    .find(|l| {
-                        l.name == "gpuslice_slice_memory_limit_bytes" && l.labels == s.labels
-                    })
+                    .find(|l| l.name == "gpuslice_slice_memory_limit_bytes" && l.labels == s.labels)
                     .map(|l| l.value as u64)
             };
             let value = |i: usize| -> Option<f64> {
@@ -85,7 +87,8 @@ fn history(exporters: &[Exporter], busy: &[(String, u64)], now: u64) -> String {
                     "gpuslice_slice_memory_limit_bytes" | "gpuslice_slice_compute_limit_ratio" => {
                         Some(s.value)
                     }
-                    "gpuslice_slice_memory_used_bytes" | "gpuslice_slice_nvml_memory_used_bytes" => {
+                    "gpuslice_slice_memory_used_bytes"
+                    | "gpuslice_slice_nvml_memory_used_bytes" => {
                         let l = limit()?;
                         let busy = busy
                             .iter()
@@ -415,12 +418,12 @@ fn figure_pages(
     };
     let mut node_charts = vec![json!({
         "selector": "tr[data-node=\"(total)\"] svg.sparkline[data-chart=\"gpu-memory\"]",
-        "query": sum_of(&all), "minPoints": HISTORY_POINTS,
+        "query": sum_of(&all), "minPoints": SPARK_POINTS,
     })];
     for (name, gs) in &nodes {
         node_charts.push(json!({
             "selector": format!("tr[data-node=\"{name}\"] svg.sparkline[data-chart=\"gpu-memory\"]"),
-            "query": sum_of(gs), "minPoints": HISTORY_POINTS,
+            "query": sum_of(gs), "minPoints": SPARK_POINTS,
         }));
     }
     let mut pages = vec![json!({
@@ -551,6 +554,18 @@ fn pods_page(
                     continue;
                 };
                 for s in shares.iter().filter(|s| &s.claim == claim) {
+                    // Two claims of one namespace with the same size on one GPU: no series
+                    // can be told to be either's (docs/console.md).
+                    let ns_of = |c: &str| c.split('/').next().unwrap().to_string();
+                    let twins = shares
+                        .iter()
+                        .filter(|o| {
+                            o.uuid == s.uuid
+                                && o.memory == s.memory
+                                && ns_of(&o.claim) == ns_of(&s.claim)
+                        })
+                        .count();
+                    let measured = measured.filter(|_| twins == 1);
                     let m = |name: &str| measured.and_then(|m| m.slice(s, name));
                     if let Some(labels) = measured.and_then(|m| m.slice_labels(s)) {
                         charts.push(json!({
@@ -562,7 +577,7 @@ fn pods_page(
                                 "sum(gpuslice_slice_memory_used_bytes{{uuid=\"{}\",reservation=\"{}\"}})",
                                 labels["uuid"], labels["reservation"]
                             ),
-                            "minPoints": HISTORY_POINTS,
+                            "minPoints": SPARK_POINTS,
                         }));
                     }
                     rows.insert(
@@ -870,9 +885,21 @@ fn the_web_console_shows_the_registry_and_allocates_in_a_browser() {
     }));
     let out = kubectl_gpuslice(
         &cluster,
-        &["--prometheus", &prometheus.url, "pods", "--idle", "-A", "-o", "json"],
+        &[
+            "--prometheus",
+            &prometheus.url,
+            "pods",
+            "--idle",
+            "-A",
+            "-o",
+            "json",
+        ],
     );
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let idle: Value = serde_json::from_slice(&out.stdout).unwrap();
     let rows: Vec<(String, u64)> = idle["idle"]
         .as_array()
@@ -880,7 +907,12 @@ fn the_web_console_shows_the_registry_and_allocates_in_a_browser() {
         .iter()
         .map(|r| {
             (
-                format!("{}/{} {}", r["namespace"].as_str().unwrap(), r["claim"].as_str().unwrap_or(""), r["uuid"].as_str().unwrap()),
+                format!(
+                    "{}/{} {}",
+                    r["namespace"].as_str().unwrap(),
+                    r["claim"].as_str().unwrap_or(""),
+                    r["uuid"].as_str().unwrap()
+                ),
                 r["memoryHeld"].as_u64().unwrap(),
             )
         })
@@ -891,10 +923,19 @@ fn the_web_console_shows_the_registry_and_allocates_in_a_browser() {
         "kubectl gpuslice pods --idle differs from the idle view: {idle}"
     );
     let (text, _) = {
-        let out = kubectl_gpuslice(&cluster, &["--prometheus", &prometheus.url, "pods", "--idle", "-A"]);
-        (String::from_utf8_lossy(&out.stdout).into_owned(), out.status)
+        let out = kubectl_gpuslice(
+            &cluster,
+            &["--prometheus", &prometheus.url, "pods", "--idle", "-A"],
+        );
+        (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            out.status,
+        )
     };
-    assert!(text.lines().count() == 2 && text.contains("pod/train") && text.contains("20Gi"), "{text}");
+    assert!(
+        text.lines().count() == 2 && text.contains("pod/train") && text.contains("20Gi"),
+        "{text}"
+    );
     // What kubectl-gpuslice says to the same bad input (it changes nothing either).
     let bad_memory = refusal(
         &cluster,
@@ -1133,12 +1174,11 @@ fn cpu_and_memory_columns_show_the_real_kubelets_cadvisor_figures() {
     // The pod's own cgroup (`container=""`): the kubelet labels it with the pod whatever the
     // runtime.
     let cpu_pod = r#"sum(rate(container_cpu_usage_seconds_total{namespace="default",pod="worker",container=""}[5m]))"#;
-    let mem_pod = r#"sum(container_memory_working_set_bytes{namespace="default",pod="worker",container=""})"#;
+    let mem_pod =
+        r#"sum(container_memory_working_set_bytes{namespace="default",pod="worker",container=""})"#;
     let cpu_node = r#"sum(rate(container_cpu_usage_seconds_total{id="/",node="node-a"}[5m]))"#;
     let mem_node = r#"sum(container_memory_working_set_bytes{id="/",node="node-a"})"#;
-    let spark = |row: &str, what: &str, query: &str| {
-        json!({"selector": format!("{row} svg.sparkline[data-chart=\"{what}\"]"), "query": query})
-    };
+    let spark = |row: &str, what: &str, query: &str| json!({"selector": format!("{row} svg.sparkline[data-chart=\"{what}\"]"), "query": query});
     let uuids: Vec<String> = published(cluster)
         .0
         .values()
@@ -1179,5 +1219,6 @@ fn cpu_and_memory_columns_show_the_real_kubelets_cadvisor_figures() {
     drop(console);
     drop(prometheus);
     drop(exporter);
-    kn.cluster.kubectl(&["delete", "pod", "worker", "--wait=false"]);
+    kn.cluster
+        .kubectl(&["delete", "pod", "worker", "--wait=false"]);
 }

@@ -69,7 +69,11 @@ impl Plot<'_> {
 
     /// The data attributes every drawn chart carries.
     fn data(&self) -> String {
-        let values: Vec<String> = self.points.iter().map(|(t, v)| format!("{t}:{v}")).collect();
+        let values: Vec<String> = self
+            .points
+            .iter()
+            .map(|(t, v)| format!("{t}:{v}"))
+            .collect();
         format!(
             "data-start=\"{}\" data-end=\"{}\" data-step=\"{}\" data-points=\"{}\" data-top=\"{}\" data-values=\"{}\"",
             self.span.start,
@@ -118,6 +122,7 @@ pub fn sparkline(what: &str, label: &str, plot: &Plot) -> String {
         return no_data("sparkline", what, "no data yet");
     }
     let last = plot.points.last().map_or(0.0, |p| p.1);
+    let pts = polyline(plot, (0.0, 1.0, SPARK_W, SPARK_H - 2.0));
     let title = format!(
         "{label} over the last {} minutes, now {}{}",
         minutes(plot.span),
@@ -127,12 +132,22 @@ pub fn sparkline(what: &str, label: &str, plot: &Plot) -> String {
             .unwrap_or_default()
     );
     format!(
-        "<svg class=\"sparkline\" data-chart=\"{what}\" {data} viewBox=\"0 0 {SPARK_W} {SPARK_H}\" width=\"{SPARK_W}\" height=\"{SPARK_H}\" role=\"img\" aria-label=\"{title}\"><title>{title}</title><rect x=\"0\" y=\"0\" width=\"{SPARK_W}\" height=\"{SPARK_H}\" class=\"frame\"/><polyline class=\"line\" fill=\"none\" points=\"{pts}\"/></svg>",
+        "<svg class=\"sparkline\" data-chart=\"{what}\" {data} viewBox=\"0 0 {SPARK_W} {SPARK_H}\" width=\"{SPARK_W}\" height=\"{SPARK_H}\" role=\"img\" aria-label=\"{title}\"><title>{title}</title><rect x=\"0\" y=\"0\" width=\"{SPARK_W}\" height=\"{SPARK_H}\" class=\"frame\"/><polyline class=\"line\" fill=\"none\" points=\"{pts}\"/>{dot}</svg>",
         what = esc(what),
         data = plot.data(),
         title = esc(&title),
-        pts = polyline(plot, (0.0, 1.0, SPARK_W, SPARK_H - 2.0)),
+        dot = last_dot(&pts),
     )
+}
+
+/// A dot on the last point of `pts` (a line of one point draws nothing).
+fn last_dot(pts: &str) -> String {
+    pts.rsplit(' ')
+        .next()
+        .and_then(|p| p.split_once(','))
+        .map_or(String::new(), |(x, y)| {
+            format!("<circle class=\"dot\" cx=\"{x}\" cy=\"{y}\" r=\"1.8\"/>")
+        })
 }
 
 /// A small bar of `part` of `whole` (`None`: nothing to show).
@@ -247,7 +262,11 @@ pub fn slice_map(
             v as f64 / capacity as f64 * 100.0
         }
     };
-    let class = if compact { "slice-map compact" } else { "slice-map" };
+    let class = if compact {
+        "slice-map compact"
+    } else {
+        "slice-map"
+    };
     let mut out = format!(
         "<div class=\"{class}\" data-resource=\"{}\" data-capacity=\"{capacity}\">",
         esc(resource)
@@ -331,11 +350,20 @@ mod tests {
         assert!(s.starts_with("<svg class=\"sparkline\" data-chart=\"gpu-memory\" data-start=\"0\" data-end=\"120\" data-step=\"60\" data-points=\"3\""), "{s}");
         assert!(s.contains("data-values=\"0:0 60:50 120:100\""), "{s}");
         // x from 0 to 96, y from the bottom (19) to the top (1).
-        assert!(s.contains("points=\"0.00,19.00 48.00,10.00 96.00,1.00\""), "{s}");
+        assert!(
+            s.contains("points=\"0.00,19.00 48.00,10.00 96.00,1.00\""),
+            "{s}"
+        );
         let c = chart(("data-gpu", "GPU-<x>"), "GPU memory used", &plot);
         assert!(c.contains("data-gpu=\"GPU-&lt;x&gt;\""), "{c}");
-        assert!(c.contains(">100</text>") && c.contains(">00:00</text>") && c.contains(">00:02</text>"), "{c}");
-        assert!(c.contains(">time (UTC)</text>") && c.contains(">GPU memory used (bytes)</text>"), "{c}");
+        assert!(
+            c.contains(">100</text>") && c.contains(">00:00</text>") && c.contains(">00:02</text>"),
+            "{c}"
+        );
+        assert!(
+            c.contains(">time (UTC)</text>") && c.contains(">GPU memory used (bytes)</text>"),
+            "{c}"
+        );
     }
 
     #[test]
@@ -355,7 +383,12 @@ mod tests {
             "<span class=\"sparkline no-data\" data-chart=\"cpu\" data-points=\"0\">no data yet</span>"
         );
         let c = chart(("data-gpu", "GPU-a"), "GPU memory used", &plot);
-        assert!(c.starts_with("<div class=\"chart no-data\" data-gpu=\"GPU-a\" data-points=\"0\">no data yet"), "{c}");
+        assert!(
+            c.starts_with(
+                "<div class=\"chart no-data\" data-gpu=\"GPU-a\" data-points=\"0\">no data yet"
+            ),
+            "{c}"
+        );
         assert!(!c.contains("<svg"));
     }
 
@@ -379,8 +412,17 @@ mod tests {
         ];
         let m = slice_map("memory", 100, &segs, |v| v.to_string(), false);
         assert!(m.contains("data-claim=\"ml/train\" data-pod=\"train-0\" data-booked=\"20\" href=\"/pods?namespace=ml#pod-ml-train-0\" style=\"width:20.0000%\""), "{m}");
-        assert!(m.contains("<i class=\"used\" data-used=\"5\" style=\"width:25.00%\">"), "{m}");
-        assert!(m.contains("data-booked=\"30\" style=\"width:30.0000%\""), "{m}");
-        assert!(m.contains("data-free=\"50\" style=\"width:50.0000%\""), "{m}");
+        assert!(
+            m.contains("<i class=\"used\" data-used=\"5\" style=\"width:25.00%\">"),
+            "{m}"
+        );
+        assert!(
+            m.contains("data-booked=\"30\" style=\"width:30.0000%\""),
+            "{m}"
+        );
+        assert!(
+            m.contains("data-free=\"50\" style=\"width:50.0000%\""),
+            "{m}"
+        );
     }
 }

@@ -26,8 +26,10 @@ pub(super) const HISTORY: u64 = 3600;
 pub(super) const GPU_MEMORY: &str = "gpuslice_gpu_memory_used_bytes";
 /// The kubelets' cAdvisor: each node's CPU (cores) and memory working set, from its root
 /// cgroup (`id="/"`), by the `node` label the scrape gives the kubelet's target.
-pub(super) const NODE_CPU: &str = r#"sum by (node) (rate(container_cpu_usage_seconds_total{id="/"}[5m]))"#;
-pub(super) const NODE_MEMORY: &str = r#"sum by (node) (container_memory_working_set_bytes{id="/"})"#;
+pub(super) const NODE_CPU: &str =
+    r#"sum by (node) (rate(container_cpu_usage_seconds_total{id="/"}[5m]))"#;
+pub(super) const NODE_MEMORY: &str =
+    r#"sum by (node) (container_memory_working_set_bytes{id="/"})"#;
 
 pub(super) fn now() -> u64 {
     SystemTime::now()
@@ -41,8 +43,21 @@ pub(super) fn span() -> Span {
     Span::last(HISTORY, now().saturating_sub(usage::MIN_STEP))
 }
 
+/// The lists' sparklines' span: [`span`] with [`usage::SPARK_POINTS`] points.
+pub(super) fn spark_span() -> Span {
+    Span::last_points(
+        HISTORY,
+        now().saturating_sub(usage::MIN_STEP),
+        usage::SPARK_POINTS,
+    )
+}
+
 /// Points of `series` keyed by `label`'s value; series of one key are summed at each time.
-pub(super) fn keyed(span: Span, series: Vec<Series>, key: impl Fn(&Series) -> Option<String>) -> History {
+pub(super) fn keyed(
+    span: Span,
+    series: Vec<Series>,
+    key: impl Fn(&Series) -> Option<String>,
+) -> History {
     let mut sums: BTreeMap<String, BTreeMap<u64, f64>> = BTreeMap::new();
     for s in &series {
         if let Some(k) = key(s) {
@@ -79,7 +94,11 @@ async fn gpu_history(state: &State, span: Span) -> Result<History, String> {
 
 /// A cAdvisor history by node, with the total row; `None` (and a banner) when Prometheus
 /// holds no such series.
-fn by_node(span: Span, series: Result<Vec<Series>, String>, banners: &mut Vec<pages::Banner>) -> Option<History> {
+fn by_node(
+    span: Span,
+    series: Result<Vec<Series>, String>,
+    banners: &mut Vec<pages::Banner>,
+) -> Option<History> {
     match series {
         Ok(s) if !s.is_empty() => {
             let mut h = keyed(span, s.clone(), |s| s.metric.get("node").cloned());
@@ -127,33 +146,33 @@ fn node_history(m: &Model, gpus: &History) -> History {
 }
 
 pub(super) async fn nodes(state: &State, available: bool) -> Response<Full<Bytes>> {
+    // The range queries need nothing from the model: asked beside it.
+    let span = spark_span();
+    let (loaded, gpu, cpu, memory) = tokio::join!(
+        model_of(state, PodScope::None, true),
+        gpu_history(state, span),
+        range(state, NODE_CPU, span),
+        range(state, NODE_MEMORY, span)
+    );
     let Loaded {
         model: m,
         usage,
         capacity,
         mut banners,
-    } = model_of(state, PodScope::None, true).await;
+    } = loaded;
     let used = match (&m, m.as_ref().and_then(|m| m.usage_unavailable.as_ref())) {
-        (Some(m), None) => {
-            let span = span();
-            let (gpu, cpu, memory) = tokio::join!(
-                gpu_history(state, span),
-                range(state, NODE_CPU, span),
-                range(state, NODE_MEMORY, span)
-            );
-            match gpu {
-                Ok(h) => Some(NodeUse {
-                    gpu_memory: node_history(m, &h),
-                    cpu: by_node(span, cpu, &mut banners),
-                    memory: by_node(span, memory, &mut banners),
-                    capacity,
-                }),
-                Err(e) => {
-                    banners.push(banner("prometheus", e));
-                    None
-                }
+        (Some(m), None) => match gpu {
+            Ok(h) => Some(NodeUse {
+                gpu_memory: node_history(m, &h),
+                cpu: by_node(span, cpu, &mut banners),
+                memory: by_node(span, memory, &mut banners),
+                capacity,
+            }),
+            Err(e) => {
+                banners.push(banner("prometheus", e));
+                None
             }
-        }
+        },
         _ => None,
     };
     html(
@@ -203,7 +222,13 @@ pub(super) async fn node(state: &State, name: &str) -> Response<Full<Bytes>> {
     };
     html(
         StatusCode::OK,
-        pages::node_page(&chrome(state, banners), &m, usage.as_ref(), name, history.as_ref()),
+        pages::node_page(
+            &chrome(state, banners),
+            &m,
+            usage.as_ref(),
+            name,
+            history.as_ref(),
+        ),
     )
 }
 

@@ -85,7 +85,6 @@ fn text_cell(col: &str, text: &str) -> String {
     format!("<td data-col=\"{col}\">{}</td>", esc(text))
 }
 
-
 /// Use over time from Prometheus: per key (a node, [`TOTAL_ROW`], a GPU UUID, a slice or a
 /// container) the points of one range query over `span`.
 #[derive(Debug, Clone)]
@@ -105,6 +104,9 @@ impl History {
     }
 }
 
+/// A node's (CPU cores, memory bytes) of its `status.capacity`, each when known.
+pub type Capacity = (Option<f64>, Option<f64>);
+
 /// What the Nodes list shows beside the model: GPU memory used over time per node, and the
 /// kubelets' cAdvisor CPU and memory (`None`: not scraped) with the Node objects' capacity.
 #[derive(Debug, Clone)]
@@ -112,8 +114,8 @@ pub struct NodeUse {
     pub gpu_memory: History,
     pub cpu: Option<History>,
     pub memory: Option<History>,
-    /// Node name → (CPU cores, memory bytes) of `status.capacity`.
-    pub capacity: BTreeMap<String, (Option<f64>, Option<f64>)>,
+    /// Node name → its capacity.
+    pub capacity: BTreeMap<String, Capacity>,
 }
 
 /// A value cell in the lists' pattern: the value (right-aligned, with its unit), a small bar
@@ -161,7 +163,7 @@ fn segments(g: &GpuView, usage: Option<&Usage>, cores: bool) -> Vec<charts::Segm
     g.claims
         .iter()
         .map(|c| {
-            let series = usage.and_then(|u| claim_series(u, &g.uuid, c));
+            let series = usage.and_then(|u| claim_series(u, &g.uuid, c, &g.claims));
             charts::Segment {
                 name: format!("{}/{}", c.namespace, c.name),
                 namespace: c.namespace.clone(),
@@ -236,7 +238,7 @@ fn node_row(
     } else {
         format!("<a href=\"/nodes/{}\">{}</a>", esc(&seg(name)), esc(name))
     };
-    let capacity = |pick: fn(&(Option<f64>, Option<f64>)) -> Option<f64>| {
+    let capacity = |pick: fn(&Capacity) -> Option<f64>| {
         let u = used?;
         if name == TOTAL_ROW {
             m.nodes
@@ -263,16 +265,13 @@ fn node_row(
         mem_cap,
         used.and_then(|u| Some(("memory", u.memory.as_ref()?, name))),
     );
-    let gpu_used = {
-        let cell = use_cell(
-            "memory-used",
-            n.memory.used.map(|v| v as f64),
-            Unit::Bytes,
-            Some(n.memory.capacity as f64),
-            used.map(|u| ("gpu-memory", &u.gpu_memory, name)),
-        );
-        cell
-    };
+    let gpu_used = use_cell(
+        "memory-used",
+        n.memory.used.map(|v| v as f64),
+        Unit::Bytes,
+        Some(n.memory.capacity as f64),
+        used.map(|u| ("gpu-memory", &u.gpu_memory, name)),
+    );
     let map = if name == TOTAL_ROW {
         String::new()
     } else {
@@ -341,7 +340,11 @@ pub fn node_page(
             .iter()
             .map(|c| {
                 // Idle now (the last sample); over a window: the Idle slices page.
-                let idle = if c.idle == Some(true) { " (idle now)" } else { "" };
+                let idle = if c.idle == Some(true) {
+                    " (idle now)"
+                } else {
+                    ""
+                };
                 format!("{}/{}{idle}", c.namespace, c.name)
             })
             .collect();
@@ -410,7 +413,7 @@ pub struct PodUse {
     pub slices: History,
     pub cpu: Option<History>,
     pub memory: Option<History>,
-    pub capacity: BTreeMap<String, (Option<f64>, Option<f64>)>,
+    pub capacity: BTreeMap<String, Capacity>,
 }
 
 /// The history key of a slice series.
@@ -443,7 +446,11 @@ fn pod_filters(pods: &[ContainerSlice], namespace: Option<&str>, node: Option<&s
             out,
             " <a href=\"/pods?namespace={}\"{}>{}</a>",
             esc(&seg(ns)),
-            if namespace == Some(ns) { " class=\"on\"" } else { "" },
+            if namespace == Some(ns) {
+                " class=\"on\""
+            } else {
+                ""
+            },
             esc(ns)
         );
     }
@@ -453,7 +460,10 @@ fn pod_filters(pods: &[ContainerSlice], namespace: Option<&str>, node: Option<&s
             out,
             " <a href=\"/pods?node={}{}\"{}>{}</a>",
             esc(&seg(n)),
-            namespace.map_or(String::new(), |ns| format!("&amp;namespace={}", esc(&seg(ns)))),
+            namespace.map_or(String::new(), |ns| format!(
+                "&amp;namespace={}",
+                esc(&seg(ns))
+            )),
             if node == Some(n) { " class=\"on\"" } else { "" },
             esc(n)
         );
@@ -526,18 +536,23 @@ fn pod_row(
         cap.and_then(|c| c.1),
         used.and_then(|u| Some(("memory", u.memory.as_ref()?, ckey.as_str()))),
     );
-    // The slice's own series (claims: matched as the model matches them).
-    let series = usage.and_then(|u| {
-        u.slices.iter().find(|s| {
+    // The slice's own series: a claim's as the model matches it, an annotation slice's by
+    // its pod and container.
+    let series = usage.and_then(|u| match &p.claim {
+        Some(name) => {
+            let g = model?.gpus.iter().find(|g| g.uuid == p.uuid)?;
+            let c = g
+                .claims
+                .iter()
+                .find(|c| c.namespace == p.namespace && &c.name == name)?;
+            claim_series(u, &g.uuid, c, &g.claims)
+        }
+        None => u.slices.iter().find(|s| {
             s.uuid == p.uuid
-                && if p.claim.is_some() {
-                    s.pod.is_empty()
-                        && s.namespace == p.namespace
-                        && s.memory_limit == Some(p.memory_limit)
-                } else {
-                    s.namespace == p.namespace && s.pod == p.pod && s.container == p.container
-                }
-        })
+                && s.namespace == p.namespace
+                && s.pod == p.pod
+                && s.container == p.container
+        }),
     });
     let skey = series.map(|s| slice_key(&s.node, &s.reservation, &s.uuid));
     let gpu_used = use_cell(
@@ -551,7 +566,14 @@ fn pod_row(
     let gpu = model
         .and_then(|m| m.gpus.iter().find(|g| g.uuid == p.uuid))
         .map_or_else(
-            || format!("<span class=\"gpu-name\" title=\"{}\">{}/{}</span>", esc(&p.uuid), esc(&p.node), esc(&p.device)),
+            || {
+                format!(
+                    "<span class=\"gpu-name\" title=\"{}\">{}/{}</span>",
+                    esc(&p.uuid),
+                    esc(&p.node),
+                    esc(&p.device)
+                )
+            },
             gpu_name,
         );
     format!(
@@ -610,7 +632,10 @@ pub fn idle_page(
             "/idle?sort={s}&amp;threshold={}&amp;window={}{}",
             opts.threshold_percent,
             esc(&window),
-            namespace.map_or(String::new(), |n| format!("&amp;namespace={}", esc(&seg(n))))
+            namespace.map_or(String::new(), |n| format!(
+                "&amp;namespace={}",
+                esc(&seg(n))
+            ))
         )
     };
     let _ = writeln!(
@@ -621,7 +646,9 @@ pub fn idle_page(
     );
     let mut sorted: Vec<&IdleSlice> = rows.unwrap_or(&[]).iter().collect();
     if sort == IdleSort::Workload {
-        sorted.sort_by(|a, b| (&a.namespace, &a.workload, &a.uuid).cmp(&(&b.namespace, &b.workload, &b.uuid)));
+        sorted.sort_by(|a, b| {
+            (&a.namespace, &a.workload, &a.uuid).cmp(&(&b.namespace, &b.workload, &b.uuid))
+        });
     }
     for r in sorted {
         let what = r.claim.clone().unwrap_or_else(|| r.pods.join(","));
@@ -954,30 +981,50 @@ mod tests {
             .insert("node-a".into(), vec![(0.0, 1.0), (60.0, 2.0), (120.0, 3.0)]);
         let mut cpu = gpu.clone();
         cpu.series.clear();
-        cpu.series.insert("node-a".into(), vec![(0.0, 0.5), (60.0, 0.25)]);
+        cpu.series
+            .insert("node-a".into(), vec![(0.0, 0.5), (60.0, 0.25)]);
         let mut mem = gpu.clone();
         mem.series.clear();
-        mem.series.insert("node-a".into(), vec![(60.0, (4 * GIB) as f64)]);
+        mem.series
+            .insert("node-a".into(), vec![(60.0, (4 * GIB) as f64)]);
         let used = NodeUse {
             gpu_memory: gpu,
             cpu: Some(cpu),
             memory: Some(mem),
             capacity: [("node-a".to_string(), (Some(2.0), Some((16 * GIB) as f64)))].into(),
         };
-        let html = nodes_page(&chrome(vec![]), Some(&m), false, Some(&used), Some(&usage()));
+        let html = nodes_page(
+            &chrome(vec![]),
+            Some(&m),
+            false,
+            Some(&used),
+            Some(&usage()),
+        );
         let a = row(&html, "data-node", "node-a");
         assert!(a.contains("<svg class=\"sparkline\" data-chart=\"gpu-memory\" data-start=\"0\" data-end=\"3600\" data-step=\"60\" data-points=\"3\""), "{a}");
         let c = td(a, "cpu");
         assert!(c.starts_with("<td data-col=\"cpu\" data-value=\"250\" class=\"use\"><span class=\"v\">250m</span><span class=\"share\" data-share=\"12.5\""), "{c}");
         assert!(c.contains("data-values=\"0:0.5 60:0.25\""), "{c}");
         let mm = td(a, "memory");
-        assert!(mm.contains(&format!("data-value=\"{}\"", 4 * GIB)) && mm.contains("data-share=\"25.0\""), "{mm}");
+        assert!(
+            mm.contains(&format!("data-value=\"{}\"", 4 * GIB))
+                && mm.contains("data-share=\"25.0\""),
+            "{mm}"
+        );
         // node-b: no history, so no data yet; cAdvisor knows nothing of it: unknown.
         let b = row(&html, "data-node", "node-b");
         assert!(b.contains("<span class=\"sparkline no-data\" data-chart=\"gpu-memory\" data-points=\"0\">no data yet</span>"), "{b}");
-        assert!(td(b, "cpu").contains("class=\"use unknown\"><span class=\"v\">—</span>"), "{b}");
+        assert!(
+            td(b, "cpu").contains("class=\"use unknown\"><span class=\"v\">—</span>"),
+            "{b}"
+        );
         // The compact slice map: node-a's two GPUs, each split into its bookings.
-        assert_eq!(td(a, "slice-map").matches("class=\"slice-map compact\"").count(), 2);
+        assert_eq!(
+            td(a, "slice-map")
+                .matches("class=\"slice-map compact\"")
+                .count(),
+            2
+        );
     }
 
     #[test]
@@ -1070,15 +1117,32 @@ mod tests {
         // No history: each GPU's chart says so instead of drawing an empty frame.
         assert_eq!(html.matches("<div class=\"chart no-data\"").count(), 2);
         assert!(html.contains("<div class=\"chart no-data\" data-gpu=\"GPU-NVIDIA-H200-1\""));
-        assert!(td(g0, "gpu").contains("title=\"GPU-NVIDIA-H200-0\">node-a/gpu-0 (H200)</span>"), "{g0}");
+        assert!(
+            td(g0, "gpu").contains("title=\"GPU-NVIDIA-H200-0\">node-a/gpu-0 (H200)</span>"),
+            "{g0}"
+        );
         // The slice map of gpu-0: pair (10Gi, idle: 0 used) and train (20Gi, 8Gi used),
         // 111Gi free, in proportion to the 141Gi.
-        let map = &html[html.find("<div class=\"gpu-map\" data-gpu=\"GPU-NVIDIA-H200-0\"").unwrap()..];
+        let map = &html[html
+            .find("<div class=\"gpu-map\" data-gpu=\"GPU-NVIDIA-H200-0\"")
+            .unwrap()..];
         let map = &map[..map.find("</div></div>").unwrap()];
         assert!(map.contains(&format!("data-claim=\"ml/pair\" data-pod=\"pair-0\" data-booked=\"{}\" href=\"/pods?namespace=ml#pod-ml-pair-0\" style=\"width:7.0922%\"", 10 * GIB)), "{map}");
-        assert!(map.contains(&format!("<i class=\"used\" data-used=\"{}\" style=\"width:40.00%\">", 8 * GIB)), "{map}");
-        assert!(map.contains(&format!("data-free=\"{}\"", 111 * GIB)), "{map}");
-        assert!(map.contains("data-resource=\"cores\" data-capacity=\"100\""), "{map}");
+        assert!(
+            map.contains(&format!(
+                "<i class=\"used\" data-used=\"{}\" style=\"width:40.00%\">",
+                8 * GIB
+            )),
+            "{map}"
+        );
+        assert!(
+            map.contains(&format!("data-free=\"{}\"", 111 * GIB)),
+            "{map}"
+        );
+        assert!(
+            map.contains("data-resource=\"cores\" data-capacity=\"100\""),
+            "{map}"
+        );
         assert!(
             !html.contains("GPU-NVIDIA-L4-0"),
             "node-b's GPU is not on node-a's page"
@@ -1116,7 +1180,14 @@ mod tests {
             capacity: BTreeMap::new(),
         };
         let u = usage();
-        let html = pods_page(&chrome(vec![]), Some(&m), Some("ml"), None, Some(&used), Some(&u));
+        let html = pods_page(
+            &chrome(vec![]),
+            Some(&m),
+            Some("ml"),
+            None,
+            Some(&used),
+            Some(&u),
+        );
         assert!(html.contains("<tr class=\"group\" data-group=\"ml/pod/train-0\" data-count=\"1\"><th colspan=\"10\">ml/pod/train-0 · 1 pod</th></tr>"), "{html}");
         let r = row(&html, "data-pod", "ml/train-0");
         assert!(r.contains("data-container=\"main\""));
@@ -1146,7 +1217,9 @@ mod tests {
             td(r, "cores-used"),
             "<td data-col=\"cores-used\" data-value=\"28\">28</td>"
         );
-        assert!(td(r, "cpu").starts_with("<td data-col=\"cpu\" data-value=\"250\" class=\"use\"><span class=\"v\">250m</span>"));
+        assert!(td(r, "cpu").starts_with(
+            "<td data-col=\"cpu\" data-value=\"250\" class=\"use\"><span class=\"v\">250m</span>"
+        ));
         assert!(td(r, "memory").starts_with(&format!(
             "<td data-col=\"memory\" data-value=\"{}\" class=\"use\"><span class=\"v\">3Gi</span>",
             3 * GIB

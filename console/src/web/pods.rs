@@ -13,7 +13,7 @@ use hyper::{Response, StatusCode};
 use crate::fetch::PodScope;
 use crate::idle::{self, IdleOptions};
 
-use super::nodes::{keyed, range, span};
+use super::nodes::{keyed, range, spark_span};
 use super::pages::{self, pod_key, slice_key, IdleSort, PodUse};
 use super::respond::html;
 use super::sources::{banner, model_of, Loaded};
@@ -23,7 +23,8 @@ use super::state::{chrome, State};
 /// (`container=""`), which the kubelet labels with the pod whatever the runtime (a
 /// container's own series carry its name only where cAdvisor knows the runtime).
 pub(super) const POD_CPU: &str = r#"sum by (namespace, pod) (rate(container_cpu_usage_seconds_total{pod!="",container=""}[5m]))"#;
-pub(super) const POD_MEMORY: &str = r#"sum by (namespace, pod) (container_memory_working_set_bytes{pod!="",container=""})"#;
+pub(super) const POD_MEMORY: &str =
+    r#"sum by (namespace, pod) (container_memory_working_set_bytes{pod!="",container=""})"#;
 /// Each slice's memory used (the shim's account).
 pub(super) const SLICE_MEMORY: &str = "gpuslice_slice_memory_used_bytes";
 
@@ -36,27 +37,30 @@ pub(super) async fn pods(
         Some(ns) => PodScope::Namespace(ns.to_string()),
         None => PodScope::All,
     };
+    // The range queries need nothing from the model: asked beside it.
+    let span = spark_span();
+    let (loaded, slices, cpu, memory) = tokio::join!(
+        model_of(state, scope, false),
+        range(state, SLICE_MEMORY, span),
+        range(state, POD_CPU, span),
+        range(state, POD_MEMORY, span)
+    );
     let Loaded {
         model: m,
         usage,
         capacity,
         mut banners,
-    } = model_of(state, scope, false).await;
+    } = loaded;
     let used = if state.prometheus.is_some() {
-        let span = span();
-        let (slices, cpu, memory) = tokio::join!(
-            range(state, SLICE_MEMORY, span),
-            range(state, POD_CPU, span),
-            range(state, POD_MEMORY, span)
-        );
         let container = |s: &crate::usage::Series| {
             let l = |k: &str| s.metric.get(k).cloned().unwrap_or_default();
             Some(pod_key(&l("namespace"), &l("pod")))
         };
         let (cpu, memory) = match (cpu, memory) {
-            (Ok(c), Ok(m)) if !(c.is_empty() && m.is_empty()) => {
-                (Some(keyed(span, c, container)), Some(keyed(span, m, container)))
-            }
+            (Ok(c), Ok(m)) if !(c.is_empty() && m.is_empty()) => (
+                Some(keyed(span, c, container)),
+                Some(keyed(span, m, container)),
+            ),
             (Err(e), _) | (_, Err(e)) => {
                 banners.push(banner("cadvisor", format!("cAdvisor: {e}")));
                 (None, None)
@@ -116,6 +120,12 @@ pub(super) async fn idle_page(
     };
     html(
         StatusCode::OK,
-        pages::idle_page(&chrome(state, banners), rows.as_deref(), &opts, namespace, sort),
+        pages::idle_page(
+            &chrome(state, banners),
+            rows.as_deref(),
+            &opts,
+            namespace,
+            sort,
+        ),
     )
 }

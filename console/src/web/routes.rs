@@ -133,7 +133,10 @@ async fn serve(
                 Some(other) => {
                     return Err(Refusal::new(
                         StatusCode::BAD_REQUEST,
-                        format!("sort `{}`: accepted memory or workload", other.escape_default()),
+                        format!(
+                            "sort `{}`: accepted memory or workload",
+                            other.escape_default()
+                        ),
                     ))
                 }
             };

@@ -14,7 +14,7 @@ use crate::fetch::{self, PodScope};
 use crate::model::{self, Model};
 use crate::usage::Usage;
 
-use super::pages::Banner;
+use super::pages::{Banner, Capacity};
 use super::state::State;
 
 pub(super) fn banner(source: &str, text: impl Into<String>) -> Banner {
@@ -33,8 +33,8 @@ pub(super) fn api_banner(detail: impl std::fmt::Display) -> Banner {
 pub(super) struct Loaded {
     pub(super) model: Option<Model>,
     pub(super) usage: Option<Usage>,
-    /// Node name → (CPU cores, memory bytes) of `status.capacity`.
-    pub(super) capacity: BTreeMap<String, (Option<f64>, Option<f64>)>,
+    /// Node name → its capacity.
+    pub(super) capacity: BTreeMap<String, Capacity>,
     pub(super) banners: Vec<Banner>,
 }
 
@@ -105,7 +105,9 @@ pub(super) async fn model_of(state: &State, scope: PodScope, plugins: bool) -> L
             if !m.nodes.iter().any(|v| v.name == n) {
                 banners.push(banner(
                     &format!("plugin:{n}"),
-                    format!("node {n}: no gpuslice plugin (no ResourceSlice of driver gpuslice.io)"),
+                    format!(
+                        "node {n}: no gpuslice plugin (no ResourceSlice of driver gpuslice.io)"
+                    ),
                 ));
             }
         }
