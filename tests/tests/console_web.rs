@@ -37,6 +37,8 @@ const L4: &str = "device.attributes[\"gpuslice.io\"].productName == \"NVIDIA L4\
 const HISTORY_POINTS: u64 = 55;
 /// The same for a list's sparkline (the console asks for 31, one per 2 minutes).
 const SPARK_POINTS: u64 = 27;
+/// A list's sparkline's step, seconds.
+const SPARK_STEP: u64 = 120;
 /// A phone's width in CSS pixels: the pages must not scroll sideways at it.
 const PHONE: u64 = 390;
 /// How far back the test's history goes: more than the idle window (1h) and the charts.
@@ -1164,12 +1166,15 @@ fn cpu_and_memory_columns_show_the_real_kubelets_cadvisor_figures() {
             prometheus.log()
         );
     }
-    // The console's charts end on a minute a scrape interval ago: wait until that minute
+    // The console's sparklines end on a step a scrape interval ago: wait until that step
     // comes after the samples above, so its charts have points to compare.
     let first = unix_now();
-    wait_for("a chart span ending after the first samples", STEP, || {
-        ((unix_now() - 15) / 60 * 60 >= first + 2).then_some(())
-    });
+    let span_wait = Duration::from_secs(SPARK_STEP + 60);
+    wait_for(
+        "a chart span ending after the first samples",
+        span_wait,
+        || ((unix_now() - 15) / SPARK_STEP * SPARK_STEP >= first + 2).then_some(()),
+    );
     let console = Console::start(cluster, Some(&prometheus.url), false);
     // The pod's own cgroup (`container=""`): the kubelet labels it with the pod whatever the
     // runtime.
