@@ -114,12 +114,14 @@ pub fn kubelet_cadvisor(node: &str, address: &str, cert: &Path, key: &Path) -> S
     )
 }
 
+/// One series of history: its name, labels and `(unix seconds, value)` samples.
+pub type HistorySeries = (String, BTreeMap<String, String>, Vec<(u64, f64)>);
+
 /// OpenMetrics text of gauges: per series (name, labels) its `(unix seconds, value)`
 /// samples; labels with empty values are left out, as Prometheus leaves them out of a
 /// scrape.
-pub fn openmetrics(series: &[(String, BTreeMap<String, String>, Vec<(u64, f64)>)]) -> String {
-    let mut by_name: BTreeMap<&str, Vec<&(String, BTreeMap<String, String>, Vec<(u64, f64)>)>> =
-        BTreeMap::new();
+pub fn openmetrics(series: &[HistorySeries]) -> String {
+    let mut by_name: BTreeMap<&str, Vec<&HistorySeries>> = BTreeMap::new();
     for s in series {
         by_name.entry(s.0.as_str()).or_default().push(s);
     }
