@@ -251,11 +251,14 @@ async function checkCharts(page, where, charts) {
       fail(w, `plotted points ${JSON.stringify(g.values)} differ from the range query ${c.query} over ${g.start}..${g.end} step ${g.step}: ${JSON.stringify(want)}`);
     }
     if (g.line.length !== want.length) fail(w, `the polyline draws ${g.line.length} points, the data ${want.length}`);
-    // Each drawn y is the value's height in the plot (higher value, smaller y).
+    // Each drawn y is the value's height in the plot (higher value, smaller y), where the
+    // change is large enough to show at the drawn precision (0.01 of a unit of the box).
+    const boxH = Number((g.box ?? '0 0 0 0').split(' ')[3]);
     for (let i = 1; i < want.length; i += 1) {
       const dv = want[i][1] - want[i - 1][1];
       const dy = g.line[i][1] - g.line[i - 1][1];
-      if ((dv > 0 && !(dy < 0)) || (dv < 0 && !(dy > 0)) || (dv === 0 && Math.abs(dy) > 0.01)) {
+      const visible = (Math.abs(dv) / g.top) * boxH > 0.1;
+      if ((visible && dv > 0 && !(dy < 0)) || (visible && dv < 0 && !(dy > 0)) || (dv === 0 && Math.abs(dy) > 0.01)) {
         fail(w, `point ${i}: value ${want[i - 1][1]} -> ${want[i][1]} drawn from y ${g.line[i - 1][1]} to ${g.line[i][1]}`);
       }
     }
