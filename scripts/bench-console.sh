@@ -7,12 +7,19 @@
 #     memory 141Gi and cores 100 with their request policies; allowMultipleAllocations),
 #   - CLAIMS ResourceClaims (20Gi, 10 cores each) whose status.allocation is written as the
 #     scheduler writes it (consumedCapacity), spread over the nodes' GPUs,
+#   - a real Prometheus (Debian's) holding 65 minutes of history of every series the console
+#     charts (written by promtool before it starts: each GPU's memory used and utilisation,
+#     each claim's slice series, each node's cAdvisor CPU and memory) and scraping the same
+#     series live from a static file served on loopback,
 # then measures
-#   - the first page load of `/` of `gpuslice console` (no Prometheus) in real headless
+#   - the first page load of `/` of `gpuslice console --prometheus` in real headless
 #     Debian chromium through playwright-core (tests/browser/bench.js): RUNS fresh browser
-#     contexts, navigation start to load event, min/median/max,
+#     contexts, navigation start to load event, min/median/max, with the number of queries
+#     the console asked Prometheus per load (its own prometheus_http_requests_total; the
+#     script fails above 4: one instant query and three range queries),
 #   - the wall time of `kubectl-gpuslice nodes` on the same cluster (hyperfine, RUNS runs),
 # and prints a table, with the load average before and after (the machines are shared).
+# Needs Debian's prometheus (prometheus and promtool) beside the rest.
 #
 #   scripts/bench-console.sh [NODES] [CLAIMS] [RUNS]      (root; defaults 100, 300, 15)
 #
@@ -38,8 +45,12 @@ work=$(mktemp -d /tmp/gpuslice-bench-console.XXXXXX)
 cluster="$work/cluster"
 mkdir "$cluster"
 console_pid=
+prom_pid=
+files_pid=
 cleanup() {
   [ -z "$console_pid" ] || kill "$console_pid" 2>/dev/null || true
+  [ -z "$prom_pid" ] || kill "$prom_pid" 2>/dev/null || true
+  [ -z "$files_pid" ] || kill "$files_pid" 2>/dev/null || true
   scripts/kube-cluster.sh down "$cluster" >/dev/null 2>&1 || true
   rm -rf "$work"
 }
@@ -115,8 +126,80 @@ allocated=$(k get resourceclaims -n default -o json | python3 -c 'import json,sy
 [ "$allocated" = "$claims" ] || { echo "bench-console: only $allocated of $claims claims allocated" >&2; exit 1; }
 echo "cluster: $nodes nodes × 8 GPUs in ResourceSlices, $claims allocated ResourceClaims"
 
+# Prometheus: the live series (a static file on loopback) and their history (promtool).
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+files_port=$(free_port)
+prom_port=$(free_port)
+mkdir -p "$work/live" "$work/prometheus"
+python3 - "$work" "$nodes" "$claims" "$files_port" <<'EOF'
+import sys, time, uuid
+work, nodes, claims, port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+GPUS, GIB = 8, 1 << 30
+now = int(time.time())
+names = [f"bench-node-{n:03d}" for n in range(nodes)]
+series = []  # (name, labels, value now, kind)
+for n, name in enumerate(names):
+    for i in range(GPUS):
+        u = f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'bench-{n}-{i}')}"
+        series.append(("gpuslice_gpu_memory_used_bytes", {"node": name, "uuid": u, "index": str(i)}, (i + 1) * GIB, "gauge"))
+        series.append(("gpuslice_gpu_utilization_ratio", {"node": name, "uuid": u, "index": str(i)}, 0.25, "gauge"))
+    series.append(("container_cpu_usage_seconds_total", {"node": name, "id": "/"}, 10000.0 + n, "counter"))
+    series.append(("container_memory_working_set_bytes", {"node": name, "id": "/"}, (8 + n % 8) * GIB, "gauge"))
+for c in range(claims):
+    node, gpu = c % nodes, (c // nodes) % GPUS
+    u = f"GPU-{uuid.uuid5(uuid.NAMESPACE_DNS, f'bench-{node}-{gpu}')}"
+    l = {"node": names[node], "reservation": f"r-{c:04d}", "namespace": "default", "uuid": u, "index": str(gpu)}
+    series.append(("gpuslice_slice_memory_limit_bytes", l, 20 * GIB, "gauge"))
+    series.append(("gpuslice_slice_memory_used_bytes", l, (c % 4) * GIB, "gauge"))
+    series.append(("gpuslice_slice_compute_limit_ratio", l, 0.1, "gauge"))
+    series.append(("gpuslice_slice_compute_used_ratio", l, 0.05 * (c % 3), "gauge"))
+def fmt(labels):
+    return ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+with open(f"{work}/live/metrics", "w") as f:
+    for name, labels, v, _ in series:
+        f.write(f"{name}{{{fmt(labels)}}} {v}\n")
+# History: one sample a minute for 65 minutes up to 30 s ago; counters rising to their value now.
+times = [now - 65 * 60 + 60 * k for k in range(65)]
+with open(f"{work}/history.om", "w") as f:
+    by = {}
+    for s in series:
+        by.setdefault(s[0], []).append(s)
+    for name, all_ in by.items():
+        f.write(f"# TYPE {name} gauge\n")  # rate() reads any series; OpenMetrics counters need _total families
+        for _, labels, v, kind in all_:
+            labels = dict(labels, job="bench", instance=f"127.0.0.1:{port}")
+            for k, t in enumerate(times):
+                x = v - (now - t) * 0.5 if kind == "counter" else v * (0.5 + 0.5 * ((k % 10) / 10))
+                f.write(f"{name}{{{fmt(labels)}}} {x} {t}\n")
+    f.write("# EOF\n")
+EOF
+promtool tsdb create-blocks-from openmetrics "$work/history.om" "$work/prometheus/data" >/dev/null
+python3 -m http.server --bind 127.0.0.1 --directory "$work/live" "$files_port" >/dev/null 2>&1 &
+files_pid=$!
+cat >"$work/prometheus/prometheus.yml" <<EOF
+global: {scrape_interval: 15s}
+scrape_configs:
+- job_name: bench
+  honor_labels: true
+  static_configs: [{targets: ['127.0.0.1:$files_port']}]
+EOF
+prometheus --config.file="$work/prometheus/prometheus.yml" --storage.tsdb.path="$work/prometheus/data" \
+  --web.listen-address="127.0.0.1:$prom_port" >"$work/prometheus.log" 2>&1 &
+prom_pid=$!
+prom="http://127.0.0.1:$prom_port"
+gpus_in_prometheus() {
+  curl -sf "$prom/api/v1/query?query=count(gpuslice_gpu_memory_used_bytes)" | grep -q "\"$((nodes * 8))\""
+}
+for _ in $(seq 120); do gpus_in_prometheus && break; sleep 0.5; done
+gpus_in_prometheus || { echo "bench-console: Prometheus never held the $((nodes * 8)) GPUs' series:" >&2; tail -20 "$work/prometheus.log" >&2; exit 1; }
+# The queries Prometheus answered (its own counter of HTTP requests to the query APIs).
+queries() {
+  curl -sf "$prom/metrics" | awk '/^prometheus_http_requests_total\{.*handler="\/api\/v1\/query(_range)?"/ { s += $NF } END { print s + 0 }'
+}
+echo "prometheus: $((nodes * 8)) GPUs, $claims slices, $nodes nodes' cAdvisor, 65 minutes of history"
+
 "$target/release/gpuslice" console --listen 127.0.0.1:0 --kubeconfig "$cluster/kubeconfig" \
-  >"$work/console.out" 2>"$work/console.err" &
+  --prometheus "$prom" >"$work/console.out" 2>"$work/console.err" &
 console_pid=$!
 url=
 for _ in $(seq 100); do
@@ -127,18 +210,21 @@ for _ in $(seq 100); do
 done
 [ -n "$url" ] || { echo "bench-console: gpuslice console printed no listening line" >&2; exit 1; }
 
+before=$(queries)
 page=$(node tests/browser/bench.js "$url" "$runs" "$nodes") || {
   echo "bench-console: the page load benchmark failed; console log:" >&2
   cat "$work/console.err" >&2
   exit 1
 }
+after=$(queries)
 hyperfine --runs "$runs" --warmup 1 --export-json "$work/nodes.json.out" --style none \
   "$target/release/kubectl-gpuslice --kubeconfig $cluster/kubeconfig nodes" >/dev/null
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
-python3 - "$page" "$work/nodes.json.out" "$runs" <<'EOF'
+python3 - "$page" "$work/nodes.json.out" "$runs" "$before" "$after" <<'EOF'
 import json, sys
 page = json.loads(sys.argv[1])
+per_load = (int(sys.argv[5]) - int(sys.argv[4])) / int(sys.argv[3])
 r = json.load(open(sys.argv[2]))["results"][0]
 ms = lambda s: s * 1000
 print()
@@ -147,5 +233,7 @@ print("|---|---|---|---|")
 print(f"| first load of / in headless chromium (navigation start → load event) | {page['min']:.0f} ms | {page['median']:.0f} ms | {page['max']:.0f} ms |")
 print(f"| kubectl-gpuslice nodes (wall) | {ms(r['min']):.0f} ms | {ms(r['median']):.0f} ms | {ms(r['max']):.0f} ms |")
 print()
+print(f"Prometheus queries per load of /: {per_load:g} (bound: 4)")
 print("goal: first load of / ≤ 1000 ms median:", "met" if page["median"] <= 1000 else "NOT met")
+sys.exit(0 if per_load <= 4 else 1)
 EOF

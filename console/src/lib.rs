@@ -10,6 +10,7 @@
 pub mod client;
 pub mod edit;
 pub mod fetch;
+pub mod idle;
 pub mod model;
 pub mod render;
 pub mod usage;

@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand};
 use gpuslice_console::fetch::{self, PodScope};
 use gpuslice_console::model::{self, Model};
 use gpuslice_console::render::{self, Output};
-use gpuslice_console::{client, workload};
+use gpuslice_console::{client, idle, workload};
 use serde_json::json;
 
 #[derive(Debug, Parser)]
@@ -56,11 +56,30 @@ enum Command {
         available: bool,
     },
     /// Per pod and container: its slices, memory used vs limit, compute used vs share.
-    Pods,
+    Pods {
+        /// Only idle slices: measured use under --threshold of the limit (memory and compute)
+        /// for the whole --window, largest holding first (needs --prometheus).
+        #[arg(long)]
+        idle: bool,
+        /// With --idle: the threshold, percent of the slice's limit.
+        #[arg(long, default_value = "5", value_parser = parse_threshold, requires = "idle")]
+        threshold: f64,
+        /// With --idle: the window (30m, 1h, 6h, 1d).
+        #[arg(long, default_value = "1h", value_parser = parse_window, requires = "idle")]
+        window: u64,
+    },
     /// Gives a workload's pods a GPU slice each (a ResourceClaimTemplate and a claim).
     Allocate(workload::AllocateArgs),
     /// Undoes `allocate`: the pod template as before, the ResourceClaimTemplate deleted.
     Release(workload::ReleaseArgs),
+}
+
+fn parse_threshold(v: &str) -> Result<f64, String> {
+    idle::parse_threshold(v).map_err(|e| e.to_string())
+}
+
+fn parse_window(v: &str) -> Result<u64, String> {
+    gpuslice_console::usage::parse_window(v).map_err(|e| e.to_string())
 }
 
 fn print_model(cli: &Cli, command: &Command, m: &Model) -> anyhow::Result<()> {
@@ -99,7 +118,7 @@ fn print_model(cli: &Cli, command: &Command, m: &Model) -> anyhow::Result<()> {
                 render::gpus_table(&m.total, &gpus, wide)
             }
         }
-        Command::Pods => {
+        Command::Pods { .. } => {
             let pods: Vec<&model::ContainerSlice> = m.pods.iter().collect();
             if structured {
                 let v = json!({"pods": pods, "usageUnavailable": m.usage_unavailable});
@@ -121,10 +140,39 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| cluster.default_namespace.clone());
     match &cli.command {
-        Command::Nodes { .. } | Command::Gpus { .. } | Command::Pods => {
+        Command::Pods {
+            idle: true,
+            threshold,
+            window,
+        } => {
+            let opts = idle::IdleOptions {
+                threshold_percent: *threshold,
+                window: *window,
+            };
+            let only: Option<BTreeSet<String>> =
+                (!cli.all_namespaces).then(|| BTreeSet::from([namespace.clone()]));
+            let rows = idle::fetch_rows(
+                &cluster.client,
+                cli.prometheus.as_deref(),
+                only.as_ref(),
+                &opts,
+            )
+            .await?;
+            let text = match cli.output {
+                Some(o @ (Output::Json | Output::Yaml)) => render::encode(
+                    &json!({"idle": rows, "thresholdPercent": opts.threshold_percent, "windowSeconds": opts.window}),
+                    o,
+                )?,
+                _ => {
+                    render::idle_table(&rows, cli.all_namespaces, cli.output == Some(Output::Wide))
+                }
+            };
+            print!("{text}");
+        }
+        Command::Nodes { .. } | Command::Gpus { .. } | Command::Pods { .. } => {
             let scope = match (&cli.command, cli.all_namespaces) {
-                (Command::Pods, true) => PodScope::All,
-                (Command::Pods, false) => PodScope::Namespace(namespace.clone()),
+                (Command::Pods { .. }, true) => PodScope::All,
+                (Command::Pods { .. }, false) => PodScope::Namespace(namespace.clone()),
                 _ => PodScope::None,
             };
             let src = fetch::sources(&cluster.client, &scope, cli.prometheus.as_deref()).await?;

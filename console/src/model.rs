@@ -121,6 +121,8 @@ pub struct ContainerSlice {
     pub cores_used: Option<f64>,
     /// The containers of a pod that use one claim share one slice.
     pub shared_with: Vec<String>,
+    /// The pod's workload, `kind/name` ([`workload_of`]).
+    pub workload: String,
 }
 
 /// Everything the views show.
@@ -135,6 +137,16 @@ pub struct Model {
     pub usage_unavailable: Option<String>,
     /// Things the model could not place (a claim on a device no slice publishes, …).
     pub warnings: Vec<String>,
+}
+
+/// A GPU as a person names it: `node/gpu-0 (H200)` (the model less its vendor prefix).
+pub fn gpu_label(node: &str, device: &str, model: &str) -> String {
+    let short = model.strip_prefix("NVIDIA ").unwrap_or(model).trim();
+    if short.is_empty() {
+        format!("{node}/{device}")
+    } else {
+        format!("{node}/{device} ({short})")
+    }
 }
 
 /// The name of the cluster total row.
@@ -208,13 +220,22 @@ fn bookings(
 /// The exporter series of a claim's slice on GPU `uuid` (GPU UUIDs are unique, so the join
 /// needs no node name, which the exporter may spell as the host name): the claim's
 /// reservation carries its namespace and no pod, and its memory limit is the claim's consumed
-/// memory. `None` when no series, or more than one, fits (two claims of one namespace with the
-/// same size on one GPU cannot be told apart from the exporter's labels).
+/// memory. `None` when no series, or more than one, fits, and when another claim of `on_gpu`
+/// (the claims on that GPU) has the same namespace and size: two such claims cannot be told
+/// apart from the exporter's labels, even while only one of them has a series.
 pub fn claim_series<'a>(
     usage: &'a Usage,
     uuid: &str,
     claim: &ClaimOnGpu,
+    on_gpu: &[ClaimOnGpu],
 ) -> Option<&'a SliceUsage> {
+    let twins = on_gpu
+        .iter()
+        .filter(|c| c.namespace == claim.namespace && c.memory == claim.memory)
+        .count();
+    if twins > 1 {
+        return None;
+    }
     let mut found = usage.slices.iter().filter(|s| {
         s.uuid == uuid
             && s.pod.is_empty()
@@ -276,8 +297,12 @@ pub fn build(src: &Sources, namespaces: Option<&BTreeSet<String>>) -> Model {
             let gpu_usage = usage.and_then(|u| u.gpus.get(&uuid));
             let mut idle_slices = gpu_usage.map(|_| 0);
             if let Some(u) = usage.filter(|_| gpu_usage.is_some()) {
-                for c in &mut claims {
-                    c.idle = claim_series(u, &uuid, c).and_then(is_idle);
+                let idle: Vec<Option<bool>> = claims
+                    .iter()
+                    .map(|c| claim_series(u, &uuid, c, &claims).and_then(is_idle))
+                    .collect();
+                for (c, idle) in claims.iter_mut().zip(idle) {
+                    c.idle = idle;
                     if c.idle == Some(true) {
                         idle_slices = idle_slices.map(|n| n + 1);
                     }
@@ -371,6 +396,33 @@ fn add_gpu(n: &mut NodeView, g: &GpuView) {
     n.largest_free_memory = n.largest_free_memory.max(g.memory.free);
 }
 
+/// The workload a pod belongs to, as `kind/name`: its controller owner, a ReplicaSet's pod
+/// named by its Deployment (the ReplicaSet's name less the pod's `pod-template-hash`
+/// label); `pod/NAME` for a pod without a controller.
+pub fn workload_of(pod: &Pod) -> String {
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let Some(owner) = pod
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+    else {
+        return format!("pod/{name}");
+    };
+    let hash = pod
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get("pod-template-hash"));
+    if owner.kind == "ReplicaSet" {
+        if let Some(deployment) = hash.and_then(|h| owner.name.strip_suffix(&format!("-{h}"))) {
+            return format!("deployment/{deployment}");
+        }
+    }
+    format!("{}/{}", owner.kind.to_ascii_lowercase(), owner.name)
+}
+
 /// The pod's claim name for its entry `entry` of `spec.resourceClaims`.
 fn pod_claim_name(pod: &Pod, entry: &str) -> Option<String> {
     let spec = pod.spec.as_ref()?;
@@ -431,7 +483,8 @@ fn container_slices(
                 else {
                     continue;
                 };
-                let series = usage.and_then(|u| claim_series(u, &g.uuid, c));
+                let series = usage.and_then(|u| claim_series(u, &g.uuid, c, &g.claims));
+                let workload = workload_of(pod);
                 for container in containers {
                     out.push(ContainerSlice {
                         namespace: namespace.clone(),
@@ -451,6 +504,7 @@ fn container_slices(
                             .filter(|o| *o != container)
                             .cloned()
                             .collect(),
+                        workload: workload.clone(),
                     });
                 }
             }
@@ -485,6 +539,14 @@ fn container_slices(
                     .unwrap_or(0),
                 cores_used: s.compute_used.map(|r| r * 100.0),
                 shared_with: Vec::new(),
+                workload: src
+                    .pods
+                    .iter()
+                    .find(|p| {
+                        p.metadata.namespace.as_deref() == Some(s.namespace.as_str())
+                            && p.metadata.name.as_deref() == Some(s.pod.as_str())
+                    })
+                    .map_or_else(|| format!("pod/{}", s.pod), workload_of),
             });
         }
     }
@@ -776,18 +838,28 @@ pub(crate) mod tests {
             pods: vec![],
             idle: None,
         };
-        assert!(claim_series(&u, "GPU-NVIDIA-H200-0", &c).is_none());
-        assert!(claim_series(&u, "GPU-NVIDIA-H200-1", &c).is_some());
+        let alone = [c.clone()];
+        assert!(claim_series(&u, "GPU-NVIDIA-H200-0", &c, &alone).is_none());
+        assert!(claim_series(&u, "GPU-NVIDIA-H200-1", &c, &alone).is_some());
+        // A same-sized claim of the namespace on the GPU without a series of its own: the
+        // one series could be either's.
+        let twin = ClaimOnGpu {
+            name: "pair-twin".into(),
+            ..c.clone()
+        };
+        let twins = [c.clone(), twin.clone()];
+        assert!(claim_series(&u, "GPU-NVIDIA-H200-1", &c, &twins).is_none());
+        assert!(claim_series(&u, "GPU-NVIDIA-H200-1", &twin, &twins).is_none());
         let other_ns = ClaimOnGpu {
             namespace: "web".into(),
             ..c.clone()
         };
-        assert!(claim_series(&u, "GPU-NVIDIA-H200-1", &other_ns).is_none());
+        assert!(claim_series(&u, "GPU-NVIDIA-H200-1", &other_ns, &alone).is_none());
         let other_size = ClaimOnGpu {
             memory: 11 * GIB,
             ..c
         };
-        assert!(claim_series(&u, "GPU-NVIDIA-H200-1", &other_size).is_none());
+        assert!(claim_series(&u, "GPU-NVIDIA-H200-1", &other_size, &alone).is_none());
     }
 
     pub fn pod(ns: &str, name: &str, entry: &str, claim: &str, containers: &[(&str, bool)]) -> Pod {

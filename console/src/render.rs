@@ -295,6 +295,57 @@ pub fn pods_table(pods: &[&ContainerSlice], all_namespaces: bool, wide: bool) ->
     table(&header, &rows)
 }
 
+/// `kubectl gpuslice pods --idle`: one row per idle slice, largest holding first.
+pub fn idle_table(rows: &[crate::idle::IdleSlice], all_namespaces: bool, wide: bool) -> String {
+    let mut header = Vec::new();
+    if all_namespaces {
+        header.push("NAMESPACE");
+    }
+    header.extend([
+        "WORKLOAD",
+        "PODS",
+        "CLAIM",
+        "GPU",
+        "MEMORY HELD",
+        "MAX USED",
+        "CORES SHARE",
+        "MAX CORES USED",
+    ]);
+    if wide {
+        header.push("UUID");
+    }
+    let mut out = Vec::new();
+    for r in rows {
+        let mut row = Vec::new();
+        if all_namespaces {
+            row.push(r.namespace.clone());
+        }
+        row.extend([
+            r.workload.clone(),
+            if r.pods.is_empty() {
+                "-".into()
+            } else {
+                r.pods.join(",")
+            },
+            r.claim.clone().unwrap_or_else(|| "(annotation)".into()),
+            crate::model::gpu_label(&r.node, &r.device, &r.model),
+            bytes(r.memory_held),
+            mem_pct(r.memory_used_max, r.memory_held),
+            if r.cores_share == 0 {
+                "-".into()
+            } else {
+                r.cores_share.to_string()
+            },
+            format!("{:.0}", r.cores_used_max),
+        ]);
+        if wide {
+            row.push(r.uuid.clone());
+        }
+        out.push(row);
+    }
+    table(&header, &out)
+}
+
 /// `-o json` / `-o yaml` of any view.
 pub fn encode<T: Serialize>(value: &T, output: Output) -> Result<String, RenderError> {
     Ok(match output {
@@ -512,6 +563,7 @@ mod tests {
             cores_share: 30,
             cores_used: Some(28.0),
             shared_with: vec![],
+            workload: "deployment/train".into(),
         });
         let rows: Vec<&ContainerSlice> = src_pods.iter().collect();
         let t = pods_table(&rows, true, false);

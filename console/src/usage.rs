@@ -36,6 +36,79 @@ pub enum UsageError {
     NoSeries { url: String },
     #[error("Prometheus at {url} answered no vector ({detail})")]
     Answer { url: String, detail: String },
+    #[error("window `{value}` is not a duration; accepted: a whole number with s, m, h or d from 1m to 30d, e.g. 1h")]
+    Window { value: String },
+}
+
+/// The time span of a chart: `start..=end` unix seconds, one point per `step` seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    pub start: u64,
+    pub end: u64,
+    pub step: u64,
+}
+
+/// The most points a chart asks for (a 480-pixel chart shows no more).
+pub const CHART_POINTS: u64 = 60;
+/// The points of a list's sparkline (96 pixels wide): 1h at 2 minutes.
+pub const SPARK_POINTS: u64 = 30;
+/// The finest step: no scrape interval in use is shorter.
+pub const MIN_STEP: u64 = 15;
+
+impl Span {
+    /// The last `window` seconds before `now`, with [`step_for`]'s step; `end` and `start`
+    /// on multiples of the step, so that two loads in one step ask Prometheus the same.
+    pub fn last(window: u64, now: u64) -> Span {
+        Span::last_points(window, now, CHART_POINTS)
+    }
+
+    /// [`Span::last`] with `points` points (a list's sparklines need fewer than a chart).
+    pub fn last_points(window: u64, now: u64, points: u64) -> Span {
+        let step = window.div_ceil(points.max(1)).max(MIN_STEP);
+        let end = now - now % step;
+        Span {
+            start: end.saturating_sub(window),
+            end,
+            step,
+        }
+    }
+}
+
+/// The step of a chart over `window` seconds: [`CHART_POINTS`] points, never finer than
+/// [`MIN_STEP`] (1h: 60s, 6h: 6m, 1d: 24m).
+pub fn step_for(window: u64) -> u64 {
+    window.div_ceil(CHART_POINTS).max(MIN_STEP)
+}
+
+/// Parses a window (`30m`, `1h`, `6h`, `1d`, `90s`) into seconds, 1 minute to 30 days.
+pub fn parse_window(value: &str) -> Result<u64, UsageError> {
+    let err = || UsageError::Window {
+        value: value.to_string(),
+    };
+    let v = value.trim();
+    let unit = v.chars().last().ok_or_else(err)?;
+    let n: u64 = v[..v.len() - unit.len_utf8()].parse().map_err(|_| err())?;
+    let secs = match unit {
+        's' => n,
+        'm' => n.checked_mul(60).ok_or_else(err)?,
+        'h' => n.checked_mul(3600).ok_or_else(err)?,
+        'd' => n.checked_mul(86400).ok_or_else(err)?,
+        _ => return Err(err()),
+    };
+    if !(60..=30 * 86400).contains(&secs) {
+        return Err(err());
+    }
+    Ok(secs)
+}
+
+/// A window in the shortest spelling [`parse_window`] reads back (`1h`, `90m`, `45s`).
+pub fn format_window(secs: u64) -> String {
+    for (unit, n) in [("d", 86400), ("h", 3600), ("m", 60)] {
+        if secs.is_multiple_of(n) {
+            return format!("{}{unit}", secs / n);
+        }
+    }
+    format!("{secs}s")
 }
 
 /// Measured use of one GPU, keyed by its UUID.
@@ -230,15 +303,10 @@ pub fn parse_range_answer(url: &str, body: &[u8]) -> Result<Vec<Series>, UsageEr
         .collect())
 }
 
-/// Runs one range query (`start`..`end` unix seconds, one point per `step` seconds).
-pub async fn query_range(
-    base: &str,
-    promql: &str,
-    start: u64,
-    end: u64,
-    step: u64,
-) -> Result<Vec<Series>, UsageError> {
+/// Runs one range query over `span`.
+pub async fn query_range(base: &str, promql: &str, span: Span) -> Result<Vec<Series>, UsageError> {
     let encoded: String = form_urlencoded::byte_serialize(promql.as_bytes()).collect();
+    let Span { start, end, step } = span;
     let body = get(
         base,
         &format!("/api/v1/query_range?query={encoded}&start={start}&end={end}&step={step}"),
@@ -386,6 +454,28 @@ mod tests {
             e.starts_with("Prometheus at http://127.0.0.1:1 is unreachable"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn windows_parse_and_spans_keep_sixty_points_on_step_multiples() {
+        assert_eq!(parse_window("1h").unwrap(), 3600);
+        assert_eq!(parse_window("90m").unwrap(), 5400);
+        assert_eq!(parse_window("1d").unwrap(), 86400);
+        for bad in ["", "h", "5", "1w", "30s", "31d", "-1h", "1.5h"] {
+            let e = parse_window(bad).unwrap_err().to_string();
+            assert!(
+                e.contains("accepted: a whole number with s, m, h or d"),
+                "{bad}: {e}"
+            );
+        }
+        assert_eq!(format_window(3600), "1h");
+        assert_eq!(format_window(5400), "90m");
+        assert_eq!(
+            (step_for(3600), step_for(21600), step_for(600)),
+            (60, 360, 15)
+        );
+        let s = Span::last(3600, 100_030);
+        assert_eq!((s.start, s.end, s.step), (96_420, 100_020, 60));
     }
 
     #[test]

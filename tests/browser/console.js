@@ -10,10 +10,18 @@
 //   screenshots: DIR,                        optional: PNGs written there
 //   mode: "edit allowed" | "read-only",      what <p id="mode"> says
 //   rights: TEXT,                            <p id="rights"> contains it (context or user)
+//   prometheus?: URL,                        the Prometheus the console reads (charts are
+//                                            compared with its range queries)
 //   pages: [{ path, name, table?, key?, rows?, exact?, first?, links?, missing?, absent?,
-//             sparklines?, charts?, status?, contains?, screenshot? }],
+//             sparklines?, charts?, sliceMaps?, status?, contains?, screenshot?, width? }],
 //            (missing: div.source-missing data-source values that must be there, absent:
-//            ones that must not)
+//            ones that must not; charts: [{ selector, query, minPoints? }] covering every
+//            svg.chart and svg.sparkline of the page: each one's data-values must equal the
+//            range query `query` over its data-start, data-end and data-step (series summed
+//            per time), and its polyline must draw exactly those points; sliceMaps:
+//            { UUID: { memory: CAPACITY, segments: [{ claim, pod, booked }] } }: the node
+//            page's memory bar of that GPU has exactly these segments, each as wide as its
+//            share of the capacity and linked to its pod's row; width: the viewport width)
 //   filter?: { available: [NODE…] },         a#filter-available on / keeps exactly these
 //   steps?: [{ do: "allocate"|"release"|"read-only", workload: "NS/KIND/NAME", … }]
 // }
@@ -52,6 +60,15 @@ function checkCell(where, want, cell) {
     if (text !== want) fail(where, `want text ${JSON.stringify(want)}, got ${JSON.stringify(text)}`);
     return;
   }
+  if (want.measured !== undefined) {
+    // A measured column: its value is the last point of its own sparkline (which the charts
+    // check compares with Prometheus's range query `want.measured`), and not nothing.
+    if (value === null || cell.last === null) fail(where, `want a measured value with its sparkline (${want.measured}), got text ${JSON.stringify(text)} data-value ${JSON.stringify(value)}`);
+    const scale = where.endsWith('col cpu') ? 1000 : 1;
+    if (Number(value) !== Math.round(Math.max(cell.last, 0) * scale)) fail(where, `data-value ${value} is not the sparkline's last point ${cell.last}`);
+    if (!where.endsWith('col cpu') && !(Number(value) > 0)) fail(where, `a working set of ${value} bytes`);
+    return;
+  }
   if (want.approx !== undefined) {
     const got = Number(value);
     if (value === null || Math.abs(got - want.approx) > (want.tol ?? 0)) {
@@ -72,7 +89,7 @@ function checkCell(where, want, cell) {
 async function checkFrame(page, where, spec, name) {
   const title = await page.title();
   if (!title.startsWith(name)) fail(where, `<title> ${JSON.stringify(title)} does not start with ${JSON.stringify(name)}`);
-  for (const [href, label] of [['/', 'Nodes'], ['/pods', 'Pods'], ['/workloads', 'Workloads']]) {
+  for (const [href, label] of [['/', 'Nodes'], ['/pods', 'Pods'], ['/idle', 'Idle'], ['/workloads', 'Workloads']]) {
     const link = page.locator(`nav a[href="${href}"]`);
     if ((await link.count()) !== 1) fail(where, `<nav> has no single a[href="${href}"]`);
     const text = (await link.textContent()).trim();
@@ -111,7 +128,11 @@ async function rows(page, id, keys) {
         .map((tr) => {
           const cells = {};
           for (const td of tr.querySelectorAll('[data-col]')) {
-            cells[td.dataset.col] = { text: td.textContent.trim(), value: td.getAttribute('data-value') };
+            // A value cell of the lists: its value is in span.v (beside its bar and sparkline).
+            const v = td.querySelector(':scope > span.v');
+            const spark = (td.querySelector('svg.sparkline')?.getAttribute('data-values') ?? '').split(' ').filter((x) => x);
+            const last = spark.length ? Number(spark[spark.length - 1].split(':')[1]) : null;
+            cells[td.dataset.col] = { text: (v ?? td).textContent.trim(), value: td.getAttribute('data-value'), last };
           }
           return {
             key: keys.map((k) => tr.getAttribute(k)).join(' '),
@@ -180,12 +201,110 @@ async function checkPage(page, spec, p) {
       for (const href of p.links?.[key] ?? []) if (!r.links.includes(href)) fail(where, `row ${key}: no link to ${href} (links: ${r.links})`);
     }
   }
-  for (const uuid of p.charts ?? []) {
-    const chart = page.locator(`svg.chart[data-gpu="${uuid}"]`);
-    if ((await chart.count()) !== 1) fail(where, `no single svg.chart[data-gpu="${uuid}"]`);
-    if ((await chart.locator('text').count()) < 2) fail(where, `svg.chart of ${uuid} has no axis labels`);
+  if (p.charts !== undefined) await checkCharts(page, where, p.charts);
+  for (const [uuid, want] of Object.entries(p.sliceMaps ?? {})) await checkSliceMap(page, where, uuid, want);
+  const noData = await page.$$eval('.no-data', (els) => els.map((e) => e.textContent.trim()));
+  for (const t of noData) if (!t.startsWith('no data yet')) fail(where, `a .no-data element reads ${JSON.stringify(t)}`);
+  if (p.width) {
+    await page.setViewportSize({ width: p.width, height: 900 });
+    const over = await page.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
+    if (over > 0) fail(where, `at ${p.width} px the page is ${over} px wider than the window`);
   }
   await shot(page, spec, p.screenshot);
+  if (p.width) await page.setViewportSize({ width: 1400, height: 900 });
+}
+
+/** Prometheus's range query `query` over the chart's span: [[t, v]…], series summed per time. */
+async function rangeQuery(query, start, end, step) {
+  const url = `${spec.prometheus}/api/v1/query_range?query=${encodeURIComponent(query)}&start=${start}&end=${end}&step=${step}`;
+  const answer = await (await fetch(url)).json();
+  if (answer.status !== 'success') throw new Mismatch(`Prometheus ${url}: ${JSON.stringify(answer)}`);
+  const sums = new Map();
+  for (const s of answer.data.result) for (const [t, v] of s.values) sums.set(t, (sums.get(t) ?? 0) + Number(v));
+  return [...sums.entries()].sort((a, b) => a[0] - b[0]);
+}
+
+async function checkCharts(page, where, charts) {
+  const all = await page.$$eval('svg.chart, svg.sparkline', (els) => els.length);
+  if (all !== charts.length) fail(where, `${all} chart(s) on the page, the test expects ${charts.length}: ${JSON.stringify(charts.map((c) => c.selector))}`);
+  for (const c of charts) {
+    const got = await page.$$eval(c.selector, (els) =>
+      els.map((e) => ({
+        start: e.getAttribute('data-start'),
+        end: e.getAttribute('data-end'),
+        step: e.getAttribute('data-step'),
+        top: Number(e.getAttribute('data-top')),
+        values: (e.getAttribute('data-values') ?? '').split(' ').filter((x) => x).map((x) => x.split(':').map(Number)),
+        line: (e.querySelector('polyline')?.getAttribute('points') ?? '').split(' ').filter((x) => x).map((x) => x.split(',').map(Number)),
+        box: e.getAttribute('viewBox'),
+        labels: e.querySelectorAll('text.axis-label').length,
+        titles: [...e.querySelectorAll('text.axis-title')].map((t) => t.textContent),
+        chart: e.classList.contains('chart'),
+      })),
+    );
+    if (got.length !== 1) fail(where, `${got.length} elements match ${c.selector}, want 1`);
+    const [g] = got;
+    const w = `${where} ${c.selector}`;
+    const want = await rangeQuery(c.query, g.start, g.end, g.step);
+    if (want.length < (c.minPoints ?? 1)) fail(w, `the range query ${c.query} has ${want.length} point(s), the test wants at least ${c.minPoints ?? 1} (history)`);
+    if (JSON.stringify(g.values) !== JSON.stringify(want)) {
+      fail(w, `plotted points ${JSON.stringify(g.values)} differ from the range query ${c.query} over ${g.start}..${g.end} step ${g.step}: ${JSON.stringify(want)}`);
+    }
+    if (g.line.length !== want.length) fail(w, `the polyline draws ${g.line.length} points, the data ${want.length}`);
+    // Each drawn y is the value's height in the plot (higher value, smaller y), where the
+    // change is large enough to show at the drawn precision (0.01 of a unit of the box).
+    const boxH = Number((g.box ?? '0 0 0 0').split(' ')[3]);
+    for (let i = 1; i < want.length; i += 1) {
+      const dv = want[i][1] - want[i - 1][1];
+      const dy = g.line[i][1] - g.line[i - 1][1];
+      const visible = (Math.abs(dv) / g.top) * boxH > 0.1;
+      if ((visible && dv > 0 && !(dy < 0)) || (visible && dv < 0 && !(dy > 0)) || (dv === 0 && Math.abs(dy) > 0.01)) {
+        fail(w, `point ${i}: value ${want[i - 1][1]} -> ${want[i][1]} drawn from y ${g.line[i - 1][1]} to ${g.line[i][1]}`);
+      }
+    }
+    if (g.chart) {
+      if (g.labels < 6) fail(w, `${g.labels} axis labels, want values and times on both axes`);
+      if (!g.titles.some((t) => t.includes('time')) || !g.titles.some((t) => /\((bytes|CPU cores)\)/.test(t))) {
+        fail(w, `axis titles ${JSON.stringify(g.titles)} do not name time and the unit`);
+      }
+    }
+  }
+}
+
+async function checkSliceMap(page, where, uuid, want) {
+  const w = `${where} slice map of ${uuid}`;
+  const got = await page.$$eval(`div.gpu-map[data-gpu="${uuid}"] .slice-map[data-resource="memory"]`, (maps) =>
+    maps.map((m) => ({
+      capacity: Number(m.dataset.capacity),
+      inner: m.clientWidth,
+      segments: [...m.querySelectorAll('a.segment')].map((a) => ({
+        claim: a.dataset.claim,
+        pod: a.dataset.pod,
+        booked: Number(a.dataset.booked),
+        href: a.getAttribute('href'),
+        width: a.getBoundingClientRect().width,
+      })),
+      free: m.querySelector('.free')?.getBoundingClientRect().width ?? 0,
+    })),
+  );
+  if (got.length !== 1) fail(w, `${got.length} memory bars, want 1`);
+  const [m] = got;
+  if (m.capacity !== want.memory) fail(w, `capacity ${m.capacity}, want ${want.memory}`);
+  const key = (s) => `${s.claim} ${s.pod} ${s.booked}`;
+  const have = m.segments.map(key).sort();
+  const expect = want.segments.map(key).sort();
+  if (JSON.stringify(have) !== JSON.stringify(expect)) fail(w, `segments ${JSON.stringify(have)}, want ${JSON.stringify(expect)}`);
+  let booked = 0;
+  for (const s of m.segments) {
+    booked += s.booked;
+    const px = (s.booked / m.capacity) * m.inner;
+    if (Math.abs(s.width - px) > 1.5) fail(w, `segment ${s.claim}: ${s.width.toFixed(1)} px wide, its booking ${s.booked} of ${m.capacity} is ${px.toFixed(1)} px of ${m.inner}`);
+    const ns = s.claim.split('/')[0];
+    const href = `/pods?namespace=${ns}#pod-${ns}-${s.pod}`;
+    if (s.href !== href) fail(w, `segment ${s.claim} links to ${s.href}, want its pod's row ${href}`);
+  }
+  const freePx = ((m.capacity - booked) / m.capacity) * m.inner;
+  if (Math.abs(m.free - freePx) > 1.5) fail(w, `the free part is ${m.free.toFixed(1)} px, want ${freePx.toFixed(1)}`);
 }
 
 async function checkFilter(page, spec) {

@@ -18,9 +18,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gpuslice_e2e::kube::{wait_for, KubeCluster};
+use gpuslice_e2e::kube_node::{claim_template, pod as kube_pod, wait_for_or, KubeNode};
 use gpuslice_e2e::kubelet::claim as kubelet_claim;
 use gpuslice_e2e::kubelet_plugin::{deployment, pod, resource_claim, slice_of, KubeletPlugin};
-use gpuslice_e2e::prometheus::Prometheus;
+use gpuslice_e2e::prometheus::{kubelet_cadvisor, openmetrics, Prometheus};
 use gpuslice_e2e::published::{published, PublishedGpu as Gpu, Share};
 use gpuslice_e2e::serve::{value, Exporter, Series};
 use gpuslice_e2e::{bin, env::workspace, serial, TestNode};
@@ -31,6 +32,87 @@ const STEP: Duration = Duration::from_secs(90);
 /// The kubeconfig context of scripts/kube-cluster.sh, which the pages name as their rights.
 const CONTEXT: &str = "gpuslice-test";
 const L4: &str = "device.attributes[\"gpuslice.io\"].productName == \"NVIDIA L4\"";
+/// The points a chart over the last hour must have from the history the test writes (one a
+/// minute; the console asks for 61).
+const HISTORY_POINTS: u64 = 55;
+/// The same for a list's sparkline (the console asks for 31, one per 2 minutes).
+const SPARK_POINTS: u64 = 27;
+/// A list's sparkline's step, seconds.
+const SPARK_STEP: u64 = 120;
+/// A phone's width in CSS pixels: the pages must not scroll sideways at it.
+const PHONE: u64 = 390;
+/// How far back the test's history goes: more than the idle window (1h) and the charts.
+const HISTORY_SECONDS: u64 = 75 * 60;
+
+/// Unix seconds now.
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// The history the test writes into Prometheus before it starts (OpenMetrics for promtool):
+/// [`HISTORY_SECONDS`] up to 30 s before `now`, one sample a minute, of every series the
+/// exporters export now, with the `job` and `instance` labels Prometheus gives their
+/// scrapes: GPU memory used as now plus a saw-tooth of up to 11 × 256Mi, slice limits as
+/// now, the memory used of the slices whose (UUID, limit) is in `busy` at half their limit
+/// and of every other slice 0, compute used 0. The slices not in `busy` are thus idle over
+/// any window up to an hour.
+fn history(exporters: &[Exporter], busy: &[(String, u64)], now: u64) -> String {
+    let times: Vec<u64> = (0..)
+        .map(|i| now - HISTORY_SECONDS + i * 60)
+        .take_while(|t| *t <= now - 30)
+        .collect();
+    let mut out = Vec::new();
+    for e in exporters {
+        let scrape = e.scrape();
+        for s in &scrape {
+            let mut labels = s.labels.clone();
+            labels
+                .entry("job".into())
+                .or_insert_with(|| "gpuslice".into());
+            labels
+                .entry("instance".into())
+                .or_insert_with(|| e.addr.to_string());
+            let limit = || {
+                scrape
+                    .iter()
+                    .find(|l| l.name == "gpuslice_slice_memory_limit_bytes" && l.labels == s.labels)
+                    .map(|l| l.value as u64)
+            };
+            let value = |i: usize| -> Option<f64> {
+                match s.name.as_str() {
+                    "gpuslice_gpu_memory_used_bytes" => {
+                        Some(s.value + ((i % 12) as f64) * (256u64 << 20) as f64)
+                    }
+                    "gpuslice_slice_memory_limit_bytes" | "gpuslice_slice_compute_limit_ratio" => {
+                        Some(s.value)
+                    }
+                    "gpuslice_slice_memory_used_bytes"
+                    | "gpuslice_slice_nvml_memory_used_bytes" => {
+                        let l = limit()?;
+                        let busy = busy
+                            .iter()
+                            .any(|(u, m)| s.labels.get("uuid") == Some(u) && *m == l);
+                        Some(if busy { (l / 2) as f64 } else { 0.0 })
+                    }
+                    "gpuslice_slice_compute_used_ratio" => Some(0.0),
+                    _ => None,
+                }
+            };
+            let samples: Vec<(u64, f64)> = times
+                .iter()
+                .enumerate()
+                .filter_map(|(i, t)| Some((*t, value(i)?)))
+                .collect();
+            if !samples.is_empty() {
+                out.push((s.name.clone(), labels, samples));
+            }
+        }
+    }
+    openmetrics(&out)
+}
 
 /// Where the screenshots go: `GPUSLICE_SCREENSHOT_DIR`, else the target's tmp dir.
 fn screenshot_dir() -> PathBuf {
@@ -193,6 +275,26 @@ impl Measured {
         .map(|v| (v * 100.0).round() as u64)
     }
 
+    /// The labels of the slice series of `share` (matched on UUID, namespace and limit, as
+    /// documented).
+    fn slice_labels(&self, share: &Share) -> Option<BTreeMap<String, String>> {
+        let ns = share.claim.split('/').next().unwrap();
+        let limits: Vec<&Series> = self
+            .series
+            .iter()
+            .filter(|s| {
+                s.name == "gpuslice_slice_memory_limit_bytes"
+                    && s.labels.get("uuid") == Some(&share.uuid)
+                    && s.labels.get("namespace").map(String::as_str) == Some(ns)
+                    && s.value as u64 == share.memory
+            })
+            .collect();
+        let [one] = limits.as_slice() else {
+            return None;
+        };
+        Some(one.labels.clone())
+    }
+
     /// The slice series of `share` (matched on UUID, namespace and limit, as documented).
     fn slice(&self, share: &Share, name: &str) -> Option<u64> {
         let ns = share.claim.split('/').next().unwrap();
@@ -308,18 +410,43 @@ fn figure_pages(
         rows.insert(name.clone(), row(gs));
         links.insert(name.clone(), json!([format!("/nodes/{name}")]));
     }
+    // Every chart of the Nodes list: each row's GPU memory used, the sum of its GPUs'.
+    let sum_of = |gs: &[&Gpu]| {
+        let uuids: Vec<&str> = gs.iter().map(|g| g.uuid.as_str()).collect();
+        format!(
+            "sum(gpuslice_gpu_memory_used_bytes{{uuid=~\"{}\"}})",
+            uuids.join("|")
+        )
+    };
+    let mut node_charts = vec![json!({
+        "selector": "tr[data-node=\"(total)\"] svg.sparkline[data-chart=\"gpu-memory\"]",
+        "query": sum_of(&all), "minPoints": SPARK_POINTS,
+    })];
+    for (name, gs) in &nodes {
+        node_charts.push(json!({
+            "selector": format!("tr[data-node=\"{name}\"] svg.sparkline[data-chart=\"gpu-memory\"]"),
+            "query": sum_of(gs), "minPoints": SPARK_POINTS,
+        }));
+    }
     let mut pages = vec![json!({
         "path": "/", "name": "Nodes", "table": "nodes", "key": "data-node",
         "first": "(total)", "rows": rows, "links": links,
         "sparklines": measured.is_some(),
+        "charts": if measured.is_some() { json!(node_charts) } else { json!([]) },
         "missing": if measured.is_some() {
-            json!([format!("plugin:{node_without_plugin}")])
+            // No kubelet here: cAdvisor's CPU and memory are a missing source.
+            json!([format!("plugin:{node_without_plugin}"), "cadvisor"])
         } else {
             json!([format!("plugin:{node_without_plugin}"), "prometheus"])
         },
         "absent": if measured.is_some() { json!(["prometheus"]) } else { json!([]) },
         "screenshot": format!("{shot}nodes.png"),
     })];
+    if measured.is_some() && shot.is_empty() {
+        pages.push(json!({
+            "path": "/", "name": "Nodes", "width": PHONE, "screenshot": "nodes-phone.png",
+        }));
+    }
     for (name, gs) in &nodes {
         let mut rows = Map::new();
         for g in gs {
@@ -329,6 +456,7 @@ fn figure_pages(
             rows.insert(
                 g.uuid.clone(),
                 json!({
+                    "gpu": format!("{name}/gpu-{} ({})", g.index, g.model.trim_start_matches("NVIDIA ")),
                     "index": g.index,
                     "model": g.model,
                     "memory-capacity": g.memory,
@@ -341,13 +469,46 @@ fn figure_pages(
                 }),
             );
         }
+        // Each GPU's slice map: a segment per claim's booking, linked to its pod.
+        let mut maps = Map::new();
+        for g in gs {
+            let segments: Vec<Value> = shares
+                .iter()
+                .filter(|s| s.uuid == g.uuid)
+                .map(|s| {
+                    let (ns, claim) = s.claim.split_once('/').unwrap();
+                    let c = cluster.get_json(&["resourceclaim", claim, "-n", ns]);
+                    let pod = c["status"]["reservedFor"][0]["name"].as_str().unwrap_or("");
+                    json!({"claim": s.claim, "pod": pod, "booked": s.memory})
+                })
+                .collect();
+            maps.insert(
+                g.uuid.clone(),
+                json!({"memory": g.memory, "segments": segments}),
+            );
+        }
+        let charts: Vec<Value> = gs
+            .iter()
+            .map(|g| {
+                json!({
+                    "selector": format!("svg.chart[data-gpu=\"{}\"]", g.uuid),
+                    "query": format!("gpuslice_gpu_memory_used_bytes{{uuid=\"{}\"}}", g.uuid),
+                    "minPoints": HISTORY_POINTS,
+                })
+            })
+            .collect();
         pages.push(json!({
             "path": format!("/nodes/{name}"), "name": "Node", "table": "gpus", "key": "data-gpu",
-            "exact": true, "rows": rows,
-            "charts": if measured.is_some() { json!(gs.iter().map(|g| g.uuid.clone()).collect::<Vec<_>>()) } else { json!([]) },
+            "exact": true, "rows": rows, "sliceMaps": maps,
+            "charts": if measured.is_some() { json!(charts) } else { json!([]) },
             "missing": if measured.is_some() { json!([]) } else { json!(["prometheus"]) },
             "absent": if measured.is_some() { json!(["prometheus"]) } else { json!([]) },
             "screenshot": if name == "node-a" { json!(format!("{shot}node.png")) } else { Value::Null },
+        }));
+    }
+    if measured.is_some() && shot.is_empty() {
+        pages.push(json!({
+            "path": "/nodes/node-a", "name": "Node", "width": PHONE, "screenshot": "node-phone.png",
         }));
     }
     pages.push(pods_page(cluster, &shares, measured, shot));
@@ -362,6 +523,7 @@ fn pods_page(
     shot: &str,
 ) -> Value {
     let mut rows = Map::new();
+    let mut charts = Vec::new();
     for p in cluster.get_json(&["pods", "-A"])["items"]
         .as_array()
         .unwrap()
@@ -394,7 +556,32 @@ fn pods_page(
                     continue;
                 };
                 for s in shares.iter().filter(|s| &s.claim == claim) {
+                    // Two claims of one namespace with the same size on one GPU: no series
+                    // can be told to be either's (docs/console.md).
+                    let ns_of = |c: &str| c.split('/').next().unwrap().to_string();
+                    let twins = shares
+                        .iter()
+                        .filter(|o| {
+                            o.uuid == s.uuid
+                                && o.memory == s.memory
+                                && ns_of(&o.claim) == ns_of(&s.claim)
+                        })
+                        .count();
+                    let measured = measured.filter(|_| twins == 1);
                     let m = |name: &str| measured.and_then(|m| m.slice(s, name));
+                    if let Some(labels) = measured.and_then(|m| m.slice_labels(s)) {
+                        charts.push(json!({
+                            "selector": format!(
+                                "tr[data-pod=\"{ns}/{pod_name}\"][data-container=\"{}\"] svg.sparkline[data-chart=\"gpu-memory\"]",
+                                c["name"].as_str().unwrap()
+                            ),
+                            "query": format!(
+                                "sum(gpuslice_slice_memory_used_bytes{{uuid=\"{}\",reservation=\"{}\"}})",
+                                labels["uuid"], labels["reservation"]
+                            ),
+                            "minPoints": SPARK_POINTS,
+                        }));
+                    }
                     rows.insert(
                         format!("{ns}/{pod_name} {}", c["name"].as_str().unwrap()),
                         json!({
@@ -413,6 +600,7 @@ fn pods_page(
     json!({
         "path": "/pods", "name": "Pods", "table": "pods", "key": ["data-pod", "data-container"],
         "exact": true, "rows": rows,
+        "charts": charts,
         "missing": if measured.is_some() { json!(["cadvisor"]) } else { json!(["prometheus"]) },
         "absent": if measured.is_some() { json!(["prometheus"]) } else { json!([]) },
         "screenshot": format!("{shot}pods.png"),
@@ -512,24 +700,49 @@ fn wait_allocated(cluster: &KubeCluster, app: &str, replicas: usize) {
     );
 }
 
-/// Waits until Prometheus has every GPU's series and the prepared slice's.
-fn wait_scraped(prometheus: &Prometheus, uuids: &[String]) {
+/// Waits until Prometheus has scraped every GPU's series and `slices` slice series live:
+/// samples newer than `since` (unix seconds), not only the history written before it started.
+fn wait_scraped(prometheus: &Prometheus, uuids: &[String], slices: usize, since: u64) {
     let deadline = Instant::now() + STEP;
+    let count = |metric: &str| -> usize {
+        let q = format!("count(timestamp({metric}) > {since})");
+        let enc: String = form_urlencoded(&q);
+        let text = prometheus.get(&format!("/api/v1/query?query={enc}"));
+        let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        v["data"]["result"][0]["value"][1]
+            .as_str()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
     loop {
-        let text = prometheus
-            .get("/api/v1/query?query=count%20by%20(uuid)%20(gpuslice_gpu_memory_used_bytes)");
-        let slices = prometheus.get("/api/v1/query?query=gpuslice_slice_memory_used_bytes");
-        if uuids.iter().all(|u| text.contains(u.as_str())) && slices.contains("\"value\"") {
+        let (g, s) = (
+            count("gpuslice_gpu_memory_used_bytes"),
+            count("gpuslice_slice_memory_used_bytes"),
+        );
+        if g >= uuids.len() && s >= slices {
             return;
         }
         assert!(
             Instant::now() < deadline,
-            "Prometheus at {} never had every GPU's series ({uuids:?}): {text}\n{slices}\n{}",
+            "Prometheus at {} never scraped every GPU's series ({uuids:?}) and {slices} slices live: {g} GPUs, {s} slices\n{}",
             prometheus.url,
             prometheus.log()
         );
         std::thread::sleep(Duration::from_millis(500));
     }
+}
+
+/// `text` percent-encoded for a query string.
+fn form_urlencoded(text: &str) -> String {
+    text.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
 }
 
 #[test]
@@ -580,23 +793,26 @@ fn the_web_console_shows_the_registry_and_allocates_in_a_browser() {
             c["status"]["allocation"].is_object().then_some(c)
         });
     }
-    // The kubelet's prepare of `train` books its slice on node-a: the exporter measures it.
+    // The kubelet's prepare of `train` and `big` books their slices on node-a: the exporter
+    // measures them (the history below makes `big` busy and `train` idle).
+    let mut prepared = Vec::new();
+    for name in ["train", "big"] {
+        let c = cluster.get_json(&["resourceclaim", name, "-n", NS]);
+        let uid = c["metadata"]["uid"].as_str().unwrap().to_string();
+        let pool = c["status"]["allocation"]["devices"]["results"][0]["pool"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let mut kubelet = plugins[pool.as_str()].kubelet();
+        let answer = kubelet.prepare(kubelet_claim(NS, name, &uid)).unwrap();
+        assert_eq!(answer.error, "", "{}", plugins[pool.as_str()].log_text());
+        prepared.push((name, uid, kubelet));
+    }
     let train = cluster.get_json(&["resourceclaim", "train", "-n", NS]);
-    let train_uid = train["metadata"]["uid"].as_str().unwrap().to_string();
     let train_node = train["status"]["allocation"]["devices"]["results"][0]["pool"]
         .as_str()
         .unwrap()
         .to_string();
-    let mut kubelet = plugins[train_node.as_str()].kubelet();
-    let answer = kubelet
-        .prepare(kubelet_claim(NS, "train", &train_uid))
-        .unwrap();
-    assert_eq!(
-        answer.error,
-        "",
-        "{}",
-        plugins[train_node.as_str()].log_text()
-    );
 
     // Real use on train's GPU: a host process holds 3Gi through the simulated driver, so the
     // used figures the pages show are measured ones, not zeros (the enforcer reports it as
@@ -609,10 +825,28 @@ fn the_web_console_shows_the_registry_and_allocates_in_a_browser() {
     let _user = HostUse::start(&nodes[train_node.as_str()], train_gpu.index, "3Gi");
 
     let exporters: Vec<Exporter> = nodes.values().map(Exporter::start).collect();
-    let prometheus = Prometheus::start(&exporters.iter().map(|e| e.addr).collect::<Vec<_>>());
+    // An hour and a quarter of history in Prometheus before it starts: the charts draw it,
+    // the idle view judges the slices by it.
+    let (_, shares) = published(&cluster);
+    let busy: Vec<(String, u64)> = shares
+        .iter()
+        .filter(|s| s.claim == format!("{NS}/big"))
+        .map(|s| (s.uuid.clone(), s.memory))
+        .collect();
+    assert_eq!(busy.len(), 1, "{shares:?}");
+    let written = history(&exporters, &busy, unix_now());
+    assert!(
+        written.contains("gpuslice_slice_memory_used_bytes{"),
+        "no slice series to write history of:\n{written}"
+    );
+    let prometheus = Prometheus::start_with(
+        &exporters.iter().map(|e| e.addr).collect::<Vec<_>>(),
+        "",
+        Some(&written),
+    );
     let (gpus, _) = published(&cluster);
     let uuids: Vec<String> = gpus.values().map(|g| g.uuid.clone()).collect();
-    wait_scraped(&prometheus, &uuids);
+    wait_scraped(&prometheus, &uuids, 2, unix_now());
     let exporter_refs: Vec<&Exporter> = exporters.iter().collect();
 
     cluster.create(&deployment("web", 2, None)).unwrap();
@@ -636,6 +870,74 @@ fn the_web_console_shows_the_registry_and_allocates_in_a_browser() {
         "",
     ));
     pages.push(json!({"path": "/nodes/nope", "status": 404, "contains": ["nope"]}));
+    // The idle view: exactly `train` (its history says 0 used), not `big` (half its limit),
+    // and the same rows as `kubectl gpuslice pods --idle`.
+    let train_share = shares
+        .iter()
+        .find(|s| s.claim == format!("{NS}/train"))
+        .unwrap();
+    let idle_key = format!("{NS}/train {}", train_share.uuid);
+    pages.push(json!({
+        "path": "/idle", "name": "Idle slices", "table": "idle", "key": "data-idle", "exact": true,
+        "rows": {idle_key.clone(): {
+            "memory-held": train_share.memory, "memory-used-max": 0, "claim": "train",
+            "workload": format!("{NS}/pod/train"), "pods": "train",
+        }},
+        "missing": [], "absent": ["prometheus"], "charts": [], "screenshot": "idle.png",
+    }));
+    let out = kubectl_gpuslice(
+        &cluster,
+        &[
+            "--prometheus",
+            &prometheus.url,
+            "pods",
+            "--idle",
+            "-A",
+            "-o",
+            "json",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let idle: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows: Vec<(String, u64)> = idle["idle"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                format!(
+                    "{}/{} {}",
+                    r["namespace"].as_str().unwrap(),
+                    r["claim"].as_str().unwrap_or(""),
+                    r["uuid"].as_str().unwrap()
+                ),
+                r["memoryHeld"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [(idle_key.clone(), train_share.memory)],
+        "kubectl gpuslice pods --idle differs from the idle view: {idle}"
+    );
+    let (text, _) = {
+        let out = kubectl_gpuslice(
+            &cluster,
+            &["--prometheus", &prometheus.url, "pods", "--idle", "-A"],
+        );
+        (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            out.status,
+        )
+    };
+    assert!(
+        text.lines().count() == 2 && text.contains("pod/train") && text.contains("20Gi"),
+        "{text}"
+    );
     // What kubectl-gpuslice says to the same bad input (it changes nothing either).
     let bad_memory = refusal(
         &cluster,
@@ -649,6 +951,7 @@ fn the_web_console_shows_the_registry_and_allocates_in_a_browser() {
     let web = "default/deployment/web";
     browser(&json!({
         "url": console.url, "screenshots": shots, "mode": "edit allowed", "rights": CONTEXT,
+        "prometheus": prometheus.url,
         "pages": pages,
         "filter": {"available": ["node-a"], "screenshot": "nodes-available.png"},
         "steps": [
@@ -726,6 +1029,7 @@ fn the_web_console_shows_the_registry_and_allocates_in_a_browser() {
     ));
     browser(&json!({
         "url": console.url, "screenshots": shots, "mode": "edit allowed", "rights": CONTEXT,
+        "prometheus": prometheus.url,
         "pages": pages,
         "steps": [
             {"do": "allocate", "workload": web, "current": {"contains": ["20Gi"], "not": "none"},
@@ -779,12 +1083,147 @@ fn the_web_console_shows_the_registry_and_allocates_in_a_browser() {
     }));
     drop(blind);
 
-    let answer = kubelet
-        .unprepare(kubelet_claim(NS, "train", &train_uid))
-        .unwrap();
-    assert_eq!(answer.error, "");
+    for (name, uid, mut kubelet) in prepared {
+        let answer = kubelet.unprepare(kubelet_claim(NS, name, &uid)).unwrap();
+        assert_eq!(answer.error, "");
+    }
     drop(prometheus);
     drop(exporters);
     drop(plugins);
     cluster.down();
+}
+
+/// The kubelet's address as the API server publishes it (the Node's InternalIP and its
+/// `daemonEndpoints.kubeletEndpoint.Port`), as Prometheus's kubernetes_sd finds it.
+fn kubelet_address(cluster: &KubeCluster, node: &str) -> String {
+    let n = cluster.get_json(&["node", node]);
+    let ip = n["status"]["addresses"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["type"] == "InternalIP")
+        .and_then(|a| a["address"].as_str())
+        .unwrap_or_else(|| panic!("Node {node} has no InternalIP: {}", n["status"]));
+    let port = n["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("Node {node} has no kubelet port: {}", n["status"]));
+    format!("{ip}:{port}")
+}
+
+#[test]
+#[ignore = "starts a real Kubernetes node (containerd, kubelet, plugin), a pod, an exporter, Prometheus scraping the kubelet's cAdvisor, a console and chromium; the README's test command runs it"]
+fn cpu_and_memory_columns_show_the_real_kubelets_cadvisor_figures() {
+    let _s = serial();
+    require_browser();
+    let shots = screenshot_dir();
+    let node = TestNode::with_models(&[("NVIDIA H200", "141Gi"), ("NVIDIA H200", "141Gi")]);
+    let kn = KubeNode::up("node-a", &node);
+    let cluster = &kn.cluster;
+    cluster
+        .create(&claim_template("gpu-8gi", "8Gi", "30"))
+        .unwrap();
+    // A pod holding its slice: its container's CPU and memory are what cAdvisor measures.
+    cluster
+        .create(&kube_pod(
+            "worker",
+            "echo READY; exec sleep 600",
+            Some("gpu-8gi"),
+        ))
+        .unwrap();
+    kn.wait_running("worker");
+    let exporter = Exporter::start(&node);
+    let dir = cluster.dir();
+    let scrape = kubelet_cadvisor(
+        "node-a",
+        &kubelet_address(cluster, "node-a"),
+        &dir.join("pki/admin.crt"),
+        &dir.join("pki/admin.key"),
+    );
+    let prometheus = Prometheus::start_with(&[exporter.addr], &scrape, None);
+    // cAdvisor's series of the pod's container and of the node (root cgroup), each with two
+    // samples at least (the console's CPU is a rate over 5 minutes), and the exporter's.
+    let ready = |q: &str| {
+        let enc = form_urlencoded(q);
+        prometheus
+            .get(&format!("/api/v1/query?query={enc}"))
+            .contains("\"value\"")
+    };
+    let held = wait_for_or(STEP, || {
+        (ready(r#"rate(container_cpu_usage_seconds_total{pod="worker",container=""}[5m])"#)
+            && ready(r#"rate(container_cpu_usage_seconds_total{id="/",node="node-a"}[5m])"#)
+            && ready(r#"container_memory_working_set_bytes{pod="worker",container=""}"#)
+            && ready("gpuslice_slice_memory_limit_bytes"))
+        .then_some(())
+    });
+    if held.is_none() {
+        let q = |q: &str| prometheus.get(&format!("/api/v1/query?query={}", form_urlencoded(q)));
+        panic!(
+            "Prometheus never held the kubelet's cAdvisor series of the worker and the node:\ntargets: {}\nworker: {}\nroot: {}\nids: {}\n{}",
+            prometheus.get("/api/v1/targets"),
+            q(r#"container_cpu_usage_seconds_total{pod="worker"}"#),
+            q(r#"container_cpu_usage_seconds_total{id="/"}"#),
+            q(r#"count by (id) (container_cpu_usage_seconds_total)"#),
+            prometheus.log()
+        );
+    }
+    // The console's sparklines end on a step a scrape interval ago: wait until that step
+    // comes after the samples above, so its charts have points to compare.
+    let first = unix_now();
+    let span_wait = Duration::from_secs(SPARK_STEP + 60);
+    wait_for(
+        "a chart span ending after the first samples",
+        span_wait,
+        || ((unix_now() - 15) / SPARK_STEP * SPARK_STEP >= first + 2).then_some(()),
+    );
+    let console = Console::start(cluster, Some(&prometheus.url), false);
+    // The pod's own cgroup (`container=""`): the kubelet labels it with the pod whatever the
+    // runtime.
+    let cpu_pod = r#"sum(rate(container_cpu_usage_seconds_total{namespace="default",pod="worker",container=""}[5m]))"#;
+    let mem_pod =
+        r#"sum(container_memory_working_set_bytes{namespace="default",pod="worker",container=""})"#;
+    let cpu_node = r#"sum(rate(container_cpu_usage_seconds_total{id="/",node="node-a"}[5m]))"#;
+    let mem_node = r#"sum(container_memory_working_set_bytes{id="/",node="node-a"})"#;
+    let spark = |row: &str, what: &str, query: &str| json!({"selector": format!("{row} svg.sparkline[data-chart=\"{what}\"]"), "query": query});
+    let uuids: Vec<String> = published(cluster)
+        .0
+        .values()
+        .map(|g| g.uuid.clone())
+        .collect();
+    let gpu_sum = format!(
+        "sum(gpuslice_gpu_memory_used_bytes{{uuid=~\"{}\"}})",
+        uuids.join("|")
+    );
+    let node_row = "tr[data-node=\"node-a\"]";
+    let total_row = "tr[data-node=\"(total)\"]";
+    let pod_row = "tr[data-pod=\"default/worker\"][data-container=\"main\"]";
+    browser(&json!({
+        "url": console.url, "screenshots": shots, "mode": "read-only", "rights": CONTEXT,
+        "prometheus": prometheus.url,
+        "pages": [
+            {"path": "/", "name": "Nodes", "table": "nodes", "key": "data-node",
+             "rows": {"node-a": {"cpu": {"measured": cpu_node}, "memory": {"measured": mem_node}}},
+             "charts": [
+                spark(node_row, "cpu", cpu_node), spark(node_row, "memory", mem_node),
+                spark(node_row, "gpu-memory", &gpu_sum),
+                spark(total_row, "cpu", cpu_node), spark(total_row, "memory", mem_node),
+                spark(total_row, "gpu-memory", &gpu_sum),
+             ],
+             "missing": [], "absent": ["prometheus", "cadvisor"],
+             "screenshot": "kubelet-nodes.png"},
+            {"path": "/pods", "name": "Pods", "table": "pods", "key": ["data-pod", "data-container"],
+             "rows": {"default/worker main": {"cpu": {"measured": cpu_pod}, "memory": {"measured": mem_pod}}},
+             "charts": [
+                spark(pod_row, "cpu", cpu_pod), spark(pod_row, "memory", mem_pod),
+                spark(pod_row, "gpu-memory", "sum(gpuslice_slice_memory_used_bytes)"),
+             ],
+             "missing": [], "absent": ["prometheus", "cadvisor"],
+             "screenshot": "kubelet-pods.png"},
+        ],
+    }));
+    eprintln!("console log:\n{}", console.log());
+    drop(console);
+    drop(prometheus);
+    drop(exporter);
+    kn.cluster
+        .kubectl(&["delete", "pod", "worker", "--wait=false"]);
 }

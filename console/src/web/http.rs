@@ -219,6 +219,7 @@ pub enum Route {
     Nodes,
     Node(String),
     Pods,
+    Idle,
     Workloads,
     Workload(Workload),
     Allocate(Workload),
@@ -254,6 +255,7 @@ pub fn route(path: &str) -> Result<Route, Refusal> {
     match segments.as_slice() {
         [""] => Ok(Route::Nodes),
         ["pods"] => Ok(Route::Pods),
+        ["idle"] => Ok(Route::Idle),
         ["workloads"] => Ok(Route::Workloads),
         ["nodes", n] => Ok(Route::Node(object_name("node name", n)?)),
         ["workloads", ns, k, n] => Ok(Route::Workload(workload(ns, k, n)?)),
@@ -263,7 +265,7 @@ pub fn route(path: &str) -> Result<Route, Refusal> {
         _ => Err(Refusal::new(
             StatusCode::NOT_FOUND,
             format!(
-                "no page {}: the console has /, /nodes/NAME, /pods, /workloads and /workloads/NS/KIND/NAME",
+                "no page {}: the console has /, /nodes/NAME, /pods, /idle, /workloads and /workloads/NS/KIND/NAME",
                 path.escape_default()
             ),
         )),

@@ -1,6 +1,7 @@
-//! The Nodes page (`/`, with a sparkline per node) and a node's page (`/nodes/NAME`, a
-//! chart per GPU): the model plus each GPU's memory used over the last hour from
-//! Prometheus.
+//! The Nodes page (`/`: per node CPU, memory and GPU memory used with share bars and
+//! sparklines, a compact slice map) and a node's page (`/nodes/NAME`: a slice map and a
+//! chart per GPU): the model plus, from Prometheus, each GPU's memory used and the kubelets'
+//! cAdvisor CPU and memory over the last hour (one range query each: three per page).
 
 use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -11,52 +12,120 @@ use hyper::{Response, StatusCode};
 
 use crate::fetch::PodScope;
 use crate::model::Model;
-use crate::usage;
+use crate::usage::{self, Series, Span};
 
-use super::pages::{self, History};
+use super::pages::{self, History, NodeUse};
 use super::respond::html;
-use super::sources::{banner, model_of};
+use super::sources::{banner, model_of, Loaded};
 use super::state::{chrome, State};
 
 /// The span of the charts.
-const HISTORY: u64 = 3600;
-/// One chart point per this many seconds.
-const STEP: u64 = 60;
+pub(super) const HISTORY: u64 = 3600;
 
-fn now() -> u64 {
+/// GPU memory used, per GPU (`uuid`).
+pub(super) const GPU_MEMORY: &str = "gpuslice_gpu_memory_used_bytes";
+/// The kubelets' cAdvisor: each node's CPU (cores) and memory working set, from its root
+/// cgroup (`id="/"`), by the `node` label the scrape gives the kubelet's target.
+pub(super) const NODE_CPU: &str =
+    r#"sum by (node) (rate(container_cpu_usage_seconds_total{id="/"}[5m]))"#;
+pub(super) const NODE_MEMORY: &str =
+    r#"sum by (node) (container_memory_working_set_bytes{id="/"})"#;
+
+pub(super) fn now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
 }
 
-/// Memory used per GPU UUID over the last hour; `Err`: why not.
-async fn gpu_history(state: &State) -> Result<History, String> {
+/// The charts' span now, ending [`usage::MIN_STEP`] ago: samples of the last scrape
+/// interval may still be on their way, and a point drawn must not change once drawn.
+pub(super) fn span() -> Span {
+    Span::last(HISTORY, now().saturating_sub(usage::MIN_STEP))
+}
+
+/// The lists' sparklines' span: [`span`] with [`usage::SPARK_POINTS`] points.
+pub(super) fn spark_span() -> Span {
+    Span::last_points(
+        HISTORY,
+        now().saturating_sub(usage::MIN_STEP),
+        usage::SPARK_POINTS,
+    )
+}
+
+/// Points of `series` keyed by `label`'s value; series of one key are summed at each time.
+pub(super) fn keyed(
+    span: Span,
+    series: Vec<Series>,
+    key: impl Fn(&Series) -> Option<String>,
+) -> History {
+    let mut sums: BTreeMap<String, BTreeMap<u64, f64>> = BTreeMap::new();
+    for s in &series {
+        if let Some(k) = key(s) {
+            let e = sums.entry(k).or_default();
+            for (t, v) in &s.points {
+                *e.entry(t.round() as u64).or_default() += v;
+            }
+        }
+    }
+    History {
+        span,
+        series: sums
+            .into_iter()
+            .map(|(k, pts)| (k, pts.into_iter().map(|(t, v)| (t as f64, v)).collect()))
+            .collect(),
+    }
+}
+
+/// One range query over `span`; `Err`: why not.
+pub(super) async fn range(state: &State, promql: &str, span: Span) -> Result<Vec<Series>, String> {
     let Some(url) = &state.prometheus else {
         return Err("Prometheus: not configured (start with --prometheus URL)".into());
     };
-    let end = now();
-    let start = end.saturating_sub(HISTORY);
-    let series = usage::query_range(url, "gpuslice_gpu_memory_used_bytes", start, end, STEP)
+    usage::query_range(url, promql, span)
         .await
-        .map_err(|e| e.to_string())?;
-    let mut h = History {
-        start: start as f64,
-        end: end as f64,
-        series: BTreeMap::new(),
-    };
-    for s in series {
-        if let Some(uuid) = s.metric.get("uuid") {
-            h.series.entry(uuid.clone()).or_default().extend(s.points);
+        .map_err(|e| e.to_string())
+}
+
+/// Memory used per GPU UUID over the charts' span.
+async fn gpu_history(state: &State, span: Span) -> Result<History, String> {
+    let series = range(state, GPU_MEMORY, span).await?;
+    Ok(keyed(span, series, |s| s.metric.get("uuid").cloned()))
+}
+
+/// A cAdvisor history by node, with the total row; `None` (and a banner) when Prometheus
+/// holds no such series.
+fn by_node(
+    span: Span,
+    series: Result<Vec<Series>, String>,
+    banners: &mut Vec<pages::Banner>,
+) -> Option<History> {
+    match series {
+        Ok(s) if !s.is_empty() => {
+            let mut h = keyed(span, s.clone(), |s| s.metric.get("node").cloned());
+            let total = keyed(span, s, |_| Some(pages::TOTAL_ROW.to_string()));
+            h.series.extend(total.series);
+            Some(h)
+        }
+        Ok(_) => {
+            if !banners.iter().any(|b| b.source == "cadvisor") {
+                banners.push(banner("cadvisor", "cAdvisor (nodes' CPU and memory): Prometheus has no container_cpu_usage_seconds_total or container_memory_working_set_bytes series with a node label (it scrapes no kubelet's /metrics/cadvisor; docs/console.md)"));
+            }
+            None
+        }
+        Err(e) => {
+            if !banners.iter().any(|b| b.source == "cadvisor") {
+                banners.push(banner("cadvisor", format!("cAdvisor: {e}")));
+            }
+            None
         }
     }
-    Ok(h)
 }
 
 /// Per node (and the total row): the sum of its GPUs' points at each time.
 fn node_history(m: &Model, gpus: &History) -> History {
     let mut sums: BTreeMap<String, BTreeMap<u64, f64>> = BTreeMap::new();
     for g in &m.gpus {
-        for (t, v) in gpus.series.get(&g.uuid).into_iter().flatten() {
+        for (t, v) in gpus.points(&g.uuid) {
             let key = t.round() as u64;
             for row in [g.node.as_str(), pages::TOTAL_ROW] {
                 *sums
@@ -68,8 +137,7 @@ fn node_history(m: &Model, gpus: &History) -> History {
         }
     }
     History {
-        start: gpus.start,
-        end: gpus.end,
+        span: gpus.span,
         series: sums
             .into_iter()
             .map(|(k, pts)| (k, pts.into_iter().map(|(t, v)| (t as f64, v)).collect()))
@@ -78,10 +146,28 @@ fn node_history(m: &Model, gpus: &History) -> History {
 }
 
 pub(super) async fn nodes(state: &State, available: bool) -> Response<Full<Bytes>> {
-    let (m, mut banners) = model_of(state, PodScope::None, true).await;
-    let history = match (&m, m.as_ref().and_then(|m| m.usage_unavailable.as_ref())) {
-        (Some(m), None) => match gpu_history(state).await {
-            Ok(h) => Some(node_history(m, &h)),
+    // The range queries need nothing from the model: asked beside it.
+    let span = spark_span();
+    let (loaded, gpu, cpu, memory) = tokio::join!(
+        model_of(state, PodScope::None, true),
+        gpu_history(state, span),
+        range(state, NODE_CPU, span),
+        range(state, NODE_MEMORY, span)
+    );
+    let Loaded {
+        model: m,
+        usage,
+        capacity,
+        mut banners,
+    } = loaded;
+    let used = match (&m, m.as_ref().and_then(|m| m.usage_unavailable.as_ref())) {
+        (Some(m), None) => match gpu {
+            Ok(h) => Some(NodeUse {
+                gpu_memory: node_history(m, &h),
+                cpu: by_node(span, cpu, &mut banners),
+                memory: by_node(span, memory, &mut banners),
+                capacity,
+            }),
             Err(e) => {
                 banners.push(banner("prometheus", e));
                 None
@@ -95,17 +181,23 @@ pub(super) async fn nodes(state: &State, available: bool) -> Response<Full<Bytes
             &chrome(state, banners),
             m.as_ref(),
             available,
-            history.as_ref(),
+            used.as_ref(),
+            usage.as_ref(),
         ),
     )
 }
 
 pub(super) async fn node(state: &State, name: &str) -> Response<Full<Bytes>> {
-    let (m, mut banners) = model_of(state, PodScope::None, true).await;
+    let Loaded {
+        model: m,
+        usage,
+        mut banners,
+        ..
+    } = model_of(state, PodScope::None, true).await;
     let Some(m) = m else {
         return html(
             StatusCode::OK,
-            pages::nodes_page(&chrome(state, banners), None, false, None),
+            pages::nodes_page(&chrome(state, banners), None, false, None, None),
         );
     };
     let known = m.nodes.iter().any(|n| n.name == name);
@@ -118,7 +210,7 @@ pub(super) async fn node(state: &State, name: &str) -> Response<Full<Bytes>> {
         );
     }
     let history = if m.usage_unavailable.is_none() {
-        match gpu_history(state).await {
+        match gpu_history(state, span()).await {
             Ok(h) => Some(h),
             Err(e) => {
                 banners.push(banner("prometheus", e));
@@ -130,7 +222,13 @@ pub(super) async fn node(state: &State, name: &str) -> Response<Full<Bytes>> {
     };
     html(
         StatusCode::OK,
-        pages::node_page(&chrome(state, banners), &m, name, history.as_ref()),
+        pages::node_page(
+            &chrome(state, banners),
+            &m,
+            usage.as_ref(),
+            name,
+            history.as_ref(),
+        ),
     )
 }
 
@@ -152,8 +250,11 @@ mod tests {
             None,
         );
         let mut h = History {
-            start: 0.0,
-            end: 120.0,
+            span: Span {
+                start: 0,
+                end: 120,
+                step: 60,
+            },
             series: BTreeMap::new(),
         };
         h.series

@@ -7,10 +7,12 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use crate::edit::{Kind, Request};
-use crate::model::{ContainerSlice, Figure, GpuView, Model, NodeView};
+use crate::idle::{IdleOptions, IdleSlice};
+use crate::model::{claim_series, gpu_label, ContainerSlice, GpuView, Model, NodeView};
 use crate::render::bytes;
+use crate::usage::{format_window, Span, Usage};
 
-use super::charts;
+use super::charts::{self, Plot, Unit};
 pub use super::escape::{esc, seg};
 
 /// A figure that is not known.
@@ -53,7 +55,7 @@ fn layout(title: &str, chrome: &Chrome, body: &str) -> String {
     format!(
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{title} · gpuslice console</title>\
 <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><link rel=\"stylesheet\" href=\"/static/console.css\"></head>\n<body>\
-<header><nav><a href=\"/\">Nodes</a> <a href=\"/pods\">Pods</a> <a href=\"/workloads\">Workloads</a></nav>\
+<header><nav><a href=\"/\">Nodes</a> <a href=\"/pods\">Pods</a> <a href=\"/idle\">Idle slices</a> <a href=\"/workloads\">Workloads</a></nav>\
 <p id=\"rights\">{rights}</p><p id=\"mode\">{mode}</p></header>\n<main><h1>{title}</h1>\n{banners}{body}</main></body></html>\n",
         title = esc(title),
         rights = esc(&chrome.rights),
@@ -83,36 +85,120 @@ fn text_cell(col: &str, text: &str) -> String {
     format!("<td data-col=\"{col}\">{}</td>", esc(text))
 }
 
-fn figure_cells(memory: &Figure, cores: &Figure) -> String {
-    [
-        bytes_cell("memory-capacity", Some(memory.capacity)),
-        bytes_cell("memory-allocated", Some(memory.allocated)),
-        bytes_cell("memory-free", Some(memory.free)),
-        bytes_cell("memory-used", memory.used),
-        num_cell("cores-capacity", Some(cores.capacity)),
-        num_cell("cores-allocated", Some(cores.allocated)),
-        num_cell("cores-used", cores.used),
-    ]
-    .concat()
-}
-
-/// Memory used over time per node (and [`TOTAL_ROW`]), from Prometheus.
-#[derive(Debug, Clone, Default)]
+/// Use over time from Prometheus: per key (a node, [`TOTAL_ROW`], a GPU UUID, a slice or a
+/// container) the points of one range query over `span`.
+#[derive(Debug, Clone)]
 pub struct History {
-    pub start: f64,
-    pub end: f64,
-    /// Node name (or GPU UUID) → points.
+    pub span: Span,
     pub series: BTreeMap<String, Vec<(f64, f64)>>,
 }
 
+impl History {
+    pub fn points(&self, key: &str) -> &[(f64, f64)] {
+        self.series.get(key).map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    /// The last point's value of `key`.
+    pub fn now(&self, key: &str) -> Option<f64> {
+        self.points(key).last().map(|p| p.1)
+    }
+}
+
+/// A node's (CPU cores, memory bytes) of its `status.capacity`, each when known.
+pub type Capacity = (Option<f64>, Option<f64>);
+
+/// What the Nodes list shows beside the model: GPU memory used over time per node, and the
+/// kubelets' cAdvisor CPU and memory (`None`: not scraped) with the Node objects' capacity.
+#[derive(Debug, Clone)]
+pub struct NodeUse {
+    pub gpu_memory: History,
+    pub cpu: Option<History>,
+    pub memory: Option<History>,
+    /// Node name → its capacity.
+    pub capacity: BTreeMap<String, Capacity>,
+}
+
+/// A value cell in the lists' pattern: the value (right-aligned, with its unit), a small bar
+/// of its share of `capacity`, and a sparkline of its history.
+fn use_cell(
+    col: &str,
+    value: Option<f64>,
+    unit: Unit,
+    capacity: Option<f64>,
+    spark: Option<(&str, &History, &str)>,
+) -> String {
+    let shown = match (value, unit) {
+        (Some(v), Unit::Cores) => Some(((v.max(0.0) * 1000.0).round() as u64, unit.show(v))),
+        (Some(v), Unit::Bytes) => Some((v.max(0.0).round() as u64, unit.show(v))),
+        (None, _) => None,
+    };
+    let spark = spark
+        .map(|(what, h, key)| {
+            charts::sparkline(
+                what,
+                what,
+                &Plot {
+                    span: h.span,
+                    points: h.points(key),
+                    top: capacity,
+                    unit,
+                },
+            )
+        })
+        .unwrap_or_default();
+    match shown {
+        Some((v, text)) => format!(
+            "<td data-col=\"{col}\" data-value=\"{v}\" class=\"use\"><span class=\"v\">{}</span>{}{spark}</td>",
+            esc(&text),
+            charts::share_bar(value, capacity)
+        ),
+        None => format!(
+            "<td data-col=\"{col}\" class=\"use unknown\"><span class=\"v\">{UNKNOWN}</span>{spark}</td>"
+        ),
+    }
+}
+
+/// The bookings of a GPU's memory or cores as slice-map segments.
+fn segments(g: &GpuView, usage: Option<&Usage>, cores: bool) -> Vec<charts::Segment> {
+    g.claims
+        .iter()
+        .map(|c| {
+            let series = usage.and_then(|u| claim_series(u, &g.uuid, c, &g.claims));
+            charts::Segment {
+                name: format!("{}/{}", c.namespace, c.name),
+                namespace: c.namespace.clone(),
+                pod: c.pods.first().cloned(),
+                booked: if cores { c.cores } else { c.memory },
+                used: if cores {
+                    series
+                        .and_then(|s| s.compute_used)
+                        .map(|r| (r * 100.0).round() as u64)
+                } else {
+                    series.and_then(|s| s.memory_used)
+                },
+            }
+        })
+        .collect()
+}
+
+/// A GPU as a person names it, with its UUID on hover.
+fn gpu_name(g: &GpuView) -> String {
+    format!(
+        "<span class=\"gpu-name\" title=\"{}\">{}</span>",
+        esc(&g.uuid),
+        esc(&gpu_label(&g.node, &g.device, &g.model))
+    )
+}
+
 /// `/`: the cluster row, then one row per node (`available`: only nodes with a GPU that has
-/// free memory). `model` is `None` when the API server could not be read; `history` when
+/// free memory). `model` is `None` when the API server could not be read; `used` when
 /// Prometheus could not.
 pub fn nodes_page(
     chrome: &Chrome,
     model: Option<&Model>,
     available: bool,
-    history: Option<&History>,
+    used: Option<&NodeUse>,
+    usage: Option<&Usage>,
 ) -> String {
     let mut body = String::new();
     let (href, label) = if available {
@@ -124,7 +210,7 @@ pub fn nodes_page(
         body,
         "<p><a id=\"filter-available\" href=\"{href}\">{label}</a></p>"
     );
-    body.push_str("<table id=\"nodes\"><thead><tr><th>Node</th><th>GPUs</th><th>Memory</th><th>Allocated</th><th>Free</th><th>Used</th><th>Cores</th><th>Cores allocated</th><th>Cores used</th></tr></thead><tbody>\n");
+    body.push_str("<div class=\"scroll\"><table id=\"nodes\"><thead><tr><th>Node</th><th>GPUs</th><th>Slice map (memory per GPU)</th><th>CPU</th><th>Memory</th><th>GPU memory used</th><th>GPU memory</th><th>Allocated</th><th>Free</th><th>Cores</th><th>Cores allocated</th><th>Cores used</th></tr></thead><tbody>\n");
     if let Some(m) = model {
         let rows = std::iter::once((TOTAL_ROW, &m.total)).chain(
             m.nodes
@@ -133,31 +219,90 @@ pub fn nodes_page(
                 .map(|n| (n.name.as_str(), n)),
         );
         for (name, n) in rows {
-            body.push_str(&node_row(name, n, history));
+            body.push_str(&node_row(m, name, n, used, usage));
         }
     }
-    body.push_str("</tbody></table>\n");
+    body.push_str("</tbody></table></div>\n");
     layout("Nodes", chrome, &body)
 }
 
-fn node_row(name: &str, n: &NodeView, history: Option<&History>) -> String {
+fn node_row(
+    m: &Model,
+    name: &str,
+    n: &NodeView,
+    used: Option<&NodeUse>,
+    usage: Option<&Usage>,
+) -> String {
     let label = if name == TOTAL_ROW {
         esc("cluster (total)")
     } else {
         format!("<a href=\"/nodes/{}\">{}</a>", esc(&seg(name)), esc(name))
     };
-    let spark = history
-        .map(|h| {
-            let points = h.series.get(name).map(Vec::as_slice).unwrap_or(&[]);
-            charts::sparkline(points, h.start, h.end, n.memory.capacity)
-        })
-        .unwrap_or_default();
+    let capacity = |pick: fn(&Capacity) -> Option<f64>| {
+        let u = used?;
+        if name == TOTAL_ROW {
+            m.nodes
+                .iter()
+                .map(|n| u.capacity.get(&n.name).and_then(pick))
+                .sum::<Option<f64>>()
+        } else {
+            u.capacity.get(name).and_then(pick)
+        }
+    };
+    let cpu_cap = capacity(|c| c.0);
+    let mem_cap = capacity(|c| c.1);
+    let cpu = use_cell(
+        "cpu",
+        used.and_then(|u| u.cpu.as_ref()?.now(name)),
+        Unit::Cores,
+        cpu_cap,
+        used.and_then(|u| Some(("cpu", u.cpu.as_ref()?, name))),
+    );
+    let memory = use_cell(
+        "memory",
+        used.and_then(|u| u.memory.as_ref()?.now(name)),
+        Unit::Bytes,
+        mem_cap,
+        used.and_then(|u| Some(("memory", u.memory.as_ref()?, name))),
+    );
+    let gpu_used = use_cell(
+        "memory-used",
+        n.memory.used.map(|v| v as f64),
+        Unit::Bytes,
+        Some(n.memory.capacity as f64),
+        used.map(|u| ("gpu-memory", &u.gpu_memory, name)),
+    );
+    let map = if name == TOTAL_ROW {
+        String::new()
+    } else {
+        m.gpus
+            .iter()
+            .filter(|g| g.node == name)
+            .map(|g| {
+                format!(
+                    "<span class=\"mini\" title=\"{}\">{}</span>",
+                    esc(&gpu_label(&g.node, &g.device, &g.model)),
+                    charts::slice_map(
+                        "memory",
+                        g.memory.capacity,
+                        &segments(g, usage, false),
+                        bytes,
+                        true
+                    )
+                )
+            })
+            .collect()
+    };
     format!(
-        "<tr data-node=\"{}\"><td data-col=\"name\">{label}</td><td data-col=\"gpus\" data-value=\"{}\">{} {spark}</td>{}</tr>\n",
+        "<tr data-node=\"{}\"><td data-col=\"name\">{label}</td>{}<td data-col=\"slice-map\" class=\"maps\">{map}</td>{cpu}{memory}{gpu_used}{}{}{}{}{}{}</tr>\n",
         esc(name),
-        n.gpus,
-        n.gpus,
-        figure_cells(&n.memory, &n.cores)
+        num_cell("gpus", Some(n.gpus)),
+        bytes_cell("memory-capacity", Some(n.memory.capacity)),
+        bytes_cell("memory-allocated", Some(n.memory.allocated)),
+        bytes_cell("memory-free", Some(n.memory.free)),
+        num_cell("cores-capacity", Some(n.cores.capacity)),
+        num_cell("cores-allocated", Some(n.cores.allocated)),
+        num_cell("cores-used", n.cores.used),
     )
 }
 
@@ -166,8 +311,15 @@ fn share(allocated: u64, capacity: u64) -> Option<u64> {
     (capacity > 0).then(|| ((allocated as f64 / capacity as f64) * 100.0).round() as u64)
 }
 
-/// `/nodes/NAME`: one row per GPU of the node and a chart of each GPU's memory used.
-pub fn node_page(chrome: &Chrome, model: &Model, node: &str, history: Option<&History>) -> String {
+/// `/nodes/NAME`: one row per GPU of the node, a slice map per GPU (memory and cores) and a
+/// chart of each GPU's memory used.
+pub fn node_page(
+    chrome: &Chrome,
+    model: &Model,
+    usage: Option<&Usage>,
+    node: &str,
+    history: Option<&History>,
+) -> String {
     let gpus: Vec<&GpuView> = model.gpus.iter().filter(|g| g.node == node).collect();
     let mut body = String::new();
     if let Some(n) = model.nodes.iter().find(|n| n.name == node) {
@@ -181,20 +333,26 @@ pub fn node_page(chrome: &Chrome, model: &Model, node: &str, history: Option<&Hi
             esc(&bytes(n.memory.free)),
         );
     }
-    body.push_str("<table id=\"gpus\"><thead><tr><th>Index</th><th>Model</th><th>Memory</th><th>Allocated</th><th>Share</th><th>Used</th><th>Cores allocated</th><th>Cores used</th><th>Claims</th></tr></thead><tbody>\n");
+    body.push_str("<div class=\"scroll\"><table id=\"gpus\"><thead><tr><th>GPU</th><th>Index</th><th>Model</th><th>Memory</th><th>Allocated</th><th>Share</th><th>Used</th><th>Cores allocated</th><th>Cores used</th><th>Claims</th></tr></thead><tbody>\n");
     for g in &gpus {
         let claims: Vec<String> = g
             .claims
             .iter()
             .map(|c| {
-                let idle = if c.idle == Some(true) { " (idle)" } else { "" };
+                // Idle now (the last sample); over a window: the Idle slices page.
+                let idle = if c.idle == Some(true) {
+                    " (idle now)"
+                } else {
+                    ""
+                };
                 format!("{}/{}{idle}", c.namespace, c.name)
             })
             .collect();
         let _ = writeln!(
             body,
-            "<tr data-gpu=\"{}\">{}{}{}{}{}{}{}{}{}</tr>",
+            "<tr data-gpu=\"{}\"><td data-col=\"gpu\">{}</td>{}{}{}{}{}{}{}{}{}</tr>",
             esc(&g.uuid),
+            gpu_name(g),
             num_cell("index", g.index.map(u64::from)),
             text_cell("model", &g.model),
             bytes_cell("memory-capacity", Some(g.memory.capacity)),
@@ -210,31 +368,63 @@ pub fn node_page(chrome: &Chrome, model: &Model, node: &str, history: Option<&Hi
             text_cell("claims", &claims.join(", ")),
         );
     }
-    body.push_str("</tbody></table>\n<section id=\"charts\"><h2>Memory used</h2>\n");
+    body.push_str("</tbody></table></div>\n<section id=\"slice-maps\"><h2>Who holds each GPU</h2>\n<p class=\"legend\">Each bar is one GPU: a segment per claim's booking (linked to its pod), its measured use darker inside, then the free part.</p>\n");
     for g in &gpus {
-        let (points, start, end): (&[(f64, f64)], f64, f64) = match history {
-            Some(h) => (
-                h.series.get(&g.uuid).map(Vec::as_slice).unwrap_or(&[]),
-                h.start,
-                h.end,
-            ),
-            None => (&[], 0.0, 3600.0),
-        };
         let _ = writeln!(
             body,
-            "<figure><figcaption>{} {}</figcaption>{}</figure>",
-            esc(&g.device),
+            "<div class=\"gpu-map\" data-gpu=\"{}\"><h3>{}</h3><p>memory, {} <span class=\"uuid\">{}</span></p>{}<p>cores (percent of the GPU)</p>{}</div>",
             esc(&g.uuid),
-            charts::chart(&g.uuid, points, start, end, g.memory.capacity)
+            gpu_name(g),
+            esc(&bytes(g.memory.capacity)),
+            esc(&g.uuid),
+            charts::slice_map("memory", g.memory.capacity, &segments(g, usage, false), bytes, false),
+            charts::slice_map("cores", g.cores.capacity, &segments(g, usage, true), |v| format!("{v}%"), false),
+        );
+    }
+    body.push_str("</section>\n<section id=\"charts\"><h2>GPU memory used</h2>\n");
+    for g in &gpus {
+        let span = history.map_or(Span::last(3600, 3600), |h| h.span);
+        let points = history.map_or(&[][..], |h| h.points(&g.uuid));
+        let _ = writeln!(
+            body,
+            "<figure><figcaption>{}</figcaption>{}</figure>",
+            gpu_name(g),
+            charts::chart(
+                ("data-gpu", &g.uuid),
+                "GPU memory used",
+                &Plot {
+                    span,
+                    points,
+                    top: Some(g.memory.capacity as f64),
+                    unit: Unit::Bytes
+                }
+            )
         );
     }
     body.push_str("</section>\n");
     layout(&format!("Node {node}"), chrome, &body)
 }
 
-/// CPU (millicores) and memory (bytes) of containers from cAdvisor's series, keyed by
-/// (namespace, pod, container).
-pub type ContainerUse = BTreeMap<(String, String, String), (Option<u64>, Option<u64>)>;
+/// What the Pods list shows beside the model, over time: per slice its memory used (key
+/// [`slice_key`]), per pod cAdvisor's CPU and memory (key [`pod_key`]; `None`: not
+/// scraped), and the nodes' capacity (CPU cores, memory bytes) for the share bars.
+#[derive(Debug, Clone)]
+pub struct PodUse {
+    pub slices: History,
+    pub cpu: Option<History>,
+    pub memory: Option<History>,
+    pub capacity: BTreeMap<String, Capacity>,
+}
+
+/// The history key of a slice series.
+pub fn slice_key(node: &str, reservation: &str, uuid: &str) -> String {
+    format!("{node} {reservation} {uuid}")
+}
+
+/// The history key of a pod.
+pub fn pod_key(namespace: &str, pod: &str) -> String {
+    format!("{namespace}/{pod}")
+}
 
 /// The `<p id="scope">` line of a page listed by namespace.
 fn scope_line(namespace: Option<&str>) -> String {
@@ -245,45 +435,256 @@ fn scope_line(namespace: Option<&str>) -> String {
     format!("<p id=\"scope\">{}</p>\n", esc(&scope))
 }
 
-/// `/pods`: one row per container holding a slice.
+/// The filter links of the Pods page: every namespace and node holding a slice.
+fn pod_filters(pods: &[ContainerSlice], namespace: Option<&str>, node: Option<&str>) -> String {
+    let namespaces: std::collections::BTreeSet<&str> =
+        pods.iter().map(|p| p.namespace.as_str()).collect();
+    let nodes: std::collections::BTreeSet<&str> = pods.iter().map(|p| p.node.as_str()).collect();
+    let mut out = String::from("<p id=\"filters\">namespace: <a href=\"/pods\">all</a>");
+    for ns in namespaces {
+        let _ = write!(
+            out,
+            " <a href=\"/pods?namespace={}\"{}>{}</a>",
+            esc(&seg(ns)),
+            if namespace == Some(ns) {
+                " class=\"on\""
+            } else {
+                ""
+            },
+            esc(ns)
+        );
+    }
+    out.push_str(" · node:");
+    for n in nodes {
+        let _ = write!(
+            out,
+            " <a href=\"/pods?node={}{}\"{}>{}</a>",
+            esc(&seg(n)),
+            namespace.map_or(String::new(), |ns| format!(
+                "&amp;namespace={}",
+                esc(&seg(ns))
+            )),
+            if node == Some(n) { " class=\"on\"" } else { "" },
+            esc(n)
+        );
+    }
+    out.push_str("</p>\n");
+    out
+}
+
+/// `/pods`: one row per container holding a slice, grouped under its workload with a count
+/// of its pods; `node`: only slices on that node.
 pub fn pods_page(
     chrome: &Chrome,
     model: Option<&Model>,
     namespace: Option<&str>,
-    cadvisor: Option<&ContainerUse>,
+    node: Option<&str>,
+    used: Option<&PodUse>,
+    usage: Option<&Usage>,
 ) -> String {
     let mut body = scope_line(namespace);
-    body.push_str("<table id=\"pods\"><thead><tr><th>Pod</th><th>Container</th><th>GPU</th><th>Memory limit</th><th>Used (slice)</th><th>Used (driver)</th><th>Cores share</th><th>Cores used</th><th>CPU</th><th>Memory</th></tr></thead><tbody>\n");
-    for p in model.map(|m| m.pods.as_slice()).unwrap_or(&[]) {
-        body.push_str(&pod_row(p, cadvisor));
+    let all = model.map(|m| m.pods.as_slice()).unwrap_or(&[]);
+    body.push_str(&pod_filters(all, namespace, node));
+    body.push_str("<div class=\"scroll\"><table id=\"pods\"><thead><tr><th>Pod</th><th>Container</th><th>GPU</th><th>Pod CPU</th><th>Pod memory</th><th>GPU memory used</th><th>Memory limit</th><th>Used (driver)</th><th>Cores share</th><th>Cores used</th></tr></thead><tbody>\n");
+    let mut groups: BTreeMap<(&str, &str), Vec<&ContainerSlice>> = BTreeMap::new();
+    for p in all.iter().filter(|p| node.is_none_or(|n| p.node == n)) {
+        groups
+            .entry((p.namespace.as_str(), p.workload.as_str()))
+            .or_default()
+            .push(p);
     }
-    body.push_str("</tbody></table>\n");
+    for ((ns, workload), rows) in groups {
+        let pods: std::collections::BTreeSet<&str> = rows.iter().map(|p| p.pod.as_str()).collect();
+        let _ = writeln!(
+            body,
+            "<tr class=\"group\" data-group=\"{}/{}\" data-count=\"{}\"><th colspan=\"10\">{}/{} · {} pod{}</th></tr>",
+            esc(ns),
+            esc(workload),
+            pods.len(),
+            esc(ns),
+            esc(workload),
+            pods.len(),
+            if pods.len() == 1 { "" } else { "s" }
+        );
+        for p in rows {
+            body.push_str(&pod_row(model, p, used, usage));
+        }
+    }
+    body.push_str("</tbody></table></div>\n");
     layout("Pods", chrome, &body)
 }
 
-fn pod_row(p: &ContainerSlice, cadvisor: Option<&ContainerUse>) -> String {
-    let key = (p.namespace.clone(), p.pod.clone(), p.container.clone());
-    let (cpu, memory) = cadvisor
-        .and_then(|c| c.get(&key).copied())
-        .unwrap_or((None, None));
-    let gpu = format!("{}/{} {}", p.node, p.device, p.uuid);
+fn pod_row(
+    model: Option<&Model>,
+    p: &ContainerSlice,
+    used: Option<&PodUse>,
+    usage: Option<&Usage>,
+) -> String {
+    let ckey = pod_key(&p.namespace, &p.pod);
+    let cap = used.and_then(|u| u.capacity.get(&p.node)).copied();
+    let cpu = use_cell(
+        "cpu",
+        used.and_then(|u| u.cpu.as_ref()?.now(&ckey)),
+        Unit::Cores,
+        cap.and_then(|c| c.0),
+        used.and_then(|u| Some(("cpu", u.cpu.as_ref()?, ckey.as_str()))),
+    );
+    let memory = use_cell(
+        "memory",
+        used.and_then(|u| u.memory.as_ref()?.now(&ckey)),
+        Unit::Bytes,
+        cap.and_then(|c| c.1),
+        used.and_then(|u| Some(("memory", u.memory.as_ref()?, ckey.as_str()))),
+    );
+    // The slice's own series: a claim's as the model matches it, an annotation slice's by
+    // its pod and container.
+    let series = usage.and_then(|u| match &p.claim {
+        Some(name) => {
+            let g = model?.gpus.iter().find(|g| g.uuid == p.uuid)?;
+            let c = g
+                .claims
+                .iter()
+                .find(|c| c.namespace == p.namespace && &c.name == name)?;
+            claim_series(u, &g.uuid, c, &g.claims)
+        }
+        None => u.slices.iter().find(|s| {
+            s.uuid == p.uuid
+                && s.namespace == p.namespace
+                && s.pod == p.pod
+                && s.container == p.container
+        }),
+    });
+    let skey = series.map(|s| slice_key(&s.node, &s.reservation, &s.uuid));
+    let gpu_used = use_cell(
+        "memory-used",
+        p.memory_used.map(|v| v as f64),
+        Unit::Bytes,
+        Some(p.memory_limit as f64),
+        used.zip(skey.as_deref())
+            .map(|(u, k)| ("gpu-memory", &u.slices, k)),
+    );
+    let gpu = model
+        .and_then(|m| m.gpus.iter().find(|g| g.uuid == p.uuid))
+        .map_or_else(
+            || {
+                format!(
+                    "<span class=\"gpu-name\" title=\"{}\">{}/{}</span>",
+                    esc(&p.uuid),
+                    esc(&p.node),
+                    esc(&p.device)
+                )
+            },
+            gpu_name,
+        );
     format!(
-        "<tr data-pod=\"{}/{}\" data-container=\"{}\"><td data-col=\"pod\">{}/{}</td><td data-col=\"container\">{}</td>{}{}{}{}{}{}{}{}</tr>\n",
+        "<tr id=\"pod-{}-{}\" data-pod=\"{}/{}\" data-container=\"{}\" data-workload=\"{}\"><td data-col=\"pod\">{}/{}</td><td data-col=\"container\">{}</td><td data-col=\"gpu\">{gpu}</td>{cpu}{memory}{gpu_used}{}{}{}{}</tr>\n",
+        esc(&p.namespace),
+        esc(&p.pod),
         esc(&p.namespace),
         esc(&p.pod),
         esc(&p.container),
+        esc(&p.workload),
         esc(&p.namespace),
         esc(&p.pod),
         esc(&p.container),
-        text_cell("gpu", &gpu),
         bytes_cell("memory-limit", Some(p.memory_limit)),
-        bytes_cell("memory-used", p.memory_used),
         bytes_cell("memory-used-driver", p.memory_used_driver),
         num_cell("cores-share", Some(p.cores_share)),
         num_cell("cores-used", p.cores_used.map(|c| c.max(0.0).round() as u64)),
-        cell("cpu", cpu, |m| format!("{m}m")),
-        bytes_cell("memory", memory),
     )
+}
+
+/// How the Idle page sorts its rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdleSort {
+    /// The largest holding first (the default).
+    Memory,
+    /// By namespace and workload.
+    Workload,
+}
+
+/// `/idle`: the slices whose use stayed under the threshold for the window
+/// ([`crate::idle::idle_slices`], the rows `kubectl gpuslice pods --idle` prints).
+pub fn idle_page(
+    chrome: &Chrome,
+    rows: Option<&[IdleSlice]>,
+    opts: &IdleOptions,
+    namespace: Option<&str>,
+    sort: IdleSort,
+) -> String {
+    let mut body = scope_line(namespace);
+    let window = format_window(opts.window);
+    let _ = writeln!(
+        body,
+        "<p id=\"idle-rule\">Slices whose measured memory and compute stayed under {}% of their limit for the last {} (change with ?threshold=PERCENT&amp;window=30m|1h|6h|1d).</p>",
+        opts.threshold_percent,
+        esc(&window)
+    );
+    let total: u64 = rows.unwrap_or(&[]).iter().map(|r| r.memory_held).sum();
+    let _ = writeln!(
+        body,
+        "<p id=\"idle-total\" data-value=\"{total}\">{} slice(s) hold {} idle</p>",
+        rows.map_or(0, <[IdleSlice]>::len),
+        esc(&bytes(total))
+    );
+    let q = |s: &str| {
+        format!(
+            "/idle?sort={s}&amp;threshold={}&amp;window={}{}",
+            opts.threshold_percent,
+            esc(&window),
+            namespace.map_or(String::new(), |n| format!(
+                "&amp;namespace={}",
+                esc(&seg(n))
+            ))
+        )
+    };
+    let _ = writeln!(
+        body,
+        "<div class=\"scroll\"><table id=\"idle\"><thead><tr><th><a id=\"sort-workload\" href=\"{}\">Workload</a></th><th>Pods</th><th>Claim</th><th>GPU</th><th><a id=\"sort-memory\" href=\"{}\">Memory held</a></th><th>Max used</th><th>Cores share</th><th>Max cores used</th></tr></thead><tbody>",
+        q("workload"),
+        q("memory")
+    );
+    let mut sorted: Vec<&IdleSlice> = rows.unwrap_or(&[]).iter().collect();
+    if sort == IdleSort::Workload {
+        sorted.sort_by(|a, b| {
+            (&a.namespace, &a.workload, &a.uuid).cmp(&(&b.namespace, &b.workload, &b.uuid))
+        });
+    }
+    for r in sorted {
+        let what = r.claim.clone().unwrap_or_else(|| r.pods.join(","));
+        let pods: Vec<String> = r
+            .pods
+            .iter()
+            .map(|p| {
+                format!(
+                    "<a href=\"/pods?namespace={}#pod-{}-{}\">{}</a>",
+                    esc(&seg(&r.namespace)),
+                    esc(&r.namespace),
+                    esc(p),
+                    esc(p)
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            body,
+            "<tr data-idle=\"{}/{} {}\"><td data-col=\"workload\">{}/{}</td><td data-col=\"pods\">{}</td>{}<td data-col=\"gpu\"><span class=\"gpu-name\" title=\"{}\">{}</span></td>{}{}{}{}</tr>",
+            esc(&r.namespace),
+            esc(&what),
+            esc(&r.uuid),
+            esc(&r.namespace),
+            esc(&r.workload),
+            pods.join(", "),
+            text_cell("claim", r.claim.as_deref().unwrap_or("(annotation)")),
+            esc(&r.uuid),
+            esc(&gpu_label(&r.node, &r.device, &r.model)),
+            bytes_cell("memory-held", Some(r.memory_held)),
+            bytes_cell("memory-used-max", Some(r.memory_used_max)),
+            num_cell("cores-share", Some(r.cores_share)),
+            num_cell("cores-used-max", Some(r.cores_used_max.max(0.0).round() as u64)),
+        );
+    }
+    body.push_str("</tbody></table></div>\n");
+    layout("Idle slices", chrome, &body)
 }
 
 /// A Deployment, StatefulSet or DaemonSet and its slice.
@@ -489,10 +890,11 @@ mod tests {
 
     /// The `<tr …>` line whose attribute `attr` is `value`.
     fn row<'a>(html: &'a str, attr: &str, value: &str) -> &'a str {
-        let needle = format!("<tr {attr}=\"{value}\"");
-        let start = html
+        let needle = format!(" {attr}=\"{value}\"");
+        let at = html
             .find(&needle)
             .unwrap_or_else(|| panic!("no {needle} in {html}"));
+        let start = html[..at].rfind("<tr").unwrap();
         let end = html[start..].find("</tr>").unwrap() + start;
         &html[start..end]
     }
@@ -509,7 +911,7 @@ mod tests {
     #[test]
     fn nodes_show_the_models_figures_with_exact_values() {
         let m = model(Ok(usage()));
-        let html = nodes_page(&chrome(vec![]), Some(&m), false, None);
+        let html = nodes_page(&chrome(vec![]), Some(&m), false, None, None);
         let total = row(&html, "data-node", "(total)");
         assert_eq!(
             td(total, "memory-capacity"),
@@ -520,7 +922,7 @@ mod tests {
         );
         assert_eq!(
             td(total, "memory-used"),
-            "<td data-col=\"memory-used\" class=\"unknown\">—</td>",
+            "<td data-col=\"memory-used\" class=\"use unknown\"><span class=\"v\">—</span></td>",
             "the L4 is not measured: the total is unknown, not 0"
         );
         let a = row(&html, "data-node", "node-a");
@@ -532,10 +934,11 @@ mod tests {
                 40 * GIB
             )
         );
+        // 12Gi of node-a's 241Gi: a 5 % bar.
         assert_eq!(
             td(a, "memory-used"),
             format!(
-                "<td data-col=\"memory-used\" data-value=\"{}\">12Gi</td>",
+                "<td data-col=\"memory-used\" data-value=\"{}\" class=\"use\"><span class=\"v\">12Gi</span><span class=\"share\" data-share=\"5.0\" title=\"5% of capacity\"><i style=\"width:5.0%\"></i></span></td>",
                 12 * GIB
             )
         );
@@ -550,7 +953,7 @@ mod tests {
         assert!(td(a, "gpus").starts_with("<td data-col=\"gpus\" data-value=\"2\">2"));
         assert!(!a.contains("sparkline"), "no history given, no sparkline");
         // The filter: node-b's L4 is fully allocated.
-        let html = nodes_page(&chrome(vec![]), Some(&m), true, None);
+        let html = nodes_page(&chrome(vec![]), Some(&m), true, None, None);
         assert!(html.contains("data-node=\"node-a\"") && !html.contains("data-node=\"node-b\""));
         assert!(html.contains("<a id=\"filter-available\" href=\"/\">"));
         assert!(html.contains("<p id=\"mode\">read-only"));
@@ -559,21 +962,69 @@ mod tests {
         ));
     }
 
+    fn span() -> Span {
+        Span {
+            start: 0,
+            end: 3600,
+            step: 60,
+        }
+    }
+
     #[test]
-    fn sparklines_come_from_the_history_of_each_row() {
+    fn each_row_shows_cpu_memory_and_gpu_memory_as_value_bar_and_sparkline() {
         let m = model(Ok(usage()));
-        let mut h = History {
-            start: 0.0,
-            end: 3600.0,
-            ..History::default()
+        let mut gpu = History {
+            span: span(),
+            series: BTreeMap::new(),
         };
-        h.series
+        gpu.series
             .insert("node-a".into(), vec![(0.0, 1.0), (60.0, 2.0), (120.0, 3.0)]);
-        let html = nodes_page(&chrome(vec![]), Some(&m), false, Some(&h));
-        assert!(row(&html, "data-node", "node-a")
-            .contains("<svg class=\"sparkline\" data-points=\"3\""));
-        assert!(row(&html, "data-node", "node-b")
-            .contains("<svg class=\"sparkline\" data-points=\"0\""));
+        let mut cpu = gpu.clone();
+        cpu.series.clear();
+        cpu.series
+            .insert("node-a".into(), vec![(0.0, 0.5), (60.0, 0.25)]);
+        let mut mem = gpu.clone();
+        mem.series.clear();
+        mem.series
+            .insert("node-a".into(), vec![(60.0, (4 * GIB) as f64)]);
+        let used = NodeUse {
+            gpu_memory: gpu,
+            cpu: Some(cpu),
+            memory: Some(mem),
+            capacity: [("node-a".to_string(), (Some(2.0), Some((16 * GIB) as f64)))].into(),
+        };
+        let html = nodes_page(
+            &chrome(vec![]),
+            Some(&m),
+            false,
+            Some(&used),
+            Some(&usage()),
+        );
+        let a = row(&html, "data-node", "node-a");
+        assert!(a.contains("<svg class=\"sparkline\" data-chart=\"gpu-memory\" data-start=\"0\" data-end=\"3600\" data-step=\"60\" data-points=\"3\""), "{a}");
+        let c = td(a, "cpu");
+        assert!(c.starts_with("<td data-col=\"cpu\" data-value=\"250\" class=\"use\"><span class=\"v\">250m</span><span class=\"share\" data-share=\"12.5\""), "{c}");
+        assert!(c.contains("data-values=\"0:0.5 60:0.25\""), "{c}");
+        let mm = td(a, "memory");
+        assert!(
+            mm.contains(&format!("data-value=\"{}\"", 4 * GIB))
+                && mm.contains("data-share=\"25.0\""),
+            "{mm}"
+        );
+        // node-b: no history, so no data yet; cAdvisor knows nothing of it: unknown.
+        let b = row(&html, "data-node", "node-b");
+        assert!(b.contains("<span class=\"sparkline no-data\" data-chart=\"gpu-memory\" data-points=\"0\">no data yet</span>"), "{b}");
+        assert!(
+            td(b, "cpu").contains("class=\"use unknown\"><span class=\"v\">—</span>"),
+            "{b}"
+        );
+        // The compact slice map: node-a's two GPUs, each split into its bookings.
+        assert_eq!(
+            td(a, "slice-map")
+                .matches("class=\"slice-map compact\"")
+                .count(),
+            2
+        );
     }
 
     #[test]
@@ -589,7 +1040,7 @@ mod tests {
                 text: "node n2: no gpuslice plugin (no ResourceSlice of driver gpuslice.io)".into(),
             },
         ];
-        let html = nodes_page(&chrome(banners), Some(&m), false, None);
+        let html = nodes_page(&chrome(banners), Some(&m), false, None, None);
         assert!(html.contains("<div class=\"source-missing\" data-source=\"prometheus\">Prometheus: not configured (start with --prometheus URL)</div>"));
         assert!(html.contains(
             "<div class=\"source-missing\" data-source=\"plugin:n2\">node n2: no gpuslice plugin"
@@ -598,7 +1049,7 @@ mod tests {
             let r = row(&html, "data-node", n);
             assert_eq!(
                 td(r, "memory-used"),
-                "<td data-col=\"memory-used\" class=\"unknown\">—</td>"
+                "<td data-col=\"memory-used\" class=\"use unknown\"><span class=\"v\">—</span></td>"
             );
             assert_eq!(
                 td(r, "cores-used"),
@@ -611,7 +1062,7 @@ mod tests {
             source: "api".into(),
             text: "API server: cannot list".into(),
         }];
-        let html = nodes_page(&chrome(api), None, false, None);
+        let html = nodes_page(&chrome(api), None, false, None, None);
         assert!(html.contains("data-source=\"api\""));
         assert!(!html.contains("<tr data-node"));
     }
@@ -628,14 +1079,14 @@ mod tests {
             source: "plugin:<b>".into(),
             text: evil.into(),
         }]);
-        let html = nodes_page(&c, Some(&m), false, None);
+        let html = nodes_page(&c, Some(&m), false, None, None);
         assert!(
             !html.contains("<script>") && !html.contains("<b>"),
             "{html}"
         );
         assert!(html.contains("<tr data-node=\"&lt;script&gt;alert(1)&lt;/script&gt;\""));
         assert!(html.contains("href=\"/nodes/%3Cscript%3Ealert%281%29%3C%2Fscript%3E\""));
-        let html = node_page(&c, &m, evil, None);
+        let html = node_page(&c, &m, None, evil, None);
         assert!(
             !html.contains("<script>") && !html.contains("<img"),
             "{html}"
@@ -647,7 +1098,7 @@ mod tests {
     #[test]
     fn the_node_page_has_a_row_and_a_chart_per_gpu_with_the_share() {
         let m = model(Ok(usage()));
-        let html = node_page(&chrome(vec![]), &m, "node-a", None);
+        let html = node_page(&chrome(vec![]), &m, Some(&usage()), "node-a", None);
         let g0 = row(&html, "data-gpu", "GPU-NVIDIA-H200-0");
         // 30Gi of 141Gi: 21%.
         assert_eq!(
@@ -660,11 +1111,38 @@ mod tests {
         );
         assert_eq!(
             td(g0, "claims"),
-            "<td data-col=\"claims\">ml/pair (idle), ml/train</td>"
+            "<td data-col=\"claims\">ml/pair (idle now), ml/train</td>"
         );
         assert_eq!(td(g0, "model"), "<td data-col=\"model\">NVIDIA H200</td>");
-        assert_eq!(html.matches("<svg class=\"chart\"").count(), 2);
-        assert!(html.contains("<svg class=\"chart\" data-gpu=\"GPU-NVIDIA-H200-1\""));
+        // No history: each GPU's chart says so instead of drawing an empty frame.
+        assert_eq!(html.matches("<div class=\"chart no-data\"").count(), 2);
+        assert!(html.contains("<div class=\"chart no-data\" data-gpu=\"GPU-NVIDIA-H200-1\""));
+        assert!(
+            td(g0, "gpu").contains("title=\"GPU-NVIDIA-H200-0\">node-a/gpu-0 (H200)</span>"),
+            "{g0}"
+        );
+        // The slice map of gpu-0: pair (10Gi, idle: 0 used) and train (20Gi, 8Gi used),
+        // 111Gi free, in proportion to the 141Gi.
+        let map = &html[html
+            .find("<div class=\"gpu-map\" data-gpu=\"GPU-NVIDIA-H200-0\"")
+            .unwrap()..];
+        let map = &map[..map.find("</div></div>").unwrap()];
+        assert!(map.contains(&format!("data-claim=\"ml/pair\" data-pod=\"pair-0\" data-booked=\"{}\" href=\"/pods?namespace=ml#pod-ml-pair-0\" style=\"width:7.0922%\"", 10 * GIB)), "{map}");
+        assert!(
+            map.contains(&format!(
+                "<i class=\"used\" data-used=\"{}\" style=\"width:40.00%\">",
+                8 * GIB
+            )),
+            "{map}"
+        );
+        assert!(
+            map.contains(&format!("data-free=\"{}\"", 111 * GIB)),
+            "{map}"
+        );
+        assert!(
+            map.contains("data-resource=\"cores\" data-capacity=\"100\""),
+            "{map}"
+        );
         assert!(
             !html.contains("GPU-NVIDIA-L4-0"),
             "node-b's GPU is not on node-a's page"
@@ -687,12 +1165,30 @@ mod tests {
         };
         let ml = BTreeSet::from(["ml".to_string()]);
         let m = build(&src, Some(&ml));
-        let mut cad = ContainerUse::new();
-        cad.insert(
-            ("ml".into(), "train-0".into(), "main".into()),
-            (Some(250), Some(3 * GIB)),
+        let h = |k: &str, v: f64| History {
+            span: span(),
+            series: [(k.to_string(), vec![(60.0, v)])].into(),
+        };
+        let key = pod_key("ml", "train-0");
+        let used = PodUse {
+            slices: History {
+                span: span(),
+                series: BTreeMap::new(),
+            },
+            cpu: Some(h(&key, 0.25)),
+            memory: Some(h(&key, (3 * GIB) as f64)),
+            capacity: BTreeMap::new(),
+        };
+        let u = usage();
+        let html = pods_page(
+            &chrome(vec![]),
+            Some(&m),
+            Some("ml"),
+            None,
+            Some(&used),
+            Some(&u),
         );
-        let html = pods_page(&chrome(vec![]), Some(&m), Some("ml"), Some(&cad));
+        assert!(html.contains("<tr class=\"group\" data-group=\"ml/pod/train-0\" data-count=\"1\"><th colspan=\"10\">ml/pod/train-0 · 1 pod</th></tr>"), "{html}");
         let r = row(&html, "data-pod", "ml/train-0");
         assert!(r.contains("data-container=\"main\""));
         assert_eq!(
@@ -702,13 +1198,10 @@ mod tests {
                 20 * GIB
             )
         );
-        assert_eq!(
-            td(r, "memory-used"),
-            format!(
-                "<td data-col=\"memory-used\" data-value=\"{}\">8Gi</td>",
-                8 * GIB
-            )
-        );
+        assert!(td(r, "memory-used").starts_with(&format!(
+            "<td data-col=\"memory-used\" data-value=\"{}\" class=\"use\"><span class=\"v\">8Gi</span><span class=\"share\" data-share=\"40.0\"",
+            8 * GIB
+        )));
         assert_eq!(
             td(r, "memory-used-driver"),
             format!(
@@ -724,20 +1217,16 @@ mod tests {
             td(r, "cores-used"),
             "<td data-col=\"cores-used\" data-value=\"28\">28</td>"
         );
-        assert_eq!(
-            td(r, "cpu"),
-            "<td data-col=\"cpu\" data-value=\"250\">250m</td>"
-        );
-        assert_eq!(
-            td(r, "memory"),
-            format!(
-                "<td data-col=\"memory\" data-value=\"{}\">3Gi</td>",
-                3 * GIB
-            )
-        );
+        assert!(td(r, "cpu").starts_with(
+            "<td data-col=\"cpu\" data-value=\"250\" class=\"use\"><span class=\"v\">250m</span>"
+        ));
+        assert!(td(r, "memory").starts_with(&format!(
+            "<td data-col=\"memory\" data-value=\"{}\" class=\"use\"><span class=\"v\">3Gi</span>",
+            3 * GIB
+        )));
         src.usage = Err("x".into());
         let m = build(&src, Some(&ml));
-        let html = pods_page(&chrome(vec![]), Some(&m), Some("ml"), None);
+        let html = pods_page(&chrome(vec![]), Some(&m), Some("ml"), None, None, None);
         let r = row(&html, "data-pod", "ml/train-0");
         for col in [
             "memory-used",

@@ -1,65 +1,90 @@
-//! The Pods page (`/pods[?namespace=NS]`): per container holding a slice, the model's
-//! figures beside cAdvisor's CPU and memory from Prometheus.
+//! The Pods page (`/pods[?namespace=NS][&node=NODE]`): per container holding a slice, grouped
+//! under its workload, cAdvisor's CPU and memory of its pod and the slice's GPU memory used, each with
+//! its share bar and the sparkline of its last hour from Prometheus (one range query each:
+//! three per page), beside the model's figures; and the Idle page (`/idle`), the rows of
+//! `kubectl gpuslice pods --idle`.
+
+use std::collections::BTreeSet;
 
 use http_body_util::Full;
 use hyper::body::Bytes;
 use hyper::{Response, StatusCode};
 
 use crate::fetch::PodScope;
-use crate::usage;
+use crate::idle::{self, IdleOptions};
 
-use super::pages::{self, ContainerUse};
+use super::nodes::{keyed, range, spark_span};
+use super::pages::{self, pod_key, slice_key, IdleSort, PodUse};
 use super::respond::html;
-use super::sources::{banner, model_of};
+use super::sources::{banner, model_of, Loaded};
 use super::state::{chrome, State};
 
-/// cAdvisor's CPU (millicores, over 5 minutes) and working set per container.
-async fn container_use(state: &State) -> Result<ContainerUse, String> {
-    let Some(url) = &state.prometheus else {
-        return Err("cAdvisor (containers' CPU and memory): Prometheus not configured (start with --prometheus URL)".into());
-    };
-    const CPU: &str = r#"sum by (namespace, pod, container) (rate(container_cpu_usage_seconds_total{container!="",container!="POD"}[5m]))"#;
-    const MEM: &str = r#"sum by (namespace, pod, container) (container_memory_working_set_bytes{container!="",container!="POD"})"#;
-    let (cpu, mem) = tokio::join!(usage::query(url, CPU), usage::query(url, MEM));
-    let (cpu, mem) = (
-        cpu.map_err(|e| e.to_string())?,
-        mem.map_err(|e| e.to_string())?,
-    );
-    if cpu.is_empty() && mem.is_empty() {
-        return Err(format!("cAdvisor: Prometheus at {url} has no container_cpu_usage_seconds_total or container_memory_working_set_bytes series (it scrapes no kubelet's cAdvisor)"));
-    }
-    let mut out = ContainerUse::new();
-    for (samples, is_cpu) in [(cpu, true), (mem, false)] {
-        for s in samples {
-            let label = |k: &str| s.metric.get(k).cloned().unwrap_or_default();
-            let Some(v) = s.value.1.parse::<f64>().ok().filter(|v| v.is_finite()) else {
-                continue;
-            };
-            let e = out
-                .entry((label("namespace"), label("pod"), label("container")))
-                .or_default();
-            if is_cpu {
-                e.0 = Some((v.max(0.0) * 1000.0).round() as u64);
-            } else {
-                e.1 = Some(v.max(0.0).round() as u64);
-            }
-        }
-    }
-    Ok(out)
-}
+/// cAdvisor's CPU (cores, over 5 minutes) and working set per pod: its pod cgroup's series
+/// (`container=""`), which the kubelet labels with the pod whatever the runtime (a
+/// container's own series carry its name only where cAdvisor knows the runtime).
+pub(super) const POD_CPU: &str = r#"sum by (namespace, pod) (rate(container_cpu_usage_seconds_total{pod!="",container=""}[5m]))"#;
+pub(super) const POD_MEMORY: &str =
+    r#"sum by (namespace, pod) (container_memory_working_set_bytes{pod!="",container=""})"#;
+/// Each slice's memory used (the shim's account).
+pub(super) const SLICE_MEMORY: &str = "gpuslice_slice_memory_used_bytes";
 
-pub(super) async fn pods(state: &State, namespace: Option<&str>) -> Response<Full<Bytes>> {
+pub(super) async fn pods(
+    state: &State,
+    namespace: Option<&str>,
+    node: Option<&str>,
+) -> Response<Full<Bytes>> {
     let scope = match namespace {
         Some(ns) => PodScope::Namespace(ns.to_string()),
         None => PodScope::All,
     };
-    let (m, mut banners) = model_of(state, scope, false).await;
-    let cadvisor = match container_use(state).await {
-        Ok(c) => Some(c),
-        Err(e) => {
-            banners.push(banner("cadvisor", e));
-            None
-        }
+    // The range queries need nothing from the model: asked beside it.
+    let span = spark_span();
+    let (loaded, slices, cpu, memory) = tokio::join!(
+        model_of(state, scope, false),
+        range(state, SLICE_MEMORY, span),
+        range(state, POD_CPU, span),
+        range(state, POD_MEMORY, span)
+    );
+    let Loaded {
+        model: m,
+        usage,
+        capacity,
+        mut banners,
+    } = loaded;
+    let used = if state.prometheus.is_some() {
+        let container = |s: &crate::usage::Series| {
+            let l = |k: &str| s.metric.get(k).cloned().unwrap_or_default();
+            Some(pod_key(&l("namespace"), &l("pod")))
+        };
+        let (cpu, memory) = match (cpu, memory) {
+            (Ok(c), Ok(m)) if !(c.is_empty() && m.is_empty()) => (
+                Some(keyed(span, c, container)),
+                Some(keyed(span, m, container)),
+            ),
+            (Err(e), _) | (_, Err(e)) => {
+                banners.push(banner("cadvisor", format!("cAdvisor: {e}")));
+                (None, None)
+            }
+            _ => {
+                banners.push(banner("cadvisor", format!("cAdvisor: Prometheus at {} has no container_cpu_usage_seconds_total or container_memory_working_set_bytes series (it scrapes no kubelet's cAdvisor)", state.prometheus.as_deref().unwrap_or_default())));
+                (None, None)
+            }
+        };
+        Some(PodUse {
+            slices: keyed(span, slices.unwrap_or_default(), |s| {
+                let l = |k: &str| s.metric.get(k).cloned().unwrap_or_default();
+                Some(slice_key(&l("node"), &l("reservation"), &l("uuid")))
+            }),
+            cpu,
+            memory,
+            capacity,
+        })
+    } else {
+        banners.push(banner(
+            "cadvisor",
+            "cAdvisor (containers' CPU and memory): Prometheus not configured (start with --prometheus URL)",
+        ));
+        None
     };
     html(
         StatusCode::OK,
@@ -67,7 +92,40 @@ pub(super) async fn pods(state: &State, namespace: Option<&str>) -> Response<Ful
             &chrome(state, banners),
             m.as_ref(),
             namespace,
-            cadvisor.as_ref(),
+            node,
+            used.as_ref(),
+            usage.as_ref(),
+        ),
+    )
+}
+
+pub(super) async fn idle_page(
+    state: &State,
+    namespace: Option<&str>,
+    opts: IdleOptions,
+    sort: IdleSort,
+) -> Response<Full<Bytes>> {
+    let only = namespace.map(|n| BTreeSet::from([n.to_string()]));
+    let rows = idle::fetch_rows(
+        &state.cluster.client,
+        state.prometheus.as_deref(),
+        only.as_ref(),
+        &opts,
+    )
+    .await;
+    let (rows, banners) = match rows {
+        Ok(r) => (Some(r), Vec::new()),
+        Err(e @ idle::IdleError::Fetch(_)) => (None, vec![super::sources::api_banner(e)]),
+        Err(e) => (None, vec![banner("prometheus", e.to_string())]),
+    };
+    html(
+        StatusCode::OK,
+        pages::idle_page(
+            &chrome(state, banners),
+            rows.as_deref(),
+            &opts,
+            namespace,
+            sort,
         ),
     )
 }

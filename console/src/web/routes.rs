@@ -10,11 +10,15 @@ use hyper::body::{Bytes, Incoming};
 use hyper::header;
 use hyper::{Method, Request, Response, StatusCode};
 
+use crate::idle::{self, IdleOptions};
+use crate::usage;
+
 use super::actions::{allocate, release};
 use super::http::{self, Refusal, Route};
 use super::limits::{Activity, Limits};
 use super::nodes::{node, nodes};
-use super::pods::pods;
+use super::pages::IdleSort;
+use super::pods::{idle_page, pods};
 use super::respond::{refusal, respond};
 use super::state::State;
 use super::workloads::{workload_tab, workloads};
@@ -106,7 +110,38 @@ async fn serve(
             nodes(state, available).await
         }
         Route::Node(name) => node(state, &name).await,
-        Route::Pods => pods(state, namespace.as_deref()).await,
+        Route::Pods => {
+            let node = match http::query_param(query, "node").filter(|n| !n.is_empty()) {
+                Some(n) => Some(http::object_name("node name", &n)?),
+                None => None,
+            };
+            pods(state, namespace.as_deref(), node.as_deref()).await
+        }
+        Route::Idle => {
+            let mut opts = IdleOptions::default();
+            if let Some(t) = http::query_param(query, "threshold").filter(|t| !t.is_empty()) {
+                opts.threshold_percent = idle::parse_threshold(&t)
+                    .map_err(|e| Refusal::new(StatusCode::BAD_REQUEST, e.to_string()))?;
+            }
+            if let Some(w) = http::query_param(query, "window").filter(|w| !w.is_empty()) {
+                opts.window = usage::parse_window(&w)
+                    .map_err(|e| Refusal::new(StatusCode::BAD_REQUEST, e.to_string()))?;
+            }
+            let sort = match http::query_param(query, "sort").as_deref() {
+                None | Some("" | "memory") => IdleSort::Memory,
+                Some("workload") => IdleSort::Workload,
+                Some(other) => {
+                    return Err(Refusal::new(
+                        StatusCode::BAD_REQUEST,
+                        format!(
+                            "sort `{}`: accepted memory or workload",
+                            other.escape_default()
+                        ),
+                    ))
+                }
+            };
+            idle_page(state, namespace.as_deref(), opts, sort).await
+        }
         Route::Workloads => workloads(state, namespace.as_deref()).await,
         Route::Workload(w) => workload_tab(state, &w).await,
         Route::Allocate(_) | Route::Release(_) => unreachable_route(),
