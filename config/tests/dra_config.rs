@@ -64,7 +64,7 @@ fn bad_values_name_the_key_the_value_and_the_accepted_form() {
     );
     let e = err("[dra]\nslots = 4\n");
     assert!(
-        e.contains("`slots`") && e.contains("mode, slots_per_gpu"),
+        e.contains("`dra.slots`") && e.contains("mode, slots_per_gpu"),
         "{e}"
     );
 }
