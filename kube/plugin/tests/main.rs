@@ -6,4 +6,5 @@
 mod kubelet;
 mod manifests;
 mod registration_authority;
+mod slot_mode;
 mod support;
