@@ -23,6 +23,8 @@ pub mod writer;
 
 /// The DRA driver name and the DeviceClass name.
 pub const DRIVER: &str = "gpuslice.io";
+/// The DeviceClass of slot mode.
+pub const SLOTS_CLASS: &str = "slots.gpuslice.io";
 
 pub use booking::{BookingError, Plugin};
 pub use claim::ClaimRef;

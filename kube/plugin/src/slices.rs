@@ -31,6 +31,8 @@ pub const MAX_NAME: usize = 253;
 pub const ATTR_UUID: &str = "uuid";
 pub const ATTR_INDEX: &str = "index";
 pub const ATTR_PRODUCT: &str = "productName";
+/// The slot number of a slot device (what the `slots.gpuslice.io` DeviceClass selects by).
+pub const ATTR_SLOT: &str = "slot";
 /// The standard NUMA node attribute, published where the inventory knows it.
 pub const ATTR_NUMA: &str = "resource.kubernetes.io/numaNode";
 pub const CAP_MEMORY: &str = "memory";
@@ -351,7 +353,17 @@ pub fn devices(g: &OfferedGpu) -> Vec<Device> {
         .iter()
         .map(|j| Device {
             name: slot_device_name(g.index, *j),
-            attributes: Some(attributes.clone()),
+            attributes: Some({
+                let mut a = attributes.clone();
+                a.insert(
+                    ATTR_SLOT.to_string(),
+                    DeviceAttribute {
+                        int: Some(i64::from(*j)),
+                        ..Default::default()
+                    },
+                );
+                a
+            }),
             capacity: Some(capacity.clone()),
             ..Default::default()
         })
