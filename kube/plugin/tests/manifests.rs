@@ -306,6 +306,7 @@ fn dra_manifests_are_valid_and_agree_with_the_plugin() {
     ] {
         assert!(kinds.iter().any(|x| x == k), "no {k} in the DRA packaging");
     }
+    classes.sort();
     assert_eq!(
         classes,
         [DRIVER, SLOTS_CLASS],
