@@ -40,10 +40,20 @@ Usage: scripts/kube-cluster.sh COMMAND [ARGS]
                 here from busybox-static and imported with ctr, the release's kubelet
                 (KubeletConfiguration DIR/node/kubelet-config.yaml: cgroupfs driver,
                 failCgroupV1 false; root dir DIR/node/kubelet), and `gpuslice
-                kubelet-plugin` registered with that kubelet. Applies the DeviceClass
-                gpuslice.io and the RuntimeClass gpuslice. Returns once the Node is Ready
+                kubelet-plugin` registered with that kubelet. Applies the DeviceClasses
+                gpuslice.io and slots.gpuslice.io and the RuntimeClass gpuslice. Returns once the Node is Ready
                 and its ResourceSlice is published; adds the node's paths to
                 DIR/cluster.env. One node per machine at a time.
+  up DIR --feature-gates LIST
+                Pass LIST (Name=bool,…, e.g. DRAConsumableCapacity=false) as --feature-gates
+                to every component started: kube-apiserver, kube-scheduler,
+                kube-controller-manager and, with --node, the kubelet. Recorded in
+                DIR/cluster.env as FEATURE_GATES.
+  up DIR --emulated-version X.Y
+                Run the control plane (API server, scheduler, controller manager) as release
+                X.Y with the pinned binaries' --emulated-version (1.34 to the pinned release):
+                the APIs served and the feature gates' defaults are X.Y's. The kubelet has no
+                emulation. Recorded in DIR/cluster.env as EMULATED_VERSION.
   down DIR      Stop what `up DIR` started (only the pids it recorded) and remove what it
                 wrote. With a node: first deletes the workloads and pods through the API
                 (so the kubelet tears them down: CNI, DRA unprepare), then stops the plugin,
@@ -128,7 +138,17 @@ cmd_up() {
           die "--node '$2' is not a node name: lowercase letters, digits and '-', at most 63, starting and ending with a letter or digit"
         node_name="$2"
         shift 2 ;;
-      *) die "unknown argument to up: '$1' (accepted: DIR, --node NAME)" ;;
+      --feature-gates)
+        [[ $# -ge 2 && "$2" =~ ^[A-Za-z0-9]+=(true|false)(,[A-Za-z0-9]+=(true|false))*$ ]] ||
+          die "--feature-gates needs a list Name=true|false,… (e.g. DRAConsumableCapacity=false), not '${2:-}'"
+        FEATURE_GATES="$2"
+        shift 2 ;;
+      --emulated-version)
+        [[ $# -ge 2 && "$2" =~ ^1\.[0-9]+$ ]] ||
+          die "--emulated-version needs a release major.minor such as 1.34, not '${2:-}'"
+        EMULATED_VERSION="$2"
+        shift 2 ;;
+      *) die "unknown argument to up: '$1' (accepted: DIR, --node NAME, --feature-gates LIST, --emulated-version X.Y)" ;;
     esac
   done
   local created=""
@@ -151,6 +171,8 @@ cmd_up() {
   mkdir -p "$DIR/logs" "$DIR/pids" "$DIR/kubeconfigs"
   [ -z "$created" ] || : >"$DIR/pids/created-dir"
   echo "BIN_DIR=$BIN" >"$DIR/cluster.env"
+  [ -z "${FEATURE_GATES:-}" ] || env_add FEATURE_GATES "$FEATURE_GATES"
+  [ -z "${EMULATED_VERSION:-}" ] || env_add EMULATED_VERSION "$EMULATED_VERSION"
 
   make_pki
   start_etcd

@@ -9,6 +9,7 @@ mod console_web;
 mod containerd;
 mod cri;
 mod dra_control_plane;
+mod dra_slots;
 mod enforce;
 mod enforce_compute;
 mod hardening_lifecycle;
