@@ -128,6 +128,9 @@ impl Default for EnforceConfig {
     }
 }
 
+/// The file under the state directory where the kubelet plugin records its DRA mode.
+pub const KUBELET_PLUGIN_FILE: &str = "kubelet-plugin.json";
+
 /// The slots each GPU is published as in slot mode when `dra.slots_per_gpu` is not set: one
 /// ResourceSlice of 128 devices holds a node of 8 GPUs, and a slot is 8.8 GiB of a 141 GiB GPU,
 /// 5 GiB of an 80 GiB one (docs/kubernetes-dra.md says why).
@@ -339,6 +342,11 @@ impl Default for Config {
 }
 
 impl Config {
+    /// Where `gpuslice kubelet-plugin` records the mode it publishes in (for `status`).
+    pub fn kubelet_plugin_path(&self) -> PathBuf {
+        self.state_dir.join(KUBELET_PLUGIN_FILE)
+    }
+
     /// The registry file.
     pub fn registry_path(&self) -> PathBuf {
         self.state_dir.join("registry.json")

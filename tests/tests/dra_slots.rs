@@ -152,10 +152,15 @@ fn on_a_1_34_control_plane_slots_are_placed_per_gpu_and_booked_exactly() {
     for (name, s) in &slices {
         for d in s["spec"]["devices"].as_array().unwrap() {
             assert!(d.get("allowMultipleAllocations").is_none(), "{d}");
-            let memory = parse_kube_quantity(d["capacity"]["memory"]["value"].as_str().unwrap()).unwrap();
+            let memory =
+                parse_kube_quantity(d["capacity"]["memory"]["value"].as_str().unwrap()).unwrap();
             assert_eq!(memory, slot_bytes[name], "{d}");
             let index = d["attributes"]["index"]["int"].as_u64().unwrap() as usize;
-            assert_eq!(d["attributes"]["uuid"]["string"], nodes[name].uuid(index), "{d}");
+            assert_eq!(
+                d["attributes"]["uuid"]["string"],
+                nodes[name].uuid(index),
+                "{d}"
+            );
             let slot = d["attributes"]["slot"]["int"].as_u64().unwrap();
             assert_eq!(d["name"], format!("gpu-{index}-slot-{slot}"), "{d}");
         }
@@ -170,10 +175,14 @@ fn on_a_1_34_control_plane_slots_are_placed_per_gpu_and_booked_exactly() {
         cluster.create(&pod(c.name, c.name)).unwrap();
         match want_node(c) {
             Some(want) => {
-                let got = wait_for(&format!("the scheduler to bind pod {}", c.name), STEP, || {
-                    let p = cluster.get_json(&["pod", c.name, "-n", NS]);
-                    p["spec"]["nodeName"].as_str().map(str::to_string)
-                });
+                let got = wait_for(
+                    &format!("the scheduler to bind pod {}", c.name),
+                    STEP,
+                    || {
+                        let p = cluster.get_json(&["pod", c.name, "-n", NS]);
+                        p["spec"]["nodeName"].as_str().map(str::to_string)
+                    },
+                );
                 assert_eq!(got, want, "pod {} bound to the wrong node", c.name);
             }
             None => {
@@ -225,16 +234,29 @@ fn on_a_1_34_control_plane_slots_are_placed_per_gpu_and_booked_exactly() {
                     assert_eq!(r["pool"], node, "{r}");
                     let d = r["device"].as_str().unwrap();
                     per_gpu
-                        .entry((node.to_string(), d.rsplit_once("-slot-").unwrap().0.to_string()))
+                        .entry((
+                            node.to_string(),
+                            d.rsplit_once("-slot-").unwrap().0.to_string(),
+                        ))
                         .or_default()
                         .insert(d.to_string());
                     d.rsplit_once("-slot-").unwrap().0.to_string()
                 })
                 .collect();
-            assert_eq!(gpus.len(), 1, "claim {} request {request} spans GPUs: {claim}", c.name);
+            assert_eq!(
+                gpus.len(),
+                1,
+                "claim {} request {request} spans GPUs: {claim}",
+                c.name
+            );
             gpus_of_claim.extend(gpus);
         }
-        assert_eq!(gpus_of_claim.len(), c.slots.len(), "claim {}: {claim}", c.name);
+        assert_eq!(
+            gpus_of_claim.len(),
+            c.slots.len(),
+            "claim {}: {claim}",
+            c.name
+        );
         claims.insert(c.name, (uid, results));
     }
     for ((node, gpu), slots) in &per_gpu {
@@ -265,12 +287,20 @@ fn on_a_1_34_control_plane_slots_are_placed_per_gpu_and_booked_exactly() {
             .map(|b| b["memory"].as_u64().unwrap())
             .collect();
         booked.sort();
-        let mut want: Vec<u64> = c.slots.iter().map(|k| u64::from(*k) * slot_bytes[name]).collect();
+        let mut want: Vec<u64> = c
+            .slots
+            .iter()
+            .map(|k| u64::from(*k) * slot_bytes[name])
+            .collect();
         want.sort();
         assert_eq!(booked, want, "claim {}: {r}", c.name);
         let un = kubelet.unprepare(kubelet_claim(NS, c.name, uid)).unwrap();
         assert_eq!(un.error, "");
         let text = std::fs::read_to_string(nodes[name].state_dir().join("registry.json")).unwrap();
-        assert!(!text.contains(uid.as_str()), "{} still booked: {text}", c.name);
+        assert!(
+            !text.contains(uid.as_str()),
+            "{} still booked: {text}",
+            c.name
+        );
     }
 }

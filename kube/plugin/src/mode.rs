@@ -15,10 +15,6 @@ use serde::Serialize;
 
 use crate::slices::{build_slices, OfferedGpu, Publication, SliceError, CAP_MEMORY};
 
-/// The file under the state directory where the plugin records the mode it publishes in,
-/// for `gpuslice status`.
-pub const MODE_FILE: &str = "kubelet-plugin.json";
-
 /// The mode could not be detected (it is retried).
 #[derive(Debug, thiserror::Error)]
 pub enum ModeError {
