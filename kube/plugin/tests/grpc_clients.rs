@@ -38,7 +38,9 @@ fn python_grpcio_sending_the_socket_path_as_authority_is_served_on_both_sockets(
     let tmp = tempfile::tempdir().unwrap();
     let n = Node::new("node-a", &[16], api.kubeconfig(tmp.path()));
     let p = n.start();
-    let out = Command::new("python3")
+    // Debian's interpreter, which python3-grpcio installs into (not whatever python3 is first
+    // on PATH).
+    let out = Command::new("/usr/bin/python3")
         .args(["-c", CLIENT])
         .arg(&p.reg)
         .arg(&p.dra)
