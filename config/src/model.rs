@@ -131,10 +131,12 @@ impl Default for EnforceConfig {
 /// The file under the state directory where the kubelet plugin records its DRA mode.
 pub const KUBELET_PLUGIN_FILE: &str = "kubelet-plugin.json";
 
-/// The slots each GPU is published as in slot mode when `dra.slots_per_gpu` is not set: one
-/// ResourceSlice of 128 devices holds a node of 8 GPUs, and a slot is 8.8 GiB of a 141 GiB GPU,
-/// 5 GiB of an 80 GiB one (docs/kubernetes-dra.md says why).
-pub const DEFAULT_SLOTS_PER_GPU: u32 = 16;
+/// The slots each GPU is published as in slot mode when `dra.slots_per_gpu` is not set: a slot
+/// is 17.6 GiB of a 141 GiB GPU, 10 GiB of an 80 GiB one, and the stock scheduler of 1.34/1.35
+/// (whose allocator tries the slots of a GPU in every order before it gives up on a node)
+/// decides a claim that does not fit a GPU's free slots in at most 7! orderings of them; at 16
+/// it needs up to 15! and times out (docs/kubernetes-dra.md says why).
+pub const DEFAULT_SLOTS_PER_GPU: u32 = 8;
 /// The most slots a GPU may be published as (one ResourceSlice's device limit).
 pub const MAX_SLOTS_PER_GPU: u32 = 128;
 

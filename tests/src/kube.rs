@@ -107,6 +107,16 @@ impl KubeCluster {
         gpuslice_config: &Path,
         gpuslice_bin_dir: &Path,
     ) -> KubeCluster {
+        KubeCluster::up_with_node_and(name, gpuslice_config, gpuslice_bin_dir, &[])
+    }
+
+    /// As [`KubeCluster::up_with_node`], with more arguments to `up` (`--feature-gates LIST`).
+    pub fn up_with_node_and(
+        name: &str,
+        gpuslice_config: &Path,
+        gpuslice_bin_dir: &Path,
+        args: &[&str],
+    ) -> KubeCluster {
         let dir = tempfile::Builder::new()
             .prefix("gpuslice-kube-")
             .tempdir()
@@ -115,6 +125,7 @@ impl KubeCluster {
             .arg("up")
             .arg(dir.path())
             .args(["--node", name])
+            .args(args)
             .env("GPUSLICE_KUBE_BIN_DIR", kube_bin_dir())
             .env("GPUSLICE_CONFIG", gpuslice_config)
             .env("GPUSLICE_BIN_DIR", gpuslice_bin_dir)
@@ -127,7 +138,7 @@ impl KubeCluster {
             cluster.down = true;
             let _ = run_script(&["down".as_ref(), cluster.dir().as_os_str()]);
             panic!(
-                "scripts/kube-cluster.sh up {} --node {name} failed ({}):\n{}",
+                "scripts/kube-cluster.sh up {} --node {name} {args:?} failed ({}):\n{}",
                 cluster.dir().display(),
                 out.status,
                 String::from_utf8_lossy(&out.stderr)

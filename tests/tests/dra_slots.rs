@@ -8,7 +8,7 @@
 //! k × slot per GPU; unprepare releases.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use gpuslice_config::quantity::parse_kube_quantity;
 use gpuslice_e2e::kube::{wait_for, KubeCluster};
@@ -21,7 +21,7 @@ const NS: &str = "default";
 const STEP: Duration = Duration::from_secs(90);
 const MIB: u64 = 1 << 20;
 /// The default `dra.slots_per_gpu`.
-const SLOTS: u64 = 16;
+const SLOTS: u64 = gpuslice_config::DEFAULT_SLOTS_PER_GPU as u64;
 
 const L4: &str = "device.attributes[\"gpuslice.io\"].productName == \"NVIDIA L4\"";
 
@@ -57,44 +57,67 @@ struct Case {
     node: Option<&'static str>,
 }
 
-/// node-a: 2 × 141Gi H200 (16 slots of 9024Mi each); node-b: 1 × 24Gi L4 (16 of 1536Mi).
+/// node-a: 2 × 141Gi H200 (8 slots of 18048Mi each); node-b: 1 × 24Gi L4 (8 of 3Gi).
 /// Created one after another, each scheduled before the next.
 const CASES: [Case; 5] = [
-    // 9 + 9 slots: more than one GPU's 16, so two GPUs, and only node-a has two.
+    // 5 + 5 slots: more than one GPU's 8, so two GPUs, and only node-a has two. On node-b the
+    // scheduler must give up (5 + 5 of one GPU's 8) within its filter timeout: with 16 slots
+    // per GPU, its search through the orderings of the slots timed out there.
     Case {
         name: "two-gpus",
-        slots: &[9, 9],
+        slots: &[5, 5],
         cel: None,
         node: Some("node-a"),
     },
     Case {
-        name: "l4-six",
-        slots: &[6],
+        name: "l4-five",
+        slots: &[5],
         cel: Some(L4),
         node: Some("node-b"),
     },
-    // 7 slots left on each H200.
+    // 3 slots left on each H200.
     Case {
-        name: "seven",
-        slots: &[7],
+        name: "three",
+        slots: &[3],
         cel: None,
         node: Some("node-a"),
     },
-    // 10 slots left on the L4: 11 do not fit there, and the selector allows no other GPU.
+    // 3 slots left on the L4: 4 do not fit there, and the selector allows no other GPU.
     Case {
         name: "l4-over",
-        slots: &[11],
+        slots: &[4],
         cel: Some(L4),
         node: None,
     },
-    // More slots than any GPU has (slots_per_gpu is 16): fits nowhere.
+    // More slots than any GPU has (slots_per_gpu is 8): fits nowhere.
     Case {
         name: "too-many",
-        slots: &[17],
+        slots: &[9],
         cel: None,
         node: None,
     },
 ];
+
+/// The node the scheduler binds pod `name` to; past `STEP`, panics with the scheduler's own
+/// reason (the pod's PodScheduled condition) and the tail of its log.
+fn bound_node(cluster: &KubeCluster, name: &str) -> String {
+    let deadline = Instant::now() + STEP;
+    loop {
+        let p = cluster.get_json(&["pod", name, "-n", NS]);
+        if let Some(node) = p["spec"]["nodeName"].as_str() {
+            return node.to_string();
+        }
+        if Instant::now() > deadline {
+            panic!(
+                "the scheduler did not bind pod {name} in {STEP:?}; its conditions: {}\nclaim: {}\nscheduler log:\n{}",
+                p["status"]["conditions"],
+                cluster.get_json(&["resourceclaim", name, "-n", NS])["status"],
+                cluster.log_tail("kube-scheduler", 40)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
 
 fn want_node(c: &Case) -> Option<&'static str> {
     c.node
@@ -145,7 +168,7 @@ fn on_a_1_34_control_plane_slots_are_placed_per_gpu_and_booked_exactly() {
     for (name, p) in &plugins {
         let log = p.log_text();
         assert!(
-            log.contains("publishing in slot mode (16 slot devices per GPU): the API server drops consumable capacity"),
+            log.contains(&format!("publishing in slot mode ({SLOTS} slot devices per GPU): the API server drops consumable capacity")),
             "{name}: {log}"
         );
     }
@@ -169,21 +192,16 @@ fn on_a_1_34_control_plane_slots_are_placed_per_gpu_and_booked_exactly() {
     cluster.kubectl(&["create", "-f", &class.display().to_string()]);
 
     for c in &CASES {
+        let t0 = Instant::now();
         cluster
             .create(&slot_claim(c.name, c.slots, c.cel))
             .unwrap_or_else(|e| panic!("claim {} refused: {e}", c.name));
         cluster.create(&pod(c.name, c.name)).unwrap();
         match want_node(c) {
             Some(want) => {
-                let got = wait_for(
-                    &format!("the scheduler to bind pod {}", c.name),
-                    STEP,
-                    || {
-                        let p = cluster.get_json(&["pod", c.name, "-n", NS]);
-                        p["spec"]["nodeName"].as_str().map(str::to_string)
-                    },
-                );
+                let got = bound_node(&cluster, c.name);
                 assert_eq!(got, want, "pod {} bound to the wrong node", c.name);
+                eprintln!("pod {} bound to {got} in {:?}", c.name, t0.elapsed());
             }
             None => {
                 let cond = wait_for(
@@ -205,7 +223,11 @@ fn on_a_1_34_control_plane_slots_are_placed_per_gpu_and_booked_exactly() {
                     "pod {}: {cond}",
                     c.name
                 );
-                eprintln!("pod {} stays Pending: {message}", c.name);
+                eprintln!(
+                    "pod {} stays Pending (decided in {:?}): {message}",
+                    c.name,
+                    t0.elapsed()
+                );
             }
         }
     }
