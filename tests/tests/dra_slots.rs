@@ -70,22 +70,22 @@ const CASES: [Case; 5] = [
         node: Some("node-a"),
     },
     Case {
-        name: "l4-five",
-        slots: &[5],
+        name: "l4-six",
+        slots: &[6],
         cel: Some(L4),
         node: Some("node-b"),
     },
-    // 3 slots left on each H200.
+    // 3 slots left on each H200, 2 on the L4: only an H200 has room.
     Case {
         name: "three",
         slots: &[3],
         cel: None,
         node: Some("node-a"),
     },
-    // 3 slots left on the L4: 4 do not fit there, and the selector allows no other GPU.
+    // 2 slots left on the L4: 3 do not fit there, and the selector allows no other GPU.
     Case {
         name: "l4-over",
-        slots: &[4],
+        slots: &[3],
         cel: Some(L4),
         node: None,
     },
