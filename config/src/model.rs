@@ -132,11 +132,11 @@ impl Default for EnforceConfig {
 pub const KUBELET_PLUGIN_FILE: &str = "kubelet-plugin.json";
 
 /// The slots each GPU is published as in slot mode when `dra.slots_per_gpu` is not set: a slot
-/// is 17.6 GiB of a 141 GiB GPU, 10 GiB of an 80 GiB one, and the stock scheduler of 1.34/1.35
-/// (whose allocator tries the slots of a GPU in every order before it gives up on a node)
-/// decides a claim that does not fit a GPU's free slots in at most 7! orderings of them; at 16
-/// it needs up to 15! and times out (docs/kubernetes-dra.md says why).
-pub const DEFAULT_SLOTS_PER_GPU: u32 = 8;
+/// is 23.5 GiB of a 141 GiB GPU, 13.3 GiB of an 80 GiB one, and the stock scheduler of
+/// 1.34/1.35 (whose allocator tries the free slots of a GPU in every order before it gives up
+/// on a node) decides a claim that fits nowhere on a fragmented 100-node cluster within its
+/// filter timeout; at 8 it timed out (docs/kubernetes-dra.md and docs/benchmarks.md say why).
+pub const DEFAULT_SLOTS_PER_GPU: u32 = 6;
 /// The most slots a GPU may be published as (one ResourceSlice's device limit).
 pub const MAX_SLOTS_PER_GPU: u32 = 128;
 

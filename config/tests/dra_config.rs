@@ -18,7 +18,7 @@ fn defaults_detect_the_mode_and_publish_sixteen_slots() {
     let c = parse_config("", Path::new("/c.toml")).unwrap();
     assert_eq!(c.dra.mode, DraMode::Auto);
     assert_eq!(c.dra.slots_per_gpu, DEFAULT_SLOTS_PER_GPU);
-    assert_eq!(DEFAULT_SLOTS_PER_GPU, 8);
+    assert_eq!(DEFAULT_SLOTS_PER_GPU, 6);
 }
 
 #[test]

@@ -57,42 +57,42 @@ struct Case {
     node: Option<&'static str>,
 }
 
-/// node-a: 2 × 141Gi H200 (8 slots of 18048Mi each); node-b: 1 × 24Gi L4 (8 of 3Gi).
+/// node-a: 2 × 141Gi H200 (6 slots of 24064Mi each); node-b: 1 × 24Gi L4 (6 of 4Gi).
 /// Created one after another, each scheduled before the next.
 const CASES: [Case; 5] = [
-    // 5 + 5 slots: more than one GPU's 8, so two GPUs, and only node-a has two. On node-b the
-    // scheduler must give up (5 + 5 of one GPU's 8) within its filter timeout: with 16 slots
-    // per GPU, its search through the orderings of the slots timed out there.
+    // 4 + 4 slots: more than one GPU's 6, so two GPUs, and only node-a has two. On node-b the
+    // scheduler must give up (4 + 4 of one GPU's 6) within its filter timeout: with 16 slots
+    // per GPU (9 + 9), its search through the orderings of the slots timed out there.
     Case {
         name: "two-gpus",
-        slots: &[5, 5],
+        slots: &[4, 4],
         cel: None,
         node: Some("node-a"),
     },
     Case {
-        name: "l4-six",
-        slots: &[6],
+        name: "l4-five",
+        slots: &[5],
         cel: Some(L4),
         node: Some("node-b"),
     },
-    // 3 slots left on each H200, 2 on the L4: only an H200 has room.
+    // 2 slots left on each H200, 1 on the L4: only an H200 has room.
     Case {
-        name: "three",
-        slots: &[3],
+        name: "two",
+        slots: &[2],
         cel: None,
         node: Some("node-a"),
     },
-    // 2 slots left on the L4: 3 do not fit there, and the selector allows no other GPU.
+    // 1 slot left on the L4: 2 do not fit there, and the selector allows no other GPU.
     Case {
         name: "l4-over",
-        slots: &[3],
+        slots: &[2],
         cel: Some(L4),
         node: None,
     },
-    // More slots than any GPU has (slots_per_gpu is 8): fits nowhere.
+    // More slots than any GPU has (slots_per_gpu is 6): fits nowhere.
     Case {
         name: "too-many",
-        slots: &[9],
+        slots: &[7],
         cel: None,
         node: None,
     },

@@ -458,8 +458,10 @@ fn slot_template(name: &str, slots: u32, cores: Option<u32>) -> Value {
     })
 }
 
-/// Checks what a container holding `slots` slots of the L4 (3 GiB each at the default 8 per
-/// GPU) saw: its allocation, its limits, the probe refused past them, and its booking.
+/// The bytes of one slot of the 24 GiB L4 at the default `dra.slots_per_gpu`.
+const L4_SLOT: u64 = (24 * GIB / gpuslice_config::DEFAULT_SLOTS_PER_GPU as u64) >> 20 << 20;
+
+/// Checks what a container holding `slots` slots of the L4 saw: its allocation, its limits, the probe refused past them, and its booking.
 fn assert_slot_view(kn: &KubeNode, node: &TestNode, p: &Value, slots: u64, cores: Option<u64>) {
     let claim = claim_of(kn, p);
     let results = claim["status"]["allocation"]["devices"]["results"]
@@ -480,7 +482,7 @@ fn assert_slot_view(kn: &KubeNode, node: &TestNode, p: &Value, slots: u64, cores
     let limits: Value = serde_json::from_str(line(&log, "limits=")).expect("limits JSON");
     let device = &limits["devices"][0];
     assert_eq!(device["uuid"], node.uuid(0), "{log}");
-    assert_eq!(device["memory_limit"], slots * 3 * GIB, "{log}");
+    assert_eq!(device["memory_limit"], slots * L4_SLOT, "{log}");
     if let Some(c) = cores {
         assert_eq!(device["cores"], c, "{log}");
     }
@@ -492,7 +494,7 @@ fn assert_slot_view(kn: &KubeNode, node: &TestNode, p: &Value, slots: u64, cores
                 .filter(|v| v["cmd"] == "alloc")
         })
         .unwrap_or_else(|| panic!("no alloc report from the probe: {log}"));
-    assert_eq!(report["total"], slots * 3 * GIB, "{report}");
+    assert_eq!(report["total"], slots * L4_SLOT, "{report}");
     assert_eq!(report["error"], "CUDA_ERROR_OUT_OF_MEMORY", "{report}");
     let uid = claim["metadata"]["uid"].as_str().unwrap();
     let booked: Vec<u64> = claim_reservations(node)
@@ -501,7 +503,7 @@ fn assert_slot_view(kn: &KubeNode, node: &TestNode, p: &Value, slots: u64, cores
         .flat_map(|r| r["gpus"].as_array().cloned().unwrap_or_default())
         .map(|g| g["memory"].as_u64().unwrap())
         .collect();
-    assert_eq!(booked, [slots * 3 * GIB], "{:?}", node.reservations());
+    assert_eq!(booked, [slots * L4_SLOT], "{:?}", node.reservations());
 }
 
 #[test]
@@ -515,25 +517,31 @@ fn with_consumable_capacity_off_slot_claims_run_with_their_limits_and_a_third_wa
     );
     let plugin_log = kn.log_tail("gpuslice-kubelet-plugin", 200);
     assert!(
-        plugin_log.contains("publishing in slot mode (8 slot devices per GPU)"),
+        plugin_log.contains(&format!(
+            "publishing in slot mode ({} slot devices per GPU)",
+            gpuslice_config::DEFAULT_SLOTS_PER_GPU
+        )),
         "{plugin_log}"
     );
-    // 3 + 3 of the L4's 8 slots run; 3 more do not fit the 2 left.
+    // 2 + 2 of the L4's 6 slots run; 3 more do not fit the 2 left.
     kn.cluster
-        .create(&slot_template("slots-3-cores-20", 3, Some(20)))
+        .create(&slot_template("slots-2-cores-20", 2, Some(20)))
+        .unwrap();
+    kn.cluster
+        .create(&slot_template("slots-2", 2, None))
         .unwrap();
     kn.cluster
         .create(&slot_template("slots-3", 3, None))
         .unwrap();
-    for (name, template) in [("a", "slots-3-cores-20"), ("b", "slots-3")] {
+    for (name, template) in [("a", "slots-2-cores-20"), ("b", "slots-2")] {
         kn.cluster
             .create(&pod(name, CLAIM_CHECKS, Some(template)))
             .unwrap();
     }
     let a = kn.wait_running("a");
     let b = kn.wait_running("b");
-    assert_slot_view(&kn, &node, &a, 3, Some(20));
-    assert_slot_view(&kn, &node, &b, 3, None);
+    assert_slot_view(&kn, &node, &a, 2, Some(20));
+    assert_slot_view(&kn, &node, &b, 2, None);
 
     kn.cluster
         .create(&pod("c", CLAIM_CHECKS, Some("slots-3")))
