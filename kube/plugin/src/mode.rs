@@ -129,7 +129,10 @@ mod tests {
     fn auto_follows_what_the_api_server_keeps() {
         let mut c = DraConfig::default();
         assert_eq!(resolve(&c, Some(true)), Publication::Capacity);
-        assert_eq!(resolve(&c, Some(false)), Publication::Slots(16));
+        assert_eq!(
+            resolve(&c, Some(false)),
+            Publication::Slots(gpuslice_config::DEFAULT_SLOTS_PER_GPU)
+        );
         c.mode = DraMode::Slots;
         c.slots_per_gpu = 8;
         assert_eq!(resolve(&c, Some(true)), Publication::Slots(8));
