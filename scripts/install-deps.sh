@@ -11,6 +11,7 @@ PACKAGES=(
   jq busybox-static             # test images and JSON checks
   gcc libc6-dev binutils        # linking, fixture libraries, objdump
   python3 python3-venv          # ziglang (for the portable shim build) comes from PyPI
+  python3-grpcio                # a standard gRPC client of the plugin sockets (kube tests)
   iproute2 procps util-linux kmod
   ca-certificates
   openssl curl                  # scripts/kube-cluster.sh: the test cluster's certificates, health checks

@@ -41,8 +41,8 @@ Usage: scripts/kube-cluster.sh COMMAND [ARGS]
                 here from busybox-static and imported with ctr, the release's kubelet
                 (KubeletConfiguration DIR/node/kubelet-config.yaml: cgroupfs driver,
                 failCgroupV1 false; root dir DIR/node/kubelet), and `gpuslice
-                kubelet-plugin` registered with that kubelet. Applies the DeviceClass
-                gpuslice.io and the RuntimeClass gpuslice. Returns once the Node is Ready
+                kubelet-plugin` registered with that kubelet. Applies the DeviceClasses
+                gpuslice.io and slots.gpuslice.io and the RuntimeClass gpuslice. Returns once the Node is Ready
                 and its ResourceSlice is published; adds the node's paths to
                 DIR/cluster.env. One node per machine at a time.
   up DIR … --webhook
@@ -52,6 +52,16 @@ Usage: scripts/kube-cluster.sh COMMAND [ARGS]
                 MutatingWebhookConfiguration gpuslice-webhook (failurePolicy Fail,
                 sideEffects NoneOnDryRun, only pods naming gpuslice.io/* or nvidia.com/gpu*
                 resources; DIR/webhook.yaml). Adds WEBHOOK_URL to DIR/cluster.env.
+  up DIR --feature-gates LIST
+                Pass LIST (Name=bool,…, e.g. DRAConsumableCapacity=false) as --feature-gates
+                to every component started: kube-apiserver, kube-scheduler,
+                kube-controller-manager and, with --node, the kubelet. Recorded in
+                DIR/cluster.env as FEATURE_GATES.
+  up DIR --emulated-version X.Y
+                Run the control plane (API server, scheduler, controller manager) as release
+                X.Y with the pinned binaries' --emulated-version (1.34 to the pinned release):
+                the APIs served and the feature gates' defaults are X.Y's. The kubelet has no
+                emulation. Recorded in DIR/cluster.env as EMULATED_VERSION.
   down DIR      Stop what `up DIR` started (only the pids it recorded) and remove what it
                 wrote. With a node: first deletes the workloads and pods through the API
                 (so the kubelet tears them down: CNI, DRA unprepare), then stops the plugin,
@@ -144,7 +154,17 @@ cmd_up() {
         node_name="$2"
         shift 2 ;;
       --webhook) webhook=1; shift ;;
-      *) die "unknown argument to up: '$1' (accepted: DIR, --node NAME, --webhook)" ;;
+      --feature-gates)
+        [[ $# -ge 2 && "$2" =~ ^[A-Za-z0-9]+=(true|false)(,[A-Za-z0-9]+=(true|false))*$ ]] ||
+          die "--feature-gates needs a list Name=true|false,… (e.g. DRAConsumableCapacity=false), not '${2:-}'"
+        FEATURE_GATES="$2"
+        shift 2 ;;
+      --emulated-version)
+        [[ $# -ge 2 && "$2" =~ ^1\.[0-9]+$ ]] ||
+          die "--emulated-version needs a release major.minor such as 1.34, not '${2:-}'"
+        EMULATED_VERSION="$2"
+        shift 2 ;;
+      *) die "unknown argument to up: '$1' (accepted: DIR, --node NAME, --feature-gates LIST, --emulated-version X.Y, --webhook)" ;;
     esac
   done
   local created=""
@@ -167,6 +187,8 @@ cmd_up() {
   mkdir -p "$DIR/logs" "$DIR/pids" "$DIR/kubeconfigs"
   [ -z "$created" ] || : >"$DIR/pids/created-dir"
   echo "BIN_DIR=$BIN" >"$DIR/cluster.env"
+  [ -z "${FEATURE_GATES:-}" ] || env_add FEATURE_GATES "$FEATURE_GATES"
+  [ -z "${EMULATED_VERSION:-}" ] || env_add EMULATED_VERSION "$EMULATED_VERSION"
 
   make_pki
   start_etcd

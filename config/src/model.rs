@@ -48,6 +48,7 @@ pub struct Config {
     pub hook: HookConfig,
     pub serve: ServeConfig,
     pub enforce: EnforceConfig,
+    pub dra: DraConfig,
 }
 
 /// What the enforcer does with a slice whose processes hold more than its memory limit.
@@ -127,6 +128,67 @@ impl Default for EnforceConfig {
             grace: DEFAULT_ENFORCE_GRACE,
             interval: DEFAULT_ENFORCE_INTERVAL,
             window: DEFAULT_ENFORCE_WINDOW,
+        }
+    }
+}
+
+/// The file under the state directory where the kubelet plugin records its DRA mode.
+pub const KUBELET_PLUGIN_FILE: &str = "kubelet-plugin.json";
+
+/// The slots each GPU is published as in slot mode when `dra.slots_per_gpu` is not set: a slot
+/// is 23.5 GiB of a 141 GiB GPU, 13.3 GiB of an 80 GiB one, and the stock scheduler of
+/// 1.34/1.35 (whose allocator tries the free slots of a GPU in every order before it gives up
+/// on a node) decides a claim that fits nowhere on a fragmented 100-node cluster within its
+/// filter timeout; at 8 it timed out (docs/kubernetes-dra.md and docs/benchmarks.md say why).
+pub const DEFAULT_SLOTS_PER_GPU: u32 = 6;
+/// The most slots a GPU may be published as (one ResourceSlice's device limit).
+pub const MAX_SLOTS_PER_GPU: u32 = 128;
+
+/// How the DRA kubelet plugin publishes GPUs (DESIGN §7, "Reach: slot mode").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DraMode {
+    /// Capacity where the API server keeps consumable capacity, slots where it does not.
+    Auto,
+    /// One shared device per GPU with consumable `memory` and `cores`.
+    Capacity,
+    /// `slots_per_gpu` equal devices per GPU, claimed `count: k` on one GPU.
+    Slots,
+}
+
+impl DraMode {
+    pub const ACCEPTED: &'static str = "`auto`, `capacity` or `slots`";
+
+    pub fn parse(s: &str) -> Option<DraMode> {
+        match s {
+            "auto" => Some(DraMode::Auto),
+            "capacity" => Some(DraMode::Capacity),
+            "slots" => Some(DraMode::Slots),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DraMode::Auto => "auto",
+            DraMode::Capacity => "capacity",
+            DraMode::Slots => "slots",
+        }
+    }
+}
+
+/// The `[dra]` table: how the kubelet plugin publishes the node's GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DraConfig {
+    pub mode: DraMode,
+    /// Slot devices per GPU in slot mode, 1 to [`MAX_SLOTS_PER_GPU`].
+    pub slots_per_gpu: u32,
+}
+
+impl Default for DraConfig {
+    fn default() -> Self {
+        DraConfig {
+            mode: DraMode::Auto,
+            slots_per_gpu: DEFAULT_SLOTS_PER_GPU,
         }
     }
 }
@@ -283,11 +345,17 @@ impl Default for Config {
                     .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 9400))),
             },
             enforce: EnforceConfig::default(),
+            dra: DraConfig::default(),
         }
     }
 }
 
 impl Config {
+    /// Where `gpuslice kubelet-plugin` records the mode it publishes in (for `status`).
+    pub fn kubelet_plugin_path(&self) -> PathBuf {
+        self.state_dir.join(KUBELET_PLUGIN_FILE)
+    }
+
     /// The registry file.
     pub fn registry_path(&self) -> PathBuf {
         self.state_dir.join("registry.json")

@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use toml::{Table, Value};
 
 use crate::model::{
-    is_clean_absolute, is_gpu_uuid, simulated_uuid, ComputeAction, Config, InventorySource,
-    MemoryAction, Policy, SimulatedGpu, DEFAULT_SIM_CONTEXT_MEMORY, DEFAULT_SIM_MEMORY,
-    DEFAULT_SIM_MODEL,
+    is_clean_absolute, is_gpu_uuid, simulated_uuid, ComputeAction, Config, DraMode,
+    InventorySource, MemoryAction, Policy, SimulatedGpu, DEFAULT_SIM_CONTEXT_MEMORY,
+    DEFAULT_SIM_MEMORY, DEFAULT_SIM_MODEL, MAX_SLOTS_PER_GPU,
 };
 use crate::quantity::{parse_bytes, ACCEPTED_BYTES};
 
@@ -227,6 +227,7 @@ pub fn parse_config(text: &str, path: &Path) -> Result<Config, ConfigError> {
             "hook",
             "serve",
             "enforce",
+            "dra",
         ],
     )?;
     if let Some(p) = r.abs_path(&root, "state_dir", "state_dir")? {
@@ -407,7 +408,30 @@ pub fn parse_config(text: &str, path: &Path) -> Result<Config, ConfigError> {
     if let Some(t) = r.table(&root, "enforce", "enforce")? {
         enforce(&r, t, &mut cfg)?;
     }
+    if let Some(t) = r.table(&root, "dra", "dra")? {
+        dra(&r, t, &mut cfg)?;
+    }
     Ok(cfg)
+}
+
+/// The `[dra]` table.
+fn dra(r: &Reader<'_>, t: &Table, cfg: &mut Config) -> Result<(), ConfigError> {
+    r.check_keys(t, "dra", &["mode", "slots_per_gpu"])?;
+    if let Some((s, v)) = r.string(t, "mode", "dra.mode")? {
+        cfg.dra.mode =
+            DraMode::parse(s).ok_or_else(|| r.bad_value("dra.mode", v, DraMode::ACCEPTED))?;
+    }
+    if let Some(v) = t.get("slots_per_gpu") {
+        let accepted = format!("an integer from 1 to {MAX_SLOTS_PER_GPU}");
+        match v {
+            Value::Integer(i) if (1..=i64::from(MAX_SLOTS_PER_GPU)).contains(i) => {
+                cfg.dra.slots_per_gpu = *i as u32
+            }
+            Value::Integer(_) => return Err(r.bad_value("dra.slots_per_gpu", v, accepted)),
+            other => return Err(r.wrong_type("dra.slots_per_gpu", other, &accepted)),
+        }
+    }
+    Ok(())
 }
 
 /// The `[enforce]` table.

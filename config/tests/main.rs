@@ -4,4 +4,5 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
 mod config_file;
+mod dra_config;
 mod enforce_config;

@@ -3,7 +3,16 @@
 # Sourced by scripts/kube-cluster.sh, whose `up` calls these in order and records each
 # endpoint in DIR/cluster.env. Every component listens on a free port of 127.0.0.1 and uses
 # the credentials of scripts/lib/cluster-pki.sh. Uses DIR and BIN (the Kubernetes binaries)
-# of the sourcing script and scripts/lib/cluster-process.sh.
+# of the sourcing script and scripts/lib/cluster-process.sh, and its FEATURE_GATES and
+# EMULATED_VERSION (`up … --feature-gates LIST --emulated-version X.Y`), passed to each
+# component when set.
+
+# version_flags: VERSION_FLAGS, the --feature-gates and --emulated-version flags `up` was given.
+version_flags() {
+  VERSION_FLAGS=()
+  [ -z "${FEATURE_GATES:-}" ] || VERSION_FLAGS+=("--feature-gates=$FEATURE_GATES")
+  [ -z "${EMULATED_VERSION:-}" ] || VERSION_FLAGS+=("--emulated-version=$EMULATED_VERSION")
+}
 
 # kubectl_admin ARGS...: kubectl as the cluster's admin (DIR/kubeconfig); each request gives up
 # after KUBECTL_TIMEOUT (default 5s).
@@ -35,6 +44,7 @@ start_apiserver() {
   local port
   port="$(free_port)"
   API_URL="https://127.0.0.1:$port"
+  version_flags
   start kube-apiserver "$BIN/kube-apiserver" \
     --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$port" \
     --etcd-servers="$ETCD_URL" \
@@ -51,6 +61,7 @@ start_apiserver() {
     --authorization-mode=Node,RBAC \
     --enable-admission-plugins=NodeRestriction \
     --allow-privileged=true \
+    "${VERSION_FLAGS[@]}" \
     --profiling=false
 }
 
@@ -66,10 +77,12 @@ start_controller() {
   local name="$1" port="$2" kc="$DIR/kubeconfigs/$1.kubeconfig"
   shift 2
   kubeconfig "$kc" "$name"
+  version_flags
   start "$name" "$BIN/$name" \
     --kubeconfig="$kc" --authentication-kubeconfig="$kc" --authorization-kubeconfig="$kc" \
     --bind-address=127.0.0.1 --secure-port="$port" --leader-elect=false \
     "$@" \
+    "${VERSION_FLAGS[@]}" \
     --profiling=false
 }
 

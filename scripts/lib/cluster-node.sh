@@ -270,7 +270,8 @@ start_kubelet() {
   start kubelet "$BIN/kubelet" --config "$NODE/kubelet-config.yaml" \
     --kubeconfig "$NODE/kubelet.kubeconfig" --root-dir "$NODE/kubelet" \
     --cert-dir "$NODE/kubelet/pki" --hostname-override "$name" --node-ip "$ip" \
-    --node-labels nvidia.com/gpu.present=true --v 2
+    --node-labels nvidia.com/gpu.present=true --v 2 \
+    ${FEATURE_GATES:+"--feature-gates=$FEATURE_GATES"}
   # shellcheck disable=SC2034 # logged by scripts/kube-cluster.sh
   KUBELET_ADDRESS="$ip:$port"
   wait_for kubelet "making Node $name Ready" node_ready "$name"
@@ -314,6 +315,7 @@ start_node() {
   start_kubelet_plugin "$name"
   logged node-objects "applying the DeviceClass and RuntimeClass" \
     kubectl_admin apply -f "$REPO/packaging/kubernetes/dra/deviceclass.yaml" \
+    -f "$REPO/packaging/kubernetes/dra/deviceclass-slots.yaml" \
     -f "$REPO/packaging/kubernetes/runtimeclass.yaml"
 }
 

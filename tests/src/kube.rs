@@ -75,14 +75,22 @@ pub struct KubeCluster {
 impl KubeCluster {
     /// Starts a control plane; panics with the script's output when it does not come up.
     pub fn up() -> KubeCluster {
+        KubeCluster::up_with(&[])
+    }
+
+    /// Starts a control plane with `up DIR ARGS…` (`--feature-gates LIST`,
+    /// `--emulated-version X.Y`); panics with the script's output when it does not come up.
+    pub fn up_with(args: &[&str]) -> KubeCluster {
         let dir = tempfile::Builder::new()
             .prefix("gpuslice-kube-")
             .tempdir()
             .expect("create a temporary directory for the cluster");
-        let out = run_script(&["up".as_ref(), dir.path().as_os_str()]);
+        let mut all: Vec<&std::ffi::OsStr> = vec!["up".as_ref(), dir.path().as_os_str()];
+        all.extend(args.iter().map(|a| std::ffi::OsStr::new(*a)));
+        let out = run_script(&all);
         assert!(
             out.status.success(),
-            "scripts/kube-cluster.sh up {} failed ({}):\n{}",
+            "scripts/kube-cluster.sh up {} {args:?} failed ({}):\n{}",
             dir.path().display(),
             out.status,
             String::from_utf8_lossy(&out.stderr)
@@ -99,6 +107,16 @@ impl KubeCluster {
         gpuslice_config: &Path,
         gpuslice_bin_dir: &Path,
     ) -> KubeCluster {
+        KubeCluster::up_with_node_and(name, gpuslice_config, gpuslice_bin_dir, &[])
+    }
+
+    /// As [`KubeCluster::up_with_node`], with more arguments to `up` (`--feature-gates LIST`).
+    pub fn up_with_node_and(
+        name: &str,
+        gpuslice_config: &Path,
+        gpuslice_bin_dir: &Path,
+        args: &[&str],
+    ) -> KubeCluster {
         let dir = tempfile::Builder::new()
             .prefix("gpuslice-kube-")
             .tempdir()
@@ -107,6 +125,7 @@ impl KubeCluster {
             .arg("up")
             .arg(dir.path())
             .args(["--node", name])
+            .args(args)
             .env("GPUSLICE_KUBE_BIN_DIR", kube_bin_dir())
             .env("GPUSLICE_CONFIG", gpuslice_config)
             .env("GPUSLICE_BIN_DIR", gpuslice_bin_dir)
@@ -119,7 +138,7 @@ impl KubeCluster {
             cluster.down = true;
             let _ = run_script(&["down".as_ref(), cluster.dir().as_os_str()]);
             panic!(
-                "scripts/kube-cluster.sh up {} --node {name} failed ({}):\n{}",
+                "scripts/kube-cluster.sh up {} --node {name} {args:?} failed ({}):\n{}",
                 cluster.dir().display(),
                 out.status,
                 String::from_utf8_lossy(&out.stderr)

@@ -33,7 +33,13 @@ pub struct KubeNode {
 impl KubeNode {
     /// `up DIR --node name` for the simulated `node`; imports [`APP_IMAGE`].
     pub fn up(name: &str, node: &TestNode) -> KubeNode {
-        let cluster = KubeCluster::up_with_node(name, &node.config, &crate::env::bin_dir());
+        KubeNode::up_with(name, node, &[])
+    }
+
+    /// As [`KubeNode::up`], with more arguments to `up` (`--feature-gates LIST`).
+    pub fn up_with(name: &str, node: &TestNode, args: &[&str]) -> KubeNode {
+        let cluster =
+            KubeCluster::up_with_node_and(name, &node.config, &crate::env::bin_dir(), args);
         let env = cluster.endpoints();
         let n = KubeNode {
             cluster,

@@ -102,6 +102,7 @@ fn the_chart_renders_the_raw_manifests_and_both_certificate_bootstraps() {
         "packaging/kubernetes/daemonset.yaml",
         "packaging/kubernetes/runtimeclass.yaml",
         "packaging/kubernetes/dra/deviceclass.yaml",
+        "packaging/kubernetes/dra/deviceclass-slots.yaml",
         "packaging/kubernetes/dra/rbac.yaml",
         "packaging/kubernetes/dra/kubelet-plugin.yaml",
     ] {

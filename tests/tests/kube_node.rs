@@ -10,12 +10,16 @@
 //! 3. the RuntimeClass + annotation path through the same kubelet and containerd, and
 //!    `configure containerd --remove` gives containerd's config back as it was;
 //! 4. the plugin, then the kubelet, restarted under a running pod: nothing is lost and the
-//!    pod's deletion still unprepares.
+//!    pod's deletion still unprepares;
+//! 5. with `DRAConsumableCapacity=false` on every component (what 1.34/1.35 and managed
+//!    clusters run), the plugin publishes slots: two pods with slot claims run with their
+//!    limits, a third that does not fit is Pending with the scheduler's reason, and deleting a
+//!    pod releases its slots to it.
 
 use std::collections::BTreeSet;
 
 use gpuslice_e2e::kube_node::{
-    claim_template, pod, pod_spec, wait, wait_for_or, KubeNode, NS, STEP,
+    claim_reservations, claim_template, pod, pod_spec, wait, wait_for_or, KubeNode, NS, STEP,
 };
 use gpuslice_e2e::view::{assert_slice_view, SLICE_CHECKS};
 use gpuslice_e2e::{lock, Resource, TestNode};
@@ -429,5 +433,168 @@ fn plugin_and_kubelet_restarts_lose_nothing() {
 
     kn.delete_pod("kept");
     assert_released(&kn, &node, &claim);
+    kn.cluster.down();
+}
+
+/// A ResourceClaimTemplate asking `slots` slots of one GPU of the class `slots.gpuslice.io`,
+/// with a compute share `cores` (opaque parameters) when given.
+fn slot_template(name: &str, slots: u32, cores: Option<u32>) -> Value {
+    let mut devices = json!({
+        "requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "slots.gpuslice.io", "count": slots,
+        }}],
+        "constraints": [{"requests": ["gpu"], "matchAttribute": "gpuslice.io/uuid"}],
+    });
+    if let Some(c) = cores {
+        devices["config"] = json!([{"requests": ["gpu"], "opaque": {
+            "driver": "gpuslice.io",
+            "parameters": {"apiVersion": "gpuslice.io/v1", "kind": "SliceParameters", "cores": c},
+        }}]);
+    }
+    json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"spec": {"devices": devices}},
+    })
+}
+
+/// The bytes of one slot of the 24 GiB L4 at the default `dra.slots_per_gpu`.
+const L4_SLOT: u64 = (24 * GIB / gpuslice_config::DEFAULT_SLOTS_PER_GPU as u64) >> 20 << 20;
+
+/// Checks what a container holding `slots` slots of the L4 saw: its allocation, its limits, the probe refused past them, and its booking.
+fn assert_slot_view(kn: &KubeNode, node: &TestNode, p: &Value, slots: u64, cores: Option<u64>) {
+    let claim = claim_of(kn, p);
+    let results = claim["status"]["allocation"]["devices"]["results"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(results.len() as u64, slots, "{claim}");
+    assert!(
+        results.iter().all(|r| r["pool"] == NODE
+            && r["device"]
+                .as_str()
+                .is_some_and(|d| d.starts_with("gpu-0-slot-"))
+            && r.get("consumedCapacity").is_none()),
+        "{claim}"
+    );
+    let name = p["metadata"]["name"].as_str().unwrap();
+    let log = kn.wait_log(name, "READY");
+    let limits: Value = serde_json::from_str(line(&log, "limits=")).expect("limits JSON");
+    let device = &limits["devices"][0];
+    assert_eq!(device["uuid"], node.uuid(0), "{log}");
+    assert_eq!(device["memory_limit"], slots * L4_SLOT, "{log}");
+    if let Some(c) = cores {
+        assert_eq!(device["cores"], c, "{log}");
+    }
+    let report: Value = log
+        .lines()
+        .find_map(|l| {
+            serde_json::from_str::<Value>(l)
+                .ok()
+                .filter(|v| v["cmd"] == "alloc")
+        })
+        .unwrap_or_else(|| panic!("no alloc report from the probe: {log}"));
+    assert_eq!(report["total"], slots * L4_SLOT, "{report}");
+    assert_eq!(report["error"], "CUDA_ERROR_OUT_OF_MEMORY", "{report}");
+    let uid = claim["metadata"]["uid"].as_str().unwrap();
+    let booked: Vec<u64> = claim_reservations(node)
+        .iter()
+        .filter(|r| r["owner"]["claim_uid"] == uid)
+        .flat_map(|r| r["gpus"].as_array().cloned().unwrap_or_default())
+        .map(|g| g["memory"].as_u64().unwrap())
+        .collect();
+    assert_eq!(booked, [slots * L4_SLOT], "{:?}", node.reservations());
+}
+
+#[test]
+fn with_consumable_capacity_off_slot_claims_run_with_their_limits_and_a_third_waits() {
+    let _s = lock(&[Resource::KubeNode]);
+    let node = l4_node();
+    let mut kn = KubeNode::up_with(
+        NODE,
+        &node,
+        &["--feature-gates", "DRAConsumableCapacity=false"],
+    );
+    let plugin_log = kn.log_tail("gpuslice-kubelet-plugin", 200);
+    assert!(
+        plugin_log.contains(&format!(
+            "publishing in slot mode ({} slot devices per GPU)",
+            gpuslice_config::DEFAULT_SLOTS_PER_GPU
+        )),
+        "{plugin_log}"
+    );
+    // 2 + 2 of the L4's 6 slots run; 3 more do not fit the 2 left.
+    kn.cluster
+        .create(&slot_template("slots-2-cores-20", 2, Some(20)))
+        .unwrap();
+    kn.cluster
+        .create(&slot_template("slots-2", 2, None))
+        .unwrap();
+    kn.cluster
+        .create(&slot_template("slots-3", 3, None))
+        .unwrap();
+    for (name, template) in [("a", "slots-2-cores-20"), ("b", "slots-2")] {
+        kn.cluster
+            .create(&pod(name, CLAIM_CHECKS, Some(template)))
+            .unwrap();
+    }
+    let a = kn.wait_running("a");
+    let b = kn.wait_running("b");
+    assert_slot_view(&kn, &node, &a, 2, Some(20));
+    assert_slot_view(&kn, &node, &b, 2, None);
+
+    kn.cluster
+        .create(&pod("c", CLAIM_CHECKS, Some("slots-3")))
+        .unwrap();
+    let mut last = Value::Null;
+    let message = wait_for_or(STEP, || {
+        last = kn.pod("c")?;
+        last["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| {
+                c["type"] == "PodScheduled"
+                    && c["status"] == "False"
+                    && c["reason"] == "Unschedulable"
+            })
+            .and_then(|c| c["message"].as_str().map(str::to_string))
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "pod c is not Unschedulable: {}\n{}",
+            last["status"],
+            kn.logs()
+        )
+    });
+    assert!(
+        message.contains("cannot allocate all claims"),
+        "scheduler's reason: {message}"
+    );
+    assert_eq!(
+        claim_reservations(&node).len(),
+        2,
+        "{:?}",
+        node.reservations()
+    );
+
+    // Deleting a releases its booking and its slots: c runs with them.
+    let claim_a = claim_of(&kn, &a);
+    kn.delete_pod("a");
+    let c = kn.wait_running("c");
+    assert_slot_view(&kn, &node, &c, 3, None);
+    let uid_a = claim_a["metadata"]["uid"].as_str().unwrap();
+    assert!(
+        claim_reservations(&node)
+            .iter()
+            .all(|r| r["owner"]["claim_uid"] != uid_a),
+        "{:?}",
+        node.reservations()
+    );
+    let claim_b = claim_of(&kn, &b);
+    let claim_c = claim_of(&kn, &c);
+    kn.delete_pod("b");
+    kn.delete_pod("c");
+    assert_released(&kn, &node, &claim_b);
+    assert_released(&kn, &node, &claim_c);
     kn.cluster.down();
 }

@@ -10,6 +10,7 @@ mod containerd;
 mod context_memory;
 mod cri;
 mod dra_control_plane;
+mod dra_slots;
 mod enforce;
 mod enforce_compute;
 mod hardening_lifecycle;

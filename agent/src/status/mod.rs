@@ -1,6 +1,7 @@
 //! `gpuslice status` and `gpuslice gc`: the node's registry shown (booked figures next to
 //! what `measured` takes, rendered by `render`) and reaped or rebuilt.
 
+pub mod dra;
 pub mod measured;
 pub mod render;
 mod table;
@@ -41,14 +42,16 @@ pub fn status(node: &NodeContext, args: &StatusArgs) -> Result<(), StatusError> 
     if args.json {
         let mut v = status_json_measured(&file, &measured, &node.config().placement);
         crate::enforce::status::add_json(&mut v, &node.config().state_dir);
+        dra::add_json(&mut v, &node.config().kubelet_plugin_path());
         Ok(out(&format!(
             "{}\n",
             serde_json::to_string_pretty(&v).unwrap_or_default()
         ))?)
     } else {
         let enforcer = crate::enforce::status::render_text(&node.config().state_dir);
+        let dra = dra::render_text(&node.config().kubelet_plugin_path());
         Ok(out(&format!(
-            "{}{enforcer}",
+            "{}{enforcer}{dra}",
             render_table_measured(&file, &measured, &node.config().placement)
         ))?)
     }

@@ -3,13 +3,17 @@
 //! written, and answer with the CDI ids. One reservation per claim UID, so a repeated call
 //! finds it again and a restart loses nothing: the registry is the state.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 
 use gpuslice_registry::{claim_uid, ClaimShare, Owner, Registry, RegistryError, Reservation};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
-use crate::claim::{check_ref, node_allocation, ClaimError, ClaimRef};
+use crate::claim::{
+    check_ref, node_allocation, ClaimError, ClaimRef, NodeAllocation, SlotGeometry,
+};
 use crate::proto::dra;
+use crate::slices::Held;
 use crate::writer::{SliceWriter, WriteError};
 
 /// Why a claim was not prepared or unprepared; the kubelet shows the message in the pod's
@@ -40,12 +44,19 @@ pub enum BookingError {
     Task { claim: String, detail: String },
 }
 
+/// What the node's prepared claims hold, by claim UID, as their allocations name it: filled
+/// by prepare and by the cleanup pass (which reads every booked claim at start), emptied by
+/// unprepare and release. A booked claim missing here is offered as taken by the publisher.
+pub type Holdings = Arc<Mutex<BTreeMap<String, Held>>>;
+
 /// The plugin's prepare and unprepare, over the node registry and the API server.
 pub struct Plugin {
     node: String,
     registry: Arc<Registry>,
     writer: Arc<dyn SliceWriter>,
     client: kube::Client,
+    slots_per_gpu: u32,
+    holdings: Holdings,
 }
 
 impl std::fmt::Debug for Plugin {
@@ -79,6 +90,33 @@ impl Plugin {
             registry,
             writer,
             client,
+            slots_per_gpu: gpuslice_config::DEFAULT_SLOTS_PER_GPU,
+            holdings: Holdings::default(),
+        }
+    }
+
+    /// With `n` slots per GPU (`dra.slots_per_gpu`): the size of the slots claims name.
+    pub fn with_slots_per_gpu(mut self, n: u32) -> Plugin {
+        self.slots_per_gpu = n;
+        self
+    }
+
+    pub fn slots_per_gpu(&self) -> u32 {
+        self.slots_per_gpu
+    }
+
+    /// What the node's prepared claims hold.
+    pub fn holdings(&self) -> &Holdings {
+        &self.holdings
+    }
+
+    /// Records what claim `uid` holds (`None`: nothing any more).
+    pub fn set_held(&self, uid: &str, held: Option<Held>) {
+        if let Ok(mut h) = self.holdings.lock() {
+            match held {
+                Some(held) => h.insert(uid.to_string(), held),
+                None => h.remove(uid),
+            };
         }
     }
 
@@ -123,7 +161,6 @@ impl Plugin {
                 })
             }
         };
-        let allocation = node_allocation(&claim, c, &self.node)?;
         let registry = self.registry.clone();
         let writer = self.writer.clone();
         let owner = Owner::DraClaim {
@@ -133,11 +170,15 @@ impl Plugin {
             name: c.name.clone(),
         };
         let claim_ref = c.clone();
-        let shares = allocation.shares.clone();
-        let ids = blocking(c, move || {
-            book_and_write(&registry, &*writer, &owner, &claim_ref, &shares)
+        let node = self.node.clone();
+        let per_gpu = self.slots_per_gpu;
+        let (allocation, ids) = blocking(c, move || {
+            book_and_write(
+                &registry, &*writer, &owner, &claim_ref, &claim, &node, per_gpu,
+            )
         })
         .await?;
+        self.set_held(&c.uid, Some(allocation.held.clone()));
         Ok(allocation
             .results
             .iter()
@@ -159,19 +200,23 @@ impl Plugin {
         let registry = self.registry.clone();
         let writer = self.writer.clone();
         let claim = c.clone();
-        blocking(c, move || release(&registry, &*writer, &claim)).await
+        blocking(c, move || release(&registry, &*writer, &claim)).await?;
+        self.set_held(&c.uid, None);
+        Ok(())
     }
 }
 
-/// Books `shares` for `owner` and writes the claim's files; a booking this call made is
-/// released again when writing fails.
+/// Reads `claim`'s allocation on `node`, books it for `owner` and writes the claim's files; a
+/// booking this call made is released again when writing fails.
 fn book_and_write(
     registry: &Registry,
     writer: &dyn SliceWriter,
     owner: &Owner,
     c: &ClaimRef,
-    shares: &[crate::claim::DeviceShare],
-) -> Result<Vec<String>, BookingError> {
+    claim: &ResourceClaim,
+    node: &str,
+    slots_per_gpu: u32,
+) -> Result<(NodeAllocation, Vec<String>), BookingError> {
     let who = c.to_string();
     let inventory = registry
         .snapshot()
@@ -180,6 +225,13 @@ fn book_and_write(
             source: Box::new(e),
         })?
         .inventory;
+    let allocation = node_allocation(
+        claim,
+        c,
+        node,
+        &SlotGeometry::new(slots_per_gpu, &inventory),
+    )?;
+    let shares = &allocation.shares;
     let mut wanted = Vec::with_capacity(shares.len());
     for s in shares {
         let gpu = inventory
@@ -206,7 +258,7 @@ fn book_and_write(
             },
         })?;
     match writer.write(&c.uid, &booked.reservation) {
-        Ok(ids) => Ok(ids),
+        Ok(ids) => Ok((allocation, ids)),
         Err(source) => {
             if booked.created {
                 let _ = release(registry, writer, c);

@@ -1,14 +1,44 @@
 //! Reading a claim's allocation: which devices of this node's pool the scheduler gave the
-//! claim for driver `gpuslice.io`, and exactly what each consumes, merged per GPU (two
-//! requests of one claim may share a device) into the shares the registry books.
+//! claim for driver `gpuslice.io`, and exactly what each consumes — a shared device's
+//! `consumedCapacity`, or a slot's bytes (and the compute share its opaque parameters ask,
+//! bounded by its slots) — merged per GPU (two requests of one claim may share a GPU) into the
+//! shares the registry books.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use gpuslice_config::quantity::{format_kube_quantity, parse_kube_quantity, KubeQuantityError};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
-use crate::slices::{device_index, CAP_CORES, CAP_MEMORY, MEMORY_STEP};
+use crate::slices::{
+    parse_device, slot_cores, slot_memory, DeviceRef, Held, CAP_CORES, CAP_MEMORY, MEMORY_STEP,
+};
 use crate::DRIVER;
+
+/// What a slot of each GPU of this node is: the node's `dra.slots_per_gpu` and each GPU's
+/// memory, from which the published slot sizes are made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotGeometry {
+    pub per_gpu: u32,
+    /// Total bytes by GPU index.
+    pub totals: BTreeMap<u32, u64>,
+}
+
+impl SlotGeometry {
+    /// The geometry of `inventory` with `per_gpu` slots per GPU.
+    pub fn new(per_gpu: u32, inventory: &gpuslice_registry::Inventory) -> SlotGeometry {
+        SlotGeometry {
+            per_gpu,
+            totals: inventory
+                .gpus
+                .iter()
+                .map(|g| (g.index, g.memory_total))
+                .collect(),
+        }
+    }
+}
+
+/// What the opaque parameters of driver `gpuslice.io` accept.
+pub const OPAQUE_ACCEPTED: &str = "a JSON object {\"cores\": <percent per GPU, 1 to 100>}, optionally with \"apiVersion\": \"gpuslice.io/v1\" and \"kind\": \"SliceParameters\", for requests of slots (a request of the shared device asks cores in capacity.requests)";
 
 /// A claim as the kubelet names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,8 +73,30 @@ pub enum ClaimError {
         node: String,
         found: String,
     },
-    #[error("{at} names a device that is not one of this driver's (`gpu-<index>`)")]
+    #[error("{at} names a device that is not one of this driver's (`gpu-<index>` or `gpu-<index>-slot-<j>`)")]
     UnknownDevice { at: String },
+    #[error("{at}: slot {slot} is not one of this node's {per_gpu} slots per GPU (dra.slots_per_gpu changed since the claim was allocated); accepted: slots 0 to {last}; delete and re-create the claim", last = per_gpu.saturating_sub(1))]
+    SlotRange { at: String, slot: u32, per_gpu: u32 },
+    #[error("{at}: GPU {index} is not in this node's inventory, so its slot size is unknown")]
+    SlotGpu { at: String, index: u32 },
+    #[error("{claim}: request {request} was allocated slots of several GPUs ({gpus}); accepted: the slots of one request on one GPU — add `constraints: [{{requests: [{request}], matchAttribute: gpuslice.io/uuid}}]` to the claim, and one request per GPU for a multi-GPU slice; nothing was booked")]
+    SlotsSpanGpus {
+        claim: String,
+        request: String,
+        gpus: String,
+    },
+    #[error("{claim}: opaque parameters of driver {DRIVER}: {detail}; accepted: {OPAQUE_ACCEPTED}; nothing was booked")]
+    Opaque { claim: String, detail: String },
+    #[error("{claim}: asks {cores}% cores on {device}, which it holds {slots} slot(s) of; accepted: at most {max}% ({per}% per slot of {per_gpu}): ask more slots or fewer cores; nothing was booked")]
+    SlotCores {
+        claim: String,
+        device: String,
+        cores: u64,
+        slots: u32,
+        max: u64,
+        per: u32,
+        per_gpu: u32,
+    },
     #[error("{at} has no consumedCapacity: the cluster lacks consumable capacity (Kubernetes 1.36+, or 1.35 with the DRAConsumableCapacity feature gate on the API server, scheduler and kubelet)")]
     NoConsumedCapacity { at: String },
     #[error("{at} consumes no `{CAP_MEMORY}`; the scheduler writes every capacity of the device")]
@@ -88,14 +140,64 @@ pub struct NodeAllocation {
     pub results: Vec<AllocatedDevice>,
     /// One per GPU, in index order.
     pub shares: Vec<DeviceShare>,
+    /// The devices the claim holds here, as the publisher counts them.
+    pub held: Held,
+}
+
+/// The compute share each request of `claim` asks through opaque parameters of this driver,
+/// by request name (`None` key: every request).
+fn opaque_cores(
+    claim: &ResourceClaim,
+    who: &str,
+) -> Result<Vec<(Option<String>, u64)>, ClaimError> {
+    let configs = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.config.as_ref());
+    let mut out = Vec::new();
+    for c in configs.into_iter().flatten() {
+        let Some(opaque) = c.opaque.as_ref().filter(|o| o.driver == DRIVER) else {
+            continue;
+        };
+        let bad = |detail: String| ClaimError::Opaque {
+            claim: who.to_string(),
+            detail,
+        };
+        let serde_json::Value::Object(map) = &opaque.parameters.0 else {
+            return Err(bad(format!("{} is not an object", opaque.parameters.0)));
+        };
+        let mut cores = None;
+        for (k, v) in map {
+            match (k.as_str(), v) {
+                ("apiVersion", serde_json::Value::String(s)) if s == "gpuslice.io/v1" => {}
+                ("kind", serde_json::Value::String(s)) if s == "SliceParameters" => {}
+                ("cores", serde_json::Value::Number(n)) => match n.as_u64() {
+                    Some(p @ 1..=100) => cores = Some(p),
+                    _ => return Err(bad(format!("cores {n} is not a percent from 1 to 100"))),
+                },
+                _ => return Err(bad(format!("`{k}`: {v} is not accepted"))),
+            }
+        }
+        let Some(cores) = cores else {
+            return Err(bad("no `cores`".to_string()));
+        };
+        match c.requests.as_deref() {
+            None | Some([]) => out.push((None, cores)),
+            Some(requests) => out.extend(requests.iter().map(|r| (Some(r.clone()), cores))),
+        }
+    }
+    Ok(out)
 }
 
 /// Checks that `claim` is the one `want` names and reads its results for driver
-/// `gpuslice.io` in pool `node`.
+/// `gpuslice.io` in pool `node`; a slot's bytes come from `slots`.
 pub fn node_allocation(
     claim: &ResourceClaim,
     want: &ClaimRef,
     node: &str,
+    slots: &SlotGeometry,
 ) -> Result<NodeAllocation, ClaimError> {
     let who = want.to_string();
     let found = claim.metadata.uid.clone().unwrap_or_default();
@@ -111,13 +213,43 @@ pub fn node_allocation(
         .ok_or_else(|| ClaimError::NotAllocated { claim: who.clone() })?;
     let mut ours = Vec::new();
     let mut per_gpu: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
+    // Slot results: the slots each GPU holds, and the GPUs each request's slots are on.
+    let mut slot_list: Vec<(u32, u32)> = Vec::new();
+    let mut request_gpus: BTreeMap<&str, BTreeSet<u32>> = BTreeMap::new();
+    let mut capacity = false;
     for r in results
         .iter()
         .filter(|r| r.driver == DRIVER && r.pool == node)
     {
         let at = || format!("{who}: result {} on device {}", r.request, r.device);
-        let index =
-            device_index(&r.device).ok_or_else(|| ClaimError::UnknownDevice { at: at() })?;
+        let index = match parse_device(&r.device) {
+            Some(DeviceRef::Gpu(index)) => index,
+            Some(DeviceRef::Slot(index, slot)) => {
+                if slot >= slots.per_gpu {
+                    return Err(ClaimError::SlotRange {
+                        at: at(),
+                        slot,
+                        per_gpu: slots.per_gpu,
+                    });
+                }
+                let total = slots
+                    .totals
+                    .get(&index)
+                    .ok_or(ClaimError::SlotGpu { at: at(), index })?;
+                let e = per_gpu.entry(index).or_default();
+                e.0 = e.0.saturating_add(slot_memory(*total, slots.per_gpu));
+                slot_list.push((index, slot));
+                request_gpus.entry(&r.request).or_default().insert(index);
+                ours.push(AllocatedDevice {
+                    request: r.request.clone(),
+                    device: r.device.clone(),
+                    share_id: r.share_id.clone(),
+                });
+                continue;
+            }
+            None => return Err(ClaimError::UnknownDevice { at: at() }),
+        };
+        capacity = true;
         let consumed = r
             .consumed_capacity
             .as_ref()
@@ -167,6 +299,66 @@ pub fn node_allocation(
             found,
         });
     }
+    if let Some((request, gpus)) = request_gpus.iter().find(|(_, g)| g.len() > 1) {
+        return Err(ClaimError::SlotsSpanGpus {
+            claim: who,
+            request: request.to_string(),
+            gpus: gpus
+                .iter()
+                .map(|i| crate::slices::device_name(*i))
+                .collect::<Vec<_>>()
+                .join(", "),
+        });
+    }
+    // A slot request's compute share: what its opaque parameters ask, on its one GPU, at most
+    // the share its slots carry, so that claims the scheduler fits by slots never together
+    // book more than a GPU's compute.
+    let asked = opaque_cores(claim, &who)?;
+    for (request, gpus) in &request_gpus {
+        let cores: u64 = asked
+            .iter()
+            .filter(|(r, _)| r.as_deref().is_none_or(|r| r == *request))
+            .map(|(_, c)| *c)
+            .max()
+            .unwrap_or(0);
+        for index in gpus {
+            per_gpu.entry(*index).or_default().1 += cores;
+        }
+    }
+    if let Some((Some(request), _)) = asked.iter().find(|(r, _)| {
+        r.as_deref()
+            .is_some_and(|r| !request_gpus.contains_key(r) && ours.iter().any(|o| o.request == r))
+    }) {
+        return Err(ClaimError::Opaque {
+            claim: who,
+            detail: format!("request {request} is of the shared device, not of slots"),
+        });
+    }
+    for (index, (_, cores)) in &per_gpu {
+        let held =
+            u32::try_from(slot_list.iter().filter(|(i, _)| i == index).count()).unwrap_or(u32::MAX);
+        if held == 0 {
+            continue;
+        }
+        let per = slot_cores(slots.per_gpu);
+        let max = u64::from(per) * u64::from(held);
+        if *cores > max {
+            return Err(ClaimError::SlotCores {
+                claim: who,
+                device: crate::slices::device_name(*index),
+                cores: *cores,
+                slots: held,
+                max,
+                per,
+                per_gpu: slots.per_gpu,
+            });
+        }
+    }
+    let held = if capacity || slot_list.is_empty() {
+        Held::Capacity
+    } else {
+        Held::Slots(slot_list)
+    };
     let mut shares = Vec::with_capacity(per_gpu.len());
     for (index, (memory, cores)) in per_gpu {
         let cores = u8::try_from(cores)
@@ -186,6 +378,7 @@ pub fn node_allocation(
     Ok(NodeAllocation {
         results: ours,
         shares,
+        held,
     })
 }
 
@@ -227,6 +420,13 @@ mod tests {
         .unwrap()
     }
 
+    fn geometry() -> SlotGeometry {
+        SlotGeometry {
+            per_gpu: 16,
+            totals: [(0, 80 << 30), (1, 141 << 30)].into_iter().collect(),
+        }
+    }
+
     fn want() -> ClaimRef {
         ClaimRef {
             namespace: "ns".into(),
@@ -252,7 +452,7 @@ mod tests {
                 {"request": "e", "driver": "other.io", "pool": "n1", "device": "x"},
             ]),
         );
-        let a = node_allocation(&c, &want(), "n1").unwrap();
+        let a = node_allocation(&c, &want(), "n1", &geometry()).unwrap();
         assert_eq!(
             a.results
                 .iter()
@@ -284,25 +484,25 @@ mod tests {
             "u-1",
             serde_json::json!([result("a", "gpu-0", "n2", "1Gi", "0")]),
         );
-        let e = node_allocation(&other_node, &want(), "n1").unwrap_err();
+        let e = node_allocation(&other_node, &want(), "n1", &geometry()).unwrap_err();
         assert!(matches!(e, ClaimError::NotOurs { .. }));
         assert!(e.to_string().contains("gpu-0 in pool n2"), "{e}");
         let other_driver = claim_json(
             "u-1",
             serde_json::json!([{"request": "a", "driver": "gpu.nvidia.com", "pool": "n1", "device": "gpu-0"}]),
         );
-        assert!(node_allocation(&other_driver, &want(), "n1")
+        assert!(node_allocation(&other_driver, &want(), "n1", &geometry())
             .unwrap_err()
             .to_string()
             .contains("driver gpu.nvidia.com"));
         let uid = claim_json("u-2", serde_json::json!([]));
         assert!(matches!(
-            node_allocation(&uid, &want(), "n1"),
+            node_allocation(&uid, &want(), "n1", &geometry()),
             Err(ClaimError::Uid { .. })
         ));
         let mut pending = claim_json("u-1", serde_json::json!([]));
         pending.status = None;
-        let e = node_allocation(&pending, &want(), "n1").unwrap_err();
+        let e = node_allocation(&pending, &want(), "n1", &geometry()).unwrap_err();
         assert!(e.to_string().contains("no allocation yet"), "{e}");
     }
 
@@ -311,7 +511,10 @@ mod tests {
         let cases = [
             (result("a", "gpu-0", "n1", "1.5", "0"), "not a whole"),
             (result("a", "gpu-0", "n1", "1Gi", "70"), "0 to 100"),
-            (result("a", "gpux", "n1", "1Gi", "0"), "gpu-<index>"),
+            (
+                result("a", "gpux", "n1", "1Gi", "0"),
+                "gpu-<index>-slot-<j>",
+            ),
             (
                 serde_json::json!({"request": "a", "driver": "gpuslice.io", "pool": "n1", "device": "gpu-0"}),
                 "DRAConsumableCapacity",
@@ -328,7 +531,7 @@ mod tests {
                 results.push(result("b", "gpu-0", "n1", "1Gi", "40"));
             }
             let c = claim_json("u-1", serde_json::Value::Array(results));
-            let e = node_allocation(&c, &want(), "n1").unwrap_err();
+            let e = node_allocation(&c, &want(), "n1", &geometry()).unwrap_err();
             assert!(e.to_string().contains(text), "{e} lacks {text}");
         }
     }
@@ -343,7 +546,7 @@ mod tests {
                     result("b", "gpu-1", "n1", zero, "10"),
                 ]),
             );
-            let e = node_allocation(&c, &want(), "n1").unwrap_err();
+            let e = node_allocation(&c, &want(), "n1", &geometry()).unwrap_err();
             let text = e.to_string();
             for part in [
                 "claim ns/c (uid u-1)",
@@ -375,5 +578,136 @@ mod tests {
                 "{c}"
             );
         }
+    }
+
+    fn slot(req: &str, device: &str, pool: &str) -> serde_json::Value {
+        serde_json::json!({"request": req, "driver": "gpuslice.io", "pool": pool, "device": device})
+    }
+
+    fn with_config(mut c: ResourceClaim, config: serde_json::Value) -> ResourceClaim {
+        let a = c.status.as_mut().unwrap().allocation.as_mut().unwrap();
+        a.devices.as_mut().unwrap().config = Some(serde_json::from_value(config).unwrap());
+        c
+    }
+
+    #[test]
+    fn slots_book_their_bytes_per_gpu_and_a_share_bounded_by_them() {
+        // 16 slots per GPU: 5 GiB of the 80 GiB GPU 0, 9024 MiB of the 141 GiB GPU 1.
+        let c = claim_json(
+            "u-1",
+            serde_json::json!([
+                slot("g0", "gpu-0-slot-0", "n1"),
+                slot("g0", "gpu-0-slot-1", "n1"),
+                slot("g1", "gpu-1-slot-4", "n1"),
+                slot("g1", "gpu-1-slot-5", "n2"),
+            ]),
+        );
+        let a = node_allocation(&c, &want(), "n1", &geometry()).unwrap();
+        assert_eq!(
+            a.shares,
+            [
+                DeviceShare {
+                    index: 0,
+                    memory: 10 << 30,
+                    cores: 0
+                },
+                DeviceShare {
+                    index: 1,
+                    memory: 9024 << 20,
+                    cores: 0
+                },
+            ]
+        );
+        assert_eq!(a.held, Held::Slots(vec![(0, 0), (0, 1), (1, 4)]));
+        assert_eq!(a.results.len(), 3);
+        // A share asked through opaque parameters, for one request or all.
+        let shared = with_config(
+            c.clone(),
+            serde_json::json!([{"source": "FromClaim", "requests": ["g0"],
+                "opaque": {"driver": "gpuslice.io", "parameters": {"apiVersion": "gpuslice.io/v1", "kind": "SliceParameters", "cores": 12}}}]),
+        );
+        let a = node_allocation(&shared, &want(), "n1", &geometry()).unwrap();
+        assert_eq!((a.shares[0].cores, a.shares[1].cores), (12, 0));
+        // 2 slots of 16 carry at most 12%.
+        let over = with_config(
+            c,
+            serde_json::json!([{"source": "FromClaim",
+                "opaque": {"driver": "gpuslice.io", "parameters": {"cores": 13}}}]),
+        );
+        let e = node_allocation(&over, &want(), "n1", &geometry())
+            .unwrap_err()
+            .to_string();
+        for part in [
+            "13% cores on gpu-0",
+            "2 slot(s)",
+            "at most 12%",
+            "nothing was booked",
+        ] {
+            assert!(e.contains(part), "`{e}` lacks `{part}`");
+        }
+    }
+
+    #[test]
+    fn bad_slot_claims_are_refused_naming_what_is_accepted() {
+        // One request's slots on two GPUs: no matchAttribute constraint.
+        let spans = claim_json(
+            "u-1",
+            serde_json::json!([
+                slot("gpu", "gpu-0-slot-0", "n1"),
+                slot("gpu", "gpu-1-slot-0", "n1")
+            ]),
+        );
+        let e = node_allocation(&spans, &want(), "n1", &geometry())
+            .unwrap_err()
+            .to_string();
+        for part in [
+            "request gpu",
+            "gpu-0, gpu-1",
+            "matchAttribute: gpuslice.io/uuid",
+            "one request per GPU",
+            "nothing was booked",
+        ] {
+            assert!(e.contains(part), "`{e}` lacks `{part}`");
+        }
+        // A slot the node does not publish (slots_per_gpu is 16 here).
+        let range = claim_json(
+            "u-1",
+            serde_json::json!([slot("gpu", "gpu-0-slot-16", "n1")]),
+        );
+        let e = node_allocation(&range, &want(), "n1", &geometry())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("slots 0 to 15"), "{e}");
+        // Malformed opaque parameters.
+        let one = claim_json(
+            "u-1",
+            serde_json::json!([slot("gpu", "gpu-0-slot-0", "n1")]),
+        );
+        for (params, part) in [
+            (serde_json::json!("cores=10"), "is not an object"),
+            (serde_json::json!({"cores": 0}), "from 1 to 100"),
+            (serde_json::json!({"cores": "10"}), "`cores`"),
+            (serde_json::json!({"memory": "4Gi", "cores": 5}), "`memory`"),
+            (serde_json::json!({"kind": "Other", "cores": 5}), "`kind`"),
+            (serde_json::json!({}), "no `cores`"),
+        ] {
+            let c = with_config(
+                one.clone(),
+                serde_json::json!([{"source": "FromClaim", "opaque": {"driver": "gpuslice.io", "parameters": params}}]),
+            );
+            let e = node_allocation(&c, &want(), "n1", &geometry())
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(part) && e.contains("accepted: a JSON object {\"cores\""),
+                "{params}: `{e}` lacks `{part}`"
+            );
+        }
+        // Other drivers' parameters are theirs.
+        let theirs = with_config(
+            one,
+            serde_json::json!([{"source": "FromClaim", "opaque": {"driver": "gpu.nvidia.com", "parameters": "x"}}]),
+        );
+        assert!(node_allocation(&theirs, &want(), "n1", &geometry()).is_ok());
     }
 }

@@ -3,7 +3,7 @@
 //! the plugin was down). Run at start and periodically; container exits never touch claims.
 
 use crate::booking::{held_by, release, BookingError, Plugin};
-use crate::claim::{node_allocation, ClaimError};
+use crate::claim::{node_allocation, ClaimError, SlotGeometry};
 
 /// What one pass did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -31,12 +31,17 @@ pub async fn release_stale(plugin: &Plugin) -> Result<CleanupReport, CleanupErro
         .await
         .map_err(|e| CleanupError::Registry(e.to_string()))?
         .map_err(|e| CleanupError::Registry(e.to_string()))?;
+    let geometry = SlotGeometry::new(plugin.slots_per_gpu(), &file.inventory);
     let mut report = CleanupReport::default();
     for c in file.reservations.iter().filter_map(held_by) {
         let why = match plugin.read_claim(&c.namespace, &c.name).await {
             Ok(None) => "the claim no longer exists".to_string(),
-            Ok(Some(claim)) => match node_allocation(&claim, &c, plugin.node()) {
-                Ok(_) => continue,
+            Ok(Some(claim)) => match node_allocation(&claim, &c, plugin.node(), &geometry) {
+                Ok(a) => {
+                    // What the claim holds, for the publisher (the only source after a restart).
+                    plugin.set_held(&c.uid, Some(a.held));
+                    continue;
+                }
                 Err(
                     e @ (ClaimError::Uid { .. }
                     | ClaimError::NotAllocated { .. }
@@ -56,6 +61,7 @@ pub async fn release_stale(plugin: &Plugin) -> Result<CleanupReport, CleanupErro
         tokio::task::spawn_blocking(move || release(&registry, &*writer, &claim))
             .await
             .map_err(|e| CleanupError::Registry(e.to_string()))??;
+        plugin.set_held(&c.uid, None);
         report.released.push((c.uid.clone(), why));
     }
     Ok(report)

@@ -6,8 +6,9 @@
 //! plugin. Each connection to the registration socket therefore passes through [`relay`]: it
 //! reads the client's HTTP/2 frames, replaces an `:authority` that is not a valid authority
 //! with `localhost` in each header block, and forwards every other frame byte for byte; the
-//! server's answers go back untouched. The DRA socket needs none of this (the kubelet's DRA
-//! client dials `unix:` targets, whose authority is `localhost`).
+//! server's answers go back untouched. The DRA socket's connections pass through it too: the
+//! kubelet's DRA client dials `unix:` targets (authority `localhost`), but other standard gRPC
+//! clients (Python's grpcio sends the socket path) must be answered as well.
 
 use std::borrow::Cow;
 
@@ -37,26 +38,26 @@ const LOCALHOST: &[u8] = b"localhost";
 /// The in-process pipe between the relay and the gRPC server.
 const PIPE: usize = 64 * 1024;
 
-/// Why a registration connection was dropped.
+/// Why a connection to a plugin socket was dropped.
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {
-    #[error("registration connection: {0}")]
+    #[error("plugin socket connection: {0}")]
     Io(#[from] std::io::Error),
-    #[error("registration connection: the client did not open with the HTTP/2 preface")]
+    #[error("plugin socket connection: the client did not open with the HTTP/2 preface")]
     Preface,
-    #[error("registration connection: the connection ended inside a frame")]
+    #[error("plugin socket connection: the connection ended inside a frame")]
     Truncated,
     #[error(
-        "registration connection: the header block of stream {stream} cannot be decoded: {detail}"
+        "plugin socket connection: the header block of stream {stream} cannot be decoded: {detail}"
     )]
     Hpack { stream: u32, detail: String },
-    #[error("registration connection: a frame of type {kind:#x} on stream {found} inside the header block of stream {stream} (only CONTINUATION of that stream may follow)")]
+    #[error("plugin socket connection: a frame of type {kind:#x} on stream {found} inside the header block of stream {stream} (only CONTINUATION of that stream may follow)")]
     Interleaved { stream: u32, kind: u8, found: u32 },
     #[error(
-        "registration connection: the header block of stream {stream} exceeds {MAX_BLOCK} bytes"
+        "plugin socket connection: the header block of stream {stream} exceeds {MAX_BLOCK} bytes"
     )]
     TooLarge { stream: u32 },
-    #[error("registration connection: the HEADERS frame of stream {stream} is shorter than its padding and priority fields")]
+    #[error("plugin socket connection: the HEADERS frame of stream {stream} is shorter than its padding and priority fields")]
     Malformed { stream: u32 },
 }
 

@@ -12,6 +12,7 @@ pub mod claim;
 pub mod cleanup;
 pub mod dra_service;
 pub mod h2_relay;
+pub mod mode;
 pub mod node_slices;
 pub mod proto;
 pub mod publisher;
@@ -22,6 +23,8 @@ pub mod writer;
 
 /// The DRA driver name and the DeviceClass name.
 pub const DRIVER: &str = "gpuslice.io";
+/// The DeviceClass of slot mode.
+pub const SLOTS_CLASS: &str = "slots.gpuslice.io";
 
 pub use booking::{BookingError, Plugin};
 pub use claim::ClaimRef;

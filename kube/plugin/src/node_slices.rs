@@ -151,6 +151,8 @@ pub fn run(node: &NodeContext, args: KubeletPluginArgs) -> Result<(), KubeletPlu
     options.kubeconfig = args.kubeconfig;
     options.plugin_dir = args.plugin_dir;
     options.registration_dir = args.registration_dir;
+    options.dra = node.config().dra;
+    options.mode_file = Some(node.config().kubelet_plugin_path());
     crate::run_until_signal(options, registry, writer)?;
     Ok(())
 }

@@ -53,6 +53,11 @@ impl Publisher {
         }
     }
 
+    /// The API server client.
+    pub fn client(&self) -> &kube::Client {
+        &self.client
+    }
+
     /// The pool generation last written.
     pub fn generation(&self) -> i64 {
         self.generation

@@ -1,27 +1,29 @@
 //! `gpuslice kubelet-plugin`: the DRA socket and the registration socket (each created under
-//! a dot-name the kubelet ignores, then renamed; the registration socket's connections pass
-//! through `h2_relay::relay`), the slice publisher and the cleanup loop, in the foreground
-//! until the shutdown signal; then the servers stop and the sockets go.
+//! a dot-name the kubelet ignores, then renamed; both sockets' connections pass through
+//! `h2_relay::relay`, so any standard gRPC client is answered whatever `:authority` it sends),
+//! the slice publisher (in the mode `dra.mode` resolves to) and the cleanup loop, in the
+//! foreground until the shutdown signal; then the servers stop and the sockets go.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use gpuslice_config::DraConfig;
 use gpuslice_registry::Registry;
 use tokio::net::UnixListener;
 use tokio::sync::{watch, Notify};
-use tokio_stream::wrappers::UnixListenerStream;
 
-use crate::booking::Plugin;
+use crate::booking::{Holdings, Plugin};
 use crate::cleanup::release_stale;
 use crate::dra_service::DraService;
 use crate::h2_relay::relayed_incoming;
+use crate::mode::{keeps_consumable_capacity, resolve, write_record, ModeRecord};
 use crate::proto::dra::dra_plugin_server::DraPluginServer;
 use crate::proto::registration::registration_server::RegistrationServer;
 use crate::publisher::Publisher;
 use crate::registration::RegistrationService;
-use crate::slices::{is_dns_subdomain, offered, MAX_NAME};
+use crate::slices::{is_dns_subdomain, offer, Publication, MAX_NAME};
 use crate::writer::SliceWriter;
 
 /// Default `--plugin-dir`: holds the DRA socket.
@@ -48,6 +50,10 @@ pub struct PluginOptions {
     pub resync_interval: Duration,
     /// How often claim bookings are checked against the API server.
     pub cleanup_interval: Duration,
+    /// `[dra]`: the publication mode and the slots per GPU.
+    pub dra: DraConfig,
+    /// Where the mode in effect is recorded for `gpuslice status` (`None`: nowhere).
+    pub mode_file: Option<PathBuf>,
 }
 
 impl PluginOptions {
@@ -61,6 +67,8 @@ impl PluginOptions {
             publish_interval: Duration::from_secs(1),
             resync_interval: Duration::from_secs(60),
             cleanup_interval: Duration::from_secs(60),
+            dra: DraConfig::default(),
+            mode_file: None,
         }
     }
 
@@ -128,12 +136,10 @@ pub async fn run(
         return Err(ServeError::NodeName(node));
     }
     let client = crate::api::client(options.kubeconfig.as_deref()).await?;
-    let plugin = Arc::new(Plugin::new(
-        node.clone(),
-        registry.clone(),
-        writer,
-        client.clone(),
-    ));
+    let plugin = Arc::new(
+        Plugin::new(node.clone(), registry.clone(), writer, client.clone())
+            .with_slots_per_gpu(options.dra.slots_per_gpu),
+    );
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
@@ -144,10 +150,7 @@ pub async fn run(
     let dra = tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(DraPluginServer::new(DraService::new(plugin.clone())))
-            .serve_with_incoming_shutdown(
-                UnixListenerStream::new(dra_listener),
-                stopped(stop_rx.clone()),
-            ),
+            .serve_with_incoming_shutdown(relayed_incoming(dra_listener), stopped(stop_rx.clone())),
     );
     let republish = Arc::new(Notify::new());
     let endpoint = std::path::absolute(&dra_path).unwrap_or(dra_path.clone());
@@ -167,6 +170,7 @@ pub async fn run(
     let publish = tokio::spawn(publish_loop(
         Publisher::new(client, node.clone()),
         registry,
+        plugin.holdings().clone(),
         republish,
         options.clone(),
     ));
@@ -221,9 +225,11 @@ pub async fn run(
 async fn publish_loop(
     mut publisher: Publisher,
     registry: Arc<Registry>,
+    holdings: Holdings,
     republish: Arc<Notify>,
     options: PluginOptions,
 ) {
+    let publication = publication(&publisher, &options).await;
     let mut force = true;
     let mut last_error = String::new();
     let mut last_sync = tokio::time::Instant::now();
@@ -232,7 +238,8 @@ async fn publish_loop(
         let snapshot = tokio::task::spawn_blocking(move || r.snapshot()).await;
         match snapshot {
             Ok(Ok(file)) => {
-                let gpus = offered(&file.inventory, &file.reservations);
+                let held = holdings.lock().map(|h| h.clone()).unwrap_or_default();
+                let gpus = offer(&file.inventory, &file.reservations, publication, &held);
                 match publisher.sync(&gpus, force).await {
                     Ok(wrote) => {
                         if wrote {
@@ -266,6 +273,47 @@ async fn publish_loop(
             force = true;
         }
     }
+}
+
+/// The publication `options.dra` resolves to, asking the API server (until it answers) when
+/// the mode is `auto`; logged, and recorded in the mode file.
+async fn publication(publisher: &Publisher, options: &PluginOptions) -> Publication {
+    let node = &options.node_name;
+    let keeps = if options.dra.mode == gpuslice_config::DraMode::Auto {
+        let mut last_error = String::new();
+        loop {
+            match keeps_consumable_capacity(publisher.client(), node).await {
+                Ok(keeps) => break Some(keeps),
+                Err(e) => {
+                    let e = e.to_string();
+                    if e != last_error {
+                        eprintln!("gpuslice kubelet-plugin: {e} (retrying)");
+                        last_error = e;
+                    }
+                    tokio::time::sleep(options.publish_interval).await;
+                }
+            }
+        }
+    } else {
+        None
+    };
+    let publication = resolve(&options.dra, keeps);
+    let why = match keeps {
+        Some(true) => "the API server keeps consumable capacity",
+        Some(false) => "the API server drops consumable capacity (DRAConsumableCapacity off)",
+        None => "as configured",
+    };
+    eprintln!(
+        "gpuslice kubelet-plugin: node {node}: publishing in {publication}: {why} (dra.mode = {})",
+        options.dra.mode.as_str()
+    );
+    if let Some(path) = &options.mode_file {
+        let record = ModeRecord::new(publication, &options.dra, node);
+        if let Err(e) = write_record(path, &record) {
+            eprintln!("gpuslice kubelet-plugin: {e}");
+        }
+    }
+    publication
 }
 
 /// Runs the plugin on a runtime of its own until SIGTERM or SIGINT.

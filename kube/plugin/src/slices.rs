@@ -1,9 +1,11 @@
-//! The node's ResourceSlices as objects: one pool named after the node, one device per GPU
-//! (`gpu-<index>`, shared by several claims) with `memory` and `cores` capacities whose request
-//! policies the API server accepts, offering only what the node paths (annotations, whole GPUs
-//! of the node CDI spec) have not booked. Pure functions; the publisher sends them.
+//! The node's ResourceSlices as objects: one pool named after the node, and per GPU either one
+//! device (`gpu-<index>`, shared by several claims) with `memory` and `cores` capacities whose
+//! request policies the API server accepts (capacity mode), or N equal unshared slot devices
+//! (`gpu-<index>-slot-<j>`, slot mode, for API servers without consumable capacity). Either
+//! offers only what the node paths (annotations, whole GPUs of the node CDI spec) and claims the
+//! scheduler cannot see in this mode have not booked. Pure functions; the publisher sends them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use gpuslice_config::quantity::format_kube_quantity;
 use gpuslice_registry::{claim_uid, gpu_loads, Inventory, Reservation};
@@ -29,6 +31,8 @@ pub const MAX_NAME: usize = 253;
 pub const ATTR_UUID: &str = "uuid";
 pub const ATTR_INDEX: &str = "index";
 pub const ATTR_PRODUCT: &str = "productName";
+/// The slot number of a slot device (what the `slots.gpuslice.io` DeviceClass selects by).
+pub const ATTR_SLOT: &str = "slot";
 /// The standard NUMA node attribute, published where the inventory knows it.
 pub const ATTR_NUMA: &str = "resource.kubernetes.io/numaNode";
 pub const CAP_MEMORY: &str = "memory";
@@ -44,6 +48,46 @@ pub enum SliceError {
 /// `<node>-gpuslice.io`, the first slice's name; others add `-<n>`.
 pub const SLICE_SUFFIX: &str = "-gpuslice.io";
 
+/// How the GPUs are published: the mode in effect (`dra.mode` resolved against what the API
+/// server keeps).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Publication {
+    /// One shared device per GPU with consumable capacities.
+    Capacity,
+    /// This many unshared slot devices per GPU.
+    Slots(u32),
+}
+
+impl std::fmt::Display for Publication {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Publication::Capacity => write!(f, "capacity mode (one shared device per GPU)"),
+            Publication::Slots(n) => write!(f, "slot mode ({n} slot devices per GPU)"),
+        }
+    }
+}
+
+/// What a prepared claim holds on this node, as its allocation names it: the publisher offers
+/// the scheduler only what it cannot see otherwise.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Held {
+    /// Shared capacity devices (`gpu-<index>`).
+    Capacity,
+    /// Slot devices, as (GPU index, slot).
+    Slots(Vec<(u32, u32)>),
+}
+
+/// The slots of one GPU in slot mode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotOffer {
+    /// Bytes of each slot.
+    pub memory: u64,
+    /// Percent of compute each slot may carry.
+    pub cores: u32,
+    /// The slots published, ascending: those claims hold and those free.
+    pub published: Vec<u32>,
+}
+
 /// What one GPU offers the scheduler.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OfferedGpu {
@@ -55,18 +99,64 @@ pub struct OfferedGpu {
     pub memory: u64,
     /// Percent of compute not booked by node paths.
     pub cores: u32,
+    /// The slot devices in slot mode; `None` in capacity mode.
+    pub slots: Option<SlotOffer>,
 }
 
-/// What each GPU of `inventory` offers: its memory and compute minus what reservations not
-/// held by claims book on it (claims are the scheduler's own bookkeeping). A GPU with less
-/// than one step of memory left (booked whole, say) is not offered.
+/// The bytes of each of the `n` slots of a GPU of `total` bytes, rounded down to
+/// [`MEMORY_STEP`].
+pub fn slot_memory(total: u64, n: u32) -> u64 {
+    total / u64::from(n.max(1)) / MEMORY_STEP * MEMORY_STEP
+}
+
+/// The percent of compute each of `n` slots may carry (their sum never exceeds 100).
+pub fn slot_cores(n: u32) -> u32 {
+    100 / n.max(1)
+}
+
+/// What each GPU of `inventory` offers in capacity mode when every claim holds capacity
+/// devices: its memory and compute minus what reservations not held by claims book on it.
 pub fn offered(inventory: &Inventory, reservations: &[Reservation]) -> Vec<OfferedGpu> {
-    let node_paths: Vec<Reservation> = reservations
+    let held: BTreeMap<String, Held> = reservations
         .iter()
-        .filter(|r| claim_uid(r).is_none())
+        .filter_map(|r| claim_uid(r).map(|u| (u.to_string(), Held::Capacity)))
+        .collect();
+    offer(inventory, reservations, Publication::Capacity, &held)
+}
+
+/// What each GPU of `inventory` offers under `publication`: its memory and compute minus what
+/// the scheduler cannot see in this mode — the node paths' reservations, and claims that hold
+/// devices of the other mode (a cluster that changed mode) or whose devices are not yet known
+/// (`held` lacks them). Claims on devices of this mode are the scheduler's own bookkeeping; in
+/// slot mode the slots they hold stay published, so the scheduler counts them. A GPU with
+/// nothing left to offer (booked whole, say) is not offered.
+pub fn offer(
+    inventory: &Inventory,
+    reservations: &[Reservation],
+    publication: Publication,
+    held: &BTreeMap<String, Held>,
+) -> Vec<OfferedGpu> {
+    let mut held_slots: BTreeMap<u32, BTreeSet<u32>> = BTreeMap::new();
+    let foreign: Vec<Reservation> = reservations
+        .iter()
+        .filter(|r| {
+            let Some(uid) = claim_uid(r) else {
+                return true;
+            };
+            match (held.get(uid), publication) {
+                (Some(Held::Capacity), Publication::Capacity) => false,
+                (Some(Held::Slots(list)), Publication::Slots(_)) => {
+                    for (index, j) in list {
+                        held_slots.entry(*index).or_default().insert(*j);
+                    }
+                    false
+                }
+                _ => true,
+            }
+        })
         .cloned()
         .collect();
-    let loads = gpu_loads(&node_paths);
+    let loads = gpu_loads(&foreign);
     let mut out: Vec<OfferedGpu> = inventory
         .gpus
         .iter()
@@ -76,13 +166,44 @@ pub fn offered(inventory: &Inventory, reservations: &[Reservation]) -> Vec<Offer
                 return None;
             }
             let memory = g.memory_total.saturating_sub(load.memory) / MEMORY_STEP * MEMORY_STEP;
-            (memory >= MEMORY_STEP).then(|| OfferedGpu {
+            let slots = match publication {
+                Publication::Capacity => None,
+                Publication::Slots(n) => {
+                    let size = slot_memory(g.memory_total, n);
+                    if size < MEMORY_STEP {
+                        return None;
+                    }
+                    let mine = held_slots.get(&g.index).cloned().unwrap_or_default();
+                    let taken = u64::try_from(mine.len()).unwrap_or(u64::MAX);
+                    let free_memory = g
+                        .memory_total
+                        .saturating_sub(load.memory)
+                        .saturating_sub(taken.saturating_mul(size));
+                    let free = (free_memory / size).min(u64::from(n).saturating_sub(taken));
+                    let mut published = mine.clone();
+                    published.extend(
+                        (0..n)
+                            .filter(|j| !mine.contains(j))
+                            .take(usize::try_from(free).unwrap_or(usize::MAX)),
+                    );
+                    if published.is_empty() {
+                        return None;
+                    }
+                    Some(SlotOffer {
+                        memory: size,
+                        cores: slot_cores(n),
+                        published: published.into_iter().collect(),
+                    })
+                }
+            };
+            (memory >= MEMORY_STEP || slots.is_some()).then(|| OfferedGpu {
                 index: g.index,
                 uuid: g.uuid.clone(),
                 model: g.model.clone(),
                 numa_node: g.numa_node,
                 memory,
                 cores: 100u32.saturating_sub(load.cores),
+                slots,
             })
         })
         .collect();
@@ -95,9 +216,21 @@ pub fn device_name(index: u32) -> String {
     format!("gpu-{index}")
 }
 
-/// The GPU index a device name of ours names (`gpu-3` → 3).
-pub fn device_index(name: &str) -> Option<u32> {
-    let digits = name.strip_prefix("gpu-")?;
+/// The name of slot `j` of GPU `index`.
+pub fn slot_device_name(index: u32, j: u32) -> String {
+    format!("gpu-{index}-slot-{j}")
+}
+
+/// A device name of ours, read back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceRef {
+    /// `gpu-<index>`: the shared device of capacity mode.
+    Gpu(u32),
+    /// `gpu-<index>-slot-<j>`: a slot of slot mode.
+    Slot(u32, u32),
+}
+
+fn number(digits: &str) -> Option<u32> {
     if digits.is_empty() || digits.len() > 10 || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
@@ -105,6 +238,20 @@ pub fn device_index(name: &str) -> Option<u32> {
         return None;
     }
     digits.parse().ok()
+}
+
+/// The GPU index a capacity device name of ours names (`gpu-3` → 3).
+pub fn device_index(name: &str) -> Option<u32> {
+    number(name.strip_prefix("gpu-")?)
+}
+
+/// What a device name of ours names, either mode.
+pub fn parse_device(name: &str) -> Option<DeviceRef> {
+    let rest = name.strip_prefix("gpu-")?;
+    match rest.split_once("-slot-") {
+        Some((index, j)) => Some(DeviceRef::Slot(number(index)?, number(j)?)),
+        None => Some(DeviceRef::Gpu(number(rest)?)),
+    }
 }
 
 /// Whether `name` is a DNS subdomain (RFC 1123) of at most `max` characters.
@@ -143,8 +290,8 @@ fn quantity(s: String) -> Quantity {
     Quantity(s)
 }
 
-/// The device for one offered GPU.
-pub fn device(g: &OfferedGpu) -> Device {
+/// The attributes every device of a GPU carries, either mode.
+fn attributes(g: &OfferedGpu) -> BTreeMap<String, DeviceAttribute> {
     let mut attributes = BTreeMap::new();
     attributes.insert(
         ATTR_UUID.to_string(),
@@ -176,6 +323,56 @@ pub fn device(g: &OfferedGpu) -> Device {
             },
         );
     }
+    attributes
+}
+
+/// The devices of one offered GPU: its shared device in capacity mode, its published slots in
+/// slot mode.
+pub fn devices(g: &OfferedGpu) -> Vec<Device> {
+    let Some(slots) = &g.slots else {
+        return vec![device(g)];
+    };
+    let attributes = attributes(g);
+    let mut capacity = BTreeMap::new();
+    capacity.insert(
+        CAP_MEMORY.to_string(),
+        DeviceCapacity {
+            value: quantity(format_kube_quantity(slots.memory)),
+            request_policy: None,
+        },
+    );
+    capacity.insert(
+        CAP_CORES.to_string(),
+        DeviceCapacity {
+            value: quantity(slots.cores.to_string()),
+            request_policy: None,
+        },
+    );
+    slots
+        .published
+        .iter()
+        .map(|j| Device {
+            name: slot_device_name(g.index, *j),
+            attributes: Some({
+                let mut a = attributes.clone();
+                a.insert(
+                    ATTR_SLOT.to_string(),
+                    DeviceAttribute {
+                        int: Some(i64::from(*j)),
+                        ..Default::default()
+                    },
+                );
+                a
+            }),
+            capacity: Some(capacity.clone()),
+            ..Default::default()
+        })
+        .collect()
+}
+
+/// The shared device of one offered GPU (capacity mode).
+pub fn device(g: &OfferedGpu) -> Device {
+    let attributes = attributes(g);
     let memory = format_kube_quantity(g.memory);
     let mut capacity = BTreeMap::new();
     capacity.insert(
@@ -227,16 +424,17 @@ pub fn build_slices(
     generation: i64,
     owner: Option<&OwnerReference>,
 ) -> Result<Vec<ResourceSlice>, SliceError> {
-    let longest = slice_name(node, gpus.len() / MAX_DEVICES_PER_SLICE + 1);
+    let all: Vec<Device> = gpus.iter().flat_map(devices).collect();
+    let longest = slice_name(node, all.len() / MAX_DEVICES_PER_SLICE + 1);
     if !is_dns_subdomain(node, MAX_NAME) || !is_dns_subdomain(&longest, MAX_NAME) {
         return Err(SliceError::NodeName {
             name: node.to_string(),
         });
     }
-    let chunks: Vec<&[OfferedGpu]> = if gpus.is_empty() {
+    let chunks: Vec<&[Device]> = if all.is_empty() {
         vec![&[]]
     } else {
-        gpus.chunks(MAX_DEVICES_PER_SLICE).collect()
+        all.chunks(MAX_DEVICES_PER_SLICE).collect()
     };
     let count = chunks.len() as i64;
     Ok(chunks
@@ -256,7 +454,7 @@ pub fn build_slices(
                     generation,
                     resource_slice_count: count,
                 },
-                devices: Some(chunk.iter().map(device).collect()),
+                devices: Some(chunk.to_vec()),
                 ..Default::default()
             },
         })
@@ -450,6 +648,144 @@ mod tests {
             "gpu-99999999999",
         ] {
             assert_eq!(device_index(bad), None, "{bad}");
+        }
+    }
+
+    fn claim_owner(uid: &str) -> Owner {
+        Owner::DraClaim {
+            claim_uid: uid.into(),
+            namespace: "n".into(),
+            members: Vec::new(),
+            name: "c".into(),
+        }
+    }
+
+    #[test]
+    fn slot_mode_publishes_equal_unshared_slots_carrying_the_gpus_attributes() {
+        let inv = Inventory {
+            gpus: vec![gpu(0, 80 * 1024 * MIB), gpu(1, 141 * 1024 * MIB)],
+        };
+        let o = offer(&inv, &[], Publication::Slots(16), &BTreeMap::new());
+        let slices = build_slices("node-a", &o, 1, None).unwrap();
+        assert_eq!(
+            slices.len(),
+            1,
+            "8 GPUs x 16 slots fit one slice; 2 GPUs surely"
+        );
+        let devices = slices[0].spec.devices.as_ref().unwrap();
+        assert_eq!(devices.len(), 32);
+        assert_eq!(devices[0].name, "gpu-0-slot-0");
+        assert_eq!(devices[31].name, "gpu-1-slot-15");
+        for d in devices {
+            assert_eq!(d.allow_multiple_allocations, None, "{}", d.name);
+            let caps = d.capacity.as_ref().unwrap();
+            assert!(caps.values().all(|c| c.request_policy.is_none()));
+            let attrs = d.attributes.as_ref().unwrap();
+            let DeviceRef::Slot(index, _) = parse_device(&d.name).unwrap() else {
+                panic!("{}", d.name)
+            };
+            assert_eq!(
+                attrs["uuid"].string,
+                Some(inv.gpus[index as usize].uuid.clone())
+            );
+            assert_eq!(attrs["index"].int, Some(i64::from(index)));
+            assert_eq!(attrs["productName"].string.as_deref(), Some("NVIDIA H200"));
+            let want = if index == 0 {
+                5 * 1024 * MIB
+            } else {
+                slot_memory(141 << 30, 16)
+            };
+            assert_eq!(parse_kube_quantity(&caps["memory"].value.0).unwrap(), want);
+            assert_eq!(caps["cores"].value.0, "6");
+        }
+        // 141 GiB / 16, rounded down to whole MiB.
+        assert_eq!(slot_memory(141 << 30, 16), 9024 * MIB);
+        // 8 GPUs of 16 slots: one slice of 128; 9 GPUs: two.
+        let inv8 = Inventory {
+            gpus: (0..9).map(|i| gpu(i, 80 << 30)).collect(),
+        };
+        let o = offer(&inv8, &[], Publication::Slots(16), &BTreeMap::new());
+        let sizes: Vec<usize> = build_slices("n", &o, 1, None)
+            .unwrap()
+            .iter()
+            .map(|s| s.spec.devices.as_ref().unwrap().len())
+            .collect();
+        assert_eq!(sizes, [128, 16]);
+    }
+
+    #[test]
+    fn slots_others_hold_are_withdrawn_and_slots_claims_hold_stay_published() {
+        let inv = Inventory {
+            gpus: vec![
+                gpu(0, 16 * 1024 * MIB),
+                gpu(1, 16 * 1024 * MIB),
+                gpu(2, 16 * 1024 * MIB),
+            ],
+        };
+        // 4 slots of 4 GiB per GPU.
+        let held: BTreeMap<String, Held> = [
+            ("slot-claim".to_string(), Held::Slots(vec![(0, 0), (0, 2)])),
+            ("cap-claim".to_string(), Held::Capacity),
+        ]
+        .into_iter()
+        .collect();
+        let reservations = vec![
+            // The claim on slots 0 and 2 of GPU 0 (8 GiB).
+            reservation(
+                claim_owner("slot-claim"),
+                false,
+                &inv.gpus[0].uuid,
+                8 << 30,
+                0,
+            ),
+            // An annotation slice of 5 GiB on GPU 0: two slots' worth (rounded up) go.
+            reservation(Owner::container(), false, &inv.gpus[0].uuid, 5 << 30, 0),
+            // A claim of capacity mode (before the cluster changed mode): 4 GiB of GPU 1.
+            reservation(
+                claim_owner("cap-claim"),
+                false,
+                &inv.gpus[1].uuid,
+                4 << 30,
+                0,
+            ),
+            // A claim not read back yet: taken, whatever it is.
+            reservation(claim_owner("unknown"), false, &inv.gpus[1].uuid, 1 << 30, 0),
+            // A whole GPU of the node CDI spec.
+            reservation(Owner::container(), true, &inv.gpus[2].uuid, 16 << 30, 100),
+        ];
+        let o = offer(&inv, &reservations, Publication::Slots(4), &held);
+        let published: Vec<(u32, Vec<u32>)> = o
+            .iter()
+            .map(|g| (g.index, g.slots.as_ref().unwrap().published.clone()))
+            .collect();
+        // GPU 0: slots 0 and 2 (held) stay, 16-8-5 = 3 GiB left: no free slot.
+        // GPU 1: 16-4-1 = 11 GiB: two free slots, the lowest.
+        // GPU 2: booked whole: not offered.
+        assert_eq!(published, [(0, vec![0, 2]), (1, vec![0, 1])]);
+        // In capacity mode the slot claim is what the scheduler cannot see.
+        let o = offer(&inv, &reservations, Publication::Capacity, &held);
+        assert_eq!(o[0].memory, 3 << 30);
+        assert_eq!(
+            o[1].memory,
+            15 << 30,
+            "the capacity claim is the scheduler's; the unknown one is taken"
+        );
+        assert!(o.iter().all(|g| g.slots.is_none()));
+    }
+
+    #[test]
+    fn slot_names_read_back() {
+        assert_eq!(slot_device_name(3, 15), "gpu-3-slot-15");
+        assert_eq!(parse_device("gpu-3-slot-15"), Some(DeviceRef::Slot(3, 15)));
+        assert_eq!(parse_device("gpu-3"), Some(DeviceRef::Gpu(3)));
+        for bad in [
+            "gpu-3-slot-",
+            "gpu-3-slot-01",
+            "gpu--slot-1",
+            "gpu-3-slot-1-x",
+            "gpu-3-slots-1",
+        ] {
+            assert_eq!(parse_device(bad), None, "{bad}");
         }
     }
 }

@@ -7,7 +7,8 @@
 use std::path::{Path, PathBuf};
 
 use gpuslice_kube::serve::{DEFAULT_PLUGIN_DIR, DEFAULT_REGISTRATION_DIR};
-use gpuslice_kube::DRIVER;
+use gpuslice_kube::slices::ATTR_SLOT;
+use gpuslice_kube::{DRIVER, SLOTS_CLASS};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::core::v1::{PodSpec, PodTemplateSpec, ServiceAccount};
@@ -109,6 +110,33 @@ fn check_template(file: &str, t: &ResourceClaimTemplate) {
         .unwrap()
     {
         let exactly = r.exactly.as_ref().unwrap();
+        if exactly.device_class_name == SLOTS_CLASS {
+            // Slot mode: k slots of one GPU, the request constrained to one GPU's identity.
+            let count = exactly.count.unwrap();
+            assert!((1..=16).contains(&count), "{file}: {count} slots");
+            let constraints = t
+                .spec
+                .as_ref()
+                .unwrap()
+                .spec
+                .as_ref()
+                .unwrap()
+                .devices
+                .as_ref()
+                .unwrap()
+                .constraints
+                .as_ref()
+                .unwrap();
+            assert!(
+                constraints
+                    .iter()
+                    .any(|c| c.match_attribute.as_deref() == Some("gpuslice.io/uuid")
+                        && c.requests.iter().flatten().eq([&r.name])),
+                "{file}: request {} is not constrained to one GPU",
+                r.name
+            );
+            continue;
+        }
         assert_eq!(exactly.device_class_name, DRIVER, "{file}");
         let requests = exactly
             .capacity
@@ -133,6 +161,7 @@ fn dra_manifests_are_valid_and_agree_with_the_plugin() {
     let docs = documents(&dra());
     let examples = documents(&dra().join("examples"));
     let mut kinds = Vec::new();
+    let mut classes = Vec::new();
     for (file, doc) in docs.iter().chain(examples.iter()) {
         let kind = doc["kind"]
             .as_str()
@@ -141,13 +170,20 @@ fn dra_manifests_are_valid_and_agree_with_the_plugin() {
         match kind.as_str() {
             "DeviceClass" => {
                 let d: DeviceClass = typed(file, doc);
-                assert_eq!(d.metadata.name.as_deref(), Some(DRIVER));
                 let cel = &d.spec.as_ref().unwrap().selectors.as_ref().unwrap()[0]
                     .cel
                     .as_ref()
                     .unwrap()
                     .expression;
-                assert_eq!(cel, &format!("device.driver == \"{DRIVER}\""));
+                match d.metadata.name.as_deref() {
+                    Some(DRIVER) => assert_eq!(cel, &format!("device.driver == \"{DRIVER}\"")),
+                    Some(SLOTS_CLASS) => assert_eq!(
+                        cel,
+                        &format!("device.driver == \"{DRIVER}\" && \"{ATTR_SLOT}\" in device.attributes[\"{DRIVER}\"]")
+                    ),
+                    other => panic!("{file}: DeviceClass {other:?}"),
+                }
+                classes.push(d.metadata.name.clone().unwrap());
             }
             "ServiceAccount" => {
                 typed::<ServiceAccount>(file, doc);
@@ -270,4 +306,10 @@ fn dra_manifests_are_valid_and_agree_with_the_plugin() {
     ] {
         assert!(kinds.iter().any(|x| x == k), "no {k} in the DRA packaging");
     }
+    classes.sort();
+    assert_eq!(
+        classes,
+        [DRIVER, SLOTS_CLASS],
+        "both DeviceClasses are shipped"
+    );
 }

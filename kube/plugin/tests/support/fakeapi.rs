@@ -25,6 +25,27 @@ struct State {
     version: u64,
     /// Requests served, per "METHOD path".
     requests: Vec<String>,
+    /// Drop the consumable-capacity fields of slices, as an API server with
+    /// `DRAConsumableCapacity` off does (Kubernetes 1.34/1.35).
+    drops_consumable_capacity: bool,
+}
+
+/// What an API server without consumable capacity keeps of a slice.
+fn drop_consumable_capacity(slice: &mut Value) {
+    if let Some(devices) = slice["spec"]["devices"].as_array_mut() {
+        for d in devices {
+            if let Some(d) = d.as_object_mut() {
+                d.remove("allowMultipleAllocations");
+            }
+            if let Some(caps) = d["capacity"].as_object_mut() {
+                for c in caps.values_mut() {
+                    if let Some(c) = c.as_object_mut() {
+                        c.remove("requestPolicy");
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// The fake server; stops when dropped.
@@ -135,6 +156,11 @@ impl FakeApi {
         );
     }
 
+    /// Makes the server drop consumable capacity (`true`) or keep it (the default).
+    pub fn set_drops_consumable_capacity(&self, drops: bool) {
+        self.state.lock().unwrap().drops_consumable_capacity = drops;
+    }
+
     pub fn slices(&self) -> BTreeMap<String, Value> {
         self.state.lock().unwrap().slices.clone()
     }
@@ -209,6 +235,12 @@ fn handle(state: &Mutex<State>, method: &str, url: &str, body: &str) -> (u16, St
                 Ok(v) => v,
                 Err(e) => return status(400, "BadRequest", &e.to_string()),
             };
+            if st.drops_consumable_capacity {
+                drop_consumable_capacity(&mut v);
+            }
+            if url.contains("dryRun=All") {
+                return (201, v.to_string());
+            }
             let name = v["metadata"]["name"].as_str().unwrap_or("").to_string();
             if st.slices.contains_key(&name) {
                 return status(
@@ -237,6 +269,9 @@ fn handle(state: &Mutex<State>, method: &str, url: &str, body: &str) -> (u16, St
             };
             if old["metadata"]["resourceVersion"] != v["metadata"]["resourceVersion"] {
                 return status(409, "Conflict", "the object has been modified");
+            }
+            if st.drops_consumable_capacity {
+                drop_consumable_capacity(&mut v);
             }
             st.version += 1;
             v["metadata"]["resourceVersion"] = json!(st.version.to_string());

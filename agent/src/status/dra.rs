@@ -1,0 +1,81 @@
+//! The DRA kubelet plugin's part of `gpuslice status`: the mode it publishes the node's GPUs
+//! in (capacity or slots), as the plugin recorded it at start in the state directory.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+/// The plugin's record, `None` when no plugin ever ran on this node (or it is unreadable:
+/// the text says so).
+fn record(path: &Path) -> Option<Result<Value, String>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(e) => return Some(Err(format!("cannot read {}: {e}", path.display()))),
+    };
+    Some(serde_json::from_str(&text).map_err(|e| format!("{} is not JSON: {e}", path.display())))
+}
+
+/// Adds `dra` (the plugin's record, or `{"error": …}`) to `status --json` when a plugin ran.
+pub fn add_json(status: &mut Value, path: &Path) {
+    let Some(r) = record(path) else {
+        return;
+    };
+    if let Some(o) = status.as_object_mut() {
+        let v = r.unwrap_or_else(|e| serde_json::json!({ "error": e }));
+        o.insert("dra".into(), v);
+    }
+}
+
+/// The plugin's line of the status table (empty when no plugin ran on this node).
+pub fn render_text(path: &Path) -> String {
+    match record(path) {
+        None => String::new(),
+        Some(Err(e)) => format!("\nDRA: {e}\n"),
+        Some(Ok(v)) => {
+            let mode = v["mode"].as_str().unwrap_or("?");
+            let configured = v["configured"].as_str().unwrap_or("?");
+            match v["slots_per_gpu"].as_u64() {
+                Some(n) => {
+                    format!("\nDRA: slot mode, {n} slots per GPU (dra.mode = {configured})\n")
+                }
+                None => format!("\nDRA: {mode} mode (dra.mode = {configured})\n"),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_recorded_mode_is_shown_and_absent_without_a_plugin() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kubelet-plugin.json");
+        assert_eq!(render_text(&path), "");
+        let mut v = serde_json::json!({});
+        add_json(&mut v, &path);
+        assert!(v.get("dra").is_none());
+        std::fs::write(
+            &path,
+            r#"{"mode":"slots","configured":"auto","slots_per_gpu":16,"node":"n1"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            render_text(&path),
+            "\nDRA: slot mode, 16 slots per GPU (dra.mode = auto)\n"
+        );
+        add_json(&mut v, &path);
+        assert_eq!(v["dra"]["mode"], "slots");
+        std::fs::write(
+            &path,
+            r#"{"mode":"capacity","configured":"capacity","node":"n1"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            render_text(&path),
+            "\nDRA: capacity mode (dra.mode = capacity)\n"
+        );
+    }
+}

@@ -1,0 +1,328 @@
+//! Slot mode against a real control plane that behaves as Kubernetes 1.34 (the pinned
+//! binaries with `--emulated-version=1.34`: consumable capacity off, DRA v1 GA): two Node
+//! objects (no kubelet), one real `gpuslice kubelet-plugin` per node with `dra.mode` left at
+//! `auto`. Each plugin detects that the API server drops consumable capacity and publishes
+//! its GPUs as slots; the stock scheduler places a claim mix — a 2-GPU claim, sizes that
+//! cannot all fit, one that fits nowhere — only where the slots fit per GPU, leaves the rest
+//! Pending with its reason, and each prepare over the plugin's `dra.sock` books exactly
+//! k × slot per GPU; unprepare releases.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use gpuslice_config::quantity::parse_kube_quantity;
+use gpuslice_e2e::kube::{wait_for, KubeCluster};
+use gpuslice_e2e::kubelet::claim as kubelet_claim;
+use gpuslice_e2e::kubelet_plugin::{pod, slice_of, KubeletPlugin};
+use gpuslice_e2e::{env::workspace, lock, TestNode};
+use serde_json::{json, Value};
+
+const NS: &str = "default";
+const STEP: Duration = Duration::from_secs(90);
+const MIB: u64 = 1 << 20;
+/// The default `dra.slots_per_gpu`.
+const SLOTS: u64 = gpuslice_config::DEFAULT_SLOTS_PER_GPU as u64;
+
+const L4: &str = "device.attributes[\"gpuslice.io\"].productName == \"NVIDIA L4\"";
+
+/// A claim of `slots` per request (one request per GPU), each constrained to one GPU.
+fn slot_claim(name: &str, slots: &[u32], cel: Option<&str>) -> Value {
+    let names: Vec<String> = (0..slots.len()).map(|i| format!("gpu{i}")).collect();
+    let requests: Vec<Value> = slots
+        .iter()
+        .zip(&names)
+        .map(|(k, n)| {
+            let mut exactly = json!({"deviceClassName": "slots.gpuslice.io", "count": k});
+            if let Some(expression) = cel {
+                exactly["selectors"] = json!([{"cel": {"expression": expression}}]);
+            }
+            json!({"name": n, "exactly": exactly})
+        })
+        .collect();
+    let constraints: Vec<Value> = names
+        .iter()
+        .map(|n| json!({"requests": [n], "matchAttribute": "gpuslice.io/uuid"}))
+        .collect();
+    json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"devices": {"requests": requests, "constraints": constraints}},
+    })
+}
+
+struct Case {
+    name: &'static str,
+    slots: &'static [u32],
+    cel: Option<&'static str>,
+    node: Option<&'static str>,
+}
+
+/// node-a: 2 × 141Gi H200 (6 slots of 24064Mi each); node-b: 1 × 24Gi L4 (6 of 4Gi).
+/// Created one after another, each scheduled before the next.
+const CASES: [Case; 5] = [
+    // 4 + 4 slots: more than one GPU's 6, so two GPUs, and only node-a has two. On node-b the
+    // scheduler must give up (4 + 4 of one GPU's 6) within its filter timeout: with 16 slots
+    // per GPU (9 + 9), its search through the orderings of the slots timed out there.
+    Case {
+        name: "two-gpus",
+        slots: &[4, 4],
+        cel: None,
+        node: Some("node-a"),
+    },
+    Case {
+        name: "l4-five",
+        slots: &[5],
+        cel: Some(L4),
+        node: Some("node-b"),
+    },
+    // 2 slots left on each H200, 1 on the L4: only an H200 has room.
+    Case {
+        name: "two",
+        slots: &[2],
+        cel: None,
+        node: Some("node-a"),
+    },
+    // 1 slot left on the L4: 2 do not fit there, and the selector allows no other GPU.
+    Case {
+        name: "l4-over",
+        slots: &[2],
+        cel: Some(L4),
+        node: None,
+    },
+    // More slots than any GPU has (slots_per_gpu is 6): fits nowhere.
+    Case {
+        name: "too-many",
+        slots: &[7],
+        cel: None,
+        node: None,
+    },
+];
+
+/// The node the scheduler binds pod `name` to; past `STEP`, panics with the scheduler's own
+/// reason (the pod's PodScheduled condition) and the tail of its log.
+fn bound_node(cluster: &KubeCluster, name: &str) -> String {
+    let deadline = Instant::now() + STEP;
+    loop {
+        let p = cluster.get_json(&["pod", name, "-n", NS]);
+        if let Some(node) = p["spec"]["nodeName"].as_str() {
+            return node.to_string();
+        }
+        if Instant::now() > deadline {
+            panic!(
+                "the scheduler did not bind pod {name} in {STEP:?}; its conditions: {}\nclaim: {}\nscheduler log:\n{}",
+                p["status"]["conditions"],
+                cluster.get_json(&["resourceclaim", name, "-n", NS])["status"],
+                cluster.log_tail("kube-scheduler", 40)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+fn want_node(c: &Case) -> Option<&'static str> {
+    c.node
+}
+
+#[test]
+#[ignore = "starts a real Kubernetes control plane (emulating 1.34) and two plugin processes; the README's test command runs it"]
+fn on_a_1_34_control_plane_slots_are_placed_per_gpu_and_booked_exactly() {
+    let _s = lock(&[]);
+    let cluster = KubeCluster::up_with(&["--emulated-version", "1.34"]);
+    let gpu_count: BTreeMap<&str, usize> = [("node-a", 2), ("node-b", 1)].into_iter().collect();
+    let nodes: BTreeMap<&str, TestNode> = [
+        (
+            "node-a",
+            TestNode::with_models(&[("NVIDIA H200", "141Gi"), ("NVIDIA H200", "141Gi")]),
+        ),
+        ("node-b", TestNode::with_models(&[("NVIDIA L4", "24Gi")])),
+    ]
+    .into_iter()
+    .collect();
+    for name in nodes.keys() {
+        cluster.add_node(name);
+    }
+    let plugins: BTreeMap<&str, KubeletPlugin> = nodes
+        .iter()
+        .map(|(name, node)| (*name, KubeletPlugin::start(&cluster, name, node)))
+        .collect();
+    let slot_bytes: BTreeMap<&str, u64> = [
+        ("node-a", (141 << 30) / SLOTS / MIB * MIB),
+        ("node-b", (24 << 30) / SLOTS / MIB * MIB),
+    ]
+    .into_iter()
+    .collect();
+
+    // Each plugin detected that the API server drops consumable capacity.
+    let slices: BTreeMap<&str, Value> = nodes
+        .keys()
+        .map(|name| {
+            let s = wait_for(&format!("the slot slice of {name}"), STEP, || {
+                slice_of(&cluster, name).filter(|s| {
+                    s["spec"]["devices"].as_array().map(Vec::len)
+                        == Some(gpu_count[name] * SLOTS as usize)
+                })
+            });
+            (*name, s)
+        })
+        .collect();
+    for (name, p) in &plugins {
+        let log = p.log_text();
+        assert!(
+            log.contains(&format!("publishing in slot mode ({SLOTS} slot devices per GPU): the API server drops consumable capacity")),
+            "{name}: {log}"
+        );
+    }
+    for (name, s) in &slices {
+        for d in s["spec"]["devices"].as_array().unwrap() {
+            assert!(d.get("allowMultipleAllocations").is_none(), "{d}");
+            let memory =
+                parse_kube_quantity(d["capacity"]["memory"]["value"].as_str().unwrap()).unwrap();
+            assert_eq!(memory, slot_bytes[name], "{d}");
+            let index = d["attributes"]["index"]["int"].as_u64().unwrap() as usize;
+            assert_eq!(
+                d["attributes"]["uuid"]["string"],
+                nodes[name].uuid(index),
+                "{d}"
+            );
+            let slot = d["attributes"]["slot"]["int"].as_u64().unwrap();
+            assert_eq!(d["name"], format!("gpu-{index}-slot-{slot}"), "{d}");
+        }
+    }
+    let class = workspace().join("packaging/kubernetes/dra/deviceclass-slots.yaml");
+    cluster.kubectl(&["create", "-f", &class.display().to_string()]);
+
+    for c in &CASES {
+        let t0 = Instant::now();
+        cluster
+            .create(&slot_claim(c.name, c.slots, c.cel))
+            .unwrap_or_else(|e| panic!("claim {} refused: {e}", c.name));
+        cluster.create(&pod(c.name, c.name)).unwrap();
+        match want_node(c) {
+            Some(want) => {
+                let got = bound_node(&cluster, c.name);
+                assert_eq!(got, want, "pod {} bound to the wrong node", c.name);
+                eprintln!("pod {} bound to {got} in {:?}", c.name, t0.elapsed());
+            }
+            None => {
+                let cond = wait_for(
+                    &format!("the scheduler to find no room for pod {}", c.name),
+                    STEP,
+                    || {
+                        let p = cluster.get_json(&["pod", c.name, "-n", NS]);
+                        p["status"]["conditions"]
+                            .as_array()?
+                            .iter()
+                            .find(|c| c["type"] == "PodScheduled" && c["status"] == "False")
+                            .cloned()
+                    },
+                );
+                assert_eq!(cond["reason"], "Unschedulable", "pod {}: {cond}", c.name);
+                let message = cond["message"].as_str().unwrap_or_default();
+                assert!(
+                    message.contains("cannot allocate all claims"),
+                    "pod {}: {cond}",
+                    c.name
+                );
+                eprintln!(
+                    "pod {} stays Pending (decided in {:?}): {message}",
+                    c.name,
+                    t0.elapsed()
+                );
+            }
+        }
+    }
+
+    // What the scheduler allocated: each request's slots on one GPU, the 2-GPU claim on two,
+    // no GPU given more slots than it has.
+    let mut per_gpu: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
+    let mut claims: BTreeMap<&str, (String, Vec<Value>)> = BTreeMap::new();
+    for c in CASES.iter().filter(|c| want_node(c).is_some()) {
+        let node = want_node(c).unwrap();
+        let claim = cluster.get_json(&["resourceclaim", c.name, "-n", NS]);
+        let uid = claim["metadata"]["uid"].as_str().unwrap().to_string();
+        let results = claim["status"]["allocation"]["devices"]["results"]
+            .as_array()
+            .unwrap_or_else(|| panic!("claim {} not allocated: {claim}", c.name))
+            .clone();
+        let total: u32 = c.slots.iter().sum();
+        assert_eq!(results.len(), total as usize, "{claim}");
+        let mut gpus_of_claim = BTreeSet::new();
+        for (i, _) in c.slots.iter().enumerate() {
+            let request = format!("gpu{i}");
+            let gpus: BTreeSet<String> = results
+                .iter()
+                .filter(|r| r["request"] == request.as_str())
+                .map(|r| {
+                    assert_eq!(r["pool"], node, "{r}");
+                    let d = r["device"].as_str().unwrap();
+                    per_gpu
+                        .entry((
+                            node.to_string(),
+                            d.rsplit_once("-slot-").unwrap().0.to_string(),
+                        ))
+                        .or_default()
+                        .insert(d.to_string());
+                    d.rsplit_once("-slot-").unwrap().0.to_string()
+                })
+                .collect();
+            assert_eq!(
+                gpus.len(),
+                1,
+                "claim {} request {request} spans GPUs: {claim}",
+                c.name
+            );
+            gpus_of_claim.extend(gpus);
+        }
+        assert_eq!(
+            gpus_of_claim.len(),
+            c.slots.len(),
+            "claim {}: {claim}",
+            c.name
+        );
+        claims.insert(c.name, (uid, results));
+    }
+    for ((node, gpu), slots) in &per_gpu {
+        assert!(slots.len() as u64 <= SLOTS, "{node}/{gpu}: {slots:?}");
+    }
+
+    // The kubelet prepares each bound claim: exactly k × slot per GPU is booked.
+    for c in CASES.iter().filter(|c| want_node(c).is_some()) {
+        let name = want_node(c).unwrap();
+        let (uid, results) = &claims[c.name];
+        let mut kubelet = plugins[name].kubelet();
+        let answer = kubelet.prepare(kubelet_claim(NS, c.name, uid)).unwrap();
+        assert_eq!(answer.error, "", "{}: {}", c.name, plugins[name].log_text());
+        assert_eq!(answer.devices.len(), results.len());
+        let text = std::fs::read_to_string(nodes[name].state_dir().join("registry.json")).unwrap();
+        let file: Value = serde_json::from_str(&text).unwrap();
+        let r = file["reservations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["owner"]["claim_uid"] == uid.as_str())
+            .unwrap_or_else(|| panic!("no booking of {}", c.name))
+            .clone();
+        let mut booked: Vec<u64> = r["gpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b["memory"].as_u64().unwrap())
+            .collect();
+        booked.sort();
+        let mut want: Vec<u64> = c
+            .slots
+            .iter()
+            .map(|k| u64::from(*k) * slot_bytes[name])
+            .collect();
+        want.sort();
+        assert_eq!(booked, want, "claim {}: {r}", c.name);
+        let un = kubelet.unprepare(kubelet_claim(NS, c.name, uid)).unwrap();
+        assert_eq!(un.error, "");
+        let text = std::fs::read_to_string(nodes[name].state_dir().join("registry.json")).unwrap();
+        assert!(
+            !text.contains(uid.as_str()),
+            "{} still booked: {text}",
+            c.name
+        );
+    }
+}
