@@ -579,6 +579,7 @@ pub(crate) mod tests {
             numa_node: None,
             memory: gib * GIB,
             cores: 100,
+            slots: None,
         }
     }
 

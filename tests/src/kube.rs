@@ -75,27 +75,7 @@ pub struct KubeCluster {
 impl KubeCluster {
     /// Starts a control plane; panics with the script's output when it does not come up.
     pub fn up() -> KubeCluster {
-        KubeCluster::up_with(&[])
-    }
-
-    /// Starts a control plane with `up DIR ARGS…` (`--feature-gates LIST`,
-    /// `--emulated-version X.Y`); panics with the script's output when it does not come up.
-    pub fn up_with(args: &[&str]) -> KubeCluster {
-        let dir = tempfile::Builder::new()
-            .prefix("gpuslice-kube-")
-            .tempdir()
-            .expect("create a temporary directory for the cluster");
-        let mut all: Vec<&std::ffi::OsStr> = vec!["up".as_ref(), dir.path().as_os_str()];
-        all.extend(args.iter().map(|a| std::ffi::OsStr::new(*a)));
-        let out = run_script(&all);
-        assert!(
-            out.status.success(),
-            "scripts/kube-cluster.sh up {} {args:?} failed ({}):\n{}",
-            dir.path().display(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        KubeCluster { dir, down: false }
+        KubeCluster::up_with(&[], &[])
     }
 
     /// Starts a control plane and, with `up DIR --node NAME`, a node for this machine

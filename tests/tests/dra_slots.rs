@@ -127,7 +127,7 @@ fn want_node(c: &Case) -> Option<&'static str> {
 #[ignore = "starts a real Kubernetes control plane (emulating 1.34) and two plugin processes; the README's test command runs it"]
 fn on_a_1_34_control_plane_slots_are_placed_per_gpu_and_booked_exactly() {
     let _s = lock(&[]);
-    let cluster = KubeCluster::up_with(&["--emulated-version", "1.34"]);
+    let cluster = KubeCluster::up_with(&["--emulated-version", "1.34"], &[]);
     let gpu_count: BTreeMap<&str, usize> = [("node-a", 2), ("node-b", 1)].into_iter().collect();
     let nodes: BTreeMap<&str, TestNode> = [
         (

@@ -3,8 +3,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
-mod kubelet;
 mod grpc_clients;
+mod kubelet;
 mod manifests;
 mod registration_authority;
 mod slot_mode;
