@@ -97,38 +97,20 @@ impl KubeCluster {
         gpuslice_bin_dir: &Path,
         args: &[&str],
     ) -> KubeCluster {
-        let dir = tempfile::Builder::new()
-            .prefix("gpuslice-kube-")
-            .tempdir()
-            .expect("create a temporary directory for the cluster");
-        let out = Command::new(script())
-            .arg("up")
-            .arg(dir.path())
-            .args(["--node", name])
-            .args(args)
-            .env("GPUSLICE_KUBE_BIN_DIR", kube_bin_dir())
-            .env("GPUSLICE_CONFIG", gpuslice_config)
-            .env("GPUSLICE_BIN_DIR", gpuslice_bin_dir)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run {}: {e}", script().display()));
-        let mut cluster = KubeCluster { dir, down: false };
-        if !out.status.success() {
-            // `up` stopped what it started; what it left (the directory) goes with `down`.
-            cluster.down = true;
-            let _ = run_script(&["down".as_ref(), cluster.dir().as_os_str()]);
-            panic!(
-                "scripts/kube-cluster.sh up {} --node {name} {args:?} failed ({}):\n{}",
-                cluster.dir().display(),
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        cluster
+        let mut all = vec!["--node", name];
+        all.extend_from_slice(args);
+        KubeCluster::up_with(
+            &all,
+            &[
+                ("GPUSLICE_CONFIG", gpuslice_config),
+                ("GPUSLICE_BIN_DIR", gpuslice_bin_dir),
+            ],
+        )
     }
 
     /// Starts a control plane with `up DIR ARGS…` (e.g. `--webhook`, `--node NAME`), gpuslice's
-    /// binaries from the build under test and the environment `envs` (e.g. `GPUSLICE_CONFIG`);
+    /// binaries from the build under test and the environment `envs` (e.g. `GPUSLICE_CONFIG`;
+    /// an entry there wins over the defaults);
     /// panics with the script's output when it does not come up.
     pub fn up_with(args: &[&str], envs: &[(&str, &Path)]) -> KubeCluster {
         let dir = tempfile::Builder::new()
