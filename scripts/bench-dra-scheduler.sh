@@ -5,19 +5,19 @@
 # mode; the same binaries with --emulated-version 1.34 for slot mode, the allocator a 1.34/1.35
 # cluster runs), NODES Node objects without kubelets, each with one ResourceSlice of 8
 # H200-sized GPUs as the kubelet plugin publishes them in that mode (SLOTS slots per GPU in slot
-# mode, default 8 as dra.slots_per_gpu), CLAIMS claims of 1-4 units of 1/SLOTS of a GPU with one
+# mode, default 6 as dra.slots_per_gpu), CLAIMS claims of 1-4 units of 1/SLOTS of a GPU with one
 # pod each: prints create → all bound and pods/s. Then every GPU is fragmented (SLOTS - 1 units
 # free) and a claim of a whole GPU, which fits nowhere, is timed to the scheduler's decision
 # (scripts/lib/bench_dra_scheduler.py).
 #
-#   scripts/bench-dra-scheduler.sh [NODES] [CLAIMS] [SLOTS]      (defaults 100, 300 and 8)
+#   scripts/bench-dra-scheduler.sh [NODES] [CLAIMS] [SLOTS]      (defaults 100, 300 and 6)
 #
 # Environment: those of scripts/kube-cluster.sh (GPUSLICE_KUBE_BIN_DIR, GPUSLICE_KUBE_CACHE).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 nodes=${1:-100}
 claims=${2:-300}
-slots=${3:-8}
+slots=${3:-6}
 cluster=""
 cleanup() {
   if [ -n "$cluster" ]; then
