@@ -11,6 +11,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use gpuslice_agent::nodespec::node_spec;
+
+use crate::specs_schema::gpus;
 use gpuslice_cdi::{DeviceNode, Mount};
 use gpuslice_hook::create::driveredits::DriverEdits;
 use gpuslice_hook::create::slicespec::slice_spec;
@@ -18,7 +20,7 @@ use gpuslice_hook::node::NodeContext;
 use gpuslice_hook::specfiles::NODE_SPEC_CACHE;
 use gpuslice_kube::node_slices::{claim_spec_path, open_registry, ClaimSlices};
 use gpuslice_kube::SliceWriter;
-use gpuslice_registry::{ClaimShare, Gpu, Inventory, Owner};
+use gpuslice_registry::{ClaimShare, Inventory, Owner};
 use serde_json::Value;
 
 use crate::cdi_schema;
@@ -42,20 +44,6 @@ fn node(dir: &Path) -> NodeContext {
     )
     .unwrap();
     NodeContext::from_loaded(gpuslice_config::load_config(Some(&cfg), None).unwrap())
-}
-
-fn gpus() -> Vec<Gpu> {
-    (0..2)
-        .map(|i| Gpu {
-            index: i,
-            uuid: gpuslice_config::simulated_uuid(i as usize, "NVIDIA H200"),
-            model: "NVIDIA H200".into(),
-            memory_total: 10 << 30,
-            minor: i,
-            pci_bus_id: None,
-            numa_node: None,
-        })
-        .collect()
 }
 
 fn driver() -> DriverEdits {

@@ -26,7 +26,8 @@ fn node(dir: &Path) -> NodeContext {
     NodeContext::from_loaded(gpuslice_config::load_config(Some(&cfg), None).unwrap())
 }
 
-fn gpus() -> Vec<Gpu> {
+/// The two simulated 10Gi H200s the node-spec tests build specs for.
+pub(crate) fn gpus() -> Vec<Gpu> {
     (0..2)
         .map(|i| Gpu {
             index: i,
