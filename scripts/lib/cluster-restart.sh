@@ -29,25 +29,42 @@ url_port() {
   echo "${1##*:}"
 }
 
-# restart_component NAME GATES: stops NAME (stop_one) and starts it again with the command line
-# it ran, its --feature-gates now GATES (dropped when GATES is empty, the release's defaults);
-# output appended to DIR/logs/NAME.log.
-restart_component() {
+# stop_keeping NAME GATES: stops NAME (stop_one), keeping the command line it ran in
+# DIR/pids/NAME.argv (NUL-separated), its --feature-gates now GATES (dropped when GATES is
+# empty: the release's defaults).
+stop_keeping() {
   local name="$1" gates="$2" pid arg
   pid="$(cat "$DIR/pids/$name.pid" 2>/dev/null)" || die "$name was not started by 'up $DIR' (no $DIR/pids/$name.pid)"
   alive "$name" || die "$name (pid $pid) is not running: 'scripts/kube-cluster.sh down $DIR' and 'up' again"
-  local -a argv=() next=()
+  local -a argv=()
   mapfile -d '' argv <"/proc/$pid/cmdline"
-  for arg in "${argv[@]}"; do
-    case "$arg" in
-      --feature-gates=*) ;;
-      *) next+=("$arg") ;;
-    esac
-  done
-  [ -z "$gates" ] || next+=("--feature-gates=$gates")
+  {
+    for arg in "${argv[@]}"; do
+      case "$arg" in
+        --feature-gates=*) ;;
+        *) printf '%s\0' "$arg" ;;
+      esac
+    done
+    [ -z "$gates" ] || printf '%s\0' "--feature-gates=$gates"
+  } >"$DIR/pids/$name.argv"
   stop_one "$name"
-  setsid "${next[@]}" </dev/null >>"$DIR/logs/$name.log" 2>&1 &
+}
+
+# start_again NAME: starts NAME with the command line stop_keeping kept, in its own session,
+# output appended to DIR/logs/NAME.log, its new pid where `down` finds it.
+start_again() {
+  local name="$1"
+  local -a argv=()
+  mapfile -d '' argv <"$DIR/pids/$name.argv"
+  rm -f "$DIR/pids/$name.argv"
+  setsid "${argv[@]}" </dev/null >>"$DIR/logs/$name.log" 2>&1 &
   echo $! >"$DIR/pids/$name.pid"
+}
+
+# restart_component NAME GATES: stop_keeping, then start_again.
+restart_component() {
+  stop_keeping "$1" "$2"
+  start_again "$1"
 }
 
 # kubelet_healthz: the restarted kubelet answers on its healthz port (DIR/node/kubelet-config.yaml).
@@ -91,12 +108,15 @@ cmd_restart() {
   done
   env_set FEATURE_GATES "$gates"
 
-  # The control plane: the scheduler and the controller manager go first, so that none acts
-  # against an API server of the other gates.
-  restart_component kube-scheduler "$gates"
-  restart_component kube-controller-manager "$gates"
+  # The control plane: the scheduler and the controller manager stop first (none acts with
+  # the old gates against the new API server) and start once it serves (they exit when it
+  # cannot be reached at start).
+  stop_keeping kube-scheduler "$gates"
+  stop_keeping kube-controller-manager "$gates"
   restart_component kube-apiserver "$gates"
   wait_apiserver
+  start_again kube-controller-manager
+  start_again kube-scheduler
   wait_healthz kube-controller-manager "$(url_port "$(env_get CONTROLLER_MANAGER_URL)")"
   wait_healthz kube-scheduler "$(url_port "$(env_get SCHEDULER_URL)")"
   log "control plane restarted${gates:+ with --feature-gates=$gates}: $API_URL"
