@@ -66,8 +66,9 @@ Usage: scripts/kube-cluster.sh COMMAND [ARGS]
   restart DIR [--feature-gates LIST]
                 What an upgrade or a feature-gate flip does to a running cluster: restarts
                 kube-apiserver, kube-controller-manager and kube-scheduler and, with a node,
-                then the kubelet and then `gpuslice kubelet-plugin`, each on its ports and
-                files, with --feature-gates=LIST (without it: none, the release's defaults).
+                then the kubelet and then `gpuslice kubelet-plugin` (both stopped while the
+                API server restarts), each on its ports and files, with
+                --feature-gates=LIST (without it: none, the release's defaults).
                 etcd, containerd and the pods' containers keep running: objects and running
                 pods stay. Replaces FEATURE_GATES in DIR/cluster.env (removed without LIST).
                 Returns once the API answers, the controllers are healthy and, with a node,

@@ -1,6 +1,7 @@
 # `restart DIR [--feature-gates LIST]`: what a cluster upgrade or a feature-gate flip does to
 # the test cluster, in an upgrade's order: the control plane first, then the node's kubelet,
-# then the gpuslice kubelet plugin (a DaemonSet rolled last).
+# then the gpuslice kubelet plugin (a DaemonSet rolled last); the node's two are stopped while
+# the API server restarts.
 # shellcheck shell=bash
 # Sourced by scripts/kube-cluster.sh. Each component is stopped by its recorded pid and started
 # again with the command line it ran (so its ports, certificates and files stay), only its
@@ -108,9 +109,16 @@ cmd_restart() {
   done
   env_set FEATURE_GATES "$gates"
 
-  # The control plane: the scheduler and the controller manager stop first (none acts with
-  # the old gates against the new API server) and start once it serves (they exit when it
-  # cannot be reached at start).
+  local name
+  name="$(env_get NODE_NAME)"
+  # Everything that talks to the API server stops first: none acts with the old gates against
+  # the new API server, and an API server with clients still attached waits for them at
+  # shutdown (20 s here). The controllers start once it serves (they exit when it cannot be
+  # reached at start), then the kubelet, then the plugin (a DaemonSet rolled last).
+  if [ -n "$name" ]; then
+    stop_keeping gpuslice-kubelet-plugin ""
+    stop_keeping kubelet "$gates"
+  fi
   stop_keeping kube-scheduler "$gates"
   stop_keeping kube-controller-manager "$gates"
   restart_component kube-apiserver "$gates"
@@ -120,17 +128,15 @@ cmd_restart() {
   wait_healthz kube-controller-manager "$(url_port "$(env_get CONTROLLER_MANAGER_URL)")"
   wait_healthz kube-scheduler "$(url_port "$(env_get SCHEDULER_URL)")"
   log "control plane restarted${gates:+ with --feature-gates=$gates}: $API_URL"
-
-  local name
-  name="$(env_get NODE_NAME)"
   [ -n "$name" ] || return 0
-  restart_component kubelet "$gates"
+
+  start_again kubelet
   wait_for kubelet "answering /healthz" kubelet_healthz
   wait_for kubelet "making Node $name Ready" node_ready "$name"
   # The plugin's new process, registered by the kubelet and publishing in the mode it finds.
   local lines
   lines="$(wc -l <"$DIR/logs/gpuslice-kubelet-plugin.log")"
-  restart_component gpuslice-kubelet-plugin ""
+  start_again gpuslice-kubelet-plugin
   wait_for gpuslice-kubelet-plugin "being registered by the kubelet" \
     log_since gpuslice-kubelet-plugin "$lines" "registered with the kubelet"
   wait_for gpuslice-kubelet-plugin "publishing the ResourceSlice of $name" node_slice "$name"
