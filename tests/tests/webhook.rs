@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use gpuslice_e2e::cri::image_archive_of;
 use gpuslice_e2e::image::rootfs;
 use gpuslice_e2e::kube::{wait_for, KubeCluster};
-use gpuslice_e2e::kube_node::KubeNode;
+use gpuslice_e2e::kube_node::{wait_for_or, KubeNode};
 use gpuslice_e2e::kubelet_plugin::{slice_of, KubeletPlugin};
 use gpuslice_e2e::{lock, Resource, TestNode};
 use serde_json::{json, Value};
@@ -697,6 +697,13 @@ fn deployment_pods(c: &KubeCluster, app: &str) -> Vec<Value> {
         .collect()
 }
 
+/// A pod Running with its container started and never restarted (a container whose command
+/// cannot start leaves its pod in phase Running too, restarting).
+fn runs(p: &Value) -> bool {
+    let c = &p["status"]["containerStatuses"][0];
+    p["status"]["phase"] == "Running" && c["state"]["running"].is_object() && c["restartCount"] == 0
+}
+
 /// A pod Pending because the scheduler found no room for its claim.
 fn unschedulable_for_its_claim(p: &Value) -> bool {
     p["status"]["phase"] == "Pending"
@@ -828,10 +835,15 @@ fn hami_examples_run_unchanged_on_a_real_node_with_the_slice_they_ask() {
     assert_eq!(node.reservations().len(), 1, "{:?}", node.reservations());
     // ... and runs with its slice once the GPUs are free.
     kn.delete_pod("gpu-pod");
-    let sglang = wait_for("the sglang pod to run", STEP, || {
-        let p = deployment_pods(&kn.cluster, "sglang-qwen");
-        (p.len() == 1 && p[0]["status"]["phase"] == "Running")
-            .then(|| p[0]["metadata"]["name"].as_str().unwrap().to_string())
+    let mut last = Vec::new();
+    let sglang = wait_for_or(STEP, || {
+        last = deployment_pods(&kn.cluster, "sglang-qwen");
+        (last.len() == 1 && runs(&last[0]))
+            .then(|| last[0]["metadata"]["name"].as_str().unwrap().to_string())
+    })
+    .unwrap_or_else(|| {
+        let status: Vec<&Value> = last.iter().map(|p| &p["status"]).collect();
+        panic!("the sglang pod does not run: {status:?}")
     });
     let log = kn.wait_log(&sglang, "READY");
     let (limits, report) = standin_report(&log);
@@ -852,12 +864,7 @@ fn hami_examples_run_unchanged_on_a_real_node_with_the_slice_they_ask() {
     let booked = wait_for("three sglang pods running", STEP, || {
         let p = deployment_pods(&kn.cluster, "sglang-qwen");
         let booked = node.reservations();
-        (p.iter()
-            .filter(|p| p["status"]["phase"] == "Running")
-            .count()
-            == 3
-            && booked.len() == 3)
-            .then_some(booked)
+        (p.iter().filter(|p| runs(p)).count() == 3 && booked.len() == 3).then_some(booked)
     });
     let mut per_gpu: BTreeMap<String, u64> = BTreeMap::new();
     for r in &booked {
