@@ -18,6 +18,7 @@ use gpuslice_e2e::cri::image_archive_of;
 use gpuslice_e2e::image::rootfs;
 use gpuslice_e2e::kube::{wait_for, KubeCluster};
 use gpuslice_e2e::kube_node::{wait_for_or, KubeNode};
+use gpuslice_e2e::kubelet::claim as kubelet_claim;
 use gpuslice_e2e::kubelet_plugin::{slice_of, KubeletPlugin};
 use gpuslice_e2e::{lock, Resource, TestNode};
 use serde_json::{json, Value};
@@ -1019,7 +1020,7 @@ fn in_slot_mode_limits_become_slot_claims_the_scheduler_places() {
     );
     c.add_node("node-a");
     let node = TestNode::with_models(&[("NVIDIA L4", "24Gi"), ("NVIDIA L4", "24Gi")]);
-    let _plugin = KubeletPlugin::start(&c, "node-a", &node);
+    let plugin = KubeletPlugin::start(&c, "node-a", &node);
     c.kubectl(&[
         "apply",
         "-f",
@@ -1076,6 +1077,22 @@ fn in_slot_mode_limits_become_slot_claims_the_scheduler_places() {
         )
         .then_some(())
     });
+    // Below one slot: one slot, with a warning.
+    let (ok, err) = create_verbose(
+        &c,
+        &pod(
+            "default",
+            "one",
+            json!({"gpuslice.io/memory": "1Gi"}),
+            json!({}),
+        ),
+        true,
+    );
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("memory 1Gi rounded up to 1 slot(s) = 4Gi per GPU"),
+        "{err}"
+    );
     // HAMi's MiB in slot mode: the same rounding.
     let (ok, err) = create_verbose(
         &c,
@@ -1179,6 +1196,25 @@ fn in_slot_mode_limits_become_slot_claims_the_scheduler_places() {
         [2],
         "2 slots of one GPU: {eight:?}"
     );
+    // Prepared as a kubelet would: the node books exactly 2 slots (8Gi) of that GPU.
+    let claim_name = c.get_json(&["pod", "eight", "-n", "default"])["status"]
+        ["resourceClaimStatuses"][0]["resourceClaimName"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let claim = c.get_json(&["resourceclaim", &claim_name, "-n", "default"]);
+    let uid = claim["metadata"]["uid"].as_str().unwrap();
+    let mut kubelet = plugin.kubelet();
+    let answer = kubelet
+        .prepare(kubelet_claim("default", &claim_name, uid))
+        .unwrap();
+    assert_eq!(answer.error, "", "{}", plugin.log_text());
+    let booked = node.reservations();
+    assert_eq!(booked.len(), 1, "{booked:?}");
+    assert_eq!(booked[0]["gpus"][0]["memory"], 8u64 << 30, "{booked:?}");
+    let gpu = eight.keys().next().unwrap();
+    let index: usize = gpu.trim_start_matches("gpu-").parse().unwrap();
+    assert_eq!(booked[0]["gpus"][0]["uuid"], node.uuid(index), "{booked:?}");
     // 16Gi (4 slots) twice: 4 + 4 do not fit one GPU's 6, so they never share one; a third
     // finds no GPU with 4 free (2 and 2 left) and waits with the scheduler's reason.
     for name in ["sixteen-a", "sixteen-b"] {
