@@ -3,18 +3,23 @@
 //! namespace labelled for it, HAMi's published examples unchanged) become claims the
 //! scheduler allocates on distinct GPUs; dry runs create nothing; inexpressible requests are
 //! refused with one line; with the webhook killed the API server refuses GPU pods (and only
-//! those) until it is back. The node is an object without a kubelet and the slice is written
-//! by the test, as in kube_control_plane.rs; the pods tolerate its taints.
+//! those) until it is back. In the control-plane test the node is an object without a kubelet
+//! and the slice is written by the test, as in kube_control_plane.rs; the pods tolerate its
+//! taints. On a real node (kubelet, containerd 2.x, the kubelet plugin) HAMi's examples run
+//! with the slice they ask; in slot mode (consumable capacity off, a real kubelet plugin
+//! without a kubelet) the limits become slot claims the scheduler places.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use gpuslice_e2e::cri::image_archive_of;
 use gpuslice_e2e::image::rootfs;
 use gpuslice_e2e::kube::{wait_for, KubeCluster};
-use gpuslice_e2e::kube_node::KubeNode;
+use gpuslice_e2e::kube_node::{wait_for_or, KubeNode};
+use gpuslice_e2e::kubelet::claim as kubelet_claim;
+use gpuslice_e2e::kubelet_plugin::{slice_of, KubeletPlugin};
 use gpuslice_e2e::{lock, Resource, TestNode};
 use serde_json::{json, Value};
 
@@ -591,15 +596,35 @@ fn kill_hard(pid: u32) {
     });
 }
 
-/// The image HAMi's examples name on the real node: the test rootfs, whose `bash` (HAMi's
-/// examples run `bash -c …`) first prints the container's limits file and runs the probe
-/// through the shim, then runs the example's own command with `sh`.
+/// The image HAMi's examples name on the real node: the test rootfs (busybox and glibc) with
+/// stand-ins for the programs the examples run, which the image does not have. The stand-ins
+/// are not those programs: each first prints the container's limits file and runs the probe
+/// through the shim (`gpuslice-hami-standin`), then `bash` (HAMi's Pod examples run
+/// `bash -c …`) runs the example's own command with `sh`, and `python3` (the sglang
+/// Deployment runs `python3 -m sglang.launch_server …`) ignores its arguments and serves the
+/// example's readinessProbe (`GET /health` on port 30000) with busybox's httpd, staying up as
+/// the server would. The manifests themselves are HAMi's, with only the image replaced.
 const HAMI_IMAGE: &str = "localhost/gpuslice-hami-e2e:1";
-const BASH: &str = "#!/bin/sh\n\
+/// The probe allocates up to 64Gi, more than any GPU of the test node: it stops only when the
+/// slice (or the GPU) refuses.
+const STANDIN: &str = "#!/bin/sh\n\
     echo limits=$(cat /run/gpuslice/limits.json)\n\
-    gpuslice-probe --json alloc --chunk 512Mi --max 20Gi; echo EXIT $?\n\
-    echo READY\n\
-    exec /bin/sh \"$@\"\n";
+    gpuslice-probe --json alloc --chunk 512Mi --max 64Gi; echo EXIT $?\n\
+    echo READY\n";
+/// The stand-ins run their long-lived part in the background and end it on SIGTERM, so that a
+/// deleted pod stops at once (a process 1 without a handler ignores SIGTERM, and the kubelet
+/// would wait out the 30 s grace period).
+const BASH: &str = "#!/bin/sh\n\
+    gpuslice-hami-standin\n\
+    /bin/sh \"$@\" &\n\
+    trap 'kill $! 2>/dev/null; exit 0' TERM\n\
+    wait $!\n";
+const PYTHON3: &str = "#!/bin/sh\n\
+    gpuslice-hami-standin\n\
+    mkdir -p /tmp/www && echo ok > /tmp/www/health\n\
+    httpd -f -p 30000 -h /tmp/www &\n\
+    trap 'kill $! 2>/dev/null; exit 0' TERM\n\
+    wait $!\n";
 
 fn hami_image(dir: &Path) -> std::path::PathBuf {
     let root = dir.join("hami-rootfs");
@@ -610,17 +635,88 @@ fn hami_image(dir: &Path) -> std::path::PathBuf {
         .status()
         .unwrap();
     assert!(st.success());
-    let bash = root.join("bin/bash");
-    let _ = std::fs::remove_file(&bash);
-    std::fs::write(&bash, BASH).unwrap();
-    std::fs::set_permissions(&bash, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     std::fs::create_dir_all(root.join("usr/local/bin")).unwrap();
+    for (path, text) in [
+        ("bin/bash", BASH),
+        ("usr/bin/python3", PYTHON3),
+        ("usr/local/bin/gpuslice-hami-standin", STANDIN),
+    ] {
+        let file = root.join(path);
+        let _ = std::fs::remove_file(&file);
+        std::fs::write(&file, text).unwrap();
+        std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+    }
     std::fs::copy(
         gpuslice_e2e::node::probe(),
         root.join("usr/local/bin/gpuslice-probe"),
     )
     .unwrap();
     image_archive_of(&root, dir, HAMI_IMAGE, &["sh"])
+}
+
+/// What a stand-in printed: the container's limits file and the probe's alloc report.
+fn standin_report(log: &str) -> (Value, Value) {
+    let limits: Value = serde_json::from_str(
+        log.lines()
+            .find_map(|l| l.strip_prefix("limits="))
+            .unwrap_or_else(|| panic!("no limits line: {log}")),
+    )
+    .unwrap_or_else(|e| panic!("limits JSON: {e}: {log}"));
+    let report: Value = log
+        .lines()
+        .find_map(|l| {
+            serde_json::from_str::<Value>(l)
+                .ok()
+                .filter(|v| v["cmd"] == "alloc")
+        })
+        .unwrap_or_else(|| panic!("no alloc report from the probe: {log}"));
+    (limits, report)
+}
+
+/// The probe was refused past `limit` bytes, and saw `limit` as the GPU's memory.
+fn assert_refused_past(report: &Value, limit: u64) {
+    assert_eq!(
+        report["error"], "CUDA_ERROR_OUT_OF_MEMORY",
+        "refused past the slice: {report}"
+    );
+    assert!(
+        report["total"].as_u64().unwrap() <= limit,
+        "more than {limit} bytes allocated: {report}"
+    );
+    assert_eq!(report["mem_total"], limit, "{report}");
+}
+
+/// The pods of Deployment `app` in `default` (label `app=<app>`) not being deleted.
+fn deployment_pods(c: &KubeCluster, app: &str) -> Vec<Value> {
+    c.get_json(&["pods", "-n", "default", "-l", &format!("app={app}")])["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+        .cloned()
+        .collect()
+}
+
+/// A pod Running with its container started and never restarted (a container whose command
+/// cannot start leaves its pod in phase Running too, restarting).
+fn runs(p: &Value) -> bool {
+    let c = &p["status"]["containerStatuses"][0];
+    p["status"]["phase"] == "Running" && c["state"]["running"].is_object() && c["restartCount"] == 0
+}
+
+/// A pod Pending because the scheduler found no room for its claim.
+fn unschedulable_for_its_claim(p: &Value) -> bool {
+    p["status"]["phase"] == "Pending"
+        && p["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| {
+                c["type"] == "PodScheduled"
+                    && c["reason"] == "Unschedulable"
+                    && c["message"].as_str().is_some_and(|m| m.contains("claim"))
+            })
 }
 
 #[test]
@@ -662,12 +758,7 @@ fn hami_examples_run_unchanged_on_a_real_node_with_the_slice_they_ask() {
     ]);
     kn.wait_running("gpu-pod");
     let log = kn.wait_log("gpu-pod", "READY");
-    let limits: Value = serde_json::from_str(
-        log.lines()
-            .find_map(|l| l.strip_prefix("limits="))
-            .unwrap_or_else(|| panic!("no limits line: {log}")),
-    )
-    .unwrap_or_else(|e| panic!("limits JSON: {e}: {log}"));
+    let (limits, report) = standin_report(&log);
     let devs = limits["devices"]
         .as_array()
         .unwrap_or_else(|| panic!("{limits}"));
@@ -678,23 +769,7 @@ fn hami_examples_run_unchanged_on_a_real_node_with_the_slice_they_ask() {
         assert_eq!(d["memory_limit"], 3000u64 << 20, "{limits}");
         assert_eq!(d["cores"], 30, "{limits}");
     }
-    let report: Value = log
-        .lines()
-        .find_map(|l| {
-            serde_json::from_str::<Value>(l)
-                .ok()
-                .filter(|v| v["cmd"] == "alloc")
-        })
-        .unwrap_or_else(|| panic!("no alloc report from the probe: {log}"));
-    assert_eq!(
-        report["error"], "CUDA_ERROR_OUT_OF_MEMORY",
-        "refused past the slice: {report}"
-    );
-    assert!(
-        report["total"].as_u64().unwrap() <= 3000u64 << 20,
-        "more than 3000 MiB allocated: {report}"
-    );
-    assert_eq!(report["mem_total"], 3000u64 << 20, "{report}");
+    assert_refused_past(&report, 3000 << 20);
     let booked = node.reservations();
     assert_eq!(booked.len(), 1, "{booked:?}");
     kn.delete_pod("gpu-pod");
@@ -712,15 +787,125 @@ fn hami_examples_run_unchanged_on_a_real_node_with_the_slice_they_ask() {
     ]);
     kn.wait_running("gpu-pod");
     let log = kn.wait_log("gpu-pod", "READY");
-    let limits: Value =
-        serde_json::from_str(log.lines().find_map(|l| l.strip_prefix("limits=")).unwrap()).unwrap();
+    let (limits, report) = standin_report(&log);
     for d in limits["devices"].as_array().unwrap() {
         assert_eq!(d["memory_limit"], 15u64 << 30, "{limits}");
+        assert_eq!(d["cores"], 30, "{limits}");
     }
+    assert_refused_past(&report, 15 << 30);
     kn.delete_pod("gpu-pod");
     wait_for("the booking to be released", STEP, || {
         node.reservations().is_empty().then_some(())
     });
+
+    let t_added = Instant::now();
+    // HAMi's type-selection example: nvidia.com/use-gputype "A100,V100" and 2 GPUs without
+    // memory: two whole A100s (the node's), each 30Gi, refused past that.
+    kn.cluster.kubectl(&[
+        "apply",
+        "-n",
+        "default",
+        "-f",
+        fixture("specify_card_type_to_use.yaml").to_str().unwrap(),
+    ]);
+    kn.wait_running("gpu-pod");
+    let log = kn.wait_log("gpu-pod", "READY");
+    let (limits, report) = standin_report(&log);
+    let devs = limits["devices"].as_array().unwrap();
+    let uuids: BTreeSet<&str> = devs.iter().map(|d| d["uuid"].as_str().unwrap()).collect();
+    assert_eq!(uuids.len(), 2, "two different GPUs: {limits}");
+    for d in devs {
+        assert_eq!(d["memory_limit"], 30u64 << 30, "the whole GPU: {limits}");
+    }
+    assert_refused_past(&report, 30 << 30);
+
+    // HAMi's Deployment example (sglang: 1 GPU, 12000 MiB, 30 %), applied while the type
+    // example holds both GPUs whole: its share does not fit beside them, so its pod waits
+    // Pending with the scheduler's reason instead of sharing a GPU ...
+    kn.cluster.kubectl(&[
+        "apply",
+        "-n",
+        "default",
+        "-f",
+        fixture("sglang_gpu_sharing.yaml").to_str().unwrap(),
+    ]);
+    wait_for("the sglang pod to wait for room", STEP, || {
+        let p = deployment_pods(&kn.cluster, "sglang-qwen");
+        (p.len() == 1 && unschedulable_for_its_claim(&p[0])).then_some(())
+    });
+    assert_eq!(node.reservations().len(), 1, "{:?}", node.reservations());
+    // ... and runs with its slice once the GPUs are free.
+    kn.delete_pod("gpu-pod");
+    let mut last = Vec::new();
+    let sglang = wait_for_or(STEP, || {
+        last = deployment_pods(&kn.cluster, "sglang-qwen");
+        (last.len() == 1 && runs(&last[0]))
+            .then(|| last[0]["metadata"]["name"].as_str().unwrap().to_string())
+    })
+    .unwrap_or_else(|| {
+        let status: Vec<&Value> = last.iter().map(|p| &p["status"]).collect();
+        panic!("the sglang pod does not run: {status:?}")
+    });
+    let log = kn.wait_log(&sglang, "READY");
+    let (limits, report) = standin_report(&log);
+    let devs = limits["devices"].as_array().unwrap();
+    assert_eq!(devs.len(), 1, "one GPU: {limits}");
+    assert_eq!(devs[0]["memory_limit"], 12000u64 << 20, "{limits}");
+    assert_eq!(devs[0]["cores"], 30, "{limits}");
+    assert_refused_past(&report, 12000 << 20);
+    // Three replicas of 12000 MiB: two fit one 30Gi GPU, the third never joins them.
+    kn.cluster.kubectl(&[
+        "scale",
+        "deployment",
+        "sglang-qwen",
+        "-n",
+        "default",
+        "--replicas=3",
+    ]);
+    let booked = wait_for("three sglang pods running", STEP, || {
+        let p = deployment_pods(&kn.cluster, "sglang-qwen");
+        let booked = node.reservations();
+        (p.iter().filter(|p| runs(p)).count() == 3 && booked.len() == 3).then_some(booked)
+    });
+    let mut per_gpu: BTreeMap<String, u64> = BTreeMap::new();
+    for r in &booked {
+        assert_eq!(r["gpus"][0]["memory"], 12000u64 << 20, "{r}");
+        *per_gpu
+            .entry(r["gpus"][0]["uuid"].as_str().unwrap().to_string())
+            .or_default() += r["gpus"][0]["memory"].as_u64().unwrap();
+    }
+    assert_eq!(per_gpu.len(), 2, "both GPUs in use: {booked:?}");
+    assert!(
+        per_gpu.values().all(|m| *m <= 30 << 30),
+        "a GPU holds more than its 30Gi: {booked:?}"
+    );
+    // The example's own readinessProbe (GET /health on 30000, after 30 s) passes against the
+    // stand-in, through the node's pod network.
+    wait_for("the sglang pod to be Ready", STEP, || {
+        let p = kn.pod(&sglang)?;
+        (p["status"]["containerStatuses"][0]["ready"] == true).then_some(())
+    });
+    kn.cluster.kubectl(&[
+        "delete",
+        "deployment",
+        "sglang-qwen",
+        "-n",
+        "default",
+        "--wait=false",
+    ]);
+    wait_for(
+        "the sglang bookings and claims to be released",
+        STEP,
+        || {
+            (node.reservations().is_empty() && claims(&kn.cluster, "default").is_empty())
+                .then_some(())
+        },
+    );
+
+    eprintln!(
+        "the type-selection and sglang examples took {:?}",
+        t_added.elapsed()
+    );
 
     // gpuslice.io/memory: 20Gi in a Deployment of 3 where two fit (one per 30Gi GPU): two
     // Running on different GPUs, one Pending with the scheduler's reason; scaling down
@@ -791,6 +976,295 @@ fn hami_examples_run_unchanged_on_a_real_node_with_the_slice_they_ask() {
             && pods("Pending").is_empty())
         .then_some(())
     });
+}
+
+/// `kubectl create -f -` of `object`: the command's success and stderr (warnings, refusals).
+fn create_verbose(c: &KubeCluster, object: &Value, dry_run: bool) -> (bool, String) {
+    let mut args = vec!["create", "-f", "-"];
+    if dry_run {
+        args.push("--dry-run=server");
+    }
+    let out = c.kubectl_output(&args, Some(object.to_string().as_bytes()));
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The slot devices an allocation holds, by GPU (`gpu-1-slot-4` → `gpu-1`).
+fn slots_by_gpu(r: &[Value]) -> BTreeMap<String, BTreeSet<String>> {
+    let mut by: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for d in devices(r) {
+        let gpu = d
+            .rsplit_once("-slot-")
+            .unwrap_or_else(|| panic!("not a slot device: {d}"))
+            .0
+            .to_string();
+        by.entry(gpu).or_default().insert(d);
+    }
+    by
+}
+
+#[test]
+#[ignore = "starts a real Kubernetes control plane, the webhook and a kubelet plugin; the README's test command runs it"]
+fn in_slot_mode_limits_become_slot_claims_the_scheduler_places() {
+    let _s = lock(&[]);
+    // Consumable capacity off: the plugin (dra.mode auto) publishes 2 L4s as 6 slots each.
+    let c = KubeCluster::up_with(
+        &[
+            "--feature-gates",
+            "DRAConsumableCapacity=false",
+            "--webhook",
+        ],
+        &[],
+    );
+    c.add_node("node-a");
+    let node = TestNode::with_models(&[("NVIDIA L4", "24Gi"), ("NVIDIA L4", "24Gi")]);
+    let plugin = KubeletPlugin::start(&c, "node-a", &node);
+    c.kubectl(&[
+        "apply",
+        "-f",
+        &format!(
+            "{}/../packaging/kubernetes/dra/deviceclass-slots.yaml",
+            env!("CARGO_MANIFEST_DIR")
+        ),
+    ]);
+    let slots = gpuslice_config::DEFAULT_SLOTS_PER_GPU as usize;
+    let slice = wait_for("node-a's slot slice", STEP, || {
+        slice_of(&c, "node-a")
+            .filter(|s| s["spec"]["devices"].as_array().map(Vec::len) == Some(2 * slots))
+    });
+    let slot_dev = &slice["spec"]["devices"][0];
+    assert_eq!(slot_dev["capacity"]["memory"]["value"], "4Gi", "{slot_dev}");
+    let slot_cores: u64 = slot_dev["capacity"]["cores"]["value"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    c.kubectl(&["create", "namespace", HAMI_NS]);
+    c.kubectl(&[
+        "label",
+        "namespace",
+        HAMI_NS,
+        "gpuslice.io/hami-compat=true",
+    ]);
+    for ns in ["default", HAMI_NS] {
+        wait_for(&format!("namespace {ns}'s service account"), STEP, || {
+            c.kubectl_output(&["get", "serviceaccount", "default", "-n", ns], None)
+                .status
+                .success()
+                .then_some(())
+        });
+    }
+
+    // Memory that is not whole slots: admitted, rounded up to 2 slots with a warning (once
+    // the webhook has read the slot slices: before, it answers in capacity mode).
+    let before = templates(&c);
+    wait_for("the webhook to answer in slot mode", STEP, || {
+        let (ok, err) = create_verbose(
+            &c,
+            &pod(
+                "default",
+                "five",
+                json!({"gpuslice.io/memory": "5Gi"}),
+                json!({}),
+            ),
+            true,
+        );
+        assert!(ok, "{err}");
+        err.contains(
+            "Warning: spec.containers[0]: memory 5Gi rounded up to 2 slot(s) = 8Gi per GPU",
+        )
+        .then_some(())
+    });
+    // Below one slot: one slot, with a warning.
+    let (ok, err) = create_verbose(
+        &c,
+        &pod(
+            "default",
+            "one",
+            json!({"gpuslice.io/memory": "1Gi"}),
+            json!({}),
+        ),
+        true,
+    );
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("memory 1Gi rounded up to 1 slot(s) = 4Gi per GPU"),
+        "{err}"
+    );
+    // HAMi's MiB in slot mode: the same rounding.
+    let (ok, err) = create_verbose(
+        &c,
+        &pod(
+            HAMI_NS,
+            "five",
+            json!({"nvidia.com/gpumem": "5000"}),
+            json!({}),
+        ),
+        true,
+    );
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("memory 5000Mi rounded up to 2 slot(s) = 8Gi per GPU"),
+        "{err}"
+    );
+    // Several GPUs: admitted, warned that their slots may land on one GPU.
+    let (ok, err) = create_verbose(
+        &c,
+        &pod(
+            "default",
+            "two",
+            json!({"gpuslice.io/gpus": "2", "gpuslice.io/memory": "4Gi"}),
+            json!({}),
+        ),
+        true,
+    );
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("in slot mode the scheduler cannot keep the 2 GPUs' slots apart"),
+        "{err}"
+    );
+    // Refused, one line each: more slots than a GPU has (a compute share above 6 slots'),
+    // more memory than a GPU, more GPUs than the node.
+    let need = 100u64.div_ceil(slot_cores);
+    assert!(need > slots as u64, "slots of {slot_cores} cores");
+    for (limits, want) in [
+        (
+            json!({"gpuslice.io/cores": "100"}),
+            format!("needs {need} slots of 4Gi per GPU; accepted: at most {slots} slots (24Gi) per GPU in this cluster's slot mode"),
+        ),
+        (
+            json!({"gpuslice.io/memory": "25Gi"}),
+            "at most 24Gi per GPU".to_string(),
+        ),
+        (
+            json!({"gpuslice.io/gpus": "3"}),
+            "at most 2 GPUs: no node of the cluster has more".to_string(),
+        ),
+    ] {
+        let (ok, err) = create_verbose(&c, &pod("default", "bad", limits.clone(), json!({})), false);
+        assert!(!ok, "{limits} was admitted");
+        assert!(err.contains(&want), "{limits}: {err}");
+        assert!(
+            err.contains("admission webhook \"pods.gpuslice.io\" denied the request"),
+            "{err}"
+        );
+        assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    }
+    assert_eq!(
+        templates(&c),
+        before,
+        "dry runs or refusals created a template"
+    );
+
+    // 8Gi: a claim of 2 slots of one GPU, from the webhook's template, placed by the scheduler.
+    let (ok, err) = create_verbose(
+        &c,
+        &pod(
+            "default",
+            "eight",
+            json!({"gpuslice.io/memory": "8Gi"}),
+            json!({}),
+        ),
+        false,
+    );
+    assert!(ok && !err.contains("Warning"), "{err}");
+    let p = c.get_json(&["pod", "eight", "-n", "default"]);
+    let t = p["spec"]["resourceClaims"][0]["resourceClaimTemplateName"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{p}"));
+    let tmpl = c.get_json(&["resourceclaimtemplate", t, "-n", "default"]);
+    let spec = &tmpl["spec"]["spec"]["devices"];
+    let req = &spec["requests"][0];
+    assert_eq!(spec["requests"].as_array().map(Vec::len), Some(1), "{tmpl}");
+    assert_eq!(req["name"], "gpu", "{tmpl}");
+    assert_eq!(
+        req["exactly"]["deviceClassName"], "slots.gpuslice.io",
+        "{tmpl}"
+    );
+    assert_eq!(req["exactly"]["count"], 2, "{tmpl}");
+    assert!(req["exactly"]["capacity"].is_null(), "{tmpl}");
+    assert_eq!(
+        spec["constraints"],
+        json!([{"requests": ["gpu"], "matchAttribute": "gpuslice.io/uuid"}]),
+        "{tmpl}"
+    );
+    let eight = slots_by_gpu(&results(&c, "default", "eight"));
+    assert_eq!(
+        eight.values().map(BTreeSet::len).collect::<Vec<_>>(),
+        [2],
+        "2 slots of one GPU: {eight:?}"
+    );
+    // Prepared as a kubelet would: the node books exactly 2 slots (8Gi) of that GPU.
+    let claim_name = c.get_json(&["pod", "eight", "-n", "default"])["status"]
+        ["resourceClaimStatuses"][0]["resourceClaimName"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let claim = c.get_json(&["resourceclaim", &claim_name, "-n", "default"]);
+    let uid = claim["metadata"]["uid"].as_str().unwrap();
+    let mut kubelet = plugin.kubelet();
+    let answer = kubelet
+        .prepare(kubelet_claim("default", &claim_name, uid))
+        .unwrap();
+    assert_eq!(answer.error, "", "{}", plugin.log_text());
+    let booked = node.reservations();
+    assert_eq!(booked.len(), 1, "{booked:?}");
+    assert_eq!(booked[0]["gpus"][0]["memory"], 8u64 << 30, "{booked:?}");
+    let gpu = eight.keys().next().unwrap();
+    let index: usize = gpu.trim_start_matches("gpu-").parse().unwrap();
+    assert_eq!(booked[0]["gpus"][0]["uuid"], node.uuid(index), "{booked:?}");
+    // 16Gi (4 slots) twice: 4 + 4 do not fit one GPU's 6, so they never share one; a third
+    // finds no GPU with 4 free (2 and 2 left) and waits with the scheduler's reason.
+    for name in ["sixteen-a", "sixteen-b"] {
+        c.create(&pod(
+            "default",
+            name,
+            json!({"gpuslice.io/memory": "16Gi"}),
+            json!({}),
+        ))
+        .unwrap();
+    }
+    let a = slots_by_gpu(&results(&c, "default", "sixteen-a"));
+    let b = slots_by_gpu(&results(&c, "default", "sixteen-b"));
+    assert_eq!(a.len(), 1, "{a:?}");
+    assert_eq!(b.len(), 1, "{b:?}");
+    assert_ne!(
+        a.keys().next(),
+        b.keys().next(),
+        "4 + 4 slots on one GPU: {a:?} {b:?}"
+    );
+    let mut per_gpu: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for held in [&eight, &a, &b] {
+        for (gpu, devs) in held {
+            let all = per_gpu.entry(gpu.clone()).or_default();
+            for d in devs {
+                assert!(all.insert(d.clone()), "slot {d} given twice");
+            }
+        }
+    }
+    assert!(per_gpu.values().all(|d| d.len() <= slots), "{per_gpu:?}");
+    c.create(&pod(
+        "default",
+        "sixteen-c",
+        json!({"gpuslice.io/memory": "16Gi"}),
+        json!({}),
+    ))
+    .unwrap();
+    let why = wait_for("sixteen-c to find no room", STEP, || {
+        let p = c.get_json(&["pod", "sixteen-c", "-n", "default"]);
+        unschedulable_for_its_claim(&p).then(|| p["status"]["conditions"].to_string())
+    });
+    assert!(why.contains("cannot allocate all claims"), "{why}");
+    // Releasing one 16Gi pod (its claim goes with it) lets the waiting one in.
+    force_delete(&c, "default", &["pod", "sixteen-a"]);
+    let cc = slots_by_gpu(&results(&c, "default", "sixteen-c"));
+    assert_eq!(
+        cc.values().map(BTreeSet::len).collect::<Vec<_>>(),
+        [4],
+        "{cc:?}"
+    );
 }
 
 #[test]
