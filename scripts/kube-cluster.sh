@@ -16,6 +16,7 @@
 #   cluster-node.sh           the node: containerd, CNI and kubelet config and start, teardown
 #   cluster-pause-image.sh    the node's pause image, built from busybox-static
 #   cluster-webhook.sh        `--webhook`: gpuslice's admission webhook and its registration
+#   cluster-restart.sh        `restart`: the control plane and the node again, gates changed
 # shellcheck source-path=SCRIPTDIR
 set -euo pipefail
 
@@ -63,6 +64,18 @@ Usage: scripts/kube-cluster.sh COMMAND [ARGS]
                 X.Y with the pinned binaries' --emulated-version (1.34 to the pinned release):
                 the APIs served and the feature gates' defaults are X.Y's. The kubelet has no
                 emulation. Recorded in DIR/cluster.env as EMULATED_VERSION.
+  restart DIR [--feature-gates LIST]
+                What an upgrade or a feature-gate flip does to a running cluster: restarts
+                kube-apiserver, kube-controller-manager and kube-scheduler and, with a node,
+                then the kubelet and then `gpuslice kubelet-plugin` (both stopped while the
+                API server restarts), each on its ports and files, with
+                --feature-gates=LIST (without it: none, the release's defaults).
+                etcd, containerd and the pods' containers keep running: objects and running
+                pods stay. Replaces FEATURE_GATES in DIR/cluster.env (removed without LIST).
+                Returns once the API answers, the controllers are healthy and, with a node,
+                the Node is Ready and the restarted plugin is registered with its
+                ResourceSlice published; on a timeout it prints the component's log tail and
+                exits 1, leaving the cluster to `down`.
   down DIR      Stop what `up DIR` started (only the pids it recorded) and remove what it
                 wrote. With a node: first deletes the workloads and pods through the API
                 (so the kubelet tears them down: CNI, DRA unprepare), then stops the plugin,
@@ -132,6 +145,8 @@ log() { echo "kube-cluster: $*" >&2; }
 . "$REPO/scripts/lib/cluster-node.sh"
 # shellcheck source=lib/cluster-webhook.sh
 . "$REPO/scripts/lib/cluster-webhook.sh"
+# shellcheck source=lib/cluster-restart.sh
+. "$REPO/scripts/lib/cluster-restart.sh"
 
 # --- up ---------------------------------------------------------------------------------------
 
@@ -270,11 +285,12 @@ cmd_down() {
 case "${1:-}" in
   up) shift; cmd_up "$@" ;;
   down) shift; cmd_down "$@" ;;
+  restart) shift; cmd_restart "$@" ;;
   build) shift; [ $# -eq 0 ] || die "build takes no arguments"; build_binaries ;;
   build-node) shift; [ $# -eq 0 ] || die "build-node takes no arguments"; build_node_binaries ;;
   build-nerdctl) shift; [ $# -eq 0 ] || die "build-nerdctl takes no arguments"; build_nerdctl_binary ;;
   build-helm) shift; [ $# -eq 0 ] || die "build-helm takes no arguments"; build_helm_binary ;;
   -h | --help | help) usage ;;
   "") usage >&2; exit 2 ;;
-  *) echo "kube-cluster: unknown command '$1' (accepted: up, down, build, build-node, build-nerdctl, build-helm, --help)" >&2; exit 2 ;;
+  *) echo "kube-cluster: unknown command '$1' (accepted: up, down, restart, build, build-node, build-nerdctl, build-helm, --help)" >&2; exit 2 ;;
 esac

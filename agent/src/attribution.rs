@@ -2,7 +2,8 @@
 //! exporter's per-slice figures and the enforcer's kills and throttles: a process belongs to
 //! a reservation when it runs in the pid namespace of one of the reservation's container
 //! inits (verified by start time, never the host's namespace), or in the cgroup such an init
-//! was recorded in at bind or join time, or below it. Those are the kernel's and the
+//! was recorded in at bind or join time, or below it (recorded only when the init was alone
+//! in it then: a cgroup that already held other processes is never followed). Those are the kernel's and the
 //! registry's facts, recorded by host-side hooks; nothing a container writes (its usage
 //! file's slots, its own pid as it sees it) decides where a process is charged, so a
 //! container cannot steer a kill or a freeze onto another tenant's or the host's processes.

@@ -79,7 +79,8 @@ pub struct ProcessRef {
     /// cgroup v1, `unified/x/y` on a hybrid host's v2 tree, `x/y` on v2). An owner bound to
     /// a container's init lives while this cgroup still holds processes, also after init
     /// exited (a container without its own pid namespace leaves its children running).
-    /// Absent for older records and for processes in a root cgroup.
+    /// Absent for older records, for processes in a root cgroup, and where the cgroup held
+    /// other processes when the container was recorded (not the container's own to follow).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cgroup: Option<String>,
 }

@@ -41,7 +41,8 @@ pub trait System: Send + Sync {
     fn process_parent(&self, pid: u32) -> Result<Option<u32>, SystemError>;
     /// The cgroup of the live process `pid` that tells whether any of its container's
     /// processes are left (see [`crate::ProcessRef::cgroup`]); `None` when there is no such
-    /// process or it sits only in root cgroups, which are never empty.
+    /// process, it sits only in root cgroups (never empty), or its cgroup holds other
+    /// processes besides it (not the container's own: see `holds_only`).
     fn process_cgroup(&self, pid: u32) -> Result<Option<String>, SystemError>;
     /// Whether any process is left in `cgroup` (a [`System::process_cgroup`] value) or its
     /// descendants. A cgroup that is gone is empty; one that cannot be read counts as
@@ -206,7 +207,10 @@ impl System for RealSystem {
             &self.cgroup_root,
             &String::from_utf8_lossy(&text),
             &String::from_utf8_lossy(&own),
-        ))
+        )
+        .filter(|c| {
+            cgroup_rel_path(c).is_some_and(|rel| holds_only(&self.cgroup_root.join(rel), pid))
+        }))
     }
 
     fn cgroup_populated(&self, cgroup: &str) -> bool {
@@ -225,6 +229,25 @@ fn gone(e: &std::io::Error) -> bool {
     e.kind() == std::io::ErrorKind::NotFound
         || e.raw_os_error() == Some(rustix::io::Errno::SRCH.raw_os_error())
         || e.raw_os_error() == Some(rustix::io::Errno::NODEV.raw_os_error())
+}
+
+/// Whether `pid` is the only process in the cgroup directory `dir` (its `cgroup.procs`).
+/// The create path records a container's cgroup while its init is still alone in it; a
+/// cgroup that already held other processes (a container put into an existing cgroup, a
+/// runtime that gives containers no cgroup of their own) is not the container's: following
+/// it would charge, kill or wait for processes that are not the container's. One that
+/// cannot be read is not followed either.
+fn holds_only(dir: &Path, pid: u32) -> bool {
+    let Ok(text) = read_small(&dir.join("cgroup.procs")) else {
+        return false;
+    };
+    let mut pids = String::from_utf8_lossy(&text)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| l.trim().parse::<u32>().ok())
+        .collect::<Vec<_>>();
+    pids.dedup();
+    pids == [Some(pid)]
 }
 
 /// `cgroup` as a relative path of plain components (never `..`, `.`, a root or empty).
@@ -529,6 +552,16 @@ mod tests {
         std::fs::write(proc_root.path().join("4242/cgroup"), HYBRID).expect("write");
         std::fs::write(proc_root.path().join("4242/stat"), STAT).expect("write");
         let sys = RealSystem::with_cgroup_root(proc_root.path(), cg.path());
+        let procs = cg.path().join("pids/ctr-a/cgroup.procs");
+        // No process list to read: the cgroup is not known to be the container's.
+        assert_eq!(sys.process_cgroup(4242), Ok(None));
+        // A cgroup that holds another process besides the init is not the container's own.
+        std::fs::write(&procs, "4242\n77\n").expect("write");
+        assert_eq!(sys.process_cgroup(4242), Ok(None));
+        std::fs::write(&procs, "77\n").expect("write");
+        assert_eq!(sys.process_cgroup(4242), Ok(None));
+        // The init alone: followed.
+        std::fs::write(&procs, "4242\n").expect("write");
         assert_eq!(sys.process_cgroup(4242), Ok(Some("pids/ctr-a".into())));
         assert_eq!(sys.process_cgroup(4243), Ok(None));
         assert_eq!(sys.process_parent(4242), Ok(Some(1)));

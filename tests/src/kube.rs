@@ -267,6 +267,22 @@ impl KubeCluster {
         ]);
     }
 
+    /// Runs `scripts/kube-cluster.sh restart DIR ARGS…` (the control plane, then the node's
+    /// kubelet and plugin, e.g. with other `--feature-gates`); panics with its output when it
+    /// fails.
+    pub fn restart(&self, args: &[&str]) {
+        let mut all: Vec<&std::ffi::OsStr> = vec!["restart".as_ref(), self.dir().as_os_str()];
+        all.extend(args.iter().map(|a| std::ffi::OsStr::new(*a)));
+        let out = run_script(&all);
+        assert!(
+            out.status.success(),
+            "scripts/kube-cluster.sh restart {} {args:?} failed ({}):\n{}",
+            self.dir().display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     /// Runs `scripts/kube-cluster.sh down DIR`; panics when it fails.
     pub fn down(&mut self) {
         self.down = true;

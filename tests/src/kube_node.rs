@@ -149,6 +149,52 @@ impl KubeNode {
         self.cluster.kubectl(&["logs", "-n", NS, name])
     }
 
+    /// `kubectl exec` of `command` in pod `name` (its one container): its stdout; panics with
+    /// its stderr when it fails.
+    pub fn exec(&self, name: &str, command: &[&str]) -> String {
+        let mut args = vec!["exec", "-n", NS, name, "--"];
+        args.extend_from_slice(command);
+        let out = self.cluster.kubectl_output(&args, None);
+        assert!(
+            out.status.success(),
+            "kubectl exec {name} -- {command:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `scripts/kube-cluster.sh restart DIR ARGS…` ([`KubeCluster::restart`]), then `cluster.env`
+    /// read again.
+    pub fn restart_cluster(&mut self, args: &[&str]) {
+        self.cluster.restart(args);
+        self.env = self.cluster.endpoints();
+    }
+
+    /// Waits until pod `name` is Pending with the scheduler's Unschedulable condition; returns
+    /// the scheduler's message.
+    pub fn wait_unschedulable(&self, name: &str) -> String {
+        let mut last = Value::Null;
+        wait_for_or(STEP, || {
+            last = self.pod(name)?;
+            last["status"]["conditions"]
+                .as_array()?
+                .iter()
+                .find(|c| {
+                    c["type"] == "PodScheduled"
+                        && c["status"] == "False"
+                        && c["reason"] == "Unschedulable"
+                })
+                .and_then(|c| c["message"].as_str().map(str::to_string))
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "pod {name} is not Unschedulable: {}\n{}",
+                last["status"],
+                self.logs()
+            )
+        })
+    }
+
     /// Waits until pod `name`'s log holds `marker`; returns the log.
     pub fn wait_log(&self, name: &str, marker: &str) -> String {
         let mut last = String::new();

@@ -1,8 +1,9 @@
 //! End to end with real runc and the real
 //! `gpuslice-runtime`: whole GPUs booked per container instance (not per id), a spec runc
 //! rejects gives its slice back at once, a spec carrying another container's reservation
-//! cannot take or release it, and a container without its own pid namespace keeps its
-//! slice while its processes outlive init.
+//! cannot take or release it, a container without its own pid namespace keeps its
+//! slice while its processes outlive init, and a cgroup that already held a host process is
+//! never recorded as a container's.
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -455,4 +456,98 @@ fn a_slice_outlives_init_while_the_containers_processes_run() {
     );
     assert!(node.reservations().is_empty(), "{:?}", node.reservations());
     let _ = runtime(&node).args(["delete", "--force", id]).output();
+}
+
+/// A process of the host kept in a cgroup for as long as the test runs, then the cgroup
+/// removed.
+struct HostInCgroup {
+    child: std::process::Child,
+    dirs: Vec<std::path::PathBuf>,
+}
+
+impl Drop for HostInCgroup {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        for d in &self.dirs {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+/// A container that runc puts into a cgroup already holding a host process (an existing
+/// `cgroupsPath`) does not get that cgroup recorded: the cgroup is not the container's, so
+/// neither attribution, escalation (which kills every process of a recorded cgroup) nor the
+/// reaper's "processes left" may follow it. The host process survives the container.
+#[test]
+fn a_cgroup_that_already_held_a_host_process_is_not_recorded_as_the_containers() {
+    let _s = lock(&[Resource::Cdi]);
+    let node = TestNode::new(&["10Gi"]);
+    let name = "gpuslice-e2e-shared-cgroup";
+    // The host process sits in `name` in every hierarchy (v2, or each v1 controller and a
+    // hybrid host's `unified` tree), whichever the registry follows.
+    let root = Path::new("/sys/fs/cgroup");
+    let hierarchies: Vec<std::path::PathBuf> = if root.join("cgroup.controllers").exists() {
+        vec![root.to_path_buf()]
+    } else {
+        std::fs::read_dir(root)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| e.path())
+            .collect()
+    };
+    let host = Command::new("sleep").arg("300").spawn().unwrap();
+    let host_pid = host.id();
+    let mut guard = HostInCgroup {
+        child: host,
+        dirs: Vec::new(),
+    };
+    for h in &hierarchies {
+        let d = h.join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        guard.dirs.push(d.clone());
+        // A v1 cpuset takes no process before it has CPUs and memory nodes.
+        for f in ["cpuset.cpus", "cpuset.mems"] {
+            if let Ok(v) = std::fs::read_to_string(h.join(f)) {
+                std::fs::write(d.join(f), v.trim()).unwrap();
+            }
+        }
+        std::fs::write(d.join("cgroup.procs"), host_pid.to_string())
+            .unwrap_or_else(|e| panic!("moving {host_pid} into {}: {e}", d.display()));
+    }
+    let shared = hierarchies[0].join(name);
+
+    let bundle = Bundle::new("echo READY; sleep 100", &[("gpuslice.io/memory", "4Gi")]);
+    let mut c = bundle.config();
+    c["linux"]["cgroupsPath"] = json!(format!("/{name}"));
+    bundle.set_config(&c);
+    let id = "e2e-shared-cgroup";
+    remove(RUNC_ROOT, id);
+    let _removed = Removed(RUNC_ROOT, id);
+    let ctr = run_detached(&node, &bundle, id).expect("starts");
+    ctr.wait_for("READY");
+    let in_cgroup = pids_in(&shared);
+    assert!(
+        in_cgroup.len() >= 2 && in_cgroup.contains(&(host_pid as i32)),
+        "the container did not join the populated cgroup {}: {in_cgroup:?}",
+        shared.display()
+    );
+
+    let registry: Value =
+        serde_json::from_slice(&std::fs::read(node.state_dir().join("registry.json")).unwrap())
+            .unwrap();
+    let process = &registry["reservations"][0]["owner"]["process"];
+    assert!(process["pid"].is_u64(), "not bound: {registry}");
+    assert!(
+        process.get("cgroup").is_none(),
+        "a cgroup shared with a host process was recorded as the container's: {registry}"
+    );
+
+    remove(RUNC_ROOT, id);
+    assert!(
+        guard.child.try_wait().unwrap().is_none(),
+        "the host process in the shared cgroup died with the container"
+    );
+    assert!(node.reservations().is_empty(), "{:?}", node.reservations());
 }

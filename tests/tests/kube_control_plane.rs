@@ -366,8 +366,8 @@ fn up_names_the_component_that_died_shows_its_log_and_stops_the_rest() {
 
 #[test]
 fn up_refuses_bad_arguments_with_a_clear_error() {
-    // Every case is refused before anything starts (`up DIR --node NAME` itself is
-    // tests/tests/kube_node.rs's: one node per machine).
+    // Every case (of `up`, `restart` and the commands) is refused before anything starts
+    // (`up DIR --node NAME` itself is tests/tests/kube_node.rs's: one node per machine).
     let dir = tempfile::tempdir().unwrap();
     for (args, needle) in [
         (
@@ -383,7 +383,20 @@ fn up_refuses_bad_arguments_with_a_clear_error() {
             "unknown argument to up: '--bogus'",
         ),
         (vec!["up"], "up needs a directory"),
-        (vec!["restart"], "unknown command 'restart'"),
+        (vec!["reboot"], "unknown command 'reboot'"),
+        (vec!["restart"], "restart needs a directory"),
+        (
+            vec!["restart", "DIR"],
+            "has no cluster.env: start it with 'scripts/kube-cluster.sh up",
+        ),
+        (
+            vec!["restart", "DIR", "--bogus"],
+            "unknown argument to restart: '--bogus'",
+        ),
+        (
+            vec!["restart", "DIR", "--feature-gates", "DRAConsumableCapacity"],
+            "--feature-gates needs a list Name=true|false",
+        ),
     ] {
         let args: Vec<String> = args
             .iter()
@@ -418,6 +431,7 @@ fn up_refuses_bad_arguments_with_a_clear_error() {
     for word in [
         "up DIR",
         "down DIR",
+        "restart DIR [--feature-gates LIST]",
         "build",
         "GPUSLICE_KUBE_BIN_DIR",
         "--node NAME",

@@ -14,13 +14,18 @@
 //! 5. with `DRAConsumableCapacity=false` on every component (what 1.34/1.35 and managed
 //!    clusters run), the plugin publishes slots: two pods with slot claims run with their
 //!    limits, a third that does not fit is Pending with the scheduler's reason, and deleting a
-//!    pod releases its slots to it.
+//!    pod releases its slots to it; the exporter shows the slot claims' slices with their
+//!    per-GPU limits and share. Then the cluster upgrades (the control plane and the kubelet
+//!    restarted with consumable capacity on, then the plugin): the plugin publishes in capacity
+//!    mode, the running slot pods keep their slices, what they hold stays unavailable to
+//!    capacity claims, a capacity claim runs, and deleting a slot pod releases its booking.
 
 use std::collections::BTreeSet;
 
 use gpuslice_e2e::kube_node::{
     claim_reservations, claim_template, pod, pod_spec, wait, wait_for_or, KubeNode, NS, STEP,
 };
+use gpuslice_e2e::serve::{value, Exporter, Series};
 use gpuslice_e2e::view::{assert_slice_view, SLICE_CHECKS};
 use gpuslice_e2e::{lock, Resource, TestNode};
 use serde_json::{json, Value};
@@ -506,6 +511,68 @@ fn assert_slot_view(kn: &KubeNode, node: &TestNode, p: &Value, slots: u64, cores
     assert_eq!(booked, [slots * L4_SLOT], "{:?}", node.reservations());
 }
 
+/// The node's claim reservation of claim `claim`, by its UID.
+fn reservation_of(node: &TestNode, claim: &Value) -> Value {
+    let uid = claim["metadata"]["uid"].as_str().unwrap();
+    claim_reservations(node)
+        .into_iter()
+        .find(|r| r["owner"]["claim_uid"] == uid)
+        .unwrap_or_else(|| panic!("claim {uid} is not booked: {:?}", node.reservations()))
+}
+
+/// What the probe reports allocating 1 GiB chunks inside pod `name` now (`kubectl exec`).
+fn exec_probe(kn: &KubeNode, name: &str) -> Value {
+    let out = kn.exec(
+        name,
+        &[
+            "gpuslice-probe",
+            "--json",
+            "alloc",
+            "--chunk",
+            "1Gi",
+            "--max",
+            "20Gi",
+        ],
+    );
+    out.lines()
+        .find_map(|l| {
+            serde_json::from_str::<Value>(l)
+                .ok()
+                .filter(|v| v["cmd"] == "alloc")
+        })
+        .unwrap_or_else(|| panic!("no alloc report from the probe in {name}: {out}"))
+}
+
+/// The devices of the node's gpuslice ResourceSlices: (name, memory capacity if any).
+fn published(kn: &KubeNode) -> Vec<(String, Option<String>)> {
+    let slices = kn.cluster.get_json(&["resourceslices"]);
+    slices["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|s| s["spec"]["nodeName"] == NODE && s["spec"]["driver"] == "gpuslice.io")
+        .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+        .map(|d| {
+            (
+                d["name"].as_str().unwrap_or_default().to_string(),
+                d["capacity"]["memory"]["value"]
+                    .as_str()
+                    .map(str::to_string),
+            )
+        })
+        .collect()
+}
+
+/// The exporter's memory limit and compute share of reservation `id` on the node's GPU 0.
+fn exported(series: &[Series], node: &TestNode, id: &str) -> (Option<f64>, Option<f64>) {
+    let uuid = node.uuid(0);
+    let want = [("reservation", id), ("uuid", uuid.as_str())];
+    (
+        value(series, "gpuslice_slice_memory_limit_bytes", &want),
+        value(series, "gpuslice_slice_compute_limit_ratio", &want),
+    )
+}
+
 #[test]
 fn with_consumable_capacity_off_slot_claims_run_with_their_limits_and_a_third_waits() {
     let _s = lock(&[Resource::KubeNode]);
@@ -543,29 +610,35 @@ fn with_consumable_capacity_off_slot_claims_run_with_their_limits_and_a_third_wa
     assert_slot_view(&kn, &node, &a, 2, Some(20));
     assert_slot_view(&kn, &node, &b, 2, None);
 
+    // The exporter shows each slot claim's slice with its per-GPU limit, and the share a asked.
+    let ra = reservation_of(&node, &claim_of(&kn, &a))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let rb = reservation_of(&node, &claim_of(&kn, &b))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let exporter = Exporter::start(&node);
+    let series = exporter.scrape();
+    assert_eq!(
+        exported(&series, &node, &ra),
+        (Some((2 * L4_SLOT) as f64), Some(0.2)),
+        "{}",
+        exporter.text()
+    );
+    assert_eq!(
+        exported(&series, &node, &rb),
+        (Some((2 * L4_SLOT) as f64), None),
+        "{}",
+        exporter.text()
+    );
+    drop(exporter);
+
     kn.cluster
         .create(&pod("c", CLAIM_CHECKS, Some("slots-3")))
         .unwrap();
-    let mut last = Value::Null;
-    let message = wait_for_or(STEP, || {
-        last = kn.pod("c")?;
-        last["status"]["conditions"]
-            .as_array()?
-            .iter()
-            .find(|c| {
-                c["type"] == "PodScheduled"
-                    && c["status"] == "False"
-                    && c["reason"] == "Unschedulable"
-            })
-            .and_then(|c| c["message"].as_str().map(str::to_string))
-    })
-    .unwrap_or_else(|| {
-        panic!(
-            "pod c is not Unschedulable: {}\n{}",
-            last["status"],
-            kn.logs()
-        )
-    });
+    let message = kn.wait_unschedulable("c");
     assert!(
         message.contains("cannot allocate all claims"),
         "scheduler's reason: {message}"
@@ -590,11 +663,127 @@ fn with_consumable_capacity_off_slot_claims_run_with_their_limits_and_a_third_wa
         "{:?}",
         node.reservations()
     );
-    let claim_b = claim_of(&kn, &b);
-    let claim_c = claim_of(&kn, &c);
-    kn.delete_pod("b");
-    kn.delete_pod("c");
-    assert_released(&kn, &node, &claim_b);
-    assert_released(&kn, &node, &claim_c);
+
+    upgrade_to_capacity_mode(&mut kn, &node, &[("b", 2), ("c", 3)]);
     kn.cluster.down();
+}
+
+/// The cluster upgrades under running slot claims (`running`: pod, slots): the control plane
+/// and the kubelet restarted with the release's default gates (consumable capacity on), then
+/// the plugin. The plugin now publishes in capacity mode; the running pods keep their slices
+/// (same containers, bookings, limits file, the probe still refused past them) and what they
+/// book stays unavailable to capacity claims; a capacity claim runs on the rest; deleting a
+/// slot pod releases its booking, which a waiting capacity claim then gets.
+fn upgrade_to_capacity_mode(kn: &mut KubeNode, node: &TestNode, running: &[(&str, u64)]) {
+    let before: Vec<(Value, Value, String)> = running
+        .iter()
+        .map(|(name, _)| {
+            let p = kn.pod(name).unwrap();
+            let claim = claim_of(kn, &p);
+            let limits = kn.exec(name, &["cat", "/run/gpuslice/limits.json"]);
+            (p, reservation_of(node, &claim), limits)
+        })
+        .collect();
+    let slots: u64 = running.iter().map(|(_, k)| k).sum();
+
+    kn.restart_cluster(&[]);
+    assert_eq!(kn.env.get("FEATURE_GATES"), None, "{:?}", kn.env);
+    let plugin_log = kn.log_tail("gpuslice-kubelet-plugin", 400);
+    assert!(
+        plugin_log.contains("publishing in capacity mode (one shared device per GPU): the API server keeps consumable capacity"),
+        "{plugin_log}"
+    );
+    let status = node.gpuslice(&["status", "--json"]);
+    let status: Value = serde_json::from_slice(&status.stdout).expect("status --json");
+    assert_eq!(status["dra"]["mode"], "capacity", "{}", status["dra"]);
+    // One shared device offering what the slot claims do not hold.
+    let free = 24 * GIB - slots * L4_SLOT;
+    let want = vec![(
+        "gpu-0".to_string(),
+        Some(gpuslice_config::format_kube_quantity(free)),
+    )];
+    let mut last = Vec::new();
+    wait_for_or(STEP, || {
+        last = published(kn);
+        (last == want).then_some(())
+    })
+    .unwrap_or_else(|| panic!("published {last:?}, want {want:?}\n{}", kn.logs()));
+
+    for ((name, k), (p, booking, limits)) in running.iter().zip(&before) {
+        let now = kn.wait_running(name);
+        assert_eq!(
+            now["status"]["containerStatuses"][0]["containerID"],
+            p["status"]["containerStatuses"][0]["containerID"],
+            "{name} after the upgrade: {}",
+            now["status"]
+        );
+        assert_eq!(now["status"]["containerStatuses"][0]["restartCount"], 0);
+        assert_eq!(&reservation_of(node, &claim_of(kn, &now)), booking);
+        assert_eq!(
+            &kn.exec(name, &["cat", "/run/gpuslice/limits.json"]),
+            limits,
+            "{name}'s limits file changed"
+        );
+        let report = exec_probe(kn, name);
+        assert_eq!(report["total"], k * L4_SLOT, "{name}: {report}");
+        assert_eq!(report["error"], "CUDA_ERROR_OUT_OF_MEMORY", "{report}");
+    }
+
+    // A capacity claim fits what is left (4 GiB); one of 5 GiB does not, until a slot pod goes.
+    kn.cluster
+        .create(&claim_template("slice-3g", "3Gi", "0"))
+        .unwrap();
+    kn.cluster
+        .create(&claim_template("slice-5g", "5Gi", "0"))
+        .unwrap();
+    kn.cluster
+        .create(&pod("d", CLAIM_CHECKS, Some("slice-3g")))
+        .unwrap();
+    let d = kn.wait_running("d");
+    let claim_d = claim_of(kn, &d);
+    assert_eq!(
+        claim_d["status"]["allocation"]["devices"]["results"][0]["consumedCapacity"]["memory"],
+        "3Gi",
+        "{claim_d}"
+    );
+    let log = kn.wait_log("d", "READY");
+    let limits: Value = serde_json::from_str(line(&log, "limits=")).expect("limits JSON");
+    assert_eq!(limits["devices"][0]["memory_limit"], 3 * GIB, "{log}");
+    kn.cluster
+        .create(&pod("e", CLAIM_CHECKS, Some("slice-5g")))
+        .unwrap();
+    let message = kn.wait_unschedulable("e");
+    assert!(
+        message.contains("cannot allocate all claims"),
+        "scheduler's reason: {message}"
+    );
+
+    let (first, _) = running[0];
+    let claim_first = claim_of(kn, &before[0].0);
+    kn.delete_pod(first);
+    let uid = claim_first["metadata"]["uid"].as_str().unwrap();
+    wait_for_or(STEP, || {
+        claim_reservations(node)
+            .iter()
+            .all(|r| r["owner"]["claim_uid"] != uid)
+            .then_some(())
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "{first}'s slots are still booked: {:?}",
+            node.reservations()
+        )
+    });
+    let e = kn.wait_running("e");
+    let claim_e = claim_of(kn, &e);
+    let mut claims = vec![claim_d, claim_e];
+    for (name, _) in &running[1..] {
+        claims.push(claim_of(kn, &kn.pod(name).unwrap()));
+        kn.delete_pod(name);
+    }
+    kn.delete_pod("d");
+    kn.delete_pod("e");
+    for claim in &claims {
+        assert_released(kn, node, claim);
+    }
 }

@@ -1,6 +1,7 @@
 //! Stopping a reservation's containers, the escalation for a slice that goes over its memory
 //! limit again within the repeat window of a kill: every process in the cgroups recorded for
-//! the reservation's containers (the same host facts attribution uses), read from
+//! the reservation's containers (the same host facts attribution uses; a cgroup is recorded
+//! only when the container's init was alone in it, so a shared one is never emptied), read from
 //! `cgroup.procs` under the cgroup root and killed through the signaller (start time
 //! checked), in a few passes so that processes forked meanwhile go too.
 
