@@ -43,7 +43,8 @@ Usage: scripts/kube-cluster.sh COMMAND [ARGS]
                 (KubeletConfiguration DIR/node/kubelet-config.yaml: cgroupfs driver,
                 failCgroupV1 false; root dir DIR/node/kubelet), and `gpuslice
                 kubelet-plugin` registered with that kubelet. Applies the DeviceClasses
-                gpuslice.io and slots.gpuslice.io and the RuntimeClass gpuslice. Returns once the Node is Ready
+                gpuslice.io and slots.gpuslice.io, the ValidatingAdmissionPolicy
+                slots.gpuslice.io and the RuntimeClass gpuslice. Returns once the Node is Ready
                 and its ResourceSlice is published; adds the node's paths to
                 DIR/cluster.env. One node per machine at a time.
   up DIR … --webhook

@@ -143,6 +143,26 @@ pub const KUBELET_PLUGIN_FILE: &str = "kubelet-plugin.json";
 pub const DEFAULT_SLOTS_PER_GPU: u32 = 6;
 /// The most slots a GPU may be published as (one ResourceSlice's device limit).
 pub const MAX_SLOTS_PER_GPU: u32 = 128;
+/// The most slots per GPU at which the scheduler of Kubernetes 1.34/1.35 was measured to decide
+/// a claim that fits nowhere within its 10 s filter timeout (6: 7 s on a fragmented 100-node
+/// cluster; 8 timed out). Above it slot mode works, with that risk, and says so.
+pub const TIMELY_SLOTS_PER_GPU: u32 = 6;
+
+/// What an operator is told (the kubelet plugin's start log, `gpuslice status`) when slot mode
+/// runs with `slots_per_gpu` above [`TIMELY_SLOTS_PER_GPU`]; `None` at or below it.
+pub fn slots_per_gpu_warning(slots_per_gpu: u32) -> Option<String> {
+    (slots_per_gpu > TIMELY_SLOTS_PER_GPU).then(|| {
+        format!(
+            "dra.slots_per_gpu = {slots_per_gpu} is above {TIMELY_SLOTS_PER_GPU} (the default is \
+             {DEFAULT_SLOTS_PER_GPU}): the scheduler of Kubernetes 1.34/1.35 tries the free slots \
+             of a GPU in every order before it gives up on a claim that fits nowhere, which above \
+             {TIMELY_SLOTS_PER_GPU} slots can pass its 10 s filter timeout (the pod then gets \
+             SchedulerError on every node, not Unschedulable, and is retried at the same cost); \
+             keep {TIMELY_SLOTS_PER_GPU} or fewer unless no claim can meet a fragmented cluster \
+             (docs/kubernetes-dra.md, \"The devices\")"
+        )
+    })
+}
 
 /// How the DRA kubelet plugin publishes GPUs (DESIGN §7, "Reach: slot mode").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -437,5 +457,19 @@ mod tests {
         assert!(is_gpu_uuid(&a), "{a}");
         assert!(!is_gpu_uuid("GPU-xyz"));
         assert!(!is_gpu_uuid("7a0b5c8e-0000-0000-0000-000000000000"));
+    }
+
+    #[test]
+    fn slot_counts_above_what_the_scheduler_decides_in_time_are_warned_of() {
+        for n in 1..=TIMELY_SLOTS_PER_GPU {
+            assert_eq!(slots_per_gpu_warning(n), None, "{n}");
+        }
+        let w = slots_per_gpu_warning(8).unwrap();
+        assert!(
+            w.starts_with("dra.slots_per_gpu = 8 is above 6 (the default is 6):"),
+            "{w}"
+        );
+        assert!(w.contains("10 s filter timeout"), "{w}");
+        assert!(slots_per_gpu_warning(MAX_SLOTS_PER_GPU).is_some());
     }
 }

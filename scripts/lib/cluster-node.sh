@@ -313,9 +313,10 @@ start_node() {
   start_containerd
   start_kubelet "$name"
   start_kubelet_plugin "$name"
-  logged node-objects "applying the DeviceClass and RuntimeClass" \
+  logged node-objects "applying the DeviceClasses, the slot-claim policy and the RuntimeClass" \
     kubectl_admin apply -f "$REPO/packaging/kubernetes/dra/deviceclass.yaml" \
     -f "$REPO/packaging/kubernetes/dra/deviceclass-slots.yaml" \
+    -f "$REPO/packaging/kubernetes/dra/slot-claims-policy.yaml" \
     -f "$REPO/packaging/kubernetes/runtimeclass.yaml"
 }
 

@@ -5,7 +5,10 @@
 //! its GPUs as slots; the stock scheduler places a claim mix — a 2-GPU claim, sizes that
 //! cannot all fit, one that fits nowhere — only where the slots fit per GPU, leaves the rest
 //! Pending with its reason, and each prepare over the plugin's `dra.sock` books exactly
-//! k × slot per GPU; unprepare releases.
+//! k × slot per GPU; unprepare releases. Bad input is refused naming what is accepted, nothing
+//! created or booked: the ValidatingAdmissionPolicy slots.gpuslice.io refuses, at creation, a
+//! claim or template asking more slots than a GPU has or several slots without the constraint
+//! to one GPU; prepare refuses malformed opaque parameters.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -59,7 +62,7 @@ struct Case {
 
 /// node-a: 2 × 141Gi H200 (6 slots of 24064Mi each); node-b: 1 × 24Gi L4 (6 of 4Gi).
 /// Created one after another, each scheduled before the next.
-const CASES: [Case; 5] = [
+const CASES: [Case; 4] = [
     // 4 + 4 slots: more than one GPU's 6, so two GPUs, and only node-a has two. On node-b the
     // scheduler must give up (4 + 4 of one GPU's 6) within its filter timeout: with 16 slots
     // per GPU (9 + 9), its search through the orderings of the slots timed out there.
@@ -89,13 +92,6 @@ const CASES: [Case; 5] = [
         cel: Some(L4),
         node: None,
     },
-    // More slots than any GPU has (slots_per_gpu is 6): fits nowhere.
-    Case {
-        name: "too-many",
-        slots: &[7],
-        cel: None,
-        node: None,
-    },
 ];
 
 /// The node the scheduler binds pod `name` to; past `STEP`, panics with the scheduler's own
@@ -121,6 +117,63 @@ fn bound_node(cluster: &KubeCluster, name: &str) -> String {
 
 fn want_node(c: &Case) -> Option<&'static str> {
     c.node
+}
+
+/// With the policy packaging/kubernetes/dra/slot-claims-policy.yaml installed, slot claims
+/// and templates the scheduler could never place are refused when created, each with a
+/// message naming the value and what is accepted; nothing is created.
+fn refused_at_admission(cluster: &KubeCluster) {
+    let policy = workspace().join("packaging/kubernetes/dra/slot-claims-policy.yaml");
+    cluster.kubectl(&["create", "-f", &policy.display().to_string()]);
+    // More slots than a GPU has (slots_per_gpu is 6): without the policy, created, and its
+    // pod Pending with the scheduler's "cannot allocate all claims".
+    let too_many = slot_claim("too-many", &[7], None);
+    // The API server enforces a new policy once its informer has it: dry runs until then.
+    wait_for("the policy slots.gpuslice.io to be enforced", STEP, || {
+        let out = cluster.kubectl_output(
+            &["create", "--dry-run=server", "-f", "-"],
+            Some(too_many.to_string().as_bytes()),
+        );
+        (!out.status.success()).then_some(())
+    });
+    let mut unconstrained = slot_claim("unconstrained", &[3], None);
+    unconstrained["spec"]["devices"]
+        .as_object_mut()
+        .unwrap()
+        .remove("constraints");
+    let mut template = slot_claim("too-many-template", &[8, 2], None);
+    template["kind"] = json!("ResourceClaimTemplate");
+    template["spec"] = json!({"spec": template["spec"].take()});
+    for (object, kind, part) in [
+        (
+            &too_many,
+            "resourceclaim",
+            "request gpu0 asks 7 slots of slots.gpuslice.io; accepted: 1 to 6, the slots of one GPU (dra.slots_per_gpu = 6)",
+        ),
+        (
+            &unconstrained,
+            "resourceclaim",
+            "request gpu0 asks more than one slot of slots.gpuslice.io without a constraint to one GPU; accepted: constraints: [{requests: [gpu0], matchAttribute: gpuslice.io/uuid}]",
+        ),
+        (
+            &template,
+            "resourceclaimtemplate",
+            "request gpu0 asks 8 slots of slots.gpuslice.io; accepted: 1 to 6",
+        ),
+    ] {
+        let name = object["metadata"]["name"].as_str().unwrap();
+        let e = cluster
+            .create(object)
+            .err()
+            .unwrap_or_else(|| panic!("{kind} {name} was created"));
+        assert!(
+            e.contains("ValidatingAdmissionPolicy 'slots.gpuslice.io'") && e.contains(part),
+            "{kind} {name}: `{e}` lacks `{part}`"
+        );
+        let get = cluster.kubectl_output(&["get", kind, name, "-n", NS], None);
+        assert!(!get.status.success(), "{kind} {name} exists");
+        eprintln!("{kind} {name} refused: {}", e.trim());
+    }
 }
 
 #[test]
@@ -190,6 +243,7 @@ fn on_a_1_34_control_plane_slots_are_placed_per_gpu_and_booked_exactly() {
     }
     let class = workspace().join("packaging/kubernetes/dra/deviceclass-slots.yaml");
     cluster.kubectl(&["create", "-f", &class.display().to_string()]);
+    refused_at_admission(&cluster);
 
     for c in &CASES {
         let t0 = Instant::now();
@@ -325,4 +379,33 @@ fn on_a_1_34_control_plane_slots_are_placed_per_gpu_and_booked_exactly() {
             c.name
         );
     }
+
+    // Malformed opaque parameters pass admission (the API server keeps them as JSON) and are
+    // placed; prepare refuses them naming what is accepted, and books nothing.
+    let mut opaque = slot_claim("bad-opaque", &[1], None);
+    opaque["spec"]["devices"]["config"] = json!([{"requests": ["gpu0"],
+        "opaque": {"driver": "gpuslice.io", "parameters": {"cores": "lots"}}}]);
+    cluster.create(&opaque).unwrap();
+    cluster.create(&pod("bad-opaque", "bad-opaque")).unwrap();
+    let node = bound_node(&cluster, "bad-opaque");
+    let claim = cluster.get_json(&["resourceclaim", "bad-opaque", "-n", NS]);
+    let uid = claim["metadata"]["uid"].as_str().unwrap();
+    let answer = plugins[node.as_str()]
+        .kubelet()
+        .prepare(kubelet_claim(NS, "bad-opaque", uid))
+        .unwrap();
+    for part in [
+        "`cores`: \"lots\" is not accepted",
+        "accepted: a JSON object {\"cores\": <percent per GPU, 1 to 100>}",
+        "nothing was booked",
+    ] {
+        assert!(
+            answer.error.contains(part),
+            "`{}` lacks `{part}`",
+            answer.error
+        );
+    }
+    let text =
+        std::fs::read_to_string(nodes[node.as_str()].state_dir().join("registry.json")).unwrap();
+    assert!(!text.contains(uid), "bad-opaque booked: {text}");
 }

@@ -103,6 +103,7 @@ fn the_chart_renders_the_raw_manifests_and_both_certificate_bootstraps() {
         "packaging/kubernetes/runtimeclass.yaml",
         "packaging/kubernetes/dra/deviceclass.yaml",
         "packaging/kubernetes/dra/deviceclass-slots.yaml",
+        "packaging/kubernetes/dra/slot-claims-policy.yaml",
         "packaging/kubernetes/dra/rbac.yaml",
         "packaging/kubernetes/dra/kubelet-plugin.yaml",
     ] {
@@ -139,6 +140,37 @@ fn the_chart_renders_the_raw_manifests_and_both_certificate_bootstraps() {
         !cmd.contains("--hami-compat"),
         "HAMi compatibility is off by default: {cmd}"
     );
+
+    // dra.slotsPerGpu is N for both the plugin (the node config) and the policy that refuses
+    // slot requests above N; by default the node config leaves the plugin's own default.
+    let config = |objs: &[Value]| {
+        find(objs, "ConfigMap", "gpuslice-config").unwrap()["data"]["config.toml"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert!(
+        !config(&rendered).contains("slots_per_gpu"),
+        "{}",
+        config(&rendered)
+    );
+    let eight = template(&["dra.slotsPerGpu=8"]);
+    assert!(
+        config(&eight).ends_with("[dra]\nslots_per_gpu = 8\n"),
+        "{}",
+        config(&eight)
+    );
+    let policy = find(&eight, "ValidatingAdmissionPolicy", "slots.gpuslice.io").unwrap();
+    assert_eq!(
+        policy["spec"]["variables"][0],
+        serde_json::json!({"name": "slotsPerGpu", "expression": "8"})
+    );
+    assert!(find(
+        &template(&["dra.slotsDeviceClass=false"]),
+        "ValidatingAdmissionPolicy",
+        "slots.gpuslice.io"
+    )
+    .is_none());
 
     // With cert-manager: its Issuer and Certificate, the CA injected by it.
     let cm = template(&[
@@ -199,6 +231,8 @@ fn helm_install_creates_the_cluster_side_on_a_live_control_plane() {
     for (kind, name) in [
         ("deviceclass", "gpuslice.io"),
         ("deviceclass", "slots.gpuslice.io"),
+        ("validatingadmissionpolicy", "slots.gpuslice.io"),
+        ("validatingadmissionpolicybinding", "slots.gpuslice.io"),
         ("runtimeclass", "gpuslice"),
         ("clusterrole", "gpuslice-webhook"),
         ("clusterrolebinding", "gpuslice-webhook"),

@@ -16,13 +16,23 @@ fn record(path: &Path) -> Option<Result<Value, String>> {
     Some(serde_json::from_str(&text).map_err(|e| format!("{} is not JSON: {e}", path.display())))
 }
 
-/// Adds `dra` (the plugin's record, or `{"error": …}`) to `status --json` when a plugin ran.
+/// The warning of a slot count above what the scheduler decides in time (a record's
+/// `slots_per_gpu` past `u32` is above it too).
+fn warning(slots_per_gpu: u64) -> Option<String> {
+    gpuslice_config::slots_per_gpu_warning(u32::try_from(slots_per_gpu).unwrap_or(u32::MAX))
+}
+
+/// Adds `dra` (the plugin's record, with `warning` when its slot count is above what the
+/// scheduler decides in time, or `{"error": …}`) to `status --json` when a plugin ran.
 pub fn add_json(status: &mut Value, path: &Path) {
     let Some(r) = record(path) else {
         return;
     };
     if let Some(o) = status.as_object_mut() {
-        let v = r.unwrap_or_else(|e| serde_json::json!({ "error": e }));
+        let mut v = r.unwrap_or_else(|e| serde_json::json!({ "error": e }));
+        if let Some(w) = v["slots_per_gpu"].as_u64().and_then(warning) {
+            v["warning"] = Value::String(w);
+        }
         o.insert("dra".into(), v);
     }
 }
@@ -37,7 +47,12 @@ pub fn render_text(path: &Path) -> String {
             let configured = v["configured"].as_str().unwrap_or("?");
             match v["slots_per_gpu"].as_u64() {
                 Some(n) => {
-                    format!("\nDRA: slot mode, {n} slots per GPU (dra.mode = {configured})\n")
+                    let mut text =
+                        format!("\nDRA: slot mode, {n} slots per GPU (dra.mode = {configured})\n");
+                    if let Some(w) = warning(n) {
+                        text.push_str(&format!("  warning: {w}\n"));
+                    }
+                    text
                 }
                 None => format!("\nDRA: {mode} mode (dra.mode = {configured})\n"),
             }
@@ -62,12 +77,32 @@ mod tests {
             r#"{"mode":"slots","configured":"auto","slots_per_gpu":16,"node":"n1"}"#,
         )
         .unwrap();
-        assert_eq!(
-            render_text(&path),
-            "\nDRA: slot mode, 16 slots per GPU (dra.mode = auto)\n"
+        // 16 slots: above what the 1.34/1.35 scheduler decides in time, said with the value.
+        let text = render_text(&path);
+        assert!(
+            text.starts_with("\nDRA: slot mode, 16 slots per GPU (dra.mode = auto)\n  warning: dra.slots_per_gpu = 16 is above 6"),
+            "{text}"
         );
         add_json(&mut v, &path);
         assert_eq!(v["dra"]["mode"], "slots");
+        assert!(
+            v["dra"]["warning"]
+                .as_str()
+                .unwrap()
+                .contains("10 s filter timeout"),
+            "{v}"
+        );
+        std::fs::write(
+            &path,
+            r#"{"mode":"slots","configured":"slots","slots_per_gpu":6,"node":"n1"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            render_text(&path),
+            "\nDRA: slot mode, 6 slots per GPU (dra.mode = slots)\n"
+        );
+        add_json(&mut v, &path);
+        assert!(v["dra"].get("warning").is_none(), "{v}");
         std::fs::write(
             &path,
             r#"{"mode":"capacity","configured":"capacity","node":"n1"}"#,

@@ -298,15 +298,9 @@ async fn publication(publisher: &Publisher, options: &PluginOptions) -> Publicat
         None
     };
     let publication = resolve(&options.dra, keeps);
-    let why = match keeps {
-        Some(true) => "the API server keeps consumable capacity",
-        Some(false) => "the API server drops consumable capacity (DRAConsumableCapacity off)",
-        None => "as configured",
-    };
-    eprintln!(
-        "gpuslice kubelet-plugin: node {node}: publishing in {publication}: {why} (dra.mode = {})",
-        options.dra.mode.as_str()
-    );
+    for line in mode_log(node, publication, &options.dra, keeps) {
+        eprintln!("{line}");
+    }
     if let Some(path) = &options.mode_file {
         let record = ModeRecord::new(publication, &options.dra, node);
         if let Err(e) = write_record(path, &record) {
@@ -314,6 +308,31 @@ async fn publication(publisher: &Publisher, options: &PluginOptions) -> Publicat
         }
     }
     publication
+}
+
+/// What the plugin logs at start about its mode: the publication and why, and in slot mode
+/// with more slots per GPU than the scheduler of 1.34/1.35 decides in time, a warning.
+fn mode_log(
+    node: &str,
+    publication: Publication,
+    dra: &DraConfig,
+    keeps: Option<bool>,
+) -> Vec<String> {
+    let why = match keeps {
+        Some(true) => "the API server keeps consumable capacity",
+        Some(false) => "the API server drops consumable capacity (DRAConsumableCapacity off)",
+        None => "as configured",
+    };
+    let mut lines = vec![format!(
+        "gpuslice kubelet-plugin: node {node}: publishing in {publication}: {why} (dra.mode = {})",
+        dra.mode.as_str()
+    )];
+    if let Publication::Slots(n) = publication {
+        if let Some(w) = gpuslice_config::slots_per_gpu_warning(n) {
+            lines.push(format!("gpuslice kubelet-plugin: warning: {w}"));
+        }
+    }
+    lines
 }
 
 /// Runs the plugin on a runtime of its own until SIGTERM or SIGINT.
@@ -339,4 +358,34 @@ pub fn run_until_signal(
         };
         run(options, registry, writer, stop).await
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuslice_config::DraMode;
+
+    #[test]
+    fn slot_mode_above_six_slots_per_gpu_is_warned_of_at_start() {
+        let dra = |n| DraConfig {
+            mode: DraMode::Slots,
+            slots_per_gpu: n,
+        };
+        let six = mode_log("n1", Publication::Slots(6), &dra(6), None);
+        assert_eq!(
+            six,
+            ["gpuslice kubelet-plugin: node n1: publishing in slot mode (6 slot devices per GPU): as configured (dra.mode = slots)"]
+        );
+        let eight = mode_log("n1", Publication::Slots(8), &dra(8), Some(false));
+        assert_eq!(eight.len(), 2, "{eight:?}");
+        assert!(
+            eight[1].starts_with(
+                "gpuslice kubelet-plugin: warning: dra.slots_per_gpu = 8 is above 6 (the default is 6): the scheduler of Kubernetes 1.34/1.35"
+            ),
+            "{eight:?}"
+        );
+        // Capacity mode publishes no slots: N does not matter there.
+        let capacity = mode_log("n1", Publication::Capacity, &dra(8), Some(true));
+        assert_eq!(capacity.len(), 1, "{capacity:?}");
+    }
 }

@@ -9,6 +9,9 @@ use std::path::{Path, PathBuf};
 use gpuslice_kube::serve::{DEFAULT_PLUGIN_DIR, DEFAULT_REGISTRATION_DIR};
 use gpuslice_kube::slices::ATTR_SLOT;
 use gpuslice_kube::{DRIVER, SLOTS_CLASS};
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::core::v1::{PodSpec, PodTemplateSpec, ServiceAccount};
@@ -265,6 +268,30 @@ fn dra_manifests_are_valid_and_agree_with_the_plugin() {
                     assert_eq!(&m.mount_path, host, "{file}: volume {}", v.name);
                 }
             }
+            "ValidatingAdmissionPolicy" => {
+                // The policy refusing slot claims that could never be placed: its N is the
+                // plugin's default slots per GPU, and it names the class and the constraint
+                // the plugin reads.
+                let p: ValidatingAdmissionPolicy = typed(file, doc);
+                assert_eq!(p.metadata.name.as_deref(), Some(SLOTS_CLASS));
+                let spec = p.spec.unwrap();
+                let vars = spec.variables.unwrap();
+                assert_eq!(vars[0].name, "slotsPerGpu");
+                assert_eq!(
+                    vars[0].expression,
+                    gpuslice_config::DEFAULT_SLOTS_PER_GPU.to_string()
+                );
+                let all: String = vars.iter().map(|v| v.expression.as_str()).collect();
+                assert!(all.contains(&format!("'{SLOTS_CLASS}'")), "{all}");
+                assert!(all.contains(&format!("'{DRIVER}/uuid'")), "{all}");
+                assert_eq!(spec.validations.unwrap().len(), 2);
+                assert_eq!(spec.failure_policy.as_deref(), Some("Fail"));
+            }
+            "ValidatingAdmissionPolicyBinding" => {
+                let b: ValidatingAdmissionPolicyBinding = typed(file, doc);
+                assert_eq!(b.spec.policy_name, SLOTS_CLASS);
+                assert_eq!(b.spec.validation_actions, ["Deny"]);
+            }
             "ResourceClaimTemplate" => {
                 let t: ResourceClaimTemplate = typed(file, doc);
                 check_template(file, &t);
@@ -303,6 +330,8 @@ fn dra_manifests_are_valid_and_agree_with_the_plugin() {
         "Pod",
         "Deployment",
         "PyTorchJob",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     ] {
         assert!(kinds.iter().any(|x| x == k), "no {k} in the DRA packaging");
     }
