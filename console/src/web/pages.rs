@@ -325,12 +325,13 @@ pub fn node_page(
     if let Some(n) = model.nodes.iter().find(|n| n.name == node) {
         let _ = writeln!(
             body,
-            "<p id=\"node-summary\">{} GPU(s), {} memory of which {} allocated ({}%), {} free</p>",
+            "<p id=\"node-summary\">{} GPU(s), {} memory of which {} allocated ({}%), {} free</p>\n<p id=\"node-mode\">publication mode: {}</p>",
             n.gpus,
             esc(&bytes(n.memory.capacity)),
             esc(&bytes(n.memory.allocated)),
             share(n.memory.allocated, n.memory.capacity).unwrap_or(0),
             esc(&bytes(n.memory.free)),
+            esc(&n.mode),
         );
     }
     body.push_str("<div class=\"scroll\"><table id=\"gpus\"><thead><tr><th>GPU</th><th>Index</th><th>Model</th><th>Memory</th><th>Allocated</th><th>Share</th><th>Used</th><th>Cores allocated</th><th>Cores used</th><th>Claims</th></tr></thead><tbody>\n");
