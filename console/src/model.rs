@@ -213,6 +213,9 @@ fn slot_share(alloc: &k8s_openapi::api::resource::v1::AllocationResult, request:
         .map_or(0, u64::from)
 }
 
+/// One claim on one GPU while its results are summed: the GPU, memory, cores, slots.
+type OnGpu = ((String, String), u64, u64, Option<u64>);
+
 fn bookings(
     claims: &[ResourceClaim],
     published: &BTreeMap<(String, String), Published>,
@@ -237,7 +240,7 @@ fn bookings(
             })
             .unwrap_or_default();
         // GPU → (memory, cores, slots) of this claim, in the order first met.
-        let mut on: Vec<((String, String), u64, u64, Option<u64>)> = Vec::new();
+        let mut on: Vec<OnGpu> = Vec::new();
         for r in alloc
             .devices
             .iter()
