@@ -810,7 +810,7 @@ mod tests {
             "{name}"
         );
         assert_eq!(
-            template(&"ml".to_string(), spec.clone()).spec,
+            template("ml", spec.clone()).spec,
             t.spec,
             "the webhook's template holds the same claim"
         );
@@ -821,7 +821,7 @@ mod tests {
         };
         assert!(!written_by(&t, &other) && !written_by(&t, &Writer::webhook()));
         assert!(!is_ours(&t, &template_by(&other, "ml", spec.clone())));
-        assert!(!is_ours(&t, &template(&"ml".to_string(), spec.clone())));
+        assert!(!is_ours(&t, &template("ml", spec.clone())));
         let long = Writer {
             prefix: "a".repeat(300),
             ..tool
