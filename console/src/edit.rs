@@ -458,13 +458,19 @@ pub fn fit_per_node(
     mode: Mode,
 ) -> BTreeMap<String, u64> {
     let mut per_node: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-    let memory = match mode {
-        Mode::Slots(s) => slot_count(&s, &req.shape()).saturating_mul(s.memory),
-        Mode::Capacity => req.memory,
-    }
-    .max(1);
+    // In slot mode the claim asks the same count of slots of every GPU, whatever its slots'
+    // size: a GPU holds as many pods as its free slots give that count.
+    let slots = match mode {
+        Mode::Slots(s) => Some(slot_count(&s, &req.shape()).max(1)),
+        Mode::Capacity => None,
+    };
     for g in gpus {
-        let by_memory = g.memory.free / memory;
+        let by_memory = match (slots, g.slots) {
+            (Some(k), Some(s)) => s.published.saturating_sub(s.allocated) / k,
+            // A GPU of capacity mode: no slot to give a slot claim.
+            (Some(_), None) => 0,
+            (None, _) => g.memory.free / req.memory.max(1),
+        };
         let by_cores = match (req.cores, mode) {
             (Some(c), Mode::Capacity) if c > 0 => g.cores.free / c,
             _ => u64::MAX,
@@ -830,6 +836,49 @@ mod tests {
         assert!(fit_per_node(&m.gpus, &r, 100, Mode::Capacity)
             .values()
             .all(|k| *k == 0));
+    }
+
+    #[test]
+    fn fit_in_slot_mode_counts_free_slots_not_free_memory() {
+        use crate::model::SlotsView;
+        let m = build(
+            &Sources {
+                slices: slices(),
+                claims: claims(),
+                pods: vec![],
+                usage: Err(String::new()),
+            },
+            None,
+        );
+        // node-a's GPUs as slots: gpu-0 of 4Gi slots (2 of 6 held), gpu-1 of 24Gi slots; the
+        // claim asks the same count of each GPU's slots (8Gi is 2 of the smallest, 4Gi).
+        let mut gpus = m.gpus.clone();
+        for g in gpus.iter_mut().filter(|g| g.node == "node-a") {
+            g.slots = Some(if g.device == "gpu-0" {
+                SlotsView {
+                    size: 4 << 30,
+                    published: 6,
+                    allocated: 2,
+                }
+            } else {
+                SlotsView {
+                    size: 24 << 30,
+                    published: 6,
+                    allocated: 0,
+                }
+            });
+        }
+        let slot = gpuslice_kube::claim_shape::SlotSize {
+            memory: 4 << 30,
+            cores: None,
+            per_gpu: 6,
+        };
+        let r = Request::parse("8Gi", None, 1).unwrap();
+        assert_eq!(
+            fit_per_node(&gpus, &r, 100, Mode::Slots(slot)),
+            BTreeMap::from([("node-a".into(), 2 + 3), ("node-b".into(), 0)]),
+            "free slots / 2 per GPU; node-b publishes no slots"
+        );
     }
 
     #[test]
