@@ -1028,14 +1028,13 @@ struct SlotGpu {
     claims: Vec<String>,
 }
 
-fn slot_gpus(
-    cluster: &KubeCluster,
-) -> (
-    BTreeMap<(String, String), SlotGpu>,
-    BTreeMap<(String, String), u64>,
-) {
-    let mut gpus: BTreeMap<(String, String), SlotGpu> = BTreeMap::new();
-    let mut slot_memory: BTreeMap<(String, String), u64> = BTreeMap::new();
+/// (node, device name) → a figure.
+type ByDevice<T> = BTreeMap<(String, String), T>;
+
+/// The GPUs as [`SlotGpu`]s by (node, GPU), and each slot device's memory by (node, slot).
+fn slot_gpus(cluster: &KubeCluster) -> (ByDevice<SlotGpu>, ByDevice<u64>) {
+    let mut gpus: ByDevice<SlotGpu> = BTreeMap::new();
+    let mut slot_memory: ByDevice<u64> = BTreeMap::new();
     for s in cluster.get_json(&["resourceslices"])["items"]
         .as_array()
         .unwrap()
