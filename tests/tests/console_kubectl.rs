@@ -1025,6 +1025,8 @@ struct SlotGpu {
     slots: u64,
     memory_allocated: u64,
     slots_allocated: u64,
+    /// The compute shares (opaque parameters) of the claims on it.
+    cores_allocated: u64,
     claims: Vec<String>,
 }
 
@@ -1068,6 +1070,13 @@ fn slot_gpus(cluster: &KubeCluster) -> (ByDevice<SlotGpu>, ByDevice<u64>) {
             g.slots_allocated += 1;
             let name = format!("{NS}/{}", c["metadata"]["name"].as_str().unwrap());
             if !g.claims.contains(&name) {
+                // The claim's share, once per GPU it holds slots of.
+                g.cores_allocated += c["spec"]["devices"]["config"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|x| x["opaque"]["parameters"]["cores"].as_u64())
+                    .sum::<u64>();
                 g.claims.push(name);
             }
         }
@@ -1115,6 +1124,7 @@ fn check_slot_figures(cluster: &KubeCluster) -> BTreeMap<(String, String), SlotG
                     slots: g["slots"]["published"].as_u64().unwrap(),
                     memory_allocated: g["memory"]["allocated"].as_u64().unwrap(),
                     slots_allocated: g["slots"]["allocated"].as_u64().unwrap(),
+                    cores_allocated: g["cores"]["allocated"].as_u64().unwrap(),
                     claims,
                 },
             )
@@ -1346,7 +1356,12 @@ fn in_slot_mode_the_views_show_gpus_and_allocate_writes_slot_claims() {
             .sum();
         assert!(held >= 8 * GIB, "{held} bytes for 8Gi: {r:?}");
     }
-    check_slot_figures(&cluster);
+    let figures = check_slot_figures(&cluster);
+    assert_eq!(
+        figures.values().map(|g| g.cores_allocated).sum::<u64>(),
+        2 * 30,
+        "the two web pods' shares: {figures:?}"
+    );
 
     let (said, _) = plugin_ok(&cluster, &["release", "deployment/web"]);
     assert!(said.contains("released (claim form removed)"), "{said}");
