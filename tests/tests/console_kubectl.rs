@@ -874,6 +874,36 @@ fn allocate_writes_the_limits_form_with_the_webhook_and_the_claim_form_without()
             .then_some(())
     });
 
+    // --form claim overrides the form the workload has (a dry run: the diff, nothing changed).
+    let before = deploy(&cluster, "web");
+    let (diff, _) = plugin_ok(
+        &cluster,
+        &[
+            "allocate",
+            "deployment/web",
+            "--memory",
+            "12Gi",
+            "-c",
+            "main",
+            "--form",
+            "claim",
+            "--dry-run",
+        ],
+    );
+    eprintln!("allocate --form claim --dry-run:\n{diff}");
+    assert!(
+        diff.contains("+++ resourceclaimtemplate/web-deployment-gpuslice-")
+            && diff.contains("+- name: gpuslice")
+            && diff
+                .lines()
+                .any(|l| l.starts_with('-') && l[1..].trim() == "gpuslice.io/memory: 12Gi")
+            && diff.contains("claim form, capacity mode")
+            && diff.contains("because --form claim")
+            && diff.contains("nothing changed"),
+        "{diff}"
+    );
+    assert_unchanged(&cluster, "web", &before);
+
     // Release: the template exactly as before; the pods made after it have no claim.
     let (said, _) = plugin_ok(&cluster, &["release", "deployment/web"]);
     assert!(said.contains("released (limits form removed)"), "{said}");
