@@ -5,7 +5,10 @@
 //! allocated claims consume; without Prometheus the used columns say `n/a` with one warning
 //! line. `allocate` on a Deployment makes the real scheduler place its new pods on GPUs with
 //! room, `--dry-run` changes nothing, `release` restores the pod template; bad input gets one
-//! line and changes nothing.
+//! line and changes nothing. With the webhook installed `allocate` writes the limits form
+//! (which the webhook turns into each pod's claim), without it the claim form; Edit and
+//! Release work on both. In slot mode (consumable capacity off) the views gather the slots
+//! into their GPUs and `allocate` writes the slot claim.
 
 use std::collections::BTreeMap;
 use std::process::{Command, Output, Stdio};

@@ -5,7 +5,8 @@
 //! them. Every figure the pages show is compared with what this test computes itself from
 //! the API server's ResourceSlices and ResourceClaims and the exporters' own scrapes. The GPU
 //! tab's Allocate on a Deployment gives it exactly the pod template `kubectl-gpuslice
-//! allocate` gives a twin Deployment, and Release restores it; a console without
+//! allocate` gives a twin Deployment (and its form choice, limits, gives the limits form's
+//! diff), and Release restores it; a console without
 //! `--allow-edit` shows no forms and refuses the POST; one without Prometheus names the
 //! missing source and shows `—`, never 0. The screenshots go to
 //! `$CARGO_TARGET_TMPDIR/console-screenshots` (docs/console.md copies them).
