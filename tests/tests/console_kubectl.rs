@@ -740,6 +740,30 @@ fn one_plugin_node(cluster: &KubeCluster, node: &TestNode, class: &str) -> Kubel
     p
 }
 
+/// Waits until the webhook, which reads the slices in the background, knows that the most
+/// GPUs a node has is `most` (it refuses more with a line saying so).
+fn webhook_knows(cluster: &KubeCluster, most: u32) {
+    wait_for(
+        &format!("the webhook to see nodes of {most} GPUs"),
+        STEP,
+        || {
+            let probe = json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "probe", "namespace": NS},
+                "spec": {"containers": [{"name": "main", "image": "gpuslice.invalid/x:1",
+                         "resources": {"limits": {"gpuslice.io/gpus": (most + 1).to_string()}}}]},
+            });
+            let out = cluster.kubectl_output(
+                &["create", "--dry-run=server", "-f", "-"],
+                Some(probe.to_string().as_bytes()),
+            );
+            String::from_utf8_lossy(&out.stderr)
+                .contains(&format!("at most {most} GPUs"))
+                .then_some(())
+        },
+    );
+}
+
 #[test]
 #[ignore = "starts a real Kubernetes control plane with the webhook and a plugin process; the README's test command runs it"]
 fn allocate_writes_the_limits_form_with_the_webhook_and_the_claim_form_without() {
@@ -752,22 +776,7 @@ fn allocate_writes_the_limits_form_with_the_webhook_and_the_claim_form_without()
     wait_for("the ResourceSlice of node-a", STEP, || {
         slice_of(&cluster, "node-a")
     });
-    // The webhook reads the slices in the background: wait until it knows node-a's GPUs.
-    wait_for("the webhook to see node-a's two GPUs", STEP, || {
-        let probe = json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "probe", "namespace": NS},
-            "spec": {"containers": [{"name": "main", "image": "gpuslice.invalid/x:1",
-                     "resources": {"limits": {"gpuslice.io/gpus": "3"}}}]},
-        });
-        let out = cluster.kubectl_output(
-            &["create", "--dry-run=server", "-f", "-"],
-            Some(probe.to_string().as_bytes()),
-        );
-        String::from_utf8_lossy(&out.stderr)
-            .contains("at most 2 GPUs")
-            .then_some(())
-    });
+    webhook_knows(&cluster, 2);
     cluster.create(&deployment("web", 2, None)).unwrap();
     let original = deploy(&cluster, "web")["spec"]["template"].clone();
     live_pods(&cluster, "web", 2, "bound", |p| {
@@ -1171,11 +1180,17 @@ fn check_slot_figures(cluster: &KubeCluster) -> BTreeMap<(String, String), SlotG
 }
 
 #[test]
-#[ignore = "starts a real Kubernetes control plane without consumable capacity and two plugin processes; the README's test command runs it"]
+#[ignore = "starts a real Kubernetes control plane without consumable capacity, the webhook and two plugin processes; the README's test command runs it"]
 fn in_slot_mode_the_views_show_gpus_and_allocate_writes_slot_claims() {
     let _s = lock(&[]);
-    let mut cluster =
-        KubeCluster::up_with(&["--feature-gates", "DRAConsumableCapacity=false"], &[]);
+    let mut cluster = KubeCluster::up_with(
+        &[
+            "--webhook",
+            "--feature-gates",
+            "DRAConsumableCapacity=false",
+        ],
+        &[],
+    );
     let nodes: BTreeMap<&str, TestNode> = [
         (
             "node-a",
@@ -1203,6 +1218,7 @@ fn in_slot_mode_the_views_show_gpus_and_allocate_writes_slot_claims() {
     }
     let class = workspace().join("packaging/kubernetes/dra/deviceclass-slots.yaml");
     cluster.kubectl(&["create", "-f", &class.display().to_string()]);
+    webhook_knows(&cluster, 2);
 
     // nodes: the mode, and each node's capacity the sum of its slots.
     let want = check_slot_figures(&cluster);
@@ -1344,12 +1360,13 @@ fn in_slot_mode_the_views_show_gpus_and_allocate_writes_slot_claims() {
             "30",
             "-c",
             "main",
+            "--form",
+            "claim",
         ],
     );
     eprintln!("allocate in slot mode: {said}");
     assert!(
-        said.contains("claim form, slots (")
-            && said.contains("no webhook pods.gpuslice.io is installed"),
+        said.contains("claim form, slots (") && said.contains("because --form claim"),
         "{said}"
     );
     let rcts = rct_names(&cluster);
@@ -1396,10 +1413,55 @@ fn in_slot_mode_the_views_show_gpus_and_allocate_writes_slot_claims() {
         "the two web pods' shares: {figures:?}"
     );
 
+    let console_claim = t["spec"]["spec"].clone();
+
     let (said, _) = plugin_ok(&cluster, &["release", "deployment/web"]);
     assert!(said.contains("released (claim form removed)"), "{said}");
     assert_eq!(deploy(&cluster, "web")["spec"]["template"], original);
     assert!(rct_names(&cluster).is_empty());
+
+    // With the webhook installed, the limits form: the webhook writes each pod the same slot
+    // claim the console wrote (one builder), which the scheduler allocates.
+    let (said, _) = plugin_ok(
+        &cluster,
+        &[
+            "allocate",
+            "deployment/web",
+            "--memory",
+            "8Gi",
+            "--cores",
+            "30",
+            "-c",
+            "main",
+        ],
+    );
+    eprintln!("allocate in slot mode with the webhook: {said}");
+    assert!(
+        said.contains("limits form") && said.contains("the webhook pods.gpuslice.io is installed"),
+        "{said}"
+    );
+    live_pods(&cluster, "web", 2, "with the webhook's slot claim", |p| {
+        let r = allocated(&cluster, p)?;
+        let gpus: std::collections::BTreeSet<String> = r
+            .iter()
+            .map(|x| gpu_of_slot(x["device"].as_str().unwrap()))
+            .collect();
+        (r.len() as u64 == k && gpus.len() == 1).then_some(())
+    });
+    let by_webhook: Vec<String> = all_templates(&cluster)
+        .into_iter()
+        .filter(|(_, by)| by == "gpuslice-webhook")
+        .map(|(name, _)| name)
+        .collect();
+    assert_eq!(by_webhook.len(), 1, "{by_webhook:?}");
+    let w = cluster.get_json(&["resourceclaimtemplate", &by_webhook[0], "-n", NS]);
+    assert_eq!(
+        w["spec"]["spec"], console_claim,
+        "the webhook's and the console's claims"
+    );
+    let (said, _) = plugin_ok(&cluster, &["release", "deployment/web"]);
+    assert!(said.contains("released (limits form removed)"), "{said}");
+    assert_eq!(deploy(&cluster, "web")["spec"]["template"], original);
 
     drop(plugins);
     cluster.down();
