@@ -6,23 +6,22 @@
 use std::collections::BTreeMap;
 
 use gpuslice_config::quantity::{format_kube_quantity, parse_kube_quantity};
-use gpuslice_kube::slices::{CAP_CORES, CAP_MEMORY, MEMORY_STEP};
-use gpuslice_kube::DRIVER;
-use k8s_openapi::api::core::v1::{PodResourceClaim, PodSpec, ResourceClaim as ContainerClaim};
-use k8s_openapi::api::resource::v1::{
-    CapacityRequirements, DeviceClaim, DeviceRequest, ExactDeviceRequest, ResourceClaimSpec,
-    ResourceClaimTemplate, ResourceClaimTemplateSpec,
+use gpuslice_kube::claim_shape::{
+    claim_spec, slot_count, template_by, Mode, Shape, ShapeError, Writer, HAMI_LIMIT_PREFIX,
+    LIMIT_CORES, LIMIT_GPUS, LIMIT_MEMORY,
 };
+use gpuslice_kube::slices::MEMORY_STEP;
+use k8s_openapi::api::core::v1::{
+    Container, PodResourceClaim, PodSpec, ResourceClaim as ContainerClaim,
+};
+use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::model::GpuView;
 use crate::render::bytes;
 
 /// The pod's claim entry (`spec.resourceClaims[].name`) the console adds.
 pub const CLAIM_ENTRY: &str = "gpuslice";
-/// The request name inside the ResourceClaimTemplate.
-pub const REQUEST_NAME: &str = "gpu";
 /// Label of every ResourceClaimTemplate the console made.
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "kubectl-gpuslice");
 /// Annotation naming the workload a ResourceClaimTemplate of the console is for (`kind/name`).
@@ -53,6 +52,39 @@ pub enum EditError {
     },
     #[error("{workload} has no pod template spec")]
     NoPodSpec { workload: String },
+    #[error("{0}")]
+    Shape(#[from] ShapeError),
+    #[error("{workload} asks HAMi's GPU limits ({limits}); the console leaves them as they are (the webhook's HAMi compatibility turns them into a slice): remove them from the workload by hand before allocating or releasing with the console")]
+    Hami { workload: String, limits: String },
+    #[error("--form `{0}`: accepted: limits or claim")]
+    Form(String),
+}
+
+/// How a workload's pod template asks for its slice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Form {
+    /// `gpuslice.io/{gpus,memory,cores}` in the containers' limits; the webhook turns them
+    /// into a claim for each pod.
+    Limits,
+    /// A ResourceClaimTemplate of the console and the pod's claim naming it.
+    Claim,
+}
+
+impl Form {
+    pub fn parse(s: &str) -> Result<Form, EditError> {
+        match s {
+            "limits" => Ok(Form::Limits),
+            "claim" => Ok(Form::Claim),
+            other => Err(EditError::Form(other.to_string())),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Form::Limits => "limits",
+            Form::Claim => "claim",
+        }
+    }
 }
 
 /// The workload kinds the console edits.
@@ -135,6 +167,19 @@ impl Request {
         })
     }
 
+    /// The ask as the claim builder takes it.
+    pub fn shape(&self) -> Shape {
+        Shape {
+            gpus: self.gpus,
+            memory: Some(self.memory),
+            cores: self
+                .cores
+                .and_then(|c| u32::try_from(c).ok())
+                .filter(|c| *c > 0),
+            selectors: Vec::new(),
+        }
+    }
+
     /// `1 GPU × 20Gi, 30 cores`.
     pub fn describe(&self) -> String {
         let gpus = if self.gpus == 1 {
@@ -149,97 +194,158 @@ impl Request {
     }
 }
 
-fn fnv(s: &str) -> u32 {
-    s.bytes().fold(0x811c_9dc5u32, |h, b| {
-        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
-    })
-}
-
-/// The template's name: the workload's kind and name and a hash of the request (a template's
-/// spec cannot change, so another request is another template, and the same one the same).
-pub fn template_name(kind: Kind, name: &str, req: &Request) -> String {
-    let hash = fnv(&format!(
-        "{}/{}/{}",
-        req.memory,
-        req.cores.map_or("-".to_string(), |c| c.to_string()),
-        req.gpus
-    ));
-    let suffix = format!("-{}-gpuslice-{hash:08x}", kind.as_str());
-    let keep = 253 - suffix.len();
-    let mut base = name[..name.len().min(keep)].to_string();
-    while base.ends_with('.') || base.ends_with('-') {
-        base.pop();
+/// The [`Writer`] of workload `kind/name`'s templates: labelled [`MANAGED_BY`], annotated
+/// [`WORKLOAD_ANNOTATION`], named `<name>-<kind>-gpuslice-<hash of the claim spec>`; the claim
+/// inside is the one [`claim_spec`] writes for the webhook too.
+pub fn writer(kind: Kind, name: &str) -> Writer {
+    Writer {
+        manager: MANAGED_BY.1.to_string(),
+        prefix: format!("{name}-{}-gpuslice-", kind.as_str()),
+        annotations: BTreeMap::from([(
+            WORKLOAD_ANNOTATION.to_string(),
+            format!("{}/{name}", kind.as_str()),
+        )]),
     }
-    format!("{base}{suffix}")
 }
 
-/// The ResourceClaimTemplate of `req` for workload `kind/name` in `namespace`.
+/// The ResourceClaimTemplate of `req` for workload `kind/name` in `namespace`, in the
+/// cluster's publication `mode`, and what was rounded on the way (one line each).
 pub fn claim_template(
     namespace: &str,
     kind: Kind,
     name: &str,
     req: &Request,
-) -> ResourceClaimTemplate {
-    let mut requests = BTreeMap::new();
-    requests.insert(
-        CAP_MEMORY.to_string(),
-        Quantity(format_kube_quantity(req.memory)),
-    );
-    if let Some(c) = req.cores {
-        requests.insert(CAP_CORES.to_string(), Quantity(c.to_string()));
-    }
-    ResourceClaimTemplate {
-        metadata: ObjectMeta {
-            name: Some(template_name(kind, name, req)),
-            namespace: Some(namespace.to_string()),
-            labels: Some(BTreeMap::from([(
-                MANAGED_BY.0.to_string(),
-                MANAGED_BY.1.to_string(),
-            )])),
-            annotations: Some(BTreeMap::from([(
-                WORKLOAD_ANNOTATION.to_string(),
-                format!("{}/{name}", kind.as_str()),
-            )])),
-            ..Default::default()
-        },
-        spec: Some(ResourceClaimTemplateSpec {
-            metadata: None,
-            spec: Some(ResourceClaimSpec {
-                devices: Some(DeviceClaim {
-                    requests: Some(vec![DeviceRequest {
-                        name: REQUEST_NAME.to_string(),
-                        exactly: Some(ExactDeviceRequest {
-                            device_class_name: DRIVER.to_string(),
-                            count: Some(i64::from(req.gpus)),
-                            capacity: Some(CapacityRequirements {
-                                requests: Some(requests),
-                            }),
-                            ..Default::default()
-                        }),
-                        ..Default::default()
-                    }]),
-                    ..Default::default()
-                }),
-            }),
-        }),
-    }
+    mode: Mode,
+) -> Result<(ResourceClaimTemplate, Vec<String>), EditError> {
+    let (spec, warnings) = claim_spec(mode, &req.shape(), "--memory/--cores/--gpus")?;
+    Ok((template_by(&writer(kind, name), namespace, spec), warnings))
 }
 
-/// Whether ResourceClaimTemplate `t` is the console's, for workload `kind/name`.
-pub fn is_ours(t: &ResourceClaimTemplate, kind: Kind, name: &str) -> bool {
-    let labelled = t
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(MANAGED_BY.0))
-        .is_some_and(|v| v == MANAGED_BY.1);
-    let annotated = t
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(WORKLOAD_ANNOTATION))
-        .is_some_and(|v| *v == format!("{}/{name}", kind.as_str()));
-    labelled && annotated
+/// The slice limits of the webhook (`gpuslice.io/gpus`, `memory`, `cores`) for `req`.
+pub fn limits_of(req: &Request) -> BTreeMap<String, Quantity> {
+    let mut m = BTreeMap::from([
+        (LIMIT_GPUS.to_string(), Quantity(req.gpus.to_string())),
+        (
+            LIMIT_MEMORY.to_string(),
+            Quantity(format_kube_quantity(req.memory)),
+        ),
+    ]);
+    if let Some(c) = req.cores.filter(|c| *c > 0) {
+        m.insert(LIMIT_CORES.to_string(), Quantity(c.to_string()));
+    }
+    m
+}
+
+const LIMITS: [&str; 3] = [LIMIT_GPUS, LIMIT_MEMORY, LIMIT_CORES];
+
+/// The request a container's gpuslice limits ask, when it has them.
+fn container_request(c: &Container) -> Option<Request> {
+    let limits = c.resources.as_ref()?.limits.as_ref()?;
+    if !LIMITS.iter().any(|k| limits.contains_key(*k)) {
+        return None;
+    }
+    let q = |k: &str| limits.get(k).and_then(|q| parse_kube_quantity(&q.0).ok());
+    Some(Request {
+        memory: q(LIMIT_MEMORY).unwrap_or(0),
+        cores: q(LIMIT_CORES),
+        gpus: q(LIMIT_GPUS)
+            .and_then(|g| u32::try_from(g).ok())
+            .unwrap_or(1),
+    })
+}
+
+/// The request the pod spec's gpuslice limits ask (the first container with them).
+pub fn current_limits(spec: &PodSpec) -> Option<Request> {
+    spec.containers.iter().find_map(container_request)
+}
+
+/// HAMi's limits (`nvidia.com/gpu…`) the pod spec holds, as `container: name=value, …`.
+pub fn hami_limits(spec: &PodSpec) -> Option<String> {
+    let found: Vec<String> = spec
+        .containers
+        .iter()
+        .filter_map(|c| {
+            let limits = c.resources.as_ref()?.limits.as_ref()?;
+            let names: Vec<String> = limits
+                .iter()
+                .filter(|(k, _)| k.starts_with(HAMI_LIMIT_PREFIX))
+                .map(|(k, v)| format!("{k}={}", v.0))
+                .collect();
+            (!names.is_empty()).then(|| format!("{}: {}", c.name, names.join(", ")))
+        })
+        .collect();
+    (!found.is_empty()).then(|| found.join("; "))
+}
+
+fn check_containers(
+    workload: &str,
+    spec: &PodSpec,
+    containers: &[String],
+) -> Result<(), EditError> {
+    for want in containers {
+        if !spec.containers.iter().any(|c| &c.name == want) {
+            return Err(EditError::Container {
+                workload: workload.to_string(),
+                container: want.clone(),
+                known: spec
+                    .containers
+                    .iter()
+                    .map(|c| c.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Writes `req` as the webhook's limits into `containers` (all when empty; each gets its own
+/// slice, as the webhook makes one claim per container) and removes them from the others.
+pub fn set_limits(
+    workload: &str,
+    spec: &mut PodSpec,
+    req: &Request,
+    containers: &[String],
+) -> Result<(), EditError> {
+    check_containers(workload, spec, containers)?;
+    let want = limits_of(req);
+    for c in &mut spec.containers {
+        let wanted = containers.is_empty() || containers.contains(&c.name);
+        strip_limits(c);
+        if wanted {
+            let r = c.resources.get_or_insert_with(Default::default);
+            r.limits
+                .get_or_insert_with(BTreeMap::new)
+                .extend(want.clone());
+        }
+    }
+    Ok(())
+}
+
+/// Removes the gpuslice limits (and requests) from one container; true when it had some.
+fn strip_limits(c: &mut Container) -> bool {
+    let Some(r) = c.resources.as_mut() else {
+        return false;
+    };
+    let mut changed = false;
+    for m in [&mut r.limits, &mut r.requests] {
+        if let Some(map) = m.as_mut() {
+            for k in LIMITS {
+                changed |= map.remove(k).is_some();
+            }
+            if map.is_empty() {
+                *m = None;
+            }
+        }
+    }
+    changed
+}
+
+/// Removes what [`set_limits`] wrote from every container.
+pub fn remove_limits(spec: &mut PodSpec) -> bool {
+    spec.containers
+        .iter_mut()
+        .fold(false, |changed, c| strip_limits(c) | changed)
 }
 
 /// The template our claim entry names now, if the pod spec has one.
@@ -284,20 +390,7 @@ pub fn add_claim(
     template: &str,
     containers: &[String],
 ) -> Result<(), EditError> {
-    for want in containers {
-        if !spec.containers.iter().any(|c| &c.name == want) {
-            return Err(EditError::Container {
-                workload: workload.to_string(),
-                container: want.clone(),
-                known: spec
-                    .containers
-                    .iter()
-                    .map(|c| c.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            });
-        }
-    }
+    check_containers(workload, spec, containers)?;
     let entries = spec.resource_claims.get_or_insert_with(Vec::new);
     match entries.iter_mut().find(|c| c.name == CLAIM_ENTRY) {
         Some(e) => e.resource_claim_template_name = Some(template.to_string()),
@@ -357,12 +450,29 @@ pub fn remove_claim(spec: &mut PodSpec) -> bool {
 /// How many pods of `req` fit on each node's free room (per GPU: free memory and cores from
 /// the slices minus the bookings), each pod on `req.gpus` distinct GPUs of one node.
 /// Counting stops at `want` per node.
-pub fn fit_per_node(gpus: &[GpuView], req: &Request, want: u64) -> BTreeMap<String, u64> {
+/// In slot mode a pod takes whole slots of each GPU, and its share is bounded by them.
+pub fn fit_per_node(
+    gpus: &[GpuView],
+    req: &Request,
+    want: u64,
+    mode: Mode,
+) -> BTreeMap<String, u64> {
     let mut per_node: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    // In slot mode the claim asks the same count of slots of every GPU, whatever its slots'
+    // size: a GPU holds as many pods as its free slots give that count.
+    let slots = match mode {
+        Mode::Slots(s) => Some(slot_count(&s, &req.shape()).max(1)),
+        Mode::Capacity => None,
+    };
     for g in gpus {
-        let by_memory = g.memory.free / req.memory;
-        let by_cores = match req.cores {
-            Some(c) if c > 0 => g.cores.free / c,
+        let by_memory = match (slots, g.slots) {
+            (Some(k), Some(s)) => s.published.saturating_sub(s.allocated) / k,
+            // A GPU of capacity mode: no slot to give a slot claim.
+            (Some(_), None) => 0,
+            (None, _) => g.memory.free / req.memory.max(1),
+        };
+        let by_cores = match (req.cores, mode) {
+            (Some(c), Mode::Capacity) if c > 0 => g.cores.free / c,
             _ => u64::MAX,
         };
         per_node
@@ -484,32 +594,126 @@ mod tests {
     }
 
     #[test]
-    fn the_template_asks_the_device_class_for_capacity() {
+    fn the_template_holds_the_claim_the_webhook_writes_for_the_same_ask() {
         let r = Request::parse("20Gi", Some("30"), 2).unwrap();
-        let t = claim_template("ml", Kind::Deployment, "web", &r);
+        let (t, w) = claim_template("ml", Kind::Deployment, "web", &r, Mode::Capacity).unwrap();
+        assert!(w.is_empty(), "{w:?}");
         let v = serde_json::to_value(&t).unwrap();
+        let cap = json!({"requests": {"cores": "30", "memory": "20Gi"}});
         assert_eq!(
-            v["spec"]["spec"]["devices"]["requests"],
-            json!([{"name": "gpu", "exactly": {"deviceClassName": "gpuslice.io", "count": 2,
-                     "capacity": {"requests": {"cores": "30", "memory": "20Gi"}}}}])
+            v["spec"]["spec"]["devices"],
+            json!({"requests": [
+                {"name": "gpu-0", "exactly": {"deviceClassName": "gpuslice.io", "count": 1, "capacity": cap}},
+                {"name": "gpu-1", "exactly": {"deviceClassName": "gpuslice.io", "count": 1, "capacity": cap}}],
+              "constraints": [{"requests": ["gpu-0", "gpu-1"], "distinctAttribute": "gpuslice.io/uuid"}]})
+        );
+        let webhook = gpuslice_kube::claim_shape::template(
+            "ml",
+            claim_spec(Mode::Capacity, &r.shape(), "f").unwrap().0,
+        );
+        assert_eq!(
+            t.spec, webhook.spec,
+            "one claim shape below both front ends"
         );
         let name = v["metadata"]["name"].as_str().unwrap();
         assert!(name.starts_with("web-deployment-gpuslice-"), "{name}");
-        assert!(is_ours(&t, Kind::Deployment, "web"));
-        assert!(!is_ours(&t, Kind::StatefulSet, "web"));
+        assert!(gpuslice_kube::claim_shape::written_by(
+            &t,
+            &writer(Kind::Deployment, "web")
+        ));
+        assert!(!gpuslice_kube::claim_shape::written_by(
+            &t,
+            &writer(Kind::StatefulSet, "web")
+        ));
+        assert!(!gpuslice_kube::claim_shape::written_by(
+            &webhook,
+            &writer(Kind::Deployment, "web")
+        ));
         // The same request, the same name; another, another.
-        assert_eq!(template_name(Kind::Deployment, "web", &r), name);
+        let again = claim_template("ml", Kind::Deployment, "web", &r, Mode::Capacity)
+            .unwrap()
+            .0;
+        assert_eq!(again.metadata.name, t.metadata.name);
         let other = Request::parse("20Gi", None, 2).unwrap();
-        assert_ne!(template_name(Kind::Deployment, "web", &other), name);
+        let o = claim_template("ml", Kind::Deployment, "web", &other, Mode::Capacity)
+            .unwrap()
+            .0;
+        assert_ne!(o.metadata.name, t.metadata.name);
         let long = "a".repeat(253);
-        assert!(template_name(Kind::Deployment, &long, &r).len() <= 253);
-        // No cores: not throttled, no cores request.
-        let v =
-            serde_json::to_value(claim_template("ml", Kind::Deployment, "web", &other)).unwrap();
+        let l = claim_template("ml", Kind::Deployment, &long, &r, Mode::Capacity)
+            .unwrap()
+            .0;
+        assert!(l.metadata.name.unwrap().len() <= 253);
+        // Slot mode: k slots of one GPU per GPU, the share as opaque parameters.
+        let slot = gpuslice_kube::claim_shape::SlotSize {
+            memory: 8 << 30,
+            cores: Some(16),
+            per_gpu: 6,
+        };
+        let one = Request::parse("20Gi", Some("30"), 1).unwrap();
+        let (t, w) =
+            claim_template("ml", Kind::Deployment, "web", &one, Mode::Slots(slot)).unwrap();
+        let v = serde_json::to_value(&t).unwrap();
         assert_eq!(
-            v["spec"]["spec"]["devices"]["requests"][0]["exactly"]["capacity"]["requests"],
-            json!({"memory": "20Gi"})
+            v["spec"]["spec"]["devices"]["requests"],
+            json!([{"name": "gpu", "exactly": {"deviceClassName": "slots.gpuslice.io", "count": 3}}])
         );
+        assert_eq!(
+            v["spec"]["spec"]["devices"]["constraints"],
+            json!([{"requests": ["gpu"], "matchAttribute": "gpuslice.io/uuid"}])
+        );
+        assert_eq!(w.len(), 1, "20Gi is not whole slots of 8Gi: {w:?}");
+        let big = Request::parse("100Gi", None, 1).unwrap();
+        let e = claim_template("ml", Kind::Deployment, "web", &big, Mode::Slots(slot)).unwrap_err();
+        assert!(e.to_string().contains("at most 6 slots"), "{e}");
+    }
+
+    #[test]
+    fn the_limits_form_writes_the_webhooks_limits_and_release_removes_them_exactly() {
+        let before = pod_spec();
+        let mut spec = before.clone();
+        let r = Request::parse("20Gi", Some("30"), 2).unwrap();
+        set_limits("deployment/web", &mut spec, &r, &["main".to_string()]).unwrap();
+        let v = serde_json::to_value(&spec).unwrap();
+        assert_eq!(
+            v["containers"][0]["resources"],
+            json!({"limits": {"gpuslice.io/cores": "30", "gpuslice.io/gpus": "2", "gpuslice.io/memory": "20Gi"}})
+        );
+        assert_eq!(
+            v["containers"][1]["resources"],
+            json!({"limits": {"cpu": "1"}})
+        );
+        assert_eq!(current_limits(&spec), Some(r));
+        // Edit in place: another size, no share.
+        let r2 = Request::parse("8Gi", None, 1).unwrap();
+        set_limits("deployment/web", &mut spec, &r2, &[]).unwrap();
+        assert_eq!(current_limits(&spec), Some(r2));
+        let v = serde_json::to_value(&spec).unwrap();
+        assert_eq!(
+            v["containers"][1]["resources"]["limits"],
+            json!({"cpu": "1", "gpuslice.io/gpus": "1", "gpuslice.io/memory": "8Gi"})
+        );
+        assert!(remove_limits(&mut spec));
+        assert_eq!(spec, before);
+        assert!(!remove_limits(&mut spec));
+        assert_eq!(current_limits(&spec), None);
+        // HAMi's limits are seen, not ours.
+        let mut hami = before.clone();
+        hami.containers[0].resources = serde_json::from_value(
+            json!({"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000"}}),
+        )
+        .unwrap();
+        assert_eq!(
+            hami_limits(&hami).as_deref(),
+            Some("main: nvidia.com/gpu=1, nvidia.com/gpumem=3000")
+        );
+        assert_eq!(current_limits(&hami), None);
+        assert_eq!(hami_limits(&before), None);
+        assert_eq!(Form::parse("limits").unwrap(), Form::Limits);
+        assert!(Form::parse("x")
+            .unwrap_err()
+            .to_string()
+            .contains("accepted: limits or claim"));
     }
 
     fn pod_spec() -> PodSpec {
@@ -606,27 +810,75 @@ mod tests {
         // Free: node-a gpu-0 111Gi / 70 cores, gpu-1 90Gi / 75 cores; node-b nothing.
         let r = Request::parse("20Gi", Some("30"), 1).unwrap();
         assert_eq!(
-            fit_per_node(&m.gpus, &r, 100),
+            fit_per_node(&m.gpus, &r, 100, Mode::Capacity),
             BTreeMap::from([("node-a".into(), 4), ("node-b".into(), 0)])
         );
         let r = Request::parse("20Gi", None, 1).unwrap();
-        assert_eq!(fit_per_node(&m.gpus, &r, 100)["node-a"], 5 + 4);
         assert_eq!(
-            fit_per_node(&m.gpus, &r, 3)["node-a"],
+            fit_per_node(&m.gpus, &r, 100, Mode::Capacity)["node-a"],
+            5 + 4
+        );
+        assert_eq!(
+            fit_per_node(&m.gpus, &r, 3, Mode::Capacity)["node-a"],
             3,
             "counting stops at what is wanted"
         );
         // Two GPUs a pod: at most as many pods as the scarcer GPU holds.
         let r = Request::parse("40Gi", None, 2).unwrap();
-        assert_eq!(fit_per_node(&m.gpus, &r, 100)["node-a"], 2);
+        assert_eq!(fit_per_node(&m.gpus, &r, 100, Mode::Capacity)["node-a"], 2);
         let r = Request::parse("1Gi", None, 3).unwrap();
         assert_eq!(
-            fit_per_node(&m.gpus, &r, 100)["node-a"],
+            fit_per_node(&m.gpus, &r, 100, Mode::Capacity)["node-a"],
             0,
             "node-a has two GPUs"
         );
         let r = Request::parse("200Gi", None, 1).unwrap();
-        assert!(fit_per_node(&m.gpus, &r, 100).values().all(|k| *k == 0));
+        assert!(fit_per_node(&m.gpus, &r, 100, Mode::Capacity)
+            .values()
+            .all(|k| *k == 0));
+    }
+
+    #[test]
+    fn fit_in_slot_mode_counts_free_slots_not_free_memory() {
+        use crate::model::SlotsView;
+        let m = build(
+            &Sources {
+                slices: slices(),
+                claims: claims(),
+                pods: vec![],
+                usage: Err(String::new()),
+            },
+            None,
+        );
+        // node-a's GPUs as slots: gpu-0 of 4Gi slots (2 of 6 held), gpu-1 of 24Gi slots; the
+        // claim asks the same count of each GPU's slots (8Gi is 2 of the smallest, 4Gi).
+        let mut gpus = m.gpus.clone();
+        for g in gpus.iter_mut().filter(|g| g.node == "node-a") {
+            g.slots = Some(if g.device == "gpu-0" {
+                SlotsView {
+                    size: 4 << 30,
+                    published: 6,
+                    allocated: 2,
+                }
+            } else {
+                SlotsView {
+                    size: 24 << 30,
+                    published: 6,
+                    allocated: 0,
+                }
+            });
+        }
+        let slot = gpuslice_kube::claim_shape::SlotSize {
+            memory: 4 << 30,
+            cores: None,
+            per_gpu: 6,
+        };
+        let r = Request::parse("8Gi", None, 1).unwrap();
+        assert_eq!(
+            fit_per_node(&gpus, &r, 100, Mode::Slots(slot)),
+            BTreeMap::from([("node-a".into(), 2 + 3), ("node-b".into(), 0)]),
+            "free slots / 2 per GPU; node-b publishes no slots"
+        );
     }
 
     #[test]

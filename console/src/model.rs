@@ -1,13 +1,18 @@
 //! The console's data model: per node, per GPU and per pod container, what the ResourceSlices
 //! offer (capacity), what allocated ResourceClaims consume (allocated = the sum of their
-//! `consumedCapacity` per device), what is free, and what Prometheus says is really used.
+//! `consumedCapacity` per device in capacity mode; in slot mode the memory of the slots they
+//! hold and the share their opaque parameters ask), what is free, and what Prometheus says is
+//! really used. Slot devices (`gpu-<i>-slot-<j>`) are gathered into their GPU.
 //! Pure functions over API objects and a usage sample, shared by the kubectl plugin and the
 //! web console; nothing here talks to a server or prints.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use gpuslice_config::quantity::parse_kube_quantity;
-use gpuslice_kube::slices::{device_index, ATTR_PRODUCT, ATTR_UUID, CAP_CORES, CAP_MEMORY};
+use gpuslice_kube::claim_shape::{opaque_cores, PublishedGpus};
+use gpuslice_kube::slices::{
+    device_name, parse_device, DeviceRef, ATTR_PRODUCT, ATTR_UUID, CAP_CORES, CAP_MEMORY,
+};
 use gpuslice_kube::DRIVER;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
@@ -64,6 +69,21 @@ pub struct ClaimOnGpu {
     /// Holds its booking but uses no GPU memory and runs no measured kernels (`None`: not
     /// measured or not matched to an exporter series).
     pub idle: Option<bool>,
+    /// The slots it holds on this GPU (slot mode only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slots: Option<u64>,
+}
+
+/// A GPU's slots in slot mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SlotsView {
+    /// Bytes of each slot.
+    pub size: u64,
+    /// The slots published (those node paths hold are withdrawn).
+    pub published: u64,
+    /// The slots claims hold.
+    pub allocated: u64,
 }
 
 /// One GPU as a device of a gpuslice ResourceSlice.
@@ -80,6 +100,9 @@ pub struct GpuView {
     pub claims: Vec<ClaimOnGpu>,
     /// Claims on this GPU that hold a booking and use nothing; `None` when not measured.
     pub idle_slices: Option<u64>,
+    /// Its slots, when it is published in slot mode.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slots: Option<SlotsView>,
 }
 
 /// One node (a pool of gpuslice devices).
@@ -96,6 +119,8 @@ pub struct NodeView {
     pub idle_slices: Option<u64>,
     /// The largest free memory of one GPU (what the biggest new single-GPU claim can get).
     pub largest_free_memory: u64,
+    /// How the node's plugin publishes its GPUs: `capacity` or `slots (N per GPU × SIZE)`.
+    pub mode: String,
 }
 
 /// One container's slice on one GPU.
@@ -158,12 +183,42 @@ fn quantity(q: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>)
     q.and_then(|q| parse_kube_quantity(&q.0).ok())
 }
 
-/// (pool, device) → the claims' consumption of it.
+/// (pool, GPU device) → the claims' consumption of it.
 type Bookings = BTreeMap<(String, String), Vec<ClaimOnGpu>>;
+
+/// A published device: the GPU it belongs to (`(pool, gpu-<i>)`), its memory, and whether it
+/// is a slot.
+#[derive(Debug, Clone)]
+struct Published {
+    gpu: (String, String),
+    memory: u64,
+    slot: bool,
+}
+
+/// The compute share a slot claim's opaque parameters ask for request `request`.
+fn slot_share(alloc: &k8s_openapi::api::resource::v1::AllocationResult, request: &str) -> u64 {
+    alloc
+        .devices
+        .iter()
+        .flat_map(|d| d.config.iter().flatten())
+        .filter(|c| {
+            c.requests
+                .as_ref()
+                .is_none_or(|r| r.is_empty() || r.iter().any(|x| x == request))
+        })
+        .filter_map(|c| c.opaque.as_ref())
+        .filter(|o| o.driver == DRIVER)
+        .filter_map(|o| opaque_cores(&o.parameters.0))
+        .max()
+        .map_or(0, u64::from)
+}
+
+/// One claim on one GPU while its results are summed: the GPU, memory, cores, slots.
+type OnGpu = ((String, String), u64, u64, Option<u64>);
 
 fn bookings(
     claims: &[ResourceClaim],
-    capacity: &BTreeMap<(String, String), (u64, u64)>,
+    published: &BTreeMap<(String, String), Published>,
     warnings: &mut Vec<String>,
 ) -> Bookings {
     let mut out: Bookings = BTreeMap::new();
@@ -184,6 +239,8 @@ fn bookings(
                     .collect()
             })
             .unwrap_or_default();
+        // GPU → (memory, cores, slots) of this claim, in the order first met.
+        let mut on: Vec<OnGpu> = Vec::new();
         for r in alloc
             .devices
             .iter()
@@ -192,25 +249,46 @@ fn bookings(
             if r.driver != DRIVER {
                 continue;
             }
-            let key = (r.pool.clone(), r.device.clone());
-            let Some((cap_memory, _)) = capacity.get(&key) else {
+            let Some(p) = published.get(&(r.pool.clone(), r.device.clone())) else {
                 warnings.push(format!(
                     "claim {namespace}/{name} is allocated device {} of pool {}, which no gpuslice ResourceSlice publishes",
                     r.device, r.pool
                 ));
                 continue;
             };
-            let consumed = r.consumed_capacity.as_ref();
-            // No consumedCapacity (a scheduler without consumable capacity): the whole GPU.
-            let memory = quantity(consumed.and_then(|c| c.get(CAP_MEMORY))).unwrap_or(*cap_memory);
-            let cores = quantity(consumed.and_then(|c| c.get(CAP_CORES))).unwrap_or(0);
-            out.entry(key).or_default().push(ClaimOnGpu {
+            let (memory, cores) = if p.slot {
+                // A slot: its bytes; the share its opaque parameters ask, once per GPU.
+                (p.memory, slot_share(alloc, &r.request))
+            } else {
+                let consumed = r.consumed_capacity.as_ref();
+                // No consumedCapacity (a scheduler without consumable capacity): the whole GPU.
+                (
+                    quantity(consumed.and_then(|c| c.get(CAP_MEMORY))).unwrap_or(p.memory),
+                    quantity(consumed.and_then(|c| c.get(CAP_CORES))).unwrap_or(0),
+                )
+            };
+            match on.iter_mut().find(|e| e.0 == p.gpu) {
+                Some(e) if p.slot => {
+                    e.1 += memory;
+                    e.2 = e.2.max(cores);
+                    e.3 = Some(e.3.unwrap_or(0) + 1);
+                }
+                Some(e) => {
+                    e.1 += memory;
+                    e.2 += cores;
+                }
+                None => on.push((p.gpu.clone(), memory, cores, p.slot.then_some(1))),
+            }
+        }
+        for (gpu, memory, cores, slots) in on {
+            out.entry(gpu).or_default().push(ClaimOnGpu {
                 namespace: namespace.clone(),
                 name: name.clone(),
                 memory,
                 cores,
                 pods: pods.clone(),
                 idle: None,
+                slots,
             });
         }
     }
@@ -256,33 +334,68 @@ fn is_idle(s: &SliceUsage) -> Option<bool> {
 pub fn build(src: &Sources, namespaces: Option<&BTreeSet<String>>) -> Model {
     let mut warnings = Vec::new();
     let usage = src.usage.as_ref().ok();
-    // (pool, device) → its published capacity.
-    let mut devices: Vec<(String, &k8s_openapi::api::resource::v1::Device)> = Vec::new();
+    // Each GPU once (its capacity device, or its slots gathered), and each published device.
+    struct Gpu<'a> {
+        key: (String, String),
+        device: &'a k8s_openapi::api::resource::v1::Device,
+        memory: u64,
+        cores: u64,
+        slots: Option<SlotsView>,
+    }
+    let mut gpu_list: Vec<Gpu> = Vec::new();
+    let mut published: BTreeMap<(String, String), Published> = BTreeMap::new();
     for s in src.slices.iter().filter(|s| s.spec.driver == DRIVER) {
         let pool = s.spec.pool.name.clone();
         for d in s.spec.devices.iter().flatten() {
-            devices.push((pool.clone(), d));
+            let cap = d.capacity.as_ref();
+            let memory =
+                quantity(cap.and_then(|c| c.get(CAP_MEMORY)).map(|c| &c.value)).unwrap_or(0);
+            let cores = quantity(cap.and_then(|c| c.get(CAP_CORES)).map(|c| &c.value)).unwrap_or(0);
+            let (gpu_device, slot) = match parse_device(&d.name) {
+                Some(DeviceRef::Slot(i, _)) => (device_name(i), true),
+                _ => (d.name.clone(), false),
+            };
+            let key = (pool.clone(), gpu_device);
+            published.insert(
+                (pool.clone(), d.name.clone()),
+                Published {
+                    gpu: key.clone(),
+                    memory,
+                    slot,
+                },
+            );
+            match gpu_list.iter_mut().find(|g| g.key == key) {
+                Some(g) if slot => {
+                    g.memory += memory;
+                    g.cores += cores;
+                    if let Some(s) = g.slots.as_mut() {
+                        s.published += 1;
+                        s.size = s.size.min(memory);
+                    }
+                }
+                Some(_) => {}
+                None => gpu_list.push(Gpu {
+                    key,
+                    device: d,
+                    memory,
+                    cores,
+                    slots: slot.then_some(SlotsView {
+                        size: memory,
+                        published: 1,
+                        allocated: 0,
+                    }),
+                }),
+            }
         }
     }
-    let capacity: BTreeMap<(String, String), (u64, u64)> = devices
-        .iter()
-        .map(|(pool, d)| {
-            let cap = d.capacity.as_ref();
-            let memory = quantity(cap.and_then(|c| c.get(CAP_MEMORY)).map(|c| &c.value));
-            let cores = quantity(cap.and_then(|c| c.get(CAP_CORES)).map(|c| &c.value));
-            (
-                (pool.clone(), d.name.clone()),
-                (memory.unwrap_or(0), cores.unwrap_or(0)),
-            )
-        })
-        .collect();
-    let mut booked = bookings(&src.claims, &capacity, &mut warnings);
+    let mut booked = bookings(&src.claims, &published, &mut warnings);
 
-    let mut gpus: Vec<GpuView> = devices
+    let mut gpus: Vec<GpuView> = gpu_list
         .iter()
-        .map(|(pool, d)| {
-            let key = (pool.clone(), d.name.clone());
-            let (cap_memory, cap_cores) = capacity[&key];
+        .map(|g| {
+            let d = g.device;
+            let (pool, name) = &g.key;
+            let (cap_memory, cap_cores) = (g.memory, g.cores);
             let attr = |k: &str| {
                 d.attributes
                     .as_ref()
@@ -291,7 +404,7 @@ pub fn build(src: &Sources, namespaces: Option<&BTreeSet<String>>) -> Model {
                     .unwrap_or_default()
             };
             let uuid = attr(ATTR_UUID);
-            let mut claims = booked.remove(&key).unwrap_or_default();
+            let mut claims = booked.remove(&g.key).unwrap_or_default();
             claims.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
             // A GPU Prometheus knows nothing of: idle unknown, not 0.
             let gpu_usage = usage.and_then(|u| u.gpus.get(&uuid));
@@ -310,10 +423,17 @@ pub fn build(src: &Sources, namespaces: Option<&BTreeSet<String>>) -> Model {
             }
             let memory_allocated: u64 = claims.iter().map(|c| c.memory).sum();
             let cores_allocated: u64 = claims.iter().map(|c| c.cores).sum();
+            let slots = g.slots.map(|s| SlotsView {
+                allocated: claims.iter().filter_map(|c| c.slots).sum(),
+                ..s
+            });
             GpuView {
                 node: pool.clone(),
-                device: d.name.clone(),
-                index: device_index(&d.name),
+                device: name.clone(),
+                index: match parse_device(name) {
+                    Some(DeviceRef::Gpu(i)) => Some(i),
+                    _ => None,
+                },
                 model: attr(ATTR_PRODUCT),
                 uuid,
                 memory: Figure {
@@ -332,20 +452,35 @@ pub fn build(src: &Sources, namespaces: Option<&BTreeSet<String>>) -> Model {
                 },
                 claims,
                 idle_slices,
+                slots,
             }
         })
         .collect();
     gpus.sort_by(|a, b| (&a.node, a.index, &a.device).cmp(&(&b.node, b.index, &b.device)));
 
+    // The mode as each node's slices show it, and the cluster's.
+    let mode_of = |pool: Option<&str>| {
+        let slices: Vec<ResourceSlice> = src
+            .slices
+            .iter()
+            .filter(|s| pool.is_none_or(|p| s.spec.pool.name == p))
+            .cloned()
+            .collect();
+        PublishedGpus::from_slices(&slices).mode.describe()
+    };
     let mut nodes: BTreeMap<String, NodeView> = BTreeMap::new();
     for g in &gpus {
-        let n = nodes
-            .entry(g.node.clone())
-            .or_insert_with(|| empty_node(&g.node, usage));
+        let n = nodes.entry(g.node.clone()).or_insert_with(|| NodeView {
+            mode: mode_of(Some(&g.node)),
+            ..empty_node(&g.node, usage)
+        });
         add_gpu(n, g);
     }
     let nodes: Vec<NodeView> = nodes.into_values().collect();
-    let mut total = empty_node(TOTAL, usage);
+    let mut total = NodeView {
+        mode: mode_of(None),
+        ..empty_node(TOTAL, usage)
+    };
     for g in &gpus {
         add_gpu(&mut total, g);
     }
@@ -378,6 +513,7 @@ fn empty_node(name: &str, usage: Option<&Usage>) -> NodeView {
         slices: 0,
         idle_slices: measured,
         largest_free_memory: 0,
+        mode: String::new(),
     }
 }
 
@@ -838,6 +974,7 @@ pub(crate) mod tests {
             cores: 0,
             pods: vec![],
             idle: None,
+            slots: None,
         };
         let alone = [c.clone()];
         assert!(claim_series(&u, "GPU-NVIDIA-H200-0", &c, &alone).is_none());
@@ -931,5 +1068,98 @@ pub(crate) mod tests {
         assert_eq!(probe.claim, None);
         assert_eq!(probe.device, "gpu-1");
         assert_eq!(probe.memory_used, Some(GIB));
+    }
+
+    /// node-s: one L4 of 24Gi published as 6 slots of 4Gi (slot 5 withdrawn by a node path),
+    /// a claim of 2 slots with a 30 % share and one of 1 slot, unthrottled.
+    fn slot_sources() -> Sources {
+        use gpuslice_kube::slices::SlotOffer;
+        let mut g = gpu(0, "NVIDIA L4", 24);
+        g.slots = Some(SlotOffer {
+            memory: 4 * GIB,
+            cores: 16,
+            published: (0..5).collect(),
+        });
+        let slices = build_slices("node-s", &[g], 1, None).unwrap();
+        let slot_claim = |name: &str, slots: &[u32], cores: Option<u32>| -> ResourceClaim {
+            let results: Vec<_> = slots
+                .iter()
+                .map(|j| {
+                    json!({"request": "gpu", "driver": "gpuslice.io", "pool": "node-s",
+                                "device": format!("gpu-0-slot-{j}")})
+                })
+                .collect();
+            let mut devices = json!({"results": results});
+            if let Some(c) = cores {
+                devices["config"] = json!([{"source": "FromClaim", "opaque": {"driver": "gpuslice.io",
+                    "parameters": {"apiVersion": "gpuslice.io/v1", "kind": "SliceParameters", "cores": c}}}]);
+            }
+            serde_json::from_value(json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": name, "namespace": "ml"}, "spec": {},
+                "status": {"allocation": {"devices": devices},
+                           "reservedFor": [{"resource": "pods", "name": format!("{name}-0"), "uid": "u"}]},
+            }))
+            .unwrap()
+        };
+        Sources {
+            slices,
+            claims: vec![
+                slot_claim("two", &[0, 1], Some(30)),
+                slot_claim("one", &[2], None),
+            ],
+            pods: vec![],
+            usage: Err("no prometheus".into()),
+        }
+    }
+
+    #[test]
+    fn slot_devices_are_gathered_into_their_gpu_with_the_slots_claims_hold() {
+        let m = build(&slot_sources(), None);
+        assert!(m.warnings.is_empty(), "{:?}", m.warnings);
+        assert_eq!(m.gpus.len(), 1, "one GPU, not five devices: {:?}", m.gpus);
+        let g = &m.gpus[0];
+        assert_eq!((g.device.as_str(), g.index), ("gpu-0", Some(0)));
+        assert_eq!(g.model, "NVIDIA L4");
+        assert_eq!(
+            g.memory,
+            Figure {
+                capacity: 20 * GIB,
+                allocated: 12 * GIB,
+                free: 8 * GIB,
+                used: None
+            }
+        );
+        assert_eq!((g.cores.capacity, g.cores.allocated), (80, 30));
+        assert_eq!(
+            g.slots,
+            Some(SlotsView {
+                size: 4 * GIB,
+                published: 5,
+                allocated: 3
+            })
+        );
+        let by_name: Vec<(&str, u64, u64, Option<u64>)> = g
+            .claims
+            .iter()
+            .map(|c| (c.name.as_str(), c.memory, c.cores, c.slots))
+            .collect();
+        assert_eq!(
+            by_name,
+            [("one", 4 * GIB, 0, Some(1)), ("two", 8 * GIB, 30, Some(2))]
+        );
+        assert_eq!(m.nodes[0].mode, "slots (5 per GPU × 4Gi)");
+        assert_eq!(m.total.mode, "slots (5 per GPU × 4Gi)");
+        assert_eq!((m.total.gpus, m.total.slices), (1, 2));
+        let cap = build(
+            &Sources {
+                slices: slices(),
+                claims: claims(),
+                pods: vec![],
+                usage: Err(String::new()),
+            },
+            None,
+        );
+        assert!(cap.nodes.iter().all(|n| n.mode == "capacity"));
     }
 }

@@ -118,6 +118,7 @@ const FIGURE_HEADER: [&str; 8] = [
 pub fn nodes_table(total: &NodeView, nodes: &[&NodeView], wide: bool) -> String {
     let mut header = vec!["NODE", "GPUS"];
     header.extend(FIGURE_HEADER);
+    header.push("MODE");
     if wide {
         header.extend(["SLICES", "IDLE", "LARGEST FREE", "MODELS"]);
     }
@@ -127,6 +128,11 @@ pub fn nodes_table(total: &NodeView, nodes: &[&NodeView], wide: bool) -> String 
             let mut r = vec![n.name.clone(), n.gpus.to_string()];
             r.extend(memory_cells(&n.memory));
             r.extend(cores_cells(&n.cores));
+            r.push(if n.mode.is_empty() {
+                "-".into()
+            } else {
+                n.mode.clone()
+            });
             if wide {
                 r.push(n.slices.to_string());
                 r.push(count(n.idle_slices));
@@ -442,7 +448,8 @@ mod tests {
                 "CORES",
                 "CORES ALLOCATED",
                 "CORES FREE",
-                "CORES USED"
+                "CORES USED",
+                "MODE"
             ]
         );
         assert_eq!(
@@ -457,7 +464,8 @@ mod tests {
                 "275",
                 "80 (29%)",
                 "195 (71%)",
-                "n/a"
+                "n/a",
+                "capacity"
             ]
         );
         assert_eq!(
@@ -472,7 +480,8 @@ mod tests {
                 "175",
                 "30 (17%)",
                 "145 (83%)",
-                "n/a"
+                "n/a",
+                "capacity"
             ]
         );
         assert_eq!(cells(lines[3])[0], "node-b");

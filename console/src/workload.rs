@@ -1,9 +1,13 @@
-//! `allocate` and `release` against the API server: reads the workload, checks the request
-//! and the free room, creates the ResourceClaimTemplate, replaces the workload with its
+//! `allocate` and `release` against the API server: reads the workload, chooses the form of
+//! its slice (the webhook's limits when the webhook is installed, else the claim of the
+//! cluster's publication mode; a workload keeps the form it has), checks the request and the
+//! free room, creates the ResourceClaimTemplate (claim form), replaces the workload with its
 //! edited pod template (the read resourceVersion travels with it, so an edit made meanwhile
 //! is never overwritten: the console re-reads and edits again), and deletes templates of
 //! its own that nothing names any more. `--dry-run` prints the diff and writes nothing.
 
+use gpuslice_kube::claim_shape::{Mode, PublishedGpus};
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::PodSpec;
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
@@ -13,12 +17,15 @@ use kube::Api;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::edit::{self, EditError, Kind, Request, MANAGED_BY};
+use crate::edit::{self, EditError, Form, Kind, Request, MANAGED_BY};
 use crate::fetch::{self, FetchError, PodScope};
 use crate::model;
 
 /// How often a replace that lost a race with another edit is redone.
 const ATTEMPTS: usize = 5;
+/// The webhook's name in the MutatingWebhookConfiguration that installs it (the chart's and
+/// the test cluster's).
+pub const WEBHOOK_NAME: &str = "pods.gpuslice.io";
 
 /// `kubectl gpuslice allocate` flags.
 #[derive(Debug, Clone, clap::Args)]
@@ -43,6 +50,13 @@ pub struct AllocateArgs {
     /// Write even when the replicas do not fit now (their pods stay Pending until room is free).
     #[arg(long)]
     pub force: bool,
+    /// How the pod template asks for the slice: `limits` (gpuslice.io/gpus, memory, cores in
+    /// the containers' limits, which the webhook turns into a claim of each pod) or `claim` (a
+    /// ResourceClaimTemplate of the cluster's publication mode). Default: the form the
+    /// workload has; for a new slice, limits when the webhook (pods.gpuslice.io) is
+    /// installed, else claim.
+    #[arg(long, value_parser = ["limits", "claim"])]
+    pub form: Option<String>,
 }
 
 /// `kubectl gpuslice release` flags.
@@ -82,7 +96,7 @@ pub enum WorkloadError {
         "{workload}: ResourceClaimTemplate {name} exists and is not the console's: nothing changed"
     )]
     ForeignTemplate { workload: String, name: String },
-    #[error("{workload} has no gpuslice allocation of the console: nothing to release")]
+    #[error("{workload} has no slice the console writes (no claim `gpuslice` of its templates, no gpuslice.io/* limits): nothing to release")]
     NotAllocated { workload: String },
     #[error("{workload} kept changing under the console ({attempts} attempts): nothing changed")]
     Contended { workload: String, attempts: usize },
@@ -165,7 +179,7 @@ async fn our_templates(
     Ok(list
         .items
         .iter()
-        .filter(|t| edit::is_ours(t, kind, name))
+        .filter(|t| gpuslice_kube::claim_shape::written_by(t, &edit::writer(kind, name)))
         .filter_map(|t| t.metadata.name.clone())
         .collect())
 }
@@ -192,15 +206,14 @@ fn template_yaml<W: Workload>(label: &str, w: &W) -> Result<String, WorkloadErro
 }
 
 /// Checks that `want` pods (`None`: a DaemonSet, one per node with GPUs) fit.
-async fn check_fit(
-    client: &kube::Client,
+fn check_fit(
+    m: &model::Model,
+    mode: Mode,
     label: &str,
     req: &Request,
     want: Option<u64>,
 ) -> Result<(), WorkloadError> {
-    let src = fetch::sources(client, &PodScope::None, None).await?;
-    let m = model::build(&src, None);
-    let per_node = edit::fit_per_node(&m.gpus, req, want.unwrap_or(1));
+    let per_node = edit::fit_per_node(&m.gpus, req, want.unwrap_or(1), mode);
     let describe = || {
         if per_node.is_empty() {
             "no node publishes gpuslice GPUs".to_string()
@@ -232,6 +245,66 @@ async fn check_fit(
     Ok(())
 }
 
+/// Whether the webhook is installed (a MutatingWebhookConfiguration holds a webhook named
+/// [`WEBHOOK_NAME`]), and the reason as a clause for the output.
+pub async fn webhook_installed(client: &kube::Client) -> (bool, String) {
+    let api: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    match api.list(&ListParams::default()).await {
+        Ok(list) => match list.items.iter().find(|c| {
+            c.webhooks
+                .iter()
+                .flatten()
+                .any(|w| w.name == WEBHOOK_NAME)
+        }) {
+            Some(c) => (
+                true,
+                format!(
+                    "the webhook {WEBHOOK_NAME} is installed (mutatingwebhookconfiguration/{})",
+                    c.metadata.name.as_deref().unwrap_or_default()
+                ),
+            ),
+            None => (false, format!("no webhook {WEBHOOK_NAME} is installed")),
+        },
+        Err(e) => (
+            false,
+            format!("mutatingwebhookconfigurations cannot be read ({e}), so the webhook is taken as not installed"),
+        ),
+    }
+}
+
+/// The form to write and why: `--form`, else the form the workload has, else limits when the
+/// webhook is installed.
+async fn choose_form(
+    client: &kube::Client,
+    asked: Option<&str>,
+    spec: &PodSpec,
+) -> Result<(Form, String), WorkloadError> {
+    if let Some(f) = asked {
+        return Ok((Form::parse(f)?, format!("--form {f}")));
+    }
+    if edit::current_template(spec).is_some() {
+        return Ok((Form::Claim, "the workload has the claim form".to_string()));
+    }
+    if edit::current_limits(spec).is_some() {
+        return Ok((Form::Limits, "the workload has the limits form".to_string()));
+    }
+    let (installed, why) = webhook_installed(client).await;
+    Ok((if installed { Form::Limits } else { Form::Claim }, why))
+}
+
+/// What the summary line says of the form written.
+fn form_line(form: Form, mode: Mode, template: &str, why: &str) -> String {
+    match form {
+        Form::Limits => format!(
+            "limits form: gpuslice.io/gpus, gpuslice.io/memory, gpuslice.io/cores in the containers' limits, which the webhook turns into a claim of each pod; because {why}"
+        ),
+        Form::Claim => format!(
+            "claim form, {} mode: resourceclaimtemplate/{template}; because {why}",
+            mode.describe()
+        ),
+    }
+}
+
 async fn allocate_kind<W: Workload>(
     client: &kube::Client,
     ns: &str,
@@ -243,12 +316,34 @@ async fn allocate_kind<W: Workload>(
     let label = format!("{}/{name}", kind.as_str());
     let api: Api<W> = Api::namespaced(client.clone(), ns);
     let templates: Api<ResourceClaimTemplate> = Api::namespaced(client.clone(), ns);
-    let template = edit::claim_template(ns, kind, name, &req);
+    let src = fetch::sources(client, &PodScope::None, None).await?;
+    let mode = PublishedGpus::from_slices(&src.slices).mode;
+    let m = model::build(&src, None);
+    let first = get(&api, &label, name, ns).await?;
+    let spec = first.pod_spec().ok_or_else(|| EditError::NoPodSpec {
+        workload: label.clone(),
+    })?;
+    if let Some(limits) = edit::hami_limits(spec) {
+        return Err(EditError::Hami {
+            workload: label,
+            limits,
+        }
+        .into());
+    }
+    let (form, why) = choose_form(client, args.form.as_deref(), spec).await?;
+    let (template, notes) = edit::claim_template(ns, kind, name, &req, mode)?;
     let template_name = template.metadata.name.clone().unwrap_or_default();
     let mut ours = our_templates(&templates, kind, name).await?;
-    if !ours.contains(&template_name) {
+    if form == Form::Claim && !ours.contains(&template_name) {
         ours.push(template_name.clone());
     }
+    // The templates of ours the workload names no more once written.
+    let stale: Vec<String> = ours
+        .iter()
+        .filter(|t| form == Form::Limits || **t != template_name)
+        .cloned()
+        .collect();
+    let notes: String = notes.iter().map(|n| format!("note: {n}\n")).collect();
     let mut created = false;
     let mut checked = false;
     for _ in 0..ATTEMPTS {
@@ -262,11 +357,20 @@ async fn allocate_kind<W: Workload>(
         let spec = next.pod_spec_mut().ok_or_else(|| EditError::NoPodSpec {
             workload: label.clone(),
         })?;
-        edit::add_claim(&label, spec, &template_name, &args.containers)?;
+        match form {
+            Form::Limits => {
+                edit::remove_claim(spec);
+                edit::set_limits(&label, spec, &req, &args.containers)?;
+            }
+            Form::Claim => {
+                edit::remove_limits(spec);
+                edit::add_claim(&label, spec, &template_name, &args.containers)?;
+            }
+        }
         let unchanged = next.pod_spec() == current.pod_spec();
         if args.dry_run {
             let mut out = String::new();
-            if previous.as_deref() != Some(template_name.as_str()) {
+            if form == Form::Claim && previous.as_deref() != Some(template_name.as_str()) {
                 out.push_str(&edit::diff(
                     &format!("resourceclaimtemplate/{template_name}"),
                     "",
@@ -278,26 +382,32 @@ async fn allocate_kind<W: Workload>(
                 &template_yaml(&label, &current)?,
                 &template_yaml(&label, &next)?,
             ));
-            if let Some(p) = previous.filter(|p| *p != template_name) {
+            for p in previous.iter().filter(|p| stale.contains(p)) {
                 out.push_str(&format!("resourceclaimtemplate/{p} would be deleted\n"));
             }
             if !checked {
-                check_fit(client, &label, &req, current.replicas()).await?;
+                check_fit(&m, mode, &label, &req, current.replicas())?;
             }
+            out.push_str(&format!(
+                "({})\n",
+                form_line(form, mode, &template_name, &why)
+            ));
+            out.push_str(&notes);
             out.push_str("(dry run: nothing changed)\n");
             return Ok(out);
         }
         if unchanged {
             return Ok(format!(
-                "{label} unchanged: already allocated {}\n",
-                req.describe()
+                "{label} unchanged: already allocated {} ({})\n",
+                req.describe(),
+                form_line(form, mode, &template_name, &why)
             ));
         }
         if !checked && !args.force {
-            check_fit(client, &label, &req, current.replicas()).await?;
+            check_fit(&m, mode, &label, &req, current.replicas())?;
         }
         checked = true;
-        if !created {
+        if form == Form::Claim && !created {
             match templates.create(&PostParams::default(), &template).await {
                 Ok(_) => created = true,
                 Err(e) if is_status(&e, 409) => {
@@ -305,7 +415,7 @@ async fn allocate_kind<W: Workload>(
                         .get(&template_name)
                         .await
                         .map_err(api_err("get", &template_name))?;
-                    if !edit::is_ours(&existing, kind, name) {
+                    if !gpuslice_kube::claim_shape::is_ours(&existing, &template) {
                         return Err(WorkloadError::ForeignTemplate {
                             workload: label,
                             name: template_name,
@@ -317,8 +427,7 @@ async fn allocate_kind<W: Workload>(
         }
         match api.replace(name, &PostParams::default(), &next).await {
             Ok(_) => {
-                // Templates of ours the workload no longer names.
-                for old in ours.iter().filter(|t| **t != template_name) {
+                for old in &stale {
                     match templates.delete(old, &DeleteParams::default()).await {
                         Ok(_) => {}
                         Err(e) if is_status(&e, 404) => {}
@@ -326,8 +435,9 @@ async fn allocate_kind<W: Workload>(
                     }
                 }
                 return Ok(format!(
-                    "{label} allocated: each pod gets {} (resourceclaimtemplate/{template_name})\n",
-                    req.describe()
+                    "{label} allocated: each pod gets {} ({})\n{notes}",
+                    req.describe(),
+                    form_line(form, mode, &template_name, &why)
                 ));
             }
             Err(e) if is_status(&e, 409) => continue,
@@ -368,13 +478,29 @@ async fn release_kind<W: Workload>(
         let spec = current.pod_spec().ok_or_else(|| EditError::NoPodSpec {
             workload: label.clone(),
         })?;
-        let named = edit::current_template(spec);
-        if !named.as_ref().is_some_and(|t| ours.contains(t)) {
+        if let Some(limits) = edit::hami_limits(spec) {
+            return Err(EditError::Hami {
+                workload: label,
+                limits,
+            }
+            .into());
+        }
+        let claim = edit::current_template(spec).is_some_and(|t| ours.contains(&t));
+        let limits = edit::current_limits(spec).is_some();
+        if !claim && !limits {
             return Err(WorkloadError::NotAllocated { workload: label });
         }
+        let forms = match (claim, limits) {
+            (true, true) => "claim and limits forms",
+            (true, false) => "claim form",
+            _ => "limits form",
+        };
         let mut next = current.clone();
         if let Some(spec) = next.pod_spec_mut() {
-            edit::remove_claim(spec);
+            if claim {
+                edit::remove_claim(spec);
+            }
+            edit::remove_limits(spec);
         }
         if dry_run {
             let mut out = edit::diff(
@@ -385,6 +511,7 @@ async fn release_kind<W: Workload>(
             for t in &ours {
                 out.push_str(&format!("resourceclaimtemplate/{t} would be deleted\n"));
             }
+            out.push_str(&format!("({forms} would be removed)\n"));
             out.push_str("(dry run: nothing changed)\n");
             return Ok(out);
         }
@@ -397,7 +524,7 @@ async fn release_kind<W: Workload>(
                         Err(e) => return Err(api_err("delete", t)(e)),
                     }
                 }
-                return Ok(format!("{label} released\n"));
+                return Ok(format!("{label} released ({forms} removed)\n"));
             }
             Err(e) if is_status(&e, 409) => continue,
             Err(e) => return Err(api_err("update", &label)(e)),

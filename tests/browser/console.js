@@ -24,6 +24,7 @@
 //            share of the capacity and linked to its pod's row; width: the viewport width)
 //   filter?: { available: [NODE…] },         a#filter-available on / keeps exactly these
 //   steps?: [{ do: "allocate"|"release"|"read-only", workload: "NS/KIND/NAME", … }]
+//            (allocate: form?: "limits"|"claim" chosen in the form's select, default its own)
 // }
 // A cell's expectation: a number (the cell's data-value, or its text when it has none),
 // null (unknown: text `—`, no data-value), a string (the text), or
@@ -373,6 +374,12 @@ async function allocate(page, step) {
   await form.locator('input[name="memory"]').fill(step.memory);
   await form.locator('input[name="cores"]').fill(step.cores ?? '');
   await form.locator('input[name="dry_run"]').setChecked(Boolean(step.dryRun));
+  // The form choice: a select offering the workload's own form (empty value), limits and claim.
+  const choice = form.locator('select[name="form"]');
+  if ((await choice.count()) !== 1) fail(where, 'no select[name="form"] in form#allocate');
+  const offered = await choice.locator('option').evaluateAll((os) => os.map((o) => o.value));
+  if (JSON.stringify(offered) !== JSON.stringify(['', 'limits', 'claim'])) fail(where, `select form offers ${JSON.stringify(offered)}, want ["","limits","claim"]`);
+  await choice.selectOption(step.form ?? '');
   await shot(page, spec, step.formScreenshot);
   const [response] = await Promise.all([
     page.waitForNavigation({ waitUntil: 'load' }),

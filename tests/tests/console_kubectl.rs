@@ -5,7 +5,10 @@
 //! allocated claims consume; without Prometheus the used columns say `n/a` with one warning
 //! line. `allocate` on a Deployment makes the real scheduler place its new pods on GPUs with
 //! room, `--dry-run` changes nothing, `release` restores the pod template; bad input gets one
-//! line and changes nothing.
+//! line and changes nothing. With the webhook installed `allocate` writes the limits form
+//! (which the webhook turns into each pod's claim), without it the claim form; Edit and
+//! Release work on both. In slot mode (consumable capacity off) the views gather the slots
+//! into their GPUs and `allocate` writes the slot claim.
 
 use std::collections::BTreeMap;
 use std::process::{Command, Output, Stdio};
@@ -656,5 +659,810 @@ fn used_figures_come_from_prometheus_scraping_the_exporter() {
     drop(prometheus);
     drop(exporter);
     drop(plugin_process);
+    cluster.down();
+}
+
+/// The pods of Deployment `app` not being deleted, once there are `replicas` of them and
+/// `ready` accepts each (`None` from `ready`: not yet); what `ready` gave for each. Pods being
+/// deleted are removed at once, as the kubelet these nodes lack would once they stopped, so
+/// that their claims are released.
+fn live_pods<T>(
+    cluster: &KubeCluster,
+    app: &str,
+    replicas: usize,
+    what: &str,
+    mut ready: impl FnMut(&Value) -> Option<T>,
+) -> Vec<T> {
+    wait_for(&format!("{replicas} pods of {app} {what}"), STEP, || {
+        let pods = cluster.get_json(&["pods", "-n", NS, "-l", &format!("app={app}")]);
+        let (live, gone): (Vec<&Value>, Vec<&Value>) = pods["items"]
+            .as_array()?
+            .iter()
+            .partition(|p| p["metadata"]["deletionTimestamp"].is_null());
+        if !gone.is_empty() {
+            let mut args = vec![
+                "delete",
+                "pod",
+                "-n",
+                NS,
+                "--force",
+                "--grace-period=0",
+                "--wait=false",
+            ];
+            args.extend(gone.iter().filter_map(|p| p["metadata"]["name"].as_str()));
+            let _ = cluster.kubectl_output(&args, None);
+        }
+        if live.len() != replicas {
+            return None;
+        }
+        live.into_iter().map(&mut ready).collect()
+    })
+}
+
+/// The allocation results of pod `p`'s only claim, once the scheduler wrote them.
+fn allocated(cluster: &KubeCluster, p: &Value) -> Option<Vec<Value>> {
+    let statuses = p["status"]["resourceClaimStatuses"].as_array()?;
+    if statuses.len() != 1 {
+        return None;
+    }
+    let claim = statuses[0]["resourceClaimName"].as_str()?;
+    let c = cluster.get_json(&["resourceclaim", claim, "-n", NS]);
+    c["status"]["allocation"]["devices"]["results"]
+        .as_array()
+        .cloned()
+}
+
+/// Every ResourceClaimTemplate of the namespace with the value of its managed-by label.
+fn all_templates(cluster: &KubeCluster) -> BTreeMap<String, String> {
+    cluster.get_json(&["resourceclaimtemplates", "-n", NS])["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["metadata"]["name"].as_str().unwrap().to_string(),
+                t["metadata"]["labels"]["app.kubernetes.io/managed-by"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            )
+        })
+        .collect()
+}
+
+/// A Node object and a real plugin publishing 2 × H200 141Gi on it, and the DeviceClass
+/// `class` (a file of packaging/kubernetes/dra).
+fn one_plugin_node(cluster: &KubeCluster, node: &TestNode, class: &str) -> KubeletPlugin {
+    cluster.add_node("node-a");
+    let p = KubeletPlugin::start(cluster, "node-a", node);
+    let class = workspace().join("packaging/kubernetes/dra").join(class);
+    cluster.kubectl(&["create", "-f", &class.display().to_string()]);
+    p
+}
+
+/// Waits until the webhook, which reads the slices in the background, knows that the most
+/// GPUs a node has is `most` (it refuses more with a line saying so).
+fn webhook_knows(cluster: &KubeCluster, most: u32) {
+    wait_for(
+        &format!("the webhook to see nodes of {most} GPUs"),
+        STEP,
+        || {
+            let probe = json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "probe", "namespace": NS},
+                "spec": {"containers": [{"name": "main", "image": "gpuslice.invalid/x:1",
+                         "resources": {"limits": {"gpuslice.io/gpus": (most + 1).to_string()}}}]},
+            });
+            let out = cluster.kubectl_output(
+                &["create", "--dry-run=server", "-f", "-"],
+                Some(probe.to_string().as_bytes()),
+            );
+            String::from_utf8_lossy(&out.stderr)
+                .contains(&format!("at most {most} GPUs"))
+                .then_some(())
+        },
+    );
+}
+
+#[test]
+#[ignore = "starts a real Kubernetes control plane with the webhook and a plugin process; the README's test command runs it"]
+fn allocate_writes_the_limits_form_with_the_webhook_and_the_claim_form_without() {
+    use gpuslice_kube::claim_shape::{claim_spec, Mode, Shape};
+
+    let _s = lock(&[]);
+    let mut cluster = KubeCluster::up_with(&["--webhook"], &[]);
+    let node = TestNode::with_models(&[("NVIDIA H200", "141Gi"), ("NVIDIA H200", "141Gi")]);
+    let plugin_process = one_plugin_node(&cluster, &node, "deviceclass.yaml");
+    wait_for("the ResourceSlice of node-a", STEP, || {
+        slice_of(&cluster, "node-a")
+    });
+    webhook_knows(&cluster, 2);
+    cluster.create(&deployment("web", 2, None)).unwrap();
+    let original = deploy(&cluster, "web")["spec"]["template"].clone();
+    live_pods(&cluster, "web", 2, "bound", |p| {
+        p["spec"]["nodeName"].as_str().map(|_| ())
+    });
+
+    // With the webhook installed: the limits form, and the output says so and why.
+    let (said, _) = plugin_ok(
+        &cluster,
+        &[
+            "allocate",
+            "deployment/web",
+            "--memory",
+            "8Gi",
+            "--cores",
+            "30",
+            "-c",
+            "main",
+        ],
+    );
+    eprintln!("allocate with the webhook: {said}");
+    assert!(said.contains("deployment/web allocated"), "{said}");
+    assert!(said.contains("limits form"), "{said}");
+    assert!(
+        said.contains("the webhook pods.gpuslice.io is installed (mutatingwebhookconfiguration/gpuslice-webhook)"),
+        "{said}"
+    );
+    let spec = deploy(&cluster, "web")["spec"]["template"]["spec"].clone();
+    assert_eq!(
+        spec["containers"][0]["resources"],
+        json!({"limits": {"gpuslice.io/gpus": "1", "gpuslice.io/memory": "8Gi", "gpuslice.io/cores": "30"}}),
+        "{spec}"
+    );
+    assert!(
+        spec["containers"][1]["resources"]["limits"].is_null(),
+        "{spec}"
+    );
+    assert!(spec["resourceClaims"].is_null(), "{spec}");
+    assert!(
+        all_templates(&cluster)
+            .values()
+            .all(|by| by != "kubectl-gpuslice"),
+        "the limits form writes no template of the console"
+    );
+    // The webhook gives each new pod a claim the scheduler allocates on node-a's GPUs.
+    let placed = live_pods(&cluster, "web", 2, "with a claim of 8Gi", |p| {
+        let r = allocated(&cluster, p)?;
+        (r.len() == 1 && r[0]["consumedCapacity"]["memory"] == "8Gi").then(|| r[0].clone())
+    });
+    for r in &placed {
+        assert_eq!(r["pool"], "node-a", "{r}");
+        assert_eq!(
+            r["consumedCapacity"],
+            json!({"memory": "8Gi", "cores": "30"}),
+            "{r}"
+        );
+    }
+    let webhook_templates: BTreeMap<String, String> = all_templates(&cluster);
+    assert!(
+        !webhook_templates.is_empty()
+            && webhook_templates
+                .values()
+                .all(|by| by == "gpuslice-webhook"),
+        "{webhook_templates:?}"
+    );
+    let pods = json_of(&cluster, &["pods", "-o", "json"]);
+    let web: Vec<&Value> = pods["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["workload"] == "deployment/web" && p["memoryLimit"] == 8 * GIB)
+        .collect();
+    assert!(
+        web.len() >= 2
+            && web
+                .iter()
+                .all(|p| p["container"] == "main" && p["coresShare"] == 30),
+        "{pods}"
+    );
+
+    // Edit: another size; the form the workload has, the limits changed in place.
+    let (said, _) = plugin_ok(
+        &cluster,
+        &[
+            "allocate",
+            "deployment/web",
+            "--memory",
+            "12Gi",
+            "-c",
+            "main",
+        ],
+    );
+    eprintln!("allocate again: {said}");
+    assert!(
+        said.contains("limits form") && said.contains("the workload has the limits form"),
+        "{said}"
+    );
+    let spec = deploy(&cluster, "web")["spec"]["template"]["spec"].clone();
+    assert_eq!(
+        spec["containers"][0]["resources"],
+        json!({"limits": {"gpuslice.io/gpus": "1", "gpuslice.io/memory": "12Gi"}}),
+        "{spec}"
+    );
+    live_pods(&cluster, "web", 2, "with a claim of 12Gi", |p| {
+        let r = allocated(&cluster, p)?;
+        (r.len() == 1 && r[0]["consumedCapacity"]["memory"] == "12Gi" && r[0]["pool"] == "node-a")
+            .then_some(())
+    });
+
+    // --form claim overrides the form the workload has (a dry run: the diff, nothing changed).
+    let before = deploy(&cluster, "web");
+    let (diff, _) = plugin_ok(
+        &cluster,
+        &[
+            "allocate",
+            "deployment/web",
+            "--memory",
+            "12Gi",
+            "-c",
+            "main",
+            "--form",
+            "claim",
+            "--dry-run",
+        ],
+    );
+    eprintln!("allocate --form claim --dry-run:\n{diff}");
+    assert!(
+        diff.contains("+++ resourceclaimtemplate/web-deployment-gpuslice-")
+            && diff.contains("+- name: gpuslice")
+            && diff
+                .lines()
+                .any(|l| l.starts_with('-') && l[1..].trim() == "gpuslice.io/memory: 12Gi")
+            && diff.contains("claim form, capacity mode")
+            && diff.contains("because --form claim")
+            && diff.contains("nothing changed"),
+        "{diff}"
+    );
+    assert_unchanged(&cluster, "web", &before);
+
+    // Release: the template exactly as before; the pods made after it have no claim.
+    let (said, _) = plugin_ok(&cluster, &["release", "deployment/web"]);
+    assert!(said.contains("released (limits form removed)"), "{said}");
+    assert_eq!(deploy(&cluster, "web")["spec"]["template"], original);
+    live_pods(&cluster, "web", 2, "without a claim", |p| {
+        (p["spec"]["resourceClaims"].is_null()
+            && p["spec"]["containers"][0]["resources"]["limits"].is_null())
+        .then_some(())
+    });
+
+    wait_for("the claims of web's pods to be removed", STEP, || {
+        cluster.get_json(&["resourceclaims", "-n", NS])["items"]
+            .as_array()?
+            .is_empty()
+            .then_some(())
+    });
+
+    // Without the webhook: the claim form, holding what the claim builder writes; here two
+    // GPUs, which the scheduler gives as two different GPUs.
+    cluster.kubectl(&["delete", "mutatingwebhookconfiguration", "gpuslice-webhook"]);
+    // A template of the console for another workload, which releasing web must leave.
+    cluster
+        .create(&json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "other-deployment-gpuslice-0", "namespace": NS,
+                         "labels": {"app.kubernetes.io/managed-by": "kubectl-gpuslice"},
+                         "annotations": {"gpuslice.io/workload": "deployment/other"}},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpuslice.io"}}]}}},
+        }))
+        .unwrap();
+    let foreign = all_templates(&cluster);
+    let (said, _) = plugin_ok(
+        &cluster,
+        &[
+            "allocate",
+            "deployment/web",
+            "--memory",
+            "20Gi",
+            "--cores",
+            "30",
+            "--gpus",
+            "2",
+            "-c",
+            "main",
+        ],
+    );
+    eprintln!("allocate without the webhook: {said}");
+    assert!(
+        said.contains("claim form, capacity mode")
+            && said.contains("no webhook pods.gpuslice.io is installed"),
+        "{said}"
+    );
+    let mine: Vec<String> = all_templates(&cluster)
+        .into_keys()
+        .filter(|t| !foreign.contains_key(t))
+        .collect();
+    assert_eq!(mine.len(), 1, "{mine:?}");
+    let t = cluster.get_json(&["resourceclaimtemplate", &mine[0], "-n", NS]);
+    // What the API server stored, less the field it defaults (allocationMode: ExactCount).
+    let mut stored = t["spec"]["spec"].clone();
+    for r in stored["devices"]["requests"].as_array_mut().unwrap() {
+        assert_eq!(r["exactly"]["allocationMode"], "ExactCount", "{t}");
+        r["exactly"]
+            .as_object_mut()
+            .unwrap()
+            .remove("allocationMode");
+    }
+    let (want, _) = claim_spec(
+        Mode::Capacity,
+        &Shape {
+            gpus: 2,
+            memory: Some(20 * GIB),
+            cores: Some(30),
+            selectors: Vec::new(),
+        },
+        "test",
+    )
+    .unwrap();
+    assert_eq!(stored, serde_json::to_value(&want).unwrap(), "{t}");
+    assert_eq!(
+        t["metadata"]["labels"]["app.kubernetes.io/managed-by"],
+        "kubectl-gpuslice"
+    );
+    let spec = deploy(&cluster, "web")["spec"]["template"]["spec"].clone();
+    assert_eq!(
+        spec["resourceClaims"],
+        json!([{"name": "gpuslice", "resourceClaimTemplateName": mine[0]}]),
+        "{spec}"
+    );
+    assert!(
+        spec["containers"][0]["resources"]["limits"].is_null(),
+        "{spec}"
+    );
+    let placed = live_pods(&cluster, "web", 2, "with a claim on two GPUs", |p| {
+        allocated(&cluster, p).filter(|r| r.len() == 2)
+    });
+    for r in &placed {
+        assert_ne!(
+            r[0]["device"], r[1]["device"],
+            "two GPUs, not one twice: {r:?}"
+        );
+        for one in r {
+            assert_eq!(
+                one["consumedCapacity"],
+                json!({"memory": "20Gi", "cores": "30"}),
+                "{one}"
+            );
+        }
+    }
+
+    // Release: the reference and the console's template go; templates it did not write (the
+    // webhook's, another workload's) stay.
+    let (said, _) = plugin_ok(&cluster, &["release", "deployment/web"]);
+    assert!(said.contains("released (claim form removed)"), "{said}");
+    assert_eq!(deploy(&cluster, "web")["spec"]["template"], original);
+    assert_eq!(all_templates(&cluster), foreign);
+
+    drop(plugin_process);
+    cluster.down();
+}
+
+/// A claim of `k` slots of one GPU (slot mode), of the GPUs `cel` selects.
+fn slot_claim(name: &str, k: u32, cel: &str) -> Value {
+    json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"devices": {
+            "requests": [{"name": "gpu", "exactly": {"deviceClassName": "slots.gpuslice.io", "count": k,
+                          "selectors": [{"cel": {"expression": cel}}]}}],
+            "constraints": [{"requests": ["gpu"], "matchAttribute": "gpuslice.io/uuid"}],
+        }},
+    })
+}
+
+/// The GPU a slot device belongs to (`gpu-1-slot-4` → `gpu-1`).
+fn gpu_of_slot(device: &str) -> String {
+    device
+        .rsplit_once("-slot-")
+        .unwrap_or_else(|| panic!("{device} is not a slot device"))
+        .0
+        .to_string()
+}
+
+/// One GPU as the test reads it from the slot slices and the allocated claims (never through
+/// the console's code): memory of its slots, slots, and the slots claims hold.
+#[derive(Debug, Default, PartialEq)]
+struct SlotGpu {
+    memory: u64,
+    slots: u64,
+    memory_allocated: u64,
+    slots_allocated: u64,
+    /// The compute shares (opaque parameters) of the claims on it.
+    cores_allocated: u64,
+    claims: Vec<String>,
+}
+
+/// (node, device name) → a figure.
+type ByDevice<T> = BTreeMap<(String, String), T>;
+
+/// The GPUs as [`SlotGpu`]s by (node, GPU), and each slot device's memory by (node, slot).
+fn slot_gpus(cluster: &KubeCluster) -> (ByDevice<SlotGpu>, ByDevice<u64>) {
+    let mut gpus: ByDevice<SlotGpu> = BTreeMap::new();
+    let mut slot_memory: ByDevice<u64> = BTreeMap::new();
+    for s in cluster.get_json(&["resourceslices"])["items"]
+        .as_array()
+        .unwrap()
+    {
+        if s["spec"]["driver"] != "gpuslice.io" {
+            continue;
+        }
+        let pool = s["spec"]["pool"]["name"].as_str().unwrap().to_string();
+        for d in s["spec"]["devices"].as_array().unwrap() {
+            let name = d["name"].as_str().unwrap();
+            let memory = quantity(&d["capacity"]["memory"]["value"]);
+            let g = gpus.entry((pool.clone(), gpu_of_slot(name))).or_default();
+            g.memory += memory;
+            g.slots += 1;
+            slot_memory.insert((pool.clone(), name.to_string()), memory);
+        }
+    }
+    for c in cluster.get_json(&["resourceclaims", "-n", NS])["items"]
+        .as_array()
+        .unwrap()
+    {
+        for r in c["status"]["allocation"]["devices"]["results"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let pool = r["pool"].as_str().unwrap().to_string();
+            let device = r["device"].as_str().unwrap().to_string();
+            let g = gpus.get_mut(&(pool.clone(), gpu_of_slot(&device))).unwrap();
+            g.memory_allocated += slot_memory[&(pool, device)];
+            g.slots_allocated += 1;
+            let name = format!("{NS}/{}", c["metadata"]["name"].as_str().unwrap());
+            if !g.claims.contains(&name) {
+                // The claim's share, once per GPU it holds slots of.
+                g.cores_allocated += c["spec"]["devices"]["config"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|x| x["opaque"]["parameters"]["cores"].as_u64())
+                    .sum::<u64>();
+                g.claims.push(name);
+            }
+        }
+    }
+    for g in gpus.values_mut() {
+        g.claims.sort();
+    }
+    (gpus, slot_memory)
+}
+
+/// `gpus -o json` against [`slot_gpus`]: one row per GPU, never per slot.
+fn check_slot_figures(cluster: &KubeCluster) -> BTreeMap<(String, String), SlotGpu> {
+    let (want, _) = slot_gpus(cluster);
+    let gpus = json_of(cluster, &["gpus", "-o", "json"]);
+    let got: BTreeMap<(String, String), SlotGpu> = gpus["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| {
+            let mut claims: Vec<String> = g["claims"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| {
+                    format!(
+                        "{}/{}",
+                        c["namespace"].as_str().unwrap(),
+                        c["name"].as_str().unwrap()
+                    )
+                })
+                .collect();
+            claims.sort();
+            assert_eq!(
+                g["slots"]["size"].as_u64().unwrap() * g["slots"]["published"].as_u64().unwrap(),
+                g["memory"]["capacity"].as_u64().unwrap(),
+                "{g}"
+            );
+            (
+                (
+                    g["node"].as_str().unwrap().to_string(),
+                    g["device"].as_str().unwrap().to_string(),
+                ),
+                SlotGpu {
+                    memory: g["memory"]["capacity"].as_u64().unwrap(),
+                    slots: g["slots"]["published"].as_u64().unwrap(),
+                    memory_allocated: g["memory"]["allocated"].as_u64().unwrap(),
+                    slots_allocated: g["slots"]["allocated"].as_u64().unwrap(),
+                    cores_allocated: g["cores"]["allocated"].as_u64().unwrap(),
+                    claims,
+                },
+            )
+        })
+        .collect();
+    assert_eq!(
+        got, want,
+        "gpus -o json against the slot slices and claims: {gpus}"
+    );
+    want
+}
+
+#[test]
+#[ignore = "starts a real Kubernetes control plane without consumable capacity, the webhook and two plugin processes; the README's test command runs it"]
+fn in_slot_mode_the_views_show_gpus_and_allocate_writes_slot_claims() {
+    let _s = lock(&[]);
+    let mut cluster = KubeCluster::up_with(
+        &[
+            "--webhook",
+            "--feature-gates",
+            "DRAConsumableCapacity=false",
+        ],
+        &[],
+    );
+    let nodes: BTreeMap<&str, TestNode> = [
+        (
+            "node-a",
+            TestNode::with_models(&[("NVIDIA H200", "141Gi"), ("NVIDIA H200", "141Gi")]),
+        ),
+        ("node-b", TestNode::with_models(&[("NVIDIA L4", "24Gi")])),
+    ]
+    .into_iter()
+    .collect();
+    let gpu_count: BTreeMap<&str, usize> = [("node-a", 2), ("node-b", 1)].into_iter().collect();
+    for name in nodes.keys() {
+        cluster.add_node(name);
+    }
+    let plugins: Vec<KubeletPlugin> = nodes
+        .iter()
+        .map(|(name, node)| KubeletPlugin::start(&cluster, name, node))
+        .collect();
+    let slots = gpuslice_config::DEFAULT_SLOTS_PER_GPU as usize;
+    for name in nodes.keys() {
+        wait_for(&format!("the slot slice of {name}"), STEP, || {
+            slice_of(&cluster, name).filter(|s| {
+                s["spec"]["devices"].as_array().map(Vec::len) == Some(gpu_count[name] * slots)
+            })
+        });
+    }
+    let class = workspace().join("packaging/kubernetes/dra/deviceclass-slots.yaml");
+    cluster.kubectl(&["create", "-f", &class.display().to_string()]);
+    webhook_knows(&cluster, 2);
+
+    // nodes: the mode, and each node's capacity the sum of its slots.
+    let want = check_slot_figures(&cluster);
+    assert_eq!(want.len(), 3, "{want:?}");
+    let figures = json_of(&cluster, &["nodes", "-o", "json"]);
+    for n in figures["nodes"].as_array().unwrap() {
+        let name = n["name"].as_str().unwrap();
+        let mine: Vec<&SlotGpu> = want
+            .iter()
+            .filter(|(k, _)| k.0 == name)
+            .map(|(_, g)| g)
+            .collect();
+        assert_eq!(n["gpus"].as_u64().unwrap(), mine.len() as u64, "{n}");
+        assert_eq!(
+            n["memory"]["capacity"].as_u64().unwrap(),
+            mine.iter().map(|g| g.memory).sum::<u64>(),
+            "{n}"
+        );
+        assert!(
+            n["mode"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("slots ({slots} per GPU × ")),
+            "{n}"
+        );
+    }
+    let (table, _) = plugin_ok(&cluster, &["nodes"]);
+    eprintln!("kubectl gpuslice nodes (slot mode):\n{table}");
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(lines[0].trim_end().ends_with("MODE"), "{table}");
+    for l in &lines[1..] {
+        assert!(l.contains(&format!("slots ({slots} per GPU")), "{table}");
+    }
+
+    // Slot claims placed by the scheduler: the figures gather their slots into their GPU.
+    for (name, k, cel) in [
+        ("l4", 3, L4),
+        (
+            "h200",
+            2,
+            "device.attributes[\"gpuslice.io\"].productName == \"NVIDIA H200\"",
+        ),
+    ] {
+        cluster.create(&slot_claim(name, k, cel)).unwrap();
+        cluster.create(&pod(name, name)).unwrap();
+        wait_bound(&cluster, name);
+    }
+    let want = check_slot_figures(&cluster);
+    assert_eq!(want[&("node-b".into(), "gpu-0".into())].slots_allocated, 3);
+    assert_eq!(
+        want[&("node-b".into(), "gpu-0".into())].memory_allocated,
+        12 * GIB
+    );
+    assert_eq!(want.values().map(|g| g.slots_allocated).sum::<u64>(), 5);
+    let (table, _) = plugin_ok(&cluster, &["gpus"]);
+    eprintln!("kubectl gpuslice gpus (slot mode):\n{table}");
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(
+        lines.len(),
+        2 + 3,
+        "a header, the total and one row per GPU: {table}"
+    );
+    assert!(
+        lines[1].starts_with("* ") && lines[1].contains("59Gi"),
+        "2 × 24064Mi + 3 × 4Gi: {table}"
+    );
+    for (l, (node, gpu)) in lines[2..].iter().zip([
+        ("node-a", "gpu-0"),
+        ("node-a", "gpu-1"),
+        ("node-b", "gpu-0"),
+    ]) {
+        assert!(
+            l.starts_with(node) && l.contains(&format!(" {gpu} ")),
+            "{table}"
+        );
+    }
+    let pods = json_of(&cluster, &["pods", "-o", "json"]);
+    let (_, slot_memory) = slot_gpus(&cluster);
+    for name in ["l4", "h200"] {
+        let c = cluster.get_json(&["resourceclaim", name, "-n", NS]);
+        let results = c["status"]["allocation"]["devices"]["results"]
+            .as_array()
+            .unwrap();
+        let node = results[0]["pool"].as_str().unwrap();
+        let held: u64 = results
+            .iter()
+            .map(|r| slot_memory[&(node.to_string(), r["device"].as_str().unwrap().to_string())])
+            .sum();
+        let rows: Vec<&Value> = pods["pods"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["pod"] == name)
+            .collect();
+        assert_eq!(rows.len(), 1, "{pods}");
+        assert_eq!(rows[0]["container"], "main", "{pods}");
+        assert_eq!(rows[0]["node"], node, "{pods}");
+        assert_eq!(
+            rows[0]["device"],
+            gpu_of_slot(results[0]["device"].as_str().unwrap()),
+            "{pods}"
+        );
+        assert_eq!(rows[0]["memoryLimit"].as_u64().unwrap(), held, "{pods}");
+    }
+    let (table, _) = plugin_ok(&cluster, &["pods"]);
+    eprintln!("kubectl gpuslice pods (slot mode):\n{table}");
+
+    // The fit check counts free slots: 8Gi is 2 of the smallest (the L4's 4Gi) slots, so the
+    // free slots (L4: 3, H200s: 4 and 6) hold 1 + 2 + 3 pods; 7 do not fit, whatever memory
+    // the H200s' big slots have.
+    cluster.create(&deployment("many", 7, None)).unwrap();
+    let line = plugin_refused(
+        &cluster,
+        &[
+            "allocate",
+            "deployment/many",
+            "--memory",
+            "8Gi",
+            "-c",
+            "main",
+        ],
+    );
+    eprintln!("allocate 7 × 8Gi in slot mode: {line}");
+    assert!(line.contains("fits 6 (node-a: 5, node-b: 1)"), "{line}");
+    cluster.kubectl(&["delete", "deployment", "many", "-n", NS, "--wait=false"]);
+
+    // allocate writes the slot shape (k slots of one GPU, its share as opaque parameters);
+    // the scheduler allocates it, each pod's slots on one GPU and at least the memory asked.
+    cluster.create(&deployment("web", 2, None)).unwrap();
+    let original = deploy(&cluster, "web")["spec"]["template"].clone();
+    let (said, _) = plugin_ok(
+        &cluster,
+        &[
+            "allocate",
+            "deployment/web",
+            "--memory",
+            "8Gi",
+            "--cores",
+            "30",
+            "-c",
+            "main",
+            "--form",
+            "claim",
+        ],
+    );
+    eprintln!("allocate in slot mode: {said}");
+    assert!(
+        said.contains("claim form, slots (") && said.contains("because --form claim"),
+        "{said}"
+    );
+    let rcts = rct_names(&cluster);
+    assert_eq!(rcts.len(), 1, "{rcts:?}");
+    let t = cluster.get_json(&["resourceclaimtemplate", &rcts[0], "-n", NS]);
+    let devices = &t["spec"]["spec"]["devices"];
+    let exactly = &devices["requests"][0]["exactly"];
+    assert_eq!(exactly["deviceClassName"], "slots.gpuslice.io", "{t}");
+    assert!(exactly.get("capacity").is_none(), "{t}");
+    let k = exactly["count"].as_u64().unwrap();
+    assert_eq!(
+        devices["constraints"],
+        json!([{"requests": ["gpu"], "matchAttribute": "gpuslice.io/uuid"}]),
+        "{t}"
+    );
+    assert_eq!(
+        devices["config"][0]["opaque"]["driver"], "gpuslice.io",
+        "{t}"
+    );
+    assert_eq!(
+        devices["config"][0]["opaque"]["parameters"]["cores"], 30,
+        "{t}"
+    );
+    let placed = live_pods(&cluster, "web", 2, "with an allocated slot claim", |p| {
+        allocated(&cluster, p).filter(|r| r.len() as u64 == k)
+    });
+    for r in &placed {
+        let node = r[0]["pool"].as_str().unwrap();
+        let gpus: std::collections::BTreeSet<String> = r
+            .iter()
+            .map(|x| gpu_of_slot(x["device"].as_str().unwrap()))
+            .collect();
+        assert_eq!(gpus.len(), 1, "the slots of one GPU: {r:?}");
+        let held: u64 = r
+            .iter()
+            .map(|x| slot_memory[&(node.to_string(), x["device"].as_str().unwrap().to_string())])
+            .sum();
+        assert!(held >= 8 * GIB, "{held} bytes for 8Gi: {r:?}");
+    }
+    let figures = check_slot_figures(&cluster);
+    assert_eq!(
+        figures.values().map(|g| g.cores_allocated).sum::<u64>(),
+        2 * 30,
+        "the two web pods' shares: {figures:?}"
+    );
+
+    let console_claim = t["spec"]["spec"].clone();
+
+    let (said, _) = plugin_ok(&cluster, &["release", "deployment/web"]);
+    assert!(said.contains("released (claim form removed)"), "{said}");
+    assert_eq!(deploy(&cluster, "web")["spec"]["template"], original);
+    assert!(rct_names(&cluster).is_empty());
+
+    // With the webhook installed, the limits form: the webhook writes each pod the same slot
+    // claim the console wrote (one builder), which the scheduler allocates.
+    let (said, _) = plugin_ok(
+        &cluster,
+        &[
+            "allocate",
+            "deployment/web",
+            "--memory",
+            "8Gi",
+            "--cores",
+            "30",
+            "-c",
+            "main",
+        ],
+    );
+    eprintln!("allocate in slot mode with the webhook: {said}");
+    assert!(
+        said.contains("limits form") && said.contains("the webhook pods.gpuslice.io is installed"),
+        "{said}"
+    );
+    live_pods(&cluster, "web", 2, "with the webhook's slot claim", |p| {
+        let r = allocated(&cluster, p)?;
+        let gpus: std::collections::BTreeSet<String> = r
+            .iter()
+            .map(|x| gpu_of_slot(x["device"].as_str().unwrap()))
+            .collect();
+        (r.len() as u64 == k && gpus.len() == 1).then_some(())
+    });
+    let by_webhook: Vec<String> = all_templates(&cluster)
+        .into_iter()
+        .filter(|(_, by)| by == "gpuslice-webhook")
+        .map(|(name, _)| name)
+        .collect();
+    assert_eq!(by_webhook.len(), 1, "{by_webhook:?}");
+    let w = cluster.get_json(&["resourceclaimtemplate", &by_webhook[0], "-n", NS]);
+    assert_eq!(
+        w["spec"]["spec"], console_claim,
+        "the webhook's and the console's claims"
+    );
+    let (said, _) = plugin_ok(&cluster, &["release", "deployment/web"]);
+    assert!(said.contains("released (limits form removed)"), "{said}");
+    assert_eq!(deploy(&cluster, "web")["spec"]["template"], original);
+
+    drop(plugins);
     cluster.down();
 }

@@ -5,7 +5,8 @@
 //! them. Every figure the pages show is compared with what this test computes itself from
 //! the API server's ResourceSlices and ResourceClaims and the exporters' own scrapes. The GPU
 //! tab's Allocate on a Deployment gives it exactly the pod template `kubectl-gpuslice
-//! allocate` gives a twin Deployment, and Release restores it; a console without
+//! allocate` gives a twin Deployment (and its form choice, limits, gives the limits form's
+//! diff), and Release restores it; a console without
 //! `--allow-edit` shows no forms and refuses the POST; one without Prometheus names the
 //! missing source and shows `—`, never 0. The screenshots go to
 //! `$CARGO_TARGET_TMPDIR/console-screenshots` (docs/console.md copies them).
@@ -960,6 +961,10 @@ fn the_web_console_shows_the_registry_and_allocates_in_a_browser() {
              "gpus": 1, "memory": "20Gi", "cores": "10", "dryRun": true, "expect": "ok",
              "diffContains": ["resourceclaimtemplate/web-deployment-gpuslice-", "+- name: gpuslice", "memory: 20Gi"],
              "formScreenshot": "workload-allocate-form.png", "screenshot": "workload-allocate-dry-run.png"},
+            // The form choice: limits, though no webhook is installed here (a dry run).
+            {"do": "allocate", "workload": web, "gpus": 1, "memory": "20Gi", "cores": "10",
+             "form": "limits", "dryRun": true, "expect": "ok",
+             "diffContains": ["gpuslice.io/memory: 20Gi", "gpuslice.io/cores:", "limits form", "because --form limits"]},
             {"do": "allocate", "workload": web, "gpus": 1, "memory": "20GB", "cores": "", "expect": "error",
              "resultContains": [bad_memory]},
             {"do": "allocate", "workload": web, "gpus": 1, "memory": "100Gi", "cores": "", "expect": "error",

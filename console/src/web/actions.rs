@@ -63,7 +63,7 @@ fn dry_run(form: &BTreeMap<String, String>) -> bool {
 }
 
 /// The Allocate / Edit form: `kubectl gpuslice allocate KIND/NAME -n NS --gpus G --memory M
-/// [--cores C] [--dry-run]`, through the same function.
+/// [--cores C] [--form F] [--dry-run]`, through the same function.
 pub(super) async fn allocate(
     state: &State,
     w: &http::Workload,
@@ -98,6 +98,10 @@ pub(super) async fn allocate(
         containers: Vec::new(),
         dry_run: dry_run(form),
         force: false,
+        form: form
+            .get("form")
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty()),
     };
     let r = workload::allocate(&state.cluster.client, &w.namespace, &args).await;
     outcome(state, w, r.map_err(|e| (status_of(&e), e.to_string())))

@@ -325,12 +325,13 @@ pub fn node_page(
     if let Some(n) = model.nodes.iter().find(|n| n.name == node) {
         let _ = writeln!(
             body,
-            "<p id=\"node-summary\">{} GPU(s), {} memory of which {} allocated ({}%), {} free</p>",
+            "<p id=\"node-summary\">{} GPU(s), {} memory of which {} allocated ({}%), {} free</p>\n<p id=\"node-mode\">publication mode: {}</p>",
             n.gpus,
             esc(&bytes(n.memory.capacity)),
             esc(&bytes(n.memory.allocated)),
             share(n.memory.allocated, n.memory.capacity).unwrap_or(0),
             esc(&bytes(n.memory.free)),
+            esc(&n.mode),
         );
     }
     body.push_str("<div class=\"scroll\"><table id=\"gpus\"><thead><tr><th>GPU</th><th>Index</th><th>Model</th><th>Memory</th><th>Allocated</th><th>Share</th><th>Used</th><th>Cores allocated</th><th>Cores used</th><th>Claims</th></tr></thead><tbody>\n");
@@ -699,20 +700,42 @@ pub struct WorkloadRow {
     pub slice: Option<Slice>,
 }
 
-/// A workload's slice: its ResourceClaimTemplate and the request read back from it.
+/// Where a workload's slice is written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SliceSource {
+    /// The claim form: the ResourceClaimTemplate the pod's claim `gpuslice` names.
+    Claim(String),
+    /// The limits form: `gpuslice.io/*` limits, made a claim of each pod by the webhook.
+    Limits,
+    /// HAMi's `nvidia.com/gpu…` limits, as `container: name=value, …` (shown, not edited).
+    Hami(String),
+}
+
+/// A workload's slice: where it is written and the request read back from it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Slice {
-    pub template: String,
-    /// `None` when the template is missing or not the console's shape.
+    pub source: SliceSource,
+    /// `None` when the template is missing or not the claim shape, and for HAMi's limits.
     pub request: Option<Request>,
 }
 
 impl Slice {
     /// The slice as kubectl-gpuslice describes a request (`1 GPU × 20Gi memory, 30 cores`).
     pub fn describe(&self) -> String {
-        match &self.request {
-            Some(r) => r.describe(),
-            None => format!("resourceclaimtemplate/{} (unreadable)", self.template),
+        match (&self.request, &self.source) {
+            (Some(r), _) => r.describe(),
+            (None, SliceSource::Claim(t)) => format!("resourceclaimtemplate/{t} (unreadable)"),
+            (None, SliceSource::Limits) => "gpuslice.io/* limits (unreadable)".to_string(),
+            (None, SliceSource::Hami(l)) => format!("HAMi limits ({l})"),
+        }
+    }
+
+    /// Which form the slice has, for the GPU tab.
+    pub fn form(&self) -> String {
+        match &self.source {
+            SliceSource::Claim(t) => format!("claim form: resourceclaimtemplate/{t}"),
+            SliceSource::Limits => "limits form: gpuslice.io/* limits in the containers, which the webhook turns into a claim of each pod".to_string(),
+            SliceSource::Hami(_) => "HAMi's limits: the console shows them and does not edit them (remove them by hand to allocate here)".to_string(),
         }
     }
 }
@@ -770,6 +793,9 @@ pub fn workload_page(chrome: &Chrome, w: &WorkloadRow) -> String {
         "<p id=\"current-slice\">{}</p>",
         esc(&slice_text(w.slice.as_ref()))
     );
+    if let Some(s) = &w.slice {
+        let _ = writeln!(body, "<p id=\"slice-form\">{}</p>", esc(&s.form()));
+    }
     if chrome.allow_edit {
         let request = w.slice.as_ref().and_then(|s| s.request);
         let gpus = request.map_or(1, |r| r.gpus);
@@ -788,6 +814,7 @@ pub fn workload_page(chrome: &Chrome, w: &WorkloadRow) -> String {
 <label>GPUs per pod <input type=\"number\" name=\"gpus\" value=\"{gpus}\" min=\"1\" max=\"128\" required></label> \
 <label>Memory per GPU <input type=\"text\" name=\"memory\" value=\"{memory}\" placeholder=\"8Gi\" required></label> \
 <label>Cores per GPU, percent (optional) <input type=\"text\" name=\"cores\" value=\"{cores}\" placeholder=\"30\"></label> \
+<label>Form <select name=\"form\"><option value=\"\">as the workload has it; new: limits if the webhook is installed, else claim</option><option value=\"limits\">limits (the webhook makes the claim)</option><option value=\"claim\">claim</option></select></label> \
 <label><input type=\"checkbox\" name=\"dry_run\" value=\"1\"> dry run (show the diff, change nothing)</label> \
 <button id=\"allocate-submit\" type=\"submit\">{submit}</button></form>",
             href = esc(&href),
@@ -1263,7 +1290,7 @@ mod tests {
         assert!(!html.contains("id=\"release\""));
         assert!(html.contains("<p id=\"mode\">edit allowed"));
         w.slice = Some(Slice {
-            template: "t".into(),
+            source: SliceSource::Claim("t".into()),
             request: Some(Request::parse("20Gi", Some("30"), 1).unwrap()),
         });
         let html = workload_page(&c, &w);

@@ -10,43 +10,26 @@ use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use kube::api::ListParams;
 use kube::Api;
 
+use gpuslice_kube::claim_shape::{shape_of, Mode, PublishedGpus};
+use k8s_openapi::api::resource::v1::ResourceSlice;
+
 use crate::edit::{self, Kind, Request as SliceRequest};
 use crate::workload;
 
 use super::http;
-use super::pages::{self, Slice, WorkloadRow};
+use super::pages::{self, Slice, SliceSource, WorkloadRow};
 use super::respond::html;
 use super::sources::api_banner;
 use super::state::{chrome, State};
 
-/// The request a template of the console's shape asks for (the inverse of
-/// [`edit::claim_template`]).
-pub fn template_request(t: &ResourceClaimTemplate) -> Option<SliceRequest> {
-    let exactly = t
-        .spec
-        .as_ref()?
-        .spec
-        .as_ref()?
-        .devices
-        .as_ref()?
-        .requests
-        .as_ref()?
-        .first()?
-        .exactly
-        .as_ref()?;
-    let requests = exactly.capacity.as_ref()?.requests.as_ref()?;
-    let memory = gpuslice_config::quantity::parse_kube_quantity(
-        &requests.get(gpuslice_kube::slices::CAP_MEMORY)?.0,
-    )
-    .ok()?;
-    let cores = match requests.get(gpuslice_kube::slices::CAP_CORES) {
-        Some(q) => Some(gpuslice_config::quantity::parse_kube_quantity(&q.0).ok()?),
-        None => None,
-    };
+/// The request a template of the claim shape asks (the inverse of
+/// [`edit::claim_template`] in the cluster's publication `mode`).
+pub fn template_request(t: &ResourceClaimTemplate, mode: Mode) -> Option<SliceRequest> {
+    let shape = shape_of(t.spec.as_ref()?.spec.as_ref()?, mode)?;
     Some(SliceRequest {
-        memory,
-        cores,
-        gpus: u32::try_from(exactly.count.unwrap_or(1)).ok()?,
+        memory: shape.memory?,
+        cores: shape.cores.map(u64::from),
+        gpus: shape.gpus,
     })
 }
 
@@ -55,21 +38,36 @@ fn row_of<W: workload::Workload>(
     w: &W,
     replicas: Option<u64>,
     templates: &[ResourceClaimTemplate],
+    mode: Mode,
 ) -> WorkloadRow {
     let namespace = w.meta().namespace.clone().unwrap_or_default();
-    let slice = w
-        .pod_spec()
-        .and_then(edit::current_template)
-        .map(|template| {
-            let request = templates
-                .iter()
-                .find(|t| {
-                    t.metadata.name.as_deref() == Some(template.as_str())
-                        && t.metadata.namespace.as_deref() == Some(namespace.as_str())
-                })
-                .and_then(template_request);
-            Slice { template, request }
-        });
+    let spec = w.pod_spec();
+    let claim = spec.and_then(edit::current_template).map(|template| {
+        let request = templates
+            .iter()
+            .find(|t| {
+                t.metadata.name.as_deref() == Some(template.as_str())
+                    && t.metadata.namespace.as_deref() == Some(namespace.as_str())
+            })
+            .and_then(|t| template_request(t, mode));
+        Slice {
+            source: SliceSource::Claim(template),
+            request,
+        }
+    });
+    let limits = || {
+        spec.and_then(edit::current_limits).map(|r| Slice {
+            source: SliceSource::Limits,
+            request: Some(r),
+        })
+    };
+    let hami = || {
+        spec.and_then(edit::hami_limits).map(|l| Slice {
+            source: SliceSource::Hami(l),
+            request: None,
+        })
+    };
+    let slice = claim.or_else(limits).or_else(hami);
     WorkloadRow {
         namespace,
         kind,
@@ -107,7 +105,7 @@ where
 
 async fn workload_rows(state: &State, namespace: Option<&str>) -> Result<Vec<WorkloadRow>, String> {
     let c = &state.cluster.client;
-    let (deployments, statefulsets, daemonsets, templates) = tokio::join!(
+    let (deployments, statefulsets, daemonsets, templates, slices) = tokio::join!(
         list_all(api_of::<Deployment>(c, namespace), "deployments.apps"),
         list_all(api_of::<StatefulSet>(c, namespace), "statefulsets.apps"),
         list_all(api_of::<DaemonSet>(c, namespace), "daemonsets.apps"),
@@ -115,8 +113,13 @@ async fn workload_rows(state: &State, namespace: Option<&str>) -> Result<Vec<Wor
             api_of::<ResourceClaimTemplate>(c, namespace),
             "resourceclaimtemplates.resource.k8s.io"
         ),
+        list_all(
+            Api::<ResourceSlice>::all(c.clone()),
+            "resourceslices.resource.k8s.io"
+        ),
     );
     let templates = templates?;
+    let mode = PublishedGpus::from_slices(&slices?).mode;
     let mut rows = Vec::new();
     for d in deployments? {
         rows.push(row_of(
@@ -124,6 +127,7 @@ async fn workload_rows(state: &State, namespace: Option<&str>) -> Result<Vec<Wor
             &d,
             workload::Workload::replicas(&d),
             &templates,
+            mode,
         ));
     }
     for s in statefulsets? {
@@ -132,10 +136,17 @@ async fn workload_rows(state: &State, namespace: Option<&str>) -> Result<Vec<Wor
             &s,
             workload::Workload::replicas(&s),
             &templates,
+            mode,
         ));
     }
     for d in daemonsets? {
-        rows.push(row_of(Kind::DaemonSet, &d, daemonset_pods(&d), &templates));
+        rows.push(row_of(
+            Kind::DaemonSet,
+            &d,
+            daemonset_pods(&d),
+            &templates,
+            mode,
+        ));
     }
     rows.sort_by(|a, b| (&a.namespace, &a.name, a.kind).cmp(&(&b.namespace, &b.name, b.kind)));
     Ok(rows)
@@ -175,11 +186,17 @@ async fn get_row<W: workload::Workload>(
             .map_err(|e| format!("cannot get resourceclaimtemplate {t}: {e}"))?,
         None => None,
     };
+    let slices = list_all(
+        Api::<ResourceSlice>::all(c.clone()),
+        "resourceslices.resource.k8s.io",
+    )
+    .await?;
     Ok(Some(row_of(
         w.kind,
         &obj,
         replicas(&obj),
         template.as_slice(),
+        PublishedGpus::from_slices(&slices).mode,
     )))
 }
 
@@ -220,9 +237,25 @@ mod tests {
     fn a_template_of_the_console_reads_back_as_its_request() {
         for (memory, cores, gpus) in [("20Gi", Some("30"), 1), ("1536Mi", None, 2)] {
             let req = SliceRequest::parse(memory, cores, gpus).unwrap();
-            let t = edit::claim_template("ml", Kind::Deployment, "train", &req);
-            assert_eq!(template_request(&t), Some(req));
+            let t = edit::claim_template("ml", Kind::Deployment, "train", &req, Mode::Capacity)
+                .unwrap()
+                .0;
+            assert_eq!(template_request(&t, Mode::Capacity), Some(req));
         }
-        assert_eq!(template_request(&ResourceClaimTemplate::default()), None);
+        // Slot mode: the slots' memory (whole slots) and the opaque share.
+        let slot = gpuslice_kube::claim_shape::SlotSize {
+            memory: 4 << 30,
+            cores: Some(16),
+            per_gpu: 6,
+        };
+        let req = SliceRequest::parse("8Gi", Some("20"), 2).unwrap();
+        let t = edit::claim_template("ml", Kind::Deployment, "train", &req, Mode::Slots(slot))
+            .unwrap()
+            .0;
+        assert_eq!(template_request(&t, Mode::Slots(slot)), Some(req));
+        assert_eq!(
+            template_request(&ResourceClaimTemplate::default(), Mode::Capacity),
+            None
+        );
     }
 }

@@ -9,6 +9,7 @@
 pub mod api;
 pub mod booking;
 pub mod claim;
+pub mod claim_shape;
 pub mod cleanup;
 pub mod dra_service;
 pub mod h2_relay;

@@ -11,13 +11,13 @@ use gpuslice_config::{
 };
 use gpuslice_registry::MAX_GPUS;
 
-use crate::inventory::Inventory;
-use crate::shape::Shape;
+use gpuslice_kube::claim_shape::PublishedGpus;
+use gpuslice_kube::claim_shape::Shape;
 
 /// gpuslice's limit names.
-pub const GPUS: &str = "gpuslice.io/gpus";
-pub const MEMORY: &str = "gpuslice.io/memory";
-pub const CORES: &str = "gpuslice.io/cores";
+pub const GPUS: &str = gpuslice_kube::claim_shape::LIMIT_GPUS;
+pub const MEMORY: &str = gpuslice_kube::claim_shape::LIMIT_MEMORY;
+pub const CORES: &str = gpuslice_kube::claim_shape::LIMIT_CORES;
 const OURS: &[&str] = &[GPUS, MEMORY, CORES];
 
 /// HAMi's limit names (in namespaces labelled for HAMi compatibility).
@@ -188,7 +188,7 @@ pub fn container_ask(
     limits: &BTreeMap<String, String>,
     requests: &BTreeMap<String, String>,
     hami: Option<&[String]>,
-    inventory: &Inventory,
+    inventory: &PublishedGpus,
 ) -> Result<Option<Ask>, AskError> {
     let names = || limits.keys().chain(requests.keys());
     let ours = names().any(|k| k.starts_with("gpuslice.io/"));
@@ -225,7 +225,7 @@ fn ours_ask(
     path: &str,
     limits: &BTreeMap<String, String>,
     requests: &BTreeMap<String, String>,
-    inventory: &Inventory,
+    inventory: &PublishedGpus,
 ) -> Result<Ask, AskError> {
     for key in limits.keys().chain(requests.keys()) {
         if key.starts_with("gpuslice.io/") && !OURS.contains(&key.as_str()) {
@@ -290,7 +290,7 @@ fn hami_ask(
     limits: &BTreeMap<String, String>,
     requests: &BTreeMap<String, String>,
     selectors: &[String],
-    inventory: &Inventory,
+    inventory: &PublishedGpus,
 ) -> Result<Ask, AskError> {
     let mut warnings = Vec::new();
     // HAMi's default: a memory or cores limit without nvidia.com/gpu asks for one GPU.
@@ -367,7 +367,12 @@ fn hami_ask(
 }
 
 /// A percentage in bytes: exact when every published GPU has the same memory.
-fn resolve(field: &str, value: &str, q: Quantity, inventory: &Inventory) -> Result<u64, AskError> {
+fn resolve(
+    field: &str,
+    value: &str,
+    q: Quantity,
+    inventory: &PublishedGpus,
+) -> Result<u64, AskError> {
     match q {
         Quantity::Bytes(b) => Ok(b),
         Quantity::Percent(p) => match inventory.gpu_memory.as_slice() {
@@ -397,7 +402,7 @@ fn resolve(field: &str, value: &str, q: Quantity, inventory: &Inventory) -> Resu
 fn check_fits(
     path: &str,
     shape: &Shape,
-    inventory: &Inventory,
+    inventory: &PublishedGpus,
     gpus_key: &str,
     mem_key: &str,
 ) -> Result<(), AskError> {
@@ -436,11 +441,11 @@ mod tests {
             .collect()
     }
 
-    fn inv() -> Inventory {
-        Inventory {
+    fn inv() -> PublishedGpus {
+        PublishedGpus {
             max_gpus_per_node: Some(2),
             gpu_memory: vec![141 << 30],
-            ..Inventory::default()
+            ..PublishedGpus::default()
         }
     }
 
@@ -507,7 +512,7 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!(a.shape.memory, Some((141u64 << 30) / 2));
-        let two = Inventory {
+        let two = PublishedGpus {
             gpu_memory: vec![80 << 30, 141 << 30],
             ..inv()
         };

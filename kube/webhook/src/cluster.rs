@@ -14,9 +14,9 @@ use kube::api::{ListParams, PostParams, WatchEvent, WatchParams};
 use kube::Api;
 use tokio_stream::StreamExt;
 
-use crate::shape::MANAGED_BY;
+use gpuslice_kube::claim_shape::MANAGED_BY;
 
-use crate::inventory::Inventory;
+use gpuslice_kube::claim_shape::PublishedGpus;
 
 /// The namespace label that turns HAMi compatibility on (with `--hami-compat`).
 pub const HAMI_LABEL: (&str, &str) = ("gpuslice.io/hami-compat", "true");
@@ -44,7 +44,7 @@ type Key = (String, String);
 #[derive(Clone)]
 pub struct Cluster {
     client: kube::Client,
-    inventory: Arc<RwLock<Arc<Inventory>>>,
+    inventory: Arc<RwLock<Arc<PublishedGpus>>>,
     /// The templates labelled as the webhook's, by (namespace, name), while `synced`.
     templates: Arc<RwLock<HashMap<Key, ResourceClaimTemplate>>>,
     synced: Arc<AtomicBool>,
@@ -126,7 +126,7 @@ impl Cluster {
         self.synced.load(Ordering::SeqCst)
             && self.templates.read().is_ok_and(|m| {
                 m.get(&key(want))
-                    .is_some_and(|t| crate::shape::is_ours(t, want))
+                    .is_some_and(|t| gpuslice_kube::claim_shape::is_ours(t, want))
             })
     }
 
@@ -134,7 +134,7 @@ impl Cluster {
         let api: Api<ResourceSlice> = Api::all(self.client.clone());
         // An unreachable API server keeps the last inventory (pods are then checked against it).
         if let Ok(list) = api.list(&ListParams::default()).await {
-            let inv = Inventory::from_slices(&list.items);
+            let inv = PublishedGpus::from_slices(&list.items);
             if let Ok(mut w) = self.inventory.write() {
                 *w = Arc::new(inv);
             }
@@ -142,7 +142,7 @@ impl Cluster {
     }
 
     /// The last inventory read.
-    pub fn inventory(&self) -> Arc<Inventory> {
+    pub fn inventory(&self) -> Arc<PublishedGpus> {
         self.inventory
             .read()
             .map(|r| Arc::clone(&r))
@@ -182,7 +182,7 @@ impl Cluster {
             detail,
         };
         let check = |t: &ResourceClaimTemplate| {
-            if crate::shape::is_ours(t, want) {
+            if gpuslice_kube::claim_shape::is_ours(t, want) {
                 Ok(())
             } else {
                 Err(ClusterError::NotOurs {

@@ -9,11 +9,9 @@
 
 pub mod ask;
 pub mod cluster;
-pub mod inventory;
 pub mod mutate;
 pub mod review;
 pub mod server;
-pub mod shape;
 pub mod tls;
 
 pub use server::{run_until_signal, WebhookArgs, WebhookError};

@@ -9,8 +9,8 @@ use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use serde_json::{json, Map, Value};
 
 use crate::ask::{container_ask, hami_selectors, AskError, HAMI_GPU, HAMI_MEM, HAMI_MEM_PERCENT};
-use crate::inventory::Inventory;
-use crate::shape::{claim_spec, template, ShapeError};
+use gpuslice_kube::claim_shape::PublishedGpus;
+use gpuslice_kube::claim_shape::{claim_spec, template, ShapeError};
 
 /// Prefix of the pod's claim entries the webhook adds (`gpuslice-c0`, `gpuslice-i1`).
 pub const ENTRY_PREFIX: &str = "gpuslice-";
@@ -73,7 +73,7 @@ pub fn plan(
     pod: &Value,
     namespace: &str,
     hami: bool,
-    inventory: &Inventory,
+    inventory: &PublishedGpus,
 ) -> Result<Plan, MutateError> {
     let mut out = Plan::default();
     let selectors = if hami {
@@ -187,7 +187,7 @@ mod tests {
             &pod(json!({"gpuslice.io/memory": "20Gi", "cpu": "2"})),
             "ns",
             false,
-            &Inventory::default(),
+            &PublishedGpus::default(),
         )
         .unwrap();
         assert_eq!(p.templates.len(), 1);
@@ -207,12 +207,12 @@ mod tests {
     fn hami_limits_count_only_with_compat() {
         let p = pod(json!({"nvidia.com/gpu": "1"}));
         assert!(mentions_hami(&p));
-        assert!(plan(&p, "ns", false, &Inventory::default())
+        assert!(plan(&p, "ns", false, &PublishedGpus::default())
             .unwrap()
             .patch
             .is_empty());
         assert_eq!(
-            plan(&p, "ns", true, &Inventory::default())
+            plan(&p, "ns", true, &PublishedGpus::default())
                 .unwrap()
                 .patch
                 .len(),
@@ -224,7 +224,7 @@ mod tests {
     fn a_taken_entry_name_is_refused() {
         let mut p = pod(json!({"gpuslice.io/gpus": "1"}));
         p["spec"]["resourceClaims"] = json!([{"name": "gpuslice-c1", "resourceClaimName": "x"}]);
-        let e = plan(&p, "ns", false, &Inventory::default())
+        let e = plan(&p, "ns", false, &PublishedGpus::default())
             .unwrap_err()
             .to_string();
         assert!(e.contains("gpuslice-c1"), "{e}");

@@ -1,0 +1,834 @@
+//! The one construction of a slice's claim from what was asked (GPUs, memory per GPU, compute
+//! share, device selectors) for the publication mode the cluster's gpuslice ResourceSlices
+//! show, so that every front end that writes claims (the webhook, `kubectl gpuslice allocate`
+//! and the web console) writes the same claim for the same ask; and the reading back of what
+//! a claim of that shape asks, for the tools that show it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gpuslice_config::{format_kube_quantity, parse_kube_quantity};
+use k8s_openapi::api::resource::v1::{
+    CELDeviceSelector, CapacityRequirements, DeviceClaim, DeviceClaimConfiguration,
+    DeviceConstraint, DeviceRequest, DeviceSelector, ExactDeviceRequest, OpaqueDeviceConfiguration,
+    ResourceClaimSpec, ResourceClaimTemplate, ResourceClaimTemplateSpec, ResourceSlice,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
+
+use crate::slices::{parse_device, DeviceRef, CAP_CORES, CAP_MEMORY, MEMORY_STEP};
+use crate::{DRIVER, SLOTS_CLASS};
+
+/// The label key naming who wrote a template.
+pub const MANAGED_BY_KEY: &str = "app.kubernetes.io/managed-by";
+/// The label every template the webhook writes carries, and the only templates it reuses.
+pub const MANAGED_BY: (&str, &str) = (MANAGED_BY_KEY, "gpuslice-webhook");
+/// The DeviceClass of slot mode's devices.
+pub const SLOT_CLASS: &str = SLOTS_CLASS;
+/// The fully qualified attribute that names a GPU (distinct GPUs, slots of one GPU): the
+/// driver's domain and [`crate::slices::ATTR_UUID`].
+pub const UUID_ATTRIBUTE: &str = "gpuslice.io/uuid";
+/// Prefix of the webhook's templates' names (a hash of the claim spec follows).
+pub const TEMPLATE_PREFIX: &str = "gpuslice-";
+/// The container limits that ask for a slice (what the webhook turns into a claim).
+pub const LIMIT_GPUS: &str = "gpuslice.io/gpus";
+pub const LIMIT_MEMORY: &str = "gpuslice.io/memory";
+pub const LIMIT_CORES: &str = "gpuslice.io/cores";
+/// The prefix of HAMi's container limits (`nvidia.com/gpu`, `nvidia.com/gpumem`, …).
+pub const HAMI_LIMIT_PREFIX: &str = "nvidia.com/gpu";
+/// The opaque parameters' version and kind a slot claim's compute share is written with.
+pub const PARAMETERS_API_VERSION: &str = "gpuslice.io/v1";
+pub const PARAMETERS_KIND: &str = "SliceParameters";
+
+/// How the cluster's DRA plugin publishes its GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// One shared device per GPU whose `memory` and `cores` claims consume.
+    Capacity,
+    /// N unshared slot devices per GPU (`gpu-<i>-slot-<j>`), of class `slots.gpuslice.io`.
+    Slots(SlotSize),
+}
+
+/// One slot of slot mode: its memory, its compute share (when slots carry one) and how many
+/// slots make a GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotSize {
+    pub memory: u64,
+    pub cores: Option<u32>,
+    pub per_gpu: u32,
+}
+
+/// What one container asks for, already validated and resolved to bytes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Shape {
+    /// Distinct GPUs, 1 or more.
+    pub gpus: u32,
+    /// Memory per GPU in bytes; `None`: the whole GPU's.
+    pub memory: Option<u64>,
+    /// Compute share per GPU in percent; `None`: not throttled.
+    pub cores: Option<u32>,
+    /// CEL expressions every GPU must satisfy.
+    pub selectors: Vec<String>,
+}
+
+/// A shape the mode cannot express.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ShapeError {
+    #[error("{field}: {value} needs {slots} slots of {slot} per GPU; accepted: at most {per_gpu} slots ({max}) per GPU in this cluster's slot mode")]
+    TooManySlots {
+        field: String,
+        value: String,
+        slots: u64,
+        slot: String,
+        per_gpu: u32,
+        max: String,
+    },
+    #[error("{field}: {value} GPUs; accepted: at least 1")]
+    NoGpu { field: String, value: String },
+}
+
+/// The claim spec of `shape` in `mode`, and what was rounded or ignored on the way (one line
+/// each, for admission warnings). `field` names where the request came from, for messages.
+pub fn claim_spec(
+    mode: Mode,
+    shape: &Shape,
+    field: &str,
+) -> Result<(ResourceClaimSpec, Vec<String>), ShapeError> {
+    if shape.gpus == 0 {
+        return Err(ShapeError::NoGpu {
+            field: field.to_string(),
+            value: "0".into(),
+        });
+    }
+    let mut warnings = Vec::new();
+    let selectors = (!shape.selectors.is_empty()).then(|| {
+        shape
+            .selectors
+            .iter()
+            .map(|e| DeviceSelector {
+                cel: Some(CELDeviceSelector {
+                    expression: e.clone(),
+                }),
+            })
+            .collect::<Vec<_>>()
+    });
+    let names: Vec<String> = if shape.gpus == 1 {
+        vec!["gpu".to_string()]
+    } else {
+        (0..shape.gpus).map(|i| format!("gpu-{i}")).collect()
+    };
+    let (class, count, capacity) = match mode {
+        Mode::Capacity => {
+            let mut req = BTreeMap::new();
+            if let Some(m) = shape.memory {
+                let rounded = m.div_ceil(MEMORY_STEP) * MEMORY_STEP;
+                if rounded != m {
+                    warnings.push(format!(
+                        "{field}: memory rounded up to {} (the device's step is 1Mi)",
+                        format_kube_quantity(rounded)
+                    ));
+                }
+                req.insert(
+                    CAP_MEMORY.to_string(),
+                    Quantity(format_kube_quantity(rounded)),
+                );
+            }
+            if let Some(c) = shape.cores.filter(|c| *c > 0) {
+                req.insert(CAP_CORES.to_string(), Quantity(c.to_string()));
+            }
+            let capacity = (!req.is_empty()).then_some(CapacityRequirements {
+                requests: Some(req),
+            });
+            (DRIVER, 1, capacity)
+        }
+        Mode::Slots(slot) => {
+            let k = slot_count(&slot, shape);
+            if k > u64::from(slot.per_gpu) {
+                return Err(ShapeError::TooManySlots {
+                    field: field.to_string(),
+                    value: describe(shape),
+                    slots: k,
+                    slot: format_kube_quantity(slot.memory),
+                    per_gpu: slot.per_gpu,
+                    max: format_kube_quantity(slot.memory.saturating_mul(u64::from(slot.per_gpu))),
+                });
+            }
+            if let Some(m) = shape.memory {
+                let got = k.saturating_mul(slot.memory);
+                if got != m {
+                    warnings.push(format!(
+                        "{field}: memory {} rounded up to {k} slot(s) = {} per GPU",
+                        format_kube_quantity(m),
+                        format_kube_quantity(got)
+                    ));
+                }
+            }
+            (SLOT_CLASS, k as i64, None)
+        }
+    };
+    let requests = names
+        .iter()
+        .map(|name| DeviceRequest {
+            name: name.clone(),
+            exactly: Some(ExactDeviceRequest {
+                device_class_name: class.to_string(),
+                count: Some(count),
+                capacity: capacity.clone(),
+                selectors: selectors.clone(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .collect();
+    // A slot claim asks its share through opaque parameters (the scheduler cannot see them;
+    // its slots bound it), for every request.
+    let config = match (mode, shape.cores.filter(|c| *c > 0)) {
+        (Mode::Slots(_), Some(c)) => Some(vec![DeviceClaimConfiguration {
+            requests: None,
+            opaque: Some(OpaqueDeviceConfiguration {
+                driver: DRIVER.to_string(),
+                parameters: RawExtension(serde_json::json!({
+                    "apiVersion": PARAMETERS_API_VERSION,
+                    "kind": PARAMETERS_KIND,
+                    "cores": c,
+                })),
+            }),
+        }]),
+        _ => None,
+    };
+    let mut constraints = Vec::new();
+    if let Mode::Slots(_) = mode {
+        for name in &names {
+            constraints.push(DeviceConstraint {
+                requests: Some(vec![name.clone()]),
+                match_attribute: Some(UUID_ATTRIBUTE.to_string()),
+                ..Default::default()
+            });
+        }
+    }
+    if names.len() > 1 {
+        match mode {
+            Mode::Capacity => constraints.push(DeviceConstraint {
+                requests: Some(names.clone()),
+                distinct_attribute: Some(UUID_ATTRIBUTE.to_string()),
+                ..Default::default()
+            }),
+            Mode::Slots(_) => warnings.push(format!(
+                "{field}: in slot mode the scheduler cannot keep the {} GPUs' slots apart; two may land on one GPU",
+                names.len()
+            )),
+        }
+    }
+    Ok((
+        ResourceClaimSpec {
+            devices: Some(DeviceClaim {
+                requests: Some(requests),
+                constraints: (!constraints.is_empty()).then_some(constraints),
+                config,
+            }),
+        },
+        warnings,
+    ))
+}
+
+/// How many slots of each GPU `shape` takes: enough for its memory (all of them for a whole
+/// GPU) and for its compute share where slots carry one, at least one.
+pub fn slot_count(slot: &SlotSize, shape: &Shape) -> u64 {
+    let by_memory = shape
+        .memory
+        .map_or(u64::from(slot.per_gpu), |m| m.div_ceil(slot.memory.max(1)));
+    let by_cores = match (shape.cores.filter(|c| *c > 0), slot.cores) {
+        (Some(c), Some(per)) => u64::from(c).div_ceil(u64::from(per.max(1))),
+        _ => 0,
+    };
+    by_memory.max(by_cores).max(1)
+}
+
+/// `2 GPUs × 20Gi, 30 cores`, for messages.
+pub fn describe(shape: &Shape) -> String {
+    let gpus = if shape.gpus == 1 {
+        "1 GPU".to_string()
+    } else {
+        format!("{} GPUs", shape.gpus)
+    };
+    let memory = shape
+        .memory
+        .map_or("whole memory".to_string(), format_kube_quantity);
+    match shape.cores {
+        Some(c) if c > 0 => format!("{gpus} × {memory}, {c} cores"),
+        _ => format!("{gpus} × {memory}"),
+    }
+}
+
+/// FNV-1a, 64 bits: a stable hash (the same on every replica and release) of a spec.
+fn fnv64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// Who writes a template: the value of its [`MANAGED_BY_KEY`] label, the prefix of its name
+/// and the annotations it carries (e.g. the workload it is for).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Writer {
+    pub manager: String,
+    pub prefix: String,
+    pub annotations: BTreeMap<String, String>,
+}
+
+impl Writer {
+    /// The webhook: `gpuslice-<hash>`, labelled [`MANAGED_BY`].
+    pub fn webhook() -> Writer {
+        Writer {
+            manager: MANAGED_BY.1.to_string(),
+            prefix: TEMPLATE_PREFIX.to_string(),
+            annotations: BTreeMap::new(),
+        }
+    }
+}
+
+/// The template holding `spec` as the webhook writes it (see [`template_by`]).
+pub fn template(namespace: &str, spec: ResourceClaimSpec) -> ResourceClaimTemplate {
+    template_by(&Writer::webhook(), namespace, spec)
+}
+
+/// The template holding `spec`: named after the writer's prefix and a hash of the spec (a
+/// template's spec cannot change, so the same shape is the same template and another shape
+/// another one; the prefix is cut so that the name stays within 253 characters), in
+/// `namespace`, labelled and annotated as `writer`'s.
+pub fn template_by(
+    writer: &Writer,
+    namespace: &str,
+    spec: ResourceClaimSpec,
+) -> ResourceClaimTemplate {
+    // Serialising a typed spec cannot fail (no maps with non-string keys).
+    let canonical = serde_json::to_vec(&spec).unwrap_or_default();
+    let hash = format!("{:016x}", fnv64(&canonical));
+    let mut prefix = writer.prefix.clone();
+    while prefix.len() + hash.len() > crate::slices::MAX_NAME
+        || !prefix.is_char_boundary(prefix.len())
+    {
+        prefix.pop();
+    }
+    let name = format!("{prefix}{hash}");
+    ResourceClaimTemplate {
+        metadata: ObjectMeta {
+            name: Some(name),
+            namespace: Some(namespace.to_string()),
+            labels: Some(BTreeMap::from([(
+                MANAGED_BY_KEY.to_string(),
+                writer.manager.clone(),
+            )])),
+            annotations: (!writer.annotations.is_empty()).then(|| writer.annotations.clone()),
+            ..Default::default()
+        },
+        spec: Some(ResourceClaimTemplateSpec {
+            metadata: None,
+            spec: Some(spec),
+        }),
+    }
+}
+
+/// Fields the API server adds to a claim spec it stores (defaults).
+const DEFAULTED: &[&str] = &["allocationMode"];
+
+/// Whether `have` is `want` as the API server stores it: the same fields with the same values,
+/// plus at most the [`DEFAULTED`] ones.
+fn within(want: &serde_json::Value, have: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match (want, have) {
+        (Value::Object(w), Value::Object(h)) => {
+            w.iter()
+                .all(|(k, v)| h.get(k).is_some_and(|hv| within(v, hv)))
+                && h.keys()
+                    .all(|k| w.contains_key(k) || DEFAULTED.contains(&k.as_str()))
+        }
+        (Value::Array(w), Value::Array(h)) => {
+            w.len() == h.len() && w.iter().zip(h).all(|(a, b)| within(a, b))
+        }
+        _ => want == have,
+    }
+}
+
+/// Whether every entry of `want` is in `have`.
+fn has_all(
+    want: Option<&BTreeMap<String, String>>,
+    have: Option<&BTreeMap<String, String>>,
+) -> bool {
+    want.into_iter()
+        .flatten()
+        .all(|(k, v)| have.and_then(|h| h.get(k)) == Some(v))
+}
+
+/// Whether `t` was written by `writer` (its label and annotations), whatever its spec.
+pub fn written_by(t: &ResourceClaimTemplate, writer: &Writer) -> bool {
+    t.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(MANAGED_BY_KEY))
+        .is_some_and(|v| *v == writer.manager)
+        && has_all(Some(&writer.annotations), t.metadata.annotations.as_ref())
+}
+
+/// Whether `t` is the template `want` as its writer wrote it: the same label and annotations,
+/// and `want`'s spec (as the API server stores it: with its defaults added). A template
+/// without them is someone else's and never reused or changed.
+pub fn is_ours(t: &ResourceClaimTemplate, want: &ResourceClaimTemplate) -> bool {
+    let labelled = has_all(want.metadata.labels.as_ref(), t.metadata.labels.as_ref())
+        && has_all(
+            want.metadata.annotations.as_ref(),
+            t.metadata.annotations.as_ref(),
+        );
+    let spec = |x: &ResourceClaimTemplate| {
+        x.spec
+            .as_ref()
+            .and_then(|s| s.spec.as_ref())
+            .map(|s| serde_json::to_value(s).unwrap_or_default())
+    };
+    labelled
+        && match (spec(want), spec(t)) {
+            (Some(w), Some(h)) => within(&w, &h),
+            _ => false,
+        }
+}
+
+/// The cluster's GPUs as gpuslice's ResourceSlices show them: the publication mode and the
+/// GPUs' sizes, what a claim is written and checked against.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublishedGpus {
+    pub mode: Mode,
+    /// The most GPUs one node has; `None` when no GPU is published (nothing to check).
+    pub max_gpus_per_node: Option<u32>,
+    /// The distinct memory sizes of the GPUs, ascending.
+    pub gpu_memory: Vec<u64>,
+}
+
+impl Default for PublishedGpus {
+    fn default() -> PublishedGpus {
+        PublishedGpus {
+            mode: Mode::Capacity,
+            max_gpus_per_node: None,
+            gpu_memory: Vec::new(),
+        }
+    }
+}
+
+impl PublishedGpus {
+    /// Reads the slices of driver `gpuslice.io`. Slot mode when the devices are slots
+    /// (`gpu-<i>-slot-<j>`), with the smallest slot seen; capacity mode otherwise.
+    pub fn from_slices(slices: &[ResourceSlice]) -> PublishedGpus {
+        // node → GPU index → (memory, slots)
+        let mut gpus: BTreeMap<String, BTreeMap<u32, (u64, u32)>> = BTreeMap::new();
+        let mut slot: Option<SlotSize> = None;
+        for s in slices.iter().filter(|s| s.spec.driver == DRIVER) {
+            let node = s
+                .spec
+                .node_name
+                .clone()
+                .unwrap_or_else(|| s.spec.pool.name.clone());
+            for d in s.spec.devices.iter().flatten() {
+                let (index, slot_no) = match parse_device(&d.name) {
+                    Some(DeviceRef::Gpu(i)) => (i, None),
+                    Some(DeviceRef::Slot(i, j)) => (i, Some(j)),
+                    None => continue,
+                };
+                let cap = |k: &str| {
+                    d.capacity
+                        .as_ref()
+                        .and_then(|c| c.get(k))
+                        .and_then(|c| parse_kube_quantity(&c.value.0).ok())
+                };
+                let memory = cap(CAP_MEMORY).unwrap_or(0);
+                let entry = gpus
+                    .entry(node.clone())
+                    .or_default()
+                    .entry(index)
+                    .or_default();
+                match slot_no {
+                    None => entry.0 = memory,
+                    Some(_) => {
+                        entry.0 += memory;
+                        entry.1 += 1;
+                        let cores = cap(CAP_CORES).and_then(|c| u32::try_from(c).ok());
+                        slot = Some(match slot {
+                            Some(prev) if prev.memory <= memory => prev,
+                            _ => SlotSize {
+                                memory,
+                                cores,
+                                per_gpu: 0,
+                            },
+                        });
+                    }
+                }
+            }
+        }
+        let mode = match slot {
+            Some(mut s) => {
+                s.per_gpu = gpus
+                    .values()
+                    .flat_map(|g| g.values().map(|(_, n)| *n))
+                    .filter(|n| *n > 0)
+                    .min()
+                    .unwrap_or(1);
+                Mode::Slots(s)
+            }
+            None => Mode::Capacity,
+        };
+        let memory: BTreeSet<u64> = gpus
+            .values()
+            .flat_map(|g| g.values().map(|(m, _)| *m))
+            .filter(|m| *m > 0)
+            .collect();
+        PublishedGpus {
+            mode,
+            max_gpus_per_node: gpus
+                .values()
+                .map(|g| g.len() as u32)
+                .max()
+                .filter(|n| *n > 0),
+            gpu_memory: memory.into_iter().collect(),
+        }
+    }
+}
+
+impl Mode {
+    /// `capacity` or `slots (6 per GPU × 23Gi)`, for the tools' views.
+    pub fn describe(&self) -> String {
+        match self {
+            Mode::Capacity => "capacity".to_string(),
+            Mode::Slots(s) => format!(
+                "slots ({} per GPU × {})",
+                s.per_gpu,
+                format_kube_quantity(s.memory)
+            ),
+        }
+    }
+}
+
+/// The compute share opaque parameters of driver `gpuslice.io` ask (`{"cores": N, …}`), when
+/// they name one.
+pub fn opaque_cores(parameters: &serde_json::Value) -> Option<u32> {
+    parameters
+        .get("cores")
+        .and_then(serde_json::Value::as_u64)
+        .and_then(|c| u32::try_from(c).ok())
+}
+
+/// What a claim spec of [`claim_spec`]'s shape asks, read back (`None` when the spec is not of
+/// that shape). Slot requests give their memory as slots × `mode`'s slot (`None` when `mode`
+/// is not slot mode); a capacity request with `count: N` (an older shape) is N GPUs.
+pub fn shape_of(spec: &ResourceClaimSpec, mode: Mode) -> Option<Shape> {
+    let devices = spec.devices.as_ref()?;
+    let requests = devices.requests.as_ref()?;
+    let mut shape = Shape::default();
+    for r in requests {
+        let e = r.exactly.as_ref()?;
+        let count = u32::try_from(e.count.unwrap_or(1)).ok()?;
+        let cap = e.capacity.as_ref().and_then(|c| c.requests.as_ref());
+        let q = |k: &str| {
+            cap.and_then(|c| c.get(k))
+                .and_then(|q| parse_kube_quantity(&q.0).ok())
+        };
+        if e.device_class_name == DRIVER {
+            shape.gpus += count;
+            shape.memory = q(CAP_MEMORY);
+            shape.cores = q(CAP_CORES).and_then(|c| u32::try_from(c).ok());
+        } else if e.device_class_name == SLOT_CLASS {
+            shape.gpus += 1;
+            shape.memory = match mode {
+                Mode::Slots(s) => Some(u64::from(count).saturating_mul(s.memory)),
+                Mode::Capacity => None,
+            };
+        } else {
+            return None;
+        }
+        shape.selectors = e
+            .selectors
+            .iter()
+            .flatten()
+            .filter_map(|s| s.cel.as_ref().map(|c| c.expression.clone()))
+            .collect();
+    }
+    if let Some(c) = devices
+        .config
+        .iter()
+        .flatten()
+        .filter_map(|c| c.opaque.as_ref())
+        .filter(|o| o.driver == DRIVER)
+        .find_map(|o| opaque_cores(&o.parameters.0))
+    {
+        shape.cores = Some(c);
+    }
+    (shape.gpus > 0).then_some(shape)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn spec(mode: Mode, shape: &Shape) -> (serde_json::Value, Vec<String>) {
+        let (s, w) = claim_spec(mode, shape, "f").unwrap();
+        (serde_json::to_value(s).unwrap(), w)
+    }
+
+    #[test]
+    fn capacity_mode_asks_one_request_per_distinct_gpu() {
+        let shape = Shape {
+            gpus: 2,
+            memory: Some(12000 << 20),
+            cores: Some(30),
+            selectors: vec![],
+        };
+        let (s, w) = spec(Mode::Capacity, &shape);
+        assert!(w.is_empty(), "{w:?}");
+        let cap = json!({"requests": {"cores": "30", "memory": "12000Mi"}});
+        assert_eq!(
+            s["devices"],
+            json!({
+                "requests": [
+                    {"name": "gpu-0", "exactly": {"deviceClassName": "gpuslice.io", "count": 1, "capacity": cap}},
+                    {"name": "gpu-1", "exactly": {"deviceClassName": "gpuslice.io", "count": 1, "capacity": cap}},
+                ],
+                "constraints": [{"requests": ["gpu-0", "gpu-1"], "distinctAttribute": "gpuslice.io/uuid"}],
+            })
+        );
+    }
+
+    #[test]
+    fn a_whole_gpu_names_no_capacity_and_odd_bytes_round_up_with_a_warning() {
+        let (s, w) = spec(
+            Mode::Capacity,
+            &Shape {
+                gpus: 1,
+                ..Default::default()
+            },
+        );
+        assert_eq!(
+            s["devices"],
+            json!({"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpuslice.io", "count": 1}}]})
+        );
+        assert!(w.is_empty());
+        let (s, w) = spec(
+            Mode::Capacity,
+            &Shape {
+                gpus: 1,
+                memory: Some((1 << 20) + 1),
+                ..Default::default()
+            },
+        );
+        assert_eq!(
+            s["devices"]["requests"][0]["exactly"]["capacity"]["requests"]["memory"],
+            "2Mi"
+        );
+        assert_eq!(w.len(), 1, "{w:?}");
+    }
+
+    #[test]
+    fn slot_mode_counts_slots_of_one_gpu() {
+        let slot = SlotSize {
+            memory: 8 << 30,
+            cores: None,
+            per_gpu: 16,
+        };
+        let (s, w) = spec(
+            Mode::Slots(slot),
+            &Shape {
+                gpus: 1,
+                memory: Some(20 << 30),
+                ..Default::default()
+            },
+        );
+        assert_eq!(
+            s["devices"],
+            json!({
+                "requests": [{"name": "gpu", "exactly": {"deviceClassName": "slots.gpuslice.io", "count": 3}}],
+                "constraints": [{"requests": ["gpu"], "matchAttribute": "gpuslice.io/uuid"}],
+            })
+        );
+        assert_eq!(w.len(), 1, "20Gi is not whole slots: {w:?}");
+        let err = claim_spec(
+            Mode::Slots(slot),
+            &Shape {
+                gpus: 1,
+                memory: Some(200 << 30),
+                ..Default::default()
+            },
+            "spec.containers[0].resources.limits[gpuslice.io/memory]",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("gpuslice.io/memory") && err.contains("at most 16 slots"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_same_shape_is_the_same_template_and_another_is_another() {
+        let a = Shape {
+            gpus: 1,
+            memory: Some(20 << 30),
+            ..Default::default()
+        };
+        let b = Shape {
+            cores: Some(30),
+            ..a.clone()
+        };
+        let t = |s: &Shape| template("ns", claim_spec(Mode::Capacity, s, "f").unwrap().0);
+        assert_eq!(t(&a).metadata.name, t(&a).metadata.name);
+        assert_ne!(t(&a).metadata.name, t(&b).metadata.name);
+        assert!(is_ours(&t(&a), &t(&a)));
+        assert!(!is_ours(&t(&b), &t(&a)));
+        let mut foreign = t(&a);
+        foreign.metadata.labels = None;
+        assert!(!is_ours(&foreign, &t(&a)), "a template without our label");
+        // As stored: the API server's defaults added.
+        let mut stored = serde_json::to_value(t(&a)).unwrap();
+        stored["spec"]["spec"]["devices"]["requests"][0]["exactly"]["allocationMode"] =
+            json!("ExactCount");
+        let stored: ResourceClaimTemplate = serde_json::from_value(stored).unwrap();
+        assert!(is_ours(&stored, &t(&a)), "defaults are not a difference");
+    }
+
+    fn slice(node: &str, devices: serde_json::Value) -> ResourceSlice {
+        serde_json::from_value(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": format!("{node}-gpuslice.io")},
+            "spec": {"driver": "gpuslice.io", "nodeName": node,
+                     "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                     "devices": devices},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn capacity_slices_give_sizes_and_gpus_per_node() {
+        let inv = PublishedGpus::from_slices(&[
+            slice(
+                "a",
+                json!([{"name": "gpu-0", "capacity": {"memory": {"value": "141Gi"}}},
+                       {"name": "gpu-1", "capacity": {"memory": {"value": "141Gi"}}}]),
+            ),
+            slice(
+                "b",
+                json!([{"name": "gpu-0", "capacity": {"memory": {"value": "80Gi"}}}]),
+            ),
+        ]);
+        assert_eq!(inv.mode, Mode::Capacity);
+        assert_eq!(inv.max_gpus_per_node, Some(2));
+        assert_eq!(inv.gpu_memory, vec![80 << 30, 141 << 30]);
+    }
+
+    #[test]
+    fn slot_devices_mean_slot_mode() {
+        let inv = PublishedGpus::from_slices(&[slice(
+            "a",
+            json!([{"name": "gpu-0-slot-0", "capacity": {"memory": {"value": "8Gi"}}},
+                   {"name": "gpu-0-slot-1", "capacity": {"memory": {"value": "8Gi"}}}]),
+        )]);
+        assert_eq!(
+            inv.mode,
+            Mode::Slots(SlotSize {
+                memory: 8 << 30,
+                cores: None,
+                per_gpu: 2
+            })
+        );
+        assert_eq!(inv.gpu_memory, vec![16 << 30]);
+        assert_eq!(PublishedGpus::from_slices(&[]), PublishedGpus::default());
+    }
+
+    #[test]
+    fn a_slot_claims_share_travels_as_opaque_parameters_and_reads_back() {
+        let slot = SlotSize {
+            memory: 4 << 30,
+            cores: Some(16),
+            per_gpu: 6,
+        };
+        let shape = Shape {
+            gpus: 1,
+            memory: Some(8 << 30),
+            cores: Some(30),
+            selectors: vec![],
+        };
+        let (s, w) = claim_spec(Mode::Slots(slot), &shape, "f").unwrap();
+        assert!(w.is_empty(), "{w:?}");
+        let v = serde_json::to_value(&s).unwrap();
+        assert_eq!(v["devices"]["requests"][0]["exactly"]["count"], 2);
+        assert_eq!(
+            v["devices"]["config"],
+            json!([{"opaque": {"driver": "gpuslice.io", "parameters": {"apiVersion": "gpuslice.io/v1", "kind": "SliceParameters", "cores": 30}}}])
+        );
+        assert_eq!(shape_of(&s, Mode::Slots(slot)), Some(shape.clone()));
+        // Capacity mode reads back as written, and an older one-request `count: 2` as 2 GPUs.
+        let cap = Shape {
+            gpus: 2,
+            ..shape.clone()
+        };
+        let (s, _) = claim_spec(Mode::Capacity, &cap, "f").unwrap();
+        assert_eq!(shape_of(&s, Mode::Capacity), Some(cap));
+        let old: ResourceClaimSpec = serde_json::from_value(json!({"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": "gpuslice.io", "count": 2,
+             "capacity": {"requests": {"memory": "20Gi"}}}}]}}))
+        .unwrap();
+        assert_eq!(
+            shape_of(&old, Mode::Capacity).map(|s| (s.gpus, s.memory)),
+            Some((2, Some(20 << 30)))
+        );
+        assert_eq!(
+            shape_of(&ResourceClaimSpec::default(), Mode::Capacity),
+            None
+        );
+        assert_eq!(
+            UUID_ATTRIBUTE,
+            format!("{DRIVER}/{}", crate::slices::ATTR_UUID)
+        );
+    }
+
+    #[test]
+    fn a_writer_names_and_labels_its_templates_and_knows_them_again() {
+        let spec = claim_spec(
+            Mode::Capacity,
+            &Shape {
+                gpus: 1,
+                ..Default::default()
+            },
+            "f",
+        )
+        .unwrap()
+        .0;
+        let tool = Writer {
+            manager: "kubectl-gpuslice".into(),
+            prefix: "web-deployment-gpuslice-".into(),
+            annotations: BTreeMap::from([("gpuslice.io/workload".into(), "deployment/web".into())]),
+        };
+        let t = template_by(&tool, "ml", spec.clone());
+        let name = t.metadata.name.clone().unwrap();
+        assert!(
+            name.starts_with("web-deployment-gpuslice-") && name.len() == 24 + 16,
+            "{name}"
+        );
+        assert_eq!(
+            template("ml", spec.clone()).spec,
+            t.spec,
+            "the webhook's template holds the same claim"
+        );
+        assert!(written_by(&t, &tool) && is_ours(&t, &t));
+        let other = Writer {
+            annotations: BTreeMap::from([("gpuslice.io/workload".into(), "deployment/api".into())]),
+            ..tool.clone()
+        };
+        assert!(!written_by(&t, &other) && !written_by(&t, &Writer::webhook()));
+        assert!(!is_ours(&t, &template_by(&other, "ml", spec.clone())));
+        assert!(!is_ours(&t, &template("ml", spec.clone())));
+        let long = Writer {
+            prefix: "a".repeat(300),
+            ..tool
+        };
+        assert_eq!(
+            template_by(&long, "ml", spec).metadata.name.unwrap().len(),
+            253
+        );
+    }
+}
