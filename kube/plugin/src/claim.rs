@@ -380,12 +380,13 @@ pub fn node_allocation(
         }
     }
     if let Some((Some(request), _)) = asked.iter().find(|(r, _)| {
-        r.as_deref()
-            .is_some_and(|r| {
-                !request_gpus.contains_key(r)
-                    && !slot_results.contains(r)
-                    && ours.iter().any(|o| o.request == r || parent_request(&o.request) == r)
-            })
+        r.as_deref().is_some_and(|r| {
+            !request_gpus.contains_key(r)
+                && !slot_results.contains(r)
+                && ours
+                    .iter()
+                    .any(|o| o.request == r || parent_request(&o.request) == r)
+        })
     }) {
         return Err(ClaimError::Opaque {
             claim: who,
@@ -743,7 +744,10 @@ mod tests {
         let e = node_allocation(&spans, &want(), "n1", &geometry())
             .unwrap_err()
             .to_string();
-        assert!(e.contains("request gpu ") && e.contains("gpu-0, gpu-1"), "{e}");
+        assert!(
+            e.contains("request gpu ") && e.contains("gpu-0, gpu-1"),
+            "{e}"
+        );
         assert!(config_applies(Some(&["gpu".to_string()]), "gpu/slots-1"));
         assert!(!config_applies(Some(&["gpu-1".to_string()]), "gpu/slots-1"));
         assert!(config_applies(None, "x"));

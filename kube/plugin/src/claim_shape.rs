@@ -10,8 +10,8 @@ use gpuslice_config::{format_kube_quantity, parse_kube_quantity};
 use k8s_openapi::api::resource::v1::{
     CELDeviceSelector, CapacityRequirements, DeviceClaim, DeviceClaimConfiguration,
     DeviceConstraint, DeviceRequest, DeviceSelector, DeviceSubRequest, ExactDeviceRequest,
-    OpaqueDeviceConfiguration, ResourceClaimSpec, ResourceClaimTemplate,
-    ResourceClaimTemplateSpec, ResourceSlice,
+    OpaqueDeviceConfiguration, ResourceClaimSpec, ResourceClaimTemplate, ResourceClaimTemplateSpec,
+    ResourceSlice,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -785,9 +785,7 @@ mod tests {
             per_gpu: 6,
         };
         let mode = Mode::Slots(vec![l4, h200]);
-        let sel = |q: &str| {
-            json!({"cel": {"expression": format!("device.capacity[\"gpuslice.io\"].memory.compareTo(quantity(\"{q}\")) == 0")}})
-        };
+        let sel = |q: &str| json!({"cel": {"expression": format!("device.capacity[\"gpuslice.io\"].memory.compareTo(quantity(\"{q}\")) == 0")}});
         let eight = Shape {
             gpus: 1,
             memory: Some(8 << 30),
@@ -854,7 +852,10 @@ mod tests {
         )
         .unwrap_err()
         .to_string();
-        assert!(e.contains("at most 6 slots") && e.contains("(141Gi)"), "{e}");
+        assert!(
+            e.contains("at most 6 slots") && e.contains("(141Gi)"),
+            "{e}"
+        );
         // One size in the cluster keeps the plain form.
         let (s, _) = spec(Mode::Slots(vec![l4]), &eight);
         assert_eq!(s["devices"]["requests"][0]["exactly"]["count"], 2);
