@@ -495,6 +495,9 @@ impl Default for PublishedGpus {
     }
 }
 
+/// The slots of one size seen: their compute share and how many each (node, GPU) has.
+type SlotsOfSize = (Option<u32>, BTreeMap<(String, u32), u32>);
+
 impl PublishedGpus {
     /// Reads the slices of driver `gpuslice.io`. Slot mode when the devices are slots
     /// (`gpu-<i>-slot-<j>`), with every slot size seen (per size: the fewest slots a GPU of
@@ -503,8 +506,7 @@ impl PublishedGpus {
         // node → GPU index → (memory, slots)
         let mut gpus: BTreeMap<String, BTreeMap<u32, (u64, u32)>> = BTreeMap::new();
         // slot bytes → (cores, per node → GPU index → slots)
-        let mut slot_gpus: BTreeMap<u64, (Option<u32>, BTreeMap<(String, u32), u32>)> =
-            BTreeMap::new();
+        let mut slot_gpus: BTreeMap<u64, SlotsOfSize> = BTreeMap::new();
         for s in slices.iter().filter(|s| s.spec.driver == DRIVER) {
             let node = s
                 .spec
