@@ -179,11 +179,15 @@ pub fn claim_spec(
                     let on = fits
                         .iter()
                         .map(|(s, k)| {
-                            format!(
-                                "{k} slot(s) = {} on GPUs of {} slots",
-                                format_kube_quantity(k.saturating_mul(s.memory)),
-                                format_kube_quantity(s.memory)
-                            )
+                            let got = format_kube_quantity(k.saturating_mul(s.memory));
+                            if sizes.len() > 1 {
+                                format!(
+                                    "{k} slot(s) = {got} on GPUs of {} slots",
+                                    format_kube_quantity(s.memory)
+                                )
+                            } else {
+                                format!("{k} slot(s) = {got}")
+                            }
                         })
                         .collect::<Vec<_>>()
                         .join(", ");
@@ -755,7 +759,11 @@ mod tests {
                 "constraints": [{"requests": ["gpu"], "matchAttribute": "gpuslice.io/uuid"}],
             })
         );
-        assert_eq!(w.len(), 1, "20Gi is not whole slots: {w:?}");
+        assert_eq!(
+            w,
+            ["f: memory 20Gi rounded up to 3 slot(s) = 24Gi per GPU"],
+            "20Gi is not whole slots"
+        );
         let err = claim_spec(
             &Mode::Slots(vec![slot]),
             &Shape {
