@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 
 use gpuslice_config::quantity::{format_kube_quantity, parse_kube_quantity};
 use gpuslice_kube::claim_shape::{
-    claim_spec, slot_count, template_by, Mode, Shape, ShapeError, Writer, HAMI_LIMIT_PREFIX,
-    LIMIT_CORES, LIMIT_GPUS, LIMIT_MEMORY,
+    claim_spec, slot_count, template_by, Mode, Shape, ShapeError, SlotSize, Writer,
+    HAMI_LIMIT_PREFIX, LIMIT_CORES, LIMIT_GPUS, LIMIT_MEMORY,
 };
 use gpuslice_kube::slices::MEMORY_STEP;
 use k8s_openapi::api::core::v1::{
@@ -215,7 +215,7 @@ pub fn claim_template(
     kind: Kind,
     name: &str,
     req: &Request,
-    mode: Mode,
+    mode: &Mode,
 ) -> Result<(ResourceClaimTemplate, Vec<String>), EditError> {
     let (spec, warnings) = claim_spec(mode, &req.shape(), "--memory/--cores/--gpus")?;
     Ok((template_by(&writer(kind, name), namespace, spec), warnings))
@@ -455,21 +455,34 @@ pub fn fit_per_node(
     gpus: &[GpuView],
     req: &Request,
     want: u64,
-    mode: Mode,
+    mode: &Mode,
 ) -> BTreeMap<String, u64> {
     let mut per_node: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-    // In slot mode the claim asks the same count of slots of every GPU, whatever its slots'
-    // size: a GPU holds as many pods as its free slots give that count.
-    let slots = match mode {
-        Mode::Slots(s) => Some(slot_count(&s, &req.shape()).max(1)),
-        Mode::Capacity => None,
-    };
+    // In slot mode the claim asks, of each GPU, the slots of that GPU's size (none where they
+    // cannot hold it): a GPU holds as many pods as its free slots give that count.
+    let shape = req.shape();
     for g in gpus {
-        let by_memory = match (slots, g.slots) {
-            (Some(k), Some(s)) => s.published.saturating_sub(s.allocated) / k,
+        let by_memory = match (mode, g.slots) {
+            (Mode::Slots(sizes), Some(s)) => {
+                let size = sizes
+                    .iter()
+                    .find(|z| z.memory == s.size)
+                    .copied()
+                    .unwrap_or(SlotSize {
+                        memory: s.size,
+                        cores: None,
+                        per_gpu: u32::try_from(s.published).unwrap_or(u32::MAX),
+                    });
+                let k = slot_count(&size, &shape).max(1);
+                if k > u64::from(size.per_gpu) {
+                    0
+                } else {
+                    s.published.saturating_sub(s.allocated) / k
+                }
+            }
             // A GPU of capacity mode: no slot to give a slot claim.
-            (Some(_), None) => 0,
-            (None, _) => g.memory.free / req.memory.max(1),
+            (Mode::Slots(_), None) => 0,
+            (Mode::Capacity, _) => g.memory.free / req.memory.max(1),
         };
         let by_cores = match (req.cores, mode) {
             (Some(c), Mode::Capacity) if c > 0 => g.cores.free / c,
@@ -596,7 +609,7 @@ mod tests {
     #[test]
     fn the_template_holds_the_claim_the_webhook_writes_for_the_same_ask() {
         let r = Request::parse("20Gi", Some("30"), 2).unwrap();
-        let (t, w) = claim_template("ml", Kind::Deployment, "web", &r, Mode::Capacity).unwrap();
+        let (t, w) = claim_template("ml", Kind::Deployment, "web", &r, &Mode::Capacity).unwrap();
         assert!(w.is_empty(), "{w:?}");
         let v = serde_json::to_value(&t).unwrap();
         let cap = json!({"requests": {"cores": "30", "memory": "20Gi"}});
@@ -609,7 +622,7 @@ mod tests {
         );
         let webhook = gpuslice_kube::claim_shape::template(
             "ml",
-            claim_spec(Mode::Capacity, &r.shape(), "f").unwrap().0,
+            claim_spec(&Mode::Capacity, &r.shape(), "f").unwrap().0,
         );
         assert_eq!(
             t.spec, webhook.spec,
@@ -630,17 +643,17 @@ mod tests {
             &writer(Kind::Deployment, "web")
         ));
         // The same request, the same name; another, another.
-        let again = claim_template("ml", Kind::Deployment, "web", &r, Mode::Capacity)
+        let again = claim_template("ml", Kind::Deployment, "web", &r, &Mode::Capacity)
             .unwrap()
             .0;
         assert_eq!(again.metadata.name, t.metadata.name);
         let other = Request::parse("20Gi", None, 2).unwrap();
-        let o = claim_template("ml", Kind::Deployment, "web", &other, Mode::Capacity)
+        let o = claim_template("ml", Kind::Deployment, "web", &other, &Mode::Capacity)
             .unwrap()
             .0;
         assert_ne!(o.metadata.name, t.metadata.name);
         let long = "a".repeat(253);
-        let l = claim_template("ml", Kind::Deployment, &long, &r, Mode::Capacity)
+        let l = claim_template("ml", Kind::Deployment, &long, &r, &Mode::Capacity)
             .unwrap()
             .0;
         assert!(l.metadata.name.unwrap().len() <= 253);
@@ -651,8 +664,14 @@ mod tests {
             per_gpu: 6,
         };
         let one = Request::parse("20Gi", Some("30"), 1).unwrap();
-        let (t, w) =
-            claim_template("ml", Kind::Deployment, "web", &one, Mode::Slots(slot)).unwrap();
+        let (t, w) = claim_template(
+            "ml",
+            Kind::Deployment,
+            "web",
+            &one,
+            &Mode::Slots(vec![slot]),
+        )
+        .unwrap();
         let v = serde_json::to_value(&t).unwrap();
         assert_eq!(
             v["spec"]["spec"]["devices"]["requests"],
@@ -664,7 +683,14 @@ mod tests {
         );
         assert_eq!(w.len(), 1, "20Gi is not whole slots of 8Gi: {w:?}");
         let big = Request::parse("100Gi", None, 1).unwrap();
-        let e = claim_template("ml", Kind::Deployment, "web", &big, Mode::Slots(slot)).unwrap_err();
+        let e = claim_template(
+            "ml",
+            Kind::Deployment,
+            "web",
+            &big,
+            &Mode::Slots(vec![slot]),
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("at most 6 slots"), "{e}");
     }
 
@@ -810,30 +836,30 @@ mod tests {
         // Free: node-a gpu-0 111Gi / 70 cores, gpu-1 90Gi / 75 cores; node-b nothing.
         let r = Request::parse("20Gi", Some("30"), 1).unwrap();
         assert_eq!(
-            fit_per_node(&m.gpus, &r, 100, Mode::Capacity),
+            fit_per_node(&m.gpus, &r, 100, &Mode::Capacity),
             BTreeMap::from([("node-a".into(), 4), ("node-b".into(), 0)])
         );
         let r = Request::parse("20Gi", None, 1).unwrap();
         assert_eq!(
-            fit_per_node(&m.gpus, &r, 100, Mode::Capacity)["node-a"],
+            fit_per_node(&m.gpus, &r, 100, &Mode::Capacity)["node-a"],
             5 + 4
         );
         assert_eq!(
-            fit_per_node(&m.gpus, &r, 3, Mode::Capacity)["node-a"],
+            fit_per_node(&m.gpus, &r, 3, &Mode::Capacity)["node-a"],
             3,
             "counting stops at what is wanted"
         );
         // Two GPUs a pod: at most as many pods as the scarcer GPU holds.
         let r = Request::parse("40Gi", None, 2).unwrap();
-        assert_eq!(fit_per_node(&m.gpus, &r, 100, Mode::Capacity)["node-a"], 2);
+        assert_eq!(fit_per_node(&m.gpus, &r, 100, &Mode::Capacity)["node-a"], 2);
         let r = Request::parse("1Gi", None, 3).unwrap();
         assert_eq!(
-            fit_per_node(&m.gpus, &r, 100, Mode::Capacity)["node-a"],
+            fit_per_node(&m.gpus, &r, 100, &Mode::Capacity)["node-a"],
             0,
             "node-a has two GPUs"
         );
         let r = Request::parse("200Gi", None, 1).unwrap();
-        assert!(fit_per_node(&m.gpus, &r, 100, Mode::Capacity)
+        assert!(fit_per_node(&m.gpus, &r, 100, &Mode::Capacity)
             .values()
             .all(|k| *k == 0));
     }
@@ -851,7 +877,7 @@ mod tests {
             None,
         );
         // node-a's GPUs as slots: gpu-0 of 4Gi slots (2 of 6 held), gpu-1 of 24Gi slots; the
-        // claim asks the same count of each GPU's slots (8Gi is 2 of the smallest, 4Gi).
+        // claim asks of each GPU the slots of its size (8Gi: 2 of 4Gi, 1 of 24Gi).
         let mut gpus = m.gpus.clone();
         for g in gpus.iter_mut().filter(|g| g.node == "node-a") {
             g.slots = Some(if g.device == "gpu-0" {
@@ -868,16 +894,23 @@ mod tests {
                 }
             });
         }
-        let slot = gpuslice_kube::claim_shape::SlotSize {
-            memory: 4 << 30,
+        let size = |memory: u64| gpuslice_kube::claim_shape::SlotSize {
+            memory,
             cores: None,
             per_gpu: 6,
         };
+        let mode = Mode::Slots(vec![size(4 << 30), size(24 << 30)]);
         let r = Request::parse("8Gi", None, 1).unwrap();
         assert_eq!(
-            fit_per_node(&gpus, &r, 100, Mode::Slots(slot)),
-            BTreeMap::from([("node-a".into(), 2 + 3), ("node-b".into(), 0)]),
-            "free slots / 2 per GPU; node-b publishes no slots"
+            fit_per_node(&gpus, &r, 100, &mode),
+            BTreeMap::from([("node-a".into(), 2 + 6), ("node-b".into(), 0)]),
+            "4 free 4Gi slots / 2 and 6 free 24Gi slots / 1; node-b publishes no slots"
+        );
+        // 30Gi is above 6 × 4Gi: only gpu-1, 2 of its slots per pod.
+        let r = Request::parse("30Gi", None, 1).unwrap();
+        assert_eq!(
+            fit_per_node(&gpus, &r, 100, &mode),
+            BTreeMap::from([("node-a".into(), 3), ("node-b".into(), 0)]),
         );
     }
 

@@ -9,7 +9,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use gpuslice_config::quantity::parse_kube_quantity;
-use gpuslice_kube::claim_shape::{opaque_cores, PublishedGpus};
+use gpuslice_kube::claim::{config_applies, opaque_cores};
+use gpuslice_kube::claim_shape::PublishedGpus;
 use gpuslice_kube::slices::{
     device_name, parse_device, DeviceRef, ATTR_PRODUCT, ATTR_UUID, CAP_CORES, CAP_MEMORY,
 };
@@ -195,20 +196,17 @@ struct Published {
     slot: bool,
 }
 
-/// The compute share a slot claim's opaque parameters ask for request `request`.
+/// The compute share a slot claim's opaque parameters ask for the result of request
+/// `request` (`<request>` or a prioritized list's `<request>/<subrequest>`).
 fn slot_share(alloc: &k8s_openapi::api::resource::v1::AllocationResult, request: &str) -> u64 {
     alloc
         .devices
         .iter()
         .flat_map(|d| d.config.iter().flatten())
-        .filter(|c| {
-            c.requests
-                .as_ref()
-                .is_none_or(|r| r.is_empty() || r.iter().any(|x| x == request))
-        })
+        .filter(|c| config_applies(c.requests.as_deref(), request))
         .filter_map(|c| c.opaque.as_ref())
         .filter(|o| o.driver == DRIVER)
-        .filter_map(|o| opaque_cores(&o.parameters.0))
+        .filter_map(|o| opaque_cores(&o.parameters.0).ok())
         .max()
         .map_or(0, u64::from)
 }

@@ -208,7 +208,7 @@ fn template_yaml<W: Workload>(label: &str, w: &W) -> Result<String, WorkloadErro
 /// Checks that `want` pods (`None`: a DaemonSet, one per node with GPUs) fit.
 fn check_fit(
     m: &model::Model,
-    mode: Mode,
+    mode: &Mode,
     label: &str,
     req: &Request,
     want: Option<u64>,
@@ -293,7 +293,7 @@ async fn choose_form(
 }
 
 /// What the summary line says of the form written.
-fn form_line(form: Form, mode: Mode, template: &str, why: &str) -> String {
+fn form_line(form: Form, mode: &Mode, template: &str, why: &str) -> String {
     match form {
         Form::Limits => format!(
             "limits form: gpuslice.io/gpus, gpuslice.io/memory, gpuslice.io/cores in the containers' limits, which the webhook turns into a claim of each pod; because {why}"
@@ -317,7 +317,7 @@ async fn allocate_kind<W: Workload>(
     let api: Api<W> = Api::namespaced(client.clone(), ns);
     let templates: Api<ResourceClaimTemplate> = Api::namespaced(client.clone(), ns);
     let src = fetch::sources(client, &PodScope::None, None).await?;
-    let mode = PublishedGpus::from_slices(&src.slices).mode;
+    let mode = &PublishedGpus::from_slices(&src.slices).mode;
     let m = model::build(&src, None);
     let first = get(&api, &label, name, ns).await?;
     let spec = first.pod_spec().ok_or_else(|| EditError::NoPodSpec {

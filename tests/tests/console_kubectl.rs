@@ -984,7 +984,7 @@ fn allocate_writes_the_limits_form_with_the_webhook_and_the_claim_form_without()
             .remove("allocationMode");
     }
     let (want, _) = claim_spec(
-        Mode::Capacity,
+        &Mode::Capacity,
         &Shape {
             gpus: 2,
             memory: Some(20 * GIB),
@@ -1326,10 +1326,10 @@ fn in_slot_mode_the_views_show_gpus_and_allocate_writes_slot_claims() {
     let (table, _) = plugin_ok(&cluster, &["pods"]);
     eprintln!("kubectl gpuslice pods (slot mode):\n{table}");
 
-    // The fit check counts free slots: 8Gi is 2 of the smallest (the L4's 4Gi) slots, so the
-    // free slots (L4: 3, H200s: 4 and 6) hold 1 + 2 + 3 pods; 7 do not fit, whatever memory
-    // the H200s' big slots have.
-    cluster.create(&deployment("many", 7, None)).unwrap();
+    // The fit check counts free slots of each GPU's size: 8Gi is 2 of the L4's 4Gi slots and
+    // 1 of an H200's 24064Mi, so the free slots (L4: 3, H200s: 4 and 6) hold 1 + 4 + 6 pods;
+    // 12 do not fit.
+    cluster.create(&deployment("many", 12, None)).unwrap();
     let line = plugin_refused(
         &cluster,
         &[
@@ -1341,9 +1341,101 @@ fn in_slot_mode_the_views_show_gpus_and_allocate_writes_slot_claims() {
             "main",
         ],
     );
-    eprintln!("allocate 7 × 8Gi in slot mode: {line}");
-    assert!(line.contains("fits 6 (node-a: 5, node-b: 1)"), "{line}");
+    eprintln!("allocate 12 × 8Gi in slot mode: {line}");
+    assert!(line.contains("fits 11 (node-a: 10, node-b: 1)"), "{line}");
     cluster.kubectl(&["delete", "deployment", "many", "-n", NS, "--wait=false"]);
+
+    // The one claim builder on this cluster of two slot sizes: each size's own slot count
+    // (a prioritized list). 8Gi lands as 1 H200 slot or 2 L4 slots, and prepare books that
+    // (never 2 H200 slots, 47Gi); 30Gi, above 6 × 4Gi, is admitted and placed on an H200.
+    {
+        use gpuslice_kube::claim_shape::{claim_spec, PublishedGpus, Shape};
+        let slices: Vec<_> =
+            serde_json::from_value(cluster.get_json(&["resourceslices"])["items"].clone()).unwrap();
+        let mode = PublishedGpus::from_slices(slices.as_slice()).mode;
+        let h200_slot = slot_memory[&("node-a".to_string(), "gpu-0-slot-0".to_string())];
+        for (name, memory) in [("sized-8", 8 * GIB), ("sized-30", 30 * GIB)] {
+            let shape = Shape {
+                gpus: 1,
+                memory: Some(memory),
+                ..Default::default()
+            };
+            let (spec, _) = claim_spec(&mode, &shape, "test").unwrap();
+            assert!(
+                spec.devices.as_ref().unwrap().requests.as_ref().unwrap()[0]
+                    .first_available
+                    .is_some(),
+                "two slot sizes: a prioritized list: {spec:?}"
+            );
+            let claim = json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": name, "namespace": NS},
+                "spec": spec,
+            });
+            cluster.create(&claim).unwrap();
+            cluster.create(&pod(name, name)).unwrap();
+            let node = wait_bound(&cluster, name);
+            let c = cluster.get_json(&["resourceclaim", name, "-n", NS]);
+            let results = c["status"]["allocation"]["devices"]["results"]
+                .as_array()
+                .unwrap()
+                .clone();
+            let gpus: std::collections::BTreeSet<String> = results
+                .iter()
+                .map(|x| gpu_of_slot(x["device"].as_str().unwrap()))
+                .collect();
+            assert_eq!(gpus.len(), 1, "the slots of one GPU: {c}");
+            let held: u64 = results
+                .iter()
+                .map(|r| slot_memory[&(node.clone(), r["device"].as_str().unwrap().to_string())])
+                .sum();
+            let (want_node, want_slots) = match (memory == 8 * GIB, node.as_str()) {
+                (true, "node-a") => ("node-a", 1),
+                (true, _) => ("node-b", 2),
+                (false, _) => ("node-a", 2),
+            };
+            assert_eq!(
+                (node.as_str(), results.len()),
+                (want_node, want_slots),
+                "{name}: {c}"
+            );
+            assert!(
+                results
+                    .iter()
+                    .all(|r| r["request"].as_str().unwrap().starts_with("gpu/slots-")),
+                "subrequest results: {c}"
+            );
+            assert!(
+                held >= memory && held <= memory.max(h200_slot) + h200_slot,
+                "{held}"
+            );
+            // The kubelet prepares it: the plugin books what the allocation names on that GPU.
+            let uid = c["metadata"]["uid"].as_str().unwrap();
+            let index = usize::from(node == "node-b");
+            let answer = plugins[index]
+                .kubelet()
+                .prepare(gpuslice_e2e::kubelet::claim(NS, name, uid))
+                .unwrap();
+            assert_eq!(answer.error, "", "{name}: {}", plugins[index].log_text());
+            let text =
+                std::fs::read_to_string(nodes[node.as_str()].state_dir().join("registry.json"))
+                    .unwrap();
+            let file: Value = serde_json::from_str(&text).unwrap();
+            let booked: Vec<u64> = file["reservations"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|r| r["owner"]["claim_uid"] == uid)
+                .flat_map(|r| r["gpus"].as_array().unwrap().clone())
+                .map(|g| g["memory"].as_u64().unwrap())
+                .collect();
+            assert_eq!(booked, [held], "{name} on {node}: {text}");
+            eprintln!(
+                "{name}: {} slot(s) on {node}, {held} bytes booked",
+                results.len()
+            );
+        }
+    }
 
     // allocate writes the slot shape (k slots of one GPU, its share as opaque parameters);
     // the scheduler allocates it, each pod's slots on one GPU and at least the memory asked.
@@ -1373,10 +1465,16 @@ fn in_slot_mode_the_views_show_gpus_and_allocate_writes_slot_claims() {
     assert_eq!(rcts.len(), 1, "{rcts:?}");
     let t = cluster.get_json(&["resourceclaimtemplate", &rcts[0], "-n", NS]);
     let devices = &t["spec"]["spec"]["devices"];
-    let exactly = &devices["requests"][0]["exactly"];
-    assert_eq!(exactly["deviceClassName"], "slots.gpuslice.io", "{t}");
-    assert!(exactly.get("capacity").is_none(), "{t}");
-    let k = exactly["count"].as_u64().unwrap();
+    // Two slot sizes: a subrequest per size, each its own count (30 cores take 2 slots of
+    // either size).
+    let subs = devices["requests"][0]["firstAvailable"].as_array().unwrap();
+    assert_eq!(subs.len(), 2, "{t}");
+    for sub in subs {
+        assert_eq!(sub["deviceClassName"], "slots.gpuslice.io", "{t}");
+        assert!(sub.get("capacity").is_none(), "{t}");
+    }
+    let k = subs[0]["count"].as_u64().unwrap();
+    assert_eq!(subs[1]["count"].as_u64(), Some(k), "{t}");
     assert_eq!(
         devices["constraints"],
         json!([{"requests": ["gpu"], "matchAttribute": "gpuslice.io/uuid"}]),

@@ -408,4 +408,58 @@ fn on_a_1_34_control_plane_slots_are_placed_per_gpu_and_booked_exactly() {
     let text =
         std::fs::read_to_string(nodes[node.as_str()].state_dir().join("registry.json")).unwrap();
     assert!(!text.contains(uid), "bad-opaque booked: {text}");
+
+    // The claim gpuslice's tools write on this cluster of two slot sizes: a prioritized list
+    // (DRAPrioritizedList, beta and on in 1.34), one subrequest per size. 8Gi is 2 L4 slots
+    // first, but the L4 has at most 1 left: the scheduler takes the next, 1 H200 slot.
+    let items = cluster.get_json(&["resourceslices"])["items"].clone();
+    let slices: Vec<_> = serde_json::from_value(items).unwrap();
+    let mode = gpuslice_kube::claim_shape::PublishedGpus::from_slices(slices.as_slice()).mode;
+    let shape = gpuslice_kube::claim_shape::Shape {
+        gpus: 1,
+        memory: Some(8 << 30),
+        ..Default::default()
+    };
+    let (spec, _) = gpuslice_kube::claim_shape::claim_spec(&mode, &shape, "test").unwrap();
+    cluster
+        .create(&json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "sized", "namespace": NS},
+            "spec": spec,
+        }))
+        .unwrap();
+    let stored = cluster.get_json(&["resourceclaim", "sized", "-n", NS]);
+    assert_eq!(
+        stored["spec"]["devices"]["requests"][0]["firstAvailable"]
+            .as_array()
+            .map(Vec::len),
+        Some(2),
+        "the API server keeps the subrequests: {stored}"
+    );
+    cluster.create(&pod("sized", "sized")).unwrap();
+    assert_eq!(bound_node(&cluster, "sized"), "node-a");
+    let claim = cluster.get_json(&["resourceclaim", "sized", "-n", NS]);
+    let results = claim["status"]["allocation"]["devices"]["results"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(results.len(), 1, "{claim}");
+    assert_eq!(results[0]["request"], "gpu/slots-1", "{claim}");
+    let uid = claim["metadata"]["uid"].as_str().unwrap();
+    let answer = plugins["node-a"]
+        .kubelet()
+        .prepare(kubelet_claim(NS, "sized", uid))
+        .unwrap();
+    assert_eq!(answer.error, "", "{}", plugins["node-a"].log_text());
+    let text = std::fs::read_to_string(nodes["node-a"].state_dir().join("registry.json")).unwrap();
+    let file: Value = serde_json::from_str(&text).unwrap();
+    let booked: Vec<u64> = file["reservations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["owner"]["claim_uid"] == uid)
+        .flat_map(|r| r["gpus"].as_array().unwrap().clone())
+        .map(|g| g["memory"].as_u64().unwrap())
+        .collect();
+    assert_eq!(booked, [slot_bytes["node-a"]], "{text}");
 }

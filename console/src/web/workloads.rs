@@ -24,7 +24,7 @@ use super::state::{chrome, State};
 
 /// The request a template of the claim shape asks (the inverse of
 /// [`edit::claim_template`] in the cluster's publication `mode`).
-pub fn template_request(t: &ResourceClaimTemplate, mode: Mode) -> Option<SliceRequest> {
+pub fn template_request(t: &ResourceClaimTemplate, mode: &Mode) -> Option<SliceRequest> {
     let shape = shape_of(t.spec.as_ref()?.spec.as_ref()?, mode)?;
     Some(SliceRequest {
         memory: shape.memory?,
@@ -38,7 +38,7 @@ fn row_of<W: workload::Workload>(
     w: &W,
     replicas: Option<u64>,
     templates: &[ResourceClaimTemplate],
-    mode: Mode,
+    mode: &Mode,
 ) -> WorkloadRow {
     let namespace = w.meta().namespace.clone().unwrap_or_default();
     let spec = w.pod_spec();
@@ -127,7 +127,7 @@ async fn workload_rows(state: &State, namespace: Option<&str>) -> Result<Vec<Wor
             &d,
             workload::Workload::replicas(&d),
             &templates,
-            mode,
+            &mode,
         ));
     }
     for s in statefulsets? {
@@ -136,7 +136,7 @@ async fn workload_rows(state: &State, namespace: Option<&str>) -> Result<Vec<Wor
             &s,
             workload::Workload::replicas(&s),
             &templates,
-            mode,
+            &mode,
         ));
     }
     for d in daemonsets? {
@@ -145,7 +145,7 @@ async fn workload_rows(state: &State, namespace: Option<&str>) -> Result<Vec<Wor
             &d,
             daemonset_pods(&d),
             &templates,
-            mode,
+            &mode,
         ));
     }
     rows.sort_by(|a, b| (&a.namespace, &a.name, a.kind).cmp(&(&b.namespace, &b.name, b.kind)));
@@ -196,7 +196,7 @@ async fn get_row<W: workload::Workload>(
         &obj,
         replicas(&obj),
         template.as_slice(),
-        PublishedGpus::from_slices(&slices).mode,
+        &PublishedGpus::from_slices(&slices).mode,
     )))
 }
 
@@ -237,10 +237,10 @@ mod tests {
     fn a_template_of_the_console_reads_back_as_its_request() {
         for (memory, cores, gpus) in [("20Gi", Some("30"), 1), ("1536Mi", None, 2)] {
             let req = SliceRequest::parse(memory, cores, gpus).unwrap();
-            let t = edit::claim_template("ml", Kind::Deployment, "train", &req, Mode::Capacity)
+            let t = edit::claim_template("ml", Kind::Deployment, "train", &req, &Mode::Capacity)
                 .unwrap()
                 .0;
-            assert_eq!(template_request(&t, Mode::Capacity), Some(req));
+            assert_eq!(template_request(&t, &Mode::Capacity), Some(req));
         }
         // Slot mode: the slots' memory (whole slots) and the opaque share.
         let slot = gpuslice_kube::claim_shape::SlotSize {
@@ -249,12 +249,18 @@ mod tests {
             per_gpu: 6,
         };
         let req = SliceRequest::parse("8Gi", Some("20"), 2).unwrap();
-        let t = edit::claim_template("ml", Kind::Deployment, "train", &req, Mode::Slots(slot))
-            .unwrap()
-            .0;
-        assert_eq!(template_request(&t, Mode::Slots(slot)), Some(req));
+        let t = edit::claim_template(
+            "ml",
+            Kind::Deployment,
+            "train",
+            &req,
+            &Mode::Slots(vec![slot]),
+        )
+        .unwrap()
+        .0;
+        assert_eq!(template_request(&t, &Mode::Slots(vec![slot])), Some(req));
         assert_eq!(
-            template_request(&ResourceClaimTemplate::default(), Mode::Capacity),
+            template_request(&ResourceClaimTemplate::default(), &Mode::Capacity),
             None
         );
     }

@@ -144,9 +144,67 @@ pub struct NodeAllocation {
     pub held: Held,
 }
 
+/// Why opaque parameters of this driver are not what it accepts.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OpaqueError {
+    #[error("{0} is not an object")]
+    NotObject(String),
+    #[error("cores {0} is not a percent from 1 to 100")]
+    Cores(String),
+    #[error("`{key}`: {value} is not accepted")]
+    Field { key: String, value: String },
+    #[error("no `cores`")]
+    NoCores,
+}
+
+/// The compute share opaque parameters of driver `gpuslice.io` ask (`{"cores": N}`, with
+/// optionally their `apiVersion` and `kind`), refusing anything else: the one reading of
+/// them, for prepare and for the tools that show a claim.
+pub fn opaque_cores(parameters: &serde_json::Value) -> Result<u32, OpaqueError> {
+    let serde_json::Value::Object(map) = parameters else {
+        return Err(OpaqueError::NotObject(parameters.to_string()));
+    };
+    let mut cores = None;
+    for (k, v) in map {
+        match (k.as_str(), v) {
+            ("apiVersion", serde_json::Value::String(s)) if s == "gpuslice.io/v1" => {}
+            ("kind", serde_json::Value::String(s)) if s == "SliceParameters" => {}
+            ("cores", serde_json::Value::Number(n)) => match n.as_u64() {
+                Some(p @ 1..=100) => cores = u32::try_from(p).ok(),
+                _ => return Err(OpaqueError::Cores(n.to_string())),
+            },
+            _ => {
+                return Err(OpaqueError::Field {
+                    key: k.clone(),
+                    value: v.to_string(),
+                })
+            }
+        }
+    }
+    cores.ok_or(OpaqueError::NoCores)
+}
+
+/// The request a result or a configuration names: `<request>` itself, or the parent of a
+/// prioritized list's `<request>/<subrequest>` (a configuration naming the parent applies to
+/// every subrequest).
+pub fn parent_request(name: &str) -> &str {
+    name.split_once('/').map_or(name, |(parent, _)| parent)
+}
+
+/// Whether a configuration naming `requests` (none: every request) applies to the result of
+/// request `result` (`<request>` or `<request>/<subrequest>`).
+pub fn config_applies(requests: Option<&[String]>, result: &str) -> bool {
+    match requests {
+        None | Some([]) => true,
+        Some(names) => names
+            .iter()
+            .any(|n| n == result || n == parent_request(result)),
+    }
+}
+
 /// The compute share each request of `claim` asks through opaque parameters of this driver,
 /// by request name (`None` key: every request).
-fn opaque_cores(
+fn claim_opaque_cores(
     claim: &ResourceClaim,
     who: &str,
 ) -> Result<Vec<(Option<String>, u64)>, ClaimError> {
@@ -161,28 +219,13 @@ fn opaque_cores(
         let Some(opaque) = c.opaque.as_ref().filter(|o| o.driver == DRIVER) else {
             continue;
         };
-        let bad = |detail: String| ClaimError::Opaque {
-            claim: who.to_string(),
-            detail,
-        };
-        let serde_json::Value::Object(map) = &opaque.parameters.0 else {
-            return Err(bad(format!("{} is not an object", opaque.parameters.0)));
-        };
-        let mut cores = None;
-        for (k, v) in map {
-            match (k.as_str(), v) {
-                ("apiVersion", serde_json::Value::String(s)) if s == "gpuslice.io/v1" => {}
-                ("kind", serde_json::Value::String(s)) if s == "SliceParameters" => {}
-                ("cores", serde_json::Value::Number(n)) => match n.as_u64() {
-                    Some(p @ 1..=100) => cores = Some(p),
-                    _ => return Err(bad(format!("cores {n} is not a percent from 1 to 100"))),
-                },
-                _ => return Err(bad(format!("`{k}`: {v} is not accepted"))),
-            }
-        }
-        let Some(cores) = cores else {
-            return Err(bad("no `cores`".to_string()));
-        };
+        let cores =
+            u64::from(
+                opaque_cores(&opaque.parameters.0).map_err(|e| ClaimError::Opaque {
+                    claim: who.to_string(),
+                    detail: e.to_string(),
+                })?,
+            );
         match c.requests.as_deref() {
             None | Some([]) => out.push((None, cores)),
             Some(requests) => out.extend(requests.iter().map(|r| (Some(r.clone()), cores))),
@@ -216,6 +259,8 @@ pub fn node_allocation(
     // Slot results: the slots each GPU holds, and the GPUs each request's slots are on.
     let mut slot_list: Vec<(u32, u32)> = Vec::new();
     let mut request_gpus: BTreeMap<&str, BTreeSet<u32>> = BTreeMap::new();
+    // The names slot results carry (`<request>` or `<request>/<subrequest>`).
+    let mut slot_results: BTreeSet<&str> = BTreeSet::new();
     let mut capacity = false;
     for r in results
         .iter()
@@ -239,7 +284,12 @@ pub fn node_allocation(
                 let e = per_gpu.entry(index).or_default();
                 e.0 = e.0.saturating_add(slot_memory(*total, slots.per_gpu));
                 slot_list.push((index, slot));
-                request_gpus.entry(&r.request).or_default().insert(index);
+                // The slots of one request (all its subrequest's) must be on one GPU.
+                request_gpus
+                    .entry(parent_request(&r.request))
+                    .or_default()
+                    .insert(index);
+                slot_results.insert(&r.request);
                 ours.push(AllocatedDevice {
                     request: r.request.clone(),
                     device: r.device.clone(),
@@ -313,11 +363,15 @@ pub fn node_allocation(
     // A slot request's compute share: what its opaque parameters ask, on its one GPU, at most
     // the share its slots carry, so that claims the scheduler fits by slots never together
     // book more than a GPU's compute.
-    let asked = opaque_cores(claim, &who)?;
+    let asked = claim_opaque_cores(claim, &who)?;
     for (request, gpus) in &request_gpus {
         let cores: u64 = asked
             .iter()
-            .filter(|(r, _)| r.as_deref().is_none_or(|r| r == *request))
+            .filter(|(r, _)| {
+                r.as_deref().is_none_or(|r| {
+                    r == *request || (slot_results.contains(r) && parent_request(r) == *request)
+                })
+            })
             .map(|(_, c)| *c)
             .max()
             .unwrap_or(0);
@@ -326,8 +380,13 @@ pub fn node_allocation(
         }
     }
     if let Some((Some(request), _)) = asked.iter().find(|(r, _)| {
-        r.as_deref()
-            .is_some_and(|r| !request_gpus.contains_key(r) && ours.iter().any(|o| o.request == r))
+        r.as_deref().is_some_and(|r| {
+            !request_gpus.contains_key(r)
+                && !slot_results.contains(r)
+                && ours
+                    .iter()
+                    .any(|o| o.request == r || parent_request(&o.request) == r)
+        })
     }) {
         return Err(ClaimError::Opaque {
             claim: who,
@@ -645,6 +704,53 @@ mod tests {
         ] {
             assert!(e.contains(part), "`{e}` lacks `{part}`");
         }
+    }
+
+    #[test]
+    fn subrequest_results_group_by_their_parent_and_its_config_applies() {
+        // A prioritized list's results name `<request>/<subrequest>`: the slots of `gpu` are
+        // counted as one request's (on one GPU), and a share configured for `gpu` is theirs.
+        let c = claim_json(
+            "u-1",
+            serde_json::json!([
+                slot("gpu/slots-0", "gpu-0-slot-0", "n1"),
+                slot("gpu/slots-0", "gpu-0-slot-1", "n1"),
+            ]),
+        );
+        let shared = with_config(
+            c,
+            serde_json::json!([{"source": "FromClaim", "requests": ["gpu"],
+                "opaque": {"driver": "gpuslice.io", "parameters": {"cores": 10}}}]),
+        );
+        let a = node_allocation(&shared, &want(), "n1", &geometry()).unwrap();
+        assert_eq!(
+            a.shares,
+            [DeviceShare {
+                index: 0,
+                memory: 10 << 30,
+                cores: 10
+            }]
+        );
+        assert_eq!(a.results[0].request, "gpu/slots-0");
+        // Two subrequest results of one request on two GPUs are still one request's slots
+        // spread over GPUs.
+        let spans = claim_json(
+            "u-1",
+            serde_json::json!([
+                slot("gpu/slots-0", "gpu-0-slot-0", "n1"),
+                slot("gpu/slots-0", "gpu-1-slot-0", "n1"),
+            ]),
+        );
+        let e = node_allocation(&spans, &want(), "n1", &geometry())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("request gpu ") && e.contains("gpu-0, gpu-1"),
+            "{e}"
+        );
+        assert!(config_applies(Some(&["gpu".to_string()]), "gpu/slots-1"));
+        assert!(!config_applies(Some(&["gpu-1".to_string()]), "gpu/slots-1"));
+        assert!(config_applies(None, "x"));
     }
 
     #[test]

@@ -9,8 +9,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use gpuslice_config::{format_kube_quantity, parse_kube_quantity};
 use k8s_openapi::api::resource::v1::{
     CELDeviceSelector, CapacityRequirements, DeviceClaim, DeviceClaimConfiguration,
-    DeviceConstraint, DeviceRequest, DeviceSelector, ExactDeviceRequest, OpaqueDeviceConfiguration,
-    ResourceClaimSpec, ResourceClaimTemplate, ResourceClaimTemplateSpec, ResourceSlice,
+    DeviceConstraint, DeviceRequest, DeviceSelector, DeviceSubRequest, ExactDeviceRequest,
+    OpaqueDeviceConfiguration, ResourceClaimSpec, ResourceClaimTemplate, ResourceClaimTemplateSpec,
+    ResourceSlice,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -41,12 +42,13 @@ pub const PARAMETERS_API_VERSION: &str = "gpuslice.io/v1";
 pub const PARAMETERS_KIND: &str = "SliceParameters";
 
 /// How the cluster's DRA plugin publishes its GPUs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Mode {
     /// One shared device per GPU whose `memory` and `cores` claims consume.
     Capacity,
-    /// N unshared slot devices per GPU (`gpu-<i>-slot-<j>`), of class `slots.gpuslice.io`.
-    Slots(SlotSize),
+    /// N unshared slot devices per GPU (`gpu-<i>-slot-<j>`), of class `slots.gpuslice.io`:
+    /// the distinct slot sizes the cluster's GPUs have, ascending by memory, at least one.
+    Slots(Vec<SlotSize>),
 }
 
 /// One slot of slot mode: its memory, its compute share (when slots carry one) and how many
@@ -83,6 +85,8 @@ pub enum ShapeError {
         per_gpu: u32,
         max: String,
     },
+    #[error("{field}: the cluster publishes slot mode without any slot size; accepted: a cluster whose ResourceSlices publish slots")]
+    NoSlotSize { field: String },
     #[error("{field}: {value} GPUs; accepted: at least 1")]
     NoGpu { field: String, value: String },
 }
@@ -90,7 +94,7 @@ pub enum ShapeError {
 /// The claim spec of `shape` in `mode`, and what was rounded or ignored on the way (one line
 /// each, for admission warnings). `field` names where the request came from, for messages.
 pub fn claim_spec(
-    mode: Mode,
+    mode: &Mode,
     shape: &Shape,
     field: &str,
 ) -> Result<(ResourceClaimSpec, Vec<String>), ShapeError> {
@@ -117,6 +121,8 @@ pub fn claim_spec(
     } else {
         (0..shape.gpus).map(|i| format!("gpu-{i}")).collect()
     };
+    // In slot mode with several slot sizes: per size, the slot count and its selector.
+    let mut sized: Vec<(SlotSize, u64)> = Vec::new();
     let (class, count, capacity) = match mode {
         Mode::Capacity => {
             let mut req = BTreeMap::new();
@@ -141,43 +147,93 @@ pub fn claim_spec(
             });
             (DRIVER, 1, capacity)
         }
-        Mode::Slots(slot) => {
-            let k = slot_count(&slot, shape);
-            if k > u64::from(slot.per_gpu) {
+        Mode::Slots(sizes) => {
+            // Every size whose slots of one GPU can hold the ask, best fit first: the fewest
+            // bytes taken, then the smaller slot.
+            let mut fits: Vec<(SlotSize, u64)> = sizes
+                .iter()
+                .map(|s| (*s, slot_count(s, shape)))
+                .filter(|(s, k)| *k <= u64::from(s.per_gpu))
+                .collect();
+            fits.sort_by_key(|(s, k)| (k.saturating_mul(s.memory), s.memory));
+            let Some((_, k)) = fits.first().copied() else {
+                // Refused on every size: name the size that holds the most per GPU.
+                let big = sizes
+                    .iter()
+                    .max_by_key(|s| s.memory.saturating_mul(u64::from(s.per_gpu)))
+                    .ok_or_else(|| ShapeError::NoSlotSize {
+                        field: field.to_string(),
+                    })?;
                 return Err(ShapeError::TooManySlots {
                     field: field.to_string(),
                     value: describe(shape),
-                    slots: k,
-                    slot: format_kube_quantity(slot.memory),
-                    per_gpu: slot.per_gpu,
-                    max: format_kube_quantity(slot.memory.saturating_mul(u64::from(slot.per_gpu))),
+                    slots: slot_count(big, shape),
+                    slot: format_kube_quantity(big.memory),
+                    per_gpu: big.per_gpu,
+                    max: format_kube_quantity(big.memory.saturating_mul(u64::from(big.per_gpu))),
                 });
-            }
+            };
+            // Warned when some GPU's slots hold more than asked (what the pod may get).
             if let Some(m) = shape.memory {
-                let got = k.saturating_mul(slot.memory);
-                if got != m {
+                if fits.iter().any(|(s, k)| k.saturating_mul(s.memory) != m) {
+                    let on = fits
+                        .iter()
+                        .map(|(s, k)| {
+                            let got = format_kube_quantity(k.saturating_mul(s.memory));
+                            if sizes.len() > 1 {
+                                format!(
+                                    "{k} slot(s) = {got} on GPUs of {} slots",
+                                    format_kube_quantity(s.memory)
+                                )
+                            } else {
+                                format!("{k} slot(s) = {got}")
+                            }
+                        })
+                        .collect::<Vec<_>>()
+                        .join(", ");
                     warnings.push(format!(
-                        "{field}: memory {} rounded up to {k} slot(s) = {} per GPU",
-                        format_kube_quantity(m),
-                        format_kube_quantity(got)
+                        "{field}: memory {} rounded up to {on} per GPU",
+                        format_kube_quantity(m)
                     ));
                 }
+            }
+            if sizes.len() > 1 {
+                sized = fits;
             }
             (SLOT_CLASS, k as i64, None)
         }
     };
+    // Several slot sizes: a prioritized list, one subrequest per size that fits, each asking
+    // the slots of its size; the scheduler takes the first it can place.
+    let subrequests = (!sized.is_empty()).then(|| {
+        sized
+            .iter()
+            .enumerate()
+            .map(|(i, (s, k))| DeviceSubRequest {
+                name: format!("{SUBREQUEST_PREFIX}{i}"),
+                device_class_name: SLOT_CLASS.to_string(),
+                count: Some(*k as i64),
+                selectors: Some(
+                    std::iter::once(size_selector(s.memory))
+                        .chain(selectors.iter().flatten().cloned())
+                        .collect(),
+                ),
+                ..Default::default()
+            })
+            .collect::<Vec<_>>()
+    });
     let requests = names
         .iter()
         .map(|name| DeviceRequest {
             name: name.clone(),
-            exactly: Some(ExactDeviceRequest {
+            first_available: subrequests.clone(),
+            exactly: subrequests.is_none().then(|| ExactDeviceRequest {
                 device_class_name: class.to_string(),
                 count: Some(count),
                 capacity: capacity.clone(),
                 selectors: selectors.clone(),
                 ..Default::default()
             }),
-            ..Default::default()
         })
         .collect();
     // A slot claim asks its share through opaque parameters (the scheduler cannot see them;
@@ -229,6 +285,36 @@ pub fn claim_spec(
         },
         warnings,
     ))
+}
+
+/// The prefix of the subrequests of a slot claim on a cluster of several slot sizes
+/// (`slots-0` the best fit, then `slots-1`, …).
+pub const SUBREQUEST_PREFIX: &str = "slots-";
+
+/// The CEL expression that selects the slots of `memory` bytes.
+fn size_expression(memory: u64) -> String {
+    format!(
+        "device.capacity[\"{DRIVER}\"].{CAP_MEMORY}.compareTo(quantity(\"{}\")) == 0",
+        format_kube_quantity(memory)
+    )
+}
+
+/// The selector of the slots of `memory` bytes.
+fn size_selector(memory: u64) -> DeviceSelector {
+    DeviceSelector {
+        cel: Some(CELDeviceSelector {
+            expression: size_expression(memory),
+        }),
+    }
+}
+
+/// The slot size a selector of [`size_selector`]'s form selects.
+fn selected_size(expression: &str) -> Option<u64> {
+    let rest = expression.strip_prefix(&format!(
+        "device.capacity[\"{DRIVER}\"].{CAP_MEMORY}.compareTo(quantity(\""
+    ))?;
+    let q = rest.strip_suffix("\")) == 0")?;
+    parse_kube_quantity(q).ok()
 }
 
 /// How many slots of each GPU `shape` takes: enough for its memory (all of them for a whole
@@ -413,13 +499,18 @@ impl Default for PublishedGpus {
     }
 }
 
+/// The slots of one size seen: their compute share and how many each (node, GPU) has.
+type SlotsOfSize = (Option<u32>, BTreeMap<(String, u32), u32>);
+
 impl PublishedGpus {
     /// Reads the slices of driver `gpuslice.io`. Slot mode when the devices are slots
-    /// (`gpu-<i>-slot-<j>`), with the smallest slot seen; capacity mode otherwise.
+    /// (`gpu-<i>-slot-<j>`), with every slot size seen (per size: the fewest slots a GPU of
+    /// that size publishes); capacity mode otherwise.
     pub fn from_slices(slices: &[ResourceSlice]) -> PublishedGpus {
         // node → GPU index → (memory, slots)
         let mut gpus: BTreeMap<String, BTreeMap<u32, (u64, u32)>> = BTreeMap::new();
-        let mut slot: Option<SlotSize> = None;
+        // slot bytes → (cores, per node → GPU index → slots)
+        let mut slot_gpus: BTreeMap<u64, SlotsOfSize> = BTreeMap::new();
         for s in slices.iter().filter(|s| s.spec.driver == DRIVER) {
             let node = s
                 .spec
@@ -450,29 +541,25 @@ impl PublishedGpus {
                         entry.0 += memory;
                         entry.1 += 1;
                         let cores = cap(CAP_CORES).and_then(|c| u32::try_from(c).ok());
-                        slot = Some(match slot {
-                            Some(prev) if prev.memory <= memory => prev,
-                            _ => SlotSize {
-                                memory,
-                                cores,
-                                per_gpu: 0,
-                            },
-                        });
+                        let size = slot_gpus.entry(memory).or_insert((cores, BTreeMap::new()));
+                        *size.1.entry((node.clone(), index)).or_default() += 1;
                     }
                 }
             }
         }
-        let mode = match slot {
-            Some(mut s) => {
-                s.per_gpu = gpus
-                    .values()
-                    .flat_map(|g| g.values().map(|(_, n)| *n))
-                    .filter(|n| *n > 0)
-                    .min()
-                    .unwrap_or(1);
-                Mode::Slots(s)
-            }
-            None => Mode::Capacity,
+        let mode = if slot_gpus.is_empty() {
+            Mode::Capacity
+        } else {
+            Mode::Slots(
+                slot_gpus
+                    .into_iter()
+                    .map(|(memory, (cores, per))| SlotSize {
+                        memory,
+                        cores,
+                        per_gpu: per.values().copied().min().unwrap_or(1),
+                    })
+                    .collect(),
+            )
         };
         let memory: BTreeSet<u64> = gpus
             .values()
@@ -492,36 +579,60 @@ impl PublishedGpus {
 }
 
 impl Mode {
-    /// `capacity` or `slots (6 per GPU × 23Gi)`, for the tools' views.
+    /// `capacity` or `slots (6 per GPU × 4Gi, 6 per GPU × 24064Mi)`, for the tools' views.
     pub fn describe(&self) -> String {
         match self {
             Mode::Capacity => "capacity".to_string(),
-            Mode::Slots(s) => format!(
-                "slots ({} per GPU × {})",
-                s.per_gpu,
-                format_kube_quantity(s.memory)
+            Mode::Slots(sizes) => format!(
+                "slots ({})",
+                sizes
+                    .iter()
+                    .map(|s| format!("{} per GPU × {}", s.per_gpu, format_kube_quantity(s.memory)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
         }
     }
 }
 
-/// The compute share opaque parameters of driver `gpuslice.io` ask (`{"cores": N, …}`), when
-/// they name one.
-pub fn opaque_cores(parameters: &serde_json::Value) -> Option<u32> {
-    parameters
-        .get("cores")
-        .and_then(serde_json::Value::as_u64)
-        .and_then(|c| u32::try_from(c).ok())
-}
-
 /// What a claim spec of [`claim_spec`]'s shape asks, read back (`None` when the spec is not of
 /// that shape). Slot requests give their memory as slots × `mode`'s slot (`None` when `mode`
-/// is not slot mode); a capacity request with `count: N` (an older shape) is N GPUs.
-pub fn shape_of(spec: &ResourceClaimSpec, mode: Mode) -> Option<Shape> {
+/// is not slot mode of one size); a prioritized list of slots (several slot sizes) gives the
+/// least its subrequests hold, each slots × the size its selector names; a capacity request
+/// with `count: N` (an older shape) is N GPUs.
+pub fn shape_of(spec: &ResourceClaimSpec, mode: &Mode) -> Option<Shape> {
     let devices = spec.devices.as_ref()?;
     let requests = devices.requests.as_ref()?;
     let mut shape = Shape::default();
     for r in requests {
+        if let Some(subs) = r.first_available.as_ref().filter(|s| !s.is_empty()) {
+            let mut memory: Option<u64> = None;
+            for sub in subs {
+                if sub.device_class_name != SLOT_CLASS {
+                    return None;
+                }
+                let count = u64::try_from(sub.count.unwrap_or(1)).ok()?;
+                let size = sub
+                    .selectors
+                    .iter()
+                    .flatten()
+                    .filter_map(|s| s.cel.as_ref())
+                    .find_map(|c| selected_size(&c.expression))?;
+                let held = count.saturating_mul(size);
+                memory = Some(memory.map_or(held, |m| m.min(held)));
+            }
+            shape.gpus += 1;
+            shape.memory = memory;
+            shape.selectors = subs[0]
+                .selectors
+                .iter()
+                .flatten()
+                .filter_map(|s| s.cel.as_ref())
+                .filter(|c| selected_size(&c.expression).is_none())
+                .map(|c| c.expression.clone())
+                .collect();
+            continue;
+        }
         let e = r.exactly.as_ref()?;
         let count = u32::try_from(e.count.unwrap_or(1)).ok()?;
         let cap = e.capacity.as_ref().and_then(|c| c.requests.as_ref());
@@ -536,8 +647,10 @@ pub fn shape_of(spec: &ResourceClaimSpec, mode: Mode) -> Option<Shape> {
         } else if e.device_class_name == SLOT_CLASS {
             shape.gpus += 1;
             shape.memory = match mode {
-                Mode::Slots(s) => Some(u64::from(count).saturating_mul(s.memory)),
-                Mode::Capacity => None,
+                Mode::Slots(sizes) if sizes.len() == 1 => {
+                    Some(u64::from(count).saturating_mul(sizes[0].memory))
+                }
+                _ => None,
             };
         } else {
             return None;
@@ -555,7 +668,7 @@ pub fn shape_of(spec: &ResourceClaimSpec, mode: Mode) -> Option<Shape> {
         .flatten()
         .filter_map(|c| c.opaque.as_ref())
         .filter(|o| o.driver == DRIVER)
-        .find_map(|o| opaque_cores(&o.parameters.0))
+        .find_map(|o| crate::claim::opaque_cores(&o.parameters.0).ok())
     {
         shape.cores = Some(c);
     }
@@ -568,7 +681,7 @@ mod tests {
     use serde_json::json;
 
     fn spec(mode: Mode, shape: &Shape) -> (serde_json::Value, Vec<String>) {
-        let (s, w) = claim_spec(mode, shape, "f").unwrap();
+        let (s, w) = claim_spec(&mode, shape, "f").unwrap();
         (serde_json::to_value(s).unwrap(), w)
     }
 
@@ -632,7 +745,7 @@ mod tests {
             per_gpu: 16,
         };
         let (s, w) = spec(
-            Mode::Slots(slot),
+            Mode::Slots(vec![slot]),
             &Shape {
                 gpus: 1,
                 memory: Some(20 << 30),
@@ -646,9 +759,13 @@ mod tests {
                 "constraints": [{"requests": ["gpu"], "matchAttribute": "gpuslice.io/uuid"}],
             })
         );
-        assert_eq!(w.len(), 1, "20Gi is not whole slots: {w:?}");
+        assert_eq!(
+            w,
+            ["f: memory 20Gi rounded up to 3 slot(s) = 24Gi per GPU"],
+            "20Gi is not whole slots"
+        );
         let err = claim_spec(
-            Mode::Slots(slot),
+            &Mode::Slots(vec![slot]),
             &Shape {
                 gpus: 1,
                 memory: Some(200 << 30),
@@ -665,6 +782,127 @@ mod tests {
     }
 
     #[test]
+    fn mixed_slot_sizes_ask_each_sizes_slots_best_fit_first() {
+        // An L4 of 6 × 4Gi slots and an H200 of 6 × 23.5Gi slots.
+        let l4 = SlotSize {
+            memory: 4 << 30,
+            cores: None,
+            per_gpu: 6,
+        };
+        let h200 = SlotSize {
+            memory: 24064 << 20,
+            cores: None,
+            per_gpu: 6,
+        };
+        let mode = Mode::Slots(vec![l4, h200]);
+        let sel = |q: &str| json!({"cel": {"expression": format!("device.capacity[\"gpuslice.io\"].memory.compareTo(quantity(\"{q}\")) == 0")}});
+        let eight = Shape {
+            gpus: 1,
+            memory: Some(8 << 30),
+            cores: Some(20),
+            selectors: vec!["device.attributes[\"gpuslice.io\"].index == 0".into()],
+        };
+        let (s, w) = spec(mode.clone(), &eight);
+        let user = json!({"cel": {"expression": "device.attributes[\"gpuslice.io\"].index == 0"}});
+        assert_eq!(
+            s["devices"]["requests"],
+            json!([{"name": "gpu", "firstAvailable": [
+                {"name": "slots-0", "deviceClassName": "slots.gpuslice.io", "count": 2,
+                 "selectors": [sel("4Gi"), user.clone()]},
+                {"name": "slots-1", "deviceClassName": "slots.gpuslice.io", "count": 1,
+                 "selectors": [sel("24064Mi"), user]},
+            ]}]),
+            "2 L4 slots waste nothing and come first; 1 H200 slot next"
+        );
+        assert_eq!(
+            s["devices"]["constraints"],
+            json!([{"requests": ["gpu"], "matchAttribute": "gpuslice.io/uuid"}])
+        );
+        assert_eq!(w.len(), 1, "the H200 rounds up: {w:?}");
+        let (typed, _) = claim_spec(&mode, &eight, "f").unwrap();
+        assert_eq!(shape_of(&typed, &mode), Some(eight.clone()));
+        // 30Gi is above 6 × 4Gi: only the H200 subrequest, 2 of its slots.
+        let thirty = Shape {
+            gpus: 1,
+            memory: Some(30 << 30),
+            ..Default::default()
+        };
+        let (s, _) = spec(mode.clone(), &thirty);
+        assert_eq!(
+            s["devices"]["requests"][0]["firstAvailable"],
+            json!([{"name": "slots-0", "deviceClassName": "slots.gpuslice.io", "count": 2,
+                    "selectors": [sel("24064Mi")]}])
+        );
+        assert!(s["devices"]["requests"][0].get("exactly").is_none());
+        // 20Gi: 5 L4 slots (20Gi) waste less than 1 H200 slot (23.5Gi).
+        let (s, _) = spec(
+            mode.clone(),
+            &Shape {
+                gpus: 1,
+                memory: Some(20 << 30),
+                ..Default::default()
+            },
+        );
+        let counts: Vec<_> = s["devices"]["requests"][0]["firstAvailable"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["count"].clone())
+            .collect();
+        assert_eq!(counts, [json!(5), json!(1)]);
+        // Above every GPU: refused naming the largest.
+        let e = claim_spec(
+            &mode,
+            &Shape {
+                gpus: 1,
+                memory: Some(200 << 30),
+                ..Default::default()
+            },
+            "f",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("at most 6 slots") && e.contains("(141Gi)"),
+            "{e}"
+        );
+        // One size in the cluster keeps the plain form.
+        let (s, _) = spec(Mode::Slots(vec![l4]), &eight);
+        assert_eq!(s["devices"]["requests"][0]["exactly"]["count"], 2);
+        assert!(s["devices"]["requests"][0].get("firstAvailable").is_none());
+    }
+
+    #[test]
+    fn mixed_slot_slices_give_every_size() {
+        let inv = PublishedGpus::from_slices(&[
+            slice(
+                "l4",
+                json!([{"name": "gpu-0-slot-0", "capacity": {"memory": {"value": "4Gi"}}},
+                       {"name": "gpu-0-slot-1", "capacity": {"memory": {"value": "4Gi"}}}]),
+            ),
+            slice(
+                "h200",
+                json!([{"name": "gpu-0-slot-0", "capacity": {"memory": {"value": "24064Mi"}}},
+                       {"name": "gpu-0-slot-1", "capacity": {"memory": {"value": "24064Mi"}}},
+                       {"name": "gpu-0-slot-2", "capacity": {"memory": {"value": "24064Mi"}}}]),
+            ),
+        ]);
+        let size = |memory, per_gpu| SlotSize {
+            memory,
+            cores: None,
+            per_gpu,
+        };
+        assert_eq!(
+            inv.mode,
+            Mode::Slots(vec![size(4 << 30, 2), size(24064 << 20, 3)])
+        );
+        assert_eq!(
+            inv.mode.describe(),
+            "slots (2 per GPU × 4Gi, 3 per GPU × 24064Mi)"
+        );
+    }
+
+    #[test]
     fn the_same_shape_is_the_same_template_and_another_is_another() {
         let a = Shape {
             gpus: 1,
@@ -675,7 +913,7 @@ mod tests {
             cores: Some(30),
             ..a.clone()
         };
-        let t = |s: &Shape| template("ns", claim_spec(Mode::Capacity, s, "f").unwrap().0);
+        let t = |s: &Shape| template("ns", claim_spec(&Mode::Capacity, s, "f").unwrap().0);
         assert_eq!(t(&a).metadata.name, t(&a).metadata.name);
         assert_ne!(t(&a).metadata.name, t(&b).metadata.name);
         assert!(is_ours(&t(&a), &t(&a)));
@@ -729,11 +967,11 @@ mod tests {
         )]);
         assert_eq!(
             inv.mode,
-            Mode::Slots(SlotSize {
+            Mode::Slots(vec![SlotSize {
                 memory: 8 << 30,
                 cores: None,
                 per_gpu: 2
-            })
+            }])
         );
         assert_eq!(inv.gpu_memory, vec![16 << 30]);
         assert_eq!(PublishedGpus::from_slices(&[]), PublishedGpus::default());
@@ -752,7 +990,7 @@ mod tests {
             cores: Some(30),
             selectors: vec![],
         };
-        let (s, w) = claim_spec(Mode::Slots(slot), &shape, "f").unwrap();
+        let (s, w) = claim_spec(&Mode::Slots(vec![slot]), &shape, "f").unwrap();
         assert!(w.is_empty(), "{w:?}");
         let v = serde_json::to_value(&s).unwrap();
         assert_eq!(v["devices"]["requests"][0]["exactly"]["count"], 2);
@@ -760,24 +998,24 @@ mod tests {
             v["devices"]["config"],
             json!([{"opaque": {"driver": "gpuslice.io", "parameters": {"apiVersion": "gpuslice.io/v1", "kind": "SliceParameters", "cores": 30}}}])
         );
-        assert_eq!(shape_of(&s, Mode::Slots(slot)), Some(shape.clone()));
+        assert_eq!(shape_of(&s, &Mode::Slots(vec![slot])), Some(shape.clone()));
         // Capacity mode reads back as written, and an older one-request `count: 2` as 2 GPUs.
         let cap = Shape {
             gpus: 2,
             ..shape.clone()
         };
-        let (s, _) = claim_spec(Mode::Capacity, &cap, "f").unwrap();
-        assert_eq!(shape_of(&s, Mode::Capacity), Some(cap));
+        let (s, _) = claim_spec(&Mode::Capacity, &cap, "f").unwrap();
+        assert_eq!(shape_of(&s, &Mode::Capacity), Some(cap));
         let old: ResourceClaimSpec = serde_json::from_value(json!({"devices": {"requests": [
             {"name": "gpu", "exactly": {"deviceClassName": "gpuslice.io", "count": 2,
              "capacity": {"requests": {"memory": "20Gi"}}}}]}}))
         .unwrap();
         assert_eq!(
-            shape_of(&old, Mode::Capacity).map(|s| (s.gpus, s.memory)),
+            shape_of(&old, &Mode::Capacity).map(|s| (s.gpus, s.memory)),
             Some((2, Some(20 << 30)))
         );
         assert_eq!(
-            shape_of(&ResourceClaimSpec::default(), Mode::Capacity),
+            shape_of(&ResourceClaimSpec::default(), &Mode::Capacity),
             None
         );
         assert_eq!(
@@ -789,7 +1027,7 @@ mod tests {
     #[test]
     fn a_writer_names_and_labels_its_templates_and_knows_them_again() {
         let spec = claim_spec(
-            Mode::Capacity,
+            &Mode::Capacity,
             &Shape {
                 gpus: 1,
                 ..Default::default()

@@ -107,7 +107,7 @@ pub fn plan(
                 inventory,
             )?;
             let Some(ask) = ask else { continue };
-            let (spec, warnings) = claim_spec(inventory.mode, &ask.shape, &path)?;
+            let (spec, warnings) = claim_spec(&inventory.mode, &ask.shape, &path)?;
             out.warnings.extend(ask.warnings);
             out.warnings.extend(warnings);
             let t = template(namespace, spec);
