@@ -8,7 +8,9 @@
 //! k × slot per GPU; unprepare releases. Bad input is refused naming what is accepted, nothing
 //! created or booked: the ValidatingAdmissionPolicy slots.gpuslice.io refuses, at creation, a
 //! claim or template asking more slots than a GPU has or several slots without the constraint
-//! to one GPU; prepare refuses malformed opaque parameters.
+//! to one GPU; prepare refuses malformed opaque parameters. The tools' prioritized-list slot
+//! claim (one `firstAvailable` subrequest per slot size) is kept by the API server, placed on
+//! the next subrequest when the first fits nowhere, and booked for the chosen size.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
