@@ -184,6 +184,22 @@ async fn our_templates(
         .collect())
 }
 
+/// The workload's pod template, which allocate and release edit; refused when it has none or
+/// still asks HAMi's limits (left for the webhook's HAMi compatibility to turn into a slice).
+fn editable_spec<'w, W: Workload>(w: &'w W, label: &str) -> Result<&'w PodSpec, WorkloadError> {
+    let spec = w.pod_spec().ok_or_else(|| EditError::NoPodSpec {
+        workload: label.to_string(),
+    })?;
+    match edit::hami_limits(spec) {
+        Some(limits) => Err(EditError::Hami {
+            workload: label.to_string(),
+            limits,
+        }
+        .into()),
+        None => Ok(spec),
+    }
+}
+
 async fn get<W: Workload>(
     api: &Api<W>,
     label: &str,
@@ -320,16 +336,7 @@ async fn allocate_kind<W: Workload>(
     let mode = &PublishedGpus::from_slices(&src.slices).mode;
     let m = model::build(&src, None);
     let first = get(&api, &label, name, ns).await?;
-    let spec = first.pod_spec().ok_or_else(|| EditError::NoPodSpec {
-        workload: label.clone(),
-    })?;
-    if let Some(limits) = edit::hami_limits(spec) {
-        return Err(EditError::Hami {
-            workload: label,
-            limits,
-        }
-        .into());
-    }
+    let spec = editable_spec(&first, &label)?;
     let (form, why) = choose_form(client, args.form.as_deref(), spec).await?;
     let (template, notes) = edit::claim_template(ns, kind, name, &req, mode)?;
     let template_name = template.metadata.name.clone().unwrap_or_default();
@@ -475,16 +482,7 @@ async fn release_kind<W: Workload>(
     let ours = our_templates(&templates, kind, name).await?;
     for _ in 0..ATTEMPTS {
         let current = get(&api, &label, name, ns).await?;
-        let spec = current.pod_spec().ok_or_else(|| EditError::NoPodSpec {
-            workload: label.clone(),
-        })?;
-        if let Some(limits) = edit::hami_limits(spec) {
-            return Err(EditError::Hami {
-                workload: label,
-                limits,
-            }
-            .into());
-        }
+        let spec = editable_spec(&current, &label)?;
         let claim = edit::current_template(spec).is_some_and(|t| ours.contains(&t));
         let limits = edit::current_limits(spec).is_some();
         if !claim && !limits {

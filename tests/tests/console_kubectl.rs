@@ -5,9 +5,9 @@
 //! allocated claims consume; without Prometheus the used columns say `n/a` with one warning
 //! line. `allocate` on a Deployment makes the real scheduler place its new pods on GPUs with
 //! room, `--dry-run` changes nothing, `release` restores the pod template; bad input gets one
-//! line and changes nothing. With the webhook installed `allocate` writes the limits form
-//! (which the webhook turns into each pod's claim), without it the claim form; Edit and
-//! Release work on both. In slot mode (consumable capacity off) the views gather the slots
+//! line and changes nothing (HAMi's limits too: the webhook's to convert). With the webhook
+//! installed `allocate` writes the limits form (which the webhook turns into each pod's
+//! claim), without it the claim form; Edit and Release work on both. In slot mode (consumable capacity off) the views gather the slots
 //! into their GPUs and `allocate` writes the slot claim.
 
 use std::collections::BTreeMap;
@@ -364,6 +364,12 @@ fn kubectl_gpuslice_shows_the_registry_and_allocates_workloads() {
         ))
         .unwrap();
     let other_before = deploy(&cluster, "other");
+    // HAMi's limits are the webhook's to convert: the tool leaves such a workload alone.
+    let mut hami = deployment("hami", 1, None);
+    hami["spec"]["template"]["spec"]["containers"][0]["resources"] =
+        json!({"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "2500"}});
+    cluster.create(&hami).unwrap();
+    let hami_before = deploy(&cluster, "hami");
     for (args, says) in [
         (
             vec!["allocate", "deployment/nope", "--memory", "1Gi"],
@@ -403,6 +409,14 @@ fn kubectl_gpuslice_shows_the_registry_and_allocates_workloads() {
         ),
         (vec!["release", "deployment/web"], "nothing to release"),
         (
+            vec!["allocate", "deployment/hami", "--memory", "1Gi"],
+            "deployment/hami asks HAMi's GPU limits (main: nvidia.com/gpu=1, nvidia.com/gpumem=2500)",
+        ),
+        (
+            vec!["release", "deployment/hami"],
+            "deployment/hami asks HAMi's GPU limits",
+        ),
+        (
             vec![
                 "allocate",
                 "deployment/web",
@@ -420,6 +434,7 @@ fn kubectl_gpuslice_shows_the_registry_and_allocates_workloads() {
     }
     assert_unchanged(&cluster, "web", &original);
     assert_unchanged(&cluster, "other", &other_before);
+    assert_unchanged(&cluster, "hami", &hami_before);
     assert!(rct_names(&cluster).is_empty());
 
     // allocate: the template and the claim; the scheduler places the new pods on GPUs with
