@@ -315,16 +315,72 @@ fn run_script(args: &[&std::ffi::OsStr]) -> Output {
 }
 
 /// Polls `probe` every 250 ms until it gives a value; panics naming `what` after `timeout`.
-pub fn wait_for<T>(what: &str, timeout: Duration, mut probe: impl FnMut() -> Option<T>) -> T {
+pub fn wait_for<T>(what: &str, timeout: Duration, probe: impl FnMut() -> Option<T>) -> T {
+    poll(timeout, probe).unwrap_or_else(|| panic!("timed out after {timeout:?} waiting for {what}"))
+}
+
+/// The last `n` lines of a scheduler's log, less its repeated complaint that this control
+/// plane has no front-proxy CA (it has no aggregated API servers).
+fn scheduler_lines(log: &str, n: usize) -> String {
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| !l.contains("extension-apiserver-authentication"))
+        .collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// Polls `probe` every 250 ms until it gives a value, or `None` once `timeout` has passed.
+fn poll<T>(timeout: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(v) = probe() {
-            return v;
+            return Some(v);
         }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
+        if Instant::now() >= deadline {
+            return None;
+        }
         std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+impl KubeCluster {
+    /// [`wait_for`] on this cluster: a timeout's panic also shows the pods, the claims, the
+    /// latest events and the scheduler's log, so that a wait that failed once says why.
+    pub fn wait_for<T>(
+        &self,
+        what: &str,
+        timeout: Duration,
+        probe: impl FnMut() -> Option<T>,
+    ) -> T {
+        poll(timeout, probe).unwrap_or_else(|| {
+            panic!(
+                "timed out after {timeout:?} waiting for {what}\n{}",
+                self.state()
+            )
+        })
+    }
+
+    /// The pods and claims of every namespace, the last 30 events and the scheduler's last
+    /// 30 log lines that say something, for failure messages.
+    pub fn state(&self) -> String {
+        let get = |args: &[&str]| {
+            let out = self.kubectl_output(args, None);
+            format!(
+                "$ kubectl {}\n{}{}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        };
+        let events = get(&["get", "events", "-A", "--sort-by=.lastTimestamp"]);
+        let events: Vec<&str> = events.lines().collect();
+        format!(
+            "{}{}{}\n{}\nkube-scheduler's log:\n{}",
+            get(&["get", "pods", "-A", "-o", "wide"]),
+            get(&["get", "resourceclaims", "-A", "-o", "wide"]),
+            events.first().unwrap_or(&""),
+            events[events.len().saturating_sub(30).max(1).min(events.len())..].join("\n"),
+            scheduler_lines(&self.log_tail("kube-scheduler", 400), 30)
+        )
     }
 }

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use gpuslice_e2e::kube::{wait_for, KubeCluster};
+use gpuslice_e2e::kube::KubeCluster;
 use gpuslice_e2e::kubelet_plugin::{deployment, pod, resource_claim, slice_of, KubeletPlugin};
 use gpuslice_e2e::prometheus::Prometheus;
 use gpuslice_e2e::published::{published, quantity, PublishedGpu};
@@ -191,7 +191,7 @@ fn check_figures(cluster: &KubeCluster) -> BTreeMap<(String, String), PublishedG
 }
 
 fn wait_bound(cluster: &KubeCluster, pod: &str) -> String {
-    wait_for(&format!("pod {pod} to be bound"), STEP, || {
+    cluster.wait_for(&format!("pod {pod} to be bound"), STEP, || {
         let p = cluster.get_json(&["pod", pod, "-n", NS]);
         p["spec"]["nodeName"].as_str().map(str::to_string)
     })
@@ -246,7 +246,7 @@ fn kubectl_gpuslice_shows_the_registry_and_allocates_workloads() {
         .map(|(name, node)| KubeletPlugin::start(&cluster, name, node))
         .collect();
     for name in nodes.keys() {
-        wait_for(&format!("the ResourceSlice of {name}"), STEP, || {
+        cluster.wait_for(&format!("the ResourceSlice of {name}"), STEP, || {
             slice_of(&cluster, name)
         });
     }
@@ -493,7 +493,7 @@ fn kubectl_gpuslice_shows_the_registry_and_allocates_workloads() {
     assert!(said.contains("unchanged"), "{said}");
 
     let placed: Vec<(String, Value)> =
-        wait_for("3 new pods of web with allocated claims", STEP, || {
+        cluster.wait_for("3 new pods of web with allocated claims", STEP, || {
             let pods = cluster.get_json(&["pods", "-n", NS, "-l", "app=web"]);
             let mut out = Vec::new();
             for p in pods["items"].as_array()? {
@@ -565,7 +565,7 @@ fn used_figures_come_from_prometheus_scraping_the_exporter() {
     let node = TestNode::with_models(&[("NVIDIA H200", "141Gi"), ("NVIDIA H200", "141Gi")]);
     cluster.add_node("node-a");
     let plugin_process = KubeletPlugin::start(&cluster, "node-a", &node);
-    wait_for("the ResourceSlice of node-a", STEP, || {
+    cluster.wait_for("the ResourceSlice of node-a", STEP, || {
         slice_of(&cluster, "node-a")
     });
     let class = workspace().join("packaging/kubernetes/dra/deviceclass.yaml");
@@ -688,7 +688,7 @@ fn live_pods<T>(
     what: &str,
     mut ready: impl FnMut(&Value) -> Option<T>,
 ) -> Vec<T> {
-    wait_for(&format!("{replicas} pods of {app} {what}"), STEP, || {
+    cluster.wait_for(&format!("{replicas} pods of {app} {what}"), STEP, || {
         let pods = cluster.get_json(&["pods", "-n", NS, "-l", &format!("app={app}")]);
         let (live, gone): (Vec<&Value>, Vec<&Value>) = pods["items"]
             .as_array()?
@@ -758,7 +758,7 @@ fn one_plugin_node(cluster: &KubeCluster, node: &TestNode, class: &str) -> Kubel
 /// Waits until the webhook, which reads the slices in the background, knows that the most
 /// GPUs a node has is `most` (it refuses more with a line saying so).
 fn webhook_knows(cluster: &KubeCluster, most: u32) {
-    wait_for(
+    cluster.wait_for(
         &format!("the webhook to see nodes of {most} GPUs"),
         STEP,
         || {
@@ -788,7 +788,7 @@ fn allocate_writes_the_limits_form_with_the_webhook_and_the_claim_form_without()
     let mut cluster = KubeCluster::up_with(&["--webhook"], &[]);
     let node = TestNode::with_models(&[("NVIDIA H200", "141Gi"), ("NVIDIA H200", "141Gi")]);
     let plugin_process = one_plugin_node(&cluster, &node, "deviceclass.yaml");
-    wait_for("the ResourceSlice of node-a", STEP, || {
+    cluster.wait_for("the ResourceSlice of node-a", STEP, || {
         slice_of(&cluster, "node-a")
     });
     webhook_knows(&cluster, 2);
@@ -941,7 +941,7 @@ fn allocate_writes_the_limits_form_with_the_webhook_and_the_claim_form_without()
         .then_some(())
     });
 
-    wait_for("the claims of web's pods to be removed", STEP, || {
+    cluster.wait_for("the claims of web's pods to be removed", STEP, || {
         cluster.get_json(&["resourceclaims", "-n", NS])["items"]
             .as_array()?
             .is_empty()
@@ -1225,7 +1225,7 @@ fn in_slot_mode_the_views_show_gpus_and_allocate_writes_slot_claims() {
         .collect();
     let slots = gpuslice_config::DEFAULT_SLOTS_PER_GPU as usize;
     for name in nodes.keys() {
-        wait_for(&format!("the slot slice of {name}"), STEP, || {
+        cluster.wait_for(&format!("the slot slice of {name}"), STEP, || {
             slice_of(&cluster, name).filter(|s| {
                 s["spec"]["devices"].as_array().map(Vec::len) == Some(gpu_count[name] * slots)
             })

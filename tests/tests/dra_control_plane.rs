@@ -14,7 +14,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use gpuslice_config::quantity::parse_kube_quantity;
-use gpuslice_e2e::kube::{wait_for, KubeCluster};
+use gpuslice_e2e::kube::KubeCluster;
 use gpuslice_e2e::kubelet::{claim as kubelet_claim, Kubelet};
 use gpuslice_e2e::kubelet_plugin::{pod, resource_claim, slice_of, KubeletPlugin};
 use gpuslice_e2e::runc::{run_detached, runtime, Bundle, RUNC_ROOT};
@@ -184,7 +184,7 @@ fn the_scheduler_places_slices_the_plugins_publish_and_prepare_enforces_them() {
     let slices: BTreeMap<&str, Value> = nodes
         .keys()
         .map(|name| {
-            let s = wait_for(&format!("the ResourceSlice of {name}"), STEP, || {
+            let s = cluster.wait_for(&format!("the ResourceSlice of {name}"), STEP, || {
                 slice_of(&cluster, name)
             });
             (*name, s)
@@ -298,7 +298,7 @@ fn the_scheduler_places_slices_the_plugins_publish_and_prepare_enforces_them() {
         cluster.create(&pod(c.name, c.name)).unwrap();
         match c.node {
             Some(want) => {
-                let got = wait_for(
+                let got = cluster.wait_for(
                     &format!("the scheduler to bind pod {}", c.name),
                     STEP,
                     || {
@@ -309,7 +309,7 @@ fn the_scheduler_places_slices_the_plugins_publish_and_prepare_enforces_them() {
                 assert_eq!(got, want, "pod {} bound to the wrong node", c.name);
             }
             None => {
-                let cond = wait_for(
+                let cond = cluster.wait_for(
                     &format!("the scheduler to find no room for pod {}", c.name),
                     STEP,
                     || {
@@ -650,7 +650,7 @@ fn the_scheduler_places_slices_the_plugins_publish_and_prepare_enforces_them() {
     };
     let c = run_detached(node_b, &bundle, &container.id).expect("annotated container starts");
     c.wait_for("READY");
-    let shrunk = wait_for("node-b's slice to offer 16Gi of the L4", STEP, || {
+    let shrunk = cluster.wait_for("node-b's slice to offer 16Gi of the L4", STEP, || {
         let s = slice_of(&cluster, "node-b")?;
         (device(&s, "gpu-0")["capacity"]["memory"]["value"] == "16Gi").then_some(s)
     });
@@ -667,7 +667,7 @@ fn the_scheduler_places_slices_the_plugins_publish_and_prepare_enforces_them() {
     );
     c.remove(node_b);
     drop(container);
-    wait_for("node-b's slice to offer the whole L4 again", STEP, || {
+    cluster.wait_for("node-b's slice to offer the whole L4 again", STEP, || {
         let s = slice_of(&cluster, "node-b")?;
         (device(&s, "gpu-0")["capacity"]["memory"]["value"] == "24Gi").then_some(())
     });

@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use gpuslice_config::quantity::parse_kube_quantity;
-use gpuslice_e2e::kube::{wait_for, KubeCluster};
+use gpuslice_e2e::kube::KubeCluster;
 use gpuslice_e2e::kubelet::claim as kubelet_claim;
 use gpuslice_e2e::kubelet_plugin::{pod, slice_of, KubeletPlugin};
 use gpuslice_e2e::{env::workspace, lock, TestNode};
@@ -131,7 +131,7 @@ fn refused_at_admission(cluster: &KubeCluster) {
     // pod Pending with the scheduler's "cannot allocate all claims".
     let too_many = slot_claim("too-many", &[7], None);
     // The API server enforces a new policy once its informer has it: dry runs until then.
-    wait_for("the policy slots.gpuslice.io to be enforced", STEP, || {
+    cluster.wait_for("the policy slots.gpuslice.io to be enforced", STEP, || {
         let out = cluster.kubectl_output(
             &["create", "--dry-run=server", "-f", "-"],
             Some(too_many.to_string().as_bytes()),
@@ -211,7 +211,7 @@ fn on_a_1_34_control_plane_slots_are_placed_per_gpu_and_booked_exactly() {
     let slices: BTreeMap<&str, Value> = nodes
         .keys()
         .map(|name| {
-            let s = wait_for(&format!("the slot slice of {name}"), STEP, || {
+            let s = cluster.wait_for(&format!("the slot slice of {name}"), STEP, || {
                 slice_of(&cluster, name).filter(|s| {
                     s["spec"]["devices"].as_array().map(Vec::len)
                         == Some(gpu_count[name] * SLOTS as usize)
@@ -260,7 +260,7 @@ fn on_a_1_34_control_plane_slots_are_placed_per_gpu_and_booked_exactly() {
                 eprintln!("pod {} bound to {got} in {:?}", c.name, t0.elapsed());
             }
             None => {
-                let cond = wait_for(
+                let cond = cluster.wait_for(
                     &format!("the scheduler to find no room for pod {}", c.name),
                     STEP,
                     || {

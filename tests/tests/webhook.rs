@@ -79,7 +79,7 @@ fn claims(c: &KubeCluster, ns: &str) -> Vec<Value> {
 
 /// The allocation results of pod `name`'s first claim, once the scheduler wrote them.
 fn results(c: &KubeCluster, ns: &str, name: &str) -> Vec<Value> {
-    wait_for(
+    c.wait_for(
         &format!("pod {ns}/{name}'s claim to be allocated"),
         STEP,
         || {
@@ -381,7 +381,7 @@ fn limits_become_claims_through_the_webhook_on_a_live_control_plane() {
                                                        "resources": {"limits": {"gpuslice.io/memory": "50Gi"}}}]}}},
     });
     c.create(&deploy).unwrap();
-    let pending = wait_for(
+    let pending = c.wait_for(
         "two of three bound and one refused by the scheduler",
         STEP,
         || {
@@ -427,7 +427,7 @@ fn limits_become_claims_through_the_webhook_on_a_live_control_plane() {
         "default",
         "--replicas=1",
     ]);
-    wait_for(
+    c.wait_for(
         "the scale-down to leave one pod and one claim",
         STEP,
         || {
