@@ -99,6 +99,46 @@ pub fn slice_of(cluster: &KubeCluster, node: &str) -> Option<Value> {
 /// The namespace of [`resource_claim`]'s and [`pod`]'s objects.
 pub const CLAIMS_NS: &str = "default";
 
+/// How long the tests give the scheduler to decide a pod.
+pub const SCHEDULE: Duration = Duration::from_secs(90);
+
+/// The node the scheduler binds pod `name` (of [`CLAIMS_NS`]) to; a timeout's panic shows the
+/// cluster's state ([`KubeCluster::wait_for`]).
+pub fn bound_node(cluster: &KubeCluster, name: &str) -> String {
+    cluster.wait_for(
+        &format!("the scheduler to bind pod {name}"),
+        SCHEDULE,
+        || {
+            let p = cluster.get_json(&["pod", name, "-n", CLAIMS_NS]);
+            p["spec"]["nodeName"].as_str().map(str::to_string)
+        },
+    )
+}
+
+/// The scheduler's message for pod `name` (of [`CLAIMS_NS`]), once it found no node whose
+/// devices can hold the pod's claims; panics when it gives another reason.
+pub fn no_room(cluster: &KubeCluster, name: &str) -> String {
+    let cond = cluster.wait_for(
+        &format!("the scheduler to find no room for pod {name}"),
+        SCHEDULE,
+        || {
+            let p = cluster.get_json(&["pod", name, "-n", CLAIMS_NS]);
+            p["status"]["conditions"]
+                .as_array()?
+                .iter()
+                .find(|c| c["type"] == "PodScheduled" && c["status"] == "False")
+                .cloned()
+        },
+    );
+    assert_eq!(cond["reason"], "Unschedulable", "pod {name}: {cond}");
+    let message = cond["message"].as_str().unwrap_or_default().to_string();
+    assert!(
+        message.contains("cannot allocate all claims"),
+        "pod {name}: the scheduler's reason names no claim: {cond}"
+    );
+    message
+}
+
 /// A ResourceClaim asking the DeviceClass `gpuslice.io` for `count` GPUs of `memory` and
 /// `cores` each, optionally with a CEL selector.
 pub fn resource_claim(

@@ -15,7 +15,9 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use gpuslice_e2e::kube::KubeCluster;
-use gpuslice_e2e::kubelet_plugin::{deployment, pod, resource_claim, slice_of, KubeletPlugin};
+use gpuslice_e2e::kubelet_plugin::{
+    bound_node, deployment, pod, resource_claim, slice_of, KubeletPlugin,
+};
 use gpuslice_e2e::prometheus::Prometheus;
 use gpuslice_e2e::published::{published, quantity, PublishedGpu};
 use gpuslice_e2e::{bin, env::workspace, lock, TestNode};
@@ -190,13 +192,6 @@ fn check_figures(cluster: &KubeCluster) -> BTreeMap<(String, String), PublishedG
     want
 }
 
-fn wait_bound(cluster: &KubeCluster, pod: &str) -> String {
-    cluster.wait_for(&format!("pod {pod} to be bound"), STEP, || {
-        let p = cluster.get_json(&["pod", pod, "-n", NS]);
-        p["spec"]["nodeName"].as_str().map(str::to_string)
-    })
-}
-
 fn rct_names(cluster: &KubeCluster) -> Vec<String> {
     let mut v: Vec<String> = cluster.get_json(&["resourceclaimtemplates", "-n", NS])["items"]
         .as_array()
@@ -291,7 +286,7 @@ fn kubectl_gpuslice_shows_the_registry_and_allocates_workloads() {
             .create(&resource_claim(name, count, memory, cores, cel))
             .unwrap();
         cluster.create(&pod(name, name)).unwrap();
-        wait_bound(&cluster, name);
+        bound_node(&cluster, name);
     }
     let want = check_figures(&cluster);
     assert_eq!(
@@ -574,7 +569,7 @@ fn used_figures_come_from_prometheus_scraping_the_exporter() {
         .create(&resource_claim("train", 1, "20Gi", "30", None))
         .unwrap();
     cluster.create(&pod("train", "train")).unwrap();
-    wait_bound(&cluster, "train");
+    bound_node(&cluster, "train");
     let claim = cluster.get_json(&["resourceclaim", "train", "-n", NS]);
     let uid = claim["metadata"]["uid"].as_str().unwrap().to_string();
     let device = claim["status"]["allocation"]["devices"]["results"][0]["device"]
@@ -1279,7 +1274,7 @@ fn in_slot_mode_the_views_show_gpus_and_allocate_writes_slot_claims() {
     ] {
         cluster.create(&slot_claim(name, k, cel)).unwrap();
         cluster.create(&pod(name, name)).unwrap();
-        wait_bound(&cluster, name);
+        bound_node(&cluster, name);
     }
     let want = check_slot_figures(&cluster);
     assert_eq!(want[&("node-b".into(), "gpu-0".into())].slots_allocated, 3);
@@ -1389,7 +1384,7 @@ fn in_slot_mode_the_views_show_gpus_and_allocate_writes_slot_claims() {
             });
             cluster.create(&claim).unwrap();
             cluster.create(&pod(name, name)).unwrap();
-            let node = wait_bound(&cluster, name);
+            let node = bound_node(&cluster, name);
             let c = cluster.get_json(&["resourceclaim", name, "-n", NS]);
             let results = c["status"]["allocation"]["devices"]["results"]
                 .as_array()

@@ -16,7 +16,9 @@ use std::time::Duration;
 use gpuslice_config::quantity::parse_kube_quantity;
 use gpuslice_e2e::kube::KubeCluster;
 use gpuslice_e2e::kubelet::{claim as kubelet_claim, Kubelet};
-use gpuslice_e2e::kubelet_plugin::{pod, resource_claim, slice_of, KubeletPlugin};
+use gpuslice_e2e::kubelet_plugin::{
+    bound_node, no_room, pod, resource_claim, slice_of, KubeletPlugin,
+};
 use gpuslice_e2e::runc::{run_detached, runtime, Bundle, RUNC_ROOT};
 use gpuslice_e2e::{env::workspace, lock, TestNode};
 use serde_json::{json, Value};
@@ -298,36 +300,11 @@ fn the_scheduler_places_slices_the_plugins_publish_and_prepare_enforces_them() {
         cluster.create(&pod(c.name, c.name)).unwrap();
         match c.node {
             Some(want) => {
-                let got = cluster.wait_for(
-                    &format!("the scheduler to bind pod {}", c.name),
-                    STEP,
-                    || {
-                        let p = cluster.get_json(&["pod", c.name, "-n", NS]);
-                        p["spec"]["nodeName"].as_str().map(str::to_string)
-                    },
-                );
+                let got = bound_node(&cluster, c.name);
                 assert_eq!(got, want, "pod {} bound to the wrong node", c.name);
             }
             None => {
-                let cond = cluster.wait_for(
-                    &format!("the scheduler to find no room for pod {}", c.name),
-                    STEP,
-                    || {
-                        let p = cluster.get_json(&["pod", c.name, "-n", NS]);
-                        p["status"]["conditions"]
-                            .as_array()?
-                            .iter()
-                            .find(|c| c["type"] == "PodScheduled" && c["status"] == "False")
-                            .cloned()
-                    },
-                );
-                assert_eq!(cond["reason"], "Unschedulable", "pod {}: {cond}", c.name);
-                let message = cond["message"].as_str().unwrap_or_default();
-                assert!(
-                    message.contains("cannot allocate all claims"),
-                    "pod {}: the scheduler's reason names no claim: {cond}",
-                    c.name
-                );
+                let message = no_room(&cluster, c.name);
                 eprintln!("pod {} stays Pending: {message}", c.name);
             }
         }

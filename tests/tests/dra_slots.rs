@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use gpuslice_config::quantity::parse_kube_quantity;
 use gpuslice_e2e::kube::KubeCluster;
 use gpuslice_e2e::kubelet::claim as kubelet_claim;
-use gpuslice_e2e::kubelet_plugin::{pod, slice_of, KubeletPlugin};
+use gpuslice_e2e::kubelet_plugin::{bound_node, no_room, pod, slice_of, KubeletPlugin};
 use gpuslice_e2e::{env::workspace, lock, TestNode};
 use serde_json::{json, Value};
 
@@ -95,27 +95,6 @@ const CASES: [Case; 4] = [
         node: None,
     },
 ];
-
-/// The node the scheduler binds pod `name` to; past `STEP`, panics with the scheduler's own
-/// reason (the pod's PodScheduled condition) and the tail of its log.
-fn bound_node(cluster: &KubeCluster, name: &str) -> String {
-    let deadline = Instant::now() + STEP;
-    loop {
-        let p = cluster.get_json(&["pod", name, "-n", NS]);
-        if let Some(node) = p["spec"]["nodeName"].as_str() {
-            return node.to_string();
-        }
-        if Instant::now() > deadline {
-            panic!(
-                "the scheduler did not bind pod {name} in {STEP:?}; its conditions: {}\nclaim: {}\nscheduler log:\n{}",
-                p["status"]["conditions"],
-                cluster.get_json(&["resourceclaim", name, "-n", NS])["status"],
-                cluster.log_tail("kube-scheduler", 40)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    }
-}
 
 fn want_node(c: &Case) -> Option<&'static str> {
     c.node
@@ -260,25 +239,7 @@ fn on_a_1_34_control_plane_slots_are_placed_per_gpu_and_booked_exactly() {
                 eprintln!("pod {} bound to {got} in {:?}", c.name, t0.elapsed());
             }
             None => {
-                let cond = cluster.wait_for(
-                    &format!("the scheduler to find no room for pod {}", c.name),
-                    STEP,
-                    || {
-                        let p = cluster.get_json(&["pod", c.name, "-n", NS]);
-                        p["status"]["conditions"]
-                            .as_array()?
-                            .iter()
-                            .find(|c| c["type"] == "PodScheduled" && c["status"] == "False")
-                            .cloned()
-                    },
-                );
-                assert_eq!(cond["reason"], "Unschedulable", "pod {}: {cond}", c.name);
-                let message = cond["message"].as_str().unwrap_or_default();
-                assert!(
-                    message.contains("cannot allocate all claims"),
-                    "pod {}: {cond}",
-                    c.name
-                );
+                let message = no_room(&cluster, c.name);
                 eprintln!(
                     "pod {} stays Pending (decided in {:?}): {message}",
                     c.name,
