@@ -184,8 +184,7 @@ impl KubeCluster {
     pub fn log_tail(&self, component: &str, lines: usize) -> String {
         let path = self.dir().join("logs").join(format!("{component}.log"));
         let text = std::fs::read_to_string(&path).unwrap_or_default();
-        let all: Vec<&str> = text.lines().collect();
-        all[all.len().saturating_sub(lines)..].join("\n")
+        last_lines(text.lines(), lines)
     }
 
     /// Runs kubectl against the cluster with the admin kubeconfig.
@@ -319,14 +318,10 @@ pub fn wait_for<T>(what: &str, timeout: Duration, probe: impl FnMut() -> Option<
     poll(timeout, probe).unwrap_or_else(|| panic!("timed out after {timeout:?} waiting for {what}"))
 }
 
-/// The last `n` lines of a scheduler's log, less its repeated complaint that this control
-/// plane has no front-proxy CA (it has no aggregated API servers).
-fn scheduler_lines(log: &str, n: usize) -> String {
-    let lines: Vec<&str> = log
-        .lines()
-        .filter(|l| !l.contains("extension-apiserver-authentication"))
-        .collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
+/// The last `n` of `lines`, joined.
+fn last_lines<'a>(lines: impl Iterator<Item = &'a str>, n: usize) -> String {
+    let all: Vec<&str> = lines.collect();
+    all[all.len().saturating_sub(n)..].join("\n")
 }
 
 /// Polls `probe` every 250 ms until it gives a value, or `None` once `timeout` has passed.
@@ -373,14 +368,20 @@ impl KubeCluster {
             )
         };
         let events = get(&["get", "events", "-A", "--sort-by=.lastTimestamp"]);
-        let events: Vec<&str> = events.lines().collect();
+        let mut events = events.lines();
+        let header = events.next().unwrap_or_default();
+        // Less the scheduler's repeated complaint that this control plane has no front-proxy
+        // CA (it runs no aggregated API servers).
+        let scheduler = self.log_tail("kube-scheduler", 400);
+        let scheduler = scheduler
+            .lines()
+            .filter(|l| !l.contains("extension-apiserver-authentication"));
         format!(
-            "{}{}{}\n{}\nkube-scheduler's log:\n{}",
+            "{}{}{header}\n{}\nkube-scheduler's log:\n{}",
             get(&["get", "pods", "-A", "-o", "wide"]),
             get(&["get", "resourceclaims", "-A", "-o", "wide"]),
-            events.first().unwrap_or(&""),
-            events[events.len().saturating_sub(30).max(1).min(events.len())..].join("\n"),
-            scheduler_lines(&self.log_tail("kube-scheduler", 400), 30)
+            last_lines(events, 30),
+            last_lines(scheduler, 30)
         )
     }
 }

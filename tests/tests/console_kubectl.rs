@@ -7,8 +7,9 @@
 //! room, `--dry-run` changes nothing, `release` restores the pod template; bad input gets one
 //! line and changes nothing (HAMi's limits too: the webhook's to convert). With the webhook
 //! installed `allocate` writes the limits form (which the webhook turns into each pod's
-//! claim), without it the claim form; Edit and Release work on both. In slot mode (consumable capacity off) the views gather the slots
-//! into their GPUs and `allocate` writes the slot claim.
+//! claim), without it the claim form; Edit and Release work on both. In slot mode (consumable
+//! capacity off) the views gather the slots into their GPUs and `allocate` writes the slot
+//! claim.
 
 use std::collections::BTreeMap;
 use std::process::{Command, Output, Stdio};

@@ -13,6 +13,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use gpuslice_e2e::kube::{kube_bin, kube_bin_dir, script, wait_for, KubeCluster, COMPONENTS};
+use gpuslice_e2e::kubelet_plugin::bound_node;
 use gpuslice_e2e::lock;
 use serde_json::{json, Value};
 
@@ -141,14 +142,7 @@ fn control_plane_serves_dra_with_consumable_capacity_and_goes_down() {
 
     // A plain pod is bound by the scheduler.
     cluster.create(&pod("plain", None)).unwrap();
-    let node = wait_for(
-        "the scheduler to bind pod plain",
-        Duration::from_secs(90),
-        || {
-            let p = cluster.get_json(&["pod", "plain", "-n", NS]);
-            p["spec"]["nodeName"].as_str().map(str::to_string)
-        },
-    );
+    let node = bound_node(&cluster, "plain");
     assert_eq!(node, "node-a");
 
     // The controller-manager creates the pod's claim from its template, and the scheduler
@@ -227,14 +221,7 @@ fn control_plane_serves_dra_with_consumable_capacity_and_goes_down() {
         result["shareID"].as_str().is_some_and(|s| !s.is_empty()),
         "a shared device's allocation has a share id: {result}"
     );
-    let node = wait_for(
-        "the scheduler to bind pod sliced",
-        Duration::from_secs(90),
-        || {
-            let p = cluster.get_json(&["pod", "sliced", "-n", NS]);
-            p["spec"]["nodeName"].as_str().map(str::to_string)
-        },
-    );
+    let node = bound_node(&cluster, "sliced");
     assert_eq!(node, "node-a");
 
     // A second cluster runs beside the first: no fixed port clashes.
