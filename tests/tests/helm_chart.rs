@@ -106,6 +106,7 @@ fn the_chart_renders_the_raw_manifests_and_both_certificate_bootstraps() {
         "packaging/kubernetes/dra/slot-claims-policy.yaml",
         "packaging/kubernetes/dra/rbac.yaml",
         "packaging/kubernetes/dra/kubelet-plugin.yaml",
+        "packaging/monitoring/exporter.yaml",
     ] {
         let raw = documents(&std::fs::read_to_string(repo().join(file)).unwrap());
         assert!(!raw.is_empty(), "{file} holds no object");
@@ -172,6 +173,37 @@ fn the_chart_renders_the_raw_manifests_and_both_certificate_bootstraps() {
     )
     .is_none());
 
+    // The node agent (exporter and enforcer) is on by default, scraped through its pod
+    // annotations; the prometheus-operator objects are the raw ones when asked for.
+    let agent = find(&rendered, "DaemonSet", "gpuslice-exporter").expect("the node agent");
+    let pod = &agent["spec"]["template"];
+    assert_eq!(pod["metadata"]["annotations"]["prometheus.io/scrape"], "true");
+    assert_eq!(
+        pod["spec"]["containers"][0]["command"],
+        serde_json::json!([
+            "chroot",
+            "/host",
+            "/opt/gpuslice/bin/gpuslice",
+            "serve",
+            "--listen",
+            "0.0.0.0:9400"
+        ])
+    );
+    assert!(find(&rendered, "ServiceMonitor", "gpuslice-exporter").is_none());
+    let monitored = template(&["agent.serviceMonitor=true"]);
+    let raw = documents(
+        &std::fs::read_to_string(repo().join("packaging/monitoring/servicemonitor.yaml")).unwrap(),
+    );
+    assert_eq!(raw.len(), 2);
+    for o in raw {
+        let (kind, name) = (
+            o["kind"].as_str().unwrap(),
+            o["metadata"]["name"].as_str().unwrap(),
+        );
+        assert_eq!(find(&monitored, kind, name), Some(&o), "{kind} {name}");
+    }
+    assert!(find(&template(&["agent.enabled=false"]), "DaemonSet", "gpuslice-exporter").is_none());
+
     // With cert-manager: its Issuer and Certificate, the CA injected by it.
     let cm = template(&[
         "webhook.certManager.enabled=true",
@@ -219,6 +251,7 @@ fn helm_install_creates_the_cluster_side_on_a_live_control_plane() {
     for (kind, name) in [
         ("daemonset", "gpuslice-installer"),
         ("daemonset", "gpuslice-kubelet-plugin"),
+        ("daemonset", "gpuslice-exporter"),
         ("deployment", "gpuslice-webhook"),
         ("service", "gpuslice-webhook"),
         ("serviceaccount", "gpuslice-webhook"),
