@@ -7,7 +7,7 @@ use clap::{Args, Subcommand};
 
 #[derive(Debug, Args)]
 pub struct StatusArgs {
-    /// Print JSON (the contract of DESIGN.md §4) instead of tables.
+    /// Print JSON (docs/observability.md, "gpuslice status") instead of tables.
     #[arg(long)]
     pub json: bool,
 }

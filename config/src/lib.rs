@@ -1,4 +1,4 @@
-//! gpuslice's node configuration: the TOML file of DESIGN.md §4, its defaults, strict
+//! gpuslice's node configuration: the TOML file (docs/configuration.md), its defaults, strict
 //! validation with one-line errors, and the quantity syntax shared with annotations.
 
 mod load;

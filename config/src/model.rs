@@ -1,4 +1,4 @@
-//! The node config as typed values, with the defaults of DESIGN.md §4 for every key.
+//! The node config as typed values, with the defaults docs/configuration.md lists for every key.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -107,7 +107,7 @@ impl ComputeAction {
     }
 }
 
-/// The host-side enforcer of `gpuslice serve` (DESIGN §8).
+/// The host-side enforcer of `gpuslice serve` (docs/security.md, "What only the enforcer guarantees").
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EnforceConfig {
     pub memory: MemoryAction,
@@ -164,7 +164,8 @@ pub fn slots_per_gpu_warning(slots_per_gpu: u32) -> Option<String> {
     })
 }
 
-/// How the DRA kubelet plugin publishes GPUs (DESIGN §7, "Reach: slot mode").
+/// How the DRA kubelet plugin publishes GPUs: one shared device per GPU, or N slot devices
+/// (docs/kubernetes-dra.md, "Slot mode").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DraMode {
     /// Capacity where the API server keeps consumable capacity, slots where it does not.

@@ -1,4 +1,4 @@
-//! The `[enforce]` table: defaults of DESIGN §8, every key parsed, each bad value refused
+//! The `[enforce]` table: its defaults (docs/configuration.md), every key parsed, each bad value refused
 //! with one line naming the key, the value and what is accepted.
 
 use std::path::Path;

@@ -1,4 +1,4 @@
-//! Where the slice's files are (DESIGN.md §4): `/run/gpuslice/limits.json` and
+//! Where the slice's files are (docs/shim.md): `/run/gpuslice/limits.json` and
 //! `/run/gpuslice/usage` in a container; only when that limits file does not exist,
 //! `$GPUSLICE_DIR/limits.json` and `$GPUSLICE_DIR/usage` (how tests run the shim outside a
 //! container). No other variable is consulted: the environment cannot raise a limit.

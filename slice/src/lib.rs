@@ -1,4 +1,4 @@
-//! The slice directory contract of DESIGN.md §4, shared by the host (which writes it), the
+//! The slice directory contract (docs/annotations.md, "In the container"), shared by the host (which writes it), the
 //! shim (which enforces it) and the exporter (which reads usage): `limits.json` and `usage`.
 
 pub mod limits;

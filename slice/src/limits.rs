@@ -1,4 +1,4 @@
-//! `limits.json`: the host-written limits of one slice, read by the shim (DESIGN.md §4).
+//! `limits.json`: the host-written limits of one slice, read by the shim (docs/shim.md).
 
 use std::path::{Path, PathBuf};
 

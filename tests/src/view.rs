@@ -1,6 +1,6 @@
 //! What a container given a slice must see, checked the same way whichever engine started it:
 //! exactly its GPU and the control nodes, the shim in `/etc/ld.so.preload`, its read-only
-//! limits, the environment of DESIGN.md §5, and the probe held to the slice by the shim.
+//! limits, the environment docs/annotations.md lists, and the probe held to the slice by the shim.
 
 use std::path::Path;
 use std::time::{Duration, Instant};

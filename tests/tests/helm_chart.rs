@@ -177,7 +177,10 @@ fn the_chart_renders_the_raw_manifests_and_both_certificate_bootstraps() {
     // annotations; the prometheus-operator objects are the raw ones when asked for.
     let agent = find(&rendered, "DaemonSet", "gpuslice-exporter").expect("the node agent");
     let pod = &agent["spec"]["template"];
-    assert_eq!(pod["metadata"]["annotations"]["prometheus.io/scrape"], "true");
+    assert_eq!(
+        pod["metadata"]["annotations"]["prometheus.io/scrape"],
+        "true"
+    );
     assert_eq!(
         pod["spec"]["containers"][0]["command"],
         serde_json::json!([
@@ -202,7 +205,37 @@ fn the_chart_renders_the_raw_manifests_and_both_certificate_bootstraps() {
         );
         assert_eq!(find(&monitored, kind, name), Some(&o), "{kind} {name}");
     }
-    assert!(find(&template(&["agent.enabled=false"]), "DaemonSet", "gpuslice-exporter").is_none());
+    assert!(find(
+        &template(&["agent.enabled=false"]),
+        "DaemonSet",
+        "gpuslice-exporter"
+    )
+    .is_none());
+
+    // The namespace selector keeps the chart's own exclusion and adds the user's expressions
+    // and labels (none of them dropped).
+    let selected = template(&[
+        "webhook.namespaceSelector.matchExpressions[0].key=team",
+        "webhook.namespaceSelector.matchExpressions[0].operator=In",
+        "webhook.namespaceSelector.matchExpressions[0].values[0]=ml",
+        "webhook.namespaceSelector.matchLabels.gpu=yes",
+    ]);
+    let selector = &find(
+        &selected,
+        "MutatingWebhookConfiguration",
+        "gpuslice-webhook",
+    )
+    .unwrap()["webhooks"][0]["namespaceSelector"];
+    assert_eq!(
+        selector["matchExpressions"],
+        serde_json::json!([
+            {"key": "kubernetes.io/metadata.name", "operator": "NotIn",
+             "values": ["gpuslice-system", "kube-system"]},
+            {"key": "team", "operator": "In", "values": ["ml"]}
+        ]),
+        "{selector}"
+    );
+    assert_eq!(selector["matchLabels"], serde_json::json!({"gpu": "yes"}));
 
     // With cert-manager: its Issuer and Certificate, the CA injected by it.
     let cm = template(&[

@@ -1,4 +1,4 @@
-//! The user interface: `gpuslice.io/*` annotations (DESIGN.md §4) turned into a registry
+//! The user interface: `gpuslice.io/*` annotations (docs/annotations.md) turned into a registry
 //! request, with the per-container override `gpuslice.io/<key>.<container-name>` for
 //! Kubernetes containers, and the sandbox and owner facts the CRI annotations carry.
 
