@@ -1,8 +1,9 @@
 //! One scrape's collection: `registry.json` read without the lock (it is replaced
 //! atomically, and the exporter must never slow the create path), each live reservation's
-//! `limits.json` and `usage` file, and the GPU meter (NVML). NVML processes are attributed to
-//! reservations by the enforcer's own `attribution` (host facts only). Whatever cannot be read is left out and counted by source;
-//! collection itself never fails.
+//! `limits.json` and `usage` file, and the agent's one GPU meter (`gpu`, NVML). The live
+//! reservations and the owners of NVML's processes are the enforcer's own (`attribution`:
+//! host facts only). Whatever cannot be read is left out and counted by source; collection
+//! itself never fails.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -16,10 +17,10 @@ use gpuslice_registry::{
 use gpuslice_slice::usage::{read_snapshot, UsageSnapshot};
 use gpuslice_slice::{Limits, LIMITS_FILE, USAGE_FILE};
 
-use crate::attribution::{Attribution, Owned};
+use crate::attribution::{attributed, Attribution, Owned};
 use crate::errors::{ErrorLog, Source};
 use crate::gpu::{DeviceReading, GpuMeter, Reading};
-use crate::liveness::{Liveness, OwnerCheck};
+use crate::liveness::OwnerCheck;
 use crate::model::{GpuSample, OwnerLabels, RegistryHealth, Scrape, SliceSample};
 use crate::procmap::ProcFs;
 use crate::share::ShareTracker;
@@ -174,11 +175,10 @@ impl Collector {
     /// Collects one scrape from an already read registry (`None`: it could not be read).
     pub fn collect_from(&mut self, file: Option<&RegistryFile>, now: Instant) -> Scrape {
         let reading = self.read_meter(now);
-        let now_ms = self.owners.system().now_ms();
-        let boot_id = self.owners.system().boot_id().ok();
-
-        let mut live: Vec<&Reservation> = Vec::new();
-        let mut health = file.map(|f| {
+        let listed = file.map(|f| f.reservations.as_slice()).unwrap_or_default();
+        let set = attributed(&mut self.owners, listed, now);
+        let live = set.live;
+        let health = file.map(|f| {
             let mut refused_total = f.counters.refused_total.clone();
             // Every reason from the start, so rates work before the first refusal.
             for reason in [
@@ -191,30 +191,20 @@ impl Collector {
                     .entry(reason.as_str().to_string())
                     .or_insert(0);
             }
+            let count = |state| live.iter().filter(|r| r.state == state).count() as u64;
             RegistryHealth {
+                pending: count(ReservationState::Pending),
+                bound: count(ReservationState::Bound),
+                stale: set.stale.len() as u64,
                 reserved_total: f.counters.reserved_total,
                 released_total: f.counters.released_total,
                 reaped_total: f.counters.reaped_total,
                 refused_total,
-                ..RegistryHealth::default()
             }
         });
-        for r in file.map(|f| f.reservations.as_slice()).unwrap_or_default() {
-            let Some(h) = health.as_mut() else { break };
-            match self.owners.check(r, now, now_ms, boot_id.as_deref()) {
-                Liveness::Live => {
-                    match r.state {
-                        ReservationState::Pending => h.pending += 1,
-                        ReservationState::Bound => h.bound += 1,
-                    }
-                    live.push(r);
-                }
-                Liveness::Stale { vanished } => {
-                    h.stale += 1;
-                    if let Some(msg) = vanished {
-                        self.errors.record(Source::Container, msg);
-                    }
-                }
+        for (_, vanished) in set.stale {
+            if let Some(msg) = vanished {
+                self.errors.record(Source::Container, msg);
             }
         }
 
@@ -228,7 +218,6 @@ impl Collector {
 
         let keep: HashSet<&str> = live.iter().map(|r| r.id.as_str()).collect();
         self.limits.retain(|id, _| keep.contains(id.as_str()));
-        self.owners.retain(|id| keep.contains(id));
         self.shares.retain(|(id, _)| keep.contains(id.as_str()));
 
         Scrape {
