@@ -65,14 +65,17 @@ fn slices_show_limits_measured_memory_share_and_nvml_cross_check() {
         GpuProcess {
             pid: 5007,
             used: Some(GI + (300 << 20)),
+            sm: None,
         },
         GpuProcess {
             pid: 5008,
             used: Some(256 << 20),
+            sm: None,
         },
         GpuProcess {
             pid: 6000,
             used: Some(GI),
+            sm: None,
         },
     ]);
     let mut c = node.collector(Some(meter));
@@ -318,6 +321,7 @@ fn nvml_errors_drop_measured_series_and_count() {
     let mut r = reading(vec![GpuProcess {
         pid: 99999,
         used: Some(5),
+        sm: None,
     }]);
     r.devices[0].memory_used = None;
     r.devices[0].utilization = None;
@@ -442,6 +446,7 @@ fn whole_gpu_is_limited_to_the_gpu_and_measured_by_nvml_only() {
     *meter.0.lock().unwrap() = reading(vec![GpuProcess {
         pid: 4501,
         used: Some(3 * GI),
+        sm: None,
     }]);
     let mut c = node.collector(Some(meter));
     let (_, s) = scrape(&mut c, Instant::now());
