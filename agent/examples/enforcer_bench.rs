@@ -13,8 +13,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use gpuslice_agent::enforce::cycle::{Enforcer, Roots, Throttles};
-use gpuslice_agent::enforce::meter::{GpuProcs, ProcFigures};
 use gpuslice_agent::enforce::signal::{SignalError, Signaller};
+use gpuslice_agent::gpu::{DeviceReading, GpuProcess};
 use gpuslice_config::EnforceConfig;
 use gpuslice_registry::{
     Booking, Gpu, Inventory, Owner, ProcessRef, RegistryFile, Reservation, ReservationState,
@@ -44,6 +44,12 @@ fn fake_process(root: &Path, pid: u32, ns: u64, nspid: u32, cgroup: &str) {
     )
     .unwrap();
     std::fs::write(dir.join("cgroup"), cgroup).unwrap();
+    // Started at tick 1 (field 22), as every reservation records its init.
+    std::fs::write(
+        dir.join("stat"),
+        format!("{pid} (python3) S 1 {pid} {pid} 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 1 0 0\n"),
+    )
+    .unwrap();
 }
 
 /// CPU time of the calling thread.
@@ -64,6 +70,8 @@ fn main() {
     // The enforcer's own process, in the host namespace.
     fake_process(&proc_root, 1, 4026531836, 1, "0::/\n");
     std::os::unix::fs::symlink("1", proc_root.join("self")).unwrap();
+    std::fs::create_dir_all(proc_root.join("sys/kernel/random")).unwrap();
+    std::fs::write(proc_root.join("sys/kernel/random/boot_id"), "b\n").unwrap();
     let uuid = |g: usize| format!("GPU-00000000-0000-0000-0000-{g:012}");
     let mut file = RegistryFile {
         inventory: Inventory {
@@ -81,10 +89,11 @@ fn main() {
         },
         ..RegistryFile::default()
     };
-    let mut gpus: Vec<GpuProcs> = (0..GPUS)
-        .map(|g| GpuProcs {
+    let mut gpus: Vec<DeviceReading> = (0..GPUS)
+        .map(|g| DeviceReading {
             uuid: uuid(g),
-            processes: Vec::new(),
+            processes: Some(Vec::new()),
+            ..DeviceReading::default()
         })
         .collect();
     for s in 0..SLICES {
@@ -101,11 +110,14 @@ fn main() {
         // Two GPU processes per slice in its namespace.
         for k in 1..=2 {
             fake_process(&proc_root, init + k, ns, 1 + k, &format!("0::/{id}\n"));
-            gpus[s % GPUS].processes.push(ProcFigures {
-                pid: init + k,
-                used: Some(1 << 30),
-                sm: Some(3),
-            });
+            gpus[s % GPUS]
+                .processes
+                .get_or_insert_default()
+                .push(GpuProcess {
+                    pid: init + k,
+                    used: Some(1 << 30),
+                    sm: Some(3),
+                });
         }
         file.reservations.push(Reservation {
             id: format!("{s:016x}"),

@@ -8,10 +8,12 @@
 //! file's slots, its own pid as it sees it) decides where a process is charged, so a
 //! container cannot steer a kill or a freeze onto another tenant's or the host's processes.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::time::Instant;
 
 use gpuslice_registry::{Reservation, System};
 
+use crate::liveness::{Liveness, OwnerCheck};
 use crate::procmap::{ProcError, ProcFs};
 
 /// The owners of the live reservations, as a cycle or a scrape sees them.
@@ -175,6 +177,51 @@ pub enum AttributionError {
     Proc(#[from] ProcError),
     #[error("{0}")]
     Cgroup(String),
+}
+
+/// The listed reservations split into those processes are attributed to and those left out.
+#[derive(Debug, Default)]
+pub struct Attributed<'r> {
+    /// Attributed, in registry order (positions as [`Attribution::new`] takes them).
+    pub live: Vec<&'r Reservation>,
+    /// Left out, each with the one-line reason when a container went away.
+    pub stale: Vec<(&'r Reservation, Option<String>)>,
+}
+
+/// Which of the `listed` reservations (registry order) a scrape or an enforcement cycle
+/// attributes processes to: the live ones as `owners` judges them ([`OwnerCheck`], the
+/// registry's reaping rule), so the exporter shows a slice holding exactly what the enforcer
+/// judges it by.
+/// - A pending reservation (booked at create time, its container not bound yet) records no
+///   process, so no process is ever charged to it; within its deadline it is attributed
+///   (its booking is judged empty), past it left out.
+/// - A bound one is attributed while its owner lives: a claim until it is released, a
+///   container while its init runs or, once init exited, while the cgroup recorded at bind
+///   still holds processes.
+/// - A bound container whose init exited and whose recorded cgroup emptied (or one from an
+///   earlier boot) is left out until reaping removes it: its processes are gone, and its
+///   recorded pid and cgroup path may already name a stranger's (a reused pid, a later
+///   container's re-created cgroup), who would be charged, and killed, against a limit
+///   nobody holds.
+/// - A released reservation is no longer listed: its leftover processes belong to no one
+///   and are reported as unowned.
+pub fn attributed<'r>(
+    owners: &mut OwnerCheck,
+    listed: &'r [Reservation],
+    now: Instant,
+) -> Attributed<'r> {
+    let now_ms = owners.system().now_ms();
+    let boot_id = owners.system().boot_id().ok();
+    let mut out = Attributed::default();
+    for r in listed {
+        match owners.check(r, now, now_ms, boot_id.as_deref()) {
+            Liveness::Live => out.live.push(r),
+            Liveness::Stale { vanished } => out.stale.push((r, vanished)),
+        }
+    }
+    let ids: HashSet<&str> = listed.iter().map(|r| r.id.as_str()).collect();
+    owners.retain(|id| ids.contains(id));
+    out
 }
 
 #[cfg(test)]
@@ -347,7 +394,6 @@ mod agreement {
     use crate::collect::{Collector, Sources};
     use crate::enforce::cycle::{Enforcer, Roots, Throttles};
     use crate::enforce::events::EventKind;
-    use crate::enforce::meter::{GpuProcs, ProcFigures};
     use crate::enforce::signal::Recorder;
     use crate::errors::ErrorLog;
     use crate::gpu::{DeviceReading, GpuMeter, GpuProcess, Reading};
@@ -370,6 +416,7 @@ mod agreement {
                             .map(|(pid, used)| GpuProcess {
                                 pid: *pid,
                                 used: Some(*used),
+                                sm: None,
                             })
                             .collect(),
                     ),
@@ -461,24 +508,9 @@ mod agreement {
         let mut round = |at: u64| -> (Option<u64>, Option<u64>) {
             let now = t0 + Duration::from_secs(at);
             let shown = collector.collect_from(Some(&file), now).slices[0].nvml_memory_used;
-            let procs = figures
-                .lock()
-                .unwrap()
-                .iter()
-                .map(|(pid, used)| ProcFigures {
-                    pid: *pid,
-                    used: Some(*used),
-                    sm: None,
-                })
-                .collect();
-            let out = enforcer.cycle(
-                &file,
-                &[GpuProcs {
-                    uuid: UUID.into(),
-                    processes: procs,
-                }],
-                now,
-            );
+            // The enforcer reads the same meter.
+            let reading = Meter(figures.clone()).read();
+            let out = enforcer.cycle(&file, &reading.devices, now);
             let judged = out
                 .events
                 .iter()

@@ -1,8 +1,9 @@
 //! One scrape's collection: `registry.json` read without the lock (it is replaced
 //! atomically, and the exporter must never slow the create path), each live reservation's
-//! `limits.json` and `usage` file, and the GPU meter (NVML). NVML processes are attributed to
-//! reservations by the enforcer's own `attribution` (host facts only). Whatever cannot be read is left out and counted by source;
-//! collection itself never fails.
+//! `limits.json` and `usage` file, and the agent's one GPU meter (`gpu`, NVML). The live
+//! reservations and the owners of NVML's processes are the enforcer's own (`attribution`:
+//! host facts only). Whatever cannot be read is left out and counted by source; collection
+//! itself never fails.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -16,10 +17,10 @@ use gpuslice_registry::{
 use gpuslice_slice::usage::{read_snapshot, UsageSnapshot};
 use gpuslice_slice::{Limits, LIMITS_FILE, USAGE_FILE};
 
-use crate::attribution::{Attribution, Owned};
+use crate::attribution::{attributed, Attribution, Owned};
 use crate::errors::{ErrorLog, Source};
-use crate::gpu::{DeviceReading, GpuMeter, Reading};
-use crate::liveness::{Liveness, OwnerCheck};
+use crate::gpu::{DeviceReading, GpuMeter, GpuProcess, Reading};
+use crate::liveness::OwnerCheck;
 use crate::model::{GpuSample, OwnerLabels, RegistryHealth, Scrape, SliceSample};
 use crate::procmap::ProcFs;
 use crate::share::ShareTracker;
@@ -174,11 +175,10 @@ impl Collector {
     /// Collects one scrape from an already read registry (`None`: it could not be read).
     pub fn collect_from(&mut self, file: Option<&RegistryFile>, now: Instant) -> Scrape {
         let reading = self.read_meter(now);
-        let now_ms = self.owners.system().now_ms();
-        let boot_id = self.owners.system().boot_id().ok();
-
-        let mut live: Vec<&Reservation> = Vec::new();
-        let mut health = file.map(|f| {
+        let listed = file.map(|f| f.reservations.as_slice()).unwrap_or_default();
+        let set = attributed(&mut self.owners, listed, now);
+        let live = set.live;
+        let health = file.map(|f| {
             let mut refused_total = f.counters.refused_total.clone();
             // Every reason from the start, so rates work before the first refusal.
             for reason in [
@@ -191,44 +191,33 @@ impl Collector {
                     .entry(reason.as_str().to_string())
                     .or_insert(0);
             }
+            let count = |state| live.iter().filter(|r| r.state == state).count() as u64;
             RegistryHealth {
+                pending: count(ReservationState::Pending),
+                bound: count(ReservationState::Bound),
+                stale: set.stale.len() as u64,
                 reserved_total: f.counters.reserved_total,
                 released_total: f.counters.released_total,
                 reaped_total: f.counters.reaped_total,
                 refused_total,
-                ..RegistryHealth::default()
             }
         });
-        for r in file.map(|f| f.reservations.as_slice()).unwrap_or_default() {
-            let Some(h) = health.as_mut() else { break };
-            match self.owners.check(r, now, now_ms, boot_id.as_deref()) {
-                Liveness::Live => {
-                    match r.state {
-                        ReservationState::Pending => h.pending += 1,
-                        ReservationState::Bound => h.bound += 1,
-                    }
-                    live.push(r);
-                }
-                Liveness::Stale { vanished } => {
-                    h.stale += 1;
-                    if let Some(msg) = vanished {
-                        self.errors.record(Source::Container, msg);
-                    }
-                }
+        for (_, vanished) in set.stale {
+            if let Some(msg) = vanished {
+                self.errors.record(Source::Container, msg);
             }
         }
 
         let gpus = self.gpu_samples(file, &live, reading.as_ref());
         let files: Vec<SliceFiles> = live.iter().map(|r| self.slice_files(r)).collect();
-        let nvml_used = self.attribute(&live, reading.as_ref());
+        let driver = self.attribute(&live, reading.as_ref());
         let mut slices = Vec::new();
         for (n, (r, f)) in live.iter().zip(&files).enumerate() {
-            self.slice_samples(r, f, file, &nvml_used[n], now, &mut slices);
+            self.slice_samples(r, f, file, &driver[n], now, &mut slices);
         }
 
         let keep: HashSet<&str> = live.iter().map(|r| r.id.as_str()).collect();
         self.limits.retain(|id, _| keep.contains(id.as_str()));
-        self.owners.retain(|id| keep.contains(id));
         self.shares.retain(|(id, _)| keep.contains(id.as_str()));
 
         Scrape {
@@ -331,14 +320,14 @@ impl Collector {
         SliceFiles { uuids, usage }
     }
 
-    /// NVML's per-process memory attributed to each live reservation: for reservation `n`,
-    /// bytes by GPU UUID; a GPU whose processes NVML listed is present (possibly 0).
+    /// NVML's per-process figures attributed to each live reservation: for reservation `n`,
+    /// by GPU UUID; a GPU whose processes NVML listed is present (possibly 0).
     fn attribute(
         &mut self,
         live: &[&Reservation],
         reading: Option<&Reading>,
-    ) -> Vec<HashMap<String, u64>> {
-        let mut out: Vec<HashMap<String, u64>> = vec![HashMap::new(); live.len()];
+    ) -> Vec<HashMap<String, DriverUse>> {
+        let mut out: Vec<HashMap<String, DriverUse>> = vec![HashMap::new(); live.len()];
         let Some(reading) = reading else {
             return out;
         };
@@ -350,7 +339,7 @@ impl Collector {
         for (n, r) in live.iter().enumerate() {
             for b in &r.gpus {
                 if listed.iter().any(|d| d.uuid == b.uuid) {
-                    out[n].insert(b.uuid.clone(), 0);
+                    out[n].insert(b.uuid.clone(), DriverUse::default());
                 }
             }
         }
@@ -366,8 +355,8 @@ impl Collector {
             for p in d.processes.iter().flatten() {
                 match who.owner_on(p.pid, &d.uuid) {
                     Ok(Owned::By(n)) => {
-                        if let (Some(sum), Some(used)) = (out[n].get_mut(&d.uuid), p.used) {
-                            *sum = sum.saturating_add(used);
+                        if let Some(sum) = out[n].get_mut(&d.uuid) {
+                            sum.add(p);
                         }
                     }
                     Ok(Owned::ElsewhereBy(_) | Owned::Nobody) => {}
@@ -387,7 +376,7 @@ impl Collector {
         r: &Reservation,
         files: &SliceFiles,
         file: Option<&RegistryFile>,
-        nvml_used: &HashMap<String, u64>,
+        driver: &HashMap<String, DriverUse>,
         now: Instant,
         out: &mut Vec<SliceSample>,
     ) {
@@ -427,11 +416,45 @@ impl Collector {
                 memory_limit: b.memory,
                 compute_limit,
                 memory_used: dev_usage.map(|(_, d)| d.used),
-                nvml_memory_used: nvml_used.get(&b.uuid).copied(),
+                nvml_memory_used: driver.get(&b.uuid).map(|d| d.memory),
+                nvml_compute_used: driver.get(&b.uuid).and_then(DriverUse::share),
                 busy_seconds,
                 compute_used,
             });
         }
+    }
+}
+
+/// What the driver reports for one slice's processes on one GPU.
+#[derive(Debug, Clone, Copy, Default)]
+struct DriverUse {
+    /// Bytes held (processes whose memory the driver would not tell count 0).
+    memory: u64,
+    /// Summed SM utilisation, percent, of the processes the driver has a figure for.
+    sm: u32,
+    processes: u32,
+    /// Processes without a per-process SM figure.
+    sm_unknown: u32,
+}
+
+impl DriverUse {
+    fn add(&mut self, p: &GpuProcess) {
+        self.memory = self.memory.saturating_add(p.used.unwrap_or(0));
+        self.processes += 1;
+        match p.sm {
+            Some(sm) => self.sm = self.sm.saturating_add(sm),
+            None => self.sm_unknown += 1,
+        }
+    }
+
+    /// The compute share of the GPU, 0–1: none when the slice has processes and the driver
+    /// gave a figure for none of them (no per-process utilisation on this GPU); no process is
+    /// an idle share, as the enforcer judges it.
+    fn share(&self) -> Option<f64> {
+        if self.processes > 0 && self.sm_unknown == self.processes {
+            return None;
+        }
+        Some((f64::from(self.sm) / 100.0).min(1.0))
     }
 }
 

@@ -200,6 +200,7 @@ fn slice_metrics(reg: &mut Registry, scrape: &Scrape) {
     let limit = Bytes::<SliceLabels>::default();
     let used = Bytes::<SliceLabels>::default();
     let nvml_used = Bytes::<SliceLabels>::default();
+    let nvml_share = Ratio::<SliceLabels>::default();
     let cores = Ratio::<SliceLabels>::default();
     let share = Ratio::<SliceLabels>::default();
     let busy = Family::<SliceLabels, Counter<f64, AtomicU64>>::default();
@@ -211,6 +212,9 @@ fn slice_metrics(reg: &mut Registry, scrape: &Scrape) {
         }
         if let Some(v) = s.nvml_memory_used {
             nvml_used.get_or_create(&l).set(bytes(v));
+        }
+        if let Some(v) = s.nvml_compute_used {
+            nvml_share.get_or_create(&l).set(v);
         }
         if let Some(v) = s.compute_limit {
             cores.get_or_create(&l).set(v);
@@ -239,6 +243,12 @@ fn slice_metrics(reg: &mut Registry, scrape: &Scrape) {
         "GPU memory NVML reports for the container's processes on this GPU (cross-check of the usage file; includes driver context overhead)",
         Unit::Bytes,
         nvml_used,
+    );
+    reg.register_with_unit(
+        "gpuslice_slice_nvml_compute_used",
+        "Compute share of this GPU NVML reports for the container's processes over its last sample period (per-process SM utilisation, summed)",
+        ratio(),
+        nvml_share,
     );
     reg.register_with_unit(
         "gpuslice_slice_compute_limit",

@@ -1,8 +1,10 @@
-//! What the driver measures on each GPU, behind the [`GpuMeter`] seam: used memory,
-//! utilisation and the compute processes with their memory (host pids). The real meter is
-//! NVML through nvml-wrapper (the simulated `libnvidia-ml.so.1` on a simulated node);
-//! tests use fakes. A meter never fails as a whole: what it cannot read is left out and
-//! reported as an error line.
+//! The node's one reading of the driver, behind the [`GpuMeter`] seam, for both the exporter
+//! and the enforcer: per GPU its used memory and utilisation, and its compute processes
+//! (host pids) with the memory each holds and its SM utilisation. The real meter is NVML
+//! through nvml-wrapper (`nvmlDeviceGetComputeRunningProcesses`,
+//! `nvmlDeviceGetProcessUtilization`; the simulated `libnvidia-ml.so.1` on a simulated
+//! node); tests use fakes. A meter never fails as a whole: what it cannot read is left out
+//! and reported as an error line.
 
 use std::ffi::OsStr;
 use std::path::PathBuf;
@@ -20,17 +22,20 @@ pub const NVML_SONAME: &str = "libnvidia-ml.so.1";
 /// NVML could not be opened.
 #[derive(Debug, thiserror::Error)]
 pub enum MeterError {
-    #[error("NVML ({lib}) cannot be initialised: {detail}; measured GPU figures are left out")]
+    #[error("NVML ({lib}) cannot be initialised: {detail}")]
     Init { lib: String, detail: String },
 }
 
-/// One compute process on a GPU, as NVML reports it to the exporter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// One compute process on a GPU, as the driver reports it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct GpuProcess {
-    /// Host pid (the exporter's pid namespace).
+    /// Host pid (the agent's pid namespace).
     pub pid: u32,
     /// Bytes it uses on this GPU, when the driver tells.
     pub used: Option<u64>,
+    /// Its SM utilisation over the driver's last sample period, percent, when the driver
+    /// tells.
+    pub sm: Option<u32>,
 }
 
 /// What was measured on one GPU; a field the driver would not give is `None`.
@@ -43,6 +48,7 @@ pub struct DeviceReading {
     pub memory_used: Option<u64>,
     /// Fraction (0–1) of the last sample period a kernel ran.
     pub utilization: Option<f64>,
+    /// `None` when the driver would not list them (nothing can be judged on this GPU).
     pub processes: Option<Vec<GpuProcess>>,
 }
 
@@ -199,6 +205,15 @@ impl GpuMeter for NvmlMeter {
             }
             match dev.running_compute_processes() {
                 Ok(list) => {
+                    // No samples since the driver's last period is `NotFound`: no figure.
+                    let samples = match dev.process_utilization_stats(None) {
+                        Ok(s) => s,
+                        Err(NvmlError::NotFound) => Vec::new(),
+                        Err(e) => {
+                            err("process utilisation", e);
+                            Vec::new()
+                        }
+                    };
                     d.processes = Some(
                         list.into_iter()
                             .map(|p| GpuProcess {
@@ -207,6 +222,7 @@ impl GpuMeter for NvmlMeter {
                                     UsedGpuMemory::Used(b) => Some(b),
                                     UsedGpuMemory::Unavailable => None,
                                 },
+                                sm: samples.iter().find(|s| s.pid == p.pid).map(|s| s.sm_util),
                             })
                             .collect(),
                     )

@@ -46,6 +46,10 @@ pub struct SliceSample {
     pub memory_used: Option<u64>,
     /// NVML's per-process memory summed over the container's processes on this GPU.
     pub nvml_memory_used: Option<u64>,
+    /// NVML's per-process SM utilisation summed over the container's processes on this GPU,
+    /// 0–1 of the GPU over the driver's last sample period; `None` when the driver gives no
+    /// per-process figure.
+    pub nvml_compute_used: Option<f64>,
     /// Cumulative measured kernel time (usage file; only counted under a compute limit).
     pub busy_seconds: Option<f64>,
     /// Achieved share over the last window, 0–1.

@@ -8,19 +8,15 @@
 #[path = "../../cdi/tests/schema/validator.rs"]
 mod cdi_schema;
 mod cli_config;
+mod configure_cli;
+// The engine registration tests' fixtures and helpers (configure/tests), for the CLI's.
+#[path = "../../configure/tests/common/mod.rs"]
 mod configure_common;
-mod configure_containerd;
-mod configure_crio;
-mod configure_docker;
 mod configure_manifests;
 mod installer_image;
 mod kubelet_plugin;
 mod runtime_passthrough;
 mod runtime_spec_input;
-mod serve_collect;
-mod serve_common;
-mod serve_http;
-mod serve_packaging;
+mod serve_process;
 mod specs_schema;
 mod status_gc;
-mod status_render;

@@ -1,8 +1,11 @@
 //! Idle slices: slices whose measured use stayed under a threshold of their limit for a
-//! whole window (memory the shim accounts to the slice and compute share achieved, both
-//! from Prometheus over the window), with the memory they hold and the workload they belong
-//! to, largest holding first. One computation for `kubectl gpuslice pods --idle` and the web
-//! console's Idle page.
+//! whole window, with the memory they hold and the workload they belong to, largest holding
+//! first. Use is what the driver reports for the slice's processes (NVML's per-process
+//! memory and SM utilisation, attributed by the node agent as its enforcer attributes them,
+//! from Prometheus over the window), never the usage file the container itself writes: a
+//! container that zeroes its file is not idle while its processes hold memory or run
+//! kernels. One computation for `kubectl gpuslice pods --idle` and the web console's Idle
+//! page.
 
 use std::collections::BTreeMap;
 
@@ -113,13 +116,13 @@ pub struct WindowUse {
     pub present_at_start: BTreeMap<Key, ()>,
 }
 
-/// The three instant queries of the window (most memory used, most compute used, the
-/// limit a window ago).
+/// The three instant queries of the window (most memory the driver reported for the slice's
+/// processes, most compute share, the limit a window ago).
 pub fn queries(window: u64) -> [String; 3] {
     let w = format_window(window);
     [
-        format!("max_over_time(gpuslice_slice_memory_used_bytes[{w}])"),
-        format!("max_over_time(gpuslice_slice_compute_used_ratio[{w}])"),
+        format!("max_over_time(gpuslice_slice_nvml_memory_used_bytes[{w}])"),
+        format!("max_over_time(gpuslice_slice_nvml_compute_used_ratio[{w}])"),
         format!("gpuslice_slice_memory_limit_bytes offset {w}"),
     ]
 }
@@ -172,11 +175,12 @@ pub struct IdleSlice {
     pub uuid: String,
     /// The memory the slice holds (its limit).
     pub memory_held: u64,
-    /// The most memory it used over the window.
+    /// The most memory its processes held over the window, as the driver reports it.
     pub memory_used_max: u64,
     /// The compute share, percent of the GPU (0: not throttled).
     pub cores_share: u64,
-    /// The most compute it achieved over the window, percent of the GPU.
+    /// The most compute its processes used over the window (the driver's per-process SM
+    /// utilisation), percent of the GPU.
     pub cores_used_max: f64,
 }
 
@@ -370,10 +374,77 @@ mod tests {
         assert_eq!(
             queries(3600),
             [
-                "max_over_time(gpuslice_slice_memory_used_bytes[1h])",
-                "max_over_time(gpuslice_slice_compute_used_ratio[1h])",
+                "max_over_time(gpuslice_slice_nvml_memory_used_bytes[1h])",
+                "max_over_time(gpuslice_slice_nvml_compute_used_ratio[1h])",
                 "gpuslice_slice_memory_limit_bytes offset 1h"
             ]
         );
+    }
+
+    /// A container that zeroes its usage file (or never had a shim) while its processes
+    /// hold memory, or run kernels, is not idle: the window is judged from the series the
+    /// exporter takes from the driver, whatever the usage file series say.
+    #[test]
+    fn a_forged_usage_file_does_not_make_a_busy_slice_idle() {
+        let u = usage();
+        let src = Sources {
+            slices: slices(),
+            claims: claims(),
+            pods: Vec::new(),
+            usage: Ok(u.clone()),
+        };
+        let m = build(&src, None);
+        // The probe (2Gi): its usage file reads 0 throughout; the driver saw its processes
+        // hold 1Gi, then, in the second store, hold nothing but run kernels at 40 %.
+        let probe = u.slices.iter().find(|s| s.pod == "probe").unwrap();
+        let stores = [
+            [
+                ("gpuslice_slice_memory_used_bytes", 0.0),
+                ("gpuslice_slice_compute_used_ratio", 0.0),
+                ("gpuslice_slice_nvml_memory_used_bytes", GIB as f64),
+                ("gpuslice_slice_nvml_compute_used_ratio", 0.0),
+                ("gpuslice_slice_memory_limit_bytes", 2.0 * GIB as f64),
+            ],
+            [
+                ("gpuslice_slice_memory_used_bytes", 0.0),
+                ("gpuslice_slice_compute_used_ratio", 0.0),
+                ("gpuslice_slice_nvml_memory_used_bytes", 0.0),
+                ("gpuslice_slice_nvml_compute_used_ratio", 0.4),
+                ("gpuslice_slice_memory_limit_bytes", 2.0 * GIB as f64),
+            ],
+        ];
+        for store in stores {
+            // Prometheus answering each query with the probe's series of the metric it names.
+            let answer = |q: &str| -> Vec<Sample> {
+                let name: String = q
+                    .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .find(|w| w.starts_with("gpuslice_"))
+                    .unwrap()
+                    .to_string();
+                let v = store.iter().find(|(n, _)| *n == name).unwrap().1;
+                vec![sample(probe, v)]
+            };
+            let [mq, cq, lq] = queries(3600);
+            let w = fold(&answer(&mq), &answer(&cq), &answer(&lq));
+            let idle = idle_slices(&m, &u, &w, &IdleOptions::default(), None);
+            assert!(
+                !idle.iter().any(|r| r.pods == ["probe"]),
+                "a slice whose processes the driver saw busy is idle: {idle:?} ({store:?})"
+            );
+        }
+        // The same store with the driver's figures at 0 too: idle.
+        let answer = |q: &str| -> Vec<Sample> {
+            let v = if q.contains("limit") {
+                2.0 * GIB as f64
+            } else {
+                0.0
+            };
+            vec![sample(probe, v)]
+        };
+        let [mq, cq, lq] = queries(3600);
+        let w = fold(&answer(&mq), &answer(&cq), &answer(&lq));
+        let idle = idle_slices(&m, &u, &w, &IdleOptions::default(), None);
+        assert_eq!(idle.len(), 1, "{idle:?}");
+        assert_eq!(idle[0].pods, ["probe"]);
     }
 }

@@ -269,5 +269,5 @@ fn rebuild_of_a_sound_registry_keeps_counters_and_reports_unreadable_records() {
     // Shrinking the inventory under restored reservations is reported, not refused.
     let report = n.reg.rebuild(inventory(1, 20 * GI)).expect("rebuild");
     assert_eq!(report.restored.len(), 1);
-    // What `gc --rebuild` prints of such a report: cli/tests/status_render.rs.
+    // What `gc --rebuild` prints of such a report: agent/tests/status_render.rs.
 }

@@ -9,16 +9,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use gpuslice_config::{ComputeAction, EnforceConfig, MemoryAction};
-use gpuslice_registry::{RealSystem, RegistryFile, Reservation, ReservationState, System};
+use gpuslice_registry::{RealSystem, RegistryFile, Reservation, System};
 
-use crate::attribution::{Attribution, Owned};
+use crate::attribution::{attributed, Attribution, Owned};
 use crate::enforce::compute::ComputeTrack;
 use crate::enforce::events::{Event, EventKind};
 use crate::enforce::freezer::{freezer_of_pid, FreezerFile};
 use crate::enforce::memory::{MemoryTrack, MemoryVerdict, ProcMemory};
-use crate::enforce::meter::{GpuProcs, ProcFigures};
 use crate::enforce::signal::Signaller;
 use crate::enforce::stop::stop_containers;
+use crate::gpu::{DeviceReading, GpuProcess};
+use crate::liveness::OwnerCheck;
 use crate::procmap::ProcFs;
 
 /// The run fraction of each cgroup under a duty cycle, read by the freezer thread.
@@ -53,6 +54,8 @@ pub struct Enforcer {
     proc: ProcFs,
     /// Start times and cgroups of processes, as the registry reads them.
     system: Arc<dyn System>,
+    /// Which listed reservations are live (the exporter's rule, [`attributed`]).
+    owners: OwnerCheck,
     signaller: Box<dyn Signaller>,
     memory: HashMap<(String, String), MemoryTrack>,
     compute: HashMap<(String, String), ComputeTrack>,
@@ -81,13 +84,15 @@ impl Enforcer {
         signaller: Box<dyn Signaller>,
         throttles: Throttles,
     ) -> Enforcer {
+        let system: Arc<dyn System> = Arc::new(RealSystem::with_cgroup_root(
+            roots.proc_root.clone(),
+            roots.cgroup_root.clone(),
+        ));
         Enforcer {
             cfg,
             proc: ProcFs::new(roots.proc_root.clone()),
-            system: Arc::new(RealSystem::with_cgroup_root(
-                roots.proc_root.clone(),
-                roots.cgroup_root.clone(),
-            )),
+            owners: OwnerCheck::new(system.clone()),
+            system,
             roots,
             signaller,
             memory: HashMap::new(),
@@ -101,29 +106,40 @@ impl Enforcer {
     /// Reads start times and cgroups from `system` instead of the roots' `/proc` and cgroup
     /// tree (tests play processes out on a fake).
     pub fn with_system(mut self, system: Arc<dyn System>) -> Enforcer {
+        self.owners = OwnerCheck::new(system.clone());
         self.system = system;
         self
     }
 
-    /// Runs one cycle on `file`'s reservations and the `gpus` the meter read.
-    pub fn cycle(&mut self, file: &RegistryFile, gpus: &[GpuProcs], now: Instant) -> CycleOutcome {
+    /// Runs one cycle on `file`'s reservations and the `devices` the meter read (a GPU
+    /// whose processes the driver would not list is left alone).
+    pub fn cycle(
+        &mut self,
+        file: &RegistryFile,
+        devices: &[DeviceReading],
+        now: Instant,
+    ) -> CycleOutcome {
         let mut out = CycleOutcome::default();
-        let live: Vec<Slice<'_>> = file
-            .reservations
-            .iter()
-            .filter(|r| matches!(r.state, ReservationState::Bound | ReservationState::Pending))
+        let live: Vec<Slice<'_>> = attributed(&mut self.owners, &file.reservations, now)
+            .live
+            .into_iter()
             .map(|r| Slice { r })
+            .collect();
+        // The GPUs whose processes the driver listed, with them.
+        let gpus: Vec<(&String, &[GpuProcess])> = devices
+            .iter()
+            .filter_map(|d| Some((&d.uuid, d.processes.as_deref()?)))
             .collect();
 
         // Who owns each process.
         let reservations: Vec<&Reservation> = live.iter().map(|s| s.r).collect();
         let mut who = Attribution::new(&self.proc, &*self.system, &reservations);
         // (slice, GPU UUID) → its processes there.
-        let mut groups: BTreeMap<(usize, String), Vec<ProcFigures>> = BTreeMap::new();
-        for g in gpus {
+        let mut groups: BTreeMap<(usize, String), Vec<GpuProcess>> = BTreeMap::new();
+        for &(uuid, procs) in &gpus {
             let mut unowned = 0u64;
-            for p in &g.processes {
-                let owned = match who.owner_on(p.pid, &g.uuid) {
+            for p in procs {
+                let owned = match who.owner_on(p.pid, uuid) {
                     Ok(o) => o,
                     Err(e) => {
                         // Gone between the driver's list and now: nothing to enforce.
@@ -132,12 +148,12 @@ impl Enforcer {
                     }
                 };
                 match owned {
-                    Owned::By(n) => groups.entry((n, g.uuid.clone())).or_default().push(*p),
+                    Owned::By(n) => groups.entry((n, uuid.clone())).or_default().push(*p),
                     Owned::ElsewhereBy(_) | Owned::Nobody => {
                         unowned += 1;
                         let start = self.signaller.start_time(p.pid).unwrap_or(0);
-                        if self.unowned_seen.insert((g.uuid.clone(), p.pid, start)) {
-                            let mut e = self.event(EventKind::Unowned, None, &g.uuid, p.pid);
+                        if self.unowned_seen.insert((uuid.clone(), p.pid, start)) {
+                            let mut e = self.event(EventKind::Unowned, None, uuid, p.pid);
                             e.process_bytes = p.used;
                             if let Owned::ElsewhereBy(n) = owned {
                                 e.error = Some(format!(
@@ -150,11 +166,11 @@ impl Enforcer {
                     }
                 }
             }
-            out.unowned.push((g.uuid.clone(), unowned));
+            out.unowned.push((uuid.clone(), unowned));
         }
         let present: HashSet<(String, u32)> = gpus
             .iter()
-            .flat_map(|g| g.processes.iter().map(move |p| (g.uuid.clone(), p.pid)))
+            .flat_map(|&(uuid, procs)| procs.iter().map(move |p| (uuid.clone(), p.pid)))
             .collect();
         self.unowned_seen
             .retain(|(u, pid, _)| present.contains(&(u.clone(), *pid)));
@@ -167,7 +183,7 @@ impl Enforcer {
                 continue;
             }
             for b in &s.r.gpus {
-                if !gpus.iter().any(|g| g.uuid == b.uuid) {
+                if !gpus.iter().any(|(uuid, _)| **uuid == b.uuid) {
                     continue;
                 }
                 let key = (s.r.id.clone(), b.uuid.clone());
@@ -210,7 +226,7 @@ impl Enforcer {
         r: &Reservation,
         uuid: &str,
         limit: u64,
-        procs: &[ProcFigures],
+        procs: &[GpuProcess],
         now: Instant,
         out: &mut CycleOutcome,
     ) {
@@ -272,7 +288,7 @@ impl Enforcer {
         r: &Reservation,
         uuid: &str,
         cores: u8,
-        procs: &[ProcFigures],
+        procs: &[GpuProcess],
         now: Instant,
         out: &mut CycleOutcome,
         wanted: &mut BTreeMap<FreezerFile, f64>,
@@ -372,6 +388,15 @@ mod tests {
 
     fn uuid(g: usize) -> String {
         format!("GPU-00000000-0000-0000-0000-{g:012}")
+    }
+
+    /// GPU `uuid` as the meter reads it, with the driver's list of its processes.
+    fn listed(uuid: String, processes: Vec<GpuProcess>) -> DeviceReading {
+        DeviceReading {
+            uuid,
+            processes: Some(processes),
+            ..DeviceReading::default()
+        }
     }
 
     fn init_pid(s: usize) -> u32 {
@@ -476,32 +501,32 @@ mod tests {
         )
         .with_system(sys);
         let reading = |a: u64, b: u64| {
-            vec![GpuProcs {
-                uuid: uuid(0),
-                processes: vec![
-                    ProcFigures {
+            vec![listed(
+                uuid(0),
+                vec![
+                    GpuProcess {
                         pid: pid_of(0, 0),
                         used: Some(a),
                         sm: Some(10),
                     },
-                    ProcFigures {
+                    GpuProcess {
                         pid: pid_of(0, 1),
                         used: Some(b),
                         sm: Some(10),
                     },
                     // Slice 1 is at its limit, and an unowned process holds a lot.
-                    ProcFigures {
+                    GpuProcess {
                         pid: pid_of(1, 0),
                         used: Some(4),
                         sm: Some(10),
                     },
-                    ProcFigures {
+                    GpuProcess {
                         pid: UNOWNED[0],
                         used: Some(1000),
                         sm: Some(90),
                     },
                 ],
-            }]
+            )]
         };
         let t0 = Instant::now();
         let out = e.cycle(&file, &reading(3, 0), t0);
@@ -531,18 +556,18 @@ mod tests {
     const HOST_NS: u64 = 4026531836;
 
     /// One GPU's processes with their bytes.
-    fn on_gpu0(procs: &[(u32, u64)]) -> Vec<GpuProcs> {
-        vec![GpuProcs {
-            uuid: uuid(0),
-            processes: procs
+    fn on_gpu0(procs: &[(u32, u64)]) -> Vec<DeviceReading> {
+        vec![listed(
+            uuid(0),
+            procs
                 .iter()
-                .map(|(pid, used)| ProcFigures {
+                .map(|(pid, used)| GpuProcess {
                     pid: *pid,
                     used: Some(*used),
                     sm: Some(1),
                 })
                 .collect(),
-        }]
+        )]
     }
 
     /// Runs cycles over `readings` spaced `step` apart; returns the kills.
@@ -550,7 +575,7 @@ mod tests {
         e: &mut Enforcer,
         kills: &Kills,
         file: &RegistryFile,
-        readings: &[Vec<GpuProcs>],
+        readings: &[Vec<DeviceReading>],
         step: Duration,
     ) -> Vec<u32> {
         let t0 = Instant::now();
@@ -710,6 +735,61 @@ mod tests {
         );
     }
 
+    /// A reservation left from an earlier boot (reaping has not run yet) whose recorded
+    /// cgroup path a container of this boot re-created: the earlier one is stale, so the
+    /// process in that cgroup is judged against the live container's 4 GiB, never against the
+    /// 1 GiB nobody holds any more (listed first, it used to win the cgroup tie).
+    #[test]
+    fn a_stale_reservation_charges_nothing_to_whoever_reuses_its_cgroup() {
+        let dir = tempfile::tempdir().unwrap();
+        let (roots, mut file, sys) = node(dir.path(), &[[GIB, GIB]; SLICES]);
+        // This boot's container runs in the host's pid namespace: its cgroup decides.
+        for pid in [610, 611] {
+            fake_process(&roots.proc_root, pid, HOST_NS, pid, "0::/ctr-x\n");
+            sys.spawn(pid, 1);
+            sys.set_cgroup(pid, "ctr-x");
+        }
+        for (id, pid, boot, memory) in [
+            ("00000000000000d0", 600, "earlier-boot", GIB),
+            ("00000000000000d1", 610, "fake-boot-0", 4 * GIB),
+        ] {
+            let r = serde_json::json!({
+                "id": id, "state": "bound",
+                "owner": {"kind": "container", "container_id": id,
+                    "process": {"pid": pid, "start_time": 1, "boot_id": boot, "cgroup": "ctr-x"}},
+                "gpus": [{"index": 0, "uuid": uuid(0), "memory": memory, "cores": 0}],
+                "created_ms": 0, "bound_ms": 0,
+            });
+            file.reservations.push(serde_json::from_value(r).unwrap());
+        }
+        let kills = Kills::default();
+        let mut e = Enforcer::new(
+            EnforceConfig::default(),
+            roots,
+            Box::new(Recorder(kills.clone())),
+            Throttles::default(),
+        )
+        .with_system(sys);
+        let killed = run(
+            &mut e,
+            &kills,
+            &file,
+            &vec![on_gpu0(&[(611, 3 * GIB)]); 4],
+            Duration::from_secs(1),
+        );
+        assert!(killed.is_empty(), "killed {killed:?}");
+        // Over the live container's own limit it is acted on.
+        let killed = run(
+            &mut e,
+            &kills,
+            &file,
+            &vec![on_gpu0(&[(611, 5 * GIB)]); 4],
+            Duration::from_secs(1),
+        );
+        assert_eq!(killed.first(), Some(&611), "{killed:?}");
+        assert!(killed.iter().all(|p| [610, 611].contains(p)), "{killed:?}");
+    }
+
     /// A container that keeps starting holders past the shim (one more 1 GiB holder every
     /// second on a 2 GiB slice): one action brings the slice back under within grace plus
     /// an interval, and when it goes over again within the repeat window its container is
@@ -777,7 +857,8 @@ mod tests {
                 holders.clear();
             }
             let held = holders.len() as u64 * GIB;
-            let over_before = reading[0].processes.len() as u64 * GIB > 2 * GIB;
+            let over_before =
+                reading[0].processes.as_ref().map_or(0, Vec::len) as u64 * GIB > 2 * GIB;
             if over_before && first_over.is_none() {
                 first_over = Some(now);
             }
@@ -842,9 +923,7 @@ mod tests {
             let mut now = Instant::now();
             for (dt, figures) in steps {
                 now += Duration::from_millis(dt);
-                let mut gpus: Vec<GpuProcs> = (0..GPUS)
-                    .map(|g| GpuProcs { uuid: uuid(g), processes: Vec::new() })
-                    .collect();
+                let mut gpus: Vec<Vec<GpuProcess>> = vec![Vec::new(); GPUS];
                 // (slice, GPU) → bytes its live processes hold this reading.
                 let mut totals: HashMap<(usize, usize), u64> = HashMap::new();
                 for (i, used) in figures.iter().enumerate() {
@@ -853,7 +932,7 @@ mod tests {
                     if dead.contains(&pid) {
                         continue;
                     }
-                    gpus[g].processes.push(ProcFigures { pid, used: Some(used), sm: Some(1) });
+                    gpus[g].push(GpuProcess { pid, used: Some(used), sm: Some(1) });
                     if let Some(s) = owner {
                         *totals.entry((s, g)).or_default() += used;
                     }
@@ -868,7 +947,9 @@ mod tests {
                     }
                 }
                 let before = kills.lock().unwrap().len();
-                let out = e.cycle(&file, &gpus, now);
+                let reading: Vec<DeviceReading> =
+                    gpus.iter().enumerate().map(|(g, p)| listed(uuid(g), p.clone())).collect();
+                let out = e.cycle(&file, &reading, now);
                 let new: Vec<u32> = kills.lock().unwrap()[before..].to_vec();
                 let escalated: HashSet<String> = out
                     .events
@@ -888,7 +969,7 @@ mod tests {
                     prop_assert!(owner.is_some(), "killed unowned process {pid}");
                     let s = owner.unwrap_or_default();
                     let justified = (0..GPUS).any(|g| {
-                        let holds = gpus[g].processes.iter().any(|p| p.pid == *pid && p.used > Some(0));
+                        let holds = gpus[g].iter().any(|p| p.pid == *pid && p.used > Some(0));
                         let over = totals.get(&(s, g)).copied().unwrap_or(0) > limits[s][g];
                         let long = over_since
                             .get(&(s, g))

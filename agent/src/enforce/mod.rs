@@ -7,7 +7,8 @@
 //! repeat window, reports a
 //! slice above its compute share and, with `compute = "throttle"`, freezes its cgroup in a
 //! duty cycle; processes that belong to no reservation are reported. The pure decisions
-//! (`memory`, `compute`) are apart from the seams (`meter`, `signal`, `freezer`).
+//! (`memory`, `compute`) are apart from the seams (the agent's one meter `gpu`, `signal`,
+//! `freezer`).
 
 pub mod compute;
 pub mod cycle;
@@ -15,7 +16,6 @@ pub mod dutycycle;
 pub mod events;
 pub mod freezer;
 pub mod memory;
-pub mod meter;
 pub mod signal;
 pub mod status;
 pub mod stop;
@@ -25,17 +25,16 @@ use std::time::Instant;
 
 use gpuslice_registry::read_registry;
 
-use crate::gpu::NvmlSource;
+use crate::gpu::{GpuMeter, MeterError, NvmlMeter, NvmlSource};
 use cycle::{Enforcer, Roots, Throttles};
 use events::{lock, publish, Shared};
 use gpuslice_hook::node::NodeContext;
-use meter::{NvmlProcessMeter, ProcessMeter};
 
 /// The enforcer could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum EnforceError {
-    #[error(transparent)]
-    Meter(#[from] meter::MeterOpenError),
+    #[error("the enforcer cannot start: {0}; nothing is enforced until it can")]
+    Meter(#[from] MeterError),
     #[error("cannot start the enforcer's {name} thread: {source}")]
     Thread {
         name: &'static str,
@@ -50,7 +49,7 @@ pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 /// logged once each until they change; the loop itself never stops.
 pub fn run_loop(
     mut enforcer: Enforcer,
-    mut meter: Box<dyn ProcessMeter>,
+    mut meter: Box<dyn GpuMeter>,
     shared: Shared,
     state_dir: PathBuf,
     interval: std::time::Duration,
@@ -58,10 +57,11 @@ pub fn run_loop(
     let mut last_errors: Vec<String> = Vec::new();
     loop {
         let started = Instant::now();
-        let (gpus, mut errors) = meter.read();
+        let reading = meter.read();
+        let mut errors = reading.errors;
         match read_registry(&state_dir) {
             Ok(file) => {
-                let out = enforcer.cycle(&file, &gpus, started);
+                let out = enforcer.cycle(&file, &reading.devices, started);
                 errors.extend(out.errors);
                 {
                     let mut live = lock(&shared);
@@ -93,7 +93,7 @@ pub fn run_loop(
 pub fn start(node: &NodeContext) -> Result<Shared, EnforceError> {
     let cfg = node.config().enforce.clone();
     let state_dir = node.config().state_dir.clone();
-    let meter = NvmlProcessMeter::open(&NvmlSource::of(node.config()))?;
+    let meter = NvmlMeter::open(&NvmlSource::of(node.config()))?;
     let shared = Shared::default();
     if let Ok(Some(record)) = events::read_record(&state_dir) {
         // Totals survive a restart of the daemon; the cycle count is this run's.

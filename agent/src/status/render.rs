@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde_json::{json, Value};
 
-use gpuslice_config::PlacementConfig;
+use gpuslice_config::{format_bytes_rounded, PlacementConfig};
 
 use gpuslice_registry::{
     gpu_loads, missing_gpus, printable, violations, Inventory, Owner, Reaped, RebuildReport,
@@ -14,17 +14,6 @@ use gpuslice_registry::{
 };
 
 use super::table::{Align, Table};
-
-/// Bytes in GiB with one decimal, or in the largest binary unit that fits from 1 TiB up
-/// (so a damaged 2^64-1 reads `16.0 EiB`, not `17179869184.0 GiB`).
-fn gib(bytes: u64) -> String {
-    const UNITS: [(&str, u32); 3] = [("EiB", 60), ("PiB", 50), ("TiB", 40)];
-    let (name, shift) = UNITS
-        .into_iter()
-        .find(|(_, shift)| bytes >= 1u64 << shift)
-        .unwrap_or(("GiB", 30));
-    format!("{:.1} {name}", bytes as f64 / (1u64 << shift) as f64)
-}
 
 /// What is wrong with the registry's contents (more booked than a GPU holds, an id listed
 /// twice, …), one line each; empty for a sound registry. `status` shows them.
@@ -79,8 +68,9 @@ impl Measured {
     }
 }
 
-fn gib_or_dash(bytes: Option<u64>) -> String {
-    bytes.map_or_else(|| "-".to_string(), gib)
+/// A measured figure in a table cell, `-` when there is none.
+fn bytes_or_dash(bytes: Option<u64>) -> String {
+    bytes.map_or_else(|| "-".to_string(), format_bytes_rounded)
 }
 
 fn gpu_label(uuid: &str, inventory: &Inventory) -> String {
@@ -90,7 +80,7 @@ fn gpu_label(uuid: &str, inventory: &Inventory) -> String {
     }
 }
 
-/// Memory in use per booking (`0: 1.5 GiB, 1: -`); `-` when nothing was measured.
+/// Memory in use per booking (`0: 1.5Gi, 1: -`); `-` when nothing was measured.
 fn used_cell(r: &Reservation, inventory: &Inventory, measured: &Measured) -> String {
     if !measured.memory_used.contains_key(&r.id) {
         return "-".to_string();
@@ -101,7 +91,7 @@ fn used_cell(r: &Reservation, inventory: &Inventory, measured: &Measured) -> Str
             format!(
                 "{}: {}",
                 gpu_label(&b.uuid, inventory),
-                gib_or_dash(measured.reservation_used(&r.id, &b.uuid))
+                bytes_or_dash(measured.reservation_used(&r.id, &b.uuid))
             )
         })
         .collect::<Vec<_>>()
@@ -116,9 +106,13 @@ fn bookings_cell(r: &Reservation, inventory: &Inventory) -> String {
             if r.whole_gpu {
                 format!("{gpu}: whole GPU")
             } else if b.cores > 0 {
-                format!("{gpu}: {} {}% cores", gib(b.memory), b.cores)
+                format!(
+                    "{gpu}: {} {}% cores",
+                    format_bytes_rounded(b.memory),
+                    b.cores
+                )
             } else {
-                format!("{gpu}: {}", gib(b.memory))
+                format!("{gpu}: {}", format_bytes_rounded(b.memory))
             }
         })
         .collect::<Vec<_>>()
@@ -135,7 +129,7 @@ pub fn render_table(file: &RegistryFile) -> String {
     )
 }
 
-/// The status table: per GPU (index, model, memory total / allocated / free in GiB, memory
+/// The status table: per GPU (index, model, memory total / allocated / free, memory
 /// used as measured, cores allocated, utilisation as measured, share of the GPU's memory
 /// booked, slice count), a `warning:` line for each [`problems`] under `placement`, then the
 /// reservations with the memory each uses per GPU. Control characters in names are escaped.
@@ -163,10 +157,10 @@ pub fn render_table_measured(
         gpus.row(vec![
             g.index.to_string(),
             g.model.clone(),
-            gib(g.memory_total),
-            gib(l.memory),
-            gib(g.memory_total.saturating_sub(l.memory)),
-            gib_or_dash(m.memory_used),
+            format_bytes_rounded(g.memory_total),
+            format_bytes_rounded(l.memory),
+            format_bytes_rounded(g.memory_total.saturating_sub(l.memory)),
+            bytes_or_dash(m.memory_used),
             format!("{}%", l.cores),
             m.utilization
                 .map_or_else(|| "-".to_string(), |u| format!("{u}%")),

@@ -3,11 +3,11 @@
 //! `--remove` restores the original byte for byte, a created file is deleted again, malformed
 //! JSON is refused untouched.
 
-use crate::configure_common;
+use crate::common;
 
 use std::path::Path;
 
-use configure_common::{fixture, golden, stage, tree};
+use common::{fixture, golden, stage, tree};
 use gpuslice_configure::docker::{plan_add, plan_remove, DockerError, Target};
 use gpuslice_configure::registration::Registration;
 use serde_json::Value;

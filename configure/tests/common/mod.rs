@@ -1,18 +1,21 @@
-//! Shared by the `configure_*` golden tests: fixture trees staged into temp dirs, whole
-//! trees compared with their expected state (`@DIR@` stands for the temp dir), and
-//! `GPUSLICE_BLESS=1` to rewrite the expected files after a deliberate change.
+//! Shared by the engine registration golden tests (and the `gpuslice` CLI's tests of
+//! `configure`): fixture trees staged into temp dirs, whole trees compared with their
+//! expected state (`@DIR@` stands for the temp dir), and `GPUSLICE_BLESS=1` to rewrite the
+//! expected files after a deliberate change.
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)] // test helpers: a failed step fails the test
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-/// `cli/tests/fixtures/<engine>/<case>`.
+/// `configure/tests/fixtures/<engine>/<case>` (the path works from the cli package too).
 pub fn fixture(engine: &str, case: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures")
-        .join(engine)
-        .join(case)
+    Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../configure/tests/fixtures"
+    ))
+    .join(engine)
+    .join(case)
 }
 
 /// Copies the tree `src` into `dst`, replacing `@DIR@` with `dst`.

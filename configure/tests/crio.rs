@@ -2,11 +2,11 @@
 //! inherited from the default runtime across drop-ins, idempotence, `--remove` leaves the
 //! tree as it was, malformed CRI-O configs and foreign drop-ins refused untouched.
 
-use crate::configure_common;
+use crate::common;
 
 use std::path::Path;
 
-use configure_common::{dirs, fixture, golden, stage, tree};
+use common::{dirs, fixture, golden, stage, tree};
 use gpuslice_configure::crio::{plan_add, plan_remove, CrioError, Target, HANDLER, RUNTIME_ROOT};
 use gpuslice_configure::registration::Registration;
 

@@ -65,14 +65,17 @@ fn slices_show_limits_measured_memory_share_and_nvml_cross_check() {
         GpuProcess {
             pid: 5007,
             used: Some(GI + (300 << 20)),
+            sm: Some(20),
         },
         GpuProcess {
             pid: 5008,
             used: Some(256 << 20),
+            sm: Some(15),
         },
         GpuProcess {
             pid: 6000,
             used: Some(GI),
+            sm: Some(50),
         },
     ]);
     let mut c = node.collector(Some(meter));
@@ -109,6 +112,11 @@ fn slices_show_limits_measured_memory_share_and_nvml_cross_check() {
         (GI + (300 << 20) + (256 << 20)) as f64,
         "shim process plus the bypassing one, not the stranger"
     );
+    let driver_share = value(&s, "gpuslice_slice_nvml_compute_used_ratio", &ra);
+    assert!(
+        (driver_share - 0.35).abs() < 1e-9,
+        "the driver's SM figures of both processes, not the stranger's: {driver_share}"
+    );
     let la = &find(&s, "gpuslice_slice_memory_limit_bytes", &ra)[0].labels;
     assert_eq!(la["namespace"], "team");
     assert_eq!(la["pod"], "trainer-0");
@@ -129,6 +137,11 @@ fn slices_show_limits_measured_memory_share_and_nvml_cross_check() {
     assert!((share - 0.3).abs() < 1e-9, "{share}");
     assert!((value(&s, "gpuslice_slice_compute_busy_seconds_total", &rb) - 5.6).abs() < 1e-9);
     assert_eq!(value(&s, "gpuslice_slice_nvml_memory_used_bytes", &rb), 0.0);
+    assert_eq!(
+        value(&s, "gpuslice_slice_nvml_compute_used_ratio", &rb),
+        0.0,
+        "no process on the GPU: no compute"
+    );
 
     let g0 = [("uuid", uuid(0))];
     let g0: Vec<(&str, &str)> = g0.iter().map(|(k, v)| (*k, v.as_str())).collect();
@@ -318,6 +331,7 @@ fn nvml_errors_drop_measured_series_and_count() {
     let mut r = reading(vec![GpuProcess {
         pid: 99999,
         used: Some(5),
+        sm: None,
     }]);
     r.devices[0].memory_used = None;
     r.devices[0].utilization = None;
@@ -442,6 +456,7 @@ fn whole_gpu_is_limited_to_the_gpu_and_measured_by_nvml_only() {
     *meter.0.lock().unwrap() = reading(vec![GpuProcess {
         pid: 4501,
         used: Some(3 * GI),
+        sm: None,
     }]);
     let mut c = node.collector(Some(meter));
     let (_, s) = scrape(&mut c, Instant::now());

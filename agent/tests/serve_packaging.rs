@@ -32,7 +32,11 @@ fn exported_names() -> BTreeSet<String> {
             memory_total: Some(10 * GI),
             memory_used: Some(GI),
             utilization: Some(0.1),
-            processes: Some(vec![GpuProcess { pid: 1, used: None }]),
+            processes: Some(vec![GpuProcess {
+                pid: 1,
+                used: None,
+                sm: None,
+            }]),
         }],
         errors: vec![],
     };

@@ -1,5 +1,5 @@
 //! Acceptance 6: `status_json` follows the contract of DESIGN.md §4 and the table is
-//! aligned, in GiB and percent.
+//! aligned, in the project's short byte spelling (`141Gi`, `47.3Gi`) and percent.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -213,11 +213,9 @@ fn table_is_aligned_in_gib_and_percent() {
         }
     }
     let gpu0 = gpu_part[1];
-    assert!(gpu0.contains("141.0 GiB"), "{gpu0}");
-    assert!(
-        gpu0.contains(&format!("{:.1} GiB", (12.0 + 141.0 / 4.0))),
-        "{gpu0}"
-    );
+    assert!(gpu0.contains("141Gi"), "{gpu0}");
+    // 12 GiB + a quarter of 141 GiB booked: 47.25 GiB.
+    assert!(gpu0.contains("47.3Gi"), "{gpu0}");
     assert!(gpu0.contains("80%"), "{gpu0}");
     assert!(
         gpu0.contains(&format!(
@@ -240,7 +238,7 @@ fn table_is_aligned_in_gib_and_percent() {
         }
     }
     assert!(
-        res_part[1].contains("pending") && res_part[1].contains("0: 12.0 GiB 30% cores"),
+        res_part[1].contains("pending") && res_part[1].contains("0: 12Gi 30% cores"),
         "{}",
         res_part[1]
     );
@@ -324,7 +322,7 @@ fn measured_columns_sit_next_to_the_booked_ones() {
     // Right-aligned under their headers.
     let used_end = header.find("USED").unwrap() + 4;
     let util_end = header.find("UTIL").unwrap() + 4;
-    assert_eq!(&lines[1][used_end - 7..used_end], "3.0 GiB", "{text}");
+    assert_eq!(&lines[1][used_end - 4..used_end], " 3Gi", "{text}");
     assert_eq!(&lines[1][util_end - 3..util_end], "45%", "{text}");
     assert_eq!(
         &lines[2][used_end - 1..used_end],
@@ -336,7 +334,7 @@ fn measured_columns_sit_next_to_the_booked_ones() {
     let res = &lines[blank + 1..];
     assert!(res[0].ends_with("USED"), "{}", res[0]);
     let at = res[0].find("USED").unwrap();
-    assert_eq!(&res[1][at..], "0: 1.0 GiB", "{text}");
+    assert_eq!(&res[1][at..], "0: 1Gi", "{text}");
     assert_eq!(&res[2][at..], "-", "unmeasured reservation: {text}");
     // Without measurements every measured cell is a dash and nothing else moves.
     let plain = render_table(&file);
