@@ -1,12 +1,33 @@
 //! Which reservation owns each GPU process, decided from host facts only, for both the
-//! exporter's per-slice figures and the enforcer's kills and throttles: a process belongs to
+//! exporter's per-slice figures and the enforcer's kills and throttles. A process belongs to
 //! a reservation when it runs in the pid namespace of one of the reservation's container
-//! inits (verified by start time, never the host's namespace), or in the cgroup such an init
-//! was recorded in at bind or join time, or below it (recorded only when the init was alone
-//! in it then: a cgroup that already held other processes is never followed). Those are the kernel's and the
-//! registry's facts, recorded by host-side hooks; nothing a container writes (its usage
-//! file's slots, its own pid as it sees it) decides where a process is charged, so a
-//! container cannot steer a kill or a freeze onto another tenant's or the host's processes.
+//! inits (verified by start time, never the host's namespace), or, whatever its pid
+//! namespace, in the cgroup recorded for one of those containers or below it (compared by
+//! whole path components). The cgroup rule is what finds a process that made a pid namespace
+//! of its own (`unshare -U -r -p -f`): it is in no recorded namespace, but still in its
+//! container's cgroup.
+//!
+//! Why a recorded cgroup is the container's own, and stays so:
+//! - it is recorded by the `createRuntime` hook on the host, before the container's process
+//!   runs, and only when the container's init is then alone in it (the cgroup the runtime
+//!   made for it from the spec's `cgroupsPath`); a cgroup that already held other processes
+//!   (an engine without a cgroup per container, a shared pod cgroup) is never recorded;
+//! - no container can move a process out of its cgroup subtree: a move is a write to the
+//!   destination's `cgroup.procs`, in a cgroup tree mounted writable, and on cgroup v2 the
+//!   writer's cgroup namespace must hold both ends. A container's cgroup tree is mounted
+//!   read-only (a user and mount namespace of its own cannot lift a lock the host set), and a
+//!   tree it mounts itself shows only its cgroup namespace, rooted at or below its own cgroup.
+//!   So a nested pid, user or mount namespace changes no process's cgroup, and no tenant can
+//!   put a process into another tenant's or the host's cgroup to have it charged there;
+//! - a reservation's container whose own cgroup was not recorded but that runs inside
+//!   another's recorded cgroup (an engine that started a second container in the first's
+//!   cgroup after its bind) makes that cgroup say nothing: which of the two a process there
+//!   belongs to cannot be told, so the cgroup charges neither (their namespaces still do).
+//!
+//! Nothing a container writes (its usage file's slots, its own pid as it sees it) decides
+//! where a process is charged, so a container cannot steer a kill or a freeze onto another
+//! tenant's or the host's processes. See docs/security.md, "What only the enforcer
+//! guarantees".
 
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
@@ -29,7 +50,8 @@ pub struct Attribution<'a> {
     /// reservations' containers share it (a pod sharing its process namespace), which then
     /// leaves the decision to the cgroups.
     namespaces: HashMap<u64, Option<usize>>,
-    /// (recorded cgroup, reservation), deepest cgroup first.
+    /// (recorded cgroup, reservation), deepest cgroup first; none that another
+    /// reservation's container without a recorded cgroup runs in.
     cgroups: Vec<(String, usize)>,
     /// The GPU UUIDs each reservation books, by position.
     booked: Vec<Vec<String>>,
@@ -61,16 +83,25 @@ impl<'a> Attribution<'a> {
         let own_ns = proc.pid_ns("self").ok();
         let boot_id = system.boot_id().ok();
         let mut namespaces: HashMap<u64, Option<usize>> = HashMap::new();
-        let mut cgroups = Vec::new();
+        let mut cgroups: Vec<(String, usize)> = Vec::new();
+        // (cgroup it runs in, reservation, pid) of each live recorded init with no recorded
+        // cgroup of its own.
+        let mut unrecorded: Vec<(String, usize, u32)> = Vec::new();
         for (n, r) in live.iter().enumerate() {
             for p in r.owner.processes() {
-                if let Some(c) = p.cgroup.as_deref().filter(|c| !c.is_empty()) {
+                let recorded = p.cgroup.as_deref().filter(|c| !c.is_empty());
+                if let Some(c) = recorded {
                     cgroups.push((c.to_string(), n));
                 }
                 // The init's namespace only while the recorded process still holds that pid:
                 // a reused pid names someone else's namespace.
                 let same = boot_id.as_deref() == Some(p.boot_id.as_str())
                     && matches!(system.process_start_time(p.pid), Ok(Some(t)) if t == p.start_time);
+                if same && recorded.is_none() {
+                    if let Ok(Some(c)) = system.cgroup_of(p.pid) {
+                        unrecorded.push((c, n, p.pid));
+                    }
+                }
                 let ns = same
                     .then(|| proc.pid_ns(&p.pid.to_string()).ok())
                     .flatten()
@@ -87,6 +118,15 @@ impl<'a> Attribution<'a> {
                 }
             }
         }
+        // A recorded cgroup that another reservation's container runs in as well (not one
+        // of its own containers) cannot tell their processes apart.
+        cgroups.retain(|(c, n)| {
+            !unrecorded.iter().any(|(u, m, pid)| {
+                m != n
+                    && within_cgroup(u, c)
+                    && !live[*n].owner.processes().iter().any(|q| q.pid == *pid)
+            })
+        });
         cgroups.sort_by_key(|c| std::cmp::Reverse(c.0.len()));
         let booked = live
             .iter()
@@ -104,9 +144,10 @@ impl<'a> Attribution<'a> {
     }
 
     /// The reservations host process `pid` may belong to, most specific first: the owner of
-    /// its pid namespace, else those whose recorded cgroup holds it, deepest first. Empty
-    /// for a process of the host or of a container without a reservation. A `/proc` entry
-    /// that cannot be read (the process is gone) is an error.
+    /// its pid namespace, else those whose recorded cgroup holds it (whichever other
+    /// processes share that cgroup), deepest first. Empty for a process of the host or of a
+    /// container without a reservation. A `/proc` entry that cannot be read (the process is
+    /// gone) is an error.
     pub fn candidates(&mut self, pid: u32) -> Result<&[usize], AttributionError> {
         if !self.seen.contains_key(&pid) {
             let found = self.look_up(pid)?;
@@ -142,9 +183,11 @@ impl<'a> Attribution<'a> {
         if self.cgroups.is_empty() {
             return Ok(Vec::new());
         }
+        // The cgroup it runs in, not the bind-time record (`process_cgroup`, which names
+        // only a cgroup the process is alone in): a container's processes share its cgroup.
         let cgroup = self
             .system
-            .process_cgroup(pid)
+            .cgroup_of(pid)
             .map_err(|e| AttributionError::Cgroup(e.to_string()))?;
         let Some(cgroup) = cgroup else {
             return Ok(Vec::new());
@@ -320,6 +363,111 @@ mod tests {
         assert_eq!(who.owner_on(301, "GPU-0").unwrap(), Owned::Nobody);
         assert_eq!(who.owner_on(101, "GPU-1").unwrap(), Owned::ElsewhereBy(0));
         assert!(who.owner_on(999, "GPU-0").is_err(), "no /proc entry");
+    }
+
+    /// A process of the host's `/proc` as the kernel shows it: its pid namespace link, its
+    /// `stat` (start time `start`) and its `/proc/<pid>/cgroup` (cgroup v2 `cgroup`).
+    fn real_process(root: &Path, pid: u32, ns: u64, start: u64, cgroup: &str) {
+        fake_process(root, pid, ns);
+        let dir = root.join(pid.to_string());
+        std::fs::write(
+            dir.join("stat"),
+            format!("{pid} (burn) S 1 {pid} {pid} 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 {start} 1000 200\n"),
+        )
+        .unwrap();
+        std::fs::write(dir.join("cgroup"), format!("0::/{cgroup}\n")).unwrap();
+    }
+
+    /// A cgroup v2 tree whose cgroups list `procs`.
+    fn cgroup_tree(root: &Path, cgroups: &[(&str, &[u32])]) {
+        std::fs::write(root.join("cgroup.controllers"), "memory pids\n").unwrap();
+        for (c, procs) in cgroups {
+            std::fs::create_dir_all(root.join(c)).unwrap();
+            let list: String = procs.iter().map(|p| format!("{p}\n")).collect();
+            std::fs::write(root.join(c).join("cgroup.procs"), list).unwrap();
+        }
+    }
+
+    /// `unshare -U -r -p -f` in a container (and in a claim's container) puts the holder in
+    /// a pid namespace no recorded init runs in, in the container's cgroup with the init and
+    /// its other processes: read from `/proc` and the cgroup tree as the kernel has them, it
+    /// is the container's, as is one in a cgroup below; a host process whose cgroup name
+    /// starts like the container's, or one of its own pid namespace in the host's cgroups,
+    /// is nobody's.
+    #[test]
+    fn a_process_in_a_pid_namespace_of_its_own_is_its_containers() {
+        let dir = tempfile::tempdir().unwrap();
+        let (proc_root, cg_root) = (dir.path().join("proc"), dir.path().join("cgroup"));
+        std::fs::create_dir_all(proc_root.join("sys/kernel/random")).unwrap();
+        std::fs::create_dir_all(&cg_root).unwrap();
+        std::fs::write(proc_root.join("sys/kernel/random/boot_id"), "fake-boot-0\n").unwrap();
+        real_process(&proc_root, 1, HOST_NS, 1, "system.slice/gpuslice.service");
+        std::os::unix::fs::symlink("1", proc_root.join("self")).unwrap();
+        // Container A (init 100, namespace 11): 101 in its namespace; 102 and 103 each made
+        // a pid namespace of their own, 103 in a cgroup below A's.
+        real_process(&proc_root, 100, 11, 5, "ctr-a");
+        real_process(&proc_root, 101, 11, 6, "ctr-a");
+        real_process(&proc_root, 102, 13, 7, "ctr-a");
+        real_process(&proc_root, 103, 14, 8, "ctr-a/inner");
+        // A claim's container (init 200, namespace 21) and its holder in namespace 23.
+        real_process(&proc_root, 200, 21, 5, "kubepods/pod1/ctr-c");
+        real_process(&proc_root, 202, 23, 7, "kubepods/pod1/ctr-c");
+        // Host processes: one in `ctr-ab`, one in a pid namespace of its own.
+        real_process(&proc_root, 300, HOST_NS, 9, "ctr-ab");
+        real_process(&proc_root, 301, 31, 9, "user.slice/user-0.slice");
+        cgroup_tree(
+            &cg_root,
+            &[
+                ("system.slice/gpuslice.service", &[1]),
+                ("ctr-a", &[100, 101, 102]),
+                ("ctr-a/inner", &[103]),
+                ("kubepods/pod1/ctr-c", &[200, 202]),
+                ("ctr-ab", &[300]),
+                ("user.slice/user-0.slice", &[301]),
+            ],
+        );
+        let sys = gpuslice_registry::RealSystem::with_cgroup_root(&proc_root, &cg_root);
+        let proc = ProcFs::new(&proc_root);
+        // Recorded at bind, when each init was alone in its cgroup.
+        let a = reservation("container", &[(100, 5, "ctr-a")], &["GPU-0"]);
+        let c = reservation("dra_claim", &[(200, 5, "kubepods/pod1/ctr-c")], &["GPU-0"]);
+        let live = [&a, &c];
+        let mut who = Attribution::new(&proc, &sys, &live);
+        assert_eq!(who.owner_on(101, "GPU-0").unwrap(), Owned::By(0));
+        assert_eq!(who.owner_on(102, "GPU-0").unwrap(), Owned::By(0));
+        assert_eq!(who.owner_on(103, "GPU-0").unwrap(), Owned::By(0));
+        assert_eq!(who.owner_on(202, "GPU-0").unwrap(), Owned::By(1));
+        assert_eq!(who.owner_on(300, "GPU-0").unwrap(), Owned::Nobody);
+        assert_eq!(who.owner_on(301, "GPU-0").unwrap(), Owned::Nobody);
+    }
+
+    /// An engine that starts a second reservation's container in the first's recorded cgroup
+    /// (after the first's bind, so the second records none): a process there in a pid
+    /// namespace of its own could be either's and is charged to neither; each container's
+    /// own namespace still decides for its processes.
+    #[test]
+    fn a_recorded_cgroup_another_reservations_container_runs_in_decides_nothing() {
+        let root = tempfile::tempdir().unwrap();
+        let proc = ProcFs::new(root.path());
+        let sys = FakeSystem::new(0);
+        fake_process(root.path(), 1, HOST_NS);
+        std::os::unix::fs::symlink("1", root.path().join("self")).unwrap();
+        for (pid, ns) in [(100, 11), (101, 11), (102, 13), (200, 21), (201, 21)] {
+            fake_process(root.path(), pid, ns);
+            sys.spawn(pid, pid as u64);
+            sys.set_cgroup(pid, "shared.scope");
+        }
+        let a = reservation("container", &[(100, 100, "shared.scope")], &["GPU-0"]);
+        let mut b = reservation("container", &[(200, 200, "")], &["GPU-0"]);
+        b.id = "0000000000000002".into();
+        let live = [&a];
+        let mut who = Attribution::new(&proc, &sys, &live);
+        assert_eq!(who.owner_on(102, "GPU-0").unwrap(), Owned::By(0));
+        let live = [&a, &b];
+        let mut who = Attribution::new(&proc, &sys, &live);
+        assert_eq!(who.owner_on(102, "GPU-0").unwrap(), Owned::Nobody);
+        assert_eq!(who.owner_on(101, "GPU-0").unwrap(), Owned::By(0));
+        assert_eq!(who.owner_on(201, "GPU-0").unwrap(), Owned::By(1));
     }
 
     #[test]

@@ -150,11 +150,29 @@ impl System for FakeSystem {
             .then(|| s.parents.get(&pid).copied().unwrap_or(1)))
     }
 
+    /// As the real system records it: the process's cgroup only while no other process
+    /// (of the table, or outside it: [`FakeSystem::set_populated`]) is in it.
     fn process_cgroup(&self, pid: u32) -> Result<Option<String>, SystemError> {
+        let Some(cgroup) = self.cgroup_of(pid)? else {
+            return Ok(None);
+        };
+        let s = self.state();
+        let shared = s.populated.contains(&cgroup)
+            || s.cgroups
+                .iter()
+                .any(|(other, c)| *other != pid && *c == cgroup && s.processes.contains_key(other));
+        Ok((!shared).then_some(cgroup))
+    }
+
+    fn cgroup_of(&self, pid: u32) -> Result<Option<String>, SystemError> {
         if pid == 0 {
             return Err(SystemError::Pid { pid });
         }
-        Ok(self.state().cgroups.get(&pid).cloned())
+        let s = self.state();
+        Ok(s.processes
+            .contains_key(&pid)
+            .then(|| s.cgroups.get(&pid).cloned())
+            .flatten())
     }
 
     fn cgroup_populated(&self, cgroup: &str) -> bool {

@@ -40,10 +40,17 @@ pub trait System: Send + Sync {
     /// The parent of the live process `pid`; `None` when there is no such process.
     fn process_parent(&self, pid: u32) -> Result<Option<u32>, SystemError>;
     /// The cgroup of the live process `pid` that tells whether any of its container's
-    /// processes are left (see [`crate::ProcessRef::cgroup`]); `None` when there is no such
-    /// process, it sits only in root cgroups (never empty), or its cgroup holds other
-    /// processes besides it (not the container's own: see `holds_only`).
+    /// processes are left (see [`crate::ProcessRef::cgroup`]), as recorded when a container
+    /// binds or joins: [`System::cgroup_of`], and only while `pid` is alone in it. `None`
+    /// when there is no such process, it sits only in root cgroups (never empty), or its
+    /// cgroup holds other processes besides it (not the container's own: see `holds_only`).
     fn process_cgroup(&self, pid: u32) -> Result<Option<String>, SystemError>;
+    /// The cgroup the live process `pid` runs in, chosen and written as
+    /// [`System::process_cgroup`] chooses it (so it compares with a recorded one), whether or
+    /// not other processes share it: what tells which recorded container a process is in.
+    /// `None` when there is no such process, or it sits only in root cgroups or ones the
+    /// caller shares.
+    fn cgroup_of(&self, pid: u32) -> Result<Option<String>, SystemError>;
     /// Whether any process is left in `cgroup` (a [`System::process_cgroup`] value) or its
     /// descendants. A cgroup that is gone is empty; one that cannot be read counts as
     /// populated (not being able to look is no proof that its processes are gone).
@@ -186,6 +193,12 @@ impl System for RealSystem {
     }
 
     fn process_cgroup(&self, pid: u32) -> Result<Option<String>, SystemError> {
+        Ok(self.cgroup_of(pid)?.filter(|c| {
+            cgroup_rel_path(c).is_some_and(|rel| holds_only(&self.cgroup_root.join(rel), pid))
+        }))
+    }
+
+    fn cgroup_of(&self, pid: u32) -> Result<Option<String>, SystemError> {
         if pid == 0 || i32::try_from(pid).is_err() {
             return Err(SystemError::Pid { pid });
         }
@@ -207,10 +220,7 @@ impl System for RealSystem {
             &self.cgroup_root,
             &String::from_utf8_lossy(&text),
             &String::from_utf8_lossy(&own),
-        )
-        .filter(|c| {
-            cgroup_rel_path(c).is_some_and(|rel| holds_only(&self.cgroup_root.join(rel), pid))
-        }))
+        ))
     }
 
     fn cgroup_populated(&self, cgroup: &str) -> bool {
@@ -560,10 +570,13 @@ mod tests {
         assert_eq!(sys.process_cgroup(4242), Ok(None));
         std::fs::write(&procs, "77\n").expect("write");
         assert_eq!(sys.process_cgroup(4242), Ok(None));
+        // Whichever processes share it, it is the cgroup the process runs in.
+        assert_eq!(sys.cgroup_of(4242), Ok(Some("pids/ctr-a".into())));
         // The init alone: followed.
         std::fs::write(&procs, "4242\n").expect("write");
         assert_eq!(sys.process_cgroup(4242), Ok(Some("pids/ctr-a".into())));
         assert_eq!(sys.process_cgroup(4243), Ok(None));
+        assert_eq!(sys.cgroup_of(4243), Ok(None));
         assert_eq!(sys.process_parent(4242), Ok(Some(1)));
         assert_eq!(sys.process_parent(4243), Ok(None));
         let me = RealSystem::new("/proc");

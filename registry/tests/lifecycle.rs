@@ -201,3 +201,34 @@ fn an_everyday_operation_does_not_reap_an_owner_whose_cgroup_holds_processes() {
     reg.reserve(&slice(GI)).expect("reserve");
     assert!(reg.snapshot().unwrap().reservation(&r.id).is_none());
 }
+
+/// A container put into a cgroup that already holds another process (an engine without a
+/// cgroup per container) records no cgroup at bind: that cgroup is not the container's own,
+/// so it neither keeps the owner alive nor attributes processes to it. One alone in its
+/// cgroup records it.
+#[test]
+fn a_cgroup_shared_at_bind_is_not_recorded() {
+    let (_d, sys, reg) = setup(1);
+    sys.spawn(920, 9);
+    sys.set_cgroup(920, "user.slice/session-1.scope");
+    sys.spawn(921, 9);
+    sys.set_cgroup(921, "user.slice/session-1.scope");
+    let r = reg.reserve(&slice(GI)).expect("reserve");
+    let b = reg.bind(&r.id, "shared", 921).expect("bind");
+    assert_eq!(b.owner.process().and_then(|p| p.cgroup.as_deref()), None);
+    // Outside the table too: a cgroup marked as holding other processes.
+    sys.spawn(930, 9);
+    sys.set_cgroup(930, "system.slice/shared.scope");
+    sys.set_populated("system.slice/shared.scope", true);
+    let r = reg.reserve(&slice(GI)).expect("reserve");
+    let b = reg.bind(&r.id, "populated", 930).expect("bind");
+    assert_eq!(b.owner.process().and_then(|p| p.cgroup.as_deref()), None);
+    sys.spawn(940, 9);
+    sys.set_cgroup(940, "system.slice/runc-own.scope");
+    let r = reg.reserve(&slice(GI)).expect("reserve");
+    let b = reg.bind(&r.id, "own", 940).expect("bind");
+    assert_eq!(
+        b.owner.process().and_then(|p| p.cgroup.as_deref()),
+        Some("system.slice/runc-own.scope")
+    );
+}

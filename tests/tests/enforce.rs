@@ -1,8 +1,10 @@
 //! End to end on a simulated node with real runc containers (through
 //! `gpuslice-runtime`) and a `gpuslice serve` started here: the three escapes of a slice
 //! container — the shim unloaded (`unshare -U -r -m`, then `/dev/null` bound over
-//! `/etc/ld.so.preload`), a forged `limits.json` bound over the read-only one, and one's own
-//! usage-file slot zeroed with `dd` — each caught by the host-side enforcer from the driver's
+//! `/etc/ld.so.preload`; also from a pid namespace of its own, `unshare -U -r -p -f -m`,
+//! where only the container's cgroup tells whose the holder is), a forged `limits.json`
+//! bound over the read-only one, and one's own usage-file slot zeroed with `dd` — each
+//! caught by the host-side enforcer from the driver's
 //! per-process figures: the process that crossed the limit is killed within grace + 1 s,
 //! and `gpuslice status` and the exporter show the kill; with `memory = "report"` the
 //! process lives and the report is there. A process on a GPU outside any reservation is
@@ -54,6 +56,12 @@ fn bundle(script: &str, annotations: &[(&str, &str)]) -> Bundle {
 /// `/dev/null` is bound over `/etc/ld.so.preload`.
 fn unshimmed(inner: &str) -> String {
     format!("unshare -U -r -m sh -c 'mount --bind /dev/null /etc/ld.so.preload && {inner}'")
+}
+
+/// Like [`unshimmed`], in a pid namespace of its own as well (`-p -f`: `inner` runs in no
+/// namespace a container init was recorded in).
+fn unshimmed_in_own_pid_namespace(inner: &str) -> String {
+    format!("unshare -U -r -p -f -m sh -c 'mount --bind /dev/null /etc/ld.so.preload && {inner}'")
 }
 
 fn now_ms() -> u64 {
@@ -180,6 +188,48 @@ fn shim_bypassed_through_a_user_namespace_is_killed_by_the_enforcer() {
     assert!(
         kill["process_bytes"].as_u64().unwrap() >= 10 * GIB,
         "{kill}"
+    );
+    c.remove(&node);
+}
+
+/// The holder in a pid namespace of its own is in its container's cgroup with the
+/// container's init: charged to the slice and killed within the same window.
+#[test]
+fn shim_bypassed_from_a_pid_namespace_of_its_own_is_killed_by_the_enforcer() {
+    let _s = serial();
+    let node = TestNode::new(&["16Gi"]);
+    let exporter = Exporter::start(&node);
+    let _c = Containers::new(&node, &["e2e-enf-pidns"]);
+    // The namespaces the container's shell and the holder see themselves in.
+    let b = bundle(
+        &format!(
+            "echo INIT-NS $(readlink /proc/self/ns/pid); {}; echo EXIT $?",
+            unshimmed_in_own_pid_namespace(
+                "echo HOLDER-NS $(readlink /proc/self/ns/pid) && gpuslice-probe --json alloc --chunk 1Gi --max 6Gi --hold 30"
+            )
+        ),
+        &[("gpuslice.io/memory", "2Gi")],
+    );
+    let c = run_detached(&node, &b, "e2e-enf-pidns").expect("container starts");
+    let r = reservation_of(&node, "e2e-enf-pidns");
+    let (text, _) = seen(&c, "HOLDER-NS");
+    let ns = |prefix: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .map(str::trim)
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(
+        !ns("HOLDER-NS").is_empty() && ns("HOLDER-NS") != ns("INIT-NS"),
+        "the holder runs in a pid namespace of its own:\n{text}"
+    );
+    let kill = assert_killed(&node, &exporter, &c, &r, 2 * GIB);
+    assert!(kill["process_bytes"].as_u64().unwrap() > 2 * GIB, "{kill}");
+    assert!(
+        events(&node, "unowned").is_empty(),
+        "the holder was never unowned: {:?}",
+        events(&node, "unowned")
     );
     c.remove(&node);
 }

@@ -4,7 +4,9 @@
 //! registered with that kubelet, on a simulated GPU node (one 24 GiB L4). Pods go through the
 //! scheduler, the kubelet's DRA calls, CRI and runc:
 //! 1. a pod with a claim from a template gets the claim's GPU node and limits, the probe
-//!    through the shim is refused past the slice, and deleting the pod releases the booking;
+//!    through the shim is refused past the slice, a holder that unloads the shim from a pid
+//!    namespace of its own (`unshare -U -r -p -f -m` under `kubectl exec`) is killed by the
+//!    enforcer as the claim's, and deleting the pod releases the booking;
 //! 2. a Deployment of 3 replicas whose claims fit 2: 2 Running, 1 Pending with the
 //!    scheduler's reason; scaling to 2 frees nothing wrongly;
 //! 3. the RuntimeClass + annotation path through the same kubelet and containerd, and
@@ -200,7 +202,39 @@ fn pod_with_a_claim_runs_with_its_slice_and_releases_it() {
     let log = kn.wait_log("sliced", "READY");
     assert_claim_view(&kn, &node, &p, &log);
 
+    // Past the shim from a pid namespace of its own: only the container's cgroup tells that
+    // the holder is the claim's; the enforcer kills it as the claim's.
     let claim = claim_of(&kn, &p);
+    let r = reservation_of(&node, &claim)["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let exporter = Exporter::start(&node);
+    let out = kn.exec(
+        "sliced",
+        &[
+            "sh",
+            "-c",
+            "unshare -U -r -p -f -m sh -c 'mount --bind /dev/null /etc/ld.so.preload && \
+             gpuslice-probe --json alloc --chunk 1Gi --max 14Gi --hold 30'; echo EXIT $?",
+        ],
+    );
+    assert!(
+        out.contains("EXIT 137"),
+        "the holder must die by SIGKILL:\n{out}\nserve log:\n{}",
+        exporter.log()
+    );
+    let kill = wait_for_or(STEP, || {
+        node.status()["enforcer"]["events"]
+            .as_array()?
+            .iter()
+            .find(|e| e["kind"] == "memory_kill" && e["reservation"] == r.as_str())
+            .cloned()
+    })
+    .unwrap_or_else(|| panic!("no kill of claim {r}'s holder\n{}", exporter.log()));
+    assert_eq!(kill["limit_bytes"].as_u64(), Some(10 * GIB), "{kill}");
+    drop(exporter);
+
     kn.delete_pod("sliced");
     assert_released(&kn, &node, &claim);
     kn.cluster.down();
