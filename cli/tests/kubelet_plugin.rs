@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
 
 use gpuslice_agent::nodespec::node_spec;
 
@@ -17,8 +18,8 @@ use gpuslice_cdi::{DeviceNode, Mount};
 use gpuslice_hook::create::driveredits::DriverEdits;
 use gpuslice_hook::create::slicespec::slice_spec;
 use gpuslice_hook::node::NodeContext;
-use gpuslice_hook::specfiles::NODE_SPEC_CACHE;
-use gpuslice_kube::node_slices::{claim_spec_path, open_registry, ClaimSlices};
+use gpuslice_hook::specfiles::{Holder, NODE_SPEC_CACHE};
+use gpuslice_kube::node_slices::{claim_spec_path, ClaimSlices};
 use gpuslice_kube::SliceWriter;
 use gpuslice_registry::{ClaimShare, Inventory, Owner};
 use serde_json::Value;
@@ -70,7 +71,7 @@ fn a_claim_gets_the_slice_edits_under_its_own_cdi_name() {
     let bin = n.hook_binary().unwrap();
     let spec = node_spec(&n, &bin, &gpus(), &driver()).unwrap();
     gpuslice_cdi::write_spec_compact_as(&config.state_dir, NODE_SPEC_CACHE, &spec).unwrap();
-    let registry = open_registry(&n).unwrap();
+    let registry = Arc::new(n.open_registry().unwrap());
     registry.set_inventory(Inventory { gpus: gpus() }).unwrap();
     let uid = "0b4a6c1e-3d2f-4e5a-9b8c-7d6e5f4a3b2c";
     let owner = Owner::DraClaim {
@@ -88,7 +89,7 @@ fn a_claim_gets_the_slice_edits_under_its_own_cdi_name() {
         .reserve_claim(&owner, &[share])
         .unwrap()
         .reservation;
-    let writer = ClaimSlices::new(n.clone()).unwrap();
+    let writer = ClaimSlices::new(n.clone(), registry.clone()).unwrap();
     let ids = writer.write(uid, &r).unwrap();
     assert_eq!(ids, [format!("gpuslice.io/claim={uid}")]);
 
@@ -108,7 +109,10 @@ fn a_claim_gets_the_slice_edits_under_its_own_cdi_name() {
     // The annotation path's slice spec for the same reservation: the same edits, hooks aside.
     let slice_dir = registry.slice_dir(&r.id).unwrap();
     let full = gpuslice_cdi::read_spec(&config.state_dir.join(NODE_SPEC_CACHE)).unwrap();
-    let mut expected = slice_spec(&n, &bin, &full, &r, &slice_dir).unwrap().devices[0]
+    let annotation = Holder::Container { reservation: &r.id };
+    let mut expected = slice_spec(&n, &bin, &full, &r, &slice_dir, annotation)
+        .unwrap()
+        .devices[0]
         .container_edits
         .clone();
     assert!(

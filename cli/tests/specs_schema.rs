@@ -10,6 +10,7 @@ use gpuslice_cdi::{DeviceNode, Mount};
 use gpuslice_hook::create::driveredits::DriverEdits;
 use gpuslice_hook::create::slicespec::slice_spec;
 use gpuslice_hook::node::NodeContext;
+use gpuslice_hook::specfiles::Holder;
 use gpuslice_registry::{Booking, Gpu, Owner, Reservation, ReservationState};
 use serde_json::Value;
 
@@ -163,6 +164,7 @@ fn slice_spec_is_schema_valid_and_complete() {
         &ns,
         &r,
         Path::new("/run/gpuslice/slices/3f9a0c1d2e4b5a69"),
+        Holder::Container { reservation: &r.id },
     )
     .unwrap();
     let bytes = gpuslice_cdi::to_json(&spec).unwrap();

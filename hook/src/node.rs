@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use gpuslice_config::{load_from_env, Config, ConfigError, LoadedConfig};
 use gpuslice_registry::{Registry, RegistryError, Reservation};
 
-use crate::specfiles::slice_spec_path;
+use crate::specfiles::Holder;
 
 /// The explicit, minimal environment every hook runs with — never the image's
 /// (cf. CVE-2025-23266: an image's `LD_PRELOAD` reaching a hook that runs as root).
@@ -47,11 +47,11 @@ impl NodeContext {
     }
 
     /// Opens the node's registry; a released or reaped slice loses its CDI spec file in
-    /// `cdi.spec_dir` with it.
+    /// `cdi.spec_dir` with it (a container's slice spec, or a DRA claim's own spec).
     pub fn open_registry(&self) -> Result<Registry, RegistryError> {
         let spec_dir = self.config().cdi.spec_dir.clone();
         let cleanup = Box::new(move |r: &Reservation| {
-            if let Some(path) = slice_spec_path(&spec_dir, &r.id) {
+            if let Some(path) = Holder::of(r).spec_path(&spec_dir) {
                 let _ = gpuslice_cdi::remove_spec(&path);
             }
         });

@@ -13,7 +13,7 @@ use gpuslice_agent::collect::{Collector, Sources};
 use gpuslice_agent::errors::ErrorLog;
 use gpuslice_agent::gpu::{GpuMeter, Reading};
 use gpuslice_config::{PlacementConfig, Policy, Quantity};
-use gpuslice_hook::create::specedit::write_slice_files;
+use gpuslice_hook::create::slicewriter::write_slice_files;
 use gpuslice_registry::{
     no_cleanup, FakeSystem, Gpu, Inventory, KubernetesRef, Options, Owner, Registry, Request,
     Selector,

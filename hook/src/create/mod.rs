@@ -9,6 +9,7 @@ pub mod hookargv;
 pub mod hooks;
 pub mod runtime;
 pub mod slicespec;
+pub mod slicewriter;
 pub mod specedit;
 pub mod specfile;
 pub mod specjson;

@@ -1,7 +1,8 @@
-//! The slice's own CDI spec (kind `gpuslice.io/slice`, one device named by the reservation
-//! id): the booked GPUs' nodes, the driver's control nodes and libraries, the shim through
-//! `/etc/ld.so.preload`, the slice's files, the environment of DESIGN.md §5 and the hooks
-//! that bind and release the reservation.
+//! The slice's own CDI spec, one device named after its holder (`gpuslice.io/slice=<reservation
+//! id>` for a container's annotations, `gpuslice.io/claim=<claim UID>` for a DRA claim): the
+//! booked GPUs' nodes, the driver's control nodes and libraries, the shim through
+//! `/etc/ld.so.preload`, the slice's files, the environment of DESIGN.md §5 and the holder's
+//! hooks.
 
 use std::path::{Path, PathBuf};
 
@@ -11,10 +12,7 @@ use gpuslice_slice::{CONTAINER_DIR, CONTAINER_LIMITS, CONTAINER_USAGE, LIMITS_FI
 
 use crate::create::driveredits::{RO_BIND, RW_BIND};
 use crate::node::NodeContext;
-use crate::specfiles::VISIBLE_DEVICES_VOID;
-
-/// Kind of the per-slice CDI specs.
-pub use crate::specfiles::{slice_spec_path, SLICE_KIND};
+use crate::specfiles::{Holder, VISIBLE_DEVICES_VOID};
 
 /// Where the shim is mounted in slice containers.
 pub const SHIM_CONTAINER_PATH: &str = "/usr/lib/gpuslice/libgpuslice_shim.so";
@@ -53,14 +51,47 @@ pub fn slice_env(r: &Reservation) -> Vec<String> {
     env
 }
 
-/// Builds the slice spec of reservation `r` from the node spec `node_spec`; `slice_dir`
-/// holds `limits.json` and `usage`.
+/// The hooks of a slice held by `holder`. A container's bind the reservation to it and
+/// release it when it stops. A claim holds its reservation from prepare to unprepare, so no
+/// container binds or releases it; each container it is given to is recorded host-side, so
+/// the node agent attributes the claim's processes by their cgroups and namespaces, never by
+/// what the containers write.
+fn holder_hooks(
+    node: &NodeContext,
+    binary: &Path,
+    r: &Reservation,
+    holder: Holder<'_>,
+) -> Vec<gpuslice_cdi::Hook> {
+    match holder {
+        Holder::Container { .. } => vec![
+            node.hook(
+                binary,
+                "createRuntime",
+                &["hook", "create-runtime", "--reservation", &r.id],
+            ),
+            node.hook(
+                binary,
+                "poststop",
+                &["hook", "poststop", "--reservation", &r.id],
+            ),
+        ],
+        Holder::Claim { .. } => vec![node.hook(
+            binary,
+            "createRuntime",
+            &["hook", "create-runtime", "--claim", &r.id],
+        )],
+    }
+}
+
+/// Builds the spec of the slice of reservation `r`, held by `holder`, from the node spec
+/// `node_spec`; `slice_dir` holds `limits.json` and `usage`.
 pub fn slice_spec(
     node: &NodeContext,
     binary: &Path,
     node_spec: &Spec,
     r: &Reservation,
     slice_dir: &Path,
+    holder: Holder<'_>,
 ) -> Result<Spec, SliceSpecError> {
     let config = node.config();
     let mut edits = ContainerEdits {
@@ -106,19 +137,8 @@ pub fn slice_spec(
         CONTAINER_USAGE,
         RW_BIND,
     ));
-    edits.hooks = vec![
-        node.hook(
-            binary,
-            "createRuntime",
-            &["hook", "create-runtime", "--reservation", &r.id],
-        ),
-        node.hook(
-            binary,
-            "poststop",
-            &["hook", "poststop", "--reservation", &r.id],
-        ),
-    ];
-    let mut spec = Spec::new(SLICE_KIND);
-    spec.devices.push(Device::new(r.id.clone(), edits));
+    edits.hooks = holder_hooks(node, binary, r, holder);
+    let mut spec = Spec::new(holder.kind());
+    spec.devices.push(Device::new(holder.device_name(), edits));
     Ok(spec)
 }

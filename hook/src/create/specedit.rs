@@ -6,23 +6,17 @@
 //! failure after reserving releases the reservation.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
-use gpuslice_cdi::{InjectError, SpecFileError};
+use gpuslice_cdi::InjectError;
 use gpuslice_registry::{Registry, RegistryError, Reservation, ReservationState};
-use gpuslice_slice::{
-    usage::create_usage_file, DeviceLimit, Limits, LimitsError, LIMITS_FILE, LIMITS_VERSION,
-    USAGE_FILE,
-};
 use serde_json::Value;
 
 use crate::create::annotations::{parse_ask, AnnotationError, Ask, PREFIX, RESERVATION};
-use crate::create::slicespec::{
-    preload_contents, slice_spec, SliceSpecError, PRELOAD_FILE, SLICE_KIND,
-};
+use crate::create::slicewriter::{SliceWriteError, Writer};
 use crate::create::specfile::SpecFileError as SpecReadError;
 use crate::create::specjson::{SpecJsonError, SpecText};
-use crate::node::{NodeContext, NodeError};
+use crate::node::NodeContext;
+use crate::specfiles::Holder;
 
 /// Why a container's creation is refused. Each prints as one line for the user.
 #[derive(Debug, thiserror::Error)]
@@ -45,27 +39,8 @@ pub enum EditError {
     Forged { id: String },
     #[error("no GPU slice: {0}")]
     Registry(Box<RegistryError>),
-    #[error(
-        "gpuslice: no node CDI spec cached: {0}; run `gpuslice cdi generate` on this node first"
-    )]
-    NodeSpec(SpecFileError),
-    #[error("shim library {path} does not exist; install it or set shim.library in the config")]
-    NoShim { path: PathBuf },
     #[error("{0}")]
-    Node(#[from] NodeError),
-    #[error("{0}")]
-    SliceSpec(#[from] SliceSpecError),
-    #[error("{0}")]
-    Limits(#[from] LimitsError),
-    #[error("cannot create the usage file of slice {id}: {detail}")]
-    Usage { id: String, detail: String },
-    #[error("cannot write {path}: {source}")]
-    Write {
-        path: PathBuf,
-        source: gpuslice_fsutil::AtomicWriteError,
-    },
-    #[error("{0}")]
-    SpecFile(SpecFileError),
+    Slice(#[from] SliceWriteError),
     #[error("{0}")]
     Inject(#[from] InjectError),
     #[error("{0}")]
@@ -158,52 +133,6 @@ impl Drop for Rollback<'_> {
     }
 }
 
-/// Writes the host's `ld.so.preload` for slice containers when it is missing or differs.
-pub fn ensure_preload(node: &NodeContext) -> Result<(), EditError> {
-    let preload = node.config().state_dir.join(PRELOAD_FILE);
-    if std::fs::read_to_string(&preload).ok().as_deref() != Some(preload_contents().as_str()) {
-        gpuslice_fsutil::atomic_write(&preload, preload_contents().as_bytes(), 0o644).map_err(
-            |source| EditError::Write {
-                path: preload.clone(),
-                source,
-            },
-        )?;
-    }
-    Ok(())
-}
-
-/// Writes the slice directory of `reservation`: its limits file, and a fresh usage file
-/// (kept as it is when `keep_usage` and it exists: a DRA claim prepared again while its
-/// containers run keeps their accounting).
-pub fn write_slice_files(
-    slice_dir: &std::path::Path,
-    reservation: &Reservation,
-    keep_usage: bool,
-) -> Result<(), EditError> {
-    let limits = Limits {
-        version: LIMITS_VERSION,
-        reservation: reservation.id.clone(),
-        devices: reservation
-            .gpus
-            .iter()
-            .map(|b| DeviceLimit {
-                uuid: b.uuid.clone(),
-                memory_limit: b.memory,
-                cores: b.cores,
-            })
-            .collect(),
-    };
-    limits.write(&slice_dir.join(LIMITS_FILE))?;
-    let usage = slice_dir.join(USAGE_FILE);
-    if !(keep_usage && usage.is_file()) {
-        create_usage_file(&usage).map_err(|e| EditError::Usage {
-            id: reservation.id.clone(),
-            detail: e.to_string(),
-        })?;
-    }
-    Ok(())
-}
-
 /// A spec that arrives with gpuslice's reservation annotation `id`: edited already when it
 /// also carries our createRuntime hook for a pending reservation (wrapper and precreate hook
 /// both configured), forged otherwise.
@@ -273,17 +202,7 @@ pub fn edit_spec(node: &NodeContext, input: &[u8]) -> Result<Outcome, EditError>
     };
 
     // Everything that can be checked before reserving is checked first.
-    let config = node.config();
-    let node_spec = crate::specfiles::cached_node_spec_lazy(&node.config().state_dir)
-        .map_err(EditError::NodeSpec)?;
-    if !config.shim.library.is_file() {
-        return Err(EditError::NoShim {
-            path: config.shim.library.clone(),
-        });
-    }
-    let binary = node.hook_binary()?;
-    ensure_preload(node)?;
-
+    let writer = Writer::new(node)?;
     let registry = node
         .open_registry()
         .map_err(|e| EditError::Open(Box::new(e)))?;
@@ -292,23 +211,13 @@ pub fn edit_spec(node: &NodeContext, input: &[u8]) -> Result<Outcome, EditError>
         registry: &registry,
         id: Some(reservation.id.clone()),
     };
-    let slice_dir = registry.slice_dir(&reservation.id)?;
-
-    write_slice_files(&slice_dir, &reservation, false)?;
-
-    let booked: Vec<&str> = reservation.gpus.iter().map(|b| b.uuid.as_str()).collect();
-    let node_spec = node_spec.with_devices(&booked).map_err(|source| {
-        EditError::NodeSpec(SpecFileError::Decode {
-            path: config.state_dir.join(crate::specfiles::NODE_SPEC_CACHE),
-            source,
-        })
-    })?;
-    let cdi = slice_spec(node, &binary, &node_spec, &reservation, &slice_dir)?;
-    // Written before injection: the rollback's release removes it again (registry cleanup).
-    gpuslice_cdi::write_transient_spec(&config.cdi.spec_dir, &cdi, &reservation.id)
-        .map_err(EditError::SpecFile)?;
-    let qualified = format!("{SLICE_KIND}={}", reservation.id);
-    gpuslice_cdi::inject(&mut spec, &cdi, &[qualified.as_str()])?;
+    let holder = Holder::Container {
+        reservation: &reservation.id,
+    };
+    // Its spec is written before injection: the rollback's release removes it again
+    // (registry cleanup).
+    let cdi = writer.write(&registry, &reservation, holder)?;
+    gpuslice_cdi::inject(&mut spec, &cdi, &[holder.device_id().as_str()])?;
     // `inject` checked the spec is an object; annotations is an object or absent.
     if let Some(obj) = spec.as_object_mut() {
         let ann = obj

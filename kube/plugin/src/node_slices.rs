@@ -1,24 +1,23 @@
-//! `gpuslice kubelet-plugin`: this DRA kubelet plugin, run on this node's
-//! registry, with the create path's own slice code writing what a claim's containers get: the
-//! slice directory and a CDI spec made by the same `slice_spec` as an annotation slice (device
-//! nodes of its GPUs and the control nodes, driver libraries, the shim and `/etc/ld.so.preload`,
-//! the read-only limits file, the usage file), as kind `gpuslice.io/claim` with one device
-//! named by the claim's UID, and without the bind/release hooks: a claim is held from prepare
-//! to unprepare, not by a container. Its one hook, `createRuntime … --claim`, records each
-//! container the claim is given to, from the host.
+//! `gpuslice kubelet-plugin`: this DRA kubelet plugin, run on this node's registry, with the
+//! create path's one slice writer writing what a claim's containers get: the slice directory
+//! and the same CDI edits as an annotation slice (device nodes of its GPUs and the control
+//! nodes, driver libraries, the shim and `/etc/ld.so.preload`, the read-only limits file, the
+//! usage file), as kind `gpuslice.io/claim` with one device named by the claim's UID, and
+//! without the bind/release hooks: a claim is held from prepare to unprepare, not by a
+//! container. Its one hook, `createRuntime … --claim`, records each container the claim is
+//! given to, from the host. The registry's cleanup removes the claim's spec on release.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::{claim_device_id, PluginOptions, ServeError, SliceWriter, WriteError, CLAIM_KIND};
+use crate::{PluginOptions, ServeError, SliceWriter, WriteError};
 use clap::Args;
-use gpuslice_cdi::{transient_spec_file_name, SpecFileError};
-use gpuslice_registry::{claim_uid, Registry, RegistryError, Reservation};
+use gpuslice_registry::{Registry, RegistryError, Reservation};
 
-use gpuslice_hook::create::slicespec::{slice_spec, slice_spec_path};
-use gpuslice_hook::create::specedit::{ensure_preload, write_slice_files, EditError};
+use gpuslice_hook::create::slicewriter::{SliceWriteError, Writer};
 use gpuslice_hook::node::NodeContext;
-use gpuslice_hook::specfiles::{cached_node_spec_lazy, NODE_SPEC_CACHE};
+pub use gpuslice_hook::specfiles::claim_spec_path;
+use gpuslice_hook::specfiles::Holder;
 
 /// `gpuslice kubelet-plugin` flags (DESIGN.md §7).
 #[derive(Debug, Args)]
@@ -48,83 +47,28 @@ pub enum KubeletPluginError {
     Serve(#[from] ServeError),
 }
 
-/// Path of the CDI spec of the claim with UID `uid` in `dir`; `None` when `uid` cannot name
-/// a spec file.
-pub fn claim_spec_path(dir: &std::path::Path, uid: &str) -> Option<PathBuf> {
-    transient_spec_file_name(CLAIM_KIND, uid)
-        .ok()
-        .map(|n| dir.join(n))
-}
-
-/// Opens the node's registry with the cleanup every release needs: a slice's spec goes, and
-/// a claim's own spec with it.
-pub fn open_registry(node: &NodeContext) -> Result<Registry, RegistryError> {
-    let spec_dir = node.config().cdi.spec_dir.clone();
-    let cleanup = Box::new(move |r: &Reservation| {
-        let paths = [
-            slice_spec_path(&spec_dir, &r.id),
-            claim_uid(r).and_then(|uid| claim_spec_path(&spec_dir, uid)),
-        ];
-        for path in paths.into_iter().flatten() {
-            let _ = gpuslice_cdi::remove_spec(&path);
-        }
-    });
-    Registry::open_config(node.config(), cleanup)
-}
-
-/// The [`SliceWriter`] of this node.
+/// The [`SliceWriter`] of this node: the create path's slice writer, on the registry the
+/// plugin books in.
 #[derive(Debug)]
 pub struct ClaimSlices {
     node: NodeContext,
-    /// The `gpuslice` binary (the node spec's edits name it; the claim spec drops its hooks).
-    binary: PathBuf,
+    registry: Arc<Registry>,
 }
 
 impl ClaimSlices {
-    pub fn new(node: NodeContext) -> Result<ClaimSlices, gpuslice_hook::node::NodeError> {
-        let binary = node.hook_binary()?;
-        Ok(ClaimSlices { node, binary })
+    /// Fails when the `gpuslice` binary the claims' hooks run cannot be found.
+    pub fn new(
+        node: NodeContext,
+        registry: Arc<Registry>,
+    ) -> Result<ClaimSlices, gpuslice_hook::node::NodeError> {
+        node.hook_binary()?;
+        Ok(ClaimSlices { node, registry })
     }
 
-    fn write_files(&self, uid: &str, r: &Reservation) -> Result<Vec<String>, EditError> {
-        let config = self.node.config();
-        let node_spec =
-            cached_node_spec_lazy(&self.node.config().state_dir).map_err(EditError::NodeSpec)?;
-        if !config.shim.library.is_file() {
-            return Err(EditError::NoShim {
-                path: config.shim.library.clone(),
-            });
-        }
-        ensure_preload(&self.node)?;
-        let slice_dir = config
-            .state_dir
-            .join(gpuslice_registry::SLICES_DIR)
-            .join(&r.id);
-        write_slice_files(&slice_dir, r, true)?;
-        let booked: Vec<&str> = r.gpus.iter().map(|b| b.uuid.as_str()).collect();
-        let node_spec = node_spec.with_devices(&booked).map_err(|source| {
-            EditError::NodeSpec(SpecFileError::Decode {
-                path: config.state_dir.join(NODE_SPEC_CACHE),
-                source,
-            })
-        })?;
-        let mut spec = slice_spec(&self.node, &self.binary, &node_spec, r, &slice_dir)?;
-        spec.kind = CLAIM_KIND.to_string();
-        for d in &mut spec.devices {
-            d.name = uid.to_string();
-            // The claim holds its reservation from prepare to unprepare: no container binds
-            // or releases it. Each container it is given to is recorded host-side, so the
-            // node agent attributes the claim's processes by their cgroups and namespaces,
-            // never by what the containers write.
-            d.container_edits.hooks = vec![self.node.hook(
-                &self.binary,
-                "createRuntime",
-                &["hook", "create-runtime", "--claim", &r.id],
-            )];
-        }
-        gpuslice_cdi::write_transient_spec(&config.cdi.spec_dir, &spec, uid)
-            .map_err(EditError::SpecFile)?;
-        Ok(vec![claim_device_id(uid)])
+    fn write_files(&self, uid: &str, r: &Reservation) -> Result<Vec<String>, SliceWriteError> {
+        let holder = Holder::Claim { uid };
+        Writer::new(&self.node)?.write(&self.registry, r, holder)?;
+        Ok(vec![holder.device_id()])
     }
 }
 
@@ -145,8 +89,8 @@ impl SliceWriter for ClaimSlices {
 
 /// Runs the plugin in the foreground until SIGTERM.
 pub fn run(node: &NodeContext, args: KubeletPluginArgs) -> Result<(), KubeletPluginError> {
-    let registry = Arc::new(open_registry(node)?);
-    let writer = Arc::new(ClaimSlices::new(node.clone())?);
+    let registry = Arc::new(node.open_registry()?);
+    let writer = Arc::new(ClaimSlices::new(node.clone(), registry.clone())?);
     let mut options = PluginOptions::new(args.node_name);
     options.kubeconfig = args.kubeconfig;
     options.plugin_dir = args.plugin_dir;

@@ -1,17 +1,13 @@
-//! The seam to the node's slice code: the plugin books, and a [`SliceWriter`] (the `gpuslice`
-//! binary's, which reuses the create path's slice spec) writes what a container of the claim
-//! gets: the slice directory and the claim's own CDI spec. Kept as a trait so this crate does
-//! not depend on the binary's crate, which depends on it.
+//! The seam to the node's slice code: the plugin books, and a [`SliceWriter`] writes what a
+//! container of the claim gets: the slice directory and the claim's own CDI spec. On a node
+//! that is `node_slices::ClaimSlices`, which calls the create path's one slice writer; the
+//! booking tests and benchmarks put fakes here.
 
 use gpuslice_registry::Reservation;
 
-/// Kind of the per-claim CDI specs; each claim's device is named by its UID.
-pub const CLAIM_KIND: &str = "gpuslice.io/claim";
-
-/// The qualified CDI device id of the claim with UID `uid`.
-pub fn claim_device_id(uid: &str) -> String {
-    format!("{CLAIM_KIND}={uid}")
-}
+/// Kind of the per-claim CDI specs, and the qualified id of a claim's device (named by its
+/// UID): the create path names every slice's spec.
+pub use gpuslice_hook::specfiles::{claim_device_id, CLAIM_KIND};
 
 /// A slice's files could not be written or removed; the message names the path.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
