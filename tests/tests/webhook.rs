@@ -1372,17 +1372,6 @@ fn webhook_session(
     Ok((tls, tcp))
 }
 
-/// Whether the peer of `tcp` closes it within `ms` milliseconds, seen without reading.
-fn closed_within(tcp: &std::net::TcpStream, ms: i32) -> bool {
-    let mut p = libc::pollfd {
-        fd: std::os::fd::AsRawFd::as_raw_fd(tcp),
-        events: libc::POLLRDHUP,
-        revents: 0,
-    };
-    // SAFETY: poll reads and writes one pollfd, a valid local, about a descriptor `tcp` owns.
-    unsafe { libc::poll(&mut p, 1, ms) != 0 }
-}
-
 /// Peak resident memory of process `pid` (VmHWM), in bytes.
 fn peak_rss(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -1426,22 +1415,32 @@ fn gpu_pods_are_admitted_while_hostile_clients_hold_the_webhook() {
     let connected = Arc::new(AtomicUsize::new(0));
     let reviewed = Arc::new(AtomicUsize::new(0));
     let mut threads = Vec::new();
-    // Attack 1: more clients than the webhook has slots pipeline health checks, never read
-    // an answer, and then hold the connection with a request head they never finish (the
-    // answers to fewer requests than a connection may make fit the kernel's buffers); a
-    // client dropped comes back a second later.
+    // Attack 1: more clients than the webhook has slots pipeline health checks without end
+    // and never read an answer; a client dropped comes back a second later.
     for _ in 0..WEBHOOK_SLOTS + 16 {
         let (stop, connected) = (stop.clone(), connected.clone());
         threads.push(std::thread::spawn(move || {
-            let mut batch = b"GET /healthz HTTP/1.1\r\nHost: w\r\n\r\n".repeat(64);
-            batch.extend_from_slice(b"GET /healthz HTTP/1.1\r\nHo");
+            let batch = b"GET /healthz HTTP/1.1\r\nHost: w\r\n\r\n".repeat(64);
             while !stop.load(Ordering::Relaxed) {
                 if let Ok((mut tls, mut tcp)) = webhook_session(addr) {
                     connected.fetch_add(1, Ordering::Relaxed);
-                    let sent = tls.writer().write_all(&batch);
-                    while sent.is_ok() && tls.wants_write() && tls.write_tls(&mut tcp).is_ok() {}
-                    // Held, unread, until the webhook closes it or the attack stops.
-                    while !stop.load(Ordering::Relaxed) && !closed_within(&tcp, 1000) {}
+                    let _ = tcp.set_write_timeout(Some(Duration::from_secs(1)));
+                    // Only writes, until the webhook drops the connection or the attack stops.
+                    let _ = (|| -> std::io::Result<()> {
+                        while !stop.load(Ordering::Relaxed) {
+                            tls.writer().write_all(&batch)?;
+                            while tls.wants_write() && !stop.load(Ordering::Relaxed) {
+                                match tls.write_tls(&mut tcp) {
+                                    // Stalled: the webhook reads no more; look at `stop`.
+                                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                                    r => {
+                                        r?;
+                                    }
+                                }
+                            }
+                        }
+                        Ok(())
+                    })();
                 }
                 std::thread::sleep(Duration::from_secs(1));
             }
