@@ -1288,3 +1288,243 @@ fn kube_cluster_help_documents_the_webhook_and_helm() {
         );
     }
 }
+
+/// The webhook's connection cap (docs/webhook.md, "Bounds"): the attack holds more.
+const WEBHOOK_SLOTS: usize = 256;
+/// Its largest review body.
+const WEBHOOK_MAX_BODY: usize = 3 << 20;
+/// The chart's memory limit for the webhook (packaging/helm/gpuslice/values.yaml).
+const CHART_MEMORY_LIMIT: u64 = 128 << 20;
+
+/// Accepts the test cluster's webhook certificate unchecked (the attack needs no trust).
+#[derive(Debug)]
+struct AnyCert(std::sync::Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AnyCert {
+    fn verify_server_cert(
+        &self,
+        _: &rustls::pki_types::CertificateDer<'_>,
+        _: &[rustls::pki_types::CertificateDer<'_>],
+        _: &rustls::pki_types::ServerName<'_>,
+        _: &[u8],
+        _: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        m: &[u8],
+        c: &rustls::pki_types::CertificateDer<'_>,
+        d: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(m, c, d, &self.0.signature_verification_algorithms)
+    }
+    fn verify_tls13_signature(
+        &self,
+        m: &[u8],
+        c: &rustls::pki_types::CertificateDer<'_>,
+        d: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(m, c, d, &self.0.signature_verification_algorithms)
+    }
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// A TLS session to the webhook at `addr`, handshaken.
+fn webhook_session(
+    addr: std::net::SocketAddr,
+) -> std::io::Result<(rustls::ClientConnection, std::net::TcpStream)> {
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(std::io::Error::other)?
+        .dangerous()
+        .with_custom_certificate_verifier(std::sync::Arc::new(AnyCert(provider)))
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let name =
+        rustls::pki_types::ServerName::try_from("localhost").map_err(std::io::Error::other)?;
+    let mut tls = rustls::ClientConnection::new(std::sync::Arc::new(config), name)
+        .map_err(std::io::Error::other)?;
+    let mut tcp = std::net::TcpStream::connect(addr)?;
+    tcp.set_read_timeout(Some(Duration::from_secs(10)))?;
+    // A small receive buffer: the webhook's answers to a client that never reads stall
+    // after some KiB, as over a real network.
+    let small: libc::c_int = 4096;
+    // SAFETY: setsockopt reads one int, a valid local, about a descriptor `tcp` owns.
+    let r = unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&tcp),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&small as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    while tls.is_handshaking() {
+        tls.complete_io(&mut tcp)?;
+    }
+    Ok((tls, tcp))
+}
+
+/// Peak resident memory of process `pid` (VmHWM), in bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb << 10
+}
+
+#[test]
+#[ignore = "starts a real Kubernetes control plane and the webhook; the README's test command runs it"]
+fn gpu_pods_are_admitted_while_hostile_clients_hold_the_webhook() {
+    use std::io::{Read, Write};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    let _s = lock(&[]);
+    let mut c = KubeCluster::up_with(&["--webhook"], &[]);
+    let url = c.endpoints()["WEBHOOK_URL"].clone();
+    let addr: std::net::SocketAddr = url["https://".len()..]
+        .split('/')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let pid: u32 = std::fs::read_to_string(c.dir().join("pids/gpuslice-webhook.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    wait_for("namespace default's service account", STEP, || {
+        c.kubectl_output(&["get", "serviceaccount", "default"], None)
+            .status
+            .success()
+            .then_some(())
+    });
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let connected = Arc::new(AtomicUsize::new(0));
+    let reviewed = Arc::new(AtomicUsize::new(0));
+    let mut threads = Vec::new();
+    // Attack 1: more clients than the webhook has slots pipeline health checks without end
+    // and never read an answer; a client dropped comes back a second later.
+    for _ in 0..WEBHOOK_SLOTS + 16 {
+        let (stop, connected) = (stop.clone(), connected.clone());
+        threads.push(std::thread::spawn(move || {
+            let batch = b"GET /healthz HTTP/1.1\r\nHost: w\r\n\r\n".repeat(64);
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok((mut tls, mut tcp)) = webhook_session(addr) {
+                    connected.fetch_add(1, Ordering::Relaxed);
+                    let _ = tcp.set_write_timeout(Some(Duration::from_secs(1)));
+                    // Only writes, until the webhook drops the connection or the attack stops.
+                    let _ = (|| -> std::io::Result<()> {
+                        while !stop.load(Ordering::Relaxed) {
+                            tls.writer().write_all(&batch)?;
+                            while tls.wants_write() && !stop.load(Ordering::Relaxed) {
+                                match tls.write_tls(&mut tcp) {
+                                    // Stalled: the webhook reads no more; look at `stop`.
+                                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                                    r => {
+                                        r?;
+                                    }
+                                }
+                            }
+                        }
+                        Ok(())
+                    })();
+                }
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }));
+    }
+    // Attack 2: 8 clients send reviews of just under the body limit, one after another, of
+    // a pod padded with the densest JSON (a value every two bytes), where the webhook does
+    // not read.
+    let pad = WEBHOOK_MAX_BODY - 4096;
+    let review = {
+        let mut p = pod(
+            "default",
+            "big",
+            json!({"gpuslice.io/gpus": "1"}),
+            json!({}),
+        );
+        p["spec"]["containers"][0]["args"] = json!([]);
+        let mut r = serde_json::to_string(&json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "hostile", "namespace": "default", "operation": "CREATE",
+                        "dryRun": true, "object": p},
+        }))
+        .unwrap();
+        let at = r.find("\"args\":[").unwrap() + "\"args\":[".len();
+        let mut zeros = "0,".repeat(pad / 2);
+        zeros.pop();
+        r.insert_str(at, &zeros);
+        Arc::new(r)
+    };
+    for _ in 0..8 {
+        let (stop, reviewed, review) = (stop.clone(), reviewed.clone(), review.clone());
+        threads.push(std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let Ok((tls, tcp)) = webhook_session(addr) else {
+                    continue;
+                };
+                let mut s = rustls::StreamOwned::new(tls, tcp);
+                let sent = write!(
+                    s,
+                    "POST /mutate HTTP/1.1\r\nHost: w\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{review}",
+                    review.len()
+                );
+                let mut answer = Vec::new();
+                if sent.is_ok() {
+                    // The answer, however the connection then ends.
+                    let _ = s.read_to_end(&mut answer);
+                    let text = String::from_utf8_lossy(&answer);
+                    if text.starts_with("HTTP/1.1 200") && text.contains("\"uid\":\"hostile\"") {
+                        reviewed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }));
+    }
+    wait_for("the attackers to hold the webhook", STEP, || {
+        (connected.load(Ordering::Relaxed) > WEBHOOK_SLOTS && reviewed.load(Ordering::Relaxed) >= 8)
+            .then_some(())
+    });
+
+    // Meanwhile a GPU pod is admitted with its claim.
+    c.create(&pod(
+        "default",
+        "during",
+        json!({"gpuslice.io/gpus": "1"}),
+        json!({}),
+    ))
+    .expect("the API server could not reach the webhook");
+    let p = c.get_json(&["pod", "during", "-n", "default"]);
+    assert_eq!(
+        p["spec"]["containers"][0]["resources"]["claims"],
+        json!([{"name": "gpuslice-c0"}]),
+        "{p}"
+    );
+    assert_eq!(p["spec"]["resourceClaims"][0]["name"], "gpuslice-c0", "{p}");
+
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join().unwrap();
+    }
+    // The big reviews were answered, and within the chart's memory limit.
+    let peak = peak_rss(pid);
+    assert!(
+        peak < CHART_MEMORY_LIMIT,
+        "the webhook's peak RSS was {peak} bytes, over the chart's limit of {CHART_MEMORY_LIMIT}"
+    );
+    c.down();
+}

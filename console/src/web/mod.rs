@@ -7,7 +7,7 @@
 //!
 //! Where each behaviour lives: `server.rs` binds, accepts and serves connections
 //! (`--max-connections`, shedding a slow client for a new one) under the deadlines and caps
-//! of `limits.rs`; `routes.rs` maps a path to its handler after the checks of `http.rs`;
+//! of `gpuslice_conn`; `routes.rs` maps a path to its handler after the checks of `http.rs`;
 //! the pages are `nodes.rs`, `pods.rs` and `workloads.rs` (over `sources.rs`, the model and
 //! its missing-source banners), the forms' POSTs `actions.rs`; `respond.rs` gives every
 //! answer its headers; `pages.rs` and `charts.rs` draw the HTML (`escape.rs` makes text
@@ -17,7 +17,6 @@ mod actions;
 pub mod charts;
 mod escape;
 pub mod http;
-mod limits;
 mod nodes;
 mod options;
 pub mod pages;
@@ -29,7 +28,7 @@ mod sources;
 mod state;
 mod workloads;
 
-pub use limits::Limits;
+pub use gpuslice_conn::Limits;
 pub use options::{rights, Options};
 pub use respond::CSP;
 pub use server::{run_until_signal, Server, WebError};

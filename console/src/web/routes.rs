@@ -15,13 +15,13 @@ use crate::usage;
 
 use super::actions::{allocate, release};
 use super::http::{self, Refusal, Route};
-use super::limits::{Activity, Limits};
 use super::nodes::{node, nodes};
 use super::pages::IdleSort;
 use super::pods::{idle_page, pods};
 use super::respond::{refusal, respond};
 use super::state::State;
 use super::workloads::{workload_tab, workloads};
+use gpuslice_conn::{Activity, Limits};
 
 /// The stylesheet, served at `/static/console.css`.
 const CSS: &str = include_str!("../../static/console.css");

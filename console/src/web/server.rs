@@ -4,29 +4,25 @@
 //! answer not read), so slow clients cannot hold every slot. `run_until_signal` is
 //! `gpuslice console` itself.
 
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::header::{self, HeaderValue};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpStream;
-use tokio::sync::{Notify, Semaphore};
 
 use crate::client;
 
-use super::limits::{Activity, Limits, TimedIo};
 use super::options::{rights, Options};
 use super::routes;
 use super::state::State;
+use gpuslice_conn::{serve_until_shed, Conn, Limits, Slots, TimedIo};
 
-/// At the cap with every connection serving, how often to look again for one to shed.
-const SHED_RETRY: Duration = Duration::from_millis(100);
 /// errno of "too many open files" (per process, system-wide).
 const EMFILE: i32 = 24;
 const ENFILE: i32 = 23;
@@ -126,8 +122,7 @@ impl Server {
     /// Serves until `stop` completes.
     pub async fn run(self, stop: impl Future<Output = ()>) -> Result<(), WebError> {
         let addr = self.state.listen;
-        let slots = Arc::new(Semaphore::new(self.max_connections));
-        let open = Arc::new(Open::default());
+        let slots = Slots::new(self.max_connections);
         tokio::pin!(stop);
         loop {
             let accepted = tokio::select! {
@@ -150,101 +145,23 @@ impl Server {
             // A slot for it: a free one, else the one of the connection that has waited
             // longest on its client. While every connection is serving, it waits (and
             // further ones wait unaccepted in the kernel's queue).
-            let slot = loop {
-                if let Ok(s) = slots.clone().try_acquire_owned() {
-                    break s;
-                }
-                open.shed_longest_waiting();
-                tokio::select! {
-                    _ = &mut stop => return Ok(()),
-                    s = slots.clone().acquire_owned() => match s {
-                        Ok(s) => break s,
-                        // The semaphore is never closed.
-                        Err(_) => return Ok(()),
-                    },
-                    _ = tokio::time::sleep(SHED_RETRY) => {}
-                }
+            let slot = tokio::select! {
+                _ = &mut stop => return Ok(()),
+                s = slots.take() => s,
             };
-            let entry = Open::add(&open);
             let (state, limits) = (self.state.clone(), self.limits);
             tokio::spawn(async move {
-                serve_connection(state, limits, stream, &entry.conn).await;
-                // Out of the open connections before the slot frees (also on a panic).
-                drop(entry);
-                drop(slot);
+                // The slot frees when the task ends (also on a panic).
+                serve_connection(state, limits, stream, slot.conn()).await;
             });
         }
-    }
-}
-
-/// One open connection, as the accept loop sees it.
-#[derive(Debug, Default)]
-struct Conn {
-    activity: Arc<Activity>,
-    /// Told when the accept loop needs this connection's slot.
-    shed: Notify,
-}
-
-/// The open connections.
-#[derive(Debug, Default)]
-struct Open {
-    conns: Mutex<(u64, HashMap<u64, Arc<Conn>>)>,
-}
-
-impl Open {
-    fn with<T>(&self, f: impl FnOnce(&mut (u64, HashMap<u64, Arc<Conn>>)) -> T) -> T {
-        // The map stays consistent whatever panicked while holding the lock.
-        f(&mut self.conns.lock().unwrap_or_else(PoisonError::into_inner))
-    }
-
-    /// A new connection, open until the entry drops.
-    fn add(open: &Arc<Open>) -> Entry {
-        let conn = Arc::new(Conn::default());
-        let id = open.with(|(next, map)| {
-            *next += 1;
-            map.insert(*next, conn.clone());
-            *next
-        });
-        Entry {
-            open: open.clone(),
-            id,
-            conn,
-        }
-    }
-
-    /// Tells the connection that has waited longest on its client to close (none while
-    /// every connection is serving).
-    fn shed_longest_waiting(&self) {
-        let oldest = self.with(|(_, map)| {
-            map.values()
-                .filter_map(|c| c.activity.waiting_since().map(|t| (t, c.clone())))
-                .min_by_key(|(t, _)| *t)
-                .map(|(_, c)| c)
-        });
-        if let Some(c) = oldest {
-            c.shed.notify_one();
-        }
-    }
-}
-
-/// A connection among the open ones while this lives.
-#[derive(Debug)]
-struct Entry {
-    open: Arc<Open>,
-    id: u64,
-    conn: Arc<Conn>,
-}
-
-impl Drop for Entry {
-    fn drop(&mut self) {
-        self.open.with(|(_, map)| map.remove(&self.id));
     }
 }
 
 /// Serves one connection with hyper until it ends, a limit closes it, or the accept loop
 /// sheds it while it waits on its client.
 async fn serve_connection(state: Arc<State>, limits: Limits, stream: TcpStream, conn: &Conn) {
-    let activity = conn.activity.clone();
+    let activity = conn.activity().clone();
     let answered = Arc::new(AtomicU32::new(0));
     let service = {
         let activity = activity.clone();
@@ -267,21 +184,7 @@ async fn serve_connection(state: Arc<State>, limits: Limits, stream: TcpStream, 
         .timer(TokioTimer::new())
         .header_read_timeout(limits.head)
         .serve_connection(TokioIo::new(io), service);
-    tokio::pin!(served);
-    loop {
-        tokio::select! {
-            // A shed is looked at first, so a connection told to go does not start a request.
-            biased;
-            () = conn.shed.notified() => {
-                // A request the console already works on finishes; the accept loop then
-                // looks again.
-                if activity.waiting_since().is_some() {
-                    return;
-                }
-            }
-            _ = &mut served => return,
-        }
-    }
+    serve_until_shed(conn, served).await;
 }
 
 /// `gpuslice console`: binds, prints `gpuslice console: listening on http://ADDR/`, serves

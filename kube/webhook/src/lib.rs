@@ -14,4 +14,5 @@ pub mod review;
 pub mod server;
 pub mod tls;
 
-pub use server::{run_until_signal, WebhookArgs, WebhookError};
+pub use gpuslice_conn::Limits;
+pub use server::{run_until_signal, serve, Options, WebhookArgs, WebhookError};

@@ -1,9 +1,30 @@
 //! The AdmissionReview exchange (`admission.k8s.io/v1`): the request fields the webhook reads
-//! and the response it writes (a JSON Patch, warnings, or a refusal with one line).
+//! and the response it writes (a JSON Patch, warnings, or a refusal with one line). A review
+//! is read in place from its body, and of the pod only what the webhook reads is kept (see
+//! [`parse`]), so that reading one costs its body plus a bounded remainder, whatever a
+//! hostile pod holds (docs/webhook.md, "Bounds").
+
+use std::borrow::Cow;
+use std::fmt;
 
 use base64::Engine;
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::value::RawValue;
+use serde_json::{json, Map, Value};
+
+use crate::mutate::ENTRY_PREFIX;
+
+/// Entries read of each of the pod's lists (`spec.containers`, `spec.initContainers`,
+/// `spec.resourceClaims`); a pod with more is refused.
+pub const MAX_LIST: usize = 256;
+/// Bytes of the pod the webhook keeps: the `resources` of containers naming `gpuslice.io/*`
+/// or `nvidia.com/*` resources, the `nvidia.com/*` and `hami.io/*` annotations and the claim
+/// entries named `gpuslice-*`; a pod with more is refused.
+pub const MAX_KEPT: usize = 64 << 10;
+/// The longest `uid`, `namespace` or `operation` read (a UID is 36 characters, a namespace
+/// at most 63).
+pub const MAX_FIELD: usize = 253;
 
 /// A review that cannot be read.
 #[derive(Debug, thiserror::Error)]
@@ -12,33 +33,334 @@ pub enum ReviewError {
     Json(#[from] serde_json::Error),
     #[error("the AdmissionReview has no request")]
     NoRequest,
+    #[error("request.{field} is {len} bytes long; accepted: at most {MAX_FIELD}")]
+    Field { field: &'static str, len: usize },
+}
+
+/// A pod larger than the webhook reads: refused (the API server's pods are far smaller).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PodError {
+    #[error("{list} has {len} entries; accepted: at most {MAX_LIST} (gpuslice-webhook reads no longer list)")]
+    List { list: &'static str, len: usize },
+    #[error("the pod's GPU resources, nvidia.com/* and hami.io/* annotations and gpuslice-* claim entries take more than {MAX_KEPT} bytes; accepted: at most {MAX_KEPT}")]
+    Kept,
 }
 
 /// The parts of an AdmissionRequest the webhook reads.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug, Clone)]
 pub struct Request {
     pub uid: String,
-    #[serde(default)]
     pub namespace: String,
-    #[serde(default)]
     pub operation: String,
-    #[serde(default)]
     pub dry_run: bool,
-    #[serde(default)]
-    pub object: Value,
+    /// What [`parse`] keeps of the pod (`Null` when the review carries none), or why the pod
+    /// is refused unread.
+    pub object: Result<Value, PodError>,
+}
+
+/// A string borrowed from the body, copied only when it holds escapes.
+struct Text<'a>(Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Text<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<Self::Value, E> {
+                Ok(Text(Cow::Borrowed(s)))
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Self::Value, E> {
+                Ok(Text(Cow::Owned(s.to_string())))
+            }
+        }
+        d.deserialize_str(V)
+    }
 }
 
 #[derive(Deserialize)]
-struct Review {
-    request: Option<Request>,
+struct RawReview<'a> {
+    #[serde(borrow)]
+    request: Option<RawRequest<'a>>,
 }
 
-/// Reads the request of a review.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawRequest<'a> {
+    #[serde(borrow)]
+    uid: Text<'a>,
+    #[serde(default, borrow)]
+    namespace: Option<Text<'a>>,
+    #[serde(default, borrow)]
+    operation: Option<Text<'a>>,
+    #[serde(default)]
+    dry_run: bool,
+    #[serde(default, borrow)]
+    object: Option<&'a RawValue>,
+}
+
+/// A list of which the first [`MAX_LIST`] entries are kept, unparsed, and the rest counted.
+struct Listed<'a> {
+    items: Vec<&'a RawValue>,
+    len: usize,
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Listed<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Listed<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a list")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut l = Listed {
+                    items: Vec::new(),
+                    len: 0,
+                };
+                while l.len < MAX_LIST {
+                    match seq.next_element::<&'de RawValue>()? {
+                        Some(x) => l.items.push(x),
+                        None => return Ok(l),
+                    }
+                    l.len += 1;
+                }
+                while seq.next_element::<IgnoredAny>()?.is_some() {
+                    l.len += 1;
+                }
+                Ok(l)
+            }
+        }
+        d.deserialize_seq(V)
+    }
+}
+
+#[derive(Deserialize)]
+struct PodView<'a> {
+    #[serde(default, borrow)]
+    metadata: Option<MetaView<'a>>,
+    #[serde(default, borrow)]
+    spec: Option<SpecView<'a>>,
+}
+
+#[derive(Deserialize)]
+struct MetaView<'a> {
+    #[serde(default, borrow)]
+    annotations: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SpecView<'a> {
+    #[serde(default, borrow)]
+    containers: Option<Listed<'a>>,
+    #[serde(default, borrow)]
+    init_containers: Option<Listed<'a>>,
+    #[serde(default, borrow)]
+    resource_claims: Option<Listed<'a>>,
+}
+
+#[derive(Deserialize)]
+struct ContainerView<'a> {
+    #[serde(default, borrow)]
+    resources: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct ResourcesView<'a> {
+    #[serde(default, borrow)]
+    limits: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    requests: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct ClaimView<'a> {
+    #[serde(default, borrow)]
+    name: Option<Text<'a>>,
+}
+
+/// The resource and annotation names the webhook acts on.
+fn gpu_name(name: &str) -> bool {
+    name.starts_with("gpuslice.io/") || name.starts_with("nvidia.com/")
+}
+
+fn hami_annotation(name: &str) -> bool {
+    name.starts_with("nvidia.com/") || name.starts_with("hami.io/")
+}
+
+/// The entries of a JSON object whose names pass `keep`, values unparsed; anything but an
+/// object has none.
+struct Entries<'a, F> {
+    kept: Vec<(Cow<'a, str>, &'a RawValue)>,
+    keep: F,
+}
+
+impl<'de, F: Fn(&str) -> bool> Entries<'de, F> {
+    fn of(raw: &'de RawValue, keep: F) -> Vec<(Cow<'de, str>, &'de RawValue)> {
+        let mut d = serde_json::Deserializer::from_str(raw.get());
+        let mut e = Entries {
+            kept: Vec::new(),
+            keep,
+        };
+        match Deserializer::deserialize_map(&mut d, &mut e) {
+            Ok(()) => e.kept,
+            Err(_) => Vec::new(),
+        }
+    }
+}
+
+impl<'de, F: Fn(&str) -> bool> Visitor<'de> for &mut Entries<'de, F> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while let Some(Text(k)) = map.next_key::<Text<'de>>()? {
+            if (self.keep)(&k) {
+                self.kept.push((k, map.next_value::<&'de RawValue>()?));
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What the webhook keeps of a pod, charged against [`MAX_KEPT`].
+struct Kept {
+    bytes: usize,
+}
+
+impl Kept {
+    fn value(&mut self, raw: &RawValue, extra: usize) -> Result<Value, PodError> {
+        self.bytes += raw.get().len() + extra;
+        if self.bytes > MAX_KEPT {
+            return Err(PodError::Kept);
+        }
+        // A RawValue is valid JSON, so this parses; a failure keeps nothing.
+        Ok(serde_json::from_str(raw.get()).unwrap_or(Value::Null))
+    }
+}
+
+/// A container as the webhook reads it: its `resources` if they name a GPU resource, else
+/// nothing (`Null`: no limits to turn into a claim).
+fn container(raw: &RawValue, kept: &mut Kept) -> Result<Value, PodError> {
+    let Some(res) = serde_json::from_str::<ContainerView>(raw.get())
+        .ok()
+        .and_then(|c| c.resources)
+    else {
+        return Ok(Value::Null);
+    };
+    let names_gpu = serde_json::from_str::<ResourcesView>(res.get())
+        .ok()
+        .is_some_and(|r| {
+            [r.limits, r.requests]
+                .into_iter()
+                .flatten()
+                .any(|m| !Entries::of(m, gpu_name).is_empty())
+        });
+    if !names_gpu {
+        return Ok(Value::Null);
+    }
+    Ok(json!({ "resources": kept.value(res, 0)? }))
+}
+
+/// The pod as the webhook reads it: `metadata.annotations` (those of `nvidia.com/*` and
+/// `hami.io/*`), `spec.containers[*]` and `spec.initContainers[*]` (the `resources` of those
+/// naming `gpuslice.io/*` or `nvidia.com/*` resources, others `null`, indices unchanged) and
+/// `spec.resourceClaims[*].name` (those named `gpuslice-*`; the list is there when the pod
+/// has one). This is all `mutate::plan` and `mutate::mentions_hami` read: a field they come
+/// to read must be kept here too.
+fn pod(raw: &RawValue) -> Result<Value, PodError> {
+    let Ok(view) = serde_json::from_str::<PodView>(raw.get()) else {
+        // Not a pod (not an object, or its fields of the wrong kinds): nothing to act on.
+        return Ok(Value::Null);
+    };
+    let mut kept = Kept { bytes: 0 };
+    let mut out = Map::new();
+    if let Some(ann) = view.metadata.and_then(|m| m.annotations) {
+        let mut a = Map::new();
+        for (k, v) in Entries::of(ann, hami_annotation) {
+            let v = kept.value(v, k.len())?;
+            a.insert(k.into_owned(), v);
+        }
+        out.insert("metadata".into(), json!({ "annotations": a }));
+    }
+    let mut spec = Map::new();
+    if let Some(s) = view.spec {
+        for (name, field, list) in [
+            ("spec.containers", "containers", s.containers),
+            ("spec.initContainers", "initContainers", s.init_containers),
+        ] {
+            let Some(l) = list else { continue };
+            if l.len > MAX_LIST {
+                return Err(PodError::List {
+                    list: name,
+                    len: l.len,
+                });
+            }
+            let items = l
+                .items
+                .iter()
+                .map(|c| container(c, &mut kept))
+                .collect::<Result<Vec<_>, _>>()?;
+            spec.insert(field.into(), Value::Array(items));
+        }
+        if let Some(l) = s.resource_claims {
+            if l.len > MAX_LIST {
+                return Err(PodError::List {
+                    list: "spec.resourceClaims",
+                    len: l.len,
+                });
+            }
+            let mut entries = Vec::new();
+            for e in l.items {
+                let name = serde_json::from_str::<ClaimView>(e.get())
+                    .ok()
+                    .and_then(|c| c.name);
+                if let Some(Text(n)) = name.filter(|n| n.0.starts_with(ENTRY_PREFIX)) {
+                    kept.bytes += n.len();
+                    if kept.bytes > MAX_KEPT {
+                        return Err(PodError::Kept);
+                    }
+                    entries.push(json!({ "name": n }));
+                }
+            }
+            spec.insert("resourceClaims".into(), Value::Array(entries));
+        }
+    }
+    out.insert("spec".into(), Value::Object(spec));
+    Ok(Value::Object(out))
+}
+
+fn field(name: &'static str, t: Option<Text>) -> Result<String, ReviewError> {
+    let s = t.map(|t| t.0).unwrap_or_default();
+    if s.len() > MAX_FIELD {
+        return Err(ReviewError::Field {
+            field: name,
+            len: s.len(),
+        });
+    }
+    Ok(s.into_owned())
+}
+
+/// Reads the request of a review from its body in place: the body is not copied, parts of
+/// the review the webhook does not read are skipped unbuilt, and of the pod only what
+/// `mutate` reads is kept (see `pod`).
 pub fn parse(body: &[u8]) -> Result<Request, ReviewError> {
-    serde_json::from_slice::<Review>(body)?
+    let r = serde_json::from_slice::<RawReview>(body)?
         .request
-        .ok_or(ReviewError::NoRequest)
+        .ok_or(ReviewError::NoRequest)?;
+    Ok(Request {
+        uid: field("uid", Some(r.uid))?,
+        namespace: field("namespace", r.namespace)?,
+        operation: field("operation", r.operation)?,
+        dry_run: r.dry_run,
+        object: r.object.map_or(Ok(Value::Null), pod),
+    })
 }
 
 fn review(response: Value) -> Value {
@@ -67,4 +389,126 @@ pub fn deny(uid: &str, code: u16, message: &str) -> Value {
         "allowed": false,
         "status": {"code": code, "message": message},
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mutate::{mentions_hami, plan};
+    use gpuslice_kube::claim_shape::PublishedGpus;
+
+    fn review_of(pod: &Value) -> Vec<u8> {
+        serde_json::to_vec(&json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "u1", "namespace": "ns", "operation": "CREATE",
+                        "userInfo": {"username": "x", "groups": ["a", "b"]},
+                        "object": pod, "oldObject": null, "dryRun": false},
+        }))
+        .unwrap()
+    }
+
+    fn full_pod() -> Value {
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "labels": {"a": "b"}, "annotations": {
+                "nvidia.com/use-gputype": "A100", "hami.io/gpu-scheduler-policy": "spread",
+                "other/x": "y"}},
+            "spec": {
+                "resourceClaims": [{"name": "mine", "resourceClaimName": "c"}],
+                "initContainers": [{"name": "i", "image": "x",
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+                "containers": [
+                    {"name": "side", "image": "x", "env": [{"name": "A", "value": "1"}],
+                     "resources": {"limits": {"cpu": "1"}}},
+                    {"name": "app", "image": "x", "command": ["sh"],
+                     "resources": {"limits": {"gpuslice.io/memory": "20Gi", "cpu": "2"},
+                                   "requests": {"cpu": "1"}, "claims": [{"name": "mine"}]}},
+                    {"name": "hami", "image": "x",
+                     "resources": {"limits": {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "3000"}}},
+                ],
+            },
+        })
+    }
+
+    #[test]
+    fn the_kept_pod_plans_as_the_whole_pod_does() {
+        let full = full_pod();
+        let r = parse(&review_of(&full)).unwrap();
+        assert_eq!((r.uid.as_str(), r.namespace.as_str()), ("u1", "ns"));
+        assert_eq!(r.operation, "CREATE");
+        let kept = r.object.unwrap();
+        assert_eq!(mentions_hami(&kept), mentions_hami(&full));
+        let inv = PublishedGpus::default();
+        for hami in [false, true] {
+            let a = plan(&full, "ns", hami, &inv).map(|p| (p.patch, p.warnings));
+            let b = plan(&kept, "ns", hami, &inv).map(|p| (p.patch, p.warnings));
+            assert_eq!(
+                format!("{a:?}"),
+                format!("{b:?}"),
+                "hami {hami}: kept {kept}"
+            );
+        }
+        // Only what the plan reads.
+        assert_eq!(kept["spec"]["containers"][0], Value::Null);
+        assert_eq!(
+            kept["metadata"]["annotations"],
+            json!({"nvidia.com/use-gputype": "A100", "hami.io/gpu-scheduler-policy": "spread"})
+        );
+        assert_eq!(kept["spec"]["resourceClaims"], json!([]));
+    }
+
+    #[test]
+    fn an_escaped_name_is_read_as_its_text() {
+        // "gpuslice.io\/memory" is the same name in JSON.
+        let body = br#"{"request":{"uid":"u","operation":"CREATE","object":{"spec":{"containers":[
+            {"name":"a","resources":{"limits":{"gpuslice.io\/memory":"1Gi"}}}]}}}}"#;
+        let kept = parse(body).unwrap().object.unwrap();
+        assert_eq!(
+            kept["spec"]["containers"][0]["resources"]["limits"]["gpuslice.io/memory"],
+            "1Gi"
+        );
+    }
+
+    #[test]
+    fn a_pod_beyond_the_bounds_is_refused_naming_the_bound() {
+        let mut p = full_pod();
+        p["spec"]["containers"] = Value::Array(vec![json!(0); MAX_LIST + 5]);
+        let e = parse(&review_of(&p)).unwrap().object.unwrap_err();
+        assert_eq!(
+            e,
+            PodError::List {
+                list: "spec.containers",
+                len: MAX_LIST + 5
+            }
+        );
+        assert!(e.to_string().contains("at most 256"), "{e}");
+        // Exactly MAX_LIST is read.
+        p["spec"]["containers"] = Value::Array(vec![json!(0); MAX_LIST]);
+        assert!(parse(&review_of(&p)).unwrap().object.is_ok());
+
+        let mut p = full_pod();
+        p["spec"]["containers"][1]["resources"]["junk"] = json!("x".repeat(MAX_KEPT));
+        let e = parse(&review_of(&p)).unwrap().object.unwrap_err();
+        assert_eq!(e, PodError::Kept);
+        // The same bytes where the webhook does not read are skipped unkept.
+        let mut p = full_pod();
+        p["spec"]["containers"][0]["env"] = json!([{"name": "J", "value": "x".repeat(MAX_KEPT)}]);
+        p["metadata"]["annotations"]["other/big"] = json!("x".repeat(MAX_KEPT));
+        assert!(parse(&review_of(&p)).unwrap().object.is_ok());
+    }
+
+    #[test]
+    fn unread_fields_and_odd_objects_pass() {
+        let r = parse(br#"{"request":{"uid":"u","operation":"DELETE","object":null}}"#).unwrap();
+        assert_eq!(r.object, Ok(Value::Null));
+        let r = parse(br#"{"request":{"uid":"u","operation":"CREATE","object":[1,2]}}"#).unwrap();
+        assert_eq!(r.object, Ok(Value::Null));
+        assert!(matches!(
+            parse(br#"{"kind":"AdmissionReview"}"#),
+            Err(ReviewError::NoRequest)
+        ));
+        let long = format!(r#"{{"request":{{"uid":"{}"}}}}"#, "u".repeat(MAX_FIELD + 1));
+        let e = parse(long.as_bytes()).unwrap_err().to_string();
+        assert!(e.contains("request.uid is 254 bytes"), "{e}");
+    }
 }

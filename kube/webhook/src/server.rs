@@ -1,37 +1,90 @@
 //! `gpuslice webhook`: the HTTPS server the API server calls. TLS only (it refuses to start
 //! without a certificate), `POST /mutate` for AdmissionReviews of Pods, `GET /healthz` for
-//! probes, and bounds on what a client can make it hold: connections, handshake and header
-//! deadlines, the body's size and the time one review may take.
+//! probes, and bounds on what a client can make it hold ([`Options`]): a connection cap at
+//! which the client waited on longest is shed for a new one, deadlines on a handshake, a
+//! request head (also between requests), a body and every write, the body's size (a larger
+//! declared one is refused before it is read), the bytes of bodies held at once (past it the
+//! slowest holder is shed) and the time one review may take.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::{Bytes, Incoming};
+use gpuslice_conn::{serve_until_shed, Activity, Holding, Limits, Slots, TimedIo};
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Body, Bytes, Incoming};
+use hyper::header::{HeaderValue, CONNECTION, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::Value;
-use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
 
 use crate::cluster::Cluster;
 use crate::mutate::{mentions_hami, plan};
 use crate::review;
-use crate::tls::{CertFiles, Reloading, TlsError};
+use crate::tls::{server_config, CertFiles, TlsError};
 
-/// The largest AdmissionReview read (a Pod is at most about 1.5 MiB in etcd; the review
-/// carries it once, plus the request's metadata).
+/// The largest AdmissionReview read. The API server takes request bodies of at most 3 MiB
+/// (and etcd stores objects of at most 1.5 MiB); the webhook is registered for CREATE, whose
+/// review carries the pod once (no `oldObject`), so no pod the API server can admit is larger.
 pub const MAX_BODY: usize = 3 << 20;
-/// Connections served at once; more wait in the kernel's backlog.
+/// Connections served at once; at the cap a new one takes the slot of the one that has
+/// waited longest on its client.
 pub const MAX_CONNECTIONS: usize = 256;
-/// A TLS handshake, a request head and a request body must each arrive within this.
+/// A TLS handshake, a request head (counted from when the connection waits for it, also
+/// between requests) and a request body must each arrive within this; a write that moves
+/// nothing for this long closes the connection.
 pub const CLIENT_DEADLINE: Duration = Duration::from_secs(10);
 /// One review's work (API calls included); the API server waits 10 s by default.
 pub const REVIEW_DEADLINE: Duration = Duration::from_secs(8);
+/// Bytes of review bodies held at once, all connections together (8 of the largest): past
+/// it a new body waits, and the connection that has waited longest on its client while its
+/// body is held is shed.
+pub const BODY_BUDGET: usize = 8 * MAX_BODY;
+/// While the body budget is spent, how often to look again for a connection to shed.
+const SHED_RETRY: Duration = Duration::from_millis(100);
+
+/// What the server holds for its clients, at most (the defaults: [`Options::default`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Options {
+    /// Connections served at once.
+    pub max_connections: usize,
+    /// A TLS handshake must end within this.
+    pub handshake: Duration,
+    /// Deadlines on a request's head (the idle deadline too), its body and every write, and
+    /// the requests one connection may make.
+    pub limits: Limits,
+    /// The largest review body read.
+    pub max_body: usize,
+    /// Bytes of bodies held at once (at least `max_body`).
+    pub body_budget: usize,
+    /// One review's work.
+    pub review: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            max_connections: MAX_CONNECTIONS,
+            handshake: CLIENT_DEADLINE,
+            limits: Limits {
+                head: CLIENT_DEADLINE,
+                body: CLIENT_DEADLINE,
+                write: CLIENT_DEADLINE,
+                ..Limits::default()
+            },
+            max_body: MAX_BODY,
+            body_budget: BODY_BUDGET,
+            review: REVIEW_DEADLINE,
+        }
+    }
+}
 
 /// `gpuslice webhook`'s flags (DESIGN §7).
 #[derive(Debug, Clone, clap::Args)]
@@ -72,6 +125,10 @@ pub enum WebhookError {
 struct Shared {
     cluster: Cluster,
     hami_compat: bool,
+    opts: Options,
+    slots: Slots,
+    /// The body budget, in KiB.
+    budget: Arc<Semaphore>,
 }
 
 /// Serves until SIGTERM or SIGINT; then stops accepting and returns.
@@ -79,12 +136,7 @@ pub fn run_until_signal(args: WebhookArgs) -> Result<(), WebhookError> {
     let (Some(cert), Some(key)) = (args.tls_cert.clone(), args.tls_key.clone()) else {
         return Err(WebhookError::NoTls);
     };
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    // Checked before anything else starts: a bad pair is an error at start, not at a handshake.
-    let resolver = Arc::new(Reloading::new(
-        CertFiles { cert, key },
-        Arc::clone(&provider),
-    )?);
+    let tls = server_config(CertFiles { cert, key })?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -98,108 +150,260 @@ pub fn run_until_signal(args: WebhookArgs) -> Result<(), WebhookError> {
                 addr: args.listen,
                 detail: e.to_string(),
             })?;
-        let mut config = rustls::ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|e| WebhookError::Runtime(e.to_string()))?
-            .with_no_client_auth()
-            .with_cert_resolver(resolver);
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        let acceptor = TlsAcceptor::from(Arc::new(config));
-        let shared = Arc::new(Shared {
-            cluster: Cluster::start(client).await,
-            hami_compat: args.hami_compat,
-        });
+        let cluster = Cluster::start(client).await;
         eprintln!(
             "gpuslice webhook: serving https://{} (hami-compat: {})",
             listener.local_addr().map_or(args.listen, |a| a),
             args.hami_compat
         );
-        serve(listener, acceptor, shared).await;
+        let stop = async {
+            let mut term =
+                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                    Ok(s) => s,
+                    Err(_) => return std::future::pending().await,
+                };
+            tokio::select! {
+                _ = term.recv() => {},
+                _ = tokio::signal::ctrl_c() => {},
+            }
+        };
+        serve(
+            listener,
+            tls,
+            cluster,
+            args.hami_compat,
+            Options::default(),
+            stop,
+        )
+        .await;
         Ok(())
     })
 }
 
-async fn serve(listener: TcpListener, acceptor: TlsAcceptor, shared: Arc<Shared>) {
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    let stop = async {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => return std::future::pending().await,
-            };
-        tokio::select! {
-            _ = term.recv() => {},
-            _ = tokio::signal::ctrl_c() => {},
-        }
-    };
+/// Serves HTTPS on `listener` with `tls` until `stop` completes.
+pub async fn serve(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    cluster: Cluster,
+    hami_compat: bool,
+    opts: Options,
+    stop: impl Future<Output = ()>,
+) {
+    let acceptor = TlsAcceptor::from(tls);
+    let shared = Arc::new(Shared {
+        cluster,
+        hami_compat,
+        opts,
+        slots: Slots::new(opts.max_connections),
+        budget: Arc::new(Semaphore::new(
+            kib(opts.body_budget.max(opts.max_body)) as usize
+        )),
+    });
     tokio::pin!(stop);
     loop {
-        let Ok(permit) = Arc::clone(&slots).acquire_owned().await else {
-            return;
-        };
-        let (tcp, _) = tokio::select! {
+        let tcp = tokio::select! {
             _ = &mut stop => return,
             a = listener.accept() => match a {
-                Ok(a) => a,
+                Ok((tcp, _)) => tcp,
                 // A full file table and the like: wait a little rather than spin.
                 Err(_) => { tokio::time::sleep(Duration::from_millis(50)).await; continue }
             },
         };
-        let acceptor = acceptor.clone();
-        let shared = Arc::clone(&shared);
+        // A slot for it: a free one, else the one of the connection that has waited longest
+        // on its client (a handshake, a head or a body not sent, an answer not read).
+        let slot = tokio::select! {
+            _ = &mut stop => return,
+            s = shared.slots.take() => s,
+        };
+        let (acceptor, shared) = (acceptor.clone(), Arc::clone(&shared));
         tokio::spawn(async move {
-            let _permit = permit;
-            let _ = tcp.set_nodelay(true);
-            let Ok(Ok(tls)) = tokio::time::timeout(CLIENT_DEADLINE, acceptor.accept(tcp)).await
-            else {
-                return;
-            };
-            let service = hyper::service::service_fn(move |req| {
-                let shared = Arc::clone(&shared);
-                async move { Ok::<_, Infallible>(route(req, &shared).await) }
-            });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(CLIENT_DEADLINE)
-                .serve_connection(TokioIo::new(tls), service)
-                .await;
+            // The slot frees when the task ends (also on a panic).
+            let conn = slot.conn();
+            serve_until_shed(
+                conn,
+                serve_connection(tcp, acceptor, shared, conn.activity()),
+            )
+            .await;
         });
     }
+}
+
+/// One connection: the handshake, then requests until the client closes, a deadline passes
+/// or its request cap is reached.
+async fn serve_connection(
+    tcp: TcpStream,
+    acceptor: TlsAcceptor,
+    shared: Arc<Shared>,
+    activity: &Arc<Activity>,
+) {
+    let limits = shared.opts.limits;
+    let _ = tcp.set_nodelay(true);
+    let io = TimedIo::new(tcp, Arc::clone(activity), limits.write);
+    let Ok(Ok(tls)) = tokio::time::timeout(shared.opts.handshake, acceptor.accept(io)).await else {
+        return;
+    };
+    let answered = Arc::new(AtomicU32::new(0));
+    let activity = Arc::clone(activity);
+    let service = hyper::service::service_fn(move |req| {
+        let (shared, activity, answered) = (
+            Arc::clone(&shared),
+            Arc::clone(&activity),
+            Arc::clone(&answered),
+        );
+        async move {
+            let mut resp = route(req, &shared, &activity).await;
+            // The last request a connection may make: its answer closes it, and requests
+            // pipelined behind it are not read.
+            if answered.fetch_add(1, Ordering::Relaxed) + 1 >= limits.requests_per_connection {
+                resp.headers_mut()
+                    .insert(CONNECTION, HeaderValue::from_static("close"));
+            }
+            Ok::<_, Infallible>(resp)
+        }
+    });
+    let _ = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.head)
+        .serve_connection(TokioIo::new(tls), service)
+        .await;
 }
 
 fn reply(status: StatusCode, content_type: &str, body: Vec<u8>) -> Response<Full<Bytes>> {
     let mut r = Response::new(Full::new(Bytes::from(body)));
     *r.status_mut() = status;
-    if let Ok(v) = hyper::header::HeaderValue::from_str(content_type) {
-        r.headers_mut().insert(hyper::header::CONTENT_TYPE, v);
+    if let Ok(v) = HeaderValue::from_str(content_type) {
+        r.headers_mut().insert(CONTENT_TYPE, v);
     }
     r
 }
 
-async fn route(req: Request<Incoming>, shared: &Shared) -> Response<Full<Bytes>> {
+/// An answer after which the connection closes: the body was not read (whole).
+fn refuse_body(status: StatusCode, message: String) -> Response<Full<Bytes>> {
+    let mut r = reply(status, "text/plain", message.into_bytes());
+    r.headers_mut()
+        .insert(CONNECTION, HeaderValue::from_static("close"));
+    r
+}
+
+/// Why a review's body was not read.
+enum BodyRefused {
+    TooLarge,
+    TooSlow,
+    Broken(hyper::Error),
+}
+
+/// `bytes` in whole KiB (the budget's unit), at least one.
+fn kib(bytes: usize) -> u32 {
+    u32::try_from(bytes.div_ceil(1024).max(1)).unwrap_or(u32::MAX)
+}
+
+/// A body read whole, and its share of the budget until it drops.
+struct Received {
+    bytes: Vec<u8>,
+    _budget: OwnedSemaphorePermit,
+    _holding: Holding,
+}
+
+/// Reads a body whole within the body deadline into one buffer (of the declared size when
+/// there is one), refusing it past the size limit, and within the body budget: while that is
+/// spent, the connection that has waited longest on its client while its body is held is
+/// shed (a body sent slowly or never finished holds no memory others need).
+async fn read_body(
+    mut body: Incoming,
+    shared: &Shared,
+    activity: &Arc<Activity>,
+) -> Result<Received, BodyRefused> {
+    let opts = &shared.opts;
+    let hint = body.size_hint();
+    let declared = usize::try_from(hint.lower()).unwrap_or(usize::MAX);
+    if declared > opts.max_body {
+        return Err(BodyRefused::TooLarge);
+    }
+    let deadline = tokio::time::Instant::now() + opts.limits.body;
+    // A chunked body may take up to the limit.
+    let want = if hint.exact().is_some() {
+        declared
+    } else {
+        opts.max_body
+    };
+    let budget = loop {
+        if let Ok(p) = Arc::clone(&shared.budget).try_acquire_many_owned(kib(want)) {
+            break p;
+        }
+        shared.slots.shed_holder();
+        let look_again = (tokio::time::Instant::now() + SHED_RETRY).min(deadline);
+        let acquire = Arc::clone(&shared.budget).acquire_many_owned(kib(want));
+        match tokio::time::timeout_at(look_again, acquire).await {
+            Ok(Ok(p)) => break p,
+            // The semaphore is never closed.
+            Ok(Err(_)) => return Err(BodyRefused::TooSlow),
+            Err(_) if tokio::time::Instant::now() >= deadline => return Err(BodyRefused::TooSlow),
+            Err(_) => {}
+        }
+    };
+    let holding = activity.holding(want);
+    let read = async {
+        let mut buf = Vec::with_capacity(declared);
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(BodyRefused::Broken)?;
+            if let Ok(data) = frame.into_data() {
+                if buf.len() + data.len() > opts.max_body {
+                    return Err(BodyRefused::TooLarge);
+                }
+                buf.extend_from_slice(&data);
+            }
+        }
+        Ok(buf)
+    };
+    let bytes = tokio::time::timeout_at(deadline, read)
+        .await
+        .unwrap_or(Err(BodyRefused::TooSlow))?;
+    Ok(Received {
+        bytes,
+        _budget: budget,
+        _holding: holding,
+    })
+}
+
+async fn route(
+    req: Request<Incoming>,
+    shared: &Shared,
+    activity: &Arc<Activity>,
+) -> Response<Full<Bytes>> {
     match (req.method(), req.uri().path()) {
         (&Method::GET, "/healthz") => reply(StatusCode::OK, "text/plain", b"ok\n".to_vec()),
         (&Method::POST, "/mutate") => {
-            let body = Limited::new(req.into_body(), MAX_BODY);
-            let bytes = match tokio::time::timeout(CLIENT_DEADLINE, body.collect()).await {
-                Ok(Ok(b)) => b.to_bytes(),
-                Ok(Err(e)) => {
-                    let msg = format!("the review is not read: {e} (at most {MAX_BODY} bytes)");
-                    return reply(
+            let opts = &shared.opts;
+            let body = match read_body(req.into_body(), shared, activity).await {
+                Ok(b) => b,
+                Err(BodyRefused::TooLarge) => {
+                    return refuse_body(
                         StatusCode::PAYLOAD_TOO_LARGE,
-                        "text/plain",
-                        msg.into_bytes(),
-                    );
+                        format!("the review is larger than {} bytes\n", opts.max_body),
+                    )
                 }
-                Err(_) => {
-                    return reply(
+                Err(BodyRefused::TooSlow) => {
+                    return refuse_body(
                         StatusCode::REQUEST_TIMEOUT,
-                        "text/plain",
-                        b"the review's body did not arrive in time\n".to_vec(),
+                        format!(
+                            "the review's body did not arrive within {} s\n",
+                            opts.limits.body.as_secs_f64()
+                        ),
+                    )
+                }
+                Err(BodyRefused::Broken(e)) => {
+                    return refuse_body(
+                        StatusCode::BAD_REQUEST,
+                        format!("the review is not read: {e}\n"),
                     )
                 }
             };
-            let r = match review::parse(&bytes) {
+            // From here the webhook works and the client waits: the connection is not shed.
+            let _serving = activity.serving();
+            let parsed = review::parse(&body.bytes);
+            // Only what the webhook reads of the review lives on, not its body.
+            drop(body);
+            let r = match parsed {
                 Ok(r) => r,
                 Err(e) => {
                     return reply(
@@ -209,14 +413,14 @@ async fn route(req: Request<Incoming>, shared: &Shared) -> Response<Full<Bytes>>
                     )
                 }
             };
-            let answer = match tokio::time::timeout(REVIEW_DEADLINE, admit(&r, shared)).await {
+            let answer = match tokio::time::timeout(opts.review, admit(&r, shared)).await {
                 Ok(v) => v,
                 Err(_) => review::deny(
                     &r.uid,
                     500,
                     &format!(
                         "gpuslice-webhook: the API server did not answer within {}s",
-                        REVIEW_DEADLINE.as_secs()
+                        opts.review.as_secs()
                     ),
                 ),
             };
@@ -236,10 +440,15 @@ async fn route(req: Request<Incoming>, shared: &Shared) -> Response<Full<Bytes>>
 
 /// The answer to one review.
 async fn admit(r: &review::Request, shared: &Shared) -> Value {
-    if r.operation != "CREATE" || !r.object.is_object() {
+    if r.operation != "CREATE" {
         return review::allow(&r.uid, &[], &[]);
     }
-    let hami = if shared.hami_compat && mentions_hami(&r.object) {
+    let pod = match &r.object {
+        Ok(pod) if pod.is_object() => pod,
+        Ok(_) => return review::allow(&r.uid, &[], &[]),
+        Err(e) => return review::deny(&r.uid, 400, &e.to_string()),
+    };
+    let hami = if shared.hami_compat && mentions_hami(pod) {
         match shared.cluster.hami_namespace(&r.namespace).await {
             Ok(h) => h,
             Err(e) => return review::deny(&r.uid, 500, &e.to_string()),
@@ -248,7 +457,7 @@ async fn admit(r: &review::Request, shared: &Shared) -> Value {
         false
     };
     let inventory = shared.cluster.inventory();
-    let p = match plan(&r.object, &r.namespace, hami, &inventory) {
+    let p = match plan(pod, &r.namespace, hami, &inventory) {
         Ok(p) => p,
         Err(e) => return review::deny(&r.uid, 400, &e.to_string()),
     };

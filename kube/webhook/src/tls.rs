@@ -10,6 +10,7 @@ use std::time::{Duration, Instant, SystemTime};
 use rustls::crypto::CryptoProvider;
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
+use rustls::ServerConfig;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
@@ -29,6 +30,8 @@ pub enum TlsError {
         key: String,
         detail: String,
     },
+    #[error("cannot set up TLS: {0}")]
+    Config(String),
 }
 
 /// The two files of the serving pair.
@@ -139,4 +142,19 @@ impl ResolvesServerCert for Reloading {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
         Some(self.current())
     }
+}
+
+/// The server's TLS setup: the pair of `files` (loaded now, reloaded as they change), HTTP/1.1
+/// only (the API server speaks it to webhooks).
+pub fn server_config(files: CertFiles) -> Result<Arc<ServerConfig>, TlsError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    // Checked before anything else starts: a bad pair is an error at start, not at a handshake.
+    let resolver = Arc::new(Reloading::new(files, Arc::clone(&provider))?);
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Config(e.to_string()))?
+        .with_no_client_auth()
+        .with_cert_resolver(resolver);
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
 }

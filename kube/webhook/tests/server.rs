@@ -20,7 +20,7 @@ fn args() -> WebhookArgs {
 }
 
 /// A self-signed EC pair for `cn` in `dir`.
-fn pair(dir: &Path, cn: &str) -> CertFiles {
+pub fn pair(dir: &Path, cn: &str) -> CertFiles {
     let files = CertFiles {
         cert: dir.join("tls.crt"),
         key: dir.join("tls.key"),

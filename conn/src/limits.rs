@@ -1,5 +1,5 @@
-//! The limits a connection lives under, so that slow or stalled clients cannot hold the
-//! console: deadlines on a request's head, its body and every write, a cap on the requests
+//! The limits a connection lives under, so that slow or stalled clients cannot hold a
+//! server: deadlines on a request's head, its body and every write, a cap on the requests
 //! one connection may make, and each connection's [`Activity`], which the accept loop reads
 //! to shed the connection that has waited longest on its client when every slot is taken.
 
@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Sleep;
 
-/// How long the console waits on a client, and how much one connection may ask of it.
+/// How long a server waits on a client, and how much one connection may ask of it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// A request head must arrive whole within this, counted from when the connection
@@ -26,7 +26,7 @@ pub struct Limits {
     /// closes the connection.
     pub write: Duration,
     /// Requests answered on one connection; the last answer closes it, so requests
-    /// pipelined on one connection make the console do at most this much work.
+    /// pipelined on one connection make the server do at most this much work.
     pub requests_per_connection: u32,
 }
 
@@ -41,7 +41,7 @@ impl Default for Limits {
     }
 }
 
-/// What one connection is doing, as the shedding reads it: serving (the console works on a
+/// What one connection is doing, as the shedding reads it: serving (the server works on a
 /// request) or waiting on its client since a time (for a head or a body, or for it to read).
 #[derive(Debug)]
 pub struct Activity {
@@ -50,10 +50,12 @@ pub struct Activity {
 
 #[derive(Debug, Clone, Copy)]
 struct Phase {
-    /// Requests the console is working on (not waiting on the client for).
+    /// Requests the server is working on (not waiting on the client for).
     serving: u32,
-    /// The last time a byte moved or the console finished a request.
+    /// The last time a byte moved or the server finished a request.
     since: Instant,
+    /// Bytes the server holds for the connection's requests (a body being read).
+    held: usize,
 }
 
 impl Default for Activity {
@@ -62,6 +64,7 @@ impl Default for Activity {
             phase: Mutex::new(Phase {
                 serving: 0,
                 since: Instant::now(),
+                held: 0,
             }),
         }
     }
@@ -78,20 +81,43 @@ impl Activity {
         self.with(|p| p.since = Instant::now());
     }
 
-    /// The console works on a request until the guard drops: the connection is then not
+    /// The server works on a request until the guard drops: the connection is then not
     /// waiting on its client and is never shed.
     pub fn serving(self: &Arc<Self>) -> Serving {
         self.with(|p| p.serving += 1);
         Serving(self.clone())
     }
 
-    /// Since when the connection waits on its client; `None` while the console serves it.
+    /// Since when the connection waits on its client; `None` while the server serves it.
     pub fn waiting_since(&self) -> Option<Instant> {
         self.with(|p| (p.serving == 0).then_some(p.since))
     }
+
+    /// The server holds `bytes` for the connection until the guard drops (a body it reads),
+    /// so that shedding can free memory, not only a slot.
+    pub fn holding(self: &Arc<Self>, bytes: usize) -> Holding {
+        self.with(|p| p.held += bytes);
+        Holding(self.clone(), bytes)
+    }
+
+    /// Whether the server holds bytes for the connection.
+    pub fn holds(&self) -> bool {
+        self.with(|p| p.held > 0)
+    }
 }
 
-/// The console works on a request of the connection while this lives.
+/// The server holds bytes for the connection while this lives.
+#[derive(Debug)]
+pub struct Holding(Arc<Activity>, usize);
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        let n = self.1;
+        self.0.with(|p| p.held = p.held.saturating_sub(n));
+    }
+}
+
+/// The server works on a request of the connection while this lives.
 #[derive(Debug)]
 pub struct Serving(Arc<Activity>);
 
@@ -225,6 +251,11 @@ mod tests {
         assert_eq!(a.waiting_since(), None);
         drop(serving);
         assert!(a.waiting_since().unwrap() >= t0);
+        assert!(!a.holds());
+        let held = a.holding(10);
+        assert!(a.holds());
+        drop(held);
+        assert!(!a.holds());
     }
 
     #[tokio::test]
