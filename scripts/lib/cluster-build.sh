@@ -63,7 +63,12 @@ build_binaries() {
   release="$(k8s_release)"
   [ -n "$release" ] || die "$KUBE_SRC/go.mod requires no k8s.io/kubernetes version"
   ldflags="$(build_ldflags "$release")"
-  key="$(gomodule_key "$go" "$KUBE_SRC" -- "$ldflags" "${BINARIES[@]}")"
+  # The key covers every Go file, go.mod and go.sum of the module except cmd/allocbench (a
+  # benchmark of the DRA allocator, built by scripts/bench-dra-allocator.sh): editing it must
+  # not rebuild the cluster.
+  local files
+  mapfile -t files < <(cd "$KUBE_SRC" && find . -path ./cmd/allocbench -prune -o -type f \( -name '*.go' -o -name go.mod -o -name go.sum \) -print | LC_ALL=C sort)
+  key="$(gomodule_key "$go" "$KUBE_SRC" "${files[@]}" -- "$ldflags" "${BINARIES[@]}")"
   for b in "${BINARIES[@]}"; do bins+=(--bin "$b"); done
   gomodule_build --go "$go" --cache "$CACHE_ROOT" --cache-var GPUSLICE_KUBE_CACHE \
     --entry "$release-$key" "${bins[@]}" --src "$KUBE_SRC" \

@@ -1109,7 +1109,8 @@ fn in_slot_mode_limits_become_slot_claims_the_scheduler_places() {
         err.contains("memory 5000Mi rounded up to 2 slot(s) = 8Gi per GPU"),
         "{err}"
     );
-    // Several GPUs: admitted, warned that their slots may land on one GPU.
+    // Several GPUs: admitted as whole GPUs (slot by slot, so the scheduler's search stays
+    // bounded), warned that the memory was rounded up.
     let (ok, err) = create_verbose(
         &c,
         &pod(
@@ -1122,7 +1123,7 @@ fn in_slot_mode_limits_become_slot_claims_the_scheduler_places() {
     );
     assert!(ok, "{err}");
     assert!(
-        err.contains("in slot mode the scheduler cannot keep the 2 GPUs' slots apart"),
+        err.contains("in slot mode a slice of 2 GPUs takes each GPU whole (6 slots); memory 4Gi per GPU rounded up to the whole GPU"),
         "{err}"
     );
     // Refused, one line each: more slots than a GPU has (a compute share above 6 slots'),

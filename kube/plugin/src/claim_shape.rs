@@ -89,7 +89,29 @@ pub enum ShapeError {
     NoSlotSize { field: String },
     #[error("{field}: {value} GPUs; accepted: at least 1")]
     NoGpu { field: String, value: String },
+    #[error("{field}: {value} needs {devices} slot devices in one claim; accepted: at most {max} (Kubernetes' limit of devices per claim), i.e. at most {gpus} whole GPUs of {per_gpu} slots in this cluster's slot mode")]
+    TooManyDevices {
+        field: String,
+        value: String,
+        devices: u64,
+        max: u64,
+        gpus: u64,
+        per_gpu: u32,
+    },
+    #[error("{field}: a slice of several GPUs in slot mode takes each GPU whole, but this cluster's GPUs have different slot counts ({counts}); accepted: gpus 1, or one dra.slots_per_gpu on every node")]
+    UnevenSlots { field: String, counts: String },
+    #[error("{field}: the containers of a pod share one slice in slot mode, but they select different GPUs ({first} and {other}); accepted: the same selection for every container of the pod")]
+    PodSelectors {
+        field: String,
+        first: String,
+        other: String,
+    },
 }
+
+/// The most devices one claim's allocation may hold (Kubernetes' `AllocationResultsMaxSize`):
+/// an allocator asked for more fails the whole scheduling attempt, on every node, with an
+/// error instead of `Unschedulable`.
+pub const MAX_CLAIM_DEVICES: u64 = 32;
 
 /// The claim spec of `shape` in `mode`, and what was rounded or ignored on the way (one line
 /// each, for admission warnings). `field` names where the request came from, for messages.
@@ -121,6 +143,9 @@ pub fn claim_spec(
     } else {
         (0..shape.gpus).map(|i| format!("gpu-{i}")).collect()
     };
+    if let (Mode::Slots(sizes), true) = (mode, shape.gpus > 1) {
+        return whole_gpus(sizes, shape, field, selectors.as_deref());
+    }
     // In slot mode with several slot sizes: per size, the slot count and its selector.
     let mut sized: Vec<(SlotSize, u64)> = Vec::new();
     let (class, count, capacity) = match mode {
@@ -197,6 +222,16 @@ pub fn claim_spec(
                     ));
                 }
             }
+            if k > MAX_CLAIM_DEVICES {
+                return Err(ShapeError::TooManyDevices {
+                    field: field.to_string(),
+                    value: describe(shape),
+                    devices: k,
+                    max: MAX_CLAIM_DEVICES,
+                    gpus: 0,
+                    per_gpu: sizes.iter().map(|s| s.per_gpu).max().unwrap_or(1),
+                });
+            }
             if sizes.len() > 1 {
                 sized = fits;
             }
@@ -238,19 +273,9 @@ pub fn claim_spec(
         .collect();
     // A slot claim asks its share through opaque parameters (the scheduler cannot see them;
     // its slots bound it), for every request.
-    let config = match (mode, shape.cores.filter(|c| *c > 0)) {
-        (Mode::Slots(_), Some(c)) => Some(vec![DeviceClaimConfiguration {
-            requests: None,
-            opaque: Some(OpaqueDeviceConfiguration {
-                driver: DRIVER.to_string(),
-                parameters: RawExtension(serde_json::json!({
-                    "apiVersion": PARAMETERS_API_VERSION,
-                    "kind": PARAMETERS_KIND,
-                    "cores": c,
-                })),
-            }),
-        }]),
-        _ => None,
+    let config = match mode {
+        Mode::Slots(_) => share_config(shape.cores),
+        Mode::Capacity => None,
     };
     let mut constraints = Vec::new();
     if let Mode::Slots(_) = mode {
@@ -263,17 +288,11 @@ pub fn claim_spec(
         }
     }
     if names.len() > 1 {
-        match mode {
-            Mode::Capacity => constraints.push(DeviceConstraint {
-                requests: Some(names.clone()),
-                distinct_attribute: Some(UUID_ATTRIBUTE.to_string()),
-                ..Default::default()
-            }),
-            Mode::Slots(_) => warnings.push(format!(
-                "{field}: in slot mode the scheduler cannot keep the {} GPUs' slots apart; two may land on one GPU",
-                names.len()
-            )),
-        }
+        constraints.push(DeviceConstraint {
+            requests: Some(names.clone()),
+            distinct_attribute: Some(UUID_ATTRIBUTE.to_string()),
+            ..Default::default()
+        });
     }
     Ok((
         ResourceClaimSpec {
@@ -285,6 +304,256 @@ pub fn claim_spec(
         },
         warnings,
     ))
+}
+
+/// The opaque configuration that asks a slot claim's compute share, for every request.
+fn share_config(cores: Option<u32>) -> Option<Vec<DeviceClaimConfiguration>> {
+    let c = cores.filter(|c| *c > 0)?;
+    Some(vec![DeviceClaimConfiguration {
+        requests: None,
+        opaque: Some(OpaqueDeviceConfiguration {
+            driver: DRIVER.to_string(),
+            parameters: RawExtension(serde_json::json!({
+                "apiVersion": PARAMETERS_API_VERSION,
+                "kind": PARAMETERS_KIND,
+                "cores": c,
+            })),
+        }),
+    }])
+}
+
+/// A slot-mode slice of several GPUs: each GPU whole, asked slot by slot — one single-slot
+/// request per slot number `j`, whose selector pins `slot == j`, the GPU's N requests under one
+/// constraint to one GPU. Kubernetes' allocator tries every order of interchangeable devices
+/// before it gives up on a claim, so N slots of a `count: N` request cost N! orderings per GPU
+/// and a claim of several such requests their product (past the scheduler's 10 s filter
+/// timeout at 6 slots on an 8-GPU node); pinned, each slot has one candidate per GPU
+/// (docs/kubernetes-dra.md, "Bounded search"). Whole GPUs are distinct GPUs, which slot mode
+/// cannot otherwise say. A smaller memory per GPU is rounded up to the whole GPU, warned.
+fn whole_gpus(
+    sizes: &[SlotSize],
+    shape: &Shape,
+    field: &str,
+    selectors: Option<&[DeviceSelector]>,
+) -> Result<(ResourceClaimSpec, Vec<String>), ShapeError> {
+    let counts: BTreeSet<u32> = sizes.iter().map(|s| s.per_gpu).collect();
+    let (Some(&per_gpu), 1) = (counts.iter().next(), counts.len()) else {
+        return Err(ShapeError::UnevenSlots {
+            field: field.to_string(),
+            counts: counts
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+        });
+    };
+    let devices = u64::from(shape.gpus) * u64::from(per_gpu);
+    if devices > MAX_CLAIM_DEVICES {
+        return Err(ShapeError::TooManyDevices {
+            field: field.to_string(),
+            value: describe(shape),
+            devices,
+            max: MAX_CLAIM_DEVICES,
+            gpus: MAX_CLAIM_DEVICES / u64::from(per_gpu.max(1)),
+            per_gpu,
+        });
+    }
+    let mut warnings = Vec::new();
+    // The slot sizes whose whole GPU holds the memory asked; when not all do, a selector of
+    // the smallest that does.
+    let whole = |s: &SlotSize| s.memory.saturating_mul(u64::from(per_gpu));
+    let mut size_floor = None;
+    if let Some(m) = shape.memory {
+        let Some(smallest) = sizes
+            .iter()
+            .filter(|s| whole(s) >= m)
+            .min_by_key(|s| s.memory)
+        else {
+            let big = sizes
+                .iter()
+                .max_by_key(|s| s.memory)
+                .copied()
+                .ok_or_else(|| ShapeError::NoSlotSize {
+                    field: field.to_string(),
+                })?;
+            return Err(ShapeError::TooManySlots {
+                field: field.to_string(),
+                value: describe(shape),
+                slots: m.div_ceil(big.memory.max(1)),
+                slot: format_kube_quantity(big.memory),
+                per_gpu,
+                max: format_kube_quantity(whole(&big)),
+            });
+        };
+        if sizes.iter().any(|s| s.memory < smallest.memory) {
+            size_floor = Some(DeviceSelector {
+                cel: Some(CELDeviceSelector {
+                    expression: format!(
+                        "{SIZE_FLOOR_PREFIX}{}\")) >= 0",
+                        format_kube_quantity(smallest.memory)
+                    ),
+                }),
+            });
+        }
+        if sizes.iter().any(|s| whole(s) > m) {
+            warnings.push(format!(
+                "{field}: in slot mode a slice of {} GPUs takes each GPU whole ({per_gpu} slots); memory {} per GPU rounded up to the whole GPU",
+                shape.gpus,
+                format_kube_quantity(m)
+            ));
+        }
+    }
+    let mut requests = Vec::new();
+    let mut constraints = Vec::new();
+    for g in 0..shape.gpus {
+        let names: Vec<String> = (0..per_gpu).map(|j| pinned_request(g, j)).collect();
+        for (j, name) in names.iter().enumerate() {
+            requests.push(DeviceRequest {
+                name: name.clone(),
+                first_available: None,
+                exactly: Some(ExactDeviceRequest {
+                    device_class_name: SLOT_CLASS.to_string(),
+                    count: Some(1),
+                    selectors: Some(
+                        std::iter::once(DeviceSelector {
+                            cel: Some(CELDeviceSelector {
+                                expression: pinned_expression(j as u32),
+                            }),
+                        })
+                        .chain(size_floor.iter().cloned())
+                        .chain(selectors.into_iter().flatten().cloned())
+                        .collect(),
+                    ),
+                    ..Default::default()
+                }),
+            });
+        }
+        constraints.push(DeviceConstraint {
+            requests: Some(names),
+            match_attribute: Some(UUID_ATTRIBUTE.to_string()),
+            ..Default::default()
+        });
+    }
+    Ok((
+        ResourceClaimSpec {
+            devices: Some(DeviceClaim {
+                requests: Some(requests),
+                constraints: Some(constraints),
+                config: share_config(shape.cores),
+            }),
+        },
+        warnings,
+    ))
+}
+
+/// The slot a request of [`whole_gpus`]' form pins.
+fn pinned_of(e: &ExactDeviceRequest) -> Option<u32> {
+    e.selectors
+        .iter()
+        .flatten()
+        .filter_map(|s| s.cel.as_ref())
+        .find_map(|c| pinned_slot(&c.expression))
+}
+
+/// How a whole-GPU request's size floor (GPUs of at least a slot size) begins.
+const SIZE_FLOOR_PREFIX: &str = "device.capacity[\"gpuslice.io\"].memory.compareTo(quantity(\"";
+
+/// The name of the request for slot `j` of the `g`-th whole GPU of a slot claim.
+fn pinned_request(g: u32, j: u32) -> String {
+    format!("gpu-{g}-slot-{j}")
+}
+
+/// The CEL expression that pins slot number `j` (see [`whole_gpus`]).
+pub fn pinned_expression(j: u32) -> String {
+    format!(
+        "device.attributes[\"{DRIVER}\"].{} == {j}",
+        crate::slices::ATTR_SLOT
+    )
+}
+
+/// The slot number a selector of [`pinned_expression`]'s form pins.
+fn pinned_slot(expression: &str) -> Option<u32> {
+    let rest = expression.strip_prefix(&format!(
+        "device.attributes[\"{DRIVER}\"].{} == ",
+        crate::slices::ATTR_SLOT
+    ))?;
+    rest.parse::<u32>().ok().filter(|j| j.to_string() == rest)
+}
+
+/// What the containers of one pod ask together in slot mode, where they share one claim: the
+/// pod's effective ask as Kubernetes counts a pod's resources — the larger of the init
+/// containers' largest and the app containers' sum (memory and compute share per GPU; the
+/// whole GPU when one asks it whole; a share of at most 100), the most GPUs any asks, and
+/// their selection, which must be one. Several slot claims in one pod multiply the
+/// allocator's search (every order of one claim's slots is tried against the next), so the
+/// webhook gives a pod one (docs/kubernetes-dra.md, "Bounded search"). `asks` are (field,
+/// shape, init container); the result's warning names them.
+pub fn pod_shape(asks: &[(String, Shape, bool)]) -> Result<(Shape, String), ShapeError> {
+    let fields: Vec<&str> = asks.iter().map(|(f, _, _)| f.as_str()).collect();
+    let field = fields.join(", ");
+    let Some((first_field, first, _)) = asks.first() else {
+        return Err(ShapeError::NoGpu {
+            field,
+            value: "0".into(),
+        });
+    };
+    let mut out = Shape {
+        gpus: 0,
+        memory: Some(0),
+        cores: None,
+        selectors: first.selectors.clone(),
+    };
+    let mut init = Shape {
+        memory: Some(0),
+        ..Shape::default()
+    };
+    for (f, s, is_init) in asks {
+        if s.selectors != first.selectors {
+            return Err(ShapeError::PodSelectors {
+                field: format!("{first_field}, {f}"),
+                first: selection(&first.selectors),
+                other: selection(&s.selectors),
+            });
+        }
+        out.gpus = out.gpus.max(s.gpus);
+        let into = if *is_init { &mut init } else { &mut out };
+        let add = |a: Option<u64>, b: Option<u64>| -> Option<u64> {
+            if *is_init {
+                Some(a?.max(b?))
+            } else {
+                Some(a?.saturating_add(b?))
+            }
+        };
+        into.memory = add(into.memory, s.memory);
+        into.cores = match (into.cores, s.cores.filter(|c| *c > 0)) {
+            (a, None) => a,
+            (None, b) => b,
+            (Some(a), Some(b)) if *is_init => Some(a.max(b)),
+            (Some(a), Some(b)) => Some(a.saturating_add(b).min(100)),
+        };
+    }
+    out.memory = match (out.memory, init.memory) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        _ => None,
+    };
+    out.cores = match (out.cores, init.cores) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    };
+    let warning = format!(
+        "{field}: in slot mode the containers of a pod share one slice, {}",
+        describe(&out)
+    );
+    Ok((out, warning))
+}
+
+/// `no selection` or the selectors joined, for messages.
+fn selection(selectors: &[String]) -> String {
+    if selectors.is_empty() {
+        "no selection".to_string()
+    } else {
+        selectors.join(" && ")
+    }
 }
 
 /// The prefix of the subrequests of a slot claim on a cluster of several slot sizes
@@ -318,8 +587,12 @@ fn selected_size(expression: &str) -> Option<u64> {
 }
 
 /// How many slots of each GPU `shape` takes: enough for its memory (all of them for a whole
-/// GPU) and for its compute share where slots carry one, at least one.
+/// GPU, and for a slice of several GPUs, which takes each whole) and for its compute share
+/// where slots carry one, at least one.
 pub fn slot_count(slot: &SlotSize, shape: &Shape) -> u64 {
+    if shape.gpus > 1 {
+        return u64::from(slot.per_gpu);
+    }
     let by_memory = shape
         .memory
         .map_or(u64::from(slot.per_gpu), |m| m.div_ceil(slot.memory.max(1)));
@@ -644,6 +917,23 @@ pub fn shape_of(spec: &ResourceClaimSpec, mode: &Mode) -> Option<Shape> {
             shape.gpus += count;
             shape.memory = q(CAP_MEMORY);
             shape.cores = q(CAP_CORES).and_then(|c| u32::try_from(c).ok());
+        } else if e.device_class_name == SLOT_CLASS && pinned_of(e).is_some() {
+            // A whole GPU asked slot by slot: one GPU per slot 0, the rest of the selection
+            // as written (without the pin and a size floor).
+            if pinned_of(e) == Some(0) {
+                shape.gpus += 1;
+            }
+            shape.memory = None;
+            shape.selectors = e
+                .selectors
+                .iter()
+                .flatten()
+                .filter_map(|s| s.cel.as_ref())
+                .map(|c| c.expression.as_str())
+                .filter(|x| pinned_slot(x).is_none() && !x.starts_with(SIZE_FLOOR_PREFIX))
+                .map(str::to_string)
+                .collect();
+            continue;
         } else if e.device_class_name == SLOT_CLASS {
             shape.gpus += 1;
             shape.memory = match mode {
@@ -779,6 +1069,254 @@ mod tests {
             err.contains("gpuslice.io/memory") && err.contains("at most 16 slots"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn several_gpus_in_slot_mode_are_whole_gpus_pinned_slot_by_slot() {
+        let slot = SlotSize {
+            memory: 4 << 30,
+            cores: Some(16),
+            per_gpu: 3,
+        };
+        let shape = Shape {
+            gpus: 2,
+            memory: Some(5 << 30),
+            cores: Some(40),
+            selectors: vec!["device.attributes[\"gpuslice.io\"].index < 4".into()],
+        };
+        let (s, w) = spec(Mode::Slots(vec![slot]), &shape);
+        let user = json!({"cel": {"expression": "device.attributes[\"gpuslice.io\"].index < 4"}});
+        let req = |g: u32, j: u32| {
+            json!({"name": format!("gpu-{g}-slot-{j}"), "exactly": {
+                "deviceClassName": "slots.gpuslice.io", "count": 1,
+                "selectors": [{"cel": {"expression": format!("device.attributes[\"gpuslice.io\"].slot == {j}")}}, user.clone()]}})
+        };
+        assert_eq!(
+            s["devices"]["requests"],
+            json!([
+                req(0, 0),
+                req(0, 1),
+                req(0, 2),
+                req(1, 0),
+                req(1, 1),
+                req(1, 2)
+            ]),
+            "one request per slot, each pinned: one candidate per GPU"
+        );
+        assert_eq!(
+            s["devices"]["constraints"],
+            json!([
+                {"requests": ["gpu-0-slot-0", "gpu-0-slot-1", "gpu-0-slot-2"], "matchAttribute": "gpuslice.io/uuid"},
+                {"requests": ["gpu-1-slot-0", "gpu-1-slot-1", "gpu-1-slot-2"], "matchAttribute": "gpuslice.io/uuid"},
+            ])
+        );
+        assert_eq!(
+            s["devices"]["config"][0]["opaque"]["parameters"]["cores"],
+            40
+        );
+        assert_eq!(
+            w,
+            ["f: in slot mode a slice of 2 GPUs takes each GPU whole (3 slots); memory 5Gi per GPU rounded up to the whole GPU"]
+        );
+        // Read back: 2 whole GPUs, the user's selection, the share.
+        let (typed, _) = claim_spec(&Mode::Slots(vec![slot]), &shape, "f").unwrap();
+        assert_eq!(
+            shape_of(&typed, &Mode::Slots(vec![slot])),
+            Some(Shape {
+                memory: None,
+                ..shape.clone()
+            })
+        );
+        // Whole GPUs asked as such: no warning.
+        let (_, w) = spec(
+            Mode::Slots(vec![slot]),
+            &Shape {
+                gpus: 3,
+                ..Default::default()
+            },
+        );
+        assert!(w.is_empty(), "{w:?}");
+        // More than a GPU per GPU: refused as before.
+        let e = claim_spec(
+            &Mode::Slots(vec![slot]),
+            &Shape {
+                gpus: 2,
+                memory: Some(13 << 30),
+                ..Default::default()
+            },
+            "f",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("at most 3 slots (12Gi) per GPU"), "{e}");
+    }
+
+    #[test]
+    fn a_claim_never_asks_more_devices_than_kubernetes_allocates_to_one() {
+        let six = SlotSize {
+            memory: 24064 << 20,
+            cores: None,
+            per_gpu: 6,
+        };
+        // 5 whole GPUs of 6 slots are 30 devices; 6 would be 36, past 32.
+        let five = Shape {
+            gpus: 5,
+            ..Default::default()
+        };
+        let (s, _) = spec(Mode::Slots(vec![six]), &five);
+        assert_eq!(s["devices"]["requests"].as_array().map(Vec::len), Some(30));
+        let e = claim_spec(
+            &Mode::Slots(vec![six]),
+            &Shape {
+                gpus: 6,
+                ..Default::default()
+            },
+            "f",
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            e,
+            "f: 6 GPUs × whole memory needs 36 slot devices in one claim; accepted: at most 32 (Kubernetes' limit of devices per claim), i.e. at most 5 whole GPUs of 6 slots in this cluster's slot mode"
+        );
+        // One GPU of 64 slots, whole: 64 devices.
+        let tiny = SlotSize {
+            memory: 1 << 30,
+            cores: None,
+            per_gpu: 64,
+        };
+        let e = claim_spec(
+            &Mode::Slots(vec![tiny]),
+            &Shape {
+                gpus: 1,
+                ..Default::default()
+            },
+            "f",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("needs 64 slot devices in one claim"), "{e}");
+        // Uneven slot counts cannot be asked whole slot by slot.
+        let e = claim_spec(&Mode::Slots(vec![six, tiny]), &five, "f")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("different slot counts (6, 64)"), "{e}");
+    }
+
+    #[test]
+    fn whole_gpus_of_two_sizes_keep_to_the_sizes_that_hold_the_memory() {
+        let l4 = SlotSize {
+            memory: 4 << 30,
+            cores: None,
+            per_gpu: 6,
+        };
+        let h200 = SlotSize {
+            memory: 24064 << 20,
+            cores: None,
+            per_gpu: 6,
+        };
+        let mode = Mode::Slots(vec![l4, h200]);
+        let (s, w) = spec(
+            mode.clone(),
+            &Shape {
+                gpus: 2,
+                memory: Some(30 << 30),
+                ..Default::default()
+            },
+        );
+        assert_eq!(
+            s["devices"]["requests"][0]["exactly"]["selectors"][1],
+            json!({"cel": {"expression": "device.capacity[\"gpuslice.io\"].memory.compareTo(quantity(\"24064Mi\")) >= 0"}}),
+            "30Gi is more than an L4"
+        );
+        assert_eq!(w.len(), 1, "{w:?}");
+        let (typed, _) = claim_spec(
+            &mode,
+            &Shape {
+                gpus: 2,
+                memory: Some(30 << 30),
+                ..Default::default()
+            },
+            "f",
+        )
+        .unwrap();
+        assert_eq!(
+            shape_of(&typed, &mode).map(|s| (s.gpus, s.selectors.len())),
+            Some((2, 0))
+        );
+        // 20Gi fits both: no floor.
+        let (s, _) = spec(
+            mode,
+            &Shape {
+                gpus: 2,
+                memory: Some(20 << 30),
+                ..Default::default()
+            },
+        );
+        assert_eq!(
+            s["devices"]["requests"][0]["exactly"]["selectors"]
+                .as_array()
+                .map(Vec::len),
+            Some(1)
+        );
+    }
+
+    #[test]
+    fn a_pods_containers_ask_together_as_kubernetes_counts_a_pod() {
+        let one = |m: u64, cores: Option<u32>| Shape {
+            gpus: 1,
+            memory: Some(m),
+            cores,
+            selectors: vec![],
+        };
+        // 13 containers of 1Mi: one slice of 13Mi.
+        let asks: Vec<_> = (0..13)
+            .map(|i| (format!("spec.containers[{i}]"), one(1 << 20, None), false))
+            .collect();
+        let (s, w) = pod_shape(&asks).unwrap();
+        assert_eq!(s, one(13 << 20, None));
+        assert!(
+            w.starts_with("spec.containers[0], spec.containers[1], ")
+                && w.ends_with(
+                    "in slot mode the containers of a pod share one slice, 1 GPU × 13Mi"
+                ),
+            "{w}"
+        );
+        // App containers add up, init containers take the largest, the pod the larger of both;
+        // shares add up to at most 100.
+        let (s, _) = pod_shape(&[
+            ("a".into(), one(8 << 30, Some(60)), false),
+            ("b".into(), one(4 << 30, Some(70)), false),
+            ("i".into(), one(20 << 30, Some(10)), true),
+            ("j".into(), one(2 << 30, None), true),
+        ])
+        .unwrap();
+        assert_eq!(s, one(20 << 30, Some(100)));
+        // A whole GPU makes the slice whole; GPUs are the most any asks.
+        let (s, _) = pod_shape(&[
+            (
+                "a".into(),
+                Shape {
+                    gpus: 2,
+                    memory: None,
+                    ..Default::default()
+                },
+                false,
+            ),
+            ("b".into(), one(4 << 30, None), false),
+        ])
+        .unwrap();
+        assert_eq!((s.gpus, s.memory), (2, None));
+        // One selection for the pod.
+        let mut picky = one(1 << 20, None);
+        picky.selectors = vec!["x".into()];
+        let e = pod_shape(&[
+            ("spec.containers[0]".into(), one(1 << 20, None), false),
+            ("spec.containers[1]".into(), picky, false),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("different GPUs (no selection and x)"), "{e}");
     }
 
     #[test]

@@ -9,8 +9,9 @@ use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use serde_json::{json, Map, Value};
 
 use crate::ask::{container_ask, hami_selectors, AskError, HAMI_GPU, HAMI_MEM, HAMI_MEM_PERCENT};
-use gpuslice_kube::claim_shape::PublishedGpus;
-use gpuslice_kube::claim_shape::{claim_spec, template, ShapeError};
+use gpuslice_kube::claim_shape::{
+    claim_spec, pod_shape, template, Mode, PublishedGpus, ShapeError,
+};
 
 /// Prefix of the pod's claim entries the webhook adds (`gpuslice-c0`, `gpuslice-i1`).
 pub const ENTRY_PREFIX: &str = "gpuslice-";
@@ -89,7 +90,8 @@ pub fn plan(
         .flatten()
         .filter_map(|e| e["name"].as_str().map(str::to_string))
         .collect();
-    let mut entries = Vec::new();
+    // Every container that asks, with its ask.
+    let mut asks = Vec::new();
     for (list, letter) in [("containers", 'c'), ("initContainers", 'i')] {
         for (i, c) in pod["spec"][list]
             .as_array()
@@ -106,9 +108,51 @@ pub fn plan(
                 selectors.as_ref().map(|(s, _)| s.as_slice()),
                 inventory,
             )?;
-            let Some(ask) = ask else { continue };
-            let (spec, warnings) = claim_spec(&inventory.mode, &ask.shape, &path)?;
-            out.warnings.extend(ask.warnings);
+            if let Some(ask) = ask {
+                asks.push((list, letter, i, path, ask));
+            }
+        }
+    }
+    // In slot mode the pod's containers share one claim (one slot claim per pod bounds the
+    // scheduler's search: docs/kubernetes-dra.md, "Bounded search"): the first asking
+    // container's entry, for the pod's effective ask.
+    let shared = match (&inventory.mode, asks.len() > 1) {
+        (Mode::Slots(_), true) => {
+            let (shape, warning) = pod_shape(
+                &asks
+                    .iter()
+                    .map(|(list, _, _, path, ask)| {
+                        (path.clone(), ask.shape.clone(), *list == "initContainers")
+                    })
+                    .collect::<Vec<_>>(),
+            )?;
+            let (_, letter, i, _, _) = &asks[0];
+            let field = asks
+                .iter()
+                .map(|a| a.3.as_str())
+                .collect::<Vec<_>>()
+                .join(", ");
+            out.warnings.push(warning);
+            Some((format!("{ENTRY_PREFIX}{letter}{i}"), shape, field))
+        }
+        _ => None,
+    };
+    let mut entries = Vec::new();
+    for (list, letter, i, path, ask) in asks {
+        let resources = &pod["spec"][list][i]["resources"];
+        out.warnings.extend(ask.warnings);
+        let entry = match &shared {
+            Some((entry, _, _)) => entry.clone(),
+            None => format!("{ENTRY_PREFIX}{letter}{i}"),
+        };
+        if existing.contains(&entry) {
+            return Err(MutateError::EntryTaken { name: entry });
+        }
+        if !entries.iter().any(|e: &Value| e["name"] == entry.as_str()) {
+            let (spec, warnings) = match &shared {
+                Some((_, shape, field)) => claim_spec(&inventory.mode, shape, field)?,
+                None => claim_spec(&inventory.mode, &ask.shape, &path)?,
+            };
             out.warnings.extend(warnings);
             let t = template(namespace, spec);
             let tname = t.metadata.name.clone().unwrap_or_default();
@@ -119,38 +163,34 @@ pub fn plan(
             {
                 out.templates.push(t);
             }
-            let entry = format!("{ENTRY_PREFIX}{letter}{i}");
-            if existing.contains(&entry) {
-                return Err(MutateError::EntryTaken { name: entry });
-            }
-            let mut res: Map<String, Value> = resources.as_object().cloned().unwrap_or_default();
-            for part in ["limits", "requests"] {
-                if let Some(Value::Object(m)) = res.get_mut(part) {
-                    for k in &ask.remove {
-                        m.remove(k);
-                    }
-                    if m.is_empty() {
-                        res.remove(part);
-                    }
-                }
-            }
-            let claims = res
-                .entry("claims")
-                .or_insert_with(|| Value::Array(Vec::new()));
-            let Value::Array(claims) = claims else {
-                return Err(MutateError::Pod {
-                    field: format!("{path}.resources.claims"),
-                    detail: "not a list".into(),
-                });
-            };
-            claims.push(json!({"name": entry}));
-            out.patch.push(json!({
-                "op": if resources.is_object() { "replace" } else { "add" },
-                "path": format!("/spec/{list}/{i}/resources"),
-                "value": Value::Object(res),
-            }));
             entries.push(json!({"name": entry, "resourceClaimTemplateName": tname}));
         }
+        let mut res: Map<String, Value> = resources.as_object().cloned().unwrap_or_default();
+        for part in ["limits", "requests"] {
+            if let Some(Value::Object(m)) = res.get_mut(part) {
+                for k in &ask.remove {
+                    m.remove(k);
+                }
+                if m.is_empty() {
+                    res.remove(part);
+                }
+            }
+        }
+        let claims = res
+            .entry("claims")
+            .or_insert_with(|| Value::Array(Vec::new()));
+        let Value::Array(claims) = claims else {
+            return Err(MutateError::Pod {
+                field: format!("{path}.resources.claims"),
+                detail: "not a list".into(),
+            });
+        };
+        claims.push(json!({"name": entry}));
+        out.patch.push(json!({
+            "op": if resources.is_object() { "replace" } else { "add" },
+            "path": format!("/spec/{list}/{i}/resources"),
+            "value": Value::Object(res),
+        }));
     }
     if entries.is_empty() {
         return Ok(Plan::default());
@@ -200,6 +240,74 @@ mod tests {
                 {"op": "add", "path": "/spec/resourceClaims", "value": [
                     {"name": "gpuslice-c1", "resourceClaimTemplateName": t}]},
             ])
+        );
+    }
+
+    #[test]
+    fn in_slot_mode_a_pods_containers_share_one_claim() {
+        use gpuslice_kube::claim_shape::SlotSize;
+        let slots = PublishedGpus {
+            mode: Mode::Slots(vec![SlotSize {
+                memory: 4 << 30,
+                cores: None,
+                per_gpu: 6,
+            }]),
+            max_gpus_per_node: Some(2),
+            gpu_memory: vec![24 << 30],
+        };
+        // 13 containers of 1Mi, as 13 claims, made the scheduler try every order of a node's
+        // slots: one claim, one slot, every container on it.
+        let containers: Vec<Value> = (0..13)
+            .map(|i| json!({"name": format!("c{i}"), "image": "x", "resources": {"limits": {"gpuslice.io/memory": "1Mi"}}}))
+            .collect();
+        let p = json!({"metadata": {"name": "p"}, "spec": {"containers": containers}});
+        let got = plan(&p, "ns", false, &slots).unwrap();
+        assert_eq!(got.templates.len(), 1);
+        let t = got.templates[0].metadata.name.clone().unwrap();
+        let spec = serde_json::to_value(got.templates[0].spec.as_ref().unwrap()).unwrap();
+        assert_eq!(
+            spec["spec"]["devices"]["requests"][0]["exactly"]["count"],
+            1
+        );
+        let last = got.patch.last().unwrap();
+        assert_eq!(
+            last,
+            &json!({"op": "add", "path": "/spec/resourceClaims", "value": [
+                {"name": "gpuslice-c0", "resourceClaimTemplateName": t}]})
+        );
+        assert_eq!(got.patch.len(), 14);
+        for op in &got.patch[..13] {
+            assert_eq!(
+                op["value"]["claims"],
+                json!([{"name": "gpuslice-c0"}]),
+                "{op}"
+            );
+        }
+        assert!(
+            got.warnings.iter().any(|w| w
+                .ends_with("in slot mode the containers of a pod share one slice, 1 GPU × 13Mi")),
+            "{:?}",
+            got.warnings
+        );
+        // Together more than a GPU: refused naming the containers.
+        let p = json!({"metadata": {"name": "p"}, "spec": {"containers": [
+            {"name": "a", "image": "x", "resources": {"limits": {"gpuslice.io/memory": "16Gi"}}},
+            {"name": "b", "image": "x", "resources": {"limits": {"gpuslice.io/memory": "16Gi"}}},
+        ]}});
+        let e = plan(&p, "ns", false, &slots).unwrap_err().to_string();
+        assert!(
+            e.starts_with("spec.containers[0], spec.containers[1]: 1 GPU × 32Gi needs 8 slots"),
+            "{e}"
+        );
+        // In capacity mode each container keeps its own claim.
+        let p = json!({"metadata": {"name": "p"}, "spec": {"containers": [
+            {"name": "a", "image": "x", "resources": {"limits": {"gpuslice.io/memory": "1Gi"}}},
+            {"name": "b", "image": "x", "resources": {"limits": {"gpuslice.io/memory": "1Gi"}}},
+        ]}});
+        let got = plan(&p, "ns", false, &PublishedGpus::default()).unwrap();
+        assert_eq!(
+            got.patch.last().unwrap()["value"].as_array().map(Vec::len),
+            Some(2)
         );
     }
 
