@@ -8,12 +8,18 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use serde_json::{json, Map, Value};
 
-use crate::ask::{container_ask, hami_selectors, AskError, HAMI_GPU, HAMI_MEM, HAMI_MEM_PERCENT};
+use crate::ask::{
+    container_ask, covers, hami_selectors, Ask, AskError, HAMI_GPU, HAMI_MEM, HAMI_MEM_PERCENT,
+    HAMI_PRIORITY,
+};
 use gpuslice_kube::claim_shape::PublishedGpus;
 use gpuslice_kube::claim_shape::{claim_spec, template, ShapeError};
 
 /// Prefix of the pod's claim entries the webhook adds (`gpuslice-c0`, `gpuslice-i1`).
 pub const ENTRY_PREFIX: &str = "gpuslice-";
+/// The most templates (distinct shapes) one pod may need: each is an object the webhook
+/// creates with its own rights in the pod's namespace, so a review cannot make more.
+pub const MAX_TEMPLATES: usize = 16;
 
 /// Why a pod is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -26,6 +32,8 @@ pub enum MutateError {
     EntryTaken { name: String },
     #[error("{field}: {detail}")]
     Pod { field: String, detail: String },
+    #[error("spec: the containers ask for {count} different GPU slices (a ResourceClaimTemplate each); accepted: at most {max} per pod (containers asking the same share one)")]
+    TooManyTemplates { count: usize, max: usize },
 }
 
 /// What admitting a pod takes: the patch, the templates the patch names, the warnings.
@@ -39,7 +47,13 @@ pub struct Plan {
 /// Whether the pod names any of HAMi's GPU limits (the namespace's label is looked up only
 /// then).
 pub fn mentions_hami(pod: &Value) -> bool {
-    let keys = [HAMI_GPU, HAMI_MEM, HAMI_MEM_PERCENT, crate::ask::HAMI_CORES];
+    let keys = [
+        HAMI_GPU,
+        HAMI_MEM,
+        HAMI_MEM_PERCENT,
+        crate::ask::HAMI_CORES,
+        HAMI_PRIORITY,
+    ];
     ["containers", "initContainers"].iter().any(|list| {
         pod["spec"][list].as_array().into_iter().flatten().any(|c| {
             ["limits", "requests"].iter().any(|r| {
@@ -67,8 +81,25 @@ fn strings(v: &Value) -> BTreeMap<String, String> {
         .unwrap_or_default()
 }
 
+/// One container whose limits name a slice (or HAMi's names for none).
+struct Asked<'a> {
+    list: &'static str,
+    index: usize,
+    resources: &'a Value,
+    ask: Ask,
+    /// The claim entry the container uses, if it gets a slice.
+    entry: Option<String>,
+}
+
 /// The plan for `pod` in `namespace`; `hami`: HAMi's names count (the webhook runs with
 /// `--hami-compat` and the namespace is labelled for it).
+///
+/// Each app container and each sidecar (an init container with `restartPolicy: Always`) that
+/// asks gets a claim of its own (`gpuslice-c<N>`, `gpuslice-i<N>`). An ordinary init
+/// container runs alone, before the app containers and after the init containers before it,
+/// so it shares the claim of the first app container, else of the first earlier ordinary init
+/// container, whose slice [`covers`] its ask; only when none does it gets a claim of its own,
+/// held, as every claim of the pod, for the pod's life (docs/webhook.md).
 pub fn plan(
     pod: &Value,
     namespace: &str,
@@ -89,7 +120,12 @@ pub fn plan(
         .flatten()
         .filter_map(|e| e["name"].as_str().map(str::to_string))
         .collect();
+    let mut asked: Vec<Asked> = Vec::new();
     let mut entries = Vec::new();
+    // What an ordinary init container may share, as indexes into `asked`: the app
+    // containers' claims, then the earlier ordinary init containers' own.
+    let mut app_claims: Vec<usize> = Vec::new();
+    let mut init_claims: Vec<usize> = Vec::new();
     for (list, letter) in [("containers", 'c'), ("initContainers", 'i')] {
         for (i, c) in pod["spec"][list]
             .as_array()
@@ -106,34 +142,80 @@ pub fn plan(
                 selectors.as_ref().map(|(s, _)| s.as_slice()),
                 inventory,
             )?;
-            let Some(ask) = ask else { continue };
-            let (spec, warnings) = claim_spec(&inventory.mode, &ask.shape, &path)?;
-            out.warnings.extend(ask.warnings);
-            out.warnings.extend(warnings);
-            let t = template(namespace, spec);
-            let tname = t.metadata.name.clone().unwrap_or_default();
-            if !out
-                .templates
-                .iter()
-                .any(|x| x.metadata.name == t.metadata.name)
-            {
-                out.templates.push(t);
-            }
-            let entry = format!("{ENTRY_PREFIX}{letter}{i}");
-            if existing.contains(&entry) {
-                return Err(MutateError::EntryTaken { name: entry });
-            }
-            let mut res: Map<String, Value> = resources.as_object().cloned().unwrap_or_default();
-            for part in ["limits", "requests"] {
-                if let Some(Value::Object(m)) = res.get_mut(part) {
-                    for k in &ask.remove {
-                        m.remove(k);
+            let Some(mut ask) = ask else { continue };
+            out.warnings.append(&mut ask.warnings);
+            let ordinary_init = letter == 'i' && c["restartPolicy"].as_str() != Some("Always");
+            let shared = match &ask.shape {
+                Some(want) if ordinary_init => app_claims
+                    .iter()
+                    .chain(&init_claims)
+                    .map(|k| &asked[*k])
+                    .find(|held| {
+                        held.ask
+                            .shape
+                            .as_ref()
+                            .is_some_and(|have| covers(have, want))
+                    })
+                    .and_then(|held| held.entry.clone()),
+                _ => None,
+            };
+            let entry = match (&ask.shape, shared) {
+                (None, _) => None,
+                (Some(_), Some(entry)) => Some(entry),
+                (Some(shape), None) => {
+                    let (spec, warnings) = claim_spec(&inventory.mode, shape, &path)?;
+                    out.warnings.extend(warnings);
+                    let t = template(namespace, spec);
+                    let tname = t.metadata.name.clone().unwrap_or_default();
+                    if !out
+                        .templates
+                        .iter()
+                        .any(|x| x.metadata.name == t.metadata.name)
+                    {
+                        out.templates.push(t);
                     }
-                    if m.is_empty() {
-                        res.remove(part);
+                    let entry = format!("{ENTRY_PREFIX}{letter}{i}");
+                    if existing.contains(&entry) {
+                        return Err(MutateError::EntryTaken { name: entry });
                     }
+                    entries.push(json!({"name": entry, "resourceClaimTemplateName": tname}));
+                    if letter == 'c' {
+                        app_claims.push(asked.len());
+                    } else if ordinary_init {
+                        init_claims.push(asked.len());
+                    }
+                    Some(entry)
+                }
+            };
+            asked.push(Asked {
+                list,
+                index: i,
+                resources,
+                ask,
+                entry,
+            });
+        }
+    }
+    if out.templates.len() > MAX_TEMPLATES {
+        return Err(MutateError::TooManyTemplates {
+            count: out.templates.len(),
+            max: MAX_TEMPLATES,
+        });
+    }
+    for a in &asked {
+        let path = format!("spec.{}[{}]", a.list, a.index);
+        let mut res: Map<String, Value> = a.resources.as_object().cloned().unwrap_or_default();
+        for part in ["limits", "requests"] {
+            if let Some(Value::Object(m)) = res.get_mut(part) {
+                for k in &a.ask.remove {
+                    m.remove(k);
+                }
+                if m.is_empty() {
+                    res.remove(part);
                 }
             }
+        }
+        if let Some(entry) = &a.entry {
             let claims = res
                 .entry("claims")
                 .or_insert_with(|| Value::Array(Vec::new()));
@@ -143,17 +225,20 @@ pub fn plan(
                     detail: "not a list".into(),
                 });
             };
-            claims.push(json!({"name": entry}));
-            out.patch.push(json!({
-                "op": if resources.is_object() { "replace" } else { "add" },
-                "path": format!("/spec/{list}/{i}/resources"),
-                "value": Value::Object(res),
-            }));
-            entries.push(json!({"name": entry, "resourceClaimTemplateName": tname}));
+            claims.push(json!({ "name": entry }));
         }
+        out.patch.push(json!({
+            "op": if a.resources.is_object() { "replace" } else { "add" },
+            "path": format!("/spec/{}/{}/resources", a.list, a.index),
+            "value": Value::Object(res),
+        }));
     }
     if entries.is_empty() {
-        return Ok(Plan::default());
+        return Ok(Plan {
+            patch: out.patch,
+            templates: Vec::new(),
+            warnings: out.warnings,
+        });
     }
     if let Some((_, w)) = selectors {
         out.warnings.extend(w);
@@ -228,5 +313,133 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("gpuslice-c1"), "{e}");
+    }
+
+    fn containers(memories: &[&str]) -> Vec<Value> {
+        memories
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                json!({"name": format!("c{i}"), "image": "x",
+                       "resources": {"limits": {"gpuslice.io/memory": m}}})
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_pod_needs_at_most_sixteen_templates() {
+        let sizes: Vec<String> = (1..=17).map(|i| format!("{i}Gi")).collect();
+        let sizes: Vec<&str> = sizes.iter().map(String::as_str).collect();
+        let pod = |n: usize| json!({"spec": {"containers": containers(&sizes[..n])}});
+        let p = plan(&pod(16), "ns", false, &PublishedGpus::default()).unwrap();
+        assert_eq!(p.templates.len(), 16);
+        let e = plan(&pod(17), "ns", false, &PublishedGpus::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("ask for 17 different GPU slices") && e.contains("at most 16 per pod"),
+            "{e}"
+        );
+        // Many containers of one shape share one template.
+        let same = json!({"spec": {"containers": containers(&["1Gi"; 3000])}});
+        let p = plan(&same, "ns", false, &PublishedGpus::default()).unwrap();
+        assert_eq!(p.templates.len(), 1);
+    }
+
+    #[test]
+    fn an_init_container_shares_an_app_containers_claim_that_covers_it() {
+        let inv = PublishedGpus::default();
+        let init = |m: &str, always: bool| {
+            let mut c = json!({"name": "init", "image": "x",
+                               "resources": {"limits": {"gpuslice.io/memory": m}}});
+            if always {
+                c["restartPolicy"] = json!("Always");
+            }
+            c
+        };
+        let claims = |p: &Plan, list: &str, i: usize| {
+            p.patch
+                .iter()
+                .find(|op| op["path"] == format!("/spec/{list}/{i}/resources"))
+                .map(|op| op["value"]["claims"].clone())
+                .unwrap()
+        };
+        let entries = |p: &Plan| {
+            p.patch
+                .iter()
+                .find(|op| op["path"] == "/spec/resourceClaims")
+                .map(|op| {
+                    op["value"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|e| e["name"].as_str().unwrap().to_string())
+                        .collect::<Vec<_>>()
+                })
+                .unwrap()
+        };
+        // 10Gi before the app's 20Gi: the app's claim, no claim of its own, one template.
+        let pod = json!({"spec": {"containers": containers(&["20Gi"]),
+                                  "initContainers": [init("10Gi", false)]}});
+        let p = plan(&pod, "ns", false, &inv).unwrap();
+        assert_eq!(
+            claims(&p, "initContainers", 0),
+            json!([{"name": "gpuslice-c0"}])
+        );
+        assert_eq!(entries(&p), vec!["gpuslice-c0"]);
+        assert_eq!(p.templates.len(), 1);
+        // More than the app's: a claim of its own; a later init container it covers shares it.
+        let pod = json!({"spec": {"containers": containers(&["20Gi"]),
+                                  "initContainers": [init("30Gi", false), init("25Gi", false)]}});
+        let p = plan(&pod, "ns", false, &inv).unwrap();
+        assert_eq!(
+            claims(&p, "initContainers", 0),
+            json!([{"name": "gpuslice-i0"}])
+        );
+        assert_eq!(
+            claims(&p, "initContainers", 1),
+            json!([{"name": "gpuslice-i0"}])
+        );
+        assert_eq!(entries(&p), vec!["gpuslice-c0", "gpuslice-i0"]);
+        // A sidecar runs beside the app containers: always a claim of its own.
+        let pod = json!({"spec": {"containers": containers(&["20Gi"]),
+                                  "initContainers": [init("10Gi", true)]}});
+        let p = plan(&pod, "ns", false, &inv).unwrap();
+        assert_eq!(
+            claims(&p, "initContainers", 0),
+            json!([{"name": "gpuslice-i0"}])
+        );
+        assert_eq!(entries(&p), vec!["gpuslice-c0", "gpuslice-i0"]);
+        // Another GPU count or a share the app's claim does not give: its own.
+        for other in [
+            json!({"gpuslice.io/memory": "10Gi", "gpuslice.io/gpus": "2"}),
+            json!({"gpuslice.io/memory": "10Gi", "gpuslice.io/cores": "30"}),
+        ] {
+            let mut c = init("10Gi", false);
+            c["resources"]["limits"] = other.clone();
+            let mut app = containers(&["20Gi"]);
+            app[0]["resources"]["limits"]["gpuslice.io/cores"] = json!("20");
+            let pod = json!({"spec": {"containers": app, "initContainers": [c]}});
+            let p = plan(&pod, "ns", false, &inv).unwrap();
+            assert_eq!(entries(&p), vec!["gpuslice-c0", "gpuslice-i0"], "{other}");
+        }
+    }
+
+    #[test]
+    fn hami_names_that_ask_for_no_gpu_are_removed_without_a_claim() {
+        for limits in [
+            json!({"nvidia.com/priority": "1"}),
+            json!({"nvidia.com/gpu": "0"}),
+        ] {
+            let p = plan(&pod(limits.clone()), "ns", true, &PublishedGpus::default()).unwrap();
+            assert!(p.templates.is_empty(), "{limits}");
+            assert_eq!(
+                Value::Array(p.patch),
+                json!([{"op": "replace", "path": "/spec/containers/1/resources",
+                        "value": {"requests": {"cpu": "1"}}}]),
+                "{limits}"
+            );
+            assert_eq!(p.warnings.len(), 1, "{limits}: {:?}", p.warnings);
+        }
     }
 }

@@ -1,7 +1,8 @@
 //! `gpuslice webhook`: the HTTPS server the API server calls. TLS only (it refuses to start
-//! without a certificate), `POST /mutate` for AdmissionReviews of Pods, `GET /healthz` for
-//! probes, and bounds on what a client can make it hold: connections, handshake and header
-//! deadlines, the body's size and the time one review may take.
+//! without a certificate), `POST /mutate` for AdmissionReviews of Pods, `GET /healthz` (live)
+//! and `GET /readyz` (the inventory was read) for probes, and bounds on what a client can make
+//! it hold: connections, handshake and header deadlines, the body's size and the time one
+//! review may take.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -52,6 +53,10 @@ pub struct WebhookArgs {
     /// labelled gpuslice.io/hami-compat=true.
     #[arg(long)]
     pub hami_compat: bool,
+    /// Seconds a ResourceClaimTemplate of the webhook's goes unnamed by every pod of its
+    /// namespace before it is marked unused, and stays marked before it is deleted.
+    #[arg(long, value_name = "SECONDS", default_value_t = crate::sweep::DEFAULT_GRACE.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    pub unused_template_grace: u64,
 }
 
 /// Why the webhook did not start or stopped.
@@ -106,7 +111,7 @@ pub fn run_until_signal(args: WebhookArgs) -> Result<(), WebhookError> {
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         let acceptor = TlsAcceptor::from(Arc::new(config));
         let shared = Arc::new(Shared {
-            cluster: Cluster::start(client).await,
+            cluster: Cluster::start(client, Duration::from_secs(args.unused_template_grace)).await,
             hami_compat: args.hami_compat,
         });
         eprintln!(
@@ -179,6 +184,15 @@ fn reply(status: StatusCode, content_type: &str, body: Vec<u8>) -> Response<Full
 async fn route(req: Request<Incoming>, shared: &Shared) -> Response<Full<Bytes>> {
     match (req.method(), req.uri().path()) {
         (&Method::GET, "/healthz") => reply(StatusCode::OK, "text/plain", b"ok\n".to_vec()),
+        // Ready once the cluster's inventory was read (before, every GPU pod is refused).
+        (&Method::GET, "/readyz") => match shared.cluster.inventory() {
+            Ok(_) => reply(StatusCode::OK, "text/plain", b"ok\n".to_vec()),
+            Err(e) => reply(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain",
+                format!("{e}\n").into_bytes(),
+            ),
+        },
         (&Method::POST, "/mutate") => {
             let body = Limited::new(req.into_body(), MAX_BODY);
             let bytes = match tokio::time::timeout(CLIENT_DEADLINE, body.collect()).await {
@@ -229,7 +243,7 @@ async fn route(req: Request<Incoming>, shared: &Shared) -> Response<Full<Bytes>>
         _ => reply(
             StatusCode::NOT_FOUND,
             "text/plain",
-            b"gpuslice webhook: POST /mutate, GET /healthz\n".to_vec(),
+            b"gpuslice webhook: POST /mutate, GET /healthz, GET /readyz\n".to_vec(),
         ),
     }
 }
@@ -247,7 +261,10 @@ async fn admit(r: &review::Request, shared: &Shared) -> Value {
     } else {
         false
     };
-    let inventory = shared.cluster.inventory();
+    let inventory = match shared.cluster.inventory() {
+        Ok(i) => i,
+        Err(e) => return review::deny(&r.uid, 500, &e.to_string()),
+    };
     let p = match plan(&r.object, &r.namespace, hami, &inventory) {
         Ok(p) => p,
         Err(e) => return review::deny(&r.uid, 400, &e.to_string()),
