@@ -579,8 +579,284 @@ fn limits_become_claims_through_the_webhook_on_a_live_control_plane() {
     let p = c.get_json(&["pod", "after", "-n", "default"]);
     assert!(p["spec"]["resourceClaims"].is_array(), "{p}");
 
+    // A caller other than the API server (here the test, with the webhook's URL) names
+    // kube-system: the webhook makes the template there with its own rights (the chart's
+    // NetworkPolicy keeps pods out; docs/webhook.md), at most 16 per review ...
+    let url = c.endpoints()["WEBHOOK_URL"].clone();
+    let ca = c.dir().join("pki/ca.crt");
+    let direct = review(
+        &url,
+        &ca,
+        "kube-system",
+        &pod(
+            "kube-system",
+            "direct",
+            json!({"gpuslice.io/memory": "3Gi"}),
+            json!({}),
+        ),
+        false,
+    );
+    assert_eq!(direct["response"]["allowed"], true, "{direct}");
+    let in_kube_system = || {
+        c.get_json(&["resourceclaimtemplates", "-n", "kube-system"])["items"]
+            .as_array()
+            .unwrap()
+            .len()
+    };
+    assert_eq!(in_kube_system(), 1);
+    let mut many = pod("default", "many", json!({}), json!({}));
+    many["spec"]["containers"] = (1..=17)
+        .map(|i| {
+            json!({"name": format!("c{i}"), "image": "x",
+                         "resources": {"limits": {"gpuslice.io/memory": format!("{i}Gi")}}})
+        })
+        .collect();
+    let refused = review(&url, &ca, "default", &many, false);
+    assert_eq!(refused["response"]["allowed"], false, "{refused}");
+    let why = refused["response"]["status"]["message"].to_string();
+    assert!(
+        why.contains("ask for 17 different GPU slices") && why.contains("at most 16 per pod"),
+        "{why}"
+    );
+    // ... and a webhook's sweep deletes the templates no pod names (here a second webhook
+    // with a grace of 2 s): the kube-system one, those of the pods deleted above; the ones
+    // live pods name stay, and a pod of a swept shape gets its template again.
+    let named_now = || -> BTreeSet<String> {
+        c.get_json(&["pods", "-A"])["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|p| {
+                let ns = p["metadata"]["namespace"].as_str().unwrap().to_string();
+                p["spec"]["resourceClaims"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(move |e| {
+                        e["resourceClaimTemplateName"]
+                            .as_str()
+                            .map(|t| format!("{ns}/{t}"))
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    let before = templates(&c);
+    let named = named_now();
+    assert!(
+        before.iter().any(|t| !named.contains(t)),
+        "no unused template to sweep: {before:?}"
+    );
+    assert!(named.iter().all(|t| before.contains(t)), "{named:?}");
+    let mut sweeper = spawn_webhook(
+        &c,
+        &cmdline,
+        &c.kubeconfig(),
+        "127.0.0.1:0",
+        &["--unused-template-grace", "2"],
+    );
+    // (A pod still going when the sweep began may go meanwhile: the names are read anew.)
+    let named = c.wait_for("the sweep to delete the unused templates", STEP, || {
+        let now = named_now();
+        (templates(&c) == now && in_kube_system() == 0).then_some(now)
+    });
+    let _ = sweeper.kill();
+    let _ = sweeper.wait();
+    for t in &named {
+        let (ns, name) = t.split_once('/').unwrap();
+        let kept = c.get_json(&["resourceclaimtemplate", name, "-n", ns]);
+        assert!(
+            kept["metadata"]["annotations"]["gpuslice.io/unused-since"].is_null(),
+            "{kept}"
+        );
+    }
+    c.create(&pod(
+        "default",
+        "after-sweep",
+        json!({"gpuslice.io/memory": "50Gi", "gpuslice.io/cores": "40"}),
+        json!({}),
+    ))
+    .expect("a pod of a swept shape");
+    let p = c.get_json(&["pod", "after-sweep", "-n", "default"]);
+    let t = p["spec"]["resourceClaims"][0]["resourceClaimTemplateName"]
+        .as_str()
+        .unwrap();
+    assert!(
+        !named.contains(&format!("default/{t}")) && before.contains(&format!("default/{t}")),
+        "big-a's shape: {t}"
+    );
+    c.get_json(&["resourceclaimtemplate", t, "-n", "default"]);
+
+    // A webhook whose first read of the ResourceSlices fails (its credentials may not list
+    // them) refuses every review, naming the cause, and is not ready; once a read succeeds it
+    // admits.
+    c.kubectl(&["create", "serviceaccount", "no-slices", "-n", "default"]);
+    let token = c.kubectl(&["create", "token", "no-slices", "-n", "default"]);
+    let admin: Value = serde_json::from_str(&c.kubectl(&[
+        "config",
+        "view",
+        "--raw",
+        "--minify",
+        "--flatten",
+        "-o",
+        "json",
+    ]))
+    .unwrap();
+    let restricted = c.dir().join("no-slices.kubeconfig");
+    std::fs::write(
+        &restricted,
+        json!({
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "c", "cluster": admin["clusters"][0]["cluster"]}],
+            "users": [{"name": "u", "user": {"token": token.trim()}}],
+            "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+            "current-context": "x",
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut blind = spawn_webhook(&c, &cmdline, &restricted, &addr, &[]);
+    let base = format!("https://{addr}");
+    let ready = || get(&format!("{base}/readyz"), &ca);
+    let (code, body) = wait_for("the second webhook to answer", STEP, || {
+        ready().filter(|(code, _)| *code != 0)
+    });
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body.contains("has not read the cluster's ResourceSlices yet")
+            && body.contains("forbidden"),
+        "{body}"
+    );
+    let probe = pod(
+        "default",
+        "blind",
+        json!({"gpuslice.io/memory": "1Gi"}),
+        json!({}),
+    );
+    let answer = review(&format!("{base}/mutate"), &ca, "default", &probe, true);
+    assert_eq!(answer["response"]["allowed"], false, "{answer}");
+    assert!(
+        answer["response"]["status"]["message"]
+            .to_string()
+            .contains("admits no GPU pod until it has"),
+        "{answer}"
+    );
+    c.kubectl(&[
+        "create",
+        "clusterrole",
+        "list-slices",
+        "--verb=list",
+        "--resource=resourceslices.resource.k8s.io",
+    ]);
+    c.kubectl(&[
+        "create",
+        "clusterrolebinding",
+        "no-slices-list",
+        "--clusterrole=list-slices",
+        "--serviceaccount=default:no-slices",
+    ]);
+    wait_for("the second webhook to read the slices", STEP, || {
+        ready().filter(|(code, _)| *code == 200)
+    });
+    let answer = review(&format!("{base}/mutate"), &ca, "default", &probe, true);
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+    let _ = blind.kill();
+    let _ = blind.wait();
+
     c.down();
     let _ = child.wait();
+}
+
+/// Another `gpuslice webhook` with the certificate of `cmdline` (the cluster's), on `listen`
+/// with `kubeconfig`, then `extra`; its output in the cluster's logs.
+fn spawn_webhook(
+    c: &KubeCluster,
+    cmdline: &[String],
+    kubeconfig: &Path,
+    listen: &str,
+    extra: &[&str],
+) -> std::process::Child {
+    let flag = |name: &str| {
+        let i = cmdline.iter().position(|a| a == name).unwrap();
+        cmdline[i + 1].clone()
+    };
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(c.dir().join("logs/gpuslice-webhook-more.log"))
+        .unwrap();
+    Command::new(&cmdline[0])
+        .args(["webhook", "--listen", listen, "--tls-cert"])
+        .arg(flag("--tls-cert"))
+        .arg("--tls-key")
+        .arg(flag("--tls-key"))
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(extra)
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap()
+}
+
+/// `GET url` over TLS trusting `ca`: (status, body); status 0 when nothing answered.
+fn get(url: &str, ca: &Path) -> Option<(u16, String)> {
+    let out = Command::new("curl")
+        .args(["-s", "--max-time", "5", "-w", "\n%{http_code}", "--cacert"])
+        .arg(ca)
+        .arg(url)
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n')?;
+    Some((code.trim().parse().unwrap_or(0), body.to_string()))
+}
+
+/// An AdmissionReview of creating `pod` in `namespace`, sent to `url` as the API server
+/// would (but by anyone who can reach it); the webhook's answer.
+fn review(url: &str, ca: &Path, namespace: &str, pod: &Value, dry_run: bool) -> Value {
+    let body = json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": "e2e", "namespace": namespace, "operation": "CREATE",
+                    "dryRun": dry_run, "object": pod},
+    });
+    let mut child = Command::new("curl")
+        .args([
+            "-s",
+            "--max-time",
+            "10",
+            "-H",
+            "Content-Type: application/json",
+        ])
+        .args(["--data-binary", "@-", "--cacert"])
+        .arg(ca)
+        .arg(url)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(body.to_string().as_bytes())
+            .unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{url}: not a review ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
 }
 
 /// SIGKILL, as a crash would end the webhook.

@@ -17,7 +17,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 
-use crate::slices::{parse_device, DeviceRef, CAP_CORES, CAP_MEMORY, MEMORY_STEP};
+use crate::slices::{parse_device, DeviceRef, CAP_CORES, CAP_MEMORY, MEMORY_STEP, SLICE_SUFFIX};
 use crate::{DRIVER, SLOTS_CLASS};
 
 /// The label key naming who wrote a template.
@@ -775,27 +775,71 @@ impl Default for PublishedGpus {
 /// The slots of one size seen: their compute share and how many each (node, GPU) has.
 type SlotsOfSize = (Option<u32>, BTreeMap<(String, u32), u32>);
 
+/// One node's GPUs as its own pool shows them.
+#[derive(Default)]
+struct NodeGpus {
+    /// GPU index → (memory, slots).
+    gpus: BTreeMap<u32, (u64, u32)>,
+    /// Whether a device is a whole GPU (`gpu-<i>`).
+    whole: bool,
+    /// One per slot device (`gpu-<i>-slot-<j>`): its bytes, its share, its GPU's index.
+    slots: Vec<(u64, Option<u32>, u32)>,
+}
+
+/// The number `n` of a slice named as the plugin names its pool's slices
+/// (`<node>-gpuslice.io`, then `<node>-gpuslice.io-<n>`).
+fn slice_number(name: &str, node: &str) -> Option<usize> {
+    let rest = name.strip_prefix(node)?.strip_prefix(SLICE_SUFFIX)?;
+    if rest.is_empty() {
+        return Some(0);
+    }
+    let n: usize = rest.strip_prefix('-')?.parse().ok()?;
+    (n >= 1 && crate::slices::slice_name(node, n) == name).then_some(n)
+}
+
+/// Whether `s` is laid out as gpuslice's kubelet plugin publishes: driver `gpuslice.io`, on a
+/// node, in the pool named after that node, under one of the pool's slice names.
+fn plugins_slice(s: &ResourceSlice) -> bool {
+    let node = s.spec.pool.name.as_str();
+    s.spec.driver == DRIVER
+        && s.spec.node_name.as_deref() == Some(node)
+        && s.metadata
+            .name
+            .as_deref()
+            .and_then(|n| slice_number(n, node))
+            .and_then(|n| i64::try_from(n).ok())
+            .is_some_and(|n| n < s.spec.pool.resource_slice_count)
+}
+
 impl PublishedGpus {
-    /// Reads the slices of driver `gpuslice.io`. Slot mode when the devices are slots
-    /// (`gpu-<i>-slot-<j>`), with every slot size seen (per size: the fewest slots a GPU of
-    /// that size publishes); capacity mode otherwise.
+    /// Reads what gpuslice's kubelet plugins publish, and only that: slices laid out as the
+    /// plugin lays them out (driver `gpuslice.io`, a pool named after its node, the pool's
+    /// slice names, its newest generation), devices `gpu-<i>` (capacity) or `gpu-<i>-slot-<j>`
+    /// (slots). A node publishes one mode: a node whose devices mix both is left out. The
+    /// cluster's mode is the one most nodes publish (a tie is capacity mode), so that one
+    /// stray slice or device cannot turn it; the sizes (GPUs per node, GPU memory, per slot
+    /// size the fewest slots a GPU of that size publishes) are those of the nodes publishing
+    /// that mode (docs/webhook.md).
     pub fn from_slices(slices: &[ResourceSlice]) -> PublishedGpus {
-        // node → GPU index → (memory, slots)
-        let mut gpus: BTreeMap<String, BTreeMap<u32, (u64, u32)>> = BTreeMap::new();
-        // slot bytes → (cores, per node → GPU index → slots)
-        let mut slot_gpus: BTreeMap<u64, SlotsOfSize> = BTreeMap::new();
-        for s in slices.iter().filter(|s| s.spec.driver == DRIVER) {
-            let node = s
-                .spec
-                .node_name
-                .clone()
-                .unwrap_or_else(|| s.spec.pool.name.clone());
-            for d in s.spec.devices.iter().flatten() {
-                let (index, slot_no) = match parse_device(&d.name) {
-                    Some(DeviceRef::Gpu(i)) => (i, None),
-                    Some(DeviceRef::Slot(i, j)) => (i, Some(j)),
-                    None => continue,
-                };
+        // node → (the pool's newest generation, its slices of that generation)
+        let mut pools: BTreeMap<&str, (i64, Vec<&ResourceSlice>)> = BTreeMap::new();
+        for s in slices.iter().filter(|s| plugins_slice(s)) {
+            let generation = s.spec.pool.generation;
+            let pool = pools
+                .entry(s.spec.pool.name.as_str())
+                .or_insert((generation, Vec::new()));
+            if generation > pool.0 {
+                *pool = (generation, Vec::new());
+            }
+            if generation == pool.0 {
+                pool.1.push(s);
+            }
+        }
+        let mut capacity_nodes: BTreeMap<&str, NodeGpus> = BTreeMap::new();
+        let mut slot_nodes: BTreeMap<&str, NodeGpus> = BTreeMap::new();
+        for (node, (_, pool)) in pools {
+            let mut n = NodeGpus::default();
+            for d in pool.iter().flat_map(|s| s.spec.devices.iter().flatten()) {
                 let cap = |k: &str| {
                     d.capacity
                         .as_ref()
@@ -803,26 +847,49 @@ impl PublishedGpus {
                         .and_then(|c| parse_kube_quantity(&c.value.0).ok())
                 };
                 let memory = cap(CAP_MEMORY).unwrap_or(0);
-                let entry = gpus
-                    .entry(node.clone())
-                    .or_default()
-                    .entry(index)
-                    .or_default();
-                match slot_no {
-                    None => entry.0 = memory,
-                    Some(_) => {
-                        entry.0 += memory;
-                        entry.1 += 1;
-                        let cores = cap(CAP_CORES).and_then(|c| u32::try_from(c).ok());
-                        let size = slot_gpus.entry(memory).or_insert((cores, BTreeMap::new()));
-                        *size.1.entry((node.clone(), index)).or_default() += 1;
+                match parse_device(&d.name) {
+                    Some(DeviceRef::Gpu(i)) => {
+                        n.whole = true;
+                        n.gpus.entry(i).or_default().0 = memory;
                     }
+                    Some(DeviceRef::Slot(i, _)) => {
+                        let gpu = n.gpus.entry(i).or_default();
+                        gpu.0 += memory;
+                        gpu.1 += 1;
+                        let cores = cap(CAP_CORES).and_then(|c| u32::try_from(c).ok());
+                        n.slots.push((memory, cores, i));
+                    }
+                    None => {}
                 }
             }
+            match (n.whole, n.slots.is_empty()) {
+                (true, true) => {
+                    capacity_nodes.insert(node, n);
+                }
+                (false, false) => {
+                    slot_nodes.insert(node, n);
+                }
+                // Both kinds (not what one plugin publishes), or no GPU at all: no vote.
+                _ => {}
+            }
         }
-        let mode = if slot_gpus.is_empty() {
-            Mode::Capacity
+        let slot_mode = slot_nodes.len() > capacity_nodes.len();
+        let nodes = if slot_mode {
+            slot_nodes
         } else {
+            capacity_nodes
+        };
+        // slot bytes → (cores, per (node, GPU index) → slots)
+        let mut slot_gpus: BTreeMap<u64, SlotsOfSize> = BTreeMap::new();
+        for (node, n) in &nodes {
+            for (memory, cores, index) in &n.slots {
+                let size = slot_gpus
+                    .entry(*memory)
+                    .or_insert((*cores, BTreeMap::new()));
+                *size.1.entry((node.to_string(), *index)).or_default() += 1;
+            }
+        }
+        let mode = if slot_mode {
             Mode::Slots(
                 slot_gpus
                     .into_iter()
@@ -833,17 +900,19 @@ impl PublishedGpus {
                     })
                     .collect(),
             )
+        } else {
+            Mode::Capacity
         };
-        let memory: BTreeSet<u64> = gpus
+        let memory: BTreeSet<u64> = nodes
             .values()
-            .flat_map(|g| g.values().map(|(m, _)| *m))
+            .flat_map(|n| n.gpus.values().map(|(m, _)| *m))
             .filter(|m| *m > 0)
             .collect();
         PublishedGpus {
             mode,
-            max_gpus_per_node: gpus
+            max_gpus_per_node: nodes
                 .values()
-                .map(|g| g.len() as u32)
+                .map(|n| n.gpus.len() as u32)
                 .max()
                 .filter(|n| *n > 0),
             gpu_memory: memory.into_iter().collect(),
@@ -1513,6 +1582,112 @@ mod tests {
         );
         assert_eq!(inv.gpu_memory, vec![16 << 30]);
         assert_eq!(PublishedGpus::from_slices(&[]), PublishedGpus::default());
+    }
+
+    /// `slice(node, devices)` as a ResourceSlice of another name, node, pool or driver.
+    fn stray(
+        name: &str,
+        node: Option<&str>,
+        pool: &str,
+        devices: serde_json::Value,
+    ) -> ResourceSlice {
+        let mut s = slice(pool, devices);
+        s.metadata.name = Some(name.to_string());
+        s.spec.node_name = node.map(str::to_string);
+        s
+    }
+
+    #[test]
+    fn one_stray_slot_device_does_not_turn_the_cluster_to_slot_mode() {
+        let gpu = |n: &str| {
+            slice(
+                n,
+                json!([{"name": "gpu-0", "capacity": {"memory": {"value": "80Gi"}}}]),
+            )
+        };
+        let slot = json!([{"name": "gpu-0-slot-0", "capacity": {"memory": {"value": "1Mi"}}}]);
+        // A slice not named as the plugin names them, one outside a node's pool, one of another
+        // driver: none counts.
+        let mut other_driver = slice("x", slot.clone());
+        other_driver.spec.driver = "gpu.example.com".into();
+        for s in [
+            stray("evil", Some("a"), "a", slot.clone()),
+            stray("b-gpuslice.io", None, "b", slot.clone()),
+            stray("c-gpuslice.io", Some("d"), "c", slot.clone()),
+            stray("e-gpuslice.io-1", Some("e"), "e", slot.clone()),
+            other_driver,
+        ] {
+            let inv = PublishedGpus::from_slices(&[gpu("a"), s.clone()]);
+            assert_eq!(inv.mode, Mode::Capacity, "{:?}", s.metadata.name);
+            assert_eq!(inv.gpu_memory, vec![80 << 30], "{:?}", s.metadata.name);
+        }
+        // A slot device among a node's GPUs: that node mixes modes and has no vote.
+        let mut mixed = gpu("a");
+        mixed
+            .spec
+            .devices
+            .as_mut()
+            .unwrap()
+            .extend(serde_json::from_value::<Vec<_>>(slot.clone()).unwrap());
+        let inv = PublishedGpus::from_slices(&[mixed, gpu("b")]);
+        assert_eq!(inv.mode, Mode::Capacity);
+        assert_eq!(inv.max_gpus_per_node, Some(1));
+        // A whole node of slots among two capacity nodes: the majority's mode, its sizes only.
+        let inv = PublishedGpus::from_slices(&[gpu("a"), gpu("b"), slice("s", slot.clone())]);
+        assert_eq!(inv.mode, Mode::Capacity);
+        assert_eq!(inv.gpu_memory, vec![80 << 30]);
+        // A tie is capacity mode; a majority of slot nodes is slot mode.
+        let inv = PublishedGpus::from_slices(&[gpu("a"), slice("s", slot.clone())]);
+        assert_eq!(inv.mode, Mode::Capacity);
+        let inv = PublishedGpus::from_slices(&[
+            gpu("a"),
+            slice("s", slot.clone()),
+            slice("t", slot.clone()),
+        ]);
+        assert!(matches!(inv.mode, Mode::Slots(_)), "{:?}", inv.mode);
+        assert_eq!(inv.gpu_memory, vec![1 << 20]);
+    }
+
+    #[test]
+    fn only_the_pools_newest_generation_and_its_slice_names_count() {
+        let mut old = slice(
+            "a",
+            json!([{"name": "gpu-0-slot-0", "capacity": {"memory": {"value": "1Gi"}}}]),
+        );
+        old.metadata.name = Some("a-gpuslice.io-1".into());
+        old.spec.pool.resource_slice_count = 2;
+        let mut new = slice(
+            "a",
+            json!([{"name": "gpu-0", "capacity": {"memory": {"value": "80Gi"}}},
+                   {"name": "gpu-1", "capacity": {"memory": {"value": "80Gi"}}}]),
+        );
+        new.spec.pool.generation = 2;
+        let inv = PublishedGpus::from_slices(&[old.clone(), new]);
+        assert_eq!(inv.mode, Mode::Capacity);
+        assert_eq!(inv.max_gpus_per_node, Some(2));
+        // The pool's second slice, of the same generation, counts.
+        let first = slice(
+            "a",
+            json!([{"name": "gpu-0-slot-1", "capacity": {"memory": {"value": "1Gi"}}}]),
+        );
+        let mut second = old;
+        second.spec.pool.resource_slice_count = 2;
+        let mut first2 = first;
+        first2.spec.pool.resource_slice_count = 2;
+        let inv = PublishedGpus::from_slices(&[first2, second]);
+        assert_eq!(
+            inv.mode,
+            Mode::Slots(vec![SlotSize {
+                memory: 1 << 30,
+                cores: None,
+                per_gpu: 2
+            }])
+        );
+        // A slice number past the pool's count is not the plugin's.
+        assert_eq!(slice_number("a-gpuslice.io-01", "a"), None);
+        assert_eq!(slice_number("a-gpuslice.io-3", "a"), Some(3));
+        assert_eq!(slice_number("a-gpuslice.io", "a"), Some(0));
+        assert_eq!(slice_number("ab-gpuslice.io", "a"), None);
     }
 
     #[test]

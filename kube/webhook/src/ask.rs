@@ -73,7 +73,9 @@ fn bad(field: &str, value: &str, accepted: impl Into<String>) -> AskError {
 /// One container's request, found in its limits (or requests).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ask {
-    pub shape: Shape,
+    /// The slice asked for; `None`: no GPU (HAMi's `nvidia.com/gpu: 0`, or
+    /// `nvidia.com/priority` alone), so the names are removed and nothing is claimed.
+    pub shape: Option<Shape>,
     /// The resource names to remove from the container's limits and requests.
     pub remove: Vec<String>,
     /// What was ignored or rounded, one line each.
@@ -278,7 +280,7 @@ fn ours_ask(
     };
     check_fits(path, &shape, inventory, GPUS, MEMORY)?;
     Ok(Ask {
-        shape,
+        shape: Some(shape),
         remove: removed(limits, requests, OURS),
         warnings,
         field: path.to_string(),
@@ -293,19 +295,43 @@ fn hami_ask(
     inventory: &PublishedGpus,
 ) -> Result<Ask, AskError> {
     let mut warnings = Vec::new();
-    // HAMi's default: a memory or cores limit without nvidia.com/gpu asks for one GPU.
+    if let Some((f, v)) = lookup(path, limits, requests, HAMI_PRIORITY) {
+        warnings.push(format!("{f}={v} removed: gpuslice has no task priority"));
+    }
+    let remove = removed(limits, requests, HAMI);
+    let mem = lookup(path, limits, requests, HAMI_MEM);
+    let pct = lookup(path, limits, requests, HAMI_MEM_PERCENT);
+    let core = lookup(path, limits, requests, HAMI_CORES);
+    // As HAMi reads a container: nvidia.com/gpu names the GPUs, 0 none at all; without it a
+    // memory or cores limit asks for one GPU, and nvidia.com/priority alone for none.
     let gpus = match lookup(path, limits, requests, HAMI_GPU) {
         Some((f, v)) => whole(
             &f,
             v,
-            1,
+            0,
             MAX_GPUS,
-            &format!("a whole number of GPUs from 1 to {MAX_GPUS}"),
-        )?,
-        None => 1,
+            &format!("a whole number of GPUs from 0 (none) to {MAX_GPUS}"),
+        )
+        .map(|n| (n, Some(f)))?,
+        None if mem.is_some() || pct.is_some() || core.is_some() => (1, None),
+        None => (0, None),
     };
-    let mem = lookup(path, limits, requests, HAMI_MEM);
-    let pct = lookup(path, limits, requests, HAMI_MEM_PERCENT);
+    let gpus = match gpus {
+        (0, field) => {
+            if let Some(f) = field {
+                warnings.push(format!(
+                    "{f}=0 asks for no GPU (as HAMi reads it): the container gets none and its nvidia.com/* limits are removed"
+                ));
+            }
+            return Ok(Ask {
+                shape: None,
+                remove,
+                warnings,
+                field: path.to_string(),
+            });
+        }
+        (n, _) => n,
+    };
     let memory = match (mem, pct) {
         (Some((f, v)), Some(_)) => {
             return Err(bad(
@@ -337,7 +363,7 @@ fn hami_ask(
         }
         (None, None) => None,
     };
-    let cores = match lookup(path, limits, requests, HAMI_CORES) {
+    let cores = match core {
         Some((f, v)) => Some(whole(
             &f,
             v,
@@ -348,9 +374,6 @@ fn hami_ask(
         .filter(|c| *c > 0),
         None => None,
     };
-    if let Some((f, v)) = lookup(path, limits, requests, HAMI_PRIORITY) {
-        warnings.push(format!("{f}={v} removed: gpuslice has no task priority"));
-    }
     let shape = Shape {
         gpus,
         memory,
@@ -359,11 +382,26 @@ fn hami_ask(
     };
     check_fits(path, &shape, inventory, HAMI_GPU, HAMI_MEM)?;
     Ok(Ask {
-        shape,
-        remove: removed(limits, requests, HAMI),
+        shape: Some(shape),
+        remove,
         warnings,
         field: path.to_string(),
     })
+}
+
+/// Whether a claim of shape `big` gives a container asking for `small` all it asks: the same
+/// GPUs and selection, at least its memory (`None`: the whole GPU) and compute share (`None`:
+/// not throttled).
+pub fn covers(big: &Shape, small: &Shape) -> bool {
+    let at_least = |b: Option<u64>, s: Option<u64>| match (b, s) {
+        (None, _) => true,
+        (Some(_), None) => false,
+        (Some(b), Some(s)) => b >= s,
+    };
+    big.gpus == small.gpus
+        && big.selectors == small.selectors
+        && at_least(big.memory, small.memory)
+        && at_least(big.cores.map(u64::from), small.cores.map(u64::from))
 }
 
 /// A percentage in bytes: exact when every published GPU has the same memory.
@@ -462,12 +500,12 @@ mod tests {
         .unwrap();
         assert_eq!(
             a.shape,
-            Shape {
+            Some(Shape {
                 gpus: 2,
                 memory: Some(12000 << 20),
                 cores: Some(30),
                 selectors: vec![]
-            }
+            })
         );
         assert_eq!(a.remove, vec![HAMI_GPU, HAMI_CORES, HAMI_MEM]);
     }
@@ -484,7 +522,7 @@ mod tests {
         )
         .unwrap()
         .unwrap();
-        assert_eq!(a.shape.memory, Some(3000 << 20));
+        assert_eq!(a.shape.unwrap().memory, Some(3000 << 20));
     }
 
     #[test]
@@ -511,7 +549,7 @@ mod tests {
         )
         .unwrap()
         .unwrap();
-        assert_eq!(a.shape.memory, Some((141u64 << 30) / 2));
+        assert_eq!(a.shape.unwrap().memory, Some((141u64 << 30) / 2));
         let two = PublishedGpus {
             gpu_memory: vec![80 << 30, 141 << 30],
             ..inv()
@@ -560,6 +598,57 @@ mod tests {
             assert!(e.contains(want), "{limits:?}: {e}");
             assert!(!e.contains('\n'), "one line: {e}");
         }
+    }
+
+    #[test]
+    fn priority_alone_and_zero_gpus_ask_for_no_gpu_as_hami_reads_them() {
+        let ask = |limits: &[(&str, &str)]| {
+            container_ask(
+                "spec.containers[0]",
+                &map(limits),
+                &map(&[]),
+                Some(&[]),
+                &inv(),
+            )
+            .unwrap()
+            .unwrap()
+        };
+        // HAMi gives a GPU only for nvidia.com/gpu or a memory or cores limit.
+        let a = ask(&[(HAMI_PRIORITY, "1")]);
+        assert_eq!(a.shape, None);
+        assert_eq!(a.remove, vec![HAMI_PRIORITY]);
+        assert!(
+            a.warnings[0].contains("no task priority"),
+            "{:?}",
+            a.warnings
+        );
+        // nvidia.com/gpu: 0 is no GPU, whatever else the container names.
+        for limits in [
+            vec![(HAMI_GPU, "0")],
+            vec![(HAMI_GPU, "0"), (HAMI_MEM, "1000"), (HAMI_CORES, "30")],
+        ] {
+            let a = ask(&limits);
+            assert_eq!(a.shape, None, "{limits:?}");
+            assert_eq!(a.remove.len(), limits.len(), "{limits:?}: {:?}", a.remove);
+            assert!(
+                a.warnings
+                    .iter()
+                    .any(|w| w.contains("nvidia.com/gpu]=0 asks for no GPU")),
+                "{:?}",
+                a.warnings
+            );
+        }
+        // A priority beside a GPU ask keeps the GPU; cores alone ask for one GPU.
+        assert_eq!(
+            ask(&[(HAMI_PRIORITY, "1"), (HAMI_GPU, "1")])
+                .shape
+                .unwrap()
+                .gpus,
+            1
+        );
+        assert_eq!(ask(&[(HAMI_CORES, "0")]).shape.unwrap().gpus, 1);
+        // gpuslice's own gpus: 0 stays refused.
+        assert!(container_ask("c", &map(&[(GPUS, "0")]), &map(&[]), None, &inv()).is_err());
     }
 
     #[test]

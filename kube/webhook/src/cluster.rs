@@ -1,7 +1,8 @@
 //! The webhook's view of the API server: the cluster's inventory (refreshed in the
-//! background, so an admission waits on no list), a namespace's HAMi label, and the
-//! templates it creates or reuses — never one it did not write. The templates it wrote are
-//! watched, so that reusing one costs no API call.
+//! background, so an admission waits on no list; none until one read succeeded, so that no
+//! claim is written for a guessed mode), a namespace's HAMi label, and the templates it
+//! creates or reuses — never one it did not write. The templates it wrote are watched, so that
+//! reusing one costs no API call, and swept when no pod uses them (crate::sweep).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,13 +11,15 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::resource::v1::{ResourceClaimTemplate, ResourceSlice};
-use kube::api::{ListParams, PostParams, WatchEvent, WatchParams};
+use kube::api::{ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use kube::Api;
 use tokio_stream::StreamExt;
 
 use gpuslice_kube::claim_shape::MANAGED_BY;
 
 use gpuslice_kube::claim_shape::PublishedGpus;
+
+use crate::sweep::{is_marked, mark_patch};
 
 /// The namespace label that turns HAMi compatibility on (with `--hami-compat`).
 pub const HAMI_LABEL: (&str, &str) = ("gpuslice.io/hami-compat", "true");
@@ -36,6 +39,8 @@ pub enum ClusterError {
     },
     #[error("ResourceClaimTemplate {namespace}/{name} exists and is not the one gpuslice-webhook writes (label app.kubernetes.io/managed-by=gpuslice-webhook and the same spec); it is left alone: rename or delete it")]
     NotOurs { namespace: String, name: String },
+    #[error("gpuslice-webhook has not read the cluster's ResourceSlices yet ({detail}); it admits no GPU pod until it has, so that no claim is written for a guessed publication mode")]
+    NoInventory { detail: String },
 }
 
 type Key = (String, String);
@@ -44,7 +49,8 @@ type Key = (String, String);
 #[derive(Clone)]
 pub struct Cluster {
     client: kube::Client,
-    inventory: Arc<RwLock<Arc<PublishedGpus>>>,
+    /// The last inventory read, or why none was read yet.
+    inventory: Arc<RwLock<Result<Arc<PublishedGpus>, String>>>,
     /// The templates labelled as the webhook's, by (namespace, name), while `synced`.
     templates: Arc<RwLock<HashMap<Key, ResourceClaimTemplate>>>,
     synced: Arc<AtomicBool>,
@@ -58,11 +64,12 @@ fn key(t: &ResourceClaimTemplate) -> Key {
 }
 
 impl Cluster {
-    /// Reads the inventory once and keeps re-reading it every [`REFRESH`] in the background.
-    pub async fn start(client: kube::Client) -> Cluster {
+    /// Reads the inventory once and keeps re-reading it every [`REFRESH`] in the background;
+    /// sweeps the templates no pod used for `grace` (crate::sweep).
+    pub async fn start(client: kube::Client, grace: Duration) -> Cluster {
         let c = Cluster {
             client,
-            inventory: Arc::default(),
+            inventory: Arc::new(RwLock::new(Err("not read yet".into()))),
             templates: Arc::default(),
             synced: Arc::default(),
         };
@@ -84,6 +91,7 @@ impl Cluster {
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
         });
+        tokio::spawn(crate::sweep::run(c.client.clone(), grace));
         c
     }
 
@@ -121,32 +129,41 @@ impl Cluster {
         }
     }
 
-    /// Whether the watch knows `want` (the webhook's, with its spec) to exist now.
+    /// Whether the watch knows `want` (the webhook's, with its spec, not marked unused) to
+    /// exist now.
     fn known(&self, want: &ResourceClaimTemplate) -> bool {
         self.synced.load(Ordering::SeqCst)
             && self.templates.read().is_ok_and(|m| {
                 m.get(&key(want))
-                    .is_some_and(|t| gpuslice_kube::claim_shape::is_ours(t, want))
+                    .is_some_and(|t| gpuslice_kube::claim_shape::is_ours(t, want) && !is_marked(t))
             })
     }
 
     async fn refresh(&self) {
         let api: Api<ResourceSlice> = Api::all(self.client.clone());
-        // An unreachable API server keeps the last inventory (pods are then checked against it).
-        if let Ok(list) = api.list(&ListParams::default()).await {
-            let inv = PublishedGpus::from_slices(&list.items);
-            if let Ok(mut w) = self.inventory.write() {
-                *w = Arc::new(inv);
-            }
+        let read = api.list(&ListParams::default()).await;
+        let Ok(mut w) = self.inventory.write() else {
+            return;
+        };
+        match read {
+            Ok(list) => *w = Ok(Arc::new(PublishedGpus::from_slices(&list.items))),
+            // An unreachable API server keeps the last inventory (pods are then checked
+            // against it); before the first, the reason is kept for the refusal.
+            Err(e) if w.is_err() => *w = Err(format!("listing ResourceSlices: {e}")),
+            Err(_) => {}
         }
     }
 
-    /// The last inventory read.
-    pub fn inventory(&self) -> Arc<PublishedGpus> {
-        self.inventory
-            .read()
-            .map(|r| Arc::clone(&r))
-            .unwrap_or_default()
+    /// The last inventory read; an error until one read succeeded.
+    pub fn inventory(&self) -> Result<Arc<PublishedGpus>, ClusterError> {
+        match self.inventory.read() {
+            Ok(r) => r
+                .clone()
+                .map_err(|detail| ClusterError::NoInventory { detail }),
+            Err(_) => Err(ClusterError::NoInventory {
+                detail: "the inventory's lock is poisoned".into(),
+            }),
+        }
     }
 
     /// Whether `namespace` is labelled `gpuslice.io/hami-compat=true`.
@@ -192,7 +209,24 @@ impl Cluster {
             }
         };
         if let Some(t) = api.get_opt(&name).await.map_err(|e| err(e.to_string()))? {
-            return check(&t);
+            check(&t)?;
+            if !is_marked(&t) {
+                return Ok(());
+            }
+            // Marked unused by the sweep: clear the mark (a new version, so that a delete of
+            // the version marked fails); if the sweep deleted it meanwhile, create it again.
+            match api
+                .patch(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(mark_patch(None)),
+                )
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(kube::Error::Api(s)) if s.is_not_found() => {}
+                Err(e) => return Err(err(e.to_string())),
+            }
         }
         match api.create(&PostParams::default(), want).await {
             Ok(_) => Ok(()),

@@ -12,6 +12,7 @@ pub mod cluster;
 pub mod mutate;
 pub mod review;
 pub mod server;
+pub mod sweep;
 pub mod tls;
 
 pub use gpuslice_conn::Limits;

@@ -8,13 +8,19 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use serde_json::{json, Map, Value};
 
-use crate::ask::{container_ask, hami_selectors, AskError, HAMI_GPU, HAMI_MEM, HAMI_MEM_PERCENT};
+use crate::ask::{
+    container_ask, covers, hami_selectors, Ask, AskError, HAMI_GPU, HAMI_MEM, HAMI_MEM_PERCENT,
+    HAMI_PRIORITY,
+};
 use gpuslice_kube::claim_shape::{
-    claim_spec, pod_shape, template, Mode, PublishedGpus, ShapeError,
+    claim_spec, pod_shape, template, Mode, PublishedGpus, Shape, ShapeError,
 };
 
 /// Prefix of the pod's claim entries the webhook adds (`gpuslice-c0`, `gpuslice-i1`).
 pub const ENTRY_PREFIX: &str = "gpuslice-";
+/// The most templates (distinct shapes) one pod may need: each is an object the webhook
+/// creates with its own rights in the pod's namespace, so a review cannot make more.
+pub const MAX_TEMPLATES: usize = 16;
 
 /// Why a pod is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -27,6 +33,8 @@ pub enum MutateError {
     EntryTaken { name: String },
     #[error("{field}: {detail}")]
     Pod { field: String, detail: String },
+    #[error("spec: the containers ask for {count} different GPU slices (a ResourceClaimTemplate each); accepted: at most {max} per pod (containers asking the same share one)")]
+    TooManyTemplates { count: usize, max: usize },
 }
 
 /// What admitting a pod takes: the patch, the templates the patch names, the warnings.
@@ -40,7 +48,13 @@ pub struct Plan {
 /// Whether the pod names any of HAMi's GPU limits (the namespace's label is looked up only
 /// then).
 pub fn mentions_hami(pod: &Value) -> bool {
-    let keys = [HAMI_GPU, HAMI_MEM, HAMI_MEM_PERCENT, crate::ask::HAMI_CORES];
+    let keys = [
+        HAMI_GPU,
+        HAMI_MEM,
+        HAMI_MEM_PERCENT,
+        crate::ask::HAMI_CORES,
+        HAMI_PRIORITY,
+    ];
     ["containers", "initContainers"].iter().any(|list| {
         pod["spec"][list].as_array().into_iter().flatten().any(|c| {
             ["limits", "requests"].iter().any(|r| {
@@ -68,8 +82,72 @@ fn strings(v: &Value) -> BTreeMap<String, String> {
         .unwrap_or_default()
 }
 
+/// One container whose limits name a slice (or HAMi's names for none).
+struct Asked<'a> {
+    list: &'static str,
+    /// `c` for an app container, `i` for an init container (the entry's name).
+    letter: char,
+    index: usize,
+    /// An init container without `restartPolicy: Always`: it runs alone, before the app
+    /// containers (a sidecar runs beside them).
+    ordinary_init: bool,
+    resources: &'a Value,
+    ask: Ask,
+    /// The claim entry the container uses, if it gets a slice.
+    entry: Option<String>,
+}
+
+/// What a new claim entry needs besides its shape.
+struct NewClaim<'a> {
+    existing: &'a [String],
+    namespace: &'a str,
+    inventory: &'a PublishedGpus,
+}
+
+impl NewClaim<'_> {
+    /// Adds the entry `entry` for a claim of `shape` (asked at `field`) and its template.
+    fn add(
+        &self,
+        out: &mut Plan,
+        entries: &mut Vec<Value>,
+        entry: &str,
+        shape: &Shape,
+        field: &str,
+    ) -> Result<(), MutateError> {
+        if self.existing.iter().any(|e| e == entry) {
+            return Err(MutateError::EntryTaken {
+                name: entry.to_string(),
+            });
+        }
+        let (spec, warnings) = claim_spec(&self.inventory.mode, shape, field)?;
+        out.warnings.extend(warnings);
+        let t = template(self.namespace, spec);
+        let tname = t.metadata.name.clone().unwrap_or_default();
+        if !out
+            .templates
+            .iter()
+            .any(|x| x.metadata.name == t.metadata.name)
+        {
+            out.templates.push(t);
+        }
+        entries.push(json!({"name": entry, "resourceClaimTemplateName": tname}));
+        Ok(())
+    }
+}
+
 /// The plan for `pod` in `namespace`; `hami`: HAMi's names count (the webhook runs with
 /// `--hami-compat` and the namespace is labelled for it).
+///
+/// Each app container and each sidecar (an init container with `restartPolicy: Always`) that
+/// asks gets a claim of its own (`gpuslice-c<N>`, `gpuslice-i<N>`). An ordinary init
+/// container runs alone, before the app containers and after the init containers before it,
+/// so it shares the claim of the first app container, else of the first earlier ordinary init
+/// container, whose slice [`covers`] its ask; only when none does it gets a claim of its own,
+/// held, as every claim of the pod, for the pod's life (docs/webhook.md).
+///
+/// In slot mode every container of the pod that asks for a slice shares one claim instead,
+/// of the pod's effective ask ([`pod_shape`]): one slot claim per pod bounds the scheduler's
+/// search (docs/kubernetes-dra.md, "Bounded search").
 pub fn plan(
     pod: &Value,
     namespace: &str,
@@ -90,8 +168,9 @@ pub fn plan(
         .flatten()
         .filter_map(|e| e["name"].as_str().map(str::to_string))
         .collect();
-    // Every container that asks, with its ask.
-    let mut asks = Vec::new();
+    // Every container whose limits name a slice (or HAMi's names for none), in pod order:
+    // the app containers, then the init containers.
+    let mut asked: Vec<Asked> = Vec::new();
     for (list, letter) in [("containers", 'c'), ("initContainers", 'i')] {
         for (i, c) in pod["spec"][list]
             .as_array()
@@ -108,67 +187,108 @@ pub fn plan(
                 selectors.as_ref().map(|(s, _)| s.as_slice()),
                 inventory,
             )?;
-            if let Some(ask) = ask {
-                asks.push((list, letter, i, path, ask));
-            }
+            let Some(mut ask) = ask else { continue };
+            out.warnings.append(&mut ask.warnings);
+            asked.push(Asked {
+                list,
+                letter,
+                index: i,
+                ordinary_init: letter == 'i' && c["restartPolicy"].as_str() != Some("Always"),
+                resources,
+                ask,
+                entry: None,
+            });
         }
     }
-    // In slot mode the pod's containers share one claim (one slot claim per pod bounds the
-    // scheduler's search: docs/kubernetes-dra.md, "Bounded search"): the first asking
-    // container's entry, for the pod's effective ask.
-    let shared = match (&inventory.mode, asks.len() > 1) {
-        (Mode::Slots(_), true) => {
-            let (shape, warning) = pod_shape(
-                &asks
-                    .iter()
-                    .map(|(list, _, _, path, ask)| {
-                        (path.clone(), ask.shape.clone(), *list == "initContainers")
-                    })
-                    .collect::<Vec<_>>(),
-            )?;
-            let (_, letter, i, _, _) = &asks[0];
-            let field = asks
-                .iter()
-                .map(|a| a.3.as_str())
-                .collect::<Vec<_>>()
-                .join(", ");
-            out.warnings.push(warning);
-            Some((format!("{ENTRY_PREFIX}{letter}{i}"), shape, field))
-        }
-        _ => None,
-    };
     let mut entries = Vec::new();
-    for (list, letter, i, path, ask) in asks {
-        let resources = &pod["spec"][list][i]["resources"];
-        out.warnings.extend(ask.warnings);
-        let entry = match &shared {
-            Some((entry, _, _)) => entry.clone(),
-            None => format!("{ENTRY_PREFIX}{letter}{i}"),
+    let sliced: Vec<usize> = (0..asked.len())
+        .filter(|k| asked[*k].ask.shape.is_some())
+        .collect();
+    if matches!(inventory.mode, Mode::Slots(_)) && sliced.len() > 1 {
+        let parts: Vec<(String, Shape, bool)> = asked
+            .iter()
+            .filter_map(|a| {
+                let path = format!("spec.{}[{}]", a.list, a.index);
+                a.ask.shape.clone().map(|s| (path, s, a.ordinary_init))
+            })
+            .collect();
+        let (shape, warning) = pod_shape(&parts)?;
+        out.warnings.push(warning);
+        let field = parts
+            .iter()
+            .map(|p| p.0.as_str())
+            .collect::<Vec<_>>()
+            .join(", ");
+        let first = &asked[sliced[0]];
+        let entry = format!("{ENTRY_PREFIX}{}{}", first.letter, first.index);
+        let claim = NewClaim {
+            existing: &existing,
+            namespace,
+            inventory,
         };
-        if existing.contains(&entry) {
-            return Err(MutateError::EntryTaken { name: entry });
+        claim.add(&mut out, &mut entries, &entry, &shape, &field)?;
+        for k in sliced {
+            asked[k].entry = Some(entry.clone());
         }
-        if !entries.iter().any(|e: &Value| e["name"] == entry.as_str()) {
-            let (spec, warnings) = match &shared {
-                Some((_, shape, field)) => claim_spec(&inventory.mode, shape, field)?,
-                None => claim_spec(&inventory.mode, &ask.shape, &path)?,
+    } else {
+        // What an ordinary init container may share, as indexes into `asked`: the app
+        // containers' claims, then the earlier ordinary init containers' own.
+        let mut app_claims: Vec<usize> = Vec::new();
+        let mut init_claims: Vec<usize> = Vec::new();
+        let claim = NewClaim {
+            existing: &existing,
+            namespace,
+            inventory,
+        };
+        for k in sliced {
+            let Some(want) = asked[k].ask.shape.clone() else {
+                continue;
             };
-            out.warnings.extend(warnings);
-            let t = template(namespace, spec);
-            let tname = t.metadata.name.clone().unwrap_or_default();
-            if !out
-                .templates
-                .iter()
-                .any(|x| x.metadata.name == t.metadata.name)
-            {
-                out.templates.push(t);
-            }
-            entries.push(json!({"name": entry, "resourceClaimTemplateName": tname}));
+            let shared = if asked[k].ordinary_init {
+                app_claims
+                    .iter()
+                    .chain(&init_claims)
+                    .map(|j| &asked[*j])
+                    .find(|held| {
+                        held.ask
+                            .shape
+                            .as_ref()
+                            .is_some_and(|have| covers(have, &want))
+                    })
+                    .and_then(|held| held.entry.clone())
+            } else {
+                None
+            };
+            let entry = match shared {
+                Some(entry) => entry,
+                None => {
+                    let a = &asked[k];
+                    let entry = format!("{ENTRY_PREFIX}{}{}", a.letter, a.index);
+                    let path = format!("spec.{}[{}]", a.list, a.index);
+                    claim.add(&mut out, &mut entries, &entry, &want, &path)?;
+                    if a.letter == 'c' {
+                        app_claims.push(k);
+                    } else if a.ordinary_init {
+                        init_claims.push(k);
+                    }
+                    entry
+                }
+            };
+            asked[k].entry = Some(entry);
         }
-        let mut res: Map<String, Value> = resources.as_object().cloned().unwrap_or_default();
+    }
+    if out.templates.len() > MAX_TEMPLATES {
+        return Err(MutateError::TooManyTemplates {
+            count: out.templates.len(),
+            max: MAX_TEMPLATES,
+        });
+    }
+    for a in &asked {
+        let path = format!("spec.{}[{}]", a.list, a.index);
+        let mut res: Map<String, Value> = a.resources.as_object().cloned().unwrap_or_default();
         for part in ["limits", "requests"] {
             if let Some(Value::Object(m)) = res.get_mut(part) {
-                for k in &ask.remove {
+                for k in &a.ask.remove {
                     m.remove(k);
                 }
                 if m.is_empty() {
@@ -176,24 +296,30 @@ pub fn plan(
                 }
             }
         }
-        let claims = res
-            .entry("claims")
-            .or_insert_with(|| Value::Array(Vec::new()));
-        let Value::Array(claims) = claims else {
-            return Err(MutateError::Pod {
-                field: format!("{path}.resources.claims"),
-                detail: "not a list".into(),
-            });
-        };
-        claims.push(json!({"name": entry}));
+        if let Some(entry) = &a.entry {
+            let claims = res
+                .entry("claims")
+                .or_insert_with(|| Value::Array(Vec::new()));
+            let Value::Array(claims) = claims else {
+                return Err(MutateError::Pod {
+                    field: format!("{path}.resources.claims"),
+                    detail: "not a list".into(),
+                });
+            };
+            claims.push(json!({ "name": entry }));
+        }
         out.patch.push(json!({
-            "op": if resources.is_object() { "replace" } else { "add" },
-            "path": format!("/spec/{list}/{i}/resources"),
+            "op": if a.resources.is_object() { "replace" } else { "add" },
+            "path": format!("/spec/{}/{}/resources", a.list, a.index),
             "value": Value::Object(res),
         }));
     }
     if entries.is_empty() {
-        return Ok(Plan::default());
+        return Ok(Plan {
+            patch: out.patch,
+            templates: Vec::new(),
+            warnings: out.warnings,
+        });
     }
     if let Some((_, w)) = selectors {
         out.warnings.extend(w);
@@ -336,5 +462,133 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("gpuslice-c1"), "{e}");
+    }
+
+    fn containers(memories: &[&str]) -> Vec<Value> {
+        memories
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                json!({"name": format!("c{i}"), "image": "x",
+                       "resources": {"limits": {"gpuslice.io/memory": m}}})
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_pod_needs_at_most_sixteen_templates() {
+        let sizes: Vec<String> = (1..=17).map(|i| format!("{i}Gi")).collect();
+        let sizes: Vec<&str> = sizes.iter().map(String::as_str).collect();
+        let pod = |n: usize| json!({"spec": {"containers": containers(&sizes[..n])}});
+        let p = plan(&pod(16), "ns", false, &PublishedGpus::default()).unwrap();
+        assert_eq!(p.templates.len(), 16);
+        let e = plan(&pod(17), "ns", false, &PublishedGpus::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("ask for 17 different GPU slices") && e.contains("at most 16 per pod"),
+            "{e}"
+        );
+        // Many containers of one shape share one template.
+        let same = json!({"spec": {"containers": containers(&["1Gi"; 3000])}});
+        let p = plan(&same, "ns", false, &PublishedGpus::default()).unwrap();
+        assert_eq!(p.templates.len(), 1);
+    }
+
+    #[test]
+    fn an_init_container_shares_an_app_containers_claim_that_covers_it() {
+        let inv = PublishedGpus::default();
+        let init = |m: &str, always: bool| {
+            let mut c = json!({"name": "init", "image": "x",
+                               "resources": {"limits": {"gpuslice.io/memory": m}}});
+            if always {
+                c["restartPolicy"] = json!("Always");
+            }
+            c
+        };
+        let claims = |p: &Plan, list: &str, i: usize| {
+            p.patch
+                .iter()
+                .find(|op| op["path"] == format!("/spec/{list}/{i}/resources"))
+                .map(|op| op["value"]["claims"].clone())
+                .unwrap()
+        };
+        let entries = |p: &Plan| {
+            p.patch
+                .iter()
+                .find(|op| op["path"] == "/spec/resourceClaims")
+                .map(|op| {
+                    op["value"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|e| e["name"].as_str().unwrap().to_string())
+                        .collect::<Vec<_>>()
+                })
+                .unwrap()
+        };
+        // 10Gi before the app's 20Gi: the app's claim, no claim of its own, one template.
+        let pod = json!({"spec": {"containers": containers(&["20Gi"]),
+                                  "initContainers": [init("10Gi", false)]}});
+        let p = plan(&pod, "ns", false, &inv).unwrap();
+        assert_eq!(
+            claims(&p, "initContainers", 0),
+            json!([{"name": "gpuslice-c0"}])
+        );
+        assert_eq!(entries(&p), vec!["gpuslice-c0"]);
+        assert_eq!(p.templates.len(), 1);
+        // More than the app's: a claim of its own; a later init container it covers shares it.
+        let pod = json!({"spec": {"containers": containers(&["20Gi"]),
+                                  "initContainers": [init("30Gi", false), init("25Gi", false)]}});
+        let p = plan(&pod, "ns", false, &inv).unwrap();
+        assert_eq!(
+            claims(&p, "initContainers", 0),
+            json!([{"name": "gpuslice-i0"}])
+        );
+        assert_eq!(
+            claims(&p, "initContainers", 1),
+            json!([{"name": "gpuslice-i0"}])
+        );
+        assert_eq!(entries(&p), vec!["gpuslice-c0", "gpuslice-i0"]);
+        // A sidecar runs beside the app containers: always a claim of its own.
+        let pod = json!({"spec": {"containers": containers(&["20Gi"]),
+                                  "initContainers": [init("10Gi", true)]}});
+        let p = plan(&pod, "ns", false, &inv).unwrap();
+        assert_eq!(
+            claims(&p, "initContainers", 0),
+            json!([{"name": "gpuslice-i0"}])
+        );
+        assert_eq!(entries(&p), vec!["gpuslice-c0", "gpuslice-i0"]);
+        // Another GPU count or a share the app's claim does not give: its own.
+        for other in [
+            json!({"gpuslice.io/memory": "10Gi", "gpuslice.io/gpus": "2"}),
+            json!({"gpuslice.io/memory": "10Gi", "gpuslice.io/cores": "30"}),
+        ] {
+            let mut c = init("10Gi", false);
+            c["resources"]["limits"] = other.clone();
+            let mut app = containers(&["20Gi"]);
+            app[0]["resources"]["limits"]["gpuslice.io/cores"] = json!("20");
+            let pod = json!({"spec": {"containers": app, "initContainers": [c]}});
+            let p = plan(&pod, "ns", false, &inv).unwrap();
+            assert_eq!(entries(&p), vec!["gpuslice-c0", "gpuslice-i0"], "{other}");
+        }
+    }
+
+    #[test]
+    fn hami_names_that_ask_for_no_gpu_are_removed_without_a_claim() {
+        for limits in [
+            json!({"nvidia.com/priority": "1"}),
+            json!({"nvidia.com/gpu": "0"}),
+        ] {
+            let p = plan(&pod(limits.clone()), "ns", true, &PublishedGpus::default()).unwrap();
+            assert!(p.templates.is_empty(), "{limits}");
+            assert_eq!(
+                Value::Array(p.patch),
+                json!([{"op": "replace", "path": "/spec/containers/1/resources",
+                        "value": {"requests": {"cpu": "1"}}}]),
+                "{limits}"
+            );
+            assert_eq!(p.warnings.len(), 1, "{limits}: {:?}", p.warnings);
+        }
     }
 }

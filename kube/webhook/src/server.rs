@@ -1,7 +1,8 @@
 //! `gpuslice webhook`: the HTTPS server the API server calls. TLS only (it refuses to start
-//! without a certificate), `POST /mutate` for AdmissionReviews of Pods, `GET /healthz` for
-//! probes, and bounds on what a client can make it hold ([`Options`]): a connection cap at
-//! which the client waited on longest is shed for a new one, deadlines on a handshake, a
+//! without a certificate), `POST /mutate` for AdmissionReviews of Pods, `GET /healthz` (live)
+//! and `GET /readyz` (the inventory was read) for probes, and bounds on what a client can
+//! make it hold ([`Options`]): a connection cap at which the client waited on longest is shed
+//! for a new one, deadlines on a handshake, a
 //! request head (also between requests), a body and every write, the body's size (a larger
 //! declared one is refused before it is read), the bytes of bodies held at once (past it the
 //! slowest holder is shed) and the time one review may take.
@@ -105,6 +106,10 @@ pub struct WebhookArgs {
     /// labelled gpuslice.io/hami-compat=true.
     #[arg(long)]
     pub hami_compat: bool,
+    /// Seconds a ResourceClaimTemplate of the webhook's goes unnamed by every pod of its
+    /// namespace before it is marked unused, and stays marked before it is deleted.
+    #[arg(long, value_name = "SECONDS", default_value_t = crate::sweep::DEFAULT_GRACE.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    pub unused_template_grace: u64,
 }
 
 /// Why the webhook did not start or stopped.
@@ -150,7 +155,8 @@ pub fn run_until_signal(args: WebhookArgs) -> Result<(), WebhookError> {
                 addr: args.listen,
                 detail: e.to_string(),
             })?;
-        let cluster = Cluster::start(client).await;
+        let cluster =
+            Cluster::start(client, Duration::from_secs(args.unused_template_grace)).await;
         eprintln!(
             "gpuslice webhook: serving https://{} (hami-compat: {})",
             listener.local_addr().map_or(args.listen, |a| a),
@@ -372,6 +378,15 @@ async fn route(
 ) -> Response<Full<Bytes>> {
     match (req.method(), req.uri().path()) {
         (&Method::GET, "/healthz") => reply(StatusCode::OK, "text/plain", b"ok\n".to_vec()),
+        // Ready once the cluster's inventory was read (before, every GPU pod is refused).
+        (&Method::GET, "/readyz") => match shared.cluster.inventory() {
+            Ok(_) => reply(StatusCode::OK, "text/plain", b"ok\n".to_vec()),
+            Err(e) => reply(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain",
+                format!("{e}\n").into_bytes(),
+            ),
+        },
         (&Method::POST, "/mutate") => {
             let opts = &shared.opts;
             let body = match read_body(req.into_body(), shared, activity).await {
@@ -433,7 +448,7 @@ async fn route(
         _ => reply(
             StatusCode::NOT_FOUND,
             "text/plain",
-            b"gpuslice webhook: POST /mutate, GET /healthz\n".to_vec(),
+            b"gpuslice webhook: POST /mutate, GET /healthz, GET /readyz\n".to_vec(),
         ),
     }
 }
@@ -456,7 +471,10 @@ async fn admit(r: &review::Request, shared: &Shared) -> Value {
     } else {
         false
     };
-    let inventory = shared.cluster.inventory();
+    let inventory = match shared.cluster.inventory() {
+        Ok(i) => i,
+        Err(e) => return review::deny(&r.uid, 500, &e.to_string()),
+    };
     let p = match plan(pod, &r.namespace, hami, &inventory) {
         Ok(p) => p,
         Err(e) => return review::deny(&r.uid, 400, &e.to_string()),

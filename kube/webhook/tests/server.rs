@@ -16,6 +16,7 @@ fn args() -> WebhookArgs {
         tls_key: None,
         kubeconfig: None,
         hami_compat: false,
+        unused_template_grace: 600,
     }
 }
 
