@@ -168,6 +168,7 @@ mod tests {
                 namespace: "ns".into(),
                 members: Vec::new(),
                 name: "n".into(),
+                gone: None,
             },
             None,
         );

@@ -79,6 +79,7 @@ fn a_claim_gets_the_slice_edits_under_its_own_cdi_name() {
         namespace: "ns".into(),
         members: Vec::new(),
         name: "c".into(),
+        gone: None,
     };
     let share = ClaimShare {
         uuid: gpus()[1].uuid.clone(),

@@ -28,15 +28,16 @@ pub use fake::FakeSystem;
 pub use id::{is_valid_id, new_id, IdError, ID_LEN};
 pub use load::{gpu_loads, memory_capacity, missing_gpus, violations, GpuLoad, GpuLoads};
 pub use model::{
-    Booking, Counters, Gpu, Inventory, KubernetesRef, Owner, ProcessRef, RegistryFile, Reservation,
-    ReservationState, REGISTRY_VERSION,
+    Booking, ClaimGone, Counters, Gpu, Inventory, KubernetesRef, Owner, ProcessRef, RegistryFile,
+    Reservation, ReservationState, REGISTRY_VERSION,
 };
 pub use placement::{place, Refusal, RefusalReason};
 pub use printable::printable;
 pub use reap::{ReapReason, Reaped};
 pub use registry::{
-    check_state_dir, claim_uid, no_cleanup, read_registry, ClaimReservation, ClaimShare, Cleanup,
-    InventoryChange, Options, RebuildReport, Registry, RegistryError, Released, MAX_CLAIM_MEMBERS,
+    check_state_dir, claim_uid, no_cleanup, read_registry, ClaimLeft, ClaimReservation, ClaimShare,
+    Cleanup, InventoryChange, Options, RebuildReport, Registry, RegistryError, Released,
+    MAX_CLAIM_MEMBERS,
 };
 pub use request::{Request, Selector, SelectorError, MAX_GPUS};
 pub use store::{StoreError, LOCK_FILE, RECORD_FILE, REGISTRY_FILE, SLICES_DIR};

@@ -123,7 +123,7 @@ pub enum Owner {
         kubernetes: Option<KubernetesRef>,
     },
     /// A Kubernetes DRA claim: held from the kubelet's prepare to its unprepare, whatever its
-    /// containers do; never reaped, only released.
+    /// containers do; released, never reaped, while the claim exists (see `gone`).
     DraClaim {
         claim_uid: String,
         namespace: String,
@@ -134,7 +134,23 @@ pub enum Owner {
         /// Entries whose process and cgroup are gone are dropped when another joins.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         members: Vec<ProcessRef>,
+        /// Set when the claim left the API server (deleted, re-created under another UID, or
+        /// no longer allocated here) while containers it was given to still ran: the booking
+        /// stays, offered to no one, until the last of those `members` has exited, and is then
+        /// reaped like a container's.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        gone: Option<ClaimGone>,
     },
+}
+
+/// Why, and since when, a claim's booking is held by its running containers alone.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClaimGone {
+    /// Unix milliseconds when the plugin found the claim gone.
+    pub since_ms: u64,
+    /// What the API server said, one line (`the claim no longer exists`, …).
+    pub why: String,
 }
 
 impl Owner {
@@ -160,6 +176,14 @@ impl Owner {
         match self {
             Owner::Container { process, .. } => process.as_ref(),
             Owner::DraClaim { .. } => None,
+        }
+    }
+
+    /// Why a claim's booking outlives its claim, when it does.
+    pub fn claim_gone(&self) -> Option<&ClaimGone> {
+        match self {
+            Owner::DraClaim { gone, .. } => gone.as_ref(),
+            Owner::Container { .. } => None,
         }
     }
 
@@ -307,6 +331,10 @@ mod tests {
             namespace: "ns".into(),
             members: Vec::new(),
             name: "n".into(),
+            gone: Some(ClaimGone {
+                since_ms: 5,
+                why: "the claim no longer exists".into(),
+            }),
         };
         let back: Owner =
             serde_json::from_value(serde_json::to_value(&d).expect("ser")).expect("de");

@@ -1,6 +1,8 @@
 //! Reaping: which reservations have lost their owner. Pending ones past their deadline, and
 //! bound ones whose process exited, whose pid now names another process (start time differs)
-//! or that predate a reboot (boot id differs). DRA claims are never reaped.
+//! or that predate a reboot (boot id differs). DRA claims are released, not reaped, while the
+//! claim exists; one kept after its claim left the API server ([`ClaimGone`]) is reaped once
+//! every container it was given to has exited.
 //!
 //! Exits are seen on every call through a cheap existence probe (`getpgid`; a zombie still
 //! exists). Reading start times costs a `/proc` read per process, so they are all read in
@@ -21,7 +23,7 @@
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 
-use crate::model::{Owner, ProcessRef, RegistryFile, Reservation, ReservationState};
+use crate::model::{ClaimGone, Owner, ProcessRef, RegistryFile, Reservation, ReservationState};
 use crate::system::{System, SystemError};
 
 /// Why a reservation was reaped.
@@ -37,6 +39,8 @@ pub enum ReapReason {
     Rebooted { recorded: String },
     /// A slice directory that the registry does not list (left by a crash).
     Orphan,
+    /// A claim kept after it left the API server, whose last container has exited.
+    ClaimGone { why: String },
 }
 
 impl fmt::Display for ReapReason {
@@ -63,6 +67,10 @@ impl fmt::Display for ReapReason {
                 write!(f, "bound before a reboot (boot id {recorded})")
             }
             ReapReason::Orphan => f.write_str("slice directory not listed in the registry"),
+            ReapReason::ClaimGone { why } => write!(
+                f,
+                "kept after its claim left the API server ({why}); its last container exited"
+            ),
         }
     }
 }
@@ -202,10 +210,28 @@ impl<'a> Liveness<'a> {
             .or_insert_with(|| system.cgroup_populated(cgroup))
     }
 
+    /// Whether the container recorded as `m` may still run processes: its init is the same
+    /// process (as far as this pass probes), or the cgroup it was seen in still holds some.
+    pub(crate) fn member_runs(&mut self, m: &ProcessRef) -> Result<bool, SystemError> {
+        Ok(match self.process_gone(m)? {
+            None => true,
+            Some(ReapReason::Rebooted { .. }) => false,
+            Some(_) => self.cgroup_holds_processes(m),
+        })
+    }
+
     /// Why `r` has lost its owner, or `None` while it is held.
     pub(crate) fn verdict(&mut self, r: &Reservation) -> Result<Option<ReapReason>, SystemError> {
-        if let Owner::DraClaim { .. } = r.owner {
-            return Ok(None);
+        if let Owner::DraClaim { members, gone, .. } = &r.owner {
+            let Some(ClaimGone { why, .. }) = gone else {
+                return Ok(None);
+            };
+            for m in members {
+                if self.member_runs(m)? {
+                    return Ok(None);
+                }
+            }
+            return Ok(Some(ReapReason::ClaimGone { why: why.clone() }));
         }
         if let Some(p) = r.owner.process() {
             return match self.process_gone(p)? {

@@ -26,7 +26,7 @@ mod ops;
 mod rebuild;
 
 use crate::system::{RealSystem, System, SystemError};
-pub use claims::{claim_uid, ClaimReservation, ClaimShare, MAX_CLAIM_MEMBERS};
+pub use claims::{claim_uid, ClaimLeft, ClaimReservation, ClaimShare, MAX_CLAIM_MEMBERS};
 pub use rebuild::RebuildReport;
 
 /// Called for every reservation that leaves the registry (released or reaped), after the

@@ -9,8 +9,8 @@ use std::path::Path;
 use proptest::prelude::*;
 
 use crate::model::{
-    Booking, Counters, Gpu, Inventory, KubernetesRef, Owner, ProcessRef, RegistryFile, Reservation,
-    ReservationState, REGISTRY_VERSION,
+    Booking, ClaimGone, Counters, Gpu, Inventory, KubernetesRef, Owner, ProcessRef, RegistryFile,
+    Reservation, ReservationState, REGISTRY_VERSION,
 };
 use crate::store::{self, Loaded, Paths};
 
@@ -167,14 +167,19 @@ fn owner() -> impl Strategy<Value = Owner> {
                 process,
                 kubernetes,
             }),
-        (odd_string(), odd_string(), odd_string()).prop_map(|(claim_uid, namespace, name)| {
-            Owner::DraClaim {
+        (
+            odd_string(),
+            odd_string(),
+            odd_string(),
+            proptest::option::of((any_u64(), odd_string())),
+        )
+            .prop_map(|(claim_uid, namespace, name, gone)| Owner::DraClaim {
                 claim_uid,
                 namespace,
                 members: Vec::new(),
                 name,
-            }
-        }),
+                gone: gone.map(|(since_ms, why)| ClaimGone { since_ms, why }),
+            }),
     ]
 }
 
@@ -325,6 +330,7 @@ fn every_field_set() -> RegistryFile {
         namespace: "claim-ns".into(),
         members: Vec::new(),
         name: "claim-name".into(),
+        gone: None,
     };
     let reservation = |id: &str, state, owner| Reservation {
         id: id.into(),

@@ -73,6 +73,7 @@ fn corrupt_registry_refuses_changes_and_rebuild_restores_live_reservations() {
         namespace: "ns".into(),
         members: Vec::new(),
         name: "c".into(),
+        gone: None,
     };
     let claim = reg
         .reserve(&Request {

@@ -307,6 +307,7 @@ fn dra_claims_are_held_until_released_and_never_bound() {
         namespace: "ns".into(),
         members: Vec::new(),
         name: "claim".into(),
+        gone: None,
     };
     let r = reg
         .reserve(&Request {

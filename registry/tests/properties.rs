@@ -197,6 +197,7 @@ impl World {
                         namespace: "ns".into(),
                         members: Vec::new(),
                         name: "claim".into(),
+                        gone: None,
                     },
                 };
                 let request = Request {

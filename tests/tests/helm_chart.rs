@@ -104,6 +104,7 @@ fn the_chart_renders_the_raw_manifests_and_both_certificate_bootstraps() {
         "packaging/kubernetes/dra/deviceclass.yaml",
         "packaging/kubernetes/dra/deviceclass-slots.yaml",
         "packaging/kubernetes/dra/slot-claims-policy.yaml",
+        "packaging/kubernetes/dra/kubelet-plugin-policy.yaml",
         "packaging/kubernetes/dra/rbac.yaml",
         "packaging/kubernetes/dra/kubelet-plugin.yaml",
         "packaging/monitoring/exporter.yaml",

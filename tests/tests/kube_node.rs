@@ -7,6 +7,11 @@
 //!    through the shim is refused past the slice, a holder that unloads the shim from a pid
 //!    namespace of its own (`unshare -U -r -p -f -m` under `kubectl exec`) is killed by the
 //!    enforcer as the claim's, and deleting the pod releases the booking;
+//!    then a claim deleted under its running pod (finalizer removed) stays booked while the
+//!    pod's container runs, a claim the scheduler allocates over it is not booked (the pod's
+//!    event names the holder), `status` and the plugin's log say why, and deleting the pod
+//!    releases it; and the plugin's ServiceAccount may write only its own node's
+//!    ResourceSlices (packaging/kubernetes/dra/kubelet-plugin-policy.yaml);
 //! 2. a Deployment of 3 replicas whose claims fit 2: 2 Running, 1 Pending with the
 //!    scheduler's reason; scaling to 2 frees nothing wrongly;
 //! 3. the RuntimeClass + annotation path through the same kubelet and containerd, and
@@ -237,7 +242,288 @@ fn pod_with_a_claim_runs_with_its_slice_and_releases_it() {
 
     kn.delete_pod("sliced");
     assert_released(&kn, &node, &claim);
+
+    a_deleted_claim_stays_booked_while_its_pod_runs(&kn, &node);
+    the_plugins_service_account_writes_only_its_own_nodes_slices(&kn);
     kn.cluster.down();
+}
+
+/// Waits until the plugin's log holds `text`; returns the whole log.
+fn wait_plugin_log(kn: &KubeNode, text: &str) -> String {
+    let path = kn.cluster.dir().join("logs/gpuslice-kubelet-plugin.log");
+    wait_for_or(STEP, || {
+        let log = std::fs::read_to_string(&path).unwrap_or_default();
+        log.contains(text).then_some(log)
+    })
+    .unwrap_or_else(|| panic!("no {text:?} in {}\n{}", path.display(), kn.logs()))
+}
+
+/// What a pod's claim allocated over a kept booking came to.
+enum Over {
+    /// Allocated, and its prepare refused: the pod's events.
+    Refused(String),
+    /// Never allocated (the plugin had withdrawn the kept booking first): the scheduler's
+    /// message.
+    Unschedulable(String),
+}
+
+/// A claim deleted under its running pod (its finalizer removed, as the default `edit` role
+/// may) keeps its booking while the pod's container runs: a claim the scheduler then
+/// allocates over it on the same GPU is not booked (prepare refuses, naming the holder), or,
+/// once the plugin has withdrawn the kept booking from the slice, is not allocated at all;
+/// `status` and one line of the plugin's log say why; deleting the pod releases the booking
+/// and the waiting pod runs.
+fn a_deleted_claim_stays_booked_while_its_pod_runs(kn: &KubeNode, node: &TestNode) {
+    let mut claim = claim_template("held-16g", "16Gi", "0");
+    claim["kind"] = json!("ResourceClaim");
+    claim["spec"] = claim["spec"]["spec"].clone();
+    kn.cluster.create(&claim).unwrap();
+    let mut spec = pod_spec("echo READY; exec sleep 600", None);
+    spec["resourceClaims"] = json!([{"name": "gpu", "resourceClaimName": "held-16g"}]);
+    spec["containers"][0]["resources"] = json!({"claims": [{"name": "gpu"}]});
+    kn.cluster
+        .create(&json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "holder", "namespace": NS},
+            "spec": spec,
+        }))
+        .unwrap();
+    let holder = kn.wait_running("holder");
+    let cid = holder["status"]["containerStatuses"][0]["containerID"].clone();
+    let held = kn
+        .cluster
+        .get_json(&["resourceclaim", "held-16g", "-n", NS]);
+    let booking = reservation_of(node, &held);
+    let id = booking["id"].as_str().unwrap().to_string();
+    assert_eq!(booking["gpus"][0]["memory"], 16 * GIB, "{booking}");
+
+    kn.cluster.kubectl(&[
+        "delete",
+        "resourceclaim",
+        "held-16g",
+        "-n",
+        NS,
+        "--wait=false",
+    ]);
+    kn.cluster.kubectl(&[
+        "patch",
+        "resourceclaim",
+        "held-16g",
+        "-n",
+        NS,
+        "--type=json",
+        "-p",
+        r#"[{"op": "remove", "path": "/metadata/finalizers"}]"#,
+    ]);
+    wait("claim held-16g to be gone", || {
+        let out = kn
+            .cluster
+            .kubectl_output(&["get", "resourceclaim", "held-16g", "-n", NS], None);
+        (!out.status.success()).then_some(())
+    });
+    // The scheduler no longer counts the 16 GiB: 12 GiB of the 24 GiB L4 look free.
+    kn.cluster
+        .create(&claim_template("slice-12g", "12Gi", "0"))
+        .unwrap();
+    kn.cluster
+        .create(&pod(
+            "over",
+            "echo READY; exec sleep 600",
+            Some("slice-12g"),
+        ))
+        .unwrap();
+    let withdrawn = vec![("gpu-0".to_string(), Some("8Gi".to_string()))];
+    let holder_named =
+        "held there by claim default/held-16g (16 GiB; the claim no longer exists, kept while its containers run)";
+    let outcome = wait_for_or(STEP, || {
+        let events = kn.events("over");
+        if events.contains(holder_named) {
+            return Some(Over::Refused(events));
+        }
+        let p = kn.pod("over")?;
+        let unschedulable = p["status"]["conditions"].as_array()?.iter().find(|c| {
+            c["type"] == "PodScheduled" && c["status"] == "False" && c["reason"] == "Unschedulable"
+        })?;
+        (published(kn) == withdrawn)
+            .then(|| Over::Unschedulable(unschedulable["message"].to_string()))
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "pod over was neither refused at prepare naming the holder nor unschedulable: {:?}\nevents:\n{}\n{}",
+            kn.pod("over").map(|p| p["status"].clone()),
+            kn.events("over"),
+            kn.logs()
+        )
+    });
+    match &outcome {
+        Over::Refused(events) => assert!(
+            events.contains("cannot be prepared on GPU 0")
+                && events.contains("it needs 12 GiB of memory and 8 GiB of 24 GiB is free"),
+            "{events}"
+        ),
+        Over::Unschedulable(message) => assert!(
+            message.contains("cannot allocate all claims"),
+            "scheduler's reason: {message}"
+        ),
+    }
+    // The plugin says why once; the booking, the container and the withdrawal stay.
+    let kept_line = "keeping the booking of claim default/held-16g";
+    let log = wait_plugin_log(kn, kept_line);
+    assert!(
+        log.contains(&format!(
+            "(reservation {id}): the claim no longer exists, but 1 container(s) it was given to still run"
+        )),
+        "{log}"
+    );
+    wait_for_or(STEP, || (published(kn) == withdrawn).then_some(()))
+        .unwrap_or_else(|| panic!("published {:?}, want {withdrawn:?}", published(kn)));
+    let now = reservation_of(node, &held);
+    assert_eq!(now["id"], id.as_str());
+    assert_eq!(
+        now["owner"]["gone"]["why"], "the claim no longer exists",
+        "{now}"
+    );
+    assert_eq!(now["gpus"], booking["gpus"]);
+    let over_claim = claim_of(kn, &kn.pod("over").unwrap());
+    assert!(
+        claim_reservations(node)
+            .iter()
+            .all(|r| r["owner"]["claim_uid"] != over_claim["metadata"]["uid"]),
+        "{:?}",
+        node.reservations()
+    );
+    let holder = kn.wait_running("holder");
+    assert_eq!(holder["status"]["containerStatuses"][0]["containerID"], cid);
+    let status = node.gpuslice(&["status"]);
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        text.contains(&format!(
+            "DRA: reservation {id} of claim default/held-16g is kept: the claim no longer exists, but 1 container(s) it was given to still run"
+        )),
+        "{text}"
+    );
+
+    // The pod goes: the booking with it; the waiting pod runs with its 12 GiB.
+    kn.delete_pod("holder");
+    wait_for_or(STEP, || {
+        claim_reservations(node)
+            .iter()
+            .all(|r| r["id"] != id.as_str())
+            .then_some(())
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "the kept booking outlived its pod: {:?}",
+            node.reservations()
+        )
+    });
+    let over = kn.wait_running("over");
+    let over_claim = claim_of(kn, &over);
+    assert_eq!(
+        reservation_of(node, &over_claim)["gpus"][0]["memory"],
+        12 * GIB
+    );
+    assert_eq!(
+        wait_plugin_log(kn, kept_line).matches(kept_line).count(),
+        1,
+        "the plugin logs a kept booking once"
+    );
+    kn.delete_pod("over");
+    assert_released(kn, node, &over_claim);
+}
+
+/// The plugin's ServiceAccount, with the node-name claim a pod's token carries, may create,
+/// update and delete the ResourceSlices of its own node only; without the claim, none.
+fn the_plugins_service_account_writes_only_its_own_nodes_slices(kn: &KubeNode) {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let _ = kn
+        .cluster
+        .kubectl_output(&["create", "namespace", "gpuslice-system"], None);
+    for file in ["rbac.yaml", "kubelet-plugin-policy.yaml"] {
+        let path = repo.join("packaging/kubernetes/dra").join(file);
+        kn.cluster.kubectl(&["apply", "-f", path.to_str().unwrap()]);
+    }
+    let plugin = "--as=system:serviceaccount:gpuslice-system:gpuslice-kubelet-plugin";
+    let on_node = format!("--as-user-extra=authentication.kubernetes.io/node-name={NODE}");
+    let slice = |name: &str, node: &str| {
+        json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": name},
+            "spec": {"driver": "policy-probe.gpuslice.io", "nodeName": node,
+                     "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                     "devices": []},
+        })
+    };
+    let as_plugin = |args: &[&str], object: Option<&Value>, extra: bool| {
+        let mut all = vec![plugin];
+        if extra {
+            all.push(&on_node);
+        }
+        all.extend_from_slice(args);
+        let input = object.map(|o| o.to_string().into_bytes());
+        let out = kn.cluster.kubectl_output(&all, input.as_deref());
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    };
+    let refused_other = format!(
+        "the gpuslice kubelet plugin of node {NODE} may write only ResourceSlices whose spec.nodeName is {NODE}; this one is of node other-node"
+    );
+    // Another node's slice: refused, once the API server has loaded the policy.
+    wait_for_or(STEP, || {
+        match as_plugin(
+            &["create", "-f", "-"],
+            Some(&slice("probe-other", "other-node")),
+            true,
+        ) {
+            Err(e) if e.contains(&refused_other) => Some(()),
+            Err(e) => panic!("refused for another reason: {e}"),
+            Ok(()) => {
+                // Admitted before the policy took effect: take it back and try again.
+                kn.cluster
+                    .kubectl(&["delete", "resourceslice", "probe-other"]);
+                None
+            }
+        }
+    })
+    .unwrap_or_else(|| panic!("the plugin could write another node's ResourceSlice"));
+    // Its own node's: created, updated and deleted.
+    as_plugin(
+        &["create", "-f", "-"],
+        Some(&slice("probe-own", NODE)),
+        true,
+    )
+    .unwrap();
+    as_plugin(
+        &["label", "resourceslice", "probe-own", "probe=updated"],
+        None,
+        true,
+    )
+    .unwrap();
+    as_plugin(&["delete", "resourceslice", "probe-own"], None, true).unwrap();
+    // Another node's, made by an admin: the plugin may neither change nor delete it.
+    kn.cluster
+        .create(&slice("probe-other", "other-node"))
+        .unwrap();
+    for args in [
+        &["label", "resourceslice", "probe-other", "probe=updated"][..],
+        &["delete", "resourceslice", "probe-other"][..],
+    ] {
+        let e = as_plugin(args, None, true).unwrap_err();
+        assert!(e.contains(&refused_other), "{args:?}: {e}");
+    }
+    kn.cluster
+        .kubectl(&["delete", "resourceslice", "probe-other"]);
+    // A token bound to no node writes nothing.
+    let e = as_plugin(
+        &["create", "-f", "-"],
+        Some(&slice("probe-own", NODE)),
+        false,
+    )
+    .unwrap_err();
+    assert!(e.contains("this request names no node"), "{e}");
 }
 
 /// The pods of Deployment `app` by phase: (Running and ready, Pending).

@@ -1,8 +1,10 @@
 //! The DRA kubelet plugin's part of `gpuslice status`: the mode it publishes the node's GPUs
-//! in (capacity or slots), as the plugin recorded it at start in the state directory.
+//! in (capacity or slots), as the plugin recorded it at start in the state directory, and the
+//! claim bookings kept after their claim left the API server, with why.
 
 use std::path::Path;
 
+use gpuslice_registry::{printable, RegistryFile};
 use serde_json::Value;
 
 /// The plugin's record, `None` when no plugin ever ran on this node (or it is unreadable:
@@ -60,9 +62,57 @@ pub fn render_text(path: &Path) -> String {
     }
 }
 
+/// One line per claim booking kept for its running containers after the claim left the API
+/// server (empty when there is none): the claim, the reservation, what the API server said and
+/// how many containers keep it. `status --json` shows the same as the owner's `gone`.
+pub fn render_kept(file: &RegistryFile) -> String {
+    let mut out = String::new();
+    for r in &file.reservations {
+        if let Some(g) = r.owner.claim_gone() {
+            out.push_str(&format!(
+                "DRA: reservation {} of {} is kept: {}, but {} container(s) it was given to still run; offered to no one, released when the last exits\n",
+                r.id,
+                printable(&r.owner.to_string()),
+                printable(&g.why),
+                r.owner.processes().len()
+            ));
+        }
+    }
+    if out.is_empty() {
+        out
+    } else {
+        format!("\n{out}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bookings_kept_after_their_claim_left_are_shown_with_why() {
+        let file: RegistryFile = serde_json::from_value(serde_json::json!({
+            "version": gpuslice_registry::REGISTRY_VERSION,
+            "reservations": [
+                {"id": "0123456789abcdef", "state": "bound", "created_ms": 1, "gpus": [],
+                 "owner": {"kind": "dra_claim", "claim_uid": "u1", "namespace": "ns", "name": "held",
+                    "members": [{"pid": 7, "start_time": 1, "boot_id": "b"}],
+                    "gone": {"since_ms": 5, "why": "the claim no longer exists"}}},
+                {"id": "0123456789abcdee", "state": "bound", "created_ms": 1, "gpus": [],
+                 "owner": {"kind": "dra_claim", "claim_uid": "u2", "namespace": "ns", "name": "live"}},
+            ],
+        }))
+        .unwrap();
+        assert_eq!(
+            render_kept(&file),
+            "\nDRA: reservation 0123456789abcdef of claim ns/held is kept: the claim no longer exists, but 1 container(s) it was given to still run; offered to no one, released when the last exits\n"
+        );
+        let none: RegistryFile = serde_json::from_value(serde_json::json!({
+            "version": gpuslice_registry::REGISTRY_VERSION,
+        }))
+        .unwrap();
+        assert_eq!(render_kept(&none), "");
+    }
 
     #[test]
     fn the_recorded_mode_is_shown_and_absent_without_a_plugin() {

@@ -49,7 +49,7 @@ pub fn status(node: &NodeContext, args: &StatusArgs) -> Result<(), StatusError> 
         ))?)
     } else {
         let enforcer = crate::enforce::status::render_text(&node.config().state_dir);
-        let dra = dra::render_text(&node.config().kubelet_plugin_path());
+        let dra = dra::render_text(&node.config().kubelet_plugin_path()) + &dra::render_kept(&file);
         Ok(out(&format!(
             "{}{enforcer}{dra}",
             render_table_measured(&file, &measured, &node.config().placement)

@@ -6,8 +6,11 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use gpuslice_registry::{claim_uid, ClaimShare, Owner, Registry, RegistryError, Reservation};
+use gpuslice_registry::{
+    claim_uid, ClaimShare, Owner, RefusalReason, Registry, RegistryError, Reservation,
+};
 use k8s_openapi::api::resource::v1::ResourceClaim;
+use tokio::sync::Notify;
 
 use crate::claim::{
     check_ref, node_allocation, ClaimError, ClaimRef, NodeAllocation, SlotGeometry,
@@ -57,6 +60,9 @@ pub struct Plugin {
     client: kube::Client,
     slots_per_gpu: u32,
     holdings: Holdings,
+    /// Wakes the cleanup loop: a prepare was refused for capacity someone holds, which may be
+    /// a booking whose claim went away.
+    cleanup_wanted: Arc<Notify>,
 }
 
 impl std::fmt::Debug for Plugin {
@@ -92,6 +98,7 @@ impl Plugin {
             client,
             slots_per_gpu: gpuslice_config::DEFAULT_SLOTS_PER_GPU,
             holdings: Holdings::default(),
+            cleanup_wanted: Arc::new(Notify::new()),
         }
     }
 
@@ -108,6 +115,11 @@ impl Plugin {
     /// What the node's prepared claims hold.
     pub fn holdings(&self) -> &Holdings {
         &self.holdings
+    }
+
+    /// Notified when a cleanup pass should run now rather than at its next tick.
+    pub fn cleanup_wanted(&self) -> &Arc<Notify> {
+        &self.cleanup_wanted
     }
 
     /// Records what claim `uid` holds (`None`: nothing any more).
@@ -168,16 +180,25 @@ impl Plugin {
             namespace: c.namespace.clone(),
             members: Vec::new(),
             name: c.name.clone(),
+            gone: None,
         };
         let claim_ref = c.clone();
         let node = self.node.clone();
         let per_gpu = self.slots_per_gpu;
-        let (allocation, ids) = blocking(c, move || {
+        let booked = blocking(c, move || {
             book_and_write(
                 &registry, &*writer, &owner, &claim_ref, &claim, &node, per_gpu,
             )
         })
-        .await?;
+        .await;
+        if let Err(BookingError::Refused(e)) = &booked {
+            if e.refusal()
+                .is_some_and(|r| r.reason == RefusalReason::NoFit)
+            {
+                self.cleanup_wanted.notify_one();
+            }
+        }
+        let (allocation, ids) = booked?;
         self.set_held(&c.uid, Some(allocation.held.clone()));
         Ok(allocation
             .results

@@ -1,15 +1,45 @@
-//! Releasing claim bookings nobody will unprepare: a claim deleted, re-created under another
-//! UID, or no longer allocated to this node (the kubelet may have missed the unprepare while
-//! the plugin was down). Run at start and periodically; container exits never touch claims.
+//! Claim bookings nobody will unprepare: a claim deleted, re-created under another UID, or no
+//! longer allocated to this node (the kubelet may have missed the unprepare while the plugin
+//! was down). Such a booking is released, unless a container the claim was given to still
+//! runs: then the memory is still in use, so the booking is kept (marked gone in the registry,
+//! withdrawn from what the publisher offers, logged once) and the registry reaps it when the
+//! last of those containers has exited. Run at start, periodically, and at once when a prepare
+//! was refused for capacity someone holds; container exits never release a live claim.
 
-use crate::booking::{held_by, release, BookingError, Plugin};
-use crate::claim::{node_allocation, ClaimError, SlotGeometry};
+use gpuslice_registry::ClaimLeft;
+
+use crate::booking::{held_by, BookingError, Plugin};
+use crate::claim::{node_allocation, ClaimError, ClaimRef, SlotGeometry};
+
+/// A booking kept after its claim left the API server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Kept {
+    pub claim: ClaimRef,
+    pub reservation: String,
+    /// What the API server said.
+    pub why: String,
+    /// Containers of the claim that may still run processes.
+    pub running: usize,
+}
+
+impl std::fmt::Display for Kept {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "keeping the booking of {} (reservation {}): {}, but {} container(s) it was given to still run; it is offered to no one and released when the last exits",
+            self.claim, self.reservation, self.why, self.running
+        )
+    }
+}
 
 /// What one pass did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct CleanupReport {
     /// UIDs of the claims released, with why.
     pub released: Vec<(String, String)>,
+    /// Bookings this pass found gone from the API server but still in use (later passes that
+    /// keep them again do not list them).
+    pub kept: Vec<Kept>,
     /// Claims kept because the API server could not say (one line each).
     pub unknown: Vec<String>,
 }
@@ -23,8 +53,8 @@ pub enum CleanupError {
     Release(#[from] BookingError),
 }
 
-/// Checks every claim booking in the registry against the API server and releases the
-/// stale ones.
+/// Checks every claim booking in the registry against the API server; releases the stale
+/// ones whose containers have all exited and keeps the others.
 pub async fn release_stale(plugin: &Plugin) -> Result<CleanupReport, CleanupError> {
     let registry = plugin.registry().clone();
     let file = tokio::task::spawn_blocking(move || registry.snapshot())
@@ -56,13 +86,45 @@ pub async fn release_stale(plugin: &Plugin) -> Result<CleanupReport, CleanupErro
             }
         };
         let registry = plugin.registry().clone();
-        let writer = plugin.writer().clone();
-        let claim = c.clone();
-        tokio::task::spawn_blocking(move || release(&registry, &*writer, &claim))
+        let (uid, reason) = (c.uid.clone(), why.clone());
+        let left = tokio::task::spawn_blocking(move || registry.claim_left(&uid, &reason))
             .await
-            .map_err(|e| CleanupError::Registry(e.to_string()))??;
+            .map_err(|e| CleanupError::Registry(e.to_string()))?
+            .map_err(|e| BookingError::Registry {
+                claim: c.to_string(),
+                source: Box::new(e),
+            })?;
+        // Either way the scheduler no longer counts it: the publisher withdraws what a kept
+        // booking holds, as it does the node paths'.
         plugin.set_held(&c.uid, None);
-        report.released.push((c.uid.clone(), why));
+        match left {
+            ClaimLeft::Kept {
+                reservation,
+                running,
+                newly,
+            } => {
+                if newly {
+                    report.kept.push(Kept {
+                        claim: c,
+                        reservation: reservation.id,
+                        why,
+                        running,
+                    });
+                }
+            }
+            ClaimLeft::Released(_) => {
+                let writer = plugin.writer().clone();
+                let uid = c.uid.clone();
+                tokio::task::spawn_blocking(move || writer.remove(&uid))
+                    .await
+                    .map_err(|e| CleanupError::Registry(e.to_string()))?
+                    .map_err(|source| BookingError::Write {
+                        claim: c.to_string(),
+                        source,
+                    })?;
+                report.released.push((c.uid.clone(), why));
+            }
+        }
     }
     Ok(report)
 }

@@ -48,7 +48,8 @@ pub struct PluginOptions {
     /// How often the API server's slices are compared with what they should say, changed or
     /// not (someone may have deleted them).
     pub resync_interval: Duration,
-    /// How often claim bookings are checked against the API server.
+    /// How often claim bookings are checked against the API server (also at once after a
+    /// prepare refused for capacity someone holds).
     pub cleanup_interval: Duration,
     /// `[dra]`: the publication mode and the slots per GPU.
     pub dra: DraConfig,
@@ -177,16 +178,23 @@ pub async fn run(
     let cleanup_plugin = plugin.clone();
     let cleanup_every = options.cleanup_interval;
     let cleanup = tokio::spawn(async move {
+        let wanted = cleanup_plugin.cleanup_wanted().clone();
         loop {
             match release_stale(&cleanup_plugin).await {
                 Ok(report) => {
                     for (uid, why) in &report.released {
                         eprintln!("gpuslice kubelet-plugin: released claim {uid}: {why}");
                     }
+                    for kept in &report.kept {
+                        eprintln!("gpuslice kubelet-plugin: {kept}");
+                    }
                 }
                 Err(e) => eprintln!("gpuslice kubelet-plugin: claim cleanup: {e}"),
             }
-            tokio::time::sleep(cleanup_every).await;
+            tokio::select! {
+                _ = tokio::time::sleep(cleanup_every) => {}
+                _ = wanted.notified() => {}
+            }
         }
     });
 

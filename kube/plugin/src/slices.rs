@@ -516,6 +516,7 @@ mod tests {
             namespace: "n".into(),
             members: Vec::new(),
             name: "c".into(),
+            gone: None,
         };
         let held = vec![
             // An annotation slice: subtracted.
@@ -657,6 +658,7 @@ mod tests {
             namespace: "n".into(),
             members: Vec::new(),
             name: "c".into(),
+            gone: None,
         }
     }
 

@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
+mod claim_life;
 mod grpc_clients;
 mod kubelet;
 mod manifests;

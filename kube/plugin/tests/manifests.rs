@@ -2,7 +2,8 @@
 //! document deserialises into the Kubernetes API types of the pinned release and serialises
 //! back to exactly what the file says (an unknown or misspelt field fails), and the parts
 //! that must agree with the plugin do: the DeviceClass and driver name, the RBAC of
-//! kubernetes.md, the DaemonSet's sockets and directories, and the claims' capacity keys.
+//! kubernetes.md, the DaemonSet's sockets and directories, the claims' capacity keys, and the
+//! policy that keeps the plugin's ServiceAccount to its own node's ResourceSlices.
 
 use std::path::{Path, PathBuf};
 
@@ -20,6 +21,9 @@ use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+/// The policy that keeps the plugin to its own node's ResourceSlices.
+const PLUGIN_POLICY: &str = "kubelet-plugin.gpuslice.io";
 
 fn dra() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../packaging/kubernetes/dra")
@@ -165,6 +169,8 @@ fn dra_manifests_are_valid_and_agree_with_the_plugin() {
     let examples = documents(&dra().join("examples"));
     let mut kinds = Vec::new();
     let mut classes = Vec::new();
+    let mut policies = Vec::new();
+    let mut bindings = Vec::new();
     for (file, doc) in docs.iter().chain(examples.iter()) {
         let kind = doc["kind"]
             .as_str()
@@ -268,12 +274,55 @@ fn dra_manifests_are_valid_and_agree_with_the_plugin() {
                     assert_eq!(&m.mount_path, host, "{file}: volume {}", v.name);
                 }
             }
+            "ValidatingAdmissionPolicy" if doc["metadata"]["name"] == PLUGIN_POLICY => {
+                // The plugin's ServiceAccount (as rbac.yaml names it) writes only the slices of
+                // the node its token was issued for, on every write.
+                let p: ValidatingAdmissionPolicy = typed(file, doc);
+                let spec = p.spec.unwrap();
+                assert_eq!(spec.failure_policy.as_deref(), Some("Fail"));
+                let rules = spec.match_constraints.unwrap().resource_rules.unwrap();
+                assert_eq!(rules.len(), 1);
+                assert_eq!(
+                    rules[0].resources.as_deref(),
+                    Some(&["resourceslices".to_string()][..])
+                );
+                assert_eq!(
+                    rules[0].operations.as_deref(),
+                    Some(
+                        &[
+                            "CREATE".to_string(),
+                            "UPDATE".to_string(),
+                            "DELETE".to_string()
+                        ][..]
+                    )
+                );
+                let who = &spec.match_conditions.unwrap()[0].expression;
+                assert_eq!(
+                    who,
+                    "request.userInfo.username == 'system:serviceaccount:gpuslice-system:gpuslice-kubelet-plugin'"
+                );
+                let vars = spec.variables.unwrap();
+                assert!(
+                    vars[0]
+                        .expression
+                        .contains("extra[?'authentication.kubernetes.io/node-name']"),
+                    "{}",
+                    vars[0].expression
+                );
+                assert!(
+                    vars[1].expression.contains("oldObject"),
+                    "deletes are checked too"
+                );
+                assert_eq!(spec.validations.unwrap().len(), 2);
+                policies.push(PLUGIN_POLICY);
+            }
             "ValidatingAdmissionPolicy" => {
                 // The policy refusing slot claims that could never be placed: its N is the
                 // plugin's default slots per GPU, and it names the class and the constraint
                 // the plugin reads.
                 let p: ValidatingAdmissionPolicy = typed(file, doc);
                 assert_eq!(p.metadata.name.as_deref(), Some(SLOTS_CLASS));
+                policies.push(SLOTS_CLASS);
                 let spec = p.spec.unwrap();
                 let vars = spec.variables.unwrap();
                 assert_eq!(vars[0].name, "slotsPerGpu");
@@ -289,8 +338,17 @@ fn dra_manifests_are_valid_and_agree_with_the_plugin() {
             }
             "ValidatingAdmissionPolicyBinding" => {
                 let b: ValidatingAdmissionPolicyBinding = typed(file, doc);
-                assert_eq!(b.spec.policy_name, SLOTS_CLASS);
+                assert!(
+                    [SLOTS_CLASS, PLUGIN_POLICY].contains(&b.spec.policy_name.as_str()),
+                    "{file}: binding of {}",
+                    b.spec.policy_name
+                );
+                assert_eq!(
+                    b.metadata.name.as_deref(),
+                    Some(b.spec.policy_name.as_str())
+                );
                 assert_eq!(b.spec.validation_actions, ["Deny"]);
+                bindings.push(b.spec.policy_name.clone());
             }
             "ResourceClaimTemplate" => {
                 let t: ResourceClaimTemplate = typed(file, doc);
@@ -341,4 +399,8 @@ fn dra_manifests_are_valid_and_agree_with_the_plugin() {
         [DRIVER, SLOTS_CLASS],
         "both DeviceClasses are shipped"
     );
+    policies.sort_unstable();
+    bindings.sort_unstable();
+    assert_eq!(policies, [PLUGIN_POLICY, SLOTS_CLASS]);
+    assert_eq!(bindings, policies, "each policy is bound");
 }

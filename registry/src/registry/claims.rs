@@ -1,14 +1,16 @@
 //! Reservations held by Kubernetes DRA claims: the scheduler has already chosen the GPUs and
 //! the capacity, so a claim is not placed but checked: exactly what it consumes is booked,
 //! one reservation per claim UID, only where nobody else (a node path or another claim)
-//! holds the capacity.
+//! holds the capacity. A booking whose claim left the API server while containers it was
+//! given to still run is kept for them ([`ClaimGone`]) and reaped when the last has exited.
 
 use gpuslice_config::format_bytes;
 
 use crate::id::is_valid_id;
 use crate::load::{gpu_loads, memory_capacity};
-use crate::model::{Booking, Owner, ProcessRef, Reservation, ReservationState};
+use crate::model::{Booking, ClaimGone, Owner, Reservation, ReservationState};
 use crate::placement::{Refusal, RefusalReason};
+use crate::reap::{Liveness, Probe};
 use crate::store;
 
 use super::{Registry, RegistryError, Released, Txn};
@@ -34,6 +36,58 @@ pub struct ClaimReservation {
     pub reservation: Reservation,
     /// False when the claim already held exactly this (a repeated prepare).
     pub created: bool,
+}
+
+/// What became of a claim's booking when its claim left the API server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimLeft {
+    /// Kept: `running` containers it was given to may still run processes. `newly`: this call
+    /// marked it (earlier calls found the claim still there).
+    Kept {
+        reservation: Reservation,
+        running: usize,
+        newly: bool,
+    },
+    /// Released, as no container of the claim runs (empty when nothing was booked).
+    Released(Vec<Reservation>),
+}
+
+/// Most holders a refusal names one by one.
+const NAMED_HOLDERS: usize = 8;
+
+/// Who holds what on GPU `uuid`, for a refusal: each reservation's owner and its booking there
+/// (a claim kept for its running containers says so).
+fn holders(reservations: &[Reservation], uuid: &str) -> String {
+    let mut named: Vec<String> = reservations
+        .iter()
+        .filter_map(|r| {
+            let b = r.gpus.iter().find(|b| b.uuid == uuid)?;
+            let what = if r.whole_gpu {
+                "the whole GPU".to_string()
+            } else if b.cores > 0 {
+                format!("{} and {}% cores", format_bytes(b.memory), b.cores)
+            } else {
+                format_bytes(b.memory)
+            };
+            Some(match r.owner.claim_gone() {
+                Some(g) => format!(
+                    "{} ({what}; {}, kept while its containers run)",
+                    r.owner, g.why
+                ),
+                None => format!("{} ({what})", r.owner),
+            })
+        })
+        .collect();
+    if named.is_empty() {
+        return "nobody".to_string();
+    }
+    let more = named.len().saturating_sub(NAMED_HOLDERS);
+    named.truncate(NAMED_HOLDERS);
+    let mut text = named.join(", ");
+    if more > 0 {
+        text.push_str(&format!(" and {more} more"));
+    }
+    text
 }
 
 /// The claim UID of a reservation held by a claim.
@@ -180,11 +234,12 @@ impl Registry {
                     None
                 };
                 if let Some(p) = problem {
+                    let held = holders(&txn.file.reservations, &gpu.uuid);
                     return Err(refuse(
                         txn,
                         RefusalReason::NoFit,
                         format!(
-                            "{who} cannot be prepared on GPU {} ({}): {p}; the rest is held by other reservations on this node (annotations, whole GPUs or other claims): one bookkeeper per GPU",
+                            "{who} cannot be prepared on GPU {} ({}): {p}; held there by {held}: one bookkeeper per GPU, a claim is never prepared onto capacity someone else holds",
                             gpu.index, gpu.uuid
                         ),
                     ));
@@ -253,7 +308,9 @@ impl Registry {
             if members.iter().any(|m| m.same_process(&process)) {
                 return Ok(r.clone());
             }
-            members.retain(|m| self.member_lives(m, &process.boot_id));
+            let mut live = Liveness::new(&*self.system, 0, 0, Probe::Full)?;
+            // Unreadable is not proof of exit: such a member is kept.
+            members.retain(|m| live.member_runs(m).unwrap_or(true));
             if members.len() >= MAX_CLAIM_MEMBERS {
                 return Err(RegistryError::ClaimFull {
                     id: id.to_string(),
@@ -271,18 +328,61 @@ impl Registry {
         Ok(r)
     }
 
-    /// Whether a recorded container of a claim may still run processes: its init is the same
-    /// process, or the cgroup it was seen in still holds processes (this boot only).
-    fn member_lives(&self, m: &ProcessRef, boot_id: &str) -> bool {
-        if m.boot_id != boot_id {
-            return false;
-        }
-        let init =
-            matches!(self.system.process_start_time(m.pid), Ok(Some(t)) if t == m.start_time);
-        init || m
-            .cgroup
-            .as_deref()
-            .is_some_and(|c| self.system.cgroup_populated(c))
+    /// The claim with UID `uid` left the API server (`why`, one line): its booking is kept,
+    /// marked [`ClaimGone`], while a container it was given to may still run processes (its
+    /// init lives, or its cgroup still holds processes), so that nobody is prepared onto
+    /// memory still in use; otherwise it is released. Members that no longer run are dropped.
+    /// A kept booking is reaped once its last container has exited. Idempotent: the first
+    /// `why` and time stay; an unknown claim releases nothing.
+    pub fn claim_left(&self, uid: &str, why: &str) -> Result<ClaimLeft, RegistryError> {
+        let (out, _) = self.transact(false, |txn| {
+            let Some(r) = txn
+                .file
+                .reservations
+                .iter_mut()
+                .find(|r| claim_uid(r) == Some(uid))
+            else {
+                return Ok(ClaimLeft::Released(Vec::new()));
+            };
+            let mut live = Liveness::new(&*self.system, 0, 0, Probe::Full)?;
+            let now_ms = live.now_ms();
+            let Owner::DraClaim { members, gone, .. } = &mut r.owner else {
+                return Ok(ClaimLeft::Released(Vec::new()));
+            };
+            let mut running = Vec::with_capacity(members.len());
+            for m in members.iter() {
+                if live.member_runs(m)? {
+                    running.push(m.clone());
+                }
+            }
+            if running.is_empty() {
+                return Ok(ClaimLeft::Released(
+                    txn.release_matching(|r| claim_uid(r) == Some(uid)),
+                ));
+            }
+            let newly = gone.is_none();
+            let changed = newly || running.len() != members.len();
+            if newly {
+                *gone = Some(ClaimGone {
+                    since_ms: now_ms,
+                    why: why.to_string(),
+                });
+            }
+            *members = running;
+            let count = members.len();
+            let r = r.clone();
+            if changed {
+                // The record too: `gc --rebuild` keeps the mark and reaps by it.
+                store::write_record(&self.paths, &r)?;
+                txn.dirty = true;
+            }
+            Ok(ClaimLeft::Kept {
+                reservation: r,
+                running: count,
+                newly,
+            })
+        })?;
+        Ok(out)
     }
 
     /// Releases the reservation of the claim with UID `uid`. Idempotent: an unknown claim
@@ -314,6 +414,11 @@ mod tests {
     const GIB: u64 = 1 << 30;
 
     fn registry(dir: &std::path::Path) -> Registry {
+        registry_on(dir, Arc::new(FakeSystem::new(1_000)))
+    }
+
+    /// Two 16 GiB GPUs, on `sys`.
+    fn registry_on(dir: &std::path::Path, sys: Arc<FakeSystem>) -> Registry {
         let r = Registry::open(
             dir,
             Options {
@@ -325,7 +430,7 @@ mod tests {
                 pending_timeout: Duration::from_secs(60),
                 recheck_interval: Duration::from_secs(1),
             },
-            Arc::new(FakeSystem::new(1_000)),
+            sys,
             crate::no_cleanup(),
         )
         .unwrap();
@@ -350,6 +455,7 @@ mod tests {
             namespace: "ns".into(),
             members: Vec::new(),
             name: format!("c-{uid}"),
+            gone: None,
         }
     }
 
@@ -545,5 +651,111 @@ mod tests {
         assert!(matches!(e, RegistryError::NotFound { .. }), "{e}");
         let e = r.join_claim("../x", 300).unwrap_err();
         assert!(matches!(e, RegistryError::InvalidId { .. }), "{e}");
+    }
+
+    #[test]
+    fn a_claim_that_left_is_kept_while_its_containers_run_and_reaped_after() {
+        let dir = tempfile::tempdir().unwrap();
+        let sys = Arc::new(FakeSystem::new(1_000));
+        let r = registry_on(dir.path(), sys.clone());
+        let gone = "the claim no longer exists";
+        // A claim no container was given to, and an unknown one: released at once.
+        r.reserve_claim(&claim("idle"), &[share("GPU-1", 1, 0)])
+            .unwrap();
+        assert!(matches!(
+            r.claim_left("idle", gone).unwrap(),
+            ClaimLeft::Released(ref v) if v.len() == 1
+        ));
+        assert_eq!(
+            r.claim_left("unknown", gone).unwrap(),
+            ClaimLeft::Released(Vec::new())
+        );
+
+        // 6 GiB of GPU-0, given to two containers: one exited, one runs.
+        let id = r
+            .reserve_claim(&claim("u"), &[share("GPU-0", 6, 0)])
+            .unwrap()
+            .reservation
+            .id;
+        sys.spawn(100, 7);
+        sys.set_cgroup(100, "kubepods/pod1/ctr-a");
+        sys.spawn(200, 8);
+        r.join_claim(&id, 100).unwrap();
+        r.join_claim(&id, 200).unwrap();
+        sys.kill(200);
+        let ClaimLeft::Kept {
+            reservation,
+            running,
+            newly,
+        } = r.claim_left("u", gone).unwrap()
+        else {
+            panic!("a claim whose container runs was released");
+        };
+        assert_eq!((running, newly), (1, true));
+        let mark = reservation.owner.claim_gone().cloned().unwrap();
+        assert_eq!(mark.why, gone);
+        assert_eq!(reservation.owner.processes()[0].pid, 100);
+        // Persisted in the registry and in the record `gc --rebuild` reads.
+        let file = crate::read_registry(dir.path()).unwrap();
+        assert_eq!(file.reservations[0].owner.claim_gone(), Some(&mark));
+        let record =
+            std::fs::read_to_string(r.slice_dir(&id).unwrap().join(crate::RECORD_FILE)).unwrap();
+        assert!(record.contains(gone), "{record}");
+        // Again: the first mark stays.
+        sys.advance_ms(5_000);
+        assert!(matches!(
+            r.claim_left("u", "other words").unwrap(),
+            ClaimLeft::Kept { newly: false, running: 1, ref reservation }
+                if reservation.owner.claim_gone() == Some(&mark)
+        ));
+
+        // Nobody is prepared onto it: the refusal names the holder and why it holds.
+        let e = r
+            .reserve_claim(&claim("v"), &[share("GPU-0", 12, 0)])
+            .unwrap_err()
+            .to_string();
+        for part in [
+            "claim ns/c-v (uid v) cannot be prepared on GPU 0 (GPU-0)",
+            "it needs 12 GiB of memory and 10 GiB of 16 GiB is free",
+            "held there by claim ns/c-u (6 GiB; the claim no longer exists, kept while its containers run)",
+            "never prepared onto capacity someone else holds",
+        ] {
+            assert!(e.contains(part), "`{e}` lacks `{part}`");
+        }
+        // Its init exited, its cgroup still holds processes: kept through `gc`.
+        sys.kill(100);
+        sys.set_populated("kubepods/pod1/ctr-a", true);
+        assert!(r.gc().unwrap().is_empty());
+        assert_eq!(r.snapshot().unwrap().reservations.len(), 1);
+        // The last process gone: reaped by the next operation that checks processes.
+        sys.set_populated("kubepods/pod1/ctr-a", false);
+        let reaped = r.gc().unwrap();
+        assert_eq!(reaped.len(), 1, "{reaped:?}");
+        assert_eq!(
+            reaped[0].reason,
+            crate::ReapReason::ClaimGone { why: gone.into() }
+        );
+        assert!(reaped[0].to_string().contains("its last container exited"));
+        assert!(!r.slice_dir(&id).unwrap().exists());
+        r.reserve_claim(&claim("v"), &[share("GPU-0", 12, 0)])
+            .unwrap();
+    }
+
+    #[test]
+    fn a_claim_still_in_the_api_server_is_never_reaped_by_its_containers() {
+        let dir = tempfile::tempdir().unwrap();
+        let sys = Arc::new(FakeSystem::new(1_000));
+        let r = registry_on(dir.path(), sys.clone());
+        let id = r
+            .reserve_claim(&claim("u"), &[share("GPU-0", 1, 0)])
+            .unwrap()
+            .reservation
+            .id;
+        sys.spawn(100, 7);
+        r.join_claim(&id, 100).unwrap();
+        sys.kill(100);
+        sys.advance_ms(5_000);
+        assert!(r.gc().unwrap().is_empty());
+        assert_eq!(r.snapshot().unwrap().reservations.len(), 1);
     }
 }

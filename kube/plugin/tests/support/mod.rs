@@ -63,6 +63,8 @@ pub struct Node {
     pub dir: tempfile::TempDir,
     pub name: String,
     pub registry: Arc<Registry>,
+    /// The processes the registry sees (the containers a claim's hook records).
+    pub system: Arc<FakeSystem>,
     pub writer: Arc<FileWriter>,
     pub options: PluginOptions,
 }
@@ -71,6 +73,7 @@ impl Node {
     pub fn new(name: &str, gpus: &[u64], kubeconfig: PathBuf) -> Node {
         let dir = tempfile::tempdir().unwrap();
         let state = dir.path().join("state");
+        let system = Arc::new(FakeSystem::new(1_000_000));
         let registry = Registry::open(
             &state,
             Options {
@@ -82,7 +85,7 @@ impl Node {
                 pending_timeout: Duration::from_secs(600),
                 recheck_interval: Duration::from_secs(1),
             },
-            Arc::new(FakeSystem::new(1_000_000)),
+            system.clone(),
             gpuslice_registry::no_cleanup(),
         )
         .unwrap();
@@ -122,6 +125,7 @@ impl Node {
             dir,
             name: name.to_string(),
             registry: Arc::new(registry),
+            system,
             writer,
             options,
         }
