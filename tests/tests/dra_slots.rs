@@ -377,13 +377,13 @@ fn on_a_1_34_control_plane_slots_are_placed_per_gpu_and_booked_exactly() {
     // first, but the L4 has at most 1 left: the scheduler takes the next, 1 H200 slot.
     let items = cluster.get_json(&["resourceslices"])["items"].clone();
     let slices: Vec<_> = serde_json::from_value(items).unwrap();
-    let mode = gpuslice_kube::claim_shape::PublishedGpus::from_slices(slices.as_slice()).mode;
-    let shape = gpuslice_kube::claim_shape::Shape {
+    let mode = gpuslice_dra::claim_shape::PublishedGpus::from_slices(slices.as_slice()).mode;
+    let shape = gpuslice_dra::claim_shape::Shape {
         gpus: 1,
         memory: Some(8 << 30),
         ..Default::default()
     };
-    let (spec, _) = gpuslice_kube::claim_shape::claim_spec(&mode, &shape, "test").unwrap();
+    let (spec, _) = gpuslice_dra::claim_shape::claim_spec(&mode, &shape, "test").unwrap();
     cluster
         .create(&json!({
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",

@@ -14,9 +14,9 @@ use kube::api::{ListParams, PostParams, WatchEvent, WatchParams};
 use kube::Api;
 use tokio_stream::StreamExt;
 
-use gpuslice_kube::claim_shape::MANAGED_BY;
+use gpuslice_dra::claim_shape::MANAGED_BY;
 
-use gpuslice_kube::claim_shape::PublishedGpus;
+use gpuslice_dra::claim_shape::PublishedGpus;
 
 /// The namespace label that turns HAMi compatibility on (with `--hami-compat`).
 pub const HAMI_LABEL: (&str, &str) = ("gpuslice.io/hami-compat", "true");
@@ -126,7 +126,7 @@ impl Cluster {
         self.synced.load(Ordering::SeqCst)
             && self.templates.read().is_ok_and(|m| {
                 m.get(&key(want))
-                    .is_some_and(|t| gpuslice_kube::claim_shape::is_ours(t, want))
+                    .is_some_and(|t| gpuslice_dra::claim_shape::is_ours(t, want))
             })
     }
 
@@ -182,7 +182,7 @@ impl Cluster {
             detail,
         };
         let check = |t: &ResourceClaimTemplate| {
-            if gpuslice_kube::claim_shape::is_ours(t, want) {
+            if gpuslice_dra::claim_shape::is_ours(t, want) {
                 Ok(())
             } else {
                 Err(ClusterError::NotOurs {

@@ -9,8 +9,8 @@ use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use serde_json::{json, Map, Value};
 
 use crate::ask::{container_ask, hami_selectors, AskError, HAMI_GPU, HAMI_MEM, HAMI_MEM_PERCENT};
-use gpuslice_kube::claim_shape::PublishedGpus;
-use gpuslice_kube::claim_shape::{claim_spec, template, ShapeError};
+use gpuslice_dra::claim_shape::PublishedGpus;
+use gpuslice_dra::claim_shape::{claim_spec, template, ShapeError};
 
 /// Prefix of the pod's claim entries the webhook adds (`gpuslice-c0`, `gpuslice-i1`).
 pub const ENTRY_PREFIX: &str = "gpuslice-";

@@ -1,0 +1,392 @@
+//! What each GPU of the node offers the scheduler under the publication mode in effect: only
+//! what the node paths (annotations, whole GPUs of the node CDI spec) and the claims the
+//! scheduler cannot see in this mode have not booked in the registry. The slices carrying the
+//! offer are built by `gpuslice_dra::slices`.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gpuslice_dra::slices::{slot_cores, slot_memory, OfferedGpu, SlotOffer, MEMORY_STEP};
+use gpuslice_registry::{claim_uid, gpu_loads, Inventory, Reservation};
+
+/// How the GPUs are published: the mode in effect (`dra.mode` resolved against what the API
+/// server keeps).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Publication {
+    /// One shared device per GPU with consumable capacities.
+    Capacity,
+    /// This many unshared slot devices per GPU.
+    Slots(u32),
+}
+
+impl std::fmt::Display for Publication {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Publication::Capacity => write!(f, "capacity mode (one shared device per GPU)"),
+            Publication::Slots(n) => write!(f, "slot mode ({n} slot devices per GPU)"),
+        }
+    }
+}
+
+/// What a prepared claim holds on this node, as its allocation names it: the publisher offers
+/// the scheduler only what it cannot see otherwise.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Held {
+    /// Shared capacity devices (`gpu-<index>`).
+    Capacity,
+    /// Slot devices, as (GPU index, slot).
+    Slots(Vec<(u32, u32)>),
+}
+
+/// What each GPU of `inventory` offers in capacity mode when every claim holds capacity
+/// devices: its memory and compute minus what reservations not held by claims book on it.
+pub fn offered(inventory: &Inventory, reservations: &[Reservation]) -> Vec<OfferedGpu> {
+    let held: BTreeMap<String, Held> = reservations
+        .iter()
+        .filter_map(|r| claim_uid(r).map(|u| (u.to_string(), Held::Capacity)))
+        .collect();
+    offer(inventory, reservations, Publication::Capacity, &held)
+}
+
+/// What each GPU of `inventory` offers under `publication`: its memory and compute minus what
+/// the scheduler cannot see in this mode — the node paths' reservations, and claims that hold
+/// devices of the other mode (a cluster that changed mode) or whose devices are not yet known
+/// (`held` lacks them). Claims on devices of this mode are the scheduler's own bookkeeping; in
+/// slot mode the slots they hold stay published, so the scheduler counts them. A GPU with
+/// nothing left to offer (booked whole, say) is not offered.
+pub fn offer(
+    inventory: &Inventory,
+    reservations: &[Reservation],
+    publication: Publication,
+    held: &BTreeMap<String, Held>,
+) -> Vec<OfferedGpu> {
+    let mut held_slots: BTreeMap<u32, BTreeSet<u32>> = BTreeMap::new();
+    let foreign: Vec<Reservation> = reservations
+        .iter()
+        .filter(|r| {
+            let Some(uid) = claim_uid(r) else {
+                return true;
+            };
+            match (held.get(uid), publication) {
+                (Some(Held::Capacity), Publication::Capacity) => false,
+                (Some(Held::Slots(list)), Publication::Slots(_)) => {
+                    for (index, j) in list {
+                        held_slots.entry(*index).or_default().insert(*j);
+                    }
+                    false
+                }
+                _ => true,
+            }
+        })
+        .cloned()
+        .collect();
+    let loads = gpu_loads(&foreign);
+    let mut out: Vec<OfferedGpu> = inventory
+        .gpus
+        .iter()
+        .filter_map(|g| {
+            let load = loads.get(&g.uuid).copied().unwrap_or_default();
+            if load.whole {
+                return None;
+            }
+            let memory = g.memory_total.saturating_sub(load.memory) / MEMORY_STEP * MEMORY_STEP;
+            let slots = match publication {
+                Publication::Capacity => None,
+                Publication::Slots(n) => {
+                    let size = slot_memory(g.memory_total, n);
+                    if size < MEMORY_STEP {
+                        return None;
+                    }
+                    let mine = held_slots.get(&g.index).cloned().unwrap_or_default();
+                    let taken = u64::try_from(mine.len()).unwrap_or(u64::MAX);
+                    let free_memory = g
+                        .memory_total
+                        .saturating_sub(load.memory)
+                        .saturating_sub(taken.saturating_mul(size));
+                    let free = (free_memory / size).min(u64::from(n).saturating_sub(taken));
+                    let mut published = mine.clone();
+                    published.extend(
+                        (0..n)
+                            .filter(|j| !mine.contains(j))
+                            .take(usize::try_from(free).unwrap_or(usize::MAX)),
+                    );
+                    if published.is_empty() {
+                        return None;
+                    }
+                    Some(SlotOffer {
+                        memory: size,
+                        cores: slot_cores(n),
+                        published: published.into_iter().collect(),
+                    })
+                }
+            };
+            (memory >= MEMORY_STEP || slots.is_some()).then(|| OfferedGpu {
+                index: g.index,
+                uuid: g.uuid.clone(),
+                model: g.model.clone(),
+                numa_node: g.numa_node,
+                memory,
+                cores: 100u32.saturating_sub(load.cores),
+                slots,
+            })
+        })
+        .collect();
+    out.sort_by_key(|g| g.index);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use gpuslice_registry::{Booking, Gpu, Owner, ReservationState};
+
+    use gpuslice_config::quantity::parse_kube_quantity;
+    use gpuslice_dra::slices::{build_slices, parse_device, DeviceRef, ATTR_NUMA};
+
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    fn gpu(index: u32, memory_total: u64) -> Gpu {
+        Gpu {
+            index,
+            uuid: format!("GPU-{index:08}-0000-0000-0000-000000000000"),
+            model: "NVIDIA H200".into(),
+            memory_total,
+            minor: index,
+            pci_bus_id: None,
+            numa_node: (index == 1).then_some(1),
+        }
+    }
+
+    fn reservation(owner: Owner, whole: bool, uuid: &str, memory: u64, cores: u8) -> Reservation {
+        Reservation {
+            id: "0123456789abcdef".into(),
+            state: ReservationState::Bound,
+            owner,
+            whole_gpu: whole,
+            gpus: vec![Booking {
+                index: 0,
+                uuid: uuid.into(),
+                memory,
+                cores,
+            }],
+            created_ms: 0,
+            deadline_ms: None,
+            bound_ms: None,
+            reserved_by: None,
+        }
+    }
+
+    #[test]
+    fn capacity_is_what_node_paths_left_rounded_down_to_the_step() {
+        // 141 GiB plus half a MiB: rounded down to whole MiB.
+        let inv = Inventory {
+            gpus: vec![
+                gpu(0, 141 * 1024 * MIB + MIB / 2),
+                gpu(1, 80 * 1024 * MIB),
+                gpu(2, 8 * 1024 * MIB),
+            ],
+        };
+        let claim = Owner::DraClaim {
+            claim_uid: "u".into(),
+            namespace: "n".into(),
+            members: Vec::new(),
+            name: "c".into(),
+        };
+        let held = vec![
+            // An annotation slice: subtracted.
+            reservation(
+                Owner::container(),
+                false,
+                &inv.gpus[1].uuid,
+                10 * 1024 * MIB + 3,
+                30,
+            ),
+            // A claim: the scheduler counts it itself.
+            reservation(claim, false, &inv.gpus[0].uuid, 20 * 1024 * MIB, 50),
+            // A whole GPU from the node CDI spec: not offered at all.
+            reservation(
+                Owner::container(),
+                true,
+                &inv.gpus[2].uuid,
+                8 * 1024 * MIB,
+                100,
+            ),
+        ];
+        let o = offered(&inv, &held);
+        assert_eq!(o.len(), 2);
+        assert_eq!(o[0].memory, 141 * 1024 * MIB);
+        assert_eq!(o[0].cores, 100);
+        assert_eq!(
+            o[1].memory,
+            70 * 1024 * MIB - MIB,
+            "10 GiB + 3 bytes taken, rounded down"
+        );
+        assert_eq!(o[1].cores, 70);
+        let slices = build_slices("node-a", &o, 4, None).unwrap();
+        assert_eq!(slices.len(), 1);
+        let s = &slices[0];
+        assert_eq!(s.metadata.name.as_deref(), Some("node-a-gpuslice.io"));
+        assert_eq!(s.spec.driver, "gpuslice.io");
+        assert_eq!(s.spec.pool.name, "node-a");
+        assert_eq!(s.spec.pool.generation, 4);
+        assert_eq!(s.spec.pool.resource_slice_count, 1);
+        let devices = s.spec.devices.as_ref().unwrap();
+        assert_eq!(devices[0].name, "gpu-0");
+        assert_eq!(devices[0].allow_multiple_allocations, Some(true));
+        let attrs = devices[1].attributes.as_ref().unwrap();
+        assert_eq!(attrs["index"].int, Some(1));
+        assert_eq!(attrs["productName"].string.as_deref(), Some("NVIDIA H200"));
+        assert_eq!(attrs[ATTR_NUMA].int, Some(1));
+        assert!(!devices[0]
+            .attributes
+            .as_ref()
+            .unwrap()
+            .contains_key(ATTR_NUMA));
+        // The API server's rule: default and max are multiples of the step, within value.
+        for d in devices {
+            let cap = d.capacity.as_ref().unwrap();
+            let mem = &cap["memory"];
+            let value = parse_kube_quantity(&mem.value.0).unwrap();
+            let policy = mem.request_policy.as_ref().unwrap();
+            let range = policy.valid_range.as_ref().unwrap();
+            let step = parse_kube_quantity(&range.step.as_ref().unwrap().0).unwrap();
+            assert_eq!(step, MIB);
+            assert_eq!(parse_kube_quantity(&range.min.0).unwrap(), MIB);
+            let max = parse_kube_quantity(&range.max.as_ref().unwrap().0).unwrap();
+            let default = parse_kube_quantity(&policy.default.as_ref().unwrap().0).unwrap();
+            assert_eq!(max % step, 0);
+            assert_eq!(default % step, 0);
+            assert!(max <= value && default <= value);
+            let cores = &cap["cores"];
+            let cp = cores.request_policy.as_ref().unwrap();
+            assert_eq!(cp.default.as_ref().unwrap().0, "0");
+            assert_eq!(
+                cp.valid_range.as_ref().unwrap().max.as_ref().unwrap().0,
+                cores.value.0
+            );
+        }
+        assert_eq!(devices[1].capacity.as_ref().unwrap()["cores"].value.0, "70");
+    }
+
+    fn claim_owner(uid: &str) -> Owner {
+        Owner::DraClaim {
+            claim_uid: uid.into(),
+            namespace: "n".into(),
+            members: Vec::new(),
+            name: "c".into(),
+        }
+    }
+
+    #[test]
+    fn slot_mode_publishes_equal_unshared_slots_carrying_the_gpus_attributes() {
+        let inv = Inventory {
+            gpus: vec![gpu(0, 80 * 1024 * MIB), gpu(1, 141 * 1024 * MIB)],
+        };
+        let o = offer(&inv, &[], Publication::Slots(16), &BTreeMap::new());
+        let slices = build_slices("node-a", &o, 1, None).unwrap();
+        assert_eq!(
+            slices.len(),
+            1,
+            "8 GPUs x 16 slots fit one slice; 2 GPUs surely"
+        );
+        let devices = slices[0].spec.devices.as_ref().unwrap();
+        assert_eq!(devices.len(), 32);
+        assert_eq!(devices[0].name, "gpu-0-slot-0");
+        assert_eq!(devices[31].name, "gpu-1-slot-15");
+        for d in devices {
+            assert_eq!(d.allow_multiple_allocations, None, "{}", d.name);
+            let caps = d.capacity.as_ref().unwrap();
+            assert!(caps.values().all(|c| c.request_policy.is_none()));
+            let attrs = d.attributes.as_ref().unwrap();
+            let DeviceRef::Slot(index, _) = parse_device(&d.name).unwrap() else {
+                panic!("{}", d.name)
+            };
+            assert_eq!(
+                attrs["uuid"].string,
+                Some(inv.gpus[index as usize].uuid.clone())
+            );
+            assert_eq!(attrs["index"].int, Some(i64::from(index)));
+            assert_eq!(attrs["productName"].string.as_deref(), Some("NVIDIA H200"));
+            let want = if index == 0 {
+                5 * 1024 * MIB
+            } else {
+                slot_memory(141 << 30, 16)
+            };
+            assert_eq!(parse_kube_quantity(&caps["memory"].value.0).unwrap(), want);
+            assert_eq!(caps["cores"].value.0, "6");
+        }
+        // 141 GiB / 16, rounded down to whole MiB.
+        assert_eq!(slot_memory(141 << 30, 16), 9024 * MIB);
+        // 8 GPUs of 16 slots: one slice of 128; 9 GPUs: two.
+        let inv8 = Inventory {
+            gpus: (0..9).map(|i| gpu(i, 80 << 30)).collect(),
+        };
+        let o = offer(&inv8, &[], Publication::Slots(16), &BTreeMap::new());
+        let sizes: Vec<usize> = build_slices("n", &o, 1, None)
+            .unwrap()
+            .iter()
+            .map(|s| s.spec.devices.as_ref().unwrap().len())
+            .collect();
+        assert_eq!(sizes, [128, 16]);
+    }
+
+    #[test]
+    fn slots_others_hold_are_withdrawn_and_slots_claims_hold_stay_published() {
+        let inv = Inventory {
+            gpus: vec![
+                gpu(0, 16 * 1024 * MIB),
+                gpu(1, 16 * 1024 * MIB),
+                gpu(2, 16 * 1024 * MIB),
+            ],
+        };
+        // 4 slots of 4 GiB per GPU.
+        let held: BTreeMap<String, Held> = [
+            ("slot-claim".to_string(), Held::Slots(vec![(0, 0), (0, 2)])),
+            ("cap-claim".to_string(), Held::Capacity),
+        ]
+        .into_iter()
+        .collect();
+        let reservations = vec![
+            // The claim on slots 0 and 2 of GPU 0 (8 GiB).
+            reservation(
+                claim_owner("slot-claim"),
+                false,
+                &inv.gpus[0].uuid,
+                8 << 30,
+                0,
+            ),
+            // An annotation slice of 5 GiB on GPU 0: two slots' worth (rounded up) go.
+            reservation(Owner::container(), false, &inv.gpus[0].uuid, 5 << 30, 0),
+            // A claim of capacity mode (before the cluster changed mode): 4 GiB of GPU 1.
+            reservation(
+                claim_owner("cap-claim"),
+                false,
+                &inv.gpus[1].uuid,
+                4 << 30,
+                0,
+            ),
+            // A claim not read back yet: taken, whatever it is.
+            reservation(claim_owner("unknown"), false, &inv.gpus[1].uuid, 1 << 30, 0),
+            // A whole GPU of the node CDI spec.
+            reservation(Owner::container(), true, &inv.gpus[2].uuid, 16 << 30, 100),
+        ];
+        let o = offer(&inv, &reservations, Publication::Slots(4), &held);
+        let published: Vec<(u32, Vec<u32>)> = o
+            .iter()
+            .map(|g| (g.index, g.slots.as_ref().unwrap().published.clone()))
+            .collect();
+        // GPU 0: slots 0 and 2 (held) stay, 16-8-5 = 3 GiB left: no free slot.
+        // GPU 1: 16-4-1 = 11 GiB: two free slots, the lowest.
+        // GPU 2: booked whole: not offered.
+        assert_eq!(published, [(0, vec![0, 2]), (1, vec![0, 1])]);
+        // In capacity mode the slot claim is what the scheduler cannot see.
+        let o = offer(&inv, &reservations, Publication::Capacity, &held);
+        assert_eq!(o[0].memory, 3 << 30);
+        assert_eq!(
+            o[1].memory,
+            15 << 30,
+            "the capacity claim is the scheduler's; the unknown one is taken"
+        );
+        assert!(o.iter().all(|g| g.slots.is_none()));
+    }
+}
