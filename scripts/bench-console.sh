@@ -3,7 +3,7 @@
 # Starts the suite's real control plane (scripts/kube-cluster.sh up) and fills it with
 #   - NODES Node objects (no kubelet), each with a synthetic ResourceSlice of driver
 #     gpuslice.io holding 8 GPUs of the shape `gpuslice kubelet-plugin` publishes
-#     (kube/plugin/src/slices.rs: attributes uuid, index, productName, numaNode; capacities
+#     (kube/api/src/slices.rs: attributes uuid, index, productName, numaNode; capacities
 #     memory 141Gi and cores 100 with their request policies; allowMultipleAllocations),
 #   - CLAIMS ResourceClaims (20Gi, 10 cores each) whose status.allocation is written as the
 #     scheduler writes it (consumedCapacity), spread over the nodes' GPUs,

@@ -42,7 +42,8 @@ pub enum Command {
     Configure(gpuslice_configure::args::ConfigureCommand),
     /// Serve Prometheus metrics.
     Serve(gpuslice_agent::args::ServeArgs),
-    /// Run the DRA kubelet plugin of this node (Kubernetes 1.36+; docs/kubernetes-dra.md).
+    /// Run the DRA kubelet plugin of this node (Kubernetes 1.34+: capacity mode on 1.36+ or
+    /// 1.35 with DRAConsumableCapacity, slot mode otherwise; docs/kubernetes-dra.md).
     KubeletPlugin(gpuslice_kube::node_slices::KubeletPluginArgs),
     /// Serve the web console of the cluster's GPU slices (docs/console.md): nodes, GPUs,
     /// pods and workloads, and with --allow-edit allocating slices. It acts with the

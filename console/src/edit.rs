@@ -6,11 +6,11 @@
 use std::collections::BTreeMap;
 
 use gpuslice_config::quantity::{format_kube_quantity, parse_kube_quantity};
-use gpuslice_kube::claim_shape::{
+use gpuslice_dra::claim_shape::{
     claim_spec, slot_count, template_by, Mode, Shape, ShapeError, SlotSize, Writer,
     HAMI_LIMIT_PREFIX, LIMIT_CORES, LIMIT_GPUS, LIMIT_MEMORY,
 };
-use gpuslice_kube::slices::MEMORY_STEP;
+use gpuslice_dra::slices::MEMORY_STEP;
 use k8s_openapi::api::core::v1::{
     Container, PodResourceClaim, PodSpec, ResourceClaim as ContainerClaim,
 };
@@ -115,7 +115,7 @@ pub fn parse_workload(s: &str) -> Result<(Kind, String), EditError> {
         "daemonset" | "daemonsets" | "ds" | "daemonset.apps" => Kind::DaemonSet,
         _ => return Err(bad()),
     };
-    if !gpuslice_kube::slices::is_dns_subdomain(name, 253) {
+    if !gpuslice_dra::slices::is_dns_subdomain(name, 253) {
         return Err(bad());
     }
     Ok((kind, name.to_string()))
@@ -620,7 +620,7 @@ mod tests {
                 {"name": "gpu-1", "exactly": {"deviceClassName": "gpuslice.io", "count": 1, "capacity": cap}}],
               "constraints": [{"requests": ["gpu-0", "gpu-1"], "distinctAttribute": "gpuslice.io/uuid"}]})
         );
-        let webhook = gpuslice_kube::claim_shape::template(
+        let webhook = gpuslice_dra::claim_shape::template(
             "ml",
             claim_spec(&Mode::Capacity, &r.shape(), "f").unwrap().0,
         );
@@ -630,15 +630,15 @@ mod tests {
         );
         let name = v["metadata"]["name"].as_str().unwrap();
         assert!(name.starts_with("web-deployment-gpuslice-"), "{name}");
-        assert!(gpuslice_kube::claim_shape::written_by(
+        assert!(gpuslice_dra::claim_shape::written_by(
             &t,
             &writer(Kind::Deployment, "web")
         ));
-        assert!(!gpuslice_kube::claim_shape::written_by(
+        assert!(!gpuslice_dra::claim_shape::written_by(
             &t,
             &writer(Kind::StatefulSet, "web")
         ));
-        assert!(!gpuslice_kube::claim_shape::written_by(
+        assert!(!gpuslice_dra::claim_shape::written_by(
             &webhook,
             &writer(Kind::Deployment, "web")
         ));
@@ -658,7 +658,7 @@ mod tests {
             .0;
         assert!(l.metadata.name.unwrap().len() <= 253);
         // Slot mode: k slots of one GPU per GPU, the share as opaque parameters.
-        let slot = gpuslice_kube::claim_shape::SlotSize {
+        let slot = gpuslice_dra::claim_shape::SlotSize {
             memory: 8 << 30,
             cores: Some(16),
             per_gpu: 6,
@@ -894,7 +894,7 @@ mod tests {
                 }
             });
         }
-        let size = |memory: u64| gpuslice_kube::claim_shape::SlotSize {
+        let size = |memory: u64| gpuslice_dra::claim_shape::SlotSize {
             memory,
             cores: None,
             per_gpu: 6,

@@ -9,12 +9,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use gpuslice_config::quantity::parse_kube_quantity;
-use gpuslice_kube::claim::{config_applies, opaque_cores};
-use gpuslice_kube::claim_shape::PublishedGpus;
-use gpuslice_kube::slices::{
+use gpuslice_dra::claim_shape::PublishedGpus;
+use gpuslice_dra::opaque::{config_applies, opaque_cores};
+use gpuslice_dra::slices::{
     device_name, parse_device, DeviceRef, ATTR_PRODUCT, ATTR_UUID, CAP_CORES, CAP_MEMORY,
 };
-use gpuslice_kube::DRIVER;
+use gpuslice_dra::DRIVER;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use serde::Serialize;
@@ -698,7 +698,7 @@ fn container_slices(
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use gpuslice_kube::slices::{build_slices, OfferedGpu};
+    use gpuslice_dra::slices::{build_slices, OfferedGpu};
     use serde_json::json;
 
     use super::*;
@@ -1071,7 +1071,7 @@ pub(crate) mod tests {
     /// node-s: one L4 of 24Gi published as 6 slots of 4Gi (slot 5 withdrawn by a node path),
     /// a claim of 2 slots with a 30 % share and one of 1 slot, unthrottled.
     fn slot_sources() -> Sources {
-        use gpuslice_kube::slices::SlotOffer;
+        use gpuslice_dra::slices::SlotOffer;
         let mut g = gpu(0, "NVIDIA L4", 24);
         g.slots = Some(SlotOffer {
             memory: 4 * GIB,

@@ -6,7 +6,7 @@
 //! is never overwritten: the console re-reads and edits again), and deletes templates of
 //! its own that nothing names any more. `--dry-run` prints the diff and writes nothing.
 
-use gpuslice_kube::claim_shape::{Mode, PublishedGpus};
+use gpuslice_dra::claim_shape::{Mode, PublishedGpus};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::PodSpec;
@@ -179,7 +179,7 @@ async fn our_templates(
     Ok(list
         .items
         .iter()
-        .filter(|t| gpuslice_kube::claim_shape::written_by(t, &edit::writer(kind, name)))
+        .filter(|t| gpuslice_dra::claim_shape::written_by(t, &edit::writer(kind, name)))
         .filter_map(|t| t.metadata.name.clone())
         .collect())
 }
@@ -422,7 +422,7 @@ async fn allocate_kind<W: Workload>(
                         .get(&template_name)
                         .await
                         .map_err(api_err("get", &template_name))?;
-                    if !gpuslice_kube::claim_shape::is_ours(&existing, &template) {
+                    if !gpuslice_dra::claim_shape::is_ours(&existing, &template) {
                         return Err(WorkloadError::ForeignTemplate {
                             workload: label,
                             name: template_name,

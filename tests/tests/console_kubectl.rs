@@ -778,7 +778,7 @@ fn webhook_knows(cluster: &KubeCluster, most: u32) {
 #[test]
 #[ignore = "starts a real Kubernetes control plane with the webhook and a plugin process; the README's test command runs it"]
 fn allocate_writes_the_limits_form_with_the_webhook_and_the_claim_form_without() {
-    use gpuslice_kube::claim_shape::{claim_spec, Mode, Shape};
+    use gpuslice_dra::claim_shape::{claim_spec, Mode, Shape};
 
     let _s = lock(&[]);
     let mut cluster = KubeCluster::up_with(&["--webhook"], &[]);
@@ -1360,7 +1360,7 @@ fn in_slot_mode_the_views_show_gpus_and_allocate_writes_slot_claims() {
     // (a prioritized list). 8Gi lands as 1 H200 slot or 2 L4 slots, and prepare books that
     // (never 2 H200 slots, 47Gi); 30Gi, above 6 × 4Gi, is admitted and placed on an H200.
     {
-        use gpuslice_kube::claim_shape::{claim_spec, PublishedGpus, Shape};
+        use gpuslice_dra::claim_shape::{claim_spec, PublishedGpus, Shape};
         let slices: Vec<_> =
             serde_json::from_value(cluster.get_json(&["resourceslices"])["items"].clone()).unwrap();
         let mode = PublishedGpus::from_slices(slices.as_slice()).mode;

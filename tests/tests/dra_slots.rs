@@ -150,7 +150,7 @@ fn refused_at_admission(cluster: &KubeCluster) {
     });
     let pin = |j: u32| {
         json!({"name": format!("p{j}"), "exactly": {"deviceClassName": "slots.gpuslice.io",
-            "selectors": [{"cel": {"expression": gpuslice_kube::claim_shape::pinned_expression(j)}}]}})
+            "selectors": [{"cel": {"expression": gpuslice_dra::claim_shape::pinned_expression(j)}}]}})
     };
     let loose = json!({
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
@@ -434,13 +434,13 @@ fn on_a_1_34_control_plane_slots_are_placed_per_gpu_and_booked_exactly() {
     // first, but the L4 has at most 1 left: the scheduler takes the next, 1 H200 slot.
     let items = cluster.get_json(&["resourceslices"])["items"].clone();
     let slices: Vec<_> = serde_json::from_value(items).unwrap();
-    let mode = gpuslice_kube::claim_shape::PublishedGpus::from_slices(slices.as_slice()).mode;
-    let shape = gpuslice_kube::claim_shape::Shape {
+    let mode = gpuslice_dra::claim_shape::PublishedGpus::from_slices(slices.as_slice()).mode;
+    let shape = gpuslice_dra::claim_shape::Shape {
         gpus: 1,
         memory: Some(8 << 30),
         ..Default::default()
     };
-    let (spec, _) = gpuslice_kube::claim_shape::claim_spec(&mode, &shape, "test").unwrap();
+    let (spec, _) = gpuslice_dra::claim_shape::claim_spec(&mode, &shape, "test").unwrap();
     cluster
         .create(&json!({
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
@@ -489,9 +489,9 @@ fn on_a_1_34_control_plane_slots_are_placed_per_gpu_and_booked_exactly() {
     let class = workspace().join("packaging/kubernetes/dra/deviceclass.yaml");
     cluster.kubectl(&["create", "-f", &class.display().to_string()]);
     let whole = |gpus| {
-        gpuslice_kube::claim_shape::claim_spec(
+        gpuslice_dra::claim_shape::claim_spec(
             &mode,
-            &gpuslice_kube::claim_shape::Shape {
+            &gpuslice_dra::claim_shape::Shape {
                 gpus,
                 ..Default::default()
             },

@@ -192,7 +192,7 @@ pub fn namespace(s: &str) -> Result<String, Refusal> {
 
 /// A node or workload name from a path.
 pub fn object_name(what: &str, s: &str) -> Result<String, Refusal> {
-    if gpuslice_kube::slices::is_dns_subdomain(s, 253) {
+    if gpuslice_dra::slices::is_dns_subdomain(s, 253) {
         Ok(s.to_string())
     } else {
         Err(bad_name(

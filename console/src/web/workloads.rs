@@ -10,7 +10,7 @@ use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use kube::api::ListParams;
 use kube::Api;
 
-use gpuslice_kube::claim_shape::{shape_of, Mode, PublishedGpus};
+use gpuslice_dra::claim_shape::{shape_of, Mode, PublishedGpus};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 
 use crate::edit::{self, Kind, Request as SliceRequest};
@@ -243,7 +243,7 @@ mod tests {
             assert_eq!(template_request(&t, &Mode::Capacity), Some(req));
         }
         // Slot mode: the slots' memory (whole slots) and the opaque share.
-        let slot = gpuslice_kube::claim_shape::SlotSize {
+        let slot = gpuslice_dra::claim_shape::SlotSize {
             memory: 4 << 30,
             cores: Some(16),
             per_gpu: 6,

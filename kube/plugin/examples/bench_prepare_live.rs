@@ -356,7 +356,7 @@ fn main() {
         .build()
         .unwrap();
     let client = rt
-        .block_on(gpuslice_kube::api::client(Some(&a.kubeconfig)))
+        .block_on(gpuslice_dra::api::client(Some(&a.kubeconfig)))
         .unwrap();
     rt.block_on(create_node_and_class(&client, &a.node, a.claims));
 

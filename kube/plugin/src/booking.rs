@@ -15,8 +15,8 @@ use tokio::sync::Notify;
 use crate::claim::{
     check_ref, node_allocation, ClaimError, ClaimRef, NodeAllocation, SlotGeometry,
 };
+use crate::offer::Held;
 use crate::proto::dra;
-use crate::slices::Held;
 use crate::writer::{SliceWriter, WriteError};
 
 /// Why a claim was not prepared or unprepared; the kubelet shows the message in the pod's
@@ -261,7 +261,7 @@ fn book_and_write(
             .find(|g| g.index == s.index)
             .ok_or_else(|| BookingError::NoGpu {
                 claim: who.clone(),
-                device: crate::slices::device_name(s.index),
+                device: gpuslice_dra::slices::device_name(s.index),
             })?;
         wanted.push(ClaimShare {
             uuid: gpu.uuid.clone(),

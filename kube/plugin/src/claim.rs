@@ -7,12 +7,15 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use gpuslice_config::quantity::{format_kube_quantity, parse_kube_quantity, KubeQuantityError};
+use gpuslice_dra::opaque::{opaque_cores, parent_request, OPAQUE_ACCEPTED};
+use gpuslice_dra::slices::{
+    device_name, parse_device, slot_cores, slot_memory, DeviceRef, CAP_CORES, CAP_MEMORY,
+    MEMORY_STEP,
+};
+use gpuslice_dra::DRIVER;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
-use crate::slices::{
-    parse_device, slot_cores, slot_memory, DeviceRef, Held, CAP_CORES, CAP_MEMORY, MEMORY_STEP,
-};
-use crate::DRIVER;
+use crate::offer::Held;
 
 /// What a slot of each GPU of this node is: the node's `dra.slots_per_gpu` and each GPU's
 /// memory, from which the published slot sizes are made.
@@ -36,9 +39,6 @@ impl SlotGeometry {
         }
     }
 }
-
-/// What the opaque parameters of driver `gpuslice.io` accept.
-pub const OPAQUE_ACCEPTED: &str = "a JSON object {\"cores\": <percent per GPU, 1 to 100>}, optionally with \"apiVersion\": \"gpuslice.io/v1\" and \"kind\": \"SliceParameters\", for requests of slots (a request of the shared device asks cores in capacity.requests)";
 
 /// A claim as the kubelet names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -142,64 +142,6 @@ pub struct NodeAllocation {
     pub shares: Vec<DeviceShare>,
     /// The devices the claim holds here, as the publisher counts them.
     pub held: Held,
-}
-
-/// Why opaque parameters of this driver are not what it accepts.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum OpaqueError {
-    #[error("{0} is not an object")]
-    NotObject(String),
-    #[error("cores {0} is not a percent from 1 to 100")]
-    Cores(String),
-    #[error("`{key}`: {value} is not accepted")]
-    Field { key: String, value: String },
-    #[error("no `cores`")]
-    NoCores,
-}
-
-/// The compute share opaque parameters of driver `gpuslice.io` ask (`{"cores": N}`, with
-/// optionally their `apiVersion` and `kind`), refusing anything else: the one reading of
-/// them, for prepare and for the tools that show a claim.
-pub fn opaque_cores(parameters: &serde_json::Value) -> Result<u32, OpaqueError> {
-    let serde_json::Value::Object(map) = parameters else {
-        return Err(OpaqueError::NotObject(parameters.to_string()));
-    };
-    let mut cores = None;
-    for (k, v) in map {
-        match (k.as_str(), v) {
-            ("apiVersion", serde_json::Value::String(s)) if s == "gpuslice.io/v1" => {}
-            ("kind", serde_json::Value::String(s)) if s == "SliceParameters" => {}
-            ("cores", serde_json::Value::Number(n)) => match n.as_u64() {
-                Some(p @ 1..=100) => cores = u32::try_from(p).ok(),
-                _ => return Err(OpaqueError::Cores(n.to_string())),
-            },
-            _ => {
-                return Err(OpaqueError::Field {
-                    key: k.clone(),
-                    value: v.to_string(),
-                })
-            }
-        }
-    }
-    cores.ok_or(OpaqueError::NoCores)
-}
-
-/// The request a result or a configuration names: `<request>` itself, or the parent of a
-/// prioritized list's `<request>/<subrequest>` (a configuration naming the parent applies to
-/// every subrequest).
-pub fn parent_request(name: &str) -> &str {
-    name.split_once('/').map_or(name, |(parent, _)| parent)
-}
-
-/// Whether a configuration naming `requests` (none: every request) applies to the result of
-/// request `result` (`<request>` or `<request>/<subrequest>`).
-pub fn config_applies(requests: Option<&[String]>, result: &str) -> bool {
-    match requests {
-        None | Some([]) => true,
-        Some(names) => names
-            .iter()
-            .any(|n| n == result || n == parent_request(result)),
-    }
 }
 
 /// The compute share each request of `claim` asks through opaque parameters of this driver,
@@ -355,7 +297,7 @@ pub fn node_allocation(
             request: request.to_string(),
             gpus: gpus
                 .iter()
-                .map(|i| crate::slices::device_name(*i))
+                .map(|i| device_name(*i))
                 .collect::<Vec<_>>()
                 .join(", "),
         });
@@ -404,7 +346,7 @@ pub fn node_allocation(
         if *cores > max {
             return Err(ClaimError::SlotCores {
                 claim: who,
-                device: crate::slices::device_name(*index),
+                device: device_name(*index),
                 cores: *cores,
                 slots: held,
                 max,
@@ -425,7 +367,7 @@ pub fn node_allocation(
             .filter(|c| *c <= 100)
             .ok_or_else(|| ClaimError::Cores {
                 claim: who.clone(),
-                device: crate::slices::device_name(index),
+                device: device_name(index),
                 cores,
             })?;
         shares.push(DeviceShare {
@@ -748,9 +690,6 @@ mod tests {
             e.contains("request gpu ") && e.contains("gpu-0, gpu-1"),
             "{e}"
         );
-        assert!(config_applies(Some(&["gpu".to_string()]), "gpu/slots-1"));
-        assert!(!config_applies(Some(&["gpu-1".to_string()]), "gpu/slots-1"));
-        assert!(config_applies(None, "x"));
     }
 
     #[test]

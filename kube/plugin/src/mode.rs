@@ -8,12 +8,13 @@
 use std::path::Path;
 
 use gpuslice_config::{DraConfig, DraMode};
+use gpuslice_dra::slices::{build_slices, OfferedGpu, SliceError, CAP_MEMORY};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::PostParams;
 use kube::Api;
 use serde::Serialize;
 
-use crate::slices::{build_slices, OfferedGpu, Publication, SliceError, CAP_MEMORY};
+use crate::offer::Publication;
 
 /// The mode could not be detected (it is retried).
 #[derive(Debug, thiserror::Error)]

@@ -2,14 +2,13 @@
 //! or the node paths' bookings change, and when the kubelet (re)registers the plugin (a
 //! starting kubelet deletes its node's slices). Every change bumps the pool's generation.
 
+use gpuslice_dra::slices::{build_slices, OfferedGpu, SliceError};
+use gpuslice_dra::DRIVER;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::Api;
-
-use crate::slices::{build_slices, OfferedGpu, SliceError};
-use crate::DRIVER;
 
 /// A publication that did not complete (it is retried).
 #[derive(Debug, thiserror::Error)]

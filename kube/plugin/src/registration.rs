@@ -4,6 +4,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use gpuslice_dra::DRIVER;
 use tokio::sync::Notify;
 use tonic::{Request, Response, Status};
 
@@ -11,7 +12,6 @@ use crate::proto::registration::registration_server::Registration;
 use crate::proto::registration::{
     InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
 };
-use crate::DRIVER;
 
 /// The plugin type the kubelet expects of a DRA driver.
 pub const PLUGIN_TYPE: &str = "DRAPlugin";

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpuslice_config::DraConfig;
+use gpuslice_dra::slices::{is_dns_subdomain, MAX_NAME};
 use gpuslice_registry::Registry;
 use tokio::net::UnixListener;
 use tokio::sync::{watch, Notify};
@@ -19,11 +20,11 @@ use crate::cleanup::release_stale;
 use crate::dra_service::DraService;
 use crate::h2_relay::relayed_incoming;
 use crate::mode::{keeps_consumable_capacity, resolve, write_record, ModeRecord};
+use crate::offer::{offer, Publication};
 use crate::proto::dra::dra_plugin_server::DraPluginServer;
 use crate::proto::registration::registration_server::RegistrationServer;
 use crate::publisher::Publisher;
 use crate::registration::RegistrationService;
-use crate::slices::{is_dns_subdomain, offer, Publication, MAX_NAME};
 use crate::writer::SliceWriter;
 
 /// Default `--plugin-dir`: holds the DRA socket.
@@ -90,7 +91,7 @@ pub enum ServeError {
     #[error("node name `{0}` is not a Node name (a DNS subdomain); pass --node-name NAME or set $NODE_NAME")]
     NodeName(String),
     #[error("{0}")]
-    Api(#[from] crate::api::ApiError),
+    Api(#[from] gpuslice_dra::api::ApiError),
     #[error("cannot {op} socket {path}: {source}")]
     Socket {
         op: &'static str,
@@ -136,7 +137,7 @@ pub async fn run(
     if !is_dns_subdomain(&node, MAX_NAME) {
         return Err(ServeError::NodeName(node));
     }
-    let client = crate::api::client(options.kubeconfig.as_deref()).await?;
+    let client = gpuslice_dra::api::client(options.kubeconfig.as_deref()).await?;
     let plugin = Arc::new(
         Plugin::new(node.clone(), registry.clone(), writer, client.clone())
             .with_slots_per_gpu(options.dra.slots_per_gpu),

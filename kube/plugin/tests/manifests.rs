@@ -7,9 +7,9 @@
 
 use std::path::{Path, PathBuf};
 
+use gpuslice_dra::slices::ATTR_SLOT;
+use gpuslice_dra::{DRIVER, SLOTS_CLASS};
 use gpuslice_kube::serve::{DEFAULT_PLUGIN_DIR, DEFAULT_REGISTRATION_DIR};
-use gpuslice_kube::slices::ATTR_SLOT;
-use gpuslice_kube::{DRIVER, SLOTS_CLASS};
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };

@@ -11,13 +11,13 @@ use gpuslice_config::{
 };
 use gpuslice_registry::MAX_GPUS;
 
-use gpuslice_kube::claim_shape::PublishedGpus;
-use gpuslice_kube::claim_shape::Shape;
+use gpuslice_dra::claim_shape::PublishedGpus;
+use gpuslice_dra::claim_shape::Shape;
 
 /// gpuslice's limit names.
-pub const GPUS: &str = gpuslice_kube::claim_shape::LIMIT_GPUS;
-pub const MEMORY: &str = gpuslice_kube::claim_shape::LIMIT_MEMORY;
-pub const CORES: &str = gpuslice_kube::claim_shape::LIMIT_CORES;
+pub const GPUS: &str = gpuslice_dra::claim_shape::LIMIT_GPUS;
+pub const MEMORY: &str = gpuslice_dra::claim_shape::LIMIT_MEMORY;
+pub const CORES: &str = gpuslice_dra::claim_shape::LIMIT_CORES;
 const OURS: &[&str] = &[GPUS, MEMORY, CORES];
 
 /// HAMi's limit names (in namespaces labelled for HAMi compatibility).

@@ -15,9 +15,9 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchPar
 use kube::Api;
 use tokio_stream::StreamExt;
 
-use gpuslice_kube::claim_shape::MANAGED_BY;
+use gpuslice_dra::claim_shape::MANAGED_BY;
 
-use gpuslice_kube::claim_shape::PublishedGpus;
+use gpuslice_dra::claim_shape::PublishedGpus;
 
 use crate::sweep::{is_marked, mark_patch};
 
@@ -135,7 +135,7 @@ impl Cluster {
         self.synced.load(Ordering::SeqCst)
             && self.templates.read().is_ok_and(|m| {
                 m.get(&key(want))
-                    .is_some_and(|t| gpuslice_kube::claim_shape::is_ours(t, want) && !is_marked(t))
+                    .is_some_and(|t| gpuslice_dra::claim_shape::is_ours(t, want) && !is_marked(t))
             })
     }
 
@@ -199,7 +199,7 @@ impl Cluster {
             detail,
         };
         let check = |t: &ResourceClaimTemplate| {
-            if gpuslice_kube::claim_shape::is_ours(t, want) {
+            if gpuslice_dra::claim_shape::is_ours(t, want) {
                 Ok(())
             } else {
                 Err(ClusterError::NotOurs {

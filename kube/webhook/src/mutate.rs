@@ -12,7 +12,7 @@ use crate::ask::{
     container_ask, covers, hami_selectors, Ask, AskError, HAMI_GPU, HAMI_MEM, HAMI_MEM_PERCENT,
     HAMI_PRIORITY,
 };
-use gpuslice_kube::claim_shape::{
+use gpuslice_dra::claim_shape::{
     claim_spec, pod_shape, template, Mode, PublishedGpus, Shape, ShapeError,
 };
 
@@ -371,7 +371,7 @@ mod tests {
 
     #[test]
     fn in_slot_mode_a_pods_containers_share_one_claim() {
-        use gpuslice_kube::claim_shape::SlotSize;
+        use gpuslice_dra::claim_shape::SlotSize;
         let slots = PublishedGpus {
             mode: Mode::Slots(vec![SlotSize {
                 memory: 4 << 30,

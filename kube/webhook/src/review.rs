@@ -395,7 +395,7 @@ pub fn deny(uid: &str, code: u16, message: &str) -> Value {
 mod tests {
     use super::*;
     use crate::mutate::{mentions_hami, plan};
-    use gpuslice_kube::claim_shape::PublishedGpus;
+    use gpuslice_dra::claim_shape::PublishedGpus;
 
     fn review_of(pod: &Value) -> Vec<u8> {
         serde_json::to_vec(&json!({

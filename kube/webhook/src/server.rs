@@ -120,7 +120,7 @@ pub enum WebhookError {
     #[error(transparent)]
     Tls(#[from] TlsError),
     #[error(transparent)]
-    Api(#[from] gpuslice_kube::api::ApiError),
+    Api(#[from] gpuslice_dra::api::ApiError),
     #[error("cannot listen on --listen {addr}: {detail}")]
     Listen { addr: SocketAddr, detail: String },
     #[error("cannot start the webhook's runtime: {0}")]
@@ -148,7 +148,7 @@ pub fn run_until_signal(args: WebhookArgs) -> Result<(), WebhookError> {
         .build()
         .map_err(|e| WebhookError::Runtime(e.to_string()))?;
     rt.block_on(async move {
-        let client = gpuslice_kube::api::client(args.kubeconfig.as_deref()).await?;
+        let client = gpuslice_dra::api::client(args.kubeconfig.as_deref()).await?;
         let listener = TcpListener::bind(args.listen)
             .await
             .map_err(|e| WebhookError::Listen {

@@ -16,7 +16,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions};
 use kube::Api;
 use serde_json::json;
 
-use gpuslice_kube::claim_shape::{MANAGED_BY, TEMPLATE_PREFIX};
+use gpuslice_dra::claim_shape::{MANAGED_BY, TEMPLATE_PREFIX};
 
 /// The annotation that marks a template no pod used at the last sweep: when (RFC 3339).
 pub const UNUSED_SINCE: &str = "gpuslice.io/unused-since";

@@ -8,7 +8,7 @@ use std::time::Duration;
 pub enum ApiError {
     #[error("cannot read kubeconfig {path}: {detail}")]
     Kubeconfig { path: String, detail: String },
-    #[error("no in-cluster credentials ({detail}); run the plugin in a pod with a service account, or pass --kubeconfig PATH")]
+    #[error("no in-cluster credentials ({detail}); run it in a pod with a service account, or pass --kubeconfig PATH")]
     InCluster { detail: String },
     #[error("cannot make an API server client: {0}")]
     Client(String),

@@ -1027,7 +1027,7 @@ pub fn shape_of(spec: &ResourceClaimSpec, mode: &Mode) -> Option<Shape> {
         .flatten()
         .filter_map(|c| c.opaque.as_ref())
         .filter(|o| o.driver == DRIVER)
-        .find_map(|o| crate::claim::opaque_cores(&o.parameters.0).ok())
+        .find_map(|o| crate::opaque::opaque_cores(&o.parameters.0).ok())
     {
         shape.cores = Some(c);
     }
