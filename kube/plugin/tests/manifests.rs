@@ -97,6 +97,9 @@ fn check_pod_claims(file: &str, spec: &PodSpec) {
     }
 }
 
+/// The policy that lets a pod list at most one claim (slot-pods-policy.yaml).
+const SLOT_PODS_POLICY: &str = "slot-pods.gpuslice.io";
+
 fn check_template(file: &str, t: &ResourceClaimTemplate) {
     for r in t
         .spec
@@ -134,7 +137,7 @@ fn check_template(file: &str, t: &ResourceClaimTemplate) {
                 constraints
                     .iter()
                     .any(|c| c.match_attribute.as_deref() == Some("gpuslice.io/uuid")
-                        && c.requests.iter().flatten().eq([&r.name])),
+                        && c.requests.iter().flatten().any(|n| *n == r.name)),
                 "{file}: request {} is not constrained to one GPU",
                 r.name
             );
@@ -179,7 +182,11 @@ fn dra_manifests_are_valid_and_agree_with_the_plugin() {
                     .unwrap()
                     .expression;
                 match d.metadata.name.as_deref() {
-                    Some(DRIVER) => assert_eq!(cel, &format!("device.driver == \"{DRIVER}\"")),
+                    // Never the slots of slot mode (docs/kubernetes-dra.md, "Bounded search").
+                    Some(DRIVER) => assert_eq!(
+                        cel,
+                        &format!("device.driver == \"{DRIVER}\" && !(\"{ATTR_SLOT}\" in device.attributes[\"{DRIVER}\"])")
+                    ),
                     Some(SLOTS_CLASS) => assert_eq!(
                         cel,
                         &format!("device.driver == \"{DRIVER}\" && \"{ATTR_SLOT}\" in device.attributes[\"{DRIVER}\"]")
@@ -273,6 +280,18 @@ fn dra_manifests_are_valid_and_agree_with_the_plugin() {
                 // plugin's default slots per GPU, and it names the class and the constraint
                 // the plugin reads.
                 let p: ValidatingAdmissionPolicy = typed(file, doc);
+                if p.metadata.name.as_deref() == Some(SLOT_PODS_POLICY) {
+                    // At most one claim per pod (docs/kubernetes-dra.md, "Bounded search").
+                    let spec = p.spec.unwrap();
+                    let v = spec.validations.unwrap();
+                    assert_eq!(
+                        v[0].expression,
+                        "size(object.spec.?resourceClaims.orValue([])) <= 1"
+                    );
+                    assert_eq!(spec.failure_policy.as_deref(), Some("Fail"));
+                    kinds.push(kind);
+                    continue;
+                }
                 assert_eq!(p.metadata.name.as_deref(), Some(SLOTS_CLASS));
                 let spec = p.spec.unwrap();
                 let vars = spec.variables.unwrap();
@@ -284,12 +303,16 @@ fn dra_manifests_are_valid_and_agree_with_the_plugin() {
                 let all: String = vars.iter().map(|v| v.expression.as_str()).collect();
                 assert!(all.contains(&format!("'{SLOTS_CLASS}'")), "{all}");
                 assert!(all.contains(&format!("'{DRIVER}/uuid'")), "{all}");
-                assert_eq!(spec.validations.unwrap().len(), 2);
+                assert_eq!(spec.validations.unwrap().len(), 6);
                 assert_eq!(spec.failure_policy.as_deref(), Some("Fail"));
             }
             "ValidatingAdmissionPolicyBinding" => {
                 let b: ValidatingAdmissionPolicyBinding = typed(file, doc);
-                assert_eq!(b.spec.policy_name, SLOTS_CLASS);
+                assert!(
+                    [SLOTS_CLASS, SLOT_PODS_POLICY].contains(&b.spec.policy_name.as_str()),
+                    "{file}: {}",
+                    b.spec.policy_name
+                );
                 assert_eq!(b.spec.validation_actions, ["Deny"]);
             }
             "ResourceClaimTemplate" => {
