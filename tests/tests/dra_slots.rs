@@ -553,7 +553,7 @@ fn on_a_1_34_control_plane_slots_are_placed_per_gpu_and_booked_exactly() {
             (!out.status.success()).then_some(())
         },
     );
-    let e = cluster.create(&pair).err().expect("pod pair was created");
+    let e = cluster.create(&pair).expect_err("pod pair was created");
     assert!(
         e.contains("ValidatingAdmissionPolicy 'slot-pods.gpuslice.io'")
             && e.contains("spec.resourceClaims lists 2 claims; accepted: at most 1 per pod"),

@@ -242,13 +242,14 @@ mod tests {
                 .0;
             assert_eq!(template_request(&t, &Mode::Capacity), Some(req));
         }
-        // Slot mode: the slots' memory (whole slots) and the opaque share.
+        // Slot mode: the slots' memory (whole slots) and the opaque share (of one GPU: a slice
+        // of several GPUs takes each whole, docs/kubernetes-dra.md "Bounded search").
         let slot = gpuslice_dra::claim_shape::SlotSize {
             memory: 4 << 30,
             cores: Some(16),
             per_gpu: 6,
         };
-        let req = SliceRequest::parse("8Gi", Some("20"), 2).unwrap();
+        let req = SliceRequest::parse("8Gi", Some("20"), 1).unwrap();
         let t = edit::claim_template(
             "ml",
             Kind::Deployment,

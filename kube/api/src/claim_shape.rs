@@ -517,14 +517,11 @@ pub fn pod_shape(asks: &[(String, Shape, bool)]) -> Result<(Shape, String), Shap
         }
         out.gpus = out.gpus.max(s.gpus);
         let into = if *is_init { &mut init } else { &mut out };
-        let add = |a: Option<u64>, b: Option<u64>| -> Option<u64> {
-            if *is_init {
-                Some(a?.max(b?))
-            } else {
-                Some(a?.saturating_add(b?))
-            }
+        into.memory = match (into.memory, s.memory) {
+            (Some(a), Some(b)) if *is_init => Some(a.max(b)),
+            (Some(a), Some(b)) => Some(a.saturating_add(b)),
+            _ => None,
         };
-        into.memory = add(into.memory, s.memory);
         into.cores = match (into.cores, s.cores.filter(|c| *c > 0)) {
             (a, None) => a,
             (None, b) => b,

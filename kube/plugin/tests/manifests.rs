@@ -101,6 +101,9 @@ fn check_pod_claims(file: &str, spec: &PodSpec) {
     }
 }
 
+/// The policy that lets a pod list at most one claim (slot-pods-policy.yaml).
+const SLOT_PODS_POLICY: &str = "slot-pods.gpuslice.io";
+
 fn check_template(file: &str, t: &ResourceClaimTemplate) {
     for r in t
         .spec
@@ -138,7 +141,7 @@ fn check_template(file: &str, t: &ResourceClaimTemplate) {
                 constraints
                     .iter()
                     .any(|c| c.match_attribute.as_deref() == Some("gpuslice.io/uuid")
-                        && c.requests.iter().flatten().eq([&r.name])),
+                        && c.requests.iter().flatten().any(|n| *n == r.name)),
                 "{file}: request {} is not constrained to one GPU",
                 r.name
             );
@@ -185,7 +188,11 @@ fn dra_manifests_are_valid_and_agree_with_the_plugin() {
                     .unwrap()
                     .expression;
                 match d.metadata.name.as_deref() {
-                    Some(DRIVER) => assert_eq!(cel, &format!("device.driver == \"{DRIVER}\"")),
+                    // Never the slots of slot mode (docs/kubernetes-dra.md, "Bounded search").
+                    Some(DRIVER) => assert_eq!(
+                        cel,
+                        &format!("device.driver == \"{DRIVER}\" && !(\"{ATTR_SLOT}\" in device.attributes[\"{DRIVER}\"])")
+                    ),
                     Some(SLOTS_CLASS) => assert_eq!(
                         cel,
                         &format!("device.driver == \"{DRIVER}\" && \"{ATTR_SLOT}\" in device.attributes[\"{DRIVER}\"]")
@@ -321,6 +328,19 @@ fn dra_manifests_are_valid_and_agree_with_the_plugin() {
                 // plugin's default slots per GPU, and it names the class and the constraint
                 // the plugin reads.
                 let p: ValidatingAdmissionPolicy = typed(file, doc);
+                if p.metadata.name.as_deref() == Some(SLOT_PODS_POLICY) {
+                    // At most one claim per pod (docs/kubernetes-dra.md, "Bounded search").
+                    let spec = p.spec.unwrap();
+                    let v = spec.validations.unwrap();
+                    assert_eq!(
+                        v[0].expression,
+                        "size(object.spec.?resourceClaims.orValue([])) <= 1"
+                    );
+                    assert_eq!(spec.failure_policy.as_deref(), Some("Fail"));
+                    policies.push(SLOT_PODS_POLICY);
+                    kinds.push(kind);
+                    continue;
+                }
                 assert_eq!(p.metadata.name.as_deref(), Some(SLOTS_CLASS));
                 policies.push(SLOTS_CLASS);
                 let spec = p.spec.unwrap();
@@ -333,13 +353,13 @@ fn dra_manifests_are_valid_and_agree_with_the_plugin() {
                 let all: String = vars.iter().map(|v| v.expression.as_str()).collect();
                 assert!(all.contains(&format!("'{SLOTS_CLASS}'")), "{all}");
                 assert!(all.contains(&format!("'{DRIVER}/uuid'")), "{all}");
-                assert_eq!(spec.validations.unwrap().len(), 2);
+                assert_eq!(spec.validations.unwrap().len(), 6);
                 assert_eq!(spec.failure_policy.as_deref(), Some("Fail"));
             }
             "ValidatingAdmissionPolicyBinding" => {
                 let b: ValidatingAdmissionPolicyBinding = typed(file, doc);
                 assert!(
-                    [SLOTS_CLASS, PLUGIN_POLICY].contains(&b.spec.policy_name.as_str()),
+                    [SLOTS_CLASS, PLUGIN_POLICY, SLOT_PODS_POLICY].contains(&b.spec.policy_name.as_str()),
                     "{file}: binding of {}",
                     b.spec.policy_name
                 );
@@ -401,6 +421,6 @@ fn dra_manifests_are_valid_and_agree_with_the_plugin() {
     );
     policies.sort_unstable();
     bindings.sort_unstable();
-    assert_eq!(policies, [PLUGIN_POLICY, SLOTS_CLASS]);
+    assert_eq!(policies, [PLUGIN_POLICY, SLOT_PODS_POLICY, SLOTS_CLASS]);
     assert_eq!(bindings, policies, "each policy is bound");
 }
