@@ -139,7 +139,7 @@ mod tests {
     use gpuslice_registry::{Booking, Gpu, Owner, ReservationState};
 
     use gpuslice_config::quantity::parse_kube_quantity;
-    use gpuslice_dra::slices::{build_slices, parse_device, DeviceRef, ATTR_NUMA};
+    use gpuslice_dra::slices::{build_slices, ATTR_NUMA};
 
     use super::*;
 
@@ -277,59 +277,6 @@ mod tests {
             name: "c".into(),
             gone: None,
         }
-    }
-
-    #[test]
-    fn slot_mode_publishes_equal_unshared_slots_carrying_the_gpus_attributes() {
-        let inv = Inventory {
-            gpus: vec![gpu(0, 80 * 1024 * MIB), gpu(1, 141 * 1024 * MIB)],
-        };
-        let o = offer(&inv, &[], Publication::Slots(16), &BTreeMap::new());
-        let slices = build_slices("node-a", &o, 1, None).unwrap();
-        assert_eq!(
-            slices.len(),
-            1,
-            "8 GPUs x 16 slots fit one slice; 2 GPUs surely"
-        );
-        let devices = slices[0].spec.devices.as_ref().unwrap();
-        assert_eq!(devices.len(), 32);
-        assert_eq!(devices[0].name, "gpu-0-slot-0");
-        assert_eq!(devices[31].name, "gpu-1-slot-15");
-        for d in devices {
-            assert_eq!(d.allow_multiple_allocations, None, "{}", d.name);
-            let caps = d.capacity.as_ref().unwrap();
-            assert!(caps.values().all(|c| c.request_policy.is_none()));
-            let attrs = d.attributes.as_ref().unwrap();
-            let DeviceRef::Slot(index, _) = parse_device(&d.name).unwrap() else {
-                panic!("{}", d.name)
-            };
-            assert_eq!(
-                attrs["uuid"].string,
-                Some(inv.gpus[index as usize].uuid.clone())
-            );
-            assert_eq!(attrs["index"].int, Some(i64::from(index)));
-            assert_eq!(attrs["productName"].string.as_deref(), Some("NVIDIA H200"));
-            let want = if index == 0 {
-                5 * 1024 * MIB
-            } else {
-                slot_memory(141 << 30, 16)
-            };
-            assert_eq!(parse_kube_quantity(&caps["memory"].value.0).unwrap(), want);
-            assert_eq!(caps["cores"].value.0, "6");
-        }
-        // 141 GiB / 16, rounded down to whole MiB.
-        assert_eq!(slot_memory(141 << 30, 16), 9024 * MIB);
-        // 8 GPUs of 16 slots: one slice of 128; 9 GPUs: two.
-        let inv8 = Inventory {
-            gpus: (0..9).map(|i| gpu(i, 80 << 30)).collect(),
-        };
-        let o = offer(&inv8, &[], Publication::Slots(16), &BTreeMap::new());
-        let sizes: Vec<usize> = build_slices("n", &o, 1, None)
-            .unwrap()
-            .iter()
-            .map(|s| s.spec.devices.as_ref().unwrap().len())
-            .collect();
-        assert_eq!(sizes, [128, 16]);
     }
 
     #[test]
