@@ -185,6 +185,11 @@ fn the_chart_renders_the_raw_manifests_and_both_certificate_bootstraps() {
     assert_eq!(
         pod["spec"]["containers"][0]["command"],
         serde_json::json!([
+            "nsenter",
+            "--target",
+            "1",
+            "--cgroup",
+            "--",
             "chroot",
             "/host",
             "/opt/gpuslice/bin/gpuslice",
