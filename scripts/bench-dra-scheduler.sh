@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Benchmark of the stock scheduler placing gpuslice claims, capacity mode beside slot mode in
-# one run (DESIGN §6 goal: slot mode ≥ 0.5 × capacity mode's pods/s, no exponential search).
+# one run (goal: slot mode ≥ 0.5 × capacity mode's pods/s, no exponential search).
 # For each mode, a real control plane (scripts/kube-cluster.sh up: the pinned 1.37 for capacity
 # mode; the same binaries with --emulated-version 1.34 for slot mode, the allocator a 1.34/1.35
 # cluster runs), NODES Node objects without kubelets, each with one ResourceSlice of 8

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Benchmark of the DRA kubelet plugin against a LIVE control plane (DESIGN §6
-# goal: prepare of one claim ≤ 50 ms median). Starts a real control plane (scripts/kube-cluster.sh
-# up), a simulated node of 8 H200-sized GPUs (scripts/lib/bench-node.sh, state and CDI specs
+# Benchmark of the DRA kubelet plugin against a LIVE control plane (goal: prepare of one
+# claim ≤ 50 ms median). Starts a real control plane (scripts/kube-cluster.sh up), a simulated
+# node of 8 H200-sized GPUs (scripts/lib/bench-node.sh, state and CDI specs
 # on tmpfs as /run/gpuslice is on a node), and runs the release build of
 # kube/plugin/examples/bench_prepare_live.rs, which
 #   - creates the Node object and the DeviceClass of packaging/kubernetes/dra/,

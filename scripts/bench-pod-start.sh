@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmark of pod start on a real node (DESIGN §6 goal: a pod with a slice claim starts in at
+# Benchmark of pod start on a real node (goal: a pod with a slice claim starts in at
 # most 1.1 x the time of the same pod without one): for each mode, capacity (the pinned 1.37,
 # consumable capacity on) and slots (the same with DRAConsumableCapacity=false on every
 # component, so the plugin publishes slots), `scripts/kube-cluster.sh up DIR --node NAME` (real

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A real Kubernetes control plane on 127.0.0.1 for tests and demos (DESIGN §7): etcd (in-process
+# A real Kubernetes control plane on 127.0.0.1 for tests and demos: etcd (in-process
 # embed), kube-apiserver, kube-scheduler and kube-controller-manager of the release pinned in
 # tests/kube/go.mod, built from its Go modules and cached outside the checkout; with --node, a
 # node for the local machine too: containerd 2.x (built from the Go module pinned in

@@ -1,4 +1,4 @@
-//! Acceptance 6: `status_json` follows the contract of DESIGN.md §4 and the table is
+//! Acceptance 6: `status_json` follows its documented shape (docs/observability.md) and the table is
 //! aligned, in the project's short byte spelling (`141Gi`, `47.3Gi`) and percent.
 
 use std::path::Path;

@@ -165,7 +165,7 @@ pub fn slots_per_gpu_warning(slots_per_gpu: u32) -> Option<String> {
 }
 
 /// How the DRA kubelet plugin publishes GPUs: one shared device per GPU, or N slot devices
-/// (docs/kubernetes-dra.md, "Slot mode").
+/// (docs/kubernetes-dra.md, "Slot mode: every DRA cluster").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DraMode {
     /// Capacity where the API server keeps consumable capacity, slots where it does not.

@@ -1,4 +1,4 @@
-//! The `[dra]` table (docs/kubernetes-dra.md, "Slot mode"): `mode` and `slots_per_gpu`, their
+//! The `[dra]` table (docs/kubernetes-dra.md, "Slot mode: every DRA cluster"): `mode` and `slots_per_gpu`, their
 //! defaults, and each bad value refused with one line naming the key, the value and what is
 //! accepted.
 

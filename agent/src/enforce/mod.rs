@@ -1,4 +1,4 @@
-//! The host-side enforcer of `gpuslice serve` (DESIGN §8): what the shim inside a container
+//! The host-side enforcer of `gpuslice serve` (docs/security.md, "What only the enforcer guarantees"): what the shim inside a container
 //! cannot guarantee against a process that bypasses or corrupts it, enforced from the
 //! driver's own per-process figures. Every `enforce.interval` it reads NVML's per-process
 //! memory and SM utilisation, maps each process to its reservation (`attribution`, host facts

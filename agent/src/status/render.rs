@@ -1,5 +1,5 @@
-//! What `gpuslice status` and `gpuslice gc` print: the aligned table, the JSON of DESIGN.md
-//! §4 (with the measured figures next to the booked ones), and the reports of reaping and
+//! What `gpuslice status` and `gpuslice gc` print: the aligned table, the JSON
+//! (docs/observability.md; with the measured figures next to the booked ones), and the reports of reaping and
 //! rebuilding. Pure functions of registry data and of the measurements `measured` takes.
 
 use std::collections::{BTreeMap, HashMap};
@@ -230,7 +230,7 @@ pub fn status_json(file: &RegistryFile) -> Value {
     )
 }
 
-/// `status --json` per DESIGN.md §4: `gpus` (index, uuid, model, memory_total,
+/// `status --json` (docs/observability.md): `gpus` (index, uuid, model, memory_total,
 /// memory_allocated, cores_allocated; plus memory_free, slices, whole_gpu, and measured
 /// memory_used and utilization in percent) and `reservations` (id, state, container_id,
 /// gpus[uuid, memory, cores]; plus owner, whole_gpu, created_ms, deadline_ms, bound_ms, and

@@ -1,7 +1,7 @@
 //! The slice's own CDI spec, one device named after its holder (`gpuslice.io/slice=<reservation
 //! id>` for a container's annotations, `gpuslice.io/claim=<claim UID>` for a DRA claim): the
 //! booked GPUs' nodes, the driver's control nodes and libraries, the shim through
-//! `/etc/ld.so.preload`, the slice's files, the environment of DESIGN.md §5 and the holder's
+//! `/etc/ld.so.preload`, the slice's files, the environment (docs/annotations.md, "In the container") and the holder's
 //! hooks.
 
 use std::path::{Path, PathBuf};
@@ -31,7 +31,7 @@ pub fn preload_contents() -> String {
     format!("{SHIM_CONTAINER_PATH}\n")
 }
 
-/// The environment of DESIGN.md §5. `CUDA_DEVICE_*` are for HAMi-core's `libvgpu.so` when an
+/// The environment of a slice's container (docs/annotations.md, "In the container"). `CUDA_DEVICE_*` are for HAMi-core's `libvgpu.so` when an
 /// operator uses it as the shim; gpuslice's shim ignores all of these.
 pub fn slice_env(r: &Reservation) -> Vec<String> {
     let mut env = vec![

@@ -19,7 +19,7 @@ use gpuslice_hook::node::NodeContext;
 pub use gpuslice_hook::specfiles::claim_spec_path;
 use gpuslice_hook::specfiles::Holder;
 
-/// `gpuslice kubelet-plugin` flags (DESIGN.md §7).
+/// `gpuslice kubelet-plugin` flags (docs/kubernetes-dra.md).
 #[derive(Debug, Args)]
 pub struct KubeletPluginArgs {
     /// The Node object's name: the pool and the ResourceSlice are named after it.

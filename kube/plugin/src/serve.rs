@@ -59,7 +59,7 @@ pub struct PluginOptions {
 }
 
 impl PluginOptions {
-    /// The defaults of DESIGN.md §7 for node `node_name`.
+    /// The documented defaults (docs/kubernetes-dra.md) for node `node_name`.
     pub fn new(node_name: String) -> PluginOptions {
         PluginOptions {
             node_name,

@@ -1,4 +1,4 @@
-//! Slot mode (DESIGN §7, "Reach: slot mode") as the kubelet sees the plugin, against a FAKE API
+//! Slot mode (docs/kubernetes-dra.md, "Slot mode: every DRA cluster") as the kubelet sees the plugin, against a FAKE API
 //! server that drops consumable capacity as Kubernetes 1.34/1.35 do: `dra.mode = auto`
 //! detects it and publishes equal unshared slots, prepare books exactly k × slot (and the
 //! share the opaque parameters ask), node-path bookings withdraw slots, bad claims are refused

@@ -87,7 +87,7 @@ impl Default for Options {
     }
 }
 
-/// `gpuslice webhook`'s flags (DESIGN §7).
+/// `gpuslice webhook`'s flags (docs/webhook.md).
 #[derive(Debug, Clone, clap::Args)]
 pub struct WebhookArgs {
     /// Address to serve HTTPS on.
