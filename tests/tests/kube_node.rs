@@ -334,7 +334,7 @@ fn a_deleted_claim_stays_booked_while_its_pod_runs(kn: &KubeNode, node: &TestNod
         .unwrap();
     let withdrawn = vec![("gpu-0".to_string(), Some("8Gi".to_string()))];
     let holder_named =
-        "held there by claim default/held-16g (16 GiB; the claim no longer exists, kept while its containers run)";
+        "held there by claim default/held-16g (16Gi; the claim no longer exists, kept while its containers run)";
     let outcome = wait_for_or(STEP, || {
         let events = kn.events("over");
         if events.contains(holder_named) {
@@ -358,7 +358,7 @@ fn a_deleted_claim_stays_booked_while_its_pod_runs(kn: &KubeNode, node: &TestNod
     match &outcome {
         Over::Refused(events) => assert!(
             events.contains("cannot be prepared on GPU 0")
-                && events.contains("it needs 12 GiB of memory and 8 GiB of 24 GiB is free"),
+                && events.contains("it needs 12Gi of memory and 8Gi of 24Gi is free"),
             "{events}"
         ),
         Over::Unschedulable(message) => assert!(

@@ -97,8 +97,8 @@ fn a_deleted_claim_stays_booked_while_its_container_runs_and_is_released_after()
         .clone();
     for part in [
         "claim ns/over (uid uid-over) cannot be prepared on GPU 0",
-        "it needs 9 GiB of memory and 4 GiB of 10 GiB is free",
-        "held there by claim ns/held (6 GiB; the claim no longer exists, kept while its containers run)",
+        "it needs 9Gi of memory and 4Gi of 10Gi is free",
+        "held there by claim ns/held (6Gi; the claim no longer exists, kept while its containers run)",
     ] {
         assert!(e.contains(part), "`{e}` lacks `{part}`");
     }

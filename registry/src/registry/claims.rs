@@ -44,7 +44,7 @@ pub enum ClaimLeft {
     /// Kept: `running` containers it was given to may still run processes. `newly`: this call
     /// marked it (earlier calls found the claim still there).
     Kept {
-        reservation: Reservation,
+        reservation: Box<Reservation>,
         running: usize,
         newly: bool,
     },
@@ -377,7 +377,7 @@ impl Registry {
                 txn.dirty = true;
             }
             Ok(ClaimLeft::Kept {
-                reservation: r,
+                reservation: Box::new(r),
                 running: count,
                 newly,
             })
@@ -716,8 +716,8 @@ mod tests {
             .to_string();
         for part in [
             "claim ns/c-v (uid v) cannot be prepared on GPU 0 (GPU-0)",
-            "it needs 12 GiB of memory and 10 GiB of 16 GiB is free",
-            "held there by claim ns/c-u (6 GiB; the claim no longer exists, kept while its containers run)",
+            "it needs 12Gi of memory and 10Gi of 16Gi is free",
+            "held there by claim ns/c-u (6Gi; the claim no longer exists, kept while its containers run)",
             "never prepared onto capacity someone else holds",
         ] {
             assert!(e.contains(part), "`{e}` lacks `{part}`");
