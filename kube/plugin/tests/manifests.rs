@@ -359,7 +359,8 @@ fn dra_manifests_are_valid_and_agree_with_the_plugin() {
             "ValidatingAdmissionPolicyBinding" => {
                 let b: ValidatingAdmissionPolicyBinding = typed(file, doc);
                 assert!(
-                    [SLOTS_CLASS, PLUGIN_POLICY, SLOT_PODS_POLICY].contains(&b.spec.policy_name.as_str()),
+                    [SLOTS_CLASS, PLUGIN_POLICY, SLOT_PODS_POLICY]
+                        .contains(&b.spec.policy_name.as_str()),
                     "{file}: binding of {}",
                     b.spec.policy_name
                 );

@@ -155,8 +155,7 @@ pub fn run_until_signal(args: WebhookArgs) -> Result<(), WebhookError> {
                 addr: args.listen,
                 detail: e.to_string(),
             })?;
-        let cluster =
-            Cluster::start(client, Duration::from_secs(args.unused_template_grace)).await;
+        let cluster = Cluster::start(client, Duration::from_secs(args.unused_template_grace)).await;
         eprintln!(
             "gpuslice webhook: serving https://{} (hami-compat: {})",
             listener.local_addr().map_or(args.listen, |a| a),
