@@ -129,6 +129,7 @@ mod tests {
             namespace: "ns".into(),
             members: Vec::new(),
             name: "c".into(),
+            gone: None,
         });
         let holder = Holder::of(&r);
         assert_eq!(holder, Holder::Claim { uid });

@@ -62,7 +62,11 @@ fn start(opts: Options) -> Webhook {
             tx.send(listener.local_addr().unwrap()).unwrap();
             // Nothing listens on port 9: the inventory stays empty.
             let config = kube::Config::new("https://127.0.0.1:9".parse().unwrap());
-            let cluster = Cluster::start(kube::Client::try_from(config).unwrap()).await;
+            let cluster = Cluster::start(
+                kube::Client::try_from(config).unwrap(),
+                gpuslice_webhook::sweep::DEFAULT_GRACE,
+            )
+            .await;
             serve(listener, tls, cluster, false, opts, async {
                 let _ = stopped.await;
             })
