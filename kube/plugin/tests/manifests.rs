@@ -312,7 +312,7 @@ fn dra_manifests_are_valid_and_agree_with_the_plugin() {
                 assert!(
                     vars[0]
                         .expression
-                        .contains("extra[?'authentication.kubernetes.io/node-name']"),
+                        .contains("request.userInfo.extra['authentication.kubernetes.io/node-name'][0]"),
                     "{}",
                     vars[0].expression
                 );
