@@ -310,9 +310,9 @@ fn dra_manifests_are_valid_and_agree_with_the_plugin() {
                 );
                 let vars = spec.variables.unwrap();
                 assert!(
-                    vars[0]
-                        .expression
-                        .contains("request.userInfo.extra['authentication.kubernetes.io/node-name'][0]"),
+                    vars[0].expression.contains(
+                        "request.userInfo.extra['authentication.kubernetes.io/node-name'][0]"
+                    ),
                     "{}",
                     vars[0].expression
                 );
