@@ -322,9 +322,11 @@ pub fn claim_series<'a>(
     found.next().is_none().then_some(first)
 }
 
+/// Idle now, judged as the idle report judges (console/src/idle.rs): from the driver's
+/// figures for the slice's processes, never the usage file the container writes itself.
 fn is_idle(s: &SliceUsage) -> Option<bool> {
-    let memory = s.memory_used?;
-    Some(memory == 0 && s.compute_used.unwrap_or(0.0) == 0.0)
+    let memory = s.nvml_memory_used?;
+    Some(memory == 0 && s.nvml_compute_used.unwrap_or(0.0) == 0.0)
 }
 
 /// Builds the model. `namespaces`: the namespaces whose pods the `pods` view shows (`None`:
@@ -910,6 +912,7 @@ pub(crate) mod tests {
         );
         let mut train = slice("ml", "", a0, 20 * GIB, 8 * GIB, 9 * GIB);
         train.compute_used = Some(0.28);
+        train.nvml_compute_used = Some(0.28);
         train.compute_limit = Some(0.3);
         u.slices = vec![
             train,
@@ -952,6 +955,34 @@ pub(crate) mod tests {
             "a GPU not measured leaves the total unknown"
         );
         assert_eq!(m.usage_unavailable, None);
+    }
+
+    #[test]
+    fn a_zeroed_usage_file_does_not_make_a_busy_slice_idle() {
+        // The container wrote 0 to its usage file; the driver sees its processes hold 9 GiB
+        // and run kernels: not idle. The reverse (the file claims use the driver does not
+        // see) is idle.
+        let mut u = usage();
+        u.slices[0].memory_used = Some(0);
+        u.slices[0].compute_used = Some(0.0);
+        u.slices[1].memory_used = Some(4 * GIB);
+        u.slices[1].compute_used = Some(0.5);
+        let m = build(&sources(Ok(u)), None);
+        let idle: Vec<(&str, Option<bool>)> = m.gpus[0]
+            .claims
+            .iter()
+            .map(|c| (c.name.as_str(), c.idle))
+            .collect();
+        assert_eq!(idle, [("pair", Some(true)), ("train", Some(false))]);
+        let mut u = usage();
+        u.slices[0].nvml_memory_used = Some(0);
+        u.slices[0].nvml_compute_used = Some(0.0);
+        let m = build(&sources(Ok(u)), None);
+        assert_eq!(
+            m.gpus[0].idle_slices,
+            Some(2),
+            "train's processes hold nothing"
+        );
     }
 
     #[test]

@@ -14,7 +14,7 @@ use hyper_util::rt::TokioIo;
 use serde::{Deserialize, Serialize};
 
 /// The query of every figure the console shows.
-pub const QUERY: &str = r#"{__name__=~"gpuslice_gpu_memory_used_bytes|gpuslice_gpu_utilization_ratio|gpuslice_slice_memory_limit_bytes|gpuslice_slice_memory_used_bytes|gpuslice_slice_nvml_memory_used_bytes|gpuslice_slice_compute_limit_ratio|gpuslice_slice_compute_used_ratio"}"#;
+pub const QUERY: &str = r#"{__name__=~"gpuslice_gpu_memory_used_bytes|gpuslice_gpu_utilization_ratio|gpuslice_slice_memory_limit_bytes|gpuslice_slice_memory_used_bytes|gpuslice_slice_nvml_memory_used_bytes|gpuslice_slice_compute_limit_ratio|gpuslice_slice_compute_used_ratio|gpuslice_slice_nvml_compute_used_ratio"}"#;
 
 /// How long one query may take.
 pub const TIMEOUT: Duration = Duration::from_secs(10);
@@ -136,8 +136,10 @@ pub struct SliceUsage {
     pub nvml_memory_used: Option<u64>,
     /// 0–1.
     pub compute_limit: Option<f64>,
-    /// 0–1.
+    /// 0–1, as the container's usage file says.
     pub compute_used: Option<f64>,
+    /// 0–1, the driver's figure for the slice's processes (what the enforcer meters).
+    pub nvml_compute_used: Option<f64>,
 }
 
 /// What Prometheus said.
@@ -209,6 +211,7 @@ pub fn fold(samples: &[Sample]) -> Usage {
                 "nvml_memory_used_bytes" => sl.nvml_memory_used = Some(bytes),
                 "compute_limit_ratio" => sl.compute_limit = Some(v),
                 "compute_used_ratio" => sl.compute_used = Some(v),
+                "nvml_compute_used_ratio" => sl.nvml_compute_used = Some(v),
                 _ => {}
             }
         }
