@@ -157,6 +157,24 @@ fn refused_at_admission(cluster: &KubeCluster) {
         "metadata": {"name": "loose-pins", "namespace": NS},
         "spec": {"devices": {"requests": [pin(0), pin(1)]}},
     });
+    // Part of a GPU pinned slot by slot, and a whole GPU but for a slot no GPU has: the
+    // allocator tries every order of the other GPUs before it finds either fits nowhere.
+    let pinned_group = |name: &str, pins: &[u32]| {
+        json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"devices": {
+                "requests": pins.iter().enumerate().map(|(i, j)| {
+                    let mut r = pin(*j);
+                    r["name"] = json!(format!("p{i}"));
+                    r
+                }).collect::<Vec<_>>(),
+                "constraints": [{"requests": (0..pins.len()).map(|i| format!("p{i}")).collect::<Vec<_>>(),
+                    "matchAttribute": "gpuslice.io/uuid"}]}},
+        })
+    };
+    let part_pinned = pinned_group("part-pinned", &[0, 1]);
+    let slot_nobody_has = pinned_group("slot-nobody-has", &[0, 1, 2, 3, 4, 99]);
     let several = "ask slots of slots.gpuslice.io in several requests; accepted: one request of 1 to 6 slots per claim, or whole GPUs asked slot by slot";
     let cases: Vec<(&Value, &str, String)> = vec![
         (
@@ -193,6 +211,16 @@ fn refused_at_admission(cluster: &KubeCluster) {
             &loose,
             "resourceclaim",
             "request p0 pins a slot of slots.gpuslice.io without a constraint to one GPU".into(),
+        ),
+        (
+            &part_pinned,
+            "resourceclaim",
+            "requests kept on one GPU pin slots 0, 1 of slots.gpuslice.io; accepted: whole GPUs asked slot by slot, each GPU's requests pinning every slot 0 to 5 once".into(),
+        ),
+        (
+            &slot_nobody_has,
+            "resourceclaim",
+            "requests kept on one GPU pin slots 0, 1, 2, 3, 4, 99 of slots.gpuslice.io".into(),
         ),
     ];
     for (object, kind, part) in &cases {

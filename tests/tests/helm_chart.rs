@@ -121,6 +121,41 @@ fn the_chart_renders_the_raw_manifests_and_both_certificate_bootstraps() {
             assert_eq!(r, &o, "{file}: {kind} {name} differs from the chart's");
         }
     }
+    // One claim per pod where slot mode can run: forced on, it is the raw manifest; `auto`
+    // renders it for a 1.34 cluster and not for 1.37 (capacity mode) unless mode is slots.
+    let slot_pods = |args: &[&str]| {
+        let chart = chart();
+        let mut a = vec!["template", "gpuslice", chart.to_str().unwrap()];
+        a.extend(args);
+        let r = documents(&helm(&a));
+        find(&r, "ValidatingAdmissionPolicy", "slot-pods.gpuslice.io").cloned()
+    };
+    let raw = documents(
+        &std::fs::read_to_string(repo().join("packaging/kubernetes/dra/slot-pods-policy.yaml"))
+            .unwrap(),
+    );
+    assert_eq!(
+        slot_pods(&["--set", "dra.slotPodsPolicy=true"]).as_ref(),
+        Some(&raw[0])
+    );
+    assert_eq!(
+        slot_pods(&["--kube-version", "1.34.2"]).as_ref(),
+        Some(&raw[0])
+    );
+    assert_eq!(slot_pods(&["--kube-version", "1.37.2"]), None);
+    assert_eq!(
+        slot_pods(&["--kube-version", "1.37.2", "--set", "dra.mode=slots"]).as_ref(),
+        Some(&raw[0])
+    );
+    assert_eq!(
+        slot_pods(&[
+            "--kube-version",
+            "1.34.2",
+            "--set",
+            "dra.slotPodsPolicy=false"
+        ]),
+        None
+    );
     // Without cert-manager: a Secret with a CA and a serving certificate, the CA in the
     // registration; nothing of cert-manager's.
     let secret = find(&rendered, "Secret", "gpuslice-webhook-tls").expect("the webhook's Secret");

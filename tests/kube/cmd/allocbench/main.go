@@ -273,7 +273,9 @@ func shapes(n, g int) []shape {
 		{name: "after: class gpuslice.io count 13 (selects no slot)", node: free(2, n), claims: []claimSpec{{requests: []req{{name: "gpu", class: driver, count: 13}}}}},
 		{name: "after, worst admitted: gpus 5 whole (30 pinned requests), 4 GPUs wholly free", node: free(g, n, n, n, n, n, n-1), claims: []claimSpec{pinnedShape(5, n, nil)}},
 		{name: "after, worst admitted: one request of count n, every GPU n-1 free", node: free(g, n, n-1), claims: []claimSpec{countShape(1, n)}},
-		{name: "after, worst admitted: 4 GPUs pinning slot 0 + 1 pinning a slot no GPU has", node: free(g, n), claims: []claimSpec{pinnedGroups(n, []int{0, 0, 0, 0, 99})}},
+		{name: "after, worst admitted: gpus 5 whole (30 pinned requests), every GPU n-1 free", node: free(g, n, n-1), claims: []claimSpec{pinnedShape(5, n, nil)}},
+		// Pinned requests that are not whole GPUs (refused by slot-claims-policy.yaml).
+		{name: "claim policy: 4 GPUs pinning slot 0 + 1 pinning a slot no GPU has", node: free(g, n), claims: []claimSpec{pinnedGroups(n, []int{0, 0, 0, 0, 99})}},
 		// What slot-claims-policy.yaml cannot see: several admitted claims in one pod, written by
 		// hand (refused by slot-pods-policy.yaml).
 		{name: "pod policy: 2 hand-written claims of count n in one pod", node: free(g, n, n, n-1), claims: repeat(countShape(1, n), 2)},
