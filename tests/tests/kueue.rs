@@ -7,6 +7,7 @@
 //! exactly what runs.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -15,6 +16,8 @@ use gpuslice_e2e::kube_node::{wait_for_or, KubeNode, APP_IMAGE};
 use gpuslice_e2e::kubelet_plugin::{slice_of, KubeletPlugin};
 use gpuslice_e2e::{lock, Resource, TestNode};
 use serde_json::{json, Value};
+
+use crate::helm_chart::{documents, find, helm};
 
 const STEP: Duration = Duration::from_secs(120);
 const GIB: u64 = 1 << 30;
@@ -398,6 +401,86 @@ fn in_slot_mode_a_claim_template_is_charged_its_slots() {
     c.create(&job(TEAM_A, "slots", json!({}), Some("two-slots")))
         .unwrap_or_else(|e| panic!("Job refused: {e}"));
     assert_eq!(wait_admitted(&c, TEAM_A, "slots"), 8 * GIB);
+}
+
+/// The directory of the Kueue module pinned in tests/kueue (its Helm chart is `charts/kueue`),
+/// from Go's module cache, which `scripts/kube-cluster.sh build-kueue` filled.
+fn kueue_module_dir() -> PathBuf {
+    let go = ["go", "/usr/local/go/bin/go"]
+        .into_iter()
+        .find(|g| Command::new(g).arg("version").output().is_ok())
+        .expect("a Go toolchain (go on PATH or /usr/local/go/bin/go)");
+    let out = Command::new(go)
+        .args([
+            "list",
+            "-mod=readonly",
+            "-m",
+            "-f",
+            "{{.Dir}}",
+            "sigs.k8s.io/kueue",
+        ])
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("kueue"))
+        .output()
+        .expect("run go list");
+    let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    assert!(
+        out.status.success() && dir.join("charts/kueue/Chart.yaml").exists(),
+        "no Kueue module with charts/kueue in Go's module cache ({}): run \
+         scripts/kube-cluster.sh build-kueue",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    dir
+}
+
+/// A Kueue Configuration held as text (a ConfigMap's data, the chart's values).
+fn configuration(text: &Value) -> Value {
+    serde_yaml_ng::from_str(text.as_str().expect("a configuration as text"))
+        .unwrap_or_else(|e| panic!("not a YAML configuration ({e}): {text}"))
+}
+
+#[test]
+#[ignore = "needs helm, built from its Go module (slow on a cold cache); the README's test command runs it"]
+fn the_kueue_values_configure_kueues_own_chart() {
+    let values = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/helm/kueue-values.yaml");
+    let chart = kueue_module_dir().join("charts/kueue");
+    let rendered = documents(&helm(&[
+        "template",
+        "kueue",
+        chart.to_str().unwrap(),
+        "--namespace",
+        "kueue-system",
+        "-f",
+        values.to_str().unwrap(),
+    ]));
+    let shipped: Value = serde_yaml_ng::from_str(&std::fs::read_to_string(&values).unwrap())
+        .expect("kueue-values.yaml is YAML");
+    let shipped = configuration(&shipped["managerConfig"]["controllerManagerConfigYaml"]);
+    let config = find(&rendered, "ConfigMap", "kueue-manager-config")
+        .unwrap_or_else(|| panic!("the chart rendered no kueue-manager-config"));
+    let config = configuration(&config["data"]["controller_manager_config.yaml"]);
+    // gpuslice's part reaches the manager's configuration whole ...
+    assert_eq!(config["resources"], shipped["resources"], "{config}");
+    assert_eq!(
+        config["featureGates"]["KueueDRAIntegrationConsumableCapacity"], true,
+        "{config}"
+    );
+    assert_eq!(
+        config["resources"]["transformations"]
+            .as_array()
+            .map(Vec::len),
+        Some(5)
+    );
+    // ... and no feature gate on the command line, which Kueue refuses beside them.
+    let manager = find(&rendered, "Deployment", "kueue-controller-manager")
+        .unwrap_or_else(|| panic!("the chart rendered no kueue-controller-manager"));
+    let args = &manager["spec"]["template"]["spec"]["containers"][0]["args"];
+    assert!(
+        args.as_array()
+            .unwrap()
+            .iter()
+            .all(|a| !a.as_str().unwrap().starts_with("--feature-gates")),
+        "{args}"
+    );
 }
 
 #[test]
