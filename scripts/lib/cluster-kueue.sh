@@ -165,22 +165,23 @@ start_kueue() {
   kueue_webhooks "$KUEUE_WEBHOOK_URL" "$ca" >"$DIR/kueue/webhooks.yaml"
 
   # The CRDs (server-side: the Workload CRD is past client-side apply's annotation limit),
-  # their conversions sent to the manager, the namespace.
+  # their conversions sent to the manager, the namespace. Each request may take a minute: the
+  # CRDs are large (1.6 MB) and a loaded 2-core machine slows the API server's schema work.
   KUBECTL_TIMEOUT=60s logged kueue-crds "applying Kueue's CRDs" \
     kubectl_admin apply --server-side --force-conflicts -f "$KUEUE_BIN/../crd"
   for crd in "${KUEUE_CONVERTED_CRDS[@]}"; do
-    logged kueue-crds "sending $crd.kueue.x-k8s.io's conversions to Kueue" kubectl_admin patch crd \
+    KUBECTL_TIMEOUT=60s logged kueue-crds "sending $crd.kueue.x-k8s.io's conversions to Kueue" kubectl_admin patch crd \
       "$crd.kueue.x-k8s.io" --type merge -p "$(kueue_conversion "$KUEUE_WEBHOOK_URL/convert" "$ca")"
   done
   KUBECTL_TIMEOUT=60s logged kueue-crds "waiting for Kueue's CRDs to be established" \
     kubectl_admin wait --for condition=Established --timeout=50s -f "$KUEUE_BIN/../crd"
-  logged kueue-namespace "creating the namespace $KUEUE_NAMESPACE" kubectl_admin create namespace "$KUEUE_NAMESPACE"
+  KUBECTL_TIMEOUT=60s logged kueue-namespace "creating the namespace $KUEUE_NAMESPACE" kubectl_admin create namespace "$KUEUE_NAMESPACE"
 
   start kueue unshare --mount --propagation private -- \
     sh -c 'mount --bind "$0" "$1" && shift && exec "$@"' "$DIR/kueue/certs" "$KUEUE_METRICS_CERTS" \
     "$KUEUE_BIN/kueue" --config "$DIR/kueue/config.yaml" --kubeconfig "$DIR/kubeconfig"
   wait_for kueue "answering /readyz on 127.0.0.1:$health" kueue_ready "$health"
-  logged kueue-webhooks "registering Kueue's webhooks" kubectl_admin apply -f "$DIR/kueue/webhooks.yaml"
+  KUBECTL_TIMEOUT=60s logged kueue-webhooks "registering Kueue's webhooks" kubectl_admin apply -f "$DIR/kueue/webhooks.yaml"
 }
 
 # stop_kueue: the manager `up` started, if any (its objects go with the cluster).

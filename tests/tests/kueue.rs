@@ -142,16 +142,35 @@ fn wait_admitted(c: &KubeCluster, ns: &str, job: &str) -> u64 {
     bytes(&usage["gpuslice.io/memory"])
 }
 
-/// `gpuslice.io/memory` of ClusterQueue `name`'s status: (total, borrowed).
+/// `gpuslice.io/memory` of ClusterQueue `name`'s status: (total, borrowed); (0, 0) before
+/// Kueue first reports it.
 fn queue_usage(c: &KubeCluster, name: &str) -> (u64, u64) {
     let cq = c.get_json(&["clusterqueues.kueue.x-k8s.io", name]);
-    let r = cq["status"]["flavorsUsage"][0]["resources"]
+    let Some(r) = cq["status"]["flavorsUsage"][0]["resources"]
         .as_array()
         .and_then(|r| r.iter().find(|r| r["name"] == "gpuslice.io/memory"))
-        .cloned()
-        .unwrap_or_else(|| panic!("no gpuslice.io/memory usage in ClusterQueue {name}: {cq}"));
+    else {
+        return (0, 0);
+    };
     let get = |k: &str| r.get(k).map_or(0, bytes);
     (get("total"), get("borrowed"))
+}
+
+/// Waits until ClusterQueue `name` reports `want` (total, borrowed) of `gpuslice.io/memory`
+/// (Kueue writes a queue's status after it admits or evicts).
+fn wait_queue_usage(c: &KubeCluster, name: &str, want: (u64, u64)) {
+    let mut last = (0, 0);
+    wait_for_or(STEP, || {
+        last = queue_usage(c, name);
+        (last == want).then_some(())
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "ClusterQueue {name} reports (total, borrowed) {last:?} of gpuslice.io/memory, not \
+             {want:?}, within {STEP:?}: {}",
+            c.get_json(&["clusterqueues.kueue.x-k8s.io", name])["status"]
+        )
+    });
 }
 
 /// The Job of each Running pod of the teams, and what the node books for it: the claims of
@@ -294,7 +313,7 @@ fn queues_charge_gpu_memory_borrow_and_reclaim_however_pods_ask() {
     );
     create(c, &job(TEAM_A, "a-2", json!({}), Some("slice-8g")));
     assert_eq!(wait_admitted(c, TEAM_A, "a-2"), 8 * GIB);
-    assert_eq!(queue_usage(c, TEAM_A), (16 * GIB, 8 * GIB));
+    wait_queue_usage(c, TEAM_A, (16 * GIB, 8 * GIB));
     wait_booked(
         c,
         &node,
@@ -321,17 +340,18 @@ fn queues_charge_gpu_memory_borrow_and_reclaim_however_pods_ask() {
         "{}",
         preempted["status"]
     );
-    assert_eq!(
-        c.get_json(&["job", "a-2", "-n", TEAM_A])["spec"]["suspend"],
-        true
+    c.wait_for(
+        "Kueue to suspend the preempted Job team-a/a-2",
+        STEP,
+        || (c.get_json(&["job", "a-2", "-n", TEAM_A])["spec"]["suspend"] == true).then_some(()),
     );
     wait_booked(
         c,
         &node,
         &[(TEAM_A, "a-1", 8 * GIB), (TEAM_B, "b-1", 8 * GIB)],
     );
-    assert_eq!(queue_usage(c, TEAM_A), (8 * GIB, 0));
-    assert_eq!(queue_usage(c, TEAM_B), (8 * GIB, 0));
+    wait_queue_usage(c, TEAM_A, (8 * GIB, 0));
+    wait_queue_usage(c, TEAM_B, (8 * GIB, 0));
     // A's preempted Job waits for quota again.
     let pending = workload(c, TEAM_A, "a-2").unwrap();
     assert_eq!(
