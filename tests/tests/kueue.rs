@@ -4,7 +4,8 @@
 //! is charged a Job's GPU memory whichever way its pods ask — gpuslice's limits (memory per GPU
 //! times GPUs), a claim template of the DeviceClass gpuslice.io, HAMi's limit names — so that
 //! borrowing and reclaim inside a cohort move GPU memory between teams, and the node books
-//! exactly what runs.
+//! exactly what runs. In slot mode a claim template is charged its slots, and a prioritized
+//! list is held inadmissible with Kueue's reason; the shipped values render with Kueue's chart.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -421,6 +422,42 @@ fn in_slot_mode_a_claim_template_is_charged_its_slots() {
     c.create(&job(TEAM_A, "slots", json!({}), Some("two-slots")))
         .unwrap_or_else(|e| panic!("Job refused: {e}"));
     assert_eq!(wait_admitted(&c, TEAM_A, "slots"), 8 * GIB);
+
+    // A prioritized list (what gpuslice's tools write for several slot sizes) is not something
+    // Kueue v0.19 can charge: the Workload stays inadmissible and says why.
+    c.create(&json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "first-available", "namespace": TEAM_A},
+        "spec": {"spec": {"devices": {
+            "requests": [{"name": "gpu", "firstAvailable": [
+                {"name": "slots-0", "deviceClassName": "slots.gpuslice.io", "count": 2}]}],
+            "constraints": [{"requests": ["gpu"], "matchAttribute": "gpuslice.io/uuid"}],
+        }}},
+    }))
+    .unwrap_or_else(|e| panic!("the prioritized-list template refused: {e}"));
+    c.create(&job(
+        TEAM_A,
+        "prioritized",
+        json!({}),
+        Some("first-available"),
+    ))
+    .unwrap_or_else(|e| panic!("Job refused: {e}"));
+    let why = c.wait_for(
+        "Kueue to hold the prioritized-list Job inadmissible",
+        STEP,
+        || {
+            let w = workload(&c, TEAM_A, "prioritized")?;
+            let held = w["status"]["conditions"].as_array()?.iter().find(|c| {
+                c["type"] == "QuotaReserved"
+                    && c["status"] == "False"
+                    && c["message"]
+                        .as_str()
+                        .is_some_and(|m| m.contains("FirstAvailable"))
+            })?;
+            Some(held["message"].as_str()?.to_string())
+        },
+    );
+    assert!(why.contains("not supported"), "{why}");
 }
 
 /// The directory of the Kueue module pinned in tests/kueue (its Helm chart is `charts/kueue`),
