@@ -17,6 +17,7 @@
 #   cluster-pause-image.sh    the node's pause image, built from busybox-static
 #   cluster-webhook.sh        `--webhook`: gpuslice's admission webhook and its registration
 #   cluster-restart.sh        `restart`: the control plane and the node again, gates changed
+#   cluster-kueue.sh          `--kueue` and `build-kueue`: Kueue, its CRDs and webhooks
 # shellcheck source-path=SCRIPTDIR
 set -euo pipefail
 
@@ -54,6 +55,22 @@ Usage: scripts/kube-cluster.sh COMMAND [ARGS]
                 MutatingWebhookConfiguration gpuslice-webhook (failurePolicy Fail,
                 sideEffects NoneOnDryRun, only pods naming gpuslice.io/* or nvidia.com/gpu*
                 resources; DIR/webhook.yaml). Adds WEBHOOK_URL to DIR/cluster.env.
+  up DIR … --kueue
+                Also starts Kueue's manager (the release pinned in tests/kueue/go.mod, built
+                by build-kueue) as a process of this machine against the cluster: applies
+                its CRDs (the module's config/components/crd; conversions of v1beta1 sent to
+                the manager), creates the namespace kueue-system, runs it with
+                DIR/kueue/config.yaml (ports of 127.0.0.1, no leader election, the batch/job
+                integration, and gpuslice's part of packaging/helm/kueue-values.yaml: the
+                feature gates and resource mappings that charge gpuslice.io/memory,
+                docs/quotas.md) and a serving certificate signed by DIR/pki/ca.crt, waits
+                for its /readyz, then registers its webhooks by URL
+                (kueue-{mutating,validating}-webhook-configuration, the module's
+                config/components/webhook; DIR/kueue/webhooks.yaml). Runs in a mount
+                namespace of its own that binds DIR/kueue/certs on /etc/kueue/metrics/certs
+                (Kueue's compiled-in metrics certificate path; the host gets that empty
+                directory as a mount point): needs root. Adds KUEUE_WEBHOOK_URL and
+                KUEUE_BIN_DIR to DIR/cluster.env.
   up DIR --feature-gates LIST
                 Pass LIST (Name=bool,…, e.g. DRAConsumableCapacity=false) as --feature-gates
                 to every component started: kube-apiserver, kube-scheduler,
@@ -92,6 +109,9 @@ Usage: scripts/kube-cluster.sh COMMAND [ARGS]
                 it cost (cold: the build; warm: the cache lookup).
   build-helm    The same for helm (tests/helm), with which the suite installs the chart
                 packaging/helm/gpuslice; prints the path of the helm binary.
+  build-kueue   The same for Kueue's manager (tests/kueue), with the module's CRDs and
+                webhook manifests beside it (../crd, ../webhook); prints the directory of
+                the kueue binary and logs what it cost (cold: the build; warm: the lookup).
   --help        This text.
 
 Environment:
@@ -108,6 +128,11 @@ Environment:
   GPUSLICE_HELM_BIN       (build-helm) use this helm instead of the cache
   GPUSLICE_HELM_CACHE     (build-helm) its cache root (default /var/cache/gpuslice/helm);
                           entries are helm-<version>-<hash of tests/helm's go.mod and go.sum>/bin
+  GPUSLICE_KUEUE_BIN_DIR  (--kueue, build-kueue) use the kueue binary in this directory (with
+                          ../crd and ../webhook/manifests.yaml beside it) instead of the cache
+  GPUSLICE_KUEUE_CACHE    (--kueue, build-kueue) its cache root (default
+                          /var/cache/gpuslice/kueue); entries are
+                          kueue-<version>-<hash of tests/kueue's go.mod and go.sum>
   GPUSLICE_BIN_DIR        (--node) gpuslice and gpuslice-runtime (default target/release, else
                           target/debug)
   GPUSLICE_CONFIG         (--node) the node's gpuslice config; default: one written under
@@ -147,6 +172,8 @@ log() { echo "kube-cluster: $*" >&2; }
 . "$REPO/scripts/lib/cluster-webhook.sh"
 # shellcheck source=lib/cluster-restart.sh
 . "$REPO/scripts/lib/cluster-restart.sh"
+# shellcheck source=lib/cluster-kueue.sh
+. "$REPO/scripts/lib/cluster-kueue.sh"
 
 # --- up ---------------------------------------------------------------------------------------
 
@@ -160,7 +187,7 @@ cmd_up() {
   [ $# -ge 1 ] || die "up needs a directory: scripts/kube-cluster.sh up DIR"
   DIR="$1"
   shift
-  local node_name="" webhook=""
+  local node_name="" webhook="" kueue=""
   while [ $# -gt 0 ]; do
     case "$1" in
       --node)
@@ -170,6 +197,7 @@ cmd_up() {
         node_name="$2"
         shift 2 ;;
       --webhook) webhook=1; shift ;;
+      --kueue) kueue=1; shift ;;
       --feature-gates)
         [[ $# -ge 2 && "$2" =~ ^[A-Za-z0-9]+=(true|false)(,[A-Za-z0-9]+=(true|false))*$ ]] ||
           die "--feature-gates needs a list Name=true|false,… (e.g. DRAConsumableCapacity=false), not '${2:-}'"
@@ -180,7 +208,7 @@ cmd_up() {
           die "--emulated-version needs a release major.minor such as 1.34, not '${2:-}'"
         EMULATED_VERSION="$2"
         shift 2 ;;
-      *) die "unknown argument to up: '$1' (accepted: DIR, --node NAME, --feature-gates LIST, --emulated-version X.Y, --webhook)" ;;
+      *) die "unknown argument to up: '$1' (accepted: DIR, --node NAME, --feature-gates LIST, --emulated-version X.Y, --webhook, --kueue)" ;;
     esac
   done
   local created=""
@@ -193,7 +221,7 @@ cmd_up() {
       die "$DIR already runs a cluster ($c is pid $(cat "$DIR/pids/$c.pid")): run 'scripts/kube-cluster.sh down $DIR' first"
     fi
   done
-  for c in pki etcd logs pids kubeconfigs kubeconfig cluster.env node webhook.yaml; do
+  for c in pki etcd logs pids kubeconfigs kubeconfig cluster.env node webhook.yaml kueue; do
     [ ! -e "$DIR/$c" ] || die "$DIR/$c exists from an earlier run: run 'scripts/kube-cluster.sh down $DIR' first, or give an empty directory"
   done
   for c in openssl curl python3 setsid flock; do
@@ -220,6 +248,7 @@ cmd_up() {
   wait_controllers
   log "control plane up: $API_URL, admin kubeconfig $DIR/kubeconfig"
   [ -z "$webhook" ] || up_webhook
+  [ -z "$kueue" ] || up_kueue
   [ -z "$node_name" ] || up_node "$node_name"
 }
 
@@ -231,6 +260,17 @@ up_webhook() {
   WEBHOOK_UP=1
   trap - EXIT
   log "webhook up: $WEBHOOK_URL"
+}
+
+# up_kueue: Kueue (scripts/lib/cluster-kueue.sh), then its webhook URL in DIR/cluster.env.
+up_kueue() {
+  trap '[ -n "${KUEUE_UP:-}" ] || stop_all' EXIT
+  start_kueue
+  env_add KUEUE_WEBHOOK_URL "$KUEUE_WEBHOOK_URL"
+  env_add KUEUE_BIN_DIR "$KUEUE_BIN"
+  KUEUE_UP=1
+  trap - EXIT
+  log "kueue up: webhooks on $KUEUE_WEBHOOK_URL"
 }
 
 # up_node NAME: the node (scripts/lib/cluster-node.sh), then its paths in DIR/cluster.env.
@@ -261,6 +301,7 @@ up_node() {
 stop_all() {
   local i
   stop_node
+  stop_kueue
   stop_webhook
   for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do
     stop_one "${COMPONENTS[$i]}"
@@ -290,7 +331,8 @@ case "${1:-}" in
   build-node) shift; [ $# -eq 0 ] || die "build-node takes no arguments"; build_node_binaries ;;
   build-nerdctl) shift; [ $# -eq 0 ] || die "build-nerdctl takes no arguments"; build_nerdctl_binary ;;
   build-helm) shift; [ $# -eq 0 ] || die "build-helm takes no arguments"; build_helm_binary ;;
+  build-kueue) shift; [ $# -eq 0 ] || die "build-kueue takes no arguments"; build_kueue_binary ;;
   -h | --help | help) usage ;;
   "") usage >&2; exit 2 ;;
-  *) echo "kube-cluster: unknown command '$1' (accepted: up, down, restart, build, build-node, build-nerdctl, build-helm, --help)" >&2; exit 2 ;;
+  *) echo "kube-cluster: unknown command '$1' (accepted: up, down, restart, build, build-node, build-nerdctl, build-helm, build-kueue, --help)" >&2; exit 2 ;;
 esac

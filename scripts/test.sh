@@ -5,7 +5,7 @@
 # Run as root on Debian 12; installs what it needs.
 #
 # Builds are cached outside the checkout (target/ -> /var/cache/gpuslice/cargo/<key>, see
-# scripts/cargo-cache.sh; the Go builds in /var/cache/gpuslice/{kube,node,nerdctl,runtime-tools}),
+# scripts/cargo-cache.sh; the Go builds in /var/cache/gpuslice/{kube,node,nerdctl,helm,kueue,runtime-tools}),
 # so a fresh clone on a machine that ran the suite once rebuilds only the workspace's crates.
 # Test binaries build with the `suite` profile (release without LTO); the end-to-end tests
 # drive the release binaries. At its end, also when a step fails, it prints a table of the
@@ -72,7 +72,7 @@ go_build_cmd() {
 }
 go_builds() {
   local what t0 rc
-  for what in build build-node build-nerdctl build-helm oci; do
+  for what in build build-node build-nerdctl build-helm build-kueue oci; do
     t0=$SECONDS
     rc=0
     go_build_cmd "$what" >"$go_dir/$what.out" 2>"$go_dir/$what.log" || rc=$?
@@ -98,12 +98,13 @@ phase "clippy" cargo clippy --workspace --all-targets --release --locked -- -D w
 # control-plane tests never skip.
 go_wait_rc=0
 phase "go: waiting for the background builds" wait "$go_pid" || go_wait_rc=$?
-for what in build build-node build-nerdctl build-helm oci; do
+for what in build build-node build-nerdctl build-helm build-kueue oci; do
   case $what in
     build) name="go: kubernetes (tests/kube)" ;;
     build-node) name="go: containerd (tests/node)" ;;
     build-nerdctl) name="go: nerdctl (tests/nerdctl)" ;;
     build-helm) name="go: helm (tests/helm)" ;;
+    build-kueue) name="go: kueue (tests/kueue)" ;;
     oci) name="go: runtime-tools (tests/runtime-tools)" ;;
   esac
   # No time: an earlier one failed and this one did not run.
@@ -121,9 +122,10 @@ GPUSLICE_KUBE_BIN_DIR="$(cat "$go_dir/build.out")"
 GPUSLICE_NODE_BIN_DIR="$(cat "$go_dir/build-node.out")"
 GPUSLICE_NERDCTL_BIN="$(cat "$go_dir/build-nerdctl.out")"
 GPUSLICE_HELM_BIN="$(cat "$go_dir/build-helm.out")"
+GPUSLICE_KUEUE_BIN_DIR="$(cat "$go_dir/build-kueue.out")"
 GPUSLICE_RUNTIME_TOOLS_DIR="$(cat "$go_dir/oci.out")"
 rm -rf "$go_dir"
-export GPUSLICE_KUBE_BIN_DIR GPUSLICE_NODE_BIN_DIR GPUSLICE_NERDCTL_BIN GPUSLICE_HELM_BIN GPUSLICE_RUNTIME_TOOLS_DIR
+export GPUSLICE_KUBE_BIN_DIR GPUSLICE_NODE_BIN_DIR GPUSLICE_NERDCTL_BIN GPUSLICE_HELM_BIN GPUSLICE_KUEUE_BIN_DIR GPUSLICE_RUNTIME_TOOLS_DIR
 
 npm_ci() {
   npm ci --prefix tests/browser --no-audit --no-fund || {

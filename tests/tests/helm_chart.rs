@@ -42,7 +42,7 @@ fn helm_bin() -> PathBuf {
     .clone()
 }
 
-fn helm(args: &[&str]) -> String {
+pub(crate) fn helm(args: &[&str]) -> String {
     let home = std::env::temp_dir().join("gpuslice-helm-home");
     let out = Command::new(helm_bin())
         .args(args)
@@ -60,7 +60,7 @@ fn helm(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-fn documents(text: &str) -> Vec<Value> {
+pub(crate) fn documents(text: &str) -> Vec<Value> {
     // Documents are separated by a line `---` (Helm's output, and the raw manifests).
     let mut docs = vec![String::new()];
     for line in text.lines() {
@@ -80,7 +80,7 @@ fn documents(text: &str) -> Vec<Value> {
         .collect()
 }
 
-fn find<'a>(objs: &'a [Value], kind: &str, name: &str) -> Option<&'a Value> {
+pub(crate) fn find<'a>(objs: &'a [Value], kind: &str, name: &str) -> Option<&'a Value> {
     objs.iter()
         .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
 }
