@@ -15,9 +15,10 @@ DNS_LINK=gskubedns0
 CLUSTER_DOMAIN=cluster.local
 
 # module_version DIR MODULE: the version DIR/go.mod requires of MODULE, in a require block or
-# on a `require MODULE VERSION` line of its own (go mod tidy writes a lone direct one so).
+# on a `require MODULE VERSION` line of its own (go mod tidy writes a lone direct one so); a
+# `tool` block naming MODULE is skipped.
 module_version() {
-  awk -v m="$2" '$1 == "require" && $2 == m { print $3; exit } $1 == m { print $2; exit }' "$1/go.mod"
+  awk -v m="$2" '$1 == "require" && $2 == m { print $3; exit } $1 == m && $2 ~ /^v[0-9]/ { print $2; exit }' "$1/go.mod"
 }
 
 # build_coredns: prints the cached bin directory holding coredns, building it first (cold:

@@ -17,6 +17,7 @@ mod hardening_lifecycle;
 mod helm_chart;
 mod kube_control_plane;
 mod kube_node;
+mod kubeflow;
 mod nerdctl;
 mod observability;
 mod podman;
