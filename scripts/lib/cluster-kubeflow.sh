@@ -89,6 +89,26 @@ kf_module_dir() {
     die "cannot find the source of $2 required by $1/go.mod (go mod download)"
 }
 
+# kf_init_template: the training operator's init container of PyTorchJob workers (its
+# --pytorch-init-container-template-file), upstream's but for the test: busybox's nslookup
+# fails when any name of the resolver's search list is unknown, though the master's is
+# found, so the loop waits for an answer ("Name:") instead of nslookup's status.
+kf_init_template() {
+  cat <<'YAML'
+- name: init-pytorch
+  image: {{.InitContainerImage}}
+  imagePullPolicy: IfNotPresent
+  resources:
+    limits:
+      cpu: 100m
+      memory: 20Mi
+    requests:
+      cpu: 50m
+      memory: 10Mi
+  command: ['sh', '-c', 'err=1;for i in $(seq {{.MaxTries}}); do if nslookup {{.MasterAddr}} | grep -q "^Name:"; then err=0 && break; fi;echo waiting for master; sleep 2; done; exit $err']
+YAML
+}
+
 # start_kubeflow: the CRDs, namespaces and empty certificate Secrets the operators expect,
 # then the training operator (PyTorchJob), JobSet and Trainer's controller manager, each
 # until its /readyz answers. Their webhooks serve DIR/pki/kubeflow-webhooks.crt but are not
@@ -130,9 +150,11 @@ start_kubeflow() {
 
   p="$(free_port)"
   w="$(free_port)"
+  kf_init_template >"$kf/pytorch-init-container.yaml"
   start training-operator "$op_bin/training-operator.v1" --kubeconfig "$DIR/kubeconfig" \
     --enable-scheme pytorchjob --metrics-bind-address 0 --health-probe-bind-address "127.0.0.1:$p" \
-    --webhook-server-port "$w" --pytorch-init-container-image "$KF_INIT_IMAGE"
+    --webhook-server-port "$w" --pytorch-init-container-image "$KF_INIT_IMAGE" \
+    --pytorch-init-container-template-file "$kf/pytorch-init-container.yaml"
   wait_for training-operator "being ready on 127.0.0.1:$p" kf_ready "$p"
 
   p="$(free_port)"
