@@ -4,8 +4,8 @@
 # cluster-dns.sh. Builds the pinned releases from their Go modules (tests/kubeflow/
 # training-operator: the v1 training operator, PyTorchJob; tests/kubeflow/trainer: Trainer v2's
 # controller manager and JobSet's), cached like the Kubernetes binaries, and runs them on the
-# host against the API server with their CRDs applied from the modules' own manifests. Their
-# admission webhooks are not registered (docs/kubeflow.md says what that leaves out). Uses
+# host against the API server with their CRDs applied from the modules' own manifests and
+# their admission webhooks registered by URL (docs/kubeflow.md). Uses
 # REPO, DIR, BIN, die, log and the sourcing script's helpers.
 
 KF_OPERATOR_SRC="$REPO/tests/kubeflow/training-operator"
@@ -89,6 +89,40 @@ kf_module_dir() {
     die "cannot find the source of $2 required by $1/go.mod (go mod download)"
 }
 
+# kf_webhooks MANIFEST NAME PORT KEEP: the webhook configurations of MANIFEST (an operator's
+# kubebuilder webhook manifest) registered by URL: each kept webhook (its name matches the
+# regular expression KEEP) calls https://127.0.0.1:PORT<its path> with DIR/pki/ca.crt as its
+# CA bundle; each configuration is named NAME-<mutating|validating>, not the name the
+# operator's certificate rotator injects its own CA into. Pod webhooks get the object
+# selector upstream's kustomize patch gives them (JobSet's pods only).
+kf_webhooks() {
+  python3 - "$1" "$2" "$3" "$4" "$DIR/pki/ca.crt" <<'PY'
+import base64, re, sys, yaml
+manifest, name, port, keep, ca = sys.argv[1:6]
+bundle = base64.b64encode(open(ca, "rb").read()).decode()
+out = []
+for conf in yaml.safe_load_all(open(manifest)):
+    if not conf:
+        continue
+    kind = "mutating" if conf["kind"].startswith("Mutating") else "validating"
+    hooks = []
+    for w in conf.get("webhooks", []):
+        if not re.search(keep, w["name"]):
+            continue
+        path = w["clientConfig"]["service"]["path"]
+        w["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}", "caBundle": bundle}
+        if w["rules"][0]["resources"] == ["pods"]:
+            w["objectSelector"] = {"matchExpressions": [
+                {"key": "jobset.sigs.k8s.io/jobset-name", "operator": "Exists"}]}
+        hooks.append(w)
+    if hooks:
+        conf["metadata"] = {"name": f"{name}-{kind}"}
+        conf["webhooks"] = hooks
+        out.append(conf)
+yaml.safe_dump_all(out, sys.stdout)
+PY
+}
+
 # kf_init_template: the training operator's init container of PyTorchJob workers (its
 # --pytorch-init-container-template-file), upstream's but for the test: busybox's nslookup
 # fails when any name of the resolver's search list is unknown, though the master's is
@@ -111,8 +145,8 @@ YAML
 
 # start_kubeflow: the CRDs, namespaces and empty certificate Secrets the operators expect,
 # then the training operator (PyTorchJob), JobSet and Trainer's controller manager, each
-# until its /readyz answers. Their webhooks serve DIR/pki/kubeflow-webhooks.crt but are not
-# registered (the rotators would inject CAs for in-cluster Service names into them).
+# until its /readyz answers, then their webhooks registered by URL (kf_webhooks): all three
+# serve DIR/pki/kubeflow-webhooks.crt.
 start_kubeflow() {
   local op_bin tr_bin op_src tr_src js_src kf="$DIR/kubeflow" p w
   op_bin="$(build_kubeflow_operator)"
@@ -142,11 +176,10 @@ start_kubeflow() {
   sign kubeflow-webhooks "/CN=kubeflow-webhooks" "$WEBHOOK_EXT"
   cp "$DIR/pki/kubeflow-webhooks.crt" "$kf/certs/tls.crt"
   cp "$DIR/pki/kubeflow-webhooks.key" "$kf/certs/tls.key"
-  if [ ! -e "$KF_ROTATOR_CERT_DIR/tls.crt" ]; then
-    mkdir -p "$KF_ROTATOR_CERT_DIR"
-    cp "$kf/certs/tls.crt" "$kf/certs/tls.key" "$KF_ROTATOR_CERT_DIR/"
-    : >"$kf/rotator-certs-written"
-  fi
+  # What a killed run left there is replaced: the webhooks below trust only DIR/pki/ca.crt.
+  mkdir -p "$KF_ROTATOR_CERT_DIR"
+  cp "$kf/certs/tls.crt" "$kf/certs/tls.key" "$KF_ROTATOR_CERT_DIR/"
+  : >"$kf/rotator-certs-written"
 
   p="$(free_port)"
   w="$(free_port)"
@@ -156,6 +189,8 @@ start_kubeflow() {
     --webhook-server-port "$w" --pytorch-init-container-image "$KF_INIT_IMAGE" \
     --pytorch-init-container-template-file "$kf/pytorch-init-container.yaml"
   wait_for training-operator "being ready on 127.0.0.1:$p" kf_ready "$p"
+  kf_webhooks "$op_src/manifests/base/webhook/manifests.yaml" gpuslice-test-training-operator "$w" \
+    '^validator\.pytorchjob\.' >"$kf/webhooks.yaml"
 
   p="$(free_port)"
   w="$(free_port)"
@@ -177,12 +212,17 @@ metrics:
 YAML
   start jobset "$tr_bin/jobset" --kubeconfig "$DIR/kubeconfig" --config "$kf/jobset-config.yaml"
   wait_for jobset "being ready on 127.0.0.1:$p" kf_ready "$p"
+  echo --- >>"$kf/webhooks.yaml"
+  kf_webhooks "$js_src/config/components/webhook/manifests.yaml" gpuslice-test-jobset "$w" . >>"$kf/webhooks.yaml"
 
   p="$(free_port)"
   w="$(free_port)"
   start trainer "$tr_bin/trainer-controller-manager" --kubeconfig "$DIR/kubeconfig" \
     --metrics-bind-address 0 --health-probe-bind-address "127.0.0.1:$p" --webhook-server-port "$w"
   wait_for trainer "being ready on 127.0.0.1:$p" kf_ready "$p"
+  echo --- >>"$kf/webhooks.yaml"
+  kf_webhooks "$tr_src/manifests/base/webhook/manifests.yaml" gpuslice-test-trainer "$w" . >>"$kf/webhooks.yaml"
+  logged kubeflow-webhooks "registering the Kubeflow operators' webhooks" kubectl_admin apply -f "$kf/webhooks.yaml"
 }
 
 # stop_kubeflow: the operators (before the node's pods are deleted: they would recreate
@@ -192,6 +232,9 @@ stop_kubeflow() {
   stop_one trainer
   stop_one jobset
   stop_one training-operator
-  [ ! -e "$DIR/kubeflow/rotator-certs-written" ] || rm -rf "$KF_ROTATOR_CERT_DIR"
+  if [ -e "$DIR/kubeflow/rotator-certs-written" ]; then
+    rm -rf "$KF_ROTATOR_CERT_DIR"
+    rmdir "$(dirname "$KF_ROTATOR_CERT_DIR")" 2>/dev/null || true
+  fi
   rm -rf "$DIR/kubeflow"
 }
