@@ -74,8 +74,10 @@ Usage: scripts/kube-cluster.sh COMMAND [ARGS]
                 Trainer v2's controller manager (tests/kubeflow, built and cached by
                 build-kubeflow) as host processes with the admin kubeconfig, after their CRDs
                 (from the modules' manifests) are applied; returns once each answers
-                /readyz. Their admission webhooks run but are not registered
-                (docs/kubeflow.md). Workers' init container image: GPUSLICE_KUBEFLOW_INIT_IMAGE.
+                /readyz; their admission webhooks (from the modules' manifests) are
+                registered by URL with a certificate signed by DIR/pki/ca.crt
+                (DIR/kubeflow/webhooks.yaml; docs/kubeflow.md). PyTorchJob workers' init
+                container image: GPUSLICE_KUBEFLOW_INIT_IMAGE.
   up DIR … --webhook
                 Also starts `gpuslice webhook --hami-compat` (GPUSLICE_BIN_DIR) on a free
                 port of 127.0.0.1 with a serving certificate signed by DIR/pki/ca.crt

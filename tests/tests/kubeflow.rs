@@ -5,7 +5,9 @@
 //! PyTorchJob of the real training operator whose ranks ask `gpuslice.io/*` limits (turned
 //! into claims by the webhook) lands one rank per node, the ranks rendezvous at
 //! MASTER_ADDR/MASTER_PORT as torch.distributed's TCP store would, the job Succeeds and its
-//! slices are released once it is deleted. One cluster for every case: it costs minutes.
+//! slices are released once it is deleted; a TrainJob of Kubeflow Trainer v2 (on JobSet) from
+//! a ClusterTrainingRuntime whose ranks ask HAMi's limits does the same. One cluster for
+//! every case: it costs minutes.
 
 use std::collections::BTreeSet;
 
@@ -31,6 +33,7 @@ fn a_pytorchjob_across_two_nodes_rendezvouses_on_its_slices() {
     );
     a_pod_reaches_a_pod_of_the_other_node_by_service_name(&kn);
     pytorchjob_ranks_land_one_per_node_and_rendezvous(&kn, &[&a, &b]);
+    trainjob_ranks_with_hami_limits_rendezvous(&kn, &[&a, &b]);
 }
 
 /// A pod on node-a fetches a page from a pod on node-b through the headless Service `echo-b`
@@ -100,7 +103,11 @@ fn pod_on(name: &str, node: &str, script: &str) -> Value {
 /// limits gpuslice gives the container) to the master at MASTER_ADDR:MASTER_PORT; the master
 /// checks that every rank arrived and that no GPU is repeated, as a TCP-store rendezvous of
 /// torch.distributed would before NCCL refuses a repeated GPU.
+/// PyTorchJob's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), else torchrun's
+/// that Trainer sets (PET_NODE_RANK, PET_NNODES, PET_MASTER_ADDR, PET_MASTER_PORT).
 const RANK: &str = r#"set -e
+RANK=${RANK:-$PET_NODE_RANK} WORLD_SIZE=${WORLD_SIZE:-$PET_NNODES}
+MASTER_ADDR=${MASTER_ADDR:-$PET_MASTER_ADDR} MASTER_PORT=${MASTER_PORT:-$PET_MASTER_PORT}
 gpus=$(grep -o '"uuid" *: *"[^"]*"' /run/gpuslice/limits.json | sed 's/.*"\([^"]*\)"$/\1/' | sort | tr '\n' ,)
 me="rank=$RANK node=$NODE_NAME gpus=$gpus"
 echo "$me"
@@ -203,8 +210,20 @@ fn pytorchjob_ranks_land_one_per_node_and_rendezvous(kn: &KubeNodes, nodes: &[&T
         kn.logs(),
         kn.first.log_tail("training-operator", 30),
     );
+    assert_rendezvous(&master_log);
+    delete_and_assert_released(
+        kn,
+        nodes,
+        "pytorchjob",
+        job,
+        "training.kubeflow.org/job-name",
+    );
+}
+
+/// The master's log says every rank of two arrived, each from its own node with a slice of
+/// two distinct GPUs, and no GPU repeated.
+fn assert_rendezvous(master_log: &str) {
     assert!(master_log.contains("RENDEZVOUS-OK"), "{master_log}");
-    // Every rank arrived from its own node with a slice of two distinct GPUs.
     let arrived: Vec<&str> = master_log
         .lines()
         .filter_map(|l| l.strip_prefix("ARRIVED "))
@@ -234,17 +253,21 @@ fn pytorchjob_ranks_land_one_per_node_and_rendezvous(kn: &KubeNodes, nodes: &[&T
         "one rank per node: {master_log}"
     );
     assert_eq!(all_gpus.len(), 4, "no GPU repeated: {master_log}");
+}
 
-    // Deleted, the job's pods go with it and every slice is released on both nodes.
-    c.kubectl(&["delete", "pytorchjob", job, "-n", NS, "--wait=true"]);
-    wait_for("the job's pods to be gone", STEP, || {
-        let pods = c.get_json(&[
-            "pods",
-            "-n",
-            NS,
-            "-l",
-            &format!("training.kubeflow.org/job-name={job}"),
-        ]);
+/// Deleted, the job (`kind` `name`) takes its pods (labelled `label=name`) with it and every
+/// slice is released on both nodes.
+fn delete_and_assert_released(
+    kn: &KubeNodes,
+    nodes: &[&TestNode],
+    kind: &str,
+    name: &str,
+    label: &str,
+) {
+    let c = &kn.first.cluster;
+    c.kubectl(&["delete", kind, name, "-n", NS, "--wait=true"]);
+    wait_for(&format!("{kind} {name}'s pods to be gone"), STEP, || {
+        let pods = c.get_json(&["pods", "-n", NS, "-l", &format!("{label}={name}")]);
         pods["items"].as_array()?.is_empty().then_some(())
     });
     for (i, node) in nodes.iter().enumerate() {
@@ -252,4 +275,94 @@ fn pytorchjob_ranks_land_one_per_node_and_rendezvous(kn: &KubeNodes, nodes: &[&T
             node.reservations().is_empty().then_some(())
         });
     }
+}
+
+/// A TrainJob from a ClusterTrainingRuntime (Trainer v2 makes a JobSet of one replicated Job,
+/// one pod per node): each rank asks HAMi's limits (two GPUs of 4096 MiB, in a namespace
+/// labelled for HAMi compatibility), the ranks land one per node (anti-affinity in the
+/// runtime's template), rendezvous at PET_MASTER_ADDR:PET_MASTER_PORT (the pod name of rank
+/// 0 under the JobSet's headless Service), the TrainJob completes and its slices are
+/// released once it is deleted.
+fn trainjob_ranks_with_hami_limits_rendezvous(kn: &KubeNodes, nodes: &[&TestNode]) {
+    let c = &kn.first.cluster;
+    c.kubectl(&["label", "namespace", NS, "gpuslice.io/hami-compat=true"]);
+    let runtime = "gpuslice-torch";
+    c.create(&json!({
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "ClusterTrainingRuntime",
+        "metadata": {"name": runtime, "labels": {"trainer.kubeflow.org/framework": "torch"}},
+        "spec": {
+            "mlPolicy": {"numNodes": 1, "torch": {"numProcPerNode": "auto"}},
+            "template": {"spec": {"replicatedJobs": [{
+                "name": "node",
+                "template": {
+                    "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
+                    "spec": {"template": {"spec": {
+                        "terminationGracePeriodSeconds": 1,
+                        "automountServiceAccountToken": false,
+                        "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+                            // The JobSet's pods, of this JobSet only (matchLabelKeys).
+                            "labelSelector": {"matchExpressions": [{
+                                "key": "jobset.sigs.k8s.io/replicatedjob-name", "operator": "Exists"}]},
+                            "matchLabelKeys": ["jobset.sigs.k8s.io/jobset-name"],
+                            "topologyKey": "kubernetes.io/hostname",
+                        }]}},
+                        "containers": [{
+                            "name": "node",
+                            "image": APP_IMAGE,
+                            "imagePullPolicy": "Never",
+                            "command": ["sh", "-c", RANK],
+                            "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+                        }],
+                    }}},
+                },
+            }]}},
+        },
+    }))
+    .unwrap();
+    let job = "rdzv-tj";
+    c.create(&json!({
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": job, "namespace": NS},
+        "spec": {
+            "runtimeRef": {"name": runtime},
+            "trainer": {
+                "numNodes": 2,
+                "resourcesPerNode": {"limits": {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "4096"}},
+            },
+        },
+    }))
+    .unwrap();
+    let mut last = Value::Null;
+    let completed = gpuslice_e2e::kube_node::wait_for_or(STEP * 2, || {
+        last = c.get_json(&["trainjob", job, "-n", NS]);
+        let conds = last["status"]["conditions"].as_array()?;
+        if conds
+            .iter()
+            .any(|k| k["type"] == "Failed" && k["status"] == "True")
+        {
+            return Some(false);
+        }
+        conds
+            .iter()
+            .any(|k| k["type"] == "Complete" && k["status"] == "True")
+            .then_some(true)
+    });
+    let selector =
+        format!("jobset.sigs.k8s.io/jobset-name={job},batch.kubernetes.io/job-completion-index=0");
+    let out = c.kubectl_output(&["logs", "-n", NS, "-l", &selector, "--tail=-1"], None);
+    let master_log = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(
+        completed,
+        Some(true),
+        "TrainJob {job} did not complete: {}\nrank 0's log:\n{master_log}\npods:\n{}\n{}\ntrainer:\n{}\njobset:\n{}",
+        last["status"],
+        c.kubectl(&["get", "pods", "-n", NS, "-o", "wide"]),
+        kn.logs(),
+        kn.first.log_tail("trainer", 30),
+        kn.first.log_tail("jobset", 30),
+    );
+    assert_rendezvous(&master_log);
+    delete_and_assert_released(kn, nodes, "trainjob", job, "jobset.sigs.k8s.io/jobset-name");
 }
