@@ -18,6 +18,9 @@
 #   cluster-webhook.sh        `--webhook`: gpuslice's admission webhook and its registration
 #   cluster-restart.sh        `restart`: the control plane and the node again, gates changed
 #   cluster-kueue.sh          `--kueue` and `build-kueue`: Kueue, its CRDs and webhooks
+#   cluster-nodes.sh          several nodes (`--node A --node B`), each as cluster-node.sh makes one
+#   cluster-dns.sh            CoreDNS for Services (several nodes or --kubeflow), its build
+#   cluster-kubeflow.sh       `--kubeflow`: the training operator, Trainer v2 and JobSet, their builds
 # shellcheck source-path=SCRIPTDIR
 set -euo pipefail
 
@@ -34,7 +37,7 @@ Usage: scripts/kube-cluster.sh COMMAND [ARGS]
                 the API answers and the default namespace has its service account; on a
                 timeout or a crash it prints the failing component's log tail, stops what it
                 started and exits 1.
-  up DIR --node NAME
+  up DIR --node NAME[=CONFIG]
                 The same, plus a node NAME for this machine, its files under DIR/node:
                 containerd 2.x (own root, state, socket and config, CDI on, native
                 snapshotter; gpuslice-runtime registered as handler `gpuslice` by
@@ -47,7 +50,35 @@ Usage: scripts/kube-cluster.sh COMMAND [ARGS]
                 gpuslice.io and slots.gpuslice.io, the ValidatingAdmissionPolicy
                 slots.gpuslice.io and the RuntimeClass gpuslice. Returns once the Node is Ready
                 and its ResourceSlice is published; adds the node's paths to
-                DIR/cluster.env. One node per machine at a time.
+                DIR/cluster.env. CONFIG: the node's gpuslice config (default
+                GPUSLICE_CONFIG). One cluster with nodes per machine at a time.
+  up DIR --node A[=CONFIG] --node B[=CONFIG] …
+                Several nodes on this machine, each with its own containerd, kubelet,
+                gpuslice config (CONFIG, else a simulated H200 written under its directory)
+                and `gpuslice kubelet-plugin`. The first is the node above (DIR/node, its
+                paths in DIR/cluster.env); the Nth (N ≥ 1) has DIR/node-NAME, components
+                named NAME-suffixed (kubelet-NAME, containerd-NAME,
+                gpuslice-kubelet-plugin-NAME), bridge gskubeN on 10.244.(77+N).0/24 and its
+                kubelet's cgroups under /gpuslice-node-NAME. Pods of all nodes reach each
+                other through the host's routes. Starts the cluster DNS first (below). Every
+                node's paths are in its directory's node.env; DIR/cluster.env lists NODES
+                and NODE_DIRS.
+  up DIR … --dns
+                Cluster DNS (implied by several nodes and by --kubeflow): CoreDNS (built from
+                tests/coredns, cached) on the host, answering for cluster.local from the API
+                server on port 53 of 10.244.0.10 (added to the loopback link), every
+                kubelet's clusterDNS. Services without kube-proxy: headless ones (what
+                PyTorchJob and JobSet make) resolve to their pods' IPs; a ClusterIP is not
+                routed. Adds DNS_IP to DIR/cluster.env.
+  up DIR … --kubeflow
+                Also the Kubeflow training operator (PyTorchJob only), JobSet and Kubeflow
+                Trainer v2's controller manager (tests/kubeflow, built and cached by
+                build-kubeflow) as host processes with the admin kubeconfig, after their CRDs
+                (from the modules' manifests) are applied; returns once each answers
+                /readyz; their admission webhooks (from the modules' manifests) are
+                registered by URL with a certificate signed by DIR/pki/ca.crt
+                (DIR/kubeflow/webhooks.yaml; docs/kubeflow.md). PyTorchJob workers' init
+                container image: GPUSLICE_KUBEFLOW_INIT_IMAGE.
   up DIR … --webhook
                 Also starts `gpuslice webhook --hami-compat` (GPUSLICE_BIN_DIR) on a free
                 port of 127.0.0.1 with a serving certificate signed by DIR/pki/ca.crt
@@ -112,6 +143,11 @@ Usage: scripts/kube-cluster.sh COMMAND [ARGS]
   build-kueue   The same for Kueue's manager (tests/kueue), with the module's CRDs and
                 webhook manifests beside it (../crd, ../webhook); prints the directory of
                 the kueue binary and logs what it cost (cold: the build; warm: the lookup).
+  build-dns     The same for CoreDNS (tests/coredns); prints the path of the coredns binary.
+  build-kubeflow
+                The same for the training operator (tests/kubeflow/training-operator) and
+                for Trainer v2 with JobSet (tests/kubeflow/trainer); prints their two
+                directories and logs what each cost (cold: the build; warm: the lookup).
   --help        This text.
 
 Environment:
@@ -135,6 +171,14 @@ Environment:
                           kueue-<version>-<hash of tests/kueue's go.mod and go.sum>
   GPUSLICE_BIN_DIR        (--node) gpuslice and gpuslice-runtime (default target/release, else
                           target/debug)
+  GPUSLICE_COREDNS_CACHE  CoreDNS's cache root (default /var/cache/gpuslice/coredns)
+  GPUSLICE_COREDNS_BIN    use this coredns instead of the cache
+  GPUSLICE_KUBEFLOW_OPERATOR_CACHE, GPUSLICE_KUBEFLOW_TRAINER_CACHE
+                          the Kubeflow builds' cache roots (default
+                          /var/cache/gpuslice/kubeflow-training-operator, …/kubeflow-trainer)
+  GPUSLICE_KUBEFLOW_INIT_IMAGE
+                          (--kubeflow) the image of PyTorchJob workers' init container
+                          (default upstream's docker.io/library/alpine:3.10)
   GPUSLICE_CONFIG         (--node) the node's gpuslice config; default: one written under
                           DIR/node/gpuslice for a simulated node with one NVIDIA H200 (141Gi),
                           whose CDI inventory is taken with the simulated driver of
@@ -174,6 +218,12 @@ log() { echo "kube-cluster: $*" >&2; }
 . "$REPO/scripts/lib/cluster-restart.sh"
 # shellcheck source=lib/cluster-kueue.sh
 . "$REPO/scripts/lib/cluster-kueue.sh"
+# shellcheck source=lib/cluster-nodes.sh
+. "$REPO/scripts/lib/cluster-nodes.sh"
+# shellcheck source=lib/cluster-dns.sh
+. "$REPO/scripts/lib/cluster-dns.sh"
+# shellcheck source=lib/cluster-kubeflow.sh
+. "$REPO/scripts/lib/cluster-kubeflow.sh"
 
 # --- up ---------------------------------------------------------------------------------------
 
@@ -187,17 +237,20 @@ cmd_up() {
   [ $# -ge 1 ] || die "up needs a directory: scripts/kube-cluster.sh up DIR"
   DIR="$1"
   shift
-  local node_name="" webhook="" kueue=""
+  local node_specs=() webhook="" kueue="" dns="" kubeflow=""
   while [ $# -gt 0 ]; do
     case "$1" in
       --node)
-        [ $# -ge 2 ] || die "--node needs a node name: scripts/kube-cluster.sh up DIR --node NAME"
-        [[ "$2" =~ ^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$ ]] ||
-          die "--node '$2' is not a node name: lowercase letters, digits and '-', at most 63, starting and ending with a letter or digit"
-        node_name="$2"
+        [ $# -ge 2 ] || die "--node needs a node name: scripts/kube-cluster.sh up DIR --node NAME[=CONFIG]"
+        [[ "${2%%=*}" =~ ^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$ ]] ||
+          die "--node '${2%%=*}' is not a node name: lowercase letters, digits and '-', at most 63, starting and ending with a letter or digit"
+        node_spec_check "$2" "${node_specs[@]}"
+        node_specs+=("$2")
         shift 2 ;;
       --webhook) webhook=1; shift ;;
       --kueue) kueue=1; shift ;;
+      --dns) dns=1; shift ;;
+      --kubeflow) kubeflow=1; dns=1; shift ;;
       --feature-gates)
         [[ $# -ge 2 && "$2" =~ ^[A-Za-z0-9]+=(true|false)(,[A-Za-z0-9]+=(true|false))*$ ]] ||
           die "--feature-gates needs a list Name=true|false,… (e.g. DRAConsumableCapacity=false), not '${2:-}'"
@@ -208,7 +261,7 @@ cmd_up() {
           die "--emulated-version needs a release major.minor such as 1.34, not '${2:-}'"
         EMULATED_VERSION="$2"
         shift 2 ;;
-      *) die "unknown argument to up: '$1' (accepted: DIR, --node NAME, --feature-gates LIST, --emulated-version X.Y, --webhook, --kueue)" ;;
+      *) die "unknown argument to up: '$1' (accepted: DIR, --node NAME[=CONFIG] (repeatable), --feature-gates LIST, --emulated-version X.Y, --webhook, --kueue, --dns, --kubeflow)" ;;
     esac
   done
   local created=""
@@ -221,7 +274,8 @@ cmd_up() {
       die "$DIR already runs a cluster ($c is pid $(cat "$DIR/pids/$c.pid")): run 'scripts/kube-cluster.sh down $DIR' first"
     fi
   done
-  for c in pki etcd logs pids kubeconfigs kubeconfig cluster.env node webhook.yaml kueue; do
+  [ ${#node_specs[@]} -lt 2 ] || dns=1
+  for c in pki etcd logs pids kubeconfigs kubeconfig cluster.env node webhook.yaml kueue coredns kubeflow; do
     [ ! -e "$DIR/$c" ] || die "$DIR/$c exists from an earlier run: run 'scripts/kube-cluster.sh down $DIR' first, or give an empty directory"
   done
   for c in openssl curl python3 setsid flock; do
@@ -249,7 +303,46 @@ cmd_up() {
   log "control plane up: $API_URL, admin kubeconfig $DIR/kubeconfig"
   [ -z "$webhook" ] || up_webhook
   [ -z "$kueue" ] || up_kueue
-  [ -z "$node_name" ] || up_node "$node_name"
+  [ -z "$dns" ] || up_dns
+  if [ ${#node_specs[@]} -eq 1 ]; then
+    NODE_CONFIG_GIVEN=""
+    [ "${node_specs[0]}" = "${node_specs[0]%%=*}" ] || NODE_CONFIG_GIVEN="${node_specs[0]#*=}"
+    up_node "${node_specs[0]%%=*}"
+  elif [ ${#node_specs[@]} -gt 1 ]; then
+    up_nodes "${node_specs[@]}"
+  fi
+  [ -z "$kubeflow" ] || up_kubeflow
+}
+
+# node_spec_check SPEC EARLIER...: SPEC (NAME or NAME=CONFIG) names a node none of EARLIER
+# names, and its CONFIG, when given, is a file.
+node_spec_check() {
+  local spec="$1" e
+  shift
+  for e in "$@"; do
+    [ "${e%%=*}" != "${spec%%=*}" ] || die "--node ${spec%%=*} is given twice"
+  done
+  [ "$spec" = "${spec%%=*}" ] || [ -f "${spec#*=}" ] ||
+    die "--node $spec: ${spec#*=} is not a file (NAME=CONFIG names the node's gpuslice config)"
+}
+
+# up_dns: the cluster DNS (scripts/lib/cluster-dns.sh) before any kubelet, which points its
+# pods at it.
+up_dns() {
+  trap '[ -n "${DNS_UP:-}" ] || stop_all' EXIT
+  start_dns
+  env_add DNS_IP "$CLUSTER_DNS_IP"
+  DNS_UP=1
+  log "cluster DNS up: CoreDNS on $CLUSTER_DNS_IP:53 for $CLUSTER_DOMAIN"
+}
+
+# up_kubeflow: the Kubeflow operators (scripts/lib/cluster-kubeflow.sh).
+up_kubeflow() {
+  trap '[ -n "${KUBEFLOW_UP:-}" ] || stop_all' EXIT
+  start_kubeflow
+  env_add KUBEFLOW 1
+  KUBEFLOW_UP=1
+  log "Kubeflow up: training operator (PyTorchJob), JobSet, Trainer v2"
 }
 
 # up_webhook: the webhook (scripts/lib/cluster-webhook.sh), then its URL in DIR/cluster.env.
@@ -300,8 +393,11 @@ up_node() {
 # stop_all: the node first (scripts/lib/cluster-node.sh), then the control plane in reverse.
 stop_all() {
   local i
+  stop_kubeflow
+  stop_nodes
   stop_node
   stop_kueue
+  stop_dns
   stop_webhook
   for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do
     stop_one "${COMPONENTS[$i]}"
@@ -313,6 +409,8 @@ cmd_down() {
   [ -d "$1" ] || return 0
   DIR="$(cd "$1" && pwd)"
   BIN="$(sed -n 's/^BIN_DIR=//p' "$DIR/cluster.env" 2>/dev/null || true)"
+  # The operators first: they would recreate the pods the drain deletes.
+  stop_kubeflow
   [ -z "$BIN" ] || drain_node
   stop_all
   local created=""
@@ -332,7 +430,9 @@ case "${1:-}" in
   build-nerdctl) shift; [ $# -eq 0 ] || die "build-nerdctl takes no arguments"; build_nerdctl_binary ;;
   build-helm) shift; [ $# -eq 0 ] || die "build-helm takes no arguments"; build_helm_binary ;;
   build-kueue) shift; [ $# -eq 0 ] || die "build-kueue takes no arguments"; build_kueue_binary ;;
+  build-dns) shift; [ $# -eq 0 ] || die "build-dns takes no arguments"; build_coredns ;;
+  build-kubeflow) shift; [ $# -eq 0 ] || die "build-kubeflow takes no arguments"; build_kubeflow ;;
   -h | --help | help) usage ;;
   "") usage >&2; exit 2 ;;
-  *) echo "kube-cluster: unknown command '$1' (accepted: up, down, restart, build, build-node, build-nerdctl, build-helm, build-kueue, --help)" >&2; exit 2 ;;
+  *) echo "kube-cluster: unknown command '$1' (accepted: up, down, restart, build, build-node, build-nerdctl, build-helm, build-kueue, build-dns, build-kubeflow, --help)" >&2; exit 2 ;;
 esac

@@ -72,7 +72,7 @@ go_build_cmd() {
 }
 go_builds() {
   local what t0 rc
-  for what in build build-node build-nerdctl build-helm build-kueue oci; do
+  for what in build build-node build-nerdctl build-helm build-kueue build-dns build-kubeflow oci; do
     t0=$SECONDS
     rc=0
     go_build_cmd "$what" >"$go_dir/$what.out" 2>"$go_dir/$what.log" || rc=$?
@@ -98,13 +98,15 @@ phase "clippy" cargo clippy --workspace --all-targets --release --locked -- -D w
 # control-plane tests never skip.
 go_wait_rc=0
 phase "go: waiting for the background builds" wait "$go_pid" || go_wait_rc=$?
-for what in build build-node build-nerdctl build-helm build-kueue oci; do
+for what in build build-node build-nerdctl build-helm build-kueue build-dns build-kubeflow oci; do
   case $what in
     build) name="go: kubernetes (tests/kube)" ;;
     build-node) name="go: containerd (tests/node)" ;;
     build-nerdctl) name="go: nerdctl (tests/nerdctl)" ;;
     build-helm) name="go: helm (tests/helm)" ;;
     build-kueue) name="go: kueue (tests/kueue)" ;;
+    build-dns) name="go: CoreDNS (tests/coredns)" ;;
+    build-kubeflow) name="go: Kubeflow operators (tests/kubeflow)" ;;
     oci) name="go: runtime-tools (tests/runtime-tools)" ;;
   esac
   # No time: an earlier one failed and this one did not run.

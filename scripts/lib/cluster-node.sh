@@ -3,16 +3,46 @@
 # Sourced by scripts/kube-cluster.sh. Everything of the node lives under DIR/node: containerd
 # 2.x (scripts/lib/cluster-build.sh) with its own root, state, socket and config, Debian's runc
 # and CNI plugins, the pause image (scripts/lib/cluster-pause-image.sh), the release's kubelet
-# and `gpuslice kubelet-plugin` on a simulated GPU node. One node per machine: the CNI bridge
-# and the kubelet's cgroups are the host's. Uses REPO, DIR, BIN, die and log of the sourcing
-# script, scripts/lib/cluster-process.sh, cluster-pki.sh and cluster-control-plane.sh. Sets
-# NODE (DIR/node), NODE_BIN (containerd's binaries), GBIN (gpuslice's), NODE_CONFIG (the node's
-# gpuslice config) and KUBELET_ADDRESS (IP:PORT).
+# and `gpuslice kubelet-plugin` on a simulated GPU node. One cluster with nodes per machine:
+# the CNI bridges and the kubelets' cgroups are the host's. Several nodes (`--node A --node
+# B`, scripts/lib/cluster-nodes.sh) each get what select_node gives them: the first is the
+# node above, unchanged; each further one its directory DIR/node-NAME, components named
+# NAME-suffixed (kubelet-NAME…), a bridge and subnet of its own and its kubelet's cgroups
+# under /gpuslice-node-NAME. Uses REPO, DIR, BIN, die and log of the sourcing script,
+# scripts/lib/cluster-process.sh, cluster-pki.sh and cluster-control-plane.sh. Sets NODE,
+# NODE_BIN (containerd's binaries), GBIN (gpuslice's), NODE_CONFIG (the node's gpuslice
+# config) and KUBELET_ADDRESS (IP:PORT).
 
 CNI_BIN_DIR=/usr/lib/cni
-CNI_BRIDGE=gskube0
-CNI_SUBNET=10.244.77.0/24
 PAUSE_IMAGE=localhost/gpuslice-node-pause:1
+
+# select_node INDEX NAME: the node's directory, component names, bridge, subnet and cgroup
+# root. Index 0 is the one node of `up --node NAME` (DIR/node, gskube0 on 10.244.77.0/24,
+# cgroups at the hierarchy's root); index N > 0: DIR/node-NAME, gskubeN on 10.244.(77+N).0/24
+# (routed to the others' through the host), cgroups under /gpuslice-node-NAME.
+select_node() {
+  local i="$1" name="$2"
+  if [ "$i" -eq 0 ]; then
+    NODE="$DIR/node"
+    NODE_TAG=""
+    NODE_CGROUP_ROOT=""
+  else
+    NODE="$DIR/node-$name"
+    NODE_TAG="-$name"
+    NODE_CGROUP_ROOT="/gpuslice-node-$name"
+  fi
+  CNI_BRIDGE="gskube$i"
+  CNI_SUBNET="10.244.$((77 + i)).0/24"
+  C_CONTAINERD="containerd$NODE_TAG"
+  C_KUBELET="kubelet$NODE_TAG"
+  C_PLUGIN="gpuslice-kubelet-plugin$NODE_TAG"
+  NODE_SELECTED=1
+}
+
+# node_selected: the node select_node chose, else the first.
+node_selected() {
+  [ -n "${NODE_SELECTED:-}" ] || select_node 0 ""
+}
 
 # --- what the node runs -------------------------------------------------------------------------
 
@@ -56,11 +86,15 @@ PY
 
 # --- configuration --------------------------------------------------------------------------------
 
-# The node's gpuslice config: GPUSLICE_CONFIG, else a simulated node written under DIR/node.
+# The node's gpuslice config: NODE_CONFIG_GIVEN (`--node NAME=CONFIG`), else (one node only)
+# GPUSLICE_CONFIG, else a simulated node written under the node's directory.
 node_gpuslice_config() {
-  if [ -n "${GPUSLICE_CONFIG:-}" ]; then
-    [ -f "$GPUSLICE_CONFIG" ] || die "GPUSLICE_CONFIG=$GPUSLICE_CONFIG is not a file"
-    NODE_CONFIG="$(cd "$(dirname "$GPUSLICE_CONFIG")" && pwd)/$(basename "$GPUSLICE_CONFIG")"
+  local given="${NODE_CONFIG_GIVEN:-}"
+  # GPUSLICE_CONFIG is the one node's: several nodes must not share a state directory.
+  [ -n "$given" ] || [ -n "${SEVERAL_NODES:-}" ] || given="${GPUSLICE_CONFIG:-}"
+  if [ -n "$given" ]; then
+    [ -f "$given" ] || die "the gpuslice config $given of node ${NODE_NAME_NOW:-} is not a file"
+    NODE_CONFIG="$(cd "$(dirname "$given")" && pwd)/$(basename "$given")"
     return
   fi
   local g="$NODE/gpuslice" sim
@@ -80,7 +114,7 @@ source = "simulated"
 model = "NVIDIA H200"
 memory = "141Gi"
 TOML
-  logged cdi-generate "gpuslice cdi generate" \
+  logged "cdi-generate$NODE_TAG" "gpuslice cdi generate" \
     "$GBIN/gpuslice" --config "$NODE_CONFIG" cdi generate --sim-driver "$sim"
 }
 
@@ -130,6 +164,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     stream_server_address = "127.0.0.1"
     stream_server_port = "0"
 TOML
+  # A further node's NRI socket is its own (the first node's is containerd's default path).
+  [ -z "$NODE_TAG" ] || cat >>"$c/config.toml" <<TOML
+  [plugins."io.containerd.nri.v1.nri"]
+    socket_path = "$c/nri.sock"
+TOML
   # What the harness wrote, before gpuslice registered itself: `configure --remove` must
   # give this back.
   cp "$c/config.toml" "$c/config.base.toml"
@@ -139,10 +178,10 @@ TOML
 # with host-local addresses kept under DIR/node/cni/ipam, and loopback.
 write_cni_config() {
   mkdir -p "$NODE/cni/net.d" "$NODE/cni/ipam"
-  cat >"$NODE/cni/net.d/10-gpuslice-node.conflist" <<JSON
+  cat >"$NODE/cni/net.d/10-gpuslice-node$NODE_TAG.conflist" <<JSON
 {
   "cniVersion": "1.0.0",
-  "name": "gpuslice-node",
+  "name": "gpuslice-node$NODE_TAG",
   "plugins": [
     {
       "type": "bridge",
@@ -198,6 +237,23 @@ evictionHard:
   imagefs.available: "1%"
   imagefs.inodesFree: "1%"
 YAML
+  # A further node's pods in cgroups of its own (two kubelets on one /kubepods would remove
+  # each other's pods' cgroups as orphans).
+  [ -z "$NODE_CGROUP_ROOT" ] || echo "cgroupRoot: $NODE_CGROUP_ROOT" >>"$NODE/kubelet-config.yaml"
+  # With the cluster's DNS (scripts/lib/cluster-dns.sh), pods resolve Services through it.
+  [ -z "${CLUSTER_DNS_IP:-}" ] || printf 'clusterDNS: [%s]\nclusterDomain: %s\n' \
+    "$CLUSTER_DNS_IP" "$CLUSTER_DOMAIN" >>"$NODE/kubelet-config.yaml"
+}
+
+# node_cgroup_dirs: the cgroup root's directory in each hierarchy of the host (none for the
+# first node, whose root is the hierarchies' own).
+node_cgroup_dirs() {
+  [ -n "$NODE_CGROUP_ROOT" ] || return 0
+  local h
+  for h in /sys/fs/cgroup/*/ /sys/fs/cgroup/; do
+    [ -e "$h/cgroup.procs" ] || continue
+    echo "${h%/}$NODE_CGROUP_ROOT"
+  done
 }
 
 # node_ip: the kubelet's node IP (it refuses a loopback one): the address of the default
@@ -240,17 +296,17 @@ node_slice() {
 start_containerd() {
   write_containerd_config
   write_cni_config
-  logged configure-containerd "gpuslice configure containerd" \
+  logged "configure-containerd$NODE_TAG" "gpuslice configure containerd" \
     "$GBIN/gpuslice" --config "$NODE_CONFIG" configure containerd --config-path "$NODE/containerd/config.toml"
 
   # containerd hands its environment to the shims: PATH finds this build's shim first.
-  start containerd env PATH="$NODE_BIN:$PATH" "$NODE_BIN/containerd" --config "$NODE/containerd/config.toml"
-  wait_for containerd "answering on $NODE/containerd/containerd.sock" ctr_ready
-  wait_for containerd "loading its CRI plugin" cri_ready
+  start "$C_CONTAINERD" env PATH="$NODE_BIN:$PATH" "$NODE_BIN/containerd" --config "$NODE/containerd/config.toml"
+  wait_for "$C_CONTAINERD" "answering on $NODE/containerd/containerd.sock" ctr_ready
+  wait_for "$C_CONTAINERD" "loading its CRI plugin" cri_ready
   mkdir -p "$NODE/images"
   pause_image "$NODE/images/pause.tar"
   # --local: containerd 2.x's transfer service unpacks only for its default snapshotter.
-  logged pause-import "importing the pause image" \
+  logged "pause-import$NODE_TAG" "importing the pause image" \
     ctr_node images import --local --snapshotter native "$NODE/images/pause.tar"
 }
 
@@ -266,15 +322,19 @@ start_kubelet() {
   healthz="$(free_port)"
   write_kubelet_config "$ip" "$port" "$healthz"
   mkdir -p "$NODE/kubelet" "$NODE/pod-logs"
+  local cg
+  for cg in $(node_cgroup_dirs); do
+    mkdir -p "$cg" || fail_up "cannot create the cgroup $cg of node $name"
+  done
   # shellcheck disable=SC2153 # BIN: the Kubernetes binaries, set by `up`
-  start kubelet "$BIN/kubelet" --config "$NODE/kubelet-config.yaml" \
+  start "$C_KUBELET" "$BIN/kubelet" --config "$NODE/kubelet-config.yaml" \
     --kubeconfig "$NODE/kubelet.kubeconfig" --root-dir "$NODE/kubelet" \
     --cert-dir "$NODE/kubelet/pki" --hostname-override "$name" --node-ip "$ip" \
     --node-labels nvidia.com/gpu.present=true --v 2 \
     ${FEATURE_GATES:+"--feature-gates=$FEATURE_GATES"}
   # shellcheck disable=SC2034 # logged by scripts/kube-cluster.sh
   KUBELET_ADDRESS="$ip:$port"
-  wait_for kubelet "making Node $name Ready" node_ready "$name"
+  wait_for "$C_KUBELET" "making Node $name Ready" node_ready "$name"
 }
 
 # start_kubelet_plugin NAME: `gpuslice kubelet-plugin` for Node NAME, until it has published
@@ -284,22 +344,22 @@ start_kubelet_plugin() {
   # The plugin registers itself with the kubelet through the kubelet's plugin watcher
   # directory, as on a real node (its registration socket accepts the kubelet's socket-path
   # :authority: kube/plugin/src/h2_relay.rs).
-  start gpuslice-kubelet-plugin "$GBIN/gpuslice" --config "$NODE_CONFIG" kubelet-plugin \
+  start "$C_PLUGIN" "$GBIN/gpuslice" --config "$NODE_CONFIG" kubelet-plugin \
     --node-name "$name" --kubeconfig "$DIR/kubeconfig" \
     --plugin-dir "$NODE/kubelet/plugins/gpuslice.io" \
     --registration-dir "$NODE/kubelet/plugins_registry"
-  wait_for gpuslice-kubelet-plugin "publishing the ResourceSlice of $name" node_slice "$name"
-  wait_for gpuslice-kubelet-plugin "serving $NODE/kubelet/plugins/gpuslice.io/dra.sock" \
+  wait_for "$C_PLUGIN" "publishing the ResourceSlice of $name" node_slice "$name"
+  wait_for "$C_PLUGIN" "serving $NODE/kubelet/plugins/gpuslice.io/dra.sock" \
     test -S "$NODE/kubelet/plugins/gpuslice.io/dra.sock"
-  wait_for gpuslice-kubelet-plugin "being registered by the kubelet" \
-    grep -q "registered with the kubelet" "$DIR/logs/gpuslice-kubelet-plugin.log"
+  wait_for "$C_PLUGIN" "being registered by the kubelet" \
+    grep -q "registered with the kubelet" "$DIR/logs/$C_PLUGIN.log"
 }
 
-# start_node NAME: everything of the node, after the control plane is up; the caller stops
-# what `up` started should this fail.
+# start_node NAME: everything of the node select_node chose (the first by default), after the
+# control plane is up; the caller stops what `up` started should this fail.
 start_node() {
   local name="$1"
-  NODE="$DIR/node"
+  node_selected
   mkdir -p "$NODE"
   NODE_BIN="$(build_node_binaries)"
   echo "$NODE_BIN" >"$NODE/bin-dir"
@@ -313,7 +373,7 @@ start_node() {
   start_containerd
   start_kubelet "$name"
   start_kubelet_plugin "$name"
-  logged node-objects "applying the DeviceClasses, the slot-claim policy and the RuntimeClass" \
+  logged "node-objects$NODE_TAG" "applying the DeviceClasses, the slot-claim policy and the RuntimeClass" \
     kubectl_admin apply -f "$REPO/packaging/kubernetes/dra/deviceclass.yaml" \
     -f "$REPO/packaging/kubernetes/dra/deviceclass-slots.yaml" \
     -f "$REPO/packaging/kubernetes/dra/slot-claims-policy.yaml" \
@@ -322,13 +382,14 @@ start_node() {
 
 # --- down ---------------------------------------------------------------------------------------
 
-# Pids whose command line names DIR/node/ (containerd's shims outlive it), except ours.
+# Pids whose command line names the node's directory (containerd's shims outlive it), except
+# ours.
 node_leftover_pids() {
   local p
   for p in /proc/[0-9]*; do
     p="${p#/proc/}"
     [ "$p" != $$ ] || continue
-    { tr '\0' ' ' <"/proc/$p/cmdline"; } 2>/dev/null | grep -qF -- "$DIR/node/" && echo "$p"
+    { tr '\0' ' ' <"/proc/$p/cmdline"; } 2>/dev/null | grep -qF -- "$NODE/" && echo "$p"
   done
   return 0
 }
@@ -343,13 +404,14 @@ drain_node() {
     --wait=true --timeout=60s >/dev/null 2>&1 || log "some pods were not gone within 60 s; stopping the node anyway"
 }
 
-# stop_node: stops the node's processes and removes its files (a no-op without a node).
+# stop_node: stops the processes of the node select_node chose (the first by default) and
+# removes its files (a no-op without that node).
 stop_node() {
-  NODE="$DIR/node"
+  node_selected
   [ -d "$NODE" ] || return 0
-  stop_one gpuslice-kubelet-plugin
-  stop_one kubelet
-  if alive containerd; then
+  stop_one "$C_PLUGIN"
+  stop_one "$C_KUBELET"
+  if alive "$C_CONTAINERD"; then
     NODE_BIN="$(cat "$NODE/bin-dir" 2>/dev/null || true)"
     if [ -n "$NODE_BIN" ] && [ -x "$NODE_BIN/ctr" ]; then
       local t
@@ -362,7 +424,7 @@ stop_node() {
       done
     fi
   fi
-  stop_one containerd
+  stop_one "$C_CONTAINERD"
   local p
   for p in $(node_leftover_pids); do
     kill -KILL "$p" 2>/dev/null || true
@@ -381,8 +443,13 @@ stop_node() {
   fi
   ip link delete "$CNI_BRIDGE" >/dev/null 2>&1 || true
   # The kubelet's cgroups for the pods it ran (cgroupfs driver): empty once the pods are gone.
-  local cg
-  for cg in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/unified/kubepods; do
+  local cg dirs
+  if [ -n "$NODE_CGROUP_ROOT" ]; then
+    dirs="$(node_cgroup_dirs)"
+  else
+    dirs="$(echo /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/unified/kubepods)"
+  fi
+  for cg in $dirs; do
     [ -d "$cg" ] || continue
     find "$cg" -depth -type d -exec rmdir {} \; 2>/dev/null || true
   done

@@ -96,6 +96,7 @@ cmd_restart() {
     esac
   done
   [ -f "$DIR/cluster.env" ] || die "$DIR has no cluster.env: start it with 'scripts/kube-cluster.sh up $DIR' first"
+  ! grep -q '^NODES=' "$DIR/cluster.env" || die "restart handles a cluster of one node; $DIR has several (NODES in its cluster.env)"
   DIR="$(cd "$DIR" && pwd)"
   # shellcheck disable=SC2034 # BIN: the Kubernetes binaries kubectl_admin runs
   BIN="$(env_get BIN_DIR)"

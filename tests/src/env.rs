@@ -108,10 +108,14 @@ pub enum Resource {
     /// force-deletes when dropped, and the parent cgroups
     /// `/sys/fs/cgroup/*/gpuslice-nerdctl-e2e`, which it removes.
     NerdctlNamespace,
-    /// The machine's one Kubernetes node (`scripts/kube-cluster.sh up DIR --node NAME`, one
-    /// per machine, [`crate::kube_node::KubeNode`]): the CNI bridge `gskube0` on
-    /// 10.244.77.0/24 and the kubelet's cgroups `/sys/fs/cgroup/*/kubepods`, both of which
-    /// `down` removes.
+    /// The machine's one Kubernetes cluster with nodes (`scripts/kube-cluster.sh up DIR
+    /// --node NAME …`, [`crate::kube_node::KubeNode`], [`crate::kube_node::KubeNodes`]),
+    /// whatever its number of nodes: a test takes this lock once for all of them. What
+    /// they hold of the host, all removed by `down`: the CNI bridges `gskube0`, `gskube1`, …
+    /// on 10.244.77.0/24, 10.244.78.0/24, …, the kubelets' cgroups
+    /// `/sys/fs/cgroup/*/kubepods` and `/sys/fs/cgroup/*/gpuslice-node-*`, the cluster DNS
+    /// address 10.244.0.10 (port 53) on the loopback link, and `--kubeflow`'s serving
+    /// certificate in `/tmp/k8s-webhook-server/serving-certs`.
     KubeNode,
 }
 

@@ -62,21 +62,7 @@ impl KubeNode {
 
     /// `ctr -n k8s.io images import` into the node's containerd (native snapshotter).
     pub fn ctr_import(&self, archive: &Path) {
-        let out = Command::new(self.env("CTR"))
-            .args(["--address", self.env("CONTAINERD_SOCKET")])
-            .args(["--namespace", "k8s.io", "images", "import"])
-            // containerd 2.x's transfer service unpacks only for its default snapshotter.
-            .args(["--local", "--snapshotter", "native"])
-            .arg(archive)
-            .stdin(Stdio::null())
-            .output()
-            .expect("run ctr");
-        assert!(
-            out.status.success(),
-            "ctr images import {}: {}",
-            archive.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        ctr_import(self.env("CTR"), self.env("CONTAINERD_SOCKET"), archive);
     }
 
     /// The last `lines` lines of a component's log (`containerd`, `kubelet`,
@@ -329,6 +315,107 @@ impl KubeNode {
                 self.logs()
             )
         });
+    }
+}
+
+/// `ctr -n k8s.io images import` of `archive` into the containerd at `socket` (native
+/// snapshotter).
+fn ctr_import(ctr: &str, socket: &str, archive: &Path) {
+    let out = Command::new(ctr)
+        .args(["--address", socket])
+        .args(["--namespace", "k8s.io", "images", "import"])
+        // containerd 2.x's transfer service unpacks only for its default snapshotter.
+        .args(["--local", "--snapshotter", "native"])
+        .arg(archive)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run ctr");
+    assert!(
+        out.status.success(),
+        "ctr images import {} into {socket}: {}",
+        archive.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Several nodes of one cluster on this machine (`up DIR --node A=CONFIG --node B=CONFIG …`,
+/// scripts/lib/cluster-nodes.sh), [`APP_IMAGE`] imported into every node's containerd.
+pub struct KubeNodes {
+    /// The cluster as its first node (whose paths are `cluster.env`'s).
+    pub first: KubeNode,
+    /// Each node's `node.env` (its name, directory, containerd and component names), in
+    /// the order given.
+    pub nodes: Vec<BTreeMap<String, String>>,
+}
+
+impl KubeNodes {
+    /// `up DIR --node NAME=CONFIG …` for each `(name, node)` and `args` (`--kubeflow`,
+    /// `--webhook`); imports [`APP_IMAGE`] into every node.
+    pub fn up(nodes: &[(&str, &TestNode)], args: &[&str]) -> KubeNodes {
+        let specs: Vec<String> = nodes
+            .iter()
+            .map(|(name, node)| format!("{name}={}", node.config.display()))
+            .collect();
+        let mut all: Vec<&str> = Vec::new();
+        for spec in &specs {
+            all.extend_from_slice(&["--node", spec]);
+        }
+        all.extend_from_slice(args);
+        // The training operator's init container of PyTorchJob workers (it waits until the
+        // master's name resolves) in the test image: nothing can be pulled here.
+        let cluster = KubeCluster::up_with(
+            &all,
+            &[("GPUSLICE_KUBEFLOW_INIT_IMAGE", Path::new(APP_IMAGE))],
+        );
+        let env = cluster.endpoints();
+        let dirs: Vec<PathBuf> = env
+            .get("NODE_DIRS")
+            .map(|d| d.split(',').map(PathBuf::from).collect())
+            .unwrap_or_default();
+        let nodes: Vec<BTreeMap<String, String>> = dirs
+            .iter()
+            .map(|d| {
+                let path = d.join("node.env");
+                let text = std::fs::read_to_string(&path)
+                    .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+                text.lines()
+                    .filter_map(|l| l.split_once('='))
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect()
+            })
+            .collect();
+        let first = KubeNode {
+            cluster,
+            name: nodes
+                .first()
+                .and_then(|n| n.get("NODE_NAME"))
+                .cloned()
+                .unwrap_or_default(),
+            env,
+        };
+        let work = first.cluster.dir().join("test-images");
+        std::fs::create_dir_all(&work).expect("image dir");
+        let archive = image_archive(&work, APP_IMAGE, &["sh"]);
+        for n in &nodes {
+            ctr_import(&n["CTR"], &n["CONTAINERD_SOCKET"], &archive);
+        }
+        KubeNodes { first, nodes }
+    }
+
+    /// Every node's components' log tails, for failure messages.
+    pub fn logs(&self) -> String {
+        let mut text = String::new();
+        for n in &self.nodes {
+            for key in [
+                "KUBELET_COMPONENT",
+                "CONTAINERD_COMPONENT",
+                "PLUGIN_COMPONENT",
+            ] {
+                let c = n.get(key).map(String::as_str).unwrap_or_default();
+                text.push_str(&format!("--- {c}:\n{}\n", self.first.log_tail(c, 25)));
+            }
+        }
+        text
     }
 }
 

@@ -17,6 +17,7 @@ mod hardening_lifecycle;
 mod helm_chart;
 mod kube_control_plane;
 mod kube_node;
+mod kubeflow;
 mod kueue;
 mod nerdctl;
 mod observability;

@@ -1,0 +1,368 @@
+//! Kubeflow jobs on two real nodes of one machine (`scripts/kube-cluster.sh up DIR --node
+//! node-a=CONFIG --node node-b=CONFIG --webhook --kubeflow`): each node its own kubelet,
+//! containerd 2.x and gpuslice kubelet plugin on two simulated GPUs; pods of one node reach
+//! the other's by a Service name through the cluster DNS (CoreDNS) over the pod network; a
+//! PyTorchJob of the real training operator whose ranks ask `gpuslice.io/*` limits (turned
+//! into claims by the webhook) lands one rank per node, the ranks rendezvous at
+//! MASTER_ADDR/MASTER_PORT as torch.distributed's TCP store would, the job Succeeds and its
+//! slices are released once it is deleted; a TrainJob of Kubeflow Trainer v2 (on JobSet) from
+//! a ClusterTrainingRuntime whose ranks ask HAMi's limits does the same. One cluster for
+//! every case: it costs minutes.
+
+use std::collections::BTreeSet;
+
+use gpuslice_e2e::kube::wait_for;
+use gpuslice_e2e::kube_node::{KubeNodes, APP_IMAGE, NS, STEP};
+use gpuslice_e2e::{lock, Resource, TestNode};
+use serde_json::{json, Value};
+
+/// Two GPU models, so that the simulated GPUs of the two nodes have different UUIDs (a
+/// simulated UUID is derived from the model and the index).
+const MODEL_A: &str = "NVIDIA H100 80GB HBM3";
+const MODEL_B: &str = "NVIDIA H100 PCIe";
+
+#[test]
+#[ignore = "starts a control plane, two real nodes, CoreDNS and the Kubeflow operators; the README's test command runs it"]
+fn a_pytorchjob_across_two_nodes_rendezvouses_on_its_slices() {
+    let _s = lock(&[Resource::KubeNode]);
+    let a = TestNode::with_models(&[(MODEL_A, "80Gi"), (MODEL_A, "80Gi")]);
+    let b = TestNode::with_models(&[(MODEL_B, "80Gi"), (MODEL_B, "80Gi")]);
+    let kn = KubeNodes::up(
+        &[("node-a", &a), ("node-b", &b)],
+        &["--webhook", "--kubeflow"],
+    );
+    a_pod_reaches_a_pod_of_the_other_node_by_service_name(&kn);
+    pytorchjob_ranks_land_one_per_node_and_rendezvous(&kn, &[&a, &b]);
+    trainjob_ranks_with_hami_limits_rendezvous(&kn, &[&a, &b]);
+}
+
+/// A pod on node-a fetches a page from a pod on node-b through the headless Service `echo-b`
+/// (cluster DNS gives the pod's address; the hosts' routes carry the traffic).
+fn a_pod_reaches_a_pod_of_the_other_node_by_service_name(kn: &KubeNodes) {
+    let c = &kn.first.cluster;
+    c.create(&pod_on(
+        "echo-b",
+        "node-b",
+        "mkdir -p /www && echo \"served by $(hostname)\" > /www/index.html && exec httpd -f -p 8080 -h /www",
+    ))
+    .unwrap();
+    c.create(&json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "echo-b", "namespace": NS},
+        "spec": {"clusterIP": "None", "selector": {"app": "echo-b"}, "ports": [{"port": 8080}]},
+    }))
+    .unwrap();
+    c.create(&pod_on(
+        "fetch-a",
+        "node-a",
+        "until page=$(wget -qO- http://echo-b:8080/); do sleep 1; done; echo \"GOT $page\"; exec sleep 3600",
+    ))
+    .unwrap();
+    let server = kn.first.wait_running("echo-b");
+    let client = kn.first.wait_running("fetch-a");
+    assert_eq!(server["spec"]["nodeName"], "node-b", "{}", server["spec"]);
+    assert_eq!(client["spec"]["nodeName"], "node-a", "{}", client["spec"]);
+    // Each node's pods are on its own subnet: the page crossed the host's routing.
+    let (sip, cip) = (
+        server["status"]["podIP"].as_str().unwrap_or_default(),
+        client["status"]["podIP"].as_str().unwrap_or_default(),
+    );
+    assert!(
+        sip.starts_with("10.244.78.") && cip.starts_with("10.244.77."),
+        "server {sip} on node-b's subnet, client {cip} on node-a's"
+    );
+    kn.first.wait_log("fetch-a", "GOT served by echo-b");
+    for p in ["fetch-a", "echo-b"] {
+        kn.first.delete_pod(p);
+    }
+    c.kubectl(&["delete", "service", "echo-b", "-n", NS]);
+}
+
+/// A pod running `script` in the test image on node `node`, labelled `app: name`.
+fn pod_on(name: &str, node: &str, script: &str) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS, "labels": {"app": name}},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "terminationGracePeriodSeconds": 1,
+            "automountServiceAccountToken": false,
+            "containers": [{
+                "name": "main",
+                "image": APP_IMAGE,
+                "imagePullPolicy": "Never",
+                "command": ["sh", "-c", script],
+            }],
+        },
+    })
+}
+
+/// Each rank sends "rank=R node=N gpus=U1,U2," (the GPU UUIDs its slice holds, from the
+/// limits gpuslice gives the container) to the master at MASTER_ADDR:MASTER_PORT; the master
+/// checks that every rank arrived and that no GPU is repeated, as a TCP-store rendezvous of
+/// torch.distributed would before NCCL refuses a repeated GPU.
+/// PyTorchJob's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), else torchrun's
+/// that Trainer sets (PET_NODE_RANK, PET_NNODES, PET_MASTER_ADDR, PET_MASTER_PORT).
+const RANK: &str = r#"set -e
+RANK=${RANK:-$PET_NODE_RANK} WORLD_SIZE=${WORLD_SIZE:-$PET_NNODES}
+MASTER_ADDR=${MASTER_ADDR:-$PET_MASTER_ADDR} MASTER_PORT=${MASTER_PORT:-$PET_MASTER_PORT}
+gpus=$(grep -o '"uuid" *: *"[^"]*"' /run/gpuslice/limits.json | sed 's/.*"\([^"]*\)"$/\1/' | sort | tr '\n' ,)
+me="rank=$RANK node=$NODE_NAME gpus=$gpus"
+echo "$me"
+if [ "$RANK" = 0 ]; then
+  echo "$me" > /tmp/all
+  n=1
+  while [ "$n" -lt "$WORLD_SIZE" ]; do nc -l -p "$MASTER_PORT" >> /tmp/all; n=$((n + 1)); done
+  sed 's/^/ARRIVED /' /tmp/all
+  ranks=$(sed -n 's/^rank=\([0-9]*\) .*/\1/p' /tmp/all | sort -u | wc -l)
+  dup=$(sed -n 's/.*gpus=//p' /tmp/all | tr , '\n' | grep . | sort | uniq -d)
+  [ "$ranks" = "$WORLD_SIZE" ] || { echo "RENDEZVOUS-FAILED: $ranks of $WORLD_SIZE ranks"; exit 1; }
+  [ -z "$dup" ] || { echo "RENDEZVOUS-FAILED: GPUs repeated: $dup"; exit 1; }
+  echo RENDEZVOUS-OK
+else
+  until echo "$me" | nc "$MASTER_ADDR" "$MASTER_PORT"; do sleep 1; done
+fi
+"#;
+
+/// A replica of the job: two GPUs of 4Gi each, one rank per node (anti-affinity on the job's
+/// label), the port the operator reads MASTER_PORT from.
+fn replica(job: &str) -> Value {
+    json!({
+        "replicas": 1,
+        "restartPolicy": "Never",
+        "template": {"spec": {
+            "terminationGracePeriodSeconds": 1,
+            "automountServiceAccountToken": false,
+            "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+                "labelSelector": {"matchLabels": {"training.kubeflow.org/job-name": job}},
+                "topologyKey": "kubernetes.io/hostname",
+            }]}},
+            "containers": [{
+                "name": "pytorch",
+                "image": APP_IMAGE,
+                "imagePullPolicy": "Never",
+                "command": ["sh", "-c", RANK],
+                "ports": [{"name": "pytorchjob-port", "containerPort": 23456}],
+                "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+                "resources": {"limits": {"gpuslice.io/gpus": "2", "gpuslice.io/memory": "4Gi"}},
+            }],
+        }},
+    })
+}
+
+fn pytorchjob_ranks_land_one_per_node_and_rendezvous(kn: &KubeNodes, nodes: &[&TestNode]) {
+    let c = &kn.first.cluster;
+    // The webhook learns the nodes' GPUs from their ResourceSlices in the background: a
+    // rank created before would be refused. It knows them once it refuses three GPUs.
+    wait_for("the webhook to know the nodes' two GPUs", STEP, || {
+        let probe = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "probe", "namespace": NS},
+            "spec": {"containers": [{"name": "c", "image": APP_IMAGE,
+                "resources": {"limits": {"gpuslice.io/gpus": "3"}}}]},
+        });
+        let out = c.kubectl_output(
+            &["create", "--dry-run=server", "-f", "-"],
+            Some(probe.to_string().as_bytes()),
+        );
+        String::from_utf8_lossy(&out.stderr)
+            .contains("at most 2 GPUs")
+            .then_some(())
+    });
+    let job = "rdzv";
+    c.create(&json!({
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": job, "namespace": NS},
+        "spec": {
+            "runPolicy": {"cleanPodPolicy": "None"},
+            "pytorchReplicaSpecs": {"Master": replica(job), "Worker": replica(job)},
+        },
+    }))
+    .unwrap();
+    let mut last = Value::Null;
+    let succeeded = gpuslice_e2e::kube_node::wait_for_or(STEP * 2, || {
+        last = c.get_json(&["pytorchjob", job, "-n", NS]);
+        let conds = last["status"]["conditions"].as_array()?;
+        if conds
+            .iter()
+            .any(|k| k["type"] == "Failed" && k["status"] == "True")
+        {
+            return Some(false);
+        }
+        conds
+            .iter()
+            .any(|k| k["type"] == "Succeeded" && k["status"] == "True")
+            .then_some(true)
+    });
+    let master_log = c
+        .kubectl_output(&["logs", "-n", NS, &format!("{job}-master-0")], None)
+        .stdout;
+    let master_log = String::from_utf8_lossy(&master_log).into_owned();
+    assert_eq!(
+        succeeded,
+        Some(true),
+        "PyTorchJob {job} did not succeed: {}\nmaster's log:\n{master_log}\npods:\n{}\n{}\ntraining operator:\n{}",
+        last["status"],
+        c.kubectl(&["get", "pods", "-n", NS, "-o", "wide"]),
+        kn.logs(),
+        kn.first.log_tail("training-operator", 30),
+    );
+    assert_rendezvous(&master_log);
+    delete_and_assert_released(
+        kn,
+        nodes,
+        "pytorchjob",
+        job,
+        "training.kubeflow.org/job-name",
+    );
+}
+
+/// The master's log says every rank of two arrived, each from its own node with a slice of
+/// two distinct GPUs, and no GPU repeated.
+fn assert_rendezvous(master_log: &str) {
+    assert!(master_log.contains("RENDEZVOUS-OK"), "{master_log}");
+    let arrived: Vec<&str> = master_log
+        .lines()
+        .filter_map(|l| l.strip_prefix("ARRIVED "))
+        .collect();
+    assert_eq!(arrived.len(), 2, "{master_log}");
+    let mut ranks_nodes = BTreeSet::new();
+    let mut all_gpus = BTreeSet::new();
+    for line in &arrived {
+        let field = |k: &str| {
+            line.split(' ')
+                .find_map(|f| f.strip_prefix(k))
+                .unwrap_or_default()
+                .to_string()
+        };
+        ranks_nodes.insert(field("node="));
+        let gpus: BTreeSet<String> = field("gpus=")
+            .split(',')
+            .filter(|g| !g.is_empty())
+            .map(str::to_string)
+            .collect();
+        assert_eq!(gpus.len(), 2, "two distinct GPUs a rank: {line}");
+        all_gpus.extend(gpus);
+    }
+    assert_eq!(
+        ranks_nodes,
+        BTreeSet::from(["node-a".to_string(), "node-b".to_string()]),
+        "one rank per node: {master_log}"
+    );
+    assert_eq!(all_gpus.len(), 4, "no GPU repeated: {master_log}");
+}
+
+/// Deleted, the job (`kind` `name`) takes its pods (labelled `label=name`) with it and every
+/// slice is released on both nodes.
+fn delete_and_assert_released(
+    kn: &KubeNodes,
+    nodes: &[&TestNode],
+    kind: &str,
+    name: &str,
+    label: &str,
+) {
+    let c = &kn.first.cluster;
+    c.kubectl(&["delete", kind, name, "-n", NS, "--wait=true"]);
+    wait_for(&format!("{kind} {name}'s pods to be gone"), STEP, || {
+        let pods = c.get_json(&["pods", "-n", NS, "-l", &format!("{label}={name}")]);
+        pods["items"].as_array()?.is_empty().then_some(())
+    });
+    for (i, node) in nodes.iter().enumerate() {
+        wait_for(&format!("node {i}'s slices to be released"), STEP, || {
+            node.reservations().is_empty().then_some(())
+        });
+    }
+}
+
+/// A TrainJob from a ClusterTrainingRuntime (Trainer v2 makes a JobSet of one replicated Job,
+/// one pod per node): each rank asks HAMi's limits (two GPUs of 4096 MiB, in a namespace
+/// labelled for HAMi compatibility), the ranks land one per node (anti-affinity in the
+/// runtime's template), rendezvous at PET_MASTER_ADDR:PET_MASTER_PORT (the pod name of rank
+/// 0 under the JobSet's headless Service), the TrainJob completes and its slices are
+/// released once it is deleted.
+fn trainjob_ranks_with_hami_limits_rendezvous(kn: &KubeNodes, nodes: &[&TestNode]) {
+    let c = &kn.first.cluster;
+    c.kubectl(&["label", "namespace", NS, "gpuslice.io/hami-compat=true"]);
+    let runtime = "gpuslice-torch";
+    c.create(&json!({
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "ClusterTrainingRuntime",
+        "metadata": {"name": runtime, "labels": {"trainer.kubeflow.org/framework": "torch"}},
+        "spec": {
+            "mlPolicy": {"numNodes": 1, "torch": {"numProcPerNode": "auto"}},
+            "template": {"spec": {"replicatedJobs": [{
+                "name": "node",
+                "template": {
+                    "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
+                    "spec": {"template": {"spec": {
+                        "terminationGracePeriodSeconds": 1,
+                        "automountServiceAccountToken": false,
+                        "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+                            // The JobSet's pods, of this JobSet only (matchLabelKeys).
+                            "labelSelector": {"matchExpressions": [{
+                                "key": "jobset.sigs.k8s.io/replicatedjob-name", "operator": "Exists"}]},
+                            "matchLabelKeys": ["jobset.sigs.k8s.io/jobset-name"],
+                            "topologyKey": "kubernetes.io/hostname",
+                        }]}},
+                        "containers": [{
+                            "name": "node",
+                            "image": APP_IMAGE,
+                            "imagePullPolicy": "Never",
+                            "command": ["sh", "-c", RANK],
+                            "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+                        }],
+                    }}},
+                },
+            }]}},
+        },
+    }))
+    .unwrap();
+    let job = "rdzv-tj";
+    c.create(&json!({
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": job, "namespace": NS},
+        "spec": {
+            "runtimeRef": {"name": runtime},
+            "trainer": {
+                "numNodes": 2,
+                "resourcesPerNode": {"limits": {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "4096"}},
+            },
+        },
+    }))
+    .unwrap();
+    let mut last = Value::Null;
+    let completed = gpuslice_e2e::kube_node::wait_for_or(STEP * 2, || {
+        last = c.get_json(&["trainjob", job, "-n", NS]);
+        let conds = last["status"]["conditions"].as_array()?;
+        if conds
+            .iter()
+            .any(|k| k["type"] == "Failed" && k["status"] == "True")
+        {
+            return Some(false);
+        }
+        conds
+            .iter()
+            .any(|k| k["type"] == "Complete" && k["status"] == "True")
+            .then_some(true)
+    });
+    let selector =
+        format!("jobset.sigs.k8s.io/jobset-name={job},batch.kubernetes.io/job-completion-index=0");
+    let out = c.kubectl_output(&["logs", "-n", NS, "-l", &selector, "--tail=-1"], None);
+    let master_log = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(
+        completed,
+        Some(true),
+        "TrainJob {job} did not complete: {}\nrank 0's log:\n{master_log}\npods:\n{}\n{}\ntrainer:\n{}\njobset:\n{}",
+        last["status"],
+        c.kubectl(&["get", "pods", "-n", NS, "-o", "wide"]),
+        kn.logs(),
+        kn.first.log_tail("trainer", 30),
+        kn.first.log_tail("jobset", 30),
+    );
+    assert_rendezvous(&master_log);
+    delete_and_assert_released(kn, nodes, "trainjob", job, "jobset.sigs.k8s.io/jobset-name");
+}
