@@ -18,6 +18,7 @@ mod helm_chart;
 mod kube_control_plane;
 mod kube_node;
 mod nerdctl;
+mod node_faults;
 mod observability;
 mod podman;
 mod runc_slice;
