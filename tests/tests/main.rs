@@ -20,6 +20,7 @@ mod kube_node;
 mod kubeflow;
 mod kueue;
 mod nerdctl;
+mod node_faults;
 mod observability;
 mod podman;
 mod runc_slice;

@@ -227,6 +227,26 @@ impl Plugin {
     }
 }
 
+/// The test-only environment variable naming a point of prepare where the plugin stops for
+/// good: a fault test kills it there (docs/troubleshooting.md, "Restarts and upgrades").
+/// Unset, as always outside tests, nothing pauses.
+pub const PAUSE_ENV: &str = "GPUSLICE_TEST_PAUSE_AT";
+/// After the claim was read, before anything is booked.
+pub const PAUSE_BEFORE_BOOKING: &str = "prepare-before-booking";
+/// After the booking, before the claim's slice files and CDI spec are written.
+pub const PAUSE_AFTER_BOOKING: &str = "prepare-after-booking";
+
+/// Stops this (blocking) thread for good when [`PAUSE_ENV`] names `point`, saying so on
+/// stderr first; returns at once otherwise.
+fn pause_point(point: &str, c: &ClaimRef) {
+    if std::env::var_os(PAUSE_ENV).is_some_and(|v| v == point) {
+        eprintln!("gpuslice kubelet-plugin: {PAUSE_ENV}: paused at {point} preparing {c}");
+        loop {
+            std::thread::park();
+        }
+    }
+}
+
 /// Reads `claim`'s allocation on `node`, books it for `owner` and writes the claim's files; a
 /// booking this call made is released again when writing fails.
 fn book_and_write(
@@ -253,6 +273,7 @@ fn book_and_write(
         &SlotGeometry::new(slots_per_gpu, &inventory),
     )?;
     let shares = &allocation.shares;
+    pause_point(PAUSE_BEFORE_BOOKING, c);
     let mut wanted = Vec::with_capacity(shares.len());
     for s in shares {
         let gpu = inventory
@@ -278,6 +299,7 @@ fn book_and_write(
                 source: Box::new(e),
             },
         })?;
+    pause_point(PAUSE_AFTER_BOOKING, c);
     match writer.write(&c.uid, &booked.reservation) {
         Ok(ids) => Ok((allocation, ids)),
         Err(source) => {
