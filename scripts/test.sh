@@ -147,6 +147,16 @@ export GPUSLICE_SIM_LIB_DIR="$PWD/target/release"
 # way and nothing is rebuilt between phases.
 cargo_test=(cargo test --workspace --profile suite --locked)
 phase "test build (profile suite)" "${cargo_test[@]}" --no-run
+# The previous release's gpuslice for the upgrade test (tests/tests/node_faults.rs), built once
+# from its pinned commit with this build's dependencies and cached by commit: here, in its own
+# phase, so that its cold build neither holds a test's host locks nor hides in a test's time.
+previous_build() {
+  local d
+  d="$(./scripts/previous-build.sh)" || return 1
+  export GPUSLICE_PREVIOUS_BIN_DIR="$d"
+}
+phase "previous release: gpuslice at the pinned commit (scripts/previous-build.sh)" previous_build ||
+  echo "test.sh: the previous release's build failed: node_faults:: (the upgrade test) will fail" >&2
 
 tests_failed=0
 run_tests() { phase "$@" || tests_failed=1; }
