@@ -19,6 +19,7 @@ use crate::booking::{Holdings, Plugin};
 use crate::cleanup::release_stale;
 use crate::dra_service::DraService;
 use crate::h2_relay::relayed_incoming;
+use crate::health_events::tell_pods;
 use crate::mode::{keeps_consumable_capacity, resolve, write_record, ModeRecord};
 use crate::offer::{offer, with_health, Publication, UNHEALTHY_TAINT};
 use crate::proto::dra::dra_plugin_server::DraPluginServer;
@@ -285,7 +286,13 @@ async fn publish_loop(
                 ),
             }
         }
+        let mut newly: Vec<Unhealthy> = Vec::new();
         if sick != last_health {
+            newly = sick
+                .iter()
+                .filter(|u| !last_health.contains(u))
+                .cloned()
+                .collect();
             for u in &sick {
                 let how = match taints_kept {
                     Some(true) => format!(
@@ -309,6 +316,18 @@ async fn publish_loop(
         let snapshot = tokio::task::spawn_blocking(move || r.snapshot()).await;
         match snapshot {
             Ok(Ok(file)) => {
+                for u in newly {
+                    // The pods already on it hear of it; nothing waits for the answer.
+                    let client = publisher.client().clone();
+                    let node = options.node_name.clone();
+                    let reservations = file.reservations.clone();
+                    let effect = options.taint_effect;
+                    tokio::spawn(async move {
+                        for e in tell_pods(&client, &node, &reservations, &u, effect).await {
+                            eprintln!("gpuslice kubelet-plugin: {e}");
+                        }
+                    });
+                }
                 let held = holdings.lock().map(|h| h.clone()).unwrap_or_default();
                 let gpus = offer(&file.inventory, &file.reservations, publication, &held);
                 let (gpus, taints) = with_health(
