@@ -208,7 +208,8 @@ impl Collector {
             }
         }
 
-        let gpus = self.gpu_samples(file, &live, reading.as_ref());
+        let mut gpus = self.gpu_samples(file, &live, reading.as_ref());
+        self.add_health(&mut gpus);
         let files: Vec<SliceFiles> = live.iter().map(|r| self.slice_files(r)).collect();
         let driver = self.attribute(&live, reading.as_ref());
         let mut slices = Vec::new();
@@ -227,6 +228,21 @@ impl Collector {
             registry: health,
             collect_seconds: 0.0,
             enforcer: None,
+        }
+    }
+
+    /// Each GPU's health as the health watch recorded it (`health.json`).
+    fn add_health(&mut self, gpus: &mut [GpuSample]) {
+        let path = self.sources.state_dir.join(gpuslice_config::HEALTH_FILE);
+        match gpuslice_driver::health::read_health(&path) {
+            Ok(list) => {
+                for g in gpus {
+                    let sick = gpuslice_driver::health::find(&list, &g.uuid);
+                    g.healthy = Some(sick.is_none());
+                    g.xid = sick.map(|u| u.xid);
+                }
+            }
+            Err(e) => self.errors.record(Source::Registry, e),
         }
     }
 
@@ -262,6 +278,7 @@ impl Collector {
                 slices: Some(l.slices),
                 memory_used: m.and_then(|d| d.memory_used),
                 utilization: m.and_then(|d| d.utilization),
+                ..GpuSample::default()
             });
         }
         for d in reading.map(|r| r.devices.as_slice()).unwrap_or_default() {

@@ -133,6 +133,8 @@ fn gpu_metrics(reg: &mut Registry, scrape: &Scrape) {
     let slices = Family::<GpuLabels, Gauge>::default();
     let used = Bytes::<GpuLabels>::default();
     let util = Ratio::<GpuLabels>::default();
+    let healthy = Family::<GpuLabels, Gauge>::default();
+    let xid = Family::<GpuLabels, Gauge>::default();
     for g in &scrape.gpus {
         let l = GpuLabels {
             node: scrape.node.clone(),
@@ -157,6 +159,12 @@ fn gpu_metrics(reg: &mut Registry, scrape: &Scrape) {
         }
         if let Some(v) = g.utilization {
             util.get_or_create(&l).set(v);
+        }
+        if let Some(v) = g.healthy {
+            healthy.get_or_create(&l).set(i64::from(v));
+        }
+        if let Some(v) = g.xid {
+            xid.get_or_create(&l).set(i64::from(v));
         }
     }
     reg.register_with_unit(
@@ -193,6 +201,16 @@ fn gpu_metrics(reg: &mut Registry, scrape: &Scrape) {
         "Share of the last sample period a kernel ran on the GPU, as measured by NVML",
         ratio(),
         util,
+    );
+    reg.register(
+        "gpuslice_gpu_healthy",
+        "1 while the GPU is healthy, 0 from a fatal XID until the driver reports it recovered",
+        healthy,
+    );
+    reg.register(
+        "gpuslice_gpu_xid",
+        "The fatal XID that made the GPU unhealthy (only while it is)",
+        xid,
     );
 }
 

@@ -8,7 +8,8 @@
 //! its compute limit and achieved share; the registry's health; the exporter's own errors.
 //! Everything is read lock-free per scrape, and nothing a scrape meets is fatal. Beside it
 //! runs the host-side enforcer (`enforce`), whose kills, reports and throttles the
-//! exporter shows.
+//! exporter shows, and the GPU health watch (`health`), which turns the driver's XIDs into
+//! the node's record of unhealthy GPUs.
 
 pub mod args;
 pub mod attribution;
@@ -17,6 +18,7 @@ pub mod encode;
 pub mod enforce;
 pub mod errors;
 pub mod gpu;
+pub mod health;
 pub mod http;
 pub mod liveness;
 pub mod model;
@@ -73,6 +75,12 @@ pub fn run(node: &NodeContext, listen: SocketAddr) -> Result<(), ServeError> {
     match enforce::start(node) {
         Ok(shared) => collector = collector.with_enforcer(shared),
         Err(e) => collector.record_error(Source::Nvml, &e),
+    }
+    if let Err(e) = health::start(node) {
+        collector.record_error(
+            Source::Nvml,
+            format!("cannot start the GPU health watch: {e}"),
+        );
     }
     http::serve(&server, &mut collector)
 }

@@ -21,6 +21,11 @@ pub struct GpuSample {
     pub memory_used: Option<u64>,
     /// Measured by NVML, 0–1.
     pub utilization: Option<f64>,
+    /// Whether the health watch has it healthy (`health.json`); `None` when that record
+    /// cannot be read.
+    pub healthy: Option<bool>,
+    /// The fatal XID that made it unhealthy.
+    pub xid: Option<u32>,
 }
 
 /// Who holds a reservation, as series labels.

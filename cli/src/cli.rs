@@ -52,6 +52,32 @@ pub enum Command {
     /// Serve the mutating admission webhook that turns container limits gpuslice.io/* (and,
     /// with --hami-compat, HAMi's nvidia.com/*) into DRA claims (docs/webhook.md).
     Webhook(gpuslice_webhook::WebhookArgs),
+    /// Drive the simulated GPU node (inventory.source = "simulated"), for tests and demos.
+    #[command(subcommand)]
+    Sim(SimCommand),
+}
+
+/// `gpuslice sim …`.
+#[derive(Debug, Subcommand)]
+pub enum SimCommand {
+    /// Make the simulated driver report an XID for a GPU, as a real driver does (NVML events,
+    /// failing calls; docs/troubleshooting.md), or end the fault with --clear.
+    Fault(SimFaultArgs),
+}
+
+/// `gpuslice sim fault` flags.
+#[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("what").required(true).args(["xid", "clear"])))]
+pub struct SimFaultArgs {
+    /// The GPU, by UUID (GPU-…), as `gpuslice status` lists it.
+    #[arg(long, value_name = "UUID")]
+    pub gpu: String,
+    /// The XID the driver reports, e.g. 79 (fallen off the bus), 48/94/95 (ECC), 119 (GSP).
+    #[arg(long, value_name = "CODE", value_parser = clap::value_parser!(u32).range(1..=65535))]
+    pub xid: Option<u32>,
+    /// End the GPU's fault (as a GPU reset does).
+    #[arg(long)]
+    pub clear: bool,
 }
 
 /// The create path's reader of the hook lines gpuslice writes (`hookargv`) against this

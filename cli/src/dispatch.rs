@@ -1,11 +1,11 @@
 //! The one place a parsed command line is dispatched to its role: the hooks to the
 //! create path, `cdi`, `status`, `gc` and `serve` to the node agent, `configure` to engine
 //! registration, `kubelet-plugin` to the DRA plugin, `console` to the web console,
-//! `webhook` to the admission webhook.
+//! `webhook` to the admission webhook, `sim` to the simulated node's driver files.
 
 use gpuslice_hook::node::NodeContext;
 
-use crate::cli::{Cli, Command};
+use crate::cli::{Cli, Command, SimCommand, SimFaultArgs};
 
 /// Why a command failed: the role's own error, one line each.
 #[derive(Debug, thiserror::Error)]
@@ -26,6 +26,10 @@ pub enum Error {
     Console(#[from] gpuslice_console::web::WebError),
     #[error(transparent)]
     Webhook(#[from] gpuslice_webhook::WebhookError),
+    #[error(transparent)]
+    SimFault(#[from] gpuslice_driver::simfault::FaultError),
+    #[error("gpuslice sim needs a simulated node: the config's inventory.source is `{0}`; set it to `simulated` with [[inventory.simulated]] GPUs")]
+    NotSimulated(&'static str),
 }
 
 impl From<gpuslice_kube::node_slices::KubeletPluginError> for Error {
@@ -62,5 +66,22 @@ pub fn run(cli: Cli) -> Result<(), Error> {
         Command::KubeletPlugin(args) => Ok(gpuslice_kube::node_slices::run(&node, args)?),
         Command::Console(args) => Ok(gpuslice_console::web::run_until_signal(args)?),
         Command::Webhook(args) => Ok(gpuslice_webhook::run_until_signal(args)?),
+        Command::Sim(SimCommand::Fault(args)) => sim_fault(&node, &args),
     }
+}
+
+/// `gpuslice sim fault`: records the fault in the simulated driver's `faults.json`.
+fn sim_fault(node: &NodeContext, args: &SimFaultArgs) -> Result<(), Error> {
+    let config = node.config();
+    if !config.is_simulated() {
+        return Err(Error::NotSimulated(config.inventory.source.as_str()));
+    }
+    let state = gpuslice_driver::simnode::SimLayout::of(config).state;
+    let xid = if args.clear { None } else { args.xid };
+    let now = gpuslice_driver::health::now_ms();
+    match gpuslice_driver::simfault::set_fault(&state, &args.gpu, xid, now)? {
+        Some(f) => println!("simulated GPU {}: the driver reports XID {}", f.uuid, f.xid),
+        None => println!("simulated GPU {}: no fault", args.gpu),
+    }
+    Ok(())
 }

@@ -49,6 +49,7 @@ pub struct Config {
     pub serve: ServeConfig,
     pub enforce: EnforceConfig,
     pub dra: DraConfig,
+    pub health: HealthConfig,
 }
 
 /// What the enforcer does with a slice whose processes hold more than its memory limit.
@@ -134,6 +135,8 @@ impl Default for EnforceConfig {
 
 /// The file under the state directory where the kubelet plugin records its DRA mode.
 pub const KUBELET_PLUGIN_FILE: &str = "kubelet-plugin.json";
+/// File name, in the state dir, of the GPUs the driver reported unhealthy.
+pub const HEALTH_FILE: &str = "health.json";
 
 /// The slots each GPU is published as in slot mode when `dra.slots_per_gpu` is not set: a slot
 /// is 23.5 GiB of a 141 GiB GPU, 13.3 GiB of an 80 GiB one, and the stock scheduler of
@@ -211,6 +214,64 @@ impl Default for DraConfig {
             mode: DraMode::Auto,
             slots_per_gpu: DEFAULT_SLOTS_PER_GPU,
         }
+    }
+}
+
+/// NVIDIA's k8s-device-plugin's application-error XIDs, which leave the GPU healthy: graphics
+/// engine exception (13), GPU memory page fault (31), GPU stopped processing (43),
+/// preemptive cleanup (45), video processor exception (68), context-switch timeout (109).
+pub const DEFAULT_IGNORED_XIDS: [u32; 6] = [13, 31, 43, 45, 68, 109];
+
+/// The effect of the device taint an unhealthy GPU carries in the DRA slice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaintEffect {
+    /// New claims are not allocated the GPU; pods already on it keep running.
+    NoSchedule,
+    /// As `NoSchedule`, and Kubernetes evicts the pods whose claims use it.
+    NoExecute,
+}
+
+impl TaintEffect {
+    pub const ACCEPTED: &'static str = "`NoSchedule` or `NoExecute`";
+
+    pub fn parse(s: &str) -> Option<TaintEffect> {
+        match s {
+            "NoSchedule" => Some(TaintEffect::NoSchedule),
+            "NoExecute" => Some(TaintEffect::NoExecute),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaintEffect::NoSchedule => "NoSchedule",
+            TaintEffect::NoExecute => "NoExecute",
+        }
+    }
+}
+
+/// The `[health]` table: which XIDs the driver reports make a GPU unhealthy, and what the
+/// DRA slice says of an unhealthy GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthConfig {
+    /// XIDs that leave the GPU healthy (application errors); every other XID is fatal.
+    pub ignored_xids: Vec<u32>,
+    pub taint_effect: TaintEffect,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        HealthConfig {
+            ignored_xids: DEFAULT_IGNORED_XIDS.to_vec(),
+            taint_effect: TaintEffect::NoSchedule,
+        }
+    }
+}
+
+impl HealthConfig {
+    /// Whether XID `xid` makes a GPU unhealthy.
+    pub fn is_fatal(&self, xid: u32) -> bool {
+        !self.ignored_xids.contains(&xid)
     }
 }
 
@@ -367,6 +428,7 @@ impl Default for Config {
             },
             enforce: EnforceConfig::default(),
             dra: DraConfig::default(),
+            health: HealthConfig::default(),
         }
     }
 }
@@ -375,6 +437,12 @@ impl Config {
     /// Where `gpuslice kubelet-plugin` records the mode it publishes in (for `status`).
     pub fn kubelet_plugin_path(&self) -> PathBuf {
         self.state_dir.join(KUBELET_PLUGIN_FILE)
+    }
+
+    /// The GPUs the driver reported unhealthy, as the agent records them
+    /// (`gpuslice_driver::health`).
+    pub fn health_path(&self) -> PathBuf {
+        self.state_dir.join(HEALTH_FILE)
     }
 
     /// The registry file.

@@ -8,7 +8,7 @@ use toml::{Table, Value};
 
 use crate::model::{
     is_clean_absolute, is_gpu_uuid, simulated_uuid, ComputeAction, Config, DraMode,
-    InventorySource, MemoryAction, Policy, SimulatedGpu, DEFAULT_SIM_CONTEXT_MEMORY,
+    InventorySource, MemoryAction, Policy, SimulatedGpu, TaintEffect, DEFAULT_SIM_CONTEXT_MEMORY,
     DEFAULT_SIM_MEMORY, DEFAULT_SIM_MODEL, MAX_SLOTS_PER_GPU,
 };
 use crate::quantity::{parse_bytes, ACCEPTED_BYTES};
@@ -228,6 +228,7 @@ pub fn parse_config(text: &str, path: &Path) -> Result<Config, ConfigError> {
             "serve",
             "enforce",
             "dra",
+            "health",
         ],
     )?;
     if let Some(p) = r.abs_path(&root, "state_dir", "state_dir")? {
@@ -411,7 +412,35 @@ pub fn parse_config(text: &str, path: &Path) -> Result<Config, ConfigError> {
     if let Some(t) = r.table(&root, "dra", "dra")? {
         dra(&r, t, &mut cfg)?;
     }
+    if let Some(t) = r.table(&root, "health", "health")? {
+        health(&r, t, &mut cfg)?;
+    }
     Ok(cfg)
+}
+
+/// The `[health]` table.
+fn health(r: &Reader<'_>, t: &Table, cfg: &mut Config) -> Result<(), ConfigError> {
+    r.check_keys(t, "health", &["ignored_xids", "taint_effect"])?;
+    if let Some(v) = t.get("ignored_xids") {
+        let accepted =
+            "an array of XIDs (integers from 1 to 65535), e.g. [13, 31, 43, 45, 68, 109]";
+        let Value::Array(list) = v else {
+            return Err(r.wrong_type("health.ignored_xids", v, accepted));
+        };
+        let mut xids = Vec::with_capacity(list.len());
+        for item in list {
+            match item {
+                Value::Integer(i) if (1..=65535).contains(i) => xids.push(*i as u32),
+                other => return Err(r.bad_value("health.ignored_xids", other, accepted)),
+            }
+        }
+        cfg.health.ignored_xids = xids;
+    }
+    if let Some((s, v)) = r.string(t, "taint_effect", "health.taint_effect")? {
+        cfg.health.taint_effect = TaintEffect::parse(s)
+            .ok_or_else(|| r.bad_value("health.taint_effect", v, TaintEffect::ACCEPTED))?;
+    }
+    Ok(())
 }
 
 /// The `[dra]` table.

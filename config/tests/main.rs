@@ -6,3 +6,4 @@
 mod config_file;
 mod dra_config;
 mod enforce_config;
+mod health_config;

@@ -104,6 +104,28 @@ pub struct GpuView {
     /// Its slots, when it is published in slot mode.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub slots: Option<SlotsView>,
+    /// Why it is offered to no one new, when its device carries the taint
+    /// `gpuslice.io/unhealthy` (docs/troubleshooting.md, "GPU health and XIDs").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unhealthy: Option<String>,
+}
+
+/// The unhealthy taint of device `d`, as one phrase: `XID 79 since 2026-…Z`.
+fn unhealthy(d: &k8s_openapi::api::resource::v1::Device) -> Option<String> {
+    let t = d
+        .taints
+        .iter()
+        .flatten()
+        .find(|t| t.key == "gpuslice.io/unhealthy")?;
+    let what = t
+        .value
+        .as_deref()
+        .and_then(|v| v.strip_prefix("xid-"))
+        .map_or_else(|| "unhealthy".to_string(), |x| format!("XID {x}"));
+    Some(match &t.time_added {
+        Some(at) => format!("{what} since {}", at.0),
+        None => what,
+    })
 }
 
 /// One node (a pool of gpuslice devices).
@@ -453,6 +475,7 @@ pub fn build(src: &Sources, namespaces: Option<&BTreeSet<String>>) -> Model {
                 claims,
                 idle_slices,
                 slots,
+                unhealthy: unhealthy(d),
             }
         })
         .collect();
@@ -706,6 +729,22 @@ pub(crate) mod tests {
     use super::*;
 
     pub const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn a_tainted_gpu_shows_its_xid_and_time() {
+        let mut d: k8s_openapi::api::resource::v1::Device = serde_json::from_value(json!({
+            "name": "gpu-1",
+            "taints": [{"key": "gpuslice.io/unhealthy", "value": "xid-79", "effect": "NoSchedule",
+                        "timeAdded": "2026-12-06T08:31:02Z"}],
+        }))
+        .unwrap();
+        assert_eq!(
+            unhealthy(&d).as_deref(),
+            Some("XID 79 since 2026-12-06T08:31:02Z")
+        );
+        d.taints = Some(Vec::new());
+        assert_eq!(unhealthy(&d), None);
+    }
 
     fn gpu(index: u32, model: &str, gib: u64) -> OfferedGpu {
         OfferedGpu {

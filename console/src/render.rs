@@ -176,7 +176,11 @@ pub fn gpus_table(total: &NodeView, gpus: &[&GpuView], wide: bool) -> String {
     }
     rows.push(t);
     for g in gpus {
-        let mut r = vec![g.node.clone(), g.device.clone(), g.model.clone()];
+        let model = match &g.unhealthy {
+            Some(why) => format!("{} (unhealthy: {why})", g.model),
+            None => g.model.clone(),
+        };
+        let mut r = vec![g.node.clone(), g.device.clone(), model];
         r.extend(memory_cells(&g.memory));
         r.extend(cores_cells(&g.cores));
         r.push(g.claims.len().to_string());

@@ -241,6 +241,49 @@ nvml_pfns! {
 /// `nvmlErrorString` returns a string, not a status.
 pub type PFN_nvmlErrorString = unsafe extern "C" fn(nvmlReturn_t) -> *const c_char;
 
+/// Opaque event set.
+#[repr(C)]
+pub struct nvmlEventSet_st {
+    _private: [u8; 0],
+}
+pub type nvmlEventSet_t = *mut nvmlEventSet_st;
+
+/// `nvmlEventTypeXidCriticalError`: an XID; `eventData` is the XID.
+pub const nvmlEventTypeXidCriticalError: c_ulonglong = 0x8;
+
+/// An event, as `nvmlEventSetWait_v2` fills it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct nvmlEventData_t {
+    pub device: nvmlDevice_t,
+    pub eventType: c_ulonglong,
+    pub eventData: c_ulonglong,
+    pub gpuInstanceId: c_uint,
+    pub computeInstanceId: c_uint,
+}
+
+/// `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`: what the GPU needs after an error
+/// (`NVML_GPU_RECOVERY_ACTION_*`).
+pub const NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: c_uint = 230;
+pub const NVML_GPU_RECOVERY_ACTION_NONE: c_uint = 0;
+pub const NVML_GPU_RECOVERY_ACTION_GPU_RESET: c_uint = 1;
+/// `NVML_VALUE_TYPE_UNSIGNED_INT`.
+pub const NVML_VALUE_TYPE_UNSIGNED_INT: c_uint = 1;
+
+/// One field of `nvmlDeviceGetFieldValues`; the value is a union of 8 bytes, read per
+/// `valueType`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct nvmlFieldValue_t {
+    pub fieldId: c_uint,
+    pub scopeId: c_uint,
+    pub timestamp: i64,
+    pub latencyUsec: i64,
+    pub valueType: c_uint,
+    pub nvmlReturn: nvmlReturn_t,
+    pub value: u64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -257,6 +300,9 @@ mod tests {
         assert_eq!(size_of::<nvmlProcessUtilizationSample_t>(), 32);
         assert_eq!(size_of::<nvmlPciInfo_t>(), 68);
         assert_eq!(offset_of!(nvmlPciInfo_t, busId), 36);
+        assert_eq!(size_of::<nvmlEventData_t>(), 32);
+        assert_eq!(size_of::<nvmlFieldValue_t>(), 40);
+        assert_eq!(offset_of!(nvmlFieldValue_t, value), 32);
     }
 
     #[test]

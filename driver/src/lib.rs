@@ -2,14 +2,17 @@
 //! user-space libraries (found like the dynamic loader finds them), its utility programs
 //! (`nvidia-smi`) and the GPU inventory
 //! from NVML or from the simulated list of the config, with the simulated node's device list
-//! that the simulated driver reads (`simulated`) and the simulated node's driver root: its
+//! that the simulated driver reads (`simulated`), its injected faults (`simfault`), the GPUs
+//! the driver reported unhealthy (`health`) and the simulated node's driver root: its
 //! layout and set-up (`simnode`).
 
 pub mod binaries;
 pub mod devices;
+pub mod health;
 pub mod inventory;
 pub mod ldcache;
 pub mod libraries;
+pub mod simfault;
 pub mod simnode;
 pub mod simulated;
 

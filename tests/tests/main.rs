@@ -13,6 +13,7 @@ mod dra_control_plane;
 mod dra_slots;
 mod enforce;
 mod enforce_compute;
+mod gpu_health;
 mod hardening_lifecycle;
 mod helm_chart;
 mod kube_control_plane;

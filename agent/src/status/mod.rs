@@ -1,7 +1,9 @@
 //! `gpuslice status` and `gpuslice gc`: the node's registry shown (booked figures next to
-//! what `measured` takes, rendered by `render`) and reaped or rebuilt.
+//! what `measured` takes, rendered by `render`, and the GPUs' health, `health`) and reaped
+//! or rebuilt.
 
 pub mod dra;
+pub mod health;
 pub mod measured;
 pub mod render;
 mod table;
@@ -43,6 +45,7 @@ pub fn status(node: &NodeContext, args: &StatusArgs) -> Result<(), StatusError> 
         let mut v = status_json_measured(&file, &measured, &node.config().placement);
         crate::enforce::status::add_json(&mut v, &node.config().state_dir);
         dra::add_json(&mut v, &node.config().kubelet_plugin_path());
+        health::add_json(&mut v, &node.config().health_path());
         Ok(out(&format!(
             "{}\n",
             serde_json::to_string_pretty(&v).unwrap_or_default()
@@ -50,8 +53,9 @@ pub fn status(node: &NodeContext, args: &StatusArgs) -> Result<(), StatusError> 
     } else {
         let enforcer = crate::enforce::status::render_text(&node.config().state_dir);
         let dra = dra::render_text(&node.config().kubelet_plugin_path()) + &dra::render_kept(&file);
+        let health = health::render_text(&node.config().health_path());
         Ok(out(&format!(
-            "{}{enforcer}{dra}",
+            "{health}{}{enforcer}{dra}",
             render_table_measured(&file, &measured, &node.config().placement)
         ))?)
     }

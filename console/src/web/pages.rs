@@ -355,7 +355,13 @@ pub fn node_page(
             esc(&g.uuid),
             gpu_name(g),
             num_cell("index", g.index.map(u64::from)),
-            text_cell("model", &g.model),
+            text_cell(
+                "model",
+                &match &g.unhealthy {
+                    Some(why) => format!("{} (unhealthy: {why})", g.model),
+                    None => g.model.clone(),
+                }
+            ),
             bytes_cell("memory-capacity", Some(g.memory.capacity)),
             bytes_cell("memory-allocated", Some(g.memory.allocated)),
             cell(

@@ -53,6 +53,8 @@ pub enum HookError {
     #[error("cannot write the edited spec to stdout: {0}")]
     Write(std::io::Error),
     #[error("{0}")]
+    Unhealthy(Box<crate::create::health::HealthRefusal>),
+    #[error("{0}")]
     Edit(#[from] crate::create::specedit::EditError),
     #[error(transparent)]
     Registry(Box<RegistryError>),
@@ -238,6 +240,10 @@ pub fn create_runtime(
             kubernetes: kubernetes_ref(&state.annotations),
         });
         req.whole_gpu = true;
+        if let Err(e) = crate::create::health::refuse_whole(node, &selector) {
+            let _ = registry.release_container_process(&state.id, &process);
+            return Err(HookError::Unhealthy(Box::new(e)));
+        }
         req.selectors = vec![selector];
         if let Err(source) = registry.reserve(&req) {
             // Give back what this container got so far (not what a container of the same id

@@ -5,6 +5,7 @@
 
 pub mod annotations;
 pub mod driveredits;
+pub mod health;
 pub mod hookargv;
 pub mod hooks;
 pub mod runtime;

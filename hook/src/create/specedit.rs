@@ -45,6 +45,8 @@ pub enum EditError {
     Inject(#[from] InjectError),
     #[error("{0}")]
     Open(Box<RegistryError>),
+    #[error("no GPU slice: {0}")]
+    Health(#[from] crate::create::health::HealthRefusal),
 }
 
 impl EditError {
@@ -197,7 +199,7 @@ pub fn edit_spec(node: &NodeContext, input: &[u8]) -> Result<Outcome, EditError>
         return Err(json(e));
     }
     let mut spec = text.view_all().map_err(json)?;
-    let (Some(request), None) = (request, reservation) else {
+    let (Some(mut request), None) = (request, reservation) else {
         return already_edited(node, &spec, reservation.map_or("", String::as_str));
     };
 
@@ -206,6 +208,7 @@ pub fn edit_spec(node: &NodeContext, input: &[u8]) -> Result<Outcome, EditError>
     let registry = node
         .open_registry()
         .map_err(|e| EditError::Open(Box::new(e)))?;
+    crate::create::health::restrict(node, &registry, &mut request)?;
     let reservation = registry.reserve(&request)?;
     let mut rollback = Rollback {
         registry: &registry,

@@ -12,6 +12,7 @@ pub mod claim;
 pub mod cleanup;
 pub mod dra_service;
 pub mod h2_relay;
+pub mod health_events;
 pub mod mode;
 pub mod node_slices;
 pub mod offer;

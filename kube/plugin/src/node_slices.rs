@@ -97,6 +97,8 @@ pub fn run(node: &NodeContext, args: KubeletPluginArgs) -> Result<(), KubeletPlu
     options.registration_dir = args.registration_dir;
     options.dra = node.config().dra;
     options.mode_file = Some(node.config().kubelet_plugin_path());
+    options.health_file = Some(node.config().health_path());
+    options.taint_effect = node.config().health.taint_effect;
     crate::run_until_signal(options, registry, writer)?;
     Ok(())
 }

@@ -1,12 +1,58 @@
 //! What each GPU of the node offers the scheduler under the publication mode in effect: only
 //! what the node paths (annotations, whole GPUs of the node CDI spec) and the claims the
 //! scheduler cannot see in this mode have not booked in the registry. The slices carrying the
-//! offer are built by `gpuslice_dra::slices`.
+//! offer are built by `gpuslice_dra::slices`. A GPU the driver reported unhealthy
+//! (`health.json`) carries the device taint [`UNHEALTHY_TAINT`], or is withdrawn where the
+//! API server keeps no device taints.
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use gpuslice_config::TaintEffect;
 use gpuslice_dra::slices::{slot_cores, slot_memory, OfferedGpu, SlotOffer, MEMORY_STEP};
+use gpuslice_driver::health::{find, Unhealthy};
 use gpuslice_registry::{claim_uid, gpu_loads, Inventory, Reservation};
+
+/// The key of the device taint an unhealthy GPU carries.
+pub const UNHEALTHY_TAINT: &str = "gpuslice.io/unhealthy";
+
+/// The taint of one unhealthy GPU's devices.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthTaint {
+    /// The GPU's index (its devices are `gpu-<index>` and `gpu-<index>-slot-<j>`).
+    pub index: u32,
+    pub xid: u32,
+    /// When the XID was reported, whole seconds since the Unix epoch (as the API server
+    /// keeps a taint's `timeAdded`).
+    pub since_s: i64,
+    pub effect: TaintEffect,
+}
+
+/// What is published of `gpus` given the unhealthy GPUs `list`: where the API server keeps
+/// device taints, every GPU, and a taint for each unhealthy one; where it does not, only the
+/// healthy GPUs.
+pub fn with_health(
+    mut gpus: Vec<OfferedGpu>,
+    list: &[Unhealthy],
+    taints_kept: bool,
+    effect: TaintEffect,
+) -> (Vec<OfferedGpu>, Vec<HealthTaint>) {
+    if !taints_kept {
+        gpus.retain(|g| find(list, &g.uuid).is_none());
+        return (gpus, Vec::new());
+    }
+    let taints = gpus
+        .iter()
+        .filter_map(|g| {
+            find(list, &g.uuid).map(|u| HealthTaint {
+                index: g.index,
+                xid: u.xid,
+                since_s: i64::try_from(u.since_ms / 1000).unwrap_or(i64::MAX),
+                effect,
+            })
+        })
+        .collect();
+    (gpus, taints)
+}
 
 /// How the GPUs are published: the mode in effect (`dra.mode` resolved against what the API
 /// server keeps).
@@ -277,6 +323,36 @@ mod tests {
             name: "c".into(),
             gone: None,
         }
+    }
+
+    #[test]
+    fn an_unhealthy_gpu_is_tainted_or_withdrawn() {
+        let inv = Inventory {
+            gpus: vec![gpu(0, 16 * 1024 * MIB), gpu(1, 16 * 1024 * MIB)],
+        };
+        let gpus = offered(&inv, &[]);
+        let sick = vec![Unhealthy {
+            index: 1,
+            uuid: inv.gpus[1].uuid.clone(),
+            xid: 79,
+            since_ms: 1_796_000_000_999,
+        }];
+        let (kept, taints) = with_health(gpus.clone(), &sick, true, TaintEffect::NoSchedule);
+        assert_eq!(kept, gpus, "tainted, still published");
+        assert_eq!(
+            taints,
+            [HealthTaint {
+                index: 1,
+                xid: 79,
+                since_s: 1_796_000_000,
+                effect: TaintEffect::NoSchedule
+            }]
+        );
+        let (kept, taints) = with_health(gpus.clone(), &sick, false, TaintEffect::NoSchedule);
+        assert_eq!(kept.iter().map(|g| g.index).collect::<Vec<_>>(), [0]);
+        assert!(taints.is_empty());
+        let (kept, taints) = with_health(gpus.clone(), &[], true, TaintEffect::NoExecute);
+        assert_eq!((kept, taints), (gpus, Vec::new()));
     }
 
     #[test]

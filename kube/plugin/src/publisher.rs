@@ -1,14 +1,19 @@
 //! Publishing the node's ResourceSlices through the API server: at start, when the inventory
 //! or the node paths' bookings change, and when the kubelet (re)registers the plugin (a
 //! starting kubelet deletes its node's slices). Every change bumps the pool's generation.
+//! An unhealthy GPU's devices carry the taint `gpuslice.io/unhealthy` (`offer::with_health`);
+//! whether the API server keeps device taints (DRADeviceTaints) is asked with a dry-run
+//! create, as for consumable capacity.
 
-use gpuslice_dra::slices::{build_slices, OfferedGpu, SliceError};
+use gpuslice_dra::slices::{build_slices, parse_device, DeviceRef, OfferedGpu, SliceError};
 use gpuslice_dra::DRIVER;
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::resource::v1::ResourceSlice;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::api::resource::v1::{DeviceTaint, ResourceSlice};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::Api;
+
+use crate::offer::{HealthTaint, UNHEALTHY_TAINT};
 
 /// A publication that did not complete (it is retried).
 #[derive(Debug, thiserror::Error)]
@@ -28,8 +33,88 @@ pub struct Publisher {
     client: kube::Client,
     node: String,
     generation: i64,
-    published: Option<Vec<OfferedGpu>>,
+    published: Option<(Vec<OfferedGpu>, Vec<HealthTaint>)>,
     owner: Option<OwnerReference>,
+}
+
+/// The taint of `t` as a ResourceSlice device carries it.
+fn device_taint(t: &HealthTaint) -> DeviceTaint {
+    DeviceTaint {
+        key: UNHEALTHY_TAINT.to_string(),
+        value: Some(format!("xid-{}", t.xid)),
+        effect: t.effect.as_str().to_string(),
+        time_added: k8s_openapi::jiff::Timestamp::from_second(t.since_s)
+            .ok()
+            .map(Time),
+    }
+}
+
+/// Puts each taint of `taints` on the devices of its GPU in `slices`.
+pub fn apply_taints(slices: &mut [ResourceSlice], taints: &[HealthTaint]) {
+    for d in slices
+        .iter_mut()
+        .flat_map(|s| s.spec.devices.iter_mut().flatten())
+    {
+        let index = match parse_device(&d.name) {
+            Some(DeviceRef::Gpu(i) | DeviceRef::Slot(i, _)) => i,
+            None => continue,
+        };
+        let mine: Vec<DeviceTaint> = taints
+            .iter()
+            .filter(|t| t.index == index)
+            .map(device_taint)
+            .collect();
+        d.taints = (!mine.is_empty()).then_some(mine);
+    }
+}
+
+/// Whether the API server keeps device taints (DRADeviceTaints): a dry-run create (nothing
+/// is stored) of one tainted device on `node`, read back.
+pub async fn keeps_device_taints(client: &kube::Client, node: &str) -> Result<bool, PublishError> {
+    let probe = OfferedGpu {
+        index: 0,
+        uuid: "GPU-00000000-0000-0000-0000-000000000000".into(),
+        model: "gpuslice taint probe".into(),
+        numa_node: None,
+        memory: 1 << 30,
+        cores: 100,
+        slots: None,
+    };
+    let mut slices = build_slices(node, &[probe], 1, None)?;
+    apply_taints(
+        &mut slices,
+        &[HealthTaint {
+            index: 0,
+            xid: 79,
+            since_s: 0,
+            effect: gpuslice_config::TaintEffect::NoSchedule,
+        }],
+    );
+    let mut slice = slices.remove(0);
+    let name = format!(
+        "{}-taint-probe",
+        slice.metadata.name.clone().unwrap_or_default()
+    );
+    slice.metadata.name = Some(name.clone());
+    let api: Api<ResourceSlice> = Api::all(client.clone());
+    let params = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let back = api
+        .create(&params, &slice)
+        .await
+        .map_err(|source| PublishError::Api {
+            op: "dry-run create",
+            name,
+            source,
+        })?;
+    Ok(back
+        .spec
+        .devices
+        .as_ref()
+        .and_then(|d| d.first())
+        .is_some_and(|d| d.taints.as_ref().is_some_and(|t| !t.is_empty())))
 }
 
 impl std::fmt::Debug for Publisher {
@@ -62,11 +147,21 @@ impl Publisher {
         self.generation
     }
 
-    /// Makes the API server's slices of this pool offer `gpus`. Without `force`, nothing is
-    /// asked of the API server when `gpus` is what was last published. Returns whether
-    /// anything was written.
-    pub async fn sync(&mut self, gpus: &[OfferedGpu], force: bool) -> Result<bool, PublishError> {
-        if !force && self.published.as_deref() == Some(gpus) {
+    /// Makes the API server's slices of this pool offer `gpus`, the devices of the GPUs of
+    /// `taints` tainted. Without `force`, nothing is asked of the API server when that is what
+    /// was last published. Returns whether anything was written.
+    pub async fn sync(
+        &mut self,
+        gpus: &[OfferedGpu],
+        taints: &[HealthTaint],
+        force: bool,
+    ) -> Result<bool, PublishError> {
+        if !force
+            && self
+                .published
+                .as_ref()
+                .is_some_and(|(g, t)| g.as_slice() == gpus && t.as_slice() == taints)
+        {
             return Ok(false);
         }
         if self.owner.is_none() {
@@ -108,6 +203,7 @@ impl Publisher {
             .unwrap_or(0)
             .max(self.generation);
         let mut desired = build_slices(&self.node, gpus, newest, self.owner.as_ref())?;
+        apply_taints(&mut desired, taints);
         let same = desired.len() == existing.len()
             && desired.iter().all(|d| {
                 existing.iter().any(|e| {
@@ -118,7 +214,7 @@ impl Publisher {
             });
         if same {
             self.generation = newest;
-            self.published = Some(gpus.to_vec());
+            self.published = Some((gpus.to_vec(), taints.to_vec()));
             return Ok(false);
         }
         let generation = newest + 1;
@@ -160,7 +256,62 @@ impl Publisher {
             }
         }
         self.generation = generation;
-        self.published = Some(gpus.to_vec());
+        self.published = Some((gpus.to_vec(), taints.to_vec()));
         Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuslice_config::TaintEffect;
+
+    #[test]
+    fn taints_go_on_every_device_of_their_gpu_only() {
+        let gpu = |index: u32, slots: Option<gpuslice_dra::slices::SlotOffer>| OfferedGpu {
+            index,
+            uuid: format!("GPU-{index:08}-0000-0000-0000-000000000000"),
+            model: "NVIDIA H200".into(),
+            numa_node: None,
+            memory: 16 << 30,
+            cores: 100,
+            slots,
+        };
+        let slots = gpuslice_dra::slices::SlotOffer {
+            memory: 4 << 30,
+            cores: 25,
+            published: vec![0, 1],
+        };
+        let taint = HealthTaint {
+            index: 1,
+            xid: 79,
+            since_s: 1_796_000_000,
+            effect: TaintEffect::NoExecute,
+        };
+        for gpus in [
+            vec![gpu(0, None), gpu(1, None)],
+            vec![gpu(0, Some(slots.clone())), gpu(1, Some(slots.clone()))],
+        ] {
+            let mut slices = build_slices("n", &gpus, 1, None).unwrap();
+            apply_taints(&mut slices, std::slice::from_ref(&taint));
+            let devices = slices[0].spec.devices.as_ref().unwrap();
+            for d in devices {
+                let on_gpu1 = d.name.starts_with("gpu-1");
+                match &d.taints {
+                    Some(t) => {
+                        assert!(on_gpu1, "{}", d.name);
+                        assert_eq!(t.len(), 1);
+                        assert_eq!(t[0].key, "gpuslice.io/unhealthy");
+                        assert_eq!(t[0].value.as_deref(), Some("xid-79"));
+                        assert_eq!(t[0].effect, "NoExecute");
+                        assert_eq!(
+                            t[0].time_added.as_ref().unwrap().0.as_second(),
+                            1_796_000_000
+                        );
+                    }
+                    None => assert!(!on_gpu1, "{}", d.name),
+                }
+            }
+        }
     }
 }

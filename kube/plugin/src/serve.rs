@@ -19,13 +19,15 @@ use crate::booking::{Holdings, Plugin};
 use crate::cleanup::release_stale;
 use crate::dra_service::DraService;
 use crate::h2_relay::relayed_incoming;
+use crate::health_events::tell_pods;
 use crate::mode::{keeps_consumable_capacity, resolve, write_record, ModeRecord};
-use crate::offer::{offer, Publication};
+use crate::offer::{offer, with_health, Publication, UNHEALTHY_TAINT};
 use crate::proto::dra::dra_plugin_server::DraPluginServer;
 use crate::proto::registration::registration_server::RegistrationServer;
-use crate::publisher::Publisher;
+use crate::publisher::{keeps_device_taints, Publisher};
 use crate::registration::RegistrationService;
 use crate::writer::SliceWriter;
+use gpuslice_driver::health::{read_health, Unhealthy};
 
 /// Default `--plugin-dir`: holds the DRA socket.
 pub const DEFAULT_PLUGIN_DIR: &str = "/var/lib/kubelet/plugins/gpuslice.io";
@@ -56,6 +58,10 @@ pub struct PluginOptions {
     pub dra: DraConfig,
     /// Where the mode in effect is recorded for `gpuslice status` (`None`: nowhere).
     pub mode_file: Option<PathBuf>,
+    /// The node's record of unhealthy GPUs, `health.json` (`None`: every GPU is healthy).
+    pub health_file: Option<PathBuf>,
+    /// `health.taint_effect`: the effect of an unhealthy GPU's device taint.
+    pub taint_effect: gpuslice_config::TaintEffect,
 }
 
 impl PluginOptions {
@@ -71,6 +77,8 @@ impl PluginOptions {
             cleanup_interval: Duration::from_secs(60),
             dra: DraConfig::default(),
             mode_file: None,
+            health_file: None,
+            taint_effect: gpuslice_config::TaintEffect::NoSchedule,
         }
     }
 
@@ -229,8 +237,31 @@ pub async fn run(
     Ok(())
 }
 
-/// Republishes when the registry's offer changes, when the kubelet registers the plugin, and
-/// every resync interval; a failed publication is retried on the next tick.
+/// The unhealthy GPUs of `options.health_file`; none when there is no record, and none (with
+/// the error logged once) when it cannot be read.
+fn unhealthy(options: &PluginOptions, last_error: &mut String) -> Vec<Unhealthy> {
+    let Some(path) = &options.health_file else {
+        return Vec::new();
+    };
+    match read_health(path) {
+        Ok(list) => {
+            last_error.clear();
+            list
+        }
+        Err(e) => {
+            let e = e.to_string();
+            if e != *last_error {
+                eprintln!("gpuslice kubelet-plugin: {e}; publishing every GPU as healthy");
+                *last_error = e;
+            }
+            Vec::new()
+        }
+    }
+}
+
+/// Republishes when the registry's offer or the GPUs' health changes, when the kubelet
+/// registers the plugin, and every resync interval; a failed publication is retried on the
+/// next tick.
 async fn publish_loop(
     mut publisher: Publisher,
     registry: Arc<Registry>,
@@ -242,14 +273,70 @@ async fn publish_loop(
     let mut force = true;
     let mut last_error = String::new();
     let mut last_sync = tokio::time::Instant::now();
+    let mut health_error = String::new();
+    let mut taints_kept: Option<bool> = None;
+    let mut last_health: Vec<Unhealthy> = Vec::new();
     loop {
+        let sick = unhealthy(&options, &mut health_error);
+        if !sick.is_empty() && taints_kept.is_none() {
+            match keeps_device_taints(publisher.client(), &options.node_name).await {
+                Ok(kept) => taints_kept = Some(kept),
+                Err(e) => eprintln!(
+                    "gpuslice kubelet-plugin: {e}; withdrawing unhealthy GPUs until the API server answers"
+                ),
+            }
+        }
+        let mut newly: Vec<Unhealthy> = Vec::new();
+        if sick != last_health {
+            newly = sick
+                .iter()
+                .filter(|u| !last_health.contains(u))
+                .cloned()
+                .collect();
+            for u in &sick {
+                let how = match taints_kept {
+                    Some(true) => format!(
+                        "its devices carry the taint {UNHEALTHY_TAINT} ({})",
+                        options.taint_effect.as_str()
+                    ),
+                    _ => "withdrawn from the ResourceSlice (the API server keeps no device taints)"
+                        .to_string(),
+                };
+                eprintln!("gpuslice kubelet-plugin: {u}: {how}");
+            }
+            for u in last_health.iter().filter(|u| !sick.contains(u)) {
+                eprintln!(
+                    "gpuslice kubelet-plugin: GPU {} ({}) is healthy again: offered again",
+                    u.index, u.uuid
+                );
+            }
+            last_health = sick.clone();
+        }
         let r = registry.clone();
         let snapshot = tokio::task::spawn_blocking(move || r.snapshot()).await;
         match snapshot {
             Ok(Ok(file)) => {
+                for u in newly {
+                    // The pods already on it hear of it; nothing waits for the answer.
+                    let client = publisher.client().clone();
+                    let node = options.node_name.clone();
+                    let reservations = file.reservations.clone();
+                    let effect = options.taint_effect;
+                    tokio::spawn(async move {
+                        for e in tell_pods(&client, &node, &reservations, &u, effect).await {
+                            eprintln!("gpuslice kubelet-plugin: {e}");
+                        }
+                    });
+                }
                 let held = holdings.lock().map(|h| h.clone()).unwrap_or_default();
                 let gpus = offer(&file.inventory, &file.reservations, publication, &held);
-                match publisher.sync(&gpus, force).await {
+                let (gpus, taints) = with_health(
+                    gpus,
+                    &sick,
+                    taints_kept.unwrap_or(false),
+                    options.taint_effect,
+                );
+                match publisher.sync(&gpus, &taints, force).await {
                     Ok(wrote) => {
                         if wrote {
                             eprintln!(

@@ -1,7 +1,8 @@
 //! The simulated node as one process sees it: its paths, the GPUs of `devices.json`, the
-//! subset visible through device nodes, and the shared state.
+//! subset visible through device nodes, the shared state, and the faults injected into it.
 
 use crate::devices::{read_devices, DevicesError, SimDevice};
+use crate::faults::{Faults, SimFault};
 use crate::paths::{PathsError, SimPaths};
 use crate::state::{SharedState, StateError};
 
@@ -30,6 +31,7 @@ pub struct SimNode {
     paths: SimPaths,
     devices: Vec<SimDevice>,
     state: SharedState,
+    faults: Faults,
 }
 
 impl SimNode {
@@ -37,10 +39,12 @@ impl SimNode {
     pub fn open(paths: SimPaths) -> Result<SimNode, NodeError> {
         let devices = read_devices(&paths.state_dir)?;
         let state = SharedState::open(&paths.state_file())?;
+        let faults = Faults::new(&paths.state_dir);
         Ok(SimNode {
             paths,
             devices,
             state,
+            faults,
         })
     }
 
@@ -69,6 +73,17 @@ impl SimNode {
 
     pub fn state(&self) -> &SharedState {
         &self.state
+    }
+
+    /// The fault in effect on GPU `index` (a host index), if any.
+    pub fn fault(&self, index: usize) -> Option<SimFault> {
+        let uuid = &self.devices.get(index)?.uuid;
+        self.faults.of(uuid)
+    }
+
+    /// Every fault in effect.
+    pub fn faults(&self) -> Vec<SimFault> {
+        self.faults.all()
     }
 
     /// Node-wide memory of device `index` (a host index), after reclaiming dead processes'.

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use gpuslice_cuda_ffi::*;
-use gpuslice_sim_core::{NodeError, SimDevice, SimNode, Slot};
+use gpuslice_sim_core::{effect, Effect, NodeError, SimDevice, SimNode, Slot};
 
 use crate::guard::CuResult;
 
@@ -94,8 +94,24 @@ impl Driver {
         &self.node.devices()[self.ordinals[ord]]
     }
 
-    /// Charges `bytes` on ordinal `ord` node-wide: `CUDA_ERROR_OUT_OF_MEMORY` past capacity.
+    /// The error CUDA work on ordinal `ord` fails with while a fault is injected into its GPU
+    /// (`gpuslice_sim_core::faults`): off the bus (XID 79), `CUDA_ERROR_LAUNCH_FAILED` for a
+    /// launch and `CUDA_ERROR_UNKNOWN` otherwise; uncorrectable ECC (XIDs 48, 94, 95),
+    /// `CUDA_ERROR_ECC_UNCORRECTABLE`.
+    pub fn check_fault(&self, ord: usize, launch: bool) -> CuResult {
+        let host = self.ordinals[ord];
+        match self.node.fault(host).map(|f| effect(f.xid)) {
+            Some(Effect::Lost) if launch => Err(CUDA_ERROR_LAUNCH_FAILED),
+            Some(Effect::Lost) => Err(CUDA_ERROR_UNKNOWN),
+            Some(Effect::Ecc) => Err(CUDA_ERROR_ECC_UNCORRECTABLE),
+            _ => Ok(()),
+        }
+    }
+
+    /// Charges `bytes` on ordinal `ord` node-wide: `CUDA_ERROR_OUT_OF_MEMORY` past capacity,
+    /// the fault's error on a faulted GPU.
     pub fn charge(&self, ord: usize, bytes: u64) -> CuResult {
+        self.check_fault(ord, false)?;
         let host = self.ordinals[ord];
         let capacity = self.device(ord).memory;
         match self.node.state().charge(&self.slot, host, bytes, capacity) {
@@ -420,6 +436,7 @@ impl Objects {
     /// does: `CUDA_ERROR_OUT_OF_MEMORY` when the device cannot hold it. It is counted in the
     /// process's NVML figure and the device's free memory, and no allocation returns it.
     pub fn create_context(&mut self, drv: &Driver, ordinal: usize) -> CuResult<u64> {
+        drv.check_fault(ordinal, false)?;
         let overhead = drv.device(ordinal).context_memory;
         if overhead > 0 {
             drv.charge(ordinal, overhead)?;

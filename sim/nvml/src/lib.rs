@@ -1,7 +1,8 @@
 //! Simulated `libnvidia-ml.so.1`: the NVML entry points gpuslice's inventory (through
 //! nvml-wrapper), exporter and shim use, with the real names and C ABI, reporting the
 //! simulated node of `gpuslice-sim-core`: its GPUs, node-wide memory use, compute processes
-//! and utilisation (per device and per process), temperature, power and clocks.
+//! and utilisation (per device and per process), temperature, power and clocks, and the
+//! faults injected into it (XID events, lost GPUs, the recovery a GPU needs).
 //!
 //! Every export is an `unsafe extern "C" fn` whose safety contract is NVML's for its pointer
 //! arguments; bodies run under a panic guard and touch caller memory only through `ffi`.
@@ -11,6 +12,7 @@
 
 mod device;
 mod ffi;
+mod health;
 mod monitor;
 mod state;
 mod system;

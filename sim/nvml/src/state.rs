@@ -1,11 +1,13 @@
 //! NVML's process state: `nvmlInit*` opens the simulated node (reference counted, like real
 //! NVML), `nvmlShutdown` closes it at the last call; device handles are the visible GPUs'
-//! host indexes dressed as pointers.
+//! host indexes dressed as pointers. A GPU fallen off the bus (an injected XID 79) answers
+//! every handle lookup and device call with `NVML_ERROR_GPU_IS_LOST`, as the real driver
+//! does.
 
 use std::sync::{Arc, Mutex};
 
 use gpuslice_cuda_ffi::nvml::*;
-use gpuslice_sim_core::{SimDevice, SimNode};
+use gpuslice_sim_core::{effect, Effect, SimDevice, SimNode};
 
 use crate::ffi::NvResult;
 
@@ -72,21 +74,45 @@ impl Nvml {
     /// The handle of NVML index `i`.
     pub fn handle(&self, i: usize) -> NvResult<nvmlDevice_t> {
         let host = *self.visible.get(i).ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
-        Ok((HANDLE_BASE + host * 16) as nvmlDevice_t)
+        self.check_reachable(host)?;
+        Ok(raw_handle(host))
     }
 
-    /// The (NVML index, device) behind a handle.
-    pub fn device(&self, h: nvmlDevice_t) -> NvResult<(usize, &SimDevice)> {
+    /// `NVML_ERROR_GPU_IS_LOST` when host GPU `host` has fallen off the bus.
+    fn check_reachable(&self, host: usize) -> NvResult {
+        match self.node.fault(host) {
+            Some(f) if effect(f.xid) == Effect::Lost => Err(NVML_ERROR_GPU_IS_LOST),
+            _ => Ok(()),
+        }
+    }
+
+    /// The host index behind a handle, lost or not.
+    pub fn host_of(&self, h: nvmlDevice_t) -> NvResult<usize> {
         let v = h as usize;
         if v < HANDLE_BASE || !(v - HANDLE_BASE).is_multiple_of(16) {
             return Err(NVML_ERROR_INVALID_ARGUMENT);
         }
         let host = (v - HANDLE_BASE) / 16;
+        if !self.visible.contains(&host) {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        Ok(host)
+    }
+
+    /// The (NVML index, device) behind a handle.
+    pub fn device(&self, h: nvmlDevice_t) -> NvResult<(usize, &SimDevice)> {
+        let host = self.host_of(h)?;
         let i = self
             .visible
             .iter()
             .position(|x| *x == host)
             .ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
+        self.check_reachable(host)?;
         Ok((i, &self.node.devices()[host]))
     }
+}
+
+/// The handle of host GPU `host`.
+pub fn raw_handle(host: usize) -> nvmlDevice_t {
+    (HANDLE_BASE + host * 16) as nvmlDevice_t
 }

@@ -1,0 +1,407 @@
+//! The node's GPU health, from the driver's own reports, in one place (`gpuslice serve`):
+//! NVML's XID critical events, and each second a probe of every GPU (does it answer, or is
+//! it lost — `NVML_ERROR_GPU_IS_LOST`, XID 79 — and what recovery does the driver say it
+//! needs, `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`). A fatal XID (every XID but
+//! `health.ignored_xids`) marks the GPU unhealthy with the XID and its time in
+//! `<state_dir>/health.json` (`gpuslice_driver::health`), which the create path, the kubelet
+//! plugin, `status` and the exporter read; the GPU is healthy again once the driver answers
+//! and asks for no recovery (docs/troubleshooting.md, "GPU health and XIDs").
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use gpuslice_config::HealthConfig;
+use gpuslice_driver::health::{now_ms, read_health, write_health, Unhealthy};
+use gpuslice_driver::simfault::XID_FALLEN_OFF_BUS;
+use nvml_wrapper::bitmasks::event::EventTypes;
+use nvml_wrapper::enums::device::SampleValue;
+use nvml_wrapper::enums::event::XidError;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::struct_wrappers::device::FieldValueSample;
+use nvml_wrapper::structs::device::FieldId;
+use nvml_wrapper::{EventSet, Nvml};
+
+use crate::gpu::NvmlSource;
+use gpuslice_hook::node::NodeContext;
+
+/// `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`.
+const RECOVERY_ACTION_FIELD: u32 = 230;
+/// How long one wait for an event lasts; the GPUs are probed between waits.
+const WAIT: Duration = Duration::from_secs(1);
+/// How long the watch waits before opening NVML again after it failed.
+const REOPEN: Duration = Duration::from_secs(10);
+
+/// A GPU of the inventory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuId {
+    pub index: u32,
+    pub uuid: String,
+}
+
+/// What a probe of one GPU found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Probe {
+    /// It answers and the driver asks for no recovery.
+    Healthy,
+    /// It answers, but the driver asks for a reset or a reboot.
+    NeedsRecovery,
+    /// It answers, and the driver does not say what it needs (a driver without the recovery
+    /// field).
+    Unknown,
+    /// It has fallen off the bus.
+    Lost,
+}
+
+/// A change of one GPU's health, or an XID that changes nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    Unhealthy(Unhealthy),
+    Recovered(Unhealthy),
+    /// A reported XID that `health.ignored_xids` leaves healthy.
+    Ignored {
+        gpu: GpuId,
+        xid: u32,
+    },
+}
+
+impl std::fmt::Display for Change {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Change::Unhealthy(u) => write!(f, "{u}; it is offered to no one new"),
+            Change::Recovered(u) => write!(
+                f,
+                "GPU {} ({}) is healthy again (it was unhealthy from XID {} at {})",
+                u.index,
+                u.uuid,
+                u.xid,
+                u.since_text()
+            ),
+            Change::Ignored { gpu, xid } => write!(
+                f,
+                "GPU {} ({}): the driver reported XID {xid}, an application error (health.ignored_xids); the GPU stays healthy",
+                gpu.index, gpu.uuid
+            ),
+        }
+    }
+}
+
+/// The unhealthy GPUs, updated from events and probes.
+#[derive(Debug, Clone)]
+pub struct Tracker {
+    config: HealthConfig,
+    list: Vec<Unhealthy>,
+}
+
+impl Tracker {
+    /// Starts from `list` (what an earlier run recorded).
+    pub fn new(config: HealthConfig, list: Vec<Unhealthy>) -> Tracker {
+        Tracker { config, list }
+    }
+
+    pub fn list(&self) -> &[Unhealthy] {
+        &self.list
+    }
+
+    fn position(&self, uuid: &str) -> Option<usize> {
+        self.list
+            .iter()
+            .position(|u| u.uuid.eq_ignore_ascii_case(uuid))
+    }
+
+    fn mark(&mut self, gpu: &GpuId, xid: u32, now_ms: u64) -> Option<Change> {
+        if self.position(&gpu.uuid).is_some() {
+            // The first fatal XID is the cause; later ones change nothing.
+            return None;
+        }
+        let u = Unhealthy {
+            index: gpu.index,
+            uuid: gpu.uuid.clone(),
+            xid,
+            since_ms: now_ms,
+        };
+        self.list.push(u.clone());
+        Some(Change::Unhealthy(u))
+    }
+
+    /// The driver reported `xid` on `gpu`.
+    pub fn on_xid(&mut self, gpu: &GpuId, xid: u32, now_ms: u64) -> Option<Change> {
+        if !self.config.is_fatal(xid) {
+            return Some(Change::Ignored {
+                gpu: gpu.clone(),
+                xid,
+            });
+        }
+        self.mark(gpu, xid, now_ms)
+    }
+
+    /// A probe of `gpu` found `probe`. A lost GPU is unhealthy with XID 79 even when its
+    /// event was missed (the agent was not running); an unhealthy GPU is healthy again when
+    /// the driver asks for no recovery, or — on a driver that does not say — when a GPU
+    /// that was lost answers again.
+    pub fn on_probe(&mut self, gpu: &GpuId, probe: Probe, now_ms: u64) -> Option<Change> {
+        let at = self.position(&gpu.uuid);
+        let recovered = match (probe, at) {
+            (Probe::Lost, None) if self.config.is_fatal(XID_FALLEN_OFF_BUS) => {
+                return self.mark(gpu, XID_FALLEN_OFF_BUS, now_ms)
+            }
+            (Probe::Healthy, Some(i)) => i,
+            (Probe::Unknown, Some(i)) if self.list[i].xid == XID_FALLEN_OFF_BUS => i,
+            _ => return None,
+        };
+        Some(Change::Recovered(self.list.remove(recovered)))
+    }
+}
+
+/// The inventory's GPUs (index and UUID); none when the registry cannot be read yet.
+fn inventory(state_dir: &Path) -> Vec<GpuId> {
+    gpuslice_registry::read_registry(state_dir)
+        .map(|f| {
+            f.inventory
+                .gpus
+                .iter()
+                .map(|g| GpuId {
+                    index: g.index,
+                    uuid: g.uuid.clone(),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Probes GPU `uuid` through NVML.
+fn probe(nvml: &Nvml, uuid: &str) -> Probe {
+    let dev = match nvml.device_by_uuid(uuid) {
+        Ok(d) => d,
+        Err(NvmlError::GpuLost) => return Probe::Lost,
+        Err(_) => return Probe::Unknown,
+    };
+    match dev.field_values_for(&[FieldId(RECOVERY_ACTION_FIELD)]) {
+        Err(NvmlError::GpuLost) => Probe::Lost,
+        Ok(values) => match values.into_iter().next() {
+            Some(Ok(FieldValueSample { value: Ok(v), .. })) => match v {
+                SampleValue::U32(0) | SampleValue::U64(0) => Probe::Healthy,
+                _ => Probe::NeedsRecovery,
+            },
+            Some(Ok(FieldValueSample {
+                value: Err(NvmlError::GpuLost),
+                ..
+            })) => Probe::Lost,
+            _ => Probe::Unknown,
+        },
+        Err(_) => Probe::Unknown,
+    }
+}
+
+/// An event set with the XID events of `gpus` registered, and the raw handle of each
+/// registered GPU (an event names its GPU by handle; a lost GPU cannot be asked its UUID).
+/// A GPU whose registration fails is left out.
+fn register<'n>(nvml: &'n Nvml, gpus: &[GpuId]) -> Option<(EventSet<'n>, Vec<(usize, GpuId)>)> {
+    let mut skip: Vec<&str> = Vec::new();
+    'again: loop {
+        let mut set = nvml.create_event_set().ok()?;
+        let mut handles = Vec::new();
+        for g in gpus.iter().filter(|g| !skip.contains(&g.uuid.as_str())) {
+            let Ok(dev) = nvml.device_by_uuid(g.uuid.as_str()) else {
+                continue;
+            };
+            let supported = dev
+                .supported_event_types()
+                .is_ok_and(|t| t.contains(EventTypes::CRITICAL_XID_ERROR));
+            if !supported {
+                continue;
+            }
+            // SAFETY: the raw handle is only compared with the handles events carry; no
+            // second owner of the device is made from it.
+            let handle = unsafe { dev.handle() } as usize;
+            match dev.register_events(EventTypes::CRITICAL_XID_ERROR, set) {
+                Ok(s) => {
+                    set = s;
+                    handles.push((handle, g.clone()));
+                }
+                Err(e) => {
+                    // The failed registration released the set: start over without it.
+                    eprintln!(
+                        "gpuslice serve: health: cannot watch the XID events of GPU {} ({}): {e}",
+                        g.index, g.uuid
+                    );
+                    skip.push(&g.uuid);
+                    continue 'again;
+                }
+            }
+        }
+        return Some((set, handles));
+    }
+}
+
+/// Watches the driver until the process ends: events, probes, and the health record.
+fn watch(nvml: &Nvml, state_dir: &Path, path: &Path, tracker: &mut Tracker) {
+    let mut events: Option<(EventSet<'_>, Vec<(usize, GpuId)>)> = None;
+    let mut registered: Vec<GpuId> = Vec::new();
+    let mut written: Option<Vec<Unhealthy>> = None;
+    loop {
+        let gpus = inventory(state_dir);
+        let mut changes = Vec::new();
+        let mut reachable = Vec::new();
+        for g in &gpus {
+            let p = probe(nvml, &g.uuid);
+            if p != Probe::Lost {
+                reachable.push(g.clone());
+            }
+            changes.extend(tracker.on_probe(g, p, now_ms()));
+        }
+        if events.is_none() || reachable != registered {
+            events = register(nvml, &reachable);
+            registered = reachable;
+        }
+        match &events {
+            Some((set, handles)) => match set.wait(WAIT.as_millis() as u32) {
+                Ok(e) => {
+                    // SAFETY: as in `register`: compared only.
+                    let handle = unsafe { e.device.handle() } as usize;
+                    let gpu = handles.iter().find(|(h, _)| *h == handle).map(|(_, g)| g);
+                    let xid = match e.event_data {
+                        Some(XidError::Value(x)) => u32::try_from(x).ok(),
+                        _ => None,
+                    };
+                    if let (Some(gpu), Some(xid)) = (gpu, xid) {
+                        changes.extend(tracker.on_xid(gpu, xid, now_ms()));
+                    }
+                }
+                Err(NvmlError::Timeout) => {}
+                Err(e) => {
+                    eprintln!("gpuslice serve: health: waiting for XID events: {e}");
+                    events = None;
+                    std::thread::sleep(WAIT);
+                }
+            },
+            None => std::thread::sleep(WAIT),
+        }
+        for c in &changes {
+            eprintln!("gpuslice serve: health: {c}");
+        }
+        if written.as_deref() != Some(tracker.list()) {
+            match write_health(path, tracker.list()) {
+                Ok(()) => written = Some(tracker.list().to_vec()),
+                Err(e) => eprintln!("gpuslice serve: health: {e}"),
+            }
+        }
+    }
+}
+
+/// Starts the health watch of `node` on a thread of its own; NVML's environment must have
+/// been set (the exporter's collector opens NVML first). It never stops on an error: NVML
+/// that cannot be opened is opened again later.
+pub fn start(node: &NodeContext) -> std::io::Result<()> {
+    let config = node.config();
+    let state_dir = config.state_dir.clone();
+    let path: PathBuf = config.health_path();
+    let source = NvmlSource::of(config);
+    let mut tracker = Tracker::new(
+        config.health.clone(),
+        read_health(&path).unwrap_or_else(|e| {
+            eprintln!("gpuslice serve: health: {e}; starting with every GPU healthy");
+            Vec::new()
+        }),
+    );
+    std::thread::Builder::new()
+        .name("gpu-health".into())
+        .spawn(move || loop {
+            match Nvml::builder().lib_path(source.lib.as_os_str()).init() {
+                Ok(nvml) => watch(&nvml, &state_dir, &path, &mut tracker),
+                Err(e) => {
+                    eprintln!(
+                        "gpuslice serve: health: NVML ({}) cannot be initialised: {e}; retrying",
+                        source.lib.display()
+                    );
+                    std::thread::sleep(REOPEN);
+                }
+            }
+        })
+        .map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpu(index: u32) -> GpuId {
+        GpuId {
+            index,
+            uuid: format!("GPU-{index:08}-0000-0000-0000-000000000000"),
+        }
+    }
+
+    #[test]
+    fn a_fatal_xid_marks_the_gpu_once_and_an_application_error_does_not() {
+        let mut t = Tracker::new(HealthConfig::default(), Vec::new());
+        assert!(matches!(
+            t.on_xid(&gpu(1), 13, 5),
+            Some(Change::Ignored { xid: 13, .. })
+        ));
+        assert!(t.list().is_empty());
+        let Some(Change::Unhealthy(u)) = t.on_xid(&gpu(1), 48, 10) else {
+            panic!("48 is fatal");
+        };
+        assert_eq!((u.index, u.xid, u.since_ms), (1, 48, 10));
+        assert_eq!(t.on_xid(&gpu(1), 79, 20), None, "the first cause stays");
+        assert_eq!(t.list()[0].xid, 48);
+        // While the driver asks for a reset, it stays.
+        assert_eq!(t.on_probe(&gpu(1), Probe::NeedsRecovery, 30), None);
+        assert_eq!(t.on_probe(&gpu(1), Probe::Unknown, 30), None);
+        let Some(Change::Recovered(u)) = t.on_probe(&gpu(1), Probe::Healthy, 40) else {
+            panic!("healthy again");
+        };
+        assert_eq!(u.xid, 48);
+        assert!(t.list().is_empty());
+    }
+
+    #[test]
+    fn a_lost_gpu_is_unhealthy_without_its_event_and_back_when_it_answers() {
+        let mut t = Tracker::new(HealthConfig::default(), Vec::new());
+        let Some(Change::Unhealthy(u)) = t.on_probe(&gpu(0), Probe::Lost, 7) else {
+            panic!("lost");
+        };
+        assert_eq!((u.xid, u.since_ms), (79, 7));
+        assert_eq!(t.on_probe(&gpu(0), Probe::Lost, 8), None);
+        // A driver that cannot say what the GPU needs: answering again is enough for 79.
+        assert!(matches!(
+            t.on_probe(&gpu(0), Probe::Unknown, 9),
+            Some(Change::Recovered(_))
+        ));
+    }
+
+    #[test]
+    fn ignored_xids_come_from_the_config() {
+        let config = HealthConfig {
+            ignored_xids: vec![79],
+            ..HealthConfig::default()
+        };
+        let mut t = Tracker::new(config, Vec::new());
+        assert_eq!(t.on_probe(&gpu(0), Probe::Lost, 1), None);
+        assert!(matches!(
+            t.on_xid(&gpu(0), 79, 1),
+            Some(Change::Ignored { .. })
+        ));
+        assert!(matches!(
+            t.on_xid(&gpu(0), 13, 1),
+            Some(Change::Unhealthy(_))
+        ));
+    }
+
+    #[test]
+    fn a_recorded_gpu_is_kept_across_a_restart_until_it_recovers() {
+        let earlier = vec![Unhealthy {
+            index: 2,
+            uuid: gpu(2).uuid,
+            xid: 94,
+            since_ms: 3,
+        }];
+        let mut t = Tracker::new(HealthConfig::default(), earlier.clone());
+        assert_eq!(t.list(), earlier);
+        assert_eq!(t.on_probe(&gpu(2), Probe::NeedsRecovery, 4), None);
+        assert!(matches!(
+            t.on_probe(&gpu(2), Probe::Healthy, 5),
+            Some(Change::Recovered(_))
+        ));
+    }
+}

@@ -1,0 +1,201 @@
+//! What the simulated NVML reports of an injected fault (`gpuslice sim fault`), as the real
+//! driver reports an XID: an XID critical event (`nvmlEventTypeXidCriticalError`, the XID as
+//! `eventData`) delivered once to each event set registered for the GPU before the fault,
+//! and the recovery the GPU needs (`NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`) until the fault is
+//! cleared. Event sets are ids dressed as pointers, like device handles.
+
+use std::collections::BTreeMap;
+use std::ffi::{c_int, c_uint, c_ulonglong};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use gpuslice_cuda_ffi::nvml::*;
+use gpuslice_sim_core::{effect, Effect};
+
+use crate::device::with_device;
+use crate::ffi::{get, guard, put, NvResult};
+use crate::state::{nvml, raw_handle};
+
+const SET_BASE: usize = 0x6e65_0000_0000;
+/// How often a waiting set looks at the fault list.
+const POLL: Duration = Duration::from_millis(50);
+
+/// One device registered in a set: its event types and the fault last delivered
+/// (XID, injection time), so each fault is delivered once.
+#[derive(Debug, Clone, Copy)]
+struct Registration {
+    types: c_ulonglong,
+    delivered: Option<(u32, u64)>,
+}
+
+static SETS: Mutex<BTreeMap<usize, BTreeMap<usize, Registration>>> = Mutex::new(BTreeMap::new());
+static NEXT_SET: AtomicUsize = AtomicUsize::new(1);
+
+fn sets() -> std::sync::MutexGuard<'static, BTreeMap<usize, BTreeMap<usize, Registration>>> {
+    SETS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn set_id(set: nvmlEventSet_t) -> NvResult<usize> {
+    let v = set as usize;
+    if v <= SET_BASE || !(v - SET_BASE).is_multiple_of(16) {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    Ok((v - SET_BASE) / 16)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut nvmlEventSet_t) -> nvmlReturn_t {
+    guard(|| {
+        nvml()?;
+        let id = NEXT_SET.fetch_add(1, Ordering::Relaxed);
+        put(set, (SET_BASE + id * 16) as nvmlEventSet_t)?;
+        sets().insert(id, BTreeMap::new());
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlEventSetFree(set: nvmlEventSet_t) -> nvmlReturn_t {
+    guard(|| {
+        sets()
+            .remove(&set_id(set)?)
+            .map(|_| ())
+            .ok_or(NVML_ERROR_INVALID_ARGUMENT)
+    })
+}
+
+/// The event types the simulated GPUs report: XIDs.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
+    device: nvmlDevice_t,
+    types: *mut c_ulonglong,
+) -> nvmlReturn_t {
+    guard(|| with_device(device, |_, _| put(types, nvmlEventTypeXidCriticalError)))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceRegisterEvents(
+    device: nvmlDevice_t,
+    types: c_ulonglong,
+    set: nvmlEventSet_t,
+) -> nvmlReturn_t {
+    guard(|| {
+        let n = nvml()?;
+        n.device(device)?;
+        let host = n.host_of(device)?;
+        if types & !nvmlEventTypeXidCriticalError != 0 {
+            return Err(NVML_ERROR_NOT_SUPPORTED);
+        }
+        let current = n.node.fault(host).map(|f| (f.xid, f.since_ms));
+        let id = set_id(set)?;
+        let mut all = sets();
+        let regs = all.get_mut(&id).ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
+        regs.insert(
+            host,
+            Registration {
+                types,
+                delivered: current,
+            },
+        );
+        Ok(())
+    })
+}
+
+/// The next undelivered fault of a device registered in set `id`, marked delivered.
+fn next_event(id: usize) -> NvResult<Option<nvmlEventData_t>> {
+    let n = nvml()?;
+    let mut all = sets();
+    let regs = all.get_mut(&id).ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
+    for (host, reg) in regs.iter_mut() {
+        let now = n.node.fault(*host).map(|f| (f.xid, f.since_ms));
+        if now.is_none() {
+            reg.delivered = None;
+            continue;
+        }
+        if now == reg.delivered || reg.types & nvmlEventTypeXidCriticalError == 0 {
+            continue;
+        }
+        reg.delivered = now;
+        let xid = now.map(|(x, _)| x).unwrap_or_default();
+        return Ok(Some(nvmlEventData_t {
+            device: raw_handle(*host),
+            eventType: nvmlEventTypeXidCriticalError,
+            eventData: c_ulonglong::from(xid),
+            gpuInstanceId: u32::MAX,
+            computeInstanceId: u32::MAX,
+        }));
+    }
+    Ok(None)
+}
+
+/// Waits up to `timeout_ms` for an event of set `set`; `NVML_ERROR_TIMEOUT` without one.
+fn wait(set: nvmlEventSet_t, timeout_ms: c_uint) -> NvResult<nvmlEventData_t> {
+    let id = set_id(set)?;
+    let deadline = Instant::now() + Duration::from_millis(u64::from(timeout_ms));
+    loop {
+        if let Some(e) = next_event(id)? {
+            return Ok(e);
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(NVML_ERROR_TIMEOUT);
+        }
+        std::thread::sleep(left.min(POLL));
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlEventSetWait_v2(
+    set: nvmlEventSet_t,
+    data: *mut nvmlEventData_t,
+    timeout_ms: c_uint,
+) -> nvmlReturn_t {
+    guard(|| {
+        if data.is_null() {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        put(data, wait(set, timeout_ms)?)
+    })
+}
+
+/// The recovery action NVML reports for host GPU `host`: a reset while a fault that needs
+/// one is in effect.
+fn recovery_action(host: usize) -> NvResult<c_uint> {
+    let n = nvml()?;
+    Ok(match n.node.fault(host).map(|f| effect(f.xid)) {
+        Some(Effect::Ecc | Effect::NeedsReset | Effect::Lost) => NVML_GPU_RECOVERY_ACTION_GPU_RESET,
+        Some(Effect::EventOnly) | None => NVML_GPU_RECOVERY_ACTION_NONE,
+    })
+}
+
+/// Field values: `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`; any other field answers
+/// `NVML_ERROR_NOT_SUPPORTED` in its own `nvmlReturn`.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
+    device: nvmlDevice_t,
+    count: c_int,
+    values: *mut nvmlFieldValue_t,
+) -> nvmlReturn_t {
+    guard(|| {
+        let count = usize::try_from(count).map_err(|_| NVML_ERROR_INVALID_ARGUMENT)?;
+        let n = nvml()?;
+        n.device(device)?;
+        let host = n.host_of(device)?;
+        for i in 0..count {
+            let at = values.wrapping_add(i);
+            let mut v = get(at.cast_const())?;
+            v.timestamp = 0;
+            v.latencyUsec = 0;
+            if v.fieldId == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION {
+                v.valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
+                v.value = u64::from(recovery_action(host)?);
+                v.nvmlReturn = NVML_SUCCESS;
+            } else {
+                v.nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+            }
+            put(at, v)?;
+        }
+        Ok(())
+    })
+}
