@@ -226,7 +226,7 @@ pub async fn serve(
 ) {
     let acceptor = TlsAcceptor::from(tls);
     let shared = Arc::new(Shared {
-        ledger: Ledger::new(cluster.clone(), hami_compat),
+        ledger: Ledger::watching(cluster.clone(), hami_compat),
         cluster,
         hami_compat,
         opts,
