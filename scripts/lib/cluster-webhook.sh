@@ -14,9 +14,11 @@ subjectAltName=IP:127.0.0.1,DNS:localhost"
 
 # webhook_configuration URL CA_BUNDLE: the registration, the same webhook the Helm chart
 # registers (packaging/helm/gpuslice/templates/webhook.yaml) but by URL: only pods whose
-# containers name gpuslice.io/* or nvidia.com/gpu* resources are sent (matchConditions), and
-# for those the API server refuses the pod while the webhook cannot be reached
-# (failurePolicy: Fail), so a GPU pod is never admitted unchanged (docs/webhook.md).
+# containers name gpuslice.io/* or nvidia.com/gpu* resources or that name a claim template,
+# and ResourceClaims that ask gpuslice's device classes, are sent (matchConditions), and for
+# those the API server refuses the object while the webhook cannot be reached
+# (failurePolicy: Fail), so a GPU pod is never admitted unchanged nor a claim uncharged
+# against its namespace's budget (docs/webhook.md, docs/quotas.md).
 webhook_configuration() {
   cat <<YAML
 apiVersion: admissionregistration.k8s.io/v1
@@ -49,7 +51,33 @@ webhooks:
       (object.spec.containers + (has(object.spec.initContainers) ? object.spec.initContainers : []))
       .exists(c, has(c.resources) && (
         (has(c.resources.limits) && c.resources.limits.exists(k, k.startsWith('gpuslice.io/') || k.startsWith('nvidia.com/gpu'))) ||
-        (has(c.resources.requests) && c.resources.requests.exists(k, k.startsWith('gpuslice.io/') || k.startsWith('nvidia.com/gpu')))))
+        (has(c.resources.requests) && c.resources.requests.exists(k, k.startsWith('gpuslice.io/') || k.startsWith('nvidia.com/gpu'))))) ||
+      (has(object.spec.resourceClaims) && object.spec.resourceClaims.exists(e, has(e.resourceClaimTemplateName)))
+- name: claims.gpuslice.io
+  admissionReviewVersions: [v1]
+  sideEffects: NoneOnDryRun
+  failurePolicy: Fail
+  timeoutSeconds: 10
+  reinvocationPolicy: Never
+  clientConfig:
+    url: $1
+    caBundle: $2
+  rules:
+  - operations: [CREATE]
+    apiGroups: [resource.k8s.io]
+    apiVersions: [v1]
+    resources: [resourceclaims]
+    scope: Namespaced
+  namespaceSelector:
+    matchExpressions:
+    - {key: kubernetes.io/metadata.name, operator: NotIn, values: [kube-system]}
+  matchConditions:
+  - name: asks-gpuslice-devices
+    expression: >-
+      has(object.spec.devices) && has(object.spec.devices.requests) &&
+      object.spec.devices.requests.exists(r,
+        (has(r.exactly) && r.exactly.deviceClassName in ['gpuslice.io', 'slots.gpuslice.io']) ||
+        (has(r.firstAvailable) && r.firstAvailable.exists(s, s.deviceClassName in ['gpuslice.io', 'slots.gpuslice.io'])))
 YAML
 }
 
@@ -61,7 +89,7 @@ start_webhook() {
   port="$(free_port)"
   start gpuslice-webhook "$gbin/gpuslice" webhook --listen "127.0.0.1:$port" \
     --tls-cert "$DIR/pki/webhook.crt" --tls-key "$DIR/pki/webhook.key" \
-    --kubeconfig "$DIR/kubeconfig" --hami-compat
+    --kubeconfig "$DIR/kubeconfig" --hami-compat --budget-recount 2
   wait_for gpuslice-webhook "serving https://127.0.0.1:$port/healthz" \
     curl -sf --max-time 2 --cacert "$DIR/pki/ca.crt" "https://127.0.0.1:$port/healthz"
   WEBHOOK_URL="https://127.0.0.1:$port/mutate"

@@ -407,7 +407,18 @@ fn the_webhooks_network_policy_admits_the_api_server_and_not_the_pods() {
         verbs("resourceclaimtemplates"),
         serde_json::json!(["get", "list", "watch", "create", "patch", "delete"])
     );
-    assert_eq!(verbs("pods"), serde_json::json!(["list"]));
+    assert_eq!(verbs("pods"), serde_json::json!(["get", "list"]));
+    // The budgets' ledger (docs/quotas.md): quotas read, their status written.
+    assert_eq!(
+        verbs("resourcequotas/status"),
+        serde_json::json!(["update"])
+    );
+    assert!(c["command"]
+        .as_array()
+        .unwrap()
+        .contains(&serde_json::json!(
+            "--budget-lease=gpuslice-system/gpuslice-webhook-budgets"
+        )));
 }
 
 #[test]

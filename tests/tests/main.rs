@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed step is a failed test
 
+mod budgets;
 mod build_install;
 mod console_kubectl;
 mod console_web;

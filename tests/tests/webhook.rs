@@ -753,6 +753,8 @@ fn limits_become_claims_through_the_webhook_on_a_live_control_plane() {
         "list-slices",
         "--verb=list",
         "--resource=resourceslices.resource.k8s.io",
+        // The namespace's budgets (docs/quotas.md): a webhook that cannot read them refuses.
+        "--resource=resourcequotas",
     ]);
     c.kubectl(&[
         "create",

@@ -10,6 +10,7 @@
 pub mod api;
 pub mod claim_shape;
 pub mod opaque;
+pub mod quota;
 pub mod slices;
 
 /// The DRA driver name and the DeviceClass name.

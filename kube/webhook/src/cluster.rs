@@ -154,6 +154,11 @@ impl Cluster {
         }
     }
 
+    /// The API server client.
+    pub fn client(&self) -> kube::Client {
+        self.client.clone()
+    }
+
     /// The last inventory read; an error until one read succeeded.
     pub fn inventory(&self) -> Result<Arc<PublishedGpus>, ClusterError> {
         match self.inventory.read() {

@@ -8,6 +8,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod ask;
+pub mod budget;
 pub mod cluster;
 pub mod mutate;
 pub mod review;

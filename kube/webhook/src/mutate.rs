@@ -42,6 +42,8 @@ pub enum MutateError {
 pub struct Plan {
     pub patch: Vec<Value>,
     pub templates: Vec<ResourceClaimTemplate>,
+    /// The claim entries the patch adds: (entry name, template name).
+    pub entries: Vec<(String, String)>,
     pub warnings: Vec<String>,
 }
 
@@ -130,6 +132,7 @@ impl NewClaim<'_> {
         {
             out.templates.push(t);
         }
+        out.entries.push((entry.to_string(), tname.clone()));
         entries.push(json!({"name": entry, "resourceClaimTemplateName": tname}));
         Ok(())
     }
@@ -318,6 +321,7 @@ pub fn plan(
         return Ok(Plan {
             patch: out.patch,
             templates: Vec::new(),
+            entries: Vec::new(),
             warnings: out.warnings,
         });
     }

@@ -13,8 +13,6 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
-use crate::mutate::ENTRY_PREFIX;
-
 /// Entries read of each of the pod's lists (`spec.containers`, `spec.initContainers`,
 /// `spec.resourceClaims`); a pod with more is refused.
 pub const MAX_LIST: usize = 256;
@@ -52,8 +50,10 @@ pub struct Request {
     pub uid: String,
     pub namespace: String,
     pub operation: String,
+    /// The object's kind (`Pod`, `ResourceClaim`); empty when the review names none.
+    pub kind: String,
     pub dry_run: bool,
-    /// What [`parse`] keeps of the pod (`Null` when the review carries none), or why the pod
+    /// What [`parse`] keeps of the pod (a ResourceClaim is kept whole) (`Null` when the review carries none), or why the pod
     /// is refused unread.
     pub object: Result<Value, PodError>,
 }
@@ -95,10 +95,18 @@ struct RawRequest<'a> {
     namespace: Option<Text<'a>>,
     #[serde(default, borrow)]
     operation: Option<Text<'a>>,
+    #[serde(default, borrow)]
+    kind: Option<KindView<'a>>,
     #[serde(default)]
     dry_run: bool,
     #[serde(default, borrow)]
     object: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct KindView<'a> {
+    #[serde(default, borrow)]
+    kind: Option<Text<'a>>,
 }
 
 /// A list of which the first [`MAX_LIST`] entries are kept, unparsed, and the rest counted.
@@ -177,9 +185,14 @@ struct ResourcesView<'a> {
 }
 
 #[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
 struct ClaimView<'a> {
     #[serde(default, borrow)]
     name: Option<Text<'a>>,
+    #[serde(default, borrow)]
+    resource_claim_template_name: Option<Text<'a>>,
+    #[serde(default, borrow)]
+    resource_claim_name: Option<Text<'a>>,
 }
 
 /// The resource and annotation names the webhook acts on.
@@ -271,9 +284,10 @@ fn container(raw: &RawValue, kept: &mut Kept) -> Result<Value, PodError> {
 /// The pod as the webhook reads it: `metadata.annotations` (those of `nvidia.com/*` and
 /// `hami.io/*`), `spec.containers[*]` and `spec.initContainers[*]` (the `resources` of those
 /// naming `gpuslice.io/*` or `nvidia.com/*` resources, others `null`, indices unchanged) and
-/// `spec.resourceClaims[*].name` (those named `gpuslice-*`; the list is there when the pod
-/// has one). This is all `mutate::plan` and `mutate::mentions_hami` read: a field they come
-/// to read must be kept here too.
+/// `spec.resourceClaims[*]` (their `name`, `resourceClaimTemplateName` and
+/// `resourceClaimName`; the list is there when the pod has one). This is all `mutate::plan`,
+/// `mutate::mentions_hami` and the budget's charge read: a field they come to read must be
+/// kept here too.
 fn pod(raw: &RawValue) -> Result<Value, PodError> {
     let Ok(view) = serde_json::from_str::<PodView>(raw.get()) else {
         // Not a pod (not an object, or its fields of the wrong kinds): nothing to act on.
@@ -318,15 +332,25 @@ fn pod(raw: &RawValue) -> Result<Value, PodError> {
             }
             let mut entries = Vec::new();
             for e in l.items {
-                let name = serde_json::from_str::<ClaimView>(e.get())
-                    .ok()
-                    .and_then(|c| c.name);
-                if let Some(Text(n)) = name.filter(|n| n.0.starts_with(ENTRY_PREFIX)) {
-                    kept.bytes += n.len();
-                    if kept.bytes > MAX_KEPT {
-                        return Err(PodError::Kept);
+                let Ok(c) = serde_json::from_str::<ClaimView>(e.get()) else {
+                    continue;
+                };
+                let mut entry = Map::new();
+                for (key, v) in [
+                    ("name", c.name),
+                    ("resourceClaimTemplateName", c.resource_claim_template_name),
+                    ("resourceClaimName", c.resource_claim_name),
+                ] {
+                    if let Some(Text(v)) = v {
+                        kept.bytes += key.len() + v.len();
+                        if kept.bytes > MAX_KEPT {
+                            return Err(PodError::Kept);
+                        }
+                        entry.insert(key.into(), Value::String(v.into_owned()));
                     }
-                    entries.push(json!({ "name": n }));
+                }
+                if !entry.is_empty() {
+                    entries.push(Value::Object(entry));
                 }
             }
             spec.insert("resourceClaims".into(), Value::Array(entries));
@@ -354,12 +378,23 @@ pub fn parse(body: &[u8]) -> Result<Request, ReviewError> {
     let r = serde_json::from_slice::<RawReview>(body)?
         .request
         .ok_or(ReviewError::NoRequest)?;
+    let kind = field("kind", r.kind.and_then(|k| k.kind))?;
+    let object = match r.object {
+        None => Ok(Value::Null),
+        // A claim is read whole (the body's bound bounds it): its spec is what it charges.
+        Some(raw) if kind == "ResourceClaim" => Ok(serde_json::from_str::<Value>(raw.get())
+            .ok()
+            .filter(Value::is_object)
+            .unwrap_or(Value::Null)),
+        Some(raw) => pod(raw),
+    };
     Ok(Request {
         uid: field("uid", Some(r.uid))?,
         namespace: field("namespace", r.namespace)?,
         operation: field("operation", r.operation)?,
+        kind,
         dry_run: r.dry_run,
-        object: r.object.map_or(Ok(Value::Null), pod),
+        object,
     })
 }
 
@@ -454,7 +489,10 @@ mod tests {
             kept["metadata"]["annotations"],
             json!({"nvidia.com/use-gputype": "A100", "hami.io/gpu-scheduler-policy": "spread"})
         );
-        assert_eq!(kept["spec"]["resourceClaims"], json!([]));
+        assert_eq!(
+            kept["spec"]["resourceClaims"],
+            json!([{"name": "mine", "resourceClaimName": "c"}])
+        );
     }
 
     #[test]

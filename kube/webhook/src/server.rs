@@ -26,10 +26,12 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
 
+use crate::budget::{BudgetError, Budgets, Ledger, Recount};
 use crate::cluster::Cluster;
 use crate::mutate::{mentions_hami, plan};
 use crate::review;
 use crate::tls::{server_config, CertFiles, TlsError};
+use gpuslice_dra::quota::{Charge, QuotaError};
 
 /// The largest AdmissionReview read. The API server takes request bodies of at most 3 MiB
 /// (and etcd stores objects of at most 1.5 MiB); the webhook is registered for CREATE, whose
@@ -110,6 +112,27 @@ pub struct WebhookArgs {
     /// namespace before it is marked unused, and stays marked before it is deleted.
     #[arg(long, value_name = "SECONDS", default_value_t = crate::sweep::DEFAULT_GRACE.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
     pub unused_template_grace: u64,
+    /// Seconds between recounts of the namespaces' budgets from their live pods and claims
+    /// (what deleted objects held is freed after one to two of them; an admission must reach
+    /// the API server's store within one).
+    #[arg(long, value_name = "SECONDS", default_value_t = crate::budget::DEFAULT_RECOUNT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    pub budget_recount: u64,
+    /// The Lease (NAMESPACE/NAME) the replicas take turns on to recount budgets, one at a
+    /// time; without it this process recounts (run one replica, or name a lease).
+    #[arg(long, value_name = "NAMESPACE/NAME", value_parser = lease_name)]
+    pub budget_lease: Option<(String, String)>,
+}
+
+/// `NAMESPACE/NAME`, both non-empty.
+fn lease_name(s: &str) -> Result<(String, String), String> {
+    match s.split_once('/') {
+        Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+            Ok((ns.to_string(), name.to_string()))
+        }
+        _ => Err(format!(
+            "{s:?} is not accepted; expected NAMESPACE/NAME (`gpuslice/gpuslice-webhook-budgets`)"
+        )),
+    }
 }
 
 /// Why the webhook did not start or stopped.
@@ -129,6 +152,7 @@ pub enum WebhookError {
 
 struct Shared {
     cluster: Cluster,
+    ledger: Ledger,
     hami_compat: bool,
     opts: Options,
     slots: Slots,
@@ -156,6 +180,12 @@ pub fn run_until_signal(args: WebhookArgs) -> Result<(), WebhookError> {
                 detail: e.to_string(),
             })?;
         let cluster = Cluster::start(client, Duration::from_secs(args.unused_template_grace)).await;
+        let recount = Recount::new(
+            Ledger::new(cluster.clone(), args.hami_compat),
+            Duration::from_secs(args.budget_recount),
+            args.budget_lease.clone(),
+        );
+        tokio::spawn(recount.run());
         eprintln!(
             "gpuslice webhook: serving https://{} (hami-compat: {})",
             listener.local_addr().map_or(args.listen, |a| a),
@@ -196,6 +226,7 @@ pub async fn serve(
 ) {
     let acceptor = TlsAcceptor::from(tls);
     let shared = Arc::new(Shared {
+        ledger: Ledger::watching(cluster.clone(), hami_compat),
         cluster,
         hami_compat,
         opts,
@@ -457,6 +488,82 @@ async fn admit(r: &review::Request, shared: &Shared) -> Value {
     if r.operation != "CREATE" {
         return review::allow(&r.uid, &[], &[]);
     }
+    match r.kind.as_str() {
+        "ResourceClaim" => admit_claim(r, shared).await,
+        _ => admit_pod(r, shared).await,
+    }
+}
+
+/// A refusal for a budget that was not booked: 403 when it is exceeded (as the API server's
+/// own quota answers), 400 when the ask or the quota cannot be counted, 500 when the API
+/// server could not be read or written.
+fn deny_budget(uid: &str, e: &BudgetError) -> Value {
+    let code = match e {
+        BudgetError::Quota(QuotaError::Exceeded { .. }) => 403,
+        BudgetError::Quota(_) | BudgetError::NoTemplate { .. } => 400,
+        _ => 500,
+    };
+    review::deny(uid, code, &e.to_string())
+}
+
+/// Books `charge` against the namespace's budgets `b` (a dry run only checks it).
+async fn charge(
+    shared: &Shared,
+    r: &review::Request,
+    b: Budgets,
+    c: &Charge,
+) -> Result<(), BudgetError> {
+    if r.dry_run {
+        b.check(c)
+    } else {
+        shared.ledger.book(b, c).await
+    }
+}
+
+/// A ResourceClaim of gpuslice's device classes: charged against the namespace's budgets.
+async fn admit_claim(r: &review::Request, shared: &Shared) -> Value {
+    let claim = match &r.object {
+        Ok(v) if v.is_object() => {
+            match serde_json::from_value::<k8s_openapi::api::resource::v1::ResourceClaim>(v.clone())
+            {
+                Ok(c) => c,
+                Err(e) => {
+                    return review::deny(
+                        &r.uid,
+                        400,
+                        &format!("the ResourceClaim cannot be read: {e}"),
+                    )
+                }
+            }
+        }
+        _ => return review::allow(&r.uid, &[], &[]),
+    };
+    let budgets = match shared.ledger.budgets(&r.namespace).await {
+        Ok(Some(b)) => b,
+        Ok(None) => return review::allow(&r.uid, &[], &[]),
+        Err(e) => return deny_budget(&r.uid, &e),
+    };
+    let inventory = match shared.cluster.inventory() {
+        Ok(i) => i,
+        Err(e) => return review::deny(&r.uid, 500, &e.to_string()),
+    };
+    let c = match shared
+        .ledger
+        .claim_charge(&r.namespace, &claim, &inventory)
+        .await
+    {
+        Ok(c) => c,
+        Err(e) => return deny_budget(&r.uid, &e),
+    };
+    match charge(shared, r, budgets, &c).await {
+        Ok(()) => review::allow(&r.uid, &[], &[]),
+        Err(e) => deny_budget(&r.uid, &e),
+    }
+}
+
+/// A pod: its GPU limits turned into claims, and what its claim templates ask charged
+/// against the namespace's budgets.
+async fn admit_pod(r: &review::Request, shared: &Shared) -> Value {
     let pod = match &r.object {
         Ok(pod) if pod.is_object() => pod,
         Ok(_) => return review::allow(&r.uid, &[], &[]),
@@ -478,12 +585,50 @@ async fn admit(r: &review::Request, shared: &Shared) -> Value {
         Ok(p) => p,
         Err(e) => return review::deny(&r.uid, 400, &e.to_string()),
     };
+    // Every claim template entry the pod will have: those it names and those the patch adds.
+    let mut entries: Vec<(String, String)> = pod["spec"]["resourceClaims"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| {
+            Some((
+                e["name"].as_str()?.to_string(),
+                e["resourceClaimTemplateName"].as_str()?.to_string(),
+            ))
+        })
+        .collect();
+    entries.extend(p.entries.iter().cloned());
+    let budgets = if entries.is_empty() {
+        None
+    } else {
+        match shared.ledger.budgets(&r.namespace).await {
+            Ok(b) => b,
+            Err(e) => return deny_budget(&r.uid, &e),
+        }
+    };
+    let booking = match budgets {
+        None => None,
+        Some(b) => match shared
+            .ledger
+            .pod_charge(&r.namespace, &entries, &p.templates, &inventory)
+            .await
+        {
+            Ok(c) => Some((b, c)),
+            Err(e) => return deny_budget(&r.uid, &e),
+        },
+    };
     // A dry run creates nothing: the patch names the templates a real create would make.
     if !r.dry_run {
         for t in &p.templates {
             if let Err(e) = shared.cluster.ensure_template(t).await {
                 return review::deny(&r.uid, 500, &e.to_string());
             }
+        }
+    }
+    // Booked last: a pod refused before this books nothing (its templates, unused, are swept).
+    if let Some((b, c)) = booking {
+        if let Err(e) = charge(shared, r, b, &c).await {
+            return deny_budget(&r.uid, &e);
         }
     }
     review::allow(&r.uid, &p.patch, &p.warnings)

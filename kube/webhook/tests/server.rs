@@ -17,6 +17,8 @@ fn args() -> WebhookArgs {
         kubeconfig: None,
         hami_compat: false,
         unused_template_grace: 600,
+        budget_recount: 15,
+        budget_lease: None,
     }
 }
 

@@ -1,0 +1,692 @@
+//! Budgets: the ResourceQuota names gpuslice enforces (its own `limits.gpuslice.io/*` and, in
+//! HAMi-compat namespaces, HAMi's `limits.nvidia.com/*`), a quota's hard and used figures read
+//! from them, and what one pod or claim charges against them — defined once, for the webhook
+//! that enforces budgets and the tools that show them (docs/quotas.md).
+
+use gpuslice_config::quantity::ACCEPTED_KUBE;
+use gpuslice_config::{format_kube_quantity, parse_kube_quantity};
+use k8s_openapi::api::core::v1::ResourceQuota;
+use k8s_openapi::api::resource::v1::{ExactDeviceRequest, ResourceClaimSpec};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use crate::claim_shape::{shape_of, Mode, PublishedGpus, Shape};
+use crate::slices::{CAP_CORES, CAP_MEMORY};
+use crate::{DRIVER, SLOTS_CLASS};
+
+/// gpuslice's quota names: GPU memory in bytes (a quantity), compute share in percent of a
+/// GPU, GPUs.
+pub const MEMORY: &str = "limits.gpuslice.io/memory";
+pub const CORES: &str = "limits.gpuslice.io/cores";
+pub const GPUS: &str = "limits.gpuslice.io/gpus";
+/// HAMi's quota names (counted in `gpuslice.io/hami-compat=true` namespaces): GPU memory in
+/// MiB, compute share in percent of a GPU, GPUs.
+pub const HAMI_MEMORY: &str = "limits.nvidia.com/gpumem";
+pub const HAMI_CORES: &str = "limits.nvidia.com/gpucores";
+pub const HAMI_GPUS: &str = "limits.nvidia.com/gpu";
+
+/// The annotation the webhook writes on a pod or claim it charged: the charge's id, so that
+/// the ledger knows when a charge it booked has become a live object.
+pub const CHARGE_ANNOTATION: &str = "gpuslice.io/budget-charge";
+
+/// What a quota name counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resource {
+    Memory,
+    Cores,
+    Gpus,
+}
+
+/// How a quota name's values are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    /// Bytes, as a Kubernetes quantity (`10Gi`).
+    Bytes,
+    /// Mebibytes, a whole number (HAMi's `limits.nvidia.com/gpumem`).
+    Mebibytes,
+    /// A whole number (percent of a GPU, GPUs).
+    Count,
+}
+
+/// One quota name gpuslice enforces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Name {
+    pub name: &'static str,
+    pub resource: Resource,
+    pub unit: Unit,
+    /// One of HAMi's names: counted only in HAMi-compat namespaces.
+    pub hami: bool,
+}
+
+/// Every quota name gpuslice enforces.
+pub const NAMES: [Name; 6] = [
+    Name {
+        name: MEMORY,
+        resource: Resource::Memory,
+        unit: Unit::Bytes,
+        hami: false,
+    },
+    Name {
+        name: CORES,
+        resource: Resource::Cores,
+        unit: Unit::Count,
+        hami: false,
+    },
+    Name {
+        name: GPUS,
+        resource: Resource::Gpus,
+        unit: Unit::Count,
+        hami: false,
+    },
+    Name {
+        name: HAMI_MEMORY,
+        resource: Resource::Memory,
+        unit: Unit::Mebibytes,
+        hami: true,
+    },
+    Name {
+        name: HAMI_CORES,
+        resource: Resource::Cores,
+        unit: Unit::Count,
+        hami: true,
+    },
+    Name {
+        name: HAMI_GPUS,
+        resource: Resource::Gpus,
+        unit: Unit::Count,
+        hami: true,
+    },
+];
+
+/// The names counted in a namespace; `hami`: it is a HAMi-compat namespace.
+pub fn names(hami: bool) -> impl Iterator<Item = &'static Name> {
+    NAMES.iter().filter(move |n| hami || !n.hami)
+}
+
+/// Why a quota cannot be read, or a charge not booked: one line naming the quota or object,
+/// the field, the value and what is accepted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QuotaError {
+    #[error("ResourceQuota {quota}: {field}: value {value:?} is not accepted ({detail}); accepted: {accepted}")]
+    Value {
+        quota: String,
+        field: String,
+        value: String,
+        detail: String,
+        accepted: &'static str,
+    },
+    #[error("exceeded quota: {quota}, requested: {name}={asked}, used: {name}={used}, limited: {name}={hard}")]
+    Exceeded {
+        quota: String,
+        name: &'static str,
+        hard: String,
+        used: String,
+        asked: String,
+    },
+    #[error("{field}: {detail} overflows what a budget can count (64-bit {unit}); accepted: a smaller ask")]
+    Overflow {
+        field: String,
+        detail: String,
+        unit: &'static str,
+    },
+    #[error("{field}: {detail}; accepted: {accepted}")]
+    Unchargeable {
+        field: String,
+        detail: String,
+        accepted: &'static str,
+    },
+}
+
+/// What the quota names count, in bytes, percent of a GPU and GPUs; `None`: the quota names
+/// none of that resource (hard) or counts none (used).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QuotaFigures {
+    pub memory_bytes: Option<u64>,
+    pub cores: Option<u64>,
+    pub gpus: Option<u64>,
+}
+
+/// What one pod or claim charges: GPU memory (per GPU times GPUs), compute share (percent of
+/// a GPU per GPU times GPUs) and GPUs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Charge {
+    pub memory_bytes: u64,
+    pub cores: u64,
+    pub gpus: u64,
+}
+
+impl Charge {
+    pub fn is_zero(&self) -> bool {
+        *self == Charge::default()
+    }
+
+    /// The sum, or which resource overflows; `field` names the object for the message.
+    pub fn checked_add(&self, other: &Charge, field: &str) -> Result<Charge, QuotaError> {
+        let over = |what: &str, unit| QuotaError::Overflow {
+            field: field.to_string(),
+            detail: format!("the sum of its {what}"),
+            unit,
+        };
+        Ok(Charge {
+            memory_bytes: self
+                .memory_bytes
+                .checked_add(other.memory_bytes)
+                .ok_or_else(|| over("GPU memory", "bytes"))?,
+            cores: self
+                .cores
+                .checked_add(other.cores)
+                .ok_or_else(|| over("compute shares", "percent"))?,
+            gpus: self
+                .gpus
+                .checked_add(other.gpus)
+                .ok_or_else(|| over("GPUs", "GPUs"))?,
+        })
+    }
+
+    /// The charge in `name`'s unit: memory in MiB rounded up for HAMi's name (a charge of
+    /// 1 byte counts 1 MiB, so that the MiB budget never admits more than it says).
+    pub fn in_unit(&self, name: &Name) -> u64 {
+        match (name.resource, name.unit) {
+            (Resource::Memory, Unit::Mebibytes) => self.memory_bytes.div_ceil(1 << 20),
+            (Resource::Memory, _) => self.memory_bytes,
+            (Resource::Cores, _) => self.cores,
+            (Resource::Gpus, _) => self.gpus,
+        }
+    }
+}
+
+/// A value of `name` as a quota holds it (`10Gi`, `10240`).
+pub fn format_value(name: &Name, value: u64) -> String {
+    match name.unit {
+        Unit::Bytes => format_kube_quantity(value),
+        Unit::Mebibytes | Unit::Count => value.to_string(),
+    }
+}
+
+/// Reads a value of `name` (`field` and `quota` for the message): a whole, non-negative
+/// number in any spelling Kubernetes writes.
+fn read_value(quota: &str, field: String, name: &Name, q: &Quantity) -> Result<u64, QuotaError> {
+    parse_kube_quantity(&q.0).map_err(|e| QuotaError::Value {
+        quota: quota.to_string(),
+        field,
+        value: q.0.clone(),
+        detail: e.detail.to_string(),
+        accepted: match name.unit {
+            Unit::Bytes => ACCEPTED_KUBE,
+            Unit::Mebibytes => "a whole number of MiB, at least 0 (`10240`)",
+            Unit::Count => "a whole number, at least 0 (`200`)",
+        },
+    })
+}
+
+/// One name of a quota gpuslice enforces: its hard value and what is used, in its unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Line {
+    pub name: &'static Name,
+    pub hard: u64,
+    pub used: u64,
+}
+
+/// A ResourceQuota's lines gpuslice enforces.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Budget {
+    /// `namespace/name`, for messages.
+    pub quota: String,
+    pub lines: Vec<Line>,
+}
+
+impl Budget {
+    /// The lines of `q` gpuslice enforces (`hami`: its namespace is HAMi-compat); `None` when
+    /// it names none. A malformed or negative value, hard or used, is an error naming it.
+    pub fn read(q: &ResourceQuota, hami: bool) -> Result<Option<Budget>, QuotaError> {
+        let quota = format!(
+            "{}/{}",
+            q.metadata.namespace.as_deref().unwrap_or_default(),
+            q.metadata.name.as_deref().unwrap_or_default()
+        );
+        let hard = q.spec.as_ref().and_then(|s| s.hard.as_ref());
+        let used = q.status.as_ref().and_then(|s| s.used.as_ref());
+        let mut lines = Vec::new();
+        for name in names(hami) {
+            let Some(h) = hard.and_then(|h| h.get(name.name)) else {
+                continue;
+            };
+            let hard = read_value(&quota, format!("spec.hard[{}]", name.name), name, h)?;
+            let used = match used.and_then(|u| u.get(name.name)) {
+                Some(u) => read_value(&quota, format!("status.used[{}]", name.name), name, u)?,
+                None => 0,
+            };
+            lines.push(Line { name, hard, used });
+        }
+        Ok((!lines.is_empty()).then_some(Budget { quota, lines }))
+    }
+
+    /// Hard figures in bytes, percent and GPUs (the tighter where both name sets name one).
+    pub fn hard(&self) -> QuotaFigures {
+        self.figures(|l| l.hard, u64::min)
+    }
+
+    /// Used figures in bytes, percent and GPUs (the larger where both name sets count one).
+    pub fn used(&self) -> QuotaFigures {
+        self.figures(|l| l.used, u64::max)
+    }
+
+    fn figures(&self, value: impl Fn(&Line) -> u64, pick: fn(u64, u64) -> u64) -> QuotaFigures {
+        let mut f = QuotaFigures::default();
+        for l in &self.lines {
+            let v = match l.name.unit {
+                Unit::Mebibytes => value(l).saturating_mul(1 << 20),
+                _ => value(l),
+            };
+            let slot = match l.name.resource {
+                Resource::Memory => &mut f.memory_bytes,
+                Resource::Cores => &mut f.cores,
+                Resource::Gpus => &mut f.gpus,
+            };
+            *slot = Some(slot.map_or(v, |old| pick(old, v)));
+        }
+        f
+    }
+
+    /// The used values after booking `asked`: one per line, in its unit; refused when a line
+    /// would pass its hard value, naming the quota, the name, hard, used and asked.
+    pub fn book(&self, asked: &Charge) -> Result<Vec<(&'static Name, u64)>, QuotaError> {
+        let mut out = Vec::new();
+        for l in &self.lines {
+            let a = asked.in_unit(l.name);
+            match l.used.checked_add(a) {
+                Some(total) if a == 0 || total <= l.hard => out.push((l.name, total)),
+                _ => {
+                    return Err(QuotaError::Exceeded {
+                        quota: self.quota.clone(),
+                        name: l.name.name,
+                        hard: format_value(l.name, l.hard),
+                        used: format_value(l.name, l.used),
+                        asked: format_value(l.name, a),
+                    })
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// What a slice of `shape` charges: memory per GPU (the whole GPU's, `whole_gpu`, when it asks
+/// no amount) times GPUs, compute share per GPU (100 when not throttled) times GPUs, GPUs.
+/// `field` names where it was asked, for messages.
+pub fn shape_charge(
+    shape: &Shape,
+    whole_gpu: Option<u64>,
+    field: &str,
+) -> Result<Charge, QuotaError> {
+    let gpus = u64::from(shape.gpus);
+    let per_gpu =
+        match shape.memory.or(whole_gpu) {
+            Some(m) => m,
+            None => return Err(QuotaError::Unchargeable {
+                field: field.to_string(),
+                detail: "asks whole GPUs, but no GPU is published yet to size them".into(),
+                accepted:
+                    "an amount of memory per GPU, or a cluster whose ResourceSlices publish GPUs",
+            }),
+        };
+    let memory_bytes = per_gpu
+        .checked_mul(gpus)
+        .ok_or_else(|| QuotaError::Overflow {
+            field: field.to_string(),
+            detail: format!(
+                "{} per GPU times {gpus} GPUs",
+                format_kube_quantity(per_gpu)
+            ),
+            unit: "bytes",
+        })?;
+    let cores = u64::from(shape.cores.unwrap_or(100)).saturating_mul(gpus);
+    Ok(Charge {
+        memory_bytes,
+        cores,
+        gpus,
+    })
+}
+
+/// The largest GPU the cluster publishes: what a whole-GPU ask charges (the most it can hold).
+pub fn whole_gpu(inventory: &PublishedGpus) -> Option<u64> {
+    inventory.gpu_memory.iter().max().copied()
+}
+
+/// What one exact request of gpuslice's capacity class charges.
+fn exact_charge(
+    e: &ExactDeviceRequest,
+    whole: Option<u64>,
+    field: &str,
+) -> Result<Charge, QuotaError> {
+    if e.allocation_mode.as_deref() == Some("All") {
+        return Err(QuotaError::Unchargeable {
+            field: field.to_string(),
+            detail: "allocationMode All takes every matching GPU, an amount no budget can count before it is allocated".into(),
+            accepted: "allocationMode ExactCount (a count of GPUs)",
+        });
+    }
+    let count = u32::try_from(e.count.unwrap_or(1)).map_err(|_| QuotaError::Unchargeable {
+        field: format!("{field}.count"),
+        detail: format!("{} GPUs", e.count.unwrap_or(1)),
+        accepted: "a count from 1 to 4294967295",
+    })?;
+    let cap = e.capacity.as_ref().and_then(|c| c.requests.as_ref());
+    let read = |key: &str| -> Result<Option<u64>, QuotaError> {
+        match cap.and_then(|c| c.get(key)) {
+            None => Ok(None),
+            Some(q) => parse_kube_quantity(&q.0)
+                .map(Some)
+                .map_err(|e| QuotaError::Unchargeable {
+                    field: format!("{field}.capacity.requests[{key}]"),
+                    detail: format!("value {:?} is {}", q.0, e.detail),
+                    accepted: ACCEPTED_KUBE,
+                }),
+        }
+    };
+    let memory = read(CAP_MEMORY)?;
+    let cores = read(CAP_CORES)?.map(|c| u32::try_from(c).unwrap_or(u32::MAX));
+    let shape = Shape {
+        gpus: count,
+        memory,
+        cores,
+        selectors: Vec::new(),
+    };
+    shape_charge(&shape, whole, field)
+}
+
+/// The larger of two charges, resource by resource (an ask that may be met either way).
+fn larger(a: Charge, b: Charge) -> Charge {
+    Charge {
+        memory_bytes: a.memory_bytes.max(b.memory_bytes),
+        cores: a.cores.max(b.cores),
+        gpus: a.gpus.max(b.gpus),
+    }
+}
+
+/// What a claim of `spec` charges on a cluster publishing `inventory` (`field` names it, for
+/// messages): the sum of its requests of gpuslice's device classes (other classes charge
+/// nothing). In capacity mode a request charges its count times its memory (the whole GPU
+/// when it asks none) and compute share (100 when none); a prioritized list charges its
+/// largest alternative. A slot-mode claim charges the slice it asks as read back from
+/// claims of gpuslice's shape; a slot claim of another shape is refused (it cannot be sized).
+pub fn claim_charge(
+    spec: &ResourceClaimSpec,
+    inventory: &PublishedGpus,
+    field: &str,
+) -> Result<Charge, QuotaError> {
+    let whole = whole_gpu(inventory);
+    let Some(requests) = spec.devices.as_ref().and_then(|d| d.requests.as_ref()) else {
+        return Ok(Charge::default());
+    };
+    let mut total = Charge::default();
+    let mut slots = false;
+    for (i, r) in requests.iter().enumerate() {
+        let f = format!("{field}.devices.requests[{i}]");
+        if let Some(e) = &r.exactly {
+            if e.device_class_name == DRIVER {
+                total =
+                    total.checked_add(&exact_charge(e, whole, &format!("{f}.exactly"))?, field)?;
+            } else if e.device_class_name == SLOTS_CLASS {
+                slots = true;
+            }
+        }
+        let mut best: Option<Charge> = None;
+        for (j, s) in r.first_available.iter().flatten().enumerate() {
+            if s.device_class_name == SLOTS_CLASS {
+                slots = true;
+            } else if s.device_class_name == DRIVER {
+                let e = ExactDeviceRequest {
+                    device_class_name: s.device_class_name.clone(),
+                    allocation_mode: s.allocation_mode.clone(),
+                    count: s.count,
+                    capacity: s.capacity.clone(),
+                    ..ExactDeviceRequest::default()
+                };
+                let c = exact_charge(&e, whole, &format!("{f}.firstAvailable[{j}]"))?;
+                best = Some(best.map_or(c, |b| larger(b, c)));
+            }
+        }
+        if let Some(b) = best {
+            total = total.checked_add(&b, field)?;
+        }
+    }
+    if slots {
+        let mode = match &inventory.mode {
+            m @ Mode::Slots(_) => m.clone(),
+            Mode::Capacity => Mode::Slots(Vec::new()),
+        };
+        let Some(shape) = shape_of(spec, &mode) else {
+            return Err(QuotaError::Unchargeable {
+                field: format!("{field}.devices"),
+                detail: format!("requests of {SLOTS_CLASS} in a shape gpuslice does not size"),
+                accepted:
+                    "a slot claim as the webhook, kubectl gpuslice allocate or the console write it",
+            });
+        };
+        total = total.checked_add(&shape_charge(&shape, whole, field)?, field)?;
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::claim_shape::{claim_spec, SlotSize};
+    use k8s_openapi::api::core::v1::{ResourceQuotaSpec, ResourceQuotaStatus};
+    use serde_json::json;
+    use std::collections::BTreeMap;
+
+    fn quota(hard: &[(&str, &str)], used: &[(&str, &str)]) -> ResourceQuota {
+        let list = |p: &[(&str, &str)]| -> BTreeMap<String, Quantity> {
+            p.iter()
+                .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+                .collect()
+        };
+        ResourceQuota {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                name: Some("gpu".into()),
+                namespace: Some("team".into()),
+                ..Default::default()
+            },
+            spec: Some(ResourceQuotaSpec {
+                hard: Some(list(hard)),
+                ..Default::default()
+            }),
+            status: Some(ResourceQuotaStatus {
+                used: Some(list(used)),
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn gib(n: u64) -> Charge {
+        Charge {
+            memory_bytes: n << 30,
+            cores: 100,
+            gpus: 1,
+        }
+    }
+
+    #[test]
+    fn a_budget_books_up_to_its_hard_value_and_refuses_past_it() {
+        let q = quota(&[(MEMORY, "10Gi"), ("pods", "10")], &[(MEMORY, "8Gi")]);
+        let b = Budget::read(&q, false).unwrap().unwrap();
+        assert_eq!(b.lines.len(), 1);
+        assert_eq!(b.book(&gib(2)).unwrap(), vec![(&NAMES[0], 10 << 30)]);
+        let e = b.book(&gib(4)).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "exceeded quota: team/gpu, requested: limits.gpuslice.io/memory=4Gi, used: limits.gpuslice.io/memory=8Gi, limited: limits.gpuslice.io/memory=10Gi"
+        );
+        // A quota naming none of gpuslice's names is no budget.
+        assert_eq!(Budget::read(&quota(&[("pods", "1")], &[]), false), Ok(None));
+    }
+
+    #[test]
+    fn hami_names_count_in_mib_only_in_hami_namespaces() {
+        let q = quota(&[(HAMI_MEMORY, "10240"), (HAMI_GPUS, "2")], &[]);
+        assert_eq!(Budget::read(&q, false).unwrap(), None);
+        let b = Budget::read(&q, true).unwrap().unwrap();
+        assert_eq!(b.hard().memory_bytes, Some(10 << 30));
+        assert_eq!(b.hard().gpus, Some(2));
+        assert_eq!(b.hard().cores, None);
+        // 1 byte more than 1 GiB counts 1025 MiB.
+        let odd = Charge {
+            memory_bytes: (1 << 30) + 1,
+            cores: 0,
+            gpus: 1,
+        };
+        let booked = b.book(&odd).unwrap();
+        assert_eq!(booked[0].1, 1025);
+        let e = b
+            .book(&Charge {
+                gpus: 3,
+                ..Charge::default()
+            })
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("requested: limits.nvidia.com/gpu=3"), "{e}");
+        assert!(e.contains("limited: limits.nvidia.com/gpu=2"), "{e}");
+    }
+
+    #[test]
+    fn malformed_or_negative_values_are_one_line_naming_the_field() {
+        for (hard, used, want) in [
+            (
+                vec![(MEMORY, "-1Gi")],
+                vec![],
+                "spec.hard[limits.gpuslice.io/memory]: value \"-1Gi\" is not accepted (negative)",
+            ),
+            (
+                vec![(GPUS, "1.5")],
+                vec![],
+                "spec.hard[limits.gpuslice.io/gpus]",
+            ),
+            (
+                vec![(MEMORY, "10Gi")],
+                vec![(MEMORY, "500m")],
+                "status.used[limits.gpuslice.io/memory]: value \"500m\"",
+            ),
+        ] {
+            let e = Budget::read(&quota(&hard, &used), false)
+                .unwrap_err()
+                .to_string();
+            assert!(e.starts_with("ResourceQuota team/gpu: "), "{e}");
+            assert!(e.contains(want), "{e}");
+            assert!(e.contains("accepted: "), "{e}");
+            assert!(!e.contains('\n'), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_shape_charges_memory_per_gpu_times_gpus() {
+        let s = Shape {
+            gpus: 2,
+            memory: Some(20 << 30),
+            cores: Some(30),
+            selectors: vec![],
+        };
+        assert_eq!(
+            shape_charge(&s, None, "f").unwrap(),
+            Charge {
+                memory_bytes: 40 << 30,
+                cores: 60,
+                gpus: 2
+            }
+        );
+        let whole = Shape {
+            gpus: 1,
+            ..Shape::default()
+        };
+        assert_eq!(
+            shape_charge(&whole, Some(80 << 30), "f").unwrap(),
+            Charge {
+                memory_bytes: 80 << 30,
+                cores: 100,
+                gpus: 1
+            }
+        );
+        assert!(shape_charge(&whole, None, "f").is_err());
+        let huge = Shape {
+            gpus: 4,
+            memory: Some(u64::MAX / 2),
+            ..Shape::default()
+        };
+        let e = shape_charge(&huge, None, "spec.containers[0]")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("spec.containers[0]: ") && e.contains("overflows"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_claim_charges_the_sum_of_its_requests_of_gpuslices_classes() {
+        let inv = PublishedGpus {
+            gpu_memory: vec![24 << 30, 80 << 30],
+            max_gpus_per_node: Some(8),
+            ..PublishedGpus::default()
+        };
+        let spec: ResourceClaimSpec = serde_json::from_value(json!({"devices": {"requests": [
+            {"name": "a", "exactly": {"deviceClassName": "gpuslice.io", "count": 2,
+                "capacity": {"requests": {"memory": "4Gi", "cores": "30"}}}},
+            {"name": "b", "exactly": {"deviceClassName": "gpuslice.io"}},
+            {"name": "c", "exactly": {"deviceClassName": "other.example.com", "count": 5}},
+            {"name": "d", "firstAvailable": [
+                {"name": "big", "deviceClassName": "gpuslice.io", "capacity": {"requests": {"memory": "8Gi"}}},
+                {"name": "small", "deviceClassName": "gpuslice.io", "capacity": {"requests": {"memory": "2Gi"}}}]},
+        ]}}))
+        .unwrap();
+        assert_eq!(
+            claim_charge(&spec, &inv, "ResourceClaim team/x").unwrap(),
+            Charge {
+                memory_bytes: (8 << 30) + (80 << 30) + (8 << 30),
+                cores: 60 + 100 + 100,
+                gpus: 4
+            }
+        );
+        let all: ResourceClaimSpec = serde_json::from_value(json!({"devices": {"requests": [
+            {"name": "a", "exactly": {"deviceClassName": "gpuslice.io", "allocationMode": "All"}}]}}))
+        .unwrap();
+        let e = claim_charge(&all, &inv, "ResourceClaim team/x")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("allocationMode All"), "{e}");
+    }
+
+    #[test]
+    fn the_claims_front_ends_write_charge_what_was_asked() {
+        let shape = Shape {
+            gpus: 2,
+            memory: Some(6 << 30),
+            cores: None,
+            selectors: vec![],
+        };
+        let want = shape_charge(&shape, None, "f").unwrap();
+        let slots = PublishedGpus {
+            mode: Mode::Slots(vec![SlotSize {
+                memory: 6 << 30,
+                cores: None,
+                per_gpu: 4,
+            }]),
+            max_gpus_per_node: Some(2),
+            gpu_memory: vec![24 << 30],
+        };
+        let (spec, _) = claim_spec(&PublishedGpus::default().mode, &shape, "f").unwrap();
+        assert_eq!(
+            claim_charge(&spec, &PublishedGpus::default(), "f"),
+            Ok(want)
+        );
+        // Slot mode takes each GPU of a multi-GPU slice whole.
+        let (spec, _) = claim_spec(&slots.mode, &shape, "f").unwrap();
+        assert_eq!(
+            claim_charge(&spec, &slots, "f").unwrap(),
+            Charge {
+                memory_bytes: 48 << 30,
+                cores: 200,
+                gpus: 2
+            }
+        );
+    }
+}

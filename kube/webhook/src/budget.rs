@@ -1,0 +1,889 @@
+//! Namespace budgets at admission: a pod or ResourceClaim that would take gpuslice devices is
+//! charged against every ResourceQuota of its namespace that names gpuslice's (or, in
+//! HAMi-compat namespaces, HAMi's) `limits.*` resources. The quota's `status.used` is the
+//! ledger: a charge is booked by updating the status subresource conditionally on the
+//! resourceVersion read (a 409 Conflict re-reads and re-checks), as the API server's own quota
+//! admission does, so concurrent admissions, on any replica, never book past the hard value.
+//! A recount from the live pods and claims frees what deleted objects held; it frees an excess
+//! only once it was seen on two recounts a full interval apart, so that a charge booked but
+//! not yet stored (its admission still running) is never freed (docs/quotas.md).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimSpec, ResourceClaimTemplate};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{ListParams, PostParams, WatchEvent, WatchParams};
+use kube::Api;
+use tokio_stream::StreamExt;
+
+use gpuslice_dra::claim_shape::PublishedGpus;
+use gpuslice_dra::quota::{claim_charge, format_value, Budget, Charge, QuotaError, NAMES};
+
+use crate::cluster::Cluster;
+
+/// The annotation the resource claim controller puts on a claim it makes from a pod's
+/// template: the pod's entry the claim is for.
+pub const POD_CLAIM_NAME: &str = "resource.kubernetes.io/pod-claim-name";
+/// How often the ledger is recounted by default; a free waits at least this long.
+pub const DEFAULT_RECOUNT: Duration = Duration::from_secs(15);
+/// Conflicting updates a booking retries before it gives up.
+const MAX_TRIES: usize = 64;
+
+/// A budget could not be read or booked: one line.
+#[derive(Debug, thiserror::Error)]
+pub enum BudgetError {
+    #[error(transparent)]
+    Quota(#[from] QuotaError),
+    #[error("cannot read {what}: {detail}")]
+    Read { what: String, detail: String },
+    #[error("cannot book ResourceQuota {quota}: {detail}")]
+    Write { quota: String, detail: String },
+    #[error(
+        "ResourceQuota {quota} changed {MAX_TRIES} times while it was being booked; try again"
+    )]
+    Contended { quota: String },
+    #[error("{field}: names ResourceClaimTemplate {namespace}/{name}, which does not exist; accepted: a template that exists when the pod is created (the namespace's budget charges what it asks)")]
+    NoTemplate {
+        field: String,
+        namespace: String,
+        name: String,
+    },
+}
+
+fn read_err(what: impl Into<String>) -> impl FnOnce(kube::Error) -> BudgetError {
+    let what = what.into();
+    move |e| BudgetError::Read {
+        what,
+        detail: e.to_string(),
+    }
+}
+
+/// Whether `q` names any of gpuslice's or HAMi's budget names.
+fn names_any(q: &ResourceQuota, hami: bool) -> bool {
+    q.spec
+        .as_ref()
+        .and_then(|s| s.hard.as_ref())
+        .is_some_and(|h| {
+            NAMES
+                .iter()
+                .any(|n| n.hami == hami && h.contains_key(n.name))
+        })
+}
+
+/// The budgets of one namespace, as read for one admission.
+pub struct Budgets {
+    namespace: String,
+    hami: bool,
+    quotas: Vec<ResourceQuota>,
+}
+
+/// The admission side of the ledger: reads a namespace's budgets and books charges.
+#[derive(Clone)]
+pub struct Ledger {
+    cluster: Cluster,
+    hami_compat: bool,
+    /// The ResourceQuotas as watched (admissions read them here, as the API server's quota
+    /// admission reads its informer's), while synced; `None`: read on each admission.
+    watched: Option<Arc<Watched>>,
+}
+
+/// The cluster's ResourceQuotas by namespace and name, and whether the watch is current.
+#[derive(Default)]
+pub struct Watched {
+    quotas: RwLock<HashMap<String, BTreeMap<String, ResourceQuota>>>,
+    synced: AtomicBool,
+}
+
+fn quota_key(q: &ResourceQuota) -> (String, String) {
+    (
+        q.metadata.namespace.clone().unwrap_or_default(),
+        q.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+impl Watched {
+    /// Lists the quotas, then follows their changes until the watch ends.
+    async fn follow(&self, client: kube::Client) {
+        let api: Api<ResourceQuota> = Api::all(client);
+        let Ok(list) = api.list(&ListParams::default()).await else {
+            return;
+        };
+        let version = list.metadata.resource_version.clone().unwrap_or_default();
+        if let Ok(mut m) = self.quotas.write() {
+            m.clear();
+            for q in list.items {
+                let (ns, name) = quota_key(&q);
+                m.entry(ns).or_default().insert(name, q);
+            }
+        }
+        let Ok(stream) = api
+            .watch(&WatchParams::default().timeout(290), &version)
+            .await
+        else {
+            return;
+        };
+        self.synced.store(true, Ordering::SeqCst);
+        let mut stream = Box::pin(stream);
+        while let Some(ev) = stream.next().await {
+            let Ok(mut m) = self.quotas.write() else {
+                return;
+            };
+            match ev {
+                Ok(WatchEvent::Added(q)) | Ok(WatchEvent::Modified(q)) => {
+                    let (ns, name) = quota_key(&q);
+                    m.entry(ns).or_default().insert(name, q);
+                }
+                Ok(WatchEvent::Deleted(q)) => {
+                    let (ns, name) = quota_key(&q);
+                    if let Some(n) = m.get_mut(&ns) {
+                        n.remove(&name);
+                    }
+                }
+                Ok(WatchEvent::Bookmark(_)) => {}
+                Ok(WatchEvent::Error(_)) | Err(_) => return,
+            }
+        }
+    }
+
+    /// The quotas of `namespace` as watched, while the watch is current.
+    fn of(&self, namespace: &str) -> Option<Vec<ResourceQuota>> {
+        if !self.synced.load(Ordering::SeqCst) {
+            return None;
+        }
+        let m = self.quotas.read().ok()?;
+        Some(
+            m.get(namespace)
+                .map(|n| n.values().cloned().collect())
+                .unwrap_or_default(),
+        )
+    }
+}
+
+impl Budgets {
+    /// Whether `charge` fits every budget as read (a dry run's check; nothing is booked).
+    pub fn check(&self, charge: &Charge) -> Result<(), BudgetError> {
+        for q in &self.quotas {
+            if let Some(b) = Budget::read(q, self.hami)? {
+                b.book(charge)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Ledger {
+    /// A ledger that reads the quotas on each use (the recount's).
+    pub fn new(cluster: Cluster, hami_compat: bool) -> Ledger {
+        Ledger {
+            cluster,
+            hami_compat,
+            watched: None,
+        }
+    }
+
+    /// A ledger that watches the quotas (the admissions'): a namespace without a budget costs
+    /// an admission no API call, and a booking starts from the version watched (a stale one
+    /// conflicts and is read again). Needs a Tokio runtime.
+    pub fn watching(cluster: Cluster, hami_compat: bool) -> Ledger {
+        let watched = Arc::new(Watched::default());
+        let (w, client) = (Arc::clone(&watched), cluster.client());
+        tokio::spawn(async move {
+            loop {
+                w.follow(client.clone()).await;
+                // The watch ended: read on each admission until a new list is current.
+                w.synced.store(false, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        });
+        Ledger {
+            cluster,
+            hami_compat,
+            watched: Some(watched),
+        }
+    }
+
+    /// Whether `namespace` counts HAMi's names: the webhook runs with `--hami-compat` and
+    /// the namespace is labelled (looked up only when one of `quotas` names them).
+    async fn hami(&self, namespace: &str, quotas: &[ResourceQuota]) -> Result<bool, BudgetError> {
+        if !self.hami_compat || !quotas.iter().any(|q| names_any(q, true)) {
+            return Ok(false);
+        }
+        self.cluster
+            .hami_namespace(namespace)
+            .await
+            .map_err(|e| BudgetError::Read {
+                what: format!("namespace {namespace}"),
+                detail: e.to_string(),
+            })
+    }
+
+    /// The budgets of `namespace`, `None` when no quota of it names one; a malformed quota is
+    /// an error naming it (nothing is admitted against a budget that cannot be read).
+    pub async fn budgets(&self, namespace: &str) -> Result<Option<Budgets>, BudgetError> {
+        let items = match self.watched.as_ref().and_then(|w| w.of(namespace)) {
+            Some(items) => items,
+            None => {
+                let api: Api<ResourceQuota> = Api::namespaced(self.cluster.client(), namespace);
+                api.list(&ListParams::default())
+                    .await
+                    .map_err(read_err(format!(
+                        "the ResourceQuotas of namespace {namespace}"
+                    )))?
+                    .items
+            }
+        };
+        let hami = self.hami(namespace, &items).await?;
+        let mut quotas = Vec::new();
+        for q in items {
+            if Budget::read(&q, hami)?.is_some() {
+                quotas.push(q);
+            }
+        }
+        Ok((!quotas.is_empty()).then(|| Budgets {
+            namespace: namespace.to_string(),
+            hami,
+            quotas,
+        }))
+    }
+
+    /// Books `charge` against every budget of `b`; refused (naming the quota, the name, hard,
+    /// used and asked) when one would pass its hard value, and then nothing stays booked.
+    pub async fn book(&self, b: Budgets, charge: &Charge) -> Result<(), BudgetError> {
+        if charge.is_zero() {
+            return Ok(());
+        }
+        let api: Api<ResourceQuota> = Api::namespaced(self.cluster.client(), &b.namespace);
+        let mut booked: Vec<String> = Vec::new();
+        for q in b.quotas {
+            let name = q.metadata.name.clone().unwrap_or_default();
+            if let Err(e) = update(&api, q, b.hami, |budget| budget.book(charge)).await {
+                // Give back what the earlier quotas booked (a failed refund is freed by the
+                // recount: it only ever overcounts).
+                for done in booked {
+                    if let Ok(q) = api.get(&done).await {
+                        let _ = update(&api, q, b.hami, |budget| Ok(refund(budget, charge))).await;
+                    }
+                }
+                return Err(e);
+            }
+            booked.push(name);
+        }
+        Ok(())
+    }
+
+    /// What the pod's claim template entries charge: `planned` are the templates the webhook
+    /// writes for it (by name); the others named are read. `field` names the pod.
+    pub async fn pod_charge(
+        &self,
+        namespace: &str,
+        entries: &[(String, String)],
+        planned: &[ResourceClaimTemplate],
+        inventory: &PublishedGpus,
+    ) -> Result<Charge, BudgetError> {
+        let api: Api<ResourceClaimTemplate> = Api::namespaced(self.cluster.client(), namespace);
+        let mut total = Charge::default();
+        for (entry, template) in entries {
+            let field = format!("spec.resourceClaims[{entry}]");
+            let spec = match planned
+                .iter()
+                .find(|t| t.metadata.name.as_deref() == Some(template.as_str()))
+            {
+                Some(t) => template_spec(t),
+                None => template_spec(
+                    &api.get_opt(template)
+                        .await
+                        .map_err(read_err(format!(
+                            "ResourceClaimTemplate {namespace}/{template}"
+                        )))?
+                        .ok_or_else(|| BudgetError::NoTemplate {
+                            field: field.clone(),
+                            namespace: namespace.to_string(),
+                            name: template.clone(),
+                        })?,
+                ),
+            };
+            total = total.checked_add(&claim_charge(&spec, inventory, &field)?, &field)?;
+        }
+        Ok(total)
+    }
+
+    /// What a claim created in `namespace` charges: nothing when the resource claim controller
+    /// makes it from the template of a live pod's entry (the pod was charged for it), else
+    /// what its spec asks.
+    pub async fn claim_charge(
+        &self,
+        namespace: &str,
+        claim: &ResourceClaim,
+        inventory: &PublishedGpus,
+    ) -> Result<Charge, BudgetError> {
+        if self.made_for_pod(namespace, claim).await? {
+            return Ok(Charge::default());
+        }
+        let field = format!(
+            "ResourceClaim {namespace}/{}",
+            claim
+                .metadata
+                .name
+                .as_deref()
+                .or(claim.metadata.generate_name.as_deref())
+                .unwrap_or_default()
+        );
+        Ok(claim_charge(&claim_spec(claim), inventory, &field)?)
+    }
+
+    /// Whether `claim` is the one the resource claim controller makes for a pod's template
+    /// entry: owned (as controller) by a live pod of that uid whose entry of that name names a
+    /// template and has no claim yet.
+    async fn made_for_pod(
+        &self,
+        namespace: &str,
+        claim: &ResourceClaim,
+    ) -> Result<bool, BudgetError> {
+        let Some(entry) = claim
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(POD_CLAIM_NAME))
+        else {
+            return Ok(false);
+        };
+        let Some(owner) = claim
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|o| o.kind == "Pod" && o.controller == Some(true))
+        else {
+            return Ok(false);
+        };
+        let api: Api<Pod> = Api::namespaced(self.cluster.client(), namespace);
+        let Some(pod) = api
+            .get_opt(&owner.name)
+            .await
+            .map_err(read_err(format!("pod {namespace}/{}", owner.name)))?
+        else {
+            return Ok(false);
+        };
+        let names_template = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.resource_claims.as_ref())
+            .is_some_and(|l| {
+                l.iter()
+                    .any(|e| &e.name == entry && e.resource_claim_template_name.is_some())
+            });
+        let resolved = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.resource_claim_statuses.as_ref())
+            .is_some_and(|l| {
+                l.iter()
+                    .any(|s| &s.name == entry && s.resource_claim_name.is_some())
+            });
+        Ok(pod.metadata.uid.as_deref() == Some(owner.uid.as_str())
+            && !terminal(&pod)
+            && names_template
+            && !resolved)
+    }
+}
+
+/// What a template's claims ask (nothing when it has no spec).
+fn template_spec(t: &ResourceClaimTemplate) -> ResourceClaimSpec {
+    t.spec
+        .as_ref()
+        .and_then(|s| s.spec.clone())
+        .unwrap_or_default()
+}
+
+/// What a claim asks (nothing when it has no spec).
+fn claim_spec(c: &ResourceClaim) -> ResourceClaimSpec {
+    c.spec.clone().unwrap_or_default()
+}
+
+/// The used values after giving `charge` back (never below 0).
+fn refund(budget: &Budget, charge: &Charge) -> Vec<(&'static gpuslice_dra::quota::Name, u64)> {
+    budget
+        .lines
+        .iter()
+        .map(|l| (l.name, l.used.saturating_sub(charge.in_unit(l.name))))
+        .collect()
+}
+
+/// Writes the used values `next` computes from `q`'s budget into its status, conditionally on
+/// the version read; on a conflict reads it again and recomputes.
+async fn update(
+    api: &Api<ResourceQuota>,
+    mut q: ResourceQuota,
+    hami: bool,
+    next: impl Fn(&Budget) -> Result<Vec<(&'static gpuslice_dra::quota::Name, u64)>, QuotaError>,
+) -> Result<(), BudgetError> {
+    let name = q.metadata.name.clone().unwrap_or_default();
+    let quota = format!(
+        "{}/{name}",
+        q.metadata.namespace.as_deref().unwrap_or_default()
+    );
+    for _ in 0..MAX_TRIES {
+        // A quota that no longer names a budget has nothing to book.
+        let Some(budget) = Budget::read(&q, hami)? else {
+            return Ok(());
+        };
+        let values = next(&budget)?;
+        if !write_used(&mut q, &values) {
+            return Ok(());
+        }
+        match api.replace_status(&name, &PostParams::default(), &q).await {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                q = api
+                    .get(&name)
+                    .await
+                    .map_err(read_err(format!("ResourceQuota {quota}")))?;
+            }
+            Err(e) => {
+                return Err(BudgetError::Write {
+                    quota,
+                    detail: e.to_string(),
+                })
+            }
+        }
+    }
+    Err(BudgetError::Contended { quota })
+}
+
+/// Sets `values` as `q`'s used (and its hard as the spec says, as the quota controller
+/// does); whether anything changed.
+fn write_used(q: &mut ResourceQuota, values: &[(&'static gpuslice_dra::quota::Name, u64)]) -> bool {
+    let hard = q
+        .spec
+        .as_ref()
+        .and_then(|s| s.hard.clone())
+        .unwrap_or_default();
+    let status = q.status.get_or_insert_with(Default::default);
+    let used = status.used.get_or_insert_with(BTreeMap::new);
+    let mut changed = false;
+    for (name, v) in values {
+        let want = Quantity(format_value(name, *v));
+        if used.get(name.name) != Some(&want) {
+            used.insert(name.name.to_string(), want);
+            changed = true;
+        }
+    }
+    let status_hard = status.hard.get_or_insert_with(BTreeMap::new);
+    for (name, _) in values {
+        if let Some(h) = hard.get(name.name) {
+            if status_hard.get(name.name) != Some(h) {
+                status_hard.insert(name.name.to_string(), h.clone());
+                changed = true;
+            }
+        }
+    }
+    changed
+}
+
+/// A pod whose containers are done: it holds no device.
+fn terminal(p: &Pod) -> bool {
+    matches!(
+        p.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+/// What the live objects of one namespace charge: every pod that is not done, for the claims
+/// its template entries make (the claim made when there is one, else the template), and every
+/// other claim of gpuslice's classes (written by hand, or owned by no live pod).
+pub fn live_charge(
+    pods: &[Pod],
+    claims: &[ResourceClaim],
+    templates: &[ResourceClaimTemplate],
+    inventory: &PublishedGpus,
+) -> Charge {
+    let charge = |spec: ResourceClaimSpec| claim_charge(&spec, inventory, "").unwrap_or_default();
+    let mut total = Charge::default();
+    let mut counted: HashSet<&str> = HashSet::new();
+    let by_name: HashMap<&str, &ResourceClaim> = claims
+        .iter()
+        .filter_map(|c| c.metadata.name.as_deref().map(|n| (n, c)))
+        .collect();
+    let mut done_owners: HashSet<&str> = HashSet::new();
+    for p in pods {
+        let uid = p.metadata.uid.as_deref().unwrap_or_default();
+        if terminal(p) {
+            done_owners.insert(uid);
+            continue;
+        }
+        let statuses = p
+            .status
+            .as_ref()
+            .and_then(|s| s.resource_claim_statuses.as_ref());
+        for e in p
+            .spec
+            .as_ref()
+            .and_then(|s| s.resource_claims.as_ref())
+            .into_iter()
+            .flatten()
+        {
+            let Some(template) = e.resource_claim_template_name.as_deref() else {
+                continue;
+            };
+            let made = statuses
+                .and_then(|l| l.iter().find(|s| s.name == e.name))
+                .and_then(|s| s.resource_claim_name.as_deref())
+                .and_then(|n| by_name.get(n).copied())
+                .or_else(|| {
+                    claims.iter().find(|c| {
+                        owned_by(c, uid)
+                            && c.metadata
+                                .annotations
+                                .as_ref()
+                                .and_then(|a| a.get(POD_CLAIM_NAME))
+                                == Some(&e.name)
+                    })
+                });
+            let c = match made {
+                Some(c) => {
+                    counted.insert(c.metadata.name.as_deref().unwrap_or_default());
+                    charge(claim_spec(c))
+                }
+                None => templates
+                    .iter()
+                    .find(|t| t.metadata.name.as_deref() == Some(template))
+                    .map(|t| charge(template_spec(t)))
+                    .unwrap_or_default(),
+            };
+            total = total.checked_add(&c, "").unwrap_or(total);
+        }
+    }
+    for c in claims {
+        let name = c.metadata.name.as_deref().unwrap_or_default();
+        let done = done_owners.iter().any(|uid| owned_by(c, uid));
+        if counted.contains(name) || done {
+            continue;
+        }
+        total = total
+            .checked_add(&charge(claim_spec(c)), "")
+            .unwrap_or(total);
+    }
+    total
+}
+
+fn owned_by(c: &ResourceClaim, uid: &str) -> bool {
+    c.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.kind == "Pod" && o.controller == Some(true) && o.uid == uid)
+}
+
+/// The recount's decision for one line of a quota: the used value to write and the excess left
+/// (what may be freed at the next recount). `used` is what the ledger says, `live` what the
+/// live objects charge, `before` the excess left at the previous recount (`None`: the first).
+/// More live than booked is written at once (an overcount never admits too much); an excess
+/// is freed only as far as it was already there at the previous recount, an interval ago, so
+/// that a charge booked whose object is not stored yet is never freed.
+pub fn settle(used: u64, live: u64, before: Option<u64>) -> (u64, u64) {
+    if live >= used {
+        return (live, 0);
+    }
+    let excess = used - live;
+    let free = before.map_or(0, |b| b.min(excess));
+    (used - free, excess - free)
+}
+
+/// The recount: every interval, for each namespace with a budget, the live charge against
+/// what its quotas say (docs/quotas.md, "Freeing").
+pub struct Recount {
+    ledger: Ledger,
+    every: Duration,
+    lease: Option<(String, String)>,
+    identity: String,
+    /// The excess left per (quota uid, name) at the previous recount.
+    before: Mutex<HashMap<(String, &'static str), u64>>,
+}
+
+impl Recount {
+    pub fn new(ledger: Ledger, every: Duration, lease: Option<(String, String)>) -> Recount {
+        let identity = format!(
+            "{}-{}",
+            std::env::var("HOSTNAME").unwrap_or_else(|_| "gpuslice-webhook".into()),
+            std::process::id()
+        );
+        Recount {
+            ledger,
+            every,
+            lease,
+            identity,
+            before: Mutex::default(),
+        }
+    }
+
+    /// Recounts every interval, forever (while this replica holds the lease, when one is
+    /// named: one replica frees at a time, so that the excess seen twice is its own).
+    pub async fn run(self) {
+        let mut leading = false;
+        loop {
+            tokio::time::sleep(self.every).await;
+            let lead = match &self.lease {
+                None => true,
+                Some((ns, name)) => self.hold_lease(ns, name).await,
+            };
+            if !lead || !leading {
+                // A new leader starts from a first look: what another replica freed meanwhile
+                // is not in its baselines.
+                if let Ok(mut b) = self.before.lock() {
+                    b.clear();
+                }
+            }
+            leading = lead;
+            if lead {
+                if let Err(e) = self.once().await {
+                    eprintln!("gpuslice webhook: budget recount: {e}");
+                }
+            }
+        }
+    }
+
+    /// Takes or renews the lease `ns/name`; whether this replica holds it.
+    async fn hold_lease(&self, ns: &str, name: &str) -> bool {
+        let api: Api<Lease> = Api::namespaced(self.ledger.cluster.client(), ns);
+        let now = Timestamp::now();
+        let duration = i32::try_from(self.every.as_secs().saturating_mul(3).max(3)).unwrap_or(45);
+        let spec = LeaseSpec {
+            holder_identity: Some(self.identity.clone()),
+            lease_duration_seconds: Some(duration),
+            renew_time: Some(MicroTime(now)),
+            ..LeaseSpec::default()
+        };
+        match api.get_opt(name).await {
+            Ok(None) => {
+                let l = Lease {
+                    metadata: ObjectMeta {
+                        name: Some(name.to_string()),
+                        namespace: Some(ns.to_string()),
+                        ..ObjectMeta::default()
+                    },
+                    spec: Some(spec),
+                };
+                api.create(&PostParams::default(), &l).await.is_ok()
+            }
+            Ok(Some(mut l)) => {
+                let held = l.spec.as_ref();
+                let mine = held.and_then(|s| s.holder_identity.as_deref()) == Some(&self.identity);
+                let expired = held
+                    .and_then(|s| Some((s.renew_time.as_ref()?.0, s.lease_duration_seconds?)))
+                    .is_none_or(|(t, d)| t + SignedDuration::from_secs(i64::from(d)) < now);
+                if !mine && !expired {
+                    return false;
+                }
+                l.spec = Some(spec);
+                api.replace(name, &PostParams::default(), &l).await.is_ok()
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// One recount of every namespace with a budget.
+    pub async fn once(&self) -> Result<(), BudgetError> {
+        let client = self.ledger.cluster.client();
+        let inventory = self
+            .ledger
+            .cluster
+            .inventory()
+            .map_err(|e| BudgetError::Read {
+                what: "the inventory".into(),
+                detail: e.to_string(),
+            })?;
+        // Quotas are read before the objects, so that a charge booked after this read makes
+        // the write below conflict, and one booked before it is either among the objects or
+        // still an excess seen once.
+        let all: Api<ResourceQuota> = Api::all(client.clone());
+        let quotas = all
+            .list(&ListParams::default())
+            .await
+            .map_err(read_err("the ResourceQuotas"))?;
+        let mut by_ns: BTreeMap<String, Vec<ResourceQuota>> = BTreeMap::new();
+        for q in quotas.items {
+            if names_any(&q, false) || names_any(&q, true) {
+                let ns = q.metadata.namespace.clone().unwrap_or_default();
+                by_ns.entry(ns).or_default().push(q);
+            }
+        }
+        let mut seen = HashSet::new();
+        for (ns, qs) in by_ns {
+            let hami = self.ledger.hami(&ns, &qs).await?;
+            let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+            let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), &ns);
+            let templates: Api<ResourceClaimTemplate> = Api::namespaced(client.clone(), &ns);
+            let lp = ListParams::default();
+            let pods = pods
+                .list(&lp)
+                .await
+                .map_err(read_err(format!("the pods of {ns}")))?;
+            let claims = claims
+                .list(&lp)
+                .await
+                .map_err(read_err(format!("the ResourceClaims of {ns}")))?;
+            let templates = templates
+                .list(&lp)
+                .await
+                .map_err(read_err(format!("the ResourceClaimTemplates of {ns}")))?;
+            let live = live_charge(&pods.items, &claims.items, &templates.items, &inventory);
+            let api: Api<ResourceQuota> = Api::namespaced(client.clone(), &ns);
+            for mut q in qs {
+                // A malformed quota is left as it is (admissions against it are refused).
+                let Ok(Some(budget)) = Budget::read(&q, hami) else {
+                    continue;
+                };
+                let uid = q.metadata.uid.clone().unwrap_or_default();
+                let mut next = Vec::new();
+                let mut left = Vec::new();
+                {
+                    let before = self.before.lock().map_err(|_| BudgetError::Read {
+                        what: "the recount's baselines".into(),
+                        detail: "lock poisoned".into(),
+                    })?;
+                    for l in &budget.lines {
+                        let key = (uid.clone(), l.name.name);
+                        let (used, excess) =
+                            settle(l.used, live.in_unit(l.name), before.get(&key).copied());
+                        next.push((l.name, used));
+                        left.push((key, excess));
+                    }
+                }
+                let name = q.metadata.name.clone().unwrap_or_default();
+                let wrote = if write_used(&mut q, &next) {
+                    api.replace_status(&name, &PostParams::default(), &q)
+                        .await
+                        .is_ok()
+                } else {
+                    true
+                };
+                if let Ok(mut before) = self.before.lock() {
+                    for (key, excess) in left {
+                        seen.insert(key.clone());
+                        if wrote {
+                            before.insert(key, excess);
+                        } else {
+                            // Not written (a booking came between): next time is a first look.
+                            before.remove(&key);
+                        }
+                    }
+                }
+            }
+        }
+        if let Ok(mut before) = self.before.lock() {
+            before.retain(|k, _| seen.contains(k));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn an_excess_is_freed_only_once_seen_twice() {
+        // First look: nothing freed, the excess remembered.
+        assert_eq!(settle(10, 6, None), (10, 4));
+        // Seen again: freed.
+        assert_eq!(settle(10, 6, Some(4)), (6, 0));
+        // A charge booked but not stored yet (an excess of 2 on one look only) is kept.
+        assert_eq!(settle(12, 10, Some(0)), (12, 2));
+        // Part of it was there before: only that part is freed.
+        assert_eq!(settle(10, 4, Some(2)), (8, 4));
+        // More live than booked is written at once.
+        assert_eq!(settle(4, 6, Some(3)), (6, 0));
+    }
+
+    fn pod(name: &str, uid: &str, phase: &str, entries: Value2, statuses: Value2) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "uid": uid},
+            "spec": {"containers": [], "resourceClaims": entries},
+            "status": {"phase": phase, "resourceClaimStatuses": statuses},
+        }))
+        .unwrap()
+    }
+    type Value2 = serde_json::Value;
+
+    fn spec(mem: &str) -> Value2 {
+        json!({"devices": {"requests": [{"name": "gpu-0", "exactly": {
+            "deviceClassName": "gpuslice.io", "capacity": {"requests": {"memory": mem}}}}]}})
+    }
+
+    fn claim(name: &str, owner: Option<(&str, &str)>, mem: &str) -> ResourceClaim {
+        let mut c = json!({"metadata": {"name": name}, "spec": spec(mem)});
+        if let Some((uid, entry)) = owner {
+            c["metadata"]["ownerReferences"] = json!([{"apiVersion": "v1", "kind": "Pod",
+                "name": "p", "uid": uid, "controller": true}]);
+            c["metadata"]["annotations"] = json!({POD_CLAIM_NAME: entry});
+        }
+        serde_json::from_value(c).unwrap()
+    }
+
+    #[test]
+    fn live_objects_charge_once_each() {
+        let inv = PublishedGpus::default();
+        let t: ResourceClaimTemplate = serde_json::from_value(json!({
+            "metadata": {"name": "t2"}, "spec": {"spec": spec("2Gi")}}))
+        .unwrap();
+        let pods = vec![
+            // Its claim made and named in its status.
+            pod(
+                "a",
+                "ua",
+                "Running",
+                json!([{"name": "e", "resourceClaimTemplateName": "t2"}]),
+                json!([{"name": "e", "resourceClaimName": "a-e"}]),
+            ),
+            // Its claim not made yet: the template.
+            pod(
+                "b",
+                "ub",
+                "Pending",
+                json!([{"name": "e", "resourceClaimTemplateName": "t2"}]),
+                json!([]),
+            ),
+            // Made, not yet in its status: found by owner and entry.
+            pod(
+                "c",
+                "uc",
+                "Pending",
+                json!([{"name": "e", "resourceClaimTemplateName": "t2"}]),
+                json!([]),
+            ),
+            // Done: nothing, nor its claim.
+            pod(
+                "d",
+                "ud",
+                "Succeeded",
+                json!([{"name": "e", "resourceClaimTemplateName": "t2"}]),
+                json!([{"name": "e", "resourceClaimName": "d-e"}]),
+            ),
+            // A claim by name: charged as the claim.
+            pod(
+                "e",
+                "ue",
+                "Running",
+                json!([{"name": "x", "resourceClaimName": "hand"}]),
+                json!([]),
+            ),
+        ];
+        let claims = vec![
+            claim("a-e", Some(("ua", "e")), "2Gi"),
+            claim("c-e", Some(("uc", "e")), "2Gi"),
+            claim("d-e", Some(("ud", "e")), "2Gi"),
+            claim("hand", None, "4Gi"),
+        ];
+        let c = live_charge(&pods, &claims, &[t], &inv);
+        assert_eq!(c.memory_bytes, (2 + 2 + 2 + 4) << 30);
+        assert_eq!(c.gpus, 4);
+    }
+}
