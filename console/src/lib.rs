@@ -7,6 +7,7 @@
 // Tests may panic on unexpected errors; the library itself may not.
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
+pub mod budgets;
 pub mod client;
 pub mod edit;
 pub mod fetch;

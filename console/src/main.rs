@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use gpuslice_console::budgets::{self, Budgets, Scope};
 use gpuslice_console::fetch::{self, PodScope};
 use gpuslice_console::model::{self, Model};
 use gpuslice_console::render::{self, Output};
@@ -72,6 +73,13 @@ enum Command {
     Allocate(workload::AllocateArgs),
     /// Undoes `allocate`: the pod template as before, the ResourceClaimTemplate deleted.
     Release(workload::ReleaseArgs),
+    /// Budgets: per namespace (-n NS, default the context's; -A every one) the hard and used
+    /// GPU memory, cores and GPUs of its ResourceQuotas (limits.gpuslice.io/memory, …/cores,
+    /// …/gpus; HAMi's limits.nvidia.com/gpumem, …/gpucores, …/gpu in namespaces labelled
+    /// gpuslice.io/hami-compat=true), used as the admission ledger (the quota's status)
+    /// holds it; and where Kueue is installed, per ClusterQueue (-n: those the namespace's
+    /// LocalQueues name) its gpuslice.io/memory quota, borrowing limit and use.
+    Quota,
 }
 
 fn parse_threshold(v: &str) -> Result<f64, String> {
@@ -127,13 +135,68 @@ fn print_model(cli: &Cli, command: &Command, m: &Model) -> anyhow::Result<()> {
                 render::pods_table(&pods, cli.all_namespaces, wide)
             }
         }
-        Command::Allocate(_) | Command::Release(_) => String::new(),
+        Command::Allocate(_) | Command::Release(_) | Command::Quota => String::new(),
     };
     print!("{text}");
     Ok(())
 }
 
+/// Why `quota`'s flags cannot be read, before anything is asked of the cluster.
+#[derive(Debug, thiserror::Error)]
+enum QuotaFlagError {
+    #[error("quota: -n {namespace} and -A both given; pass one (-n NAMESPACE for one namespace, -A for every namespace)")]
+    Both { namespace: String },
+    #[error("quota: namespace `{0}` is not valid; accepted: a DNS-1123 label (a-z, 0-9, '-', at most 63)")]
+    Namespace(String),
+}
+
+fn quota_flags(cli: &Cli) -> Result<(), QuotaFlagError> {
+    match (&cli.namespace, cli.all_namespaces) {
+        (Some(ns), true) => Err(QuotaFlagError::Both {
+            namespace: ns.escape_default().to_string(),
+        }),
+        (Some(ns), false) if !gpuslice_console::web::http::is_dns_label(ns) => {
+            Err(QuotaFlagError::Namespace(ns.escape_default().to_string()))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn print_budgets(cli: &Cli, scope: &Scope, b: &Budgets) -> anyhow::Result<()> {
+    for w in &b.warnings {
+        eprintln!("warning: {w}");
+    }
+    if let Some(why) = &b.queues_unavailable {
+        eprintln!("warning: Kueue's ClusterQueues are not shown: {why}");
+    }
+    if let Some(o @ (Output::Json | Output::Yaml)) = cli.output {
+        print!("{}", render::encode(b, o)?);
+        return Ok(());
+    }
+    let mut text = String::new();
+    if b.namespaces.is_empty() {
+        let scope = match scope {
+            Scope::All => "any namespace".to_string(),
+            Scope::Namespace(ns) => format!("namespace {ns}"),
+        };
+        eprintln!("No ResourceQuota in {scope} names gpuslice's resources (docs/quotas.md).");
+    } else {
+        text.push_str(&render::budgets_table(&b.namespaces, cli.all_namespaces));
+    }
+    if let Some(queues) = b.queues.as_ref().filter(|q| !q.is_empty()) {
+        if !text.is_empty() {
+            text.push('\n');
+        }
+        text.push_str(&render::queues_table(queues));
+    }
+    print!("{text}");
+    Ok(())
+}
+
 async fn run(cli: Cli) -> anyhow::Result<()> {
+    if matches!(cli.command, Command::Quota) {
+        quota_flags(&cli)?;
+    }
     let cluster = client::connect(cli.kubeconfig.as_deref(), cli.context.as_deref()).await?;
     let namespace = cli
         .namespace
@@ -188,6 +251,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Release(args) => {
             let out = workload::release(&cluster.client, &namespace, args).await?;
             print!("{out}");
+        }
+        Command::Quota => {
+            let scope = if cli.all_namespaces {
+                Scope::All
+            } else {
+                Scope::Namespace(namespace.clone())
+            };
+            let b = budgets::fetch(&cluster.client, &scope).await?;
+            print_budgets(&cli, &scope, &b)?;
         }
     }
     Ok(())

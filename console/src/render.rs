@@ -4,7 +4,9 @@
 
 use serde::Serialize;
 
+use crate::budgets::{self, NamespaceBudget, QueueBudget, RESOURCES};
 use crate::model::{ContainerSlice, Figure, GpuView, Model, NodeView, TOTAL};
+use gpuslice_dra::quota::Resource;
 
 /// `-o` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -356,6 +358,85 @@ pub fn idle_table(rows: &[crate::idle::IdleSlice], all_namespaces: bool, wide: b
     table(&header, &out)
 }
 
+/// A budget figure: `-` where the quota names no hard value, else `used (pct%)` of it.
+fn budget_cells(b: &NamespaceBudget, what: Resource) -> [String; 2] {
+    let l = b.limit(what);
+    match l.hard {
+        None => ["-".into(), "-".into()],
+        Some(hard) => [
+            budgets::show(what, hard),
+            with_pct(budgets::show(what, l.used), l.used as f64, hard),
+        ],
+    }
+}
+
+/// `quota`: one row per ResourceQuota and name set, hard and used of GPU memory, cores and
+/// GPUs (`-` where the quota names none).
+pub fn budgets_table(rows: &[NamespaceBudget], all_namespaces: bool) -> String {
+    let mut header = Vec::new();
+    if all_namespaces {
+        header.push("NAMESPACE");
+    }
+    header.extend([
+        "QUOTA",
+        "NAMES",
+        "MEMORY",
+        "MEMORY USED",
+        "CORES",
+        "CORES USED",
+        "GPUS",
+        "GPUS USED",
+    ]);
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|b| {
+            let mut r = Vec::new();
+            if all_namespaces {
+                r.push(b.namespace.clone());
+            }
+            r.push(b.quota.clone());
+            r.push(b.name_sets());
+            for what in RESOURCES {
+                r.extend(budget_cells(b, what));
+            }
+            r
+        })
+        .collect();
+    table(&header, &rows)
+}
+
+/// `quota`'s Kueue part: one row per ClusterQueue charging `gpuslice.io/memory`.
+pub fn queues_table(queues: &[QueueBudget]) -> String {
+    let header = [
+        "CLUSTERQUEUE",
+        "COHORT",
+        "MEMORY NOMINAL",
+        "BORROWING LIMIT",
+        "MEMORY USED",
+        "BORROWED",
+        "RESERVED",
+    ];
+    let rows: Vec<Vec<String>> = queues
+        .iter()
+        .map(|q| {
+            vec![
+                q.name.clone(),
+                q.cohort.clone().unwrap_or_else(|| "-".into()),
+                bytes(q.nominal),
+                match (&q.cohort, q.borrowing_limit) {
+                    (None, _) => "-".into(),
+                    (Some(_), None) => "unlimited".into(),
+                    (Some(_), Some(l)) => bytes(l),
+                },
+                mem_pct(q.used, q.nominal),
+                bytes(q.borrowed),
+                bytes(q.reserved),
+            ]
+        })
+        .collect();
+    table(&header, &rows)
+}
+
 /// `-o json` / `-o yaml` of any view.
 pub fn encode<T: Serialize>(value: &T, output: Output) -> Result<String, RenderError> {
     Ok(match output {
@@ -608,5 +689,54 @@ mod tests {
         assert_eq!(v["largestFreeMemory"], 111 * GIB);
         let y = encode(&m.total, Output::Yaml).unwrap();
         assert!(y.contains("largestFreeMemory: "), "{y}");
+    }
+
+    #[test]
+    fn quota_tables_show_hard_and_used_with_their_share() {
+        use crate::budgets::tests::{budget, rq};
+        use crate::budgets::{quota_budget, QueueBudget};
+        let mut rows = vec![budget("team-a", "10Gi", "6Gi", "4", "1")];
+        let hami = rq(
+            "legacy",
+            "hami",
+            serde_json::json!({"limits.nvidia.com/gpumem": "20480", "limits.nvidia.com/gpucores": "200"}),
+            serde_json::json!({"limits.nvidia.com/gpumem": "5120", "limits.nvidia.com/gpucores": "50"}),
+        );
+        rows.push(quota_budget(&hami, true).0.unwrap());
+        let t = budgets_table(&rows, true);
+        assert_eq!(
+            t,
+            "NAMESPACE   QUOTA   NAMES         MEMORY   MEMORY USED   CORES   CORES USED   GPUS   GPUS USED\n\
+             team-a      gpu     gpuslice.io   10Gi     6Gi (60%)     -       -            4      1 (25%)\n\
+             legacy      hami    nvidia.com    20Gi     5Gi (25%)     200     50 (25%)     -      -\n"
+        );
+        let one = budgets_table(&rows[..1], false);
+        assert!(one.starts_with("QUOTA   NAMES"), "{one}");
+        let q = [
+            QueueBudget {
+                name: "team-a".into(),
+                cohort: Some("pool".into()),
+                nominal: 8 * GIB,
+                borrowing_limit: None,
+                used: 12 * GIB,
+                borrowed: 4 * GIB,
+                reserved: 12 * GIB,
+            },
+            QueueBudget {
+                name: "solo".into(),
+                cohort: None,
+                nominal: 8 * GIB,
+                borrowing_limit: Some(0),
+                used: 0,
+                borrowed: 0,
+                reserved: 0,
+            },
+        ];
+        assert_eq!(
+            queues_table(&q),
+            "CLUSTERQUEUE   COHORT   MEMORY NOMINAL   BORROWING LIMIT   MEMORY USED   BORROWED   RESERVED\n\
+             team-a         pool     8Gi              unlimited         12Gi (150%)   4Gi        12Gi\n\
+             solo           -        8Gi              -                 0 (0%)        0          0\n"
+        );
     }
 }

@@ -17,6 +17,7 @@ use kube::Api;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::budgets::{self, Ask, NamespaceBudget, Scope};
 use crate::edit::{self, EditError, Form, Kind, Request, MANAGED_BY};
 use crate::fetch::{self, FetchError, PodScope};
 use crate::model;
@@ -47,7 +48,9 @@ pub struct AllocateArgs {
     /// Print the diff and change nothing.
     #[arg(long)]
     pub dry_run: bool,
-    /// Write even when the replicas do not fit now (their pods stay Pending until room is free).
+    /// Write even when the replicas do not fit now (their pods stay Pending until room is
+    /// free) or would take more than the namespace's budget has left (the pods past it are
+    /// refused at admission until some of the budget is freed).
     #[arg(long)]
     pub force: bool,
     /// How the pod template asks for the slice: `limits` (gpuslice.io/gpus, memory, cores in
@@ -92,6 +95,10 @@ pub enum WorkloadError {
         fit: u64,
         per_node: String,
     },
+    #[error("{0}: nothing changed; raise the quota, free some of its budget, or pass --force to write anyway (the pods past the budget are refused at admission)")]
+    OverBudget(budgets::BudgetError),
+    #[error("{0}: nothing changed")]
+    Unchargeable(Box<gpuslice_dra::quota::QuotaError>),
     #[error(
         "{workload}: ResourceClaimTemplate {name} exists and is not the console's: nothing changed"
     )]
@@ -321,6 +328,65 @@ fn form_line(form: Form, mode: &Mode, template: &str, why: &str) -> String {
     }
 }
 
+/// The request the workload's pods ask now (its limits, or its claim template of the console
+/// read back in the cluster's publication `mode`); `None` when it asks none the console reads.
+async fn current_request(
+    templates: &Api<ResourceClaimTemplate>,
+    spec: &PodSpec,
+    mode: &Mode,
+) -> Option<Request> {
+    if let Some(r) = edit::current_limits(spec) {
+        return Some(r);
+    }
+    let name = edit::current_template(spec)?;
+    let t = templates.get_opt(&name).await.ok()??;
+    crate::web::template_request(&t, mode)
+}
+
+/// The namespace's budgets for the allocate check; when its quotas cannot be read, none and
+/// a note saying the budget was not checked (the webhook still enforces it at admission).
+async fn budgets_of(client: &kube::Client, ns: &str) -> (Vec<NamespaceBudget>, Option<String>) {
+    match budgets::namespace_budgets(client, &Scope::Namespace(ns.to_string())).await {
+        Ok((b, _)) => (b, None),
+        Err(e) => (
+            Vec::new(),
+            Some(format!(
+                "note: the namespace's budget was not checked: {e}\n"
+            )),
+        ),
+    }
+}
+
+/// Checks that the workload's pods under `req` (`slices` of it each) stay within the
+/// namespace's budgets, what its pods ask now (`held`, and its slices per pod) counted as
+/// freed. A DaemonSet (`want` `None`) runs a pod on each
+/// node with gpuslice GPUs.
+fn check_budget(
+    budgets: &[NamespaceBudget],
+    m: &model::Model,
+    label: &str,
+    (req, slices): (&Request, u64),
+    held: Option<(Request, u64)>,
+    want: Option<u64>,
+) -> Result<(), WorkloadError> {
+    let pods = want.unwrap_or(m.nodes.len() as u64);
+    let ask = Ask {
+        pods,
+        slices,
+        req: *req,
+    };
+    let held = held.map(|(req, slices)| Ask { pods, slices, req });
+    budgets::check(budgets, label, &ask, held.as_ref()).map_err(|e| match e {
+        budgets::BudgetError::Charge(c) => WorkloadError::Unchargeable(c),
+        over => WorkloadError::OverBudget(over),
+    })
+}
+
+/// The slices each pod of the edited workload gets.
+fn slices_of<W: Workload>(w: &W) -> u64 {
+    w.pod_spec().map_or(1, edit::slices_per_pod).max(1)
+}
+
 async fn allocate_kind<W: Workload>(
     client: &kube::Client,
     ns: &str,
@@ -338,6 +404,10 @@ async fn allocate_kind<W: Workload>(
     let first = get(&api, &label, name, ns).await?;
     let spec = editable_spec(&first, &label)?;
     let (form, why) = choose_form(client, args.form.as_deref(), spec).await?;
+    let held = current_request(&templates, spec, mode)
+        .await
+        .map(|r| (r, edit::slices_per_pod(spec)));
+    let (budgets, unchecked) = budgets_of(client, ns).await;
     let (template, notes) = edit::claim_template(ns, kind, name, &req, mode)?;
     let template_name = template.metadata.name.clone().unwrap_or_default();
     let mut ours = our_templates(&templates, kind, name).await?;
@@ -350,7 +420,8 @@ async fn allocate_kind<W: Workload>(
         .filter(|t| form == Form::Limits || **t != template_name)
         .cloned()
         .collect();
-    let notes: String = notes.iter().map(|n| format!("note: {n}\n")).collect();
+    let mut notes: String = notes.iter().map(|n| format!("note: {n}\n")).collect();
+    notes.extend(unchecked);
     let mut created = false;
     let mut checked = false;
     for _ in 0..ATTEMPTS {
@@ -394,6 +465,14 @@ async fn allocate_kind<W: Workload>(
             }
             if !checked {
                 check_fit(&m, mode, &label, &req, current.replicas())?;
+                check_budget(
+                    &budgets,
+                    &m,
+                    &label,
+                    (&req, slices_of(&next)),
+                    held,
+                    current.replicas(),
+                )?;
             }
             out.push_str(&format!(
                 "({})\n",
@@ -412,6 +491,14 @@ async fn allocate_kind<W: Workload>(
         }
         if !checked && !args.force {
             check_fit(&m, mode, &label, &req, current.replicas())?;
+            check_budget(
+                &budgets,
+                &m,
+                &label,
+                (&req, slices_of(&next)),
+                held,
+                current.replicas(),
+            )?;
         }
         checked = true;
         if form == Form::Claim && !created {

@@ -187,6 +187,8 @@ fn pages_show_the_api_banner_when_the_api_server_is_down() {
         "/pods?namespace=ml",
         "/workloads",
         "/nodes/n1",
+        "/budgets",
+        "/budgets?namespace=ml",
     ] {
         let a = get(addr, path);
         assert_eq!(a.status, 200, "{path}: {}", a.body);
@@ -207,6 +209,7 @@ fn pages_show_the_api_banner_when_the_api_server_is_down() {
             "<a href=\"/\">Nodes</a>",
             "<a href=\"/pods\">Pods</a>",
             "<a href=\"/workloads\">Workloads</a>",
+            "<a href=\"/budgets\">Budgets</a>",
         ] {
             assert!(a.body.contains(nav), "{path}: {nav}");
         }

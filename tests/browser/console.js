@@ -24,11 +24,14 @@
 //            share of the capacity and linked to its pod's row; width: the viewport width)
 //   filter?: { available: [NODE…] },         a#filter-available on / keeps exactly these
 //   steps?: [{ do: "allocate"|"release"|"read-only", workload: "NS/KIND/NAME", … }]
-//            (allocate: form?: "limits"|"claim" chosen in the form's select, default its own)
+//            (allocate: form?: "limits"|"claim" chosen in the form's select, default its own;
+//            budget?: a cell expectation of the GPU tab's #budget text; gpusMax?: the gpus
+//            input's max, what the namespace's GPU budget leaves per pod)
 // }
 // A cell's expectation: a number (the cell's data-value, or its text when it has none),
 // null (unknown: text `—`, no data-value), a string (the text), or
-// { approx: N, tol: T } / { contains: [TEXT…] } / { not: TEXT }.
+// { approx: N, tol: T } / { contains: [TEXT…] } / { not: TEXT } / { share: PERCENT } (its
+// budget bar's data-share), which may be combined with { value: N }.
 import { readFileSync, mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { launch } from './chromium.js';
@@ -80,6 +83,7 @@ function checkCell(where, want, cell) {
     if (!text.includes(part)) fail(where, `want text containing ${JSON.stringify(part)}, got ${JSON.stringify(text)}`);
   }
   if (want.not !== undefined && text === want.not) fail(where, `want text other than ${JSON.stringify(want.not)}`);
+  if (want.share !== undefined && cell.share !== want.share) fail(where, `want a budget bar of ${want.share}%, got ${JSON.stringify(cell.share)}`);
   if (want.text !== undefined && text !== want.text) fail(where, `want text ${JSON.stringify(want.text)}, got ${JSON.stringify(text)}`);
   if (want.value !== undefined && value !== String(want.value)) {
     fail(where, `want data-value ${want.value}, got ${JSON.stringify(value)}`);
@@ -90,7 +94,7 @@ function checkCell(where, want, cell) {
 async function checkFrame(page, where, spec, name) {
   const title = await page.title();
   if (!title.startsWith(name)) fail(where, `<title> ${JSON.stringify(title)} does not start with ${JSON.stringify(name)}`);
-  for (const [href, label] of [['/', 'Nodes'], ['/pods', 'Pods'], ['/idle', 'Idle'], ['/workloads', 'Workloads']]) {
+  for (const [href, label] of [['/', 'Nodes'], ['/pods', 'Pods'], ['/idle', 'Idle'], ['/workloads', 'Workloads'], ['/budgets', 'Budgets']]) {
     const link = page.locator(`nav a[href="${href}"]`);
     if ((await link.count()) !== 1) fail(where, `<nav> has no single a[href="${href}"]`);
     const text = (await link.textContent()).trim();
@@ -133,7 +137,10 @@ async function rows(page, id, keys) {
             const v = td.querySelector(':scope > span.v');
             const spark = (td.querySelector('svg.sparkline')?.getAttribute('data-values') ?? '').split(' ').filter((x) => x);
             const last = spark.length ? Number(spark[spark.length - 1].split(':')[1]) : null;
-            cells[td.dataset.col] = { text: (v ?? td).textContent.trim(), value: td.getAttribute('data-value'), last };
+            // A budget's bar: its share of the hard value (or a queue's nominal quota), percent.
+            const bar = td.querySelector('span.budget-bar');
+            const share = bar ? Number(bar.dataset.share) : null;
+            cells[td.dataset.col] = { text: (v ?? td).textContent.trim(), value: td.getAttribute('data-value'), last, share };
           }
           return {
             key: keys.map((k) => tr.getAttribute(k)).join(' '),
@@ -350,6 +357,12 @@ async function workloadTab(page, step) {
   const current = (await page.locator('p#current-slice').textContent().catch(() => null))?.trim();
   if (current === undefined) fail(where, 'no p#current-slice');
   if (step.current !== undefined) checkCell(`${where} p#current-slice`, step.current, { text: current, value: null });
+  if (step.budget !== undefined) {
+    // What the namespace's budget leaves, said beside the form before it is sent.
+    const budget = (await page.locator('#budget').textContent().catch(() => null))?.trim();
+    if (budget === undefined) fail(where, 'no #budget on the GPU tab');
+    checkCell(`${where} #budget`, step.budget, { text: budget, value: null });
+  }
   return where;
 }
 
@@ -362,6 +375,11 @@ async function allocate(page, step) {
   if ((await form.getAttribute('method'))?.toLowerCase() !== 'post') fail(where, 'form#allocate is not POST');
   const button = (await page.locator('button#allocate-submit').textContent()).trim();
   if (step.button && button !== step.button) fail(where, `button#allocate-submit reads ${JSON.stringify(button)}, want ${step.button}`);
+  if (step.gpusMax !== undefined) {
+    // The browser itself refuses more GPUs per pod than the namespace's GPU budget leaves.
+    const max = await form.locator('input[name="gpus"]').getAttribute('max');
+    if (max !== String(step.gpusMax)) fail(where, `input gpus max ${JSON.stringify(max)}, want ${step.gpusMax}`);
+  }
   if (step.defaultGpus !== undefined) {
     const v = await form.locator('input[name="gpus"]').inputValue();
     if (v !== String(step.defaultGpus)) fail(where, `input gpus defaults to ${JSON.stringify(v)}, want ${step.defaultGpus}`);

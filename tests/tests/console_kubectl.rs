@@ -546,8 +546,280 @@ fn kubectl_gpuslice_shows_the_registry_and_allocates_workloads() {
     assert_eq!(deploy(&cluster, "web")["spec"]["template"], template_before);
     assert!(rct_names(&cluster).is_empty());
 
+    check_quota(&cluster);
+
     drop(plugins);
     cluster.down();
+}
+
+/// Creates `obj` and sets its status through the status subresource, as the webhook (the
+/// ResourceQuota ledger) and Kueue (a ClusterQueue's usage) write theirs; waits until the
+/// API server holds it (a controller's first write of a status, conditional on the version
+/// it read, retries over ours and keeps it).
+fn create_with_status(cluster: &KubeCluster, obj: &Value) {
+    cluster.create(obj).unwrap();
+    let kind = obj["kind"].as_str().unwrap().to_ascii_lowercase();
+    let name = obj["metadata"]["name"].as_str().unwrap();
+    let mut args = vec!["patch", &kind, name];
+    let ns = obj["metadata"]["namespace"].as_str();
+    if let Some(ns) = ns {
+        args.extend(["-n", ns]);
+    }
+    let patch = json!({"status": obj["status"]}).to_string();
+    args.extend(["--subresource=status", "--type=merge", "-p", &patch]);
+    cluster.kubectl(&args);
+    let mut get = vec![kind.as_str(), name];
+    if let Some(ns) = ns {
+        get.extend(["-n", ns]);
+    }
+    cluster.wait_for(
+        &format!("{kind} {name} holding the status set"),
+        STEP,
+        || {
+            let now = cluster.get_json(&get);
+            // The fields set (a quota's controller adds its own names to `used`; `hard` is its).
+            let want = obj["status"].as_object().unwrap();
+            want.iter()
+                .filter(|(k, _)| *k != "hard")
+                .all(|(k, v)| match v.as_object() {
+                    Some(fields) => fields.iter().all(|(f, x)| &now["status"][k][f] == x),
+                    None => &now["status"][k] == v,
+                })
+                .then_some(())
+        },
+    );
+}
+
+/// A CustomResourceDefinition standing in for one of Kueue's (its group, kind and status
+/// subresource; the schema keeps every field), for the budgets views without Kueue built.
+fn kueue_kind(cluster: &KubeCluster, kind: &str, plural: &str, scope: &str) {
+    cluster
+        .create(&json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": format!("{plural}.kueue.x-k8s.io")},
+            "spec": {"group": "kueue.x-k8s.io", "scope": scope,
+                "names": {"kind": kind, "plural": plural, "singular": kind.to_ascii_lowercase(), "listKind": format!("{kind}List")},
+                "versions": [{"name": "v1beta2", "served": true, "storage": true,
+                    "subresources": {"status": {}},
+                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}
+        }))
+        .unwrap();
+    cluster.kubectl(&[
+        "wait",
+        "--for=condition=Established",
+        &format!("crd/{plural}.kueue.x-k8s.io"),
+        "--timeout=60s",
+    ]);
+}
+
+/// Budgets of every kind the views show, with their used figures set by hand (no webhook
+/// runs here): `default/gpu` in gpuslice's names (`memory` hard and used, 4 GPUs of which 1
+/// used, and the API server's own `pods`), `team-h/hami` in HAMi's names in a namespace
+/// labelled HAMi-compat (20480 MiB of which 5120 used, 200 cores of which 50), `team-x/hami`
+/// in HAMi's names where they do not count. Returns what `kubectl gpuslice quota -A -o json`
+/// must show of them.
+pub(crate) fn budgets(cluster: &KubeCluster, memory: (&str, &str)) -> Value {
+    for (ns, hami) in [("team-h", true), ("team-x", false)] {
+        let labels = if hami {
+            json!({"gpuslice.io/hami-compat": "true"})
+        } else {
+            json!({})
+        };
+        cluster
+            .create(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns, "labels": labels}}))
+            .unwrap();
+    }
+    let quota = |ns: &str, name: &str, hard: Value, used: Value| {
+        json!({"apiVersion": "v1", "kind": "ResourceQuota",
+               "metadata": {"name": name, "namespace": ns},
+               "spec": {"hard": hard}, "status": {"hard": hard, "used": used}})
+    };
+    create_with_status(
+        cluster,
+        &quota(
+            NS,
+            "gpu",
+            json!({"limits.gpuslice.io/memory": memory.0, "limits.gpuslice.io/gpus": "4", "pods": "50"}),
+            json!({"limits.gpuslice.io/memory": memory.1, "limits.gpuslice.io/gpus": "1"}),
+        ),
+    );
+    for ns in ["team-h", "team-x"] {
+        create_with_status(
+            cluster,
+            &quota(
+                ns,
+                "hami",
+                json!({"limits.nvidia.com/gpumem": "20480", "limits.nvidia.com/gpucores": "200"}),
+                json!({"limits.nvidia.com/gpumem": "5120", "limits.nvidia.com/gpucores": "50"}),
+            ),
+        );
+    }
+    let bytes = |q: &str| quantity(&json!(q));
+    json!({
+        "namespaces": [
+            {"namespace": NS, "quota": "gpu",
+             "names": ["limits.gpuslice.io/memory", "limits.gpuslice.io/gpus"],
+             "memory": {"hard": bytes(memory.0), "used": bytes(memory.1)},
+             "cores": {"hard": null, "used": 0},
+             "gpus": {"hard": 4, "used": 1}},
+            {"namespace": "team-h", "quota": "hami",
+             "names": ["limits.nvidia.com/gpumem", "limits.nvidia.com/gpucores"],
+             "memory": {"hard": 20 * GIB, "used": 5 * GIB},
+             "cores": {"hard": 200, "used": 50},
+             "gpus": {"hard": null, "used": 0}},
+        ],
+        "warnings": ["ResourceQuota team-x/hami names HAMi's limits.nvidia.com/gpumem, limits.nvidia.com/gpucores, counted only in namespaces labelled gpuslice.io/hami-compat=true: namespace team-x is not"],
+    })
+}
+
+/// Stand-ins of Kueue's kinds and ClusterQueues `team-a` (8Gi, borrowing up to 8Gi in cohort
+/// `pool`, 12Gi used of which 4Gi borrowed), `team-b` (8Gi in `pool`, unlimited borrowing,
+/// nothing used) and `cpu` (no GPU memory), with LocalQueue `default/main` naming `team-a`.
+/// Returns the `queues` `kubectl gpuslice quota -A -o json` must show.
+pub(crate) fn queues(cluster: &KubeCluster) -> Value {
+    {
+        kueue_kind(cluster, "ClusterQueue", "clusterqueues", "Cluster");
+        kueue_kind(cluster, "LocalQueue", "localqueues", "Namespaced");
+        let cq = |name: &str, cohort: Option<&str>, resources: Value, status: Value| {
+            let mut q = json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
+                   "metadata": {"name": name},
+                   "spec": {"namespaceSelector": {},
+                            "resourceGroups": [{"coveredResources": [resources["name"]],
+                                                "flavors": [{"name": "gpu", "resources": [resources]}]}]},
+                   "status": status});
+            if let Some(c) = cohort {
+                q["spec"]["cohortName"] = json!(c);
+            }
+            q
+        };
+        create_with_status(
+            cluster,
+            &cq(
+                "team-a",
+                Some("pool"),
+                json!({"name": "gpuslice.io/memory", "nominalQuota": "8Gi", "borrowingLimit": "8Gi"}),
+                json!({"flavorsUsage": [{"name": "gpu", "resources": [{"name": "gpuslice.io/memory", "total": "12Gi", "borrowed": "4Gi"}]}],
+                       "flavorsReservation": [{"name": "gpu", "resources": [{"name": "gpuslice.io/memory", "total": "12Gi", "borrowed": "4Gi"}]}],
+                       "admittedWorkloads": 2}),
+            ),
+        );
+        create_with_status(
+            cluster,
+            &cq(
+                "team-b",
+                Some("pool"),
+                json!({"name": "gpuslice.io/memory", "nominalQuota": "8Gi"}),
+                json!({"pendingWorkloads": 0}),
+            ),
+        );
+        create_with_status(
+            cluster,
+            &cq(
+                "cpu",
+                None,
+                json!({"name": "cpu", "nominalQuota": "9"}),
+                json!({"pendingWorkloads": 0}),
+            ),
+        );
+        cluster
+            .create(
+                &json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+                            "metadata": {"name": "main", "namespace": NS},
+                            "spec": {"clusterQueue": "team-a"}}),
+            )
+            .unwrap();
+    }
+    json!([
+        {"name": "team-a", "cohort": "pool", "nominal": 8 * GIB, "borrowingLimit": 8 * GIB,
+         "used": 12 * GIB, "borrowed": 4 * GIB, "reserved": 12 * GIB},
+        {"name": "team-b", "cohort": "pool", "nominal": 8 * GIB, "borrowingLimit": null,
+         "used": 0, "borrowed": 0, "reserved": 0},
+    ])
+}
+
+/// `kubectl gpuslice quota` against [`budgets`]: the JSON equals what was set, the tables
+/// read it in GiB, cores and GPUs, without Kueue no queue section and no error, and
+/// `allocate` refuses past the budget before writing anything.
+fn check_quota(cluster: &KubeCluster) {
+    // No budget anywhere, no Kueue: an empty list and no queue section, no error.
+    let v = json_of(cluster, &["quota", "-A", "-o", "json"]);
+    assert_eq!(v, json!({"namespaces": [], "warnings": []}));
+    let out = plugin(cluster, &["quota"]);
+    assert!(out.status.success() && out.stdout.is_empty());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "No ResourceQuota in namespace default names gpuslice's resources (docs/quotas.md).\n"
+    );
+
+    // Without Kueue: the namespaces only.
+    let made = budgets(cluster, ("10Gi", "6Gi"));
+    let (stdout, stderr) = plugin_ok(cluster, &["quota", "-A", "-o", "json"]);
+    let v: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v, made, "{stdout}");
+    assert_eq!(
+        stderr,
+        format!("warning: {}\n", made["warnings"][0].as_str().unwrap())
+    );
+    let (table, _) = plugin_ok(cluster, &["quota", "-A"]);
+    eprintln!("kubectl gpuslice quota -A:\n{table}");
+    assert_eq!(
+        table,
+        "NAMESPACE   QUOTA   NAMES         MEMORY   MEMORY USED   CORES   CORES USED   GPUS   GPUS USED\n\
+         default     gpu     gpuslice.io   10Gi     6Gi (60%)     -       -            4      1 (25%)\n\
+         team-h      hami    nvidia.com    20Gi     5Gi (25%)     200     50 (25%)     -      -\n"
+    );
+    let (table, _) = plugin_ok(cluster, &["quota", "-n", "team-h", "-o", "wide"]);
+    assert!(
+        table.starts_with("QUOTA   NAMES") && table.lines().count() == 2,
+        "{table}"
+    );
+    let (yaml, _) = plugin_ok(cluster, &["quota", "-o", "yaml"]);
+    assert!(
+        yaml.contains("quota: gpu") && !yaml.contains("team-h"),
+        "{yaml}"
+    );
+
+    // allocate: past the budget refused before anything is written, naming the quota, the
+    // resource, hard, used and asked (3 pods × 2Gi on 6Gi of 10Gi used); within it a dry run.
+    let before = deploy(cluster, "web");
+    let line = plugin_refused(cluster, &["allocate", "deployment/web", "--memory", "2Gi"]);
+    assert_eq!(
+        line,
+        "error: deployment/web: 3 pod(s) of 1 GPU × 2Gi memory: exceeded quota: default/gpu, requested: limits.gpuslice.io/memory=6Gi, used: limits.gpuslice.io/memory=6Gi, limited: limits.gpuslice.io/memory=10Gi: nothing changed; raise the quota, free some of its budget, or pass --force to write anyway (the pods past the budget are refused at admission)"
+    );
+    let line = plugin_refused(
+        cluster,
+        &["allocate", "deployment/web", "--memory", "2Gi", "--dry-run"],
+    );
+    assert!(line.contains("exceeded quota: default/gpu"), "{line}");
+    let (diff, _) = plugin_ok(
+        cluster,
+        &["allocate", "deployment/web", "--memory", "1Gi", "--dry-run"],
+    );
+    assert!(diff.contains("nothing changed"), "{diff}");
+    assert_unchanged(cluster, "web", &before);
+    assert!(rct_names(cluster).is_empty());
+
+    // With Kueue's kinds: the ClusterQueues charging gpuslice.io/memory; -n: those its
+    // LocalQueues name.
+    let made = queues(cluster);
+    let v = json_of(cluster, &["quota", "-A", "-o", "json"]);
+    assert_eq!(v["queues"], made, "{v}");
+    let v = json_of(cluster, &["quota", "-n", "default", "-o", "json"]);
+    assert_eq!(v["queues"], json!([made[0]]), "{v}");
+    let v = json_of(cluster, &["quota", "-n", "team-x", "-o", "json"]);
+    assert_eq!(v["queues"], json!([]), "{v}");
+    assert_eq!(v["namespaces"], json!([]), "{v}");
+    let (table, _) = plugin_ok(cluster, &["quota", "-A"]);
+    eprintln!("kubectl gpuslice quota -A (Kueue):\n{table}");
+    let queues = table.split("\n\n").nth(1).unwrap_or_default();
+    assert_eq!(
+        queues,
+        "CLUSTERQUEUE   COHORT   MEMORY NOMINAL   BORROWING LIMIT   MEMORY USED   BORROWED   RESERVED\n\
+         team-a         pool     8Gi              8Gi               12Gi (150%)   4Gi        12Gi\n\
+         team-b         pool     8Gi              unlimited         0 (0%)        0          0\n",
+        "{table}"
+    );
 }
 
 #[test]

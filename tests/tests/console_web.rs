@@ -853,6 +853,12 @@ fn the_web_console_shows_the_registry_and_allocates_in_a_browser() {
     cluster.create(&deployment("web", 2, None)).unwrap();
     cluster.create(&deployment("web-twin", 2, None)).unwrap();
     let original = deploy(&cluster, "web");
+    // Budgets with their ledgers set by hand (no webhook here) and Kueue's queues: the
+    // Budgets page, the GPU tab's room left and the allocation past the budget.
+    let budgets = crate::console_kubectl::budgets(&cluster, ("100Gi", "50Gi"));
+    let queues = crate::console_kubectl::queues(&cluster);
+    assert_eq!(budgets["namespaces"][0]["quota"], "gpu", "{budgets}");
+    assert_eq!(queues[0]["name"], "team-a", "{queues}");
 
     // The edit console with Prometheus: every page's figures, the filter, the GPU tab.
     let console = Console::start(&cluster, Some(&prometheus.url), true);
@@ -871,6 +877,44 @@ fn the_web_console_shows_the_registry_and_allocates_in_a_browser() {
         "",
     ));
     pages.push(json!({"path": "/nodes/nope", "status": 404, "contains": ["nope"]}));
+    // Budgets: each quota's used against its hard value (HAMi's MiB as bytes), and Kueue's
+    // ClusterQueues charging gpuslice.io/memory, used against nominal.
+    const GIB: u64 = 1 << 30;
+    pages.push(json!({
+        "path": "/budgets", "name": "Budgets", "table": "budgets", "key": "data-budget", "exact": true,
+        "rows": {
+            "default/gpu": {
+                "names": "gpuslice.io", "memory-hard": 100 * GIB,
+                "memory-used": {"value": 50 * GIB, "share": 50.0},
+                "cores-hard": "-", "cores-used": "-",
+                "gpus-hard": 4, "gpus-used": {"value": 1, "share": 25.0},
+            },
+            "team-h/hami": {
+                "names": "nvidia.com", "memory-hard": 20 * GIB,
+                "memory-used": {"value": 5 * GIB, "share": 25.0},
+                "cores-hard": 200, "cores-used": {"value": 50, "share": 25.0},
+                "gpus-hard": "-",
+            },
+        },
+        "missing": [], "absent": ["kueue", "api"], "contains": ["team-x/hami names HAMi's"],
+        "screenshot": "budgets.png",
+    }));
+    pages.push(json!({
+        "path": "/budgets", "name": "Budgets", "table": "queues", "key": "data-queue", "exact": true,
+        "rows": {
+            "team-a": {"cohort": "pool", "memory-nominal": 8 * GIB, "borrowing-limit": 8 * GIB,
+                       "memory-used": {"value": 12 * GIB, "share": 150.0},
+                       "memory-borrowed": 4 * GIB, "memory-reserved": 12 * GIB},
+            "team-b": {"cohort": "pool", "memory-nominal": 8 * GIB, "borrowing-limit": "unlimited",
+                       "memory-used": {"value": 0, "share": 0.0}},
+        },
+        "missing": [],
+    }));
+    pages.push(json!({
+        "path": "/budgets?namespace=team-x", "name": "Budgets", "table": "budgets", "key": "data-budget",
+        "exact": true, "rows": {}, "missing": [],
+        "contains": ["No ResourceQuota here names gpuslice's resources", "team-x/hami names HAMi's"],
+    }));
     // The idle view: exactly `train` (its history says 0 used), not `big` (half its limit),
     // and the same rows as `kubectl gpuslice pods --idle`.
     let train_share = shares
@@ -949,6 +993,15 @@ fn the_web_console_shows_the_registry_and_allocates_in_a_browser() {
         &["allocate", "deployment/web", "--memory", "100Gi"],
     );
     assert!(no_fit.contains("fits 1"), "{no_fit}");
+    // 2 pods × 30Gi on 50Gi of 100Gi used: past the budget (the GPUs have the room).
+    let over_budget = refusal(
+        &cluster,
+        &["allocate", "deployment/web", "--memory", "30Gi"],
+    );
+    assert!(
+        over_budget.contains("exceeded quota: default/gpu, requested: limits.gpuslice.io/memory=60Gi, used: limits.gpuslice.io/memory=50Gi, limited: limits.gpuslice.io/memory=100Gi"),
+        "{over_budget}"
+    );
     let web = "default/deployment/web";
     browser(&json!({
         "url": console.url, "screenshots": shots, "mode": "edit allowed", "rights": CONTEXT,
@@ -958,6 +1011,10 @@ fn the_web_console_shows_the_registry_and_allocates_in_a_browser() {
         "steps": [
             {"do": "allocate", "workload": web, "current": "none", "button": "Allocate",
              "defaultGpus": 1, "releaseForm": false,
+             "budget": {"contains": [
+                 "quota gpu: limits.gpuslice.io/memory 50Gi of 100Gi used; left for it: 50Gi (25Gi per pod)",
+                 "quota gpu: limits.gpuslice.io/gpus 1 of 4 used; left for it: 3 (1 per pod)"]},
+             "gpusMax": 1,
              "gpus": 1, "memory": "20Gi", "cores": "10", "dryRun": true, "expect": "ok",
              "diffContains": ["resourceclaimtemplate/web-deployment-gpuslice-", "+- name: gpuslice", "memory: 20Gi"],
              "formScreenshot": "workload-allocate-form.png", "screenshot": "workload-allocate-dry-run.png"},
@@ -969,6 +1026,8 @@ fn the_web_console_shows_the_registry_and_allocates_in_a_browser() {
              "resultContains": [bad_memory]},
             {"do": "allocate", "workload": web, "gpus": 1, "memory": "100Gi", "cores": "", "expect": "error",
              "resultContains": [no_fit], "screenshot": "workload-allocate-refused.png"},
+            {"do": "allocate", "workload": web, "gpus": 1, "memory": "30Gi", "cores": "", "expect": "error",
+             "resultContains": [over_budget], "screenshot": "workload-allocate-over-budget.png"},
         ],
     }));
     // The dry run and the refusals changed nothing.

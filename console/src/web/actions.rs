@@ -18,12 +18,13 @@ use super::state::{chrome, State};
 /// The status of a refusal of allocate or release.
 fn status_of(e: &WorkloadError) -> StatusCode {
     match e {
-        WorkloadError::Edit(_) => StatusCode::BAD_REQUEST,
+        WorkloadError::Edit(_) | WorkloadError::Unchargeable(_) => StatusCode::BAD_REQUEST,
         WorkloadError::NotFound { .. } => StatusCode::NOT_FOUND,
         WorkloadError::NoRoom { .. }
         | WorkloadError::ForeignTemplate { .. }
         | WorkloadError::NotAllocated { .. }
-        | WorkloadError::Contended { .. } => StatusCode::CONFLICT,
+        | WorkloadError::Contended { .. }
+        | WorkloadError::OverBudget(_) => StatusCode::CONFLICT,
         // The API server's own refusal (403 forbidden to the kubeconfig's user, 422 invalid)
         // keeps its status; an unreachable one is a bad gateway.
         WorkloadError::Api {

@@ -221,6 +221,7 @@ pub enum Route {
     Pods,
     Idle,
     Workloads,
+    Budgets,
     Workload(Workload),
     Allocate(Workload),
     Release(Workload),
@@ -257,6 +258,7 @@ pub fn route(path: &str) -> Result<Route, Refusal> {
         ["pods"] => Ok(Route::Pods),
         ["idle"] => Ok(Route::Idle),
         ["workloads"] => Ok(Route::Workloads),
+        ["budgets"] => Ok(Route::Budgets),
         ["nodes", n] => Ok(Route::Node(object_name("node name", n)?)),
         ["workloads", ns, k, n] => Ok(Route::Workload(workload(ns, k, n)?)),
         ["workloads", ns, k, n, "allocate"] => Ok(Route::Allocate(workload(ns, k, n)?)),
@@ -265,7 +267,7 @@ pub fn route(path: &str) -> Result<Route, Refusal> {
         _ => Err(Refusal::new(
             StatusCode::NOT_FOUND,
             format!(
-                "no page {}: the console has /, /nodes/NAME, /pods, /idle, /workloads and /workloads/NS/KIND/NAME",
+                "no page {}: the console has /, /nodes/NAME, /pods, /idle, /workloads, /workloads/NS/KIND/NAME and /budgets",
                 path.escape_default()
             ),
         )),
@@ -377,6 +379,7 @@ mod tests {
     #[test]
     fn routes_validate_every_name_they_carry() {
         assert_eq!(route("/"), Ok(Route::Nodes));
+        assert_eq!(route("/budgets"), Ok(Route::Budgets));
         assert_eq!(
             route("/nodes/n1.example"),
             Ok(Route::Node("n1.example".into()))
@@ -412,6 +415,7 @@ mod tests {
             "/nodes/a/b",
             "/static/x.js",
             "/workloads/a/deployment/b/delete",
+            "/budgets/x",
         ] {
             assert_eq!(
                 route(missing).unwrap_err().status,

@@ -6,11 +6,13 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
+use crate::budgets::{self, show, show_value, Ask, Budgets, NamespaceBudget};
 use crate::edit::{Kind, Request};
 use crate::idle::{IdleOptions, IdleSlice};
 use crate::model::{claim_series, gpu_label, ContainerSlice, GpuView, Model, NodeView};
 use crate::render::bytes;
 use crate::usage::{format_window, Span, Usage};
+use gpuslice_dra::quota::Resource;
 
 use super::charts::{self, Plot, Unit};
 pub use super::escape::{esc, seg};
@@ -55,7 +57,7 @@ fn layout(title: &str, chrome: &Chrome, body: &str) -> String {
     format!(
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{title} · gpuslice console</title>\
 <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><link rel=\"stylesheet\" href=\"/static/console.css\"></head>\n<body>\
-<header><nav><a href=\"/\">Nodes</a> <a href=\"/pods\">Pods</a> <a href=\"/idle\">Idle slices</a> <a href=\"/workloads\">Workloads</a></nav>\
+<header><nav><a href=\"/\">Nodes</a> <a href=\"/pods\">Pods</a> <a href=\"/idle\">Idle slices</a> <a href=\"/workloads\">Workloads</a> <a href=\"/budgets\">Budgets</a></nav>\
 <p id=\"rights\">{rights}</p><p id=\"mode\">{mode}</p></header>\n<main><h1>{title}</h1>\n{banners}{body}</main></body></html>\n",
         title = esc(title),
         rights = esc(&chrome.rights),
@@ -721,6 +723,8 @@ pub enum SliceSource {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Slice {
     pub source: SliceSource,
+    /// The slices each pod gets (one per container with limits; the claim form's one).
+    pub per_pod: u64,
     /// `None` when the template is missing or not the claim shape, and for HAMi's limits.
     pub request: Option<Request>,
 }
@@ -785,7 +789,12 @@ pub fn workloads_page(
 
 /// `/workloads/NS/KIND/NAME`: the GPU tab, with the Allocate (or Edit) and Release forms
 /// when editing is allowed.
-pub fn workload_page(chrome: &Chrome, w: &WorkloadRow) -> String {
+/// `budgets`: the namespace's budgets, or why they cannot be read.
+pub fn workload_page(
+    chrome: &Chrome,
+    w: &WorkloadRow,
+    budgets: Result<&[NamespaceBudget], &str>,
+) -> String {
     let href = workload_href(w);
     let mut body = String::new();
     let _ = writeln!(
@@ -802,7 +811,13 @@ pub fn workload_page(chrome: &Chrome, w: &WorkloadRow) -> String {
     if let Some(s) = &w.slice {
         let _ = writeln!(body, "<p id=\"slice-form\">{}</p>", esc(&s.form()));
     }
+    body.push_str(&budget_part(w, budgets));
     if chrome.allow_edit {
+        // At most 128 GPUs per pod, and no more than the namespace's GPU budget leaves.
+        let max = budgets
+            .ok()
+            .and_then(|b| gpus_max(w, b))
+            .map_or(128, |m| m.min(128));
         let request = w.slice.as_ref().and_then(|s| s.request);
         let gpus = request.map_or(1, |r| r.gpus);
         let memory = request.map_or(String::new(), |r| bytes(r.memory));
@@ -817,7 +832,7 @@ pub fn workload_page(chrome: &Chrome, w: &WorkloadRow) -> String {
         let _ = writeln!(
             body,
             "<form id=\"allocate\" method=\"post\" action=\"{href}/allocate\">\
-<label>GPUs per pod <input type=\"number\" name=\"gpus\" value=\"{gpus}\" min=\"1\" max=\"128\" required></label> \
+<label>GPUs per pod <input type=\"number\" name=\"gpus\" value=\"{gpus}\" min=\"1\" max=\"{max}\" required></label> \
 <label>Memory per GPU <input type=\"text\" name=\"memory\" value=\"{memory}\" placeholder=\"8Gi\" required></label> \
 <label>Cores per GPU, percent (optional) <input type=\"text\" name=\"cores\" value=\"{cores}\" placeholder=\"30\"></label> \
 <label>Form <select name=\"form\"><option value=\"\">as the workload has it; new: limits if the webhook is installed, else claim</option><option value=\"limits\">limits (the webhook makes the claim)</option><option value=\"claim\">claim</option></select></label> \
@@ -885,6 +900,192 @@ pub fn result_page(
         esc(workload)
     );
     layout(&format!("Result {workload}"), chrome, &body)
+}
+
+/// A budget's bar: `used` of `whole` as a bar 120 px wide, marked `over` past it.
+fn budget_bar(used: u64, whole: u64, what: &str) -> String {
+    if whole == 0 {
+        return String::new();
+    }
+    let pct = used as f64 / whole as f64 * 100.0;
+    let class = if used > whole {
+        "budget-bar over"
+    } else {
+        "budget-bar"
+    };
+    format!(
+        "<span class=\"{class}\" data-share=\"{pct:.1}\" title=\"{pct:.0}% of {}\"><i style=\"width:{:.1}%\"></i></span>",
+        esc(what),
+        pct.clamp(0.0, 100.0)
+    )
+}
+
+/// The hard and used cells of one resource of a budget: `—`-less `-` where the quota names
+/// no hard value (no limit, not an unknown figure).
+fn budget_cells(b: &NamespaceBudget, what: Resource) -> String {
+    let col = match what {
+        Resource::Memory => "memory",
+        Resource::Cores => "cores",
+        Resource::Gpus => "gpus",
+    };
+    let l = b.limit(what);
+    match l.hard {
+        None => format!(
+            "<td data-col=\"{col}-hard\" class=\"none\">-</td><td data-col=\"{col}-used\" class=\"none\">-</td>"
+        ),
+        Some(hard) => format!(
+            "<td data-col=\"{col}-hard\" data-value=\"{hard}\">{}</td><td data-col=\"{col}-used\" data-value=\"{}\" class=\"use\"><span class=\"v\">{}</span>{}</td>",
+            esc(&show(what, hard)),
+            l.used,
+            esc(&show(what, l.used)),
+            budget_bar(l.used, hard, &show(what, hard)),
+        ),
+    }
+}
+
+/// `/budgets`: one row per ResourceQuota and name set with a bar of used against hard for
+/// GPU memory, cores and GPUs; then, where Kueue is installed, one row per ClusterQueue
+/// charging `gpuslice.io/memory` with a bar of used against its nominal quota.
+pub fn budgets_page(chrome: &Chrome, budgets: Option<&Budgets>, namespace: Option<&str>) -> String {
+    let mut body = scope_line(namespace);
+    body.push_str("<p class=\"legend\">Used is the admission ledger of each quota (its status.used): what admitted pods and claims take of it. A bar fills as used nears hard.</p>\n");
+    body.push_str("<div class=\"scroll\"><table id=\"budgets\"><thead><tr><th>Namespace</th><th>Quota</th><th>Names</th><th>GPU memory</th><th>Used</th><th>Cores</th><th>Used</th><th>GPUs</th><th>Used</th></tr></thead><tbody>\n");
+    for b in budgets.map(|b| b.namespaces.as_slice()).unwrap_or(&[]) {
+        let _ = writeln!(
+            body,
+            "<tr data-budget=\"{}/{}\"><td data-col=\"namespace\"><a href=\"/budgets?namespace={}\">{}</a></td>{}{}{}{}{}</tr>",
+            esc(&b.namespace),
+            esc(&b.quota),
+            esc(&seg(&b.namespace)),
+            esc(&b.namespace),
+            text_cell("quota", &b.quota),
+            text_cell("names", &b.name_sets()),
+            budget_cells(b, Resource::Memory),
+            budget_cells(b, Resource::Cores),
+            budget_cells(b, Resource::Gpus),
+        );
+    }
+    body.push_str("</tbody></table></div>\n");
+    if let Some(b) = budgets {
+        if b.namespaces.is_empty() {
+            body.push_str("<p id=\"budgets-none\">No ResourceQuota here names gpuslice's resources (limits.gpuslice.io/memory, cores, gpus; HAMi's limits.nvidia.com/* in HAMi-compat namespaces).</p>\n");
+        }
+        if !b.warnings.is_empty() {
+            body.push_str("<ul id=\"budget-warnings\">");
+            for w in &b.warnings {
+                let _ = write!(body, "<li>{}</li>", esc(w));
+            }
+            body.push_str("</ul>\n");
+        }
+        body.push_str(
+            "<section id=\"queues-section\"><h2>Kueue ClusterQueues (gpuslice.io/memory)</h2>\n",
+        );
+        match &b.queues {
+            None if b.queues_unavailable.is_none() => body.push_str(
+                "<p id=\"queues-none\">Kueue is not installed (no ClusterQueue kind is served): no queues.</p>\n",
+            ),
+            None => {}
+            Some(queues) => {
+                body.push_str("<div class=\"scroll\"><table id=\"queues\"><thead><tr><th>ClusterQueue</th><th>Cohort</th><th>Nominal</th><th>Borrowing limit</th><th>Used</th><th>Borrowed</th><th>Reserved</th></tr></thead><tbody>\n");
+                for q in queues {
+                    let limit = match (&q.cohort, q.borrowing_limit) {
+                        (None, _) => "<td data-col=\"borrowing-limit\" class=\"none\">-</td>".to_string(),
+                        (Some(_), None) => "<td data-col=\"borrowing-limit\">unlimited</td>".to_string(),
+                        (Some(_), Some(l)) => bytes_cell("borrowing-limit", Some(l)),
+                    };
+                    let _ = writeln!(
+                        body,
+                        "<tr data-queue=\"{}\"><td data-col=\"name\">{}</td>{}{}{limit}<td data-col=\"memory-used\" data-value=\"{}\" class=\"use\"><span class=\"v\">{}</span>{}</td>{}{}</tr>",
+                        esc(&q.name),
+                        esc(&q.name),
+                        text_cell("cohort", q.cohort.as_deref().unwrap_or("-")),
+                        bytes_cell("memory-nominal", Some(q.nominal)),
+                        q.used,
+                        esc(&bytes(q.used)),
+                        budget_bar(q.used, q.nominal, &format!("the nominal {}", bytes(q.nominal))),
+                        bytes_cell("memory-borrowed", Some(q.borrowed)),
+                        bytes_cell("memory-reserved", Some(q.reserved)),
+                    );
+                }
+                body.push_str("</tbody></table></div>\n");
+            }
+        }
+        body.push_str("</section>\n");
+    }
+    layout("Budgets", chrome, &body)
+}
+
+/// The GPU tab's budget part: per budget of the namespace and resource, what an allocation
+/// of this workload may still ask (its current slices counted as freed); the console checks
+/// the allocation against the same figures before it writes anything.
+fn budget_part(w: &WorkloadRow, budgets: Result<&[NamespaceBudget], &str>) -> String {
+    let budgets = match budgets {
+        Err(why) => {
+            return format!(
+                "<p id=\"budget\" class=\"unknown\">The budget of namespace {} cannot be read ({}): the allocation is not checked against it here (admission still is).</p>\n",
+                esc(&w.namespace),
+                esc(why)
+            )
+        }
+        Ok([]) => {
+            return format!(
+                "<p id=\"budget\">Namespace {} has no budget: no ResourceQuota names limits.gpuslice.io/memory, cores or gpus.</p>\n",
+                esc(&w.namespace)
+            )
+        }
+        Ok(b) => b,
+    };
+    let pods = w.replicas.unwrap_or(1);
+    let held = w
+        .slice
+        .as_ref()
+        .and_then(|s| Some((s.request?, s.per_pod)))
+        .map(|(req, slices)| Ask { pods, slices, req });
+    let mut out = format!(
+        "<div id=\"budget\"><p>Budget of namespace {} for this workload's {pods} pod(s){}; an allocation asking more is refused before anything is written:</p><ul>",
+        esc(&w.namespace),
+        if held.is_some() {
+            " (its current slices counted as freed)"
+        } else {
+            ""
+        }
+    );
+    for room in budgets::headroom(budgets, held.as_ref()) {
+        let (name, b) = (room.line.name, room.budget);
+        let per_pod = room.left / pods.max(1);
+        let _ = write!(
+            out,
+            "<li data-budget=\"{}/{}\" data-resource=\"{}\" data-left=\"{}\">quota {}: {} {} of {} used; left for it: {} ({} per pod)</li>",
+            esc(&b.namespace),
+            esc(&b.quota),
+            name.name,
+            room.left,
+            esc(&b.quota),
+            name.name,
+            esc(&show_value(name, room.line.used)),
+            esc(&show_value(name, room.line.hard)),
+            esc(&show_value(name, room.left)),
+            esc(&show_value(name, per_pod)),
+        );
+    }
+    out.push_str("</ul></div>\n");
+    out
+}
+
+/// The most GPUs per pod the namespace's GPU budgets leave this workload (the form's
+/// `max`, so the browser refuses more before sending); `None`: no GPU budget.
+fn gpus_max(w: &WorkloadRow, budgets: &[NamespaceBudget]) -> Option<u64> {
+    let pods = w.replicas.unwrap_or(1).max(1);
+    let held = w
+        .slice
+        .as_ref()
+        .and_then(|s| Some((s.request?, s.per_pod)))
+        .map(|(req, slices)| Ask { pods, slices, req });
+    budgets::headroom(budgets, held.as_ref())
+        .into_iter()
+        .filter(|r| r.line.name.resource == Resource::Gpus)
+        .map(|r| r.left / pods)
+        .min()
 }
 
 /// A page saying what was not found (an unknown node or workload).
@@ -1285,21 +1486,22 @@ mod tests {
             slice: None,
         };
         let mut c = chrome(vec![]);
-        let html = workload_page(&c, &w);
+        let html = workload_page(&c, &w, Ok(&[]));
         assert!(html.contains("<p id=\"current-slice\">none</p>"));
         assert!(!html.contains("<form"));
         assert!(html.contains("read-only: start gpuslice console with --allow-edit to allocate"));
         c.allow_edit = true;
-        let html = workload_page(&c, &w);
+        let html = workload_page(&c, &w, Ok(&[]));
         assert!(html.contains("<form id=\"allocate\" method=\"post\" action=\"/workloads/ml/deployment/train/allocate\">"));
         assert!(html.contains("<button id=\"allocate-submit\" type=\"submit\">Allocate</button>"));
         assert!(!html.contains("id=\"release\""));
         assert!(html.contains("<p id=\"mode\">edit allowed"));
         w.slice = Some(Slice {
             source: SliceSource::Claim("t".into()),
+            per_pod: 1,
             request: Some(Request::parse("20Gi", Some("30"), 1).unwrap()),
         });
-        let html = workload_page(&c, &w);
+        let html = workload_page(&c, &w, Ok(&[]));
         assert!(html.contains("<p id=\"current-slice\">1 GPU × 20Gi memory, 30 cores</p>"));
         assert!(html.contains(">Edit</button>") && html.contains("<button id=\"release-submit\""));
         assert!(
@@ -1343,5 +1545,138 @@ mod tests {
         assert!(err.contains(
             "<div id=\"result\" class=\"error\">--gpus 0: accepted 1 to 128 GPUs per pod</div>"
         ));
+    }
+
+    #[test]
+    fn the_budgets_page_draws_used_against_hard_per_quota_and_queue() {
+        use crate::budgets::tests::budget;
+        use crate::budgets::QueueBudget;
+        let mut b = Budgets {
+            namespaces: vec![
+                budget("team-a", "10Gi", "6Gi", "4", "1"),
+                budget("team-b", "4Gi", "5Gi", "2", "0"),
+            ],
+            queues: None,
+            queues_unavailable: None,
+            warnings: vec!["ResourceQuota x/y: <bad>".into()],
+        };
+        let html = budgets_page(&chrome(vec![]), Some(&b), None);
+        assert!(
+            html.contains("<a href=\"/budgets\">Budgets</a>"),
+            "the nav links it"
+        );
+        let a = row(&html, "data-budget", "team-a/gpu");
+        assert_eq!(
+            td(a, "memory-hard"),
+            format!(
+                "<td data-col=\"memory-hard\" data-value=\"{}\">10Gi</td>",
+                10 * GIB
+            )
+        );
+        assert_eq!(
+            td(a, "memory-used"),
+            format!("<td data-col=\"memory-used\" data-value=\"{}\" class=\"use\"><span class=\"v\">6Gi</span><span class=\"budget-bar\" data-share=\"60.0\" title=\"60% of 10Gi\"><i style=\"width:60.0%\"></i></span></td>", 6 * GIB)
+        );
+        assert_eq!(
+            td(a, "cores-hard"),
+            "<td data-col=\"cores-hard\" class=\"none\">-</td>",
+            "no hard value: no limit, not an unknown figure"
+        );
+        assert!(
+            td(a, "gpus-used").contains("data-value=\"1\"")
+                && td(a, "gpus-used").contains("data-share=\"25.0\"")
+        );
+        assert_eq!(td(a, "names"), "<td data-col=\"names\">gpuslice.io</td>");
+        // Over its hard value (lowered after admissions): the bar full and marked.
+        let over = td(row(&html, "data-budget", "team-b/gpu"), "memory-used");
+        assert!(
+            over.contains("class=\"budget-bar over\" data-share=\"125.0\"")
+                && over.contains("width:100.0%"),
+            "{over}"
+        );
+        assert!(
+            html.contains("<p id=\"queues-none\">Kueue is not installed"),
+            "{html}"
+        );
+        assert!(!html.contains("<table id=\"queues\""));
+        assert!(html
+            .contains("<ul id=\"budget-warnings\"><li>ResourceQuota x/y: &lt;bad&gt;</li></ul>"));
+        b.queues = Some(vec![QueueBudget {
+            name: "team-a".into(),
+            cohort: Some("pool".into()),
+            nominal: 8 * GIB,
+            borrowing_limit: Some(8 * GIB),
+            used: 12 * GIB,
+            borrowed: 4 * GIB,
+            reserved: 12 * GIB,
+        }]);
+        let html = budgets_page(&chrome(vec![]), Some(&b), Some("team-a"));
+        let q = row(&html, "data-queue", "team-a");
+        assert!(
+            td(q, "memory-used").contains("class=\"budget-bar over\" data-share=\"150.0\""),
+            "{q}"
+        );
+        assert_eq!(td(q, "cohort"), "<td data-col=\"cohort\">pool</td>");
+        assert_eq!(
+            td(q, "borrowing-limit"),
+            format!(
+                "<td data-col=\"borrowing-limit\" data-value=\"{}\">8Gi</td>",
+                8 * GIB
+            )
+        );
+        assert!(!html.contains("queues-none"));
+        assert!(html.contains("<p id=\"scope\">namespace team-a</p>"));
+        // The API server unreadable: no rows, no claim that nothing is budgeted.
+        let html = budgets_page(&chrome(vec![]), None, None);
+        assert!(
+            !html.contains("<tr data-budget")
+                && !html.contains("budgets-none")
+                && !html.contains("queues-none")
+        );
+    }
+
+    #[test]
+    fn the_gpu_tab_says_what_the_budget_leaves_before_the_form_is_sent() {
+        use crate::budgets::tests::budget;
+        let mut w = WorkloadRow {
+            namespace: "team-a".into(),
+            kind: Kind::Deployment,
+            name: "train".into(),
+            replicas: Some(2),
+            slice: None,
+        };
+        let mut c = chrome(vec![]);
+        c.allow_edit = true;
+        let b = [budget("team-a", "10Gi", "6Gi", "5", "1")];
+        let html = workload_page(&c, &w, Ok(&b));
+        assert!(html.contains(&format!("<li data-budget=\"team-a/gpu\" data-resource=\"limits.gpuslice.io/memory\" data-left=\"{}\">quota gpu: limits.gpuslice.io/memory 6Gi of 10Gi used; left for it: 4Gi (2Gi per pod)</li>", 4 * GIB)), "{html}");
+        assert!(html.contains("data-resource=\"limits.gpuslice.io/gpus\" data-left=\"4\">quota gpu: limits.gpuslice.io/gpus 1 of 5 used; left for it: 4 (2 per pod)</li>"), "{html}");
+        // The browser refuses more GPUs per pod than the GPU budget leaves, before sending.
+        assert!(
+            html.contains("name=\"gpus\" value=\"1\" min=\"1\" max=\"2\""),
+            "{html}"
+        );
+        // The workload's own slices are counted as freed by an edit.
+        w.slice = Some(Slice {
+            source: SliceSource::Claim("t".into()),
+            per_pod: 1,
+            request: Some(Request::parse("1Gi", None, 1).unwrap()),
+        });
+        let html = workload_page(&c, &w, Ok(&b));
+        assert!(
+            html.contains(&format!("data-left=\"{}\"", 6 * GIB))
+                && html.contains("(its current slices counted as freed)"),
+            "{html}"
+        );
+        // 2 GPUs held of the 1 used: all 5 left, 2 per pod.
+        assert!(html.contains("max=\"2\""), "{html}");
+        let html = workload_page(&c, &w, Ok(&[]));
+        assert!(
+            html.contains("<p id=\"budget\">Namespace team-a has no budget"),
+            "{html}"
+        );
+        assert!(html.contains("max=\"128\""));
+        let html = workload_page(&c, &w, Err("cannot list resourcequotas: forbidden"));
+        assert!(html.contains("<p id=\"budget\" class=\"unknown\">The budget of namespace team-a cannot be read (cannot list resourcequotas: forbidden)"), "{html}");
     }
 }

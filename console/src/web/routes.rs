@@ -14,6 +14,7 @@ use crate::idle::{self, IdleOptions};
 use crate::usage;
 
 use super::actions::{allocate, release};
+use super::budgets::budgets;
 use super::http::{self, Refusal, Route};
 use super::nodes::{node, nodes};
 use super::pages::IdleSort;
@@ -143,6 +144,7 @@ async fn serve(
             idle_page(state, namespace.as_deref(), opts, sort).await
         }
         Route::Workloads => workloads(state, namespace.as_deref()).await,
+        Route::Budgets => budgets(state, namespace.as_deref()).await,
         Route::Workload(w) => workload_tab(state, &w).await,
         Route::Allocate(_) | Route::Release(_) => unreachable_route(),
     })

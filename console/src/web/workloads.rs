@@ -13,6 +13,7 @@ use kube::Api;
 use gpuslice_dra::claim_shape::{shape_of, Mode, PublishedGpus};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 
+use crate::budgets::{self, Scope};
 use crate::edit::{self, Kind, Request as SliceRequest};
 use crate::workload;
 
@@ -52,18 +53,23 @@ fn row_of<W: workload::Workload>(
             .and_then(|t| template_request(t, mode));
         Slice {
             source: SliceSource::Claim(template),
+            per_pod: 1,
             request,
         }
     });
     let limits = || {
-        spec.and_then(edit::current_limits).map(|r| Slice {
-            source: SliceSource::Limits,
-            request: Some(r),
+        spec.and_then(|s| {
+            Some(Slice {
+                source: SliceSource::Limits,
+                per_pod: edit::slices_per_pod(s),
+                request: Some(edit::current_limits(s)?),
+            })
         })
     };
     let hami = || {
         spec.and_then(edit::hami_limits).map(|l| Slice {
             source: SliceSource::Hami(l),
+            per_pod: 0,
             request: None,
         })
     };
@@ -201,15 +207,29 @@ async fn get_row<W: workload::Workload>(
 }
 
 pub(super) async fn workload_tab(state: &State, w: &http::Workload) -> Response<Full<Bytes>> {
-    let row = match w.kind {
-        Kind::Deployment => get_row::<Deployment>(state, w, workload::Workload::replicas).await,
-        Kind::StatefulSet => get_row::<StatefulSet>(state, w, workload::Workload::replicas).await,
-        Kind::DaemonSet => get_row::<DaemonSet>(state, w, daemonset_pods).await,
+    let row = async {
+        match w.kind {
+            Kind::Deployment => get_row::<Deployment>(state, w, workload::Workload::replicas).await,
+            Kind::StatefulSet => {
+                get_row::<StatefulSet>(state, w, workload::Workload::replicas).await
+            }
+            Kind::DaemonSet => get_row::<DaemonSet>(state, w, daemonset_pods).await,
+        }
     };
+    let scope = Scope::Namespace(w.namespace.clone());
+    let (row, budgets) = tokio::join!(
+        row,
+        budgets::namespace_budgets(&state.cluster.client, &scope)
+    );
+    let budgets = budgets.map(|(b, _)| b).map_err(|e| e.to_string());
     match row {
         Ok(Some(row)) => html(
             StatusCode::OK,
-            pages::workload_page(&chrome(state, vec![]), &row),
+            pages::workload_page(
+                &chrome(state, vec![]),
+                &row,
+                budgets.as_deref().map_err(String::as_str),
+            ),
         ),
         Ok(None) => html(
             StatusCode::NOT_FOUND,

@@ -1,0 +1,876 @@
+//! Budgets: what each namespace's ResourceQuotas allow of gpuslice's resources (GPU memory,
+//! cores, GPUs) and what the admission ledger, the quota's `status.used`, says is taken; and,
+//! where Kueue is installed, what its ClusterQueues allow and charge of `gpuslice.io/memory`
+//! (docs/quotas.md). Read for `kubectl gpuslice quota`, the web console's Budgets page and
+//! the allocate check, which says before anything is written when an allocation would take
+//! more than a namespace's budget has left.
+
+use std::collections::BTreeSet;
+
+use gpuslice_config::quantity::parse_kube_quantity;
+use k8s_openapi::api::core::v1::{Namespace, ResourceQuota};
+use kube::api::{ApiResource, DynamicObject, ListParams};
+use kube::Api;
+use serde::Serialize;
+use serde_json::Value;
+
+use gpuslice_dra::quota::{self, Budget, Charge, Line, Name, QuotaError, Resource, Unit};
+
+use crate::edit::Request;
+use crate::fetch::FetchError;
+use crate::render::bytes;
+
+/// The label of the namespaces where HAMi's quota names count (docs/quotas.md).
+pub const HAMI_COMPAT: (&str, &str) = ("gpuslice.io/hami-compat", "true");
+/// The Kueue resource a ClusterQueue charges for a workload's GPU memory (bytes).
+pub const QUEUE_MEMORY: &str = "gpuslice.io/memory";
+/// Kueue's API group and the versions tried, newest first (Kueue 0.19 serves both).
+const KUEUE_GROUP: &str = "kueue.x-k8s.io";
+const KUEUE_VERSIONS: [&str; 2] = ["v1beta2", "v1beta1"];
+
+/// The three resources a budget counts, in the order the views show them.
+pub const RESOURCES: [Resource; 3] = [Resource::Memory, Resource::Cores, Resource::Gpus];
+
+/// A figure of `what` as the views show it: memory in the tables' byte spelling (`10Gi`),
+/// cores (percent of a GPU) and GPUs as numbers.
+pub fn show(what: Resource, v: u64) -> String {
+    match what {
+        Resource::Memory => bytes(v),
+        Resource::Cores | Resource::Gpus => v.to_string(),
+    }
+}
+
+/// A value of quota name `name` in the views' units (HAMi's MiB as bytes).
+fn common(name: &Name, v: u64) -> u64 {
+    match name.unit {
+        Unit::Mebibytes => v.saturating_mul(1 << 20),
+        Unit::Bytes | Unit::Count => v,
+    }
+}
+
+/// A value of quota name `name` as the views show it.
+pub fn show_value(name: &Name, v: u64) -> String {
+    show(name.resource, common(name, v))
+}
+
+/// One resource of a budget in the views' units: the hard value (`None`: the quota does
+/// not name it) and the ledger's used value (0 while nothing is booked).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Limit {
+    pub hard: Option<u64>,
+    pub used: u64,
+}
+
+/// One ResourceQuota's budget of gpuslice's resources: memory in bytes (HAMi's MiB
+/// converted), cores in percent of a GPU, GPUs; where it names a resource in both name sets,
+/// the tighter hard and the larger used value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NamespaceBudget {
+    pub namespace: String,
+    pub quota: String,
+    /// The quota names that count here, as the quota spells them.
+    pub names: Vec<&'static str>,
+    pub memory: Limit,
+    pub cores: Limit,
+    pub gpus: Limit,
+    /// The quota's lines, as the webhook books against them.
+    #[serde(skip)]
+    pub budget: Budget,
+}
+
+impl NamespaceBudget {
+    /// From a budget read with [`Budget::read`].
+    pub fn new(namespace: &str, quota: &str, budget: Budget) -> NamespaceBudget {
+        let (hard, used) = (budget.hard(), budget.used());
+        let limit = |h: Option<u64>, u: Option<u64>| Limit {
+            hard: h,
+            used: u.unwrap_or(0),
+        };
+        NamespaceBudget {
+            namespace: namespace.to_string(),
+            quota: quota.to_string(),
+            names: budget.lines.iter().map(|l| l.name.name).collect(),
+            memory: limit(hard.memory_bytes, used.memory_bytes),
+            cores: limit(hard.cores, used.cores),
+            gpus: limit(hard.gpus, used.gpus),
+            budget,
+        }
+    }
+
+    pub fn limit(&self, what: Resource) -> &Limit {
+        match what {
+            Resource::Memory => &self.memory,
+            Resource::Cores => &self.cores,
+            Resource::Gpus => &self.gpus,
+        }
+    }
+
+    /// The name sets it uses: `gpuslice.io`, `nvidia.com` or both.
+    pub fn name_sets(&self) -> String {
+        let lines = &self.budget.lines;
+        let mut sets = Vec::new();
+        if lines.iter().any(|l| !l.name.hami) {
+            sets.push("gpuslice.io");
+        }
+        if lines.iter().any(|l| l.name.hami) {
+            sets.push("nvidia.com");
+        }
+        sets.join("+")
+    }
+}
+
+/// A Kueue ClusterQueue's quota of `gpuslice.io/memory`, summed over its flavors, in bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueBudget {
+    pub name: String,
+    /// The cohort it borrows from and lends to (`None`: none).
+    pub cohort: Option<String>,
+    pub nominal: u64,
+    /// The most it may borrow (`None`: no limit but what its cohort has unused; 0 without a
+    /// cohort).
+    pub borrowing_limit: Option<u64>,
+    /// Charged to admitted workloads (`status.flavorsUsage`), borrowed part included.
+    pub used: u64,
+    /// The part of `used` borrowed from the cohort.
+    pub borrowed: u64,
+    /// Reserved by workloads, admitted or waiting on admission checks
+    /// (`status.flavorsReservation`).
+    pub reserved: u64,
+}
+
+/// What `kubectl gpuslice quota` and the Budgets page show.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Budgets {
+    pub namespaces: Vec<NamespaceBudget>,
+    /// The ClusterQueues charging `gpuslice.io/memory`; `None` when Kueue is not installed
+    /// (or could not be read: [`Budgets::queues_unavailable`] says why).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queues: Option<Vec<QueueBudget>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queues_unavailable: Option<String>,
+    /// Quotas that name gpuslice's resources and do not count as written (a malformed value,
+    /// HAMi's names outside a HAMi-compat namespace): one line each.
+    pub warnings: Vec<String>,
+}
+
+/// Which namespaces to read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    Namespace(String),
+    All,
+}
+
+/// What an allocation asks in all: `pods` pods of `slices` slices of `req` each (the limits
+/// form gives each listed container its own slice).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ask {
+    pub pods: u64,
+    pub slices: u64,
+    pub req: Request,
+}
+
+impl Ask {
+    /// What the pods charge, as the webhook charges each ([`quota::shape_charge`]); `field`
+    /// names the workload for the message of an overflow.
+    pub fn charge(&self, field: &str) -> Result<Charge, QuotaError> {
+        let one = quota::shape_charge(&self.req.shape(), None, field)?;
+        let over = |what: &str, unit| QuotaError::Overflow {
+            field: field.to_string(),
+            detail: format!("{what} of {}", self.describe()),
+            unit,
+        };
+        let n = self.pods.saturating_mul(self.slices);
+        Ok(Charge {
+            memory_bytes: one
+                .memory_bytes
+                .checked_mul(n)
+                .ok_or_else(|| over("the GPU memory", "bytes"))?,
+            cores: one
+                .cores
+                .checked_mul(n)
+                .ok_or_else(|| over("the compute shares", "percent"))?,
+            gpus: one
+                .gpus
+                .checked_mul(n)
+                .ok_or_else(|| over("the GPUs", "GPUs"))?,
+        })
+    }
+
+    /// `3 pod(s) of 1 GPU × 4Gi memory`; `3 pod(s) × 2 slices of …` with a slice per
+    /// container.
+    pub fn describe(&self) -> String {
+        match self.slices {
+            1 => format!("{} pod(s) of {}", self.pods, self.req.describe()),
+            n => format!(
+                "{} pod(s) × {n} slices of {}",
+                self.pods,
+                self.req.describe()
+            ),
+        }
+    }
+}
+
+/// An allocation the namespace's budget cannot take.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BudgetError {
+    /// The first quota line it would pass, as the webhook would refuse the pods.
+    #[error("{workload}: {ask}: {exceeded}{freed}")]
+    Over {
+        workload: String,
+        ask: String,
+        exceeded: Box<QuotaError>,
+        /// Said when the workload's current slices were counted as freed.
+        freed: &'static str,
+    },
+    #[error(transparent)]
+    Charge(Box<QuotaError>),
+}
+
+/// `budget` with what `freed` charges taken off its used values (never below 0).
+fn without(budget: &Budget, freed: Option<&Charge>) -> Budget {
+    let mut b = budget.clone();
+    if let Some(f) = freed {
+        for l in &mut b.lines {
+            l.used -= f.in_unit(l.name).min(l.used);
+        }
+    }
+    b
+}
+
+/// Checks `ask` against every budget of the namespace as the webhook books it, what the
+/// workload's pods charge now (`held`, which the ledger counts and the allocation frees)
+/// taken off the used values.
+pub fn check(
+    budgets: &[NamespaceBudget],
+    workload: &str,
+    ask: &Ask,
+    held: Option<&Ask>,
+) -> Result<(), BudgetError> {
+    let unchargeable = |e| BudgetError::Charge(Box::new(e));
+    let asked = ask.charge(workload).map_err(unchargeable)?;
+    let freed = match held {
+        Some(h) => Some(h.charge(workload).map_err(unchargeable)?),
+        None => None,
+    };
+    for b in budgets {
+        if let Err(exceeded) = without(&b.budget, freed.as_ref()).book(&asked) {
+            return Err(BudgetError::Over {
+                workload: workload.to_string(),
+                ask: ask.describe(),
+                exceeded: Box::new(exceeded),
+                freed: if freed.is_some_and(|f| !f.is_zero()) {
+                    " (used not counting this workload's current slices, which the allocation replaces)"
+                } else {
+                    ""
+                },
+            });
+        }
+    }
+    Ok(())
+}
+
+/// What is left of one quota line for an allocation, in the quota's unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Room<'a> {
+    pub budget: &'a NamespaceBudget,
+    pub line: Line,
+    /// `hard - used`, with the workload's current charge counted as freed (0 when over).
+    pub left: u64,
+}
+
+/// Per budget of the namespace and quota line, what an allocation may still ask, the
+/// workload's current pods (`held`) counted as freed; `None` for `held` that cannot be
+/// charged is the same as none.
+pub fn headroom<'a>(budgets: &'a [NamespaceBudget], held: Option<&Ask>) -> Vec<Room<'a>> {
+    let freed = held.and_then(|h| h.charge("the workload").ok());
+    let mut out = Vec::new();
+    for b in budgets {
+        let adjusted = without(&b.budget, freed.as_ref());
+        for (line, after) in b.budget.lines.iter().zip(&adjusted.lines) {
+            out.push(Room {
+                budget: b,
+                line: *line,
+                left: after.hard.saturating_sub(after.used),
+            });
+        }
+    }
+    out
+}
+
+/// A quantity of a Kueue object (`8Gi`), 0 when absent or unreadable.
+fn quantity(v: &Value) -> Option<u64> {
+    match v {
+        Value::String(s) => parse_kube_quantity(s).ok(),
+        Value::Number(n) => n.as_u64(),
+        _ => None,
+    }
+}
+
+/// The sum over flavors of `field` of resource [`QUEUE_MEMORY`] in `flavors` (Kueue's
+/// `[{name, resources: [{name, …}]}]`); `None` when no flavor names the resource.
+fn flavor_sum(flavors: &Value, field: &str) -> Option<u64> {
+    let mut found = false;
+    let mut sum = 0u64;
+    for f in flavors.as_array().into_iter().flatten() {
+        for r in f["resources"].as_array().into_iter().flatten() {
+            if r["name"] == QUEUE_MEMORY {
+                found = true;
+                sum = sum.saturating_add(quantity(&r[field]).unwrap_or(0));
+            }
+        }
+    }
+    found.then_some(sum)
+}
+
+/// A ClusterQueue's budget of [`QUEUE_MEMORY`]; `None` when it does not cover it.
+pub fn queue_budget(cq: &Value) -> Option<QueueBudget> {
+    let spec = &cq["spec"];
+    let flavors: Vec<&Value> = spec["resourceGroups"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|g| g["flavors"].as_array().into_iter().flatten())
+        .collect();
+    let flavors = Value::Array(flavors.into_iter().cloned().collect());
+    let nominal = flavor_sum(&flavors, "nominalQuota")?;
+    // No borrowing limit on one flavor: the queue's borrowing is bounded by its cohort only.
+    let limited = flavors.as_array().into_iter().flatten().all(|f| {
+        f["resources"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|r| r["name"] == QUEUE_MEMORY)
+            .all(|r| !r["borrowingLimit"].is_null())
+    });
+    let cohort = spec["cohortName"]
+        .as_str()
+        .or_else(|| spec["cohort"].as_str())
+        .filter(|c| !c.is_empty())
+        .map(str::to_string);
+    let status = &cq["status"];
+    Some(QueueBudget {
+        name: cq["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+        borrowing_limit: if cohort.is_none() {
+            Some(0)
+        } else if limited {
+            flavor_sum(&flavors, "borrowingLimit")
+        } else {
+            None
+        },
+        cohort,
+        nominal,
+        used: flavor_sum(&status["flavorsUsage"], "total").unwrap_or(0),
+        borrowed: flavor_sum(&status["flavorsUsage"], "borrowed").unwrap_or(0),
+        reserved: flavor_sum(&status["flavorsReservation"], "total").unwrap_or(0),
+    })
+}
+
+fn kueue(version: &str, kind: &str, plural: &str) -> ApiResource {
+    ApiResource {
+        group: KUEUE_GROUP.into(),
+        version: version.into(),
+        api_version: format!("{KUEUE_GROUP}/{version}"),
+        kind: kind.into(),
+        plural: plural.into(),
+    }
+}
+
+/// Lists a Kueue kind in the first version served; `Ok(None)` when none is (Kueue is not
+/// installed).
+async fn list_kueue(
+    client: &kube::Client,
+    namespace: Option<&str>,
+    kind: &str,
+    plural: &str,
+) -> Result<Option<Vec<Value>>, String> {
+    for version in KUEUE_VERSIONS {
+        let ar = kueue(version, kind, plural);
+        let api: Api<DynamicObject> = match namespace {
+            Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+            None => Api::all_with(client.clone(), &ar),
+        };
+        match api.list(&ListParams::default()).await {
+            Ok(list) => {
+                let items = list
+                    .items
+                    .into_iter()
+                    .filter_map(|o| serde_json::to_value(o).ok())
+                    .collect();
+                return Ok(Some(items));
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => continue,
+            Err(e) => return Err(format!("cannot list {plural}.{KUEUE_GROUP}: {e}")),
+        }
+    }
+    Ok(None)
+}
+
+/// The ClusterQueues of `scope` (a namespace's: those its LocalQueues name); `Ok(None)`
+/// without Kueue.
+async fn queues(client: &kube::Client, scope: &Scope) -> Result<Option<Vec<QueueBudget>>, String> {
+    let Some(all) = list_kueue(client, None, "ClusterQueue", "clusterqueues").await? else {
+        return Ok(None);
+    };
+    let named: Option<BTreeSet<String>> = match scope {
+        Scope::All => None,
+        Scope::Namespace(ns) => Some(
+            list_kueue(client, Some(ns), "LocalQueue", "localqueues")
+                .await?
+                .unwrap_or_default()
+                .iter()
+                .filter_map(|q| q["spec"]["clusterQueue"].as_str().map(str::to_string))
+                .collect(),
+        ),
+    };
+    let mut out: Vec<QueueBudget> = all
+        .iter()
+        .filter_map(queue_budget)
+        .filter(|q| named.as_ref().is_none_or(|n| n.contains(&q.name)))
+        .collect();
+    out.sort_by(|a, b| (&a.cohort, &a.name).cmp(&(&b.cohort, &b.name)));
+    Ok(Some(out))
+}
+
+/// The namespaces of `scope` labelled HAMi-compat; `Err`: why that is not known.
+async fn hami_namespaces(
+    client: &kube::Client,
+    scope: &Scope,
+) -> Result<BTreeSet<String>, FetchError> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let (key, value) = HAMI_COMPAT;
+    let selector = format!("{key}={value}");
+    let list = api
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(|source| FetchError {
+            what: "namespaces",
+            source,
+        })?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter_map(|n| n.metadata.name)
+        .filter(|n| match scope {
+            Scope::All => true,
+            Scope::Namespace(ns) => n == ns,
+        })
+        .collect())
+}
+
+/// One quota's budget (`None` when it names none of the names counted in its namespace),
+/// and the warnings of what does not count: a malformed value (the whole quota: the webhook
+/// refuses to book against it), HAMi's names outside a HAMi-compat namespace.
+pub fn quota_budget(
+    q: &ResourceQuota,
+    hami_compat: bool,
+) -> (Option<NamespaceBudget>, Vec<String>) {
+    let namespace = q.metadata.namespace.as_deref().unwrap_or_default();
+    let name = q.metadata.name.as_deref().unwrap_or_default();
+    let mut warnings = Vec::new();
+    if !hami_compat {
+        let hard = q.spec.as_ref().and_then(|s| s.hard.as_ref());
+        let hami: Vec<&str> = quota::NAMES
+            .iter()
+            .filter(|n| n.hami && hard.is_some_and(|h| h.contains_key(n.name)))
+            .map(|n| n.name)
+            .collect();
+        if !hami.is_empty() {
+            warnings.push(format!(
+                "ResourceQuota {namespace}/{name} names HAMi's {}, counted only in namespaces labelled {}={}: namespace {namespace} is not",
+                hami.join(", "),
+                HAMI_COMPAT.0,
+                HAMI_COMPAT.1
+            ));
+        }
+    }
+    match Budget::read(q, hami_compat) {
+        Ok(b) => (
+            b.map(|b| NamespaceBudget::new(namespace, name, b)),
+            warnings,
+        ),
+        Err(e) => {
+            warnings.push(e.to_string());
+            (None, warnings)
+        }
+    }
+}
+
+/// The budgets of the ResourceQuotas of `scope` (with the HAMi-compat label of their
+/// namespaces), sorted by namespace and quota, and the warnings of what does not count.
+pub async fn namespace_budgets(
+    client: &kube::Client,
+    scope: &Scope,
+) -> Result<(Vec<NamespaceBudget>, Vec<String>), FetchError> {
+    let quota_api: Api<ResourceQuota> = match scope {
+        Scope::Namespace(ns) => Api::namespaced(client.clone(), ns),
+        Scope::All => Api::all(client.clone()),
+    };
+    let list_params = ListParams::default();
+    let (quotas, hami) = tokio::join!(quota_api.list(&list_params), hami_namespaces(client, scope));
+    let quotas = quotas.map_err(|source| FetchError {
+        what: "resourcequotas",
+        source,
+    })?;
+    let mut warnings = Vec::new();
+    // Namespaces cannot be listed (a namespaced user): HAMi's names are taken as counting
+    // nowhere, and the listing says so.
+    let hami = hami.unwrap_or_else(|e| {
+        warnings.push(format!(
+            "{e}: quotas in HAMi's names (limits.nvidia.com/*) are shown as not counting"
+        ));
+        BTreeSet::new()
+    });
+    let mut rows = Vec::new();
+    for q in &quotas.items {
+        let ns = q.metadata.namespace.as_deref().unwrap_or_default();
+        let (r, w) = quota_budget(q, hami.contains(ns));
+        rows.extend(r);
+        warnings.extend(w);
+    }
+    rows.sort_by(|a, b| (&a.namespace, &a.quota).cmp(&(&b.namespace, &b.quota)));
+    Ok((rows, warnings))
+}
+
+/// Reads the budgets of `scope`: [`namespace_budgets`], and Kueue's ClusterQueues when it is
+/// installed. The quotas must be readable; queues that cannot be read are said in
+/// `queues_unavailable`.
+pub async fn fetch(client: &kube::Client, scope: &Scope) -> Result<Budgets, FetchError> {
+    let (namespaces, queues) =
+        tokio::join!(namespace_budgets(client, scope), queues(client, scope));
+    let (namespaces, warnings) = namespaces?;
+    let (queues, queues_unavailable) = match queues {
+        Ok(q) => (q, None),
+        Err(e) => (None, Some(e)),
+    };
+    Ok(Budgets {
+        namespaces,
+        queues,
+        queues_unavailable,
+        warnings,
+    })
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const GIB: u64 = 1 << 30;
+
+    pub(crate) fn rq(ns: &str, name: &str, hard: Value, used: Value) -> ResourceQuota {
+        serde_json::from_value(json!({
+            "metadata": {"namespace": ns, "name": name},
+            "spec": {"hard": hard},
+            "status": {"hard": hard, "used": used},
+        }))
+        .unwrap()
+    }
+
+    /// A budget of `ns/gpu`: `memory` and `gpus` hard, `used_memory` and `used_gpus` used.
+    pub(crate) fn budget(
+        ns: &str,
+        memory: &str,
+        used_memory: &str,
+        gpus: &str,
+        used_gpus: &str,
+    ) -> NamespaceBudget {
+        let q = rq(
+            ns,
+            "gpu",
+            json!({quota::MEMORY: memory, quota::GPUS: gpus, "pods": "10"}),
+            json!({quota::MEMORY: used_memory, quota::GPUS: used_gpus, "pods": "3"}),
+        );
+        quota_budget(&q, false).0.unwrap()
+    }
+
+    fn req(memory: &str, cores: Option<&str>, gpus: u32) -> Request {
+        Request::parse(memory, cores, gpus).unwrap()
+    }
+
+    #[test]
+    fn a_quota_reads_into_bytes_cores_and_gpus_in_both_name_sets() {
+        let b = budget("team", "10Gi", "6Gi", "4", "1");
+        assert_eq!(
+            b.memory,
+            Limit {
+                hard: Some(10 * GIB),
+                used: 6 * GIB
+            }
+        );
+        assert_eq!(
+            b.gpus,
+            Limit {
+                hard: Some(4),
+                used: 1
+            }
+        );
+        assert_eq!(
+            b.cores,
+            Limit {
+                hard: None,
+                used: 0
+            }
+        );
+        assert_eq!(b.names, [quota::MEMORY, quota::GPUS]);
+        assert_eq!(b.name_sets(), "gpuslice.io");
+        let v = serde_json::to_value(&b).unwrap();
+        assert_eq!(
+            v,
+            json!({"namespace": "team", "quota": "gpu",
+                   "names": ["limits.gpuslice.io/memory", "limits.gpuslice.io/gpus"],
+                   "memory": {"hard": 10 * GIB, "used": 6 * GIB},
+                   "cores": {"hard": null, "used": 0},
+                   "gpus": {"hard": 4, "used": 1}})
+        );
+
+        // HAMi's names in MiB count in a HAMi-compat namespace, as bytes.
+        let q = rq(
+            "legacy",
+            "hami",
+            json!({quota::HAMI_MEMORY: "10240", quota::HAMI_CORES: "150"}),
+            json!({quota::HAMI_MEMORY: "2048"}),
+        );
+        let (b, w) = quota_budget(&q, true);
+        let b = b.unwrap();
+        assert!(w.is_empty(), "{w:?}");
+        assert_eq!(
+            b.memory,
+            Limit {
+                hard: Some(10 * GIB),
+                used: 2 * GIB
+            }
+        );
+        assert_eq!(
+            b.cores,
+            Limit {
+                hard: Some(150),
+                used: 0
+            },
+            "no ledger figure yet: 0"
+        );
+        assert_eq!(b.name_sets(), "nvidia.com");
+        // Elsewhere they count nowhere, and the listing says so.
+        let (b, w) = quota_budget(&q, false);
+        assert_eq!(b, None);
+        assert_eq!(
+            w,
+            ["ResourceQuota legacy/hami names HAMi's limits.nvidia.com/gpumem, limits.nvidia.com/gpucores, counted only in namespaces labelled gpuslice.io/hami-compat=true: namespace legacy is not"]
+        );
+        // A quota of other resources only is no budget, and no warning.
+        assert_eq!(
+            quota_budget(&rq("a", "pods", json!({"pods": "3"}), json!({})), false),
+            (None, vec![])
+        );
+    }
+
+    #[test]
+    fn a_malformed_quota_is_one_warning_line_and_no_budget() {
+        let q = rq("team", "bad", json!({quota::MEMORY: "-1Gi"}), json!({}));
+        let (b, w) = quota_budget(&q, false);
+        assert_eq!(b, None);
+        assert_eq!(w.len(), 1);
+        assert!(
+            w[0].starts_with(
+                "ResourceQuota team/bad: spec.hard[limits.gpuslice.io/memory]: value \"-1Gi\""
+            ),
+            "{w:?}"
+        );
+        assert!(!w[0].contains('\n'));
+    }
+
+    #[test]
+    fn an_allocation_past_the_budget_is_refused_naming_quota_resource_hard_used_asked() {
+        let b = [budget("team", "10Gi", "6Gi", "8", "2")];
+        // 2 pods × 2Gi = 4Gi: exactly what is left.
+        let fits = Ask {
+            pods: 2,
+            slices: 1,
+            req: req("2Gi", None, 1),
+        };
+        assert_eq!(check(&b, "deployment/web", &fits, None), Ok(()));
+        let over = Ask {
+            pods: 3,
+            slices: 1,
+            req: req("2Gi", None, 1),
+        };
+        let e = check(&b, "deployment/web", &over, None)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "deployment/web: 3 pod(s) of 1 GPU × 2Gi memory: exceeded quota: team/gpu, requested: limits.gpuslice.io/memory=6Gi, used: limits.gpuslice.io/memory=6Gi, limited: limits.gpuslice.io/memory=10Gi"
+        );
+        // Memory counts per GPU times GPUs: 2 pods × 2 GPUs × 1Gi is 4Gi and 4 GPUs (fits);
+        // 4 pods × 2 GPUs pass the 8 GPUs (6 left).
+        let wide = Ask {
+            pods: 2,
+            slices: 1,
+            req: req("1Gi", None, 2),
+        };
+        assert_eq!(check(&b, "deployment/web", &wide, None), Ok(()));
+        let e = check(
+            &b,
+            "deployment/web",
+            &Ask {
+                pods: 4,
+                slices: 1,
+                req: req("512Mi", None, 2),
+            },
+            None,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("requested: limits.gpuslice.io/gpus=8, used: limits.gpuslice.io/gpus=2, limited: limits.gpuslice.io/gpus=8"), "{e}");
+        // An edit frees what the workload holds now: 3 pods of 2Gi where they hold 1Gi each
+        // (3Gi of the 6Gi used) take 6Gi of 10 - 3.
+        let held = Ask {
+            pods: 3,
+            slices: 1,
+            req: req("1Gi", None, 1),
+        };
+        assert_eq!(check(&b, "deployment/web", &over, Some(&held)), Ok(()));
+        let bigger = Ask {
+            pods: 3,
+            slices: 1,
+            req: req("3Gi", None, 1),
+        };
+        let e = check(&b, "deployment/web", &bigger, Some(&held))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(
+                "requested: limits.gpuslice.io/memory=9Gi, used: limits.gpuslice.io/memory=3Gi"
+            ) && e.ends_with(
+                "(used not counting this workload's current slices, which the allocation replaces)"
+            ),
+            "{e}"
+        );
+        // The limits form gives each of 2 containers its own slice: 2 pods ask 4 slices.
+        let two = Ask {
+            pods: 2,
+            slices: 2,
+            req: req("1Gi", None, 1),
+        };
+        assert_eq!(two.describe(), "2 pod(s) × 2 slices of 1 GPU × 1Gi memory");
+        let e = check(
+            &b,
+            "deployment/web",
+            &Ask {
+                req: req("1536Mi", None, 1),
+                ..two
+            },
+            None,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("requested: limits.gpuslice.io/memory=6Gi"),
+            "{e}"
+        );
+        // No budget, no limit.
+        assert_eq!(check(&[], "deployment/web", &bigger, None), Ok(()));
+    }
+
+    #[test]
+    fn cores_count_100_per_gpu_when_not_throttled_as_the_webhook_charges() {
+        let q = rq(
+            "team",
+            "gpu",
+            json!({quota::CORES: "250"}),
+            json!({quota::CORES: "50"}),
+        );
+        let b = [quota_budget(&q, false).0.unwrap()];
+        let share = Ask {
+            pods: 2,
+            slices: 1,
+            req: req("1Gi", Some("100"), 1),
+        };
+        assert_eq!(check(&b, "w", &share, None), Ok(()));
+        let whole = Ask {
+            pods: 2,
+            slices: 1,
+            req: req("1Gi", None, 1),
+        };
+        assert_eq!(check(&b, "w", &whole, None), Ok(()));
+        let three = Ask {
+            pods: 3,
+            slices: 1,
+            req: req("1Gi", None, 1),
+        };
+        let e = check(&b, "w", &three, None).unwrap_err().to_string();
+        assert!(e.contains("requested: limits.gpuslice.io/cores=300"), "{e}");
+    }
+
+    #[test]
+    fn headroom_is_what_is_left_with_the_current_slices_freed() {
+        let b = [budget("team", "10Gi", "6Gi", "8", "2")];
+        let rooms = headroom(&b, None);
+        let left: Vec<(&str, u64)> = rooms.iter().map(|r| (r.line.name.name, r.left)).collect();
+        assert_eq!(left, [(quota::MEMORY, 4 * GIB), (quota::GPUS, 6)]);
+        let held = Ask {
+            pods: 2,
+            slices: 1,
+            req: req("1Gi", None, 1),
+        };
+        let left: Vec<u64> = headroom(&b, Some(&held)).iter().map(|r| r.left).collect();
+        assert_eq!(left, [6 * GIB, 8]);
+        // Over the hard value (lowered after admissions): nothing left, not an underflow.
+        let over = [budget("team", "4Gi", "6Gi", "8", "2")];
+        assert_eq!(headroom(&over, None)[0].left, 0);
+    }
+
+    #[test]
+    fn a_cluster_queue_sums_its_flavors_of_gpuslice_memory() {
+        let cq = json!({
+            "metadata": {"name": "team-a"},
+            "spec": {"cohortName": "pool", "resourceGroups": [
+                {"coveredResources": ["cpu"], "flavors": [{"name": "default", "resources": [{"name": "cpu", "nominalQuota": "9"}]}]},
+                {"coveredResources": ["gpuslice.io/memory"], "flavors": [
+                    {"name": "h200", "resources": [{"name": "gpuslice.io/memory", "nominalQuota": "8Gi", "borrowingLimit": "8Gi"}]},
+                    {"name": "l4", "resources": [{"name": "gpuslice.io/memory", "nominalQuota": "4Gi", "borrowingLimit": "0"}]}]}]},
+            "status": {
+                "flavorsUsage": [{"name": "h200", "resources": [{"name": "gpuslice.io/memory", "total": "12Gi", "borrowed": "4Gi"}]},
+                                 {"name": "default", "resources": [{"name": "cpu", "total": "3"}]}],
+                "flavorsReservation": [{"name": "h200", "resources": [{"name": "gpuslice.io/memory", "total": "16Gi", "borrowed": "8Gi"}]}]}
+        });
+        assert_eq!(
+            queue_budget(&cq),
+            Some(QueueBudget {
+                name: "team-a".into(),
+                cohort: Some("pool".into()),
+                nominal: 12 * GIB,
+                borrowing_limit: Some(8 * GIB),
+                used: 12 * GIB,
+                borrowed: 4 * GIB,
+                reserved: 16 * GIB,
+            })
+        );
+        // v1beta1 spells the cohort `cohort`; one flavor without a limit: unlimited; a queue
+        // that has not charged anything yet has no status.
+        let v1beta1 = json!({
+            "metadata": {"name": "team-b"},
+            "spec": {"cohort": "pool", "resourceGroups": [{"flavors": [
+                {"name": "h200", "resources": [{"name": "gpuslice.io/memory", "nominalQuota": 8589934592u64}]}]}]}
+        });
+        let b = queue_budget(&v1beta1).unwrap();
+        assert_eq!(
+            (b.cohort.as_deref(), b.nominal, b.borrowing_limit, b.used),
+            (Some("pool"), 8 * GIB, None, 0)
+        );
+        // No cohort: nothing to borrow.
+        let alone = json!({"metadata": {"name": "c"}, "spec": {"resourceGroups": [{"flavors": [
+            {"name": "f", "resources": [{"name": "gpuslice.io/memory", "nominalQuota": "1Gi"}]}]}]}});
+        assert_eq!(queue_budget(&alone).unwrap().borrowing_limit, Some(0));
+        // A queue not charging gpuslice.io/memory is not a GPU budget.
+        let cpu = json!({"metadata": {"name": "cpu"}, "spec": {"resourceGroups": [{"flavors": [
+            {"name": "f", "resources": [{"name": "cpu", "nominalQuota": "9"}]}]}]}});
+        assert_eq!(queue_budget(&cpu), None);
+    }
+}
