@@ -21,7 +21,7 @@ use crate::fetch::FetchError;
 use crate::render::bytes;
 
 /// The label of the namespaces where HAMi's quota names count (docs/quotas.md).
-pub const HAMI_COMPAT: (&str, &str) = ("gpuslice.io/hami-compat", "true");
+pub use gpuslice_dra::quota::HAMI_COMPAT_LABEL as HAMI_COMPAT;
 /// The Kueue resource a ClusterQueue charges for a workload's GPU memory (bytes).
 pub const QUEUE_MEMORY: &str = "gpuslice.io/memory";
 /// Kueue's API group and the versions tried, newest first (Kueue 0.19 serves both).

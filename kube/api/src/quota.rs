@@ -23,6 +23,8 @@ pub const GPUS: &str = "limits.gpuslice.io/gpus";
 pub const HAMI_MEMORY: &str = "limits.nvidia.com/gpumem";
 pub const HAMI_CORES: &str = "limits.nvidia.com/gpucores";
 pub const HAMI_GPUS: &str = "limits.nvidia.com/gpu";
+/// The namespace label under which HAMi's names are read (pods' limits and quotas alike).
+pub const HAMI_COMPAT_LABEL: (&str, &str) = ("gpuslice.io/hami-compat", "true");
 
 /// The annotation the webhook writes on a pod or claim it charged: the charge's id, so that
 /// the ledger knows when a charge it booked has become a live object.

@@ -22,7 +22,7 @@ use gpuslice_dra::claim_shape::PublishedGpus;
 use crate::sweep::{is_marked, mark_patch};
 
 /// The namespace label that turns HAMi compatibility on (with `--hami-compat`).
-pub const HAMI_LABEL: (&str, &str) = ("gpuslice.io/hami-compat", "true");
+pub use gpuslice_dra::quota::HAMI_COMPAT_LABEL as HAMI_LABEL;
 /// How often the inventory is re-read.
 pub const REFRESH: Duration = Duration::from_secs(5);
 
