@@ -353,7 +353,7 @@ fn dra_manifests_are_valid_and_agree_with_the_plugin() {
                 let all: String = vars.iter().map(|v| v.expression.as_str()).collect();
                 assert!(all.contains(&format!("'{SLOTS_CLASS}'")), "{all}");
                 assert!(all.contains(&format!("'{DRIVER}/uuid'")), "{all}");
-                assert_eq!(spec.validations.unwrap().len(), 6);
+                assert_eq!(spec.validations.unwrap().len(), 7);
                 assert_eq!(spec.failure_policy.as_deref(), Some("Fail"));
             }
             "ValidatingAdmissionPolicyBinding" => {
