@@ -164,12 +164,10 @@ pub enum Scope {
     All,
 }
 
-/// What an allocation asks in all: `pods` pods of `slices` slices of `req` each (the limits
-/// form gives each listed container its own slice).
+/// What an allocation asks in all: `pods` pods of `req`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ask {
     pub pods: u64,
-    pub slices: u64,
     pub req: Request,
 }
 
@@ -180,37 +178,28 @@ impl Ask {
         let one = quota::shape_charge(&self.req.shape(), None, field)?;
         let over = |what: &str, unit| QuotaError::Overflow {
             field: field.to_string(),
-            detail: format!("{what} of {}", self.describe()),
+            detail: format!("{what} of {} pods", self.pods),
             unit,
         };
-        let n = self.pods.saturating_mul(self.slices);
         Ok(Charge {
             memory_bytes: one
                 .memory_bytes
-                .checked_mul(n)
+                .checked_mul(self.pods)
                 .ok_or_else(|| over("the GPU memory", "bytes"))?,
             cores: one
                 .cores
-                .checked_mul(n)
+                .checked_mul(self.pods)
                 .ok_or_else(|| over("the compute shares", "percent"))?,
             gpus: one
                 .gpus
-                .checked_mul(n)
+                .checked_mul(self.pods)
                 .ok_or_else(|| over("the GPUs", "GPUs"))?,
         })
     }
 
-    /// `3 pod(s) of 1 GPU × 4Gi memory`; `3 pod(s) × 2 slices of …` with a slice per
-    /// container.
+    /// `3 pod(s) of 1 GPU × 4Gi memory`.
     pub fn describe(&self) -> String {
-        match self.slices {
-            1 => format!("{} pod(s) of {}", self.pods, self.req.describe()),
-            n => format!(
-                "{} pod(s) × {n} slices of {}",
-                self.pods,
-                self.req.describe()
-            ),
-        }
+        format!("{} pod(s) of {}", self.pods, self.req.describe())
     }
 }
 
@@ -691,13 +680,11 @@ pub(crate) mod tests {
         // 2 pods × 2Gi = 4Gi: exactly what is left.
         let fits = Ask {
             pods: 2,
-            slices: 1,
             req: req("2Gi", None, 1),
         };
         assert_eq!(check(&b, "deployment/web", &fits, None), Ok(()));
         let over = Ask {
             pods: 3,
-            slices: 1,
             req: req("2Gi", None, 1),
         };
         let e = check(&b, "deployment/web", &over, None)
@@ -711,7 +698,6 @@ pub(crate) mod tests {
         // 4 pods × 2 GPUs pass the 8 GPUs (6 left).
         let wide = Ask {
             pods: 2,
-            slices: 1,
             req: req("1Gi", None, 2),
         };
         assert_eq!(check(&b, "deployment/web", &wide, None), Ok(()));
@@ -720,7 +706,6 @@ pub(crate) mod tests {
             "deployment/web",
             &Ask {
                 pods: 4,
-                slices: 1,
                 req: req("512Mi", None, 2),
             },
             None,
@@ -732,13 +717,11 @@ pub(crate) mod tests {
         // (3Gi of the 6Gi used) take 6Gi of 10 - 3.
         let held = Ask {
             pods: 3,
-            slices: 1,
             req: req("1Gi", None, 1),
         };
         assert_eq!(check(&b, "deployment/web", &over, Some(&held)), Ok(()));
         let bigger = Ask {
             pods: 3,
-            slices: 1,
             req: req("3Gi", None, 1),
         };
         let e = check(&b, "deployment/web", &bigger, Some(&held))
@@ -750,28 +733,6 @@ pub(crate) mod tests {
             ) && e.ends_with(
                 "(used not counting this workload's current slices, which the allocation replaces)"
             ),
-            "{e}"
-        );
-        // The limits form gives each of 2 containers its own slice: 2 pods ask 4 slices.
-        let two = Ask {
-            pods: 2,
-            slices: 2,
-            req: req("1Gi", None, 1),
-        };
-        assert_eq!(two.describe(), "2 pod(s) × 2 slices of 1 GPU × 1Gi memory");
-        let e = check(
-            &b,
-            "deployment/web",
-            &Ask {
-                req: req("1536Mi", None, 1),
-                ..two
-            },
-            None,
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(
-            e.contains("requested: limits.gpuslice.io/memory=6Gi"),
             "{e}"
         );
         // No budget, no limit.
@@ -789,19 +750,16 @@ pub(crate) mod tests {
         let b = [quota_budget(&q, false).0.unwrap()];
         let share = Ask {
             pods: 2,
-            slices: 1,
             req: req("1Gi", Some("100"), 1),
         };
         assert_eq!(check(&b, "w", &share, None), Ok(()));
         let whole = Ask {
             pods: 2,
-            slices: 1,
             req: req("1Gi", None, 1),
         };
         assert_eq!(check(&b, "w", &whole, None), Ok(()));
         let three = Ask {
             pods: 3,
-            slices: 1,
             req: req("1Gi", None, 1),
         };
         let e = check(&b, "w", &three, None).unwrap_err().to_string();
@@ -816,7 +774,6 @@ pub(crate) mod tests {
         assert_eq!(left, [(quota::MEMORY, 4 * GIB), (quota::GPUS, 6)]);
         let held = Ask {
             pods: 2,
-            slices: 1,
             req: req("1Gi", None, 1),
         };
         let left: Vec<u64> = headroom(&b, Some(&held)).iter().map(|r| r.left).collect();

@@ -259,20 +259,6 @@ pub fn current_limits(spec: &PodSpec) -> Option<Request> {
     spec.containers.iter().find_map(container_request)
 }
 
-/// The slices each pod of this template gets: one per container with gpuslice limits (the
-/// webhook makes a claim of each), else one when it names the console's claim, else none.
-pub fn slices_per_pod(spec: &PodSpec) -> u64 {
-    let limits = spec
-        .containers
-        .iter()
-        .filter(|c| container_request(c).is_some())
-        .count() as u64;
-    match limits {
-        0 => u64::from(current_template(spec).is_some()),
-        n => n,
-    }
-}
-
 /// HAMi's limits (`nvidia.com/gpu…`) the pod spec holds, as `container: name=value, …`.
 pub fn hami_limits(spec: &PodSpec) -> Option<String> {
     let found: Vec<String> = spec
@@ -563,31 +549,6 @@ mod tests {
     use crate::model::{build, Sources};
 
     const GIB: u64 = 1 << 30;
-
-    #[test]
-    fn a_pod_gets_a_slice_per_container_with_limits_or_its_one_claim() {
-        let spec = || -> PodSpec {
-            serde_json::from_value(
-                json!({"containers": [{"name": "a"}, {"name": "b"}, {"name": "c"}]}),
-            )
-            .unwrap()
-        };
-        let req = Request::parse("1Gi", None, 1).unwrap();
-        assert_eq!(slices_per_pod(&spec()), 0);
-        let mut limits = spec();
-        set_limits("w", &mut limits, &req, &[]).unwrap();
-        assert_eq!(slices_per_pod(&limits), 3);
-        let mut two = spec();
-        set_limits("w", &mut two, &req, &["a".into(), "c".into()]).unwrap();
-        assert_eq!(slices_per_pod(&two), 2);
-        let mut claim = spec();
-        add_claim("w", &mut claim, "t", &[]).unwrap();
-        assert_eq!(
-            slices_per_pod(&claim),
-            1,
-            "the containers share the pod's claim"
-        );
-    }
 
     #[test]
     fn requests_are_checked_and_rounded_as_the_scheduler_rounds() {

@@ -357,34 +357,24 @@ async fn budgets_of(client: &kube::Client, ns: &str) -> (Vec<NamespaceBudget>, O
     }
 }
 
-/// Checks that the workload's pods under `req` (`slices` of it each) stay within the
-/// namespace's budgets, what its pods ask now (`held`, and its slices per pod) counted as
-/// freed. A DaemonSet (`want` `None`) runs a pod on each
+/// Checks that the workload's pods under `req` stay within the namespace's budgets, what its
+/// pods ask now (`held`) counted as freed. A DaemonSet (`want` `None`) runs a pod on each
 /// node with gpuslice GPUs.
 fn check_budget(
     budgets: &[NamespaceBudget],
     m: &model::Model,
     label: &str,
-    (req, slices): (&Request, u64),
-    held: Option<(Request, u64)>,
+    req: &Request,
+    held: Option<Request>,
     want: Option<u64>,
 ) -> Result<(), WorkloadError> {
     let pods = want.unwrap_or(m.nodes.len() as u64);
-    let ask = Ask {
-        pods,
-        slices,
-        req: *req,
-    };
-    let held = held.map(|(req, slices)| Ask { pods, slices, req });
+    let ask = Ask { pods, req: *req };
+    let held = held.map(|req| Ask { pods, req });
     budgets::check(budgets, label, &ask, held.as_ref()).map_err(|e| match e {
         budgets::BudgetError::Charge(c) => WorkloadError::Unchargeable(c),
         over => WorkloadError::OverBudget(over),
     })
-}
-
-/// The slices each pod of the edited workload gets.
-fn slices_of<W: Workload>(w: &W) -> u64 {
-    w.pod_spec().map_or(1, edit::slices_per_pod).max(1)
 }
 
 async fn allocate_kind<W: Workload>(
@@ -404,9 +394,7 @@ async fn allocate_kind<W: Workload>(
     let first = get(&api, &label, name, ns).await?;
     let spec = editable_spec(&first, &label)?;
     let (form, why) = choose_form(client, args.form.as_deref(), spec).await?;
-    let held = current_request(&templates, spec, mode)
-        .await
-        .map(|r| (r, edit::slices_per_pod(spec)));
+    let held = current_request(&templates, spec, mode).await;
     let (budgets, unchecked) = budgets_of(client, ns).await;
     let (template, notes) = edit::claim_template(ns, kind, name, &req, mode)?;
     let template_name = template.metadata.name.clone().unwrap_or_default();
@@ -465,14 +453,7 @@ async fn allocate_kind<W: Workload>(
             }
             if !checked {
                 check_fit(&m, mode, &label, &req, current.replicas())?;
-                check_budget(
-                    &budgets,
-                    &m,
-                    &label,
-                    (&req, slices_of(&next)),
-                    held,
-                    current.replicas(),
-                )?;
+                check_budget(&budgets, &m, &label, &req, held, current.replicas())?;
             }
             out.push_str(&format!(
                 "({})\n",
@@ -491,14 +472,7 @@ async fn allocate_kind<W: Workload>(
         }
         if !checked && !args.force {
             check_fit(&m, mode, &label, &req, current.replicas())?;
-            check_budget(
-                &budgets,
-                &m,
-                &label,
-                (&req, slices_of(&next)),
-                held,
-                current.replicas(),
-            )?;
+            check_budget(&budgets, &m, &label, &req, held, current.replicas())?;
         }
         checked = true;
         if form == Form::Claim && !created {

@@ -723,8 +723,6 @@ pub enum SliceSource {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Slice {
     pub source: SliceSource,
-    /// The slices each pod gets (one per container with limits; the claim form's one).
-    pub per_pod: u64,
     /// `None` when the template is missing or not the claim shape, and for HAMi's limits.
     pub request: Option<Request>,
 }
@@ -1039,8 +1037,8 @@ fn budget_part(w: &WorkloadRow, budgets: Result<&[NamespaceBudget], &str>) -> St
     let held = w
         .slice
         .as_ref()
-        .and_then(|s| Some((s.request?, s.per_pod)))
-        .map(|(req, slices)| Ask { pods, slices, req });
+        .and_then(|s| s.request)
+        .map(|req| Ask { pods, req });
     let mut out = format!(
         "<div id=\"budget\"><p>Budget of namespace {} for this workload's {pods} pod(s){}; an allocation asking more is refused before anything is written:</p><ul>",
         esc(&w.namespace),
@@ -1079,8 +1077,8 @@ fn gpus_max(w: &WorkloadRow, budgets: &[NamespaceBudget]) -> Option<u64> {
     let held = w
         .slice
         .as_ref()
-        .and_then(|s| Some((s.request?, s.per_pod)))
-        .map(|(req, slices)| Ask { pods, slices, req });
+        .and_then(|s| s.request)
+        .map(|req| Ask { pods, req });
     budgets::headroom(budgets, held.as_ref())
         .into_iter()
         .filter(|r| r.line.name.resource == Resource::Gpus)
@@ -1498,7 +1496,6 @@ mod tests {
         assert!(html.contains("<p id=\"mode\">edit allowed"));
         w.slice = Some(Slice {
             source: SliceSource::Claim("t".into()),
-            per_pod: 1,
             request: Some(Request::parse("20Gi", Some("30"), 1).unwrap()),
         });
         let html = workload_page(&c, &w, Ok(&[]));
@@ -1659,7 +1656,6 @@ mod tests {
         // The workload's own slices are counted as freed by an edit.
         w.slice = Some(Slice {
             source: SliceSource::Claim("t".into()),
-            per_pod: 1,
             request: Some(Request::parse("1Gi", None, 1).unwrap()),
         });
         let html = workload_page(&c, &w, Ok(&b));

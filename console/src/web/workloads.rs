@@ -53,23 +53,18 @@ fn row_of<W: workload::Workload>(
             .and_then(|t| template_request(t, mode));
         Slice {
             source: SliceSource::Claim(template),
-            per_pod: 1,
             request,
         }
     });
     let limits = || {
-        spec.and_then(|s| {
-            Some(Slice {
-                source: SliceSource::Limits,
-                per_pod: edit::slices_per_pod(s),
-                request: Some(edit::current_limits(s)?),
-            })
+        spec.and_then(edit::current_limits).map(|r| Slice {
+            source: SliceSource::Limits,
+            request: Some(r),
         })
     };
     let hami = || {
         spec.and_then(edit::hami_limits).map(|l| Slice {
             source: SliceSource::Hami(l),
-            per_pod: 0,
             request: None,
         })
     };
