@@ -16,6 +16,7 @@ pub mod health_events;
 pub mod mode;
 pub mod node_slices;
 pub mod offer;
+pub mod probe;
 pub mod proto;
 pub mod publisher;
 pub mod registration;

@@ -2,76 +2,21 @@
 //! keeps. Consumable capacity (`DRAConsumableCapacity`) is off on Kubernetes 1.34/1.35 and on
 //! managed clusters that accept no alpha gates, and an API server with the gate off silently
 //! drops `allowMultipleAllocations` and the request policies from a ResourceSlice; the version
-//! string cannot say whether the gate is on. So `auto` asks the API server itself: a dry-run
-//! create of a capacity-mode slice, and whether the answer still carries those fields.
+//! string cannot say whether the gate is on. So `auto` asks the API server itself
+//! (crate::probe).
 
 use std::path::Path;
 
 use gpuslice_config::{DraConfig, DraMode};
-use gpuslice_dra::slices::{build_slices, OfferedGpu, SliceError, CAP_MEMORY};
-use k8s_openapi::api::resource::v1::ResourceSlice;
-use kube::api::PostParams;
-use kube::Api;
 use serde::Serialize;
 
 use crate::offer::Publication;
 
-/// The mode could not be detected (it is retried).
+/// The mode record could not be written.
 #[derive(Debug, thiserror::Error)]
 pub enum ModeError {
-    #[error("{0}")]
-    Slice(#[from] SliceError),
-    #[error("cannot ask the API server whether it keeps consumable capacity (a dry-run create of ResourceSlice {name}): {source}; the plugin needs resource.k8s.io/v1 (Kubernetes 1.34+) and the right to create ResourceSlices")]
-    Api { name: String, source: kube::Error },
     #[error("cannot write {path}: {detail}")]
     Write { path: String, detail: String },
-}
-
-/// Whether the API server keeps the consumable-capacity fields of a ResourceSlice: a dry-run
-/// create (nothing is stored) of one capacity-mode device on `node`, read back.
-pub async fn keeps_consumable_capacity(
-    client: &kube::Client,
-    node: &str,
-) -> Result<bool, ModeError> {
-    let probe = OfferedGpu {
-        index: 0,
-        uuid: "GPU-00000000-0000-0000-0000-000000000000".into(),
-        model: "gpuslice mode probe".into(),
-        numa_node: None,
-        memory: 1 << 30,
-        cores: 100,
-        slots: None,
-    };
-    let mut slices = build_slices(node, &[probe], 1, None)?;
-    let mut slice = slices.remove(0);
-    let name = format!("{}-probe", slice.metadata.name.clone().unwrap_or_default());
-    slice.metadata.name = Some(name.clone());
-    let api: Api<ResourceSlice> = Api::all(client.clone());
-    let params = PostParams {
-        dry_run: true,
-        ..Default::default()
-    };
-    let back = api
-        .create(&params, &slice)
-        .await
-        .map_err(|source| ModeError::Api { name, source })?;
-    Ok(kept(&back))
-}
-
-/// Whether `slice`'s first device still carries what consumable capacity adds.
-pub fn kept(slice: &ResourceSlice) -> bool {
-    slice
-        .spec
-        .devices
-        .as_ref()
-        .and_then(|d| d.first())
-        .is_some_and(|d| {
-            d.allow_multiple_allocations == Some(true)
-                && d.capacity
-                    .as_ref()
-                    .and_then(|c| c.get(CAP_MEMORY))
-                    .is_some_and(|c| c.request_policy.is_some())
-        })
 }
 
 /// The publication `config` asks for, given whether the API server keeps consumable capacity
@@ -139,27 +84,5 @@ mod tests {
         assert_eq!(resolve(&c, Some(true)), Publication::Slots(8));
         c.mode = DraMode::Capacity;
         assert_eq!(resolve(&c, Some(false)), Publication::Capacity);
-    }
-
-    #[test]
-    fn a_slice_whose_sharing_fields_were_dropped_is_read_as_no_consumable_capacity() {
-        let gpu = OfferedGpu {
-            index: 0,
-            uuid: "GPU-x".into(),
-            model: "m".into(),
-            numa_node: None,
-            memory: 1 << 30,
-            cores: 100,
-            slots: None,
-        };
-        let mut s = build_slices("n1", &[gpu], 1, None).unwrap().remove(0);
-        assert!(kept(&s));
-        // What an API server with the gate off stores: the same device without the fields.
-        let d = &mut s.spec.devices.as_mut().unwrap()[0];
-        d.allow_multiple_allocations = None;
-        for c in d.capacity.as_mut().unwrap().values_mut() {
-            c.request_policy = None;
-        }
-        assert!(!kept(&s));
     }
 }

@@ -2,8 +2,8 @@
 //! or the node paths' bookings change, and when the kubelet (re)registers the plugin (a
 //! starting kubelet deletes its node's slices). Every change bumps the pool's generation.
 //! An unhealthy GPU's devices carry the taint `gpuslice.io/unhealthy` (`offer::with_health`);
-//! whether the API server keeps device taints (DRADeviceTaints) is asked with a dry-run
-//! create, as for consumable capacity.
+//! whether the API server keeps device taints (DRADeviceTaints) is asked once
+//! (crate::probe).
 
 use gpuslice_dra::slices::{build_slices, parse_device, DeviceRef, OfferedGpu, SliceError};
 use gpuslice_dra::DRIVER;
@@ -66,55 +66,6 @@ pub fn apply_taints(slices: &mut [ResourceSlice], taints: &[HealthTaint]) {
             .collect();
         d.taints = (!mine.is_empty()).then_some(mine);
     }
-}
-
-/// Whether the API server keeps device taints (DRADeviceTaints): a dry-run create (nothing
-/// is stored) of one tainted device on `node`, read back.
-pub async fn keeps_device_taints(client: &kube::Client, node: &str) -> Result<bool, PublishError> {
-    let probe = OfferedGpu {
-        index: 0,
-        uuid: "GPU-00000000-0000-0000-0000-000000000000".into(),
-        model: "gpuslice taint probe".into(),
-        numa_node: None,
-        memory: 1 << 30,
-        cores: 100,
-        slots: None,
-    };
-    let mut slices = build_slices(node, &[probe], 1, None)?;
-    apply_taints(
-        &mut slices,
-        &[HealthTaint {
-            index: 0,
-            xid: 79,
-            since_s: 0,
-            effect: gpuslice_config::TaintEffect::NoSchedule,
-        }],
-    );
-    let mut slice = slices.remove(0);
-    let name = format!(
-        "{}-taint-probe",
-        slice.metadata.name.clone().unwrap_or_default()
-    );
-    slice.metadata.name = Some(name.clone());
-    let api: Api<ResourceSlice> = Api::all(client.clone());
-    let params = PostParams {
-        dry_run: true,
-        ..Default::default()
-    };
-    let back = api
-        .create(&params, &slice)
-        .await
-        .map_err(|source| PublishError::Api {
-            op: "dry-run create",
-            name,
-            source,
-        })?;
-    Ok(back
-        .spec
-        .devices
-        .as_ref()
-        .and_then(|d| d.first())
-        .is_some_and(|d| d.taints.as_ref().is_some_and(|t| !t.is_empty())))
 }
 
 impl std::fmt::Debug for Publisher {

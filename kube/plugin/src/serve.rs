@@ -20,11 +20,12 @@ use crate::cleanup::release_stale;
 use crate::dra_service::DraService;
 use crate::h2_relay::relayed_incoming;
 use crate::health_events::tell_pods;
-use crate::mode::{keeps_consumable_capacity, resolve, write_record, ModeRecord};
+use crate::mode::{resolve, write_record, ModeRecord};
 use crate::offer::{offer, with_health, Publication, UNHEALTHY_TAINT};
+use crate::probe::{what_the_api_server_keeps, Kept};
 use crate::proto::dra::dra_plugin_server::DraPluginServer;
 use crate::proto::registration::registration_server::RegistrationServer;
-use crate::publisher::{keeps_device_taints, Publisher};
+use crate::publisher::Publisher;
 use crate::registration::RegistrationService;
 use crate::writer::SliceWriter;
 use gpuslice_driver::health::{read_health, Unhealthy};
@@ -269,18 +270,18 @@ async fn publish_loop(
     republish: Arc<Notify>,
     options: PluginOptions,
 ) {
-    let publication = publication(&publisher, &options).await;
+    let (publication, kept) = publication(&publisher, &options).await;
     let mut force = true;
     let mut last_error = String::new();
     let mut last_sync = tokio::time::Instant::now();
     let mut health_error = String::new();
-    let mut taints_kept: Option<bool> = None;
+    let mut taints_kept: Option<bool> = kept.map(|k| k.device_taints);
     let mut last_health: Vec<Unhealthy> = Vec::new();
     loop {
         let sick = unhealthy(&options, &mut health_error);
         if !sick.is_empty() && taints_kept.is_none() {
-            match keeps_device_taints(publisher.client(), &options.node_name).await {
-                Ok(kept) => taints_kept = Some(kept),
+            match what_the_api_server_keeps(publisher.client(), &options.node_name).await {
+                Ok(kept) => taints_kept = Some(kept.device_taints),
                 Err(e) => eprintln!(
                     "gpuslice kubelet-plugin: {e}; withdrawing unhealthy GPUs until the API server answers"
                 ),
@@ -372,14 +373,18 @@ async fn publish_loop(
 }
 
 /// The publication `options.dra` resolves to, asking the API server (until it answers) when
-/// the mode is `auto`; logged, and recorded in the mode file.
-async fn publication(publisher: &Publisher, options: &PluginOptions) -> Publication {
+/// the mode is `auto`; logged, and recorded in the mode file. With it, the API server's
+/// answers when it was asked.
+async fn publication(
+    publisher: &Publisher,
+    options: &PluginOptions,
+) -> (Publication, Option<Kept>) {
     let node = &options.node_name;
-    let keeps = if options.dra.mode == gpuslice_config::DraMode::Auto {
+    let kept = if options.dra.mode == gpuslice_config::DraMode::Auto {
         let mut last_error = String::new();
         loop {
-            match keeps_consumable_capacity(publisher.client(), node).await {
-                Ok(keeps) => break Some(keeps),
+            match what_the_api_server_keeps(publisher.client(), node).await {
+                Ok(kept) => break Some(kept),
                 Err(e) => {
                     let e = e.to_string();
                     if e != last_error {
@@ -393,6 +398,7 @@ async fn publication(publisher: &Publisher, options: &PluginOptions) -> Publicat
     } else {
         None
     };
+    let keeps = kept.map(|k| k.consumable_capacity);
     let publication = resolve(&options.dra, keeps);
     for line in mode_log(node, publication, &options.dra, keeps) {
         eprintln!("{line}");
@@ -403,7 +409,7 @@ async fn publication(publisher: &Publisher, options: &PluginOptions) -> Publicat
             eprintln!("gpuslice kubelet-plugin: {e}");
         }
     }
-    publication
+    (publication, kept)
 }
 
 /// What the plugin logs at start about its mode: the publication and why, and in slot mode
