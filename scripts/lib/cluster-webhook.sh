@@ -20,14 +20,9 @@ subjectAltName=IP:127.0.0.1,DNS:localhost"
 # (failurePolicy: Fail), so a GPU pod is never admitted unchanged nor a claim uncharged
 # against its namespace's budget (docs/webhook.md, docs/quotas.md).
 webhook_configuration() {
-  cat <<YAML
-apiVersion: admissionregistration.k8s.io/v1
-kind: MutatingWebhookConfiguration
-metadata:
-  name: gpuslice-webhook
-  labels: {app.kubernetes.io/managed-by: kube-cluster.sh}
-webhooks:
-- name: pods.gpuslice.io
+  # One entry's settings shared by both: who is called and what a failure to call means.
+  webhook_common() {
+    cat <<YAML
   admissionReviewVersions: [v1]
   sideEffects: NoneOnDryRun
   failurePolicy: Fail
@@ -36,6 +31,17 @@ webhooks:
   clientConfig:
     url: $1
     caBundle: $2
+YAML
+  }
+  cat <<YAML
+apiVersion: admissionregistration.k8s.io/v1
+kind: MutatingWebhookConfiguration
+metadata:
+  name: gpuslice-webhook
+  labels: {app.kubernetes.io/managed-by: kube-cluster.sh}
+webhooks:
+- name: pods.gpuslice.io
+$(webhook_common "$1" "$2")
   rules:
   - operations: [CREATE]
     apiGroups: [""]
@@ -54,14 +60,7 @@ webhooks:
         (has(c.resources.requests) && c.resources.requests.exists(k, k.startsWith('gpuslice.io/') || k.startsWith('nvidia.com/gpu'))))) ||
       (has(object.spec.resourceClaims) && object.spec.resourceClaims.exists(e, has(e.resourceClaimTemplateName)))
 - name: claims.gpuslice.io
-  admissionReviewVersions: [v1]
-  sideEffects: NoneOnDryRun
-  failurePolicy: Fail
-  timeoutSeconds: 10
-  reinvocationPolicy: Never
-  clientConfig:
-    url: $1
-    caBundle: $2
+$(webhook_common "$1" "$2")
   rules:
   - operations: [CREATE]
     apiGroups: [resource.k8s.io]
