@@ -8,13 +8,16 @@
 use std::collections::BTreeSet;
 
 use gpuslice_config::quantity::parse_kube_quantity;
-use k8s_openapi::api::core::v1::{Namespace, ResourceQuota};
+use k8s_openapi::api::core::v1::{Namespace, PodSpec, ResourceQuota};
+use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use kube::api::{ApiResource, DynamicObject, ListParams};
 use kube::Api;
 use serde::Serialize;
 use serde_json::Value;
 
+use gpuslice_dra::claim_shape::PublishedGpus;
 use gpuslice_dra::quota::{self, Budget, Charge, Line, Name, QuotaError, Resource, Unit};
+use gpuslice_webhook::budget::pod_spec_charge;
 
 use crate::edit::Request;
 use crate::fetch::FetchError;
@@ -164,18 +167,51 @@ pub enum Scope {
     All,
 }
 
-/// What an allocation asks in all: `pods` pods of `req`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What an allocation asks in all: `pods` pods, each charged `per_pod`.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ask {
     pub pods: u64,
-    pub req: Request,
+    /// What one pod is charged, as the webhook charges it at admission.
+    pub per_pod: Charge,
+    /// What one pod gets, for messages (`1 GPU × 4Gi memory`).
+    pub what: String,
 }
 
 impl Ask {
-    /// What the pods charge, as the webhook charges each ([`quota::shape_charge`]); `field`
-    /// names the workload for the message of an overflow.
+    /// `pods` pods of one claim of `req` each.
+    pub fn of_request(pods: u64, req: &Request) -> Result<Ask, QuotaError> {
+        let what = req.describe();
+        Ok(Ask {
+            pods,
+            per_pod: quota::shape_charge(&req.shape(), None, &what)?,
+            what,
+        })
+    }
+
+    /// `pods` pods of `spec` in `namespace`, each charged as the webhook charges such a pod
+    /// (`gpuslice_webhook::budget::pod_spec_charge`: its plan of the limits, and the claim
+    /// templates named, found in `named`).
+    pub fn of_pod_spec(
+        pods: u64,
+        spec: &PodSpec,
+        namespace: &str,
+        named: &[ResourceClaimTemplate],
+        inventory: &PublishedGpus,
+        what: String,
+    ) -> Result<Ask, BudgetError> {
+        let per_pod = pod_spec_charge(spec, namespace, named, inventory)
+            .map_err(|e| BudgetError::Pod(e.to_string()))?;
+        Ok(Ask {
+            pods,
+            per_pod,
+            what,
+        })
+    }
+
+    /// What the pods charge in all; `field` names the workload for the message of an
+    /// overflow.
     pub fn charge(&self, field: &str) -> Result<Charge, QuotaError> {
-        let one = quota::shape_charge(&self.req.shape(), None, field)?;
+        let one = &self.per_pod;
         let over = |what: &str, unit| QuotaError::Overflow {
             field: field.to_string(),
             detail: format!("{what} of {} pods", self.pods),
@@ -199,7 +235,7 @@ impl Ask {
 
     /// `3 pod(s) of 1 GPU × 4Gi memory`.
     pub fn describe(&self) -> String {
-        format!("{} pod(s) of {}", self.pods, self.req.describe())
+        format!("{} pod(s) of {}", self.pods, self.what)
     }
 }
 
@@ -217,6 +253,9 @@ pub enum BudgetError {
     },
     #[error(transparent)]
     Charge(Box<QuotaError>),
+    /// A pod of the edited template cannot be charged as the webhook would charge it.
+    #[error("{0}")]
+    Pod(String),
 }
 
 /// `budget` with what `freed` charges taken off its used values (never below 0).
@@ -579,6 +618,10 @@ pub(crate) mod tests {
         quota_budget(&q, false).0.unwrap()
     }
 
+    fn ask(pods: u64, req: Request) -> Ask {
+        Ask::of_request(pods, &req).unwrap()
+    }
+
     fn req(memory: &str, cores: Option<&str>, gpus: u32) -> Request {
         Request::parse(memory, cores, gpus).unwrap()
     }
@@ -678,15 +721,9 @@ pub(crate) mod tests {
     fn an_allocation_past_the_budget_is_refused_naming_quota_resource_hard_used_asked() {
         let b = [budget("team", "10Gi", "6Gi", "8", "2")];
         // 2 pods × 2Gi = 4Gi: exactly what is left.
-        let fits = Ask {
-            pods: 2,
-            req: req("2Gi", None, 1),
-        };
+        let fits = ask(2, req("2Gi", None, 1));
         assert_eq!(check(&b, "deployment/web", &fits, None), Ok(()));
-        let over = Ask {
-            pods: 3,
-            req: req("2Gi", None, 1),
-        };
+        let over = ask(3, req("2Gi", None, 1));
         let e = check(&b, "deployment/web", &over, None)
             .unwrap_err()
             .to_string();
@@ -696,34 +733,17 @@ pub(crate) mod tests {
         );
         // Memory counts per GPU times GPUs: 2 pods × 2 GPUs × 1Gi is 4Gi and 4 GPUs (fits);
         // 4 pods × 2 GPUs pass the 8 GPUs (6 left).
-        let wide = Ask {
-            pods: 2,
-            req: req("1Gi", None, 2),
-        };
+        let wide = ask(2, req("1Gi", None, 2));
         assert_eq!(check(&b, "deployment/web", &wide, None), Ok(()));
-        let e = check(
-            &b,
-            "deployment/web",
-            &Ask {
-                pods: 4,
-                req: req("512Mi", None, 2),
-            },
-            None,
-        )
-        .unwrap_err()
-        .to_string();
+        let e = check(&b, "deployment/web", &ask(4, req("512Mi", None, 2)), None)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("requested: limits.gpuslice.io/gpus=8, used: limits.gpuslice.io/gpus=2, limited: limits.gpuslice.io/gpus=8"), "{e}");
         // An edit frees what the workload holds now: 3 pods of 2Gi where they hold 1Gi each
         // (3Gi of the 6Gi used) take 6Gi of 10 - 3.
-        let held = Ask {
-            pods: 3,
-            req: req("1Gi", None, 1),
-        };
+        let held = ask(3, req("1Gi", None, 1));
         assert_eq!(check(&b, "deployment/web", &over, Some(&held)), Ok(()));
-        let bigger = Ask {
-            pods: 3,
-            req: req("3Gi", None, 1),
-        };
+        let bigger = ask(3, req("3Gi", None, 1));
         let e = check(&b, "deployment/web", &bigger, Some(&held))
             .unwrap_err()
             .to_string();
@@ -740,6 +760,76 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_limits_form_pod_is_charged_the_claims_the_webhook_makes_of_it() {
+        use gpuslice_dra::claim_shape::{Mode, SlotSize};
+        let mut spec: PodSpec = serde_json::from_value(json!({"containers": [
+            {"name": "main", "image": "x"}, {"name": "sidecar", "image": "x"}]}))
+        .unwrap();
+        let r = req("2Gi", None, 1);
+        crate::edit::set_limits("deployment/web", &mut spec, &r, &[]).unwrap();
+        let capacity = PublishedGpus {
+            mode: Mode::Capacity,
+            max_gpus_per_node: Some(2),
+            gpu_memory: vec![24 * GIB],
+        };
+        // Capacity mode: a claim per container, so two GPUs' worth of slices per pod.
+        let a = Ask::of_pod_spec(3, &spec, "team", &[], &capacity, r.describe()).unwrap();
+        assert_eq!(
+            a.per_pod,
+            Charge {
+                memory_bytes: 4 * GIB,
+                cores: 200,
+                gpus: 2
+            }
+        );
+        let b = [budget("team", "10Gi", "0", "8", "0")];
+        let e = check(&b, "deployment/web", &a, None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("requested: limits.gpuslice.io/memory=12Gi"),
+            "{e}"
+        );
+        // Slot mode: the containers share one claim of the pod's shape (one GPU).
+        let slots = PublishedGpus {
+            mode: Mode::Slots(vec![SlotSize {
+                memory: 4 * GIB,
+                cores: None,
+                per_gpu: 6,
+            }]),
+            ..capacity.clone()
+        };
+        let a = Ask::of_pod_spec(3, &spec, "team", &[], &slots, r.describe()).unwrap();
+        assert_eq!((a.per_pod.memory_bytes, a.per_pod.gpus), (4 * GIB, 1));
+        // A claim form's one template is charged once per pod; a template the spec names
+        // that is not given cannot be charged.
+        let mut claim_spec: PodSpec =
+            serde_json::from_value(json!({"containers": [{"name": "main", "image": "x"}]}))
+                .unwrap();
+        let (t, _) = crate::edit::claim_template(
+            "team",
+            crate::edit::Kind::Deployment,
+            "web",
+            &r,
+            &capacity.mode,
+        )
+        .unwrap();
+        let name = t.metadata.name.clone().unwrap();
+        crate::edit::add_claim("deployment/web", &mut claim_spec, &name, &[]).unwrap();
+        let a = Ask::of_pod_spec(3, &claim_spec, "team", &[t], &capacity, r.describe()).unwrap();
+        assert_eq!((a.per_pod.memory_bytes, a.per_pod.gpus), (2 * GIB, 1));
+        let e = Ask::of_pod_spec(3, &claim_spec, "team", &[], &capacity, r.describe())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!(
+                "names ResourceClaimTemplate team/{name}, which does not exist"
+            )),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn cores_count_100_per_gpu_when_not_throttled_as_the_webhook_charges() {
         let q = rq(
             "team",
@@ -748,20 +838,11 @@ pub(crate) mod tests {
             json!({quota::CORES: "50"}),
         );
         let b = [quota_budget(&q, false).0.unwrap()];
-        let share = Ask {
-            pods: 2,
-            req: req("1Gi", Some("100"), 1),
-        };
+        let share = ask(2, req("1Gi", Some("100"), 1));
         assert_eq!(check(&b, "w", &share, None), Ok(()));
-        let whole = Ask {
-            pods: 2,
-            req: req("1Gi", None, 1),
-        };
+        let whole = ask(2, req("1Gi", None, 1));
         assert_eq!(check(&b, "w", &whole, None), Ok(()));
-        let three = Ask {
-            pods: 3,
-            req: req("1Gi", None, 1),
-        };
+        let three = ask(3, req("1Gi", None, 1));
         let e = check(&b, "w", &three, None).unwrap_err().to_string();
         assert!(e.contains("requested: limits.gpuslice.io/cores=300"), "{e}");
     }
@@ -772,10 +853,7 @@ pub(crate) mod tests {
         let rooms = headroom(&b, None);
         let left: Vec<(&str, u64)> = rooms.iter().map(|r| (r.line.name.name, r.left)).collect();
         assert_eq!(left, [(quota::MEMORY, 4 * GIB), (quota::GPUS, 6)]);
-        let held = Ask {
-            pods: 2,
-            req: req("1Gi", None, 1),
-        };
+        let held = ask(2, req("1Gi", None, 1));
         let left: Vec<u64> = headroom(&b, Some(&held)).iter().map(|r| r.left).collect();
         assert_eq!(left, [6 * GIB, 8]);
         // Over the hard value (lowered after admissions): nothing left, not an underflow.

@@ -328,19 +328,24 @@ fn form_line(form: Form, mode: &Mode, template: &str, why: &str) -> String {
     }
 }
 
-/// The request the workload's pods ask now (its limits, or its claim template of the console
-/// read back in the cluster's publication `mode`); `None` when it asks none the console reads.
-async fn current_request(
+/// The claim templates `spec`'s entries name that exist in the namespace (the budget charges
+/// what they ask).
+async fn named_templates(
     templates: &Api<ResourceClaimTemplate>,
     spec: &PodSpec,
-    mode: &Mode,
-) -> Option<Request> {
-    if let Some(r) = edit::current_limits(spec) {
-        return Some(r);
+) -> Vec<ResourceClaimTemplate> {
+    let mut out = Vec::new();
+    for name in spec
+        .resource_claims
+        .iter()
+        .flatten()
+        .filter_map(|e| e.resource_claim_template_name.as_ref())
+    {
+        if let Ok(Some(t)) = templates.get_opt(name).await {
+            out.push(t);
+        }
     }
-    let name = edit::current_template(spec)?;
-    let t = templates.get_opt(&name).await.ok()??;
-    crate::web::template_request(&t, mode)
+    out
 }
 
 /// The namespace's budgets for the allocate check; when its quotas cannot be read, none and
@@ -357,24 +362,38 @@ async fn budgets_of(client: &kube::Client, ns: &str) -> (Vec<NamespaceBudget>, O
     }
 }
 
-/// Checks that the workload's pods under `req` stay within the namespace's budgets, what its
-/// pods ask now (`held`) counted as freed. A DaemonSet (`want` `None`) runs a pod on each
-/// node with gpuslice GPUs.
+/// What the budget check of one allocation reads: the namespace's budgets, the templates the
+/// pods may name (those that exist and the console's new one) and the cluster's GPUs.
+struct BudgetCheck<'a> {
+    budgets: &'a [NamespaceBudget],
+    named: &'a [ResourceClaimTemplate],
+    inventory: &'a PublishedGpus,
+}
+
+/// Checks that the workload's pods of `next` stay within the namespace's budgets, each pod
+/// charged as the webhook charges it, what its pods of `current` are charged counted as freed.
+/// A DaemonSet (`want` `None`) runs a pod on each node with gpuslice GPUs.
+#[allow(clippy::too_many_arguments)]
 fn check_budget(
-    budgets: &[NamespaceBudget],
+    c: &BudgetCheck<'_>,
     m: &model::Model,
+    ns: &str,
     label: &str,
     req: &Request,
-    held: Option<Request>,
+    next: &PodSpec,
+    current: &PodSpec,
     want: Option<u64>,
 ) -> Result<(), WorkloadError> {
     let pods = want.unwrap_or(m.nodes.len() as u64);
-    let ask = Ask { pods, req: *req };
-    let held = held.map(|req| Ask { pods, req });
-    budgets::check(budgets, label, &ask, held.as_ref()).map_err(|e| match e {
+    let over = |e| match e {
         budgets::BudgetError::Charge(c) => WorkloadError::Unchargeable(c),
         over => WorkloadError::OverBudget(over),
-    })
+    };
+    let ask =
+        Ask::of_pod_spec(pods, next, ns, c.named, c.inventory, req.describe()).map_err(over)?;
+    // What the pods hold now is freed by the edit; one that cannot be charged frees nothing.
+    let held = Ask::of_pod_spec(pods, current, ns, c.named, c.inventory, String::new()).ok();
+    budgets::check(c.budgets, label, &ask, held.as_ref()).map_err(over)
 }
 
 async fn allocate_kind<W: Workload>(
@@ -389,14 +408,21 @@ async fn allocate_kind<W: Workload>(
     let api: Api<W> = Api::namespaced(client.clone(), ns);
     let templates: Api<ResourceClaimTemplate> = Api::namespaced(client.clone(), ns);
     let src = fetch::sources(client, &PodScope::None, None).await?;
-    let mode = &PublishedGpus::from_slices(&src.slices).mode;
+    let inventory = PublishedGpus::from_slices(&src.slices);
+    let mode = &inventory.mode;
     let m = model::build(&src, None);
     let first = get(&api, &label, name, ns).await?;
     let spec = editable_spec(&first, &label)?;
     let (form, why) = choose_form(client, args.form.as_deref(), spec).await?;
-    let held = current_request(&templates, spec, mode).await;
+    let mut named = named_templates(&templates, spec).await;
     let (budgets, unchecked) = budgets_of(client, ns).await;
     let (template, notes) = edit::claim_template(ns, kind, name, &req, mode)?;
+    named.push(template.clone());
+    let budget_check = BudgetCheck {
+        budgets: &budgets,
+        named: &named,
+        inventory: &inventory,
+    };
     let template_name = template.metadata.name.clone().unwrap_or_default();
     let mut ours = our_templates(&templates, kind, name).await?;
     if form == Form::Claim && !ours.contains(&template_name) {
@@ -434,6 +460,11 @@ async fn allocate_kind<W: Workload>(
             }
         }
         let unchanged = next.pod_spec() == current.pod_spec();
+        let no_spec = || EditError::NoPodSpec {
+            workload: label.clone(),
+        };
+        let now = current.pod_spec().ok_or_else(no_spec)?;
+        let then = next.pod_spec().ok_or_else(no_spec)?;
         if args.dry_run {
             let mut out = String::new();
             if form == Form::Claim && previous.as_deref() != Some(template_name.as_str()) {
@@ -453,7 +484,16 @@ async fn allocate_kind<W: Workload>(
             }
             if !checked {
                 check_fit(&m, mode, &label, &req, current.replicas())?;
-                check_budget(&budgets, &m, &label, &req, held, current.replicas())?;
+                check_budget(
+                    &budget_check,
+                    &m,
+                    ns,
+                    &label,
+                    &req,
+                    then,
+                    now,
+                    current.replicas(),
+                )?;
             }
             out.push_str(&format!(
                 "({})\n",
@@ -472,7 +512,16 @@ async fn allocate_kind<W: Workload>(
         }
         if !checked && !args.force {
             check_fit(&m, mode, &label, &req, current.replicas())?;
-            check_budget(&budgets, &m, &label, &req, held, current.replicas())?;
+            check_budget(
+                &budget_check,
+                &m,
+                ns,
+                &label,
+                &req,
+                then,
+                now,
+                current.replicas(),
+            )?;
         }
         checked = true;
         if form == Form::Claim && !created {

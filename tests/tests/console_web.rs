@@ -1018,10 +1018,12 @@ fn the_web_console_shows_the_registry_and_allocates_in_a_browser() {
              "gpus": 1, "memory": "20Gi", "cores": "10", "dryRun": true, "expect": "ok",
              "diffContains": ["resourceclaimtemplate/web-deployment-gpuslice-", "+- name: gpuslice", "memory: 20Gi"],
              "formScreenshot": "workload-allocate-form.png", "screenshot": "workload-allocate-dry-run.png"},
-            // The form choice: limits, though no webhook is installed here (a dry run).
-            {"do": "allocate", "workload": web, "gpus": 1, "memory": "20Gi", "cores": "10",
+            // The form choice: limits, though no webhook is installed here (a dry run). Each of
+            // web's two containers gets its own limits, so 2 pods × 2 × 10Gi = 40Gi of the 50Gi
+            // the budget leaves.
+            {"do": "allocate", "workload": web, "gpus": 1, "memory": "10Gi", "cores": "10",
              "form": "limits", "dryRun": true, "expect": "ok",
-             "diffContains": ["gpuslice.io/memory: 20Gi", "gpuslice.io/cores:", "limits form", "because --form limits"]},
+             "diffContains": ["gpuslice.io/memory: 10Gi", "gpuslice.io/cores:", "limits form", "because --form limits"]},
             {"do": "allocate", "workload": web, "gpus": 1, "memory": "20GB", "cores": "", "expect": "error",
              "resultContains": [bad_memory]},
             {"do": "allocate", "workload": web, "gpus": 1, "memory": "100Gi", "cores": "", "expect": "error",

@@ -12,7 +12,7 @@ use crate::idle::{IdleOptions, IdleSlice};
 use crate::model::{claim_series, gpu_label, ContainerSlice, GpuView, Model, NodeView};
 use crate::render::bytes;
 use crate::usage::{format_window, Span, Usage};
-use gpuslice_dra::quota::Resource;
+use gpuslice_dra::quota::{Charge, Resource};
 
 use super::charts::{self, Plot, Unit};
 pub use super::escape::{esc, seg};
@@ -725,6 +725,9 @@ pub struct Slice {
     pub source: SliceSource,
     /// `None` when the template is missing or not the claim shape, and for HAMi's limits.
     pub request: Option<Request>,
+    /// What one pod is charged, as the webhook charges it at admission (the budget's
+    /// `used` holds it); `None` when it cannot be computed, and for HAMi's limits.
+    pub charge: Option<Charge>,
 }
 
 impl Slice {
@@ -1034,11 +1037,11 @@ fn budget_part(w: &WorkloadRow, budgets: Result<&[NamespaceBudget], &str>) -> St
         Ok(b) => b,
     };
     let pods = w.replicas.unwrap_or(1);
-    let held = w
-        .slice
-        .as_ref()
-        .and_then(|s| s.request)
-        .map(|req| Ask { pods, req });
+    let held = w.slice.as_ref().and_then(|s| s.charge).map(|per_pod| Ask {
+        pods,
+        per_pod,
+        what: String::new(),
+    });
     let mut out = format!(
         "<div id=\"budget\"><p>Budget of namespace {} for this workload's {pods} pod(s){}; an allocation asking more is refused before anything is written:</p><ul>",
         esc(&w.namespace),
@@ -1074,11 +1077,11 @@ fn budget_part(w: &WorkloadRow, budgets: Result<&[NamespaceBudget], &str>) -> St
 /// `max`, so the browser refuses more before sending); `None`: no GPU budget.
 fn gpus_max(w: &WorkloadRow, budgets: &[NamespaceBudget]) -> Option<u64> {
     let pods = w.replicas.unwrap_or(1).max(1);
-    let held = w
-        .slice
-        .as_ref()
-        .and_then(|s| s.request)
-        .map(|req| Ask { pods, req });
+    let held = w.slice.as_ref().and_then(|s| s.charge).map(|per_pod| Ask {
+        pods,
+        per_pod,
+        what: String::new(),
+    });
     budgets::headroom(budgets, held.as_ref())
         .into_iter()
         .filter(|r| r.line.name.resource == Resource::Gpus)
@@ -1099,6 +1102,15 @@ mod tests {
     use super::*;
     use crate::model::tests::{claims, slices, usage, GIB};
     use crate::model::{build, Sources};
+
+    /// A claim-form slice of `req`, charged as one claim per pod.
+    fn claim_slice(req: Request) -> Slice {
+        Slice {
+            source: SliceSource::Claim("t".into()),
+            request: Some(req),
+            charge: Some(Ask::of_request(1, &req).unwrap().per_pod),
+        }
+    }
 
     fn chrome(banners: Vec<Banner>) -> Chrome {
         Chrome {
@@ -1494,10 +1506,7 @@ mod tests {
         assert!(html.contains("<button id=\"allocate-submit\" type=\"submit\">Allocate</button>"));
         assert!(!html.contains("id=\"release\""));
         assert!(html.contains("<p id=\"mode\">edit allowed"));
-        w.slice = Some(Slice {
-            source: SliceSource::Claim("t".into()),
-            request: Some(Request::parse("20Gi", Some("30"), 1).unwrap()),
-        });
+        w.slice = Some(claim_slice(Request::parse("20Gi", Some("30"), 1).unwrap()));
         let html = workload_page(&c, &w, Ok(&[]));
         assert!(html.contains("<p id=\"current-slice\">1 GPU × 20Gi memory, 30 cores</p>"));
         assert!(html.contains(">Edit</button>") && html.contains("<button id=\"release-submit\""));
@@ -1654,10 +1663,7 @@ mod tests {
             "{html}"
         );
         // The workload's own slices are counted as freed by an edit.
-        w.slice = Some(Slice {
-            source: SliceSource::Claim("t".into()),
-            request: Some(Request::parse("1Gi", None, 1).unwrap()),
-        });
+        w.slice = Some(claim_slice(Request::parse("1Gi", None, 1).unwrap()));
         let html = workload_page(&c, &w, Ok(&b));
         assert!(
             html.contains(&format!("data-left=\"{}\"", 6 * GIB))

@@ -11,6 +11,7 @@ use kube::api::ListParams;
 use kube::Api;
 
 use gpuslice_dra::claim_shape::{shape_of, Mode, PublishedGpus};
+use gpuslice_webhook::budget::pod_spec_charge;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 
 use crate::budgets::{self, Scope};
@@ -39,33 +40,39 @@ fn row_of<W: workload::Workload>(
     w: &W,
     replicas: Option<u64>,
     templates: &[ResourceClaimTemplate],
-    mode: &Mode,
+    inventory: &PublishedGpus,
 ) -> WorkloadRow {
     let namespace = w.meta().namespace.clone().unwrap_or_default();
+    let templates: Vec<ResourceClaimTemplate> = templates
+        .iter()
+        .filter(|t| t.metadata.namespace.as_deref() == Some(namespace.as_str()))
+        .cloned()
+        .collect();
     let spec = w.pod_spec();
+    let charge = || spec.and_then(|s| pod_spec_charge(s, &namespace, &templates, inventory).ok());
     let claim = spec.and_then(edit::current_template).map(|template| {
         let request = templates
             .iter()
-            .find(|t| {
-                t.metadata.name.as_deref() == Some(template.as_str())
-                    && t.metadata.namespace.as_deref() == Some(namespace.as_str())
-            })
-            .and_then(|t| template_request(t, mode));
+            .find(|t| t.metadata.name.as_deref() == Some(template.as_str()))
+            .and_then(|t| template_request(t, &inventory.mode));
         Slice {
             source: SliceSource::Claim(template),
             request,
+            charge: charge(),
         }
     });
     let limits = || {
         spec.and_then(edit::current_limits).map(|r| Slice {
             source: SliceSource::Limits,
             request: Some(r),
+            charge: charge(),
         })
     };
     let hami = || {
         spec.and_then(edit::hami_limits).map(|l| Slice {
             source: SliceSource::Hami(l),
             request: None,
+            charge: None,
         })
     };
     let slice = claim.or_else(limits).or_else(hami);
@@ -120,7 +127,7 @@ async fn workload_rows(state: &State, namespace: Option<&str>) -> Result<Vec<Wor
         ),
     );
     let templates = templates?;
-    let mode = PublishedGpus::from_slices(&slices?).mode;
+    let inventory = PublishedGpus::from_slices(&slices?);
     let mut rows = Vec::new();
     for d in deployments? {
         rows.push(row_of(
@@ -128,7 +135,7 @@ async fn workload_rows(state: &State, namespace: Option<&str>) -> Result<Vec<Wor
             &d,
             workload::Workload::replicas(&d),
             &templates,
-            &mode,
+            &inventory,
         ));
     }
     for s in statefulsets? {
@@ -137,7 +144,7 @@ async fn workload_rows(state: &State, namespace: Option<&str>) -> Result<Vec<Wor
             &s,
             workload::Workload::replicas(&s),
             &templates,
-            &mode,
+            &inventory,
         ));
     }
     for d in daemonsets? {
@@ -146,7 +153,7 @@ async fn workload_rows(state: &State, namespace: Option<&str>) -> Result<Vec<Wor
             &d,
             daemonset_pods(&d),
             &templates,
-            &mode,
+            &inventory,
         ));
     }
     rows.sort_by(|a, b| (&a.namespace, &a.name, a.kind).cmp(&(&b.namespace, &b.name, b.kind)));
@@ -197,7 +204,7 @@ async fn get_row<W: workload::Workload>(
         &obj,
         replicas(&obj),
         template.as_slice(),
-        &PublishedGpus::from_slices(&slices).mode,
+        &PublishedGpus::from_slices(&slices),
     )))
 }
 

@@ -55,6 +55,8 @@ pub enum BudgetError {
         namespace: String,
         name: String,
     },
+    #[error(transparent)]
+    Plan(#[from] crate::mutate::MutateError),
 }
 
 fn read_err(what: impl Into<String>) -> impl FnOnce(kube::Error) -> BudgetError {
@@ -288,30 +290,21 @@ impl Ledger {
         inventory: &PublishedGpus,
     ) -> Result<Charge, BudgetError> {
         let api: Api<ResourceClaimTemplate> = Api::namespaced(self.cluster.client(), namespace);
-        let mut total = Charge::default();
-        for (entry, template) in entries {
-            let field = format!("spec.resourceClaims[{entry}]");
-            let spec = match planned
+        let mut templates = planned.to_vec();
+        for (_, name) in entries {
+            if templates
                 .iter()
-                .find(|t| t.metadata.name.as_deref() == Some(template.as_str()))
+                .any(|t| t.metadata.name.as_deref() == Some(name.as_str()))
             {
-                Some(t) => template_spec(t),
-                None => template_spec(
-                    &api.get_opt(template)
-                        .await
-                        .map_err(read_err(format!(
-                            "ResourceClaimTemplate {namespace}/{template}"
-                        )))?
-                        .ok_or_else(|| BudgetError::NoTemplate {
-                            field: field.clone(),
-                            namespace: namespace.to_string(),
-                            name: template.clone(),
-                        })?,
-                ),
-            };
-            total = total.checked_add(&claim_charge(&spec, inventory, &field)?, &field)?;
+                continue;
+            }
+            if let Some(t) = api.get_opt(name).await.map_err(read_err(format!(
+                "ResourceClaimTemplate {namespace}/{name}"
+            )))? {
+                templates.push(t);
+            }
         }
-        Ok(total)
+        entries_charge(namespace, entries, &templates, inventory)
     }
 
     /// What a claim created in `namespace` charges: nothing when the resource claim controller
@@ -392,6 +385,74 @@ impl Ledger {
             && names_template
             && !resolved)
     }
+}
+
+/// Every claim template entry (entry name, template name) `pod` will have once admitted with
+/// `plan`: those it names and those the patch adds.
+pub fn template_entries(
+    pod: &serde_json::Value,
+    plan: &crate::mutate::Plan,
+) -> Vec<(String, String)> {
+    let mut entries: Vec<(String, String)> = pod["spec"]["resourceClaims"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| {
+            Some((
+                e["name"].as_str()?.to_string(),
+                e["resourceClaimTemplateName"].as_str()?.to_string(),
+            ))
+        })
+        .collect();
+    entries.extend(plan.entries.iter().cloned());
+    entries
+}
+
+/// What one pod of `spec` in `namespace` would be charged at admission, without asking the
+/// API server: the webhook's plan of its gpuslice limits and the claim templates it names
+/// (`named`, with the templates the plan writes added). For tools that check an edit of a
+/// pod template before writing it (the console's allocate).
+pub fn pod_spec_charge(
+    spec: &k8s_openapi::api::core::v1::PodSpec,
+    namespace: &str,
+    named: &[ResourceClaimTemplate],
+    inventory: &PublishedGpus,
+) -> Result<Charge, BudgetError> {
+    let spec = serde_json::to_value(spec).map_err(|e| BudgetError::Read {
+        what: "the pod template".into(),
+        detail: e.to_string(),
+    })?;
+    let pod = serde_json::json!({ "spec": spec });
+    let plan = crate::mutate::plan(&pod, namespace, false, inventory)?;
+    let entries = template_entries(&pod, &plan);
+    let mut templates = plan.templates;
+    templates.extend(named.iter().cloned());
+    entries_charge(namespace, &entries, &templates, inventory)
+}
+
+/// What a pod's claim template entries (entry name, template name) charge, `templates` holding
+/// the templates they name: the one sum the ledger books at admission and the console checks
+/// an allocation against.
+pub fn entries_charge(
+    namespace: &str,
+    entries: &[(String, String)],
+    templates: &[ResourceClaimTemplate],
+    inventory: &PublishedGpus,
+) -> Result<Charge, BudgetError> {
+    let mut total = Charge::default();
+    for (entry, name) in entries {
+        let field = format!("spec.resourceClaims[{entry}]");
+        let t = templates
+            .iter()
+            .find(|t| t.metadata.name.as_deref() == Some(name.as_str()))
+            .ok_or_else(|| BudgetError::NoTemplate {
+                field: field.clone(),
+                namespace: namespace.to_string(),
+                name: name.clone(),
+            })?;
+        total = total.checked_add(&claim_charge(&template_spec(t), inventory, &field)?, &field)?;
+    }
+    Ok(total)
 }
 
 /// What a template's claims ask (nothing when it has no spec).

@@ -585,19 +585,7 @@ async fn admit_pod(r: &review::Request, shared: &Shared) -> Value {
         Ok(p) => p,
         Err(e) => return review::deny(&r.uid, 400, &e.to_string()),
     };
-    // Every claim template entry the pod will have: those it names and those the patch adds.
-    let mut entries: Vec<(String, String)> = pod["spec"]["resourceClaims"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|e| {
-            Some((
-                e["name"].as_str()?.to_string(),
-                e["resourceClaimTemplateName"].as_str()?.to_string(),
-            ))
-        })
-        .collect();
-    entries.extend(p.entries.iter().cloned());
+    let entries = crate::budget::template_entries(pod, &p);
     let budgets = if entries.is_empty() {
         None
     } else {
