@@ -555,25 +555,43 @@ fn add_gpu(n: &mut NodeView, g: &GpuView) {
     n.largest_free_memory = n.largest_free_memory.max(g.memory.free);
 }
 
-/// The workload a pod belongs to, as `kind/name`: its controller owner, a ReplicaSet's pod
+/// A TrainJob's label on its pods, when its Trainer puts one there (v2.0.0 does not: its pods
+/// carry the label of the JobSet it makes, of the TrainJob's name).
+pub const TRAINJOB_LABEL: &str = "trainer.kubeflow.org/trainjob-name";
+
+/// The workload a pod belongs to, as `kind/name`: the job of a job's pod
+/// ([`gpuslice_dra::jobs::job_of`]: `job/NAME` by the `gpuslice.io/job` label, a PyTorchJob's
+/// by its controller owner, `trainjob/NAME` or `jobset/NAME` for a TrainJob's or JobSet's,
+/// whose controller owner is one of its Jobs); else its controller owner, a ReplicaSet's pod
 /// named by its Deployment (the ReplicaSet's name less the pod's `pod-template-hash`
 /// label); `pod/NAME` for a pod without a controller.
 pub fn workload_of(pod: &Pod) -> String {
+    use gpuslice_dra::jobs::{JOBSET_LABEL, JOB_LABEL, TRAINING_JOB_LABEL};
     let name = pod.metadata.name.clone().unwrap_or_default();
-    let Some(owner) = pod
+    let labels = pod.metadata.labels.as_ref();
+    let label = |k: &str| labels.and_then(|l| l.get(k)).map(String::as_str);
+    let owner = pod
         .metadata
         .owner_references
         .iter()
         .flatten()
-        .find(|o| o.controller == Some(true))
-    else {
+        .find(|o| o.controller == Some(true));
+    if let Some(trainjob) = label(TRAINJOB_LABEL).filter(|v| !v.is_empty()) {
+        return format!("trainjob/{trainjob}");
+    }
+    match gpuslice_dra::jobs::job_of(label) {
+        Some((JOB_LABEL, job)) => return format!("job/{job}"),
+        Some((JOBSET_LABEL, set)) => return format!("jobset/{set}"),
+        // The training operator's job owns its pods; without that owner, a PyTorchJob's.
+        Some((TRAINING_JOB_LABEL, job)) if owner.is_none_or(|o| o.name != job) => {
+            return format!("pytorchjob/{job}")
+        }
+        _ => {}
+    }
+    let Some(owner) = owner else {
         return format!("pod/{name}");
     };
-    let hash = pod
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get("pod-template-hash"));
+    let hash = label("pod-template-hash");
     if owner.kind == "ReplicaSet" {
         if let Some(deployment) = hash.and_then(|h| owner.name.strip_suffix(&format!("-{h}"))) {
             return format!("deployment/{deployment}");
@@ -729,6 +747,65 @@ pub(crate) mod tests {
     use super::*;
 
     pub const GIB: u64 = 1 << 30;
+
+    fn pod_of(labels: serde_json::Value, owner: Option<(&str, &str)>) -> Pod {
+        let owners: Vec<serde_json::Value> = owner
+            .iter()
+            .map(|(kind, name)| json!({"apiVersion": "x/v1", "kind": kind, "name": name, "uid": "u", "controller": true}))
+            .collect();
+        serde_json::from_value(json!({"metadata": {
+            "name": "rank-0", "labels": labels, "ownerReferences": owners}}))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_jobs_pods_are_grouped_under_the_job() {
+        let cases = [
+            // The training operator's PyTorchJob owns its pods and labels them.
+            (
+                json!({"training.kubeflow.org/job-name": "train", "training.kubeflow.org/replica-type": "worker"}),
+                Some(("PyTorchJob", "train")),
+                "pytorchjob/train",
+            ),
+            (
+                json!({"training.kubeflow.org/job-name": "train"}),
+                None,
+                "pytorchjob/train",
+            ),
+            // A TrainJob's (v2.0.0) or JobSet's pods are owned by one of its Jobs: the JobSet.
+            (
+                json!({"jobset.sigs.k8s.io/jobset-name": "tj", "batch.kubernetes.io/job-completion-index": "0"}),
+                Some(("Job", "tj-node-0")),
+                "jobset/tj",
+            ),
+            (
+                json!({"jobset.sigs.k8s.io/jobset-name": "tj", "trainer.kubeflow.org/trainjob-name": "tj"}),
+                Some(("Job", "tj-node-0")),
+                "trainjob/tj",
+            ),
+            // gpuslice's own label, whatever made the pods.
+            (
+                json!({"gpuslice.io/job": "sweep", "pod-template-hash": "5d8f"}),
+                Some(("ReplicaSet", "web-5d8f")),
+                "job/sweep",
+            ),
+            // Not a job: as before.
+            (
+                json!({"pod-template-hash": "5d8f"}),
+                Some(("ReplicaSet", "web-5d8f")),
+                "deployment/web",
+            ),
+            (json!({"gpuslice.io/job": ""}), None, "pod/rank-0"),
+            (json!({}), Some(("Job", "batch")), "job/batch"),
+        ];
+        for (labels, owner, want) in cases {
+            assert_eq!(
+                workload_of(&pod_of(labels.clone(), owner)),
+                want,
+                "{labels}"
+            );
+        }
+    }
 
     #[test]
     fn a_tainted_gpu_shows_its_xid_and_time() {

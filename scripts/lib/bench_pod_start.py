@@ -21,13 +21,20 @@ import time
 import urllib.error
 import urllib.request
 
-API, PKI, MODE, PAIRS, IMAGE = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
 NS = "default"
 POLL = 0.01
 TIMEOUT = 120
+# Set by connect() (and main()); scripts/lib/bench_job_start.py uses the same client.
+API = ctx = None
+MODE = IMAGE = None
 
-ctx = ssl.create_default_context(cafile=f"{PKI}/ca.crt")
-ctx.load_cert_chain(f"{PKI}/admin.crt", f"{PKI}/admin.key")
+
+def connect(api, pki):
+    """The client of call(): the API server at `api`, the admin's certificate of `pki`."""
+    global API, ctx
+    API = api
+    ctx = ssl.create_default_context(cafile=f"{pki}/ca.crt")
+    ctx.load_cert_chain(f"{pki}/admin.crt", f"{pki}/admin.key")
 
 
 def call(method, path, body=None, ok404=False):
@@ -102,24 +109,30 @@ def start(name, claimed):
     return took, bound if bound is not None else took
 
 
-template()
-# One unmeasured pod of each kind first: the first container of a node pays for caches.
-for claimed in (True, False):
-    start(f"warm-{'claim' if claimed else 'plain'}", claimed)
-samples = {True: [], False: []}
-for i in range(PAIRS):
-    for claimed in ((True, False) if i % 2 == 0 else (False, True)):
-        total, bound = start(f"p{i}-{'claim' if claimed else 'plain'}", claimed)
-        samples[claimed].append((total, bound, total - bound))
-        print(f"{MODE} pair {i} {'claim' if claimed else 'plain'}: create -> Running {total * 1000:.0f} ms "
-              f"(bound after {bound * 1000:.0f} ms, then {(total - bound) * 1000:.0f} ms on the node)", flush=True)
+def main():
+    global MODE, IMAGE
+    api, pki, MODE, pairs, IMAGE = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+    connect(api, pki)
+    template()
+    # One unmeasured pod of each kind first: the first container of a node pays for caches.
+    for claimed in (True, False):
+        start(f"warm-{'claim' if claimed else 'plain'}", claimed)
+    samples = {True: [], False: []}
+    for i in range(pairs):
+        for claimed in ((True, False) if i % 2 == 0 else (False, True)):
+            total, bound = start(f"p{i}-{'claim' if claimed else 'plain'}", claimed)
+            samples[claimed].append((total, bound, total - bound))
+            print(f"{MODE} pair {i} {'claim' if claimed else 'plain'}: create -> Running {total * 1000:.0f} ms "
+                  f"(bound after {bound * 1000:.0f} ms, then {(total - bound) * 1000:.0f} ms on the node)", flush=True)
+
+    def med(claimed, k):
+        return statistics.median(x[k] for x in samples[claimed])
+
+    for k, what in ((0, "create -> Running"), (1, "create -> bound"), (2, "bound -> Running (the node)")):
+        w, wo = med(True, k), med(False, k)
+        print(f"{MODE}: {pairs} pairs; median {what}: with a claim {w * 1000:.0f} ms, "
+              f"without {wo * 1000:.0f} ms; ratio {w / wo:.2f}")
 
 
-def med(claimed, k):
-    return statistics.median(x[k] for x in samples[claimed])
-
-
-for k, what in ((0, "create -> Running"), (1, "create -> bound"), (2, "bound -> Running (the node)")):
-    w, wo = med(True, k), med(False, k)
-    print(f"{MODE}: {PAIRS} pairs; median {what}: with a claim {w * 1000:.0f} ms, "
-          f"without {wo * 1000:.0f} ms; ratio {w / wo:.2f}")
+if __name__ == "__main__":
+    main()

@@ -3,9 +3,12 @@
 //! containerd 2.x and gpuslice kubelet plugin on two simulated GPUs; pods of one node reach
 //! the other's by a Service name through the cluster DNS (CoreDNS) over the pod network; a
 //! PyTorchJob of the real training operator whose ranks ask `gpuslice.io/*` limits (turned
-//! into claims by the webhook) lands one rank per node, the ranks rendezvous at
+//! into claims by the webhook, which also keeps a job's ranks one per node) lands one rank
+//! per node, the ranks rendezvous at
 //! MASTER_ADDR/MASTER_PORT as torch.distributed's TCP store would, the job Succeeds and its
-//! slices are released once it is deleted; a TrainJob of Kubeflow Trainer v2 (on JobSet) from
+//! slices are released once it is deleted; a PyTorchJob of four one-GPU ranks on the four
+//! GPUs runs two, one per node, and leaves two Pending with the scheduler's anti-affinity
+//! reason rather than two ranks on one GPU; a TrainJob of Kubeflow Trainer v2 (on JobSet) from
 //! a ClusterTrainingRuntime whose ranks ask HAMi's limits does the same. One cluster for
 //! every case: it costs minutes.
 
@@ -33,6 +36,7 @@ fn a_pytorchjob_across_two_nodes_rendezvouses_on_its_slices() {
     );
     a_pod_reaches_a_pod_of_the_other_node_by_service_name(&kn);
     pytorchjob_ranks_land_one_per_node_and_rendezvous(&kn, &[&a, &b]);
+    four_one_gpu_ranks_never_share_a_gpu(&kn, &[&a, &b]);
     trainjob_ranks_with_hami_limits_rendezvous(&kn, &[&a, &b]);
 }
 
@@ -126,19 +130,15 @@ else
 fi
 "#;
 
-/// A replica of the job: two GPUs of 4Gi each, one rank per node (anti-affinity on the job's
-/// label), the port the operator reads MASTER_PORT from.
-fn replica(job: &str) -> Value {
+/// A replica of the job: two GPUs of 4Gi each, the port the operator reads MASTER_PORT from;
+/// no placement of its own (the webhook keeps the ranks one per node).
+fn replica() -> Value {
     json!({
         "replicas": 1,
         "restartPolicy": "Never",
         "template": {"spec": {
             "terminationGracePeriodSeconds": 1,
             "automountServiceAccountToken": false,
-            "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
-                "labelSelector": {"matchLabels": {"training.kubeflow.org/job-name": job}},
-                "topologyKey": "kubernetes.io/hostname",
-            }]}},
             "containers": [{
                 "name": "pytorch",
                 "image": APP_IMAGE,
@@ -178,7 +178,7 @@ fn pytorchjob_ranks_land_one_per_node_and_rendezvous(kn: &KubeNodes, nodes: &[&T
         "metadata": {"name": job, "namespace": NS},
         "spec": {
             "runPolicy": {"cleanPodPolicy": "None"},
-            "pytorchReplicaSpecs": {"Master": replica(job), "Worker": replica(job)},
+            "pytorchReplicaSpecs": {"Master": replica(), "Worker": replica()},
         },
     }))
     .unwrap();
@@ -218,6 +218,150 @@ fn pytorchjob_ranks_land_one_per_node_and_rendezvous(kn: &KubeNodes, nodes: &[&T
         job,
         "training.kubeflow.org/job-name",
     );
+}
+
+/// A PyTorchJob of four ranks of one GPU (4Gi) each, written with no placement, on the two
+/// nodes of two GPUs: the webhook's anti-affinity on the job's label runs one rank per node,
+/// each on a GPU of its own, and leaves the two others Pending with the scheduler's
+/// anti-affinity reason, though the free GPUs beside the running ranks would hold them: two
+/// ranks never share a node, hence never a GPU. Every rank carries the rule (its annotation).
+/// Workers only, rank 0 the master: with a Master replica the operator holds the workers in
+/// an init container until the master's name resolves, so whether the placed ranks run would
+/// depend on which two the scheduler placed.
+fn four_one_gpu_ranks_never_share_a_gpu(kn: &KubeNodes, nodes: &[&TestNode]) {
+    let c = &kn.first.cluster;
+    let job = "four";
+    let label = "training.kubeflow.org/job-name";
+    let mut worker = replica();
+    worker["replicas"] = json!(4);
+    let container = &mut worker["template"]["spec"]["containers"][0];
+    container["resources"]["limits"] =
+        json!({"gpuslice.io/gpus": "1", "gpuslice.io/memory": "4Gi"});
+    container["env"] = json!([
+        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "RANK", "valueFrom": {"fieldRef": {
+            "fieldPath": "metadata.labels['training.kubeflow.org/replica-index']"}}},
+        {"name": "WORLD_SIZE", "value": "4"},
+        {"name": "MASTER_ADDR", "value": format!("{job}-worker-0")},
+        {"name": "MASTER_PORT", "value": "23456"},
+    ]);
+    c.create(&json!({
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": job, "namespace": NS},
+        "spec": {
+            "runPolicy": {"cleanPodPolicy": "None"},
+            "pytorchReplicaSpecs": {"Worker": worker},
+        },
+    }))
+    .unwrap();
+    let selector = format!("{label}={job}");
+    let mut last = Value::Null;
+    // Two ranks Running and two Unschedulable for the anti-affinity.
+    let split = gpuslice_e2e::kube_node::wait_for_or(STEP, || {
+        last = c.get_json(&["pods", "-n", NS, "-l", &selector]);
+        let pods = last["items"].as_array()?;
+        let running: Vec<&Value> = pods
+            .iter()
+            .filter(|p| p["status"]["phase"] == "Running")
+            .collect();
+        let refused: Vec<&Value> = pods
+            .iter()
+            .filter(|p| {
+                p["status"]["phase"] == "Pending"
+                    && p["status"]["conditions"].as_array().is_some_and(|cs| {
+                        cs.iter().any(|k| {
+                            k["type"] == "PodScheduled"
+                                && k["reason"] == "Unschedulable"
+                                && k["message"]
+                                    .as_str()
+                                    .is_some_and(|m| m.contains("anti-affinity"))
+                        })
+                    })
+            })
+            .collect();
+        (pods.len() == 4 && running.len() == 2 && refused.len() == 2).then(|| {
+            let names = |ps: &[&Value]| -> Vec<String> {
+                ps.iter()
+                    .map(|p| {
+                        p["metadata"]["name"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_string()
+                    })
+                    .collect()
+            };
+            (names(&running), names(&refused))
+        })
+    });
+    let Some((running, refused)) = split else {
+        panic!(
+            "PyTorchJob {job}: not two ranks Running and two Unschedulable for anti-affinity:
+{}
+{}
+{}",
+            c.kubectl(&["get", "pods", "-n", NS, "-o", "wide"]),
+            last,
+            kn.logs()
+        );
+    };
+    for name in &refused {
+        let events = kn.first.events(name);
+        assert!(
+            events
+                .lines()
+                .any(|l| l.starts_with("FailedScheduling") && l.contains("anti-affinity")),
+            "{name}: no FailedScheduling naming the anti-affinity: {events}"
+        );
+    }
+    // Every rank carries the rule and the job's term, none written by the user.
+    for p in last["items"].as_array().into_iter().flatten() {
+        assert_eq!(
+            p["metadata"]["annotations"]["placement.gpuslice.io/rule"],
+            format!("one node per rank of job {label}={job}: NCCL refuses two ranks on one GPU"),
+            "{}",
+            p["metadata"]
+        );
+        assert_eq!(
+            p["spec"]["affinity"]["podAntiAffinity"]
+                ["requiredDuringSchedulingIgnoredDuringExecution"],
+            json!([{"labelSelector": {"matchLabels": {label: job}}, "topologyKey": "kubernetes.io/hostname"}]),
+            "{}",
+            p["spec"]
+        );
+    }
+    // The running ranks: one per node, one GPU each, no GPU twice (their own word: the GPUs
+    // of the limits gpuslice gave their container).
+    let mut ranks_nodes = BTreeSet::new();
+    let mut all_gpus = BTreeSet::new();
+    for name in &running {
+        let log = kn.first.wait_log(name, "gpus=");
+        let line = log
+            .lines()
+            .find(|l| l.starts_with("rank="))
+            .unwrap_or_default();
+        let field = |k: &str| {
+            line.split(' ')
+                .find_map(|f| f.strip_prefix(k))
+                .unwrap_or_default()
+                .to_string()
+        };
+        ranks_nodes.insert(field("node="));
+        let gpus: Vec<String> = field("gpus=")
+            .split(',')
+            .filter(|g| !g.is_empty())
+            .map(str::to_string)
+            .collect();
+        assert_eq!(gpus.len(), 1, "one GPU a rank: {line}");
+        all_gpus.extend(gpus);
+    }
+    assert_eq!(
+        ranks_nodes,
+        BTreeSet::from(["node-a".to_string(), "node-b".to_string()]),
+        "one running rank per node: {running:?}"
+    );
+    assert_eq!(all_gpus.len(), 2, "no GPU repeated: {all_gpus:?}");
+    delete_and_assert_released(kn, nodes, "pytorchjob", job, label);
 }
 
 /// The master's log says every rank of two arrived, each from its own node with a slice of
@@ -279,8 +423,8 @@ fn delete_and_assert_released(
 
 /// A TrainJob from a ClusterTrainingRuntime (Trainer v2 makes a JobSet of one replicated Job,
 /// one pod per node): each rank asks HAMi's limits (two GPUs of 4096 MiB, in a namespace
-/// labelled for HAMi compatibility), the ranks land one per node (anti-affinity in the
-/// runtime's template), rendezvous at PET_MASTER_ADDR:PET_MASTER_PORT (the pod name of rank
+/// labelled for HAMi compatibility), the ranks land one per node (the webhook's anti-affinity
+/// on the JobSet's label; the runtime asks no placement), rendezvous at PET_MASTER_ADDR:PET_MASTER_PORT (the pod name of rank
 /// 0 under the JobSet's headless Service), the TrainJob completes and its slices are
 /// released once it is deleted.
 fn trainjob_ranks_with_hami_limits_rendezvous(kn: &KubeNodes, nodes: &[&TestNode]) {
@@ -300,13 +444,6 @@ fn trainjob_ranks_with_hami_limits_rendezvous(kn: &KubeNodes, nodes: &[&TestNode
                     "spec": {"template": {"spec": {
                         "terminationGracePeriodSeconds": 1,
                         "automountServiceAccountToken": false,
-                        "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
-                            // The JobSet's pods, of this JobSet only (matchLabelKeys).
-                            "labelSelector": {"matchExpressions": [{
-                                "key": "jobset.sigs.k8s.io/replicatedjob-name", "operator": "Exists"}]},
-                            "matchLabelKeys": ["jobset.sigs.k8s.io/jobset-name"],
-                            "topologyKey": "kubernetes.io/hostname",
-                        }]}},
                         "containers": [{
                             "name": "node",
                             "image": APP_IMAGE,

@@ -9,6 +9,7 @@
 
 pub mod api;
 pub mod claim_shape;
+pub mod jobs;
 pub mod opaque;
 pub mod quota;
 pub mod slices;

@@ -11,6 +11,7 @@ pub mod ask;
 pub mod budget;
 pub mod cluster;
 pub mod mutate;
+pub mod placement;
 pub mod review;
 pub mod server;
 pub mod sweep;

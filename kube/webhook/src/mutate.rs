@@ -1,6 +1,6 @@
 //! The change to one Pod: for each container and init container whose limits ask for a
 //! slice, the limits and requests removed and a claim entry added (from a template per
-//! shape), as a JSON Patch on the pod the API server sent, so that fields this code does not
+//! shape), and for a rank of a job its job's anti-affinity (`placement`), as a JSON Patch on the pod the API server sent, so that fields this code does not
 //! know travel untouched.
 
 use std::collections::BTreeMap;
@@ -12,6 +12,7 @@ use crate::ask::{
     container_ask, covers, hami_selectors, Ask, AskError, HAMI_GPU, HAMI_MEM, HAMI_MEM_PERCENT,
     HAMI_PRIORITY,
 };
+use crate::placement::keep_ranks_apart;
 use gpuslice_dra::claim_shape::{
     claim_spec, pod_shape, template, Mode, PublishedGpus, Shape, ShapeError,
 };
@@ -147,6 +148,9 @@ impl NewClaim<'_> {
 /// so it shares the claim of the first app container, else of the first earlier ordinary init
 /// container, whose slice [`covers`] its ask; only when none does it gets a claim of its own,
 /// held, as every claim of the pod, for the pod's life (docs/webhook.md).
+///
+/// A pod of a job that gets a claim here also gets the job's anti-affinity and the rule's
+/// annotation ([`keep_ranks_apart`]).
 ///
 /// In slot mode every container of the pod that asks for a slice shares one claim instead,
 /// of the pod's effective ask ([`pod_shape`]): one slot claim per pod bounds the scheduler's
@@ -337,6 +341,11 @@ pub fn plan(
         out.patch
             .push(json!({"op": "add", "path": "/spec/resourceClaims", "value": entries}));
     }
+    // A rank of a job that gets gpuslice devices keeps off its job's other ranks' nodes.
+    if let Some((ops, warning)) = keep_ranks_apart(pod) {
+        out.patch.extend(ops);
+        out.warnings.push(warning);
+    }
     Ok(out)
 }
 
@@ -439,6 +448,37 @@ mod tests {
             got.patch.last().unwrap()["value"].as_array().map(Vec::len),
             Some(2)
         );
+    }
+
+    #[test]
+    fn a_rank_of_a_job_gets_the_jobs_anti_affinity_with_its_claim() {
+        let mut p = pod(json!({"gpuslice.io/gpus": "1"}));
+        p["metadata"]["labels"] = json!({"training.kubeflow.org/job-name": "train"});
+        let got = plan(&p, "ns", false, &PublishedGpus::default()).unwrap();
+        assert_eq!(
+            got.patch[2..],
+            [
+                json!({"op": "add", "path": "/spec/affinity", "value": {"podAntiAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": [{
+                        "labelSelector": {"matchLabels": {"training.kubeflow.org/job-name": "train"}},
+                        "topologyKey": "kubernetes.io/hostname"}]}}}),
+                json!({"op": "add", "path": "/metadata/annotations", "value": {
+                    "placement.gpuslice.io/rule": "one node per rank of job training.kubeflow.org/job-name=train: NCCL refuses two ranks on one GPU"}}),
+            ]
+        );
+        assert!(
+            got.warnings
+                .iter()
+                .any(|w| w
+                    .starts_with("one node per rank of job training.kubeflow.org/job-name=train")),
+            "{:?}",
+            got.warnings
+        );
+        // A pod of the job that gets no slice is left where the scheduler puts it.
+        let mut p = pod(json!({"cpu": "1"}));
+        p["metadata"]["labels"] = json!({"training.kubeflow.org/job-name": "train"});
+        let got = plan(&p, "ns", false, &PublishedGpus::default()).unwrap();
+        assert!(got.patch.is_empty(), "{:?}", got.patch);
     }
 
     #[test]

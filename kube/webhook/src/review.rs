@@ -13,12 +13,15 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
+use crate::placement::JOB_LABELS;
+
 /// Entries read of each of the pod's lists (`spec.containers`, `spec.initContainers`,
 /// `spec.resourceClaims`); a pod with more is refused.
 pub const MAX_LIST: usize = 256;
 /// Bytes of the pod the webhook keeps: the `resources` of containers naming `gpuslice.io/*`
-/// or `nvidia.com/*` resources, the `nvidia.com/*` and `hami.io/*` annotations and the claim
-/// entries named `gpuslice-*`; a pod with more is refused.
+/// or `nvidia.com/*` resources, the `nvidia.com/*` and `hami.io/*` annotations, the job
+/// labels, the required pod anti-affinity terms and the claim entries; a pod with more is
+/// refused.
 pub const MAX_KEPT: usize = 64 << 10;
 /// The longest `uid`, `namespace` or `operation` read (a UID is 36 characters, a namespace
 /// at most 63).
@@ -40,7 +43,7 @@ pub enum ReviewError {
 pub enum PodError {
     #[error("{list} has {len} entries; accepted: at most {MAX_LIST} (gpuslice-webhook reads no longer list)")]
     List { list: &'static str, len: usize },
-    #[error("the pod's GPU resources, nvidia.com/* and hami.io/* annotations and gpuslice-* claim entries take more than {MAX_KEPT} bytes; accepted: at most {MAX_KEPT}")]
+    #[error("the pod's GPU resources, nvidia.com/* and hami.io/* annotations, job labels, required pod anti-affinity terms and claim entries take more than {MAX_KEPT} bytes; accepted: at most {MAX_KEPT}")]
     Kept,
 }
 
@@ -156,7 +159,26 @@ struct PodView<'a> {
 #[derive(Deserialize)]
 struct MetaView<'a> {
     #[serde(default, borrow)]
+    labels: Option<&'a RawValue>,
+    #[serde(default, borrow)]
     annotations: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct AffinityView<'a> {
+    #[serde(default, borrow)]
+    pod_anti_affinity: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct AntiAffinityView<'a> {
+    #[serde(
+        default,
+        borrow,
+        rename = "requiredDuringSchedulingIgnoredDuringExecution"
+    )]
+    required: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -168,6 +190,8 @@ struct SpecView<'a> {
     init_containers: Option<Listed<'a>>,
     #[serde(default, borrow)]
     resource_claims: Option<Listed<'a>>,
+    #[serde(default, borrow)]
+    affinity: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -281,12 +305,14 @@ fn container(raw: &RawValue, kept: &mut Kept) -> Result<Value, PodError> {
     Ok(json!({ "resources": kept.value(res, 0)? }))
 }
 
-/// The pod as the webhook reads it: `metadata.annotations` (those of `nvidia.com/*` and
-/// `hami.io/*`), `spec.containers[*]` and `spec.initContainers[*]` (the `resources` of those
+/// The pod as the webhook reads it: `metadata.labels` (the job labels of
+/// [`JOB_LABELS`]), `metadata.annotations` (those of `nvidia.com/*` and `hami.io/*`; an empty
+/// map when it has others only), `spec.affinity` (whether it and its `podAntiAffinity` exist,
+/// and the latter's required terms), `spec.containers[*]` and `spec.initContainers[*]` (the `resources` of those
 /// naming `gpuslice.io/*` or `nvidia.com/*` resources, others `null`, indices unchanged) and
 /// `spec.resourceClaims[*]` (their `name`, `resourceClaimTemplateName` and
 /// `resourceClaimName`; the list is there when the pod has one). This is all `mutate::plan`,
-/// `mutate::mentions_hami` and the budget's charge read: a field they come to read must be
+/// `mutate::mentions_hami`, `placement` and the budget's charge read: a field they come to read must be
 /// kept here too.
 fn pod(raw: &RawValue) -> Result<Value, PodError> {
     let Ok(view) = serde_json::from_str::<PodView>(raw.get()) else {
@@ -295,16 +321,53 @@ fn pod(raw: &RawValue) -> Result<Value, PodError> {
     };
     let mut kept = Kept { bytes: 0 };
     let mut out = Map::new();
-    if let Some(ann) = view.metadata.and_then(|m| m.annotations) {
-        let mut a = Map::new();
-        for (k, v) in Entries::of(ann, hami_annotation) {
-            let v = kept.value(v, k.len())?;
-            a.insert(k.into_owned(), v);
+    let mut meta = Map::new();
+    if let Some(m) = view.metadata {
+        if let Some(labels) = m.labels {
+            let mut l = Map::new();
+            for (k, v) in Entries::of(labels, |k| JOB_LABELS.contains(&k)) {
+                let v = kept.value(v, k.len())?;
+                l.insert(k.into_owned(), v);
+            }
+            meta.insert("labels".into(), Value::Object(l));
         }
-        out.insert("metadata".into(), json!({ "annotations": a }));
+        // Kept, if only empty, when the pod has annotations: the patch adds to them.
+        if let Some(ann) = m.annotations {
+            let mut a = Map::new();
+            for (k, v) in Entries::of(ann, hami_annotation) {
+                let v = kept.value(v, k.len())?;
+                a.insert(k.into_owned(), v);
+            }
+            meta.insert("annotations".into(), Value::Object(a));
+        }
+    }
+    if !meta.is_empty() {
+        out.insert("metadata".into(), Value::Object(meta));
     }
     let mut spec = Map::new();
     if let Some(s) = view.spec {
+        // Of the affinity, which levels exist and the required anti-affinity terms: the
+        // job's term is added beside the pod's own.
+        if let Some(a) = s.affinity {
+            let mut affinity = Map::new();
+            if let Some(anti) = serde_json::from_str::<AffinityView>(a.get())
+                .ok()
+                .and_then(|v| v.pod_anti_affinity)
+            {
+                let mut pa = Map::new();
+                if let Some(req) = serde_json::from_str::<AntiAffinityView>(anti.get())
+                    .ok()
+                    .and_then(|v| v.required)
+                {
+                    pa.insert(
+                        "requiredDuringSchedulingIgnoredDuringExecution".into(),
+                        kept.value(req, 0)?,
+                    );
+                }
+                affinity.insert("podAntiAffinity".into(), Value::Object(pa));
+            }
+            spec.insert("affinity".into(), Value::Object(affinity));
+        }
         for (name, field, list) in [
             ("spec.containers", "containers", s.containers),
             ("spec.initContainers", "initContainers", s.init_containers),
@@ -445,10 +508,18 @@ mod tests {
     fn full_pod() -> Value {
         json!({
             "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "p", "labels": {"a": "b"}, "annotations": {
+            "metadata": {"name": "p", "labels": {"a": "b", "training.kubeflow.org/job-name": "j"}, "annotations": {
                 "nvidia.com/use-gputype": "A100", "hami.io/gpu-scheduler-policy": "spread",
                 "other/x": "y"}},
             "spec": {
+                "affinity": {
+                    "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [{"matchExpressions": [{"key": "k", "operator": "Exists"}]}]}},
+                    "podAntiAffinity": {
+                        "preferredDuringSchedulingIgnoredDuringExecution": [],
+                        "requiredDuringSchedulingIgnoredDuringExecution": [{
+                            "labelSelector": {"matchLabels": {"a": "b"}}, "topologyKey": "zone"}]},
+                },
                 "resourceClaims": [{"name": "mine", "resourceClaimName": "c"}],
                 "initContainers": [{"name": "i", "image": "x",
                     "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
@@ -483,8 +554,26 @@ mod tests {
                 "hami {hami}: kept {kept}"
             );
         }
+        // The job's term appended to the pod's own.
+        let patch = plan(&kept, "ns", false, &inv).unwrap().patch;
+        assert!(
+            patch.iter().any(|op| {
+                op["path"]
+                == "/spec/affinity/podAntiAffinity/requiredDuringSchedulingIgnoredDuringExecution/-"
+            }),
+            "{patch:?}"
+        );
         // Only what the plan reads.
         assert_eq!(kept["spec"]["containers"][0], Value::Null);
+        assert_eq!(
+            kept["metadata"]["labels"],
+            json!({"training.kubeflow.org/job-name": "j"})
+        );
+        assert_eq!(
+            kept["spec"]["affinity"],
+            json!({"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+                "labelSelector": {"matchLabels": {"a": "b"}}, "topologyKey": "zone"}]}})
+        );
         assert_eq!(
             kept["metadata"]["annotations"],
             json!({"nvidia.com/use-gputype": "A100", "hami.io/gpu-scheduler-policy": "spread"})

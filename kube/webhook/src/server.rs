@@ -29,6 +29,7 @@ use tokio_rustls::TlsAcceptor;
 use crate::budget::{BudgetError, Budgets, Ledger, Recount};
 use crate::cluster::Cluster;
 use crate::mutate::{mentions_hami, plan};
+use crate::placement::{job_of, keep_ranks_apart};
 use crate::review;
 use crate::tls::{server_config, CertFiles, TlsError};
 use gpuslice_dra::quota::{Charge, QuotaError};
@@ -581,7 +582,7 @@ async fn admit_pod(r: &review::Request, shared: &Shared) -> Value {
         Ok(i) => i,
         Err(e) => return review::deny(&r.uid, 500, &e.to_string()),
     };
-    let p = match plan(pod, &r.namespace, hami, &inventory) {
+    let mut p = match plan(pod, &r.namespace, hami, &inventory) {
         Ok(p) => p,
         Err(e) => return review::deny(&r.uid, 400, &e.to_string()),
     };
@@ -605,6 +606,29 @@ async fn admit_pod(r: &review::Request, shared: &Shared) -> Value {
             Err(e) => return deny_budget(&r.uid, &e),
         },
     };
+    // A rank of a job whose own claim templates ask gpuslice's devices keeps off its job's
+    // other ranks' nodes too (the plan saw to those whose limits it turned into claims).
+    if p.entries.is_empty() && !entries.is_empty() && job_of(pod).is_some() {
+        let charge = match &booking {
+            Some((_, c)) => Ok(*c),
+            None => {
+                shared
+                    .ledger
+                    .pod_charge(&r.namespace, &entries, &p.templates, &inventory)
+                    .await
+            }
+        };
+        match charge {
+            Ok(c) if !c.is_zero() => {
+                if let Some((ops, warning)) = keep_ranks_apart(pod) {
+                    p.patch.extend(ops);
+                    p.warnings.push(warning);
+                }
+            }
+            Ok(_) => {}
+            Err(e) => return deny_budget(&r.uid, &e),
+        }
+    }
     // A dry run creates nothing: the patch names the templates a real create would make.
     if !r.dry_run {
         for t in &p.templates {

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Benchmark of a job's start on two real nodes (goal: a PyTorchJob whose ranks ask slices has
+# all its ranks Running in at most 1.1 x the time of the same job without): one cluster,
+# `scripts/kube-cluster.sh up DIR --node node-a --node node-b --webhook --kubeflow` (two real
+# kubelets and containerd 2.x, each with the gpuslice kubelet plugin on its own simulated
+# H200; the webhook; the Kubeflow training operator), then PAIRS pairs of PyTorchJobs of RANKS
+# workers, one with `gpuslice.io/gpus: 1` and `gpuslice.io/memory: 1Gi` limits per rank (the
+# webhook's claim and one-rank-per-node anti-affinity) and one without, interleaved and one
+# job at a time, timed from create to every rank Running (scripts/lib/bench_job_start.py):
+# prints each sample, the medians and their ratio. The container is the nodes' pause image
+# (busybox sh waiting). Takes the e2e tests' locks (the machine lock shared, the kube-node
+# lock exclusive), so it waits for a running kube-node test and keeps the next one out.
+#
+#   scripts/bench-job-start.sh [PAIRS] [RANKS]    (root; defaults 10 and 2, at most one rank
+#                                                  per node with slices: 2)
+#
+# Environment: those of scripts/kube-cluster.sh (GPUSLICE_KUBE_BIN_DIR, GPUSLICE_NODE_BIN_DIR,
+# GPUSLICE_BIN_DIR with the release gpuslice and gpuslice-runtime, GPUSLICE_SIM_DIR with the
+# simulated driver of scripts/build-portable.sh; the Kubeflow and CoreDNS builds are cached).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+pairs=${1:-10}
+ranks=${2:-2}
+cluster=""
+cleanup() {
+  if [ -n "$cluster" ]; then
+    scripts/kube-cluster.sh down "$cluster" >/dev/null 2>&1 || true
+    rm -rf "$cluster"
+  fi
+}
+trap cleanup EXIT
+exec 8>/run/lock/gpuslice-e2e.lock
+flock -s 8
+exec 9>/run/lock/gpuslice-e2e.kube-node.lock
+flock 9
+echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg) ($(nproc) CPUs)"
+cluster=$(mktemp -d /tmp/gpuslice-bench-job-start.XXXXXX)
+if ! scripts/kube-cluster.sh up "$cluster" --node node-a --node node-b --webhook --kubeflow \
+  2>"$cluster.up.log"; then
+  tail -30 "$cluster.up.log" >&2
+  exit 1
+fi
+rm -f "$cluster.up.log"
+api=$(sed -n 's/^API_URL=//p' "$cluster/cluster.env")
+# The webhook learns the nodes' GPUs from their ResourceSlices in the background: wait until
+# a dry run of a sliced pod is admitted.
+kubectl=$(sed -n 's/^BIN_DIR=//p' "$cluster/cluster.env")/kubectl
+kc() { KUBECONFIG="$cluster/kubeconfig" "$kubectl" "$@"; }
+for _ in $(seq 120); do
+  if printf '%s' '{"apiVersion":"v1","kind":"Pod","metadata":{"name":"probe","namespace":"default"},"spec":{"containers":[{"name":"c","image":"x","resources":{"limits":{"gpuslice.io/memory":"1Gi"}}}]}}' |
+    kc create --dry-run=server -f - >/dev/null 2>&1; then
+    break
+  fi
+  sleep 1
+done
+PYTHONPATH=scripts/lib python3 scripts/lib/bench_job_start.py "$api" "$cluster/pki" "$pairs" "$ranks" \
+  localhost/gpuslice-node-pause:1
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
