@@ -72,11 +72,18 @@ pub fn step(event: &WatchEvent<ResourceSlice>, version: &mut String) -> Step {
             Step::Nothing
         }
         WatchEvent::Error(status) => {
-            if status.code == 410 {
-                *version = ANY_VERSION.to_string();
-            }
+            ended(status.code, version);
             Step::Rewatch
         }
+    }
+}
+
+/// The API server refused or ended a watch with HTTP status `code`: after 410 (Gone, the
+/// resourceVersion expired) the next watch starts afresh, whether the refusal came as the
+/// answer to the request or as an event of the stream.
+fn ended(code: u16, version: &mut String) {
+    if code == 410 {
+        *version = ANY_VERSION.to_string();
     }
 }
 
@@ -121,13 +128,18 @@ async fn watch_once(
     republish: &Notify,
 ) -> Result<(), WatchError> {
     let fresh = version == ANY_VERSION;
-    let stream = api
-        .watch(params, version)
-        .await
-        .map_err(|source| WatchError::Start {
-            node: node.to_string(),
-            source,
-        })?;
+    let stream = match api.watch(params, version).await {
+        Ok(stream) => stream,
+        Err(source) => {
+            if let kube::Error::Api(s) = &source {
+                ended(s.code, version);
+            }
+            return Err(WatchError::Start {
+                node: node.to_string(),
+                source,
+            });
+        }
+    };
     if fresh {
         // The API server now reports every deletion; one before this is found by the
         // publisher's list, which a republication makes.
@@ -203,6 +215,12 @@ mod tests {
         assert_eq!(v, "9");
         // An expired version: it starts afresh (and republishes then, `watch_once`).
         assert_eq!(step(&status(410), &mut v), Step::Rewatch);
+        assert_eq!(v, ANY_VERSION);
+        // The same refusal as the answer to the watch request.
+        let mut v = "9".to_string();
+        ended(500, &mut v);
+        assert_eq!(v, "9");
+        ended(410, &mut v);
         assert_eq!(v, ANY_VERSION);
     }
 }
