@@ -15,7 +15,9 @@
 //!    enforcer's grace: the restarted agent kills the holder, once, and the booking stays;
 //! 3. containerd restarted, then the kubelet SIGKILLed and started again: the containers run
 //!    on, nothing is booked twice or released, the restarted kubelet reaches the plugin to
-//!    unprepare the previous release's claim;
+//!    unprepare the previous release's claim, and a new claim is allocated and prepared beside
+//!    them (a starting kubelet deletes its node's ResourceSlices, at times after it registered
+//!    the plugin again: here the test deletes them then; the plugin publishes them again);
 //! 4. a node "reboot": every container and node daemon killed, the tmpfs state (gpuslice's
 //!    state_dir, the CDI specs, containerd's and runc's state) wiped, the node CDI spec
 //!    written again as the boot unit does, the daemons started: the kubelet prepares the claims
@@ -268,6 +270,37 @@ fn assert_node_matches(kn: &KubeNode, node: &TestNode, pods: &[&str], when: &str
         .collect();
     assert!(stray.is_empty(), "{when}: stray specs {stray:?}");
     ids
+}
+
+/// Waits until the scheduler has placed pod `name`; if it does not, the failure shows what
+/// the scheduler saw: the ResourceSlices, the claims, its log and the plugin's.
+fn wait_scheduled(kn: &KubeNode, name: &str) {
+    let scheduled = wait_for_or(STEP, || {
+        let p = kn.pod(name)?;
+        p["spec"]["nodeName"].as_str().map(|_| ())
+    });
+    if scheduled.is_none() {
+        let get = |what: &str| {
+            let out = kn
+                .cluster
+                .kubectl_output(&["get", what, "-A", "-o", "yaml"], None);
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        panic!(
+            "pod {name} was not scheduled within {STEP:?}: {}\nevents:\n{}\n\
+             --- resourceslices:\n{}\n--- resourceclaims:\n{}\n--- kube-scheduler:\n{}\n\
+             --- plugin:\n{}\n{}",
+            kn.pod(name)
+                .map(|p| p["status"].clone())
+                .unwrap_or_default(),
+            kn.events(name),
+            get("resourceslices"),
+            get("resourceclaims"),
+            kn.log_tail("kube-scheduler", 40),
+            kn.log_tail(PLUGIN, 40),
+            kn.logs()
+        );
+    }
 }
 
 /// Creates pod `name` with a claim of [`TEMPLATE`].
@@ -578,6 +611,9 @@ fn upgrade_plugin_agent_kubelet_containerd_kills_and_a_reboot_lose_and_double_bo
         "the restarted agent must kill the holder ({status}):\n{out}\n{}",
         exporter.log()
     );
+    // The enforcer records a kill after it: the holder may be seen gone first.
+    wait_for_or(STEP, || (kills_of(&node, &ids[1]) > 0).then_some(()))
+        .unwrap_or_else(|| panic!("the kill was not recorded\n{}", exporter.log()));
     assert_eq!(kills_of(&node, &ids[1]), 1, "{}", exporter.log());
     drop(exporter);
     let pods = ["old", "before", "after"];
@@ -610,6 +646,36 @@ fn upgrade_plugin_agent_kubelet_containerd_kills_and_a_reboot_lose_and_double_bo
         )
     });
     assert_node_matches(&kn, &node, &["before", "after"], "after deleting pod old");
+    // A new claim is still allocated and prepared beside them. A starting kubelet deletes its
+    // node's ResourceSlices, at times only after it has registered the plugin again (whose
+    // republication then found them as they were); the test deletes them as the kubelet
+    // does, now that the kubelet reached the plugin, so that this order is the one tested:
+    // the plugin publishes them again.
+    kn.cluster.kubectl(&[
+        "delete",
+        "resourceslices",
+        "--field-selector",
+        &format!("spec.nodeName={NODE}"),
+    ]);
+    create_pod(&kn, "third");
+    wait_scheduled(&kn, "third");
+    kn.wait_log("third", "READY");
+    assert_eq!(
+        assert_node_matches(
+            &kn,
+            &node,
+            &["before", "after", "third"],
+            "after containerd and kubelet restarts"
+        )[..2],
+        ids[1..]
+    );
+    kn.delete_pod("third");
+    wait_for_or(STEP, || (node.reservations().len() == 2).then_some(())).unwrap_or_else(|| {
+        panic!(
+            "the claim of pod third was not released: {:?}",
+            node.reservations()
+        )
+    });
     let running = &running[1..];
 
     // 4. A reboot.

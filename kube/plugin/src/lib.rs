@@ -21,6 +21,7 @@ pub mod proto;
 pub mod publisher;
 pub mod registration;
 pub mod serve;
+pub mod slice_watch;
 pub mod writer;
 
 pub use booking::{BookingError, Plugin};

@@ -27,6 +27,7 @@ use crate::proto::dra::dra_plugin_server::DraPluginServer;
 use crate::proto::registration::registration_server::RegistrationServer;
 use crate::publisher::Publisher;
 use crate::registration::RegistrationService;
+use crate::slice_watch::watch_slices;
 use crate::writer::SliceWriter;
 use gpuslice_driver::health::{read_health, Unhealthy};
 
@@ -178,6 +179,13 @@ pub async fn run(
         reg_path.display()
     );
 
+    // Slices someone else deletes (a starting kubelet does) are published again at once.
+    let watch = tokio::spawn(watch_slices(
+        client.clone(),
+        node.clone(),
+        republish.clone(),
+        options.publish_interval,
+    ));
     let publish = tokio::spawn(publish_loop(
         Publisher::new(client, node.clone()),
         registry,
@@ -211,6 +219,7 @@ pub async fn run(
     shutdown.await;
     let _ = stop_tx.send(true);
     publish.abort();
+    watch.abort();
     cleanup.abort();
     let dra = dra.await;
     let reg = reg.await;
@@ -261,8 +270,8 @@ fn unhealthy(options: &PluginOptions, last_error: &mut String) -> Vec<Unhealthy>
 }
 
 /// Republishes when the registry's offer or the GPUs' health changes, when the kubelet
-/// registers the plugin, and every resync interval; a failed publication is retried on the
-/// next tick.
+/// registers the plugin or someone deletes the slices (`republish`), and every resync
+/// interval, changed or not; a failed publication is retried on the next tick.
 async fn publish_loop(
     mut publisher: Publisher,
     registry: Arc<Registry>,
@@ -346,9 +355,13 @@ async fn publish_loop(
                                 publisher.generation()
                             );
                         }
+                        // Only a forced sync compared the API server's slices with the
+                        // offer; an unforced one that found the offer unchanged asked nothing.
+                        if force {
+                            last_sync = tokio::time::Instant::now();
+                        }
                         force = false;
                         last_error.clear();
-                        last_sync = tokio::time::Instant::now();
                     }
                     Err(e) => {
                         let e = e.to_string();

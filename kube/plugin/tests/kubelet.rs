@@ -6,6 +6,7 @@
 use crate::support;
 
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use gpuslice_config::Quantity;
 use gpuslice_kube::proto::registration::{InfoRequest, RegistrationStatus};
@@ -114,6 +115,78 @@ fn registration_and_slice_publication() {
     let (dra, regp) = (p.dra.clone(), p.reg.clone());
     p.stop().unwrap();
     assert!(!dra.exists() && !regp.exists());
+}
+
+/// How many times the plugin has listed the slices.
+fn slice_lists(api: &FakeApi) -> usize {
+    api.requests()
+        .iter()
+        .filter(|r| r.as_str() == "GET /apis/resource.k8s.io/v1/resourceslices")
+        .count()
+}
+
+fn generation(slice: &Value) -> i64 {
+    slice["spec"]["pool"]["generation"].as_i64().unwrap()
+}
+
+#[test]
+fn slices_a_starting_kubelet_deletes_after_registering_the_plugin_are_published_again() {
+    let api = FakeApi::start();
+    api.put_node("node-a", "node-uid-1");
+    // The resync (60 s by default) is not what brings them back here.
+    let n = node(&api, &[16]);
+    let p = n.start();
+    let k = Kubelet::connect(&p);
+    let mut reg = k.reg.clone();
+    wait_for("the slice", || {
+        api.slices().contains_key("node-a-gpuslice.io")
+    });
+    let g1 = generation(&api.slices()["node-a-gpuslice.io"]);
+    // The restarted kubelet registers the plugin, whose republication finds the slices as it
+    // left them; only then does the kubelet's start-up wipe delete them.
+    let listed = slice_lists(&api);
+    let ok = RegistrationStatus {
+        plugin_registered: true,
+        error: String::new(),
+    };
+    k.rt.block_on(reg.notify_registration_status(ok)).unwrap();
+    wait_for("the republication after the registration", || {
+        slice_lists(&api) > listed
+    });
+    assert_eq!(
+        generation(&api.slices()["node-a-gpuslice.io"]),
+        g1,
+        "nothing to write: the slices were as published"
+    );
+    api.delete_slices();
+    wait_for("the slice published again after the wipe", || {
+        api.slices().contains_key("node-a-gpuslice.io")
+    });
+    let s = &api.slices()["node-a-gpuslice.io"];
+    assert_eq!(memory_of(s, "gpu-0"), "16Gi");
+    assert!(generation(s) > g1, "{s}");
+    p.stop().unwrap();
+}
+
+#[test]
+fn a_slice_someone_else_changed_is_restored_at_the_resync() {
+    let api = FakeApi::start();
+    api.put_node("node-a", "node-uid-1");
+    let mut n = node(&api, &[16]);
+    n.options.resync_interval = Duration::from_millis(300);
+    let p = n.start();
+    wait_for("the slice", || {
+        api.slices().contains_key("node-a-gpuslice.io")
+    });
+    // The loop's unforced ticks (every 50 ms here) ask nothing of the API server and must not
+    // put the resync off.
+    api.edit_slice("node-a-gpuslice.io", |s| {
+        s["spec"]["devices"][0]["capacity"]["memory"]["value"] = "1Gi".into();
+    });
+    wait_for("the slice restored by the resync", || {
+        memory_of(&api.slices()["node-a-gpuslice.io"], "gpu-0") == "16Gi"
+    });
+    p.stop().unwrap();
 }
 
 #[test]

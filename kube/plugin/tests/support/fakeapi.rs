@@ -1,7 +1,8 @@
 //! A FAKE Kubernetes API server for the plugin's tests (no real control plane runs here yet):
 //! plain HTTP on 127.0.0.1 serving the few paths the plugin uses — ResourceClaims by name,
-//! Nodes by name, ResourceSlices list/create/replace/delete with resourceVersion checks — from
-//! an in-memory store the test fills. The real control plane test comes with
+//! Nodes by name, ResourceSlices list/watch/create/replace/delete with resourceVersion checks
+//! (a watch streams each change from then on, as ADDED/MODIFIED/DELETED lines) — from an
+//! in-memory store the test fills. The real control plane test comes with
 //! scripts/kube-cluster.sh.
 
 #![allow(dead_code)]
@@ -12,7 +13,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::Frame;
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 
@@ -28,6 +31,25 @@ struct State {
     /// Drop the consumable-capacity fields of slices, as an API server with
     /// `DRAConsumableCapacity` off does (Kubernetes 1.34/1.35).
     drops_consumable_capacity: bool,
+    /// The open watches of ResourceSlices: each gets every change from its start.
+    watchers: Vec<tokio::sync::mpsc::UnboundedSender<Bytes>>,
+}
+
+impl State {
+    /// Tells every open watch that `slice` was `kind` (ADDED, MODIFIED, DELETED).
+    fn emit(&mut self, kind: &str, slice: &Value) {
+        let line = Bytes::from(format!("{}\n", json!({"type": kind, "object": slice})));
+        self.watchers.retain(|w| w.send(line.clone()).is_ok());
+    }
+
+    /// Removes slice `name`, as the API server does, with a DELETED event.
+    fn remove_slice(&mut self, name: &str) -> Option<Value> {
+        let mut gone = self.slices.remove(name)?;
+        self.version += 1;
+        gone["metadata"]["resourceVersion"] = json!(self.version.to_string());
+        self.emit("DELETED", &gone);
+        Some(gone)
+    }
 }
 
 /// What an API server without consumable capacity keeps of a slice.
@@ -65,15 +87,33 @@ fn status(code: u16, reason: &str, message: &str) -> (u16, String) {
     )
 }
 
+type Body = BoxBody<Bytes, std::convert::Infallible>;
+
 async fn serve(
     state: Arc<Mutex<State>>,
     req: hyper::Request<hyper::body::Incoming>,
-) -> Result<hyper::Response<Full<Bytes>>, hyper::Error> {
+) -> Result<hyper::Response<Body>, hyper::Error> {
     let method = req.method().as_str().to_string();
     let url = req.uri().to_string();
     let body = req.into_body().collect().await?.to_bytes();
-    let (code, out) = handle(&state, &method, &url, &String::from_utf8_lossy(&body));
-    let mut resp = hyper::Response::new(Full::new(Bytes::from(out)));
+    let watch =
+        method == "GET" && url.split('?').next() == Some(SLICES) && url.contains("watch=true");
+    let (code, body): (u16, Body) = if watch {
+        // A watch: the changes from now on, one JSON line each, until the client goes.
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut st = state.lock().unwrap();
+        st.requests.push(format!("WATCH {SLICES}"));
+        st.watchers.push(tx);
+        let lines = tokio_stream::StreamExt::map(
+            tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
+            |line| Ok(Frame::data(line)),
+        );
+        (200, StreamBody::new(lines).boxed())
+    } else {
+        let (code, out) = handle(&state, &method, &url, &String::from_utf8_lossy(&body));
+        (code, Full::new(Bytes::from(out)).boxed())
+    };
+    let mut resp = hyper::Response::new(body);
     *resp.status_mut() = hyper::StatusCode::from_u16(code).unwrap_or(hyper::StatusCode::OK);
     resp.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
@@ -165,8 +205,24 @@ impl FakeApi {
         self.state.lock().unwrap().slices.clone()
     }
 
+    /// Deletes every slice (as a starting kubelet does), each with a DELETED event.
     pub fn delete_slices(&self) {
-        self.state.lock().unwrap().slices.clear();
+        let mut st = self.state.lock().unwrap();
+        let names: Vec<String> = st.slices.keys().cloned().collect();
+        for name in names {
+            st.remove_slice(&name);
+        }
+    }
+
+    /// Changes slice `name` as another writer would (a MODIFIED event).
+    pub fn edit_slice(&self, name: &str, edit: impl FnOnce(&mut Value)) {
+        let mut st = self.state.lock().unwrap();
+        let mut v = st.slices[name].clone();
+        edit(&mut v);
+        st.version += 1;
+        v["metadata"]["resourceVersion"] = json!(st.version.to_string());
+        st.slices.insert(name.to_string(), v.clone());
+        st.emit("MODIFIED", &v);
     }
 
     pub fn requests(&self) -> Vec<String> {
@@ -253,6 +309,7 @@ fn handle(state: &Mutex<State>, method: &str, url: &str, body: &str) -> (u16, St
             v["metadata"]["resourceVersion"] = json!(st.version.to_string());
             v["metadata"]["uid"] = json!(format!("slice-uid-{}", st.version));
             st.slices.insert(name, v.clone());
+            st.emit("ADDED", &v);
             (201, v.to_string())
         }
         ("PUT", ["apis", "resource.k8s.io", "v1", "resourceslices", name]) => {
@@ -276,10 +333,11 @@ fn handle(state: &Mutex<State>, method: &str, url: &str, body: &str) -> (u16, St
             st.version += 1;
             v["metadata"]["resourceVersion"] = json!(st.version.to_string());
             st.slices.insert(name.to_string(), v.clone());
+            st.emit("MODIFIED", &v);
             (200, v.to_string())
         }
         ("DELETE", ["apis", "resource.k8s.io", "v1", "resourceslices", name]) => {
-            match st.slices.remove(*name) {
+            match st.remove_slice(name) {
                 Some(_) => (
                     200,
                     json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 200}).to_string(),
