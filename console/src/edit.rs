@@ -259,6 +259,15 @@ pub fn current_limits(spec: &PodSpec) -> Option<Request> {
     spec.containers.iter().find_map(container_request)
 }
 
+/// How many of the pod spec's containers carry gpuslice limits (each is a slice of its own
+/// where the webhook gives a claim per container).
+pub fn limited_containers(spec: &PodSpec) -> usize {
+    spec.containers
+        .iter()
+        .filter(|c| container_request(c).is_some())
+        .count()
+}
+
 /// HAMi's limits (`nvidia.com/gpu…`) the pod spec holds, as `container: name=value, …`.
 pub fn hami_limits(spec: &PodSpec) -> Option<String> {
     let found: Vec<String> = spec

@@ -389,8 +389,11 @@ fn check_budget(
         budgets::BudgetError::Charge(c) => WorkloadError::Unchargeable(c),
         over => WorkloadError::OverBudget(over),
     };
-    let ask =
-        Ask::of_pod_spec(pods, next, ns, c.named, c.inventory, req.describe()).map_err(over)?;
+    let what = match edit::limited_containers(next) {
+        n if n > 1 => format!("{} in each of {n} containers", req.describe()),
+        _ => req.describe(),
+    };
+    let ask = Ask::of_pod_spec(pods, next, ns, c.named, c.inventory, what).map_err(over)?;
     // What the pods hold now is freed by the edit; one that cannot be charged frees nothing.
     let held = Ask::of_pod_spec(pods, current, ns, c.named, c.inventory, String::new()).ok();
     budgets::check(c.budgets, label, &ask, held.as_ref()).map_err(over)

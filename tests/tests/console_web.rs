@@ -1019,11 +1019,12 @@ fn the_web_console_shows_the_registry_and_allocates_in_a_browser() {
              "diffContains": ["resourceclaimtemplate/web-deployment-gpuslice-", "+- name: gpuslice", "memory: 20Gi"],
              "formScreenshot": "workload-allocate-form.png", "screenshot": "workload-allocate-dry-run.png"},
             // The form choice: limits, though no webhook is installed here (a dry run). Each of
-            // web's two containers gets its own limits, so 2 pods × 2 × 10Gi = 40Gi of the 50Gi
-            // the budget leaves.
+            // web's two containers gets its own limits, which the webhook makes a claim each
+            // (capacity mode): 2 pods × 2 slices = 4 GPUs where the budget leaves 3, refused
+            // as admission would refuse the pods.
             {"do": "allocate", "workload": web, "gpus": 1, "memory": "10Gi", "cores": "10",
-             "form": "limits", "dryRun": true, "expect": "ok",
-             "diffContains": ["gpuslice.io/memory: 10Gi", "gpuslice.io/cores:", "limits form", "because --form limits"]},
+             "form": "limits", "dryRun": true, "expect": "error",
+             "resultContains": ["deployment/web: 2 pod(s) of 1 GPU × 10Gi memory, 10 cores in each of 2 containers: exceeded quota: default/gpu, requested: limits.gpuslice.io/gpus=4, used: limits.gpuslice.io/gpus=1, limited: limits.gpuslice.io/gpus=4"]},
             {"do": "allocate", "workload": web, "gpus": 1, "memory": "20GB", "cores": "", "expect": "error",
              "resultContains": [bad_memory]},
             {"do": "allocate", "workload": web, "gpus": 1, "memory": "100Gi", "cores": "", "expect": "error",
