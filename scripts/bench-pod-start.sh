@@ -7,8 +7,9 @@
 # pairs of pods, one with a claim from a template and one without, interleaved and one at a
 # time, timed from create to phase Running (scripts/lib/bench_pod_start.py): prints each sample,
 # the medians and their ratio. The container is the node's pause image (busybox sh waiting).
-# Takes the e2e tests' locks (the machine lock shared, the kube-node lock exclusive: one node
-# per machine), so it waits for a running kube-node test and keeps the next one out.
+# Takes the e2e tests' locks (the machine lock shared, both kube-node slots' locks exclusive:
+# its cluster runs in slot 0, and no test's cluster runs beside it in slot 1), so it waits for
+# running kube-node tests and keeps the next ones out.
 # With BENCH_STATE=tmpfs the node's gpuslice state and CDI specs live on /dev/shm, as
 # /run/gpuslice and /var/run/cdi do on a node (the cluster script's default puts them under
 # DIR, here on disk); everything else stays where the cluster script puts it.
@@ -37,6 +38,8 @@ exec 8>/run/lock/gpuslice-e2e.lock
 flock -s 8
 exec 9>/run/lock/gpuslice-e2e.kube-node.lock
 flock 9
+exec 7>/run/lock/gpuslice-e2e.kube-node-1.lock
+flock 7
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg) ($(nproc) CPUs); node state on ${BENCH_STATE:-disk}"
 for mode in $modes; do
   cluster=$(mktemp -d /tmp/gpuslice-bench-pod-start.XXXXXX)
@@ -54,7 +57,7 @@ for mode in $modes; do
   fi
   args=()
   [ "$mode" = slots ] && args=(--feature-gates DRAConsumableCapacity=false)
-  if ! scripts/kube-cluster.sh up "$cluster" --node bench-node "${args[@]}" 2>"$cluster.up.log"; then
+  if ! GPUSLICE_KUBE_SLOT=0 scripts/kube-cluster.sh up "$cluster" --node bench-node "${args[@]}" 2>"$cluster.up.log"; then
     tail -30 "$cluster.up.log" >&2
     exit 1
   fi

@@ -51,7 +51,9 @@ Usage: scripts/kube-cluster.sh COMMAND [ARGS]
                 slots.gpuslice.io and the RuntimeClass gpuslice. Returns once the Node is Ready
                 and its ResourceSlice is published; adds the node's paths to
                 DIR/cluster.env. CONFIG: the node's gpuslice config (default
-                GPUSLICE_CONFIG). One cluster with nodes per machine at a time.
+                GPUSLICE_CONFIG). One cluster with nodes per slot at a time
+                (GPUSLICE_KUBE_SLOT below: what the names and addresses here are in
+                slot 0, the default).
   up DIR --node A[=CONFIG] --node B[=CONFIG] …
                 Several nodes on this machine, each with its own containerd, kubelet,
                 gpuslice config (CONFIG, else a simulated H200 written under its directory)
@@ -66,7 +68,8 @@ Usage: scripts/kube-cluster.sh COMMAND [ARGS]
   up DIR … --dns
                 Cluster DNS (implied by several nodes and by --kubeflow): CoreDNS (built from
                 tests/coredns, cached) on the host, answering for cluster.local from the API
-                server on port 53 of 10.244.0.10 (added to the loopback link), every
+                server on port 53 of 10.244.0.10 (added to the loopback link as
+                lo:gskdns; 10.244.0.(10+S), lo:gskdnsS in slot S), every
                 kubelet's clusterDNS. Services without kube-proxy: headless ones (what
                 PyTorchJob and JobSet make) resolve to their pods' IPs; a ClusterIP is not
                 routed. Adds DNS_IP to DIR/cluster.env.
@@ -155,6 +158,17 @@ Environment:
   GPUSLICE_KUBE_CACHE     cache root (default /var/cache/gpuslice/kube); entries are
                           <release>-<hash of tests/kube's go.mod, go.sum and sources>/bin
   GPUSLICE_KUBE_TIMEOUT   seconds `up` waits for each component (default 240)
+  GPUSLICE_KUBE_SLOT      (up) the slot S, 0 to 3 (default 0), of a cluster with nodes: up to
+                          four run on one machine at once, one per slot, each with the host's
+                          names and addresses of its slot. Slot 0 is the names above; in slot
+                          S > 0 node N has bridge gskubeN-sS on 10.244.(77+32S+N).0/24, its
+                          kubelet's cgroups under /gpuslice-sS-nodeN and containerd's NRI
+                          socket in its directory, and the cluster DNS is 10.244.0.(10+S).
+                          Kubeflow's and Kueue's operators read their certificates in mount
+                          namespaces of their own. At most 32 nodes per cluster. Recorded as
+                          KUBE_SLOT in DIR/cluster.env, which `down` reads; the caller keeps
+                          two clusters out of one slot (tests: a lock per slot,
+                          tests/src/env.rs).
   GPUSLICE_NODE_BIN_DIR   (--node) use containerd, ctr and containerd-shim-runc-v2 from here
   GPUSLICE_NODE_CACHE     (--node) their cache root (default /var/cache/gpuslice/node);
                           entries are <containerd version>-<hash of tests/node's go.mod and go.sum>/bin
@@ -188,6 +202,9 @@ EOF
 
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 TIMEOUT="${GPUSLICE_KUBE_TIMEOUT:-240}"
+# The clusters with nodes that may run on one machine at once, each in its slot
+# (GPUSLICE_KUBE_SLOT): what they hold of the host is named and addressed per slot.
+KUBE_SLOTS=4
 # Components in start order; `down` stops them in reverse (after the node's).
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler)
 
@@ -264,6 +281,9 @@ cmd_up() {
       *) die "unknown argument to up: '$1' (accepted: DIR, --node NAME[=CONFIG] (repeatable), --feature-gates LIST, --emulated-version X.Y, --webhook, --kueue, --dns, --kubeflow)" ;;
     esac
   done
+  KUBE_SLOT="${GPUSLICE_KUBE_SLOT:-0}"
+  [[ "$KUBE_SLOT" =~ ^[0-$((KUBE_SLOTS - 1))]$ ]] ||
+    die "GPUSLICE_KUBE_SLOT must be a slot from 0 to $((KUBE_SLOTS - 1)), not '$KUBE_SLOT'"
   local created=""
   [ -e "$DIR" ] || created=1
   mkdir -p "$DIR"
@@ -274,6 +294,7 @@ cmd_up() {
       die "$DIR already runs a cluster ($c is pid $(cat "$DIR/pids/$c.pid")): run 'scripts/kube-cluster.sh down $DIR' first"
     fi
   done
+  [ ${#node_specs[@]} -le "$MAX_NODES" ] || die "at most $MAX_NODES nodes in one cluster, not ${#node_specs[@]}"
   [ ${#node_specs[@]} -lt 2 ] || dns=1
   for c in pki etcd logs pids kubeconfigs kubeconfig cluster.env node webhook.yaml kueue coredns kubeflow; do
     [ ! -e "$DIR/$c" ] || die "$DIR/$c exists from an earlier run: run 'scripts/kube-cluster.sh down $DIR' first, or give an empty directory"
@@ -285,6 +306,7 @@ cmd_up() {
   mkdir -p "$DIR/logs" "$DIR/pids" "$DIR/kubeconfigs"
   [ -z "$created" ] || : >"$DIR/pids/created-dir"
   echo "BIN_DIR=$BIN" >"$DIR/cluster.env"
+  env_add KUBE_SLOT "$KUBE_SLOT"
   [ -z "${FEATURE_GATES:-}" ] || env_add FEATURE_GATES "$FEATURE_GATES"
   [ -z "${EMULATED_VERSION:-}" ] || env_add EMULATED_VERSION "$EMULATED_VERSION"
 
@@ -409,6 +431,9 @@ cmd_down() {
   [ -d "$1" ] || return 0
   DIR="$(cd "$1" && pwd)"
   BIN="$(sed -n 's/^BIN_DIR=//p' "$DIR/cluster.env" 2>/dev/null || true)"
+  # The slot `up` ran in names what `down` removes of the host (a cluster.env without one: 0).
+  KUBE_SLOT="$(sed -n 's/^KUBE_SLOT=//p' "$DIR/cluster.env" 2>/dev/null || true)"
+  KUBE_SLOT="${KUBE_SLOT:-0}"
   # The operators first: they would recreate the pods the drain deletes.
   stop_kubeflow
   [ -z "$BIN" ] || drain_node

@@ -173,7 +173,8 @@ for t in $(cargo metadata --no-deps --format-version 1 --locked |
 done
 # The end-to-end tests in two runs of their binary: first those that hold only the locks of
 # what they share on the host (tests/src/env.rs: lock()), three at a time, as they mostly
-# wait on containers, kubelets and control planes; then those that need the machine alone
+# wait on containers, kubelets and control planes (at most two of them on clusters with real
+# nodes: the two slots of Resource::KubeNode); then those that need the machine alone
 # (serial(): they measure time or compute shares, or start chromium and a whole cluster), one
 # at a time. The locks keep either run correct on its own; the split keeps the alone ones from
 # holding up the others.

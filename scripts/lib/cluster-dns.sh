@@ -3,16 +3,25 @@
 # Sourced by scripts/kube-cluster.sh after scripts/lib/gomodule.sh and cluster-process.sh.
 # With several nodes (or --kubeflow) pods find Services by name, as Kubeflow's ranks find
 # their master: CoreDNS runs on the host with its kubernetes plugin reading Services and
-# EndpointSlices through the admin kubeconfig, and listens on port 53 of DNS_IP, an address
-# of its own on the dummy link DNS_LINK; every kubelet's clusterDNS names DNS_IP, and the
-# pods reach it through their bridge's gateway (the host routes). Uses REPO, DIR, die, log
-# and the sourcing script's helpers.
+# EndpointSlices through the admin kubeconfig, and listens on port 53 of the cluster's DNS
+# address (dns_ip: one per slot, KUBE_SLOT), an address of its own on the loopback link;
+# every kubelet's clusterDNS names it, and the pods reach it through their bridge's gateway
+# (the host routes). Uses REPO, DIR, KUBE_SLOT, die, log and the sourcing script's helpers.
 
 COREDNS_SRC="$REPO/tests/coredns"
 COREDNS_CACHE_ROOT="${GPUSLICE_COREDNS_CACHE:-/var/cache/gpuslice/coredns}"
-DNS_IP=10.244.0.10
-DNS_LINK=gskubedns0
 CLUSTER_DOMAIN=cluster.local
+
+# dns_ip: the cluster DNS address of slot KUBE_SLOT, 10.244.0.(10 + slot).
+dns_ip() {
+  echo "10.244.0.$((10 + ${KUBE_SLOT:-0}))"
+}
+
+# dns_label: the loopback link's label on that address (lo:gskdns; lo:gskdnsS in slot S > 0).
+dns_label() {
+  local slot="${KUBE_SLOT:-0}"
+  [ "$slot" -eq 0 ] && echo lo:gskdns || echo "lo:gskdns$slot"
+}
 
 # module_version DIR MODULE: the version DIR/go.mod requires of MODULE, in a require block or
 # on a `require MODULE VERSION` line of its own (go mod tidy writes a lone direct one so); a
@@ -48,12 +57,13 @@ dns_ready() {
   curl -fs --max-time 5 "http://127.0.0.1:$1/ready"
 }
 
-# start_dns: DNS_IP on the loopback link (labelled lo:gskdns, so `down` finds its own), CoreDNS
+# start_dns: the slot's DNS address (dns_ip) on the loopback link (labelled dns_label), CoreDNS
 # serving port 53 there for CLUSTER_DOMAIN from the API server (the admin kubeconfig); returns
-# once it is ready; sets CLUSTER_DNS_IP for the kubelets. Pods reach DNS_IP through their
+# once it is ready; sets CLUSTER_DNS_IP for the kubelets. Pods reach that address through their
 # bridge's gateway: it is an address of this host.
 start_dns() {
-  local coredns ready health
+  local coredns ready health addr
+  addr="$(dns_ip)"
   coredns="$(build_coredns)"
   mkdir -p "$DIR/coredns"
   ready="$(free_port)"
@@ -61,7 +71,7 @@ start_dns() {
   cat >"$DIR/coredns/Corefile" <<COREFILE
 # Written by scripts/kube-cluster.sh up: the test cluster's DNS (Services and their pods).
 .:53 {
-    bind $DNS_IP
+    bind $addr
     errors
     health 127.0.0.1:$health
     ready 127.0.0.1:$ready
@@ -72,19 +82,19 @@ start_dns() {
 }
 COREFILE
   # A leftover of a run that was killed before its `down` is replaced.
-  ip addr del "$DNS_IP/32" dev lo >/dev/null 2>&1 || true
-  ip addr add "$DNS_IP/32" dev lo label lo:gskdns ||
-    fail_up "cannot add the cluster DNS address $DNS_IP to the loopback link"
+  ip addr del "$addr/32" dev lo >/dev/null 2>&1 || true
+  ip addr add "$addr/32" dev lo label "$(dns_label)" ||
+    fail_up "cannot add the cluster DNS address $addr to the loopback link"
   : >"$DIR/coredns/address-added"
   start coredns "$coredns" -conf "$DIR/coredns/Corefile"
   wait_for coredns "being ready on 127.0.0.1:$ready (its kubernetes plugin synced)" dns_ready "$ready"
-  CLUSTER_DNS_IP="$DNS_IP"
+  CLUSTER_DNS_IP="$addr"
 }
 
 # stop_dns: CoreDNS and its address (a no-op when `up` started none).
 stop_dns() {
   [ -d "$DIR/coredns" ] || return 0
   stop_one coredns
-  [ ! -e "$DIR/coredns/address-added" ] || ip addr del "$DNS_IP/32" dev lo >/dev/null 2>&1 || true
+  [ ! -e "$DIR/coredns/address-added" ] || ip addr del "$(dns_ip)/32" dev lo >/dev/null 2>&1 || true
   rm -rf "$DIR/coredns"
 }

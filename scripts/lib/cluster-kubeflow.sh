@@ -58,8 +58,10 @@ build_kubeflow() {
 # --- running them ---------------------------------------------------------------------------------
 
 # Where the training operator's and Trainer's certificate rotators look for the serving
-# certificate (a constant of both, which would be a mounted Secret in their pods); JobSet
-# takes its directory from its configuration.
+# certificate (a constant of both, which would be a mounted Secret in their pods): each runs
+# in a mount namespace of its own with DIR/kubeflow/certs bound there (start_bound), so two
+# clusters' operators serve their own; the host keeps the empty mount point. JobSet takes its
+# directory from its configuration.
 KF_ROTATOR_CERT_DIR=/tmp/k8s-webhook-server/serving-certs
 # The image of the init container the training operator gives a PyTorchJob's workers (it waits
 # until the master's Service name resolves); upstream's default cannot be pulled here.
@@ -176,15 +178,12 @@ start_kubeflow() {
   sign kubeflow-webhooks "/CN=kubeflow-webhooks" "$WEBHOOK_EXT"
   cp "$DIR/pki/kubeflow-webhooks.crt" "$kf/certs/tls.crt"
   cp "$DIR/pki/kubeflow-webhooks.key" "$kf/certs/tls.key"
-  # What a killed run left there is replaced: the webhooks below trust only DIR/pki/ca.crt.
-  mkdir -p "$KF_ROTATOR_CERT_DIR"
-  cp "$kf/certs/tls.crt" "$kf/certs/tls.key" "$KF_ROTATOR_CERT_DIR/"
-  : >"$kf/rotator-certs-written"
 
   p="$(free_port)"
   w="$(free_port)"
   kf_init_template >"$kf/pytorch-init-container.yaml"
-  start training-operator "$op_bin/training-operator.v1" --kubeconfig "$DIR/kubeconfig" \
+  start_bound training-operator "$kf/certs" "$KF_ROTATOR_CERT_DIR" \
+    "$op_bin/training-operator.v1" --kubeconfig "$DIR/kubeconfig" \
     --enable-scheme pytorchjob --metrics-bind-address 0 --health-probe-bind-address "127.0.0.1:$p" \
     --webhook-server-port "$w" --pytorch-init-container-image "$KF_INIT_IMAGE" \
     --pytorch-init-container-template-file "$kf/pytorch-init-container.yaml"
@@ -217,7 +216,8 @@ YAML
 
   p="$(free_port)"
   w="$(free_port)"
-  start trainer "$tr_bin/trainer-controller-manager" --kubeconfig "$DIR/kubeconfig" \
+  start_bound trainer "$kf/certs" "$KF_ROTATOR_CERT_DIR" \
+    "$tr_bin/trainer-controller-manager" --kubeconfig "$DIR/kubeconfig" \
     --metrics-bind-address 0 --health-probe-bind-address "127.0.0.1:$p" --webhook-server-port "$w"
   wait_for trainer "being ready on 127.0.0.1:$p" kf_ready "$p"
   echo --- >>"$kf/webhooks.yaml"
@@ -226,15 +226,12 @@ YAML
 }
 
 # stop_kubeflow: the operators (before the node's pods are deleted: they would recreate
-# them) and what start_kubeflow wrote outside the API (a no-op when `up` started none).
+# them) and their files (a no-op when `up` started none). The mount point stays: another
+# cluster's operators may have their certificates bound on it.
 stop_kubeflow() {
   [ -d "$DIR/kubeflow" ] || return 0
   stop_one trainer
   stop_one jobset
   stop_one training-operator
-  if [ -e "$DIR/kubeflow/rotator-certs-written" ]; then
-    rm -rf "$KF_ROTATOR_CERT_DIR"
-    rmdir "$(dirname "$KF_ROTATOR_CERT_DIR")" 2>/dev/null || true
-  fi
   rm -rf "$DIR/kubeflow"
 }

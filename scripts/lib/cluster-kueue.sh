@@ -150,9 +150,6 @@ kueue_ready() {
 start_kueue() {
   local health webhook ca crd
   KUEUE_BIN="$(build_kueue_binary)"
-  command -v unshare >/dev/null || die "unshare is missing: run scripts/install-deps.sh"
-  mkdir -p "$KUEUE_METRICS_CERTS" 2>/dev/null ||
-    die "cannot create $KUEUE_METRICS_CERTS (Kueue's compiled-in metrics certificate path, the mount point of the cluster's own): run as root"
   mkdir -p "$DIR/kueue/certs"
   sign kueue-webhook "/CN=kueue-webhook" "$WEBHOOK_EXT"
   cp "$DIR/pki/kueue-webhook.crt" "$DIR/kueue/certs/tls.crt"
@@ -177,8 +174,7 @@ start_kueue() {
     kubectl_admin wait --for condition=Established --timeout=50s -f "$KUEUE_BIN/../crd"
   KUBECTL_TIMEOUT=60s logged kueue-namespace "creating the namespace $KUEUE_NAMESPACE" kubectl_admin create namespace "$KUEUE_NAMESPACE"
 
-  start kueue unshare --mount --propagation private -- \
-    sh -c 'mount --bind "$0" "$1" && shift && exec "$@"' "$DIR/kueue/certs" "$KUEUE_METRICS_CERTS" \
+  start_bound kueue "$DIR/kueue/certs" "$KUEUE_METRICS_CERTS" \
     "$KUEUE_BIN/kueue" --config "$DIR/kueue/config.yaml" --kubeconfig "$DIR/kubeconfig"
   wait_for kueue "answering /readyz on 127.0.0.1:$health" kueue_ready "$health"
   KUBECTL_TIMEOUT=60s logged kueue-webhooks "registering Kueue's webhooks" kubectl_admin apply -f "$DIR/kueue/webhooks.yaml"

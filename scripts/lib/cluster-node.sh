@@ -3,12 +3,14 @@
 # Sourced by scripts/kube-cluster.sh. Everything of the node lives under DIR/node: containerd
 # 2.x (scripts/lib/cluster-build.sh) with its own root, state, socket and config, Debian's runc
 # and CNI plugins, the pause image (scripts/lib/cluster-pause-image.sh), the release's kubelet
-# and `gpuslice kubelet-plugin` on a simulated GPU node. One cluster with nodes per machine:
-# the CNI bridges and the kubelets' cgroups are the host's. Several nodes (`--node A --node
-# B`, scripts/lib/cluster-nodes.sh) each get what select_node gives them: the first is the
-# node above, unchanged; each further one its directory DIR/node-NAME, components named
-# NAME-suffixed (kubelet-NAME…), a bridge and subnet of its own and its kubelet's cgroups
-# under /gpuslice-node-NAME. Uses REPO, DIR, BIN, die and log of the sourcing script,
+# and `gpuslice kubelet-plugin` on a simulated GPU node. The CNI bridges, the subnets, the
+# kubelets' cgroups and containerd's default NRI socket are the host's: one cluster with
+# nodes per slot (KUBE_SLOT, GPUSLICE_KUBE_SLOT of `up`), each slot's names and addresses its
+# own. Several nodes (`--node A --node B`, scripts/lib/cluster-nodes.sh) each get what
+# select_node gives them: the first is the node above, unchanged; each further one its
+# directory DIR/node-NAME, components named NAME-suffixed (kubelet-NAME…), a bridge and subnet
+# of its own and its kubelet's cgroups under /gpuslice-node-NAME. Uses REPO, DIR, BIN,
+# KUBE_SLOT, die and log of the sourcing script,
 # scripts/lib/cluster-process.sh, cluster-pki.sh and cluster-control-plane.sh. Sets NODE,
 # NODE_BIN (containerd's binaries), GBIN (gpuslice's), NODE_CONFIG (the node's gpuslice
 # config) and KUBELET_ADDRESS (IP:PORT).
@@ -16,23 +18,37 @@
 CNI_BIN_DIR=/usr/lib/cni
 PAUSE_IMAGE=localhost/gpuslice-node-pause:1
 
-# select_node INDEX NAME: the node's directory, component names, bridge, subnet and cgroup
-# root. Index 0 is the one node of `up --node NAME` (DIR/node, gskube0 on 10.244.77.0/24,
-# cgroups at the hierarchy's root); index N > 0: DIR/node-NAME, gskubeN on 10.244.(77+N).0/24
-# (routed to the others' through the host), cgroups under /gpuslice-node-NAME.
+# The most nodes one cluster has (`up` checks): a slot's subnets are 10.244.(77 + 32 × slot +
+# index).0/24.
+MAX_NODES=32
+
+# select_node INDEX NAME: the node's directory, component names, bridge, subnet, cgroup root
+# and NRI socket. In slot 0, index 0 is the one node of `up --node NAME` (DIR/node, gskube0
+# on 10.244.77.0/24, cgroups at the hierarchy's root, containerd's default NRI socket);
+# index N > 0: DIR/node-NAME, gskubeN on 10.244.(77+N).0/24 (routed to the others' through
+# the host), cgroups under /gpuslice-node-NAME. In slot S > 0, every node: bridge gskubeN-sS
+# on 10.244.(77+32S+N).0/24, cgroups under /gpuslice-sS-nodeN, an NRI socket in its
+# containerd's directory (slot 0's first node holds the host's).
 select_node() {
-  local i="$1" name="$2"
+  local i="$1" name="$2" slot="${KUBE_SLOT:-0}"
   if [ "$i" -eq 0 ]; then
     NODE="$DIR/node"
     NODE_TAG=""
-    NODE_CGROUP_ROOT=""
   else
     NODE="$DIR/node-$name"
     NODE_TAG="-$name"
-    NODE_CGROUP_ROOT="/gpuslice-node-$name"
   fi
-  CNI_BRIDGE="gskube$i"
-  CNI_SUBNET="10.244.$((77 + i)).0/24"
+  if [ "$slot" -eq 0 ]; then
+    CNI_BRIDGE="gskube$i"
+    NODE_CGROUP_ROOT=""
+    [ "$i" -eq 0 ] || NODE_CGROUP_ROOT="/gpuslice-node-$name"
+  else
+    CNI_BRIDGE="gskube$i-s$slot"
+    NODE_CGROUP_ROOT="/gpuslice-s$slot-node$i"
+  fi
+  NODE_NRI_SOCKET=""
+  [ "$slot" -eq 0 ] && [ "$i" -eq 0 ] || NODE_NRI_SOCKET="$NODE/containerd/nri.sock"
+  CNI_SUBNET="10.244.$((77 + MAX_NODES * slot + i)).0/24"
   C_CONTAINERD="containerd$NODE_TAG"
   C_KUBELET="kubelet$NODE_TAG"
   C_PLUGIN="gpuslice-kubelet-plugin$NODE_TAG"
@@ -164,10 +180,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     stream_server_address = "127.0.0.1"
     stream_server_port = "0"
 TOML
-  # A further node's NRI socket is its own (the first node's is containerd's default path).
-  [ -z "$NODE_TAG" ] || cat >>"$c/config.toml" <<TOML
+  # Every node's NRI socket but slot 0's first one (containerd's default path) is its own.
+  [ -z "$NODE_NRI_SOCKET" ] || cat >>"$c/config.toml" <<TOML
   [plugins."io.containerd.nri.v1.nri"]
-    socket_path = "$c/nri.sock"
+    socket_path = "$NODE_NRI_SOCKET"
 TOML
   # What the harness wrote, before gpuslice registered itself: `configure --remove` must
   # give this back.
@@ -237,16 +253,16 @@ evictionHard:
   imagefs.available: "1%"
   imagefs.inodesFree: "1%"
 YAML
-  # A further node's pods in cgroups of its own (two kubelets on one /kubepods would remove
-  # each other's pods' cgroups as orphans).
+  # A further node's pods, and those of a cluster in another slot, in cgroups of their own
+  # (two kubelets on one /kubepods would remove each other's pods' cgroups as orphans).
   [ -z "$NODE_CGROUP_ROOT" ] || echo "cgroupRoot: $NODE_CGROUP_ROOT" >>"$NODE/kubelet-config.yaml"
   # With the cluster's DNS (scripts/lib/cluster-dns.sh), pods resolve Services through it.
   [ -z "${CLUSTER_DNS_IP:-}" ] || printf 'clusterDNS: [%s]\nclusterDomain: %s\n' \
     "$CLUSTER_DNS_IP" "$CLUSTER_DOMAIN" >>"$NODE/kubelet-config.yaml"
 }
 
-# node_cgroup_dirs: the cgroup root's directory in each hierarchy of the host (none for the
-# first node, whose root is the hierarchies' own).
+# node_cgroup_dirs: the cgroup root's directory in each hierarchy of the host (none for slot
+# 0's first node, whose root is the hierarchies' own).
 node_cgroup_dirs() {
   [ -n "$NODE_CGROUP_ROOT" ] || return 0
   local h

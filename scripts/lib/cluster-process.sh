@@ -18,6 +18,19 @@ start() {
   echo $! >"$DIR/pids/$name.pid"
 }
 
+# start_bound NAME SOURCE TARGET ARGS...: `start`, in a mount namespace of its own in which
+# SOURCE is bound on TARGET (an empty directory of the host, made here and left as a mount
+# point): for a component that reads a path compiled into it, so that two clusters' copies,
+# each in its own namespace, each read their own files. Needs root.
+start_bound() {
+  local name="$1" source="$2" target="$3"
+  shift 3
+  command -v unshare >/dev/null || die "unshare is missing: run scripts/install-deps.sh"
+  mkdir -p "$target" 2>/dev/null || die "cannot create $target (the mount point of $name's files): run as root"
+  start "$name" unshare --mount --propagation private -- \
+    sh -c 'mount --bind "$0" "$1" && shift && exec "$@"' "$source" "$target" "$@"
+}
+
 # running PID: the process exists and is not a zombie (a component that crashed while `up`,
 # its parent, still runs stays a zombie until `up` exits).
 running() {

@@ -12,9 +12,12 @@
 //!   file exclusively.
 //! - one lock per [`Resource`], `/run/lock/gpuslice-e2e.<name>.lock`: [`lock`] takes the
 //!   named ones exclusively, after the machine lock and in the order of [`Resource`], so two
-//!   tests never wait on each other in a cycle.
+//!   tests never wait on each other in a cycle. [`Resource::KubeNode`] has [`KUBE_NODE_SLOTS`]
+//!   lock files, one per slot; a test holds whichever one it got, last of its locks.
 
+use std::cell::Cell;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use rustix::fs::FlockOperation;
 
@@ -108,14 +111,22 @@ pub enum Resource {
     /// force-deletes when dropped, and the parent cgroups
     /// `/sys/fs/cgroup/*/gpuslice-nerdctl-e2e`, which it removes.
     NerdctlNamespace,
-    /// The machine's one Kubernetes cluster with nodes (`scripts/kube-cluster.sh up DIR
-    /// --node NAME …`, [`crate::kube_node::KubeNode`], [`crate::kube_node::KubeNodes`]),
-    /// whatever its number of nodes: a test takes this lock once for all of them. What
-    /// they hold of the host, all removed by `down`: the CNI bridges `gskube0`, `gskube1`, …
-    /// on 10.244.77.0/24, 10.244.78.0/24, …, the kubelets' cgroups
-    /// `/sys/fs/cgroup/*/kubepods` and `/sys/fs/cgroup/*/gpuslice-node-*`, the cluster DNS
-    /// address 10.244.0.10 (port 53) on the loopback link, and `--kubeflow`'s serving
-    /// certificate in `/tmp/k8s-webhook-server/serving-certs`.
+    /// A Kubernetes cluster with nodes (`scripts/kube-cluster.sh up DIR --node NAME …`,
+    /// [`crate::kube_node::KubeNode`], [`crate::kube_node::KubeNodes`]), whatever its number
+    /// of nodes: a test takes this once for all of them. Unlike the others it is
+    /// [`KUBE_NODE_SLOTS`] locks, one per slot of the cluster script (`GPUSLICE_KUBE_SLOT`,
+    /// scripts/kube-cluster.sh --help): [`lock`] takes whichever is free (waiting for the
+    /// first that frees when none is) and the clusters this thread starts run in that slot
+    /// ([`kube_slot`]). What a cluster holds of the host, all removed by `down`, is named and
+    /// addressed per slot so that clusters of two slots run side by side: the CNI bridges
+    /// and their subnets (slot 0: `gskube0`, `gskube1`, … on 10.244.77.0/24,
+    /// 10.244.78.0/24, …), the kubelets' cgroups (slot 0: `/sys/fs/cgroup/*/kubepods` and
+    /// `/sys/fs/cgroup/*/gpuslice-node-*`), containerd's default NRI socket (slot 0's first
+    /// node only), the cluster DNS address (slot 0: 10.244.0.10, port 53, on the loopback
+    /// link); `--kubeflow`'s and `--kueue`'s operators read their certificates from the
+    /// compiled-in paths `/tmp/k8s-webhook-server/serving-certs` and
+    /// `/etc/kueue/metrics/certs` in mount namespaces of their own. Everything else of a
+    /// cluster is in its directory, on free ports, or killed by the pids it recorded.
     KubeNode,
 }
 
@@ -138,6 +149,31 @@ impl Resource {
     }
 }
 
+/// How many clusters with nodes the tests run at once ([`Resource::KubeNode`]'s slots).
+pub const KUBE_NODE_SLOTS: usize = 2;
+
+/// The lock file of [`Resource::KubeNode`]'s slot `slot`: slot 0's is the one lock file the
+/// resource had before it had slots (`scripts/bench-pod-start.sh` takes it by that name),
+/// slot N's `/run/lock/gpuslice-e2e.kube-node-N.lock`.
+fn kube_slot_lock_path(slot: usize) -> PathBuf {
+    match slot {
+        0 => Resource::KubeNode.lock_path(),
+        n => lock_file(&format!("{}-{n}", Resource::KubeNode.name())),
+    }
+}
+
+thread_local! {
+    /// The [`Resource::KubeNode`] slot this thread's test holds, if any.
+    static KUBE_SLOT: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+/// The cluster script's slot for the clusters this thread starts: the one its test holds
+/// through [`lock`]`(&[Resource::KubeNode])`, else 0 (a [`serial`] test has the machine
+/// alone, so slot 0 is free).
+pub fn kube_slot() -> usize {
+    KUBE_SLOT.with(Cell::get).unwrap_or(0)
+}
+
 /// The machine lock: the one file the tests shared before there were named locks, kept so
 /// that `scripts/check-deb.sh`, which takes it exclusively, still has the machine alone.
 const MACHINE_LOCK: &str = "/run/lock/gpuslice-e2e.lock";
@@ -153,6 +189,16 @@ fn lock_file(name: &str) -> PathBuf {
 pub struct Serial {
     _resources: Vec<std::fs::File>,
     _machine: std::fs::File,
+    /// Whether it holds a [`Resource::KubeNode`] slot, recorded in this thread's [`kube_slot`].
+    kube_slot: bool,
+}
+
+impl Drop for Serial {
+    fn drop(&mut self) {
+        if self.kube_slot {
+            KUBE_SLOT.with(|s| s.set(None));
+        }
+    }
 }
 
 /// Takes the machine lock exclusively: no other e2e test runs until the guard is dropped.
@@ -163,11 +209,13 @@ pub fn serial() -> Serial {
     Serial {
         _resources: Vec::new(),
         _machine: flock(Path::new(MACHINE_LOCK), FlockOperation::LockExclusive),
+        kube_slot: false,
     }
 }
 
 /// Takes the machine lock shared (keeping [`serial`] tests out) and each of `resources`
-/// exclusively, in the order of [`Resource`]; `&[]` for a test that shares nothing
+/// exclusively, in the order of [`Resource`] ([`Resource::KubeNode`]: one of its slots,
+/// which this thread's [`kube_slot`] then names); `&[]` for a test that shares nothing
 /// host-wide. Holds them until the guard is dropped.
 pub fn lock(resources: &[Resource]) -> Serial {
     require_root();
@@ -176,13 +224,50 @@ pub fn lock(resources: &[Resource]) -> Serial {
     // A resource named twice would wait on itself: two opens are two lock owners.
     wanted.dedup();
     let machine = flock(Path::new(MACHINE_LOCK), FlockOperation::LockShared);
+    let mut kube_slot = false;
     let resources = wanted
         .iter()
-        .map(|r| flock(&r.lock_path(), FlockOperation::LockExclusive))
+        .map(|r| match r {
+            Resource::KubeNode => {
+                let (slot, file) = any_kube_slot();
+                KUBE_SLOT.with(|s| s.set(Some(slot)));
+                kube_slot = true;
+                file
+            }
+            r => flock(&r.lock_path(), FlockOperation::LockExclusive),
+        })
         .collect();
     Serial {
         _resources: resources,
         _machine: machine,
+        kube_slot,
+    }
+}
+
+/// Takes the lock of a free [`Resource::KubeNode`] slot, the lowest first; when every slot
+/// is held, waits until one is free. flock cannot wait for either of two files, so the wait
+/// tries them all again every 200 ms: a cluster holds its slot for tens of seconds.
+fn any_kube_slot() -> (usize, std::fs::File) {
+    let mut files: Vec<std::fs::File> = (0..KUBE_NODE_SLOTS)
+        .map(|slot| open_lock(&kube_slot_lock_path(slot)))
+        .collect();
+    loop {
+        if let Some(slot) = (0..KUBE_NODE_SLOTS)
+            .find(|&slot| try_lock_exclusive(&files[slot], &kube_slot_lock_path(slot)))
+        {
+            // The others' files are closed: the locks this thread did not get stay free.
+            return (slot, files.swap_remove(slot));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Takes `file`'s lock (the lock file at `path`) exclusively if no one holds it.
+fn try_lock_exclusive(file: &std::fs::File, path: &Path) -> bool {
+    match rustix::fs::flock(file, FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => true,
+        Err(e) if e == rustix::io::Errno::WOULDBLOCK || e == rustix::io::Errno::INTR => false,
+        Err(e) => panic!("cannot lock {}: {e}", path.display()),
     }
 }
 
@@ -192,15 +277,20 @@ pub(crate) fn setup_lock(name: &str) -> std::fs::File {
     flock(&lock_file(name), FlockOperation::LockExclusive)
 }
 
-/// Opens (creating) the lock file at `path` and waits for `op` on it.
-fn flock(path: &Path, op: FlockOperation) -> std::fs::File {
+/// Opens (creating) the lock file at `path`.
+fn open_lock(path: &Path) -> std::fs::File {
     std::fs::create_dir_all("/run/lock").ok();
-    let file = std::fs::OpenOptions::new()
+    std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
         .open(path)
-        .unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()));
+        .unwrap_or_else(|e| panic!("cannot open {}: {e}", path.display()))
+}
+
+/// Opens (creating) the lock file at `path` and waits for `op` on it.
+fn flock(path: &Path, op: FlockOperation) -> std::fs::File {
+    let file = open_lock(path);
     loop {
         match rustix::fs::flock(&file, op) {
             Ok(()) => return file,

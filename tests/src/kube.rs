@@ -109,7 +109,9 @@ impl KubeCluster {
     }
 
     /// Starts a control plane with `up DIR ARGS…` (e.g. `--webhook`, `--node NAME`), gpuslice's
-    /// binaries from the build under test and the environment `envs` (e.g. `GPUSLICE_CONFIG`;
+    /// binaries from the build under test, in the slot of the cluster script that this
+    /// thread's test holds (`GPUSLICE_KUBE_SLOT`, [`crate::env::kube_slot`]: what a node
+    /// holds of the host is the slot's) and the environment `envs` (e.g. `GPUSLICE_CONFIG`;
     /// an entry there wins over the defaults);
     /// panics with the script's output when it does not come up.
     pub fn up_with(args: &[&str], envs: &[(&str, &Path)]) -> KubeCluster {
@@ -123,6 +125,7 @@ impl KubeCluster {
             .args(args)
             .env("GPUSLICE_KUBE_BIN_DIR", kube_bin_dir())
             .env("GPUSLICE_BIN_DIR", crate::env::bin_dir())
+            .env("GPUSLICE_KUBE_SLOT", crate::env::kube_slot().to_string())
             .envs(envs.iter().map(|(k, v)| (k, v.as_os_str())))
             .stdin(Stdio::null())
             .output()

@@ -4,6 +4,7 @@
 //! Running or Pending, and the node's processes restarted the way an operator would.
 
 use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -400,6 +401,25 @@ impl KubeNodes {
             ctr_import(&n["CTR"], &n["CONTAINERD_SOCKET"], &archive);
         }
         KubeNodes { first, nodes }
+    }
+
+    /// Whether `ip` is in the pod subnet of node `name` (its node.env's `CNI_SUBNET`, which
+    /// depends on the cluster script's slot).
+    pub fn in_subnet(&self, name: &str, ip: &str) -> bool {
+        let node = self
+            .nodes
+            .iter()
+            .find(|n| n.get("NODE_NAME").is_some_and(|n| n == name))
+            .unwrap_or_else(|| panic!("no node {name} in this cluster"));
+        let subnet = &node["CNI_SUBNET"];
+        let parsed = subnet
+            .split_once('/')
+            .and_then(|(net, len)| Some((net.parse::<Ipv4Addr>().ok()?, len.parse::<u32>().ok()?)));
+        let (net, len) = parsed
+            .unwrap_or_else(|| panic!("node {name}'s CNI_SUBNET {subnet} is not a.b.c.d/len"));
+        let mask = u32::MAX.checked_shl(32 - len).unwrap_or(0);
+        ip.parse::<Ipv4Addr>()
+            .is_ok_and(|ip| u32::from(ip) & mask == u32::from(net) & mask)
     }
 
     /// Every node's components' log tails, for failure messages.
