@@ -426,6 +426,12 @@ async fn allocate_kind<W: Workload>(
         named: &named,
         inventory: &inventory,
     };
+    // Before anything is written: the pods of `then` fit the GPUs' free room and the
+    // namespace's budget, what `now`'s pods hold counted as freed.
+    let checks = |then: &PodSpec, now: &PodSpec, want: Option<u64>| {
+        check_fit(&m, mode, &label, &req, want)?;
+        check_budget(&budget_check, &m, ns, &label, &req, then, now, want)
+    };
     let template_name = template.metadata.name.clone().unwrap_or_default();
     let mut ours = our_templates(&templates, kind, name).await?;
     if form == Form::Claim && !ours.contains(&template_name) {
@@ -486,17 +492,7 @@ async fn allocate_kind<W: Workload>(
                 out.push_str(&format!("resourceclaimtemplate/{p} would be deleted\n"));
             }
             if !checked {
-                check_fit(&m, mode, &label, &req, current.replicas())?;
-                check_budget(
-                    &budget_check,
-                    &m,
-                    ns,
-                    &label,
-                    &req,
-                    then,
-                    now,
-                    current.replicas(),
-                )?;
+                checks(then, now, current.replicas())?;
             }
             out.push_str(&format!(
                 "({})\n",
@@ -514,17 +510,7 @@ async fn allocate_kind<W: Workload>(
             ));
         }
         if !checked && !args.force {
-            check_fit(&m, mode, &label, &req, current.replicas())?;
-            check_budget(
-                &budget_check,
-                &m,
-                ns,
-                &label,
-                &req,
-                then,
-                now,
-                current.replicas(),
-            )?;
+            checks(then, now, current.replicas())?;
         }
         checked = true;
         if form == Form::Claim && !created {

@@ -340,18 +340,8 @@ fn four_one_gpu_ranks_never_share_a_gpu(kn: &KubeNodes, nodes: &[&TestNode]) {
             .lines()
             .find(|l| l.starts_with("rank="))
             .unwrap_or_default();
-        let field = |k: &str| {
-            line.split(' ')
-                .find_map(|f| f.strip_prefix(k))
-                .unwrap_or_default()
-                .to_string()
-        };
-        ranks_nodes.insert(field("node="));
-        let gpus: Vec<String> = field("gpus=")
-            .split(',')
-            .filter(|g| !g.is_empty())
-            .map(str::to_string)
-            .collect();
+        let (node, gpus) = rank_report(line);
+        ranks_nodes.insert(node);
         assert_eq!(gpus.len(), 1, "one GPU a rank: {line}");
         all_gpus.extend(gpus);
     }
@@ -362,6 +352,23 @@ fn four_one_gpu_ranks_never_share_a_gpu(kn: &KubeNodes, nodes: &[&TestNode]) {
     );
     assert_eq!(all_gpus.len(), 2, "no GPU repeated: {all_gpus:?}");
     delete_and_assert_released(kn, nodes, "pytorchjob", job, label);
+}
+
+/// A rank's report line (`rank=R node=N gpus=UUID,UUID …`): its node and the distinct GPU
+/// UUIDs of its slice.
+fn rank_report(line: &str) -> (String, BTreeSet<String>) {
+    let field = |k: &str| {
+        line.split(' ')
+            .find_map(|f| f.strip_prefix(k))
+            .unwrap_or_default()
+            .to_string()
+    };
+    let gpus = field("gpus=")
+        .split(',')
+        .filter(|g| !g.is_empty())
+        .map(str::to_string)
+        .collect();
+    (field("node="), gpus)
 }
 
 /// The master's log says every rank of two arrived, each from its own node with a slice of
@@ -376,18 +383,8 @@ fn assert_rendezvous(master_log: &str) {
     let mut ranks_nodes = BTreeSet::new();
     let mut all_gpus = BTreeSet::new();
     for line in &arrived {
-        let field = |k: &str| {
-            line.split(' ')
-                .find_map(|f| f.strip_prefix(k))
-                .unwrap_or_default()
-                .to_string()
-        };
-        ranks_nodes.insert(field("node="));
-        let gpus: BTreeSet<String> = field("gpus=")
-            .split(',')
-            .filter(|g| !g.is_empty())
-            .map(str::to_string)
-            .collect();
+        let (node, gpus) = rank_report(line);
+        ranks_nodes.insert(node);
         assert_eq!(gpus.len(), 2, "two distinct GPUs a rank: {line}");
         all_gpus.extend(gpus);
     }
