@@ -332,25 +332,17 @@ fn four_one_gpu_ranks_never_share_a_gpu(kn: &KubeNodes, nodes: &[&TestNode]) {
     }
     // The running ranks: one per node, one GPU each, no GPU twice (their own word: the GPUs
     // of the limits gpuslice gave their container).
-    let mut ranks_nodes = BTreeSet::new();
-    let mut all_gpus = BTreeSet::new();
-    for name in &running {
-        let log = kn.first.wait_log(name, "gpus=");
-        let line = log
-            .lines()
-            .find(|l| l.starts_with("rank="))
-            .unwrap_or_default();
-        let (node, gpus) = rank_report(line);
-        ranks_nodes.insert(node);
-        assert_eq!(gpus.len(), 1, "one GPU a rank: {line}");
-        all_gpus.extend(gpus);
-    }
-    assert_eq!(
-        ranks_nodes,
-        BTreeSet::from(["node-a".to_string(), "node-b".to_string()]),
-        "one running rank per node: {running:?}"
-    );
-    assert_eq!(all_gpus.len(), 2, "no GPU repeated: {all_gpus:?}");
+    let lines: Vec<String> = running
+        .iter()
+        .map(|name| {
+            let log = kn.first.wait_log(name, "gpus=");
+            log.lines()
+                .find(|l| l.starts_with("rank="))
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect();
+    assert_ranks_apart(&lines, 1, &format!("running ranks {running:?}"));
     delete_and_assert_released(kn, nodes, "pytorchjob", job, label);
 }
 
@@ -380,20 +372,35 @@ fn assert_rendezvous(master_log: &str) {
         .filter_map(|l| l.strip_prefix("ARRIVED "))
         .collect();
     assert_eq!(arrived.len(), 2, "{master_log}");
+    assert_ranks_apart(&arrived, 2, master_log);
+}
+
+/// Two ranks' report lines: one rank on each node, each with `per_rank` distinct GPUs, no
+/// GPU repeated between them; `context` is said on a failure.
+fn assert_ranks_apart<S: AsRef<str>>(lines: &[S], per_rank: usize, context: &str) {
     let mut ranks_nodes = BTreeSet::new();
     let mut all_gpus = BTreeSet::new();
-    for line in &arrived {
+    for line in lines {
+        let line = line.as_ref();
         let (node, gpus) = rank_report(line);
         ranks_nodes.insert(node);
-        assert_eq!(gpus.len(), 2, "two distinct GPUs a rank: {line}");
+        assert_eq!(
+            gpus.len(),
+            per_rank,
+            "{per_rank} distinct GPU(s) a rank: {line}"
+        );
         all_gpus.extend(gpus);
     }
     assert_eq!(
         ranks_nodes,
         BTreeSet::from(["node-a".to_string(), "node-b".to_string()]),
-        "one rank per node: {master_log}"
+        "one rank per node: {context}"
     );
-    assert_eq!(all_gpus.len(), 4, "no GPU repeated: {master_log}");
+    assert_eq!(
+        all_gpus.len(),
+        per_rank * lines.len(),
+        "no GPU repeated: {context}"
+    );
 }
 
 /// Deleted, the job (`kind` `name`) takes its pods (labelled `label=name`) with it and every
