@@ -14,11 +14,25 @@ pub const JOBSET_LABEL: &str = "jobset.sigs.k8s.io/jobset-name";
 pub const JOB_LABELS: [&str; 3] = [JOB_LABEL, TRAINING_JOB_LABEL, JOBSET_LABEL];
 
 /// The job of a pod whose labels `label` reads: the first of [`JOB_LABELS`] it carries with
-/// a value that is not empty, and that value.
+/// a label value Kubernetes accepts, and that value. The webhook reads a pod before the API
+/// server validates it, and the value goes into the pod's anti-affinity, an annotation and a
+/// warning that kubectl prints: anything else (empty, too long, other characters) is no job.
 pub fn job_of<'a>(label: impl Fn(&str) -> Option<&'a str>) -> Option<(&'static str, &'a str)> {
     JOB_LABELS
         .iter()
-        .find_map(|k| label(k).filter(|v| !v.is_empty()).map(|v| (*k, v)))
+        .find_map(|k| label(k).filter(|v| is_label_value(v)).map(|v| (*k, v)))
+}
+
+/// Whether `v` is a label value Kubernetes accepts that is not empty: at most 63 characters,
+/// alphanumerics, `-`, `_` and `.`, beginning and ending with an alphanumeric.
+fn is_label_value(v: &str) -> bool {
+    let b = v.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
 }
 
 #[cfg(test)]
@@ -43,5 +57,19 @@ mod tests {
             Some((JOBSET_LABEL, "set"))
         );
         assert_eq!(job_of(|_| None), None);
+    }
+
+    #[test]
+    fn a_value_kubernetes_would_refuse_is_no_job() {
+        let long = "a".repeat(64);
+        for bad in ["-x", "x-", "a b", "x\u{1b}[31m", "x\ny", long.as_str()] {
+            let labels = BTreeMap::from([(JOB_LABEL, bad)]);
+            assert_eq!(job_of(|k| labels.get(k).copied()), None, "{bad:?}");
+        }
+        let ok = "a".repeat(63);
+        for good in ["x", "rdzv-tj", "a.b_c-1", ok.as_str()] {
+            let labels = BTreeMap::from([(JOB_LABEL, good)]);
+            assert_eq!(job_of(|k| labels.get(k).copied()), Some((JOB_LABEL, good)));
+        }
     }
 }
