@@ -31,15 +31,53 @@ struct State {
     /// Drop the consumable-capacity fields of slices, as an API server with
     /// `DRAConsumableCapacity` off does (Kubernetes 1.34/1.35).
     drops_consumable_capacity: bool,
-    /// The open watches of ResourceSlices: each gets every change from its start.
-    watchers: Vec<tokio::sync::mpsc::UnboundedSender<Bytes>>,
+    /// The open watches of ResourceSlices: each gets every change from its start of the
+    /// slices its field selector matches.
+    watchers: Vec<(Fields, tokio::sync::mpsc::UnboundedSender<Bytes>)>,
+}
+
+/// A field selector of ResourceSlices (`spec.nodeName=N,spec.driver=D`) as (field, value)
+/// pairs; empty: every slice.
+type Fields = Vec<(String, String)>;
+
+/// The `fieldSelector` of `url`, refused (as the API server refuses it) when it names a field
+/// ResourceSlices cannot be selected by or is not `field=value` pairs.
+fn fields(url: &str) -> Result<Fields, String> {
+    let query = url.split_once('?').map(|(_, q)| q).unwrap_or("");
+    let Some((_, sel)) =
+        form_urlencoded::parse(query.as_bytes()).find(|(k, _)| k == "fieldSelector")
+    else {
+        return Ok(Vec::new());
+    };
+    sel.split(',')
+        .map(|term| {
+            let (field, value) = term
+                .split_once('=')
+                .ok_or_else(|| format!("invalid field selector term {term:?}"))?;
+            if !["spec.nodeName", "spec.driver", "spec.pool.name"].contains(&field) {
+                return Err(format!(
+                    "field label not supported for resourceslices: {field}"
+                ));
+            }
+            Ok((field.to_string(), value.to_string()))
+        })
+        .collect()
+}
+
+/// Whether `slice` has every field of `fields` at its value.
+fn matches(fields: &Fields, slice: &Value) -> bool {
+    fields.iter().all(|(field, value)| {
+        let at = field.split('.').fold(slice, |v, part| &v[part]);
+        at.as_str() == Some(value.as_str())
+    })
 }
 
 impl State {
     /// Tells every open watch that `slice` was `kind` (ADDED, MODIFIED, DELETED).
     fn emit(&mut self, kind: &str, slice: &Value) {
         let line = Bytes::from(format!("{}\n", json!({"type": kind, "object": slice})));
-        self.watchers.retain(|w| w.send(line.clone()).is_ok());
+        self.watchers
+            .retain(|(f, w)| !matches(f, slice) || w.send(line.clone()).is_ok());
     }
 
     /// Removes slice `name`, as the API server does, with a DELETED event.
@@ -100,15 +138,23 @@ async fn serve(
         method == "GET" && url.split('?').next() == Some(SLICES) && url.contains("watch=true");
     let (code, body): (u16, Body) = if watch {
         // A watch: the changes from now on, one JSON line each, until the client goes.
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let mut st = state.lock().unwrap();
-        st.requests.push(format!("WATCH {SLICES}"));
-        st.watchers.push(tx);
-        let lines = tokio_stream::StreamExt::map(
-            tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
-            |line| Ok(Frame::data(line)),
-        );
-        (200, StreamBody::new(lines).boxed())
+        match fields(&url) {
+            Ok(f) => {
+                let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+                let mut st = state.lock().unwrap();
+                st.requests.push(format!("WATCH {SLICES}"));
+                st.watchers.push((f, tx));
+                let lines = tokio_stream::StreamExt::map(
+                    tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
+                    |line| Ok(Frame::data(line)),
+                );
+                (200, StreamBody::new(lines).boxed())
+            }
+            Err(e) => {
+                let (code, out) = status(400, "BadRequest", &e);
+                (code, Full::new(Bytes::from(out)).boxed())
+            }
+        }
     } else {
         let (code, out) = handle(&state, &method, &url, &String::from_utf8_lossy(&body));
         (code, Full::new(Bytes::from(out)).boxed())
@@ -277,7 +323,16 @@ fn handle(state: &Mutex<State>, method: &str, url: &str, body: &str) -> (u16, St
             }
         }
         ("GET", _) if path == SLICES => {
-            let items: Vec<Value> = st.slices.values().cloned().collect();
+            let f = match fields(url) {
+                Ok(f) => f,
+                Err(e) => return status(400, "BadRequest", &e),
+            };
+            let items: Vec<Value> = st
+                .slices
+                .values()
+                .filter(|v| matches(&f, v))
+                .cloned()
+                .collect();
             let rv = st.version.to_string();
             (
                 200,
