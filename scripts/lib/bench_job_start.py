@@ -91,6 +91,12 @@ def med(sliced, k):
     return statistics.median(x[k] for x in samples[sliced])
 
 
+# A job that waited seconds rather than milliseconds: a kubelet that retried a rank only at
+# its resync (docs/kubernetes-dra.md, "A prepare the node authorizer refused").
+for sliced in (True, False):
+    slow = [x[0] for x in samples[sliced] if x[0] > 5]
+    print(f"{'with' if sliced else 'without'} slices: {len(slow)} of {PAIRS} jobs took over 5 s"
+          + (f" ({', '.join(f'{t:.1f} s' for t in slow)})" if slow else ""))
 for k, what in ((0, "create -> all Running"), (1, "create -> all bound"), (2, "bound -> Running (the nodes)")):
     w, wo = med(True, k), med(False, k)
     print(f"{PAIRS} pairs of {RANKS}-rank jobs; median {what}: with slices {w * 1000:.0f} ms, "

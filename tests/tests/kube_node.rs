@@ -245,6 +245,8 @@ fn pod_with_a_claim_runs_with_its_slice_and_releases_it() {
 
     a_deleted_claim_stays_booked_while_its_pod_runs(&kn, &node);
     the_plugins_service_account_writes_only_its_own_nodes_slices(&kn);
+    the_plugins_service_account_annotates_only_its_own_nodes_pods(&kn);
+    a_prepare_refused_on_the_authorizers_race_is_retried_at_once(&kn);
     kn.cluster.down();
 }
 
@@ -443,8 +445,6 @@ fn the_plugins_service_account_writes_only_its_own_nodes_slices(kn: &KubeNode) {
         let path = repo.join("packaging/kubernetes/dra").join(file);
         kn.cluster.kubectl(&["apply", "-f", path.to_str().unwrap()]);
     }
-    let plugin = "--as=system:serviceaccount:gpuslice-system:gpuslice-kubelet-plugin";
-    let on_node = format!("--as-user-extra=authentication.kubernetes.io/node-name={NODE}");
     let slice = |name: &str, node: &str| {
         json!({
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
@@ -454,20 +454,8 @@ fn the_plugins_service_account_writes_only_its_own_nodes_slices(kn: &KubeNode) {
                      "devices": []},
         })
     };
-    let as_plugin = |args: &[&str], object: Option<&Value>, extra: bool| {
-        let mut all = vec![plugin];
-        if extra {
-            all.push(&on_node);
-        }
-        all.extend_from_slice(args);
-        let input = object.map(|o| o.to_string().into_bytes());
-        let out = kn.cluster.kubectl_output(&all, input.as_deref());
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(String::from_utf8_lossy(&out.stderr).into_owned())
-        }
-    };
+    let as_plugin =
+        |args: &[&str], object: Option<&Value>, extra: bool| as_the_plugin(kn, args, object, extra);
     let refused_other = format!(
         "the gpuslice kubelet plugin of node {NODE} may write only ResourceSlices whose spec.nodeName is {NODE}; this one is of node other-node"
     );
@@ -524,6 +512,259 @@ fn the_plugins_service_account_writes_only_its_own_nodes_slices(kn: &KubeNode) {
     )
     .unwrap_err();
     assert!(e.contains("this request names no node"), "{e}");
+}
+
+/// kubectl `args` (stdin `object`) as the plugin's ServiceAccount, with the node-name claim of
+/// a token issued on NODE when `extra`: Ok, or kubectl's error.
+fn as_the_plugin(
+    kn: &KubeNode,
+    args: &[&str],
+    object: Option<&Value>,
+    extra: bool,
+) -> Result<(), String> {
+    let plugin = "--as=system:serviceaccount:gpuslice-system:gpuslice-kubelet-plugin";
+    let on_node = format!("--as-user-extra=authentication.kubernetes.io/node-name={NODE}");
+    let mut all = vec![plugin];
+    if extra {
+        all.push(&on_node);
+    }
+    all.extend_from_slice(args);
+    let input = object.map(|o| o.to_string().into_bytes());
+    let out = kn.cluster.kubectl_output(&all, input.as_deref());
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// The plugin's ServiceAccount (rbac.yaml and kubelet-plugin-policy.yaml applied by the test
+/// before) may set the annotation that wakes the kubelet on a pod of its own node, guarded by
+/// the pod's uid as the plugin's patch is (kube/plugin/src/stalled_prepare.rs); it may not
+/// touch another node's pod, another annotation or a label, nor anything without the node
+/// claim, nor delete a pod.
+fn the_plugins_service_account_annotates_only_its_own_nodes_pods(kn: &KubeNode) {
+    let mut own = pod("wake-own", "sleep 3600", None);
+    own["spec"]["nodeName"] = json!(NODE);
+    own["spec"]["terminationGracePeriodSeconds"] = json!(0);
+    let mut other = own.clone();
+    other["metadata"]["name"] = json!("wake-other");
+    other["spec"]["nodeName"] = json!("other-node");
+    for p in [&own, &other] {
+        kn.cluster.create(p).unwrap();
+    }
+    let key = "dra.gpuslice.io/prepare-retries";
+    let set = |value: &str| format!("{key}={value}");
+    let refused_other = format!(
+        "the gpuslice kubelet plugin of node {NODE} may annotate only pods on {NODE}; this one is on node other-node"
+    );
+    // Another node's pod: refused, once the API server has loaded the policy.
+    wait_for_or(STEP, || {
+        match as_the_plugin(
+            kn,
+            &["annotate", "pod", "-n", NS, "wake-other", &set("1")],
+            None,
+            true,
+        ) {
+            Err(e) if e.contains(&refused_other) => Some(()),
+            Err(e) => panic!("refused for another reason: {e}"),
+            Ok(()) => {
+                // Admitted before the policy took effect: take it back and try again.
+                kn.cluster.kubectl(&[
+                    "annotate",
+                    "pod",
+                    "-n",
+                    NS,
+                    "wake-other",
+                    &format!("{key}-"),
+                ]);
+                None
+            }
+        }
+    })
+    .unwrap_or_else(|| panic!("the plugin could annotate another node's pod"));
+    // Its own node's pod: the annotation, by the plugin's own patch (the uid held).
+    let uid = kn.cluster.get_json(&["pod", "wake-own", "-n", NS])["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let patch =
+        |uid: &str, n: &str| json!({"metadata": {"uid": uid, "annotations": {key: n}}}).to_string();
+    as_the_plugin(
+        kn,
+        &[
+            "patch",
+            "pod",
+            "-n",
+            NS,
+            "wake-own",
+            "--type",
+            "merge",
+            "-p",
+            &patch(&uid, "1"),
+        ],
+        None,
+        true,
+    )
+    .unwrap();
+    let got = kn.cluster.get_json(&["pod", "wake-own", "-n", NS]);
+    assert_eq!(got["metadata"]["annotations"][key], "1", "{got}");
+    // A pod of that name made since (another uid) is not touched.
+    let e = as_the_plugin(
+        kn,
+        &[
+            "patch",
+            "pod",
+            "-n",
+            NS,
+            "wake-own",
+            "--type",
+            "merge",
+            "-p",
+            &patch("0000", "2"),
+        ],
+        None,
+        true,
+    )
+    .unwrap_err();
+    assert!(e.to_lowercase().contains("uid"), "{e}");
+    let got = kn.cluster.get_json(&["pod", "wake-own", "-n", NS]);
+    assert_eq!(got["metadata"]["annotations"][key], "1", "{got}");
+    // Nothing else of its own node's pods.
+    let only = "the gpuslice kubelet plugin may change only the annotation dra.gpuslice.io/prepare-retries of a pod";
+    for args in [
+        &[
+            "annotate",
+            "pod",
+            "-n",
+            NS,
+            "wake-own",
+            "other.example.com/x=1",
+        ][..],
+        &["label", "pod", "-n", NS, "wake-own", "x=y"][..],
+    ] {
+        let e = as_the_plugin(kn, args, None, true).unwrap_err();
+        assert!(e.contains(only), "{args:?}: {e}");
+    }
+    // Without the node claim, nothing; a delete is not granted at all.
+    let e = as_the_plugin(
+        kn,
+        &[
+            "annotate",
+            "--overwrite",
+            "pod",
+            "-n",
+            NS,
+            "wake-own",
+            &set("2"),
+        ],
+        None,
+        false,
+    )
+    .unwrap_err();
+    assert!(e.contains("this request names no node"), "{e}");
+    let e = as_the_plugin(kn, &["delete", "pod", "-n", NS, "wake-own"], None, true).unwrap_err();
+    assert!(e.contains("forbidden"), "{e}");
+    for p in ["wake-own", "wake-other"] {
+        kn.cluster.kubectl(&[
+            "delete",
+            "pod",
+            "-n",
+            NS,
+            p,
+            "--grace-period=0",
+            "--force",
+            "--wait=false",
+        ]);
+    }
+}
+
+/// The plugin watches the kubelet's FailedPrepareDynamicResources events and sets the wake
+/// annotation on a pod of its node that the node authorizer refused the kubelet the claims
+/// of (kube/plugin/src/stalled_prepare.rs), and on no other: the events are the kubelet's as
+/// it posts them (reason, source, message), made by the test because the race they report
+/// cannot be made to happen on purpose. Two pods stay Pending on the node (their image is
+/// never pulled); the event about the first names another failure and comes first, so by the
+/// time the second pod is annotated the first one's was seen and left alone.
+fn a_prepare_refused_on_the_authorizers_race_is_retried_at_once(kn: &KubeNode) {
+    let key = "dra.gpuslice.io/prepare-retries";
+    let mut uids = Vec::new();
+    for name in ["refused-other", "refused-race"] {
+        let mut p = pod(name, "true", None);
+        p["spec"]["nodeName"] = json!(NODE);
+        p["spec"]["terminationGracePeriodSeconds"] = json!(0);
+        p["spec"]["containers"][0]["image"] = json!("localhost/gpuslice-e2e-never-pulled:1");
+        p["spec"]["containers"][0]["imagePullPolicy"] = json!("Never");
+        kn.cluster.create(&p).unwrap();
+        let got = kn.cluster.get_json(&["pod", name, "-n", NS]);
+        uids.push(got["metadata"]["uid"].as_str().unwrap().to_string());
+    }
+    let event = |pod: &str, uid: &str, message: &str| {
+        json!({
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": format!("{pod}.prepare"), "namespace": NS},
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": NS, "name": pod, "uid": uid},
+            "reason": "FailedPrepareDynamicResources",
+            "message": message,
+            "source": {"component": "kubelet", "host": NODE},
+            "type": "Warning",
+            "count": 1,
+            "firstTimestamp": "2026-12-06T00:00:00Z",
+            "lastTimestamp": "2026-12-06T00:00:00Z",
+        })
+    };
+    kn.cluster
+        .create(&event(
+            "refused-other",
+            &uids[0],
+            "Failed to prepare dynamic resources: NodePrepareResources: claim refused by the driver",
+        ))
+        .unwrap();
+    kn.cluster
+        .create(&event(
+            "refused-race",
+            &uids[1],
+            &format!(
+                "Failed to prepare dynamic resources: prepare dynamic resources: fetch ResourceClaim refused-race-gpu-x: \
+                 resourceclaims.resource.k8s.io \"refused-race-gpu-x\" is forbidden: User \"system:node:{NODE}\" cannot get \
+                 resource \"resourceclaims\" in API group \"resource.k8s.io\" in the namespace \"{NS}\": node: no \
+                 relationship found between node '{NODE}' and this object"
+            ),
+        ))
+        .unwrap();
+    let woken = wait_for_or(STEP, || {
+        let p = kn.cluster.get_json(&["pod", "refused-race", "-n", NS]);
+        (p["metadata"]["annotations"][key] == "1").then_some(p)
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "the plugin did not annotate the pod refused on the race\n{}",
+            kn.logs()
+        )
+    });
+    assert_eq!(woken["metadata"]["uid"], uids[1].as_str());
+    let log = wait_plugin_log(
+        kn,
+        &format!("pod {NS}/refused-race: the node authorizer refused"),
+    );
+    assert!(log.contains(&format!("{key}=1")), "{log}");
+    let other = kn.cluster.get_json(&["pod", "refused-other", "-n", NS]);
+    assert!(
+        other["metadata"]["annotations"][key].is_null(),
+        "another failure woke the pod: {other}"
+    );
+    for p in ["refused-other", "refused-race"] {
+        kn.cluster.kubectl(&[
+            "delete",
+            "pod",
+            "-n",
+            NS,
+            p,
+            "--grace-period=0",
+            "--force",
+            "--wait=false",
+        ]);
+    }
 }
 
 /// The pods of Deployment `app` by phase: (Running and ready, Pending).

@@ -322,8 +322,10 @@ fn queues_charge_gpu_memory_borrow_and_reclaim_however_pods_ask() {
     );
 
     // Team B submits HAMi's names: 8192 MiB on 1 GPU. B's quota is lent to A, so Kueue
-    // reclaims it: A's borrowing Job is preempted (suspended, its pod and booking gone) and
-    // B's runs.
+    // reclaims it: one of A's Jobs is preempted (suspended, its pod and booking gone) and B's
+    // runs. Kueue takes the most recently admitted first, by its QuotaReserved condition's
+    // time, which is in whole seconds: a-1 and a-2 admitted within one second tie, and then
+    // either may go.
     create(
         c,
         &job(
@@ -334,27 +336,29 @@ fn queues_charge_gpu_memory_borrow_and_reclaim_however_pods_ask() {
         ),
     );
     assert_eq!(wait_admitted(c, TEAM_B, "b-1"), 8 * GIB);
-    let preempted = workload(c, TEAM_A, "a-2").unwrap();
-    assert_eq!(
-        condition(&preempted, "Preempted"),
-        Some((true, "InCohortReclamation".to_string())),
-        "{}",
-        preempted["status"]
-    );
+    let (victim, kept) = c.wait_for("Kueue to preempt one of team-a's Jobs", STEP, || {
+        [("a-2", "a-1"), ("a-1", "a-2")]
+            .into_iter()
+            .find(|(name, _)| {
+                workload(c, TEAM_A, name).is_some_and(|w| {
+                    condition(&w, "Preempted") == Some((true, "InCohortReclamation".to_string()))
+                })
+            })
+    });
     c.wait_for(
-        "Kueue to suspend the preempted Job team-a/a-2",
+        &format!("Kueue to suspend the preempted Job team-a/{victim}"),
         STEP,
-        || (c.get_json(&["job", "a-2", "-n", TEAM_A])["spec"]["suspend"] == true).then_some(()),
+        || (c.get_json(&["job", victim, "-n", TEAM_A])["spec"]["suspend"] == true).then_some(()),
     );
     wait_booked(
         c,
         &node,
-        &[(TEAM_A, "a-1", 8 * GIB), (TEAM_B, "b-1", 8 * GIB)],
+        &[(TEAM_A, kept, 8 * GIB), (TEAM_B, "b-1", 8 * GIB)],
     );
     wait_queue_usage(c, TEAM_A, (8 * GIB, 0));
     wait_queue_usage(c, TEAM_B, (8 * GIB, 0));
     // A's preempted Job waits for quota again.
-    let pending = workload(c, TEAM_A, "a-2").unwrap();
+    let pending = workload(c, TEAM_A, victim).unwrap();
     assert_eq!(
         condition(&pending, "Admitted").map(|c| c.0),
         Some(false),

@@ -7,6 +7,7 @@
 // Tests may panic on unexpected errors; the library itself may not.
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
+pub mod api_watch;
 pub mod booking;
 pub mod claim;
 pub mod cleanup;
@@ -22,6 +23,7 @@ pub mod publisher;
 pub mod registration;
 pub mod serve;
 pub mod slice_watch;
+pub mod stalled_prepare;
 pub mod writer;
 
 pub use booking::{BookingError, Plugin};

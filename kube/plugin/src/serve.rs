@@ -1,8 +1,9 @@
 //! `gpuslice kubelet-plugin`: the DRA socket and the registration socket (each created under
 //! a dot-name the kubelet ignores, then renamed; both sockets' connections pass through
 //! `h2_relay::relay`, so any standard gRPC client is answered whatever `:authority` it sends),
-//! the slice publisher (in the mode `dra.mode` resolves to) and the cleanup loop, in the
-//! foreground until the shutdown signal; then the servers stop and the sockets go.
+//! the slice publisher (in the mode `dra.mode` resolves to), the watches of the node's slices
+//! and of the kubelet's stalled prepares, and the cleanup loop, in the foreground until the
+//! shutdown signal; then the servers stop and the sockets go.
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -28,6 +29,7 @@ use crate::proto::registration::registration_server::RegistrationServer;
 use crate::publisher::Publisher;
 use crate::registration::RegistrationService;
 use crate::slice_watch::watch_slices;
+use crate::stalled_prepare::wake_stalled_prepares;
 use crate::writer::SliceWriter;
 use gpuslice_driver::health::{read_health, Unhealthy};
 
@@ -186,6 +188,13 @@ pub async fn run(
         republish.clone(),
         options.publish_interval,
     ));
+    // A pod the kubelet was refused its claims for on the node authorizer's race starts now,
+    // not at the kubelet's next resync.
+    let wake = tokio::spawn(wake_stalled_prepares(
+        client.clone(),
+        node.clone(),
+        options.publish_interval,
+    ));
     let publish = tokio::spawn(publish_loop(
         Publisher::new(client, node.clone()),
         registry,
@@ -220,6 +229,7 @@ pub async fn run(
     let _ = stop_tx.send(true);
     publish.abort();
     watch.abort();
+    wake.abort();
     cleanup.abort();
     let dra = dra.await;
     let reg = reg.await;

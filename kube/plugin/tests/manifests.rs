@@ -24,6 +24,8 @@ use serde_json::Value;
 
 /// The policy that keeps the plugin to its own node's ResourceSlices.
 const PLUGIN_POLICY: &str = "kubelet-plugin.gpuslice.io";
+/// The policy that lets the plugin change only its wake annotation of its own node's pods.
+const PLUGIN_PODS_POLICY: &str = "kubelet-plugin-pods.gpuslice.io";
 
 fn dra() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../packaging/kubernetes/dra")
@@ -221,6 +223,8 @@ fn dra_manifests_are_valid_and_agree_with_the_plugin() {
                 );
                 assert_eq!(verbs("resourceclaims"), ["get", "list", "watch"]);
                 assert_eq!(verbs("nodes"), ["get"]);
+                assert_eq!(verbs("events"), ["create", "list", "watch"]);
+                assert_eq!(verbs("pods"), ["get", "patch"]);
             }
             "ClusterRoleBinding" => {
                 let b: ClusterRoleBinding = typed(file, doc);
@@ -323,6 +327,38 @@ fn dra_manifests_are_valid_and_agree_with_the_plugin() {
                 assert_eq!(spec.validations.unwrap().len(), 2);
                 policies.push(PLUGIN_POLICY);
             }
+            "ValidatingAdmissionPolicy" if doc["metadata"]["name"] == PLUGIN_PODS_POLICY => {
+                // The plugin's ServiceAccount changes only the annotation the plugin's wake
+                // sets (kube/plugin/src/stalled_prepare.rs), of pods of its token's node.
+                let p: ValidatingAdmissionPolicy = typed(file, doc);
+                let spec = p.spec.unwrap();
+                assert_eq!(spec.failure_policy.as_deref(), Some("Fail"));
+                let rules = spec.match_constraints.unwrap().resource_rules.unwrap();
+                assert_eq!(
+                    rules[0].resources.as_deref(),
+                    Some(&["pods".to_string()][..])
+                );
+                assert_eq!(
+                    rules[0].operations.as_deref(),
+                    Some(&["UPDATE".to_string()][..])
+                );
+                let who = &spec.match_conditions.unwrap()[0].expression;
+                assert_eq!(
+                    who,
+                    "request.userInfo.username == 'system:serviceaccount:gpuslice-system:gpuslice-kubelet-plugin'"
+                );
+                let v = spec.validations.unwrap();
+                assert_eq!(v.len(), 3);
+                assert!(
+                    v[2].expression.contains(&format!(
+                        "k == '{}'",
+                        gpuslice_kube::stalled_prepare::ANNOTATION
+                    )),
+                    "{}",
+                    v[2].expression
+                );
+                policies.push(PLUGIN_PODS_POLICY);
+            }
             "ValidatingAdmissionPolicy" => {
                 // The policy refusing slot claims that could never be placed: its N is the
                 // plugin's default slots per GPU, and it names the class and the constraint
@@ -359,8 +395,13 @@ fn dra_manifests_are_valid_and_agree_with_the_plugin() {
             "ValidatingAdmissionPolicyBinding" => {
                 let b: ValidatingAdmissionPolicyBinding = typed(file, doc);
                 assert!(
-                    [SLOTS_CLASS, PLUGIN_POLICY, SLOT_PODS_POLICY]
-                        .contains(&b.spec.policy_name.as_str()),
+                    [
+                        SLOTS_CLASS,
+                        PLUGIN_POLICY,
+                        PLUGIN_PODS_POLICY,
+                        SLOT_PODS_POLICY
+                    ]
+                    .contains(&b.spec.policy_name.as_str()),
                     "{file}: binding of {}",
                     b.spec.policy_name
                 );
@@ -422,6 +463,14 @@ fn dra_manifests_are_valid_and_agree_with_the_plugin() {
     );
     policies.sort_unstable();
     bindings.sort_unstable();
-    assert_eq!(policies, [PLUGIN_POLICY, SLOT_PODS_POLICY, SLOTS_CLASS]);
+    assert_eq!(
+        policies,
+        [
+            PLUGIN_PODS_POLICY,
+            PLUGIN_POLICY,
+            SLOT_PODS_POLICY,
+            SLOTS_CLASS
+        ]
+    );
     assert_eq!(bindings, policies, "each policy is bound");
 }

@@ -1,0 +1,205 @@
+//! A watch of one API collection kept open for good, for the plugin's watches (its node's
+//! ResourceSlices, the kubelet's failed prepares): each request resumes from the last
+//! resourceVersion seen, an expired one (410) starts again from the API server's cache, and a
+//! failure is logged once per distinct error and retried after a pause.
+
+use std::fmt::Debug;
+use std::time::Duration;
+
+use kube::api::{WatchEvent, WatchParams};
+use kube::{Api, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use tokio_stream::StreamExt;
+
+/// How long one watch request lasts before it is renewed (the API server's own limit is
+/// 5 to 10 minutes).
+const WATCH_SECONDS: u32 = 290;
+
+/// The resourceVersion a watch starts from when it has none to resume from: the API server's
+/// watch cache, which first replays the objects as they are (as `Added` events).
+pub const ANY_VERSION: &str = "0";
+
+/// Why a watch ended (it is started again).
+#[derive(Debug, thiserror::Error)]
+pub enum WatchError {
+    #[error("cannot watch {what}: {source}")]
+    Start { what: String, source: kube::Error },
+    #[error("the watch of {what} broke: {source}")]
+    Stream { what: String, source: kube::Error },
+    #[error("the API server ended the watch of {what}: {code} {reason}: {message}")]
+    Ended {
+        what: String,
+        code: u16,
+        reason: String,
+        message: String,
+    },
+}
+
+/// What the watcher hands its caller.
+#[derive(Debug)]
+pub enum Seen<K> {
+    /// A watch started afresh (at [`ANY_VERSION`]): from now on every change is reported, and
+    /// the objects as they are come first as `Added`; a change before this one was missed.
+    Started,
+    /// One event of the stream (an `Error` event is not passed on: it ends the watch).
+    Event(WatchEvent<K>),
+}
+
+/// Follows `event`'s resourceVersion in `version`, so that the next watch resumes where this
+/// one stopped; returns the status of an `Error` event, which ends the watch.
+pub fn follow<K: Resource>(
+    event: &WatchEvent<K>,
+    version: &mut String,
+) -> Option<(u16, String, String)> {
+    match event {
+        WatchEvent::Added(o) | WatchEvent::Modified(o) | WatchEvent::Deleted(o) => {
+            if let Some(rv) = o.resource_version() {
+                *version = rv;
+            }
+            None
+        }
+        WatchEvent::Bookmark(b) => {
+            version.clone_from(&b.metadata.resource_version);
+            None
+        }
+        WatchEvent::Error(s) => {
+            ended(s.code, version);
+            Some((s.code, s.reason.clone(), s.message.clone()))
+        }
+    }
+}
+
+/// The API server refused or ended a watch with HTTP status `code`: after 410 (Gone, the
+/// resourceVersion expired) the next watch starts afresh, whether the refusal came as the
+/// answer to the request or as an event of the stream.
+pub fn ended(code: u16, version: &mut String) {
+    if code == 410 {
+        *version = ANY_VERSION.to_string();
+    }
+}
+
+/// Watches `api` with `params` until the task is aborted, handing `on` each event and each
+/// fresh start; a failed watch is logged (once per distinct error, naming `what`) and started
+/// again after `retry`.
+pub async fn watch_forever<K>(
+    api: Api<K>,
+    params: WatchParams,
+    what: String,
+    retry: Duration,
+    mut on: impl FnMut(Seen<K>),
+) where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    let params = params.timeout(WATCH_SECONDS);
+    let mut version = ANY_VERSION.to_string();
+    let mut last_error = String::new();
+    loop {
+        match watch_once(&api, &params, &what, &mut version, &mut on).await {
+            Ok(()) => last_error.clear(),
+            Err(e) => {
+                let e = e.to_string();
+                if e != last_error {
+                    eprintln!("gpuslice kubelet-plugin: {e} (watching again)");
+                    last_error = e;
+                }
+                tokio::time::sleep(retry).await;
+            }
+        }
+    }
+}
+
+/// One watch request, until the API server ends it (`Ok`) or it fails.
+async fn watch_once<K>(
+    api: &Api<K>,
+    params: &WatchParams,
+    what: &str,
+    version: &mut String,
+    on: &mut impl FnMut(Seen<K>),
+) -> Result<(), WatchError>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    let fresh = version == ANY_VERSION;
+    let stream = match api.watch(params, version).await {
+        Ok(stream) => stream,
+        Err(source) => {
+            if let kube::Error::Api(s) = &source {
+                ended(s.code, version);
+            }
+            return Err(WatchError::Start {
+                what: what.to_string(),
+                source,
+            });
+        }
+    };
+    if fresh {
+        on(Seen::Started);
+    }
+    let mut stream = std::pin::pin!(stream);
+    while let Some(event) = stream.next().await {
+        let event = event.map_err(|source| WatchError::Stream {
+            what: what.to_string(),
+            source,
+        })?;
+        if let Some((code, reason, message)) = follow(&event, version) {
+            return Err(WatchError::Ended {
+                what: what.to_string(),
+                code,
+                reason,
+                message,
+            });
+        }
+        on(Seen::Event(event));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::resource::v1::ResourceSlice;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn slice(rv: &str) -> ResourceSlice {
+        ResourceSlice {
+            metadata: ObjectMeta {
+                name: Some("n-gpuslice.io".into()),
+                resource_version: Some(rv.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    fn status(code: u16) -> WatchEvent<ResourceSlice> {
+        let s: kube::core::Status = serde_json::from_value(serde_json::json!({
+            "status": "Failure", "code": code, "reason": "Expired",
+            "message": "too old resource version"
+        }))
+        .unwrap();
+        WatchEvent::Error(Box::new(s))
+    }
+
+    #[test]
+    fn the_version_follows_the_events_and_an_expired_watch_starts_afresh() {
+        let mut v = ANY_VERSION.to_string();
+        assert_eq!(follow(&WatchEvent::Added(slice("5")), &mut v), None);
+        assert_eq!(v, "5");
+        assert_eq!(follow(&WatchEvent::Modified(slice("7")), &mut v), None);
+        assert_eq!(v, "7");
+        assert_eq!(follow(&WatchEvent::Deleted(slice("9")), &mut v), None);
+        assert_eq!(v, "9");
+        // Another error ends the watch; it resumes from the version reached.
+        assert_eq!(follow(&status(500), &mut v).map(|e| e.0), Some(500));
+        assert_eq!(v, "9");
+        // An expired version: it starts afresh.
+        assert_eq!(follow(&status(410), &mut v).map(|e| e.0), Some(410));
+        assert_eq!(v, ANY_VERSION);
+        // The same refusal as the answer to the watch request.
+        let mut v = "9".to_string();
+        ended(500, &mut v);
+        assert_eq!(v, "9");
+        ended(410, &mut v);
+        assert_eq!(v, ANY_VERSION);
+    }
+}
