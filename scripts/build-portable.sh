@@ -7,7 +7,7 @@
 #   scripts/build-portable.sh            # floor glibc 2.17 (default)
 #   GLIBC_FLOOR=2.28 scripts/build-portable.sh
 #
-# Installs what it needs when missing: ziglang (pip) and cargo-zigbuild (cargo install).
+# Installs what it needs when missing: ziglang and cargo-zigbuild (pip, prebuilt).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -19,20 +19,31 @@ target="${arch}-unknown-linux-gnu"
 target_dir=${CARGO_TARGET_DIR:-$root/target}
 out="$target_dir/portable"
 
-# zig comes from PyPI (ziglang). A Debian system python refuses `pip install` outside a
-# virtual environment (PEP 668), so it goes into one under the target dir.
+# zig and cargo-zigbuild come from PyPI (ziglang, and cargo-zigbuild's prebuilt wheel: a
+# `cargo install` compiles it and its hundred crates, minutes on a fresh 2-core machine). A
+# Debian system python refuses `pip install` outside a virtual environment (PEP 668), so they
+# go into one under the target dir; whichever is on PATH already is used as it is.
 venv="$target_dir/tools/zig-venv"
+want=()
 if ! command -v zig >/dev/null && ! python3 -m ziglang version >/dev/null 2>&1; then
-    if [ ! -x "$venv/bin/python3" ] || ! "$venv/bin/python3" -m ziglang version >/dev/null 2>&1; then
-        echo "build-portable: installing ziglang (pip, into $venv)" >&2
-        python3 -m venv "$venv"
-        "$venv/bin/python3" -m pip install --quiet ziglang
-    fi
-    export PATH="$venv/bin:$PATH"
+    want+=(ziglang)
 fi
 if ! command -v cargo-zigbuild >/dev/null; then
-    echo "build-portable: installing cargo-zigbuild" >&2
-    cargo install --locked cargo-zigbuild
+    want+=(cargo-zigbuild)
+fi
+if [ ${#want[@]} -gt 0 ]; then
+    missing=()
+    for p in "${want[@]}"; do
+        if [ ! -x "$venv/bin/python3" ] || ! "$venv/bin/python3" -m pip show --quiet "$p" >/dev/null 2>&1; then
+            missing+=("$p")
+        fi
+    done
+    if [ ${#missing[@]} -gt 0 ]; then
+        echo "build-portable: installing ${missing[*]} (pip, into $venv)" >&2
+        [ -x "$venv/bin/python3" ] || python3 -m venv "$venv"
+        "$venv/bin/python3" -m pip install --quiet "${missing[@]}"
+    fi
+    export PATH="$venv/bin:$PATH"
 fi
 
 echo "build-portable: building for $target.$floor" >&2

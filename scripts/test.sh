@@ -93,8 +93,31 @@ phase "build: static (musl)" ./scripts/build-static.sh || static_rc=$?
 phase "fmt" cargo fmt --all -- --check
 phase "clippy" cargo clippy --workspace --all-targets --release --locked -- -D warnings
 
-# The Go builds started after install-deps: wait for them, then one row each in the table
-# (their own wall time, beside the Rust builds). A failed build stops the suite here: the
+
+# --- tests (every phase runs; the suite fails at the end if one did) --------------------
+export GPUSLICE_TEST_BIN_DIR="$PWD/target/release"
+export GPUSLICE_TEST_PORTABLE_DIR="$PWD/target/portable"
+# The shim's and the probe's tests load the simulated driver and the shim of the release
+# build too (they are cdylibs, which a test build does not make).
+export GPUSLICE_SIM_LIB_DIR="$PWD/target/release"
+# One package selection (--workspace) for every cargo call, so that features unify the same
+# way and nothing is rebuilt between phases.
+cargo_test=(cargo test --workspace --profile suite --locked)
+phase "test build (profile suite)" "${cargo_test[@]}" --no-run
+# The previous release's gpuslice for the upgrade test (tests/tests/node_faults.rs), built once
+# from its pinned commit with this build's dependencies and cached by commit: here, in its own
+# phase, so that its cold build neither holds a test's host locks nor hides in a test's time.
+previous_build() {
+  local d
+  d="$(./scripts/previous-build.sh)" || return 1
+  export GPUSLICE_PREVIOUS_BIN_DIR="$d"
+}
+phase "previous release: gpuslice at the pinned commit (scripts/previous-build.sh)" previous_build ||
+  echo "test.sh: the previous release's build failed: node_faults:: (the upgrade test) will fail" >&2
+
+# The Go builds started after install-deps: wait for them here, after the Rust builds (on a
+# fresh machine the last of them still runs beside the test build), then one row each in the
+# table (their own wall time, beside the Rust builds). A failed build stops the suite here: the
 # control-plane tests never skip.
 go_wait_rc=0
 phase "go: waiting for the background builds" wait "$go_pid" || go_wait_rc=$?
@@ -136,27 +159,6 @@ npm_ci() {
   }
 }
 phase "npm: playwright-core (tests/browser; drives Debian's chromium)" npm_ci
-
-# --- tests (every phase runs; the suite fails at the end if one did) --------------------
-export GPUSLICE_TEST_BIN_DIR="$PWD/target/release"
-export GPUSLICE_TEST_PORTABLE_DIR="$PWD/target/portable"
-# The shim's and the probe's tests load the simulated driver and the shim of the release
-# build too (they are cdylibs, which a test build does not make).
-export GPUSLICE_SIM_LIB_DIR="$PWD/target/release"
-# One package selection (--workspace) for every cargo call, so that features unify the same
-# way and nothing is rebuilt between phases.
-cargo_test=(cargo test --workspace --profile suite --locked)
-phase "test build (profile suite)" "${cargo_test[@]}" --no-run
-# The previous release's gpuslice for the upgrade test (tests/tests/node_faults.rs), built once
-# from its pinned commit with this build's dependencies and cached by commit: here, in its own
-# phase, so that its cold build neither holds a test's host locks nor hides in a test's time.
-previous_build() {
-  local d
-  d="$(./scripts/previous-build.sh)" || return 1
-  export GPUSLICE_PREVIOUS_BIN_DIR="$d"
-}
-phase "previous release: gpuslice at the pinned commit (scripts/previous-build.sh)" previous_build ||
-  echo "test.sh: the previous release's build failed: node_faults:: (the upgrade test) will fail" >&2
 
 tests_failed=0
 run_tests() { phase "$@" || tests_failed=1; }
