@@ -588,45 +588,22 @@ fn the_plugins_service_account_annotates_only_its_own_nodes_pods(kn: &KubeNode) 
         .as_str()
         .unwrap()
         .to_string();
-    let patch =
-        |uid: &str, n: &str| json!({"metadata": {"uid": uid, "annotations": {key: n}}}).to_string();
-    as_the_plugin(
-        kn,
-        &[
-            "patch",
-            "pod",
-            "-n",
-            NS,
-            "wake-own",
-            "--type",
-            "merge",
-            "-p",
-            &patch(&uid, "1"),
-        ],
-        None,
-        true,
-    )
-    .unwrap();
+    let wake = |uid: &str, n: usize| {
+        let patch = gpuslice_kube::stalled_prepare::wake_patch(uid, n).to_string();
+        as_the_plugin(
+            kn,
+            &[
+                "patch", "pod", "-n", NS, "wake-own", "--type", "merge", "-p", &patch,
+            ],
+            None,
+            true,
+        )
+    };
+    wake(&uid, 1).unwrap();
     let got = kn.cluster.get_json(&["pod", "wake-own", "-n", NS]);
     assert_eq!(got["metadata"]["annotations"][key], "1", "{got}");
     // A pod of that name made since (another uid) is not touched.
-    let e = as_the_plugin(
-        kn,
-        &[
-            "patch",
-            "pod",
-            "-n",
-            NS,
-            "wake-own",
-            "--type",
-            "merge",
-            "-p",
-            &patch("0000", "2"),
-        ],
-        None,
-        true,
-    )
-    .unwrap_err();
+    let e = wake("0000", 2).unwrap_err();
     assert!(e.to_lowercase().contains("uid"), "{e}");
     let got = kn.cluster.get_json(&["pod", "wake-own", "-n", NS]);
     assert_eq!(got["metadata"]["annotations"][key], "1", "{got}");
