@@ -9,8 +9,9 @@
 //! slices are released once it is deleted; a PyTorchJob of four one-GPU ranks on the four
 //! GPUs runs two, one per node, and leaves two Pending with the scheduler's anti-affinity
 //! reason rather than two ranks on one GPU; a TrainJob of Kubeflow Trainer v2 (on JobSet) from
-//! a ClusterTrainingRuntime whose ranks ask HAMi's limits does the same. One cluster for
-//! every case: it costs minutes.
+//! a ClusterTrainingRuntime whose ranks ask HAMi's limits does the same, and so does one whose
+//! pod template names a ResourceClaimTemplate of its own (the webhook writes no claim then, but
+//! still keeps the ranks one per node). One cluster for every case: it costs minutes.
 
 use std::collections::BTreeSet;
 
@@ -38,6 +39,7 @@ fn a_pytorchjob_across_two_nodes_rendezvouses_on_its_slices() {
     pytorchjob_ranks_land_one_per_node_and_rendezvous(&kn, &[&a, &b]);
     four_one_gpu_ranks_never_share_a_gpu(&kn, &[&a, &b]);
     trainjob_ranks_with_hami_limits_rendezvous(&kn, &[&a, &b]);
+    trainjob_ranks_with_claim_templates_in_the_runtime_rendezvous(&kn, &[&a, &b]);
 }
 
 /// A pod on node-a fetches a page from a pod on node-b through the headless Service `echo-b`
@@ -182,21 +184,7 @@ fn pytorchjob_ranks_land_one_per_node_and_rendezvous(kn: &KubeNodes, nodes: &[&T
         },
     }))
     .unwrap();
-    let mut last = Value::Null;
-    let succeeded = gpuslice_e2e::kube_node::wait_for_or(STEP * 2, || {
-        last = c.get_json(&["pytorchjob", job, "-n", NS]);
-        let conds = last["status"]["conditions"].as_array()?;
-        if conds
-            .iter()
-            .any(|k| k["type"] == "Failed" && k["status"] == "True")
-        {
-            return Some(false);
-        }
-        conds
-            .iter()
-            .any(|k| k["type"] == "Succeeded" && k["status"] == "True")
-            .then_some(true)
-    });
+    let (succeeded, last) = wait_finished(kn, "pytorchjob", job, "Succeeded");
     let master_log = c
         .kubectl_output(&["logs", "-n", NS, &format!("{job}-master-0")], None)
         .stdout;
@@ -210,7 +198,7 @@ fn pytorchjob_ranks_land_one_per_node_and_rendezvous(kn: &KubeNodes, nodes: &[&T
         kn.logs(),
         kn.first.log_tail("training-operator", 30),
     );
-    assert_rendezvous(&master_log);
+    assert_rendezvous(&master_log, 2);
     delete_and_assert_released(
         kn,
         nodes,
@@ -314,22 +302,7 @@ fn four_one_gpu_ranks_never_share_a_gpu(kn: &KubeNodes, nodes: &[&TestNode]) {
             "{name}: no FailedScheduling naming the anti-affinity: {events}"
         );
     }
-    // Every rank carries the rule and the job's term, none written by the user.
-    for p in last["items"].as_array().into_iter().flatten() {
-        assert_eq!(
-            p["metadata"]["annotations"]["placement.gpuslice.io/rule"],
-            format!("one node per rank of job {label}={job}: NCCL refuses two ranks on one GPU"),
-            "{}",
-            p["metadata"]
-        );
-        assert_eq!(
-            p["spec"]["affinity"]["podAntiAffinity"]
-                ["requiredDuringSchedulingIgnoredDuringExecution"],
-            json!([{"labelSelector": {"matchLabels": {label: job}}, "topologyKey": "kubernetes.io/hostname"}]),
-            "{}",
-            p["spec"]
-        );
-    }
+    assert_kept_apart(&last, label, job);
     // The running ranks: one per node, one GPU each, no GPU twice (their own word: the GPUs
     // of the limits gpuslice gave their container).
     let lines: Vec<String> = running
@@ -363,16 +336,36 @@ fn rank_report(line: &str) -> (String, BTreeSet<String>) {
     (field("node="), gpus)
 }
 
+/// Every pod of `pods` (a list) carries the rule in its annotation and the job's (`label=job`)
+/// anti-affinity term as its only required one: the webhook's, none written by the user.
+fn assert_kept_apart(pods: &Value, label: &str, job: &str) {
+    for p in pods["items"].as_array().into_iter().flatten() {
+        assert_eq!(
+            p["metadata"]["annotations"]["placement.gpuslice.io/rule"],
+            format!("one node per rank of job {label}={job}: NCCL refuses two ranks on one GPU"),
+            "{}",
+            p["metadata"]
+        );
+        assert_eq!(
+            p["spec"]["affinity"]["podAntiAffinity"]
+                ["requiredDuringSchedulingIgnoredDuringExecution"],
+            json!([{"labelSelector": {"matchLabels": {label: job}}, "topologyKey": "kubernetes.io/hostname"}]),
+            "{}",
+            p["spec"]
+        );
+    }
+}
+
 /// The master's log says every rank of two arrived, each from its own node with a slice of
-/// two distinct GPUs, and no GPU repeated.
-fn assert_rendezvous(master_log: &str) {
+/// `per_rank` distinct GPUs, and no GPU repeated.
+fn assert_rendezvous(master_log: &str, per_rank: usize) {
     assert!(master_log.contains("RENDEZVOUS-OK"), "{master_log}");
     let arrived: Vec<&str> = master_log
         .lines()
         .filter_map(|l| l.strip_prefix("ARRIVED "))
         .collect();
     assert_eq!(arrived.len(), 2, "{master_log}");
-    assert_ranks_apart(&arrived, 2, master_log);
+    assert_ranks_apart(&arrived, per_rank, master_log);
 }
 
 /// Two ranks' report lines: one rank on each node, each with `per_rank` distinct GPUs, no
@@ -403,6 +396,27 @@ fn assert_ranks_apart<S: AsRef<str>>(lines: &[S], per_rank: usize, context: &str
     );
 }
 
+/// Waits until the job (`kind` `name`) has its condition `done` (`Some(true)`) or `Failed`
+/// (`Some(false)`), `None` past the time a job of two ranks may take; and the job as last read.
+fn wait_finished(kn: &KubeNodes, kind: &str, name: &str, done: &str) -> (Option<bool>, Value) {
+    let c = &kn.first.cluster;
+    let mut last = Value::Null;
+    let finished = gpuslice_e2e::kube_node::wait_for_or(STEP * 2, || {
+        last = c.get_json(&[kind, name, "-n", NS]);
+        let conds = last["status"]["conditions"].as_array()?;
+        let has = |t: &str| {
+            conds
+                .iter()
+                .any(|k| k["type"] == t && k["status"] == "True")
+        };
+        if has("Failed") {
+            return Some(false);
+        }
+        has(done).then_some(true)
+    });
+    (finished, last)
+}
+
 /// Deleted, the job (`kind` `name`) takes its pods (labelled `label=name`) with it and every
 /// slice is released on both nodes.
 fn delete_and_assert_released(
@@ -425,20 +439,14 @@ fn delete_and_assert_released(
     }
 }
 
-/// A TrainJob from a ClusterTrainingRuntime (Trainer v2 makes a JobSet of one replicated Job,
-/// one pod per node): each rank asks HAMi's limits (two GPUs of 4096 MiB, in a namespace
-/// labelled for HAMi compatibility), the ranks land one per node (the webhook's anti-affinity
-/// on the JobSet's label; the runtime asks no placement), rendezvous at PET_MASTER_ADDR:PET_MASTER_PORT (the pod name of rank
-/// 0 under the JobSet's headless Service), the TrainJob completes and its slices are
-/// released once it is deleted.
-fn trainjob_ranks_with_hami_limits_rendezvous(kn: &KubeNodes, nodes: &[&TestNode]) {
-    let c = &kn.first.cluster;
-    c.kubectl(&["label", "namespace", NS, "gpuslice.io/hami-compat=true"]);
-    let runtime = "gpuslice-torch";
-    c.create(&json!({
+/// A ClusterTrainingRuntime `name` (torch) of one replicated Job, `node`, one pod per node,
+/// whose container `node` runs [`RANK`]; no placement of its own (the webhook keeps the ranks
+/// one per node) and no slice (the caller adds one).
+fn torch_runtime(name: &str) -> Value {
+    json!({
         "apiVersion": "trainer.kubeflow.org/v1alpha1",
         "kind": "ClusterTrainingRuntime",
-        "metadata": {"name": runtime, "labels": {"trainer.kubeflow.org/framework": "torch"}},
+        "metadata": {"name": name, "labels": {"trainer.kubeflow.org/framework": "torch"}},
         "spec": {
             "mlPolicy": {"numNodes": 1, "torch": {"numProcPerNode": "auto"}},
             "template": {"spec": {"replicatedJobs": [{
@@ -459,39 +467,26 @@ fn trainjob_ranks_with_hami_limits_rendezvous(kn: &KubeNodes, nodes: &[&TestNode
                 },
             }]}},
         },
-    }))
-    .unwrap();
-    let job = "rdzv-tj";
+    })
+}
+
+/// The label JobSet gives a TrainJob's pods (its JobSet bears the TrainJob's name).
+const JOBSET_LABEL: &str = "jobset.sigs.k8s.io/jobset-name";
+
+/// Creates TrainJob `job` from `runtime` with `trainer` as its `spec.trainer`, waits until it
+/// completes (a failure or a timeout says the ranks' state and the operators' logs) and gives
+/// rank 0's log.
+fn run_trainjob(kn: &KubeNodes, job: &str, runtime: &str, trainer: Value) -> String {
+    let c = &kn.first.cluster;
     c.create(&json!({
         "apiVersion": "trainer.kubeflow.org/v1alpha1",
         "kind": "TrainJob",
         "metadata": {"name": job, "namespace": NS},
-        "spec": {
-            "runtimeRef": {"name": runtime},
-            "trainer": {
-                "numNodes": 2,
-                "resourcesPerNode": {"limits": {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "4096"}},
-            },
-        },
+        "spec": {"runtimeRef": {"name": runtime}, "trainer": trainer},
     }))
     .unwrap();
-    let mut last = Value::Null;
-    let completed = gpuslice_e2e::kube_node::wait_for_or(STEP * 2, || {
-        last = c.get_json(&["trainjob", job, "-n", NS]);
-        let conds = last["status"]["conditions"].as_array()?;
-        if conds
-            .iter()
-            .any(|k| k["type"] == "Failed" && k["status"] == "True")
-        {
-            return Some(false);
-        }
-        conds
-            .iter()
-            .any(|k| k["type"] == "Complete" && k["status"] == "True")
-            .then_some(true)
-    });
-    let selector =
-        format!("jobset.sigs.k8s.io/jobset-name={job},batch.kubernetes.io/job-completion-index=0");
+    let (completed, last) = wait_finished(kn, "trainjob", job, "Complete");
+    let selector = format!("{JOBSET_LABEL}={job},batch.kubernetes.io/job-completion-index=0");
     let out = c.kubectl_output(&["logs", "-n", NS, "-l", &selector, "--tail=-1"], None);
     let master_log = String::from_utf8_lossy(&out.stdout).into_owned();
     assert_eq!(
@@ -504,6 +499,68 @@ fn trainjob_ranks_with_hami_limits_rendezvous(kn: &KubeNodes, nodes: &[&TestNode
         kn.first.log_tail("trainer", 30),
         kn.first.log_tail("jobset", 30),
     );
-    assert_rendezvous(&master_log);
-    delete_and_assert_released(kn, nodes, "trainjob", job, "jobset.sigs.k8s.io/jobset-name");
+    master_log
+}
+
+/// A TrainJob from a ClusterTrainingRuntime (Trainer v2 makes a JobSet of one replicated Job,
+/// one pod per node): each rank asks HAMi's limits (two GPUs of 4096 MiB, in a namespace
+/// labelled for HAMi compatibility), the ranks land one per node (the webhook's anti-affinity
+/// on the JobSet's label; the runtime asks no placement), rendezvous at PET_MASTER_ADDR:PET_MASTER_PORT (the pod name of rank
+/// 0 under the JobSet's headless Service), the TrainJob completes and its slices are
+/// released once it is deleted.
+fn trainjob_ranks_with_hami_limits_rendezvous(kn: &KubeNodes, nodes: &[&TestNode]) {
+    let c = &kn.first.cluster;
+    c.kubectl(&["label", "namespace", NS, "gpuslice.io/hami-compat=true"]);
+    let runtime = "gpuslice-torch";
+    c.create(&torch_runtime(runtime)).unwrap();
+    let job = "rdzv-tj";
+    let master_log = run_trainjob(
+        kn,
+        job,
+        runtime,
+        json!({
+            "numNodes": 2,
+            "resourcesPerNode": {"limits": {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "4096"}},
+        }),
+    );
+    assert_rendezvous(&master_log, 2);
+    delete_and_assert_released(kn, nodes, "trainjob", job, JOBSET_LABEL);
+}
+
+/// A TrainJob from a ClusterTrainingRuntime whose pod template names a ResourceClaimTemplate
+/// of the namespace (`resourceClaims`, and `resources.claims` in its container: one GPU of
+/// 4Gi of gpuslice's DeviceClass) and asks no limits: each rank gets its own claim from that
+/// template, unchanged (the webhook writes none), and the webhook still keeps the ranks one
+/// per node (its anti-affinity on the JobSet's label and the rule's annotation on both
+/// ranks); the ranks rendezvous, each on a GPU of its own, the TrainJob completes and every
+/// slice is released once it is deleted.
+fn trainjob_ranks_with_claim_templates_in_the_runtime_rendezvous(
+    kn: &KubeNodes,
+    nodes: &[&TestNode],
+) {
+    let c = &kn.first.cluster;
+    let template = "rank-4gi";
+    c.create(&gpuslice_e2e::kube_node::claim_template(
+        template, "4Gi", "50",
+    ))
+    .unwrap();
+    let runtime = "gpuslice-torch-claims";
+    let mut rt = torch_runtime(runtime);
+    let pod = &mut rt["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]
+        ["template"]["spec"];
+    let own = json!([{"name": "gpu", "resourceClaimTemplateName": template}]);
+    pod["resourceClaims"] = own.clone();
+    pod["containers"][0]["resources"] = json!({"claims": [{"name": "gpu"}]});
+    c.create(&rt).unwrap();
+    let job = "rdzv-claims";
+    let master_log = run_trainjob(kn, job, runtime, json!({"numNodes": 2}));
+    assert_rendezvous(&master_log, 1);
+    let pods = c.get_json(&["pods", "-n", NS, "-l", &format!("{JOBSET_LABEL}={job}")]);
+    let ranks = pods["items"].as_array().map_or(0, Vec::len);
+    assert_eq!(ranks, 2, "{pods}");
+    assert_kept_apart(&pods, JOBSET_LABEL, job);
+    for p in pods["items"].as_array().into_iter().flatten() {
+        assert_eq!(p["spec"]["resourceClaims"], own, "{}", p["spec"]);
+    }
+    delete_and_assert_released(kn, nodes, "trainjob", job, JOBSET_LABEL);
 }

@@ -26,10 +26,9 @@ use crate::server::pair;
 const WAIT: Duration = Duration::from_secs(20);
 const LONG: Duration = Duration::from_secs(120);
 
-/// A webhook served on 127.0.0.1 by a runtime of its own, stopped on drop. Its API server
-/// does not exist: the tests' reviews need none.
-struct Webhook {
-    addr: SocketAddr,
+/// A webhook served on 127.0.0.1 by a runtime of its own, stopped on drop.
+pub struct Webhook {
+    pub addr: SocketAddr,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
     _dir: tempfile::TempDir,
@@ -47,6 +46,13 @@ impl Drop for Webhook {
 }
 
 fn start(opts: Options) -> Webhook {
+    // Nothing listens on port 9: the inventory stays empty.
+    start_against("https://127.0.0.1:9", opts)
+}
+
+/// A webhook whose API server is at `api`.
+pub fn start_against(api: &str, opts: Options) -> Webhook {
+    let api = api.to_string();
     let dir = tempfile::tempdir().unwrap();
     let tls = server_config(pair(dir.path(), "localhost")).unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -60,8 +66,7 @@ fn start(opts: Options) -> Webhook {
         rt.block_on(async move {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             tx.send(listener.local_addr().unwrap()).unwrap();
-            // Nothing listens on port 9: the inventory stays empty.
-            let config = kube::Config::new("https://127.0.0.1:9".parse().unwrap());
+            let config = kube::Config::new(api.parse().unwrap());
             let cluster = Cluster::start(
                 kube::Client::try_from(config).unwrap(),
                 gpuslice_webhook::sweep::DEFAULT_GRACE,
@@ -84,7 +89,7 @@ fn start(opts: Options) -> Webhook {
 }
 
 /// Options whose deadlines do not end a test unless it shortens one.
-fn patient() -> Options {
+pub fn patient() -> Options {
     let d = Options::default();
     Options {
         handshake: LONG,
@@ -205,17 +210,26 @@ fn answered(addr: SocketAddr) {
     s.write_all(b"GET /healthz HTTP/1.1\r\nHost: w\r\n\r\n")
         .unwrap();
     assert_eq!(answer(&mut s).2, "ok\n");
-    let body = review("fresh");
+    let v = post_review(&mut s, &review("fresh"));
+    assert_eq!(v["response"]["uid"], "fresh", "{v}");
+}
+
+/// The webhook's answer (200, an AdmissionReview) to the review `body` sent on `s`.
+fn post_review(s: &mut (impl Read + Write), body: &str) -> serde_json::Value {
     write!(
         s,
         "POST /mutate HTTP/1.1\r\nHost: w\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .unwrap();
-    let (status, _, body) = answer(&mut s);
+    let (status, _, body) = answer(s);
     assert_eq!(status, 200, "{body}");
-    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(v["response"]["uid"], "fresh", "{v}");
+    serde_json::from_str(&body).unwrap()
+}
+
+/// The webhook at `addr`'s answer to the review `body`, on a connection of its own.
+pub fn reviewed(addr: SocketAddr, body: &str) -> serde_json::Value {
+    post_review(&mut connect(addr), body)
 }
 
 /// A connection to `addr` (IPv4) that takes little unread data: a small receive buffer and
