@@ -642,18 +642,7 @@ fn the_plugins_service_account_annotates_only_its_own_nodes_pods(kn: &KubeNode) 
     assert!(e.contains("this request names no node"), "{e}");
     let e = as_the_plugin(kn, &["delete", "pod", "-n", NS, "wake-own"], None, true).unwrap_err();
     assert!(e.contains("forbidden"), "{e}");
-    for p in ["wake-own", "wake-other"] {
-        kn.cluster.kubectl(&[
-            "delete",
-            "pod",
-            "-n",
-            NS,
-            p,
-            "--grace-period=0",
-            "--force",
-            "--wait=false",
-        ]);
-    }
+    force_delete_pods(kn, &["wake-own", "wake-other"]);
 }
 
 /// The plugin watches the kubelet's FailedPrepareDynamicResources events and sets the wake
@@ -730,7 +719,12 @@ fn a_prepare_refused_on_the_authorizers_race_is_retried_at_once(kn: &KubeNode) {
         other["metadata"]["annotations"][key].is_null(),
         "another failure woke the pod: {other}"
     );
-    for p in ["refused-other", "refused-race"] {
+    force_delete_pods(kn, &["refused-other", "refused-race"]);
+}
+
+/// Deletes pods `names` at once, without waiting (pods on no real node, or never started).
+fn force_delete_pods(kn: &KubeNode, names: &[&str]) {
+    for p in names {
         kn.cluster.kubectl(&[
             "delete",
             "pod",
