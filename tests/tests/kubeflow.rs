@@ -15,7 +15,7 @@
 
 use std::collections::BTreeSet;
 
-use gpuslice_e2e::kube::wait_for;
+use gpuslice_e2e::kube::{wait_for, KubeCluster};
 use gpuslice_e2e::kube_node::{KubeNodes, APP_IMAGE, NS, STEP};
 use gpuslice_e2e::{lock, Resource, TestNode};
 use serde_json::{json, Value};
@@ -174,16 +174,7 @@ fn pytorchjob_ranks_land_one_per_node_and_rendezvous(kn: &KubeNodes, nodes: &[&T
             .then_some(())
     });
     let job = "rdzv";
-    c.create(&json!({
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "PyTorchJob",
-        "metadata": {"name": job, "namespace": NS},
-        "spec": {
-            "runPolicy": {"cleanPodPolicy": "None"},
-            "pytorchReplicaSpecs": {"Master": replica(), "Worker": replica()},
-        },
-    }))
-    .unwrap();
+    create_pytorchjob(c, job, json!({"Master": replica(), "Worker": replica()}));
     let (succeeded, last) = wait_finished(kn, "pytorchjob", job, "Succeeded");
     let master_log = c
         .kubectl_output(&["logs", "-n", NS, &format!("{job}-master-0")], None)
@@ -206,6 +197,17 @@ fn pytorchjob_ranks_land_one_per_node_and_rendezvous(kn: &KubeNodes, nodes: &[&T
         job,
         "training.kubeflow.org/job-name",
     );
+}
+
+/// Creates PyTorchJob `name` of `replicas` (its pytorchReplicaSpecs), its pods kept once done.
+fn create_pytorchjob(c: &KubeCluster, name: &str, replicas: Value) {
+    c.create(&json!({
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"runPolicy": {"cleanPodPolicy": "None"}, "pytorchReplicaSpecs": replicas},
+    }))
+    .unwrap();
 }
 
 /// A PyTorchJob of four ranks of one GPU (4Gi) each, written with no placement, on the two
@@ -233,16 +235,7 @@ fn four_one_gpu_ranks_never_share_a_gpu(kn: &KubeNodes, nodes: &[&TestNode]) {
         {"name": "MASTER_ADDR", "value": format!("{job}-worker-0")},
         {"name": "MASTER_PORT", "value": "23456"},
     ]);
-    c.create(&json!({
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "PyTorchJob",
-        "metadata": {"name": job, "namespace": NS},
-        "spec": {
-            "runPolicy": {"cleanPodPolicy": "None"},
-            "pytorchReplicaSpecs": {"Worker": worker},
-        },
-    }))
-    .unwrap();
+    create_pytorchjob(c, job, json!({"Worker": worker}));
     let selector = format!("{label}={job}");
     let mut last = Value::Null;
     // Two ranks Running and two Unschedulable for the anti-affinity.
