@@ -11,6 +11,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use gpuslice_dra::slices::{is_dns_subdomain, MAX_NAME};
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{Patch, PatchParams, WatchEvent, WatchParams};
 use kube::Api;
@@ -61,9 +62,18 @@ pub fn pod_to_wake(event: &Event, node: &str) -> Option<PodRef> {
     if o.kind.as_deref() != Some("Pod") {
         return None;
     }
+    // Anyone allowed to post events can write these: they become a request's path and a log
+    // line only when they are names a pod can have (a namespace is a DNS label).
+    let (namespace, name) = (o.namespace.clone()?, o.name.clone()?);
+    if !is_dns_subdomain(&namespace, 63)
+        || namespace.contains('.')
+        || !is_dns_subdomain(&name, MAX_NAME)
+    {
+        return None;
+    }
     Some(PodRef {
-        namespace: o.namespace.clone()?,
-        name: o.name.clone()?,
+        namespace,
+        name,
         uid: o.uid.clone()?,
     })
 }
@@ -265,6 +275,19 @@ mod tests {
         let mut e = event(REASON, "n1", REFUSED);
         e.involved_object.uid = None;
         assert_eq!(pod_to_wake(&e, "n1"), None);
+        // Names no pod can have (an event's are not checked by the API server) never become
+        // a request path or a log line.
+        for (ns, name) in [
+            ("ns", "../secrets/x"),
+            ("ns", "p?watch=1"),
+            ("a.b", "p"),
+            ("ns", "p\u{1b}[31m"),
+        ] {
+            let mut e = event(REASON, "n1", REFUSED);
+            e.involved_object.namespace = Some(ns.into());
+            e.involved_object.name = Some(name.into());
+            assert_eq!(pod_to_wake(&e, "n1"), None, "{ns}/{name}");
+        }
     }
 
     fn pod(uid: &str, node: &str, phase: &str, retries: Option<&str>) -> Pod {
