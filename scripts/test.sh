@@ -7,7 +7,8 @@
 # Builds are cached outside the checkout (target/ -> /var/cache/gpuslice/cargo/<key>, see
 # scripts/cargo-cache.sh; the Go builds in /var/cache/gpuslice/{kube,node,nerdctl,helm,kueue,runtime-tools}),
 # so a fresh clone on a machine that ran the suite once rebuilds only the workspace's crates.
-# Test binaries build with the `suite` profile (release without LTO); the end-to-end tests
+# Test binaries build with the `suite` profile (release without LTO, the workspace's crates at
+# opt-level 1: Cargo.toml says why); the end-to-end tests
 # drive the release binaries. At its end, also when a step fails, it prints a table of the
 # wall-clock seconds of every phase.
 set -euo pipefail
