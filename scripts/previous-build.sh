@@ -48,9 +48,15 @@ if [ -d target/suite/deps ]; then
   echo "previous-build.sh: copying target/suite's dependencies" >&2
   cp -a target/suite "$work/target/suite"
 fi
+# Its own crates at opt-level 1, as this workspace's suite profile builds its own (Cargo.toml
+# says why), whatever the old Cargo.toml said: a test fixture, compiled once.
+members=()
+for m in $(cd "$work/src" && cargo metadata --no-deps --format-version 1 --locked | jq -r '.packages[].name'); do
+  members+=(--config "profile.suite.package.$m.opt-level=1")
+done
 echo "previous-build.sh: building gpuslice at $PREVIOUS (profile suite)" >&2
-(cd "$work/src" && CARGO_TARGET_DIR="$work/target" cargo build --profile suite --locked -p gpuslice \
-  --bin gpuslice --bin gpuslice-runtime >&2)
+(cd "$work/src" && CARGO_TARGET_DIR="$work/target" cargo build --profile suite --locked "${members[@]}" \
+  -p gpuslice --bin gpuslice --bin gpuslice-runtime >&2)
 cp "$work/target/suite/gpuslice" "$work/target/suite/gpuslice-runtime" "$work/bin/"
 rm -rf "$work/target" "$work/src"
 rm -rf "$out"
