@@ -9,7 +9,8 @@ each rank and, the ranks being one job's, a required anti-affinity that keeps th
 node; the plain job's ranks ask nothing. PAIRS pairs of jobs, interleaved (the sliced one
 first in even pairs, second in odd ones), one job at a time: each timed from just before its
 create call to the first read (the API polled every 10 ms) where all its RANKS pods are
-Running, split at the first read where all are bound to a node; then deleted, and the next
+Running, split at the first reads where all exist, all have their claims named in their
+status (at once for the plain job) and all are bound to a node; then deleted, and the next
 created once its pods and their claims are gone. The API client and polling are
 scripts/lib/bench_pod_start.py's. Prints every sample, then the medians and ratios.
 
@@ -45,24 +46,36 @@ def pods(name):
 
 
 def start(name, sliced):
-    """(create -> all Running, create -> all bound) in seconds, and the ranks' nodes."""
-    bound = None
+    """The job's start, split at the first read where each step held for all its ranks: the
+    ranks created (the operator's creates and their admission), their claims made and named
+    in the pods' status (the resource claim controller; at once for a plain job), all bound
+    (the scheduler), all Running (the nodes): the seconds from create to each, and the
+    ranks' nodes."""
+    steps = {}
     nodes = []
     t0 = time.monotonic()
     call("POST", JOBS, job(name, sliced))
 
+    def mark(step, held):
+        if step not in steps and held:
+            steps[step] = time.monotonic() - t0
+        return step in steps
+
     def running():
-        nonlocal bound, nodes
+        nonlocal nodes
         ps = pods(name)
-        if len(ps) < RANKS:
+        if not mark("created", len(ps) >= RANKS):
             return False
-        if bound is None and all(p["spec"].get("nodeName") for p in ps):
-            bound = time.monotonic() - t0
+        # A sliced rank has one claim of the webhook's; a plain one none to wait for.
+        mark("claimed", all(any(c.get("resourceClaimName") for c in p["status"].get("resourceClaimStatuses") or [])
+                            or not p["spec"].get("resourceClaims") for p in ps))
+        if "bound" not in steps and all(p["spec"].get("nodeName") for p in ps):
+            mark("claimed", True)
+            mark("bound", True)
             nodes = sorted(p["spec"]["nodeName"] for p in ps)
-        return all(p["status"].get("phase") == "Running" for p in ps)
+        return mark("running", all(p["status"].get("phase") == "Running" for p in ps))
 
     wait(f"job {name}'s {RANKS} ranks Running", running)
-    took = time.monotonic() - t0
     call("DELETE", f"{JOBS}/{name}?propagationPolicy=Background")
     wait(f"job {name} gone", lambda: call("GET", f"{JOBS}/{name}", ok404=True) is None)
     for p in pods(name):
@@ -70,7 +83,7 @@ def start(name, sliced):
     wait(f"job {name}'s pods gone", lambda: not pods(name))
     wait("the ranks' claims gone", lambda: not call(
         "GET", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims")["items"])
-    return took, bound if bound is not None else took, nodes
+    return steps, nodes
 
 
 # One unmeasured job of each kind first: the first containers of the nodes pay for caches.
@@ -80,24 +93,33 @@ samples = {True: [], False: []}
 for i in range(PAIRS):
     for sliced in ((True, False) if i % 2 == 0 else (False, True)):
         kind = "sliced" if sliced else "plain"
-        total, bound, nodes = start(f"j{i}-{kind}", sliced)
-        samples[sliced].append((total, bound, total - bound))
-        print(f"pair {i} {kind}: create -> {RANKS} ranks Running {total * 1000:.0f} ms "
-              f"(all bound after {bound * 1000:.0f} ms, then {(total - bound) * 1000:.0f} ms on the nodes; "
+        steps, nodes = start(f"j{i}-{kind}", sliced)
+        samples[sliced].append(steps)
+        print(f"pair {i} {kind}: create -> {RANKS} ranks Running {steps['running'] * 1000:.0f} ms "
+              f"(all created after {steps['created'] * 1000:.0f} ms, claims named after "
+              f"{steps['claimed'] * 1000:.0f} ms, all bound after {steps['bound'] * 1000:.0f} ms; "
               f"nodes {','.join(nodes)})", flush=True)
 
 
-def med(sliced, k):
-    return statistics.median(x[k] for x in samples[sliced])
+def med(sliced, part):
+    return statistics.median(part(x) for x in samples[sliced])
 
 
 # A job that waited seconds rather than milliseconds: a kubelet that retried a rank only at
 # its resync (docs/kubernetes-dra.md, "A prepare the node authorizer refused").
 for sliced in (True, False):
-    slow = [x[0] for x in samples[sliced] if x[0] > 5]
+    slow = [x["running"] for x in samples[sliced] if x["running"] > 5]
     print(f"{'with' if sliced else 'without'} slices: {len(slow)} of {PAIRS} jobs took over 5 s"
           + (f" ({', '.join(f'{t:.1f} s' for t in slow)})" if slow else ""))
-for k, what in ((0, "create -> all Running"), (1, "create -> all bound"), (2, "bound -> Running (the nodes)")):
-    w, wo = med(True, k), med(False, k)
+PARTS = (
+    ("create -> all Running", lambda x: x["running"]),
+    ("create -> all bound", lambda x: x["bound"]),
+    ("bound -> Running (the nodes)", lambda x: x["running"] - x["bound"]),
+    ("create -> all ranks created (the operator, admission)", lambda x: x["created"]),
+    ("created -> claims named (the resource claim controller)", lambda x: x["claimed"] - x["created"]),
+    ("claims named -> all bound (the scheduler)", lambda x: x["bound"] - x["claimed"]),
+)
+for what, part in PARTS:
+    w, wo = med(True, part), med(False, part)
     print(f"{PAIRS} pairs of {RANKS}-rank jobs; median {what}: with slices {w * 1000:.0f} ms, "
-          f"without {wo * 1000:.0f} ms; ratio {w / wo:.2f}")
+          f"without {wo * 1000:.0f} ms" + (f"; ratio {w / wo:.2f}" if wo > 0 else ""))
