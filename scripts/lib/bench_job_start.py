@@ -17,10 +17,13 @@ scripts/lib/bench_pod_start.py's. Prints every sample, then the medians and rati
     bench_job_start.py API_URL PKI_DIR PAIRS RANKS IMAGE
 """
 
+import re
 import statistics
 import sys
 import time
+import urllib.request
 
+import bench_pod_start
 from bench_pod_start import NS, call, connect, wait  # the same client, polling and bounds
 
 API, PKI, PAIRS, RANKS, IMAGE = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
@@ -122,4 +125,39 @@ PARTS = (
 for what, part in PARTS:
     w, wo = med(True, part), med(False, part)
     print(f"{PAIRS} pairs of {RANKS}-rank jobs; median {what}: with slices {w * 1000:.0f} ms, "
-          f"without {wo * 1000:.0f} ms" + (f"; ratio {w / wo:.2f}" if wo > 0 else ""))
+          f"without {wo * 1000:.0f} ms" + (f"; ratio {w / wo:.2f}" if wo >= 0.001 else ""))
+
+
+# The API server's own account of the calls on a rank's way to its node, over the whole run
+# (the warm-up jobs, both kinds and the deletions included): mean milliseconds of each.
+def api_server_means():
+    with urllib.request.urlopen(bench_pod_start.API + "/metrics", context=bench_pod_start.ctx,
+                                timeout=30) as r:
+        text = r.read().decode()
+    series = {}
+    for line in text.splitlines():
+        m = re.match(r'(\w+)_(sum|count)\{(.*)\} (\S+)$', line)
+        if m:
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(3)))
+            series.setdefault((m.group(1), m.group(2)), []).append((labels, float(m.group(4))))
+
+    def mean(metric, **want):
+        picked = [sum(v for labels, v in series.get((metric, k), [])
+                      if all(labels.get(a) == b for a, b in want.items())) for k in ("sum", "count")]
+        return (picked[0] / picked[1] * 1000, int(picked[1])) if picked[1] else (None, 0)
+
+    rows = [(f"webhook {name} (the API server's call)",
+             mean("apiserver_admission_webhook_admission_duration_seconds", name=name))
+            for name in ("pods.gpuslice.io", "claims.gpuslice.io")]
+    for what, verb, resource, sub in (("create a pod", "POST", "pods", ""),
+                                      ("create a claim", "POST", "resourceclaims", ""),
+                                      ("write a pod's status (its claim's name)", "APPLY", "pods", "status"),
+                                      ("write a claim's status (its allocation)", "PUT", "resourceclaims", "status"),
+                                      ("bind a pod", "POST", "pods", "binding")):
+        rows.append((f"{what}: {verb} {resource}{'/' + sub if sub else ''}",
+                     mean("apiserver_request_duration_seconds", verb=verb, resource=resource, subresource=sub)))
+    for what, (ms, n) in rows:
+        print(f"API server, mean over the run: {what}: " + (f"{ms:.1f} ms ({n} calls)" if n else "no calls"))
+
+
+api_server_means()
