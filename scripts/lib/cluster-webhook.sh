@@ -15,10 +15,11 @@ subjectAltName=IP:127.0.0.1,DNS:localhost"
 # webhook_configuration URL CA_BUNDLE: the registration, the same webhook the Helm chart
 # registers (packaging/helm/gpuslice/templates/webhook.yaml) but by URL: only pods whose
 # containers name gpuslice.io/* or nvidia.com/gpu* resources or that name a claim template,
-# and ResourceClaims that ask gpuslice's device classes, are sent (matchConditions), and for
-# those the API server refuses the object while the webhook cannot be reached
-# (failurePolicy: Fail), so a GPU pod is never admitted unchanged nor a claim uncharged
-# against its namespace's budget (docs/webhook.md, docs/quotas.md).
+# and ResourceClaims that ask gpuslice's device classes, except those the resource claim
+# controller makes for a pod (its template was charged when the pod was admitted), are sent
+# (matchConditions), and for those the API server refuses the object while the webhook cannot
+# be reached (failurePolicy: Fail), so a GPU pod is never admitted unchanged nor a claim
+# uncharged against its namespace's budget (docs/webhook.md, docs/quotas.md).
 webhook_configuration() {
   # One entry's settings shared by both: who is called and what a failure to call means.
   webhook_common() {
@@ -77,6 +78,11 @@ $(webhook_common "$1" "$2")
       object.spec.devices.requests.exists(r,
         (has(r.exactly) && r.exactly.deviceClassName in ['gpuslice.io', 'slots.gpuslice.io']) ||
         (has(r.firstAvailable) && r.firstAvailable.exists(s, s.deviceClassName in ['gpuslice.io', 'slots.gpuslice.io'])))
+  - name: not-a-pods-claim-from-the-claim-controller
+    expression: >-
+      !(request.userInfo.username in ['system:serviceaccount:kube-system:resource-claim-controller', 'system:kube-controller-manager'] &&
+        has(object.metadata.ownerReferences) &&
+        object.metadata.ownerReferences.exists(o, o.apiVersion == 'v1' && o.kind == 'Pod' && has(o.controller) && o.controller))
 YAML
 }
 

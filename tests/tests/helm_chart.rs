@@ -482,6 +482,22 @@ fn helm_install_creates_the_cluster_side_on_a_live_control_plane() {
     assert_eq!(hook["clientConfig"]["service"]["name"], "gpuslice-webhook");
     assert_eq!(hook["clientConfig"]["service"]["namespace"], ns);
     assert_eq!(hook["matchConditions"][0]["name"], "names-gpu-resources");
+    // The claims entry: the same conditions as the test cluster's registration, whose effect
+    // tests/tests/webhook.rs checks (the API server compiled their CEL at install).
+    let names: Vec<&str> = mwc["webhooks"][1]["matchConditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["name"].as_str())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "asks-gpuslice-devices",
+            "not-a-pods-claim-from-the-claim-controller"
+        ],
+        "{mwc}"
+    );
     assert!(hook["namespaceSelector"]
         .to_string()
         .contains("kube-system"));

@@ -539,7 +539,50 @@ fn limits_become_claims_through_the_webhook_on_a_live_control_plane() {
         .filter(|s| !s.is_empty())
         .map(|s| String::from_utf8_lossy(s).into_owned())
         .collect();
+    // A pod admitted just before the webhook went down: the resource claim controller (held
+    // stopped until then) makes its claim while no webhook answers, as the registration does
+    // not send the claims that controller makes for a pod (charged with the pod).
+    let kcm = std::fs::read_to_string(c.dir().join("pids/kube-controller-manager.pid"))
+        .unwrap()
+        .trim()
+        .to_string();
+    signal(&kcm, "STOP");
+    let admitted = c.create(&pod(
+        "default",
+        "admitted-before-down",
+        json!({"gpuslice.io/gpus": "1"}),
+        json!({}),
+    ));
     kill_hard(pid);
+    signal(&kcm, "CONT");
+    admitted.expect("a GPU pod was refused with the webhook up");
+    let made = wait_for(
+        "the claim controller to make the admitted pod's claim",
+        STEP,
+        || {
+            claims(&c, "default")
+                .into_iter()
+                .find(|cl| cl["metadata"]["ownerReferences"][0]["name"] == "admitted-before-down")
+        },
+    );
+    let owner = made["metadata"]["ownerReferences"][0].clone();
+    assert_eq!(owner["controller"], true, "{made}");
+    // Anyone else's claim owned by a pod is still sent to the webhook: refused while it is down.
+    let forged = json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "forged-pod-claim", "namespace": "default",
+                     "annotations": made["metadata"]["annotations"].clone(),
+                     "ownerReferences": [owner]},
+        "spec": made["spec"].clone(),
+    });
+    let err = c
+        .create(&forged)
+        .expect_err("a claim not made by the claim controller skipped the webhook");
+    assert!(
+        err.contains("failed calling webhook \"claims.gpuslice.io\""),
+        "{err}"
+    );
+    force_delete(&c, "default", &["pod", "admitted-before-down"]);
     let err = c
         .create(&pod(
             "default",
@@ -859,6 +902,15 @@ fn review(url: &str, ca: &Path, namespace: &str, pod: &Value, dry_run: bool) -> 
             String::from_utf8_lossy(&out.stdout)
         )
     })
+}
+
+/// `kill -SIG PID`.
+fn signal(pid: &str, sig: &str) {
+    let status = Command::new("kill")
+        .args([&format!("-{sig}"), pid])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{sig} {pid}");
 }
 
 /// SIGKILL, as a crash would end the webhook.
