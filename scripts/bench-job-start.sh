@@ -7,7 +7,9 @@
 # workers, one with `gpuslice.io/gpus: 1` and `gpuslice.io/memory: 1Gi` limits per rank (the
 # webhook's claim and one-rank-per-node anti-affinity) and one without, interleaved and one
 # job at a time, timed from create to every rank Running (scripts/lib/bench_job_start.py):
-# prints each sample, the medians and their ratio. The container is the nodes' pause image
+# prints each sample, the medians of each part (the operator's creates, the claim controller,
+# the scheduler, the nodes) and their ratios, and the API server's mean time of each call on a
+# rank's way. The container is the nodes' pause image
 # (busybox sh waiting). Takes the e2e tests' locks (the machine lock shared, the kube-node
 # lock exclusive), so it waits for a running kube-node test and keeps the next one out.
 #
