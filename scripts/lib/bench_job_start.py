@@ -128,10 +128,10 @@ for what, part in PARTS:
           f"without {wo * 1000:.0f} ms" + (f"; ratio {w / wo:.2f}" if wo >= 0.001 else ""))
 
 
-# The API server's own account of the calls on a rank's way to its node, over the whole run
-# (the warm-up jobs, both kinds and the deletions included): mean milliseconds of each.
-def api_server_means():
-    with urllib.request.urlopen(bench_pod_start.API + "/metrics", context=bench_pod_start.ctx,
+def histograms(path):
+    """The sums and counts of the histograms served at `path` (Prometheus text), by metric
+    name and kind: lists of (labels, value)."""
+    with urllib.request.urlopen(bench_pod_start.API + path, context=bench_pod_start.ctx,
                                 timeout=30) as r:
         text = r.read().decode()
     series = {}
@@ -140,24 +140,45 @@ def api_server_means():
         if m:
             labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(3)))
             series.setdefault((m.group(1), m.group(2)), []).append((labels, float(m.group(4))))
+    return series
 
-    def mean(metric, **want):
-        picked = [sum(v for labels, v in series.get((metric, k), [])
-                      if all(labels.get(a) == b for a, b in want.items())) for k in ("sum", "count")]
-        return (picked[0] / picked[1] * 1000, int(picked[1])) if picked[1] else (None, 0)
 
-    rows = [(f"webhook {name} (the API server's call)",
-             mean("apiserver_admission_webhook_admission_duration_seconds", name=name))
-            for name in ("pods.gpuslice.io", "claims.gpuslice.io")]
-    for what, verb, resource, sub in (("create a pod", "POST", "pods", ""),
-                                      ("create a claim", "POST", "resourceclaims", ""),
-                                      ("write a pod's status (its claim's name)", "APPLY", "pods", "status"),
-                                      ("write a claim's status (its allocation)", "PUT", "resourceclaims", "status"),
-                                      ("bind a pod", "POST", "pods", "binding")):
-        rows.append((f"{what}: {verb} {resource}{'/' + sub if sub else ''}",
-                     mean("apiserver_request_duration_seconds", verb=verb, resource=resource, subresource=sub)))
+def mean(series, metric, **want):
+    """The mean in ms of `metric` over its series whose labels hold `want` (a value, or a test
+    of the value), and the count."""
+    def holds(labels):
+        return all(b(labels.get(a, "")) if callable(b) else labels.get(a) == b for a, b in want.items())
+    picked = [sum(v for labels, v in series.get((metric, k), []) if holds(labels)) for k in ("sum", "count")]
+    return (picked[0] / picked[1] * 1000, int(picked[1])) if picked[1] else (None, 0)
+
+
+def show(who, rows):
     for what, (ms, n) in rows:
-        print(f"API server, mean over the run: {what}: " + (f"{ms:.1f} ms ({n} calls)" if n else "no calls"))
+        print(f"{who}, mean over the run: {what}: " + (f"{ms:.1f} ms ({n} calls)" if n else "no calls"))
 
 
-api_server_means()
+# The API server's and the kubelets' own account of the calls on a rank's way to its node, over
+# the whole run (the warm-up jobs, both kinds and the deletions included).
+api = histograms("/metrics")
+rows = [(f"webhook {name} (the API server's call)",
+         mean(api, "apiserver_admission_webhook_admission_duration_seconds", name=name))
+        for name in ("pods.gpuslice.io", "claims.gpuslice.io")]
+for what, verb, resource, sub in (("create a pod", "POST", "pods", ""),
+                                  ("create a claim", "POST", "resourceclaims", ""),
+                                  ("write a pod's status (its claim's name)", "APPLY", "pods", "status"),
+                                  ("write a claim's status (its allocation)", "PUT", "resourceclaims", "status"),
+                                  ("bind a pod", "POST", "pods", "binding")):
+    rows.append((f"{what}: {verb} {resource}{'/' + sub if sub else ''}",
+                 mean(api, "apiserver_request_duration_seconds", verb=verb, resource=resource, subresource=sub)))
+show("API server", rows)
+# On each node: the kubelet's whole prepare of a pod's claims (reading them, the plugin's call)
+# and the plugin's NodePrepareResources call alone.
+for node in sorted(n["metadata"]["name"] for n in call("GET", "/api/v1/nodes")["items"]):
+    kubelet = histograms(f"/api/v1/nodes/{node}/proxy/metrics")
+    show(f"kubelet {node}", [
+        ("prepare a pod's claims", mean(kubelet, "dra_operations_duration_seconds",
+                                        operation_name="PrepareResources", is_error="false")),
+        ("the plugin's NodePrepareResources", mean(kubelet, "dra_grpc_operations_duration_seconds",
+                                                   driver_name="gpuslice.io",
+                                                   method_name=lambda m: m.endswith("/NodePrepareResources"))),
+    ])
