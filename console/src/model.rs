@@ -558,10 +558,15 @@ fn add_gpu(n: &mut NodeView, g: &GpuView) {
 /// A TrainJob's label on its pods, when its Trainer puts one there (v2.0.0 does not: its pods
 /// carry the label of the JobSet it makes, of the TrainJob's name).
 pub const TRAINJOB_LABEL: &str = "trainer.kubeflow.org/trainjob-name";
+/// The training operator's label naming the controller that made a pod (`pytorchjob-controller`,
+/// `tfjob-controller`, `mpijob-controller`, …): the kind of a training job whose pod has no
+/// owner naming it.
+pub const TRAINING_OPERATOR_LABEL: &str = "training.kubeflow.org/operator-name";
 
 /// The workload a pod belongs to, as `kind/name`: the job of a job's pod
-/// ([`gpuslice_dra::jobs::job_of`]: `job/NAME` by the `gpuslice.io/job` label, a PyTorchJob's
-/// by its controller owner, `trainjob/NAME` or `jobset/NAME` for a TrainJob's or JobSet's,
+/// ([`gpuslice_dra::jobs::job_of`]: `job/NAME` by the `gpuslice.io/job` label, a training
+/// operator job's (`pytorchjob/NAME`, `tfjob/NAME`, …) by its controller owner or, without
+/// one, by the operator's label naming its controller, `trainjob/NAME` or `jobset/NAME` for a TrainJob's or JobSet's,
 /// whose controller owner is one of its Jobs); else its controller owner, a ReplicaSet's pod
 /// named by its Deployment (the ReplicaSet's name less the pod's `pod-template-hash`
 /// label); `pod/NAME` for a pod without a controller.
@@ -582,9 +587,14 @@ pub fn workload_of(pod: &Pod) -> String {
     match gpuslice_dra::jobs::job_of(label) {
         Some((JOB_LABEL, job)) => return format!("job/{job}"),
         Some((JOBSET_LABEL, set)) => return format!("jobset/{set}"),
-        // The training operator's job owns its pods; without that owner, a PyTorchJob's.
+        // The training operator's job owns its pods; without that owner, the kind its
+        // controller's label names, else a PyTorchJob's.
         Some((TRAINING_JOB_LABEL, job)) if owner.is_none_or(|o| o.name != job) => {
-            return format!("pytorchjob/{job}")
+            let kind = label(TRAINING_OPERATOR_LABEL)
+                .and_then(|v| v.strip_suffix("-controller"))
+                .filter(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_lowercase()))
+                .unwrap_or("pytorchjob");
+            return format!("{kind}/{job}");
         }
         _ => {}
     }
@@ -769,6 +779,17 @@ pub(crate) mod tests {
             ),
             (
                 json!({"training.kubeflow.org/job-name": "train"}),
+                None,
+                "pytorchjob/train",
+            ),
+            // Without its owner, the kind its controller's label names.
+            (
+                json!({"training.kubeflow.org/job-name": "train", "training.kubeflow.org/operator-name": "tfjob-controller"}),
+                None,
+                "tfjob/train",
+            ),
+            (
+                json!({"training.kubeflow.org/job-name": "train", "training.kubeflow.org/operator-name": "MPI/-controller"}),
                 None,
                 "pytorchjob/train",
             ),
