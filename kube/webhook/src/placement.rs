@@ -14,6 +14,8 @@ pub use gpuslice_dra::jobs::{JOB_LABEL, JOB_LABELS};
 /// nodes pass `gpuslice.io/*` pod annotations to the container runtime, which reads them as
 /// a slice request (docs/annotations.md).
 pub const RULE_ANNOTATION: &str = "placement.gpuslice.io/rule";
+/// [`RULE_ANNOTATION`] as a JSON Pointer into the pod (its `/` written `~1`).
+const RULE_ANNOTATION_PATH: &str = "/metadata/annotations/placement.gpuslice.io~1rule";
 /// The topology of the rule: one rank of a job per node.
 pub const NODE_KEY: &str = "kubernetes.io/hostname";
 const REQUIRED: &str = "requiredDuringSchedulingIgnoredDuringExecution";
@@ -63,7 +65,7 @@ pub fn keep_ranks_apart(pod: &Value) -> Option<(Vec<Value>, String)> {
     let said = rule(label, &value);
     if pod["metadata"]["annotations"].is_object() {
         patch.push(json!({"op": "add",
-            "path": format!("/metadata/annotations/{}", RULE_ANNOTATION.replace('~', "~0").replace('/', "~1")),
+            "path": RULE_ANNOTATION_PATH,
             "value": said}));
     } else {
         patch.push(json!({"op": "add", "path": "/metadata/annotations",
