@@ -92,6 +92,18 @@ phase "build: static (musl)" ./scripts/build-static.sh || static_rc=$?
 [ "$static_rc" = 0 ] || [ "$static_rc" = 3 ] || exit "$static_rc"
 
 phase "fmt" cargo fmt --all -- --check
+# Every workspace member builds at opt-level 1 in the suite profile (Cargo.toml says why); one
+# missing from that list would build at 3, its tests slower to compile and nothing else wrong.
+suite_profile_names_every_member() {
+  local missing
+  missing="$(comm -23 \
+    <(cargo metadata --no-deps --format-version 1 --locked | jq -r '.packages[].name' | sort) \
+    <(sed -n 's/^\[profile\.suite\.package\.\([A-Za-z0-9_-]*\)\]$/\1/p' Cargo.toml | sort))"
+  [ -z "$missing" ] && return 0
+  echo "test.sh: Cargo.toml has no [profile.suite.package.NAME] with opt-level = 1 for the member(s): $(echo $missing)" >&2
+  return 1
+}
+phase "Cargo.toml: the suite profile names every member" suite_profile_names_every_member
 phase "clippy" cargo clippy --workspace --all-targets --release --locked -- -D warnings
 
 
