@@ -333,7 +333,10 @@ impl Ledger {
 
     /// Whether `claim` is the one the resource claim controller makes for a pod's template
     /// entry: owned (as controller) by a live pod of that uid whose entry of that name names a
-    /// template and has no claim yet.
+    /// template and has no claim yet. The registration does not send the claims the controller
+    /// creates under its own user (scripts/lib/cluster-webhook.sh, docs/quotas.md); this
+    /// answers for the others: a controller under another identity, a caller reaching the
+    /// webhook itself.
     async fn made_for_pod(
         &self,
         namespace: &str,
