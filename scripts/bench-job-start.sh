@@ -6,15 +6,19 @@
 # H200; the webhook; the Kubeflow training operator), then PAIRS pairs of PyTorchJobs of RANKS
 # workers, one with `gpuslice.io/gpus: 1` and `gpuslice.io/memory: 1Gi` limits per rank (the
 # webhook's claim and one-rank-per-node anti-affinity) and one without, interleaved and one
-# job at a time, timed from create to every rank Running (scripts/lib/bench_job_start.py):
-# prints each sample, the medians of each part (the operator's creates, the claim controller,
-# the scheduler, the nodes) and their ratios, and the API server's mean time of each call on a
-# rank's way. The container is the nodes' pause image
-# (busybox sh waiting). Takes the e2e tests' locks (the machine lock shared, the kube-node
+# job at a time, timed from create to every rank Running and to the last rank's first output
+# (scripts/lib/bench_job_start.py): prints each sample, the medians of each part (the
+# operator's creates, the claim controller, the scheduler, the nodes) and their ratios, and
+# the API server's and kubelets' mean time of each call on a rank's way. The container is the
+# nodes' pause image (busybox sh printing one line, then waiting). Takes the e2e tests' locks (the machine lock shared, the kube-node
 # lock exclusive), so it waits for a running kube-node test and keeps the next one out.
+# With BENCH_STATE=tmpfs each node's gpuslice state and CDI specs live on /dev/shm, as
+# /run/gpuslice and /var/run/cdi do on a node (the cluster script's own node configs put them
+# under DIR, here on disk); everything else stays where the cluster script puts it.
 #
-#   scripts/bench-job-start.sh [PAIRS] [RANKS]    (root; defaults 10 and 2, at most one rank
-#                                                  per node with slices: 2)
+#   [BENCH_STATE=tmpfs] scripts/bench-job-start.sh [PAIRS] [RANKS]
+#                                     (root; defaults 10 and 2, at most one rank per node
+#                                      with slices: 2)
 #
 # Environment: those of scripts/kube-cluster.sh (GPUSLICE_KUBE_BIN_DIR, GPUSLICE_NODE_BIN_DIR,
 # GPUSLICE_BIN_DIR with the release gpuslice and gpuslice-runtime, GPUSLICE_SIM_DIR with the
@@ -24,20 +28,35 @@ cd "$(dirname "$0")/.."
 pairs=${1:-10}
 ranks=${2:-2}
 cluster=""
+states=()
 cleanup() {
   if [ -n "$cluster" ]; then
     scripts/kube-cluster.sh down "$cluster" >/dev/null 2>&1 || true
     rm -rf "$cluster"
   fi
+  for s in "${states[@]}"; do rm -rf "$s"; done
 }
 trap cleanup EXIT
+# shellcheck source=scripts/lib/bench-node.sh
+. scripts/lib/bench-node.sh
 exec 8>/run/lock/gpuslice-e2e.lock
 flock -s 8
 exec 9>/run/lock/gpuslice-e2e.kube-node.lock
 flock 9
-echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg) ($(nproc) CPUs)"
+echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg) ($(nproc) CPUs); node state on ${BENCH_STATE:-disk}"
+nodes=()
+for n in node-a node-b; do
+  if [ "${BENCH_STATE:-}" = tmpfs ]; then
+    config=$(bench_tmpfs_node_config "${GPUSLICE_SIM_DIR:-$PWD/target/portable}" \
+      "${GPUSLICE_BIN_DIR:-$PWD/target/release}")
+    states+=("$(dirname "$config")")
+    nodes+=(--node "$n=$config")
+  else
+    nodes+=(--node "$n")
+  fi
+done
 cluster=$(mktemp -d /tmp/gpuslice-bench-job-start.XXXXXX)
-if ! scripts/kube-cluster.sh up "$cluster" --node node-a --node node-b --webhook --kubeflow \
+if ! scripts/kube-cluster.sh up "$cluster" "${nodes[@]}" --webhook --kubeflow \
   2>"$cluster.up.log"; then
   tail -30 "$cluster.up.log" >&2
   exit 1

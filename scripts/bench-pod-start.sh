@@ -34,6 +34,8 @@ cleanup() {
   if [ -n "$state" ]; then rm -rf "$state"; fi
 }
 trap cleanup EXIT
+# shellcheck source=scripts/lib/bench-node.sh
+. scripts/lib/bench-node.sh
 exec 8>/run/lock/gpuslice-e2e.lock
 flock -s 8
 exec 9>/run/lock/gpuslice-e2e.kube-node.lock
@@ -44,16 +46,10 @@ echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg) ($(nproc) CPUs); nod
 for mode in $modes; do
   cluster=$(mktemp -d /tmp/gpuslice-bench-pod-start.XXXXXX)
   if [ "${BENCH_STATE:-}" = tmpfs ]; then
-    # The config the cluster script writes for its simulated node, with the state and CDI
-    # specs on tmpfs.
-    state=$(mktemp -d /dev/shm/gpuslice-bench-pod-start.XXXXXX)
-    sim=${GPUSLICE_SIM_DIR:-$PWD/target/portable}
-    mkdir -p "$state/state" "$state/cdi"
-    printf 'state_dir = "%s"\n[shim]\nlibrary = "%s"\n[cdi]\nspec_dir = "%s"\n[inventory]\nsource = "simulated"\n[[inventory.simulated]]\nmodel = "NVIDIA H200"\nmemory = "141Gi"\n' \
-      "$state/state" "$sim/libgpuslice_shim.so" "$state/cdi" >"$state/config.toml"
-    "${GPUSLICE_BIN_DIR:-$PWD/target/release}/gpuslice" --config "$state/config.toml" \
-      cdi generate --sim-driver "$sim" >/dev/null
-    export GPUSLICE_CONFIG="$state/config.toml"
+    GPUSLICE_CONFIG=$(bench_tmpfs_node_config "${GPUSLICE_SIM_DIR:-$PWD/target/portable}" \
+      "${GPUSLICE_BIN_DIR:-$PWD/target/release}")
+    export GPUSLICE_CONFIG
+    state=$(dirname "$GPUSLICE_CONFIG")
   fi
   args=()
   [ "$mode" = slots ] && args=(--feature-gates DRAConsumableCapacity=false)

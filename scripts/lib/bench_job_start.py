@@ -10,13 +10,16 @@ node; the plain job's ranks ask nothing. PAIRS pairs of jobs, interleaved (the s
 first in even pairs, second in odd ones), one job at a time: each timed from just before its
 create call to the first read (the API polled every 10 ms) where all its RANKS pods are
 Running, split at the first reads where all exist, all have their claims named in their
-status (at once for the plain job) and all are bound to a node; then deleted, and the next
+status (at once for the plain job) and all are bound to a node, and also to the moment the
+last rank's process began (its first output, as its node's containerd timestamped it; both
+nodes run on this machine's clock); then deleted, and the next
 created once its pods and their claims are gone. The API client and polling are
 scripts/lib/bench_pod_start.py's. Prints every sample, then the medians and ratios.
 
     bench_job_start.py API_URL PKI_DIR PAIRS RANKS IMAGE
 """
 
+import calendar
 import re
 import statistics
 import sys
@@ -33,8 +36,15 @@ LABEL = "training.kubeflow.org/job-name"
 JOBS = f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs"
 
 
+# Each rank's first act is one line of output, which the node's containerd timestamps (ns) as
+# it reads it: when the rank's process began, without the kubelet's lag in reporting phase
+# Running (it learns that a container started at its next relist of the runtime, up to a
+# second on). Then it waits, as the image's own command does.
+COMMAND = ["/bin/sh", "-c", "echo started; trap 'exit 0' TERM INT; while :; do sleep 3600 & wait; done"]
+
+
 def job(name, sliced):
-    container = {"name": "pytorch", "image": IMAGE, "imagePullPolicy": "Never"}
+    container = {"name": "pytorch", "image": IMAGE, "imagePullPolicy": "Never", "command": COMMAND}
     if sliced:
         container["resources"] = {"limits": {"gpuslice.io/gpus": "1", "gpuslice.io/memory": "1Gi"}}
     spec = {"automountServiceAccountToken": False, "terminationGracePeriodSeconds": 0,
@@ -48,14 +58,30 @@ def pods(name):
     return call("GET", f"/api/v1/namespaces/{NS}/pods?labelSelector={LABEL}%3D{name}")["items"]
 
 
+def started_at(pod):
+    """The wall-clock time (seconds since the epoch) of the first line rank `pod` printed, as
+    its node's containerd timestamped it (RFC 3339 with nanoseconds, UTC)."""
+    req = urllib.request.Request(f"{bench_pod_start.API}/api/v1/namespaces/{NS}/pods/{pod}/log"
+                                 "?timestamps=true&limitBytes=4096")
+    with urllib.request.urlopen(req, context=bench_pod_start.ctx, timeout=30) as r:
+        first = r.read().decode().split("\n", 1)[0]
+    m = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?Z started$", first)
+    if not m:
+        raise SystemExit(f"rank {pod} has not printed its start line; its log begins: {first[:200]!r}")
+    whole = calendar.timegm(time.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S"))
+    return whole + float("0." + (m.group(2) or "0"))
+
+
 def start(name, sliced):
     """The job's start, split at the first read where each step held for all its ranks: the
     ranks created (the operator's creates and their admission), their claims made and named
     in the pods' status (the resource claim controller; at once for a plain job), all bound
-    (the scheduler), all Running (the nodes): the seconds from create to each, and the
-    ranks' nodes."""
+    (the scheduler), all Running (the nodes); and when the last rank's process began (its
+    first output, timestamped by its node's containerd): the seconds from create to each, and
+    the ranks' nodes."""
     steps = {}
     nodes = []
+    wall0 = time.time()
     t0 = time.monotonic()
     call("POST", JOBS, job(name, sliced))
 
@@ -79,6 +105,7 @@ def start(name, sliced):
         return mark("running", all(p["status"].get("phase") == "Running" for p in ps))
 
     wait(f"job {name}'s {RANKS} ranks Running", running)
+    steps["started"] = max(started_at(p["metadata"]["name"]) for p in pods(name)) - wall0
     call("DELETE", f"{JOBS}/{name}?propagationPolicy=Background")
     wait(f"job {name} gone", lambda: call("GET", f"{JOBS}/{name}", ok404=True) is None)
     for p in pods(name):
@@ -100,8 +127,9 @@ for i in range(PAIRS):
         samples[sliced].append(steps)
         print(f"pair {i} {kind}: create -> {RANKS} ranks Running {steps['running'] * 1000:.0f} ms "
               f"(all created after {steps['created'] * 1000:.0f} ms, claims named after "
-              f"{steps['claimed'] * 1000:.0f} ms, all bound after {steps['bound'] * 1000:.0f} ms; "
-              f"nodes {','.join(nodes)})", flush=True)
+              f"{steps['claimed'] * 1000:.0f} ms, all bound after {steps['bound'] * 1000:.0f} ms, "
+              f"all processes begun after {steps['started'] * 1000:.0f} ms; nodes {','.join(nodes)})",
+              flush=True)
 
 
 def med(sliced, part):
@@ -116,8 +144,10 @@ for sliced in (True, False):
           + (f" ({', '.join(f'{t:.1f} s' for t in slow)})" if slow else ""))
 PARTS = (
     ("create -> all Running", lambda x: x["running"]),
+    ("create -> all ranks' processes begun", lambda x: x["started"]),
     ("create -> all bound", lambda x: x["bound"]),
     ("bound -> Running (the nodes)", lambda x: x["running"] - x["bound"]),
+    ("bound -> processes begun (the nodes)", lambda x: x["started"] - x["bound"]),
     ("create -> all ranks created (the operator, admission)", lambda x: x["created"]),
     ("created -> claims named (the resource claim controller)", lambda x: x["claimed"] - x["created"]),
     ("claims named -> all bound (the scheduler)", lambda x: x["bound"] - x["claimed"]),
