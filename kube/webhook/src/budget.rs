@@ -9,8 +9,7 @@
 //! not yet stored (its admission still running) is never freed (docs/quotas.md).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -19,14 +18,14 @@ use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimSpec, ResourceC
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
-use kube::api::{ListParams, PostParams, WatchEvent, WatchParams};
+use kube::api::{ListParams, PostParams};
 use kube::Api;
-use tokio_stream::StreamExt;
 
 use gpuslice_dra::claim_shape::PublishedGpus;
 use gpuslice_dra::quota::{claim_charge, format_value, Budget, Charge, QuotaError, NAMES};
 
 use crate::cluster::Cluster;
+use crate::mirror::Mirror;
 
 /// The annotation the resource claim controller puts on a claim it makes from a pod's
 /// template: the pod's entry the claim is for.
@@ -93,79 +92,7 @@ pub struct Ledger {
     hami_compat: bool,
     /// The ResourceQuotas as watched (admissions read them here, as the API server's quota
     /// admission reads its informer's), while synced; `None`: read on each admission.
-    watched: Option<Arc<Watched>>,
-}
-
-/// The cluster's ResourceQuotas by namespace and name, and whether the watch is current.
-#[derive(Default)]
-pub struct Watched {
-    quotas: RwLock<HashMap<String, BTreeMap<String, ResourceQuota>>>,
-    synced: AtomicBool,
-}
-
-fn quota_key(q: &ResourceQuota) -> (String, String) {
-    (
-        q.metadata.namespace.clone().unwrap_or_default(),
-        q.metadata.name.clone().unwrap_or_default(),
-    )
-}
-
-impl Watched {
-    /// Lists the quotas, then follows their changes until the watch ends.
-    async fn follow(&self, client: kube::Client) {
-        let api: Api<ResourceQuota> = Api::all(client);
-        let Ok(list) = api.list(&ListParams::default()).await else {
-            return;
-        };
-        let version = list.metadata.resource_version.clone().unwrap_or_default();
-        if let Ok(mut m) = self.quotas.write() {
-            m.clear();
-            for q in list.items {
-                let (ns, name) = quota_key(&q);
-                m.entry(ns).or_default().insert(name, q);
-            }
-        }
-        let Ok(stream) = api
-            .watch(&WatchParams::default().timeout(290), &version)
-            .await
-        else {
-            return;
-        };
-        self.synced.store(true, Ordering::SeqCst);
-        let mut stream = Box::pin(stream);
-        while let Some(ev) = stream.next().await {
-            let Ok(mut m) = self.quotas.write() else {
-                return;
-            };
-            match ev {
-                Ok(WatchEvent::Added(q)) | Ok(WatchEvent::Modified(q)) => {
-                    let (ns, name) = quota_key(&q);
-                    m.entry(ns).or_default().insert(name, q);
-                }
-                Ok(WatchEvent::Deleted(q)) => {
-                    let (ns, name) = quota_key(&q);
-                    if let Some(n) = m.get_mut(&ns) {
-                        n.remove(&name);
-                    }
-                }
-                Ok(WatchEvent::Bookmark(_)) => {}
-                Ok(WatchEvent::Error(_)) | Err(_) => return,
-            }
-        }
-    }
-
-    /// The quotas of `namespace` as watched, while the watch is current.
-    fn of(&self, namespace: &str) -> Option<Vec<ResourceQuota>> {
-        if !self.synced.load(Ordering::SeqCst) {
-            return None;
-        }
-        let m = self.quotas.read().ok()?;
-        Some(
-            m.get(namespace)
-                .map(|n| n.values().cloned().collect())
-                .unwrap_or_default(),
-        )
-    }
+    watched: Option<Arc<Mirror<ResourceQuota>>>,
 }
 
 impl Budgets {
@@ -194,16 +121,7 @@ impl Ledger {
     /// an admission no API call, and a booking starts from the version watched (a stale one
     /// conflicts and is read again). Needs a Tokio runtime.
     pub fn watching(cluster: Cluster, hami_compat: bool) -> Ledger {
-        let watched = Arc::new(Watched::default());
-        let (w, client) = (Arc::clone(&watched), cluster.client());
-        tokio::spawn(async move {
-            loop {
-                w.follow(client.clone()).await;
-                // The watch ended: read on each admission until a new list is current.
-                w.synced.store(false, Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        });
+        let watched = Mirror::follow(Api::all(cluster.client()), None);
         Ledger {
             cluster,
             hami_compat,
@@ -229,7 +147,11 @@ impl Ledger {
     /// The budgets of `namespace`, `None` when no quota of it names one; a malformed quota is
     /// an error naming it (nothing is admitted against a budget that cannot be read).
     pub async fn budgets(&self, namespace: &str) -> Result<Option<Budgets>, BudgetError> {
-        let items = match self.watched.as_ref().and_then(|w| w.of(namespace)) {
+        let items = match self
+            .watched
+            .as_ref()
+            .and_then(|w| w.in_namespace(namespace))
+        {
             Some(items) => items,
             None => {
                 let api: Api<ResourceQuota> = Api::namespaced(self.cluster.client(), namespace);

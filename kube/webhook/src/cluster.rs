@@ -4,21 +4,19 @@
 //! creates or reuses — never one it did not write. The templates it wrote are watched, so that
 //! reusing one costs no API call, and swept when no pod uses them (crate::sweep).
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::resource::v1::{ResourceClaimTemplate, ResourceSlice};
-use kube::api::{ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::Api;
-use tokio_stream::StreamExt;
 
 use gpuslice_dra::claim_shape::MANAGED_BY;
 
 use gpuslice_dra::claim_shape::PublishedGpus;
 
+use crate::mirror::{key, Mirror};
 use crate::sweep::{is_marked, mark_patch};
 
 /// The namespace label that turns HAMi compatibility on (with `--hami-compat`).
@@ -43,35 +41,26 @@ pub enum ClusterError {
     NoInventory { detail: String },
 }
 
-type Key = (String, String);
-
 /// The API server client, the last inventory read and the webhook's templates as watched.
 #[derive(Clone)]
 pub struct Cluster {
     client: kube::Client,
     /// The last inventory read, or why none was read yet.
     inventory: Arc<RwLock<Result<Arc<PublishedGpus>, String>>>,
-    /// The templates labelled as the webhook's, by (namespace, name), while `synced`.
-    templates: Arc<RwLock<HashMap<Key, ResourceClaimTemplate>>>,
-    synced: Arc<AtomicBool>,
-}
-
-fn key(t: &ResourceClaimTemplate) -> Key {
-    (
-        t.metadata.namespace.clone().unwrap_or_default(),
-        t.metadata.name.clone().unwrap_or_default(),
-    )
+    /// The templates labelled as the webhook's, by namespace and name.
+    templates: Arc<Mirror<ResourceClaimTemplate>>,
 }
 
 impl Cluster {
     /// Reads the inventory once and keeps re-reading it every [`REFRESH`] in the background;
-    /// sweeps the templates no pod used for `grace` (crate::sweep).
+    /// follows the webhook's templates (crate::mirror) and sweeps those no pod used for
+    /// `grace` (crate::sweep).
     pub async fn start(client: kube::Client, grace: Duration) -> Cluster {
+        let selector = format!("{}={}", MANAGED_BY.0, MANAGED_BY.1);
         let c = Cluster {
+            templates: Mirror::follow(Api::all(client.clone()), Some(selector)),
             client,
             inventory: Arc::new(RwLock::new(Err("not read yet".into()))),
-            templates: Arc::default(),
-            synced: Arc::default(),
         };
         c.refresh().await;
         let bg = c.clone();
@@ -81,62 +70,19 @@ impl Cluster {
                 bg.refresh().await;
             }
         });
-        let watcher = c.clone();
-        tokio::spawn(async move {
-            loop {
-                watcher.watch_templates().await;
-                // The watch ended (an error, an expired version): ask the API server until it
-                // answers again, then list anew.
-                watcher.synced.store(false, Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        });
         tokio::spawn(crate::sweep::run(c.client.clone(), grace));
         c
-    }
-
-    /// Lists the webhook's templates, then follows their changes until the watch ends.
-    async fn watch_templates(&self) {
-        let selector = format!("{}={}", MANAGED_BY.0, MANAGED_BY.1);
-        let api: Api<ResourceClaimTemplate> = Api::all(self.client.clone());
-        let Ok(list) = api.list(&ListParams::default().labels(&selector)).await else {
-            return;
-        };
-        let version = list.metadata.resource_version.clone().unwrap_or_default();
-        if let Ok(mut m) = self.templates.write() {
-            *m = list.items.into_iter().map(|t| (key(&t), t)).collect();
-        }
-        let params = WatchParams::default().labels(&selector).timeout(290);
-        let Ok(stream) = api.watch(&params, &version).await else {
-            return;
-        };
-        self.synced.store(true, Ordering::SeqCst);
-        let mut stream = Box::pin(stream);
-        while let Some(ev) = stream.next().await {
-            let Ok(mut m) = self.templates.write() else {
-                return;
-            };
-            match ev {
-                Ok(WatchEvent::Added(t)) | Ok(WatchEvent::Modified(t)) => {
-                    m.insert(key(&t), t);
-                }
-                Ok(WatchEvent::Deleted(t)) => {
-                    m.remove(&key(&t));
-                }
-                Ok(WatchEvent::Bookmark(_)) => {}
-                Ok(WatchEvent::Error(_)) | Err(_) => return,
-            }
-        }
     }
 
     /// Whether the watch knows `want` (the webhook's, with its spec, not marked unused) to
     /// exist now.
     fn known(&self, want: &ResourceClaimTemplate) -> bool {
-        self.synced.load(Ordering::SeqCst)
-            && self.templates.read().is_ok_and(|m| {
+        self.templates
+            .read(|m| {
                 m.get(&key(want))
                     .is_some_and(|t| gpuslice_dra::claim_shape::is_ours(t, want) && !is_marked(t))
             })
+            .unwrap_or(false)
     }
 
     async fn refresh(&self) {

@@ -10,6 +10,7 @@
 pub mod ask;
 pub mod budget;
 pub mod cluster;
+pub mod mirror;
 pub mod mutate;
 pub mod placement;
 pub mod review;

@@ -1,0 +1,210 @@
+//! A copy of one kind of API object, kept by a list and then a watch, so that an admission
+//! reads it without an API call: the webhook's own ResourceClaimTemplates, the cluster's
+//! ResourceQuotas. The copy is trusted only while it is current, from a successful list until
+//! its watch ends; then it is listed anew after a pause, and meanwhile readers are told to ask
+//! the API server (a copy that missed a change must not admit past a budget).
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use kube::api::{ListParams, WatchEvent, WatchParams};
+use kube::{Api, Resource};
+use serde::de::DeserializeOwned;
+use tokio_stream::StreamExt;
+
+/// How long one watch request lasts before it is renewed (the API server's own limit is 5 to
+/// 10 minutes).
+const WATCH_SECONDS: u32 = 290;
+/// The pause after a watch ended or a list failed, before the next list.
+const RETRY: Duration = Duration::from_secs(1);
+
+/// An object's namespace and name: the copy's key.
+pub type Key = (String, String);
+
+/// The key of `o`.
+pub fn key<K: Resource>(o: &K) -> Key {
+    let meta = o.meta();
+    (
+        meta.namespace.clone().unwrap_or_default(),
+        meta.name.clone().unwrap_or_default(),
+    )
+}
+
+/// The objects of one kind by namespace and name, and whether they are current.
+pub struct Mirror<K> {
+    objects: RwLock<BTreeMap<Key, K>>,
+    current: AtomicBool,
+}
+
+impl<K> Default for Mirror<K> {
+    fn default() -> Self {
+        Mirror {
+            objects: RwLock::new(BTreeMap::new()),
+            current: AtomicBool::new(false),
+        }
+    }
+}
+
+impl<K> Mirror<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    /// Starts following the objects of `api` that carry `labels` (a label selector; `None`:
+    /// all of them) in the background, for as long as the runtime runs. Needs a Tokio runtime.
+    pub fn follow(api: Api<K>, labels: Option<String>) -> Arc<Mirror<K>> {
+        let mirror = Arc::new(Mirror::default());
+        let bg = Arc::clone(&mirror);
+        tokio::spawn(async move {
+            loop {
+                bg.list_and_watch(&api, labels.as_deref()).await;
+                bg.current.store(false, Ordering::SeqCst);
+                tokio::time::sleep(RETRY).await;
+            }
+        });
+        mirror
+    }
+
+    /// Lists the objects, then follows their changes until the watch ends.
+    async fn list_and_watch(&self, api: &Api<K>, labels: Option<&str>) {
+        let mut list = ListParams::default();
+        let mut watch = WatchParams::default().timeout(WATCH_SECONDS);
+        if let Some(labels) = labels {
+            list = list.labels(labels);
+            watch = watch.labels(labels);
+        }
+        let Ok(listed) = api.list(&list).await else {
+            return;
+        };
+        let version = listed.metadata.resource_version.clone().unwrap_or_default();
+        if let Ok(mut m) = self.objects.write() {
+            *m = listed.items.into_iter().map(|o| (key(&o), o)).collect();
+        }
+        let Ok(stream) = api.watch(&watch, &version).await else {
+            return;
+        };
+        self.current.store(true, Ordering::SeqCst);
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            let Ok(event) = event else {
+                return;
+            };
+            let Ok(mut m) = self.objects.write() else {
+                return;
+            };
+            if !apply(&mut m, event) {
+                return;
+            }
+        }
+    }
+
+    /// What `f` finds in the copy, or `None` while it is not current (ask the API server).
+    pub fn read<R>(&self, f: impl FnOnce(&BTreeMap<Key, K>) -> R) -> Option<R> {
+        if !self.current.load(Ordering::SeqCst) {
+            return None;
+        }
+        let m = self.objects.read().ok()?;
+        Some(f(&m))
+    }
+
+    /// The objects of `namespace`, or `None` while the copy is not current.
+    pub fn in_namespace(&self, namespace: &str) -> Option<Vec<K>> {
+        self.read(|m| {
+            m.range((namespace.to_string(), String::new())..)
+                .take_while(|((ns, _), _)| ns == namespace)
+                .map(|(_, o)| o.clone())
+                .collect()
+        })
+    }
+}
+
+/// Applies one watch event to `objects`; `false` when it ends the watch (an error event).
+fn apply<K: Resource>(objects: &mut BTreeMap<Key, K>, event: WatchEvent<K>) -> bool {
+    match event {
+        WatchEvent::Added(o) | WatchEvent::Modified(o) => {
+            objects.insert(key(&o), o);
+        }
+        WatchEvent::Deleted(o) => {
+            objects.remove(&key(&o));
+        }
+        WatchEvent::Bookmark(_) => {}
+        WatchEvent::Error(_) => return false,
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ResourceQuota;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn quota(ns: &str, name: &str, rv: &str) -> ResourceQuota {
+        ResourceQuota {
+            metadata: ObjectMeta {
+                namespace: Some(ns.into()),
+                name: Some(name.into()),
+                resource_version: Some(rv.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    fn names(v: Option<Vec<ResourceQuota>>) -> Option<Vec<String>> {
+        v.map(|v| {
+            v.iter()
+                .map(|q| {
+                    format!(
+                        "{}@{}",
+                        key(q).1,
+                        q.metadata.resource_version.clone().unwrap()
+                    )
+                })
+                .collect()
+        })
+    }
+
+    #[test]
+    fn events_change_the_copy_and_a_namespace_reads_only_its_own() {
+        let m = Mirror::<ResourceQuota>::default();
+        {
+            let mut o = m.objects.write().unwrap();
+            for e in [
+                WatchEvent::Added(quota("team-a", "gpu", "1")),
+                WatchEvent::Added(quota("team-a", "cpu", "2")),
+                WatchEvent::Added(quota("team-ab", "gpu", "3")),
+                WatchEvent::Added(quota("team", "gpu", "4")),
+                WatchEvent::Modified(quota("team-a", "gpu", "5")),
+                WatchEvent::Deleted(quota("team", "gpu", "6")),
+            ] {
+                assert!(apply(&mut o, e));
+            }
+        }
+        // Not current yet: the caller must ask the API server.
+        assert_eq!(names(m.in_namespace("team-a")), None);
+        m.current.store(true, Ordering::SeqCst);
+        assert_eq!(
+            names(m.in_namespace("team-a")),
+            Some(vec!["cpu@2".into(), "gpu@5".into()])
+        );
+        assert_eq!(names(m.in_namespace("team-ab")), Some(vec!["gpu@3".into()]));
+        assert_eq!(names(m.in_namespace("team")), Some(vec![]));
+        assert_eq!(names(m.in_namespace("other")), Some(vec![]));
+    }
+
+    #[test]
+    fn an_error_event_ends_the_watch() {
+        let mut o = BTreeMap::new();
+        let s: kube::core::Status = serde_json::from_value(serde_json::json!({
+            "status": "Failure", "code": 410, "reason": "Expired", "message": "too old"
+        }))
+        .unwrap();
+        assert!(!apply::<ResourceQuota>(
+            &mut o,
+            WatchEvent::Error(Box::new(s))
+        ));
+    }
+}
