@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The previous release's `gpuslice` and `gpuslice-runtime`, for the upgrade test
 # (tests/tests/node_faults.rs: pods booked by the previous plugin, the plugin rolled to this
-# build). Built once from commit PREVIOUS of this repository's history (the `suite` profile,
-# dependencies taken from this workspace's target/suite when it has them) and cached under
-# /var/cache/gpuslice/previous/<commit>/bin, keyed by the commit; prints that directory.
+# build), and its Helm chart, for the chart's upgrade test (tests/tests/helm_chart.rs). Built
+# once from commit PREVIOUS of this repository's history (the `suite` profile, dependencies
+# taken from this workspace's target/suite when it has them) and cached under
+# /var/cache/gpuslice/previous/<commit>/bin, keyed by the commit, the chart beside it in
+# <commit>/chart; prints the bin directory.
 #
 #   scripts/previous-build.sh            # PREVIOUS below
 #   GPUSLICE_PREVIOUS_COMMIT=<hash> scripts/previous-build.sh
@@ -23,7 +25,8 @@ die() {
 
 [[ "$PREVIOUS" =~ ^[0-9a-f]{40}$ ]] || die "GPUSLICE_PREVIOUS_COMMIT must be a full commit hash, not '$PREVIOUS'"
 out="$CACHE/$PREVIOUS"
-built() { [ -x "$out/bin/gpuslice" ] && [ -x "$out/bin/gpuslice-runtime" ]; }
+CHART=packaging/helm/gpuslice
+built() { [ -x "$out/bin/gpuslice" ] && [ -x "$out/bin/gpuslice-runtime" ] && [ -f "$out/chart/Chart.yaml" ]; }
 if built; then
   echo "$out/bin"
   exit 0
@@ -37,6 +40,15 @@ if built; then
 fi
 git cat-file -e "$PREVIOUS^{commit}" 2>/dev/null ||
   die "commit $PREVIOUS is not in this clone's history (a shallow clone? 'git fetch --unshallow')"
+# Binaries cached before the chart was kept beside them: add the chart alone.
+if [ -x "$out/bin/gpuslice" ] && [ -x "$out/bin/gpuslice-runtime" ]; then
+  rm -rf "$out/chart.tmp"
+  mkdir -p "$out/chart.tmp"
+  git archive "$PREVIOUS" "$CHART" | tar -x -C "$out/chart.tmp" --strip-components=3
+  mv "$out/chart.tmp" "$out/chart"
+  echo "$out/bin"
+  exit 0
+fi
 
 work="$out.tmp"
 rm -rf "$work"
@@ -58,6 +70,7 @@ echo "previous-build.sh: building gpuslice at $PREVIOUS (profile suite)" >&2
 (cd "$work/src" && CARGO_TARGET_DIR="$work/target" cargo build --profile suite --locked "${members[@]}" \
   -p gpuslice --bin gpuslice --bin gpuslice-runtime >&2)
 cp "$work/target/suite/gpuslice" "$work/target/suite/gpuslice-runtime" "$work/bin/"
+cp -a "$work/src/$CHART" "$work/chart"
 rm -rf "$work/target" "$work/src"
 rm -rf "$out"
 mv "$work" "$out"

@@ -117,16 +117,17 @@ export GPUSLICE_SIM_LIB_DIR="$PWD/target/release"
 # way and nothing is rebuilt between phases.
 cargo_test=(cargo test --workspace --profile suite --locked)
 phase "test build (profile suite)" "${cargo_test[@]}" --no-run
-# The previous release's gpuslice for the upgrade test (tests/tests/node_faults.rs), built once
-# from its pinned commit with this build's dependencies and cached by commit: here, in its own
-# phase, so that its cold build neither holds a test's host locks nor hides in a test's time.
+# The previous release's gpuslice and Helm chart for the upgrade tests (tests/tests/node_faults.rs,
+# tests/tests/helm_chart.rs), built once from its pinned commit with this build's dependencies
+# and cached by commit: here, in its own phase, so that its cold build neither holds a test's
+# host locks nor hides in a test's time.
 previous_build() {
   local d
   d="$(./scripts/previous-build.sh)" || return 1
   export GPUSLICE_PREVIOUS_BIN_DIR="$d"
 }
 phase "previous release: gpuslice at the pinned commit (scripts/previous-build.sh)" previous_build ||
-  echo "test.sh: the previous release's build failed: node_faults:: (the upgrade test) will fail" >&2
+  echo "test.sh: the previous release's build failed: node_faults:: and helm_chart:: (the upgrade tests) will fail" >&2
 
 # The Go builds started after install-deps: wait for them here, after the Rust builds (on a
 # fresh machine the last of them still runs beside the test build), then one row each in the

@@ -54,6 +54,37 @@ pub fn bin(name: &str) -> PathBuf {
     p
 }
 
+/// The previous release's binaries, for the upgrade tests: `GPUSLICE_PREVIOUS_BIN_DIR` (what
+/// scripts/test.sh exported from scripts/previous-build.sh), else what that script builds
+/// (once, cached by commit) and prints.
+pub fn previous_release_bins() -> PathBuf {
+    if let Some(d) = std::env::var_os("GPUSLICE_PREVIOUS_BIN_DIR") {
+        return PathBuf::from(d);
+    }
+    let script = workspace().join("scripts/previous-build.sh");
+    let out = std::process::Command::new(&script)
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+    assert!(out.status.success(), "{} failed", script.display());
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+/// The previous release's Helm chart, which scripts/previous-build.sh keeps beside its
+/// binaries (`<commit>/chart` beside `<commit>/bin`).
+pub fn previous_release_chart() -> PathBuf {
+    let bins = previous_release_bins();
+    let chart = bins.parent().unwrap_or(&bins).join("chart");
+    assert!(
+        chart.join("Chart.yaml").is_file(),
+        "{} holds no chart: run scripts/previous-build.sh, which keeps it beside {}",
+        chart.display(),
+        bins.display()
+    );
+    chart
+}
+
 /// A file of the portable (old-glibc) build in `target/portable`.
 pub fn portable(name: &str) -> PathBuf {
     let dir = std::env::var_os("GPUSLICE_TEST_PORTABLE_DIR")

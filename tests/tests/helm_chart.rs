@@ -3,12 +3,14 @@
 //! without cert-manager and names cert-manager's objects with it, and `helm install` on a real
 //! control plane creates the cluster side: the node installer and DRA plugin DaemonSets, the
 //! DeviceClasses, and the webhook's two replicas, Service, RBAC and registration with a CA
-//! that signs the served certificate, kept across an upgrade.
+//! that signs the served certificate, kept across an upgrade; an upgrade from the previous
+//! release's chart (scripts/previous-build.sh) makes this chart's objects and keeps it too.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
+use gpuslice_e2e::env::previous_release_chart;
 use gpuslice_e2e::kube::{script, KubeCluster};
 use gpuslice_e2e::lock;
 use serde_json::Value;
@@ -571,5 +573,77 @@ fn helm_install_creates_the_cluster_side_on_a_live_control_plane() {
         !left.status.success(),
         "the registration outlived the release"
     );
+
+    upgrade_from_the_previous_release(&c, &["webhook.hamiCompat=true", "dra.mode=capacity"]);
     c.down();
+}
+
+/// The previous release's chart (scripts/previous-build.sh) installed with `sets`, then
+/// upgraded to this one: the upgrade succeeds (no field it cannot change), every object this
+/// chart renders exists after it, the webhook registrations and ClusterRoles are this chart's,
+/// and the webhook keeps the certificate the previous release made; then uninstalled.
+fn upgrade_from_the_previous_release(c: &KubeCluster, sets: &[&str]) {
+    let kc = c.kubeconfig();
+    let kc = kc.to_str().unwrap();
+    let with_sets = |mut args: Vec<String>| {
+        for s in sets {
+            args.extend(["--set".to_string(), s.to_string()]);
+        }
+        args
+    };
+    let run = |args: Vec<String>| helm(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let previous = previous_release_chart();
+    run(with_sets(vec![
+        "install".into(),
+        "gpuslice".into(),
+        previous.display().to_string(),
+        "--kubeconfig".into(),
+        kc.into(),
+    ]));
+    let ns = "gpuslice-system";
+    let secret = c.get_json(&["secret", "gpuslice-webhook-tls", "-n", ns]);
+    run(with_sets(vec![
+        "upgrade".into(),
+        "gpuslice".into(),
+        chart().display().to_string(),
+        "--kubeconfig".into(),
+        kc.into(),
+    ]));
+    let rendered = template(sets);
+    assert!(!rendered.is_empty(), "the chart rendered nothing");
+    for o in &rendered {
+        let kind = o["kind"].as_str().unwrap().to_lowercase();
+        let name = o["metadata"]["name"].as_str().unwrap();
+        let live = match o["metadata"]["namespace"].as_str() {
+            Some(n) => c.get_json(&[&kind, name, "-n", n]),
+            None => c.get_json(&[&kind, name]),
+        };
+        let same = |field: &str, part: &dyn Fn(&Value) -> Value| {
+            assert_eq!(
+                part(&live),
+                part(o),
+                "after the upgrade, {kind} {name}'s {field} is not this chart's"
+            );
+        };
+        match kind.as_str() {
+            "mutatingwebhookconfiguration" => same("webhooks' match conditions", &|v| {
+                Value::Array(
+                    v["webhooks"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|w| w["matchConditions"].clone())
+                        .collect(),
+                )
+            }),
+            "clusterrole" => same("rules", &|v| v["rules"].clone()),
+            _ => {}
+        }
+    }
+    let kept = c.get_json(&["secret", "gpuslice-webhook-tls", "-n", ns]);
+    assert_eq!(
+        kept["data"], secret["data"],
+        "the upgrade from the previous release made a new certificate"
+    );
+    helm(&["uninstall", "gpuslice", "--kubeconfig", kc, "--wait"]);
 }

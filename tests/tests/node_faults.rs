@@ -31,7 +31,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use gpuslice_e2e::cri::image_archive;
-use gpuslice_e2e::env::workspace;
+use gpuslice_e2e::env::previous_release_bins;
 use gpuslice_e2e::kube::{kube_bin, KubeCluster};
 use gpuslice_e2e::kube_node::{
     claim_reservations, claim_template, pod, wait_for_or, KubeNode, APP_IMAGE, NS, STEP,
@@ -478,22 +478,6 @@ fn container(kn: &KubeNode, name: &str) -> (Value, Value) {
     (c["containerID"].clone(), c["restartCount"].clone())
 }
 
-/// The previous release's binaries: `GPUSLICE_PREVIOUS_BIN_DIR`, else what
-/// scripts/previous-build.sh builds (once, cached by commit) and prints.
-fn previous_bins() -> PathBuf {
-    if let Some(d) = std::env::var_os("GPUSLICE_PREVIOUS_BIN_DIR") {
-        return PathBuf::from(d);
-    }
-    let script = workspace().join("scripts/previous-build.sh");
-    let out = Command::new(&script)
-        .stdin(Stdio::null())
-        .stderr(Stdio::inherit())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
-    assert!(out.status.success(), "{} failed", script.display());
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-}
-
 #[test]
 fn upgrade_plugin_agent_kubelet_containerd_kills_and_a_reboot_lose_and_double_book_nothing() {
     let _s = lock(&[Resource::KubeNode]);
@@ -504,7 +488,7 @@ fn upgrade_plugin_agent_kubelet_containerd_kills_and_a_reboot_lose_and_double_bo
     std::fs::write(&node.config, config).unwrap();
 
     // 0. The node runs the previous release's plugin; a pod's claim is booked by it.
-    let previous = previous_bins();
+    let previous = previous_release_bins();
     let cluster = KubeCluster::up_with_node_and(NODE, &node.config, &previous, &[]);
     let kn = KubeNode {
         env: cluster.endpoints(),
