@@ -91,7 +91,8 @@ pub struct Ledger {
     cluster: Cluster,
     hami_compat: bool,
     /// The ResourceQuotas as watched (admissions read them here, as the API server's quota
-    /// admission reads its informer's), while synced; `None`: read on each admission.
+    /// admission reads its informer's), while current (crate::mirror); `None`: read on each
+    /// admission.
     watched: Option<Arc<Mirror<ResourceQuota>>>,
 }
 
