@@ -26,9 +26,11 @@ pub const AUTHORIZER_RACE: &str = "no relationship found between node";
 /// The pod annotation whose change wakes the kubelet; its value counts the wakes.
 pub const ANNOTATION: &str = "dra.gpuslice.io/prepare-retries";
 /// The pause before each wake (the first, the second, the third); after the last the kubelet's
-/// own resync takes over. The authorizer is behind by milliseconds, so the first one is short.
+/// own resync takes over. The authorizer is behind by milliseconds, and the kubelet's event
+/// has taken longer than that to arrive here, so the first is short: every millisecond of it
+/// is a millisecond the pod starts later.
 pub const PAUSES: [Duration; 3] = [
-    Duration::from_millis(200),
+    Duration::from_millis(20),
     Duration::from_secs(1),
     Duration::from_secs(5),
 ];
