@@ -158,7 +158,7 @@ PARTS = (
 def interval(part, rounds=2000, seed=1):
     """A 95 % interval of the ratio of the medians of `part`, sliced over plain: the pairs drawn
     again with replacement `rounds` times (a bootstrap; the seed fixed, so a run's samples
-    always give the same interval). The runs' spread says more than any one run's ratio."""
+    always give the same interval): how far the run's ratio can be trusted."""
     rng = random.Random(seed)
     ratios = []
     for _ in range(rounds):
