@@ -1,14 +1,16 @@
 //! A copy of one kind of API object, kept by a list and then a watch, so that an admission
 //! reads it without an API call: the webhook's own ResourceClaimTemplates, the cluster's
-//! ResourceQuotas. The copy is trusted only while it is current, from a successful list until
-//! its watch ends; then it is listed anew after a pause, and meanwhile readers are told to ask
-//! the API server (a copy that missed a change must not admit past a budget).
+//! ResourceQuotas. The copy is trusted only while it is current: from a successful list, for
+//! as long as its watch runs or resumes where it stopped (the API server ends each watch after
+//! a few minutes); when a watch fails or its version has expired, the copy is listed anew after
+//! a pause, and meanwhile readers are told to ask the API server (a copy that missed a change
+//! must not admit past a budget).
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kube::api::{ListParams, WatchEvent, WatchParams};
 use kube::{Api, Resource};
@@ -67,9 +69,12 @@ where
         mirror
     }
 
-    /// Lists the objects, then follows their changes until the watch ends.
+    /// Lists the objects, then follows their changes, each watch resuming where the last one
+    /// ended, until one fails.
     async fn list_and_watch(&self, api: &Api<K>, labels: Option<&str>) {
         let mut list = ListParams::default();
+        // Bookmarks (on by default) keep the version moving while nothing changes, so that a
+        // resumed watch does not start from one the API server has compacted away.
         let mut watch = WatchParams::default().timeout(WATCH_SECONDS);
         if let Some(labels) = labels {
             list = list.labels(labels);
@@ -78,23 +83,34 @@ where
         let Ok(listed) = api.list(&list).await else {
             return;
         };
-        let version = listed.metadata.resource_version.clone().unwrap_or_default();
+        let mut version = listed.metadata.resource_version.clone().unwrap_or_default();
         if let Ok(mut m) = self.objects.write() {
             *m = listed.items.into_iter().map(|o| (key(&o), o)).collect();
         }
-        let Ok(stream) = api.watch(&watch, &version).await else {
-            return;
-        };
-        self.current.store(true, Ordering::SeqCst);
-        let mut stream = std::pin::pin!(stream);
-        while let Some(event) = stream.next().await {
-            let Ok(event) = event else {
+        loop {
+            let began = Instant::now();
+            let Ok(stream) = api.watch(&watch, &version).await else {
                 return;
             };
-            let Ok(mut m) = self.objects.write() else {
-                return;
-            };
-            if !apply(&mut m, event) {
+            self.current.store(true, Ordering::SeqCst);
+            let mut stream = std::pin::pin!(stream);
+            while let Some(event) = stream.next().await {
+                let Ok(event) = event else {
+                    return;
+                };
+                let Ok(mut m) = self.objects.write() else {
+                    return;
+                };
+                match apply(&mut m, event) {
+                    Some(v) => version = v,
+                    None => return,
+                }
+            }
+            // The API server ended the watch at its timeout: the copy is as current as the
+            // version reached, and the next watch starts from it. One that ended at once is
+            // taken for a failure (listed anew after the pause), so no loop asks the API server
+            // without a pause.
+            if began.elapsed() < RETRY {
                 return;
             }
         }
@@ -120,19 +136,23 @@ where
     }
 }
 
-/// Applies one watch event to `objects`; `false` when it ends the watch (an error event).
-fn apply<K: Resource>(objects: &mut BTreeMap<Key, K>, event: WatchEvent<K>) -> bool {
+/// Applies one watch event to `objects`: the resourceVersion it brings the copy to, or
+/// `None` when it ends the watch (an error event: a failure, or a version that expired).
+fn apply<K: Resource>(objects: &mut BTreeMap<Key, K>, event: WatchEvent<K>) -> Option<String> {
+    let version = |o: &K| o.meta().resource_version.clone().unwrap_or_default();
     match event {
         WatchEvent::Added(o) | WatchEvent::Modified(o) => {
+            let v = version(&o);
             objects.insert(key(&o), o);
+            Some(v)
         }
         WatchEvent::Deleted(o) => {
             objects.remove(&key(&o));
+            Some(version(&o))
         }
-        WatchEvent::Bookmark(_) => {}
-        WatchEvent::Error(_) => return false,
+        WatchEvent::Bookmark(b) => Some(b.metadata.resource_version),
+        WatchEvent::Error(_) => None,
     }
-    true
 }
 
 #[cfg(test)]
@@ -180,7 +200,7 @@ mod tests {
                 WatchEvent::Modified(quota("team-a", "gpu", "5")),
                 WatchEvent::Deleted(quota("team", "gpu", "6")),
             ] {
-                assert!(apply(&mut o, e));
+                assert!(apply(&mut o, e).is_some());
             }
         }
         // Not current yet: the caller must ask the API server.
@@ -196,15 +216,38 @@ mod tests {
     }
 
     #[test]
+    fn each_event_brings_the_version_the_next_watch_resumes_from() {
+        let mut o = BTreeMap::new();
+        assert_eq!(
+            apply(&mut o, WatchEvent::Added(quota("a", "q", "7"))),
+            Some("7".into())
+        );
+        assert_eq!(
+            apply(&mut o, WatchEvent::Deleted(quota("a", "q", "9"))),
+            Some("9".into())
+        );
+        assert!(o.is_empty());
+        // A bookmark moves the version on without changing the copy.
+        let bookmark: WatchEvent<ResourceQuota> = serde_json::from_value(serde_json::json!({
+            "type": "BOOKMARK",
+            "object": {"kind": "ResourceQuota", "apiVersion": "v1",
+                       "metadata": {"resourceVersion": "12"}}
+        }))
+        .unwrap();
+        assert_eq!(apply(&mut o, bookmark), Some("12".into()));
+        assert!(o.is_empty());
+    }
+
+    #[test]
     fn an_error_event_ends_the_watch() {
         let mut o = BTreeMap::new();
         let s: kube::core::Status = serde_json::from_value(serde_json::json!({
             "status": "Failure", "code": 410, "reason": "Expired", "message": "too old"
         }))
         .unwrap();
-        assert!(!apply::<ResourceQuota>(
-            &mut o,
-            WatchEvent::Error(Box::new(s))
-        ));
+        assert_eq!(
+            apply::<ResourceQuota>(&mut o, WatchEvent::Error(Box::new(s))),
+            None
+        );
     }
 }
