@@ -20,7 +20,8 @@ use tokio_stream::StreamExt;
 /// How long one watch request lasts before it is renewed (the API server's own limit is 5 to
 /// 10 minutes).
 const WATCH_SECONDS: u32 = 290;
-/// The pause after a watch ended or a list failed, before the next list.
+/// The pause after a watch or a list failed, before the next list; also the shortest a watch
+/// must last to be resumed rather than taken for a failure.
 const RETRY: Duration = Duration::from_secs(1);
 
 /// An object's namespace and name: the copy's key.
