@@ -915,11 +915,7 @@ fn signal(pid: &str, sig: &str) {
 
 /// SIGKILL, as a crash would end the webhook.
 fn kill_hard(pid: u32) {
-    let status = Command::new("kill")
-        .args(["-KILL", &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
+    signal(&pid.to_string(), "KILL");
     wait_for("the webhook to exit", STEP, || {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok();
         stat.is_none_or(|s| s.contains(") Z ")).then_some(())
