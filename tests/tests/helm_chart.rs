@@ -172,6 +172,46 @@ fn the_chart_renders_the_raw_manifests_and_both_certificate_bootstraps() {
     assert_eq!(hook["sideEffects"], "NoneOnDryRun");
     assert_eq!(hook["failurePolicy"], "Fail");
     assert!(find(&rendered, "Certificate", "gpuslice-webhook").is_none());
+    // The test cluster registers the webhook by URL (scripts/lib/cluster-webhook.sh), and the
+    // e2e tests check what its conditions do: they must be the chart's, word for word.
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(". scripts/lib/cluster-webhook.sh && webhook_configuration https://127.0.0.1:1/mutate Q0E=")
+        .current_dir(repo())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cluster = documents(&String::from_utf8_lossy(&out.stdout));
+    let conditions = |m: &Value| -> Vec<(String, Vec<(String, String)>)> {
+        let words = |v: &Value| {
+            v.as_str()
+                .unwrap()
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        m["webhooks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| {
+                let c = w["matchConditions"].as_array().unwrap();
+                let c = c
+                    .iter()
+                    .map(|c| (words(&c["name"]), words(&c["expression"])));
+                (words(&w["name"]), c.collect())
+            })
+            .collect()
+    };
+    assert_eq!(
+        conditions(&cluster[0]),
+        conditions(mwc),
+        "the test cluster's webhook registration and the chart's send different objects"
+    );
     let deploy = find(&rendered, "Deployment", "gpuslice-webhook").unwrap();
     assert_eq!(deploy["spec"]["replicas"], 2);
     let cmd = deploy["spec"]["template"]["spec"]["containers"][0]["command"].to_string();
