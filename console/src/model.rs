@@ -566,8 +566,8 @@ pub const TRAINING_OPERATOR_LABEL: &str = "training.kubeflow.org/operator-name";
 /// The workload a pod belongs to, as `kind/name`: the job of a job's pod
 /// ([`gpuslice_dra::jobs::job_of`]: `job/NAME` by the `gpuslice.io/job` label, a training
 /// operator job's (`pytorchjob/NAME`, `tfjob/NAME`, …) by its controller owner or, without
-/// one, by the operator's label naming its controller, `trainjob/NAME` or `jobset/NAME` for a TrainJob's or JobSet's,
-/// whose controller owner is one of its Jobs); else its controller owner, a ReplicaSet's pod
+/// one, by the operator's label naming its controller, `trainjob/NAME` or `jobset/NAME` for a
+/// TrainJob's or JobSet's, whose controller owner is one of its Jobs); else its controller owner, a ReplicaSet's pod
 /// named by its Deployment (the ReplicaSet's name less the pod's `pod-template-hash`
 /// label); `pod/NAME` for a pod without a controller.
 pub fn workload_of(pod: &Pod) -> String {
