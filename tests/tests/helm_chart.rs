@@ -625,30 +625,19 @@ fn helm_install_creates_the_cluster_side_on_a_live_control_plane() {
 fn upgrade_from_the_previous_release(c: &KubeCluster, sets: &[&str]) {
     let kc = c.kubeconfig();
     let kc = kc.to_str().unwrap();
-    let with_sets = |mut args: Vec<String>| {
+    // `helm VERB gpuslice CHART` on the cluster, with `sets`.
+    let release = |verb: &str, chart: &Path| {
+        let chart = chart.to_str().unwrap();
+        let mut args = vec![verb, "gpuslice", chart, "--kubeconfig", kc];
         for s in sets {
-            args.extend(["--set".to_string(), s.to_string()]);
+            args.extend(["--set", s]);
         }
-        args
+        helm(&args);
     };
-    let run = |args: Vec<String>| helm(&args.iter().map(String::as_str).collect::<Vec<_>>());
-    let previous = previous_release_chart();
-    run(with_sets(vec![
-        "install".into(),
-        "gpuslice".into(),
-        previous.display().to_string(),
-        "--kubeconfig".into(),
-        kc.into(),
-    ]));
+    release("install", &previous_release_chart());
     let ns = "gpuslice-system";
     let secret = c.get_json(&["secret", "gpuslice-webhook-tls", "-n", ns]);
-    run(with_sets(vec![
-        "upgrade".into(),
-        "gpuslice".into(),
-        chart().display().to_string(),
-        "--kubeconfig".into(),
-        kc.into(),
-    ]));
+    release("upgrade", &chart());
     let rendered = template(sets);
     assert!(!rendered.is_empty(), "the chart rendered nothing");
     for o in &rendered {
