@@ -10,8 +10,9 @@
 # (scripts/lib/bench_job_start.py): prints each sample, the medians of each part (the
 # operator's creates, the claim controller, the scheduler, the nodes) and their ratios, and
 # the API server's and kubelets' mean time of each call on a rank's way. The container is the
-# nodes' pause image (busybox sh printing one line, then waiting). Takes the e2e tests' locks (the machine lock shared, the kube-node
-# lock exclusive), so it waits for a running kube-node test and keeps the next one out.
+# nodes' pause image (busybox sh printing one line, then waiting). Takes the e2e tests' locks
+# (the machine lock shared, the kube-node lock exclusive), so it waits for a running kube-node
+# test and keeps the next one out.
 # With BENCH_STATE=tmpfs each node's gpuslice state and CDI specs live on /dev/shm, as
 # /run/gpuslice and /var/run/cdi do on a node (the cluster script's own node configs put them
 # under DIR, here on disk); everything else stays where the cluster script puts it.

@@ -26,7 +26,8 @@ die() {
 [[ "$PREVIOUS" =~ ^[0-9a-f]{40}$ ]] || die "GPUSLICE_PREVIOUS_COMMIT must be a full commit hash, not '$PREVIOUS'"
 out="$CACHE/$PREVIOUS"
 CHART=packaging/helm/gpuslice
-built() { [ -x "$out/bin/gpuslice" ] && [ -x "$out/bin/gpuslice-runtime" ] && [ -f "$out/chart/Chart.yaml" ]; }
+have_bins() { [ -x "$out/bin/gpuslice" ] && [ -x "$out/bin/gpuslice-runtime" ]; }
+built() { have_bins && [ -f "$out/chart/Chart.yaml" ]; }
 if built; then
   echo "$out/bin"
   exit 0
@@ -41,8 +42,8 @@ fi
 git cat-file -e "$PREVIOUS^{commit}" 2>/dev/null ||
   die "commit $PREVIOUS is not in this clone's history (a shallow clone? 'git fetch --unshallow')"
 # Binaries cached before the chart was kept beside them: add the chart alone.
-if [ -x "$out/bin/gpuslice" ] && [ -x "$out/bin/gpuslice-runtime" ]; then
-  rm -rf "$out/chart.tmp"
+if have_bins; then
+  rm -rf "$out/chart.tmp" "$out/chart"
   mkdir -p "$out/chart.tmp"
   git archive "$PREVIOUS" "$CHART" | tar -x -C "$out/chart.tmp" --strip-components=3
   mv "$out/chart.tmp" "$out/chart"
