@@ -84,6 +84,7 @@ fn main() {
                     minor: g as u32,
                     pci_bus_id: None,
                     numa_node: None,
+                    pcie_root: None,
                 })
                 .collect(),
         },

@@ -69,6 +69,7 @@ pub fn take_inventory(node: &NodeContext) -> Result<Vec<Gpu>, InventoryError> {
             minor: g.minor,
             pci_bus_id: g.pci_bus_id,
             numa_node: g.numa_node,
+            pcie_root: g.pcie_root,
         })
         .collect())
 }

@@ -38,6 +38,7 @@ pub(crate) fn gpus() -> Vec<Gpu> {
             minor: i,
             pci_bus_id: None,
             numa_node: None,
+            pcie_root: None,
         })
         .collect()
 }

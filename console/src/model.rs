@@ -850,6 +850,7 @@ pub(crate) mod tests {
             uuid: format!("GPU-{model}-{index}").replace(' ', "-"),
             model: model.into(),
             numa_node: None,
+            pcie_root: None,
             memory: gib * GIB,
             cores: 100,
             slots: None,

@@ -24,6 +24,9 @@ pub struct Gpu {
     pub pci_bus_id: Option<String>,
     /// The NUMA node of the GPU's PCI device, where the kernel tells.
     pub numa_node: Option<i32>,
+    /// The PCIe root complex the GPU hangs off (`pci<domain>:<bus>`, as sysfs names it),
+    /// where sysfs tells: what aligns a GPU with a NIC under the same root.
+    pub pcie_root: Option<String>,
 }
 
 /// The inventory could not be taken.
@@ -61,7 +64,8 @@ pub fn inventory(config: &Config, config_path: &Path) -> Result<Vec<Gpu>, Invent
     }
 }
 
-/// The simulated GPUs of the config: minor = index, a synthetic PCI bus id, NUMA node 0.
+/// The simulated GPUs of the config: minor = index, a synthetic PCI bus id, NUMA node 0, no
+/// PCIe root (nothing in sysfs to take one from).
 pub fn simulated_inventory(config: &Config) -> Vec<Gpu> {
     config
         .inventory
@@ -76,12 +80,13 @@ pub fn simulated_inventory(config: &Config) -> Vec<Gpu> {
             minor: i as u32,
             pci_bus_id: Some(gpuslice_config::simulated_pci_bus_id(i)),
             numa_node: Some(0),
+            pcie_root: None,
         })
         .collect()
 }
 
-/// Reads the GPUs through NVML loaded from `lib` (a soname or a path). The NUMA node comes
-/// from `<sys_root>/bus/pci/devices/<bus id>/numa_node` where the kernel tells.
+/// Reads the GPUs through NVML loaded from `lib` (a soname or a path). The NUMA node and the
+/// PCIe root come from `<sys_root>/bus/pci/devices/<bus id>` where the kernel tells.
 pub fn nvml_inventory(lib: &OsStr, sys_root: &Path) -> Result<Vec<Gpu>, InventoryError> {
     let nvml = nvml_wrapper::Nvml::builder()
         .lib_path(lib)
@@ -107,6 +112,7 @@ pub fn nvml_inventory(lib: &OsStr, sys_root: &Path) -> Result<Vec<Gpu>, Inventor
         let minor = dev.minor_number().map_err(err)?;
         let pci_bus_id = dev.pci_info().ok().map(|p| p.bus_id);
         let numa_node = pci_bus_id.as_deref().and_then(|b| numa_node(sys_root, b));
+        let pcie_root = pci_bus_id.as_deref().and_then(|b| pcie_root(sys_root, b));
         gpus.push(Gpu {
             index,
             uuid,
@@ -115,16 +121,32 @@ pub fn nvml_inventory(lib: &OsStr, sys_root: &Path) -> Result<Vec<Gpu>, Inventor
             minor,
             pci_bus_id,
             numa_node,
+            pcie_root,
         });
     }
     Ok(gpus)
 }
 
-/// NVML bus ids look like `00000000:17:00.0`; sysfs uses `0000:17:00.0` in lower case.
-fn numa_node(sys_root: &Path, bus_id: &str) -> Option<i32> {
+/// sysfs's name of the PCI device NVML calls `bus_id`: NVML prints `00000000:17:00.0`,
+/// sysfs `0000:17:00.0` in lower case; `None` for anything else (the name reaches a path).
+fn sysfs_pci_name(bus_id: &str) -> Option<String> {
     let (domain, rest) = bus_id.split_once(':')?;
     let domain = u32::from_str_radix(domain, 16).ok()?;
     let name = format!("{domain:04x}:{}", rest.to_ascii_lowercase());
+    let (_, rest) = name.split_once(':')?;
+    let r = rest.as_bytes();
+    let shaped = r.len() == 7
+        && (r[2], r[5]) == (b':', b'.')
+        && [0, 1, 3, 4, 6].iter().all(|&i| is_hex(r[i]));
+    shaped.then_some(name)
+}
+
+fn is_hex(c: u8) -> bool {
+    matches!(c, b'0'..=b'9' | b'a'..=b'f')
+}
+
+fn numa_node(sys_root: &Path, bus_id: &str) -> Option<i32> {
+    let name = sysfs_pci_name(bus_id)?;
     let text = std::fs::read_to_string(
         sys_root
             .join("bus/pci/devices")
@@ -134,6 +156,44 @@ fn numa_node(sys_root: &Path, bus_id: &str) -> Option<i32> {
     .ok()?;
     let n: i32 = text.trim().parse().ok()?;
     (n >= 0).then_some(n)
+}
+
+/// The root complex of the device: `<sys_root>/bus/pci/devices/<name>` links to
+/// `../../../devices/pci<domain>:<bus>/…/<name>`, whose first component under `devices` is
+/// the root (Kubernetes' standard `resource.kubernetes.io/pcieRoot` value). `None` when the
+/// link is missing or does not have that shape.
+fn pcie_root(sys_root: &Path, bus_id: &str) -> Option<String> {
+    let name = sysfs_pci_name(bus_id)?;
+    let target = std::fs::read_link(sys_root.join("bus/pci/devices").join(&name)).ok()?;
+    // The link's target, relative to sysfs's root: from `bus/pci/devices`, or absolute.
+    let mut path: Vec<String> = if target.is_absolute() {
+        Vec::new()
+    } else {
+        vec!["bus".into(), "pci".into(), "devices".into()]
+    };
+    for c in target.components() {
+        match c {
+            std::path::Component::Normal(s) => path.push(s.to_str()?.to_string()),
+            std::path::Component::ParentDir => {
+                path.pop()?;
+            }
+            std::path::Component::CurDir => {}
+            std::path::Component::RootDir | std::path::Component::Prefix(_) => path.clear(),
+        }
+    }
+    // An absolute link names the real sysfs (`/sys/devices/…`).
+    if target.is_absolute() && path.first().map(String::as_str) == Some("sys") {
+        path.remove(0);
+    }
+    let [devices, root, .., last] = path.as_slice() else {
+        return None;
+    };
+    // `pci<domain>:<bus>`: a domain of 4 to 8 hex digits (VMD's are 5), a bus of 2.
+    let (domain, bus) = root.strip_prefix("pci")?.split_once(':')?;
+    let is_root = (4..=8).contains(&domain.len())
+        && bus.len() == 2
+        && domain.bytes().chain(bus.bytes()).all(is_hex);
+    (devices == "devices" && is_root && *last == name).then(|| root.clone())
 }
 
 #[cfg(test)]
@@ -191,5 +251,54 @@ mod tests {
         std::fs::write(dev.join("numa_node"), "-1\n").expect("write");
         assert_eq!(numa_node(sys.path(), "00000000:17:00.0"), None);
         assert_eq!(numa_node(sys.path(), "garbage"), None);
+        assert_eq!(numa_node(sys.path(), "00000000:17:00.0/../x"), None);
+    }
+
+    /// sysfs as the kernel lays it out: the device under its root complex, linked from
+    /// `bus/pci/devices`.
+    fn sysfs_with(link: &str, target: &str) -> tempfile::TempDir {
+        let sys = tempfile::tempdir().expect("tempdir");
+        let devices = sys.path().join("bus/pci/devices");
+        std::fs::create_dir_all(&devices).expect("mkdir");
+        std::os::unix::fs::symlink(target, devices.join(link)).expect("symlink");
+        sys
+    }
+
+    #[test]
+    fn pcie_root_from_sysfs() {
+        let sys = sysfs_with(
+            "0000:17:00.0",
+            "../../../devices/pci0000:16/0000:16:02.0/0000:17:00.0",
+        );
+        assert_eq!(
+            pcie_root(sys.path(), "00000000:17:00.0").as_deref(),
+            Some("pci0000:16")
+        );
+        // The name NVML prints in upper case is found too.
+        let sys = sysfs_with("0001:a3:00.0", "/sys/devices/pci0001:a0/0001:a3:00.0");
+        assert_eq!(
+            pcie_root(sys.path(), "00000001:A3:00.0").as_deref(),
+            Some("pci0001:a0")
+        );
+    }
+
+    #[test]
+    fn no_pcie_root_from_a_link_of_another_shape() {
+        for target in [
+            // Not under a root complex.
+            "../../../devices/platform/0000:17:00.0",
+            // Another device.
+            "../../../devices/pci0000:16/0000:18:00.0",
+            // Escapes sysfs.
+            "../../../../../devices/pci0000:16/0000:17:00.0",
+            // A root name of another shape.
+            "../../../devices/pciXYZ/0000:17:00.0",
+        ] {
+            let sys = sysfs_with("0000:17:00.0", target);
+            assert_eq!(pcie_root(sys.path(), "00000000:17:00.0"), None, "{target}");
+        }
+        let sys = tempfile::tempdir().expect("tempdir");
+        assert_eq!(pcie_root(sys.path(), "00000000:17:00.0"), None);
+        assert_eq!(pcie_root(sys.path(), "garbage"), None);
     }
 }

@@ -79,6 +79,7 @@ fn setup(dir: &Path, gpus: u32, reservations: u32) -> Result<(), Error> {
                 minor: i,
                 pci_bus_id: None,
                 numa_node: None,
+                pcie_root: None,
             })
             .collect(),
     };

@@ -26,6 +26,9 @@ pub struct Gpu {
     pub pci_bus_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub numa_node: Option<i32>,
+    /// The PCIe root complex (`pci<domain>:<bus>`), where sysfs tells.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pcie_root: Option<String>,
 }
 
 /// The node's GPUs, cached in the registry.

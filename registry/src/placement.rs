@@ -313,6 +313,7 @@ mod tests {
             minor: index,
             pci_bus_id: None,
             numa_node: None,
+            pcie_root: None,
         }
     }
 

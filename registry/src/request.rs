@@ -124,6 +124,7 @@ mod tests {
             minor: 2,
             pci_bus_id: None,
             numa_node: None,
+            pcie_root: None,
         };
         assert!(Selector::Uuid("gpu-ABC".into()).matches(&gpu));
         assert!(Selector::Index(2).matches(&gpu));

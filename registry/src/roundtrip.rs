@@ -111,9 +111,10 @@ fn gpu() -> impl Strategy<Value = Gpu> {
             Just(i32::MAX),
             any::<i32>()
         ]),
+        proptest::option::of(odd_string()),
     )
         .prop_map(
-            |(index, uuid, model, memory_total, minor, pci_bus_id, numa_node)| Gpu {
+            |(index, uuid, model, memory_total, minor, pci_bus_id, numa_node, pcie_root)| Gpu {
                 index,
                 uuid,
                 model,
@@ -121,6 +122,7 @@ fn gpu() -> impl Strategy<Value = Gpu> {
                 minor,
                 pci_bus_id,
                 numa_node,
+                pcie_root,
             },
         )
 }
@@ -303,6 +305,7 @@ fn every_field_set() -> RegistryFile {
         minor: 7,
         pci_bus_id: Some("0000:01:00.0".into()),
         numa_node: Some(-1),
+        pcie_root: None,
     };
     let booking = Booking {
         index: 3,

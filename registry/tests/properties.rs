@@ -144,6 +144,7 @@ fn inventory() -> Inventory {
                 minor: i as u32,
                 pci_bus_id: None,
                 numa_node: None,
+                pcie_root: None,
             })
             .collect(),
     }

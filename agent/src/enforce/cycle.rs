@@ -432,6 +432,7 @@ mod tests {
                         minor: g as u32,
                         pci_bus_id: None,
                         numa_node: None,
+                        pcie_root: None,
                     })
                     .collect(),
             },

@@ -70,6 +70,7 @@ impl Node {
                     minor: i,
                     pci_bus_id: None,
                     numa_node: None,
+                    pcie_root: None,
                 })
                 .collect(),
         })

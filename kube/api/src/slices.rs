@@ -34,6 +34,9 @@ pub const ATTR_PRODUCT: &str = "productName";
 pub const ATTR_SLOT: &str = "slot";
 /// The standard NUMA node attribute, published where the inventory knows it.
 pub const ATTR_NUMA: &str = "resource.kubernetes.io/numaNode";
+/// The standard PCIe root complex attribute (`pci<domain>:<bus>`), published where the
+/// inventory knows it: a claim aligns a GPU with a NIC by `matchAttribute` on it.
+pub const ATTR_PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
 pub const CAP_MEMORY: &str = "memory";
 pub const CAP_CORES: &str = "cores";
 
@@ -65,6 +68,8 @@ pub struct OfferedGpu {
     pub uuid: String,
     pub model: String,
     pub numa_node: Option<i32>,
+    /// The PCIe root complex, where the inventory knows it.
+    pub pcie_root: Option<String>,
     /// Bytes not booked by node paths, rounded down to [`MEMORY_STEP`].
     pub memory: u64,
     /// Percent of compute not booked by node paths.
@@ -192,6 +197,15 @@ fn attributes(g: &OfferedGpu) -> BTreeMap<String, DeviceAttribute> {
             ATTR_NUMA.to_string(),
             DeviceAttribute {
                 int: Some(i64::from(n)),
+                ..Default::default()
+            },
+        );
+    }
+    if let Some(root) = g.pcie_root.as_deref().filter(|r| !r.is_empty()) {
+        attributes.insert(
+            ATTR_PCIE_ROOT.to_string(),
+            DeviceAttribute {
+                string: Some(truncate(root, MAX_STRING_ATTRIBUTE)),
                 ..Default::default()
             },
         );
@@ -348,6 +362,7 @@ mod tests {
             uuid: format!("GPU-{index:08}-0000-0000-0000-000000000000"),
             model: "NVIDIA H200".into(),
             numa_node: None,
+            pcie_root: None,
             memory,
             cores: 100,
             slots: None,

@@ -170,6 +170,7 @@ pub fn offer(
                 uuid: g.uuid.clone(),
                 model: g.model.clone(),
                 numa_node: g.numa_node,
+                pcie_root: g.pcie_root.clone(),
                 memory,
                 cores: 100u32.saturating_sub(load.cores),
                 slots,
@@ -185,7 +186,7 @@ mod tests {
     use gpuslice_registry::{Booking, Gpu, Owner, ReservationState};
 
     use gpuslice_config::quantity::parse_kube_quantity;
-    use gpuslice_dra::slices::{build_slices, ATTR_NUMA};
+    use gpuslice_dra::slices::{build_slices, ATTR_NUMA, ATTR_PCIE_ROOT};
 
     use super::*;
 
@@ -200,6 +201,7 @@ mod tests {
             minor: index,
             pci_bus_id: None,
             numa_node: (index == 1).then_some(1),
+            pcie_root: (index == 1).then(|| "pci0000:16".to_string()),
         }
     }
 
@@ -284,11 +286,9 @@ mod tests {
         assert_eq!(attrs["index"].int, Some(1));
         assert_eq!(attrs["productName"].string.as_deref(), Some("NVIDIA H200"));
         assert_eq!(attrs[ATTR_NUMA].int, Some(1));
-        assert!(!devices[0]
-            .attributes
-            .as_ref()
-            .unwrap()
-            .contains_key(ATTR_NUMA));
+        assert_eq!(attrs[ATTR_PCIE_ROOT].string.as_deref(), Some("pci0000:16"));
+        let unknown = devices[0].attributes.as_ref().unwrap();
+        assert!(!unknown.contains_key(ATTR_NUMA) && !unknown.contains_key(ATTR_PCIE_ROOT));
         // The API server's rule: default and max are multiples of the step, within value.
         for d in devices {
             let cap = d.capacity.as_ref().unwrap();

@@ -37,6 +37,7 @@ pub fn probe_slice(node: &str) -> Result<ResourceSlice, SliceError> {
         uuid: "GPU-00000000-0000-0000-0000-000000000000".into(),
         model: "gpuslice probe".into(),
         numa_node: None,
+        pcie_root: None,
         memory: 1 << 30,
         cores: 100,
         slots: None,

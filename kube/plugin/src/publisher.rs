@@ -224,6 +224,7 @@ mod tests {
             uuid: format!("GPU-{index:08}-0000-0000-0000-000000000000"),
             model: "NVIDIA H200".into(),
             numa_node: None,
+            pcie_root: None,
             memory: 16 << 30,
             cores: 100,
             slots,

@@ -443,6 +443,7 @@ mod tests {
                 minor: i,
                 pci_bus_id: None,
                 numa_node: None,
+                pcie_root: None,
             })
             .collect();
         r.set_inventory(Inventory { gpus }).unwrap();
@@ -597,6 +598,7 @@ mod tests {
                 minor: 0,
                 pci_bus_id: None,
                 numa_node: None,
+                pcie_root: None,
             }],
         })
         .unwrap();

@@ -24,6 +24,7 @@ pub fn inventory(n: u32, memory: u64) -> Inventory {
                 minor: i,
                 pci_bus_id: Some(format!("0000:{:02x}:00.0", i + 1)),
                 numa_node: Some(0),
+                pcie_root: None,
             })
             .collect(),
     }

@@ -105,6 +105,7 @@ impl Node {
                     minor: i as u32,
                     pci_bus_id: None,
                     numa_node: None,
+                    pcie_root: None,
                 })
                 .collect(),
         };
