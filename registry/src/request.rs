@@ -33,7 +33,7 @@ impl Selector {
                 return Ok(Selector::Index(i));
             }
         }
-        if v.len() > 4 && v[..4].eq_ignore_ascii_case("GPU-") {
+        if v.len() > 4 && v.as_bytes()[..4].eq_ignore_ascii_case(b"GPU-") {
             return Ok(Selector::Uuid(v.to_string()));
         }
         Err(SelectorError {
@@ -112,7 +112,8 @@ mod tests {
             Selector::parse_list("0,gpu-ABC"),
             Ok(vec![Selector::Index(0), Selector::Uuid("gpu-ABC".into())])
         );
-        for bad in ["", "-1", "abc", "GPU-", "99999999999", "0,,1"] {
+        // A character across byte 4 is refused, not a panic (the create path aborts on one).
+        for bad in ["", "-1", "abc", "GPU-", "99999999999", "0,,1", "ab€x", "GP€-x"] {
             let e = Selector::parse_list(bad).expect_err(bad);
             assert!(e.to_string().contains("accepted"), "{e}");
         }

@@ -1,6 +1,7 @@
 //! End to end with real runc and the real
 //! `gpuslice-runtime`: whole GPUs booked per container instance (not per id), a spec runc
-//! rejects gives its slice back at once, a spec carrying another container's reservation
+//! rejects gives its slice back at once (so does one whose edited config.json cannot be
+//! written back), a spec carrying another container's reservation
 //! cannot take or release it, a container without its own pid namespace keeps its
 //! slice while its processes outlive init, and a cgroup that already held a host process is
 //! never recorded as a container's.
@@ -224,6 +225,55 @@ fn a_spec_runc_rejects_leaves_no_pending_slice() {
         "{}",
         text(&plain)
     );
+}
+
+/// The bundle is read-only (a read-only bind mount over it): the wrapper reserves, cannot
+/// write the edited config.json back, says so naming the file, and gives the slice back at
+/// once rather than leaving it pending until the timeout.
+#[test]
+fn a_spec_that_cannot_be_written_back_leaves_no_pending_slice() {
+    let _s = lock(&[Resource::Cdi]);
+    let node = TestNode::new(&["10Gi"]);
+    let bundle = Bundle::new("true", &[("gpuslice.io/memory", "4Gi")]);
+    let mount = |args: &[&str]| {
+        let out = Command::new("mount")
+            .args(args)
+            .arg(bundle.path())
+            .arg(bundle.path())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "mount {args:?}: {}", text(&out));
+    };
+    mount(&["--bind"]);
+    /// Unmounts the bundle's read-only bind mount however the test ends.
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(self.0).output();
+        }
+    }
+    let _unmount = Unmount(bundle.path());
+    mount(&["-o", "remount,bind,ro"]);
+    let wrapped = runtime(&node)
+        .args(["create", "-b"])
+        .arg(bundle.path())
+        .arg("e2e-read-only-bundle")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(wrapped.status.code(), Some(1), "{}", text(&wrapped));
+    let stderr = String::from_utf8_lossy(&wrapped.stderr);
+    assert!(
+        stderr.contains(&bundle.path().join("config.json").display().to_string()),
+        "{}",
+        text(&wrapped)
+    );
+    assert!(
+        node.reservations().is_empty(),
+        "slice still pending after config.json could not be written: {:?}",
+        node.reservations()
+    );
+    assert!(node.leftovers().is_empty(), "{:?}", node.leftovers());
 }
 
 /// Defect 8: with the runtime as a child, signals still reach the container and its exit

@@ -53,6 +53,9 @@ fn main() -> ExitCode {
             }
         };
         if let Err(e) = edit_bundle(&n, &parsed) {
+            // The edit may have reserved before it failed (writing config.json back): the
+            // slice is given back now, not at the pending timeout.
+            give_back(Some(&n), &parsed);
             report(&parsed, &e.to_string());
             return ExitCode::from(1);
         }
