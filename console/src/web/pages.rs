@@ -12,6 +12,7 @@ use crate::idle::{IdleOptions, IdleSlice};
 use crate::model::{claim_series, gpu_label, ContainerSlice, GpuView, Model, NodeView};
 use crate::render::bytes;
 use crate::usage::{format_window, Span, Usage};
+use gpuslice_config::quantity::format_kube_quantity;
 use gpuslice_dra::quota::{Charge, Resource};
 
 use super::charts::{self, Plot, Unit};
@@ -821,7 +822,9 @@ pub fn workload_page(
             .map_or(128, |m| m.min(128));
         let request = w.slice.as_ref().and_then(|s| s.request);
         let gpus = request.map_or(1, |r| r.gpus);
-        let memory = request.map_or(String::new(), |r| bytes(r.memory));
+        // The exact quantity, as the template and limits are written: the rounded display
+        // figure would shrink the slice, or be refused, when sent back as pre-filled.
+        let memory = request.map_or(String::new(), |r| format_kube_quantity(r.memory));
         let cores = request
             .and_then(|r| r.cores)
             .map_or(String::new(), |c| c.to_string());
@@ -1526,6 +1529,29 @@ mod tests {
             "<td data-col=\"gpu\">1 GPU × 20Gi memory, 30 cores</td>"
         );
         assert!(r.contains("href=\"/workloads/ml/deployment/train\""));
+    }
+
+    #[test]
+    fn the_edit_form_pre_fills_the_exact_memory_of_the_slice() {
+        let mut c = chrome(vec![]);
+        c.allow_edit = true;
+        // 20000Mi shows as 19.5Gi in tables; 10000Mi as 9.8Gi, not a whole number of bytes.
+        for (asked, mib) in [("20000Mi", 20000u64), ("10000Mi", 10000), ("20Gi", 20 << 10)] {
+            let w = WorkloadRow {
+                namespace: "ml".into(),
+                kind: Kind::Deployment,
+                name: "train".into(),
+                replicas: Some(1),
+                slice: Some(claim_slice(Request::parse(asked, None, 1).unwrap())),
+            };
+            let html = workload_page(&c, &w, Ok(&[]));
+            let (_, rest) = html.split_once("name=\"memory\" value=\"").unwrap();
+            let (value, _) = rest.split_once('"').unwrap();
+            let parsed = gpuslice_config::quantity::parse_kube_quantity(value);
+            assert_eq!(parsed.ok(), Some(mib << 20), "{asked} pre-filled as {value}");
+            let sent = Request::parse(value, None, 1).unwrap();
+            assert_eq!(sent.memory, mib << 20, "{asked} sent back as {value}");
+        }
     }
 
     #[test]
