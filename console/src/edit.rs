@@ -11,6 +11,7 @@ use gpuslice_dra::claim_shape::{
     HAMI_LIMIT_PREFIX, LIMIT_CORES, LIMIT_GPUS, LIMIT_MEMORY,
 };
 use gpuslice_dra::slices::MEMORY_STEP;
+use gpuslice_registry::MAX_GPUS;
 use k8s_openapi::api::core::v1::{
     Container, PodResourceClaim, PodSpec, ResourceClaim as ContainerClaim,
 };
@@ -36,7 +37,7 @@ pub enum EditError {
     Memory { value: String, detail: String },
     #[error("--cores `{0}` is not a whole percent of a GPU from 0 to 100")]
     Cores(String),
-    #[error("--gpus {0}: accepted 1 to 128 GPUs per pod")]
+    #[error("--gpus {0}: accepted 1 to {max} GPUs per pod", max = MAX_GPUS)]
     Gpus(u32),
     #[error("{workload}'s pod template already uses claim `{entry}` ({what}); the console edits only its own claim `gpuslice`: remove that claim first or edit the workload by hand")]
     OtherClaim {
@@ -157,7 +158,7 @@ impl Request {
                 Some(v)
             }
         };
-        if !(1..=128).contains(&gpus) {
+        if !(1..=MAX_GPUS).contains(&gpus) {
             return Err(EditError::Gpus(gpus));
         }
         Ok(Request {
@@ -677,6 +678,7 @@ mod tests {
             1 << 20,
             "up to the 1Mi step"
         );
+        assert_eq!(Request::parse("1Gi", None, MAX_GPUS).unwrap().gpus, 16);
         assert_eq!(
             Request::parse("1Gi", Some("25%"), 1).unwrap().cores,
             Some(25)
@@ -690,6 +692,13 @@ mod tests {
             ("1Gi", Some("x"), 1, "--cores `x`"),
             ("1Gi", Some("5%%"), 1, "--cores `5%%`"),
             ("1Gi", None, 0, "--gpus 0"),
+            (
+                "1Gi",
+                None,
+                MAX_GPUS + 1,
+                "--gpus 17: accepted 1 to 16 GPUs",
+            ),
+            ("1Gi", None, 128, "--gpus 128: accepted 1 to 16 GPUs"),
         ] {
             let e = Request::parse(m, c, g).unwrap_err().to_string();
             assert!(e.contains(says), "{e}");
