@@ -162,6 +162,21 @@ fn quota_flags(cli: &Cli) -> Result<(), QuotaFlagError> {
     }
 }
 
+/// Why `allocate`'s or `release`'s flags cannot be read, before anything is asked of the
+/// cluster: they change one workload, in one namespace.
+#[derive(Debug, thiserror::Error)]
+enum WorkloadFlagError {
+    #[error("{command}: -A (every namespace) does not apply: {command} changes one workload in one namespace; pass -n NAMESPACE, or neither for the context's namespace")]
+    AllNamespaces { command: &'static str },
+}
+
+fn workload_flags(cli: &Cli, command: &'static str) -> Result<(), WorkloadFlagError> {
+    if cli.all_namespaces {
+        return Err(WorkloadFlagError::AllNamespaces { command });
+    }
+    Ok(())
+}
+
 fn print_budgets(cli: &Cli, scope: &Scope, b: &Budgets) -> anyhow::Result<()> {
     for w in &b.warnings {
         eprintln!("warning: {w}");
@@ -194,8 +209,11 @@ fn print_budgets(cli: &Cli, scope: &Scope, b: &Budgets) -> anyhow::Result<()> {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
-    if matches!(cli.command, Command::Quota) {
-        quota_flags(&cli)?;
+    match &cli.command {
+        Command::Quota => quota_flags(&cli)?,
+        Command::Allocate(_) => workload_flags(&cli, "allocate")?,
+        Command::Release(_) => workload_flags(&cli, "release")?,
+        _ => {}
     }
     let cluster = client::connect(cli.kubeconfig.as_deref(), cli.context.as_deref()).await?;
     let namespace = cli
