@@ -69,9 +69,14 @@ enum Command {
         #[arg(long, default_value = "1h", value_parser = parse_window, requires = "idle")]
         window: u64,
     },
-    /// Gives a workload's pods a GPU slice each (a ResourceClaimTemplate and a claim).
+    /// Gives a workload's pods a GPU slice each: gpuslice.io/* limits in the containers, which
+    /// the webhook turns into a claim of each pod, or a ResourceClaimTemplate and a claim.
+    ///
+    /// The form written: --form; else the form the workload has; for a new slice the limits
+    /// form when the webhook (pods.gpuslice.io) is installed, else the claim form.
     Allocate(workload::AllocateArgs),
-    /// Undoes `allocate`: the pod template as before, the ResourceClaimTemplate deleted.
+    /// Undoes `allocate`: the pod template as before (the gpuslice.io/* limits or the claim
+    /// removed), the workload's ResourceClaimTemplates of the console deleted.
     Release(workload::ReleaseArgs),
     /// Budgets: per namespace (-n NS, default the context's; -A every one) the hard and used
     /// GPU memory, cores and GPUs of its ResourceQuotas (limits.gpuslice.io/memory, …/cores,

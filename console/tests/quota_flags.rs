@@ -112,3 +112,34 @@ fn help_says_what_quota_lists() {
         .unwrap();
     assert!(String::from_utf8_lossy(&top.stdout).contains("quota"));
 }
+
+#[test]
+fn help_says_which_form_allocate_writes_and_release_removes() {
+    let help = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_kubectl-gpuslice"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let allocate = help(&["allocate", "--help"]);
+    for says in [
+        "gpuslice.io/* limits in the containers, which the webhook turns into a claim of each pod, or a ResourceClaimTemplate and a claim",
+        "for a new slice the limits form when the webhook (pods.gpuslice.io) is installed, else the claim form",
+    ] {
+        assert!(allocate.contains(says), "--help does not say {says}:\n{allocate}");
+    }
+    let release = help(&["release", "--help"]);
+    assert!(
+        release.contains("the gpuslice.io/* limits or the claim removed"),
+        "{release}"
+    );
+    // The command list shows the first paragraph only.
+    let top = help(&["--help"]);
+    assert!(
+        top.contains("gpuslice.io/* limits in the containers"),
+        "{top}"
+    );
+    assert!(!top.contains("else the claim form"), "{top}");
+}
