@@ -1,5 +1,5 @@
 //! The console's docs against the tree: every repository file docs/console.md cites in
-//! backticks exists.
+//! backticks exists, and README's Binaries paragraph names the plugin this crate builds.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -54,5 +54,16 @@ fn every_file_the_console_doc_cites_exists() {
     assert!(
         missing.is_empty(),
         "docs/console.md cites missing files: {missing:?}"
+    );
+}
+
+#[test]
+fn the_readme_binaries_paragraph_names_kubectl_gpuslice() {
+    let readme = read("README.md");
+    let (_, after) = readme.split_once("## Binaries\n").unwrap();
+    let paragraph = after.trim_start().split("\n\n").next().unwrap();
+    assert!(
+        paragraph.contains("`target/release/kubectl-gpuslice`"),
+        "{paragraph}"
     );
 }
