@@ -11,6 +11,7 @@ use gpuslice_dra::claim_shape::{
     HAMI_LIMIT_PREFIX, LIMIT_CORES, LIMIT_GPUS, LIMIT_MEMORY,
 };
 use gpuslice_dra::slices::MEMORY_STEP;
+use gpuslice_registry::MAX_GPUS;
 use k8s_openapi::api::core::v1::{
     Container, PodResourceClaim, PodSpec, ResourceClaim as ContainerClaim,
 };
@@ -36,7 +37,7 @@ pub enum EditError {
     Memory { value: String, detail: String },
     #[error("--cores `{0}` is not a whole percent of a GPU from 0 to 100")]
     Cores(String),
-    #[error("--gpus {0}: accepted 1 to 128 GPUs per pod")]
+    #[error("--gpus {0}: accepted 1 to {max} GPUs per pod", max = MAX_GPUS)]
     Gpus(u32),
     #[error("{workload}'s pod template already uses claim `{entry}` ({what}); the console edits only its own claim `gpuslice`: remove that claim first or edit the workload by hand")]
     OtherClaim {
@@ -157,7 +158,7 @@ impl Request {
                 Some(v)
             }
         };
-        if !(1..=128).contains(&gpus) {
+        if !(1..=MAX_GPUS).contains(&gpus) {
             return Err(EditError::Gpus(gpus));
         }
         Ok(Request {
@@ -516,37 +517,145 @@ pub fn fit_per_node(
         .collect()
 }
 
-/// A line diff (longest common subsequence) of `old` and `new`, every line kept, `-`/`+`/` `
-/// prefixed, under `--- label (before)` and `+++ label (after)`.
+/// The most lines [`diff`] aligns between the common head and tail (inserted plus deleted
+/// lines); past it the lines between are shown removed and added whole, with a note, so that
+/// the diff of any template costs bounded memory and time on the console's one thread.
+pub const DIFF_MAX_EDITS: usize = 1000;
+
+/// One line of a diff script.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Line {
+    Keep,
+    Del,
+    Ins,
+}
+
+/// A line diff (shortest edit script) of `old` and `new`, every line kept, `-`/`+`/` `
+/// prefixed, under `--- label (before)` and `+++ label (after)`. The common head and tail are
+/// trimmed first; the lines between are aligned with Myers' O((N+M)·D) algorithm up to
+/// [`DIFF_MAX_EDITS`] edits, and in each run of changes the removed lines come first.
 pub fn diff(label: &str, old: &str, new: &str) -> String {
     let a: Vec<&str> = old.lines().collect();
     let b: Vec<&str> = new.lines().collect();
-    let mut lcs = vec![vec![0usize; b.len() + 1]; a.len() + 1];
-    for i in (0..a.len()).rev() {
-        for j in (0..b.len()).rev() {
-            lcs[i][j] = if a[i] == b[j] {
-                lcs[i + 1][j + 1] + 1
-            } else {
-                lcs[i + 1][j].max(lcs[i][j + 1])
-            };
+    let head = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    let tail = a[head..]
+        .iter()
+        .rev()
+        .zip(b[head..].iter().rev())
+        .take_while(|(x, y)| x == y)
+        .count();
+    let (ma, mb) = (&a[head..a.len() - tail], &b[head..b.len() - tail]);
+    let mut out = format!("--- {label} (before)\n+++ {label} (after)\n");
+    let line = |out: &mut String, mark: char, text: &str| {
+        out.push(mark);
+        out.push_str(text);
+        out.push('\n');
+    };
+    for l in &a[..head] {
+        line(&mut out, ' ', l);
+    }
+    match edit_script(ma, mb, DIFF_MAX_EDITS) {
+        Some(script) => {
+            let (mut i, mut j, mut k) = (0, 0, 0);
+            while k < script.len() {
+                if script[k] == Line::Keep {
+                    line(&mut out, ' ', ma[i]);
+                    (i, j, k) = (i + 1, j + 1, k + 1);
+                    continue;
+                }
+                // A run of changes: its removed lines, then its added lines.
+                let run = script[k..].iter().take_while(|l| **l != Line::Keep);
+                let (dels, ins) = run.fold((0, 0), |(d, n), l| match l {
+                    Line::Del => (d + 1, n),
+                    _ => (d, n + 1),
+                });
+                for l in &ma[i..i + dels] {
+                    line(&mut out, '-', l);
+                }
+                for l in &mb[j..j + ins] {
+                    line(&mut out, '+', l);
+                }
+                (i, j, k) = (i + dels, j + ins, k + dels + ins);
+            }
+        }
+        None => {
+            out.push_str(&format!(
+                "(more than {DIFF_MAX_EDITS} lines differ: the {} lines before and {} after between the common head and tail are shown whole)\n",
+                ma.len(),
+                mb.len()
+            ));
+            for l in ma {
+                line(&mut out, '-', l);
+            }
+            for l in mb {
+                line(&mut out, '+', l);
+            }
         }
     }
-    let mut out = format!("--- {label} (before)\n+++ {label} (after)\n");
-    let (mut i, mut j) = (0, 0);
-    while i < a.len() || j < b.len() {
-        if i < a.len() && j < b.len() && a[i] == b[j] {
-            out.push_str(&format!(" {}\n", a[i]));
-            i += 1;
-            j += 1;
-        } else if i < a.len() && (j == b.len() || lcs[i + 1][j] >= lcs[i][j + 1]) {
-            out.push_str(&format!("-{}\n", a[i]));
-            i += 1;
-        } else {
-            out.push_str(&format!("+{}\n", b[j]));
-            j += 1;
-        }
+    for l in &a[a.len() - tail..] {
+        line(&mut out, ' ', l);
     }
     out
+}
+
+/// Myers' greedy shortest edit script from `a` to `b`, or `None` when it needs more than
+/// `max_edits` inserted plus deleted lines. Memory: the furthest point of each diagonal per
+/// edit count, at most (`max_edits` + 1)² entries.
+fn edit_script(a: &[&str], b: &[&str], max_edits: usize) -> Option<Vec<Line>> {
+    let (n, m) = (a.len() as isize, b.len() as isize);
+    let max = (n + m).min(max_edits as isize);
+    // v[k + off]: the furthest x reached on diagonal k = x - y; trace[d][k + d] its value
+    // after d edits.
+    let off = max + 1;
+    let mut v = vec![0isize; (2 * max + 3) as usize];
+    let at = |k: isize| (k + off) as usize;
+    let mut trace: Vec<Vec<isize>> = Vec::new();
+    let mut found = None;
+    'steps: for d in 0..=max {
+        for k in (-d..=d).step_by(2) {
+            let mut x = if k == -d || (k != d && v[at(k - 1)] < v[at(k + 1)]) {
+                v[at(k + 1)]
+            } else {
+                v[at(k - 1)] + 1
+            };
+            let mut y = x - k;
+            while x < n && y < m && a[x as usize] == b[y as usize] {
+                x += 1;
+                y += 1;
+            }
+            v[at(k)] = x;
+            if x >= n && y >= m {
+                trace.push(v[at(-d)..=at(d)].to_vec());
+                found = Some(d);
+                break 'steps;
+            }
+        }
+        trace.push(v[at(-d)..=at(d)].to_vec());
+    }
+    let d_end = found?;
+    // Back from (n, m): each edit count's step, the snake after it as kept lines.
+    let mut script = Vec::with_capacity((n + m) as usize);
+    let (mut x, mut y) = (n, m);
+    for d in (1..=d_end).rev() {
+        let prev = &trace[(d - 1) as usize];
+        let get = |k: isize| prev[(k + d - 1) as usize];
+        let k = x - y;
+        let down = k == -d || (k != d && get(k - 1) < get(k + 1));
+        let pk = if down { k + 1 } else { k - 1 };
+        let px = get(pk);
+        let py = px - pk;
+        let (sx, sy) = if down { (px, py + 1) } else { (px + 1, py) };
+        while x > sx && y > sy {
+            script.push(Line::Keep);
+            x -= 1;
+            y -= 1;
+        }
+        script.push(if down { Line::Ins } else { Line::Del });
+        (x, y) = (px, py);
+    }
+    script.extend(std::iter::repeat_n(Line::Keep, x as usize));
+    script.reverse();
+    Some(script)
 }
 
 #[cfg(test)]
@@ -569,6 +678,7 @@ mod tests {
             1 << 20,
             "up to the 1Mi step"
         );
+        assert_eq!(Request::parse("1Gi", None, MAX_GPUS).unwrap().gpus, 16);
         assert_eq!(
             Request::parse("1Gi", Some("25%"), 1).unwrap().cores,
             Some(25)
@@ -582,6 +692,13 @@ mod tests {
             ("1Gi", Some("x"), 1, "--cores `x`"),
             ("1Gi", Some("5%%"), 1, "--cores `5%%`"),
             ("1Gi", None, 0, "--gpus 0"),
+            (
+                "1Gi",
+                None,
+                MAX_GPUS + 1,
+                "--gpus 17: accepted 1 to 16 GPUs",
+            ),
+            ("1Gi", None, 128, "--gpus 128: accepted 1 to 16 GPUs"),
         ] {
             let e = Request::parse(m, c, g).unwrap_err().to_string();
             assert!(e.contains(says), "{e}");
@@ -928,5 +1045,151 @@ mod tests {
         let d = diff("x", "a\nb\nc\n", "a\nB\nc\nd\n");
         assert_eq!(d, "--- x (before)\n+++ x (after)\n a\n-b\n+B\n c\n+d\n");
         assert_eq!(diff("y", "", "n\n"), "--- y (before)\n+++ y (after)\n+n\n");
+        assert_eq!(diff("z", "a\n", ""), "--- z (before)\n+++ z (after)\n-a\n");
+        assert_eq!(
+            diff("z", "a\n", "a\n"),
+            "--- z (before)\n+++ z (after)\n a\n"
+        );
+    }
+
+    /// The lines of `d` (past its header) marked ` ` or `mark`, unmarked, and how many lines
+    /// carry `-` or `+`.
+    fn side(d: &str, mark: char) -> (Vec<String>, usize) {
+        let body = d.lines().skip(2);
+        let lines = body
+            .clone()
+            .filter(|l| l.starts_with(' ') || l.starts_with(mark))
+            .map(|l| l[1..].to_string())
+            .collect();
+        let edits = body
+            .filter(|l| l.starts_with('-') || l.starts_with('+'))
+            .count();
+        (lines, edits)
+    }
+
+    /// The length of the longest common subsequence, the slow way: the reference for the
+    /// fewest lines a diff can mark.
+    fn lcs_len(a: &[String], b: &[String]) -> usize {
+        let mut t = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+        for i in (0..a.len()).rev() {
+            for j in (0..b.len()).rev() {
+                t[i][j] = if a[i] == b[j] {
+                    t[i + 1][j + 1] + 1
+                } else {
+                    t[i + 1][j].max(t[i][j + 1])
+                };
+            }
+        }
+        t[0][0]
+    }
+
+    /// Checks that `d` is a diff of `a` to `b` marking the fewest lines.
+    fn assert_minimal_diff(d: &str, a: &[String], b: &[String]) {
+        let (before, edits) = side(d, '-');
+        let (after, _) = side(d, '+');
+        assert_eq!(before, a, "{d}");
+        assert_eq!(after, b, "{d}");
+        assert_eq!(edits, a.len() + b.len() - 2 * lcs_len(a, b), "{d}");
+    }
+
+    #[test]
+    fn the_diff_marks_the_fewest_lines() {
+        // Small inputs over three distinct lines, so that many alignments tie.
+        let mut seed: u64 = 7;
+        let mut next = |bound: u64| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) % bound
+        };
+        for _ in 0..500 {
+            let mut text = || -> Vec<String> {
+                (0..next(12))
+                    .map(|_| ["x", "y", "z"][next(3) as usize].to_string())
+                    .collect()
+            };
+            let (a, b) = (text(), text());
+            let join = |v: &[String]| v.iter().map(|l| format!("{l}\n")).collect::<String>();
+            assert_minimal_diff(&diff("t", &join(&a), &join(&b)), &a, &b);
+        }
+        // Many separate changes between a common head and tail: 300 replaced lines.
+        let a: Vec<String> = (0..1200).map(|i| format!("line {i}")).collect();
+        let b: Vec<String> = (0..1200)
+            .map(|i| {
+                if i % 4 == 1 {
+                    format!("new {i}")
+                } else {
+                    format!("line {i}")
+                }
+            })
+            .collect();
+        let d = diff("t", &(a.join("\n") + "\n"), &(b.join("\n") + "\n"));
+        assert!(d.contains(" line 0\n-line 1\n+new 1\n line 2\n"), "{d}");
+        assert_minimal_diff(&d, &a, &b);
+    }
+
+    #[test]
+    fn a_small_change_to_a_huge_template_diffs_in_bounded_memory() {
+        // 50k lines each side: a table of the two line counts would take 20 GB.
+        let lines: Vec<String> = (0..50_000).map(|i| format!("  - name: VAR_{i}")).collect();
+        let old = lines.join("\n") + "\n";
+        let mut changed = lines.clone();
+        changed[25_000] = "  - name: CHANGED".to_string();
+        changed.insert(40_000, "  - name: ADDED".to_string());
+        let new = changed.join("\n") + "\n";
+        let d = diff("deployment/web spec.template.spec", &old, &new);
+        let mut want = String::from(
+            "--- deployment/web spec.template.spec (before)\n+++ deployment/web spec.template.spec (after)\n",
+        );
+        for (i, l) in lines.iter().enumerate() {
+            match i {
+                25_000 => want.push_str(&format!("-{l}\n+  - name: CHANGED\n")),
+                40_000 => want.push_str(&format!("+  - name: ADDED\n {l}\n")),
+                _ => want.push_str(&format!(" {l}\n")),
+            }
+        }
+        assert!(
+            d == want,
+            "the diff of the huge template is not the expected one"
+        );
+    }
+
+    #[test]
+    fn past_the_edit_cap_the_lines_between_are_shown_whole_with_a_note() {
+        let n = DIFF_MAX_EDITS;
+        let old: String = std::iter::once("head".to_string())
+            .chain((0..n).map(|i| format!("a{i}")))
+            .chain(std::iter::once("tail".to_string()))
+            .map(|l| l + "\n")
+            .collect();
+        let new: String = std::iter::once("head".to_string())
+            .chain((0..n).map(|i| format!("b{i}")))
+            .chain(std::iter::once("tail".to_string()))
+            .map(|l| l + "\n")
+            .collect();
+        let d = diff("x", &old, &new);
+        let mut want = format!(
+            "--- x (before)\n+++ x (after)\n head\n(more than {n} lines differ: the {n} lines before and {n} after between the common head and tail are shown whole)\n"
+        );
+        for i in 0..n {
+            want.push_str(&format!("-a{i}\n"));
+        }
+        for i in 0..n {
+            want.push_str(&format!("+b{i}\n"));
+        }
+        want.push_str(" tail\n");
+        assert_eq!(d, want);
+        // At the cap itself the lines are still aligned: no note.
+        let half = n / 2;
+        let cut = |s: &str| -> String {
+            s.lines()
+                .filter(|l| !l[1..].parse::<usize>().is_ok_and(|i| i >= half))
+                .map(|l| format!("{l}\n"))
+                .collect()
+        };
+        let d = diff("x", &cut(&old), &cut(&new));
+        assert!(!d.contains("more than"), "{d}");
+        let removed = d.lines().skip(2).filter(|l| l.starts_with('-')).count();
+        assert_eq!(removed, half, "{d}");
     }
 }

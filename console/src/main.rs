@@ -69,9 +69,14 @@ enum Command {
         #[arg(long, default_value = "1h", value_parser = parse_window, requires = "idle")]
         window: u64,
     },
-    /// Gives a workload's pods a GPU slice each (a ResourceClaimTemplate and a claim).
+    /// Gives a workload's pods a GPU slice each: gpuslice.io/* limits in the containers, which
+    /// the webhook turns into a claim of each pod, or a ResourceClaimTemplate and a claim.
+    ///
+    /// The form written: --form; else the form the workload has; for a new slice the limits
+    /// form when the webhook (pods.gpuslice.io) is installed, else the claim form.
     Allocate(workload::AllocateArgs),
-    /// Undoes `allocate`: the pod template as before, the ResourceClaimTemplate deleted.
+    /// Undoes `allocate`: the pod template as before (the gpuslice.io/* limits or the claim
+    /// removed), the workload's ResourceClaimTemplates of the console deleted.
     Release(workload::ReleaseArgs),
     /// Budgets: per namespace (-n NS, default the context's; -A every one) the hard and used
     /// GPU memory, cores and GPUs of its ResourceQuotas (limits.gpuslice.io/memory, …/cores,
@@ -162,6 +167,21 @@ fn quota_flags(cli: &Cli) -> Result<(), QuotaFlagError> {
     }
 }
 
+/// Why `allocate`'s or `release`'s flags cannot be read, before anything is asked of the
+/// cluster: they change one workload, in one namespace.
+#[derive(Debug, thiserror::Error)]
+enum WorkloadFlagError {
+    #[error("{command}: -A (every namespace) does not apply: {command} changes one workload in one namespace; pass -n NAMESPACE, or neither for the context's namespace")]
+    AllNamespaces { command: &'static str },
+}
+
+fn workload_flags(cli: &Cli, command: &'static str) -> Result<(), WorkloadFlagError> {
+    if cli.all_namespaces {
+        return Err(WorkloadFlagError::AllNamespaces { command });
+    }
+    Ok(())
+}
+
 fn print_budgets(cli: &Cli, scope: &Scope, b: &Budgets) -> anyhow::Result<()> {
     for w in &b.warnings {
         eprintln!("warning: {w}");
@@ -194,8 +214,11 @@ fn print_budgets(cli: &Cli, scope: &Scope, b: &Budgets) -> anyhow::Result<()> {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
-    if matches!(cli.command, Command::Quota) {
-        quota_flags(&cli)?;
+    match &cli.command {
+        Command::Quota => quota_flags(&cli)?,
+        Command::Allocate(_) => workload_flags(&cli, "allocate")?,
+        Command::Release(_) => workload_flags(&cli, "release")?,
+        _ => {}
     }
     let cluster = client::connect(cli.kubeconfig.as_deref(), cli.context.as_deref()).await?;
     let namespace = cli

@@ -7,7 +7,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use http_body_util::{BodyExt, Empty};
+use gpuslice_config::quantity::format_bytes;
+use http_body_util::{BodyExt, Empty, LengthLimitError, Limited};
 use hyper::body::Bytes;
 use hyper::Uri;
 use hyper_util::rt::TokioIo;
@@ -18,6 +19,12 @@ pub const QUERY: &str = r#"{__name__=~"gpuslice_gpu_memory_used_bytes|gpuslice_g
 
 /// How long one query may take.
 pub const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The most bytes of one answer the console reads: a wrong or hostile `--prometheus` could
+/// otherwise push gigabytes within [`TIMEOUT`]. One series of [`QUERY`]'s answer is about
+/// 560 bytes of JSON and a slice has six: 64 MiB holds some 19,000 slices (2,000 GPUs at
+/// 8 slices each, with room).
+pub const MAX_ANSWER: usize = 64 << 20;
 
 /// Prometheus could not be asked, or answered something else than a vector.
 #[derive(Debug, thiserror::Error)]
@@ -34,6 +41,8 @@ pub enum UsageError {
     },
     #[error("Prometheus at {url} has no gpuslice_gpu_* series: it scrapes no `gpuslice serve` (docs/observability.md)")]
     NoSeries { url: String },
+    #[error("Prometheus at {url} answered more than {} (the most the console reads of one answer)", format_bytes(*limit as u64))]
+    TooLarge { url: String, limit: usize },
     #[error("Prometheus at {url} answered no vector ({detail})")]
     Answer { url: String, detail: String },
     #[error("window `{value}` is not a duration; accepted: a whole number with s, m, h or d from 1m to 30d, e.g. 1h")]
@@ -367,11 +376,19 @@ async fn get(base: &str, path_and_query: &str) -> Result<Bytes, UsageError> {
             .await
             .map_err(|e| unreachable(e.to_string()))?;
         let status = resp.status().as_u16();
-        let body = resp
-            .into_body()
+        let body = Limited::new(resp.into_body(), MAX_ANSWER)
             .collect()
             .await
-            .map_err(|e| unreachable(e.to_string()))?
+            .map_err(|e| {
+                if e.is::<LengthLimitError>() {
+                    UsageError::TooLarge {
+                        url: base.to_string(),
+                        limit: MAX_ANSWER,
+                    }
+                } else {
+                    unreachable(e.to_string())
+                }
+            })?
             .to_bytes();
         // Prometheus answers 400/422 with its JSON error; anything else is not Prometheus.
         let prometheus_error = serde_json::from_slice::<serde_json::Value>(&body)
@@ -405,6 +422,50 @@ pub async fn fetch(base: &str) -> Result<Usage, UsageError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A Prometheus that answers each of `bodies`' connections with its body, in order.
+    fn serve(bodies: Vec<Vec<u8>>) -> String {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        std::thread::spawn(move || {
+            for body in bodies {
+                let (mut s, _) = listener.accept().unwrap();
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && s.read(&mut byte).unwrap_or(0) == 1 {
+                    head.push(byte[0]);
+                }
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                );
+                // The console stops reading past its limit: a failed write is expected.
+                let _ = s
+                    .write_all(answer.as_bytes())
+                    .and_then(|_| s.write_all(&body));
+            }
+        });
+        url
+    }
+
+    #[tokio::test]
+    async fn an_answer_over_the_limit_is_refused_naming_it() {
+        let empty = br#"{"status":"success","data":{"resultType":"vector","result":[]}}"#;
+        // Valid JSON padded with whitespace to exactly the limit, then one byte more.
+        let mut at_limit = empty.to_vec();
+        at_limit.resize(MAX_ANSWER, b' ');
+        let mut over = at_limit.clone();
+        over.push(b' ');
+        let url = serve(vec![at_limit, over]);
+        assert!(query(&url, "up").await.unwrap().is_empty());
+        let e = query(&url, "up").await.unwrap_err();
+        assert!(matches!(e, UsageError::TooLarge { .. }), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            format!("Prometheus at {url} answered more than 64Mi (the most the console reads of one answer)")
+        );
+    }
 
     #[test]
     fn a_real_answer_folds_into_gpu_and_slice_figures() {

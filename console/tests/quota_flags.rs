@@ -1,6 +1,6 @@
-//! `kubectl gpuslice quota`'s flags, through the built binary: bad ones are refused with one
-//! line before the cluster is asked anything (the kubeconfig names a closed port), and
-//! `--help` says what the command lists.
+//! `kubectl gpuslice`'s flags of `quota`, `allocate` and `release`, through the built binary:
+//! bad ones are refused with one line before the cluster is asked anything (the kubeconfig
+//! names a closed port), and `--help` says what the command lists or writes.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -44,6 +44,18 @@ fn bad_flags_are_one_line_before_the_cluster_is_asked() {
             vec!["quota", "-n", "Team_A"],
             "error: quota: namespace `Team_A` is not valid; accepted: a DNS-1123 label (a-z, 0-9, '-', at most 63)",
         ),
+        (
+            vec!["allocate", "deployment/web", "--memory", "8Gi", "-A"],
+            "error: allocate: -A (every namespace) does not apply: allocate changes one workload in one namespace; pass -n NAMESPACE, or neither for the context's namespace",
+        ),
+        (
+            vec!["release", "-A", "deployment/web", "--dry-run"],
+            "error: release: -A (every namespace) does not apply: release changes one workload in one namespace; pass -n NAMESPACE, or neither for the context's namespace",
+        ),
+        (
+            vec!["release", "deployment/web", "-n", "team-a", "-A"],
+            "error: release: -A (every namespace) does not apply: release changes one workload in one namespace; pass -n NAMESPACE, or neither for the context's namespace",
+        ),
     ] {
         let out = plugin(&args, &kc);
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -66,6 +78,14 @@ fn bad_flags_are_one_line_before_the_cluster_is_asked() {
     assert!(!out.status.success());
     assert!(stderr.contains("cannot list resourcequotas"), "{stderr}");
     assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    // Without -A, release reaches the cluster too (in the context's namespace).
+    let out = plugin(&["release", "deployment/web", "--dry-run"], &kc);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.starts_with("error: cannot list resourceclaimtemplates"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -91,4 +111,35 @@ fn help_says_what_quota_lists() {
         .output()
         .unwrap();
     assert!(String::from_utf8_lossy(&top.stdout).contains("quota"));
+}
+
+#[test]
+fn help_says_which_form_allocate_writes_and_release_removes() {
+    let help = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_kubectl-gpuslice"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let allocate = help(&["allocate", "--help"]);
+    for says in [
+        "gpuslice.io/* limits in the containers, which the webhook turns into a claim of each pod, or a ResourceClaimTemplate and a claim",
+        "for a new slice the limits form when the webhook (pods.gpuslice.io) is installed, else the claim form",
+    ] {
+        assert!(allocate.contains(says), "--help does not say {says}:\n{allocate}");
+    }
+    let release = help(&["release", "--help"]);
+    assert!(
+        release.contains("the gpuslice.io/* limits or the claim removed"),
+        "{release}"
+    );
+    // The command list shows the first paragraph only.
+    let top = help(&["--help"]);
+    assert!(
+        top.contains("gpuslice.io/* limits in the containers"),
+        "{top}"
+    );
+    assert!(!top.contains("else the claim form"), "{top}");
 }

@@ -402,7 +402,17 @@ fn actions_answer_with_kubectl_gpuslices_lines() {
     assert_eq!(a.status, 400);
     assert!(
         a.body.contains(
-            "<div id=\"result\" class=\"error\">--gpus 0: accepted 1 to 128 GPUs per pod</div>"
+            "<div id=\"result\" class=\"error\">--gpus 0: accepted 1 to 16 GPUs per pod</div>"
+        ),
+        "{}",
+        a.body
+    );
+    // Above the contract's maximum, refused before the cluster is asked.
+    let a = post(addr, path, &form, "gpus=17&memory=8Gi&dry_run=1");
+    assert_eq!(a.status, 400, "{}", a.body);
+    assert!(
+        a.body.contains(
+            "<div id=\"result\" class=\"error\">--gpus 17: accepted 1 to 16 GPUs per pod</div>"
         ),
         "{}",
         a.body
@@ -411,7 +421,7 @@ fn actions_answer_with_kubectl_gpuslices_lines() {
     assert_eq!(a.status, 400);
     assert!(
         a.body
-            .contains("--gpus `two`: accepted 1 to 128 GPUs per pod"),
+            .contains("--gpus `two`: accepted 1 to 16 GPUs per pod"),
         "{}",
         a.body
     );

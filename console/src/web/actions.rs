@@ -8,6 +8,8 @@ use http_body_util::Full;
 use hyper::body::Bytes;
 use hyper::{Response, StatusCode};
 
+use gpuslice_registry::MAX_GPUS;
+
 use crate::workload::{self, AllocateArgs, ReleaseArgs, WorkloadError};
 
 use super::http;
@@ -79,7 +81,7 @@ pub(super) async fn allocate(
         Ok(g) => g,
         Err(_) => {
             let line = format!(
-                "--gpus `{}`: accepted 1 to 128 GPUs per pod",
+                "--gpus `{}`: accepted 1 to {MAX_GPUS} GPUs per pod",
                 gpus_text.escape_default()
             );
             return outcome(state, w, Err((StatusCode::BAD_REQUEST, line)));

@@ -12,7 +12,9 @@ use crate::idle::{IdleOptions, IdleSlice};
 use crate::model::{claim_series, gpu_label, ContainerSlice, GpuView, Model, NodeView};
 use crate::render::bytes;
 use crate::usage::{format_window, Span, Usage};
+use gpuslice_config::quantity::format_kube_quantity;
 use gpuslice_dra::quota::{Charge, Resource};
+use gpuslice_registry::MAX_GPUS;
 
 use super::charts::{self, Plot, Unit};
 pub use super::escape::{esc, seg};
@@ -814,14 +816,17 @@ pub fn workload_page(
     }
     body.push_str(&budget_part(w, budgets));
     if chrome.allow_edit {
-        // At most 128 GPUs per pod, and no more than the namespace's GPU budget leaves.
+        // At most MAX_GPUS per pod, and no more than the namespace's GPU budget leaves.
+        let most = u64::from(MAX_GPUS);
         let max = budgets
             .ok()
             .and_then(|b| gpus_max(w, b))
-            .map_or(128, |m| m.min(128));
+            .map_or(most, |m| m.min(most));
         let request = w.slice.as_ref().and_then(|s| s.request);
         let gpus = request.map_or(1, |r| r.gpus);
-        let memory = request.map_or(String::new(), |r| bytes(r.memory));
+        // The exact quantity, as the template and limits are written: the rounded display
+        // figure would shrink the slice, or be refused, when sent back as pre-filled.
+        let memory = request.map_or(String::new(), |r| format_kube_quantity(r.memory));
         let cores = request
             .and_then(|r| r.cores)
             .map_or(String::new(), |c| c.to_string());
@@ -1529,6 +1534,37 @@ mod tests {
     }
 
     #[test]
+    fn the_edit_form_pre_fills_the_exact_memory_of_the_slice() {
+        let mut c = chrome(vec![]);
+        c.allow_edit = true;
+        // 20000Mi shows as 19.5Gi in tables; 10000Mi as 9.8Gi, not a whole number of bytes.
+        for (asked, mib) in [
+            ("20000Mi", 20000u64),
+            ("10000Mi", 10000),
+            ("20Gi", 20 << 10),
+        ] {
+            let w = WorkloadRow {
+                namespace: "ml".into(),
+                kind: Kind::Deployment,
+                name: "train".into(),
+                replicas: Some(1),
+                slice: Some(claim_slice(Request::parse(asked, None, 1).unwrap())),
+            };
+            let html = workload_page(&c, &w, Ok(&[]));
+            let (_, rest) = html.split_once("name=\"memory\" value=\"").unwrap();
+            let (value, _) = rest.split_once('"').unwrap();
+            let parsed = gpuslice_config::quantity::parse_kube_quantity(value);
+            assert_eq!(
+                parsed.ok(),
+                Some(mib << 20),
+                "{asked} pre-filled as {value}"
+            );
+            let sent = Request::parse(value, None, 1).unwrap();
+            assert_eq!(sent.memory, mib << 20, "{asked} sent back as {value}");
+        }
+    }
+
+    #[test]
     fn results_show_the_summary_the_diff_or_the_refusal() {
         let c = chrome(vec![]);
         let ok = result_page(&c, "deployment/x", "/", Ok("deployment/x released\n"));
@@ -1546,10 +1582,10 @@ mod tests {
             &c,
             "deployment/x",
             "/",
-            Err("--gpus 0: accepted 1 to 128 GPUs per pod"),
+            Err("--gpus 0: accepted 1 to 16 GPUs per pod"),
         );
         assert!(err.contains(
-            "<div id=\"result\" class=\"error\">--gpus 0: accepted 1 to 128 GPUs per pod</div>"
+            "<div id=\"result\" class=\"error\">--gpus 0: accepted 1 to 16 GPUs per pod</div>"
         ));
     }
 
@@ -1677,7 +1713,7 @@ mod tests {
             html.contains("<p id=\"budget\">Namespace team-a has no budget"),
             "{html}"
         );
-        assert!(html.contains("max=\"128\""));
+        assert!(html.contains("max=\"16\""), "{html}");
         let html = workload_page(&c, &w, Err("cannot list resourcequotas: forbidden"));
         assert!(html.contains("<p id=\"budget\" class=\"unknown\">The budget of namespace team-a cannot be read (cannot list resourcequotas: forbidden)"), "{html}");
     }
