@@ -10,7 +10,7 @@ use k8s_openapi::api::resource::v1::{ExactDeviceRequest, ResourceClaimSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::claim_shape::{shape_of, Mode, PublishedGpus, Shape};
-use crate::slices::{CAP_CORES, CAP_MEMORY};
+use crate::slices::{CAP_CORES, CAP_MEMORY, MEMORY_STEP};
 use crate::{DRIVER, SLOTS_CLASS};
 
 /// gpuslice's quota names: GPU memory in bytes (a quantity), compute share in percent of a
@@ -313,7 +313,8 @@ impl Budget {
 }
 
 /// What a slice of `shape` charges: memory per GPU (the whole GPU's, `whole_gpu`, when it asks
-/// no amount) times GPUs, compute share per GPU (100 when not throttled) times GPUs, GPUs.
+/// no amount) times GPUs, compute share per GPU (100 when not throttled: none asked, or 0,
+/// which the plugin books as not throttled) times GPUs, GPUs.
 /// `field` names where it was asked, for messages.
 pub fn shape_charge(
     shape: &Shape,
@@ -341,7 +342,7 @@ pub fn shape_charge(
             ),
             unit: "bytes",
         })?;
-    let cores = u64::from(shape.cores.unwrap_or(100)).saturating_mul(gpus);
+    let cores = u64::from(shape.cores.filter(|c| *c > 0).unwrap_or(100)).saturating_mul(gpus);
     Ok(Charge {
         memory_bytes,
         cores,
@@ -385,7 +386,10 @@ fn exact_charge(
                 }),
         }
     };
-    let memory = read(CAP_MEMORY)?;
+    // What the device's request policy makes the scheduler consume: at least the step, in
+    // whole steps.
+    let memory =
+        read(CAP_MEMORY)?.map(|m| m.div_ceil(MEMORY_STEP).max(1).saturating_mul(MEMORY_STEP));
     let cores = read(CAP_CORES)?.map(|c| u32::try_from(c).unwrap_or(u32::MAX));
     let shape = Shape {
         gpus: count,
@@ -655,6 +659,48 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("allocationMode All"), "{e}");
+    }
+
+    #[test]
+    fn a_request_charges_what_the_plugin_and_scheduler_book() {
+        let inv = PublishedGpus {
+            gpu_memory: vec![80 << 30],
+            ..PublishedGpus::default()
+        };
+        let one = |cap: serde_json::Value| {
+            let spec: ResourceClaimSpec = serde_json::from_value(json!({"devices": {"requests": [
+                {"name": "a", "exactly": {"deviceClassName": "gpuslice.io", "count": 2,
+                    "capacity": {"requests": cap}}}]}}))
+            .unwrap();
+            claim_charge(&spec, &inv, "ResourceClaim team/x").unwrap()
+        };
+        // cores 0 is not throttled, as an omitted cores: a whole GPU's share each.
+        let zero = one(json!({"memory": "1Gi", "cores": "0"}));
+        assert_eq!(zero, one(json!({"memory": "1Gi"})));
+        assert_eq!(
+            zero,
+            Charge {
+                memory_bytes: 2 << 30,
+                cores: 200,
+                gpus: 2
+            }
+        );
+        // Memory below the 1Mi step or minimum is consumed as whole steps.
+        for (asked, per_gpu) in [("1", 1 << 20), ("0", 1 << 20), ("1049000", 2 << 20)] {
+            assert_eq!(
+                one(json!({"memory": asked})).memory_bytes,
+                2 * per_gpu,
+                "memory {asked}"
+            );
+        }
+        // A shape of compute share 0 charges as one not throttled.
+        let s = Shape {
+            gpus: 1,
+            memory: Some(1 << 30),
+            cores: Some(0),
+            selectors: vec![],
+        };
+        assert_eq!(shape_charge(&s, None, "f").unwrap().cores, 100);
     }
 
     #[test]
