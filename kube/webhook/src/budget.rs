@@ -26,6 +26,7 @@ use gpuslice_dra::quota::{claim_charge, format_value, Budget, Charge, QuotaError
 
 use crate::cluster::Cluster;
 use crate::mirror::Mirror;
+use crate::view::{read_list, Viewed};
 
 /// The annotation the resource claim controller puts on a claim it makes from a pod's
 /// template: the pod's entry the claim is for.
@@ -703,65 +704,10 @@ impl Recount {
         }
         let mut seen = HashSet::new();
         for (ns, qs) in by_ns {
-            let hami = self.ledger.hami(&ns, &qs).await?;
-            let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-            let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), &ns);
-            let templates: Api<ResourceClaimTemplate> = Api::namespaced(client.clone(), &ns);
-            let lp = ListParams::default();
-            let pods = pods
-                .list(&lp)
-                .await
-                .map_err(read_err(format!("the pods of {ns}")))?;
-            let claims = claims
-                .list(&lp)
-                .await
-                .map_err(read_err(format!("the ResourceClaims of {ns}")))?;
-            let templates = templates
-                .list(&lp)
-                .await
-                .map_err(read_err(format!("the ResourceClaimTemplates of {ns}")))?;
-            let live = live_charge(&pods.items, &claims.items, &templates.items, &inventory);
-            let api: Api<ResourceQuota> = Api::namespaced(client.clone(), &ns);
-            for mut q in qs {
-                // A malformed quota is left as it is (admissions against it are refused).
-                let Ok(Some(budget)) = Budget::read(&q, hami) else {
-                    continue;
-                };
-                let uid = q.metadata.uid.clone().unwrap_or_default();
-                let mut next = Vec::new();
-                let mut left = Vec::new();
-                {
-                    let before = self.before.lock().map_err(|_| BudgetError::Read {
-                        what: "the recount's baselines".into(),
-                        detail: "lock poisoned".into(),
-                    })?;
-                    for l in &budget.lines {
-                        let key = (uid.clone(), l.name.name);
-                        let (used, excess) =
-                            settle(l.used, live.in_unit(l.name), before.get(&key).copied());
-                        next.push((l.name, used));
-                        left.push((key, excess));
-                    }
-                }
-                let name = q.metadata.name.clone().unwrap_or_default();
-                let wrote = if write_used(&mut q, &next) {
-                    api.replace_status(&name, &PostParams::default(), &q)
-                        .await
-                        .is_ok()
-                } else {
-                    true
-                };
-                if let Ok(mut before) = self.before.lock() {
-                    for (key, excess) in left {
-                        seen.insert(key.clone());
-                        if wrote {
-                            before.insert(key, excess);
-                        } else {
-                            // Not written (a booking came between): next time is a first look.
-                            before.remove(&key);
-                        }
-                    }
-                }
+            // One namespace that cannot be recounted (its quotas' baselines start again from a
+            // first look) does not hold up the others.
+            if let Err(e) = self.namespace(&ns, qs, &inventory, &mut seen).await {
+                eprintln!("gpuslice webhook: budget recount of namespace {ns}: {e}");
             }
         }
         if let Ok(mut before) = self.before.lock() {
@@ -769,6 +715,91 @@ impl Recount {
         }
         Ok(())
     }
+
+    /// The recount of one namespace's quotas `qs`; `seen` gathers the baselines it keeps.
+    async fn namespace(
+        &self,
+        ns: &str,
+        qs: Vec<ResourceQuota>,
+        inventory: &PublishedGpus,
+        seen: &mut HashSet<(String, &'static str)>,
+    ) -> Result<(), BudgetError> {
+        let client = self.ledger.cluster.client();
+        let hami = self.ledger.hami(ns, &qs).await?;
+        let pods: Vec<Pod> = list_viewed(&client, ns).await?;
+        let claims: Vec<ResourceClaim> = list_viewed(&client, ns).await?;
+        let templates: Vec<ResourceClaimTemplate> = list_viewed(&client, ns).await?;
+        let live = live_charge(&pods, &claims, &templates, inventory);
+        let api: Api<ResourceQuota> = Api::namespaced(client.clone(), ns);
+        for mut q in qs {
+            // A malformed quota is left as it is (admissions against it are refused).
+            let Ok(Some(budget)) = Budget::read(&q, hami) else {
+                continue;
+            };
+            let uid = q.metadata.uid.clone().unwrap_or_default();
+            let mut next = Vec::new();
+            let mut left = Vec::new();
+            {
+                let before = self.before.lock().map_err(|_| BudgetError::Read {
+                    what: "the recount's baselines".into(),
+                    detail: "lock poisoned".into(),
+                })?;
+                for l in &budget.lines {
+                    let key = (uid.clone(), l.name.name);
+                    let (used, excess) =
+                        settle(l.used, live.in_unit(l.name), before.get(&key).copied());
+                    next.push((l.name, used));
+                    left.push((key, excess));
+                }
+            }
+            let name = q.metadata.name.clone().unwrap_or_default();
+            let wrote = if write_used(&mut q, &next) {
+                api.replace_status(&name, &PostParams::default(), &q)
+                    .await
+                    .is_ok()
+            } else {
+                true
+            };
+            if let Ok(mut before) = self.before.lock() {
+                for (key, excess) in left {
+                    seen.insert(key.clone());
+                    if wrote {
+                        before.insert(key, excess);
+                    } else {
+                        // Not written (a booking came between): next time is a first look.
+                        before.remove(&key);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The objects of kind `K` in namespace `ns`, each read through its view (crate::view): one
+/// that cannot be read is named in the log and skipped, so that it holds up neither its
+/// namespace's recount nor the others'.
+async fn list_viewed<K>(client: &kube::Client, ns: &str) -> Result<Vec<K>, BudgetError>
+where
+    K: Viewed + kube::Resource<DynamicType = ()>,
+{
+    let what = format!("the {}s of {ns}", K::KIND);
+    let read = |detail: String| BudgetError::Read {
+        what: what.clone(),
+        detail,
+    };
+    let req = kube::core::Request::new(K::url_path(&(), Some(ns)))
+        .list(&ListParams::default())
+        .map_err(|e| read(e.to_string()))?;
+    let text = client
+        .request_text(req)
+        .await
+        .map_err(|e| read(e.to_string()))?;
+    let (items, unread) = read_list::<K>(&text).map_err(|e| read(e.to_string()))?;
+    for e in unread {
+        eprintln!("gpuslice webhook: budget recount: skipped: {e}");
+    }
+    Ok(items)
 }
 
 #[cfg(test)]

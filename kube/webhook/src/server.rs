@@ -532,12 +532,28 @@ async fn admit_claim(r: &review::Request, shared: &Shared) -> Value {
                     return review::deny(
                         &r.uid,
                         400,
-                        &format!("the ResourceClaim cannot be read: {e}"),
+                        &format!(
+                            "ResourceClaim {}/{} cannot be read: {e}",
+                            r.namespace,
+                            v["metadata"]["name"]
+                                .as_str()
+                                .or(v["metadata"]["generateName"].as_str())
+                                .unwrap_or("?")
+                        ),
                     )
                 }
             }
         }
-        _ => return review::allow(&r.uid, &[], &[]),
+        // Refused, never admitted uncharged: a claim the webhook cannot read could ask
+        // anything.
+        Ok(_) => {
+            return review::deny(
+                &r.uid,
+                400,
+                "the review of a ResourceClaim carries no ResourceClaim object; accepted: a review as the API server sends it",
+            )
+        }
+        Err(e) => return review::deny(&r.uid, 400, &e.to_string()),
     };
     let budgets = match shared.ledger.budgets(&r.namespace).await {
         Ok(Some(b)) => b,
