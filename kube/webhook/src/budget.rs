@@ -231,6 +231,39 @@ impl Ledger {
         entries_charge(namespace, entries, &templates, inventory)
     }
 
+    /// Whether the templates the pod's entries name ask gpuslice's devices at all, without
+    /// charging them (a pod in a namespace without a budget): `planned` are the templates the
+    /// webhook writes for it; the others are read, and one missing or unreadable counts as
+    /// asking. Never an error.
+    pub async fn names_gpuslice_devices(
+        &self,
+        namespace: &str,
+        entries: &[(String, String)],
+        planned: &[ResourceClaimTemplate],
+    ) -> bool {
+        let api: Api<ResourceClaimTemplate> = Api::namespaced(self.cluster.client(), namespace);
+        for (_, name) in entries {
+            let read;
+            let t = match planned
+                .iter()
+                .find(|t| t.metadata.name.as_deref() == Some(name.as_str()))
+            {
+                Some(t) => Some(t),
+                None => {
+                    read = api.get_opt(name).await;
+                    match &read {
+                        Ok(Some(t)) => Some(t),
+                        _ => None,
+                    }
+                }
+            };
+            if t.is_none_or(|t| asks_gpuslice_devices(&template_spec(t))) {
+                return true;
+            }
+        }
+        false
+    }
+
     /// What a claim created in `namespace` charges: nothing when the resource claim controller
     /// makes it from the template of a live pod's entry (the pod was charged for it), else
     /// what its spec asks.
@@ -380,6 +413,26 @@ pub fn entries_charge(
         total = total.checked_add(&claim_charge(&template_spec(t), inventory, &field)?, &field)?;
     }
     Ok(total)
+}
+
+/// Whether a claim of `spec` asks any of gpuslice's device classes, however (a request or a
+/// prioritized list's alternative, chargeable or not).
+pub fn asks_gpuslice_devices(spec: &ResourceClaimSpec) -> bool {
+    let ours = |class: &str| class == gpuslice_dra::DRIVER || class == gpuslice_dra::SLOTS_CLASS;
+    spec.devices
+        .as_ref()
+        .and_then(|d| d.requests.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|r| {
+            r.exactly
+                .as_ref()
+                .is_some_and(|e| ours(&e.device_class_name))
+                || r.first_available
+                    .iter()
+                    .flatten()
+                    .any(|s| ours(&s.device_class_name))
+        })
 }
 
 /// What a template's claims ask (nothing when it has no spec).
@@ -844,6 +897,22 @@ mod tests {
             c["metadata"]["annotations"] = json!({POD_CLAIM_NAME: entry});
         }
         serde_json::from_value(c).unwrap()
+    }
+
+    #[test]
+    fn a_template_asks_gpuslice_devices_whether_or_not_it_can_be_charged() {
+        let asks = |devices: Value2| {
+            asks_gpuslice_devices(&serde_json::from_value(json!({ "devices": devices })).unwrap())
+        };
+        // allocationMode All cannot be charged, but asks gpuslice's GPUs.
+        assert!(asks(json!({"requests": [{"name": "a", "exactly": {
+            "deviceClassName": "gpuslice.io", "allocationMode": "All"}}]})));
+        assert!(asks(json!({"requests": [{"name": "a", "firstAvailable": [
+            {"name": "x", "deviceClassName": "other.example.com"},
+            {"name": "y", "deviceClassName": "slots.gpuslice.io"}]}]})));
+        assert!(!asks(json!({"requests": [{"name": "a", "exactly": {
+            "deviceClassName": "other.example.com"}}]})));
+        assert!(!asks(json!({})));
     }
 
     #[test]
