@@ -5,8 +5,9 @@
 //! resourceVersion read (a 409 Conflict re-reads and re-checks), as the API server's own quota
 //! admission does, so concurrent admissions, on any replica, never book past the hard value.
 //! A recount from the live pods and claims frees what deleted objects held; it frees an excess
-//! only once it was seen on two recounts a full interval apart, so that a charge booked but
-//! not yet stored (its admission still running) is never freed (docs/quotas.md).
+//! only once it was seen on two recounts a full interval apart, and only past what was booked
+//! since the previous recount, so that a charge booked but not yet stored (its admission
+//! still running) is never freed (docs/quotas.md).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -622,19 +623,45 @@ fn owned_by(c: &ResourceClaim, uid: &str) -> bool {
         .any(|o| o.kind == "Pod" && o.controller == Some(true) && o.uid == uid)
 }
 
-/// The recount's decision for one line of a quota: the used value to write and the excess left
-/// (what may be freed at the next recount). `used` is what the ledger says, `live` what the
-/// live objects charge, `before` the excess left at the previous recount (`None`: the first).
-/// More live than booked is written at once (an overcount never admits too much); an excess
-/// is freed only as far as it was already there at the previous recount, an interval ago, so
-/// that a charge booked whose object is not stored yet is never freed.
-pub fn settle(used: u64, live: u64, before: Option<u64>) -> (u64, u64) {
+/// What the recount left of one line of a quota: the excess it did not free, and the used
+/// value it wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Left {
+    pub excess: u64,
+    pub written: u64,
+}
+
+/// The recount's decision for one line of a quota: the used value to write and what is left
+/// for the next recount. `used` is what the ledger says, `live` what the live objects charge,
+/// `before` what the previous recount left (`None`: the first look). More live than booked is
+/// written at once (an overcount never admits too much). An excess is freed only as far as
+/// it was already there at the previous recount, an interval ago, and only past what was
+/// booked since that recount wrote (`used` − its written value): the excess is known by amount,
+/// not by which charge makes it, and a charge booked since the previous recount may be one
+/// whose object is not stored yet, which must not be freed in place of what a deleted object
+/// held. What that holds back is freed at a later recount.
+pub fn settle(used: u64, live: u64, before: Option<Left>) -> (u64, Left) {
     if live >= used {
-        return (live, 0);
+        return (
+            live,
+            Left {
+                excess: 0,
+                written: live,
+            },
+        );
     }
     let excess = used - live;
-    let free = before.map_or(0, |b| b.min(excess));
-    (used - free, excess - free)
+    let free = before.map_or(0, |b| {
+        let booked_since = used.saturating_sub(b.written);
+        b.excess.min(excess.saturating_sub(booked_since))
+    });
+    (
+        used - free,
+        Left {
+            excess: excess - free,
+            written: used - free,
+        },
+    )
 }
 
 /// The recount: every interval, for each namespace with a budget, the live charge against
@@ -644,8 +671,8 @@ pub struct Recount {
     every: Duration,
     lease: Option<(String, String)>,
     identity: String,
-    /// The excess left per (quota uid, name) at the previous recount.
-    before: Mutex<HashMap<(String, &'static str), u64>>,
+    /// What the previous recount left per (quota uid, name).
+    before: Mutex<HashMap<(String, &'static str), Left>>,
 }
 
 impl Recount {
@@ -799,10 +826,10 @@ impl Recount {
                 })?;
                 for l in &budget.lines {
                     let key = (uid.clone(), l.name.name);
-                    let (used, excess) =
+                    let (used, rest) =
                         settle(l.used, live.in_unit(l.name), before.get(&key).copied());
                     next.push((l.name, used));
-                    left.push((key, excess));
+                    left.push((key, rest));
                 }
             }
             let name = q.metadata.name.clone().unwrap_or_default();
@@ -814,10 +841,10 @@ impl Recount {
                 true
             };
             if let Ok(mut before) = self.before.lock() {
-                for (key, excess) in left {
+                for (key, rest) in left {
                     seen.insert(key.clone());
                     if wrote {
-                        before.insert(key, excess);
+                        before.insert(key, rest);
                     } else {
                         // Not written (a booking came between): next time is a first look.
                         before.remove(&key);
@@ -860,18 +887,53 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// Runs `settle` from a first look over `(used, live)` pairs, as consecutive recounts that
+    /// each wrote: the used values written.
+    fn recounts(looks: &[(u64, u64)]) -> Vec<u64> {
+        let mut before = None;
+        looks
+            .iter()
+            .map(|&(used, live)| {
+                let (written, left) = settle(used, live, before);
+                before = Some(left);
+                written
+            })
+            .collect()
+    }
+
     #[test]
     fn an_excess_is_freed_only_once_seen_twice() {
         // First look: nothing freed, the excess remembered.
-        assert_eq!(settle(10, 6, None), (10, 4));
-        // Seen again: freed.
-        assert_eq!(settle(10, 6, Some(4)), (6, 0));
+        assert_eq!(
+            settle(10, 6, None),
+            (
+                10,
+                Left {
+                    excess: 4,
+                    written: 10
+                }
+            )
+        );
+        // Seen again, nothing booked since: freed.
+        assert_eq!(recounts(&[(10, 6), (10, 6)]), [10, 6]);
         // A charge booked but not stored yet (an excess of 2 on one look only) is kept.
-        assert_eq!(settle(12, 10, Some(0)), (12, 2));
+        assert_eq!(recounts(&[(10, 10), (12, 10)]), [10, 12]);
         // Part of it was there before: only that part is freed.
-        assert_eq!(settle(10, 4, Some(2)), (8, 4));
+        assert_eq!(recounts(&[(10, 8), (10, 4)]), [10, 8]);
         // More live than booked is written at once.
-        assert_eq!(settle(4, 6, Some(3)), (6, 0));
+        assert_eq!(recounts(&[(4, 3), (4, 6)]), [4, 6]);
+    }
+
+    #[test]
+    fn a_booking_in_flight_at_two_recounts_is_not_freed() {
+        // Hard 8: P1 (4) booked, not stored at the first recount; stored by the second, when
+        // P2 (4) is booked and not stored. The excess of 4 at the second is P2's, booked since
+        // the first recount wrote: it stays, so P3 (4) is refused (8 + 4 > 8). Once P2 is
+        // stored, nothing is left to free.
+        assert_eq!(recounts(&[(4, 0), (8, 4), (8, 8)]), [4, 8, 8]);
+        // What a deleted pod held is still freed, one recount later when a booking came
+        // between: 4 of 10 deleted, then 2 booked and stored.
+        assert_eq!(recounts(&[(10, 6), (12, 8), (10, 8)]), [10, 10, 8]);
     }
 
     fn pod(name: &str, uid: &str, phase: &str, entries: Value2, statuses: Value2) -> Pod {
