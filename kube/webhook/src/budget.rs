@@ -27,7 +27,7 @@ use gpuslice_dra::quota::{claim_charge, format_value, Budget, Charge, QuotaError
 
 use crate::cluster::Cluster;
 use crate::mirror::Mirror;
-use crate::view::{read_list, Viewed};
+use crate::view::{list_page, Viewed};
 
 /// The annotation the resource claim controller puts on a claim it makes from a pod's
 /// template: the pod's entry the claim is for.
@@ -863,19 +863,13 @@ async fn list_viewed<K>(client: &kube::Client, ns: &str) -> Result<Vec<K>, Budge
 where
     K: Viewed + kube::Resource<DynamicType = ()>,
 {
-    let what = format!("the {}s of {ns}", K::KIND);
-    let read = |detail: String| BudgetError::Read {
-        what: what.clone(),
-        detail,
-    };
-    let req = kube::core::Request::new(K::url_path(&(), Some(ns)))
-        .list(&ListParams::default())
-        .map_err(|e| read(e.to_string()))?;
-    let text = client
-        .request_text(req)
+    let page = list_page::<K>(client, Some(ns), &ListParams::default())
         .await
-        .map_err(|e| read(e.to_string()))?;
-    let (items, unread) = read_list::<K>(&text).map_err(|e| read(e.to_string()))?;
+        .map_err(|e| BudgetError::Read {
+            what: format!("the {}s of {ns}", K::KIND),
+            detail: e.to_string(),
+        })?;
+    let (items, unread) = (page.objects, page.unread);
     for e in unread {
         eprintln!("gpuslice webhook: budget recount: skipped: {e}");
     }

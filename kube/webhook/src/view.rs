@@ -244,13 +244,28 @@ impl Viewed for k8s_openapi::api::core::v1::Pod {
 
 #[derive(Deserialize)]
 struct ListView<'a> {
+    #[serde(default)]
+    metadata: Option<ListMetaView>,
     #[serde(default, borrow)]
     items: Vec<&'a RawValue>,
 }
 
-/// The objects of a list's JSON `text`, each read through its view; those that cannot be read
-/// are returned apart, each naming the object and why.
-pub fn read_list<K: Viewed>(text: &str) -> Result<(Vec<K>, Vec<ViewError>), serde_json::Error> {
+#[derive(Deserialize)]
+struct ListMetaView {
+    #[serde(default, rename = "continue")]
+    continue_: Option<String>,
+}
+
+/// One page of a list: the objects read, those that could not be (each naming the object and
+/// why), and the token of the next page (`None`: the last).
+pub struct Page<K> {
+    pub objects: Vec<K>,
+    pub unread: Vec<ViewError>,
+    pub next: Option<String>,
+}
+
+/// The objects of a list's JSON `text`, each read through its view.
+pub fn read_list<K: Viewed>(text: &str) -> Result<Page<K>, serde_json::Error> {
     let list: ListView = serde_json::from_str(text)?;
     let mut objects = Vec::new();
     let mut unread = Vec::new();
@@ -260,7 +275,32 @@ pub fn read_list<K: Viewed>(text: &str) -> Result<(Vec<K>, Vec<ViewError>), serd
             Err(e) => unread.push(e),
         }
     }
-    Ok((objects, unread))
+    let next = list
+        .metadata
+        .and_then(|m| m.continue_)
+        .filter(|c| !c.is_empty());
+    Ok(Page {
+        objects,
+        unread,
+        next,
+    })
+}
+
+/// One page of the objects of kind `K` that `params` selects, in namespace `ns` (`None`: all
+/// namespaces), each read through its view.
+pub async fn list_page<K>(
+    client: &kube::Client,
+    ns: Option<&str>,
+    params: &kube::api::ListParams,
+) -> Result<Page<K>, kube::Error>
+where
+    K: Viewed + kube::Resource<DynamicType = ()>,
+{
+    let req = kube::core::Request::new(K::url_path(&(), ns))
+        .list(params)
+        .map_err(kube::Error::BuildRequest)?;
+    let text = client.request_text(req).await?;
+    read_list(&text).map_err(kube::Error::SerdeError)
 }
 
 #[cfg(test)]
@@ -314,21 +354,23 @@ mod tests {
             r#"{{"kind": "ResourceClaimList", "items": [{good}, {bad}, {}]}}"#,
             claim_json(300)
         );
-        let (claims, unread) = read_list::<ResourceClaim>(&text).unwrap();
-        assert_eq!(claims.len(), 2);
-        assert_eq!(unread.len(), 1);
-        let e = unread[0].to_string();
+        let page = read_list::<ResourceClaim>(&text).unwrap();
+        assert_eq!(page.objects.len(), 2);
+        assert_eq!(page.unread.len(), 1);
+        assert_eq!(page.next, None);
+        let e = page.unread[0].to_string();
         assert!(
             e.starts_with("ResourceClaim team/odd cannot be read: "),
             "{e}"
         );
         // Templates likewise.
         let t = format!(
-            r#"{{"items": [{{"metadata": {{"name": "t"}}, "spec": {{"metadata": {{"labels": {{"a": "b"}}}}, "spec": {}}}}}]}}"#,
+            r#"{{"metadata": {{"continue": "abc"}}, "items": [{{"metadata": {{"name": "t"}}, "spec": {{"metadata": {{"labels": {{"a": "b"}}}}, "spec": {}}}}}]}}"#,
             serde_json::from_str::<serde_json::Value>(&claim_json(3)).unwrap()["spec"]
         );
-        let (templates, unread) = read_list::<ResourceClaimTemplate>(&t).unwrap();
-        assert!(unread.is_empty());
-        assert_eq!(templates[0].metadata.name.as_deref(), Some("t"));
+        let page = read_list::<ResourceClaimTemplate>(&t).unwrap();
+        assert!(page.unread.is_empty());
+        assert_eq!(page.next.as_deref(), Some("abc"));
+        assert_eq!(page.objects[0].metadata.name.as_deref(), Some("t"));
     }
 }
