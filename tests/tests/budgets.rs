@@ -2,7 +2,8 @@
 //! --webhook`): a ResourceQuota naming `limits.gpuslice.io/memory` (or, in a HAMi-compat
 //! namespace, HAMi's `limits.nvidia.com/gpumem` in MiB) is enforced by the webhook for pods
 //! created concurrently and for claims written by hand, with one line naming the quota; what a
-//! deleted pod held is freed; a quota cannot hold a value the webhook could not read
+//! deleted pod held is freed; a claim nested past the JSON parser's limit is charged and does
+//! not stop the recount; a quota cannot hold a value the webhook could not read
 //! (docs/quotas.md).
 
 use std::time::Duration;
@@ -129,6 +130,37 @@ fn budgets_hold_for_concurrent_pods_and_claims_on_a_real_node() {
             "{ns}: {e}"
         );
         assert_eq!(e.trim().lines().count(), 1, "{ns}: one line: {e}");
+
+        if !case.hami {
+            // Opaque parameters (another driver's) nested past the JSON parser's recursion
+            // limit, which the API server accepts: the claim is still charged as its devices
+            // ask (8 whole GPUs, refused), never admitted uncharged; one of another class is
+            // stored, and the recount below still reads its namespace.
+            let deep = |name: &str, class: &str, count: u32| {
+                let mut parameters = json!(1);
+                for _ in 0..200 {
+                    parameters = json!({ "a": parameters });
+                }
+                json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                    "metadata": {"name": name, "namespace": ns},
+                    "spec": {"devices": {
+                        "requests": [{"name": "g", "exactly": {
+                            "deviceClassName": class, "count": count}}],
+                        "config": [{"opaque": {"driver": "example.com",
+                            "parameters": parameters}}]}}})
+            };
+            let e = kn
+                .cluster
+                .create(&deep("deep", "gpuslice.io", 8))
+                .unwrap_err();
+            assert!(
+                e.contains(&format!("exceeded quota: {ns}/gpu")),
+                "{ns}: {e}"
+            );
+            kn.cluster
+                .create(&deep("deep-other", "other.example.com", 1))
+                .unwrap_or_else(|e| panic!("{ns}: a deep claim of another class: {e}"));
+        }
 
         // Two pods deleted: their 4Gi freed, and a 4Gi pod admitted.
         for name in &admitted[..2] {

@@ -575,7 +575,7 @@ fn size_selector(memory: u64) -> DeviceSelector {
 }
 
 /// The slot size a selector of [`size_selector`]'s form selects.
-fn selected_size(expression: &str) -> Option<u64> {
+pub(crate) fn selected_size(expression: &str) -> Option<u64> {
     let rest = expression.strip_prefix(&format!(
         "device.capacity[\"{DRIVER}\"].{CAP_MEMORY}.compareTo(quantity(\""
     ))?;

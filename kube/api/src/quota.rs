@@ -6,11 +6,11 @@
 use gpuslice_config::quantity::ACCEPTED_KUBE;
 use gpuslice_config::{format_kube_quantity, parse_kube_quantity};
 use k8s_openapi::api::core::v1::ResourceQuota;
-use k8s_openapi::api::resource::v1::{ExactDeviceRequest, ResourceClaimSpec};
+use k8s_openapi::api::resource::v1::{DeviceSelector, ExactDeviceRequest, ResourceClaimSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use crate::claim_shape::{shape_of, Mode, PublishedGpus, Shape};
-use crate::slices::{CAP_CORES, CAP_MEMORY};
+use crate::claim_shape::{selected_size, Mode, PublishedGpus, Shape, UUID_ATTRIBUTE};
+use crate::slices::{CAP_CORES, CAP_MEMORY, MEMORY_STEP};
 use crate::{DRIVER, SLOTS_CLASS};
 
 /// gpuslice's quota names: GPU memory in bytes (a quantity), compute share in percent of a
@@ -313,7 +313,8 @@ impl Budget {
 }
 
 /// What a slice of `shape` charges: memory per GPU (the whole GPU's, `whole_gpu`, when it asks
-/// no amount) times GPUs, compute share per GPU (100 when not throttled) times GPUs, GPUs.
+/// no amount) times GPUs, compute share per GPU (100 when not throttled: none asked, or 0,
+/// which the plugin books as not throttled) times GPUs, GPUs.
 /// `field` names where it was asked, for messages.
 pub fn shape_charge(
     shape: &Shape,
@@ -341,7 +342,7 @@ pub fn shape_charge(
             ),
             unit: "bytes",
         })?;
-    let cores = u64::from(shape.cores.unwrap_or(100)).saturating_mul(gpus);
+    let cores = u64::from(shape.cores.filter(|c| *c > 0).unwrap_or(100)).saturating_mul(gpus);
     Ok(Charge {
         memory_bytes,
         cores,
@@ -385,7 +386,10 @@ fn exact_charge(
                 }),
         }
     };
-    let memory = read(CAP_MEMORY)?;
+    // What the device's request policy makes the scheduler consume: at least the step, in
+    // whole steps.
+    let memory =
+        read(CAP_MEMORY)?.map(|m| m.div_ceil(MEMORY_STEP).max(1).saturating_mul(MEMORY_STEP));
     let cores = read(CAP_CORES)?.map(|c| u32::try_from(c).unwrap_or(u32::MAX));
     let shape = Shape {
         gpus: count,
@@ -405,12 +409,144 @@ fn larger(a: Charge, b: Charge) -> Charge {
     }
 }
 
+/// What one request (or subrequest) of slots holds: its count of slots times the memory of
+/// each — the slot size its selector names, else the largest the cluster publishes (else the
+/// largest GPU, which no slot exceeds). `field` names it, for messages.
+fn slot_hold(
+    allocation_mode: Option<&str>,
+    count: Option<i64>,
+    selectors: Option<&Vec<DeviceSelector>>,
+    largest: Option<u64>,
+    field: &str,
+) -> Result<SlotHold, QuotaError> {
+    if allocation_mode == Some("All") {
+        return Err(QuotaError::Unchargeable {
+            field: field.to_string(),
+            detail: "allocationMode All takes every matching slot, an amount no budget can count before it is allocated".into(),
+            accepted: "allocationMode ExactCount (a count of slots)",
+        });
+    }
+    let slots = u64::try_from(count.unwrap_or(1)).map_err(|_| QuotaError::Unchargeable {
+        field: format!("{field}.count"),
+        detail: format!("{} slots", count.unwrap_or(1)),
+        accepted: "a count of at least 0",
+    })?;
+    let named = selectors
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s.cel.as_ref())
+        .find_map(|c| selected_size(&c.expression));
+    let Some(size) = named.or(largest) else {
+        return Err(QuotaError::Unchargeable {
+            field: field.to_string(),
+            detail: format!(
+                "asks slots of {SLOTS_CLASS}, but no slot or GPU is published yet to size them"
+            ),
+            accepted:
+                "a slot selector naming its size, or a cluster whose ResourceSlices publish slots",
+        });
+    };
+    let memory = slots
+        .checked_mul(size)
+        .ok_or_else(|| QuotaError::Overflow {
+            field: field.to_string(),
+            detail: format!("{slots} slots of {}", format_kube_quantity(size)),
+            unit: "bytes",
+        })?;
+    Ok(SlotHold { slots, memory })
+}
+
+/// What one request of slots holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct SlotHold {
+    slots: u64,
+    memory: u64,
+}
+
+/// What a claim's requests of slots charge, request by request: the sum of their memory;
+/// GPUs one per group of requests a `matchAttribute` constraint on the GPU's UUID keeps on one
+/// GPU, and one per slot of a request no such constraint binds (its slots may lie on as many
+/// GPUs); compute share per GPU as the claim's opaque parameters ask (100 when they ask none).
+fn slots_charge(
+    spec: &ResourceClaimSpec,
+    holds: &[(String, SlotHold)],
+    field: &str,
+) -> Result<Charge, QuotaError> {
+    let mut memory_bytes = 0u64;
+    for (name, h) in holds {
+        memory_bytes = memory_bytes
+            .checked_add(h.memory)
+            .ok_or_else(|| QuotaError::Overflow {
+                field: field.to_string(),
+                detail: format!("the sum of its slots' memory (at request {name})"),
+                unit: "bytes",
+            })?;
+    }
+    // Union of the requests each GPU constraint binds (a constraint naming none binds all; one
+    // naming a subrequest `parent/sub` binds its parent).
+    let mut group: Vec<Option<usize>> = vec![None; holds.len()];
+    let devices = spec.devices.as_ref();
+    for c in devices
+        .and_then(|d| d.constraints.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|c| c.match_attribute.as_deref() == Some(UUID_ATTRIBUTE))
+    {
+        let binds = |name: &str| {
+            c.requests
+                .as_ref()
+                .is_none_or(|names| names.iter().any(|n| n.split('/').next() == Some(name)))
+        };
+        let members: Vec<usize> = (0..holds.len()).filter(|&i| binds(&holds[i].0)).collect();
+        let Some(&first) = members.first() else {
+            continue;
+        };
+        let into = group[first].unwrap_or(first);
+        for &m in &members {
+            match group[m] {
+                Some(old) if old != into => {
+                    for g in group.iter_mut().filter(|g| **g == Some(old)) {
+                        *g = Some(into);
+                    }
+                }
+                _ => group[m] = Some(into),
+            }
+        }
+    }
+    let mut gpus = 0u64;
+    let mut counted = std::collections::BTreeSet::new();
+    for (i, (_, h)) in holds.iter().enumerate() {
+        match group[i] {
+            Some(g) => {
+                if counted.insert(g) {
+                    gpus = gpus.saturating_add(1);
+                }
+            }
+            None => gpus = gpus.saturating_add(h.slots),
+        }
+    }
+    let cores = devices
+        .and_then(|d| d.config.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c.opaque.as_ref())
+        .filter(|o| o.driver == DRIVER)
+        .find_map(|o| crate::opaque::opaque_cores(&o.parameters.0).ok())
+        .unwrap_or(100);
+    Ok(Charge {
+        memory_bytes,
+        cores: u64::from(cores).saturating_mul(gpus),
+        gpus,
+    })
+}
+
 /// What a claim of `spec` charges on a cluster publishing `inventory` (`field` names it, for
 /// messages): the sum of its requests of gpuslice's device classes (other classes charge
 /// nothing). In capacity mode a request charges its count times its memory (the whole GPU
 /// when it asks none) and compute share (100 when none); a prioritized list charges its
-/// largest alternative. A slot-mode claim charges the slice it asks as read back from
-/// claims of gpuslice's shape; a slot claim of another shape is refused (it cannot be sized).
+/// largest alternative. Requests of slots charge request by request (see [`slots_charge`]):
+/// each its count of slots times the slot size it selects (the largest published when it
+/// names none), a prioritized list its largest alternative, whatever shape the claim has.
 pub fn claim_charge(
     spec: &ResourceClaimSpec,
     inventory: &PublishedGpus,
@@ -420,8 +556,13 @@ pub fn claim_charge(
     let Some(requests) = spec.devices.as_ref().and_then(|d| d.requests.as_ref()) else {
         return Ok(Charge::default());
     };
+    let largest_slot = match &inventory.mode {
+        Mode::Slots(sizes) => sizes.iter().map(|s| s.memory).max(),
+        Mode::Capacity => None,
+    }
+    .or(whole);
     let mut total = Charge::default();
-    let mut slots = false;
+    let mut holds: Vec<(String, SlotHold)> = Vec::new();
     for (i, r) in requests.iter().enumerate() {
         let f = format!("{field}.devices.requests[{i}]");
         if let Some(e) = &r.exactly {
@@ -429,13 +570,31 @@ pub fn claim_charge(
                 total =
                     total.checked_add(&exact_charge(e, whole, &format!("{f}.exactly"))?, field)?;
             } else if e.device_class_name == SLOTS_CLASS {
-                slots = true;
+                let h = slot_hold(
+                    e.allocation_mode.as_deref(),
+                    e.count,
+                    e.selectors.as_ref(),
+                    largest_slot,
+                    &format!("{f}.exactly"),
+                )?;
+                holds.push((r.name.clone(), h));
             }
         }
         let mut best: Option<Charge> = None;
+        let mut best_slots: Option<SlotHold> = None;
         for (j, s) in r.first_available.iter().flatten().enumerate() {
             if s.device_class_name == SLOTS_CLASS {
-                slots = true;
+                let h = slot_hold(
+                    s.allocation_mode.as_deref(),
+                    s.count,
+                    s.selectors.as_ref(),
+                    largest_slot,
+                    &format!("{f}.firstAvailable[{j}]"),
+                )?;
+                best_slots = Some(best_slots.map_or(h, |b| SlotHold {
+                    slots: b.slots.max(h.slots),
+                    memory: b.memory.max(h.memory),
+                }));
             } else if s.device_class_name == DRIVER {
                 let e = ExactDeviceRequest {
                     device_class_name: s.device_class_name.clone(),
@@ -451,21 +610,12 @@ pub fn claim_charge(
         if let Some(b) = best {
             total = total.checked_add(&b, field)?;
         }
+        if let Some(h) = best_slots {
+            holds.push((r.name.clone(), h));
+        }
     }
-    if slots {
-        let mode = match &inventory.mode {
-            m @ Mode::Slots(_) => m.clone(),
-            Mode::Capacity => Mode::Slots(Vec::new()),
-        };
-        let Some(shape) = shape_of(spec, &mode) else {
-            return Err(QuotaError::Unchargeable {
-                field: format!("{field}.devices"),
-                detail: format!("requests of {SLOTS_CLASS} in a shape gpuslice does not size"),
-                accepted:
-                    "a slot claim as the webhook, kubectl gpuslice allocate or the console write it",
-            });
-        };
-        total = total.checked_add(&shape_charge(&shape, whole, field)?, field)?;
+    if !holds.is_empty() {
+        total = total.checked_add(&slots_charge(spec, &holds, field)?, field)?;
     }
     Ok(total)
 }
@@ -655,6 +805,208 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("allocationMode All"), "{e}");
+    }
+
+    #[test]
+    fn a_request_charges_what_the_plugin_and_scheduler_book() {
+        let inv = PublishedGpus {
+            gpu_memory: vec![80 << 30],
+            ..PublishedGpus::default()
+        };
+        let one = |cap: serde_json::Value| {
+            let spec: ResourceClaimSpec = serde_json::from_value(json!({"devices": {"requests": [
+                {"name": "a", "exactly": {"deviceClassName": "gpuslice.io", "count": 2,
+                    "capacity": {"requests": cap}}}]}}))
+            .unwrap();
+            claim_charge(&spec, &inv, "ResourceClaim team/x").unwrap()
+        };
+        // cores 0 is not throttled, as an omitted cores: a whole GPU's share each.
+        let zero = one(json!({"memory": "1Gi", "cores": "0"}));
+        assert_eq!(zero, one(json!({"memory": "1Gi"})));
+        assert_eq!(
+            zero,
+            Charge {
+                memory_bytes: 2 << 30,
+                cores: 200,
+                gpus: 2
+            }
+        );
+        // Memory below the 1Mi step or minimum is consumed as whole steps.
+        for (asked, per_gpu) in [("1", 1 << 20), ("0", 1 << 20), ("1049000", 2 << 20)] {
+            assert_eq!(
+                one(json!({"memory": asked})).memory_bytes,
+                2 * per_gpu,
+                "memory {asked}"
+            );
+        }
+        // A shape of compute share 0 charges as one not throttled.
+        let s = Shape {
+            gpus: 1,
+            memory: Some(1 << 30),
+            cores: Some(0),
+            selectors: vec![],
+        };
+        assert_eq!(shape_charge(&s, None, "f").unwrap().cores, 100);
+    }
+
+    /// A cluster of one slot size: 6 slots of 4Gi per 24Gi GPU.
+    fn six_slots() -> PublishedGpus {
+        PublishedGpus {
+            mode: Mode::Slots(vec![SlotSize {
+                memory: 4 << 30,
+                cores: None,
+                per_gpu: 6,
+            }]),
+            max_gpus_per_node: Some(8),
+            gpu_memory: vec![24 << 30],
+        }
+    }
+
+    fn slot_charge(devices: serde_json::Value, inv: &PublishedGpus) -> Charge {
+        let spec: ResourceClaimSpec =
+            serde_json::from_value(json!({ "devices": devices })).unwrap();
+        claim_charge(&spec, inv, "ResourceClaim team/x").unwrap()
+    }
+
+    #[test]
+    fn hand_written_slot_requests_charge_every_slot_they_ask() {
+        let inv = six_slots();
+        // Requests of 6, 6, 6, 6, 6 and 1 slots, each kept on one GPU: 31 slots on 6 GPUs.
+        let counts = [6, 6, 6, 6, 6, 1];
+        let requests: Vec<_> = counts
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                json!({"name": format!("r{i}"), "exactly": {
+                "deviceClassName": "slots.gpuslice.io", "count": n}})
+            })
+            .collect();
+        let constraints: Vec<_> = (0..counts.len())
+            .map(|i| json!({"requests": [format!("r{i}")], "matchAttribute": "gpuslice.io/uuid"}))
+            .collect();
+        assert_eq!(
+            slot_charge(
+                json!({"requests": requests, "constraints": constraints}),
+                &inv
+            ),
+            Charge {
+                memory_bytes: 31 * (4 << 30),
+                cores: 600,
+                gpus: 6
+            }
+        );
+        // Requests pinned to slots 0 to 5, each of its own GPU: every pinned slot is charged,
+        // not only slot 0.
+        let requests: Vec<_> = (0..6)
+            .map(|j| {
+                json!({"name": format!("p{j}"), "exactly": {
+                "deviceClassName": "slots.gpuslice.io",
+                "selectors": [{"cel": {"expression": crate::claim_shape::pinned_expression(j)}}]}})
+            })
+            .collect();
+        assert_eq!(
+            slot_charge(json!({"requests": requests}), &inv),
+            Charge {
+                memory_bytes: 6 * (4 << 30),
+                cores: 600,
+                gpus: 6
+            }
+        );
+        // A request of 3 slots no constraint keeps on one GPU may span 3 GPUs.
+        assert_eq!(
+            slot_charge(
+                json!({"requests": [{"name": "a", "exactly": {
+                    "deviceClassName": "slots.gpuslice.io", "count": 3}}]}),
+                &inv
+            )
+            .gpus,
+            3
+        );
+        // Constraints joining requests make one GPU of them; the compute share asked through
+        // gpuslice's opaque parameters is charged per GPU.
+        let c = slot_charge(
+            json!({"requests": [
+                {"name": "a", "exactly": {"deviceClassName": "slots.gpuslice.io", "count": 2}},
+                {"name": "b", "exactly": {"deviceClassName": "slots.gpuslice.io", "count": 2}},
+                {"name": "c", "exactly": {"deviceClassName": "slots.gpuslice.io", "count": 1}}],
+             "constraints": [
+                {"requests": ["a", "b"], "matchAttribute": "gpuslice.io/uuid"},
+                {"requests": ["b", "c"], "matchAttribute": "gpuslice.io/uuid"}],
+             "config": [{"opaque": {"driver": "gpuslice.io", "parameters": {
+                "apiVersion": "gpuslice.io/v1", "kind": "SliceParameters", "cores": 30}}}]}),
+            &inv,
+        );
+        assert_eq!(
+            c,
+            Charge {
+                memory_bytes: 5 * (4 << 30),
+                cores: 30,
+                gpus: 1
+            }
+        );
+        // allocationMode All cannot be counted.
+        let spec: ResourceClaimSpec = serde_json::from_value(json!({"devices": {"requests": [
+            {"name": "a", "exactly": {"deviceClassName": "slots.gpuslice.io", "allocationMode": "All"}}]}}))
+        .unwrap();
+        let e = claim_charge(&spec, &inv, "ResourceClaim team/x")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("ResourceClaim team/x.devices.requests[0].exactly: ")
+                && e.contains("allocationMode All"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_prioritized_list_of_slots_charges_its_largest_alternative() {
+        let inv = PublishedGpus {
+            mode: Mode::Slots(vec![
+                SlotSize {
+                    memory: 1 << 30,
+                    cores: None,
+                    per_gpu: 8,
+                },
+                SlotSize {
+                    memory: 4 << 30,
+                    cores: None,
+                    per_gpu: 6,
+                },
+            ]),
+            max_gpus_per_node: Some(8),
+            gpu_memory: vec![8 << 30, 24 << 30],
+        };
+        let size = |q: &str| {
+            json!([{"cel": {"expression": format!(
+                "device.capacity[\"gpuslice.io\"].memory.compareTo(quantity(\"{q}\")) == 0")}}])
+        };
+        // [6 × 4Gi, 1 × 1Gi]: the scheduler takes the first it can place, so 24Gi.
+        let c = slot_charge(
+            json!({"requests": [{"name": "gpu", "firstAvailable": [
+                {"name": "slots-0", "deviceClassName": "slots.gpuslice.io", "count": 6, "selectors": size("4Gi")},
+                {"name": "slots-1", "deviceClassName": "slots.gpuslice.io", "count": 1, "selectors": size("1Gi")}]}],
+             "constraints": [{"requests": ["gpu"], "matchAttribute": "gpuslice.io/uuid"}]}),
+            &inv,
+        );
+        assert_eq!(
+            c,
+            Charge {
+                memory_bytes: 24 << 30,
+                cores: 100,
+                gpus: 1
+            }
+        );
+        // A slot request naming no size charges the largest size published.
+        assert_eq!(
+            slot_charge(
+                json!({"requests": [{"name": "a", "exactly": {
+                    "deviceClassName": "slots.gpuslice.io", "count": 2}}],
+                 "constraints": [{"matchAttribute": "gpuslice.io/uuid"}]}),
+                &inv
+            )
+            .memory_bytes,
+            8 << 30
+        );
     }
 
     #[test]

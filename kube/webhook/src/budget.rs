@@ -5,8 +5,9 @@
 //! resourceVersion read (a 409 Conflict re-reads and re-checks), as the API server's own quota
 //! admission does, so concurrent admissions, on any replica, never book past the hard value.
 //! A recount from the live pods and claims frees what deleted objects held; it frees an excess
-//! only once it was seen on two recounts a full interval apart, so that a charge booked but
-//! not yet stored (its admission still running) is never freed (docs/quotas.md).
+//! only once it was seen on two recounts a full interval apart, and only past what was booked
+//! since the previous recount, so that a charge booked but not yet stored (its admission
+//! still running) is never freed (docs/quotas.md).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -26,6 +27,7 @@ use gpuslice_dra::quota::{claim_charge, format_value, Budget, Charge, QuotaError
 
 use crate::cluster::Cluster;
 use crate::mirror::Mirror;
+use crate::view::{list_page, Viewed};
 
 /// The annotation the resource claim controller puts on a claim it makes from a pod's
 /// template: the pod's entry the claim is for.
@@ -230,6 +232,39 @@ impl Ledger {
         entries_charge(namespace, entries, &templates, inventory)
     }
 
+    /// Whether the templates the pod's entries name ask gpuslice's devices at all, without
+    /// charging them (a pod in a namespace without a budget): `planned` are the templates the
+    /// webhook writes for it; the others are read, and one missing or unreadable counts as
+    /// asking. Never an error.
+    pub async fn names_gpuslice_devices(
+        &self,
+        namespace: &str,
+        entries: &[(String, String)],
+        planned: &[ResourceClaimTemplate],
+    ) -> bool {
+        let api: Api<ResourceClaimTemplate> = Api::namespaced(self.cluster.client(), namespace);
+        for (_, name) in entries {
+            let read;
+            let t = match planned
+                .iter()
+                .find(|t| t.metadata.name.as_deref() == Some(name.as_str()))
+            {
+                Some(t) => Some(t),
+                None => {
+                    read = api.get_opt(name).await;
+                    match &read {
+                        Ok(Some(t)) => Some(t),
+                        _ => None,
+                    }
+                }
+            };
+            if t.is_none_or(|t| asks_gpuslice_devices(&template_spec(t))) {
+                return true;
+            }
+        }
+        false
+    }
+
     /// What a claim created in `namespace` charges: nothing when the resource claim controller
     /// makes it from the template of a live pod's entry (the pod was charged for it), else
     /// what its spec asks.
@@ -379,6 +414,26 @@ pub fn entries_charge(
         total = total.checked_add(&claim_charge(&template_spec(t), inventory, &field)?, &field)?;
     }
     Ok(total)
+}
+
+/// Whether a claim of `spec` asks any of gpuslice's device classes, however (a request or a
+/// prioritized list's alternative, chargeable or not).
+pub fn asks_gpuslice_devices(spec: &ResourceClaimSpec) -> bool {
+    let ours = |class: &str| class == gpuslice_dra::DRIVER || class == gpuslice_dra::SLOTS_CLASS;
+    spec.devices
+        .as_ref()
+        .and_then(|d| d.requests.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|r| {
+            r.exactly
+                .as_ref()
+                .is_some_and(|e| ours(&e.device_class_name))
+                || r.first_available
+                    .iter()
+                    .flatten()
+                    .any(|s| ours(&s.device_class_name))
+        })
 }
 
 /// What a template's claims ask (nothing when it has no spec).
@@ -568,19 +623,45 @@ fn owned_by(c: &ResourceClaim, uid: &str) -> bool {
         .any(|o| o.kind == "Pod" && o.controller == Some(true) && o.uid == uid)
 }
 
-/// The recount's decision for one line of a quota: the used value to write and the excess left
-/// (what may be freed at the next recount). `used` is what the ledger says, `live` what the
-/// live objects charge, `before` the excess left at the previous recount (`None`: the first).
-/// More live than booked is written at once (an overcount never admits too much); an excess
-/// is freed only as far as it was already there at the previous recount, an interval ago, so
-/// that a charge booked whose object is not stored yet is never freed.
-pub fn settle(used: u64, live: u64, before: Option<u64>) -> (u64, u64) {
+/// What the recount left of one line of a quota: the excess it did not free, and the used
+/// value it wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Left {
+    pub excess: u64,
+    pub written: u64,
+}
+
+/// The recount's decision for one line of a quota: the used value to write and what is left
+/// for the next recount. `used` is what the ledger says, `live` what the live objects charge,
+/// `before` what the previous recount left (`None`: the first look). More live than booked is
+/// written at once (an overcount never admits too much). An excess is freed only as far as
+/// it was already there at the previous recount, an interval ago, and only past what was
+/// booked since that recount wrote (`used` − its written value): the excess is known by amount,
+/// not by which charge makes it, and a charge booked since the previous recount may be one
+/// whose object is not stored yet, which must not be freed in place of what a deleted object
+/// held. What that holds back is freed at a later recount.
+pub fn settle(used: u64, live: u64, before: Option<Left>) -> (u64, Left) {
     if live >= used {
-        return (live, 0);
+        return (
+            live,
+            Left {
+                excess: 0,
+                written: live,
+            },
+        );
     }
     let excess = used - live;
-    let free = before.map_or(0, |b| b.min(excess));
-    (used - free, excess - free)
+    let free = before.map_or(0, |b| {
+        let booked_since = used.saturating_sub(b.written);
+        b.excess.min(excess.saturating_sub(booked_since))
+    });
+    (
+        used - free,
+        Left {
+            excess: excess - free,
+            written: used - free,
+        },
+    )
 }
 
 /// The recount: every interval, for each namespace with a budget, the live charge against
@@ -590,8 +671,8 @@ pub struct Recount {
     every: Duration,
     lease: Option<(String, String)>,
     identity: String,
-    /// The excess left per (quota uid, name) at the previous recount.
-    before: Mutex<HashMap<(String, &'static str), u64>>,
+    /// What the previous recount left per (quota uid, name).
+    before: Mutex<HashMap<(String, &'static str), Left>>,
 }
 
 impl Recount {
@@ -703,65 +784,10 @@ impl Recount {
         }
         let mut seen = HashSet::new();
         for (ns, qs) in by_ns {
-            let hami = self.ledger.hami(&ns, &qs).await?;
-            let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-            let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), &ns);
-            let templates: Api<ResourceClaimTemplate> = Api::namespaced(client.clone(), &ns);
-            let lp = ListParams::default();
-            let pods = pods
-                .list(&lp)
-                .await
-                .map_err(read_err(format!("the pods of {ns}")))?;
-            let claims = claims
-                .list(&lp)
-                .await
-                .map_err(read_err(format!("the ResourceClaims of {ns}")))?;
-            let templates = templates
-                .list(&lp)
-                .await
-                .map_err(read_err(format!("the ResourceClaimTemplates of {ns}")))?;
-            let live = live_charge(&pods.items, &claims.items, &templates.items, &inventory);
-            let api: Api<ResourceQuota> = Api::namespaced(client.clone(), &ns);
-            for mut q in qs {
-                // A malformed quota is left as it is (admissions against it are refused).
-                let Ok(Some(budget)) = Budget::read(&q, hami) else {
-                    continue;
-                };
-                let uid = q.metadata.uid.clone().unwrap_or_default();
-                let mut next = Vec::new();
-                let mut left = Vec::new();
-                {
-                    let before = self.before.lock().map_err(|_| BudgetError::Read {
-                        what: "the recount's baselines".into(),
-                        detail: "lock poisoned".into(),
-                    })?;
-                    for l in &budget.lines {
-                        let key = (uid.clone(), l.name.name);
-                        let (used, excess) =
-                            settle(l.used, live.in_unit(l.name), before.get(&key).copied());
-                        next.push((l.name, used));
-                        left.push((key, excess));
-                    }
-                }
-                let name = q.metadata.name.clone().unwrap_or_default();
-                let wrote = if write_used(&mut q, &next) {
-                    api.replace_status(&name, &PostParams::default(), &q)
-                        .await
-                        .is_ok()
-                } else {
-                    true
-                };
-                if let Ok(mut before) = self.before.lock() {
-                    for (key, excess) in left {
-                        seen.insert(key.clone());
-                        if wrote {
-                            before.insert(key, excess);
-                        } else {
-                            // Not written (a booking came between): next time is a first look.
-                            before.remove(&key);
-                        }
-                    }
-                }
+            // One namespace that cannot be recounted (its quotas' baselines start again from a
+            // first look) does not hold up the others.
+            if let Err(e) = self.namespace(&ns, qs, &inventory, &mut seen).await {
+                eprintln!("gpuslice webhook: budget recount of namespace {ns}: {e}");
             }
         }
         if let Ok(mut before) = self.before.lock() {
@@ -769,6 +795,85 @@ impl Recount {
         }
         Ok(())
     }
+
+    /// The recount of one namespace's quotas `qs`; `seen` gathers the baselines it keeps.
+    async fn namespace(
+        &self,
+        ns: &str,
+        qs: Vec<ResourceQuota>,
+        inventory: &PublishedGpus,
+        seen: &mut HashSet<(String, &'static str)>,
+    ) -> Result<(), BudgetError> {
+        let client = self.ledger.cluster.client();
+        let hami = self.ledger.hami(ns, &qs).await?;
+        let pods: Vec<Pod> = list_viewed(&client, ns).await?;
+        let claims: Vec<ResourceClaim> = list_viewed(&client, ns).await?;
+        let templates: Vec<ResourceClaimTemplate> = list_viewed(&client, ns).await?;
+        let live = live_charge(&pods, &claims, &templates, inventory);
+        let api: Api<ResourceQuota> = Api::namespaced(client.clone(), ns);
+        for mut q in qs {
+            // A malformed quota is left as it is (admissions against it are refused).
+            let Ok(Some(budget)) = Budget::read(&q, hami) else {
+                continue;
+            };
+            let uid = q.metadata.uid.clone().unwrap_or_default();
+            let mut next = Vec::new();
+            let mut left = Vec::new();
+            {
+                let before = self.before.lock().map_err(|_| BudgetError::Read {
+                    what: "the recount's baselines".into(),
+                    detail: "lock poisoned".into(),
+                })?;
+                for l in &budget.lines {
+                    let key = (uid.clone(), l.name.name);
+                    let (used, rest) =
+                        settle(l.used, live.in_unit(l.name), before.get(&key).copied());
+                    next.push((l.name, used));
+                    left.push((key, rest));
+                }
+            }
+            let name = q.metadata.name.clone().unwrap_or_default();
+            let wrote = if write_used(&mut q, &next) {
+                api.replace_status(&name, &PostParams::default(), &q)
+                    .await
+                    .is_ok()
+            } else {
+                true
+            };
+            if let Ok(mut before) = self.before.lock() {
+                for (key, rest) in left {
+                    seen.insert(key.clone());
+                    if wrote {
+                        before.insert(key, rest);
+                    } else {
+                        // Not written (a booking came between): next time is a first look.
+                        before.remove(&key);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The objects of kind `K` in namespace `ns`, each read through its view (crate::view): one
+/// that cannot be read is named in the log and skipped, so that it holds up neither its
+/// namespace's recount nor the others'.
+async fn list_viewed<K>(client: &kube::Client, ns: &str) -> Result<Vec<K>, BudgetError>
+where
+    K: Viewed + kube::Resource<DynamicType = ()>,
+{
+    let page = list_page::<K>(client, Some(ns), &ListParams::default())
+        .await
+        .map_err(|e| BudgetError::Read {
+            what: format!("the {}s of {ns}", K::KIND),
+            detail: e.to_string(),
+        })?;
+    let (items, unread) = (page.objects, page.unread);
+    for e in unread {
+        eprintln!("gpuslice webhook: budget recount: skipped: {e}");
+    }
+    Ok(items)
 }
 
 #[cfg(test)]
@@ -776,18 +881,53 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// Runs `settle` from a first look over `(used, live)` pairs, as consecutive recounts that
+    /// each wrote: the used values written.
+    fn recounts(looks: &[(u64, u64)]) -> Vec<u64> {
+        let mut before = None;
+        looks
+            .iter()
+            .map(|&(used, live)| {
+                let (written, left) = settle(used, live, before);
+                before = Some(left);
+                written
+            })
+            .collect()
+    }
+
     #[test]
     fn an_excess_is_freed_only_once_seen_twice() {
         // First look: nothing freed, the excess remembered.
-        assert_eq!(settle(10, 6, None), (10, 4));
-        // Seen again: freed.
-        assert_eq!(settle(10, 6, Some(4)), (6, 0));
+        assert_eq!(
+            settle(10, 6, None),
+            (
+                10,
+                Left {
+                    excess: 4,
+                    written: 10
+                }
+            )
+        );
+        // Seen again, nothing booked since: freed.
+        assert_eq!(recounts(&[(10, 6), (10, 6)]), [10, 6]);
         // A charge booked but not stored yet (an excess of 2 on one look only) is kept.
-        assert_eq!(settle(12, 10, Some(0)), (12, 2));
+        assert_eq!(recounts(&[(10, 10), (12, 10)]), [10, 12]);
         // Part of it was there before: only that part is freed.
-        assert_eq!(settle(10, 4, Some(2)), (8, 4));
+        assert_eq!(recounts(&[(10, 8), (10, 4)]), [10, 8]);
         // More live than booked is written at once.
-        assert_eq!(settle(4, 6, Some(3)), (6, 0));
+        assert_eq!(recounts(&[(4, 3), (4, 6)]), [4, 6]);
+    }
+
+    #[test]
+    fn a_booking_in_flight_at_two_recounts_is_not_freed() {
+        // Hard 8: P1 (4) booked, not stored at the first recount; stored by the second, when
+        // P2 (4) is booked and not stored. The excess of 4 at the second is P2's, booked since
+        // the first recount wrote: it stays, so P3 (4) is refused (8 + 4 > 8). Once P2 is
+        // stored, nothing is left to free.
+        assert_eq!(recounts(&[(4, 0), (8, 4), (8, 8)]), [4, 8, 8]);
+        // What a deleted pod held is still freed, one recount later when a booking came
+        // between: 4 of 10 deleted, then 2 booked and stored.
+        assert_eq!(recounts(&[(10, 6), (12, 8), (10, 8)]), [10, 10, 8]);
     }
 
     fn pod(name: &str, uid: &str, phase: &str, entries: Value2, statuses: Value2) -> Pod {
@@ -813,6 +953,22 @@ mod tests {
             c["metadata"]["annotations"] = json!({POD_CLAIM_NAME: entry});
         }
         serde_json::from_value(c).unwrap()
+    }
+
+    #[test]
+    fn a_template_asks_gpuslice_devices_whether_or_not_it_can_be_charged() {
+        let asks = |devices: Value2| {
+            asks_gpuslice_devices(&serde_json::from_value(json!({ "devices": devices })).unwrap())
+        };
+        // allocationMode All cannot be charged, but asks gpuslice's GPUs.
+        assert!(asks(json!({"requests": [{"name": "a", "exactly": {
+            "deviceClassName": "gpuslice.io", "allocationMode": "All"}}]})));
+        assert!(asks(json!({"requests": [{"name": "a", "firstAvailable": [
+            {"name": "x", "deviceClassName": "other.example.com"},
+            {"name": "y", "deviceClassName": "slots.gpuslice.io"}]}]})));
+        assert!(!asks(json!({"requests": [{"name": "a", "exactly": {
+            "deviceClassName": "other.example.com"}}]})));
+        assert!(!asks(json!({})));
     }
 
     #[test]

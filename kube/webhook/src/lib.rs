@@ -17,6 +17,7 @@ pub mod review;
 pub mod server;
 pub mod sweep;
 pub mod tls;
+pub mod view;
 
 pub use gpuslice_conn::Limits;
 pub use server::{run_until_signal, serve, Options, WebhookArgs, WebhookError};

@@ -38,9 +38,12 @@ pub enum ReviewError {
     Field { field: &'static str, len: usize },
 }
 
-/// A pod larger than the webhook reads: refused (the API server's pods are far smaller).
+/// An object the webhook cannot read: refused. A pod larger than the webhook reads (the API
+/// server's pods are far smaller), or a claim whose view cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PodError {
+    #[error(transparent)]
+    Claim(#[from] crate::view::ViewError),
     #[error("{list} has {len} entries; accepted: at most {MAX_LIST} (gpuslice-webhook reads no longer list)")]
     List { list: &'static str, len: usize },
     #[error("the pod's GPU resources, nvidia.com/* and hami.io/* annotations, job labels, required pod anti-affinity terms and claim entries take more than {MAX_KEPT} bytes; accepted: at most {MAX_KEPT}")]
@@ -56,8 +59,8 @@ pub struct Request {
     /// The object's kind (`Pod`, `ResourceClaim`); empty when the review names none.
     pub kind: String,
     pub dry_run: bool,
-    /// What [`parse`] keeps of the pod (a ResourceClaim is kept whole) (`Null` when the review carries none), or why the pod
-    /// is refused unread.
+    /// What [`parse`] keeps of the pod or ResourceClaim (`Null` when the review carries none),
+    /// or why it is refused unread.
     pub object: Result<Value, PodError>,
 }
 
@@ -423,6 +426,19 @@ fn pod(raw: &RawValue) -> Result<Value, PodError> {
     Ok(Value::Object(out))
 }
 
+/// A claim as the webhook reads it (see [`crate::view`]).
+fn claim(raw: &RawValue) -> Result<Value, PodError> {
+    use crate::view::{ViewError, Viewed};
+    let c = k8s_openapi::api::resource::v1::ResourceClaim::read(raw.get())?;
+    serde_json::to_value(&c).map_err(|e| {
+        PodError::Claim(ViewError {
+            kind: "ResourceClaim",
+            name: crate::view::name_of(raw.get()),
+            detail: e.to_string(),
+        })
+    })
+}
+
 fn field(name: &'static str, t: Option<Text>) -> Result<String, ReviewError> {
     let s = t.map(|t| t.0).unwrap_or_default();
     if s.len() > MAX_FIELD {
@@ -444,11 +460,9 @@ pub fn parse(body: &[u8]) -> Result<Request, ReviewError> {
     let kind = field("kind", r.kind.and_then(|k| k.kind))?;
     let object = match r.object {
         None => Ok(Value::Null),
-        // A claim is read whole (the body's bound bounds it): its spec is what it charges.
-        Some(raw) if kind == "ResourceClaim" => Ok(serde_json::from_str::<Value>(raw.get())
-            .ok()
-            .filter(Value::is_object)
-            .unwrap_or(Value::Null)),
+        // A claim is read through its view (the body's bound bounds it): its spec is what it
+        // charges; one that cannot be read is refused, never admitted uncharged.
+        Some(raw) if kind == "ResourceClaim" => claim(raw),
         Some(raw) => pod(raw),
     };
     Ok(Request {
@@ -622,6 +636,55 @@ mod tests {
         p["spec"]["containers"][0]["env"] = json!([{"name": "J", "value": "x".repeat(MAX_KEPT)}]);
         p["metadata"]["annotations"]["other/big"] = json!("x".repeat(MAX_KEPT));
         assert!(parse(&review_of(&p)).unwrap().object.is_ok());
+    }
+
+    fn claim_review(claim: &str) -> Vec<u8> {
+        format!(
+            r#"{{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {{
+                "uid": "u1", "namespace": "team", "operation": "CREATE",
+                "kind": {{"group": "resource.k8s.io", "version": "v1", "kind": "ResourceClaim"}},
+                "object": {claim}}}}}"#
+        )
+        .into_bytes()
+    }
+
+    #[test]
+    fn a_claim_nested_past_the_parsers_limit_is_charged_as_its_devices_ask() {
+        let deep = format!("{}1{}", r#"{"a":"#.repeat(200), "}".repeat(200));
+        let claim = format!(
+            r#"{{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {{"name": "free", "namespace": "team"}},
+                "spec": {{"devices": {{
+                    "requests": [{{"name": "g", "exactly": {{"deviceClassName": "gpuslice.io", "count": 8}}}}],
+                    "config": [{{"opaque": {{"driver": "example.com", "parameters": {deep}}}}}]}}}}}}"#
+        );
+        let r = parse(&claim_review(&claim)).unwrap();
+        assert_eq!(r.kind, "ResourceClaim");
+        let c: k8s_openapi::api::resource::v1::ResourceClaim =
+            serde_json::from_value(r.object.unwrap()).unwrap();
+        let inv = PublishedGpus {
+            gpu_memory: vec![80 << 30],
+            ..PublishedGpus::default()
+        };
+        let charged =
+            gpuslice_dra::quota::claim_charge(&c.spec.unwrap(), &inv, "ResourceClaim team/free")
+                .unwrap();
+        assert_eq!(charged.gpus, 8);
+        assert_eq!(charged.memory_bytes, 8 * (80 << 30));
+    }
+
+    #[test]
+    fn a_claim_that_cannot_be_read_is_refused_naming_it() {
+        let claim = r#"{"metadata": {"name": "odd", "namespace": "team"},
+            "spec": {"devices": {"requests": "all of them"}}}"#;
+        let e = parse(&claim_review(claim)).unwrap().object.unwrap_err();
+        let m = e.to_string();
+        assert!(
+            m.starts_with("ResourceClaim team/odd cannot be read: ") && m.contains("accepted: "),
+            "{m}"
+        );
+        // Nor is anything but an object a claim.
+        assert!(parse(&claim_review("[1, 2]")).unwrap().object.is_err());
     }
 
     #[test]

@@ -532,12 +532,28 @@ async fn admit_claim(r: &review::Request, shared: &Shared) -> Value {
                     return review::deny(
                         &r.uid,
                         400,
-                        &format!("the ResourceClaim cannot be read: {e}"),
+                        &format!(
+                            "ResourceClaim {}/{} cannot be read: {e}",
+                            r.namespace,
+                            v["metadata"]["name"]
+                                .as_str()
+                                .or(v["metadata"]["generateName"].as_str())
+                                .unwrap_or("?")
+                        ),
                     )
                 }
             }
         }
-        _ => return review::allow(&r.uid, &[], &[]),
+        // Refused, never admitted uncharged: a claim the webhook cannot read could ask
+        // anything.
+        Ok(_) => {
+            return review::deny(
+                &r.uid,
+                400,
+                "the review of a ResourceClaim carries no ResourceClaim object; accepted: a review as the API server sends it",
+            )
+        }
+        Err(e) => return review::deny(&r.uid, 400, &e.to_string()),
     };
     let budgets = match shared.ledger.budgets(&r.namespace).await {
         Ok(Some(b)) => b,
@@ -608,25 +624,24 @@ async fn admit_pod(r: &review::Request, shared: &Shared) -> Value {
     };
     // A rank of a job whose own claim templates ask gpuslice's devices keeps off its job's
     // other ranks' nodes too (the plan saw to those whose limits it turned into claims).
+    // Without a budget nothing is charged, and nothing is refused for it: whether the
+    // templates ask gpuslice's devices at all decides (one missing or unreadable counts as
+    // asking; the extra term is harmless).
     if p.entries.is_empty() && !entries.is_empty() && job_of(pod).is_some() {
-        let charge = match &booking {
-            Some((_, c)) => Ok(*c),
+        let asks = match &booking {
+            Some((_, c)) => !c.is_zero(),
             None => {
                 shared
                     .ledger
-                    .pod_charge(&r.namespace, &entries, &p.templates, &inventory)
+                    .names_gpuslice_devices(&r.namespace, &entries, &p.templates)
                     .await
             }
         };
-        match charge {
-            Ok(c) if !c.is_zero() => {
-                if let Some((ops, warning)) = keep_ranks_apart(pod) {
-                    p.patch.extend(ops);
-                    p.warnings.push(warning);
-                }
+        if asks {
+            if let Some((ops, warning)) = keep_ranks_apart(pod) {
+                p.patch.extend(ops);
+                p.warnings.push(warning);
             }
-            Ok(_) => {}
-            Err(e) => return deny_budget(&r.uid, &e),
         }
     }
     // A dry run creates nothing: the patch names the templates a real create would make.

@@ -160,18 +160,29 @@ pub async fn sweep_once(
     grace: Duration,
 ) -> Result<Vec<(String, Step)>, SweepError> {
     let selector = format!("{}={}", MANAGED_BY.0, MANAGED_BY.1);
-    let all: Api<ResourceClaimTemplate> = Api::all(client.clone());
     let mut by_ns: BTreeMap<String, Vec<ResourceClaimTemplate>> = BTreeMap::new();
-    list_pages(&all, ListParams::default().labels(&selector), |page| {
-        for t in page {
+    // Read through their view (crate::view): a template whose other drivers' parameters nest
+    // past the parser's limit is read all the same, and one that cannot be read is named and
+    // left alone, never stopping the sweep of the others.
+    let mut params = ListParams::default().labels(&selector).limit(PAGE);
+    loop {
+        let page = crate::view::list_page::<ResourceClaimTemplate>(client, None, &params)
+            .await
+            .map_err(SweepError::ListTemplates)?;
+        for e in page.unread {
+            eprintln!("gpuslice webhook: template sweep: skipped: {e}");
+        }
+        for t in page.objects {
             by_ns
                 .entry(t.metadata.namespace.clone().unwrap_or_default())
                 .or_default()
                 .push(t);
         }
-    })
-    .await
-    .map_err(SweepError::ListTemplates)?;
+        match page.next {
+            Some(c) => params = params.continue_token(&c),
+            None => break,
+        }
+    }
     let mut done = Vec::new();
     for (namespace, templates) in by_ns {
         // Read after the templates: a pod that names one of them exists in this list, or was

@@ -2,7 +2,8 @@
 //! job's other ranks' nodes, as one whose limits the webhook turns into a claim is
 //! (docs/kubeflow.md, "One rank per GPU per job"): the real server over TLS answers the review
 //! of such a pod with the job's required anti-affinity term, the rule's annotation and the
-//! rule as a warning, and leaves a pod of no job, and a rank whose template asks another
+//! rule as a warning (also, in a namespace without a budget, when its template is missing or
+//! cannot be charged), and leaves a pod of no job, and a rank whose template asks another
 //! driver's class, unchanged. The server reads the templates from a FAKE API server (no control
 //! plane runs in a crate's tests; `kubeflow::` in tests/ runs the real one with Kubeflow
 //! Trainer): plain HTTP on 127.0.0.1 serving what an admission of such a pod reads.
@@ -204,9 +205,13 @@ fn patch(answer: &Value) -> Value {
 
 #[test]
 fn a_rank_whose_own_claim_templates_ask_gpuslice_is_kept_off_its_jobs_other_ranks_nodes() {
+    let mut all = template("all-gpus", "gpuslice.io");
+    all["spec"]["spec"]["devices"]["requests"][0]["exactly"] =
+        json!({"deviceClassName": "gpuslice.io", "allocationMode": "All"});
     let api = FakeApi::start(&[
         template("rank-4gi", "gpuslice.io"),
         template("other-gpu", "gpu.example.com"),
+        all,
     ]);
     let w = start_against(&api.url, patient());
     let job = json!({"training.kubeflow.org/job-name": "rdzv", "app": "x"});
@@ -233,20 +238,22 @@ fn a_rank_whose_own_claim_templates_ask_gpuslice_is_kept_off_its_jobs_other_rank
         "{answer}"
     );
 
-    // A rank naming a template its namespace lacks cannot be sized: refused, naming it.
-    let answer = reviewed(w.addr, &review("missing", job.clone(), "rank-8gi"));
-    let r = &answer["response"];
-    assert_eq!(
-        (&r["allowed"], &r["status"]["code"]),
-        (&json!(false), &json!(400)),
-        "{answer}"
-    );
-    assert!(
-        r["status"]["message"].as_str().is_some_and(|m| m.contains(
-            "spec.resourceClaims[gpu]: names ResourceClaimTemplate team/rank-8gi, which does not exist"
-        )),
-        "{answer}"
-    );
+    // Without a budget nothing is charged and nothing refused for it: a rank naming a
+    // template its namespace lacks yet (Kubernetes lets it wait for it), or one that asks
+    // every GPU of the node (allocationMode All, which no budget can count), is admitted and
+    // kept off its job's other ranks' nodes all the same.
+    for (uid, template) in [("missing", "rank-8gi"), ("all", "all-gpus")] {
+        let answer = reviewed(w.addr, &review(uid, job.clone(), template));
+        let r = &answer["response"];
+        assert_eq!(r["allowed"], true, "{uid}: {answer}");
+        assert_eq!(r["warnings"], json!([said]), "{uid}: {answer}");
+        assert_eq!(
+            patch(&answer)[0]["value"]["podAntiAffinity"]
+                ["requiredDuringSchedulingIgnoredDuringExecution"][0]["labelSelector"],
+            json!({"matchLabels": {"training.kubeflow.org/job-name": "rdzv"}}),
+            "{uid}: {answer}"
+        );
+    }
 
     // The same pod of no job, and a rank whose template asks another driver's devices
     // (gpuslice gives it none): admitted unchanged, without a warning.
