@@ -24,6 +24,16 @@ pub struct Unhealthy {
     pub xid: u32,
     /// When the XID was reported, ms since the Unix epoch.
     pub since_ms: u64,
+    /// Whether the driver was seen asking for a recovery (a reset, or the GPU lost) since
+    /// the mark: only a GPU whose driver asked and then stopped asking is healthy again. A
+    /// record of an earlier release has no such field and counts as not seen. Left out while
+    /// false, so such a record stays readable by the earlier release.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub recovery_seen: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 impl Unhealthy {
@@ -137,6 +147,7 @@ mod tests {
             uuid: "GPU-11111111-2222-3333-4444-555555555555".into(),
             xid: 79,
             since_ms: 1_796_000_000_000,
+            recovery_seen: false,
         }
     }
 
@@ -155,6 +166,29 @@ mod tests {
         assert!(find(&back, "GPU-00000000-2222-3333-4444-555555555555").is_none());
         write_health(&path, &[]).expect("clear");
         assert!(read_health(&path).expect("read").is_empty());
+    }
+
+    #[test]
+    fn a_record_of_the_earlier_release_reads_as_recovery_not_seen_and_round_trips() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("health.json");
+        // As the earlier release wrote it: no `recovery_seen`.
+        std::fs::write(
+            &path,
+            br#"{"version":1,"unhealthy":[{"index":1,"uuid":"GPU-11111111-2222-3333-4444-555555555555","xid":79,"since_ms":1796000000000}]}"#,
+        )
+        .expect("write");
+        assert_eq!(read_health(&path).expect("read"), [sick()]);
+        // Not seen: written as the earlier release writes it.
+        write_health(&path, &[sick()]).expect("write");
+        let text = std::fs::read_to_string(&path).expect("read back");
+        assert!(!text.contains("recovery_seen"), "{text}");
+        let seen = Unhealthy {
+            recovery_seen: true,
+            ..sick()
+        };
+        write_health(&path, std::slice::from_ref(&seen)).expect("write");
+        assert_eq!(read_health(&path).expect("read"), [seen]);
     }
 
     #[test]

@@ -80,6 +80,7 @@ mod tests {
             uuid: "GPU-11111111-2222-3333-4444-555555555555".into(),
             xid: 79,
             since_ms: 1_796_000_000_000,
+            recovery_seen: false,
         }]
     }
 
