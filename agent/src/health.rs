@@ -14,7 +14,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use gpuslice_config::HealthConfig;
-use gpuslice_driver::health::{now_ms, read_health, write_health, Unhealthy};
+use gpuslice_driver::health::{
+    now_ms, read_health, write_health, Unhealthy, XID_RECOVERY_ACTION_CHANGED,
+};
 use gpuslice_driver::simfault::XID_FALLEN_OFF_BUS;
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enums::device::SampleValue;
@@ -140,8 +142,9 @@ impl Tracker {
         self.mark(gpu, xid, now_ms, false)
     }
 
-    /// A probe of `gpu` found `probe`. A lost GPU is unhealthy with XID 79 even when its
-    /// event was missed (the agent was not running). A marked GPU is healthy again only after
+    /// A probe of `gpu` found `probe`. A lost GPU is unhealthy with XID 79, and one whose
+    /// driver asks for a recovery with XID 154, even when the XID's event was missed (the
+    /// agent was not running, its event set was being rebuilt). A marked GPU is healthy again only after
     /// the driver was seen asking for a recovery (a reset, or the GPU lost) and then asks for
     /// none — or, on a driver that does not say, when a GPU that was seen lost answers again:
     /// a recovery field that reads none right after the XID (the driver needs no reset, or
@@ -151,6 +154,9 @@ impl Tracker {
             return match probe {
                 Probe::Lost if self.config.is_fatal(XID_FALLEN_OFF_BUS) => {
                     self.mark(gpu, XID_FALLEN_OFF_BUS, now_ms, true)
+                }
+                Probe::NeedsRecovery if self.config.is_fatal(XID_RECOVERY_ACTION_CHANGED) => {
+                    self.mark(gpu, XID_RECOVERY_ACTION_CHANGED, now_ms, true)
                 }
                 _ => None,
             };
@@ -475,5 +481,28 @@ mod tests {
             t.on_probe(&gpu(0), Probe::Healthy, 5),
             Some(Change::Recovered(_))
         ));
+    }
+
+    #[test]
+    fn a_gpu_whose_driver_asks_for_recovery_is_marked_without_its_xid() {
+        // XID 48 while the agent was down: the first probe finds the driver asking for a reset.
+        let mut t = Tracker::new(HealthConfig::default(), Vec::new());
+        let Some(Change::Unhealthy(u)) = t.on_probe(&gpu(1), Probe::NeedsRecovery, 7) else {
+            panic!("the driver asks for a reset");
+        };
+        assert_eq!((u.index, u.xid, u.since_ms), (1, 154, 7));
+        assert!(u.recovery_seen);
+        assert_eq!(t.on_probe(&gpu(1), Probe::NeedsRecovery, 8), None);
+        assert!(matches!(
+            t.on_probe(&gpu(1), Probe::Healthy, 9),
+            Some(Change::Recovered(_))
+        ));
+        // Left healthy where the operator ignores XID 154.
+        let config = HealthConfig {
+            ignored_xids: vec![154],
+            ..HealthConfig::default()
+        };
+        let mut t = Tracker::new(config, Vec::new());
+        assert_eq!(t.on_probe(&gpu(1), Probe::NeedsRecovery, 7), None);
     }
 }

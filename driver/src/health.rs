@@ -12,6 +12,11 @@ use serde::{Deserialize, Serialize};
 /// The only `version` of `health.json` this code reads and writes.
 pub const HEALTH_VERSION: u32 = 1;
 
+/// XID 154, "GPU recovery action changed": the driver's own XID for asking for a reset or a
+/// reboot. A GPU found asking for one without its XID having been seen (`gpuslice serve` was
+/// not running, its event set was being rebuilt) is recorded with it.
+pub const XID_RECOVERY_ACTION_CHANGED: u32 = 154;
+
 /// One GPU the driver reported a fatal XID for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -46,6 +51,16 @@ impl Unhealthy {
 
 impl std::fmt::Display for Unhealthy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.xid == XID_RECOVERY_ACTION_CHANGED {
+            return write!(
+                f,
+                "GPU {} ({}) is unhealthy: the driver asks for a recovery (XID {}, GPU recovery action changed) since {}",
+                self.index,
+                self.uuid,
+                self.xid,
+                self.since_text()
+            );
+        }
         write!(
             f,
             "GPU {} ({}) is unhealthy: the driver reported XID {} at {}",
@@ -197,6 +212,18 @@ mod tests {
         assert_eq!(
             line,
             "GPU 1 (GPU-11111111-2222-3333-4444-555555555555) is unhealthy: the driver reported XID 79 at 2026-11-30T00:53:20Z"
+        );
+    }
+
+    #[test]
+    fn a_gpu_asking_for_recovery_without_its_xid_says_so() {
+        let u = Unhealthy {
+            xid: XID_RECOVERY_ACTION_CHANGED,
+            ..sick()
+        };
+        assert_eq!(
+            u.to_string(),
+            "GPU 1 (GPU-11111111-2222-3333-4444-555555555555) is unhealthy: the driver asks for a recovery (XID 154, GPU recovery action changed) since 2026-11-30T00:53:20Z"
         );
     }
 
