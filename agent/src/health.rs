@@ -62,6 +62,8 @@ pub enum Probe {
 pub enum Change {
     Unhealthy(Unhealthy),
     Recovered(Unhealthy),
+    /// A marked GPU that is no longer in the inventory: its record is dropped.
+    Gone(Unhealthy),
     /// A reported XID that `health.ignored_xids` leaves healthy.
     Ignored {
         gpu: GpuId,
@@ -76,6 +78,14 @@ impl std::fmt::Display for Change {
             Change::Recovered(u) => write!(
                 f,
                 "GPU {} ({}) is healthy again (it was unhealthy from XID {} at {})",
+                u.index,
+                u.uuid,
+                u.xid,
+                u.since_text()
+            ),
+            Change::Gone(u) => write!(
+                f,
+                "GPU {} ({}) is no longer in the inventory; its record (XID {} at {}) is dropped",
                 u.index,
                 u.uuid,
                 u.xid,
@@ -129,6 +139,31 @@ impl Tracker {
         };
         self.list.push(u.clone());
         Some(Change::Unhealthy(u))
+    }
+
+    /// Matches the records to the inventory `gpus` by UUID: each takes its GPU's index now
+    /// (a renumbered GPU is refused under its new index, never another GPU under its old
+    /// one), and a GPU no longer inventoried is dropped (it is probed no more, so nothing
+    /// else would ever remove it). An empty inventory is what a registry not written yet
+    /// reads as, which proves no GPU gone: it changes nothing.
+    pub fn follow_inventory(&mut self, gpus: &[GpuId]) -> Vec<Change> {
+        if gpus.is_empty() {
+            return Vec::new();
+        }
+        let mut gone = Vec::new();
+        self.list.retain_mut(|u| {
+            match gpus.iter().find(|g| g.uuid.eq_ignore_ascii_case(&u.uuid)) {
+                Some(g) => {
+                    u.index = g.index;
+                    true
+                }
+                None => {
+                    gone.push(Change::Gone(u.clone()));
+                    false
+                }
+            }
+        });
+        gone
     }
 
     /// The driver reported `xid` on `gpu`.
@@ -262,7 +297,7 @@ fn watch(nvml: &Nvml, state_dir: &Path, path: &Path, tracker: &mut Tracker) {
     let mut written: Option<Vec<Unhealthy>> = None;
     loop {
         let gpus = inventory(state_dir);
-        let mut changes = Vec::new();
+        let mut changes = tracker.follow_inventory(&gpus);
         let mut reachable = Vec::new();
         for g in &gpus {
             let p = probe(nvml, &g.uuid);
@@ -504,5 +539,37 @@ mod tests {
         };
         let mut t = Tracker::new(config, Vec::new());
         assert_eq!(t.on_probe(&gpu(1), Probe::NeedsRecovery, 7), None);
+    }
+
+    #[test]
+    fn records_follow_the_inventory_by_uuid() {
+        let sick = |index: u32, uuid: String| Unhealthy {
+            index,
+            uuid,
+            xid: 79,
+            since_ms: 1,
+            recovery_seen: true,
+        };
+        // A (was GPU 1) left; B (was GPU 2) is GPU 1 now.
+        let (a, b) = (gpu(1).uuid, gpu(2).uuid);
+        let mut t = Tracker::new(
+            HealthConfig::default(),
+            vec![sick(1, a.clone()), sick(2, b.clone())],
+        );
+        assert!(t.follow_inventory(&[]).is_empty(), "no inventory read yet");
+        assert_eq!(t.list().len(), 2);
+        let now = [
+            gpu(0),
+            GpuId {
+                index: 1,
+                uuid: b.to_lowercase(),
+            },
+        ];
+        let changes = t.follow_inventory(&now);
+        assert_eq!(changes, vec![Change::Gone(sick(1, a))]);
+        assert!(changes[0]
+            .to_string()
+            .contains("no longer in the inventory"));
+        assert_eq!(t.list(), [sick(1, b)]);
     }
 }
