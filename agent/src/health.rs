@@ -179,11 +179,11 @@ impl Tracker {
 
     /// A probe of `gpu` found `probe`. A lost GPU is unhealthy with XID 79, and one whose
     /// driver asks for a recovery with XID 154, even when the XID's event was missed (the
-    /// agent was not running, its event set was being rebuilt). A marked GPU is healthy again only after
-    /// the driver was seen asking for a recovery (a reset, or the GPU lost) and then asks for
-    /// none — or, on a driver that does not say, when a GPU that was seen lost answers again:
-    /// a recovery field that reads none right after the XID (the driver needs no reset, or
-    /// has not updated it yet) does not clear the mark.
+    /// agent was not running, its event set was being rebuilt). A marked GPU is healthy
+    /// again only after the driver was seen asking for a recovery (a reset, or the GPU lost)
+    /// and then asks for none — or, on a driver that does not say, when a GPU that was seen
+    /// lost answers again: a recovery field that reads none right after the XID (the driver
+    /// needs no reset, or has not updated it yet) does not clear the mark.
     pub fn on_probe(&mut self, gpu: &GpuId, probe: Probe, now_ms: u64) -> Option<Change> {
         let Some(i) = self.position(&gpu.uuid) else {
             return match probe {
