@@ -24,6 +24,10 @@
 //!   cgroup after its bind) makes that cgroup say nothing: which of the two a process there
 //!   belongs to cannot be told, so the cgroup charges neither (their namespaces still do).
 //!
+//! Each process's start time is read before these facts (the same look at its `/proc`
+//! entry), and the enforcer's kill is checked against it: a pid reused after the look is not
+//! hit (docs/security.md, "What only the enforcer guarantees").
+//!
 //! Nothing a container writes (its usage file's slots, its own pid as it sees it) decides
 //! where a process is charged, so a container cannot steer a kill or a freeze onto another
 //! tenant's or the host's processes. See docs/security.md, "What only the enforcer
@@ -55,7 +59,14 @@ pub struct Attribution<'a> {
     cgroups: Vec<(String, usize)>,
     /// The GPU UUIDs each reservation books, by position.
     booked: Vec<Vec<String>>,
-    seen: HashMap<u32, Vec<usize>>,
+    seen: HashMap<u32, Looked>,
+}
+
+/// What one look at a process found: its candidates, and its start time read before them.
+#[derive(Debug, Clone, Default)]
+struct Looked {
+    candidates: Vec<usize>,
+    start: Option<u64>,
 }
 
 impl std::fmt::Debug for Attribution<'_> {
@@ -153,14 +164,30 @@ impl<'a> Attribution<'a> {
             let found = self.look_up(pid)?;
             self.seen.insert(pid, found);
         }
-        Ok(self.seen.get(&pid).map(Vec::as_slice).unwrap_or_default())
+        Ok(self
+            .seen
+            .get(&pid)
+            .map(|l| l.candidates.as_slice())
+            .unwrap_or_default())
+    }
+
+    /// The start time of `pid` as read when it was attributed, before the facts that
+    /// attributed it: a kill checked against it hits only the process that was judged,
+    /// never one that took the pid over afterwards. `None` when `pid` was not attributed or
+    /// its start time could not be read (then it must not be killed).
+    pub fn start_time(&self, pid: u32) -> Option<u64> {
+        self.seen.get(&pid).and_then(|l| l.start)
     }
 
     /// The reservation that owns `pid` on GPU `uuid`: the first candidate that books that
     /// GPU.
     pub fn owner_on(&mut self, pid: u32, uuid: &str) -> Result<Owned, AttributionError> {
         self.candidates(pid)?;
-        let candidates = self.seen.get(&pid).map(Vec::as_slice).unwrap_or_default();
+        let candidates = self
+            .seen
+            .get(&pid)
+            .map(|l| l.candidates.as_slice())
+            .unwrap_or_default();
         let booked = candidates.iter().copied().find(|n| {
             self.booked
                 .get(*n)
@@ -173,7 +200,15 @@ impl<'a> Attribution<'a> {
         })
     }
 
-    fn look_up(&self, pid: u32) -> Result<Vec<usize>, AttributionError> {
+    fn look_up(&self, pid: u32) -> Result<Looked, AttributionError> {
+        // Read first: a pid reused after this read carries another start time, so the facts
+        // read next can only be charged to the process that had it.
+        let start = self.system.process_start_time(pid).ok().flatten();
+        let candidates = self.candidates_of(pid)?;
+        Ok(Looked { candidates, start })
+    }
+
+    fn candidates_of(&self, pid: u32) -> Result<Vec<usize>, AttributionError> {
         let ns = self.proc.pid_ns(&pid.to_string())?;
         if Some(ns) != self.own_ns {
             if let Some(Some(n)) = self.namespaces.get(&ns) {

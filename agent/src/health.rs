@@ -4,14 +4,19 @@
 //! needs, `NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`). A fatal XID (every XID but
 //! `health.ignored_xids`) marks the GPU unhealthy with the XID and its time in
 //! `<state_dir>/health.json` (`gpuslice_driver::health`), which the create path, the kubelet
-//! plugin, `status` and the exporter read; the GPU is healthy again once the driver answers
-//! and asks for no recovery (docs/troubleshooting.md, "GPU health and XIDs").
+//! plugin, `status` and the exporter read. The GPU is healthy again only on a recovery the
+//! driver shows: it was seen asking for one (a reset, or the GPU lost) after the mark and then
+//! answers asking for none. A GPU whose driver never asks (XIDs 63 and 64, a driver without
+//! the recovery field) stays unhealthy until the node reboots or its record is removed
+//! (docs/troubleshooting.md, "GPU health and XIDs").
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use gpuslice_config::HealthConfig;
-use gpuslice_driver::health::{now_ms, read_health, write_health, Unhealthy};
+use gpuslice_driver::health::{
+    now_ms, read_health, write_health, Unhealthy, XID_RECOVERY_ACTION_CHANGED,
+};
 use gpuslice_driver::simfault::XID_FALLEN_OFF_BUS;
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enums::device::SampleValue;
@@ -57,6 +62,8 @@ pub enum Probe {
 pub enum Change {
     Unhealthy(Unhealthy),
     Recovered(Unhealthy),
+    /// A marked GPU that is no longer in the inventory: its record is dropped.
+    Gone(Unhealthy),
     /// A reported XID that `health.ignored_xids` leaves healthy.
     Ignored {
         gpu: GpuId,
@@ -71,6 +78,14 @@ impl std::fmt::Display for Change {
             Change::Recovered(u) => write!(
                 f,
                 "GPU {} ({}) is healthy again (it was unhealthy from XID {} at {})",
+                u.index,
+                u.uuid,
+                u.xid,
+                u.since_text()
+            ),
+            Change::Gone(u) => write!(
+                f,
+                "GPU {} ({}) is no longer in the inventory; its record (XID {} at {}) is dropped",
                 u.index,
                 u.uuid,
                 u.xid,
@@ -108,7 +123,9 @@ impl Tracker {
             .position(|u| u.uuid.eq_ignore_ascii_case(uuid))
     }
 
-    fn mark(&mut self, gpu: &GpuId, xid: u32, now_ms: u64) -> Option<Change> {
+    /// Marks `gpu` unhealthy from `xid`; `recovery_seen` when the mark comes from a probe
+    /// that found the driver asking for a recovery.
+    fn mark(&mut self, gpu: &GpuId, xid: u32, now_ms: u64, recovery_seen: bool) -> Option<Change> {
         if self.position(&gpu.uuid).is_some() {
             // The first fatal XID is the cause; later ones change nothing.
             return None;
@@ -118,9 +135,35 @@ impl Tracker {
             uuid: gpu.uuid.clone(),
             xid,
             since_ms: now_ms,
+            recovery_seen,
         };
         self.list.push(u.clone());
         Some(Change::Unhealthy(u))
+    }
+
+    /// Matches the records to the inventory `gpus` by UUID: each takes its GPU's index now
+    /// (a renumbered GPU is refused under its new index, never another GPU under its old
+    /// one), and a GPU no longer inventoried is dropped (it is probed no more, so nothing
+    /// else would ever remove it). An empty inventory is what a registry not written yet
+    /// reads as, which proves no GPU gone: it changes nothing.
+    pub fn follow_inventory(&mut self, gpus: &[GpuId]) -> Vec<Change> {
+        if gpus.is_empty() {
+            return Vec::new();
+        }
+        let mut gone = Vec::new();
+        self.list.retain_mut(|u| {
+            match gpus.iter().find(|g| g.uuid.eq_ignore_ascii_case(&u.uuid)) {
+                Some(g) => {
+                    u.index = g.index;
+                    true
+                }
+                None => {
+                    gone.push(Change::Gone(u.clone()));
+                    false
+                }
+            }
+        });
+        gone
     }
 
     /// The driver reported `xid` on `gpu`.
@@ -131,24 +174,38 @@ impl Tracker {
                 xid,
             });
         }
-        self.mark(gpu, xid, now_ms)
+        self.mark(gpu, xid, now_ms, false)
     }
 
-    /// A probe of `gpu` found `probe`. A lost GPU is unhealthy with XID 79 even when its
-    /// event was missed (the agent was not running); an unhealthy GPU is healthy again when
-    /// the driver asks for no recovery, or — on a driver that does not say — when a GPU
-    /// that was lost answers again.
+    /// A probe of `gpu` found `probe`. A lost GPU is unhealthy with XID 79, and one whose
+    /// driver asks for a recovery with XID 154, even when the XID's event was missed (the
+    /// agent was not running, its event set was being rebuilt). A marked GPU is healthy
+    /// again only after the driver was seen asking for a recovery (a reset, or the GPU lost)
+    /// and then asks for none — or, on a driver that does not say, when a GPU that was seen
+    /// lost answers again: a recovery field that reads none right after the XID (the driver
+    /// needs no reset, or has not updated it yet) does not clear the mark.
     pub fn on_probe(&mut self, gpu: &GpuId, probe: Probe, now_ms: u64) -> Option<Change> {
-        let at = self.position(&gpu.uuid);
-        let recovered = match (probe, at) {
-            (Probe::Lost, None) if self.config.is_fatal(XID_FALLEN_OFF_BUS) => {
-                return self.mark(gpu, XID_FALLEN_OFF_BUS, now_ms)
-            }
-            (Probe::Healthy, Some(i)) => i,
-            (Probe::Unknown, Some(i)) if self.list[i].xid == XID_FALLEN_OFF_BUS => i,
-            _ => return None,
+        let Some(i) = self.position(&gpu.uuid) else {
+            return match probe {
+                Probe::Lost if self.config.is_fatal(XID_FALLEN_OFF_BUS) => {
+                    self.mark(gpu, XID_FALLEN_OFF_BUS, now_ms, true)
+                }
+                Probe::NeedsRecovery if self.config.is_fatal(XID_RECOVERY_ACTION_CHANGED) => {
+                    self.mark(gpu, XID_RECOVERY_ACTION_CHANGED, now_ms, true)
+                }
+                _ => None,
+            };
         };
-        Some(Change::Recovered(self.list.remove(recovered)))
+        let u = &mut self.list[i];
+        let recovered = match probe {
+            Probe::Lost | Probe::NeedsRecovery => {
+                u.recovery_seen = true;
+                false
+            }
+            Probe::Healthy => u.recovery_seen,
+            Probe::Unknown => u.recovery_seen && u.xid == XID_FALLEN_OFF_BUS,
+        };
+        recovered.then(|| Change::Recovered(self.list.remove(i)))
     }
 }
 
@@ -240,7 +297,7 @@ fn watch(nvml: &Nvml, state_dir: &Path, path: &Path, tracker: &mut Tracker) {
     let mut written: Option<Vec<Unhealthy>> = None;
     loop {
         let gpus = inventory(state_dir);
-        let mut changes = Vec::new();
+        let mut changes = tracker.follow_inventory(&gpus);
         let mut reachable = Vec::new();
         for g in &gpus {
             let p = probe(nvml, &g.uuid);
@@ -395,6 +452,7 @@ mod tests {
             uuid: gpu(2).uuid,
             xid: 94,
             since_ms: 3,
+            recovery_seen: false,
         }];
         let mut t = Tracker::new(HealthConfig::default(), earlier.clone());
         assert_eq!(t.list(), earlier);
@@ -403,5 +461,115 @@ mod tests {
             t.on_probe(&gpu(2), Probe::Healthy, 5),
             Some(Change::Recovered(_))
         ));
+    }
+
+    #[test]
+    fn an_xid_the_driver_asks_no_reset_for_keeps_the_gpu_out() {
+        // XID 63 (row remapping recorded): the driver's recovery field reads none all along.
+        let mut t = Tracker::new(HealthConfig::default(), Vec::new());
+        assert!(matches!(
+            t.on_xid(&gpu(1), 63, 10),
+            Some(Change::Unhealthy(_))
+        ));
+        for now in 11..20 {
+            assert_eq!(t.on_probe(&gpu(1), Probe::Healthy, now), None);
+            assert_eq!(t.on_probe(&gpu(1), Probe::Unknown, now), None);
+        }
+        assert_eq!(t.list().len(), 1);
+        assert!(!t.list()[0].recovery_seen);
+    }
+
+    #[test]
+    fn a_recovery_field_that_lags_the_xid_does_not_clear_it() {
+        let mut t = Tracker::new(HealthConfig::default(), Vec::new());
+        t.on_xid(&gpu(0), 48, 1);
+        // Not updated yet when the first probe runs.
+        assert_eq!(t.on_probe(&gpu(0), Probe::Healthy, 2), None);
+        assert_eq!(t.on_probe(&gpu(0), Probe::NeedsRecovery, 3), None);
+        assert!(t.list()[0].recovery_seen, "recorded for the next run");
+        // The reset: the driver stops asking.
+        assert!(matches!(
+            t.on_probe(&gpu(0), Probe::Healthy, 4),
+            Some(Change::Recovered(_))
+        ));
+    }
+
+    #[test]
+    fn a_record_without_a_seen_recovery_stays_across_a_restart() {
+        // As the earlier release recorded it, or one whose driver never asked yet.
+        let earlier = vec![Unhealthy {
+            index: 0,
+            uuid: gpu(0).uuid,
+            xid: 64,
+            since_ms: 3,
+            recovery_seen: false,
+        }];
+        let mut t = Tracker::new(HealthConfig::default(), earlier);
+        assert_eq!(t.on_probe(&gpu(0), Probe::Healthy, 4), None);
+        // One that had seen it recovers on the next healthy probe.
+        let seen = vec![Unhealthy {
+            recovery_seen: true,
+            ..t.list()[0].clone()
+        }];
+        let mut t = Tracker::new(HealthConfig::default(), seen);
+        assert!(matches!(
+            t.on_probe(&gpu(0), Probe::Healthy, 5),
+            Some(Change::Recovered(_))
+        ));
+    }
+
+    #[test]
+    fn a_gpu_whose_driver_asks_for_recovery_is_marked_without_its_xid() {
+        // XID 48 while the agent was down: the first probe finds the driver asking for a reset.
+        let mut t = Tracker::new(HealthConfig::default(), Vec::new());
+        let Some(Change::Unhealthy(u)) = t.on_probe(&gpu(1), Probe::NeedsRecovery, 7) else {
+            panic!("the driver asks for a reset");
+        };
+        assert_eq!((u.index, u.xid, u.since_ms), (1, 154, 7));
+        assert!(u.recovery_seen);
+        assert_eq!(t.on_probe(&gpu(1), Probe::NeedsRecovery, 8), None);
+        assert!(matches!(
+            t.on_probe(&gpu(1), Probe::Healthy, 9),
+            Some(Change::Recovered(_))
+        ));
+        // Left healthy where the operator ignores XID 154.
+        let config = HealthConfig {
+            ignored_xids: vec![154],
+            ..HealthConfig::default()
+        };
+        let mut t = Tracker::new(config, Vec::new());
+        assert_eq!(t.on_probe(&gpu(1), Probe::NeedsRecovery, 7), None);
+    }
+
+    #[test]
+    fn records_follow_the_inventory_by_uuid() {
+        let sick = |index: u32, uuid: String| Unhealthy {
+            index,
+            uuid,
+            xid: 79,
+            since_ms: 1,
+            recovery_seen: true,
+        };
+        // A (was GPU 1) left; B (was GPU 2) is GPU 1 now.
+        let (a, b) = (gpu(1).uuid, gpu(2).uuid);
+        let mut t = Tracker::new(
+            HealthConfig::default(),
+            vec![sick(1, a.clone()), sick(2, b.clone())],
+        );
+        assert!(t.follow_inventory(&[]).is_empty(), "no inventory read yet");
+        assert_eq!(t.list().len(), 2);
+        let now = [
+            gpu(0),
+            GpuId {
+                index: 1,
+                uuid: b.to_lowercase(),
+            },
+        ];
+        let changes = t.follow_inventory(&now);
+        assert_eq!(changes, vec![Change::Gone(sick(1, a))]);
+        assert!(changes[0]
+            .to_string()
+            .contains("no longer in the inventory"));
+        assert_eq!(t.list(), [sick(1, b)]);
     }
 }

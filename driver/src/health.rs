@@ -12,6 +12,11 @@ use serde::{Deserialize, Serialize};
 /// The only `version` of `health.json` this code reads and writes.
 pub const HEALTH_VERSION: u32 = 1;
 
+/// XID 154, "GPU recovery action changed": the driver's own XID for asking for a reset or a
+/// reboot. A GPU found asking for one without its XID having been seen (`gpuslice serve` was
+/// not running, its event set was being rebuilt) is recorded with it.
+pub const XID_RECOVERY_ACTION_CHANGED: u32 = 154;
+
 /// One GPU the driver reported a fatal XID for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -24,6 +29,16 @@ pub struct Unhealthy {
     pub xid: u32,
     /// When the XID was reported, ms since the Unix epoch.
     pub since_ms: u64,
+    /// Whether the driver was seen asking for a recovery (a reset, or the GPU lost) since
+    /// the mark: only a GPU whose driver asked and then stopped asking is healthy again. A
+    /// record of an earlier release has no such field and counts as not seen. Left out while
+    /// false, so such a record stays readable by the earlier release.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub recovery_seen: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 impl Unhealthy {
@@ -36,6 +51,16 @@ impl Unhealthy {
 
 impl std::fmt::Display for Unhealthy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.xid == XID_RECOVERY_ACTION_CHANGED {
+            return write!(
+                f,
+                "GPU {} ({}) is unhealthy: the driver asks for a recovery (XID {}, GPU recovery action changed) since {}",
+                self.index,
+                self.uuid,
+                self.xid,
+                self.since_text()
+            );
+        }
         write!(
             f,
             "GPU {} ({}) is unhealthy: the driver reported XID {} at {}",
@@ -137,6 +162,7 @@ mod tests {
             uuid: "GPU-11111111-2222-3333-4444-555555555555".into(),
             xid: 79,
             since_ms: 1_796_000_000_000,
+            recovery_seen: false,
         }
     }
 
@@ -158,11 +184,46 @@ mod tests {
     }
 
     #[test]
+    fn a_record_of_the_earlier_release_reads_as_recovery_not_seen_and_round_trips() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("health.json");
+        // As the earlier release wrote it: no `recovery_seen`.
+        std::fs::write(
+            &path,
+            br#"{"version":1,"unhealthy":[{"index":1,"uuid":"GPU-11111111-2222-3333-4444-555555555555","xid":79,"since_ms":1796000000000}]}"#,
+        )
+        .expect("write");
+        assert_eq!(read_health(&path).expect("read"), [sick()]);
+        // Not seen: written as the earlier release writes it.
+        write_health(&path, &[sick()]).expect("write");
+        let text = std::fs::read_to_string(&path).expect("read back");
+        assert!(!text.contains("recovery_seen"), "{text}");
+        let seen = Unhealthy {
+            recovery_seen: true,
+            ..sick()
+        };
+        write_health(&path, std::slice::from_ref(&seen)).expect("write");
+        assert_eq!(read_health(&path).expect("read"), [seen]);
+    }
+
+    #[test]
     fn the_line_names_gpu_xid_and_time() {
         let line = sick().to_string();
         assert_eq!(
             line,
             "GPU 1 (GPU-11111111-2222-3333-4444-555555555555) is unhealthy: the driver reported XID 79 at 2026-11-30T00:53:20Z"
+        );
+    }
+
+    #[test]
+    fn a_gpu_asking_for_recovery_without_its_xid_says_so() {
+        let u = Unhealthy {
+            xid: XID_RECOVERY_ACTION_CHANGED,
+            ..sick()
+        };
+        assert_eq!(
+            u.to_string(),
+            "GPU 1 (GPU-11111111-2222-3333-4444-555555555555) is unhealthy: the driver asks for a recovery (XID 154, GPU recovery action changed) since 2026-11-30T00:53:20Z"
         );
     }
 

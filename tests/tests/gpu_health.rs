@@ -6,6 +6,11 @@
 //! two new 6 GiB pods run, both on GPU 0; a node-path create naming GPU 1 is refused naming
 //! it, the XID and the time; `status --json` and the exporter show it; after `--clear` both
 //! GPUs are offered again and the exporter has GPU 1 healthy.
+//!
+//! And on a node without Kubernetes (`gpuslice serve` alone): a GPU whose driver asks for a
+//! reset although its XID came while `serve` was not running is unhealthy (XID 154, the
+//! driver's "recovery action changed"); XID 63, for which the driver asks no reset, keeps its
+//! GPU unhealthy through the probes that see the other GPU recover from its reset.
 
 use std::time::{Duration, Instant};
 
@@ -241,4 +246,54 @@ fn a_gpu_off_the_bus_leaves_the_offer_and_comes_back_when_cleared() {
     for name in ["healthy-a", "healthy-b", "on-sick"] {
         kn.delete_pod(name);
     }
+}
+
+#[test]
+#[ignore = "needs root and the release build"]
+fn a_missed_xid_and_one_that_asks_no_reset_keep_their_gpus_out() {
+    let node = TestNode::with_models_exact(&[("NVIDIA L4", "24Gi"), ("NVIDIA L4", "24Gi")]);
+    let (g0, g1) = (node.uuid(0), node.uuid(1));
+    let fault = |args: &[&str]| {
+        let out = node.gpuslice(&[&["sim", "fault"], args].concat());
+        assert!(
+            out.status.success(),
+            "sim fault {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let gpu = |i: usize| node.status()["gpus"][i].clone();
+    // Uncorrectable ECC on GPU 1 before `serve` runs: its event is delivered to no one.
+    fault(&["--gpu", &g1, "--xid", "48"]);
+    let exporter = Exporter::start(&node);
+    wait_for_or(DETECT, || (gpu(1)["xid"] == 154).then_some(())).unwrap_or_else(|| {
+        panic!(
+            "GPU 1, whose driver asks for a reset, is not unhealthy: {}\nserve:\n{}",
+            gpu(1),
+            exporter.log()
+        )
+    });
+    assert_eq!(gpu(1)["healthy"], false);
+    fault(&["--gpu", &g0, "--xid", "63"]);
+    wait("GPU 0 unhealthy from XID 63", || {
+        (gpu(0)["xid"] == 63).then_some(())
+    });
+    // GPU 1's reset: seen by a probe after GPU 0 was marked, which had cleared GPU 0 when
+    // a recovery action of none was taken for a recovery.
+    fault(&["--gpu", &g1, "--clear"]);
+    wait("GPU 1 healthy after its reset", || {
+        (gpu(1)["healthy"] == true).then_some(())
+    });
+    let g = gpu(0);
+    assert!(
+        g["healthy"] == false && g["xid"] == 63,
+        "GPU 0 left the unhealthy list: {g}\nserve:\n{}",
+        exporter.log()
+    );
+    let (_, text) = precreate(&node, "0");
+    assert!(
+        text.contains(&format!("GPU 0 ({g0}) is unhealthy"))
+            && text.contains("XID 63")
+            && !text.contains("gpuslice.io/reservation"),
+        "a create naming GPU 0 was not refused naming it: {text}"
+    );
 }

@@ -136,6 +136,9 @@ impl Enforcer {
         let mut who = Attribution::new(&self.proc, &*self.system, &reservations);
         // (slice, GPU UUID) → its processes there.
         let mut groups: BTreeMap<(usize, String), Vec<GpuProcess>> = BTreeMap::new();
+        // The start time of each attributed process, read when it was attributed: what a kill
+        // is checked against.
+        let mut judged: HashMap<u32, u64> = HashMap::new();
         for &(uuid, procs) in &gpus {
             let mut unowned = 0u64;
             for p in procs {
@@ -147,11 +150,14 @@ impl Enforcer {
                         continue;
                     }
                 };
+                if let Some(start) = who.start_time(p.pid) {
+                    judged.insert(p.pid, start);
+                }
                 match owned {
                     Owned::By(n) => groups.entry((n, uuid.clone())).or_default().push(*p),
                     Owned::ElsewhereBy(_) | Owned::Nobody => {
                         unowned += 1;
-                        let start = self.signaller.start_time(p.pid).unwrap_or(0);
+                        let start = who.start_time(p.pid).unwrap_or(0);
                         if self.unowned_seen.insert((uuid.clone(), p.pid, start)) {
                             let mut e = self.event(EventKind::Unowned, None, uuid, p.pid);
                             e.process_bytes = p.used;
@@ -192,7 +198,7 @@ impl Enforcer {
                     .get(&(n, b.uuid.clone()))
                     .cloned()
                     .unwrap_or_default();
-                self.judge_memory(s.r, &b.uuid, b.memory, &procs, now, &mut out);
+                self.judge_memory(s.r, &b.uuid, b.memory, &procs, &judged, now, &mut out);
                 if b.cores > 0 {
                     self.judge_compute(s.r, &b.uuid, b.cores, &procs, now, &mut out, &mut wanted);
                 }
@@ -221,12 +227,14 @@ impl Enforcer {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn judge_memory(
         &mut self,
         r: &Reservation,
         uuid: &str,
         limit: u64,
         procs: &[GpuProcess],
+        judged: &HashMap<u32, u64>,
         now: Instant,
         out: &mut CycleOutcome,
     ) {
@@ -254,9 +262,17 @@ impl Enforcer {
             e.limit_bytes = Some(limit);
             e.process_bytes = Some(p.used);
             if kill {
-                let result = match self.signaller.start_time(p.pid) {
-                    Some(start) => self.signaller.kill(p.pid, start).map_err(|e| e.to_string()),
-                    None => Err(format!("process {} is gone", p.pid)),
+                // Checked against the start time read when it was attributed, so a pid
+                // reused since then is not hit; unknown, it is reported and left alone.
+                let result = match judged.get(&p.pid) {
+                    Some(start) => self
+                        .signaller
+                        .kill(p.pid, *start)
+                        .map_err(|e| e.to_string()),
+                    None => Err(format!(
+                        "the start time of process {} was not readable when it was attributed",
+                        p.pid
+                    )),
                 };
                 match result {
                     Ok(()) => e.kind = EventKind::MemoryKill,
@@ -1055,5 +1071,138 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Signals as [`crate::enforce::signal::ProcSignaller`] does on a fixture `/proc`,
+    /// except that a kill is recorded instead of sent; and pid `reused` is taken over by a
+    /// new process (start time 99) just before the first signal is asked for, i.e. after
+    /// the cycle attributed it.
+    struct ReusingProc {
+        proc: crate::enforce::signal::ProcSignaller,
+        root: PathBuf,
+        reused: u32,
+        done: std::sync::atomic::AtomicBool,
+        kills: Kills,
+    }
+
+    impl ReusingProc {
+        fn reuse(&self) {
+            if !self.done.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                write_stat(&self.root, self.reused, 99);
+            }
+        }
+    }
+
+    impl Signaller for ReusingProc {
+        fn start_time(&self, pid: u32) -> Option<u64> {
+            self.reuse();
+            self.proc.start_time(pid)
+        }
+        fn kill(
+            &mut self,
+            pid: u32,
+            start: u64,
+        ) -> Result<(), crate::enforce::signal::SignalError> {
+            self.reuse();
+            let found = self.proc.start_time(pid).unwrap_or(0);
+            if found != start {
+                return Err(crate::enforce::signal::SignalError::Reused {
+                    pid,
+                    expected: start,
+                    found,
+                });
+            }
+            self.kills.lock().unwrap().push(pid);
+            Ok(())
+        }
+    }
+
+    /// `<root>/<pid>/stat` with start time `start`.
+    fn write_stat(root: &Path, pid: u32, start: u64) {
+        std::fs::write(
+            root.join(pid.to_string()).join("stat"),
+            format!("{pid} (burn) S 1 {pid} {pid} 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 {start} 1000 10"),
+        )
+        .unwrap();
+    }
+
+    /// The enforcer reads everything from a fixture `/proc` and cgroup tree (no fake system):
+    /// a process over its slice's limit whose pid is taken over by another process between
+    /// its attribution and the kill is not killed; the kill names the reuse.
+    #[test]
+    fn a_pid_reused_after_attribution_is_not_killed() {
+        let dir = tempfile::tempdir().unwrap();
+        let proc_root = dir.path().join("proc");
+        let cgroup_root = dir.path().join("cgroup");
+        fake_process(&proc_root, 1, HOST_NS, 1, "0::/\n");
+        std::os::unix::fs::symlink("1", proc_root.join("self")).unwrap();
+        std::fs::create_dir_all(proc_root.join("sys/kernel/random")).unwrap();
+        std::fs::write(proc_root.join("sys/kernel/random/boot_id"), "fake-boot-0\n").unwrap();
+        let ns = 4026540700;
+        fake_process(&proc_root, 700, ns, 1, "0::/ctr\n");
+        write_stat(&proc_root, 700, 1);
+        fake_process(&proc_root, 701, ns, 2, "0::/ctr\n");
+        write_stat(&proc_root, 701, 5);
+        std::fs::create_dir_all(cgroup_root.join("ctr")).unwrap();
+        std::fs::write(cgroup_root.join("ctr/cgroup.procs"), "700\n701\n").unwrap();
+        let file = RegistryFile {
+            reservations: vec![serde_json::from_value(serde_json::json!({
+                "id": "0000000000000007", "state": "bound",
+                "owner": {"kind": "container", "container_id": "ctr",
+                    "process": {"pid": 700, "start_time": 1, "boot_id": "fake-boot-0",
+                        "cgroup": "ctr"}},
+                "gpus": [{"index": 0, "uuid": uuid(0), "memory": 4, "cores": 0}],
+                "created_ms": 0, "bound_ms": 0,
+            }))
+            .unwrap()],
+            ..RegistryFile::default()
+        };
+        let state_dir = dir.path().join("state");
+        std::fs::create_dir_all(&state_dir).unwrap();
+        let roots = Roots {
+            state_dir,
+            proc_root: proc_root.clone(),
+            cgroup_root,
+        };
+        let kills = Kills::default();
+        let signaller = ReusingProc {
+            proc: crate::enforce::signal::ProcSignaller::new(&proc_root),
+            root: proc_root.clone(),
+            reused: 701,
+            done: std::sync::atomic::AtomicBool::new(true),
+            kills: kills.clone(),
+        };
+        let mut e = Enforcer::new(
+            EnforceConfig::default(),
+            roots,
+            Box::new(signaller),
+            Throttles::default(),
+        );
+        let t0 = Instant::now();
+        let over = on_gpu0(&[(701, 8)]);
+        assert!(e.cycle(&file, &over, t0).events.is_empty(), "within grace");
+        // Armed for the cycle that acts: the pid is reused once that cycle attributed it.
+        e.signaller = Box::new(ReusingProc {
+            proc: crate::enforce::signal::ProcSignaller::new(&proc_root),
+            root: proc_root.clone(),
+            reused: 701,
+            done: std::sync::atomic::AtomicBool::new(false),
+            kills: kills.clone(),
+        });
+        let out = e.cycle(&file, &over, t0 + Duration::from_secs(3));
+        assert!(
+            kills.lock().unwrap().is_empty(),
+            "the new process was killed"
+        );
+        let report = out
+            .events
+            .iter()
+            .find(|e| e.kind == EventKind::MemoryReport && e.pid == 701)
+            .unwrap_or_else(|| panic!("no report of pid 701: {:?}", out.events));
+        let error = report.error.as_deref().unwrap_or_default();
+        assert!(
+            error.contains("replaced by another") && error.contains("judged 5"),
+            "{error}"
+        );
     }
 }

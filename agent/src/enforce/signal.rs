@@ -1,6 +1,9 @@
-//! Killing a process, behind a seam: the real one reads the process's start time from
-//! `<proc>/<pid>/stat` first and sends SIGKILL only when it still matches the process that
-//! was judged, so a pid reused in between is never hit.
+//! Killing a process, behind a seam: the caller passes the start time it read when it judged
+//! the process (attribution reads it before the facts it charges the process by; the
+//! escalation before it confirms the pid is still in the container's cgroup), and the real
+//! signaller reads `<proc>/<pid>/stat` again and sends SIGKILL only when it still matches, so
+//! a pid reused after the judgement is never hit. Both reads parse the line the same way
+//! (`gpuslice_registry::parse_stat`).
 
 use std::path::{Path, PathBuf};
 
@@ -39,12 +42,6 @@ impl Signaller for Recorder {
     }
 }
 
-/// Field 22 of a `stat` line (start time), read after the command's closing parenthesis.
-pub fn parse_start_time(stat: &str) -> Option<u64> {
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
-}
-
 /// Real signals, with `/proc` at `proc_root`.
 #[derive(Debug, Clone)]
 pub struct ProcSignaller {
@@ -63,10 +60,11 @@ impl ProcSignaller {
     }
 }
 
+/// The start time in the `stat` file at `path`; `None` when the process is gone (or a zombie).
 fn read_start(path: &Path) -> Option<u64> {
-    std::fs::read_to_string(path)
+    std::fs::read(path)
         .ok()
-        .and_then(|s| parse_start_time(&s))
+        .and_then(|s| gpuslice_registry::parse_stat(&s).ok().flatten())
 }
 
 impl Signaller for ProcSignaller {
@@ -106,11 +104,21 @@ mod tests {
 
     #[test]
     fn start_time_survives_spaces_and_parentheses_in_the_name() {
-        let stat =
-            "4242 (a (b) c) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
-        assert_eq!(parse_start_time(stat), Some(987654));
-        assert_eq!(parse_start_time("12 (x) S 1"), None);
-        assert_eq!(parse_start_time("garbage"), None);
+        let root = tempfile::tempdir().unwrap();
+        let s = ProcSignaller::new(root.path());
+        std::fs::create_dir_all(root.path().join("4242")).unwrap();
+        let stat = root.path().join("4242/stat");
+        std::fs::write(
+            &stat,
+            "4242 (a (b) c) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10",
+        )
+        .unwrap();
+        assert_eq!(s.start_time(4242), Some(987654));
+        std::fs::write(&stat, "12 (x) S 1").unwrap();
+        assert_eq!(s.start_time(4242), None);
+        std::fs::write(&stat, "garbage").unwrap();
+        assert_eq!(s.start_time(4242), None);
+        assert_eq!(s.start_time(4243), None, "gone");
     }
 
     #[test]

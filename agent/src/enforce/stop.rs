@@ -2,8 +2,10 @@
 //! limit again within the repeat window of a kill: every process in the cgroups recorded for
 //! the reservation's containers (the same host facts attribution uses; a cgroup is recorded
 //! only when the container's init was alone in it, so a shared one is never emptied), read from
-//! `cgroup.procs` under the cgroup root and killed through the signaller (start time
-//! checked), in a few passes so that processes forked meanwhile go too.
+//! `cgroup.procs` under the cgroup root and killed through the signaller, in a few passes so
+//! that processes forked meanwhile go too. A listed pid is killed only when it is still listed
+//! after its start time was read, and only while it has that start time: one that exited and
+//! was reused by a process outside the cgroups in between is not hit.
 
 use std::path::{Path, PathBuf};
 
@@ -84,20 +86,29 @@ pub fn stop_containers(
             }
         }
     }
-    for _ in 0..PASSES {
+    let listed = |errors: &mut Vec<String>| {
         let mut pids = Vec::new();
         for d in &dirs {
             if let Err(e) = pids_under(d, 0, &mut pids) {
                 errors.push(e.to_string());
             }
         }
+        pids
+    };
+    for _ in 0..PASSES {
+        let pids = listed(&mut errors);
         if pids.is_empty() {
             break;
         }
-        for pid in pids {
-            let Some(start) = signaller.start_time(pid) else {
-                continue;
-            };
+        let starts: Vec<(u32, u64)> = pids
+            .into_iter()
+            .filter_map(|pid| Some((pid, signaller.start_time(pid)?)))
+            .collect();
+        // Listed again after the start times were read: a pid still there had that start
+        // time while in the cgroup, so the kill's check hits that process or nothing.
+        // (What it cannot read the first read of this pass reported.)
+        let still = listed(&mut Vec::new());
+        for (pid, start) in starts.into_iter().filter(|(p, _)| still.contains(p)) {
             match signaller.kill(pid, start) {
                 Ok(()) => killed += 1,
                 Err(e) => errors.push(e.to_string()),
@@ -167,5 +178,51 @@ mod tests {
         assert_eq!(n, 3);
         assert_eq!(errors.len(), 1, "{errors:?}");
         assert!(errors[0].contains("../escape"), "{errors:?}");
+    }
+
+    /// Pid 11 of the container exits after `cgroup.procs` was read, and a process outside
+    /// the cgroup gets its pid before its start time is read.
+    struct Reused {
+        tree: TreeKiller,
+    }
+
+    impl Signaller for Reused {
+        fn start_time(&self, pid: u32) -> Option<u64> {
+            if pid == 11 {
+                let f = self.tree.root.join("ctr/cgroup.procs");
+                let _ = std::fs::write(&f, "10\n");
+                return Some(2);
+            }
+            self.tree.start_time(pid)
+        }
+        fn kill(&mut self, pid: u32, start: u64) -> Result<(), SignalError> {
+            self.tree.kill(pid, start)
+        }
+    }
+
+    #[test]
+    fn a_pid_reused_outside_the_cgroup_before_its_start_time_is_read_is_not_killed() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("ctr")).unwrap();
+        std::fs::write(root.join("ctr/cgroup.procs"), "10\n11\n").unwrap();
+        let r: Reservation = serde_json::from_value(serde_json::json!({
+            "id": "0000000000000001", "state": "bound",
+            "owner": {"kind": "dra_claim", "claim_uid": "u", "namespace": "ns", "name": "n",
+                "members": [{"pid": 10, "start_time": 1, "boot_id": "b", "cgroup": "ctr"}]},
+            "gpus": [], "created_ms": 0,
+        }))
+        .unwrap();
+        let mut k = Reused {
+            tree: TreeKiller {
+                root: root.to_path_buf(),
+                killed: Vec::new(),
+                dead: HashSet::new(),
+            },
+        };
+        let (n, errors) = stop_containers(&r, root, &mut k);
+        assert_eq!(k.tree.killed, vec![10]);
+        assert_eq!(n, 1);
+        assert!(errors.is_empty(), "{errors:?}");
     }
 }

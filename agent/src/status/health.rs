@@ -60,6 +60,7 @@ mod tests {
             uuid: "GPU-11111111-0000-0000-0000-000000000000".into(),
             xid: 79,
             since_ms: 1_796_000_000_000,
+            recovery_seen: false,
         };
         write_health(&path, &[sick]).expect("write");
         add_json(&mut v, &path);

@@ -4,8 +4,8 @@
 //! naming none is placed on the healthy GPUs only. With every GPU healthy the file does not
 //! exist and this costs one failed `open`.
 
-use gpuslice_driver::health::{read_health, HealthError, Unhealthy};
-use gpuslice_registry::{Registry, RegistryError, Request, Selector};
+use gpuslice_driver::health::{find, read_health, HealthError, Unhealthy};
+use gpuslice_registry::{Inventory, Registry, RegistryError, Request, Selector};
 
 use crate::node::NodeContext;
 
@@ -20,12 +20,19 @@ pub enum HealthRefusal {
     Registry(#[from] Box<RegistryError>),
 }
 
-/// The unhealthy GPU `selector` names in `list`, if any.
-fn named<'a>(list: &'a [Unhealthy], selector: &Selector) -> Option<&'a Unhealthy> {
-    list.iter().find(|u| match selector {
-        Selector::Index(i) => u.index == *i,
-        Selector::Uuid(s) => u.uuid.eq_ignore_ascii_case(s),
-    })
+/// The unhealthy GPU `selector` names in `list`, if any. An index is the inventory's GPU at
+/// that index now, looked up by its UUID: a record's index is the GPU's when the XID came,
+/// and GPUs can be renumbered since (a card removed, the driver reloaded).
+fn named<'a>(
+    list: &'a [Unhealthy],
+    inventory: &Inventory,
+    selector: &Selector,
+) -> Option<&'a Unhealthy> {
+    let uuid = match selector {
+        Selector::Index(i) => inventory.gpus.iter().find(|g| g.index == *i)?.uuid.as_str(),
+        Selector::Uuid(s) => s.as_str(),
+    };
+    find(list, uuid)
 }
 
 /// Refuses `request` when it names an unhealthy GPU; keeps a request naming none off the
@@ -39,13 +46,13 @@ pub fn restrict(
     if list.is_empty() {
         return Ok(());
     }
-    refuse_named(&list, &request.selectors)?;
+    let inventory = registry.snapshot().map_err(Box::new)?.inventory;
+    refuse_named(&list, &inventory, &request.selectors)?;
     if request.selectors.is_empty() {
-        let inventory = registry.snapshot().map_err(Box::new)?.inventory;
         request.selectors = inventory
             .gpus
             .iter()
-            .filter(|g| named(&list, &Selector::Uuid(g.uuid.clone())).is_none())
+            .filter(|g| find(&list, &g.uuid).is_none())
             .map(|g| Selector::Uuid(g.uuid.clone()))
             .collect();
         if request.selectors.is_empty() {
@@ -56,40 +63,76 @@ pub fn restrict(
     Ok(())
 }
 
-/// Refuses when one of `selectors` names a GPU of `list`.
-pub fn refuse_named(list: &[Unhealthy], selectors: &[Selector]) -> Result<(), HealthRefusal> {
-    match selectors.iter().find_map(|s| named(list, s)) {
+/// Refuses when one of `selectors` names a GPU of `list`, an index as `inventory` numbers
+/// the GPUs now.
+pub fn refuse_named(
+    list: &[Unhealthy],
+    inventory: &Inventory,
+    selectors: &[Selector],
+) -> Result<(), HealthRefusal> {
+    match selectors.iter().find_map(|s| named(list, inventory, s)) {
         Some(u) => Err(HealthRefusal::Unhealthy(Box::new(u.clone()))),
         None => Ok(()),
     }
 }
 
-/// Refuses whole GPU `selector` (the node CDI spec's devices) when it is unhealthy.
-pub fn refuse_whole(node: &NodeContext, selector: &Selector) -> Result<(), HealthRefusal> {
+/// Refuses whole GPU `selector` (the node CDI spec's devices) when it is unhealthy, an
+/// index as `inventory` numbers the GPUs now.
+pub fn refuse_whole(
+    node: &NodeContext,
+    inventory: &Inventory,
+    selector: &Selector,
+) -> Result<(), HealthRefusal> {
     let list = read_health(&node.config().health_path())?;
-    refuse_named(&list, std::slice::from_ref(selector))
+    refuse_named(&list, inventory, std::slice::from_ref(selector))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpuslice_registry::Gpu;
+
+    const SICK: &str = "GPU-11111111-2222-3333-4444-555555555555";
+    const WELL: &str = "GPU-22222222-2222-3333-4444-555555555555";
 
     fn sick() -> Vec<Unhealthy> {
         vec![Unhealthy {
             index: 1,
-            uuid: "GPU-11111111-2222-3333-4444-555555555555".into(),
+            uuid: SICK.into(),
             xid: 79,
             since_ms: 1_796_000_000_000,
+            recovery_seen: false,
         }]
+    }
+
+    /// The inventory with `uuids` at indexes 0, 1, …
+    fn inventory(uuids: &[&str]) -> Inventory {
+        Inventory {
+            gpus: uuids
+                .iter()
+                .enumerate()
+                .map(|(i, u)| Gpu {
+                    index: i as u32,
+                    uuid: (*u).into(),
+                    model: "NVIDIA L4".into(),
+                    memory_total: 24 << 30,
+                    minor: i as u32,
+                    pci_bus_id: None,
+                    numa_node: None,
+                    pcie_root: None,
+                })
+                .collect(),
+        }
     }
 
     #[test]
     fn a_request_naming_the_gpu_by_index_or_uuid_is_refused_naming_gpu_xid_and_time() {
+        let inv = inventory(&[WELL, SICK]);
         for s in [
             Selector::Index(1),
             Selector::Uuid("gpu-11111111-2222-3333-4444-555555555555".into()),
         ] {
-            let e = refuse_named(&sick(), &[Selector::Index(0), s])
+            let e = refuse_named(&sick(), &inv, &[Selector::Index(0), s])
                 .expect_err("named")
                 .to_string();
             assert!(
@@ -99,7 +142,18 @@ mod tests {
                 "{e}"
             );
         }
-        assert!(refuse_named(&sick(), &[Selector::Index(0)]).is_ok());
-        assert!(refuse_named(&sick(), &[]).is_ok());
+        assert!(refuse_named(&sick(), &inv, &[Selector::Index(0)]).is_ok());
+        assert!(refuse_named(&sick(), &inv, &[]).is_ok());
+    }
+
+    #[test]
+    fn an_index_is_the_inventorys_gpu_now_not_the_recorded_one() {
+        // The sick GPU was 1 when its XID came; it is 0 now, and 1 is a healthy GPU.
+        let inv = inventory(&[SICK, WELL]);
+        assert!(refuse_named(&sick(), &inv, &[Selector::Index(1)]).is_ok());
+        let e = refuse_named(&sick(), &inv, &[Selector::Index(0)]).expect_err("renumbered");
+        assert!(e.to_string().contains(SICK), "{e}");
+        // An index no GPU has names no unhealthy one (the booking refuses it).
+        assert!(refuse_named(&sick(), &inv, &[Selector::Index(7)]).is_ok());
     }
 }

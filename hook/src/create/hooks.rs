@@ -240,7 +240,7 @@ pub fn create_runtime(
             kubernetes: kubernetes_ref(&state.annotations),
         });
         req.whole_gpu = true;
-        if let Err(e) = crate::create::health::refuse_whole(node, &selector) {
+        if let Err(e) = crate::create::health::refuse_whole(node, &snapshot.inventory, &selector) {
             let _ = registry.release_container_process(&state.id, &process);
             return Err(HookError::Unhealthy(Box::new(e)));
         }

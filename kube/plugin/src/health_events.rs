@@ -154,6 +154,7 @@ mod tests {
             uuid: "GPU-1".into(),
             xid: 79,
             since_ms: 1_796_000_000_000,
+            recovery_seen: false,
         };
         let m = message(&u, TaintEffect::NoSchedule);
         assert!(

@@ -336,6 +336,7 @@ mod tests {
             uuid: inv.gpus[1].uuid.clone(),
             xid: 79,
             since_ms: 1_796_000_000_999,
+            recovery_seen: false,
         }];
         let (kept, taints) = with_health(gpus.clone(), &sick, true, TaintEffect::NoSchedule);
         assert_eq!(kept, gpus, "tainted, still published");
