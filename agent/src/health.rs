@@ -15,7 +15,8 @@ use std::time::Duration;
 
 use gpuslice_config::HealthConfig;
 use gpuslice_driver::health::{
-    now_ms, read_health, write_health, Unhealthy, XID_RECOVERY_ACTION_CHANGED,
+    now_ms, read_health, read_health_with_recovery, write_health, Unhealthy,
+    XID_RECOVERY_ACTION_CHANGED,
 };
 use gpuslice_driver::simfault::XID_FALLEN_OFF_BUS;
 use nvml_wrapper::bitmasks::event::EventTypes;
@@ -355,9 +356,12 @@ pub fn start(node: &NodeContext) -> std::io::Result<()> {
     let source = NvmlSource::of(config);
     let mut tracker = Tracker::new(
         config.health.clone(),
-        read_health(&path).unwrap_or_else(|e| {
-            eprintln!("gpuslice serve: health: {e}; starting with every GPU healthy");
-            Vec::new()
+        read_health_with_recovery(&path).unwrap_or_else(|e| {
+            eprintln!("gpuslice serve: health: {e}; starting from health.json alone");
+            read_health(&path).unwrap_or_else(|e| {
+                eprintln!("gpuslice serve: health: {e}; starting with every GPU healthy");
+                Vec::new()
+            })
         }),
     );
     std::thread::Builder::new()

@@ -30,15 +30,30 @@ pub struct Unhealthy {
     /// When the XID was reported, ms since the Unix epoch.
     pub since_ms: u64,
     /// Whether the driver was seen asking for a recovery (a reset, or the GPU lost) since
-    /// the mark: only a GPU whose driver asked and then stopped asking is healthy again. A
-    /// record of an earlier release has no such field and counts as not seen. Left out while
-    /// false, so such a record stays readable by the earlier release.
-    #[serde(default, skip_serializing_if = "is_false")]
+    /// the mark: only a GPU whose driver asked and then stopped asking is healthy again. Not
+    /// in `health.json`, which keeps the earlier release's format (its strict readers, the
+    /// kubelet plugin and the hooks of a node half-upgraded, refuse an unknown field): the
+    /// agent keeps it in [`RECOVERY_SEEN_FILE`] beside it ([`write_health`],
+    /// [`read_health_with_recovery`]).
+    #[serde(skip)]
     pub recovery_seen: bool,
 }
 
-fn is_false(b: &bool) -> bool {
-    !*b
+/// Beside `health.json`: the GPUs of it whose driver was seen asking for a recovery, which
+/// only the agent's health watch reads.
+pub const RECOVERY_SEEN_FILE: &str = "health-recovery-seen.json";
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RecoverySeenDoc {
+    version: u32,
+    /// UUIDs.
+    seen: Vec<String>,
+}
+
+/// The path of [`RECOVERY_SEEN_FILE`] beside the health record at `health_path`.
+pub fn recovery_seen_path(health_path: &Path) -> PathBuf {
+    health_path.with_file_name(RECOVERY_SEEN_FILE)
 }
 
 impl Unhealthy {
@@ -120,15 +135,29 @@ pub fn read_health(path: &Path) -> Result<Vec<Unhealthy>, HealthError> {
     Ok(doc.unhealthy)
 }
 
-/// Records `unhealthy` at `path` atomically (mode 0644), sorted by index.
+/// Records `unhealthy` at `path` atomically (mode 0644), sorted by index, then which of them
+/// had a recovery seen in [`recovery_seen_path`] (also atomically).
 pub fn write_health(path: &Path, unhealthy: &[Unhealthy]) -> Result<(), HealthError> {
     let mut list = unhealthy.to_vec();
     list.sort_by_key(|u| u.index);
+    let seen = RecoverySeenDoc {
+        version: HEALTH_VERSION,
+        seen: list
+            .iter()
+            .filter(|u| u.recovery_seen)
+            .map(|u| u.uuid.clone())
+            .collect(),
+    };
     let doc = HealthDoc {
         version: HEALTH_VERSION,
         unhealthy: list,
     };
-    let mut text = serde_json::to_vec_pretty(&doc).map_err(|e| HealthError::Parse {
+    write_json(path, &doc)?;
+    write_json(&recovery_seen_path(path), &seen)
+}
+
+fn write_json<T: Serialize>(path: &Path, doc: &T) -> Result<(), HealthError> {
+    let mut text = serde_json::to_vec_pretty(doc).map_err(|e| HealthError::Parse {
         path: path.to_path_buf(),
         detail: e.to_string(),
     })?;
@@ -137,6 +166,36 @@ pub fn write_health(path: &Path, unhealthy: &[Unhealthy]) -> Result<(), HealthEr
         path: path.to_path_buf(),
         source,
     })
+}
+
+/// The record at `path` with the recoveries seen of [`recovery_seen_path`] (none where that
+/// file is missing: an earlier release wrote the record). A GPU listed there but not in the
+/// record is ignored.
+pub fn read_health_with_recovery(path: &Path) -> Result<Vec<Unhealthy>, HealthError> {
+    let mut list = read_health(path)?;
+    let seen_path = recovery_seen_path(path);
+    let text = match std::fs::read(&seen_path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(list),
+        Err(source) => {
+            return Err(HealthError::Read {
+                path: seen_path,
+                source,
+            })
+        }
+    };
+    let parse = |detail: String| HealthError::Parse {
+        path: seen_path.clone(),
+        detail,
+    };
+    let doc: RecoverySeenDoc = serde_json::from_slice(&text).map_err(|e| parse(e.to_string()))?;
+    if doc.version != HEALTH_VERSION {
+        return Err(parse(format!("version {}", doc.version)));
+    }
+    for u in &mut list {
+        u.recovery_seen = doc.seen.iter().any(|s| s.eq_ignore_ascii_case(&u.uuid));
+    }
+    Ok(list)
 }
 
 /// The record of GPU `uuid` in `list`, if it is unhealthy.
@@ -184,26 +243,49 @@ mod tests {
     }
 
     #[test]
-    fn a_record_of_the_earlier_release_reads_as_recovery_not_seen_and_round_trips() {
+    fn the_record_keeps_the_earlier_release_format_and_recoveries_seen_live_beside_it() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("health.json");
-        // As the earlier release wrote it: no `recovery_seen`.
-        std::fs::write(
-            &path,
-            br#"{"version":1,"unhealthy":[{"index":1,"uuid":"GPU-11111111-2222-3333-4444-555555555555","xid":79,"since_ms":1796000000000}]}"#,
-        )
-        .expect("write");
+        // As the earlier release wrote it: no file of recoveries seen.
+        let earlier = br#"{"version":1,"unhealthy":[{"index":1,"uuid":"GPU-11111111-2222-3333-4444-555555555555","xid":79,"since_ms":1796000000000}]}"#;
+        std::fs::write(&path, earlier).expect("write");
         assert_eq!(read_health(&path).expect("read"), [sick()]);
-        // Not seen: written as the earlier release writes it.
-        write_health(&path, &[sick()]).expect("write");
-        let text = std::fs::read_to_string(&path).expect("read back");
-        assert!(!text.contains("recovery_seen"), "{text}");
+        assert_eq!(read_health_with_recovery(&path).expect("read"), [sick()]);
         let seen = Unhealthy {
             recovery_seen: true,
             ..sick()
         };
-        write_health(&path, std::slice::from_ref(&seen)).expect("write");
-        assert_eq!(read_health(&path).expect("read"), [seen]);
+        let other = Unhealthy {
+            index: 2,
+            uuid: "GPU-22222222-2222-3333-4444-555555555555".into(),
+            ..sick()
+        };
+        write_health(&path, &[other.clone(), seen.clone()]).expect("write");
+        // health.json is what the earlier release writes and reads: no new field.
+        let text = std::fs::read_to_string(&path).expect("read back");
+        assert!(!text.contains("recovery"), "{text}");
+        let doc: serde_json::Value = serde_json::from_str(&text).expect("json");
+        for u in doc["unhealthy"].as_array().expect("list") {
+            let mut keys: Vec<&str> = u
+                .as_object()
+                .expect("entry")
+                .keys()
+                .map(|k| k.as_str())
+                .collect();
+            keys.sort_unstable();
+            assert_eq!(keys, ["index", "since_ms", "uuid", "xid"], "{text}");
+        }
+        assert_eq!(read_health(&path).expect("read"), [sick(), other.clone()]);
+        assert_eq!(
+            read_health_with_recovery(&path).expect("read"),
+            [seen, other.clone()]
+        );
+        // A GPU no longer recorded is not brought back by the file beside it.
+        write_health(&path, std::slice::from_ref(&other)).expect("write");
+        assert_eq!(read_health_with_recovery(&path).expect("read"), [other]);
+        std::fs::write(recovery_seen_path(&path), b"{").expect("write");
+        let e = read_health_with_recovery(&path).expect_err("malformed");
+        assert!(e.to_string().contains(RECOVERY_SEEN_FILE), "{e}");
     }
 
     #[test]

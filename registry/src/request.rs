@@ -113,7 +113,16 @@ mod tests {
             Ok(vec![Selector::Index(0), Selector::Uuid("gpu-ABC".into())])
         );
         // A character across byte 4 is refused, not a panic (the create path aborts on one).
-        for bad in ["", "-1", "abc", "GPU-", "99999999999", "0,,1", "ab€x", "GP€-x"] {
+        for bad in [
+            "",
+            "-1",
+            "abc",
+            "GPU-",
+            "99999999999",
+            "0,,1",
+            "ab€x",
+            "GP€-x",
+        ] {
             let e = Selector::parse_list(bad).expect_err(bad);
             assert!(e.to_string().contains("accepted"), "{e}");
         }
