@@ -6,9 +6,10 @@
 //! `<state_dir>/health.json` (`gpuslice_driver::health`), which the create path, the kubelet
 //! plugin, `status` and the exporter read. The GPU is healthy again only on a recovery the
 //! driver shows: it was seen asking for one (a reset, or the GPU lost) after the mark and then
-//! answers asking for none. A GPU whose driver never asks (XIDs 63 and 64, a driver without
-//! the recovery field) stays unhealthy until the node reboots or its record is removed
-//! (docs/troubleshooting.md, "GPU health and XIDs").
+//! answers asking for none; after XIDs 63 and 64 a row remapping pending or failed
+//! (`nvmlDeviceGetRemappedRows`) counts as asking for a reset. A GPU whose driver never asks
+//! (a driver without the recovery field) stays unhealthy until the node reboots or its record
+//! is removed (docs/troubleshooting.md, "GPU health and XIDs").
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -26,6 +27,7 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::struct_wrappers::device::FieldValueSample;
 use nvml_wrapper::structs::device::FieldId;
 use nvml_wrapper::{EventSet, Nvml};
+use nvml_wrapper_sys::bindings::NvmlLib;
 
 use crate::gpu::NvmlSource;
 use gpuslice_hook::node::NodeContext;
@@ -51,6 +53,11 @@ pub enum Probe {
     Healthy,
     /// It answers, but the driver asks for a reset or a reboot.
     NeedsRecovery,
+    /// It answers and asks for no recovery, but a row remapping is pending (applied at the
+    /// next reset) or failed (`nvmlDeviceGetRemappedRows`): what follows XIDs 63 and 64.
+    /// Keeps a marked GPU out, as a request for a reset; marks none by itself (an operator
+    /// who lists 63 in `health.ignored_xids` keeps such GPUs in service).
+    RowRemapping,
     /// It answers, and the driver does not say what it needs (a driver without the recovery
     /// field).
     Unknown,
@@ -199,7 +206,7 @@ impl Tracker {
         };
         let u = &mut self.list[i];
         let recovered = match probe {
-            Probe::Lost | Probe::NeedsRecovery => {
+            Probe::Lost | Probe::NeedsRecovery | Probe::RowRemapping => {
                 u.recovery_seen = true;
                 false
             }
@@ -226,14 +233,16 @@ fn inventory(state_dir: &Path) -> Vec<GpuId> {
         .unwrap_or_default()
 }
 
-/// Probes GPU `uuid` through NVML.
-fn probe(nvml: &Nvml, uuid: &str) -> Probe {
+/// Probes GPU `uuid` through NVML, and its row remapping through `rows` (the same driver
+/// library's `nvmlDeviceGetRemappedRows`, which nvml-wrapper does not wrap) where the driver
+/// has it.
+fn probe(nvml: &Nvml, rows: Option<&NvmlLib>, uuid: &str) -> Probe {
     let dev = match nvml.device_by_uuid(uuid) {
         Ok(d) => d,
         Err(NvmlError::GpuLost) => return Probe::Lost,
         Err(_) => return Probe::Unknown,
     };
-    match dev.field_values_for(&[FieldId(RECOVERY_ACTION_FIELD)]) {
+    let action = match dev.field_values_for(&[FieldId(RECOVERY_ACTION_FIELD)]) {
         Err(NvmlError::GpuLost) => Probe::Lost,
         Ok(values) => match values.into_iter().next() {
             Some(Ok(FieldValueSample { value: Ok(v), .. })) => match v {
@@ -247,6 +256,23 @@ fn probe(nvml: &Nvml, uuid: &str) -> Probe {
             _ => Probe::Unknown,
         },
         Err(_) => Probe::Unknown,
+    };
+    if action == Probe::Lost || action == Probe::NeedsRecovery {
+        return action;
+    }
+    let Some(get) = rows.and_then(|l| l.nvmlDeviceGetRemappedRows.as_ref().ok()) else {
+        return action;
+    };
+    let (mut corr, mut unc, mut pending, mut failed) = (0, 0, 0, 0);
+    // SAFETY: the handle is a live device of the initialised library `rows` is a second
+    // handle of (the same loaded object); the four out-pointers point to local integers.
+    let ret = unsafe { get(dev.handle(), &mut corr, &mut unc, &mut pending, &mut failed) };
+    if ret == nvml_wrapper_sys::bindings::nvmlReturn_enum_NVML_SUCCESS
+        && (pending != 0 || failed != 0)
+    {
+        Probe::RowRemapping
+    } else {
+        action
     }
 }
 
@@ -292,7 +318,13 @@ fn register<'n>(nvml: &'n Nvml, gpus: &[GpuId]) -> Option<(EventSet<'n>, Vec<(us
 }
 
 /// Watches the driver until the process ends: events, probes, and the health record.
-fn watch(nvml: &Nvml, state_dir: &Path, path: &Path, tracker: &mut Tracker) {
+fn watch(
+    nvml: &Nvml,
+    rows: Option<&NvmlLib>,
+    state_dir: &Path,
+    path: &Path,
+    tracker: &mut Tracker,
+) {
     let mut events: Option<(EventSet<'_>, Vec<(usize, GpuId)>)> = None;
     let mut registered: Vec<GpuId> = Vec::new();
     let mut written: Option<Vec<Unhealthy>> = None;
@@ -301,7 +333,7 @@ fn watch(nvml: &Nvml, state_dir: &Path, path: &Path, tracker: &mut Tracker) {
         let mut changes = tracker.follow_inventory(&gpus);
         let mut reachable = Vec::new();
         for g in &gpus {
-            let p = probe(nvml, &g.uuid);
+            let p = probe(nvml, rows, &g.uuid);
             if p != Probe::Lost {
                 reachable.push(g.clone());
             }
@@ -368,7 +400,13 @@ pub fn start(node: &NodeContext) -> std::io::Result<()> {
         .name("gpu-health".into())
         .spawn(move || loop {
             match Nvml::builder().lib_path(source.lib.as_os_str()).init() {
-                Ok(nvml) => watch(&nvml, &state_dir, &path, &mut tracker),
+                Ok(nvml) => {
+                    // SAFETY: loads the driver library NVML was just initialised from, a
+                    // second handle of the same object; only its row-remapping query is
+                    // called, with devices of `nvml`.
+                    let rows = unsafe { NvmlLib::new(source.lib.as_os_str()) }.ok();
+                    watch(&nvml, rows.as_ref(), &state_dir, &path, &mut tracker)
+                }
                 Err(e) => {
                     eprintln!(
                         "gpuslice serve: health: NVML ({}) cannot be initialised: {e}; retrying",
@@ -481,6 +519,36 @@ mod tests {
         }
         assert_eq!(t.list().len(), 1);
         assert!(!t.list()[0].recovery_seen);
+    }
+
+    #[test]
+    fn a_pending_row_remapping_keeps_the_gpu_out_until_the_reset_applies_it() {
+        // XID 63: no recovery action, but a remapping pending until the next reset.
+        let mut t = Tracker::new(HealthConfig::default(), Vec::new());
+        assert!(matches!(
+            t.on_xid(&gpu(1), 63, 10),
+            Some(Change::Unhealthy(_))
+        ));
+        assert_eq!(t.on_probe(&gpu(1), Probe::RowRemapping, 11), None);
+        assert_eq!(t.on_probe(&gpu(1), Probe::RowRemapping, 12), None);
+        assert!(t.list()[0].recovery_seen, "recorded for the next run");
+        // The reset applied it: nothing pending, no recovery asked.
+        assert!(matches!(
+            t.on_probe(&gpu(1), Probe::Healthy, 13),
+            Some(Change::Recovered(_))
+        ));
+        // A remapping pending alone marks no GPU: with 63 ignored, the GPU stays in service.
+        let config = HealthConfig {
+            ignored_xids: vec![63],
+            ..HealthConfig::default()
+        };
+        let mut t = Tracker::new(config, Vec::new());
+        assert!(matches!(
+            t.on_xid(&gpu(1), 63, 10),
+            Some(Change::Ignored { .. })
+        ));
+        assert_eq!(t.on_probe(&gpu(1), Probe::RowRemapping, 11), None);
+        assert!(t.list().is_empty());
     }
 
     #[test]

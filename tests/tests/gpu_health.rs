@@ -9,8 +9,9 @@
 //!
 //! And on a node without Kubernetes (`gpuslice serve` alone): a GPU whose driver asks for a
 //! reset although its XID came while `serve` was not running is unhealthy (XID 154, the
-//! driver's "recovery action changed"); XID 63, for which the driver asks no reset, keeps its
-//! GPU unhealthy through the probes that see the other GPU recover from its reset.
+//! driver's "recovery action changed"); XID 63, for which the driver asks no reset but has a
+//! row remapping pending, keeps its GPU unhealthy through the probes that see the other GPU
+//! recover from its reset, until its own reset (`--clear`) applies the remapping.
 
 use std::time::{Duration, Instant};
 
@@ -250,7 +251,7 @@ fn a_gpu_off_the_bus_leaves_the_offer_and_comes_back_when_cleared() {
 
 #[test]
 #[ignore = "needs root and the release build"]
-fn a_missed_xid_and_one_that_asks_no_reset_keep_their_gpus_out() {
+fn a_missed_xid_and_a_pending_row_remapping_keep_their_gpus_out_until_their_reset() {
     let node = TestNode::with_models_exact(&[("NVIDIA L4", "24Gi"), ("NVIDIA L4", "24Gi")]);
     let (g0, g1) = (node.uuid(0), node.uuid(1));
     let fault = |args: &[&str]| {
@@ -296,4 +297,9 @@ fn a_missed_xid_and_one_that_asks_no_reset_keep_their_gpus_out() {
             && !text.contains("gpuslice.io/reservation"),
         "a create naming GPU 0 was not refused naming it: {text}"
     );
+    // The reset that applies the remapping: GPU 0 is offered again.
+    fault(&["--gpu", &g0, "--clear"]);
+    wait("GPU 0 healthy after its reset", || {
+        (gpu(0)["healthy"] == true).then_some(())
+    });
 }

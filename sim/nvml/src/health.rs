@@ -2,7 +2,9 @@
 //! driver reports an XID: an XID critical event (`nvmlEventTypeXidCriticalError`, the XID as
 //! `eventData`) delivered once to each event set registered for the GPU before the fault,
 //! and the recovery the GPU needs (`NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`) until the fault is
-//! cleared. Event sets are ids dressed as pointers, like device handles.
+//! cleared; after XID 63 a row remapping pending, after XID 64 a remapping failure
+//! (`nvmlDeviceGetRemappedRows`), until the fault is cleared (the reset that applies it).
+//! Event sets are ids dressed as pointers, like device handles.
 
 use std::collections::BTreeMap;
 use std::ffi::{c_int, c_uint, c_ulonglong};
@@ -166,6 +168,35 @@ fn recovery_action(host: usize) -> NvResult<c_uint> {
     Ok(match n.node.fault(host).map(|f| effect(f.xid)) {
         Some(Effect::Ecc | Effect::NeedsReset | Effect::Lost) => NVML_GPU_RECOVERY_ACTION_GPU_RESET,
         Some(Effect::EventOnly) | None => NVML_GPU_RECOVERY_ACTION_NONE,
+    })
+}
+
+/// The row-remapping recording XID: a remapping is pending, applied at the next reset.
+const XID_ROW_REMAP_PENDING: u32 = 63;
+/// The row-remapping failure XID.
+const XID_ROW_REMAP_FAILURE: u32 = 64;
+
+/// Rows remapped: one uncorrectable row, pending while an XID 63 fault is in effect, failed
+/// while an XID 64 one is; none otherwise (a clear is the reset that applies a remapping).
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetRemappedRows(
+    device: nvmlDevice_t,
+    corr_rows: *mut c_uint,
+    unc_rows: *mut c_uint,
+    is_pending: *mut c_uint,
+    failure_occurred: *mut c_uint,
+) -> nvmlReturn_t {
+    guard(|| {
+        let n = nvml()?;
+        n.device(device)?;
+        let host = n.host_of(device)?;
+        let xid = n.node.fault(host).map(|f| f.xid);
+        let pending = xid == Some(XID_ROW_REMAP_PENDING);
+        let failed = xid == Some(XID_ROW_REMAP_FAILURE);
+        put(corr_rows, 0)?;
+        put(unc_rows, c_uint::from(pending || failed))?;
+        put(is_pending, c_uint::from(pending))?;
+        put(failure_occurred, c_uint::from(failed))
     })
 }
 
