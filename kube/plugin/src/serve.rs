@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpuslice_config::DraConfig;
+use gpuslice_dra::api::{clients, Timeouts};
 use gpuslice_dra::slices::{is_dns_subdomain, MAX_NAME};
 use gpuslice_registry::Registry;
 use tokio::net::UnixListener;
@@ -66,6 +67,8 @@ pub struct PluginOptions {
     pub health_file: Option<PathBuf>,
     /// `health.taint_effect`: the effect of an unhealthy GPU's device taint.
     pub taint_effect: gpuslice_config::TaintEffect,
+    /// How long API requests wait for an answer, and how long each watch lasts.
+    pub api_timeouts: Timeouts,
 }
 
 impl PluginOptions {
@@ -83,6 +86,7 @@ impl PluginOptions {
             mode_file: None,
             health_file: None,
             taint_effect: gpuslice_config::TaintEffect::NoSchedule,
+            api_timeouts: Timeouts::default(),
         }
     }
 
@@ -149,7 +153,8 @@ pub async fn run(
     if !is_dns_subdomain(&node, MAX_NAME) {
         return Err(ServeError::NodeName(node));
     }
-    let client = gpuslice_dra::api::client(options.kubeconfig.as_deref()).await?;
+    let clients = clients(options.kubeconfig.as_deref(), options.api_timeouts).await?;
+    let client = clients.requests;
     let plugin = Arc::new(
         Plugin::new(node.clone(), registry.clone(), writer, client.clone())
             .with_slots_per_gpu(options.dra.slots_per_gpu),
@@ -183,7 +188,7 @@ pub async fn run(
 
     // Slices someone else deletes (a starting kubelet does) are published again at once.
     let watch = tokio::spawn(watch_slices(
-        client.clone(),
+        clients.watches.clone(),
         node.clone(),
         republish.clone(),
         options.publish_interval,
@@ -192,6 +197,7 @@ pub async fn run(
     // not at the kubelet's next resync.
     let wake = tokio::spawn(wake_stalled_prepares(
         client.clone(),
+        clients.watches,
         node.clone(),
         options.publish_interval,
     ));

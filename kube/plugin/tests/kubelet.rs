@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use gpuslice_config::Quantity;
+use gpuslice_dra::api::Timeouts;
 use gpuslice_kube::proto::registration::{InfoRequest, RegistrationStatus};
 use gpuslice_registry::{Owner, Request, Selector};
 use serde_json::Value;
@@ -115,6 +116,28 @@ fn registration_and_slice_publication() {
     let (dra, regp) = (p.dra.clone(), p.reg.clone());
     p.stop().unwrap();
     assert!(!dra.exists() && !regp.exists());
+}
+
+#[test]
+fn a_quiet_slice_watch_lasts_its_timeout_however_short_the_read_timeout() {
+    let api = FakeApi::start();
+    api.put_node("node-a", "node-uid-1");
+    let mut n = node(&api, &[16]);
+    // The API server sends nothing on a quiet watch until it ends it: a watch client with
+    // the requests' read timeout would break it after 0.3 s and watch again.
+    n.options.api_timeouts = Timeouts {
+        read: Duration::from_millis(300),
+        watch_seconds: 1,
+    };
+    let p = n.start();
+    wait_for("a second slice watch", || api.watch_starts().len() >= 2);
+    let starts = api.watch_starts();
+    let lasted = starts[1] - starts[0];
+    assert!(
+        lasted >= Duration::from_secs(1),
+        "the first watch lasted {lasted:?}"
+    );
+    p.stop().unwrap();
 }
 
 /// How many times the plugin has listed the slices.
