@@ -157,7 +157,8 @@ pub async fn run(
     let client = clients.requests;
     let plugin = Arc::new(
         Plugin::new(node.clone(), registry.clone(), writer, client.clone())
-            .with_slots_per_gpu(options.dra.slots_per_gpu),
+            .with_slots_per_gpu(options.dra.slots_per_gpu)
+            .with_health_file(options.health_file.clone()),
     );
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
