@@ -12,11 +12,12 @@ use std::time::Duration;
 
 use gpuslice_config::DraConfig;
 use gpuslice_dra::api::{clients, Timeouts};
-use gpuslice_dra::slices::{is_dns_subdomain, MAX_NAME};
+use gpuslice_dra::slices::{build_slices, is_dns_subdomain, SliceError, MAX_NAME};
 use gpuslice_registry::Registry;
 use tokio::net::UnixListener;
 use tokio::sync::{watch, Notify};
 
+use crate::api_watch::Logged;
 use crate::booking::{Holdings, Plugin};
 use crate::cleanup::release_stale;
 use crate::dra_service::DraService;
@@ -107,6 +108,8 @@ pub enum ServeError {
     #[error("node name `{0}` is not a Node name (a DNS subdomain); pass --node-name NAME or set $NODE_NAME")]
     NodeName(String),
     #[error("{0}")]
+    Slices(#[from] SliceError),
+    #[error("{0}")]
     Api(#[from] gpuslice_dra::api::ApiError),
     #[error("cannot {op} socket {path}: {source}")]
     Socket {
@@ -153,6 +156,9 @@ pub async fn run(
     if !is_dns_subdomain(&node, MAX_NAME) {
         return Err(ServeError::NodeName(node));
     }
+    // The slices are named after the node: a name they cannot carry is refused now, not on
+    // every publication.
+    build_slices(&node, &[], 0, None)?;
     let clients = clients(options.kubeconfig.as_deref(), options.api_timeouts).await?;
     let client = clients.requests;
     let plugin = Arc::new(
@@ -302,15 +308,24 @@ async fn publish_loop(
     let mut last_sync = tokio::time::Instant::now();
     let mut health_error = String::new();
     let mut taints_kept: Option<bool> = kept.map(|k| k.device_taints);
+    let mut probe_errors = Logged::default();
+    let mut next_probe = tokio::time::Instant::now();
     let mut last_health: Vec<Unhealthy> = Vec::new();
     loop {
         let sick = unhealthy(&options, &mut health_error);
-        if !sick.is_empty() && taints_kept.is_none() {
+        // Asked again each resync interval, not each tick, while the API server cannot say.
+        if !sick.is_empty() && taints_kept.is_none() && tokio::time::Instant::now() >= next_probe {
             match what_the_api_server_keeps(publisher.client(), &options.node_name).await {
                 Ok(kept) => taints_kept = Some(kept.device_taints),
-                Err(e) => eprintln!(
-                    "gpuslice kubelet-plugin: {e}; withdrawing unhealthy GPUs until the API server answers"
-                ),
+                Err(e) => {
+                    let e = e.to_string();
+                    if probe_errors.first_time(&e) {
+                        eprintln!(
+                            "gpuslice kubelet-plugin: {e}; withdrawing unhealthy GPUs until the API server answers"
+                        );
+                    }
+                    next_probe = tokio::time::Instant::now() + options.resync_interval;
+                }
             }
         }
         let mut newly: Vec<Unhealthy> = Vec::new();

@@ -686,7 +686,10 @@ fn a_claim_allocated_a_gpu_that_became_unhealthy_is_refused_at_prepare() {
         .clone();
     for part in [
         "claim ns/after (uid uid-after)",
-        &format!("GPU 1 ({}) is unhealthy: the driver reported XID 79", sick.uuid),
+        &format!(
+            "GPU 1 ({}) is unhealthy: the driver reported XID 79",
+            sick.uuid
+        ),
         "nothing was booked",
     ] {
         assert!(e.contains(part), "`{e}` lacks `{part}`");
