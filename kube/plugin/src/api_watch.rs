@@ -1,19 +1,32 @@
 //! A watch of one API collection kept open for good, for the plugin's watches (its node's
 //! ResourceSlices, the kubelet's failed prepares): each request resumes from the last
-//! resourceVersion seen, an expired one (410) starts again from the API server's cache, and a
-//! failure is logged once per distinct error and retried after a pause.
+//! resourceVersion seen, an expired one (410) starts again from the API server's cache at once,
+//! and a failure is logged once per distinct error and retried after a pause that doubles
+//! while the watch keeps failing.
 
 use std::fmt::Debug;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kube::api::{WatchEvent, WatchParams};
 use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio_stream::StreamExt;
 
-/// How long one watch request lasts before it is renewed (the API server's own limit is
-/// 5 to 10 minutes).
-const WATCH_SECONDS: u32 = 290;
+/// The longest pause between failed watches, and the pause after a refused one (401, 403:
+/// rights are not granted within seconds).
+pub const MAX_PAUSE: Duration = Duration::from_secs(30);
+
+/// The pause before watching again after a failure: `first` after the first failure since a
+/// watch worked (`previous` is `None`), then twice the previous pause, at most [`MAX_PAUSE`]
+/// (never below `first`); [`MAX_PAUSE`] at once when the API server `refused` the watch.
+pub fn next_pause(previous: Option<Duration>, first: Duration, refused: bool) -> Duration {
+    let pause = match previous {
+        _ if refused => MAX_PAUSE,
+        None => first,
+        Some(p) => p.saturating_mul(2).min(MAX_PAUSE),
+    };
+    pause.max(first)
+}
 
 /// The resourceVersion a watch starts from when it has none to resume from: the API server's
 /// watch cache, which first replays the objects as they are (as `Added` events).
@@ -78,11 +91,64 @@ pub fn ended(code: u16, version: &mut String) {
     }
 }
 
-/// Watches `api` with `params` until the task is aborted, handing `on` each event and each
-/// fresh start; a failed watch is logged (once per distinct error, naming `what`) and started
-/// again after `retry`.
+impl WatchError {
+    /// Whether the API server answered 410 Gone: the resourceVersion resumed from is no longer
+    /// in its watch cache.
+    pub fn expired(&self) -> bool {
+        match self {
+            WatchError::Start {
+                source: kube::Error::Api(s),
+                ..
+            } => s.code == 410,
+            WatchError::Ended { code, .. } => *code == 410,
+            _ => false,
+        }
+    }
+
+    /// Whether the API server refused the watch for want of credentials or rights.
+    pub fn refused(&self) -> bool {
+        matches!(self, WatchError::Start {
+            source: kube::Error::Api(s),
+            ..
+        } if s.code == 401 || s.code == 403)
+    }
+}
+
+/// The errors a watch logged since its last request that ran to its end: each is logged once,
+/// however they alternate.
+#[derive(Debug, Default)]
+pub struct Logged(Vec<String>);
+
+impl Logged {
+    /// How many distinct errors are remembered (the oldest is forgotten first).
+    const KEPT: usize = 16;
+
+    /// Whether `error` is new, remembering it.
+    pub fn first_time(&mut self, error: &str) -> bool {
+        if self.0.iter().any(|e| e == error) {
+            return false;
+        }
+        if self.0.len() == Self::KEPT {
+            self.0.remove(0);
+        }
+        self.0.push(error.to_string());
+        true
+    }
+
+    /// A watch ran to its end: the next failure is news again.
+    pub fn clear(&mut self) {
+        self.0.clear();
+    }
+}
+
+/// Watches `api` with `params`, each request lasting `seconds`, until the task is aborted,
+/// handing `on` each event and each fresh start; a failed watch is logged (once per distinct
+/// error, naming `what`) and started again after a pause ([`next_pause`], from `retry`; a
+/// watch that lasted [`MAX_PAUSE`] or ran to its end starts the pauses over). A resume from an
+/// expired version is the watch's normal course: it starts afresh at once, unlogged.
 pub async fn watch_forever<K>(
     api: Api<K>,
+    seconds: u32,
     params: WatchParams,
     what: String,
     retry: Duration,
@@ -90,19 +156,30 @@ pub async fn watch_forever<K>(
 ) where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
-    let params = params.timeout(WATCH_SECONDS);
+    let params = params.timeout(seconds);
     let mut version = ANY_VERSION.to_string();
-    let mut last_error = String::new();
+    let mut logged = Logged::default();
+    let mut pause: Option<Duration> = None;
     loop {
+        let resumed = version != ANY_VERSION;
+        let started = Instant::now();
         match watch_once(&api, &params, &what, &mut version, &mut on).await {
-            Ok(()) => last_error.clear(),
+            Ok(()) => {
+                logged.clear();
+                pause = None;
+            }
+            Err(e) if resumed && e.expired() => {}
             Err(e) => {
-                let e = e.to_string();
-                if e != last_error {
-                    eprintln!("gpuslice kubelet-plugin: {e} (watching again)");
-                    last_error = e;
+                if started.elapsed() >= MAX_PAUSE {
+                    pause = None;
                 }
-                tokio::time::sleep(retry).await;
+                let next = next_pause(pause, retry, e.refused());
+                pause = Some(next);
+                let e = e.to_string();
+                if logged.first_time(&e) {
+                    eprintln!("gpuslice kubelet-plugin: {e} (watching again)");
+                }
+                tokio::time::sleep(next).await;
             }
         }
     }
@@ -178,6 +255,63 @@ mod tests {
         }))
         .unwrap();
         WatchEvent::Error(Box::new(s))
+    }
+
+    #[test]
+    fn alternating_errors_are_logged_once_each_until_a_watch_runs_to_its_end() {
+        let mut logged = Logged::default();
+        assert!(logged.first_time("timed out"));
+        assert!(logged.first_time("410 Gone"));
+        for _ in 0..5 {
+            assert!(!logged.first_time("timed out"));
+            assert!(!logged.first_time("410 Gone"));
+        }
+        logged.clear();
+        assert!(logged.first_time("timed out"));
+    }
+
+    #[test]
+    fn failed_watches_back_off_to_a_cap_and_a_refusal_waits_the_cap_at_once() {
+        let first = Duration::from_secs(1);
+        let mut pause = None;
+        let mut seen = Vec::new();
+        for _ in 0..8 {
+            let p = next_pause(pause, first, false);
+            seen.push(p.as_secs());
+            pause = Some(p);
+        }
+        assert_eq!(seen, [1, 2, 4, 8, 16, 30, 30, 30]);
+        // After a watch that worked, the first pause again.
+        assert_eq!(next_pause(None, first, false), first);
+        // No rights: nothing changes within seconds.
+        assert_eq!(next_pause(None, first, true), MAX_PAUSE);
+        // A retry above the cap is never shortened.
+        let long = Duration::from_secs(60);
+        assert_eq!(next_pause(Some(long), long, false), long);
+        assert_eq!(next_pause(None, long, true), long);
+    }
+
+    #[test]
+    fn only_a_410_is_an_expired_version() {
+        let ended = |code| WatchError::Ended {
+            what: "w".into(),
+            code,
+            reason: "r".into(),
+            message: "m".into(),
+        };
+        assert!(ended(410).expired());
+        assert!(!ended(500).expired());
+        let start = |code| WatchError::Start {
+            what: "w".into(),
+            source: kube::Error::Api(Box::new(
+                serde_json::from_value(serde_json::json!({"code": code, "status": "Failure"}))
+                    .unwrap(),
+            )),
+        };
+        assert!(start(410).expired());
+        assert!(!start(403).expired());
+        assert!(start(403).refused() && start(401).refused());
+        assert!(!start(500).refused() && !ended(403).refused());
     }
 
     #[test]

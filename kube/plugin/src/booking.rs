@@ -1,11 +1,15 @@
 //! Prepare and unprepare: read the claim from the API server, book exactly what the scheduler
 //! chose in the node registry (owner: the claim), have the slice files and the claim's CDI spec
 //! written, and answer with the CDI ids. One reservation per claim UID, so a repeated call
-//! finds it again and a restart loses nothing: the registry is the state.
+//! finds it again and a restart loses nothing: the registry is the state. A claim allocated a
+//! GPU the driver has since reported unhealthy (before the taint or withdrawal reached the
+//! scheduler) is refused, as the node paths refuse it.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use gpuslice_driver::health::{read_health, HealthError, Unhealthy};
 use gpuslice_registry::{
     claim_uid, ClaimShare, Owner, RefusalReason, Registry, RegistryError, Reservation,
 };
@@ -45,6 +49,10 @@ pub enum BookingError {
     Write { claim: String, source: WriteError },
     #[error("{claim}: {detail}")]
     Task { claim: String, detail: String },
+    #[error("{claim}: {gpu}; gpuslice hands it to no new claim until the driver reports it healthy again (see `gpuslice status`); nothing was booked")]
+    Unhealthy { claim: String, gpu: Box<Unhealthy> },
+    #[error("{claim}: {source}; nothing was booked")]
+    Health { claim: String, source: HealthError },
 }
 
 /// What the node's prepared claims hold, by claim UID, as their allocations name it: filled
@@ -59,6 +67,8 @@ pub struct Plugin {
     writer: Arc<dyn SliceWriter>,
     client: kube::Client,
     slots_per_gpu: u32,
+    /// The node's record of unhealthy GPUs (`None`: every GPU is healthy).
+    health_file: Option<PathBuf>,
     holdings: Holdings,
     /// Wakes the cleanup loop: a prepare was refused for capacity someone holds, which may be
     /// a booking whose claim went away.
@@ -97,6 +107,7 @@ impl Plugin {
             writer,
             client,
             slots_per_gpu: gpuslice_config::DEFAULT_SLOTS_PER_GPU,
+            health_file: None,
             holdings: Holdings::default(),
             cleanup_wanted: Arc::new(Notify::new()),
         }
@@ -105,6 +116,13 @@ impl Plugin {
     /// With `n` slots per GPU (`dra.slots_per_gpu`): the size of the slots claims name.
     pub fn with_slots_per_gpu(mut self, n: u32) -> Plugin {
         self.slots_per_gpu = n;
+        self
+    }
+
+    /// With the node's record of unhealthy GPUs, `health.json`: a new booking on one of them
+    /// is refused.
+    pub fn with_health_file(mut self, path: Option<PathBuf>) -> Plugin {
+        self.health_file = path;
         self
     }
 
@@ -175,19 +193,19 @@ impl Plugin {
         };
         let registry = self.registry.clone();
         let writer = self.writer.clone();
-        let owner = Owner::DraClaim {
-            claim_uid: c.uid.clone(),
-            namespace: c.namespace.clone(),
-            members: Vec::new(),
-            name: c.name.clone(),
-            gone: None,
-        };
         let claim_ref = c.clone();
         let node = self.node.clone();
         let per_gpu = self.slots_per_gpu;
+        let health = self.health_file.clone();
         let booked = blocking(c, move || {
             book_and_write(
-                &registry, &*writer, &owner, &claim_ref, &claim, &node, per_gpu,
+                &registry,
+                &*writer,
+                &claim_ref,
+                &claim,
+                &node,
+                per_gpu,
+                health.as_deref(),
             )
         })
         .await;
@@ -247,25 +265,35 @@ fn pause_point(point: &str, c: &ClaimRef) {
     }
 }
 
-/// Reads `claim`'s allocation on `node`, books it for `owner` and writes the claim's files; a
-/// booking this call made is released again when writing fails.
+/// The unhealthy GPU of `health` (the node's `health.json`) among `wanted`, if any.
+fn unhealthy_among(health: &Path, wanted: &[ClaimShare]) -> Result<Option<Unhealthy>, HealthError> {
+    Ok(read_health(health)?
+        .into_iter()
+        .find(|u| wanted.iter().any(|w| w.uuid.eq_ignore_ascii_case(&u.uuid))))
+}
+
+/// Reads `claim`'s allocation on `node`, books it for the claim and writes the claim's files; a
+/// booking this call made is released again when writing fails. A claim not yet booked is
+/// refused a GPU `health` records as unhealthy (a repeated prepare of a booked one is not).
 fn book_and_write(
     registry: &Registry,
     writer: &dyn SliceWriter,
-    owner: &Owner,
     c: &ClaimRef,
     claim: &ResourceClaim,
     node: &str,
     slots_per_gpu: u32,
+    health: Option<&Path>,
 ) -> Result<(NodeAllocation, Vec<String>), BookingError> {
     let who = c.to_string();
-    let inventory = registry
-        .snapshot()
-        .map_err(|e| BookingError::Registry {
-            claim: who.clone(),
-            source: Box::new(e),
-        })?
-        .inventory;
+    let snapshot = registry.snapshot().map_err(|e| BookingError::Registry {
+        claim: who.clone(),
+        source: Box::new(e),
+    })?;
+    let booked_before = snapshot
+        .reservations
+        .iter()
+        .any(|r| claim_uid(r) == Some(c.uid.as_str()));
+    let inventory = snapshot.inventory;
     let allocation = node_allocation(
         claim,
         c,
@@ -290,8 +318,27 @@ fn book_and_write(
             cores: s.cores,
         });
     }
+    if let Some(path) = health.filter(|_| !booked_before) {
+        match unhealthy_among(path, &wanted) {
+            Ok(None) => {}
+            Ok(Some(u)) => {
+                return Err(BookingError::Unhealthy {
+                    claim: who,
+                    gpu: Box::new(u),
+                })
+            }
+            Err(source) => return Err(BookingError::Health { claim: who, source }),
+        }
+    }
+    let owner = Owner::DraClaim {
+        claim_uid: c.uid.clone(),
+        namespace: c.namespace.clone(),
+        members: Vec::new(),
+        name: c.name.clone(),
+        gone: None,
+    };
     let booked = registry
-        .reserve_claim(owner, &wanted)
+        .reserve_claim(&owner, &wanted)
         .map_err(|e| match e.refusal() {
             Some(_) => BookingError::Refused(Box::new(e)),
             None => BookingError::Registry {

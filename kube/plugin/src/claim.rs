@@ -321,19 +321,27 @@ pub fn node_allocation(
             per_gpu.entry(*index).or_default().1 += cores;
         }
     }
-    if let Some((Some(request), _)) = asked.iter().find(|(r, _)| {
-        r.as_deref().is_some_and(|r| {
-            !request_gpus.contains_key(r)
-                && !slot_results.contains(r)
-                && ours
-                    .iter()
-                    .any(|o| o.request == r || parent_request(&o.request) == r)
-        })
-    }) {
-        return Err(ClaimError::Opaque {
-            claim: who,
-            detail: format!("request {request} is of the shared device, not of slots"),
-        });
+    // Opaque `cores` are for requests of slots: a configuration that applies to a request of
+    // the shared device (by naming it, or by naming none) is refused, never silently ignored.
+    let mut shared = ours
+        .iter()
+        .map(|o| o.request.as_str())
+        .filter(|r| !slot_results.contains(r));
+    for (named, _) in &asked {
+        let detail = match named {
+            Some(n) => shared
+                .clone()
+                .find(|r| r == n || parent_request(r) == n)
+                .map(|_| format!("request {n} is of the shared device, not of slots")),
+            None => shared.next().map(|r| {
+                format!(
+                    "a configuration that names no request applies to every request, and request {r} is of the shared device, not of slots"
+                )
+            }),
+        };
+        if let Some(detail) = detail {
+            return Err(ClaimError::Opaque { claim: who, detail });
+        }
     }
     for (index, (_, cores)) in &per_gpu {
         let held =
@@ -646,6 +654,55 @@ mod tests {
         ] {
             assert!(e.contains(part), "`{e}` lacks `{part}`");
         }
+    }
+
+    #[test]
+    fn opaque_cores_for_a_request_of_the_shared_device_are_refused_named_or_not() {
+        let c = claim_json(
+            "u-1",
+            serde_json::json!([result("gpu", "gpu-0", "n1", "4Gi", "0")]),
+        );
+        let cores = |requests: serde_json::Value| {
+            let mut config = serde_json::json!({"source": "FromClaim",
+                "opaque": {"driver": "gpuslice.io", "parameters": {"cores": 30}}});
+            if !requests.is_null() {
+                config["requests"] = requests;
+            }
+            let e = node_allocation(
+                &with_config(c.clone(), serde_json::json!([config])),
+                &want(),
+                "n1",
+                &geometry(),
+            )
+            .unwrap_err();
+            assert!(matches!(e, ClaimError::Opaque { .. }), "{e}");
+            e.to_string()
+        };
+        let named = cores(serde_json::json!(["gpu"]));
+        assert!(
+            named.contains("request gpu is of the shared device, not of slots"),
+            "{named}"
+        );
+        // Naming no request, it applies to `gpu` too: refused, not ignored (the claim would
+        // run unthrottled).
+        for requests in [serde_json::Value::Null, serde_json::json!([])] {
+            let all = cores(requests);
+            for part in [
+                "names no request",
+                "request gpu is of the shared device",
+                "cores in capacity.requests",
+                "nothing was booked",
+            ] {
+                assert!(all.contains(part), "`{all}` lacks `{part}`");
+            }
+        }
+        // A configuration naming another request only is not this one's.
+        let other = with_config(
+            c,
+            serde_json::json!([{"source": "FromClaim", "requests": ["other"],
+                "opaque": {"driver": "gpuslice.io", "parameters": {"cores": 30}}}]),
+        );
+        assert!(node_allocation(&other, &want(), "n1", &geometry()).is_ok());
     }
 
     #[test]

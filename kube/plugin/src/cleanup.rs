@@ -63,7 +63,11 @@ pub async fn release_stale(plugin: &Plugin) -> Result<CleanupReport, CleanupErro
         .map_err(|e| CleanupError::Registry(e.to_string()))?;
     let geometry = SlotGeometry::new(plugin.slots_per_gpu(), &file.inventory);
     let mut report = CleanupReport::default();
-    for c in file.reservations.iter().filter_map(held_by) {
+    for (seen, c) in file
+        .reservations
+        .iter()
+        .filter_map(|r| Some((r.id.clone(), held_by(r)?)))
+    {
         let why = match plugin.read_claim(&c.namespace, &c.name).await {
             Ok(None) => "the claim no longer exists".to_string(),
             Ok(Some(claim)) => match node_allocation(&claim, &c, plugin.node(), &geometry) {
@@ -85,19 +89,25 @@ pub async fn release_stale(plugin: &Plugin) -> Result<CleanupReport, CleanupErro
                 continue;
             }
         };
+        // Only the booking this pass read is released: a prepare may have booked the claim
+        // again since the API server answered (the kubelet unprepared and prepared it anew).
         let registry = plugin.registry().clone();
         let (uid, reason) = (c.uid.clone(), why.clone());
-        let left = tokio::task::spawn_blocking(move || registry.claim_left(&uid, &reason))
+        let left = tokio::task::spawn_blocking(move || registry.claim_left(&uid, &seen, &reason))
             .await
             .map_err(|e| CleanupError::Registry(e.to_string()))?
             .map_err(|e| BookingError::Registry {
                 claim: c.to_string(),
                 source: Box::new(e),
             })?;
-        // Either way the scheduler no longer counts it: the publisher withdraws what a kept
-        // booking holds, as it does the node paths'.
-        plugin.set_held(&c.uid, None);
+        // Kept or released, the scheduler no longer counts it: the publisher withdraws what a
+        // kept booking holds, as it does the node paths'.
+        if !matches!(left, ClaimLeft::Rebooked { .. }) {
+            plugin.set_held(&c.uid, None);
+        }
         match left {
+            // Booked again since: the next pass asks the API server about that booking.
+            ClaimLeft::Rebooked { .. } => {}
             ClaimLeft::Kept {
                 reservation,
                 running,
@@ -112,6 +122,8 @@ pub async fn release_stale(plugin: &Plugin) -> Result<CleanupReport, CleanupErro
                     });
                 }
             }
+            // Released meanwhile by whoever released it (an unprepare removes its spec).
+            ClaimLeft::Released(v) if v.is_empty() => {}
             ClaimLeft::Released(_) => {
                 let writer = plugin.writer().clone();
                 let uid = c.uid.clone();

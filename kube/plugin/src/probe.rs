@@ -4,7 +4,7 @@
 //! answers both questions the plugin has: consumable capacity (`DRAConsumableCapacity`, for
 //! `dra.mode: auto`) and device taints (`DRADeviceTaints`, for unhealthy GPUs).
 
-use gpuslice_dra::slices::{build_slices, OfferedGpu, SliceError, CAP_MEMORY};
+use gpuslice_dra::slices::{build_slices, slice_name, OfferedGpu, SliceError, CAP_MEMORY};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::PostParams;
 use kube::Api;
@@ -53,8 +53,9 @@ pub fn probe_slice(node: &str) -> Result<ResourceSlice, SliceError> {
         }],
     );
     let mut slice = slices.remove(0);
-    let name = format!("{}-probe", slice.metadata.name.clone().unwrap_or_default());
-    slice.metadata.name = Some(name);
+    // `<node>-gpuslice.io-p`: no longer than the second slice's name, which `build_slices`
+    // checked fits, and no real slice's name.
+    slice.metadata.name = Some(format!("{}-p", slice_name(node, 0)));
     Ok(slice)
 }
 
@@ -95,6 +96,22 @@ pub async fn what_the_api_server_keeps(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_probe_is_named_for_any_node_the_slices_can_be_named_for() {
+        use gpuslice_dra::slices::{is_dns_subdomain, MAX_NAME};
+        // The longest node name the real slices fit (`<node>-gpuslice.io-1`), and one longer.
+        // Labels of 62 letters and dots.
+        let longest: String = (0..MAX_NAME - slice_name("", 1).len())
+            .map(|i| if i % 63 == 62 { '.' } else { 'n' })
+            .collect();
+        assert!(is_dns_subdomain(&slice_name(&longest, 1), MAX_NAME));
+        let name = probe_slice(&longest).unwrap().metadata.name.unwrap();
+        assert!(is_dns_subdomain(&name, MAX_NAME), "{} chars", name.len());
+        assert!(name.len() <= slice_name(&longest, 1).len());
+        assert_ne!(name, slice_name(&longest, 0));
+        assert!(probe_slice(&format!("{longest}n")).is_err());
+    }
 
     #[test]
     fn each_dropped_field_set_is_read_as_its_gate_off() {

@@ -11,11 +11,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpuslice_config::DraConfig;
-use gpuslice_dra::slices::{is_dns_subdomain, MAX_NAME};
+use gpuslice_dra::api::{clients, Timeouts};
+use gpuslice_dra::slices::{build_slices, is_dns_subdomain, SliceError, MAX_NAME};
 use gpuslice_registry::Registry;
 use tokio::net::UnixListener;
 use tokio::sync::{watch, Notify};
 
+use crate::api_watch::Logged;
 use crate::booking::{Holdings, Plugin};
 use crate::cleanup::release_stale;
 use crate::dra_service::DraService;
@@ -66,6 +68,8 @@ pub struct PluginOptions {
     pub health_file: Option<PathBuf>,
     /// `health.taint_effect`: the effect of an unhealthy GPU's device taint.
     pub taint_effect: gpuslice_config::TaintEffect,
+    /// How long API requests wait for an answer, and how long each watch lasts.
+    pub api_timeouts: Timeouts,
 }
 
 impl PluginOptions {
@@ -83,6 +87,7 @@ impl PluginOptions {
             mode_file: None,
             health_file: None,
             taint_effect: gpuslice_config::TaintEffect::NoSchedule,
+            api_timeouts: Timeouts::default(),
         }
     }
 
@@ -102,6 +107,8 @@ impl PluginOptions {
 pub enum ServeError {
     #[error("node name `{0}` is not a Node name (a DNS subdomain); pass --node-name NAME or set $NODE_NAME")]
     NodeName(String),
+    #[error("{0}")]
+    Slices(#[from] SliceError),
     #[error("{0}")]
     Api(#[from] gpuslice_dra::api::ApiError),
     #[error("cannot {op} socket {path}: {source}")]
@@ -149,10 +156,15 @@ pub async fn run(
     if !is_dns_subdomain(&node, MAX_NAME) {
         return Err(ServeError::NodeName(node));
     }
-    let client = gpuslice_dra::api::client(options.kubeconfig.as_deref()).await?;
+    // The slices are named after the node: a name they cannot carry is refused now, not on
+    // every publication.
+    build_slices(&node, &[], 0, None)?;
+    let clients = clients(options.kubeconfig.as_deref(), options.api_timeouts).await?;
+    let client = clients.requests;
     let plugin = Arc::new(
         Plugin::new(node.clone(), registry.clone(), writer, client.clone())
-            .with_slots_per_gpu(options.dra.slots_per_gpu),
+            .with_slots_per_gpu(options.dra.slots_per_gpu)
+            .with_health_file(options.health_file.clone()),
     );
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
@@ -183,7 +195,7 @@ pub async fn run(
 
     // Slices someone else deletes (a starting kubelet does) are published again at once.
     let watch = tokio::spawn(watch_slices(
-        client.clone(),
+        clients.watches.clone(),
         node.clone(),
         republish.clone(),
         options.publish_interval,
@@ -192,6 +204,7 @@ pub async fn run(
     // not at the kubelet's next resync.
     let wake = tokio::spawn(wake_stalled_prepares(
         client.clone(),
+        clients.watches,
         node.clone(),
         options.publish_interval,
     ));
@@ -295,15 +308,24 @@ async fn publish_loop(
     let mut last_sync = tokio::time::Instant::now();
     let mut health_error = String::new();
     let mut taints_kept: Option<bool> = kept.map(|k| k.device_taints);
+    let mut probe_errors = Logged::default();
+    let mut next_probe = tokio::time::Instant::now();
     let mut last_health: Vec<Unhealthy> = Vec::new();
     loop {
         let sick = unhealthy(&options, &mut health_error);
-        if !sick.is_empty() && taints_kept.is_none() {
+        // Asked again each resync interval, not each tick, while the API server cannot say.
+        if !sick.is_empty() && taints_kept.is_none() && tokio::time::Instant::now() >= next_probe {
             match what_the_api_server_keeps(publisher.client(), &options.node_name).await {
                 Ok(kept) => taints_kept = Some(kept.device_taints),
-                Err(e) => eprintln!(
-                    "gpuslice kubelet-plugin: {e}; withdrawing unhealthy GPUs until the API server answers"
-                ),
+                Err(e) => {
+                    let e = e.to_string();
+                    if probe_errors.first_time(&e) {
+                        eprintln!(
+                            "gpuslice kubelet-plugin: {e}; withdrawing unhealthy GPUs until the API server answers"
+                        );
+                    }
+                    next_probe = tokio::time::Instant::now() + options.resync_interval;
+                }
             }
         }
         let mut newly: Vec<Unhealthy> = Vec::new();

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use gpuslice_dra::api::WatchClient;
 use gpuslice_dra::DRIVER;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{WatchEvent, WatchParams};
@@ -25,16 +26,16 @@ pub fn republish_after(seen: &Seen<ResourceSlice>) -> bool {
 /// `republish` when one is deleted and each time a watch starts afresh; a failed watch is
 /// started again after `retry`.
 pub async fn watch_slices(
-    client: kube::Client,
+    client: WatchClient,
     node: String,
     republish: Arc<Notify>,
     retry: Duration,
 ) {
-    let api: Api<ResourceSlice> = Api::all(client);
+    let api: Api<ResourceSlice> = Api::all(client.client);
     let params =
         WatchParams::default().fields(&format!("spec.nodeName={node},spec.driver={DRIVER}"));
     let what = format!("the ResourceSlices of node {node}");
-    watch_forever(api, params, what, retry, |seen| {
+    watch_forever(api, client.seconds, params, what, retry, |seen| {
         if republish_after(&seen) {
             republish.notify_one();
         }

@@ -11,6 +11,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use gpuslice_dra::api::WatchClient;
 use gpuslice_dra::slices::{is_dns_subdomain, MAX_NAME};
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{Patch, PatchParams, WatchEvent, WatchParams};
@@ -142,16 +143,21 @@ pub fn wake_patch(uid: &str, n: usize) -> serde_json::Value {
 
 /// Watches the kubelet's FailedPrepareDynamicResources events until the task is aborted and
 /// wakes the kubelet of `node` for each of its pods refused on the authorizer's race; a failed
-/// watch is started again after `retry`.
-pub async fn wake_stalled_prepares(client: kube::Client, node: String, retry: Duration) {
-    let events: Api<Event> = Api::all(client.clone());
+/// watch is started again after `retry`. The pods are read and patched through `client`.
+pub async fn wake_stalled_prepares(
+    client: kube::Client,
+    watches: WatchClient,
+    node: String,
+    retry: Duration,
+) {
+    let events: Api<Event> = Api::all(watches.client);
     let params = WatchParams::default().fields(&format!(
         "involvedObject.kind=Pod,reason={REASON},source=kubelet"
     ));
     let what = "the kubelet's FailedPrepareDynamicResources events".to_string();
     // The pods a wake is under way for (by uid): one at a time each.
     let waking: Arc<Mutex<HashSet<String>>> = Arc::default();
-    watch_forever(events, params, what, retry, |seen| {
+    watch_forever(events, watches.seconds, params, what, retry, |seen| {
         let (Seen::Event(WatchEvent::Added(e)) | Seen::Event(WatchEvent::Modified(e))) = seen
         else {
             return;

@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use gpuslice_config::Quantity;
+use gpuslice_dra::api::Timeouts;
 use gpuslice_kube::proto::registration::{InfoRequest, RegistrationStatus};
 use gpuslice_registry::{Owner, Request, Selector};
 use serde_json::Value;
@@ -115,6 +116,28 @@ fn registration_and_slice_publication() {
     let (dra, regp) = (p.dra.clone(), p.reg.clone());
     p.stop().unwrap();
     assert!(!dra.exists() && !regp.exists());
+}
+
+#[test]
+fn a_quiet_slice_watch_lasts_its_timeout_however_short_the_read_timeout() {
+    let api = FakeApi::start();
+    api.put_node("node-a", "node-uid-1");
+    let mut n = node(&api, &[16]);
+    // The API server sends nothing on a quiet watch until it ends it: a watch client with
+    // the requests' read timeout would break it after 0.3 s and watch again.
+    n.options.api_timeouts = Timeouts {
+        read: Duration::from_millis(300),
+        watch_seconds: 1,
+    };
+    let p = n.start();
+    wait_for("a second slice watch", || api.watch_starts().len() >= 2);
+    let starts = api.watch_starts();
+    let lasted = starts[1] - starts[0];
+    assert!(
+        lasted >= Duration::from_secs(1),
+        "the first watch lasted {lasted:?}"
+    );
+    p.stop().unwrap();
 }
 
 /// How many times the plugin has listed the slices.
@@ -622,4 +645,76 @@ fn unprepare_releases_only_the_claim_prepare_booked() {
     assert_eq!(un.claims["uid-c"].error, "");
     assert!(n.reservations().is_empty());
     assert!(!n.writer.file("uid-c").exists());
+}
+
+#[test]
+fn a_claim_allocated_a_gpu_that_became_unhealthy_is_refused_at_prepare() {
+    let api = FakeApi::start();
+    let mut n = node(&api, &[16, 16]);
+    let health = n.dir.path().join("health.json");
+    n.options.health_file = Some(health.clone());
+    // Booked while GPU 1 was healthy: a repeated prepare keeps it.
+    api.put_claim(&claim(
+        "ns",
+        "before",
+        "uid-before",
+        &[("gpu", "node-a", "gpu-1", "2Gi", "0")],
+    ));
+    let p = n.start();
+    let k = Kubelet::connect(&p);
+    assert_eq!(
+        k.prepare(&[("ns", "before", "uid-before")]).claims["uid-before"].error,
+        ""
+    );
+    // GPU 1 falls off the bus; a claim the scheduler allocated it before the taint reached
+    // it is prepared.
+    let sick = gpuslice_driver::health::Unhealthy {
+        index: 1,
+        uuid: n.uuid(1),
+        xid: 79,
+        since_ms: 1_796_000_000_000,
+    };
+    gpuslice_driver::health::write_health(&health, std::slice::from_ref(&sick)).unwrap();
+    api.put_claim(&claim(
+        "ns",
+        "after",
+        "uid-after",
+        &[("gpu", "node-a", "gpu-1", "2Gi", "0")],
+    ));
+    let e = k.prepare(&[("ns", "after", "uid-after")]).claims["uid-after"]
+        .error
+        .clone();
+    for part in [
+        "claim ns/after (uid uid-after)",
+        &format!(
+            "GPU 1 ({}) is unhealthy: the driver reported XID 79",
+            sick.uuid
+        ),
+        "nothing was booked",
+    ] {
+        assert!(e.contains(part), "`{e}` lacks `{part}`");
+    }
+    let booked: Vec<String> = n
+        .reservations()
+        .iter()
+        .filter_map(|r| gpuslice_registry::claim_uid(r).map(str::to_string))
+        .collect();
+    assert_eq!(booked, ["uid-before"]);
+    assert!(!n.writer.file("uid-after").exists());
+    assert_eq!(
+        k.prepare(&[("ns", "before", "uid-before")]).claims["uid-before"].error,
+        ""
+    );
+    // The healthy GPU is prepared as before.
+    api.put_claim(&claim(
+        "ns",
+        "healthy",
+        "uid-healthy",
+        &[("gpu", "node-a", "gpu-0", "2Gi", "0")],
+    ));
+    assert_eq!(
+        k.prepare(&[("ns", "healthy", "uid-healthy")]).claims["uid-healthy"].error,
+        ""
+    );
+    p.stop().unwrap();
 }

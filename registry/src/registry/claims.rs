@@ -50,6 +50,9 @@ pub enum ClaimLeft {
     },
     /// Released, as no container of the claim runs (empty when nothing was booked).
     Released(Vec<Reservation>),
+    /// Left alone: the claim's booking is another reservation (`reservation`) than the one
+    /// the caller saw, booked by a prepare since the caller read the API server.
+    Rebooked { reservation: String },
 }
 
 /// Most holders a refusal names one by one.
@@ -333,8 +336,10 @@ impl Registry {
     /// init lives, or its cgroup still holds processes), so that nobody is prepared onto
     /// memory still in use; otherwise it is released. Members that no longer run are dropped.
     /// A kept booking is reaped once its last container has exited. Idempotent: the first
-    /// `why` and time stay; an unknown claim releases nothing.
-    pub fn claim_left(&self, uid: &str, why: &str) -> Result<ClaimLeft, RegistryError> {
+    /// `why` and time stay; an unknown claim releases nothing. Only reservation `seen` (the
+    /// one the caller found when it asked the API server) is touched: a claim booked again
+    /// since is [`ClaimLeft::Rebooked`].
+    pub fn claim_left(&self, uid: &str, seen: &str, why: &str) -> Result<ClaimLeft, RegistryError> {
         let (out, _) = self.transact(false, |txn| {
             let Some(r) = txn
                 .file
@@ -344,6 +349,11 @@ impl Registry {
             else {
                 return Ok(ClaimLeft::Released(Vec::new()));
             };
+            if r.id != seen {
+                return Ok(ClaimLeft::Rebooked {
+                    reservation: r.id.clone(),
+                });
+            }
             let mut live = Liveness::new(&*self.system, 0, 0, Probe::Full)?;
             let now_ms = live.now_ms();
             let Owner::DraClaim { members, gone, .. } = &mut r.owner else {
@@ -357,7 +367,7 @@ impl Registry {
             }
             if running.is_empty() {
                 return Ok(ClaimLeft::Released(
-                    txn.release_matching(|r| claim_uid(r) == Some(uid)),
+                    txn.release_matching(|r| r.id == seen && claim_uid(r) == Some(uid)),
                 ));
             }
             let newly = gone.is_none();
@@ -656,20 +666,59 @@ mod tests {
     }
 
     #[test]
+    fn a_claim_booked_again_since_the_caller_looked_is_not_released() {
+        let dir = tempfile::tempdir().unwrap();
+        let r = registry(dir.path());
+        let gone = "has no allocation yet";
+        // The pass saw the first booking; the claim was unprepared, allocated again and
+        // prepared (same uid, a new reservation) before the pass took the registry.
+        let first = r
+            .reserve_claim(&claim("u"), &[share("GPU-0", 2, 0)])
+            .unwrap()
+            .reservation
+            .id;
+        r.release_claim("u").unwrap();
+        let second = r
+            .reserve_claim(&claim("u"), &[share("GPU-0", 2, 0)])
+            .unwrap()
+            .reservation
+            .id;
+        assert_ne!(first, second);
+        assert_eq!(
+            r.claim_left("u", &first, gone).unwrap(),
+            ClaimLeft::Rebooked {
+                reservation: second.clone()
+            }
+        );
+        let file = crate::read_registry(dir.path()).unwrap();
+        assert_eq!(file.reservations.len(), 1);
+        assert_eq!(file.reservations[0].id, second);
+        assert!(file.reservations[0].owner.claim_gone().is_none());
+        // The booking it saw is released.
+        assert!(matches!(
+            r.claim_left("u", &second, gone).unwrap(),
+            ClaimLeft::Released(ref v) if v.len() == 1 && v[0].id == second
+        ));
+    }
+
+    #[test]
     fn a_claim_that_left_is_kept_while_its_containers_run_and_reaped_after() {
         let dir = tempfile::tempdir().unwrap();
         let sys = Arc::new(FakeSystem::new(1_000));
         let r = registry_on(dir.path(), sys.clone());
         let gone = "the claim no longer exists";
         // A claim no container was given to, and an unknown one: released at once.
-        r.reserve_claim(&claim("idle"), &[share("GPU-1", 1, 0)])
-            .unwrap();
+        let idle = r
+            .reserve_claim(&claim("idle"), &[share("GPU-1", 1, 0)])
+            .unwrap()
+            .reservation
+            .id;
         assert!(matches!(
-            r.claim_left("idle", gone).unwrap(),
+            r.claim_left("idle", &idle, gone).unwrap(),
             ClaimLeft::Released(ref v) if v.len() == 1
         ));
         assert_eq!(
-            r.claim_left("unknown", gone).unwrap(),
+            r.claim_left("unknown", &idle, gone).unwrap(),
             ClaimLeft::Released(Vec::new())
         );
 
@@ -689,7 +738,7 @@ mod tests {
             reservation,
             running,
             newly,
-        } = r.claim_left("u", gone).unwrap()
+        } = r.claim_left("u", &id, gone).unwrap()
         else {
             panic!("a claim whose container runs was released");
         };
@@ -706,7 +755,7 @@ mod tests {
         // Again: the first mark stays.
         sys.advance_ms(5_000);
         assert!(matches!(
-            r.claim_left("u", "other words").unwrap(),
+            r.claim_left("u", &id, "other words").unwrap(),
             ClaimLeft::Kept { newly: false, running: 1, ref reservation }
                 if reservation.owner.claim_gone() == Some(&mark)
         ));

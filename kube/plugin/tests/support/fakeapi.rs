@@ -1,7 +1,8 @@
 //! A FAKE Kubernetes API server for the plugin's tests (no real control plane runs here yet):
 //! plain HTTP on 127.0.0.1 serving the few paths the plugin uses — ResourceClaims by name,
 //! Nodes by name, ResourceSlices list/watch/create/replace/delete with resourceVersion checks
-//! (a watch streams each change from then on, as ADDED/MODIFIED/DELETED lines) — from an
+//! (a watch streams each change from then on, as ADDED/MODIFIED/DELETED lines, and ends after
+//! its `timeoutSeconds` as the API server ends it, however quiet it was) — from an
 //! in-memory store the test fills. The real control plane test comes with
 //! scripts/kube-cluster.sh.
 
@@ -34,6 +35,8 @@ struct State {
     /// The open watches of ResourceSlices: each gets every change from its start of the
     /// slices its field selector matches.
     watchers: Vec<(Fields, tokio::sync::mpsc::UnboundedSender<Bytes>)>,
+    /// When each watch of ResourceSlices was asked for.
+    watch_starts: Vec<std::time::Instant>,
 }
 
 /// A field selector of ResourceSlices (`spec.nodeName=N,spec.driver=D`) as (field, value)
@@ -62,6 +65,14 @@ fn fields(url: &str) -> Result<Fields, String> {
             Ok((field.to_string(), value.to_string()))
         })
         .collect()
+}
+
+/// The `timeoutSeconds` of `url`, if it names one.
+fn timeout_seconds(url: &str) -> Option<u64> {
+    let query = url.split_once('?').map(|(_, q)| q).unwrap_or("");
+    form_urlencoded::parse(query.as_bytes())
+        .find(|(k, _)| k == "timeoutSeconds")
+        .and_then(|(_, v)| v.parse().ok())
 }
 
 /// Whether `slice` has every field of `fields` at its value.
@@ -141,11 +152,23 @@ async fn serve(
         match fields(&url) {
             Ok(f) => {
                 let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+                if let Some(secs) = timeout_seconds(&url) {
+                    // The end of the watch: an empty line, which is not sent on.
+                    let end = tx.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(std::time::Duration::from_secs(secs)).await;
+                        let _ = end.send(Bytes::new());
+                    });
+                }
                 let mut st = state.lock().unwrap();
                 st.requests.push(format!("WATCH {SLICES}"));
+                st.watch_starts.push(std::time::Instant::now());
                 st.watchers.push((f, tx));
                 let lines = tokio_stream::StreamExt::map(
-                    tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
+                    tokio_stream::StreamExt::take_while(
+                        tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
+                        |line| !line.is_empty(),
+                    ),
                     |line| Ok(Frame::data(line)),
                 );
                 (200, StreamBody::new(lines).boxed())
@@ -269,6 +292,11 @@ impl FakeApi {
         v["metadata"]["resourceVersion"] = json!(st.version.to_string());
         st.slices.insert(name.to_string(), v.clone());
         st.emit("MODIFIED", &v);
+    }
+
+    /// When each watch of ResourceSlices was asked for.
+    pub fn watch_starts(&self) -> Vec<std::time::Instant> {
+        self.state.lock().unwrap().watch_starts.clone()
     }
 
     pub fn requests(&self) -> Vec<String> {
