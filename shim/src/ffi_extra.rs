@@ -19,6 +19,10 @@ pub type PFN_cuMemAllocPitch_v1 =
     unsafe extern "C" fn(*mut CUdeviceptr_v1, *mut c_uint, c_uint, c_uint, c_uint) -> CUresult;
 pub type PFN_cuMemFree_v1 = unsafe extern "C" fn(CUdeviceptr_v1) -> CUresult;
 
+/// `cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)`.
+pub type PFN_cuMemRetainAllocationHandle =
+    unsafe extern "C" fn(*mut CUmemGenericAllocationHandle, *mut c_void) -> CUresult;
+
 /// `CUlaunchConfig`: the shim reads only `hStream`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]

@@ -184,6 +184,9 @@ pub mod cu {
         cuMemAllocFromPoolAsync_ptsz: PFN_cuMemAllocFromPoolAsync_ptsz;
         cuMemCreate: PFN_cuMemCreate;
         cuMemRelease: PFN_cuMemRelease;
+        cuMemMap: PFN_cuMemMap;
+        cuMemUnmap: PFN_cuMemUnmap;
+        cuMemRetainAllocationHandle: PFN_cuMemRetainAllocationHandle;
         cuArrayCreate_v2: PFN_cuArrayCreate_v2;
         cuArray3DCreate_v2: PFN_cuArray3DCreate_v2;
         cuArrayDestroy: PFN_cuArrayDestroy;

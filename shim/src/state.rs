@@ -212,6 +212,7 @@ extern "C" fn after_fork_in_child() {
     crate::account::reset_in_child();
     crate::pacer::reset_in_child();
     crate::hooks::pools::reset_in_child();
+    crate::hooks::vmm::reset_in_child();
     crate::hooks::context::reset_in_child();
     crate::hooks::graph::reset_in_child();
     crate::hooks::nvml::reset_in_child();

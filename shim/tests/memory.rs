@@ -12,6 +12,7 @@ const APIS: &[&str] = &[
     "async",
     "pool",
     "vmm",
+    "vmm-release-mapped",
     "array",
     "array3d",
     "graph",

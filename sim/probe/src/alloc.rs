@@ -31,7 +31,8 @@ enum Held {
     Vmm {
         va: CUdeviceptr,
         size: usize,
-        handle: CUmemGenericAllocationHandle,
+        /// `None` once released (the mapping keeps the memory).
+        handle: Option<CUmemGenericAllocationHandle>,
     },
     Array(CUarray),
     Mipmap(CUmipmappedArray),
@@ -88,7 +89,7 @@ impl<'a> Allocator<'a> {
             let props = CUmemPoolProps::pinned_on(a.dev.ordinal);
             call!(cuda, cuMemPoolCreate: PFN_cuMemPoolCreate, &mut a.pool, &props)?;
         }
-        if api == Api::Vmm {
+        if matches!(api, Api::Vmm | Api::VmmReleaseMapped) {
             let prop = CUmemAllocationProp::pinned_on(a.dev.ordinal);
             call!(cuda, cuMemGetAllocationGranularity: PFN_cuMemGetAllocationGranularity,
                 &mut a.granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM)?;
@@ -100,7 +101,9 @@ impl<'a> Allocator<'a> {
     fn effective_chunk(&self, chunk: u64) -> Result<u64, ProbeError> {
         Ok(match self.api {
             Api::Pitch => pitch_shape(chunk).0 * pitch_shape(chunk).1,
-            Api::Vmm => chunk.div_ceil(self.granularity as u64) * self.granularity as u64,
+            Api::Vmm | Api::VmmReleaseMapped => {
+                chunk.div_ceil(self.granularity as u64) * self.granularity as u64
+            }
             Api::Array => {
                 let (w, h) = array_shape(chunk)?;
                 w as u64 * h.max(1) as u64 * FLOAT4
@@ -144,7 +147,7 @@ impl<'a> Allocator<'a> {
                 cuda.stream_sync(self.stream)?;
                 Ok(Held::Async(p))
             }
-            Api::Vmm => self.alloc_vmm(size),
+            Api::Vmm | Api::VmmReleaseMapped => self.alloc_vmm(size),
             Api::Array => {
                 let (w, h) = array_shape(chunk)?;
                 let desc = CUDA_ARRAY_DESCRIPTOR {
@@ -244,7 +247,22 @@ impl<'a> Allocator<'a> {
             };
             call!(cuda, cuMemSetAccess: PFN_cuMemSetAccess, va, size, &access, 1)
         })();
-        let held = Held::Vmm { va, size, handle };
+        let mut held = Held::Vmm {
+            va,
+            size,
+            handle: Some(handle),
+        };
+        if mapped.is_ok() && self.api == Api::VmmReleaseMapped {
+            if let Err(e) = call!(cuda, cuMemRelease: PFN_cuMemRelease, handle) {
+                self.free(held);
+                return Err(e);
+            }
+            held = Held::Vmm {
+                va,
+                size,
+                handle: None,
+            };
+        }
         match mapped {
             Ok(()) => Ok(held),
             Err(e) => {
@@ -409,7 +427,10 @@ impl<'a> Allocator<'a> {
                     let _ = call!(cuda, cuMemUnmap: PFN_cuMemUnmap, va, size);
                     let _ = call!(cuda, cuMemAddressFree: PFN_cuMemAddressFree, va, size);
                 }
-                call!(cuda, cuMemRelease: PFN_cuMemRelease, handle)
+                match handle {
+                    Some(h) => call!(cuda, cuMemRelease: PFN_cuMemRelease, h),
+                    None => Ok(()),
+                }
             }
             Held::Array(a) => call!(cuda, cuArrayDestroy: PFN_cuArrayDestroy, a),
             Held::Mipmap(m) => call!(cuda, cuMipmappedArrayDestroy: PFN_cuMipmappedArrayDestroy, m),

@@ -75,6 +75,9 @@ pub enum Api {
     Pool,
     /// cuMemCreate + cuMemAddressReserve + cuMemMap + cuMemSetAccess.
     Vmm,
+    /// As `vmm`, the handle released at once after mapping (the CUDA samples' idiom): the
+    /// memory stays allocated until it is unmapped.
+    VmmReleaseMapped,
     /// cuArrayCreate (float4 2D arrays).
     Array,
     /// A graph with a memory-allocation node, instantiated and launched.
@@ -121,6 +124,7 @@ impl Api {
             Api::Async => "async",
             Api::Pool => "pool",
             Api::Vmm => "vmm",
+            Api::VmmReleaseMapped => "vmm-release-mapped",
             Api::Array => "array",
             Api::Graph => "graph",
             Api::Array3d => "array3d",
