@@ -70,11 +70,7 @@ pub unsafe extern "C" fn cuArrayDestroy(arr: CUarray) -> CUresult {
     guard("cuArrayDestroy", CUDA_ERROR_UNKNOWN, || {
         let f = real!(cuArrayDestroy);
         // SAFETY: the caller's argument.
-        let r = unsafe { f(arr) };
-        if r == CUDA_SUCCESS {
-            account::forget(Kind::Array, arr as u64);
-        }
-        r
+        account::free(Kind::Array, arr as u64, || unsafe { f(arr) })
     })
 }
 
@@ -109,10 +105,6 @@ pub unsafe extern "C" fn cuMipmappedArrayDestroy(arr: CUmipmappedArray) -> CUres
     guard("cuMipmappedArrayDestroy", CUDA_ERROR_UNKNOWN, || {
         let f = real!(cuMipmappedArrayDestroy);
         // SAFETY: the caller's argument.
-        let r = unsafe { f(arr) };
-        if r == CUDA_SUCCESS {
-            account::forget(Kind::Mipmap, arr as u64);
-        }
-        r
+        account::free(Kind::Mipmap, arr as u64, || unsafe { f(arr) })
     })
 }

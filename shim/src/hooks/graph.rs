@@ -342,13 +342,10 @@ with_params!(cuGraphInstantiateWithParams_ptsz);
 pub unsafe extern "C" fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult {
     guard("cuGraphExecDestroy", CUDA_ERROR_UNKNOWN, || {
         let f = real!(cuGraphExecDestroy);
+        let keys: Vec<u64> = (0..MAX_DEVICES).map(|idx| exec_key(exec, idx)).collect();
         // SAFETY: the caller's argument.
-        let r = unsafe { f(exec) };
-        if r == CUDA_SUCCESS {
-            for idx in 0..MAX_DEVICES {
-                account::forget(Kind::GraphExec, exec_key(exec, idx));
-            }
-        }
+        let (r, gone) = account::free_with(Kind::GraphExec, &keys, || unsafe { f(exec) });
+        account::release_all(&gone);
         r
     })
 }

@@ -162,18 +162,17 @@ pub unsafe extern "C" fn cuMemAllocPitch(
     })
 }
 
-/// Frees through `call`, then gives the allocation back; a pool allocation's memory goes to
-/// its pool's cache (see [`crate::hooks::pools`]).
+/// Frees through `call` and gives the allocation back (its entry leaves the table before the
+/// driver is asked, see [`account::free_with`]); a pool allocation's memory goes to its
+/// pool's cache (see [`crate::hooks::pools`]).
 fn free_ptr(ptr: u64, call: impl FnOnce() -> CUresult) -> CUresult {
-    let r = call();
-    if r == CUDA_SUCCESS {
-        if let Some(e) = account::take(Kind::Ptr, ptr) {
-            if let Some(s) = state::slice() {
-                if e.pool != 0 {
-                    pools::freed(s, e);
-                } else {
-                    s.usage.release(e.dev, e.bytes);
-                }
+    let (r, gone) = account::free_with(Kind::Ptr, &[ptr], call);
+    if let Some(s) = state::slice() {
+        for e in gone {
+            if e.pool != 0 {
+                pools::freed(s, e);
+            } else {
+                s.usage.release(e.dev, e.bytes);
             }
         }
     }
@@ -250,3 +249,36 @@ macro_rules! free_async {
 }
 free_async!(cuMemFreeAsync, false);
 free_async!(cuMemFreeAsync_ptsz, true);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::account::Target;
+
+    const T: Target = Target { idx: 0, ctx: 1 };
+
+    #[test]
+    fn an_address_the_driver_hands_out_again_during_a_free_stays_charged() {
+        let p = 0x7000_0000;
+        account::record(Kind::Ptr, p, T, 100);
+        // Another thread's allocation gets the address as soon as the driver has freed it,
+        // before this free returns: its entry must survive the free.
+        let r = free_ptr(p, || {
+            account::record(Kind::Ptr, p, T, 200);
+            CUDA_SUCCESS
+        });
+        assert_eq!(r, CUDA_SUCCESS);
+        assert_eq!(account::charged(Kind::Ptr, p).map(|e| e.bytes), Some(200));
+    }
+
+    #[test]
+    fn a_refused_free_keeps_the_allocation_charged() {
+        let p = 0x7100_0000;
+        account::record(Kind::Ptr, p, T, 300);
+        let r = free_ptr(p, || CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(r, CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(account::charged(Kind::Ptr, p).map(|e| e.bytes), Some(300));
+        assert_eq!(free_ptr(p, || CUDA_SUCCESS), CUDA_SUCCESS);
+        assert!(account::charged(Kind::Ptr, p).is_none());
+    }
+}

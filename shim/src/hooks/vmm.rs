@@ -11,7 +11,7 @@ use std::ffi::{c_ulonglong, c_void};
 
 use gpuslice_cuda_ffi::*;
 
-use crate::account::{self, Kind};
+use crate::account::{self, Entry, Kind};
 use crate::forksafe::ForkSafe;
 use crate::guard::guard;
 use crate::state;
@@ -33,24 +33,38 @@ fn add_ref(handle: CUmemGenericAllocationHandle) {
     }
 }
 
-/// One reference less on `handle`; true when it was the last (the driver frees the memory).
-fn drop_ref(refs: &mut Refs, handle: CUmemGenericAllocationHandle) -> bool {
-    match refs.count.get_mut(&handle) {
-        Some(n) if *n > 1 => {
-            *n -= 1;
-            false
-        }
-        Some(_) => {
-            refs.count.remove(&handle);
-            true
-        }
-        None => false,
+/// One reference less on `handle`: `Some(true)` when it was the last (the driver frees the
+/// memory), `None` when the handle is not charged.
+fn drop_ref(refs: &mut Refs, handle: CUmemGenericAllocationHandle) -> Option<bool> {
+    let n = refs.count.get_mut(&handle)?;
+    if *n > 1 {
+        *n -= 1;
+        return Some(false);
     }
+    refs.count.remove(&handle);
+    Some(true)
 }
 
-/// Gives back the charge of `handle`, whose last reference is gone.
-fn give_back(handle: CUmemGenericAllocationHandle) {
-    account::forget(Kind::Vmm, handle);
+/// Takes the charges of `handles`, whose last reference is going, out of the table before
+/// the driver frees them (see [`account::free_with`]: a `cuMemCreate` that gets the same
+/// handle right after keeps its own charge).
+fn take_charges(handles: &[CUmemGenericAllocationHandle]) -> Vec<(u64, Entry)> {
+    handles
+        .iter()
+        .filter_map(|h| account::take(Kind::Vmm, *h).map(|e| (*h, e)))
+        .collect()
+}
+
+/// Gives the taken charges back (the driver freed) or restores them (it refused).
+fn settle(r: CUresult, taken: Vec<(u64, Entry)>) {
+    if r == CUDA_SUCCESS {
+        let gone: Vec<Entry> = taken.into_iter().map(|(_, e)| e).collect();
+        account::release_all(&gone);
+    } else {
+        for (h, e) in taken {
+            account::restore(Kind::Vmm, h, e);
+        }
+    }
 }
 
 #[no_mangle]
@@ -92,11 +106,17 @@ pub unsafe extern "C" fn cuMemCreate(
 pub unsafe extern "C" fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult {
     guard("cuMemRelease", CUDA_ERROR_UNKNOWN, || {
         let f = real!(cuMemRelease);
+        let dropped = drop_ref(&mut REFS.lock(), handle);
+        let one = [handle];
+        let last = if dropped == Some(true) { &one[..] } else { &[] };
+        let taken = take_charges(last);
         // SAFETY: the caller's argument.
         let r = unsafe { f(handle) };
-        if r == CUDA_SUCCESS && drop_ref(&mut REFS.lock(), handle) {
-            give_back(handle);
+        if r != CUDA_SUCCESS && dropped.is_some() {
+            // Refused: the reference is still held.
+            *REFS.lock().count.entry(handle).or_insert(0) += 1;
         }
+        settle(r, taken);
         r
     })
 }
@@ -145,29 +165,33 @@ pub unsafe extern "C" fn cuMemMap(
 pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
     guard("cuMemUnmap", CUDA_ERROR_UNKNOWN, || {
         let f = real!(cuMemUnmap);
-        // SAFETY: the caller's arguments.
-        let r = unsafe { f(ptr, size) };
-        if r != CUDA_SUCCESS {
-            return r;
-        }
-        // Every mapping that starts inside the range is gone.
+        // Every mapping that starts inside the range goes; they leave the table first.
         let end = ptr.saturating_add(size as u64);
-        let freed: Vec<CUmemGenericAllocationHandle> = {
+        let (removed, last) = {
             let mut refs = REFS.lock();
             let starts: Vec<CUdeviceptr> = refs.maps.range(ptr..end).map(|(s, _)| *s).collect();
-            let mut freed = Vec::new();
+            let (mut removed, mut last) = (Vec::new(), Vec::new());
             for s in starts {
-                if let Some((_, h)) = refs.maps.remove(&s) {
-                    if drop_ref(&mut refs, h) {
-                        freed.push(h);
+                if let Some((len, h)) = refs.maps.remove(&s) {
+                    removed.push((s, len, h));
+                    if drop_ref(&mut refs, h) == Some(true) {
+                        last.push(h);
                     }
                 }
             }
-            freed
+            (removed, last)
         };
-        for h in freed {
-            give_back(h);
+        let taken = take_charges(&last);
+        // SAFETY: the caller's arguments.
+        let r = unsafe { f(ptr, size) };
+        if r != CUDA_SUCCESS {
+            let mut refs = REFS.lock();
+            for (s, len, h) in removed {
+                refs.maps.insert(s, (len, h));
+                *refs.count.entry(h).or_insert(0) += 1;
+            }
         }
+        settle(r, taken);
         r
     })
 }
@@ -175,4 +199,25 @@ pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
 /// For the child after `fork`.
 pub fn reset_in_child() {
     REFS.reset_in_child();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::account::Target;
+
+    #[test]
+    fn a_handle_the_driver_reuses_during_a_release_stays_charged() {
+        let h: CUmemGenericAllocationHandle = 0x5150;
+        let t = Target { idx: 0, ctx: 1 };
+        account::record(Kind::Vmm, h, t, 100);
+        REFS.lock().count.insert(h, 1);
+        let dropped = drop_ref(&mut REFS.lock(), h);
+        assert_eq!(dropped, Some(true));
+        let taken = take_charges(&[h]);
+        // The driver freed the handle; another thread's cuMemCreate gets it back at once.
+        account::record(Kind::Vmm, h, t, 200);
+        settle(CUDA_SUCCESS, taken);
+        assert_eq!(account::charged(Kind::Vmm, h).map(|e| e.bytes), Some(200));
+    }
 }
