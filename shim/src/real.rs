@@ -146,6 +146,7 @@ pub mod cu {
         cuDevicePrimaryCtxReset: PFN_cuDevicePrimaryCtxReset;
         cuDevicePrimaryCtxReset_v2: PFN_cuDevicePrimaryCtxReset_v2;
         cuDevicePrimaryCtxGetState: PFN_cuDevicePrimaryCtxGetState;
+        cuCtxCreate: PFN_cuCtxCreate_v2;
         cuCtxCreate_v2: PFN_cuCtxCreate_v2;
         cuCtxCreate_v3: PFN_cuCtxCreate_v3;
         cuCtxCreate_v4: PFN_cuCtxCreate_v4;
@@ -187,7 +188,9 @@ pub mod cu {
         cuMemMap: PFN_cuMemMap;
         cuMemUnmap: PFN_cuMemUnmap;
         cuMemRetainAllocationHandle: PFN_cuMemRetainAllocationHandle;
+        cuArrayCreate: PFN_cuArrayCreate_v1;
         cuArrayCreate_v2: PFN_cuArrayCreate_v2;
+        cuArray3DCreate: PFN_cuArray3DCreate_v1;
         cuArray3DCreate_v2: PFN_cuArray3DCreate_v2;
         cuArrayDestroy: PFN_cuArrayDestroy;
         cuMipmappedArrayCreate: PFN_cuMipmappedArrayCreate;
