@@ -70,6 +70,9 @@ pub type PFN_cuArrayCreate_v1 =
 pub type PFN_cuArray3DCreate_v1 =
     unsafe extern "C" fn(*mut CUarray, *const CUDA_ARRAY3D_DESCRIPTOR_v1) -> CUresult;
 
+/// `cuStreamGetCtx(CUstream, CUcontext *)` (and its `_ptsz` variant).
+pub type PFN_cuStreamGetCtx = unsafe extern "C" fn(CUstream, *mut CUcontext) -> CUresult;
+
 /// `cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)`.
 pub type PFN_cuMemRetainAllocationHandle =
     unsafe extern "C" fn(*mut CUmemGenericAllocationHandle, *mut c_void) -> CUresult;

@@ -154,6 +154,10 @@ pub mod cu {
         cuCtxDestroy_v2: PFN_cuCtxDestroy_v2;
         cuCtxGetCurrent: PFN_cuCtxGetCurrent;
         cuCtxGetDevice: PFN_cuCtxGetDevice;
+        cuCtxPushCurrent_v2: PFN_cuCtxPushCurrent_v2;
+        cuCtxPopCurrent_v2: PFN_cuCtxPopCurrent_v2;
+        cuStreamGetCtx: PFN_cuStreamGetCtx;
+        cuStreamGetCtx_ptsz: PFN_cuStreamGetCtx;
         cuCtxSetLimit: PFN_cuCtxSetLimit;
         cuCtxGetLimit: PFN_cuCtxGetLimit;
         cuDeviceGetMemPool: PFN_cuDeviceGetMemPool;

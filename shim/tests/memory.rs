@@ -182,6 +182,25 @@ fn a_process_with_two_limited_gpus_is_held_to_each_limit() {
 }
 
 #[test]
+fn a_stream_ordered_allocation_is_charged_to_the_streams_device() {
+    let node = SliceNode::new(&[16 * GIB, 16 * GIB], &[(4 * GIB, 0), (2 * GIB, 0)]);
+    // Device 0's context current, the stream on device 1: the memory lands on device 1 and
+    // is held to device 1's limit; device 0 keeps all of its own.
+    let v = run_json(node.probe(&[
+        "alloc",
+        "--chunk",
+        "512Mi",
+        "--api",
+        "async",
+        "--stream-device",
+        "1",
+    ]));
+    assert_eq!(v["error"], "CUDA_ERROR_OUT_OF_MEMORY", "{v}");
+    assert_eq!(u(&v, "total"), 2 * GIB, "{v}");
+    assert_eq!(u(&v, "mem_free"), 4 * GIB, "device 0 charged nothing: {v}");
+}
+
+#[test]
 fn odd_sizes_never_exceed_the_limit() {
     let node = SliceNode::new(&[16 * GIB], &[(4 * GIB, 0)]);
     for api in ["alloc", "pitch", "array", "managed"] {

@@ -197,8 +197,8 @@ pub unsafe extern "C" fn cuMemFree(dptr: CUdeviceptr_v1) -> CUresult {
     })
 }
 
-/// `cuMemAllocAsync`: from the current pool of the current device, charged and recorded with
-/// that pool; on a stream in capture, an allocation node of the capture graph instead.
+/// `cuMemAllocAsync`: from the current pool of the stream's device, charged to that device and
+/// recorded with that pool; on a stream in capture, an allocation node of the capture graph instead.
 macro_rules! alloc_async {
     ($name:ident, $per_thread:expr) => {
         #[no_mangle]
@@ -212,11 +212,13 @@ macro_rules! alloc_async {
                 let (slice, devices) = tri!(state::ready());
                 // SAFETY: the caller's arguments; dptr read only after success.
                 let call = || unsafe { f(dptr, bytesize, stream) };
+                // From the pool current to the stream's device, not the current context's.
+                let (dev, ctx) = tri!(state::stream_device(stream, $per_thread));
                 if let Some(graph) = graph::capture_graph(stream, $per_thread) {
-                    return graph::captured(graph, None, bytesize as u64, call);
+                    return graph::captured(graph, Some(dev), bytesize as u64, call);
                 }
-                let dev = tri!(state::current_device());
-                let t = tri!(account::target_on(devices, dev));
+                let mut t = tri!(account::target_on(devices, dev));
+                t.ctx = ctx as usize;
                 let pool = pools::current_pool_of(dev).unwrap_or(0);
                 pools::allocate_from(slice, t, pool, bytesize as u64, || {
                     // SAFETY: the driver wrote dptr on success.

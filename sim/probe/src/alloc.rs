@@ -66,6 +66,7 @@ impl<'a> Allocator<'a> {
         dev: Device,
         api: Api,
         instantiate: Instantiate,
+        stream_device: Option<i32>,
     ) -> Result<Self, ProbeError> {
         let mut a = Allocator {
             cuda,
@@ -78,7 +79,14 @@ impl<'a> Allocator<'a> {
             heap: (0, Cell::new(0)),
         };
         if matches!(api, Api::Async | Api::Pool | Api::PoolKeep) || api.is_graph() {
-            a.stream = cuda.stream_create()?;
+            match stream_device {
+                Some(other) => {
+                    cuda.open_device(other)?;
+                    a.stream = cuda.stream_create()?;
+                    cuda.open_device(a.dev.ordinal)?;
+                }
+                None => a.stream = cuda.stream_create()?,
+            }
         }
         if api == Api::Heap {
             let mut base = 0usize;
@@ -509,7 +517,7 @@ struct Filled<'a> {
 /// Opens device `ordinal` and allocates through `args.api` until refused or `--max`.
 fn fill<'a>(cuda: &'a Cuda, ordinal: i32, args: &AllocArgs) -> Result<Filled<'a>, ProbeError> {
     let dev = cuda.open_device(ordinal)?;
-    let a = Allocator::new(cuda, dev, args.api, args.instantiate)?;
+    let a = Allocator::new(cuda, dev, args.api, args.instantiate, args.stream_device)?;
     let chunk = a.effective_chunk(args.chunk)?;
     // Without --max, stop at twice the device's memory: managed memory may oversubscribe a
     // real GPU instead of being refused.

@@ -175,6 +175,10 @@ pub struct AllocArgs {
     /// How the graph APIs instantiate their graphs.
     #[arg(long, value_enum, default_value_t = Instantiate::Flags)]
     pub instantiate: Instantiate,
+    /// Make the stream of the stream-ordered APIs on this device ordinal's primary context,
+    /// while the allocating device's context stays current.
+    #[arg(long)]
+    pub stream_device: Option<i32>,
 }
 
 #[derive(Debug, clap::Args)]
