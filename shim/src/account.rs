@@ -40,6 +40,16 @@ pub struct Entry {
     pub pool: usize,
 }
 
+impl Entry {
+    /// Where it is charged.
+    pub fn target(&self) -> Target {
+        Target {
+            idx: self.dev,
+            ctx: self.ctx,
+        }
+    }
+}
+
 #[derive(Default)]
 struct Tables {
     allocs: HashMap<(Kind, u64), Entry>,

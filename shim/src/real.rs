@@ -200,6 +200,7 @@ pub mod cu {
         cuMipmappedArrayCreate: PFN_cuMipmappedArrayCreate;
         cuMipmappedArrayDestroy: PFN_cuMipmappedArrayDestroy;
         cuGraphAddMemAllocNode: PFN_cuGraphAddMemAllocNode;
+        cuGraphAddMemFreeNode: PFN_cuGraphAddMemFreeNode;
         cuGraphInstantiate: PFN_cuGraphInstantiate;
         cuGraphInstantiate_v2: PFN_cuGraphInstantiate_v2;
         cuGraphInstantiateWithFlags: PFN_cuGraphInstantiateWithFlags;

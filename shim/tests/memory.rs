@@ -21,6 +21,7 @@ const APIS: &[&str] = &[
     "clone",
     "child",
     "heap",
+    "graph-escape",
 ];
 
 /// Graph APIs: every way of putting an allocation into a graph.

@@ -167,6 +167,10 @@ pub unsafe extern "C" fn cuMemAllocPitch(
 /// pool's cache (see [`crate::hooks::pools`]).
 fn free_ptr(ptr: u64, call: impl FnOnce() -> CUresult) -> CUresult {
     let (r, gone) = account::free_with(Kind::Ptr, &[ptr], call);
+    if r == CUDA_SUCCESS && gone.is_empty() {
+        // Perhaps graph memory a launch allocated, freed outside the graph.
+        graph::freed_outside(ptr);
+    }
     if let Some(s) = state::slice() {
         for e in gone {
             if e.pool != 0 {
@@ -215,7 +219,10 @@ macro_rules! alloc_async {
                 // From the pool current to the stream's device, not the current context's.
                 let (dev, ctx) = tri!(state::stream_device(stream, $per_thread));
                 if let Some(graph) = graph::capture_graph(stream, $per_thread) {
-                    return graph::captured(graph, Some(dev), bytesize as u64, call);
+                    return graph::captured(graph, Some(dev), bytesize as u64, || {
+                        // SAFETY: the driver wrote dptr on success.
+                        ok_then(call(), || unsafe { *dptr })
+                    });
                 }
                 let mut t = tri!(account::target_on(devices, dev));
                 t.ctx = ctx as usize;
@@ -239,9 +246,13 @@ macro_rules! free_async {
         pub unsafe extern "C" fn $name(dptr: CUdeviceptr, stream: CUstream) -> CUresult {
             guard(stringify!($name), CUDA_ERROR_UNKNOWN, || {
                 let f = real!($name);
-                if graph::capture_graph(stream, $per_thread).is_some() {
+                if let Some(graph) = graph::capture_graph(stream, $per_thread) {
                     // SAFETY: the caller's arguments.
-                    return unsafe { f(dptr, stream) };
+                    let r = unsafe { f(dptr, stream) };
+                    if r == CUDA_SUCCESS {
+                        graph::note_free(graph, dptr);
+                    }
+                    return r;
                 }
                 // SAFETY: the caller's arguments.
                 free_ptr(dptr, || unsafe { f(dptr, stream) })

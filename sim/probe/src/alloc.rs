@@ -198,6 +198,7 @@ impl<'a> Allocator<'a> {
             Api::Graph | Api::GraphNode | Api::Capture | Api::Clone | Api::Child => {
                 self.alloc_graph(size)
             }
+            Api::GraphEscape => self.alloc_graph_escape(size),
             Api::Heap => {
                 let next = self.heap.1.get() + size;
                 call!(cuda, cuCtxSetLimit: PFN_cuCtxSetLimit, CU_LIMIT_MALLOC_HEAP_SIZE, next)?;
@@ -322,6 +323,24 @@ impl<'a> Allocator<'a> {
                 Err(e)
             }
         }
+    }
+
+    /// One launch of a new graph allocating `size` with no free node; the executable graph
+    /// and the graph are destroyed at once, the allocation is held by its address.
+    fn alloc_graph_escape(&self, size: usize) -> Result<Held, ProbeError> {
+        let cuda = self.cuda;
+        let mut dptr: CUdeviceptr = 0;
+        let graph = self.build_graph(size, &mut dptr)?;
+        let mut exec: CUgraphExec = std::ptr::null_mut();
+        let launched = self.instantiate(&mut exec, graph).and_then(|()| {
+            call!(cuda, cuGraphLaunch: PFN_cuGraphLaunch, exec, self.stream)?;
+            cuda.stream_sync(self.stream)
+        });
+        if !exec.is_null() {
+            let _ = call!(cuda, cuGraphExecDestroy: PFN_cuGraphExecDestroy, exec);
+        }
+        let _ = call!(cuda, cuGraphDestroy: PFN_cuGraphDestroy, graph);
+        launched.map(|()| Held::Async(dptr))
     }
 
     /// A new graph holding one allocation of `size`; its address goes to `dptr`.

@@ -97,6 +97,9 @@ pub enum Api {
     Child,
     /// The device malloc heap grown by cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE).
     Heap,
+    /// A graph whose allocation node has no free node: launched, then the executable graph
+    /// and the graph destroyed at once; the memory stays live until cuMemFreeAsync.
+    GraphEscape,
     /// A fresh pool per chunk with release threshold UINT64_MAX: allocate and free, so the
     /// pool keeps the memory reserved (reports the pools' peak reserved bytes).
     PoolKeep,
@@ -134,6 +137,7 @@ impl Api {
             Api::Clone => "clone",
             Api::Child => "child",
             Api::Heap => "heap",
+            Api::GraphEscape => "graph-escape",
             Api::PoolKeep => "pool-keep",
         }
     }
@@ -142,7 +146,7 @@ impl Api {
     pub fn is_graph(self) -> bool {
         matches!(
             self,
-            Api::Graph | Api::GraphNode | Api::Capture | Api::Clone | Api::Child
+            Api::Graph | Api::GraphNode | Api::Capture | Api::Clone | Api::Child | Api::GraphEscape
         )
     }
 }
