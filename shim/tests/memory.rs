@@ -51,6 +51,27 @@ fn every_allocation_path_stops_at_the_limit() {
 }
 
 #[test]
+fn what_a_free_gives_back_is_allocatable_again() {
+    let node = SliceNode::new(&[16 * GIB], &[(4 * GIB, 0)]);
+    // Frees that end an allocation's life by several steps (unmap after release, a graph's
+    // live allocation freed after its executable) give the whole limit back.
+    for api in [
+        "alloc",
+        "async",
+        "vmm",
+        "vmm-release-mapped",
+        "graph",
+        "graph-escape",
+        "capture",
+        "array",
+    ] {
+        let v = run_json(node.probe(&["alloc", "--chunk", "512Mi", "--api", api, "--rounds", "2"]));
+        assert_eq!(v["error"], "CUDA_ERROR_OUT_OF_MEMORY", "{api}: {v}");
+        assert_eq!(u(&v, "total"), 4 * GIB, "{api}: second round: {v}");
+    }
+}
+
+#[test]
 fn mipmapped_arrays_count_every_level() {
     let node = SliceNode::new(&[16 * GIB], &[(4 * GIB, 0)]);
     let v = run_json(node.probe(&["alloc", "--chunk", "512Mi", "--api", "mipmap"]));

@@ -619,6 +619,15 @@ impl Filled<'_> {
 }
 
 pub fn run(cuda: &Cuda, out: Out, ordinal: i32, args: &AllocArgs) -> Result<(), ProbeError> {
+    // Earlier rounds fill and free everything; only the last one is reported.
+    for _ in 1..args.rounds {
+        let f = fill(cuda, ordinal, args)?;
+        f.outcome()?;
+        for h in f.held {
+            f.a.free(h);
+        }
+        f.a.finish();
+    }
     let f = fill(cuda, ordinal, args)?;
     let v = f.report(args.api)?;
     out.emit(v.clone(), || {

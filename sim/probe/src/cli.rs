@@ -183,6 +183,10 @@ pub struct AllocArgs {
     /// while the allocating device's context stays current.
     #[arg(long)]
     pub stream_device: Option<i32>,
+    /// Fill and free this many times in the process; the last round is reported (what a
+    /// free gives back is allocatable again).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub rounds: u32,
 }
 
 #[derive(Debug, clap::Args)]
