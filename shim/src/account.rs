@@ -40,6 +40,16 @@ pub struct Entry {
     pub pool: usize,
 }
 
+impl Entry {
+    /// Where it is charged.
+    pub fn target(&self) -> Target {
+        Target {
+            idx: self.dev,
+            ctx: self.ctx,
+        }
+    }
+}
+
 #[derive(Default)]
 struct Tables {
     allocs: HashMap<(Kind, u64), Entry>,
@@ -159,11 +169,53 @@ pub fn charged(kind: Kind, key: u64) -> Option<Entry> {
     TABLES.lock().allocs.get(&(kind, key)).copied()
 }
 
-/// Gives back the allocation named by `key`, if it was charged.
-pub fn forget(kind: Kind, key: u64) {
-    let entry = TABLES.lock().allocs.remove(&(kind, key));
-    if let (Some(e), Some(s)) = (entry, state::slice()) {
-        s.usage.release(e.dev, e.bytes);
+/// Frees the allocations named by `keys` through `call`. Their entries leave the table
+/// before the driver is asked: once the driver has freed a handle, another thread's
+/// allocation may get the same handle and record it, and that new entry must never be the
+/// one taken away here (it would stay live and uncharged). While the driver is asked, the
+/// charge stays in the usage file. If the driver refuses, the entries are put back (no
+/// other allocation can hold a handle that is not freed). Returns the driver's result and,
+/// on success, the entries whose charge the caller gives back.
+pub fn free_with(
+    kind: Kind,
+    keys: &[u64],
+    call: impl FnOnce() -> CUresult,
+) -> (CUresult, Vec<Entry>) {
+    let taken: Vec<(u64, Entry)> = {
+        let mut t = TABLES.lock();
+        keys.iter()
+            .filter_map(|k| t.allocs.remove(&(kind, *k)).map(|e| (*k, e)))
+            .collect()
+    };
+    let r = call();
+    if r == CUDA_SUCCESS {
+        return (r, taken.into_iter().map(|(_, e)| e).collect());
+    }
+    for (k, e) in taken {
+        restore(kind, k, e);
+    }
+    (r, Vec::new())
+}
+
+/// Frees the allocation named by `key` through `call` (see [`free_with`]) and gives its
+/// charge back.
+pub fn free(kind: Kind, key: u64, call: impl FnOnce() -> CUresult) -> CUresult {
+    let (r, gone) = free_with(kind, &[key], call);
+    release_all(&gone);
+    r
+}
+
+/// Puts back an entry taken before a free the driver refused.
+pub fn restore(kind: Kind, key: u64, e: Entry) {
+    TABLES.lock().allocs.entry((kind, key)).or_insert(e);
+}
+
+/// Gives back the charge of entries already out of the table.
+pub fn release_all(entries: &[Entry]) {
+    if let Some(s) = state::slice() {
+        for e in entries {
+            s.usage.release(e.dev, e.bytes);
+        }
     }
 }
 

@@ -19,6 +19,64 @@ pub type PFN_cuMemAllocPitch_v1 =
     unsafe extern "C" fn(*mut CUdeviceptr_v1, *mut c_uint, c_uint, c_uint, c_uint) -> CUresult;
 pub type PFN_cuMemFree_v1 = unsafe extern "C" fn(CUdeviceptr_v1) -> CUresult;
 
+/// `CUDA_ARRAY_DESCRIPTOR_v1`: the pre-3.2 layout `cuArrayCreate` takes (32-bit sizes).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CUDA_ARRAY_DESCRIPTOR_v1 {
+    pub Width: c_uint,
+    pub Height: c_uint,
+    pub Format: CUarray_format,
+    pub NumChannels: c_uint,
+}
+
+impl From<CUDA_ARRAY_DESCRIPTOR_v1> for CUDA_ARRAY_DESCRIPTOR {
+    fn from(d: CUDA_ARRAY_DESCRIPTOR_v1) -> Self {
+        CUDA_ARRAY_DESCRIPTOR {
+            Width: d.Width as usize,
+            Height: d.Height as usize,
+            Format: d.Format,
+            NumChannels: d.NumChannels,
+        }
+    }
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR_v1`: the pre-3.2 layout `cuArray3DCreate` takes.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CUDA_ARRAY3D_DESCRIPTOR_v1 {
+    pub Width: c_uint,
+    pub Height: c_uint,
+    pub Depth: c_uint,
+    pub Format: CUarray_format,
+    pub NumChannels: c_uint,
+    pub Flags: c_uint,
+}
+
+impl From<CUDA_ARRAY3D_DESCRIPTOR_v1> for CUDA_ARRAY3D_DESCRIPTOR {
+    fn from(d: CUDA_ARRAY3D_DESCRIPTOR_v1) -> Self {
+        CUDA_ARRAY3D_DESCRIPTOR {
+            Width: d.Width as usize,
+            Height: d.Height as usize,
+            Depth: d.Depth as usize,
+            Format: d.Format,
+            NumChannels: d.NumChannels,
+            Flags: d.Flags,
+        }
+    }
+}
+
+pub type PFN_cuArrayCreate_v1 =
+    unsafe extern "C" fn(*mut CUarray, *const CUDA_ARRAY_DESCRIPTOR_v1) -> CUresult;
+pub type PFN_cuArray3DCreate_v1 =
+    unsafe extern "C" fn(*mut CUarray, *const CUDA_ARRAY3D_DESCRIPTOR_v1) -> CUresult;
+
+/// `cuStreamGetCtx(CUstream, CUcontext *)` (and its `_ptsz` variant).
+pub type PFN_cuStreamGetCtx = unsafe extern "C" fn(CUstream, *mut CUcontext) -> CUresult;
+
+/// `cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)`.
+pub type PFN_cuMemRetainAllocationHandle =
+    unsafe extern "C" fn(*mut CUmemGenericAllocationHandle, *mut c_void) -> CUresult;
+
 /// `CUlaunchConfig`: the shim reads only `hStream`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]

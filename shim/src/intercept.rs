@@ -31,15 +31,15 @@ table! {
     cuInit, cuGetProcAddress, cuGetProcAddress_v2,
     cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2,
     cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v2,
-    cuCtxCreate_v2, cuCtxCreate_v3, cuCtxCreate_v4, cuCtxDestroy, cuCtxDestroy_v2, cuCtxSetLimit,
+    cuCtxCreate, cuCtxCreate_v2, cuCtxCreate_v3, cuCtxCreate_v4, cuCtxDestroy, cuCtxDestroy_v2, cuCtxSetLimit,
     cuMemGetInfo, cuMemGetInfo_v2, cuDeviceTotalMem, cuDeviceTotalMem_v2,
     cuMemAlloc, cuMemAlloc_v2, cuMemAllocPitch, cuMemAllocPitch_v2, cuMemAllocManaged,
     cuMemFree, cuMemFree_v2, cuMemAllocAsync, cuMemAllocAsync_ptsz, cuMemFreeAsync, cuMemFreeAsync_ptsz,
     cuMemPoolCreate, cuMemPoolDestroy, cuMemPoolTrimTo, cuMemPoolSetAttribute,
     cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz,
-    cuMemCreate, cuMemRelease,
-    cuArrayCreate_v2, cuArray3DCreate_v2, cuArrayDestroy, cuMipmappedArrayCreate, cuMipmappedArrayDestroy,
-    cuGraphAddMemAllocNode, cuGraphAddNode, cuGraphAddNode_v2, cuGraphAddChildGraphNode, cuGraphClone,
+    cuMemCreate, cuMemRelease, cuMemMap, cuMemUnmap, cuMemRetainAllocationHandle,
+    cuArrayCreate, cuArrayCreate_v2, cuArray3DCreate, cuArray3DCreate_v2, cuArrayDestroy, cuMipmappedArrayCreate, cuMipmappedArrayDestroy,
+    cuGraphAddMemAllocNode, cuGraphAddMemFreeNode, cuGraphAddNode, cuGraphAddNode_v2, cuGraphAddChildGraphNode, cuGraphClone,
     cuGraphInstantiate, cuGraphInstantiate_v2, cuGraphInstantiateWithFlags,
     cuGraphInstantiateWithParams, cuGraphInstantiateWithParams_ptsz, cuGraphExecDestroy, cuGraphDestroy,
     cuLaunchKernel, cuLaunchKernel_ptsz, cuLaunchKernelEx, cuLaunchKernelEx_ptsz,
@@ -79,11 +79,15 @@ mod tests {
             "cuMemAllocFromPoolAsync",
             "cuMemCreate",
             "cuMemRelease",
+            "cuMemMap",
+            "cuMemUnmap",
+            "cuMemRetainAllocationHandle",
             "cuArrayCreate",
             "cuArray3DCreate",
             "cuArrayDestroy",
             "cuMipmappedArrayCreate",
             "cuGraphAddMemAllocNode",
+            "cuGraphAddMemFreeNode",
             "cuGraphAddNode",
             "cuGraphAddChildGraphNode",
             "cuGraphClone",
@@ -106,7 +110,12 @@ mod tests {
             "cuCtxDestroy",
             "cuInit",
         ] {
-            for version in [11000, 11040, 11080, 12000, 12020, 12030, 12040, 12080] {
+            // Every version the driver answers differently for, the oldest (pre-3.2,
+            // 32-bit) exports included.
+            for version in gpuslice_cuda_ffi::procaddr::versions_of(base)
+                .iter()
+                .map(|row| row.since)
+            {
                 for flags in [
                     0,
                     gpuslice_cuda_ffi::CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,

@@ -146,6 +146,7 @@ pub mod cu {
         cuDevicePrimaryCtxReset: PFN_cuDevicePrimaryCtxReset;
         cuDevicePrimaryCtxReset_v2: PFN_cuDevicePrimaryCtxReset_v2;
         cuDevicePrimaryCtxGetState: PFN_cuDevicePrimaryCtxGetState;
+        cuCtxCreate: PFN_cuCtxCreate_v2;
         cuCtxCreate_v2: PFN_cuCtxCreate_v2;
         cuCtxCreate_v3: PFN_cuCtxCreate_v3;
         cuCtxCreate_v4: PFN_cuCtxCreate_v4;
@@ -153,6 +154,10 @@ pub mod cu {
         cuCtxDestroy_v2: PFN_cuCtxDestroy_v2;
         cuCtxGetCurrent: PFN_cuCtxGetCurrent;
         cuCtxGetDevice: PFN_cuCtxGetDevice;
+        cuCtxPushCurrent_v2: PFN_cuCtxPushCurrent_v2;
+        cuCtxPopCurrent_v2: PFN_cuCtxPopCurrent_v2;
+        cuStreamGetCtx: PFN_cuStreamGetCtx;
+        cuStreamGetCtx_ptsz: PFN_cuStreamGetCtx;
         cuCtxSetLimit: PFN_cuCtxSetLimit;
         cuCtxGetLimit: PFN_cuCtxGetLimit;
         cuDeviceGetMemPool: PFN_cuDeviceGetMemPool;
@@ -184,12 +189,18 @@ pub mod cu {
         cuMemAllocFromPoolAsync_ptsz: PFN_cuMemAllocFromPoolAsync_ptsz;
         cuMemCreate: PFN_cuMemCreate;
         cuMemRelease: PFN_cuMemRelease;
+        cuMemMap: PFN_cuMemMap;
+        cuMemUnmap: PFN_cuMemUnmap;
+        cuMemRetainAllocationHandle: PFN_cuMemRetainAllocationHandle;
+        cuArrayCreate: PFN_cuArrayCreate_v1;
         cuArrayCreate_v2: PFN_cuArrayCreate_v2;
+        cuArray3DCreate: PFN_cuArray3DCreate_v1;
         cuArray3DCreate_v2: PFN_cuArray3DCreate_v2;
         cuArrayDestroy: PFN_cuArrayDestroy;
         cuMipmappedArrayCreate: PFN_cuMipmappedArrayCreate;
         cuMipmappedArrayDestroy: PFN_cuMipmappedArrayDestroy;
         cuGraphAddMemAllocNode: PFN_cuGraphAddMemAllocNode;
+        cuGraphAddMemFreeNode: PFN_cuGraphAddMemFreeNode;
         cuGraphInstantiate: PFN_cuGraphInstantiate;
         cuGraphInstantiate_v2: PFN_cuGraphInstantiate_v2;
         cuGraphInstantiateWithFlags: PFN_cuGraphInstantiateWithFlags;

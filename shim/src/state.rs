@@ -195,6 +195,48 @@ pub fn current_device() -> Result<CUdevice, CUresult> {
     }
 }
 
+/// The device and context of `stream`, which a stream-ordered allocation on it comes from
+/// (the driver allocates from the pool current to the stream's device, whatever context is
+/// current). Default streams (null, legacy, per-thread) belong to the current context.
+pub fn stream_device(
+    stream: CUstream,
+    per_thread: bool,
+) -> Result<(CUdevice, CUcontext), CUresult> {
+    let current = current_context();
+    if stream.is_null() || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD {
+        return Ok((current_device()?, current));
+    }
+    let get = if per_thread {
+        cu::cuStreamGetCtx_ptsz()
+    } else {
+        cu::cuStreamGetCtx()
+    };
+    let (Some(get), Some(push), Some(pop)) =
+        (get, cu::cuCtxPushCurrent_v2(), cu::cuCtxPopCurrent_v2())
+    else {
+        return Ok((current_device()?, current));
+    };
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    // SAFETY: the caller's stream and a valid out pointer.
+    let r = unsafe { get(stream, &mut ctx) };
+    if r != CUDA_SUCCESS {
+        return Err(r);
+    }
+    if ctx.is_null() || ctx == current {
+        return Ok((current_device()?, current));
+    }
+    // SAFETY: a context the driver just named; it is popped again below.
+    let r = unsafe { push(ctx) };
+    if r != CUDA_SUCCESS {
+        return Err(r);
+    }
+    let dev = current_device();
+    let mut popped: CUcontext = std::ptr::null_mut();
+    // SAFETY: pops the context pushed above; valid out pointer.
+    unsafe { pop(&mut popped) };
+    Ok((dev?, ctx))
+}
+
 /// The calling thread's current context (null when none).
 pub fn current_context() -> CUcontext {
     let mut ctx: CUcontext = std::ptr::null_mut();
@@ -212,6 +254,7 @@ extern "C" fn after_fork_in_child() {
     crate::account::reset_in_child();
     crate::pacer::reset_in_child();
     crate::hooks::pools::reset_in_child();
+    crate::hooks::vmm::reset_in_child();
     crate::hooks::context::reset_in_child();
     crate::hooks::graph::reset_in_child();
     crate::hooks::nvml::reset_in_child();

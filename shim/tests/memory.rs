@@ -12,6 +12,7 @@ const APIS: &[&str] = &[
     "async",
     "pool",
     "vmm",
+    "vmm-release-mapped",
     "array",
     "array3d",
     "graph",
@@ -20,6 +21,7 @@ const APIS: &[&str] = &[
     "clone",
     "child",
     "heap",
+    "graph-escape",
 ];
 
 /// Graph APIs: every way of putting an allocation into a graph.
@@ -45,6 +47,27 @@ fn every_allocation_path_stops_at_the_limit() {
         let bare =
             run_json(node.bare_probe(&["alloc", "--chunk", "1Gi", "--max", "8Gi", "--api", api]));
         assert_eq!(u(&bare, "total"), 8 * GIB, "{api} without the shim: {bare}");
+    }
+}
+
+#[test]
+fn what_a_free_gives_back_is_allocatable_again() {
+    let node = SliceNode::new(&[16 * GIB], &[(4 * GIB, 0)]);
+    // Frees that end an allocation's life by several steps (unmap after release, a graph's
+    // live allocation freed after its executable) give the whole limit back.
+    for api in [
+        "alloc",
+        "async",
+        "vmm",
+        "vmm-release-mapped",
+        "graph",
+        "graph-escape",
+        "capture",
+        "array",
+    ] {
+        let v = run_json(node.probe(&["alloc", "--chunk", "512Mi", "--api", api, "--rounds", "2"]));
+        assert_eq!(v["error"], "CUDA_ERROR_OUT_OF_MEMORY", "{api}: {v}");
+        assert_eq!(u(&v, "total"), 4 * GIB, "{api}: second round: {v}");
     }
 }
 
@@ -178,6 +201,25 @@ fn a_process_with_two_limited_gpus_is_held_to_each_limit() {
             assert_eq!(u(&d[dev], "mem_free"), 0, "{api} device {dev}: {v}");
         }
     }
+}
+
+#[test]
+fn a_stream_ordered_allocation_is_charged_to_the_streams_device() {
+    let node = SliceNode::new(&[16 * GIB, 16 * GIB], &[(4 * GIB, 0), (2 * GIB, 0)]);
+    // Device 0's context current, the stream on device 1: the memory lands on device 1 and
+    // is held to device 1's limit; device 0 keeps all of its own.
+    let v = run_json(node.probe(&[
+        "alloc",
+        "--chunk",
+        "512Mi",
+        "--api",
+        "async",
+        "--stream-device",
+        "1",
+    ]));
+    assert_eq!(v["error"], "CUDA_ERROR_OUT_OF_MEMORY", "{v}");
+    assert_eq!(u(&v, "total"), 2 * GIB, "{v}");
+    assert_eq!(u(&v, "mem_free"), 4 * GIB, "device 0 charged nothing: {v}");
 }
 
 #[test]

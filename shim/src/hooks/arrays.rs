@@ -5,6 +5,7 @@ use std::ffi::c_uint;
 use gpuslice_cuda_ffi::*;
 
 use crate::account::{self, Kind};
+use crate::ffi_extra::{CUDA_ARRAY3D_DESCRIPTOR_v1, CUDA_ARRAY_DESCRIPTOR_v1};
 use crate::guard::guard;
 use crate::sizes;
 use crate::state;
@@ -65,16 +66,64 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
     })
 }
 
+/// `cuArrayCreate`, the pre-3.2 export with 32-bit sizes: charged like `_v2`.
+#[no_mangle]
+pub unsafe extern "C" fn cuArrayCreate(
+    arr: *mut CUarray,
+    desc: *const CUDA_ARRAY_DESCRIPTOR_v1,
+) -> CUresult {
+    guard("cuArrayCreate", CUDA_ERROR_UNKNOWN, || {
+        let f = real!(cuArrayCreate);
+        if desc.is_null() || arr.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: checked non-null; the caller passes a valid descriptor.
+        let bytes = sizes::array_bytes(&unsafe { *desc }.into());
+        alloc_array(Kind::Array, bytes, || {
+            // SAFETY: the caller's arguments; arr read only after success.
+            let r = unsafe { f(arr, desc) };
+            if r == CUDA_SUCCESS {
+                // SAFETY: the call succeeded, so the driver wrote the output.
+                Ok(unsafe { *arr } as u64)
+            } else {
+                Err(r)
+            }
+        })
+    })
+}
+
+/// `cuArray3DCreate`, the pre-3.2 export with 32-bit sizes: charged like `_v2`.
+#[no_mangle]
+pub unsafe extern "C" fn cuArray3DCreate(
+    arr: *mut CUarray,
+    desc: *const CUDA_ARRAY3D_DESCRIPTOR_v1,
+) -> CUresult {
+    guard("cuArray3DCreate", CUDA_ERROR_UNKNOWN, || {
+        let f = real!(cuArray3DCreate);
+        if desc.is_null() || arr.is_null() {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        // SAFETY: checked non-null; the caller passes a valid descriptor.
+        let bytes = sizes::array3d_bytes(&unsafe { *desc }.into());
+        alloc_array(Kind::Array, bytes, || {
+            // SAFETY: the caller's arguments; arr read only after success.
+            let r = unsafe { f(arr, desc) };
+            if r == CUDA_SUCCESS {
+                // SAFETY: the call succeeded, so the driver wrote the output.
+                Ok(unsafe { *arr } as u64)
+            } else {
+                Err(r)
+            }
+        })
+    })
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn cuArrayDestroy(arr: CUarray) -> CUresult {
     guard("cuArrayDestroy", CUDA_ERROR_UNKNOWN, || {
         let f = real!(cuArrayDestroy);
         // SAFETY: the caller's argument.
-        let r = unsafe { f(arr) };
-        if r == CUDA_SUCCESS {
-            account::forget(Kind::Array, arr as u64);
-        }
-        r
+        account::free(Kind::Array, arr as u64, || unsafe { f(arr) })
     })
 }
 
@@ -109,10 +158,6 @@ pub unsafe extern "C" fn cuMipmappedArrayDestroy(arr: CUmipmappedArray) -> CUres
     guard("cuMipmappedArrayDestroy", CUDA_ERROR_UNKNOWN, || {
         let f = real!(cuMipmappedArrayDestroy);
         // SAFETY: the caller's argument.
-        let r = unsafe { f(arr) };
-        if r == CUDA_SUCCESS {
-            account::forget(Kind::Mipmap, arr as u64);
-        }
-        r
+        account::free(Kind::Mipmap, arr as u64, || unsafe { f(arr) })
     })
 }

@@ -1,9 +1,13 @@
 //! Graph memory: adding a memory-allocation node (`cuGraphAddMemAllocNode`, `cuGraphAddNode`
 //! with allocation parameters, or `cuMemAllocAsync` on a stream in capture) only notes the
-//! bytes a graph will need; child-graph nodes and clones take over what their source graph
-//! needs. The bytes are charged when the graph is instantiated (refused there past the
-//! limit), once per executable graph, and given back when it is destroyed, which is when the
-//! driver holds and releases them.
+//! bytes and address a graph will allocate, a free node (`cuGraphAddMemFreeNode`,
+//! `cuGraphAddNode`, a captured `cuMemFreeAsync`) the address it frees; child-graph nodes and
+//! clones take over what their source graph notes. The bytes are charged when the graph is
+//! instantiated (refused there past the limit), once per executable graph, and given back
+//! when it is destroyed, except an allocation a launch made that no free node of the graph
+//! freed and nothing freed since: the driver keeps it past the executable graph, so its
+//! bytes stay charged at its address until `cuMemFree`/`cuMemFreeAsync` of it (or the
+//! context's destruction).
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_ulonglong, c_void};
@@ -11,14 +15,36 @@ use std::ffi::{c_char, c_ulonglong, c_void};
 use gpuslice_cuda_ffi::*;
 use gpuslice_slice::usage::MAX_DEVICES;
 
-use crate::account::{self, Kind, Target};
+use crate::account::{self, Entry, Kind, Target};
 use crate::forksafe::ForkSafe;
 use crate::guard::guard;
 use crate::real::cu;
 use crate::state::{self, Devices};
 
-/// Bytes of memory-allocation nodes per graph, per CUDA device.
-static GRAPHS: ForkSafe<HashMap<usize, Vec<(CUdevice, u64)>>> = ForkSafe::new(HashMap::new);
+/// What a graph allocates and frees.
+#[derive(Debug, Clone, Default)]
+struct GraphMem {
+    /// Allocation nodes: CUDA device, bytes, address.
+    allocs: Vec<(CUdevice, u64, CUdeviceptr)>,
+    /// Addresses its free nodes free.
+    frees: Vec<CUdeviceptr>,
+}
+
+static GRAPHS: ForkSafe<HashMap<usize, GraphMem>> = ForkSafe::new(HashMap::new);
+
+/// An allocation of an executable graph that no free node of its graph frees.
+#[derive(Debug, Clone, Copy)]
+struct Escape {
+    /// Limits index of its device.
+    idx: usize,
+    bytes: u64,
+    dptr: CUdeviceptr,
+    /// A launch allocated it and nothing freed it since.
+    live: bool,
+}
+
+/// Escaping allocations per executable graph.
+static EXECS: ForkSafe<HashMap<usize, Vec<Escape>>> = ForkSafe::new(HashMap::new);
 
 fn exec_key(exec: CUgraphExec, idx: usize) -> u64 {
     (exec as u64)
@@ -26,21 +52,54 @@ fn exec_key(exec: CUgraphExec, idx: usize) -> u64 {
         .wrapping_add(idx as u64)
 }
 
-/// Notes that graph `graph` allocates `bytes` on CUDA device `dev` when instantiated.
-fn note(graph: CUgraph, dev: CUdevice, bytes: u64) {
+/// Notes that graph `graph` allocates `bytes` at `dptr` on CUDA device `dev` when launched.
+fn note(graph: CUgraph, dev: CUdevice, bytes: u64, dptr: CUdeviceptr) {
+    GRAPHS
+        .lock()
+        .entry(graph as usize)
+        .or_default()
+        .allocs
+        .push((dev, bytes, dptr));
+}
+
+/// Notes that graph `graph` frees `dptr` when launched.
+pub fn note_free(graph: CUgraph, dptr: CUdeviceptr) {
+    GRAPHS
+        .lock()
+        .entry(graph as usize)
+        .or_default()
+        .frees
+        .push(dptr);
+}
+
+/// Adds what graph `from` allocates and frees to graph `into` (a child graph node, a clone).
+fn merge(from: CUgraph, into: CUgraph) {
     let mut g = GRAPHS.lock();
-    let per_dev = g.entry(graph as usize).or_default();
-    match per_dev.iter_mut().find(|(d, _)| *d == dev) {
-        Some((_, b)) => *b = b.saturating_add(bytes),
-        None => per_dev.push((dev, bytes)),
+    let Some(from) = g.get(&(from as usize)).cloned() else {
+        return;
+    };
+    let into = g.entry(into as usize).or_default();
+    into.allocs.extend(from.allocs);
+    into.frees.extend(from.frees);
+}
+
+/// A launch of `exec` allocated its escaping allocations.
+pub fn launched(exec: CUgraphExec) {
+    if let Some(escapes) = EXECS.lock().get_mut(&(exec as usize)) {
+        for e in escapes {
+            e.live = true;
+        }
     }
 }
 
-/// Adds what graph `from` allocates to graph `into` (a child graph node, or a clone).
-fn merge(from: CUgraph, into: CUgraph) {
-    let needs = GRAPHS.lock().get(&(from as usize)).cloned();
-    for (dev, bytes) in needs.unwrap_or_default() {
-        note(into, dev, bytes);
+/// `dptr`, freed outside a graph, was perhaps a live escaping allocation of an executable
+/// graph: no longer live (the executable keeps its charge, its next launch allocates again).
+pub fn freed_outside(dptr: CUdeviceptr) {
+    for escapes in EXECS.lock().values_mut() {
+        if let Some(e) = escapes.iter_mut().find(|e| e.dptr == dptr && e.live) {
+            e.live = false;
+            return;
+        }
     }
 }
 
@@ -52,15 +111,21 @@ unsafe fn note_alloc_params(graph: CUgraph, params: *const CUDA_MEM_ALLOC_NODE_P
     if params.is_null() {
         return;
     }
-    // SAFETY: per the contract, a valid struct.
-    let (loc, bytes) = unsafe { ((*params).poolProps.location, (*params).bytesize as u64) };
+    // SAFETY: per the contract, a valid struct (the driver wrote the address).
+    let (loc, bytes, dptr) = unsafe {
+        (
+            (*params).poolProps.location,
+            (*params).bytesize as u64,
+            (*params).dptr,
+        )
+    };
     let dev = if loc.type_ == CU_MEM_LOCATION_TYPE_DEVICE {
         Some(loc.id)
     } else {
         state::current_device().ok()
     };
     if let Some(dev) = dev {
-        note(graph, dev, bytes);
+        note(graph, dev, bytes, dptr);
     }
 }
 
@@ -84,6 +149,25 @@ pub unsafe extern "C" fn cuGraphAddMemAllocNode(
     })
 }
 
+#[no_mangle]
+pub unsafe extern "C" fn cuGraphAddMemFreeNode(
+    node: *mut CUgraphNode,
+    graph: CUgraph,
+    deps: *const CUgraphNode,
+    ndeps: usize,
+    dptr: CUdeviceptr,
+) -> CUresult {
+    guard("cuGraphAddMemFreeNode", CUDA_ERROR_UNKNOWN, || {
+        let f = real!(cuGraphAddMemFreeNode);
+        // SAFETY: the caller's arguments.
+        let r = unsafe { f(node, graph, deps, ndeps, dptr) };
+        if r == CUDA_SUCCESS {
+            note_free(graph, dptr);
+        }
+        r
+    })
+}
+
 /// After `cuGraphAddNode` succeeded: a memory-allocation node is noted like
 /// `cuGraphAddMemAllocNode`, a child-graph node like `cuGraphAddChildGraphNode`.
 ///
@@ -97,6 +181,7 @@ unsafe fn note_node(graph: CUgraph, params: *const CUgraphNodeParams) {
     unsafe {
         match (*params).type_ {
             CU_GRAPH_NODE_TYPE_MEM_ALLOC => note_alloc_params(graph, &(*params).u.alloc),
+            CU_GRAPH_NODE_TYPE_MEM_FREE => note_free(graph, (*params).u.free_dptr),
             CU_GRAPH_NODE_TYPE_GRAPH => merge((*params).u.child_graph, graph),
             _ => {}
         }
@@ -209,15 +294,17 @@ pub fn captured(
     graph: CUgraph,
     dev: Option<CUdevice>,
     bytes: u64,
-    call: impl FnOnce() -> CUresult,
+    call: impl FnOnce() -> Result<CUdeviceptr, CUresult>,
 ) -> CUresult {
-    let r = call();
-    if r == CUDA_SUCCESS {
-        if let Some(dev) = dev.or_else(|| state::current_device().ok()) {
-            note(graph, dev, bytes);
+    match call() {
+        Ok(dptr) => {
+            if let Some(dev) = dev.or_else(|| state::current_device().ok()) {
+                note(graph, dev, bytes, dptr);
+            }
+            CUDA_SUCCESS
         }
+        Err(r) => r,
     }
-    r
 }
 
 /// Charges the graph's memory, runs the real instantiation, records the executable.
@@ -227,13 +314,20 @@ fn instantiate(
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
     let (slice, devices) = tri!(state::ready());
-    let needs = GRAPHS
+    let mem = GRAPHS
         .lock()
         .get(&(graph as usize))
         .cloned()
         .unwrap_or_default();
-    if needs.is_empty() {
+    if mem.allocs.is_empty() {
         return call();
+    }
+    let mut needs: Vec<(CUdevice, u64)> = Vec::new();
+    for (dev, bytes, _) in &mem.allocs {
+        match needs.iter_mut().find(|(d, _)| d == dev) {
+            Some((_, b)) => *b = b.saturating_add(*bytes),
+            None => needs.push((*dev, *bytes)),
+        }
     }
     let mut charged: Vec<(Target, u64)> = Vec::new();
     let give_back = |charged: &[(Target, u64)]| {
@@ -262,6 +356,20 @@ fn instantiate(
     }
     // SAFETY: the driver wrote the new executable graph on success.
     let e = unsafe { *exec };
+    let escapes: Vec<Escape> = mem
+        .allocs
+        .iter()
+        .filter(|(_, _, dptr)| !mem.frees.contains(dptr))
+        .filter_map(|(dev, bytes, dptr)| {
+            Some(Escape {
+                idx: devices.index(*dev)?,
+                bytes: *bytes,
+                dptr: *dptr,
+                live: false,
+            })
+        })
+        .collect();
+    EXECS.lock().insert(e as usize, escapes);
     for (t, bytes) in charged {
         account::record(Kind::GraphExec, exec_key(e, t.idx), t, bytes);
     }
@@ -342,15 +450,34 @@ with_params!(cuGraphInstantiateWithParams_ptsz);
 pub unsafe extern "C" fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult {
     guard("cuGraphExecDestroy", CUDA_ERROR_UNKNOWN, || {
         let f = real!(cuGraphExecDestroy);
+        let keys: Vec<u64> = (0..MAX_DEVICES).map(|idx| exec_key(exec, idx)).collect();
+        let escapes = EXECS.lock().remove(&(exec as usize));
         // SAFETY: the caller's argument.
-        let r = unsafe { f(exec) };
-        if r == CUDA_SUCCESS {
-            for idx in 0..MAX_DEVICES {
-                account::forget(Kind::GraphExec, exec_key(exec, idx));
+        let (r, mut gone) = account::free_with(Kind::GraphExec, &keys, || unsafe { f(exec) });
+        if r != CUDA_SUCCESS {
+            if let Some(escapes) = escapes {
+                EXECS.lock().insert(exec as usize, escapes);
             }
+            return r;
         }
+        keep_live(&mut gone, &escapes.unwrap_or_default());
+        account::release_all(&gone);
         r
     })
+}
+
+/// Destroying an executable graph does not free the live allocations its launch made: their
+/// bytes move from the executable's charges `gone` to entries at their addresses.
+fn keep_live(gone: &mut [Entry], escapes: &[Escape]) {
+    for esc in escapes.iter().filter(|e| e.live) {
+        if let Some(e) = gone
+            .iter_mut()
+            .find(|e| e.dev == esc.idx && e.bytes >= esc.bytes)
+        {
+            e.bytes -= esc.bytes;
+            account::record(Kind::Ptr, esc.dptr, e.target(), esc.bytes);
+        }
+    }
 }
 
 #[no_mangle]
@@ -369,4 +496,5 @@ pub unsafe extern "C" fn cuGraphDestroy(graph: CUgraph) -> CUresult {
 /// For the child after `fork`.
 pub fn reset_in_child() {
     GRAPHS.reset_in_child();
+    EXECS.reset_in_child();
 }

@@ -124,7 +124,11 @@ macro_rules! graph_launch {
             guard(stringify!($name), CUDA_ERROR_UNKNOWN, || {
                 let real = real!($name);
                 // SAFETY: the caller's arguments, unchanged.
-                launch(stream, $per_thread, || unsafe { real(exec, stream) })
+                let r = launch(stream, $per_thread, || unsafe { real(exec, stream) });
+                if r == CUDA_SUCCESS {
+                    crate::hooks::graph::launched(exec);
+                }
+                r
             })
         }
     };

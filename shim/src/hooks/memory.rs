@@ -162,18 +162,21 @@ pub unsafe extern "C" fn cuMemAllocPitch(
     })
 }
 
-/// Frees through `call`, then gives the allocation back; a pool allocation's memory goes to
-/// its pool's cache (see [`crate::hooks::pools`]).
+/// Frees through `call` and gives the allocation back (its entry leaves the table before the
+/// driver is asked, see [`account::free_with`]); a pool allocation's memory goes to its
+/// pool's cache (see [`crate::hooks::pools`]).
 fn free_ptr(ptr: u64, call: impl FnOnce() -> CUresult) -> CUresult {
-    let r = call();
-    if r == CUDA_SUCCESS {
-        if let Some(e) = account::take(Kind::Ptr, ptr) {
-            if let Some(s) = state::slice() {
-                if e.pool != 0 {
-                    pools::freed(s, e);
-                } else {
-                    s.usage.release(e.dev, e.bytes);
-                }
+    let (r, gone) = account::free_with(Kind::Ptr, &[ptr], call);
+    if r == CUDA_SUCCESS && gone.is_empty() {
+        // Perhaps graph memory a launch allocated, freed outside the graph.
+        graph::freed_outside(ptr);
+    }
+    if let Some(s) = state::slice() {
+        for e in gone {
+            if e.pool != 0 {
+                pools::freed(s, e);
+            } else {
+                s.usage.release(e.dev, e.bytes);
             }
         }
     }
@@ -198,8 +201,8 @@ pub unsafe extern "C" fn cuMemFree(dptr: CUdeviceptr_v1) -> CUresult {
     })
 }
 
-/// `cuMemAllocAsync`: from the current pool of the current device, charged and recorded with
-/// that pool; on a stream in capture, an allocation node of the capture graph instead.
+/// `cuMemAllocAsync`: from the current pool of the stream's device, charged to that device and
+/// recorded with that pool; on a stream in capture, an allocation node of the capture graph instead.
 macro_rules! alloc_async {
     ($name:ident, $per_thread:expr) => {
         #[no_mangle]
@@ -213,11 +216,16 @@ macro_rules! alloc_async {
                 let (slice, devices) = tri!(state::ready());
                 // SAFETY: the caller's arguments; dptr read only after success.
                 let call = || unsafe { f(dptr, bytesize, stream) };
+                // From the pool current to the stream's device, not the current context's.
+                let (dev, ctx) = tri!(state::stream_device(stream, $per_thread));
                 if let Some(graph) = graph::capture_graph(stream, $per_thread) {
-                    return graph::captured(graph, None, bytesize as u64, call);
+                    return graph::captured(graph, Some(dev), bytesize as u64, || {
+                        // SAFETY: the driver wrote dptr on success.
+                        ok_then(call(), || unsafe { *dptr })
+                    });
                 }
-                let dev = tri!(state::current_device());
-                let t = tri!(account::target_on(devices, dev));
+                let mut t = tri!(account::target_on(devices, dev));
+                t.ctx = ctx as usize;
                 let pool = pools::current_pool_of(dev).unwrap_or(0);
                 pools::allocate_from(slice, t, pool, bytesize as u64, || {
                     // SAFETY: the driver wrote dptr on success.
@@ -238,9 +246,13 @@ macro_rules! free_async {
         pub unsafe extern "C" fn $name(dptr: CUdeviceptr, stream: CUstream) -> CUresult {
             guard(stringify!($name), CUDA_ERROR_UNKNOWN, || {
                 let f = real!($name);
-                if graph::capture_graph(stream, $per_thread).is_some() {
+                if let Some(graph) = graph::capture_graph(stream, $per_thread) {
                     // SAFETY: the caller's arguments.
-                    return unsafe { f(dptr, stream) };
+                    let r = unsafe { f(dptr, stream) };
+                    if r == CUDA_SUCCESS {
+                        graph::note_free(graph, dptr);
+                    }
+                    return r;
                 }
                 // SAFETY: the caller's arguments.
                 free_ptr(dptr, || unsafe { f(dptr, stream) })
@@ -250,3 +262,36 @@ macro_rules! free_async {
 }
 free_async!(cuMemFreeAsync, false);
 free_async!(cuMemFreeAsync_ptsz, true);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::account::Target;
+
+    const T: Target = Target { idx: 0, ctx: 1 };
+
+    #[test]
+    fn an_address_the_driver_hands_out_again_during_a_free_stays_charged() {
+        let p = 0x7000_0000;
+        account::record(Kind::Ptr, p, T, 100);
+        // Another thread's allocation gets the address as soon as the driver has freed it,
+        // before this free returns: its entry must survive the free.
+        let r = free_ptr(p, || {
+            account::record(Kind::Ptr, p, T, 200);
+            CUDA_SUCCESS
+        });
+        assert_eq!(r, CUDA_SUCCESS);
+        assert_eq!(account::charged(Kind::Ptr, p).map(|e| e.bytes), Some(200));
+    }
+
+    #[test]
+    fn a_refused_free_keeps_the_allocation_charged() {
+        let p = 0x7100_0000;
+        account::record(Kind::Ptr, p, T, 300);
+        let r = free_ptr(p, || CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(r, CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(account::charged(Kind::Ptr, p).map(|e| e.bytes), Some(300));
+        assert_eq!(free_ptr(p, || CUDA_SUCCESS), CUDA_SUCCESS);
+        assert!(account::charged(Kind::Ptr, p).is_none());
+    }
+}

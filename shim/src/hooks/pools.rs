@@ -258,7 +258,10 @@ macro_rules! alloc_from_pool {
                 // SAFETY: the caller's arguments; dptr read only after success.
                 let call = || unsafe { f(dptr, bytesize, pool, stream) };
                 if let Some(graph) = crate::hooks::graph::capture_graph(stream, $per_thread) {
-                    return crate::hooks::graph::captured(graph, pool_dev, bytesize as u64, call);
+                    return crate::hooks::graph::captured(graph, pool_dev, bytesize as u64, || {
+                        // SAFETY: the driver wrote dptr on success.
+                        crate::hooks::memory::ok_then(call(), || unsafe { *dptr })
+                    });
                 }
                 let t: Target = match pool_dev {
                     Some(dev) => tri!(account::target_on(devices, dev)),

@@ -295,8 +295,8 @@ pub enum GraphNode {
         bytes: u64,
         dptr: u64,
     },
-    /// Frees graph memory (checked when added).
-    Free,
+    /// Frees the graph memory at `dptr` (checked when added).
+    Free(u64),
     /// A child graph: a copy of its nodes, made when the node is added.
     Child(Vec<GraphNode>),
     /// A node that holds no memory (empty, kernel, captured launches).
@@ -304,12 +304,25 @@ pub enum GraphNode {
 }
 
 impl GraphNode {
-    /// The `(ordinal, bytes)` of every allocation node here, child graphs included.
-    pub fn allocations(&self, out: &mut Vec<(usize, u64)>) {
+    /// The `(ordinal, bytes, dptr)` of every allocation node here, child graphs included.
+    pub fn allocations(&self, out: &mut Vec<(usize, u64, u64)>) {
         match self {
-            GraphNode::Alloc { ordinal, bytes, .. } => out.push((*ordinal, *bytes)),
+            GraphNode::Alloc {
+                ordinal,
+                bytes,
+                dptr,
+            } => out.push((*ordinal, *bytes, *dptr)),
             GraphNode::Child(nodes) => nodes.iter().for_each(|n| n.allocations(out)),
-            GraphNode::Free | GraphNode::Other => {}
+            GraphNode::Free(_) | GraphNode::Other => {}
+        }
+    }
+
+    /// The addresses every free node here frees, child graphs included.
+    pub fn frees(&self, out: &mut Vec<u64>) {
+        match self {
+            GraphNode::Free(dptr) => out.push(*dptr),
+            GraphNode::Child(nodes) => nodes.iter().for_each(|n| n.frees(out)),
+            GraphNode::Alloc { .. } | GraphNode::Other => {}
         }
     }
 
@@ -318,7 +331,7 @@ impl GraphNode {
         match self {
             GraphNode::Alloc { dptr: a, .. } => *a == dptr,
             GraphNode::Child(nodes) => nodes.iter().any(|n| n.allocates(dptr)),
-            GraphNode::Free | GraphNode::Other => false,
+            GraphNode::Free(_) | GraphNode::Other => false,
         }
     }
 }
@@ -333,6 +346,10 @@ pub struct Graph {
 #[derive(Debug)]
 pub struct Exec {
     pub charges: Vec<(usize, u64)>,
+    /// Allocations with no free node in the graph: `(ordinal, bytes, dptr)`.
+    pub escapes: Vec<(usize, u64, u64)>,
+    /// Those of `escapes` a launch allocated and nothing freed yet.
+    pub live: Vec<(usize, u64, u64)>,
 }
 
 /// Every object the process holds.
@@ -360,9 +377,30 @@ pub struct Objects {
     pub mipmaps: HashMap<u64, Charge>,
     pub graphs: HashMap<u64, Graph>,
     pub execs: HashMap<u64, Exec>,
+    /// Graph memory that outlived its executable graph (allocated by a launch, no free node
+    /// ran, the executable destroyed): dptr → (ordinal, bytes), until freed.
+    pub graph_live: HashMap<u64, (usize, u64)>,
 }
 
 impl Objects {
+    /// Frees graph memory at `dptr` outside a graph (`cuMemFree`, `cuMemFreeAsync`): the
+    /// allocation of a live executable's launch, or one that outlived its executable (given
+    /// back here). False when `dptr` is no live graph memory.
+    pub fn free_graph_memory(&mut self, d: &Driver, dptr: u64) -> bool {
+        if let Some((ord, bytes)) = self.graph_live.remove(&dptr) {
+            d.uncharge(ord, bytes);
+            return true;
+        }
+        for e in self.execs.values_mut() {
+            if let Some(i) = e.live.iter().position(|(_, _, p)| *p == dptr) {
+                // The executable keeps its charge: its next launch allocates again.
+                e.live.remove(i);
+                return true;
+            }
+        }
+        false
+    }
+
     fn new(devices: usize) -> Objects {
         Objects {
             next_id: 1,
@@ -383,6 +421,7 @@ impl Objects {
             mipmaps: HashMap::new(),
             graphs: HashMap::new(),
             execs: HashMap::new(),
+            graph_live: HashMap::new(),
         }
     }
 

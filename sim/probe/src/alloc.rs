@@ -31,7 +31,8 @@ enum Held {
     Vmm {
         va: CUdeviceptr,
         size: usize,
-        handle: CUmemGenericAllocationHandle,
+        /// `None` once released (the mapping keeps the memory).
+        handle: Option<CUmemGenericAllocationHandle>,
     },
     Array(CUarray),
     Mipmap(CUmipmappedArray),
@@ -65,6 +66,7 @@ impl<'a> Allocator<'a> {
         dev: Device,
         api: Api,
         instantiate: Instantiate,
+        stream_device: Option<i32>,
     ) -> Result<Self, ProbeError> {
         let mut a = Allocator {
             cuda,
@@ -77,7 +79,14 @@ impl<'a> Allocator<'a> {
             heap: (0, Cell::new(0)),
         };
         if matches!(api, Api::Async | Api::Pool | Api::PoolKeep) || api.is_graph() {
-            a.stream = cuda.stream_create()?;
+            match stream_device {
+                Some(other) => {
+                    cuda.open_device(other)?;
+                    a.stream = cuda.stream_create()?;
+                    cuda.open_device(a.dev.ordinal)?;
+                }
+                None => a.stream = cuda.stream_create()?,
+            }
         }
         if api == Api::Heap {
             let mut base = 0usize;
@@ -88,7 +97,7 @@ impl<'a> Allocator<'a> {
             let props = CUmemPoolProps::pinned_on(a.dev.ordinal);
             call!(cuda, cuMemPoolCreate: PFN_cuMemPoolCreate, &mut a.pool, &props)?;
         }
-        if api == Api::Vmm {
+        if matches!(api, Api::Vmm | Api::VmmReleaseMapped) {
             let prop = CUmemAllocationProp::pinned_on(a.dev.ordinal);
             call!(cuda, cuMemGetAllocationGranularity: PFN_cuMemGetAllocationGranularity,
                 &mut a.granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM)?;
@@ -100,7 +109,9 @@ impl<'a> Allocator<'a> {
     fn effective_chunk(&self, chunk: u64) -> Result<u64, ProbeError> {
         Ok(match self.api {
             Api::Pitch => pitch_shape(chunk).0 * pitch_shape(chunk).1,
-            Api::Vmm => chunk.div_ceil(self.granularity as u64) * self.granularity as u64,
+            Api::Vmm | Api::VmmReleaseMapped => {
+                chunk.div_ceil(self.granularity as u64) * self.granularity as u64
+            }
             Api::Array => {
                 let (w, h) = array_shape(chunk)?;
                 w as u64 * h.max(1) as u64 * FLOAT4
@@ -144,7 +155,7 @@ impl<'a> Allocator<'a> {
                 cuda.stream_sync(self.stream)?;
                 Ok(Held::Async(p))
             }
-            Api::Vmm => self.alloc_vmm(size),
+            Api::Vmm | Api::VmmReleaseMapped => self.alloc_vmm(size),
             Api::Array => {
                 let (w, h) = array_shape(chunk)?;
                 let desc = CUDA_ARRAY_DESCRIPTOR {
@@ -187,6 +198,7 @@ impl<'a> Allocator<'a> {
             Api::Graph | Api::GraphNode | Api::Capture | Api::Clone | Api::Child => {
                 self.alloc_graph(size)
             }
+            Api::GraphEscape => self.alloc_graph_escape(size),
             Api::Heap => {
                 let next = self.heap.1.get() + size;
                 call!(cuda, cuCtxSetLimit: PFN_cuCtxSetLimit, CU_LIMIT_MALLOC_HEAP_SIZE, next)?;
@@ -244,7 +256,22 @@ impl<'a> Allocator<'a> {
             };
             call!(cuda, cuMemSetAccess: PFN_cuMemSetAccess, va, size, &access, 1)
         })();
-        let held = Held::Vmm { va, size, handle };
+        let mut held = Held::Vmm {
+            va,
+            size,
+            handle: Some(handle),
+        };
+        if mapped.is_ok() && self.api == Api::VmmReleaseMapped {
+            if let Err(e) = call!(cuda, cuMemRelease: PFN_cuMemRelease, handle) {
+                self.free(held);
+                return Err(e);
+            }
+            held = Held::Vmm {
+                va,
+                size,
+                handle: None,
+            };
+        }
         match mapped {
             Ok(()) => Ok(held),
             Err(e) => {
@@ -296,6 +323,24 @@ impl<'a> Allocator<'a> {
                 Err(e)
             }
         }
+    }
+
+    /// One launch of a new graph allocating `size` with no free node; the executable graph
+    /// and the graph are destroyed at once, the allocation is held by its address.
+    fn alloc_graph_escape(&self, size: usize) -> Result<Held, ProbeError> {
+        let cuda = self.cuda;
+        let mut dptr: CUdeviceptr = 0;
+        let graph = self.build_graph(size, &mut dptr)?;
+        let mut exec: CUgraphExec = std::ptr::null_mut();
+        let launched = self.instantiate(&mut exec, graph).and_then(|()| {
+            call!(cuda, cuGraphLaunch: PFN_cuGraphLaunch, exec, self.stream)?;
+            cuda.stream_sync(self.stream)
+        });
+        if !exec.is_null() {
+            let _ = call!(cuda, cuGraphExecDestroy: PFN_cuGraphExecDestroy, exec);
+        }
+        let _ = call!(cuda, cuGraphDestroy: PFN_cuGraphDestroy, graph);
+        launched.map(|()| Held::Async(dptr))
     }
 
     /// A new graph holding one allocation of `size`; its address goes to `dptr`.
@@ -409,7 +454,10 @@ impl<'a> Allocator<'a> {
                     let _ = call!(cuda, cuMemUnmap: PFN_cuMemUnmap, va, size);
                     let _ = call!(cuda, cuMemAddressFree: PFN_cuMemAddressFree, va, size);
                 }
-                call!(cuda, cuMemRelease: PFN_cuMemRelease, handle)
+                match handle {
+                    Some(h) => call!(cuda, cuMemRelease: PFN_cuMemRelease, h),
+                    None => Ok(()),
+                }
             }
             Held::Array(a) => call!(cuda, cuArrayDestroy: PFN_cuArrayDestroy, a),
             Held::Mipmap(m) => call!(cuda, cuMipmappedArrayDestroy: PFN_cuMipmappedArrayDestroy, m),
@@ -488,7 +536,7 @@ struct Filled<'a> {
 /// Opens device `ordinal` and allocates through `args.api` until refused or `--max`.
 fn fill<'a>(cuda: &'a Cuda, ordinal: i32, args: &AllocArgs) -> Result<Filled<'a>, ProbeError> {
     let dev = cuda.open_device(ordinal)?;
-    let a = Allocator::new(cuda, dev, args.api, args.instantiate)?;
+    let a = Allocator::new(cuda, dev, args.api, args.instantiate, args.stream_device)?;
     let chunk = a.effective_chunk(args.chunk)?;
     // Without --max, stop at twice the device's memory: managed memory may oversubscribe a
     // real GPU instead of being refused.
@@ -571,6 +619,15 @@ impl Filled<'_> {
 }
 
 pub fn run(cuda: &Cuda, out: Out, ordinal: i32, args: &AllocArgs) -> Result<(), ProbeError> {
+    // Earlier rounds fill and free everything; only the last one is reported.
+    for _ in 1..args.rounds {
+        let f = fill(cuda, ordinal, args)?;
+        f.outcome()?;
+        for h in f.held {
+            f.a.free(h);
+        }
+        f.a.finish();
+    }
     let f = fill(cuda, ordinal, args)?;
     let v = f.report(args.api)?;
     out.emit(v.clone(), || {

@@ -75,6 +75,9 @@ pub enum Api {
     Pool,
     /// cuMemCreate + cuMemAddressReserve + cuMemMap + cuMemSetAccess.
     Vmm,
+    /// As `vmm`, the handle released at once after mapping (the CUDA samples' idiom): the
+    /// memory stays allocated until it is unmapped.
+    VmmReleaseMapped,
     /// cuArrayCreate (float4 2D arrays).
     Array,
     /// A graph with a memory-allocation node, instantiated and launched.
@@ -94,6 +97,9 @@ pub enum Api {
     Child,
     /// The device malloc heap grown by cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE).
     Heap,
+    /// A graph whose allocation node has no free node: launched, then the executable graph
+    /// and the graph destroyed at once; the memory stays live until cuMemFreeAsync.
+    GraphEscape,
     /// A fresh pool per chunk with release threshold UINT64_MAX: allocate and free, so the
     /// pool keeps the memory reserved (reports the pools' peak reserved bytes).
     PoolKeep,
@@ -121,6 +127,7 @@ impl Api {
             Api::Async => "async",
             Api::Pool => "pool",
             Api::Vmm => "vmm",
+            Api::VmmReleaseMapped => "vmm-release-mapped",
             Api::Array => "array",
             Api::Graph => "graph",
             Api::Array3d => "array3d",
@@ -130,6 +137,7 @@ impl Api {
             Api::Clone => "clone",
             Api::Child => "child",
             Api::Heap => "heap",
+            Api::GraphEscape => "graph-escape",
             Api::PoolKeep => "pool-keep",
         }
     }
@@ -138,7 +146,7 @@ impl Api {
     pub fn is_graph(self) -> bool {
         matches!(
             self,
-            Api::Graph | Api::GraphNode | Api::Capture | Api::Clone | Api::Child
+            Api::Graph | Api::GraphNode | Api::Capture | Api::Clone | Api::Child | Api::GraphEscape
         )
     }
 }
@@ -171,6 +179,14 @@ pub struct AllocArgs {
     /// How the graph APIs instantiate their graphs.
     #[arg(long, value_enum, default_value_t = Instantiate::Flags)]
     pub instantiate: Instantiate,
+    /// Make the stream of the stream-ordered APIs on this device ordinal's primary context,
+    /// while the allocating device's context stays current.
+    #[arg(long)]
+    pub stream_device: Option<i32>,
+    /// Fill and free this many times in the process; the last round is reported (what a
+    /// free gives back is allocatable again).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub rounds: u32,
 }
 
 #[derive(Debug, clap::Args)]

@@ -358,6 +358,15 @@ fn graph_memory_lives_from_instantiation_to_exec_destroy() {
         CUDA_SUCCESS
     );
     assert_eq!(cu!(cuGraphDestroy: PFN_cuGraphDestroy, g), CUDA_SUCCESS);
+    assert_eq!(
+        free_mem(),
+        CAPACITY - 3 * GIB,
+        "the allocation e1's launch made, with no free node, outlives the executable graph"
+    );
+    assert_eq!(
+        cu!(cuMemFree_v2: PFN_cuMemFree_v2, params.dptr),
+        CUDA_SUCCESS
+    );
     assert_eq!(free_mem(), CAPACITY);
 }
 

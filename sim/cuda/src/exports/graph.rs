@@ -1,8 +1,9 @@
 //! Graphs with memory nodes: an allocation node gets its address when added (directly, through
 //! `cuGraphAddNode`, or by stream capture of `cuMemAllocAsync`); the memory of every
 //! allocation node, those in child graphs and clones included, is charged when the graph is
-//! instantiated and given back when the executable graph is destroyed. Launching a graph
-//! takes no device time.
+//! instantiated and given back when the executable graph is destroyed, except an allocation
+//! a launch made that no free node in the graph freed: as on a real driver, it stays until
+//! `cuMemFree`/`cuMemFreeAsync` of its address. Launching a graph takes no device time.
 
 use std::ffi::{c_char, c_uint, c_ulonglong};
 
@@ -251,7 +252,7 @@ pub unsafe extern "C" fn cuGraphAddMemFreeNode(
         }
         let nid = o.new_id();
         if let Some(g) = o.graphs.get_mut(&gid) {
-            g.nodes.push((nid, GraphNode::Free));
+            g.nodes.push((nid, GraphNode::Free(dptr)));
         }
         put(node, handle(nid))
     })
@@ -267,12 +268,18 @@ fn instantiate(exec: *mut CUgraphExec, graph: CUgraph) -> CuResult {
         .graphs
         .get(&id_of(graph))
         .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    let mut wanted: Vec<(usize, u64)> = Vec::new();
+    let (mut allocs, mut frees) = (Vec::new(), Vec::new());
     for (_, n) in &g.nodes {
-        n.allocations(&mut wanted);
+        n.allocations(&mut allocs);
+        n.frees(&mut frees);
     }
-    let mut charged = Vec::with_capacity(wanted.len());
-    for (ord, bytes) in wanted {
+    let escapes: Vec<(usize, u64, u64)> = allocs
+        .iter()
+        .filter(|(_, _, p)| !frees.contains(p))
+        .copied()
+        .collect();
+    let mut charged = Vec::with_capacity(allocs.len());
+    for (ord, bytes, _) in allocs {
         if let Err(e) = d.charge(ord, bytes) {
             for (o2, b2) in charged {
                 d.uncharge(o2, b2);
@@ -282,7 +289,14 @@ fn instantiate(exec: *mut CUgraphExec, graph: CUgraph) -> CuResult {
         charged.push((ord, bytes));
     }
     let id = o.new_id();
-    o.execs.insert(id, Exec { charges: charged });
+    o.execs.insert(
+        id,
+        Exec {
+            charges: charged,
+            escapes,
+            live: Vec::new(),
+        },
+    );
     put(exec, handle(id))
 }
 
@@ -376,13 +390,17 @@ pub unsafe extern "C" fn cuGraphInstantiate_v2(
     guard(|| instantiate_legacy(exec, graph, error_node, log, log_size))
 }
 
+/// A launch allocates every allocation node; those the graph does not free stay live until
+/// freed, after the executable graph too.
 fn launch(exec: CUgraphExec, stream: CUstream) -> CuResult {
-    let o = driver()?.objects();
+    let mut o = driver()?.objects();
     o.stream(stream)?;
-    o.execs
-        .get(&id_of(exec))
-        .map(|_| ())
-        .ok_or(CUDA_ERROR_INVALID_VALUE)
+    let e = o
+        .execs
+        .get_mut(&id_of(exec))
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    e.live = e.escapes.clone();
+    Ok(())
 }
 
 #[no_mangle]
@@ -399,11 +417,18 @@ pub unsafe extern "C" fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream)
 pub unsafe extern "C" fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult {
     guard(|| {
         let d = driver()?;
-        let e = d
-            .objects()
+        let mut o = d.objects();
+        let mut e = o
             .execs
             .remove(&id_of(exec))
             .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        // Graph destruction does not free live graph memory: it stays until freed.
+        for (ord, bytes, dptr) in e.live {
+            if let Some(i) = e.charges.iter().position(|c| *c == (ord, bytes)) {
+                e.charges.remove(i);
+                o.graph_live.insert(dptr, (ord, bytes));
+            }
+        }
         for (ord, bytes) in e.charges {
             d.uncharge(ord, bytes);
         }

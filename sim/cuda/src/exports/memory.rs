@@ -73,6 +73,9 @@ pub fn free(d: &Driver, dptr: CUdeviceptr) -> CuResult {
         return Ok(());
     }
     let mut o = d.objects();
+    if !o.allocations.contains_key(&dptr) && o.free_graph_memory(d, dptr) {
+        return Ok(());
+    }
     let a = o
         .allocations
         .remove(&dptr)
@@ -258,7 +261,10 @@ fn free_async(dptr: CUdeviceptr, stream: CUstream) -> CuResult {
         if let Some(g) = o.streams[&sid].capture {
             let nid = o.new_id();
             let graph = o.graphs.get_mut(&g).ok_or(CUDA_ERROR_ILLEGAL_STATE)?;
-            graph.nodes.push((nid, GraphNode::Free));
+            graph.nodes.push((nid, GraphNode::Free(dptr)));
+            return Ok(());
+        }
+        if o.free_graph_memory(d, dptr) {
             return Ok(());
         }
         match o.allocations.get(&dptr) {

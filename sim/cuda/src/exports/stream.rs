@@ -96,6 +96,27 @@ pub unsafe extern "C" fn cuStreamQuery_ptsz(h: CUstream) -> CUresult {
     guard(|| query(h))
 }
 
+/// `cuStreamGetCtx`: the context a stream belongs to (the current one for default streams).
+fn stream_ctx(h: CUstream, pctx: *mut CUcontext) -> CuResult {
+    let d = driver()?;
+    let ctx = {
+        let o = d.objects();
+        let sid = o.stream(h)?;
+        o.streams[&sid].ctx
+    };
+    put(pctx, handle(ctx))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetCtx(h: CUstream, pctx: *mut CUcontext) -> CUresult {
+    guard(|| stream_ctx(h, pctx))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuStreamGetCtx_ptsz(h: CUstream, pctx: *mut CUcontext) -> CUresult {
+    guard(|| stream_ctx(h, pctx))
+}
+
 /// `cuStreamBeginCapture`: work issued to the stream from now on builds a new graph instead
 /// of running. The legacy default stream cannot be captured.
 fn begin_capture(h: CUstream, mode: CUstreamCaptureMode) -> CuResult {
