@@ -673,6 +673,7 @@ fn a_claim_allocated_a_gpu_that_became_unhealthy_is_refused_at_prepare() {
         uuid: n.uuid(1),
         xid: 79,
         since_ms: 1_796_000_000_000,
+        recovery_seen: false,
     };
     gpuslice_driver::health::write_health(&health, std::slice::from_ref(&sick)).unwrap();
     api.put_claim(&claim(
