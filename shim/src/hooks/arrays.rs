@@ -16,107 +16,59 @@ fn alloc_array(kind: Kind, bytes: u64, call: impl FnOnce() -> Result<u64, CUresu
     account::allocate(slice, t, kind, bytes, call)
 }
 
-#[no_mangle]
-pub unsafe extern "C" fn cuArrayCreate_v2(
-    arr: *mut CUarray,
-    desc: *const CUDA_ARRAY_DESCRIPTOR,
-) -> CUresult {
-    guard("cuArrayCreate_v2", CUDA_ERROR_UNKNOWN, || {
-        let f = real!(cuArrayCreate_v2);
-        if desc.is_null() || arr.is_null() {
-            return CUDA_ERROR_INVALID_VALUE;
+/// An array creator: its descriptor (the pre-3.2 exports take 32-bit sizes, widened to the
+/// `_v2` layout) charged as the array's bytes before the driver is called.
+macro_rules! array_create {
+    ($name:ident, $desc:ty, $full:ty, $bytes:path) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(arr: *mut CUarray, desc: *const $desc) -> CUresult {
+            guard(stringify!($name), CUDA_ERROR_UNKNOWN, || {
+                let f = real!($name);
+                if desc.is_null() || arr.is_null() {
+                    return CUDA_ERROR_INVALID_VALUE;
+                }
+                // SAFETY: checked non-null; the caller passes a valid descriptor. (A `_v2`
+                // descriptor converts to itself.)
+                #[allow(clippy::useless_conversion)]
+                let full: $full = unsafe { *desc }.into();
+                alloc_array(Kind::Array, $bytes(&full), || {
+                    // SAFETY: the caller's arguments; arr read only after success.
+                    let r = unsafe { f(arr, desc) };
+                    if r == CUDA_SUCCESS {
+                        // SAFETY: the call succeeded, so the driver wrote the output.
+                        Ok(unsafe { *arr } as u64)
+                    } else {
+                        Err(r)
+                    }
+                })
+            })
         }
-        // SAFETY: checked non-null; the caller passes a valid descriptor.
-        let bytes = sizes::array_bytes(unsafe { &*desc });
-        alloc_array(Kind::Array, bytes, || {
-            // SAFETY: the caller's arguments; arr read only after success.
-            let r = unsafe { f(arr, desc) };
-            if r == CUDA_SUCCESS {
-                // SAFETY: the call succeeded, so the driver wrote the output.
-                Ok(unsafe { *arr } as u64)
-            } else {
-                Err(r)
-            }
-        })
-    })
+    };
 }
-
-#[no_mangle]
-pub unsafe extern "C" fn cuArray3DCreate_v2(
-    arr: *mut CUarray,
-    desc: *const CUDA_ARRAY3D_DESCRIPTOR,
-) -> CUresult {
-    guard("cuArray3DCreate_v2", CUDA_ERROR_UNKNOWN, || {
-        let f = real!(cuArray3DCreate_v2);
-        if desc.is_null() || arr.is_null() {
-            return CUDA_ERROR_INVALID_VALUE;
-        }
-        // SAFETY: checked non-null; the caller passes a valid descriptor.
-        let bytes = sizes::array3d_bytes(unsafe { &*desc });
-        alloc_array(Kind::Array, bytes, || {
-            // SAFETY: the caller's arguments; arr read only after success.
-            let r = unsafe { f(arr, desc) };
-            if r == CUDA_SUCCESS {
-                // SAFETY: the call succeeded, so the driver wrote the output.
-                Ok(unsafe { *arr } as u64)
-            } else {
-                Err(r)
-            }
-        })
-    })
-}
-
-/// `cuArrayCreate`, the pre-3.2 export with 32-bit sizes: charged like `_v2`.
-#[no_mangle]
-pub unsafe extern "C" fn cuArrayCreate(
-    arr: *mut CUarray,
-    desc: *const CUDA_ARRAY_DESCRIPTOR_v1,
-) -> CUresult {
-    guard("cuArrayCreate", CUDA_ERROR_UNKNOWN, || {
-        let f = real!(cuArrayCreate);
-        if desc.is_null() || arr.is_null() {
-            return CUDA_ERROR_INVALID_VALUE;
-        }
-        // SAFETY: checked non-null; the caller passes a valid descriptor.
-        let bytes = sizes::array_bytes(&unsafe { *desc }.into());
-        alloc_array(Kind::Array, bytes, || {
-            // SAFETY: the caller's arguments; arr read only after success.
-            let r = unsafe { f(arr, desc) };
-            if r == CUDA_SUCCESS {
-                // SAFETY: the call succeeded, so the driver wrote the output.
-                Ok(unsafe { *arr } as u64)
-            } else {
-                Err(r)
-            }
-        })
-    })
-}
-
-/// `cuArray3DCreate`, the pre-3.2 export with 32-bit sizes: charged like `_v2`.
-#[no_mangle]
-pub unsafe extern "C" fn cuArray3DCreate(
-    arr: *mut CUarray,
-    desc: *const CUDA_ARRAY3D_DESCRIPTOR_v1,
-) -> CUresult {
-    guard("cuArray3DCreate", CUDA_ERROR_UNKNOWN, || {
-        let f = real!(cuArray3DCreate);
-        if desc.is_null() || arr.is_null() {
-            return CUDA_ERROR_INVALID_VALUE;
-        }
-        // SAFETY: checked non-null; the caller passes a valid descriptor.
-        let bytes = sizes::array3d_bytes(&unsafe { *desc }.into());
-        alloc_array(Kind::Array, bytes, || {
-            // SAFETY: the caller's arguments; arr read only after success.
-            let r = unsafe { f(arr, desc) };
-            if r == CUDA_SUCCESS {
-                // SAFETY: the call succeeded, so the driver wrote the output.
-                Ok(unsafe { *arr } as u64)
-            } else {
-                Err(r)
-            }
-        })
-    })
-}
+array_create!(
+    cuArrayCreate_v2,
+    CUDA_ARRAY_DESCRIPTOR,
+    CUDA_ARRAY_DESCRIPTOR,
+    sizes::array_bytes
+);
+array_create!(
+    cuArray3DCreate_v2,
+    CUDA_ARRAY3D_DESCRIPTOR,
+    CUDA_ARRAY3D_DESCRIPTOR,
+    sizes::array3d_bytes
+);
+array_create!(
+    cuArrayCreate,
+    CUDA_ARRAY_DESCRIPTOR_v1,
+    CUDA_ARRAY_DESCRIPTOR,
+    sizes::array_bytes
+);
+array_create!(
+    cuArray3DCreate,
+    CUDA_ARRAY3D_DESCRIPTOR_v1,
+    CUDA_ARRAY3D_DESCRIPTOR,
+    sizes::array3d_bytes
+);
 
 #[no_mangle]
 pub unsafe extern "C" fn cuArrayDestroy(arr: CUarray) -> CUresult {

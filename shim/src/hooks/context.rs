@@ -194,54 +194,37 @@ primary_release!(cuDevicePrimaryCtxRelease_v2, after_release);
 primary_release!(cuDevicePrimaryCtxReset, forget_primary);
 primary_release!(cuDevicePrimaryCtxReset_v2, forget_primary);
 
-/// `cuCtxCreate`, the pre-3.2 export (same signature): checked and charged like `_v2`.
-#[no_mangle]
-pub unsafe extern "C" fn cuCtxCreate(
-    pctx: *mut CUcontext,
-    flags: c_uint,
-    dev: CUdevice,
-) -> CUresult {
-    guard("cuCtxCreate", CUDA_ERROR_UNKNOWN, || {
-        let f = real!(cuCtxCreate);
-        let idx = tri!(allowed(dev));
-        if pctx.is_null() {
-            return CUDA_ERROR_INVALID_VALUE;
+/// `cuCtxCreate_v2` and the pre-3.2 `cuCtxCreate` (same signature): the device checked
+/// against the slice, the context charged.
+macro_rules! ctx_create {
+    ($name:ident) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            pctx: *mut CUcontext,
+            flags: c_uint,
+            dev: CUdevice,
+        ) -> CUresult {
+            guard(stringify!($name), CUDA_ERROR_UNKNOWN, || {
+                let f = real!($name);
+                let idx = tri!(allowed(dev));
+                if pctx.is_null() {
+                    return CUDA_ERROR_INVALID_VALUE;
+                }
+                create_charged(
+                    idx,
+                    || {
+                        // SAFETY: the caller's arguments; `pctx` is not null.
+                        let r = unsafe { f(pctx, flags, dev) };
+                        created(r, pctx)
+                    },
+                    destroy_real,
+                )
+            })
         }
-        create_charged(
-            idx,
-            || {
-                // SAFETY: the caller's arguments; `pctx` is not null.
-                let r = unsafe { f(pctx, flags, dev) };
-                created(r, pctx)
-            },
-            destroy_real,
-        )
-    })
+    };
 }
-
-#[no_mangle]
-pub unsafe extern "C" fn cuCtxCreate_v2(
-    pctx: *mut CUcontext,
-    flags: c_uint,
-    dev: CUdevice,
-) -> CUresult {
-    guard("cuCtxCreate_v2", CUDA_ERROR_UNKNOWN, || {
-        let f = real!(cuCtxCreate_v2);
-        let idx = tri!(allowed(dev));
-        if pctx.is_null() {
-            return CUDA_ERROR_INVALID_VALUE;
-        }
-        create_charged(
-            idx,
-            || {
-                // SAFETY: the caller's arguments; `pctx` is not null.
-                let r = unsafe { f(pctx, flags, dev) };
-                created(r, pctx)
-            },
-            destroy_real,
-        )
-    })
-}
+ctx_create!(cuCtxCreate);
+ctx_create!(cuCtxCreate_v2);
 
 #[no_mangle]
 pub unsafe extern "C" fn cuCtxCreate_v3(
