@@ -215,13 +215,11 @@ impl State {
                 old.is_some_and(|o| w.selector.matches(o)),
                 w.selector.matches(new),
             );
-            let said = match (event, was, is) {
-                ("ADDED", _, true) => "ADDED",
-                ("DELETED", _, true) => "DELETED",
-                (_, true, true) => event,
-                (_, true, false) => "DELETED",
-                (_, false, true) => "ADDED",
-                _ => return true,
+            let said = match (was, is) {
+                (false, false) => return true,
+                (true, false) => "DELETED",
+                (false, true) if event == "MODIFIED" => "ADDED",
+                _ => event,
             };
             let line = format!("{}\n", json!({"type": said, "object": new}));
             w.lines.send(Bytes::from(line)).is_ok()
