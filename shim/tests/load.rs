@@ -1,4 +1,5 @@
-//! Acceptance 6: ordinary programs run normally with the shim preloaded; the portable build
+//! Acceptance 6: ordinary programs run normally with the shim preloaded (its `dlvsym` answers
+//! other libraries' symbols as glibc's does); the portable build
 //! stays under the documented glibc floor (objdump) and loads and enforces inside a Debian
 //! bullseye (glibc 2.31) root filesystem. The last two need `scripts/build-portable.sh`
 //! and fail, naming it, when its output is missing; the chroot test needs root and prints
@@ -288,5 +289,21 @@ fn loads_and_enforces_inside_a_bullseye_rootfs() {
         .pop()
         .unwrap_or_else(|| panic!("probe in bullseye: {out:?}"));
     assert_eq!(u(&v, "total"), 4 * GIB, "enforced inside bullseye: {v}");
+    assert_eq!(v["error"], "CUDA_ERROR_OUT_OF_MEMORY", "{v}");
+    // dlvsym, which glibc 2.31 keeps in libdl.so.2, on a driver without version tables.
+    strip_symbol_versions(&opt.join("libcuda.so.1"));
+    let out = chroot(&[
+        "/opt/gpuslice/gpuslice-probe",
+        "--json",
+        "--resolve",
+        "dlvsym",
+        "alloc",
+        "--chunk",
+        "1Gi",
+    ]);
+    let v = json_lines(&out)
+        .pop()
+        .unwrap_or_else(|| panic!("probe in bullseye: {out:?}"));
+    assert_eq!(u(&v, "total"), 4 * GIB, "dlvsym inside bullseye: {v}");
     assert_eq!(v["error"], "CUDA_ERROR_OUT_OF_MEMORY", "{v}");
 }
