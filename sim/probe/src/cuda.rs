@@ -1,7 +1,7 @@
 //! The driver as the CUDA runtime reaches it: `dlopen("libcuda.so.1")`, then every entry
 //! point by base name and version through `cuGetProcAddress` (or, for comparison, by
-//! versioned name through `dlsym` on the handle or in global scope, or `dlvsym`). Thin wrappers turn each
-//! call's status into a `Result` naming the call.
+//! versioned name through `dlsym` on the handle or in global scope, or `dlvsym`). Thin
+//! wrappers turn each call's status into a `Result` naming the call.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
