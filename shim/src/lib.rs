@@ -12,6 +12,7 @@ mod dlsym;
 mod ffi_extra;
 mod figures;
 mod forksafe;
+mod glibc;
 mod guard;
 mod hooks;
 mod intercept;

@@ -1,6 +1,7 @@
-//! The real driver libraries behind the shim: the real `dlsym` (found with `dlvsym`, since
-//! ours replaces it), handles of `libcuda.so.1` / `libnvidia-ml.so.1`, and one cached,
-//! typed accessor per real entry point the interceptors call.
+//! The real driver libraries behind the shim: glibc's `dlsym` and `dlvsym` (found in libc's
+//! symbol table, since the shim exports both names), handles of `libcuda.so.1` /
+//! `libnvidia-ml.so.1`, and one cached, typed accessor per real entry point the interceptors
+//! call.
 //!
 //! Symbols are looked up in the library's own handle, never in the global scope, so the
 //! shim's exports of the same names are never found by mistake.
@@ -8,33 +9,68 @@
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::ptr::null_mut;
 use std::sync::atomic::{
-    AtomicPtr,
-    Ordering::{Acquire, Release},
+    AtomicBool, AtomicPtr,
+    Ordering::{Acquire, Relaxed, Release},
 };
 
 /// `dlsym`'s C signature.
 pub type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
+/// `dlvsym`'s C signature.
+pub type DlvsymFn = unsafe extern "C" fn(*mut c_void, *const c_char, *const c_char) -> *mut c_void;
 
-static REAL_DLSYM: AtomicPtr<c_void> = AtomicPtr::new(null_mut());
+/// One of glibc's `dl*` functions, found on first use and cached.
+struct GlibcFn {
+    name: &'static CStr,
+    addr: AtomicPtr<c_void>,
+    /// Whether "not found" has been logged (once per process).
+    missing_logged: AtomicBool,
+}
 
-/// glibc's `dlsym`: `dlsym@GLIBC_2.34` (glibc ≥ 2.34) or `dlsym@GLIBC_2.2.5` (older).
-pub fn real_dlsym() -> Option<DlsymFn> {
-    let mut p = REAL_DLSYM.load(Acquire);
-    if p.is_null() {
-        for version in [c"GLIBC_2.34", c"GLIBC_2.2.5", c"GLIBC_2.17"] {
-            // SAFETY: dlvsym with constant NUL-terminated strings; RTLD_NEXT skips the shim.
-            p = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), version.as_ptr()) };
-            if !p.is_null() {
-                break;
-            }
+impl GlibcFn {
+    const fn new(name: &'static CStr) -> GlibcFn {
+        GlibcFn {
+            name,
+            addr: AtomicPtr::new(null_mut()),
+            missing_logged: AtomicBool::new(false),
         }
-        if p.is_null() {
-            return None;
-        }
-        REAL_DLSYM.store(p, Release);
     }
-    // SAFETY: p is glibc's dlsym, whose signature is DlsymFn.
-    Some(unsafe { std::mem::transmute::<*mut c_void, DlsymFn>(p) })
+
+    /// The function's address, or null (logged once) when no loaded glibc object defines it.
+    fn get(&self) -> *mut c_void {
+        let p = self.addr.load(Acquire);
+        if !p.is_null() {
+            return p;
+        }
+        let p = crate::glibc::function(self.name);
+        if p.is_null() {
+            if !self.missing_logged.swap(true, Relaxed) {
+                crate::log::warning!(
+                    "glibc's {} not found in libc.so.6 or libdl.so.2: the shim answers it with null",
+                    self.name.to_string_lossy()
+                );
+            }
+        } else {
+            self.addr.store(p, Release);
+        }
+        p
+    }
+}
+
+static REAL_DLSYM: GlibcFn = GlibcFn::new(c"dlsym");
+static REAL_DLVSYM: GlibcFn = GlibcFn::new(c"dlvsym");
+
+/// glibc's `dlsym` (`dlsym@@GLIBC_2.34` in libc.so.6, or `dlsym@@GLIBC_2.2.5` in libdl.so.2).
+pub fn real_dlsym() -> Option<DlsymFn> {
+    let p = REAL_DLSYM.get();
+    // SAFETY: a non-null p is glibc's dlsym, whose signature is DlsymFn.
+    (!p.is_null()).then(|| unsafe { std::mem::transmute::<*mut c_void, DlsymFn>(p) })
+}
+
+/// glibc's `dlvsym`, found as [`real_dlsym`] is.
+pub fn real_dlvsym() -> Option<DlvsymFn> {
+    let p = REAL_DLVSYM.get();
+    // SAFETY: a non-null p is glibc's dlvsym, whose signature is DlvsymFn.
+    (!p.is_null()).then(|| unsafe { std::mem::transmute::<*mut c_void, DlvsymFn>(p) })
 }
 
 /// A real library, opened on first use.

@@ -1,4 +1,5 @@
-//! Acceptance 6: ordinary programs run normally with the shim preloaded; the portable build
+//! Acceptance 6: ordinary programs run normally with the shim preloaded (its `dlvsym` answers
+//! other libraries' symbols as glibc's does); the portable build
 //! stays under the documented glibc floor (objdump) and loads and enforces inside a Debian
 //! bullseye (glibc 2.31) root filesystem. The last two need `scripts/build-portable.sh`
 //! and fail, naming it, when its output is missing; the chroot test needs root and prints
@@ -47,6 +48,55 @@ fn shell_ls_and_python_run_normally_under_the_shim() {
         "[1]",
         "dlsym-heavy imports work: {out:?}"
     );
+}
+
+/// Looks symbols up with `dlvsym` from Python (ctypes): through the global scope (where the
+/// shim's export comes first), a library handle and `RTLD_NEXT`, with a right and a wrong
+/// version.
+const DLVSYM_SCRIPT: &str = r#"
+import ctypes, json, platform
+V = ctypes.c_void_p
+libc = ctypes.CDLL("libc.so.6")
+scope = ctypes.CDLL(None)
+dlvsym = scope.dlvsym
+dlvsym.restype = V
+dlvsym.argtypes = [V, ctypes.c_char_p, ctypes.c_char_p]
+addr = lambda f: ctypes.cast(f, V).value
+malloc = addr(libc.malloc)
+ver = b"GLIBC_2.2.5" if platform.machine() == "x86_64" else b"GLIBC_2.17"
+print(json.dumps({
+    "interposed": addr(scope.dlvsym) != addr(libc.dlvsym),
+    "default": dlvsym(None, b"malloc", ver) == malloc,
+    "handle": dlvsym(libc._handle, b"malloc", ver) == malloc,
+    "next": dlvsym(V(-1), b"malloc", ver) == malloc,
+    "wrong": dlvsym(None, b"malloc", b"GPUSLICE_NONE"),
+    "next_wrong": dlvsym(V(-1), b"malloc", b"GPUSLICE_NONE"),
+}))
+"#;
+
+#[test]
+fn dlvsym_answers_other_symbols_as_glibc_does() {
+    let art = artifacts();
+    let run = |preload: bool| {
+        let mut cmd = Command::new("python3");
+        cmd.args(["-c", DLVSYM_SCRIPT]);
+        if preload {
+            cmd.env("LD_PRELOAD", &art.shim);
+        }
+        let out = cmd.output().expect("python3");
+        assert!(out.status.success(), "{out:?}");
+        json_lines(&out).pop().unwrap_or_else(|| panic!("{out:?}"))
+    };
+    let (bare, shim) = (run(false), run(true));
+    assert_eq!(shim["interposed"], true, "the shim exports dlvsym: {shim}");
+    assert_eq!(shim["default"], true, "{shim}");
+    assert_eq!(shim["handle"], true, "{shim}");
+    assert!(shim["wrong"].is_null(), "{shim}");
+    // RTLD_NEXT keeps the caller's meaning (ctypes calls from libffi, which libc follows):
+    // the answer glibc gives without the shim.
+    assert_eq!(bare["next"], true, "{bare}");
+    assert_eq!(shim["next"], bare["next"], "{shim} vs {bare}");
+    assert!(shim["next_wrong"].is_null(), "{shim}");
 }
 
 /// `target/portable` (from `scripts/build-portable.sh`), or `GPUSLICE_TEST_PORTABLE_DIR`.
@@ -239,5 +289,21 @@ fn loads_and_enforces_inside_a_bullseye_rootfs() {
         .pop()
         .unwrap_or_else(|| panic!("probe in bullseye: {out:?}"));
     assert_eq!(u(&v, "total"), 4 * GIB, "enforced inside bullseye: {v}");
+    assert_eq!(v["error"], "CUDA_ERROR_OUT_OF_MEMORY", "{v}");
+    // dlvsym, which glibc 2.31 keeps in libdl.so.2, on a driver without version tables.
+    strip_symbol_versions(&opt.join("libcuda.so.1"));
+    let out = chroot(&[
+        "/opt/gpuslice/gpuslice-probe",
+        "--json",
+        "--resolve",
+        "dlvsym",
+        "alloc",
+        "--chunk",
+        "1Gi",
+    ]);
+    let v = json_lines(&out)
+        .pop()
+        .unwrap_or_else(|| panic!("probe in bullseye: {out:?}"));
+    assert_eq!(u(&v, "total"), 4 * GIB, "dlvsym inside bullseye: {v}");
     assert_eq!(v["error"], "CUDA_ERROR_OUT_OF_MEMORY", "{v}");
 }

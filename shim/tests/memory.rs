@@ -313,6 +313,39 @@ fn every_resolution_path_and_cuda_version_is_covered() {
 }
 
 #[test]
+fn dlvsym_hands_out_the_interceptors() {
+    let node = SliceNode::new(&[16 * GIB], &[(4 * GIB, 0)]);
+    let alloc = |api| {
+        node.probe(&[
+            "--resolve",
+            "dlvsym",
+            "alloc",
+            "--chunk",
+            "1Gi",
+            "--api",
+            api,
+        ])
+    };
+    // A driver with symbol version tables (any linked against glibc, this one too) gives
+    // its unversioned entry points to no dlvsym version: the probe cannot resolve them.
+    let out = alloc("alloc").output().expect("run probe");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && stderr.contains("cannot resolve cuInit")
+            && stderr.contains("through dlvsym"),
+        "{out:?}"
+    );
+    // Without version tables glibc accepts any version: the shim hands out its interceptors.
+    strip_symbol_versions(&node.sim.lib_dir().join("libcuda.so.1"));
+    for api in ["alloc", "async", "vmm"] {
+        let v = run_json(alloc(api));
+        assert_eq!(v["error"], "CUDA_ERROR_OUT_OF_MEMORY", "{api}: {v}");
+        assert_eq!(u(&v, "total"), 4 * GIB, "{api}: {v}");
+    }
+}
+
+#[test]
 fn without_limits_cuda_initialisation_fails_with_the_message() {
     let node = SliceNode::new(&[16 * GIB], &[(4 * GIB, 0)]);
     let mut cmd = node.bare_probe(&["info"]);

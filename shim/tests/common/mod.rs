@@ -166,3 +166,54 @@ pub fn u(v: &serde_json::Value, key: &str) -> u64 {
         .as_u64()
         .unwrap_or_else(|| panic!("{key} missing in {v}"))
 }
+
+/// Rewrites the 64-bit little-endian ELF shared object at `path` into one without symbol
+/// versions, as a library built without version tables: its `DT_VERSYM`, `DT_VERNEED(NUM)`
+/// and `DT_VERDEF(NUM)` dynamic entries become `DT_DEBUG`, which the dynamic linker ignores
+/// in a library. glibc's `dlvsym` then accepts any version string for its symbols.
+pub fn strip_symbol_versions(path: &Path) {
+    const PT_DYNAMIC: u32 = 2;
+    const DT_DEBUG: i64 = 21;
+    const VERSION_TAGS: [i64; 5] = [
+        0x6fff_fff0,
+        0x6fff_fffc,
+        0x6fff_fffd,
+        0x6fff_fffe,
+        0x6fff_ffff,
+    ];
+    let mut elf = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(
+        &elf[..6],
+        b"\x7fELF\x02\x01",
+        "{}: not ELF64 LE",
+        path.display()
+    );
+    let word = |elf: &[u8], at: usize, len: usize| {
+        let mut b = [0u8; 8];
+        b[..len].copy_from_slice(&elf[at..at + len]);
+        u64::from_le_bytes(b) as usize
+    };
+    let (phoff, phentsize, phnum) = (
+        word(&elf, 0x20, 8),
+        word(&elf, 0x36, 2),
+        word(&elf, 0x38, 2),
+    );
+    let dynamic = (0..phnum)
+        .map(|i| phoff + i * phentsize)
+        .find(|&ph| word(&elf, ph, 4) as u32 == PT_DYNAMIC)
+        .unwrap_or_else(|| panic!("{}: no PT_DYNAMIC", path.display()));
+    let (offset, size) = (word(&elf, dynamic + 8, 8), word(&elf, dynamic + 32, 8));
+    let mut replaced = 0;
+    for entry in (offset..offset + size).step_by(16) {
+        let tag = word(&elf, entry, 8) as i64;
+        if tag == 0 {
+            break;
+        }
+        if VERSION_TAGS.contains(&tag) {
+            elf[entry..entry + 8].copy_from_slice(&DT_DEBUG.to_le_bytes());
+            replaced += 1;
+        }
+    }
+    assert!(replaced > 0, "{}: no symbol versions", path.display());
+    std::fs::write(path, elf).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+}

@@ -1,7 +1,7 @@
 //! The driver as the CUDA runtime reaches it: `dlopen("libcuda.so.1")`, then every entry
 //! point by base name and version through `cuGetProcAddress` (or, for comparison, by
-//! versioned name through `dlsym` on the handle or in global scope). Thin wrappers turn each
-//! call's status into a `Result` naming the call.
+//! versioned name through `dlsym` on the handle or in global scope, or `dlvsym`). Thin
+//! wrappers turn each call's status into a `Result` naming the call.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -23,6 +23,9 @@ pub enum Resolve {
     Dlsym,
     /// `dlsym(RTLD_DEFAULT, versioned name)`, as a program linked with `-lcuda` binds.
     Default,
+    /// `dlvsym(handle, versioned name, "GPUSLICE_PROBE")`: a version no driver defines, which
+    /// glibc accepts only from a library without symbol versions.
+    Dlvsym,
 }
 
 impl Resolve {
@@ -32,6 +35,7 @@ impl Resolve {
             Resolve::Proc2 => "proc2",
             Resolve::Dlsym => "dlsym",
             Resolve::Default => "default",
+            Resolve::Dlvsym => "dlvsym",
         }
     }
 }
@@ -75,7 +79,7 @@ impl Cuda {
                     )
                 })
             }
-            Resolve::Dlsym | Resolve::Default => {}
+            Resolve::Dlsym | Resolve::Default | Resolve::Dlvsym => {}
         }
         Ok(Cuda {
             lib,
@@ -131,10 +135,10 @@ impl Cuda {
             _ => {
                 let symbol =
                     procaddr::resolve(name, self.version, 0).map_err(|e| fail(format!("{e:?}")))?;
-                let found = if self.resolve == Resolve::Default {
-                    global_sym(symbol)
-                } else {
-                    self.lib.sym(symbol)
+                let found = match self.resolve {
+                    Resolve::Default => global_sym(symbol),
+                    Resolve::Dlvsym => self.lib.vsym(symbol, "GPUSLICE_PROBE"),
+                    _ => self.lib.sym(symbol),
                 };
                 p = found
                     .ok_or_else(|| fail(format!("{} has no symbol {symbol}", self.lib.name)))?;

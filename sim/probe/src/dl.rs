@@ -1,5 +1,5 @@
-//! `dlopen` / `dlsym`, the way programs reach the driver: by handle, or through the global
-//! scope (`RTLD_DEFAULT`), where a preloaded library comes first.
+//! `dlopen` / `dlsym` / `dlvsym`, the way programs reach the driver: by handle, or through
+//! the global scope (`RTLD_DEFAULT`), where a preloaded library comes first.
 
 use std::ffi::{c_void, CStr, CString};
 
@@ -47,6 +47,14 @@ impl Library {
     /// `dlsym(handle, symbol)`.
     pub fn sym(&self, symbol: &str) -> Option<*mut c_void> {
         lookup(self.handle, symbol)
+    }
+
+    /// `dlvsym(handle, symbol, version)`.
+    pub fn vsym(&self, symbol: &str, version: &str) -> Option<*mut c_void> {
+        let (c, v) = (CString::new(symbol).ok()?, CString::new(version).ok()?);
+        // SAFETY: dlvsym with a handle from dlopen and valid C strings.
+        let p = unsafe { libc::dlvsym(self.handle, c.as_ptr(), v.as_ptr()) };
+        (!p.is_null()).then_some(p)
     }
 }
 
