@@ -124,7 +124,7 @@ impl Ledger {
     /// an admission no API call, and a booking starts from the version watched (a stale one
     /// conflicts and is read again). Needs a Tokio runtime.
     pub fn watching(cluster: Cluster, hami_compat: bool) -> Ledger {
-        let watched = Mirror::follow(Api::all(cluster.client()), None);
+        let watched = Mirror::follow(cluster.client(), None);
         Ledger {
             cluster,
             hami_compat,

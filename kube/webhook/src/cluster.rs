@@ -58,7 +58,7 @@ impl Cluster {
     pub async fn start(client: kube::Client, grace: Duration) -> Cluster {
         let selector = format!("{}={}", MANAGED_BY.0, MANAGED_BY.1);
         let c = Cluster {
-            templates: Mirror::follow(Api::all(client.clone()), Some(selector)),
+            templates: Mirror::follow(client.clone(), Some(selector)),
             client,
             inventory: Arc::new(RwLock::new(Err("not read yet".into()))),
         };
