@@ -94,7 +94,7 @@ impl<K: Resource> Copy<K> {
     /// next watch resumes before it), or `None` when it ends the watch (an error event, or an
     /// object that cannot even be named).
     fn apply(&mut self, event: Event<K>) -> Option<Option<String>> {
-        let version = |o: &K| o.meta().resource_version.clone();
+        let version = |o: &K| o.meta().resource_version.clone().filter(|v| !v.is_empty());
         match event {
             Event::Put(Ok(o)) => {
                 let (k, v) = (key(&o), version(&o));
@@ -122,7 +122,8 @@ impl<K: Resource> Copy<K> {
                 self.unread.remove(&k);
                 Some(None)
             }
-            Event::Bookmark(v) => Some(Some(v)),
+            // A bookmark without a version moves nothing (a watch from "" would start anew).
+            Event::Bookmark(v) => Some(Some(v).filter(|v| !v.is_empty())),
             Event::Error(_) => None,
         }
     }
@@ -339,6 +340,8 @@ mod tests {
         let bookmark = r#"{"kind": "ResourceQuota", "apiVersion": "v1",
             "metadata": {"resourceVersion": "12"}}"#;
         assert_eq!(apply(line("BOOKMARK", bookmark)), Some(Some("12".into())));
+        // One without a version moves nothing (a watch from "" would start anew).
+        assert_eq!(apply(line("BOOKMARK", r#"{"metadata": {}}"#)), Some(None));
         // One that cannot be read leaves the version where it was.
         let odd = r#"{"metadata": {"namespace": "a", "name": "q"}, "spec": {"hard": 5}}"#;
         assert_eq!(apply(line("MODIFIED", odd)), Some(None));
