@@ -343,6 +343,32 @@ where
     read_list(&text).map_err(kube::Error::SerdeError)
 }
 
+/// Why one object could not be read: the API call failed, or the object cannot be read through
+/// its view.
+#[derive(Debug, thiserror::Error)]
+pub enum GetError {
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+    #[error(transparent)]
+    View(#[from] ViewError),
+}
+
+/// The object of kind `K` named `name` in namespace `ns`, read through its view; `None` when
+/// there is none.
+pub async fn get_opt<K>(client: &kube::Client, ns: &str, name: &str) -> Result<Option<K>, GetError>
+where
+    K: Viewed + kube::Resource<DynamicType = ()>,
+{
+    let req = kube::core::Request::new(K::url_path(&(), Some(ns)))
+        .get(name, &kube::api::GetParams::default())
+        .map_err(kube::Error::BuildRequest)?;
+    match client.request_text(req).await {
+        Ok(text) => Ok(Some(K::read(&text)?)),
+        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// One event of a watch, its object read through its view.
 #[derive(Debug)]
 pub enum Event<K> {
