@@ -6,8 +6,8 @@
 //! a pause, and meanwhile readers are told to ask the API server (a copy that missed a change
 //! must not admit past a budget). Objects are read through their views (crate::view): one that
 //! cannot be read is named in the log once and left out of the copy, which stays current for
-//! the others; the copy remembers where it is, so that a reader that must see every object of
-//! a namespace (its quotas) asks the API server for that namespace.
+//! the others; the copy remembers which objects it left out, so that a reader that must see
+//! every object of a namespace (its quotas) asks the API server for that namespace.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -55,21 +55,21 @@ fn left_out(e: &ViewError) {
 }
 
 /// The objects read by namespace and name, and the keys of those that could not be.
-struct Copy<K> {
+struct Held<K> {
     objects: BTreeMap<Key, K>,
     unread: BTreeSet<Key>,
 }
 
-impl<K> Default for Copy<K> {
+impl<K> Default for Held<K> {
     fn default() -> Self {
-        Copy {
+        Held {
             objects: BTreeMap::new(),
             unread: BTreeSet::new(),
         }
     }
 }
 
-impl<K: Resource> Copy<K> {
+impl<K: Resource> Held<K> {
     /// Adds one page of a list, naming in the log each object left out that is not in
     /// `known` (those the copy it replaces left out already); false when an object of it cannot
     /// even be named (the copy cannot tell which object it left out).
@@ -131,14 +131,14 @@ impl<K: Resource> Copy<K> {
 
 /// The objects of one kind by namespace and name, and whether they are current.
 pub struct Mirror<K> {
-    copy: RwLock<Copy<K>>,
+    copy: RwLock<Held<K>>,
     current: AtomicBool,
 }
 
 impl<K> Default for Mirror<K> {
     fn default() -> Self {
         Mirror {
-            copy: RwLock::new(Copy::default()),
+            copy: RwLock::new(Held::default()),
             current: AtomicBool::new(false),
         }
     }
@@ -211,17 +211,17 @@ where
     /// list's resourceVersion, or `None` when the list failed.
     async fn list(&self, client: &kube::Client, mut params: ListParams) -> Option<String> {
         let known = self.copy.read().ok()?.unread.clone();
-        let mut copy = Copy::default();
+        let mut held = Held::default();
         loop {
             let page = list_page::<K>(client, None, &params).await.ok()?;
             let (next, version) = (page.next.clone(), page.version.clone());
-            if !copy.take_page(page, &known) {
+            if !held.take_page(page, &known) {
                 return None;
             }
             match next {
                 Some(c) => params = params.continue_token(&c),
                 None => {
-                    *self.copy.write().ok()? = copy;
+                    *self.copy.write().ok()? = held;
                     return Some(version.unwrap_or_default());
                 }
             }
@@ -294,7 +294,7 @@ mod tests {
         format!(r#"{{"type": "{kind}", "object": {object}}}"#).into_bytes()
     }
 
-    fn current<K>(copy: Copy<K>) -> Mirror<K> {
+    fn current<K>(copy: Held<K>) -> Mirror<K> {
         Mirror {
             copy: RwLock::new(copy),
             current: AtomicBool::new(true),
@@ -331,7 +331,7 @@ mod tests {
 
     #[test]
     fn each_event_brings_the_version_the_next_watch_resumes_from() {
-        let mut c = Copy::default();
+        let mut c = Held::default();
         let q = |rv: &str| serde_json::to_string(&quota("a", "q", rv)).unwrap();
         let mut apply = |l: Vec<u8>| c.apply(read_event::<ResourceQuota>(&l).unwrap());
         assert_eq!(apply(line("ADDED", &q("7"))), Some(Some("7".into())));
@@ -350,7 +350,7 @@ mod tests {
 
     #[test]
     fn an_error_event_or_one_naming_no_object_ends_the_watch() {
-        let mut c = Copy::<ResourceQuota>::default();
+        let mut c = Held::<ResourceQuota>::default();
         let status = r#"{"kind": "Status", "status": "Failure", "code": 410,
             "reason": "Expired", "message": "too old"}"#;
         let e = read_event::<ResourceQuota>(&line("ERROR", status)).unwrap();
@@ -399,7 +399,7 @@ mod tests {
         );
         let page = read_list::<ResourceClaimTemplate>(&page).unwrap();
         assert_eq!(page.version.as_deref(), Some("4"));
-        let mut c = Copy::default();
+        let mut c = Held::default();
         assert!(c.take_page(page, &BTreeSet::new()));
         let mut apply = |l: Vec<u8>| {
             let e = read_event::<ResourceClaimTemplate>(&l).unwrap();
@@ -448,7 +448,7 @@ mod tests {
             serde_json::to_string(&quota("team", "gpu", "1")).unwrap(),
             serde_json::to_string(&quota("other", "gpu", "1")).unwrap(),
         );
-        let mut c = Copy::default();
+        let mut c = Held::default();
         assert!(c.take_page(read_list::<ResourceQuota>(&text).unwrap(), &BTreeSet::new()));
         let m = current(c);
         // Its namespace's budgets would be read without it: the API server is asked.
