@@ -29,13 +29,12 @@ cd "$(dirname "$0")/.."
 pairs=${1:-10}
 ranks=${2:-2}
 cluster=""
-states=()
 cleanup() {
   if [ -n "$cluster" ]; then
     scripts/kube-cluster.sh down "$cluster" >/dev/null 2>&1 || true
     rm -rf "$cluster"
   fi
-  for s in "${states[@]}"; do rm -rf "$s"; done
+  if [ -n "${GPUSLICE_NODE_STATE_ROOT:-}" ]; then rm -rf "$GPUSLICE_NODE_STATE_ROOT"; fi
 }
 trap cleanup EXIT
 # shellcheck source=scripts/lib/bench-node.sh
@@ -45,19 +44,9 @@ flock -s 8
 exec 9>/run/lock/gpuslice-e2e.kube-node.lock
 flock 9
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg) ($(nproc) CPUs); node state on ${BENCH_STATE:-disk}"
-nodes=()
-for n in node-a node-b; do
-  if [ "${BENCH_STATE:-}" = tmpfs ]; then
-    config=$(bench_tmpfs_node_config "${GPUSLICE_SIM_DIR:-$PWD/target/portable}" \
-      "${GPUSLICE_BIN_DIR:-$PWD/target/release}")
-    states+=("$(dirname "$config")")
-    nodes+=(--node "$n=$config")
-  else
-    nodes+=(--node "$n")
-  fi
-done
+bench_state_root
 cluster=$(mktemp -d /tmp/gpuslice-bench-job-start.XXXXXX)
-if ! scripts/kube-cluster.sh up "$cluster" "${nodes[@]}" --webhook --kubeflow \
+if ! scripts/kube-cluster.sh up "$cluster" --node node-a --node node-b --webhook --kubeflow \
   2>"$cluster.up.log"; then
   tail -30 "$cluster.up.log" >&2
   exit 1

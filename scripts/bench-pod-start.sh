@@ -25,13 +25,12 @@ cd "$(dirname "$0")/.."
 pairs=${1:-15}
 modes=${2:-capacity slots}
 cluster=""
-state=""
 cleanup() {
   if [ -n "$cluster" ]; then
     scripts/kube-cluster.sh down "$cluster" >/dev/null 2>&1 || true
     rm -rf "$cluster"
   fi
-  if [ -n "$state" ]; then rm -rf "$state"; fi
+  if [ -n "${GPUSLICE_NODE_STATE_ROOT:-}" ]; then rm -rf "$GPUSLICE_NODE_STATE_ROOT"; fi
 }
 trap cleanup EXIT
 # shellcheck source=scripts/lib/bench-node.sh
@@ -45,12 +44,7 @@ flock 7
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg) ($(nproc) CPUs); node state on ${BENCH_STATE:-disk}"
 for mode in $modes; do
   cluster=$(mktemp -d /tmp/gpuslice-bench-pod-start.XXXXXX)
-  if [ "${BENCH_STATE:-}" = tmpfs ]; then
-    GPUSLICE_CONFIG=$(bench_tmpfs_node_config "${GPUSLICE_SIM_DIR:-$PWD/target/portable}" \
-      "${GPUSLICE_BIN_DIR:-$PWD/target/release}")
-    export GPUSLICE_CONFIG
-    state=$(dirname "$GPUSLICE_CONFIG")
-  fi
+  bench_state_root
   args=()
   [ "$mode" = slots ] && args=(--feature-gates DRAConsumableCapacity=false)
   if ! GPUSLICE_KUBE_SLOT=0 scripts/kube-cluster.sh up "$cluster" --node bench-node "${args[@]}" 2>"$cluster.up.log"; then
@@ -64,6 +58,5 @@ for mode in $modes; do
   scripts/kube-cluster.sh down "$cluster" >/dev/null 2>&1
   rm -rf "$cluster"
   cluster=""
-  if [ -n "$state" ]; then rm -rf "$state"; fi
-  state=""
+  if [ -n "${GPUSLICE_NODE_STATE_ROOT:-}" ]; then rm -rf "$GPUSLICE_NODE_STATE_ROOT"; fi
 done

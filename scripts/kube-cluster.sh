@@ -197,6 +197,11 @@ Environment:
                           DIR/node/gpuslice for a simulated node with one NVIDIA H200 (141Gi),
                           whose CDI inventory is taken with the simulated driver of
                           GPUSLICE_SIM_DIR (default target/portable, else GPUSLICE_BIN_DIR)
+  GPUSLICE_NODE_STATE_ROOT
+                          (--node) a simulated node written here keeps its gpuslice state and
+                          CDI specs in ROOT/<its directory's name>/{state,cdi} rather than under
+                          its directory (the benchmarks put ROOT on /dev/shm, in memory as
+                          /run/gpuslice and /var/run/cdi are on a node); the caller removes it
 EOF
 }
 

@@ -4,6 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
+use gpuslice_fsutil::diff::{diff, Context};
+
 /// Suffix of the copy kept of an operator's file before gpuslice first changes it.
 pub const BACKUP_SUFFIX: &str = ".gpuslice.bak";
 
@@ -187,7 +189,12 @@ fn apply_op(op: &Op, dry_run: bool, out: &mut String) -> Result<bool, FileError>
             }
             if dry_run {
                 out.push_str(&format!("would write {}:\n", path.display()));
-                out.push_str(&diff(now.text.as_deref().unwrap_or(""), text));
+                out.push_str(&diff(
+                    &path.display().to_string(),
+                    now.text.as_deref().unwrap_or(""),
+                    text,
+                    Context::Lines(3),
+                ));
                 return Ok(true);
             }
             if let Some(dir) = path.parent() {
@@ -263,31 +270,6 @@ fn apply_op(op: &Op, dry_run: bool, out: &mut String) -> Result<bool, FileError>
             Ok(true)
         }
     }
-}
-
-/// A minimal line diff for dry runs: the common head and tail are skipped, the middle is
-/// shown as `-`/`+` lines. gpuslice's edits are local, so this is the real change.
-pub fn diff(old: &str, new: &str) -> String {
-    let a: Vec<&str> = old.lines().collect();
-    let b: Vec<&str> = new.lines().collect();
-    let head = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
-    let tail = a[head..]
-        .iter()
-        .rev()
-        .zip(b[head..].iter().rev())
-        .take_while(|(x, y)| x == y)
-        .count();
-    let mut out = String::new();
-    if head > 0 {
-        out.push_str(&format!("  @@ line {} @@\n", head + 1));
-    }
-    for l in &a[head..a.len() - tail] {
-        out.push_str(&format!("  -{l}\n"));
-    }
-    for l in &b[head..b.len() - tail] {
-        out.push_str(&format!("  +{l}\n"));
-    }
-    out
 }
 
 /// How one engine's own config file gains and loses the gpuslice registration. `add` must be
@@ -445,11 +427,5 @@ mod tests {
         assert!(out.contains("+gpuslice"), "{out}");
         assert_eq!(std::fs::read_to_string(&f).unwrap(), "a = 1\nz = 2\n");
         assert!(!backup_path(&f).exists());
-    }
-
-    #[test]
-    fn diff_shows_only_the_changed_middle() {
-        let d = diff("a\nb\nc\n", "a\nx\nb\nc\n");
-        assert_eq!(d, "  @@ line 2 @@\n  +x\n");
     }
 }

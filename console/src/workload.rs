@@ -7,6 +7,7 @@
 //! its own that nothing names any more. `--dry-run` prints the diff and writes nothing.
 
 use gpuslice_dra::claim_shape::{Mode, PublishedGpus};
+use gpuslice_fsutil::diff::{diff, Context};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::PodSpec;
@@ -477,16 +478,18 @@ async fn allocate_kind<W: Workload>(
         if args.dry_run {
             let mut out = String::new();
             if form == Form::Claim && previous.as_deref() != Some(template_name.as_str()) {
-                out.push_str(&edit::diff(
+                out.push_str(&diff(
                     &format!("resourceclaimtemplate/{template_name}"),
                     "",
                     &yaml("the template", &template)?,
+                    Context::All,
                 ));
             }
-            out.push_str(&edit::diff(
+            out.push_str(&diff(
                 &format!("{label} spec.template.spec"),
                 &template_yaml(&label, &current)?,
                 &template_yaml(&label, &next)?,
+                Context::All,
             ));
             for p in previous.iter().filter(|p| stale.contains(p)) {
                 out.push_str(&format!("resourceclaimtemplate/{p} would be deleted\n"));
@@ -600,10 +603,11 @@ async fn release_kind<W: Workload>(
             edit::remove_limits(spec);
         }
         if dry_run {
-            let mut out = edit::diff(
+            let mut out = diff(
                 &format!("{label} spec.template.spec"),
                 &template_yaml(&label, &current)?,
                 &template_yaml(&label, &next)?,
+                Context::All,
             );
             for t in &ours {
                 out.push_str(&format!("resourceclaimtemplate/{t} would be deleted\n"));

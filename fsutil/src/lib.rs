@@ -1,5 +1,8 @@
 //! Atomic replacement of files that others read while we write them (registry, CDI specs,
-//! config.json, limits): temp file in the same directory, fsync, rename, fsync the directory.
+//! config.json, limits): temp file in the same directory, fsync, rename, fsync the directory;
+//! and the diff a dry run prints of what such a write would change ([`diff`]).
+
+pub mod diff;
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;

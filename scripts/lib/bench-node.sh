@@ -16,18 +16,14 @@ bench_node_config() {
   echo "library = \"$portable/libgpuslice_shim.so\""
 }
 
-# bench_tmpfs_node_config PORTABLE BIN: makes a directory on /dev/shm holding the config the
-# cluster script writes for its simulated node (one NVIDIA H200, the shim from PORTABLE), with
-# the node's gpuslice state and CDI specs in that directory, on tmpfs as /run/gpuslice and
-# /var/run/cdi are on a node (the cluster script's own config puts them under its DIR, on
-# disk); runs BIN/gpuslice's `cdi generate` for it and prints the config's path. The caller
-# removes the directory (the config's dirname).
-bench_tmpfs_node_config() {
-  local portable=$1 bin=$2 dir
-  dir=$(mktemp -d /dev/shm/gpuslice-bench-node.XXXXXX)
-  mkdir -p "$dir/state" "$dir/cdi"
-  printf 'state_dir = "%s"\n[shim]\nlibrary = "%s"\n[cdi]\nspec_dir = "%s"\n[inventory]\nsource = "simulated"\n[[inventory.simulated]]\nmodel = "NVIDIA H200"\nmemory = "141Gi"\n' \
-    "$dir/state" "$portable/libgpuslice_shim.so" "$dir/cdi" >"$dir/config.toml"
-  "$bin/gpuslice" --config "$dir/config.toml" cdi generate --sim-driver "$portable" >/dev/null
-  echo "$dir/config.toml"
+# bench_state_root: with BENCH_STATE=tmpfs, makes a directory on /dev/shm and exports it as
+# GPUSLICE_NODE_STATE_ROOT: the cluster script's simulated nodes keep their gpuslice state and
+# CDI specs there, in memory as /run/gpuslice and /var/run/cdi are on a node. Otherwise
+# unsets it (the node state stays under the cluster's directory, on disk). The caller removes
+# the directory.
+bench_state_root() {
+  unset GPUSLICE_NODE_STATE_ROOT
+  [ "${BENCH_STATE:-}" = tmpfs ] || return 0
+  GPUSLICE_NODE_STATE_ROOT=$(mktemp -d /dev/shm/gpuslice-bench-node.XXXXXX)
+  export GPUSLICE_NODE_STATE_ROOT
 }

@@ -113,17 +113,21 @@ node_gpuslice_config() {
     NODE_CONFIG="$(cd "$(dirname "$given")" && pwd)/$(basename "$given")"
     return
   fi
-  local g="$NODE/gpuslice" sim
+  local g="$NODE/gpuslice" kept sim
+  # Where the node keeps its gpuslice state and CDI specs: under its directory, or under
+  # GPUSLICE_NODE_STATE_ROOT (a tmpfs, as /run/gpuslice and /var/run/cdi are on a node).
+  kept="$g"
+  [ -z "${GPUSLICE_NODE_STATE_ROOT:-}" ] || kept="$GPUSLICE_NODE_STATE_ROOT/$(basename "$NODE")"
   sim="$(sim_dir)"
-  mkdir -p "$g/state" "$g/cdi"
+  mkdir -p "$g" "$kept/state" "$kept/cdi"
   NODE_CONFIG="$g/config.toml"
   cat >"$NODE_CONFIG" <<TOML
 # Written by scripts/kube-cluster.sh up --node: a simulated GPU node for tests and demos.
-state_dir = "$g/state"
+state_dir = "$kept/state"
 [shim]
 library = "$sim/libgpuslice_shim.so"
 [cdi]
-spec_dir = "$g/cdi"
+spec_dir = "$kept/cdi"
 [inventory]
 source = "simulated"
 [[inventory.simulated]]

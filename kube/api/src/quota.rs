@@ -26,10 +26,6 @@ pub const HAMI_GPUS: &str = "limits.nvidia.com/gpu";
 /// The namespace label under which HAMi's names are read (pods' limits and quotas alike).
 pub const HAMI_COMPAT_LABEL: (&str, &str) = ("gpuslice.io/hami-compat", "true");
 
-/// The annotation the webhook writes on a pod or claim it charged: the charge's id, so that
-/// the ledger knows when a charge it booked has become a live object.
-pub const CHARGE_ANNOTATION: &str = "gpuslice.io/budget-charge";
-
 /// What a quota name counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Resource {

@@ -19,10 +19,10 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use gpuslice_fakeapi::FakeApi;
 use gpuslice_kube::{claim_device_id, SliceWriter, WriteError};
 use gpuslice_registry::Reservation;
-use support::fakeapi::{claim, FakeApi};
-use support::{Kubelet, Node};
+use support::{claim, Kubelet, Node};
 
 /// Writes and fsyncs one file per claim.
 struct SyncedWriter(std::path::PathBuf);

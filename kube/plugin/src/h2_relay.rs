@@ -70,20 +70,28 @@ pub fn relayed_incoming(
 }
 
 /// Relays one accepted registration connection; the returned end is what the gRPC server
-/// serves. Errors end the connection (the kubelet retries) and are logged.
+/// serves. An error in the client's frames ends the connection both ways at once (the client
+/// reads its end, the server its pipe's; the kubelet retries) and is logged; a client that
+/// ends cleanly is answered until the server closes; a server that closes ends the relay.
 pub fn relay(client: UnixStream) -> DuplexStream {
     let (ours, theirs) = tokio::io::duplex(PIPE);
     tokio::spawn(async move {
         let (client_read, mut client_write) = client.into_split();
         let (mut server_read, server_write) = tokio::io::split(ours);
         let up = rewrite_client_frames(client_read, server_write);
-        let down = async {
+        let down = async move {
             let _ = tokio::io::copy(&mut server_read, &mut client_write).await;
             let _ = client_write.shutdown().await;
         };
-        let (up, ()) = tokio::join!(up, down);
-        if let Err(e) = up {
-            eprintln!("gpuslice kubelet-plugin: {e}");
+        tokio::pin!(down);
+        tokio::select! {
+            up = up => match up {
+                Ok(()) => (&mut down).await,
+                // Dropping `down` closes the client's socket and, the pipe's two halves gone,
+                // the server's end: neither side is left holding a connection open.
+                Err(e) => eprintln!("gpuslice kubelet-plugin: {e}"),
+            },
+            () = &mut down => {}
         }
     });
     theirs
@@ -471,6 +479,63 @@ mod tests {
         let joined: Vec<u8> = got.iter().flat_map(|(_, p)| p.clone()).collect();
         fields[3].1 = LOCALHOST.to_vec();
         assert_eq!(decode(&mut Decoder::new(), &joined), fields);
+    }
+
+    /// Reads `from` to its end (a reset, as a socket closed with input unread gives, ends it
+    /// too), failing the test if it does not end within a minute (the guard of a test that
+    /// would otherwise hang, not a speed goal).
+    async fn read_to_end<R: AsyncRead + Unpin>(mut from: R, what: &str) -> Vec<u8> {
+        let mut got = Vec::new();
+        let read = tokio::time::timeout(
+            std::time::Duration::from_secs(60),
+            from.read_to_end(&mut got),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{what} was left open"));
+        if let Err(e) = read {
+            assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{what}: {e}");
+        }
+        got
+    }
+
+    #[tokio::test]
+    async fn a_refused_client_is_disconnected_and_the_server_told() {
+        for input in [
+            b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
+            [
+                &PREFACE[..],
+                &frame_header(1, HEADERS, END_HEADERS, 1),
+                &[0xff],
+            ]
+            .concat(),
+        ] {
+            let (mut client, accepted) = UnixStream::pair().unwrap();
+            // The server never answers and never closes, as a busy or idle gRPC server.
+            let server = relay(accepted);
+            client.write_all(&input).await.unwrap();
+            let answered = read_to_end(&mut client, "the client's connection").await;
+            assert!(answered.is_empty(), "{answered:?}");
+            let forwarded = read_to_end(server, "the server's pipe").await;
+            assert!(forwarded.len() <= PREFACE.len(), "{forwarded:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_client_that_ends_cleanly_is_still_answered() {
+        let (mut client, accepted) = UnixStream::pair().unwrap();
+        let mut server = relay(accepted);
+        client.write_all(PREFACE).await.unwrap();
+        client.shutdown().await.unwrap();
+        let mut got = Vec::new();
+        server.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, PREFACE);
+        server.write_all(b"answer").await.unwrap();
+        server.shutdown().await.unwrap();
+        drop(server);
+        assert_eq!(
+            read_to_end(&mut client, "the client's connection").await,
+            b"answer"
+        );
     }
 
     #[tokio::test]

@@ -1,13 +1,14 @@
 //! A claim's booking lives as long as the containers it was given to, against a FAKE API
-//! server (`support/fakeapi.rs`): a claim deleted under a running container (its finalizer
-//! removed) stays booked, is withdrawn from the slice, and is refused to a claim the scheduler
-//! then allocates over it, by name; once the container's process is gone it is released.
+//! server (`gpuslice-fakeapi`, kube/fakeapi/): a claim deleted under a running container (its
+//! finalizer removed) stays booked, is withdrawn from the slice, and is refused to a claim the
+//! scheduler then allocates over it, by name; once the container's process is gone it is
+//! released.
 
 use crate::support;
 
+use gpuslice_fakeapi::FakeApi;
 use serde_json::Value;
-use support::fakeapi::{claim, FakeApi};
-use support::{wait_for, Kubelet, Node};
+use support::{claim, wait_for, Kubelet, Node};
 
 const HELD_CLAIM_GET: &str = "GET /apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/held";
 

@@ -12,9 +12,9 @@ use crate::support;
 use std::process::Command;
 use std::sync::Arc;
 
+use gpuslice_fakeapi::FakeApi;
 use gpuslice_kube::proto::registration::registration_server::RegistrationServer;
 use gpuslice_kube::registration::RegistrationService;
-use support::fakeapi::FakeApi;
 use support::Node;
 use tokio::net::UnixListener;
 use tokio::sync::Notify;

@@ -1,5 +1,5 @@
 //! The plugin as the kubelet sees it, over its unix sockets, against a FAKE API server
-//! (`support/fakeapi.rs`: no control plane runs in this tier): registration, slice
+//! (`gpuslice-fakeapi`, kube/fakeapi/: no control plane runs in this tier): registration, slice
 //! publication, prepare and unprepare (repeated, concurrent, across a restart, unknown
 //! claims), the bad inputs, and the cleanup of claims that went away.
 
@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use gpuslice_config::Quantity;
 use gpuslice_dra::api::Timeouts;
+use gpuslice_fakeapi::{kubeconfig_for, FakeApi};
 use gpuslice_kube::proto::registration::{InfoRequest, RegistrationStatus};
 use gpuslice_registry::{Owner, Request, Selector};
 use serde_json::Value;
-use support::fakeapi::{claim, kubeconfig_for, FakeApi};
-use support::{wait_for, Kubelet, Node, GIB};
+use support::{claim, wait_for, Kubelet, Node, GIB};
 
 fn node(api: &FakeApi, gpus: &[u64]) -> Node {
     let tmp = tempfile::tempdir().unwrap();
@@ -130,8 +130,10 @@ fn a_quiet_slice_watch_lasts_its_timeout_however_short_the_read_timeout() {
         watch_seconds: 1,
     };
     let p = n.start();
-    wait_for("a second slice watch", || api.watch_starts().len() >= 2);
-    let starts = api.watch_starts();
+    wait_for("a second slice watch", || {
+        api.watch_starts("resourceslices").len() >= 2
+    });
+    let starts = api.watch_starts("resourceslices");
     let lasted = starts[1] - starts[0];
     assert!(
         lasted >= Duration::from_secs(1),

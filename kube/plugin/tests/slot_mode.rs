@@ -8,9 +8,9 @@
 use crate::support;
 
 use gpuslice_config::Quantity;
+use gpuslice_fakeapi::FakeApi;
 use gpuslice_registry::{Owner, Request, Selector};
 use serde_json::{json, Value};
-use support::fakeapi::FakeApi;
 use support::{wait_for, Kubelet, Node, GIB};
 
 fn node(api: &FakeApi, gpus: &[u64]) -> Node {
@@ -226,7 +226,7 @@ fn a_restart_against_an_upgraded_api_server_publishes_capacity_and_keeps_slot_cl
 
     // A new claim in capacity mode on the same GPU, and the old one still prepares again
     // (a kubelet restart) and unprepares.
-    api.put_claim(&support::fakeapi::claim(
+    api.put_claim(&support::claim(
         "ns",
         "new",
         "uid-new",

@@ -1,16 +1,15 @@
 //! The webhook's watched copies (crate::mirror) stay current when one object in them cannot be
-//! decoded whole: against a FAKE API server (plain HTTP on 127.0.0.1; no control plane runs in
-//! a crate's tests, `webhook::` and `budgets::` in tests/ run the real one), whose template list
-//! holds a template nested past the JSON parser's limit and one that cannot be read at all, and
-//! whose watch then sends another deep one split across two chunks, the copy of the templates is
-//! current with every readable one in it; the copy of the quotas answers for a namespace whose
-//! quotas it read, and sends a namespace holding a quota it could not read to the API server.
+//! decoded whole. Against the FAKE API server of `gpuslice-fakeapi` (no control plane runs in a
+//! crate's tests; `webhook::` and `budgets::` in tests/ run the real one) holding a template
+//! labelled as the webhook's nested past the JSON parser's limit and one that cannot be read at
+//! all: the copy of the templates becomes current from one list with every readable template,
+//! and takes another deep one from its watch (a line long enough to arrive in pieces); the copy
+//! of the quotas answers for a namespace whose quotas it read, and sends a namespace holding a
+//! quota it could not read to the API server.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use gpuslice_fakeapi::FakeApi;
 use k8s_openapi::api::core::v1::ResourceQuota;
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use serde_json::{json, Value};
@@ -19,156 +18,36 @@ use gpuslice_webhook::mirror::Mirror;
 
 /// How long the copies may take to become current.
 const WAIT: Duration = Duration::from_secs(20);
+const TEMPLATES: &str = "/apis/resource.k8s.io/v1/resourceclaimtemplates";
 
-/// JSON nesting `depth` objects inside each other, past the parser's recursion limit.
-fn nested(depth: usize) -> String {
-    format!("{}1{}", r#"{"a":"#.repeat(depth), "}".repeat(depth))
-}
-
-/// A template labelled as the webhook's whose devices' configuration is `config` (JSON text).
-fn template(name: &str, config: &str) -> String {
-    let t = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-        "metadata": {"namespace": "team", "name": name, "resourceVersion": "5",
+/// A template labelled as the webhook's whose devices' configuration is `config`.
+fn template(name: &str, config: Value) -> Value {
+    json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"namespace": "team", "name": name,
             "labels": {"app.kubernetes.io/managed-by": "gpuslice-webhook"}},
         "spec": {"spec": {"devices": {
             "requests": [{"name": "g", "exactly": {"deviceClassName": "gpuslice.io"}}],
-            "config": "CONFIG"}}}});
-    t.to_string().replace("\"CONFIG\"", config)
+            "config": config}}}})
 }
 
-/// A template whose other driver's opaque parameters nest past the parser's limit.
-fn deep(name: &str) -> String {
-    let config = format!(
-        r#"[{{"opaque": {{"driver": "example.com", "parameters": {}}}}}]"#,
-        nested(300)
+/// A template whose other driver's opaque parameters nest past the parser's limit, padded with
+/// `pad` bytes of annotation.
+fn deep(name: &str, pad: usize) -> Value {
+    let mut parameters = json!(1);
+    for _ in 0..300 {
+        parameters = json!({ "a": parameters });
+    }
+    let mut t = template(
+        name,
+        json!([{"opaque": {"driver": "example.com", "parameters": parameters}}]),
     );
-    template(name, &config)
+    t["metadata"]["annotations"] = json!({"example.com/pad": "x".repeat(pad)});
+    t
 }
 
-fn quota(ns: &str, name: &str, hard: Value) -> String {
+fn quota(ns: &str, name: &str, hard: Value) -> Value {
     json!({"apiVersion": "v1", "kind": "ResourceQuota",
-        "metadata": {"namespace": ns, "name": name, "resourceVersion": "7"},
-        "spec": {"hard": hard}})
-    .to_string()
-}
-
-fn list(kind: &str, items: &[String]) -> String {
-    format!(
-        r#"{{"kind": "{kind}", "apiVersion": "v1", "metadata": {{"resourceVersion": "10"}}, "items": [{}]}}"#,
-        items.join(",")
-    )
-}
-
-/// A fake API server: lists of templates and quotas, and their watches, which send `events`
-/// (the templates') and then stay open until the client closes them. Records the
-/// resourceVersion each watch starts from.
-struct FakeApi {
-    url: String,
-    watched_from: Arc<Mutex<Vec<String>>>,
-}
-
-impl FakeApi {
-    fn start() -> FakeApi {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let watched_from = Arc::new(Mutex::new(Vec::new()));
-        let seen = Arc::clone(&watched_from);
-        // The accept loop ends with the test process.
-        std::thread::spawn(move || {
-            for tcp in listener.incoming() {
-                let Ok(tcp) = tcp else { continue };
-                let seen = Arc::clone(&seen);
-                std::thread::spawn(move || {
-                    let _ = serve_connection(tcp, &seen);
-                });
-            }
-        });
-        FakeApi { url, watched_from }
-    }
-}
-
-/// HTTP/1.1 requests on `tcp`, answered in turn until the client closes it.
-fn serve_connection(tcp: TcpStream, seen: &Mutex<Vec<String>>) -> std::io::Result<()> {
-    let mut out = tcp.try_clone()?;
-    let mut from = BufReader::new(tcp);
-    loop {
-        let mut line = String::new();
-        if from.read_line(&mut line)? == 0 {
-            return Ok(());
-        }
-        let target = line
-            .split_whitespace()
-            .nth(1)
-            .unwrap_or_default()
-            .to_string();
-        loop {
-            let mut header = String::new();
-            if from.read_line(&mut header)? == 0 || header.trim().is_empty() {
-                break;
-            }
-        }
-        let (path, query) = target.split_once('?').unwrap_or((&target, ""));
-        let version = query
-            .split('&')
-            .find_map(|q| q.strip_prefix("resourceVersion="));
-        let watch = query.split('&').any(|q| q.starts_with("watch="));
-        let (kind, items, events) = match path {
-            "/apis/resource.k8s.io/v1/resourceclaimtemplates" => (
-                "ResourceClaimTemplateList",
-                vec![template("plain", "[]"), deep("deep"), template("odd", "5")],
-                vec![format!(
-                    r#"{{"type": "ADDED", "object": {}}}"#,
-                    deep("deeper")
-                )],
-            ),
-            "/api/v1/resourcequotas" => (
-                "ResourceQuotaList",
-                vec![
-                    quota("other", "gpu", json!({"limits.gpuslice.io/gpus": "2"})),
-                    quota("team", "gpu", json!({"limits.gpuslice.io/gpus": "2"})),
-                    quota("team", "odd", json!(5)),
-                ],
-                vec![],
-            ),
-            _ => {
-                let body = r#"{"kind": "Status", "status": "Failure", "code": 404}"#;
-                write!(
-                    out,
-                    "HTTP/1.1 404 Not Found\r\nContent-Length: {}\r\n\r\n{body}",
-                    body.len()
-                )?;
-                continue;
-            }
-        };
-        if !watch {
-            let body = list(kind, &items);
-            write!(
-                out,
-                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-                body.len()
-            )?;
-            continue;
-        }
-        seen.lock()
-            .unwrap()
-            .push(version.unwrap_or_default().to_string());
-        write!(
-            out,
-            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
-        )?;
-        // Each event in two chunks: a line is read whole however it arrives.
-        for e in events {
-            let line = format!("{e}\n");
-            let (a, b) = line.split_at(line.len() / 2);
-            for part in [a, b] {
-                write!(out, "{:x}\r\n{part}\r\n", part.len())?;
-                out.flush()?;
-            }
-        }
-        // The watch stays open until the client closes the connection.
-        let _ = from.read(&mut [0u8; 1]);
-        return Ok(());
-    }
+        "metadata": {"namespace": ns, "name": name}, "spec": {"hard": hard}})
 }
 
 /// Waits until `f` answers `Some`, for at most [`WAIT`].
@@ -188,35 +67,53 @@ async fn until<R>(mut f: impl FnMut() -> Option<R>) -> Option<R> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_object_that_cannot_be_decoded_whole_leaves_the_copies_current() {
     let api = FakeApi::start();
+    api.put("resourceclaimtemplates", &template("plain", json!([])));
+    api.put("resourceclaimtemplates", &deep("deep", 0));
+    api.put("resourceclaimtemplates", &template("odd", json!(5)));
+    let gpus = json!({"limits.gpuslice.io/gpus": "2"});
+    api.put("resourcequotas", &quota("other", "gpu", gpus.clone()));
+    api.put("resourcequotas", &quota("team", "gpu", gpus));
+    api.put("resourcequotas", &quota("team", "odd", json!(5)));
+
     let client = kube::Client::try_from(kube::Config::new(api.url.parse().unwrap())).unwrap();
     let templates = Mirror::<ResourceClaimTemplate>::follow(
         client.clone(),
         Some("app.kubernetes.io/managed-by=gpuslice-webhook".into()),
     );
     let quotas = Mirror::<ResourceQuota>::follow(client, None);
+    let names = || {
+        templates.read(|m| {
+            m.keys()
+                .map(|(_, n)| n.as_str())
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+    };
 
-    // The copy of the templates becomes current with the readable ones, the deep ones
-    // included, and the one the watch sent; the one that cannot be read is left out.
-    let names = until(|| {
-        templates
-            .read(|m| m.keys().map(|(_, n)| n.clone()).collect::<Vec<_>>())
-            .filter(|n| n.len() == 3)
-    })
-    .await;
-    assert_eq!(
-        names,
-        Some(vec!["deep".into(), "deeper".into(), "plain".into()]),
-        "the copy of the templates is not current with every readable one"
-    );
-    // The watch started from the list's version: the list was read, not failed.
-    assert_eq!(
-        api.watched_from.lock().unwrap().first().map(String::as_str),
-        Some("10")
-    );
+    // The copy of the templates becomes current with the readable ones, the deep one
+    // included; the one that cannot be read is left out.
+    let read = until(|| names().filter(|n| n == "deep,plain")).await;
+    assert_eq!(read.as_deref(), Some("deep,plain"), "{:?}", names());
+    // From one list: a copy that could not be read would be listed again and again.
+    let lists = |api: &FakeApi| {
+        let get = format!("GET {TEMPLATES}");
+        api.requests().iter().filter(|r| **r == get).count()
+    };
+    assert_eq!(lists(&api), 1, "{:?}", api.requests());
+
+    // Another deep one arrives by the watch, in pieces, and the copy stays current.
+    api.put("resourceclaimtemplates", &deep("deeper", 256 << 10));
+    let read = until(|| names().filter(|n| n == "deep,deeper,plain")).await;
+    assert_eq!(read.as_deref(), Some("deep,deeper,plain"), "{:?}", names());
+    assert_eq!(lists(&api), 1, "{:?}", api.requests());
 
     // The copy of the quotas answers for the namespace it read whole ...
     let other = until(|| quotas.in_namespace("other")).await.unwrap();
     assert_eq!(other.len(), 1);
-    // ... and sends the one holding a quota it could not read to the API server.
+    // ... and sends the one holding a quota it could not read to the API server, until that
+    // quota is gone.
     assert!(quotas.in_namespace("team").is_none());
+    api.remove("resourcequotas", "team", "odd");
+    let team = until(|| quotas.in_namespace("team")).await.unwrap();
+    assert_eq!(team.len(), 1);
 }

@@ -3,8 +3,6 @@
 
 #![allow(dead_code)]
 
-pub mod fakeapi;
-
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -19,6 +17,7 @@ use gpuslice_kube::proto::registration::registration_client::RegistrationClient;
 use gpuslice_kube::{claim_device_id, PluginOptions, ServeError, SliceWriter, WriteError};
 use gpuslice_registry::{FakeSystem, Gpu, Inventory, Options, Registry, Reservation};
 use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
 use tonic::transport::{Channel, Endpoint, Uri};
 
 pub const GIB: u64 = 1 << 30;
@@ -292,4 +291,23 @@ pub fn claims_of(claims: &[(&str, &str, &str)]) -> Vec<Claim> {
             uid: uid.to_string(),
         })
         .collect()
+}
+
+/// A claim object allocated `results` (each `(request, pool, device, memory, cores)`).
+pub fn claim(ns: &str, name: &str, uid: &str, results: &[(&str, &str, &str, &str, &str)]) -> Value {
+    let results: Vec<Value> = results
+        .iter()
+        .map(|(req, pool, dev, mem, cores)| {
+            json!({"request": req, "driver": "gpuslice.io", "pool": pool, "device": dev,
+                "shareID": format!("{uid}-{req}"),
+                "consumedCapacity": {"memory": mem, "cores": cores}})
+        })
+        .collect();
+    json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": ns, "uid": uid},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpuslice.io"}}]}},
+        "status": {"allocation": {"devices": {"results": results}}},
+    })
 }

@@ -1,0 +1,708 @@
+//! The fake's objects and its answers to each request on them, as the API server answers:
+//! one resourceVersion counter for every change (as etcd's revision), lists carrying it in
+//! their `metadata.resourceVersion`, replaces, patches and deletes checked against the version
+//! they name (409 when it is not the object's), a watch told of each change to what it
+//! selects, and every refusal a `Status` body with the API server's code and reason.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use bytes::Bytes;
+use serde_json::{json, Map, Value};
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
+
+use crate::kinds::{target, Kind, Target};
+use crate::select::Selector;
+
+/// An answer: the HTTP status and its JSON body.
+pub type Answer = (u16, String);
+
+/// An open watch's sender and receiver of lines.
+pub type Watch = (UnboundedSender<Bytes>, UnboundedReceiver<Bytes>);
+
+/// One open watch.
+struct Watcher {
+    kind: &'static str,
+    /// Its namespace; `None`: every namespace.
+    namespace: Option<String>,
+    selector: Selector,
+    lines: UnboundedSender<Bytes>,
+}
+
+/// Everything the fake holds.
+#[derive(Default)]
+pub struct State {
+    /// Each kind's objects (by resource), by namespace (empty for a cluster-scoped kind) and
+    /// name.
+    objects: BTreeMap<&'static str, BTreeMap<(String, String), Value>>,
+    /// Bodies a get by name answers verbatim instead (a test's malformed object).
+    verbatim: BTreeMap<(&'static str, String, String), String>,
+    /// The last resourceVersion given.
+    version: u64,
+    /// Requests served: "METHOD path" (no query), "WATCH path" for a watch.
+    pub requests: Vec<String>,
+    /// Drop the consumable-capacity fields of slices, as an API server with
+    /// `DRAConsumableCapacity` off does (Kubernetes 1.34/1.35).
+    pub drops_consumable_capacity: bool,
+    watchers: Vec<Watcher>,
+    /// When each watch was asked for, by resource.
+    pub watch_starts: Vec<(&'static str, Instant)>,
+}
+
+/// A `Status` body of a refusal.
+fn status(code: u16, reason: &str, message: &str) -> Answer {
+    (
+        code,
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": message, "reason": reason, "code": code})
+        .to_string(),
+    )
+}
+
+/// The `Status` body of a refusal about object `name` of `kind`.
+fn status_of(code: u16, reason: &str, message: &str, kind: &Kind, name: &str) -> Answer {
+    (
+        code,
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": message, "reason": reason, "code": code,
+            "details": {"name": name, "group": kind.group, "kind": kind.plural}})
+        .to_string(),
+    )
+}
+
+fn not_found(kind: &Kind, name: &str) -> Answer {
+    let message = format!("{} \"{name}\" not found", kind.resource());
+    status_of(404, "NotFound", &message, kind, name)
+}
+
+fn conflict(kind: &Kind, name: &str, why: &str) -> Answer {
+    let message = format!(
+        "Operation cannot be fulfilled on {} \"{name}\": {why}",
+        kind.resource()
+    );
+    status_of(409, "Conflict", &message, kind, name)
+}
+
+const MODIFIED: &str =
+    "the object has been modified; please apply your changes to the latest version and try again";
+
+/// A request's body as an object whose `metadata`, if any, is an object.
+fn parse_object(body: &str) -> Result<Value, Answer> {
+    let v: Value =
+        serde_json::from_str(body).map_err(|e| status(400, "BadRequest", &e.to_string()))?;
+    if !v.is_object() || !(v["metadata"].is_object() || v["metadata"].is_null()) {
+        return Err(status(
+            400,
+            "BadRequest",
+            "the body is no object with an object's metadata",
+        ));
+    }
+    Ok(v)
+}
+
+/// `metadata.FIELD` of `o`, empty when it has none.
+fn meta<'a>(o: &'a Value, field: &str) -> &'a str {
+    o["metadata"][field].as_str().unwrap_or("")
+}
+
+/// What an API server without consumable capacity keeps of a slice.
+fn drop_consumable_capacity(slice: &mut Value) {
+    if let Some(devices) = slice["spec"]["devices"].as_array_mut() {
+        for d in devices {
+            if let Some(d) = d.as_object_mut() {
+                d.remove("allowMultipleAllocations");
+            }
+            if let Some(caps) = d["capacity"].as_object_mut() {
+                for c in caps.values_mut() {
+                    if let Some(c) = c.as_object_mut() {
+                        c.remove("requestPolicy");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Applies JSON merge patch `patch` to `target` (RFC 7386: objects merge, `null` removes, any
+/// other value replaces).
+fn merge_patch(target: &mut Value, patch: &Value) {
+    let Value::Object(patch) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = Value::Object(Map::new());
+    }
+    if let Value::Object(t) = target {
+        for (k, v) in patch {
+            if v.is_null() {
+                t.remove(k);
+            } else {
+                merge_patch(t.entry(k.clone()).or_insert(Value::Null), v);
+            }
+        }
+    }
+}
+
+/// A query's parameters.
+struct Query(Vec<(String, String)>);
+
+impl Query {
+    fn of(url: &str) -> Query {
+        let query = url.split_once('?').map_or("", |(_, q)| q);
+        Query(
+            form_urlencoded::parse(query.as_bytes())
+                .into_owned()
+                .collect(),
+        )
+    }
+
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn dry_run(&self) -> bool {
+        self.get("dryRun") == Some("All")
+    }
+
+    fn selector(&self, kind: &Kind) -> Result<Selector, Answer> {
+        Selector::parse(kind, self.get("fieldSelector"), self.get("labelSelector"))
+            .map_err(|e| status(400, "BadRequest", &e))
+    }
+}
+
+/// Whether `url` asks for a watch (`watch=true` or `watch=1`).
+pub fn is_watch(url: &str) -> bool {
+    matches!(Query::of(url).get("watch"), Some("true" | "1"))
+}
+
+/// The `timeoutSeconds` of `url`, if it names one.
+pub fn timeout_seconds(url: &str) -> Option<u64> {
+    Query::of(url).get("timeoutSeconds")?.parse().ok()
+}
+
+impl State {
+    fn next_version(&mut self) -> String {
+        self.version += 1;
+        self.version.to_string()
+    }
+
+    /// The object `name` of `kind` in namespace `ns` (empty for a cluster-scoped kind).
+    pub fn object(&self, kind: &Kind, ns: &str, name: &str) -> Option<&Value> {
+        self.objects
+            .get(kind.plural)?
+            .get(&(ns.to_string(), name.to_string()))
+    }
+
+    /// `kind`'s objects by namespace and name.
+    pub fn objects(&self, kind: &Kind) -> BTreeMap<(String, String), Value> {
+        self.objects.get(kind.plural).cloned().unwrap_or_default()
+    }
+
+    /// Tells each open watch of `kind` that selects the object what became of it: `event`
+    /// (ADDED, MODIFIED, DELETED) when it selected it before (`old`; none for ADDED) and does
+    /// now; DELETED when it no longer does, ADDED when it did not before.
+    fn emit(&mut self, kind: &Kind, event: &str, old: Option<&Value>, new: &Value) {
+        let ns = meta(new, "namespace").to_string();
+        self.watchers.retain(|w| {
+            if w.kind != kind.plural || w.namespace.as_ref().is_some_and(|n| *n != ns) {
+                return true;
+            }
+            let (was, is) = (
+                old.is_some_and(|o| w.selector.matches(o)),
+                w.selector.matches(new),
+            );
+            let said = match (was, is) {
+                (false, false) => return true,
+                (true, false) => "DELETED",
+                (false, true) if event == "MODIFIED" => "ADDED",
+                _ => event,
+            };
+            let line = format!("{}\n", json!({"type": said, "object": new}));
+            w.lines.send(Bytes::from(line)).is_ok()
+        });
+    }
+
+    /// Stores `object` as another writer would: a new resourceVersion, a uid if it has none,
+    /// an ADDED or MODIFIED event; a verbatim body of its name is forgotten.
+    pub fn put(&mut self, kind: &'static Kind, mut object: Value) {
+        let key = (
+            meta(&object, "namespace").to_string(),
+            meta(&object, "name").to_string(),
+        );
+        self.verbatim
+            .remove(&(kind.plural, key.0.clone(), key.1.clone()));
+        let version = self.next_version();
+        object["metadata"]["resourceVersion"] = json!(version);
+        if meta(&object, "uid").is_empty() {
+            object["metadata"]["uid"] = json!(format!("{}-uid-{version}", kind.plural));
+        }
+        let old = self
+            .objects
+            .entry(kind.plural)
+            .or_default()
+            .insert(key, object.clone());
+        let event = if old.is_some() { "MODIFIED" } else { "ADDED" };
+        self.emit(kind, event, old.as_ref(), &object);
+    }
+
+    /// Serves `body` verbatim to a get of object `name` of `kind` in `ns`.
+    pub fn put_verbatim(&mut self, kind: &'static Kind, ns: &str, name: &str, body: String) {
+        self.verbatim
+            .insert((kind.plural, ns.to_string(), name.to_string()), body);
+    }
+
+    /// Removes object `name` of `kind` in `ns` (and a verbatim body of its name), with a
+    /// DELETED event.
+    pub fn remove(&mut self, kind: &'static Kind, ns: &str, name: &str) -> Option<Value> {
+        self.verbatim
+            .remove(&(kind.plural, ns.to_string(), name.to_string()));
+        let mut gone = self
+            .objects
+            .get_mut(kind.plural)?
+            .remove(&(ns.to_string(), name.to_string()))?;
+        gone["metadata"]["resourceVersion"] = json!(self.next_version());
+        self.emit(kind, "DELETED", None, &gone);
+        Some(gone)
+    }
+
+    /// Opens a watch of what `url` names: its lines from now on (and a sender of them, to end
+    /// it with an empty one), or the refusal. A watch does not replay the changes since the
+    /// resourceVersion it names: it starts now.
+    pub fn watch(&mut self, url: &str) -> Result<Watch, Answer> {
+        let path = url.split('?').next().unwrap_or("");
+        let Some(Target {
+            kind,
+            namespace,
+            name: None,
+        }) = target(path)
+        else {
+            self.requests.push(format!("GET {path}"));
+            return Err(not_served("GET", path));
+        };
+        self.requests.push(format!("WATCH {path}"));
+        let selector = Query::of(url).selector(kind)?;
+        let (lines, rx) = tokio::sync::mpsc::unbounded_channel();
+        self.watch_starts.push((kind.plural, Instant::now()));
+        self.watchers.push(Watcher {
+            kind: kind.plural,
+            namespace,
+            selector,
+            lines: lines.clone(),
+        });
+        Ok((lines, rx))
+    }
+
+    /// Answers a request other than a watch.
+    pub fn handle(&mut self, method: &str, url: &str, content_type: &str, body: &str) -> Answer {
+        let path = url.split('?').next().unwrap_or("");
+        self.requests.push(format!("{method} {path}"));
+        let Some(t) = target(path) else {
+            return not_served(method, path);
+        };
+        let query = Query::of(url);
+        let answer = match (method, t.name.clone()) {
+            ("GET", Some(name)) => Ok(self.get(&t, &name)),
+            ("GET", None) => self.list(&t, &query),
+            ("POST", None) => self.create(&t, &query, body),
+            ("PUT", Some(name)) => self.replace(&t, &name, &query, body),
+            ("PATCH", Some(name)) => self.patch(&t, &name, &query, content_type, body),
+            ("DELETE", Some(name)) => self.delete(&t, &name, &query, body),
+            _ => Ok(status(
+                405,
+                "MethodNotAllowed",
+                &format!("the fake API server does not serve {method} {path}"),
+            )),
+        };
+        answer.unwrap_or_else(|refused| refused)
+    }
+
+    fn get(&self, t: &Target, name: &str) -> Answer {
+        let ns = t.namespace_key();
+        if let Some(body) = self
+            .verbatim
+            .get(&(t.kind.plural, ns.clone(), name.to_string()))
+        {
+            return (200, body.clone());
+        }
+        match self.object(t.kind, &ns, name) {
+            Some(o) => (200, o.to_string()),
+            None => not_found(t.kind, name),
+        }
+    }
+
+    fn list(&self, t: &Target, query: &Query) -> Result<Answer, Answer> {
+        let selector = query.selector(t.kind)?;
+        let items: Vec<&Value> = self
+            .objects
+            .get(t.kind.plural)
+            .into_iter()
+            .flatten()
+            .filter(|((ns, _), o)| {
+                t.namespace.as_ref().is_none_or(|n| n == ns) && selector.matches(o)
+            })
+            .map(|(_, o)| o)
+            .collect();
+        Ok((
+            200,
+            json!({"apiVersion": t.kind.api_version(), "kind": t.kind.list_kind,
+                "metadata": {"resourceVersion": self.version.to_string()}, "items": items})
+            .to_string(),
+        ))
+    }
+
+    /// `object`'s namespace made the request's: set when it names none, refused when it
+    /// names another.
+    fn in_namespace(t: &Target, object: &mut Value) -> Result<(), Answer> {
+        let Some(ns) = &t.namespace else {
+            return Ok(());
+        };
+        match meta(object, "namespace") {
+            "" => {
+                object["metadata"]["namespace"] = json!(ns);
+                Ok(())
+            }
+            n if n == ns => Ok(()),
+            _ => Err(status(
+                400,
+                "BadRequest",
+                "the namespace of the provided object does not match the namespace sent on the request",
+            )),
+        }
+    }
+
+    fn create(&mut self, t: &Target, query: &Query, body: &str) -> Result<Answer, Answer> {
+        if t.kind.namespaced && t.namespace.is_none() {
+            return Ok(status(
+                405,
+                "MethodNotAllowed",
+                &format!("{} are created in a namespace", t.kind.resource()),
+            ));
+        }
+        let mut object = parse_object(body)?;
+        Self::in_namespace(t, &mut object)?;
+        if meta(&object, "name").is_empty() {
+            let prefix = meta(&object, "generateName");
+            if prefix.is_empty() {
+                return Err(status(
+                    422,
+                    "Invalid",
+                    "metadata.name: Required value: name or generateName is required",
+                ));
+            }
+            let name = format!("{prefix}{:05x}", self.version + 1);
+            object["metadata"]["name"] = json!(name);
+        }
+        if t.kind.plural == "resourceslices" && self.drops_consumable_capacity {
+            drop_consumable_capacity(&mut object);
+        }
+        if query.dry_run() {
+            return Ok((201, object.to_string()));
+        }
+        let name = meta(&object, "name").to_string();
+        if self.object(t.kind, &t.namespace_key(), &name).is_some() {
+            let message = format!("{} \"{name}\" already exists", t.kind.resource());
+            return Err(status_of(409, "AlreadyExists", &message, t.kind, &name));
+        }
+        self.put(t.kind, object);
+        let stored = self.object(t.kind, &t.namespace_key(), &name);
+        Ok((201, stored.map(Value::to_string).unwrap_or_default()))
+    }
+
+    /// Stores `object` in place of `old` (object `name`): refused when `object` names another
+    /// name or namespace, or a resourceVersion other than `old`'s (none: unconditional).
+    fn update(
+        &mut self,
+        t: &Target,
+        name: &str,
+        old: &Value,
+        mut object: Value,
+        dry_run: bool,
+    ) -> Result<Answer, Answer> {
+        match meta(&object, "name") {
+            "" => object["metadata"]["name"] = json!(name),
+            n if n == name => {}
+            n => {
+                let message = format!(
+                    "the name of the object ({n}) does not match the name on the URL ({name})"
+                );
+                return Err(status(400, "BadRequest", &message));
+            }
+        }
+        Self::in_namespace(t, &mut object)?;
+        let version = meta(&object, "resourceVersion");
+        if !version.is_empty() && version != meta(old, "resourceVersion") {
+            return Err(conflict(t.kind, name, MODIFIED));
+        }
+        object["metadata"]["uid"] = old["metadata"]["uid"].clone();
+        if t.kind.plural == "resourceslices" && self.drops_consumable_capacity {
+            drop_consumable_capacity(&mut object);
+        }
+        if dry_run {
+            return Ok((200, object.to_string()));
+        }
+        self.put(t.kind, object);
+        let stored = self.object(t.kind, &t.namespace_key(), name);
+        Ok((200, stored.map(Value::to_string).unwrap_or_default()))
+    }
+
+    fn existing(&self, t: &Target, name: &str) -> Result<Value, Answer> {
+        self.object(t.kind, &t.namespace_key(), name)
+            .cloned()
+            .ok_or_else(|| not_found(t.kind, name))
+    }
+
+    fn replace(
+        &mut self,
+        t: &Target,
+        name: &str,
+        query: &Query,
+        body: &str,
+    ) -> Result<Answer, Answer> {
+        let object = parse_object(body)?;
+        let old = self.existing(t, name)?;
+        self.update(t, name, &old, object, query.dry_run())
+    }
+
+    fn patch(
+        &mut self,
+        t: &Target,
+        name: &str,
+        query: &Query,
+        content_type: &str,
+        body: &str,
+    ) -> Result<Answer, Answer> {
+        let media = content_type.split(';').next().unwrap_or("").trim();
+        if media != "application/merge-patch+json" {
+            return Err(status(
+                415,
+                "UnsupportedMediaType",
+                &format!("the fake API server applies merge patches (application/merge-patch+json) only, not {content_type:?}"),
+            ));
+        }
+        let patch: Value =
+            serde_json::from_str(body).map_err(|e| status(400, "BadRequest", &e.to_string()))?;
+        let old = self.existing(t, name)?;
+        let mut object = old.clone();
+        // The version the patch names, if any, is checked; none: the patch applies to the
+        // object as it is.
+        object["metadata"]["resourceVersion"] = json!("");
+        merge_patch(&mut object, &patch);
+        if !(object.is_object() && object["metadata"].is_object()) {
+            return Err(status(
+                400,
+                "BadRequest",
+                "the patch removes the object's metadata",
+            ));
+        }
+        self.update(t, name, &old, object, query.dry_run())
+    }
+
+    fn delete(
+        &mut self,
+        t: &Target,
+        name: &str,
+        query: &Query,
+        body: &str,
+    ) -> Result<Answer, Answer> {
+        let old = self.existing(t, name)?;
+        let options: Value = if body.trim().is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(body).map_err(|e| status(400, "BadRequest", &e.to_string()))?
+        };
+        for (field, said) in [("resourceVersion", "ResourceVersion"), ("uid", "UID")] {
+            let want = options["preconditions"][field].as_str().unwrap_or("");
+            let have = meta(&old, field);
+            if !want.is_empty() && want != have {
+                let why = format!(
+                    "Precondition failed: {said} in precondition: {want}, {said} in object meta: {have}"
+                );
+                return Err(conflict(t.kind, name, &why));
+            }
+        }
+        if !query.dry_run() {
+            self.remove(t.kind, &t.namespace_key(), name);
+        }
+        Ok((
+            200,
+            json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                "code": 200, "details": {"name": name, "group": t.kind.group,
+                "kind": t.kind.plural, "uid": meta(&old, "uid")}})
+            .to_string(),
+        ))
+    }
+}
+
+/// The answer to a request for what the fake does not serve.
+pub fn not_served(method: &str, path: &str) -> Answer {
+    status(
+        404,
+        "NotFound",
+        &format!("the fake API server does not serve {method} {path}"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TEMPLATES: &str = "/apis/resource.k8s.io/v1/namespaces/team/resourceclaimtemplates";
+    const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
+
+    fn answer(st: &mut State, method: &str, url: &str, body: &Value) -> (u16, Value) {
+        let (code, out) = st.handle(
+            method,
+            url,
+            "application/merge-patch+json",
+            &body.to_string(),
+        );
+        (code, serde_json::from_str(&out).unwrap())
+    }
+
+    fn template(name: &str, labels: Value) -> Value {
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "labels": labels}, "spec": {}})
+    }
+
+    #[test]
+    fn objects_are_got_listed_and_refused_as_the_api_server_does() {
+        let mut st = State::default();
+        let (code, made) = answer(
+            &mut st,
+            "POST",
+            TEMPLATES,
+            &template("a", json!({"app": "x"})),
+        );
+        assert_eq!(code, 201, "{made}");
+        assert_eq!(made["metadata"]["namespace"], "team");
+        let (code, again) = answer(&mut st, "POST", TEMPLATES, &template("a", json!({})));
+        assert_eq!(
+            (code, again["reason"].as_str()),
+            (409, Some("AlreadyExists"))
+        );
+        let (code, missing) = answer(&mut st, "GET", &format!("{TEMPLATES}/b"), &json!(null));
+        assert_eq!(code, 404);
+        assert_eq!(missing["kind"], "Status");
+        assert_eq!(missing["reason"], "NotFound");
+        assert_eq!(
+            missing["message"],
+            "resourceclaimtemplates.resource.k8s.io \"b\" not found"
+        );
+        assert_eq!(missing["details"]["name"], "b");
+
+        // Another namespace's template; lists by namespace, across them, by label.
+        st.put(
+            Kind::named("resourceclaimtemplates").unwrap(),
+            json!({"metadata": {"name": "c", "namespace": "other"}}),
+        );
+        let all = "/apis/resource.k8s.io/v1/resourceclaimtemplates";
+        for (url, want) in [
+            (TEMPLATES.to_string(), vec!["a"]),
+            // By namespace, then name, as the API server's storage keys order them.
+            (all.to_string(), vec!["c", "a"]),
+            (format!("{all}?labelSelector=app%3Dx"), vec!["a"]),
+            (format!("{all}?labelSelector=app%21%3Dx"), vec!["c"]),
+        ] {
+            let (code, list) = answer(&mut st, "GET", &url, &json!(null));
+            assert_eq!(code, 200, "{url}: {list}");
+            assert_eq!(list["kind"], "ResourceClaimTemplateList");
+            assert_eq!(list["metadata"]["resourceVersion"], "2", "{url}");
+            let names: Vec<&str> = list["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|i| i["metadata"]["name"].as_str().unwrap())
+                .collect();
+            assert_eq!(names, want, "{url}");
+        }
+        let (code, bad) = answer(
+            &mut st,
+            "GET",
+            &format!("{all}?fieldSelector=spec.x%3Dy"),
+            &json!(null),
+        );
+        assert_eq!((code, bad["reason"].as_str()), (400, Some("BadRequest")));
+        let (code, _) = answer(&mut st, "GET", "/api/v1/namespaces/team/pods", &json!(null));
+        assert_eq!(code, 404);
+    }
+
+    #[test]
+    fn writes_are_checked_against_the_version_they_name() {
+        let mut st = State::default();
+        let slice = json!({"metadata": {"name": "s"}, "spec": {"nodeName": "n1"}});
+        let (_, made) = answer(&mut st, "POST", SLICES, &slice);
+        let v1 = made["metadata"]["resourceVersion"].clone();
+        let url = format!("{SLICES}/s");
+
+        let mut stale = made.clone();
+        stale["metadata"]["resourceVersion"] = json!("0");
+        let (code, refused) = answer(&mut st, "PUT", &url, &stale);
+        assert_eq!((code, refused["reason"].as_str()), (409, Some("Conflict")));
+
+        let (code, replaced) = answer(&mut st, "PUT", &url, &made);
+        assert_eq!(code, 200, "{replaced}");
+        assert_ne!(replaced["metadata"]["resourceVersion"], v1);
+        assert_eq!(replaced["metadata"]["uid"], made["metadata"]["uid"]);
+
+        // A merge patch: a null removes, the version named is checked.
+        let (code, patched) = answer(
+            &mut st,
+            "PATCH",
+            &url,
+            &json!({"spec": {"nodeName": null, "driver": "d"}}),
+        );
+        assert_eq!(code, 200, "{patched}");
+        assert_eq!(patched["spec"], json!({"driver": "d"}));
+        let (code, _) = answer(
+            &mut st,
+            "PATCH",
+            &url,
+            &json!({"metadata": {"resourceVersion": v1}}),
+        );
+        assert_eq!(code, 409);
+
+        let (code, _) = answer(
+            &mut st,
+            "DELETE",
+            &url,
+            &json!({"preconditions": {"resourceVersion": v1}}),
+        );
+        assert_eq!(code, 409);
+        let (code, done) = answer(&mut st, "DELETE", &url, &json!({}));
+        assert_eq!((code, done["status"].as_str()), (200, Some("Success")));
+        let (code, _) = answer(&mut st, "DELETE", &url, &json!({}));
+        assert_eq!(code, 404);
+    }
+
+    #[test]
+    fn a_watch_hears_what_enters_and_leaves_its_selection() {
+        let mut st = State::default();
+        let (_, mut rx) = st
+            .watch(&format!(
+                "{SLICES}?watch=true&fieldSelector=spec.nodeName%3Dn1"
+            ))
+            .unwrap();
+        let kind = Kind::named("resourceslices").unwrap();
+        let on = |node: &str| json!({"metadata": {"name": "s"}, "spec": {"nodeName": node}});
+        st.put(kind, on("n2"));
+        st.put(kind, on("n1"));
+        st.put(kind, on("n1"));
+        st.put(kind, on("n2"));
+        st.remove(kind, "", "s");
+        let mut heard = Vec::new();
+        while let Ok(line) = rx.try_recv() {
+            let e: Value = serde_json::from_slice(&line).unwrap();
+            heard.push(format!(
+                "{} {}",
+                e["type"].as_str().unwrap(),
+                e["object"]["metadata"]["resourceVersion"].as_str().unwrap()
+            ));
+        }
+        assert_eq!(heard, ["ADDED 2", "MODIFIED 3", "DELETED 4"]);
+        assert_eq!(st.requests, [format!("WATCH {SLICES}")]);
+    }
+}
