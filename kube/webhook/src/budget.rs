@@ -27,7 +27,7 @@ use gpuslice_dra::quota::{claim_charge, format_value, Budget, Charge, QuotaError
 
 use crate::cluster::Cluster;
 use crate::mirror::Mirror;
-use crate::view::{list_page, Viewed};
+use crate::view::{get_opt, list_page, Viewed};
 
 /// The annotation the resource claim controller puts on a claim it makes from a pod's
 /// template: the pod's entry the claim is for.
@@ -124,7 +124,7 @@ impl Ledger {
     /// an admission no API call, and a booking starts from the version watched (a stale one
     /// conflicts and is read again). Needs a Tokio runtime.
     pub fn watching(cluster: Cluster, hami_compat: bool) -> Ledger {
-        let watched = Mirror::follow(Api::all(cluster.client()), None);
+        let watched = Mirror::follow(cluster.client(), None);
         Ledger {
             cluster,
             hami_compat,
@@ -214,7 +214,7 @@ impl Ledger {
         planned: &[ResourceClaimTemplate],
         inventory: &PublishedGpus,
     ) -> Result<Charge, BudgetError> {
-        let api: Api<ResourceClaimTemplate> = Api::namespaced(self.cluster.client(), namespace);
+        let client = self.cluster.client();
         let mut templates = planned.to_vec();
         for (_, name) in entries {
             if templates
@@ -223,9 +223,13 @@ impl Ledger {
             {
                 continue;
             }
-            if let Some(t) = api.get_opt(name).await.map_err(read_err(format!(
-                "ResourceClaimTemplate {namespace}/{name}"
-            )))? {
+            // Read through its view (crate::view): other drivers' parameters, however deep,
+            // do not hide what it asks.
+            let read = get_opt::<ResourceClaimTemplate>(&client, namespace, name).await;
+            if let Some(t) = read.map_err(|e| BudgetError::Read {
+                what: format!("ResourceClaimTemplate {namespace}/{name}"),
+                detail: e.to_string(),
+            })? {
                 templates.push(t);
             }
         }
@@ -242,7 +246,7 @@ impl Ledger {
         entries: &[(String, String)],
         planned: &[ResourceClaimTemplate],
     ) -> bool {
-        let api: Api<ResourceClaimTemplate> = Api::namespaced(self.cluster.client(), namespace);
+        let client = self.cluster.client();
         for (_, name) in entries {
             let read;
             let t = match planned
@@ -251,7 +255,7 @@ impl Ledger {
             {
                 Some(t) => Some(t),
                 None => {
-                    read = api.get_opt(name).await;
+                    read = get_opt::<ResourceClaimTemplate>(&client, namespace, name).await;
                     match &read {
                         Ok(Some(t)) => Some(t),
                         _ => None,

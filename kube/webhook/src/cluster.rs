@@ -58,7 +58,7 @@ impl Cluster {
     pub async fn start(client: kube::Client, grace: Duration) -> Cluster {
         let selector = format!("{}={}", MANAGED_BY.0, MANAGED_BY.1);
         let c = Cluster {
-            templates: Mirror::follow(Api::all(client.clone()), Some(selector)),
+            templates: Mirror::follow(client.clone(), Some(selector)),
             client,
             inventory: Arc::new(RwLock::new(Err("not read yet".into()))),
         };
@@ -159,7 +159,15 @@ impl Cluster {
                 })
             }
         };
-        if let Some(t) = api.get_opt(&name).await.map_err(|e| err(e.to_string()))? {
+        // Read through its view (crate::view), as the watch reads it: other drivers' opaque
+        // parameters, however deep, are no reason to refuse; a template that cannot be read
+        // at all is refused naming it.
+        let read = || async {
+            crate::view::get_opt::<ResourceClaimTemplate>(&self.client, &namespace, &name)
+                .await
+                .map_err(|e| err(e.to_string()))
+        };
+        if let Some(t) = read().await? {
             check(&t)?;
             if !is_marked(&t) {
                 return Ok(());
@@ -183,7 +191,9 @@ impl Cluster {
             Ok(_) => Ok(()),
             // Another replica (or admission) created it meanwhile.
             Err(kube::Error::Api(s)) if s.is_already_exists() => {
-                let t = api.get(&name).await.map_err(|e| err(e.to_string()))?;
+                let t = read()
+                    .await?
+                    .ok_or_else(|| err("it was created and deleted meanwhile".into()))?;
                 check(&t)
             }
             Err(e) => Err(err(e.to_string())),

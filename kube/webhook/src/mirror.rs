@@ -4,18 +4,20 @@
 //! as long as its watch runs or resumes where it stopped (the API server ends each watch after
 //! a few minutes); when a watch fails or its version has expired, the copy is listed anew after
 //! a pause, and meanwhile readers are told to ask the API server (a copy that missed a change
-//! must not admit past a budget).
+//! must not admit past a budget). Objects are read through their views (crate::view): one that
+//! cannot be read is named in the log once and left out of the copy, which stays current for
+//! the others; the copy remembers which objects it left out, so that a reader that must see
+//! every object of a namespace (its quotas) asks the API server for that namespace.
 
-use std::collections::BTreeMap;
-use std::fmt::Debug;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use kube::api::{ListParams, WatchEvent, WatchParams};
-use kube::{Api, Resource};
-use serde::de::DeserializeOwned;
-use tokio_stream::StreamExt;
+use kube::api::{ListParams, WatchParams};
+use kube::Resource;
+
+use crate::view::{list_page, Event, Page, ViewError, Viewed, Watch};
 
 /// How long one watch request lasts before it is renewed (the API server's own limit is 5 to
 /// 10 minutes).
@@ -23,6 +25,8 @@ const WATCH_SECONDS: u32 = 290;
 /// The pause after a watch or a list failed, before the next list; also the shortest a watch
 /// must last to be resumed rather than taken for a failure.
 const RETRY: Duration = Duration::from_secs(1);
+/// Objects read per list call.
+const PAGE: u32 = 500;
 
 /// An object's namespace and name: the copy's key.
 pub type Key = (String, String);
@@ -36,16 +40,105 @@ pub fn key<K: Resource>(o: &K) -> Key {
     )
 }
 
+/// The key of an object that could not be read, `None` when not even its name could be.
+fn unread_key(e: &ViewError) -> Option<Key> {
+    Some((
+        e.object.namespace.clone().unwrap_or_default(),
+        e.object.name.clone()?,
+    ))
+}
+
+fn left_out(e: &ViewError) {
+    eprintln!(
+        "gpuslice webhook: left out of the watched copy (read from the API server instead): {e}"
+    );
+}
+
+/// The objects read by namespace and name, and the keys of those that could not be.
+struct Held<K> {
+    objects: BTreeMap<Key, K>,
+    unread: BTreeSet<Key>,
+}
+
+impl<K> Default for Held<K> {
+    fn default() -> Self {
+        Held {
+            objects: BTreeMap::new(),
+            unread: BTreeSet::new(),
+        }
+    }
+}
+
+impl<K: Resource> Held<K> {
+    /// Adds one page of a list, naming in the log each object left out that is not in
+    /// `known` (those the copy it replaces left out already); false when an object of it cannot
+    /// even be named (the copy cannot tell which object it left out).
+    fn take_page(&mut self, page: Page<K>, known: &BTreeSet<Key>) -> bool {
+        self.objects
+            .extend(page.objects.into_iter().map(|o| (key(&o), o)));
+        for e in page.unread {
+            let Some(k) = unread_key(&e) else {
+                left_out(&e);
+                return false;
+            };
+            if !known.contains(&k) {
+                left_out(&e);
+            }
+            self.unread.insert(k);
+        }
+        true
+    }
+
+    /// Applies one watch event: the resourceVersion it brings the copy to (`Some(None)`: the
+    /// version stays, as for an object that cannot be read: the event is seen again if the
+    /// next watch resumes before it), or `None` when it ends the watch (an error event, or an
+    /// object that cannot even be named).
+    fn apply(&mut self, event: Event<K>) -> Option<Option<String>> {
+        let version = |o: &K| o.meta().resource_version.clone().filter(|v| !v.is_empty());
+        match event {
+            Event::Put(Ok(o)) => {
+                let (k, v) = (key(&o), version(&o));
+                self.unread.remove(&k);
+                self.objects.insert(k, o);
+                Some(v)
+            }
+            Event::Deleted(Ok(o)) => {
+                let k = key(&o);
+                self.unread.remove(&k);
+                self.objects.remove(&k);
+                Some(version(&o))
+            }
+            Event::Put(Err(e)) => {
+                let k = unread_key(&e)?;
+                self.objects.remove(&k);
+                if self.unread.insert(k) {
+                    left_out(&e);
+                }
+                Some(None)
+            }
+            Event::Deleted(Err(e)) => {
+                let k = unread_key(&e)?;
+                self.objects.remove(&k);
+                self.unread.remove(&k);
+                Some(None)
+            }
+            // A bookmark without a version moves nothing (a watch from "" would start anew).
+            Event::Bookmark(v) => Some(Some(v).filter(|v| !v.is_empty())),
+            Event::Error(_) => None,
+        }
+    }
+}
+
 /// The objects of one kind by namespace and name, and whether they are current.
 pub struct Mirror<K> {
-    objects: RwLock<BTreeMap<Key, K>>,
+    copy: RwLock<Held<K>>,
     current: AtomicBool,
 }
 
 impl<K> Default for Mirror<K> {
     fn default() -> Self {
         Mirror {
-            objects: RwLock::new(BTreeMap::new()),
+            copy: RwLock::new(Held::default()),
             current: AtomicBool::new(false),
         }
     }
@@ -53,16 +146,17 @@ impl<K> Default for Mirror<K> {
 
 impl<K> Mirror<K>
 where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: Viewed + Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
 {
-    /// Starts following the objects of `api` that carry `labels` (a label selector; `None`:
-    /// all of them) in the background, for as long as the runtime runs. Needs a Tokio runtime.
-    pub fn follow(api: Api<K>, labels: Option<String>) -> Arc<Mirror<K>> {
+    /// Starts following the objects of kind `K` in every namespace that carry `labels` (a label
+    /// selector; `None`: all of them) in the background, for as long as the runtime runs.
+    /// Needs a Tokio runtime.
+    pub fn follow(client: kube::Client, labels: Option<String>) -> Arc<Mirror<K>> {
         let mirror = Arc::new(Mirror::default());
         let bg = Arc::clone(&mirror);
         tokio::spawn(async move {
             loop {
-                bg.list_and_watch(&api, labels.as_deref()).await;
+                bg.list_and_watch(&client, labels.as_deref()).await;
                 bg.current.store(false, Ordering::SeqCst);
                 tokio::time::sleep(RETRY).await;
             }
@@ -72,8 +166,8 @@ where
 
     /// Lists the objects, then follows their changes, each watch resuming where the last one
     /// ended, until one fails.
-    async fn list_and_watch(&self, api: &Api<K>, labels: Option<&str>) {
-        let mut list = ListParams::default();
+    async fn list_and_watch(&self, client: &kube::Client, labels: Option<&str>) {
+        let mut list = ListParams::default().limit(PAGE);
         // Bookmarks (on by default) keep the version moving while nothing changes, so that a
         // resumed watch does not start from one the API server has compacted away.
         let mut watch = WatchParams::default().timeout(WATCH_SECONDS);
@@ -81,29 +175,25 @@ where
             list = list.labels(labels);
             watch = watch.labels(labels);
         }
-        let Ok(listed) = api.list(&list).await else {
+        let Some(mut version) = self.list(client, list).await else {
             return;
         };
-        let mut version = listed.metadata.resource_version.clone().unwrap_or_default();
-        if let Ok(mut m) = self.objects.write() {
-            *m = listed.items.into_iter().map(|o| (key(&o), o)).collect();
-        }
         loop {
             let began = Instant::now();
-            let Ok(stream) = api.watch(&watch, &version).await else {
+            let Ok(mut events) = Watch::start::<K>(client, &watch, &version).await else {
                 return;
             };
             self.current.store(true, Ordering::SeqCst);
-            let mut stream = std::pin::pin!(stream);
-            while let Some(event) = stream.next().await {
+            while let Some(event) = events.next::<K>().await {
                 let Ok(event) = event else {
                     return;
                 };
-                let Ok(mut m) = self.objects.write() else {
+                let Ok(mut c) = self.copy.write() else {
                     return;
                 };
-                match apply(&mut m, event) {
-                    Some(v) => version = v,
+                match c.apply(event) {
+                    Some(Some(v)) => version = v,
+                    Some(None) => {}
                     None => return,
                 }
             }
@@ -117,91 +207,114 @@ where
         }
     }
 
-    /// What `f` finds in the copy, or `None` while it is not current (ask the API server).
+    /// Lists the objects page by page into a new copy, which then replaces the old one: the
+    /// list's resourceVersion, or `None` when the list failed.
+    async fn list(&self, client: &kube::Client, mut params: ListParams) -> Option<String> {
+        let known = self.copy.read().ok()?.unread.clone();
+        let mut held = Held::default();
+        loop {
+            let page = list_page::<K>(client, None, &params).await.ok()?;
+            let (next, version) = (page.next.clone(), page.version.clone());
+            if !held.take_page(page, &known) {
+                return None;
+            }
+            match next {
+                Some(c) => params = params.continue_token(&c),
+                None => {
+                    *self.copy.write().ok()? = held;
+                    return Some(version.unwrap_or_default());
+                }
+            }
+        }
+    }
+
+    /// What `f` finds in the copy, or `None` while it is not current (ask the API server). An
+    /// object that could not be read is not in it.
     pub fn read<R>(&self, f: impl FnOnce(&BTreeMap<Key, K>) -> R) -> Option<R> {
         if !self.current.load(Ordering::SeqCst) {
             return None;
         }
-        let m = self.objects.read().ok()?;
-        Some(f(&m))
+        let c = self.copy.read().ok()?;
+        Some(f(&c.objects))
     }
 
-    /// The objects of `namespace`, or `None` while the copy is not current.
+    /// The objects of `namespace`, or `None` while the copy is not current or holds an object
+    /// of that namespace it could not read (the namespace's objects must then be asked of the
+    /// API server, which names the one that cannot be read).
     pub fn in_namespace(&self, namespace: &str) -> Option<Vec<K>> {
-        self.read(|m| {
-            m.range((namespace.to_string(), String::new())..)
+        if !self.current.load(Ordering::SeqCst) {
+            return None;
+        }
+        let c = self.copy.read().ok()?;
+        let from = (namespace.to_string(), String::new());
+        if c.unread
+            .range(from.clone()..)
+            .next()
+            .is_some_and(|(ns, _)| ns == namespace)
+        {
+            return None;
+        }
+        Some(
+            c.objects
+                .range(from..)
                 .take_while(|((ns, _), _)| ns == namespace)
                 .map(|(_, o)| o.clone())
-                .collect()
-        })
-    }
-}
-
-/// Applies one watch event to `objects`: the resourceVersion it brings the copy to, or
-/// `None` when it ends the watch (an error event: a failure, or a version that expired).
-fn apply<K: Resource>(objects: &mut BTreeMap<Key, K>, event: WatchEvent<K>) -> Option<String> {
-    let version = |o: &K| o.meta().resource_version.clone().unwrap_or_default();
-    match event {
-        WatchEvent::Added(o) | WatchEvent::Modified(o) => {
-            let v = version(&o);
-            objects.insert(key(&o), o);
-            Some(v)
-        }
-        WatchEvent::Deleted(o) => {
-            objects.remove(&key(&o));
-            Some(version(&o))
-        }
-        WatchEvent::Bookmark(b) => Some(b.metadata.resource_version),
-        WatchEvent::Error(_) => None,
+                .collect(),
+        )
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::view::tests::nested;
+    use crate::view::{read_event, read_list};
     use k8s_openapi::api::core::v1::ResourceQuota;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
+    use serde_json::json;
 
     fn quota(ns: &str, name: &str, rv: &str) -> ResourceQuota {
-        ResourceQuota {
-            metadata: ObjectMeta {
-                namespace: Some(ns.into()),
-                name: Some(name.into()),
-                resource_version: Some(rv.into()),
-                ..Default::default()
-            },
-            ..Default::default()
-        }
+        serde_json::from_value(json!({"metadata": {
+            "namespace": ns, "name": name, "resourceVersion": rv}}))
+        .unwrap()
     }
 
-    fn names(v: Option<Vec<ResourceQuota>>) -> Option<Vec<String>> {
+    fn names<K: Resource>(v: Option<Vec<K>>) -> Option<Vec<String>> {
         v.map(|v| {
             v.iter()
                 .map(|q| {
-                    format!(
-                        "{}@{}",
-                        key(q).1,
-                        q.metadata.resource_version.clone().unwrap()
-                    )
+                    let rv = q.meta().resource_version.clone().unwrap_or_default();
+                    format!("{}@{rv}", key(q).1)
                 })
                 .collect()
         })
+    }
+
+    fn line(kind: &str, object: &str) -> Vec<u8> {
+        format!(r#"{{"type": "{kind}", "object": {object}}}"#).into_bytes()
+    }
+
+    fn current<K>(copy: Held<K>) -> Mirror<K> {
+        Mirror {
+            copy: RwLock::new(copy),
+            current: AtomicBool::new(true),
+        }
     }
 
     #[test]
     fn events_change_the_copy_and_a_namespace_reads_only_its_own() {
         let m = Mirror::<ResourceQuota>::default();
         {
-            let mut o = m.objects.write().unwrap();
+            let mut c = m.copy.write().unwrap();
             for e in [
-                WatchEvent::Added(quota("team-a", "gpu", "1")),
-                WatchEvent::Added(quota("team-a", "cpu", "2")),
-                WatchEvent::Added(quota("team-ab", "gpu", "3")),
-                WatchEvent::Added(quota("team", "gpu", "4")),
-                WatchEvent::Modified(quota("team-a", "gpu", "5")),
-                WatchEvent::Deleted(quota("team", "gpu", "6")),
+                Event::Put(Ok(quota("team-a", "gpu", "1"))),
+                Event::Put(Ok(quota("team-a", "cpu", "2"))),
+                Event::Put(Ok(quota("team-ab", "gpu", "3"))),
+                Event::Put(Ok(quota("team", "gpu", "4"))),
+                Event::Put(Ok(quota("team-a", "gpu", "5"))),
+                Event::Deleted(Ok(quota("team", "gpu", "6"))),
             ] {
-                assert!(apply(&mut o, e).is_some());
+                assert!(c.apply(e).is_some());
             }
         }
         // Not current yet: the caller must ask the API server.
@@ -218,37 +331,132 @@ mod tests {
 
     #[test]
     fn each_event_brings_the_version_the_next_watch_resumes_from() {
-        let mut o = BTreeMap::new();
-        assert_eq!(
-            apply(&mut o, WatchEvent::Added(quota("a", "q", "7"))),
-            Some("7".into())
-        );
-        assert_eq!(
-            apply(&mut o, WatchEvent::Deleted(quota("a", "q", "9"))),
-            Some("9".into())
-        );
-        assert!(o.is_empty());
+        let mut c = Held::default();
+        let q = |rv: &str| serde_json::to_string(&quota("a", "q", rv)).unwrap();
+        let mut apply = |l: Vec<u8>| c.apply(read_event::<ResourceQuota>(&l).unwrap());
+        assert_eq!(apply(line("ADDED", &q("7"))), Some(Some("7".into())));
+        assert_eq!(apply(line("DELETED", &q("9"))), Some(Some("9".into())));
         // A bookmark moves the version on without changing the copy.
-        let bookmark: WatchEvent<ResourceQuota> = serde_json::from_value(serde_json::json!({
-            "type": "BOOKMARK",
-            "object": {"kind": "ResourceQuota", "apiVersion": "v1",
-                       "metadata": {"resourceVersion": "12"}}
-        }))
-        .unwrap();
-        assert_eq!(apply(&mut o, bookmark), Some("12".into()));
-        assert!(o.is_empty());
+        let bookmark = r#"{"kind": "ResourceQuota", "apiVersion": "v1",
+            "metadata": {"resourceVersion": "12"}}"#;
+        assert_eq!(apply(line("BOOKMARK", bookmark)), Some(Some("12".into())));
+        // One without a version moves nothing (a watch from "" would start anew).
+        assert_eq!(apply(line("BOOKMARK", r#"{"metadata": {}}"#)), Some(None));
+        // One that cannot be read leaves the version where it was.
+        let odd = r#"{"metadata": {"namespace": "a", "name": "q"}, "spec": {"hard": 5}}"#;
+        assert_eq!(apply(line("MODIFIED", odd)), Some(None));
+        assert!(c.objects.is_empty());
     }
 
     #[test]
-    fn an_error_event_ends_the_watch() {
-        let mut o = BTreeMap::new();
-        let s: kube::core::Status = serde_json::from_value(serde_json::json!({
-            "status": "Failure", "code": 410, "reason": "Expired", "message": "too old"
-        }))
-        .unwrap();
-        assert_eq!(
-            apply::<ResourceQuota>(&mut o, WatchEvent::Error(Box::new(s))),
-            None
+    fn an_error_event_or_one_naming_no_object_ends_the_watch() {
+        let mut c = Held::<ResourceQuota>::default();
+        let status = r#"{"kind": "Status", "status": "Failure", "code": 410,
+            "reason": "Expired", "message": "too old"}"#;
+        let e = read_event::<ResourceQuota>(&line("ERROR", status)).unwrap();
+        assert!(matches!(&e, Event::Error(m) if m == "too old"), "{e:?}");
+        assert_eq!(c.apply(e), None);
+        // The copy cannot tell which object an unnamed one replaces.
+        let e = read_event::<ResourceQuota>(&line("MODIFIED", r#"{"spec": 5}"#)).unwrap();
+        assert_eq!(c.apply(e), None);
+        // Nor is a line that is no event read as one.
+        assert!(read_event::<ResourceQuota>(&line("RENAMED", "{}")).is_err());
+        assert!(read_event::<ResourceQuota>(b"[1, 2]").is_err());
+    }
+
+    /// A template labelled as the webhook's: `config` its devices' configuration.
+    fn template(name: &str, rv: &str, config: &str) -> String {
+        format!(
+            r#"{{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                "metadata": {{"namespace": "team", "name": "{name}", "resourceVersion": "{rv}",
+                    "labels": {{"app.kubernetes.io/managed-by": "gpuslice-webhook"}}}},
+                "spec": {{"spec": {{"devices": {{
+                    "requests": [{{"name": "g", "exactly": {{"deviceClassName": "gpuslice.io"}}}}],
+                    "config": {config}}}}}}}}}"#
+        )
+    }
+
+    fn deep(name: &str, rv: &str) -> String {
+        let other = format!(
+            r#"[{{"opaque": {{"driver": "example.com", "parameters": {}}}}}]"#,
+            nested(200)
         );
+        template(name, rv, &other)
+    }
+
+    #[test]
+    fn a_deep_template_in_a_list_page_and_in_a_watch_event_leaves_the_copy_current() {
+        let unreadable = template("odd", "3", "5");
+        let page = format!(
+            r#"{{"kind": "ResourceClaimTemplateList", "metadata": {{"resourceVersion": "4"}},
+                "items": [{}, {}, {unreadable}]}}"#,
+            template("plain", "1", "[]"),
+            deep("deep", "2"),
+        );
+        // kube's typed reading of the list (the copy's before) fails as a whole.
+        assert!(
+            serde_json::from_str::<kube::core::ObjectList<ResourceClaimTemplate>>(&page).is_err()
+        );
+        let page = read_list::<ResourceClaimTemplate>(&page).unwrap();
+        assert_eq!(page.version.as_deref(), Some("4"));
+        let mut c = Held::default();
+        assert!(c.take_page(page, &BTreeSet::new()));
+        let mut apply = |l: Vec<u8>| {
+            let e = read_event::<ResourceClaimTemplate>(&l).unwrap();
+            c.apply(e)
+        };
+        // So does its typed reading of an event.
+        let added = line("ADDED", &deep("deeper", "5"));
+        assert!(
+            serde_json::from_slice::<kube::core::WatchEvent<ResourceClaimTemplate>>(&added)
+                .is_err()
+        );
+        assert_eq!(apply(added), Some(Some("5".into())));
+        // A template that becomes unreadable is left out, then back once readable again.
+        assert_eq!(
+            apply(line("MODIFIED", &template("plain", "6", "7"))),
+            Some(None)
+        );
+        let m = current(c);
+        let all = || m.read(|o| o.values().cloned().collect::<Vec<_>>());
+        assert_eq!(names(all()), Some(vec!["deep@2".into(), "deeper@5".into()]));
+        m.copy
+            .write()
+            .unwrap()
+            .apply(Event::Put(ResourceClaimTemplate::read(&template(
+                "plain", "8", "[]",
+            ))));
+        assert_eq!(
+            names(all()),
+            Some(vec!["deep@2".into(), "deeper@5".into(), "plain@8".into()])
+        );
+        // The deep ones keep what a charge and the reuse check read.
+        let deep = m
+            .read(|o| o[&("team".into(), "deep".into())].clone())
+            .unwrap();
+        let devices = deep.spec.unwrap().spec.unwrap().devices.unwrap();
+        assert_eq!(devices.requests.unwrap()[0].name, "g");
+        assert_eq!(devices.config.unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_namespace_holding_a_quota_that_cannot_be_read_is_asked_of_the_api_server() {
+        let odd = r#"{"metadata": {"namespace": "team", "name": "odd", "resourceVersion": "2"},
+            "spec": {"hard": 5}}"#;
+        let text = format!(
+            r#"{{"metadata": {{"resourceVersion": "3"}}, "items": [{}, {odd}, {}]}}"#,
+            serde_json::to_string(&quota("team", "gpu", "1")).unwrap(),
+            serde_json::to_string(&quota("other", "gpu", "1")).unwrap(),
+        );
+        let mut c = Held::default();
+        assert!(c.take_page(read_list::<ResourceQuota>(&text).unwrap(), &BTreeSet::new()));
+        let m = current(c);
+        // Its namespace's budgets would be read without it: the API server is asked.
+        assert_eq!(names(m.in_namespace("team")), None);
+        assert_eq!(names(m.in_namespace("other")), Some(vec!["gpu@1".into()]));
+        // Once it is gone, the copy answers for its namespace again.
+        let gone = read_event::<ResourceQuota>(&line("DELETED", odd)).unwrap();
+        assert_eq!(m.copy.write().unwrap().apply(gone), Some(None));
+        assert_eq!(names(m.in_namespace("team")), Some(vec!["gpu@1".into()]));
     }
 }

@@ -433,7 +433,7 @@ fn claim(raw: &RawValue) -> Result<Value, PodError> {
     serde_json::to_value(&c).map_err(|e| {
         PodError::Claim(ViewError {
             kind: "ResourceClaim",
-            name: crate::view::name_of(raw.get()),
+            object: crate::view::named(raw.get()),
             detail: e.to_string(),
         })
     })

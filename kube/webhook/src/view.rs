@@ -4,9 +4,11 @@
 //! reading them: opaque parameters of other drivers and `managedFields` may nest deeper than
 //! the JSON parser's recursion limit (the API server accepts them), and are skipped unbuilt. A
 //! list is read object by object, so that one object that cannot be read is named and skipped
-//! rather than failing the list (docs/quotas.md).
+//! rather than failing the list (docs/quotas.md); a watch likewise, event by event
+//! ([`Watch`]).
 
 use std::collections::BTreeMap;
+use std::fmt;
 
 use k8s_openapi::api::resource::v1::{
     DeviceClaim, DeviceClaimConfiguration, DeviceConstraint, DeviceRequest,
@@ -15,22 +17,46 @@ use k8s_openapi::api::resource::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
+use kube::api::{ListParams, WatchParams};
+use kube::core::Status;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use gpuslice_dra::DRIVER;
 
-/// An object that cannot be read through its view: its kind, its name as far as it can be
+/// An object that cannot be read through its view: its kind, where it is as far as that can be
 /// read, and the parser's reason.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{kind} {name} cannot be read: {detail}; accepted: a {kind} as the API server stores it")]
+#[error("{kind} {object} cannot be read: {detail}; accepted: a {kind} as the API server stores it")]
 pub struct ViewError {
     pub kind: &'static str,
-    pub name: String,
+    pub object: Named,
     pub detail: String,
 }
 
+/// An object's namespace and name as far as its metadata can be read (its `generateName` while
+/// it has no name).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Named {
+    pub namespace: Option<String>,
+    pub name: Option<String>,
+}
+
+impl fmt::Display for Named {
+    /// `namespace/name`, `?` for what is missing.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.namespace, &self.name) {
+            (Some(ns), Some(n)) => write!(f, "{ns}/{n}"),
+            (None, Some(n)) => write!(f, "{n}"),
+            (Some(ns), None) => write!(f, "{ns}/?"),
+            (None, None) => write!(f, "?"),
+        }
+    }
+}
+
+/// The metadata every view keeps (`managedFields`, which may nest without bound, is skipped);
+/// also what names an object that cannot be read otherwise, and a bookmark's version.
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct MetaView {
@@ -111,27 +137,32 @@ impl From<SpecView> for ResourceClaimSpec {
             devices: s.devices.map(|d| DeviceClaim {
                 requests: d.requests,
                 constraints: d.constraints,
-                // gpuslice's opaque parameters (a slot claim's compute share); others, and
-                // any the parser cannot build, are dropped (the plugin cannot read those
-                // either: its claim is charged as not throttled).
-                config: d.config.map(|c| {
-                    c.into_iter()
-                        .filter_map(|c| {
-                            let o = c.opaque?;
-                            if o.driver != DRIVER {
-                                return None;
-                            }
-                            let parameters = serde_json::from_str(o.parameters.get()).ok()?;
-                            Some(DeviceClaimConfiguration {
-                                requests: c.requests,
-                                opaque: Some(OpaqueDeviceConfiguration {
-                                    driver: o.driver,
-                                    parameters: RawExtension(parameters),
-                                }),
-                            })
-                        })
-                        .collect()
-                }),
+                config: d
+                    .config
+                    .map(|c| c.into_iter().map(DeviceClaimConfiguration::from).collect()),
+            }),
+        }
+    }
+}
+
+impl From<ConfigView> for DeviceClaimConfiguration {
+    /// gpuslice's opaque parameters as written (a slot claim's compute share); those of other
+    /// drivers, and any the parser cannot build, as `null` (the plugin cannot read those
+    /// either: its claim is charged as not throttled). The entry itself is kept, so that a
+    /// template carrying more configuration than the webhook wrote is not taken for its own
+    /// (`claim_shape::is_ours` compares them).
+    fn from(c: ConfigView) -> DeviceClaimConfiguration {
+        DeviceClaimConfiguration {
+            requests: c.requests,
+            opaque: c.opaque.map(|o| {
+                let parameters = (o.driver == DRIVER)
+                    .then(|| serde_json::from_str(o.parameters.get()).ok())
+                    .flatten()
+                    .unwrap_or(serde_json::Value::Null);
+                OpaqueDeviceConfiguration {
+                    driver: o.driver,
+                    parameters: RawExtension(parameters),
+                }
             }),
         }
     }
@@ -159,37 +190,31 @@ struct TemplateSpecView {
     spec: Option<SpecView>,
 }
 
+/// Only an object's metadata: what names it when the rest cannot be read.
 #[derive(Deserialize)]
-struct NameView {
+struct ObjectView {
     #[serde(default)]
-    metadata: Option<NameMetaView>,
+    metadata: Option<MetaView>,
 }
 
-#[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct NameMetaView {
-    #[serde(default)]
-    name: Option<String>,
-    #[serde(default)]
-    generate_name: Option<String>,
-    #[serde(default)]
-    namespace: Option<String>,
+/// Where the object in `json` is, as far as its metadata can be read.
+pub fn named(json: &str) -> Named {
+    match serde_json::from_str::<ObjectView>(json)
+        .ok()
+        .and_then(|v| v.metadata)
+    {
+        Some(m) => Named {
+            namespace: m.namespace,
+            name: m.name.or(m.generate_name),
+        },
+        None => Named::default(),
+    }
 }
 
 /// `namespace/name` of the object in `json` as far as it can be read (`generateName` while it
 /// has no name; `?` for what is missing).
 pub fn name_of(json: &str) -> String {
-    let m = serde_json::from_str::<NameView>(json)
-        .ok()
-        .and_then(|v| v.metadata);
-    let ns = m.as_ref().and_then(|m| m.namespace.clone());
-    let name = m.and_then(|m| m.name.or(m.generate_name));
-    match (ns, name) {
-        (Some(ns), Some(n)) => format!("{ns}/{n}"),
-        (None, Some(n)) => n,
-        (Some(ns), None) => format!("{ns}/?"),
-        (None, None) => "?".to_string(),
-    }
+    named(json).to_string()
 }
 
 /// A kind read through its view.
@@ -203,7 +228,7 @@ pub trait Viewed: Sized {
 fn view<V: DeserializeOwned>(kind: &'static str, json: &str) -> Result<V, ViewError> {
     serde_json::from_str::<V>(json).map_err(|e| ViewError {
         kind,
-        name: name_of(json),
+        object: named(json),
         detail: e.to_string(),
     })
 }
@@ -242,6 +267,15 @@ impl Viewed for k8s_openapi::api::core::v1::Pod {
     }
 }
 
+impl Viewed for k8s_openapi::api::core::v1::ResourceQuota {
+    const KIND: &'static str = "ResourceQuota";
+    /// A quota is read whole: it is written back whole (its status), and nothing in it nests
+    /// without bound.
+    fn read(json: &str) -> Result<Self, ViewError> {
+        view(Self::KIND, json)
+    }
+}
+
 #[derive(Deserialize)]
 struct ListView<'a> {
     #[serde(default)]
@@ -251,17 +285,22 @@ struct ListView<'a> {
 }
 
 #[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
 struct ListMetaView {
     #[serde(default, rename = "continue")]
     continue_: Option<String>,
+    #[serde(default)]
+    resource_version: Option<String>,
 }
 
 /// One page of a list: the objects read, those that could not be (each naming the object and
-/// why), and the token of the next page (`None`: the last).
+/// why), the token of the next page (`None`: the last) and the list's resourceVersion (a watch
+/// of what the list shows starts from it).
 pub struct Page<K> {
     pub objects: Vec<K>,
     pub unread: Vec<ViewError>,
     pub next: Option<String>,
+    pub version: Option<String>,
 }
 
 /// The objects of a list's JSON `text`, each read through its view.
@@ -275,14 +314,15 @@ pub fn read_list<K: Viewed>(text: &str) -> Result<Page<K>, serde_json::Error> {
             Err(e) => unread.push(e),
         }
     }
-    let next = list
-        .metadata
-        .and_then(|m| m.continue_)
-        .filter(|c| !c.is_empty());
+    let (next, version) = match list.metadata {
+        Some(m) => (m.continue_.filter(|c| !c.is_empty()), m.resource_version),
+        None => (None, None),
+    };
     Ok(Page {
         objects,
         unread,
         next,
+        version,
     })
 }
 
@@ -291,7 +331,7 @@ pub fn read_list<K: Viewed>(text: &str) -> Result<Page<K>, serde_json::Error> {
 pub async fn list_page<K>(
     client: &kube::Client,
     ns: Option<&str>,
-    params: &kube::api::ListParams,
+    params: &ListParams,
 ) -> Result<Page<K>, kube::Error>
 where
     K: Viewed + kube::Resource<DynamicType = ()>,
@@ -303,8 +343,156 @@ where
     read_list(&text).map_err(kube::Error::SerdeError)
 }
 
+/// Why one object could not be read: the API call failed, or the object cannot be read through
+/// its view.
+#[derive(Debug, thiserror::Error)]
+pub enum GetError {
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+    #[error(transparent)]
+    View(#[from] ViewError),
+}
+
+/// The object of kind `K` named `name` in namespace `ns`, read through its view; `None` when
+/// there is none.
+pub async fn get_opt<K>(client: &kube::Client, ns: &str, name: &str) -> Result<Option<K>, GetError>
+where
+    K: Viewed + kube::Resource<DynamicType = ()>,
+{
+    let req = kube::core::Request::new(K::url_path(&(), Some(ns)))
+        .get(name, &kube::api::GetParams::default())
+        .map_err(kube::Error::BuildRequest)?;
+    match client.request_text(req).await {
+        Ok(text) => Ok(Some(K::read(&text)?)),
+        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// One event of a watch, its object read through its view.
+#[derive(Debug)]
+pub enum Event<K> {
+    /// `ADDED` or `MODIFIED`: the object as it is now.
+    Put(Result<K, ViewError>),
+    /// `DELETED`: the object as it was last.
+    Deleted(Result<K, ViewError>),
+    /// `BOOKMARK`: nothing the watch selects changed up to this resourceVersion.
+    Bookmark(String),
+    /// `ERROR`: the watch ends (a failure, or a version that expired): the status's message.
+    Error(String),
+}
+
+#[derive(Deserialize)]
+struct EventView<'a> {
+    #[serde(rename = "type")]
+    kind: &'a str,
+    #[serde(borrow)]
+    object: &'a RawValue,
+}
+
+/// The event of one line of a watch, its object read through its view: an object that cannot
+/// be read is an event of an unread object (the others are read all the same); an error only
+/// when the line is no event.
+pub fn read_event<K: Viewed>(line: &[u8]) -> Result<Event<K>, serde_json::Error> {
+    let e: EventView = serde_json::from_slice(line)?;
+    let json = e.object.get();
+    Ok(match e.kind {
+        "ADDED" | "MODIFIED" => Event::Put(K::read(json)),
+        "DELETED" => Event::Deleted(K::read(json)),
+        "BOOKMARK" => {
+            let v: ObjectView = serde_json::from_str(json)?;
+            Event::Bookmark(
+                v.metadata
+                    .and_then(|m| m.resource_version)
+                    .unwrap_or_default(),
+            )
+        }
+        "ERROR" => Event::Error(
+            serde_json::from_str::<Status>(json)
+                .map(|s| s.message)
+                .unwrap_or_else(|_| json.to_string()),
+        ),
+        other => {
+            return Err(serde::de::Error::unknown_variant(
+                other,
+                &["ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"],
+            ))
+        }
+    })
+}
+
+/// A watch of the objects of one kind, its events read line by line through their views (the
+/// API server writes one event a line).
+pub struct Watch {
+    body: kube::client::Body,
+    /// What was received and not yet read: the start of the next line.
+    buf: Vec<u8>,
+    /// How much of `buf` holds no line end.
+    scanned: usize,
+}
+
+impl Watch {
+    /// Starts watching the objects of kind `K` that `params` selects, in every namespace, from
+    /// resourceVersion `version`.
+    pub async fn start<K>(
+        client: &kube::Client,
+        params: &WatchParams,
+        version: &str,
+    ) -> Result<Watch, kube::Error>
+    where
+        K: kube::Resource<DynamicType = ()>,
+    {
+        let mut req = kube::core::Request::new(K::url_path(&(), None))
+            .watch(params, version)
+            .map_err(kube::Error::BuildRequest)?;
+        // One event a line, uncompressed (as kube's own watch asks).
+        req.headers_mut().insert(
+            hyper::header::ACCEPT_ENCODING,
+            hyper::header::HeaderValue::from_static("identity"),
+        );
+        let res = client.send(req.map(kube::client::Body::from)).await?;
+        let code = res.status();
+        if !code.is_success() {
+            let text = http_body_util::BodyExt::collect(res.into_body())
+                .await
+                .map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())
+                .unwrap_or_default();
+            let status = serde_json::from_str::<Status>(&text).unwrap_or_else(|_| {
+                Status::failure(text.trim(), "Failed to parse error data").with_code(code.as_u16())
+            });
+            return Err(kube::Error::Api(status.boxed()));
+        }
+        Ok(Watch {
+            body: res.into_body(),
+            buf: Vec::new(),
+            scanned: 0,
+        })
+    }
+
+    /// The next event; `None` when the watch ended (the API server ends it at its timeout; a
+    /// broken connection ends it too, and a part line left is dropped: the next watch resumes
+    /// from the last version read).
+    pub async fn next<K: Viewed>(&mut self) -> Option<Result<Event<K>, serde_json::Error>> {
+        loop {
+            if let Some(at) = self.buf[self.scanned..].iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=self.scanned + at).collect();
+                self.scanned = 0;
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                return Some(read_event(&line));
+            }
+            self.scanned = self.buf.len();
+            let frame = http_body_util::BodyExt::frame(&mut self.body).await?.ok()?;
+            if let Ok(data) = frame.into_data() {
+                self.buf.extend_from_slice(&data);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use serde_json::json;
 
@@ -340,10 +528,41 @@ mod tests {
             devices.requests.unwrap()[0].exactly.as_ref().unwrap().count,
             Some(8)
         );
-        // gpuslice's own parameters are kept.
+        // gpuslice's own parameters are kept; the other driver's entry, without them.
         let config = devices.config.unwrap();
-        assert_eq!(config.len(), 1);
-        assert_eq!(config[0].opaque.as_ref().unwrap().parameters.0["cores"], 30);
+        assert_eq!(config.len(), 2);
+        let other = config[0].opaque.as_ref().unwrap();
+        assert_eq!(
+            (other.driver.as_str(), &other.parameters.0),
+            ("example.com", &serde_json::Value::Null)
+        );
+        assert_eq!(config[1].opaque.as_ref().unwrap().parameters.0["cores"], 30);
+    }
+
+    #[test]
+    fn a_template_carrying_more_configuration_than_the_webhooks_is_not_taken_for_it() {
+        let spec = |config: serde_json::Value| {
+            json!({"metadata": {"namespace": "team", "name": "t",
+                    "labels": {"app.kubernetes.io/managed-by": "gpuslice-webhook"}},
+                "spec": {"spec": {"devices": {
+                    "requests": [{"name": "g", "exactly": {"deviceClassName": "gpuslice.io"}}],
+                    "config": config}}}})
+            .to_string()
+        };
+        let ours = json!({"opaque": {"driver": "gpuslice.io", "parameters": {
+            "apiVersion": "gpuslice.io/v1", "kind": "SliceParameters", "cores": 30}}});
+        let want = ResourceClaimTemplate::read(&spec(json!([ours]))).unwrap();
+        let same = ResourceClaimTemplate::read(&spec(json!([ours]))).unwrap();
+        assert!(gpuslice_dra::claim_shape::is_ours(&same, &want));
+        let more = spec(json!([ours, {"opaque": {"driver": "example.com", "parameters": "DEEP"}}]))
+            .replace("\"DEEP\"", &nested(200));
+        let more = ResourceClaimTemplate::read(&more).unwrap();
+        assert!(!gpuslice_dra::claim_shape::is_ours(&more, &want));
+        // Nor one whose own parameters cannot be built.
+        let unbuilt = spec(json!([{"opaque": {"driver": "gpuslice.io", "parameters": "DEEP"}}]))
+            .replace("\"DEEP\"", &nested(200));
+        let unbuilt = ResourceClaimTemplate::read(&unbuilt).unwrap();
+        assert!(!gpuslice_dra::claim_shape::is_ours(&unbuilt, &want));
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! of such a pod with the job's required anti-affinity term, the rule's annotation and the
 //! rule as a warning (also, in a namespace without a budget, when its template is missing or
 //! cannot be charged), and leaves a pod of no job, and a rank whose template asks another
-//! driver's class, unchanged. The server reads the templates from the FAKE API server of
+//! driver's class (also one whose other driver's parameters nest past the JSON parser's
+//! limit), unchanged. The server reads the templates from the FAKE API server of
 //! `gpuslice-fakeapi` (no control plane runs in a crate's tests; `kubeflow::` in tests/ runs
 //! the real one with Kubeflow Trainer), which holds them and no ResourceSlice (a cluster in
 //! capacity mode whose nodes publish no GPU yet: a template's charge then counts its memory
@@ -68,10 +69,20 @@ fn a_rank_whose_own_claim_templates_ask_gpuslice_is_kept_off_its_jobs_other_rank
     let mut all = template("all-gpus", "gpuslice.io");
     all["spec"]["spec"]["devices"]["requests"][0]["exactly"] =
         json!({"deviceClassName": "gpuslice.io", "allocationMode": "All"});
+    // Another driver's template whose opaque parameters nest past the JSON parser's limit
+    // (the API server stores them): read all the same, through the webhook's view.
+    let mut deep = template("other-gpu-deep", "gpu.example.com");
+    let mut parameters = json!(1);
+    for _ in 0..200 {
+        parameters = json!({ "a": parameters });
+    }
+    deep["spec"]["spec"]["devices"]["config"] =
+        json!([{"opaque": {"driver": "gpu.example.com", "parameters": parameters}}]);
     let api = FakeApi::start();
     for t in [
         template("rank-4gi", "gpuslice.io"),
         template("other-gpu", "gpu.example.com"),
+        deep,
         all,
     ] {
         api.put("resourceclaimtemplates", &t);
@@ -124,10 +135,12 @@ fn a_rank_whose_own_claim_templates_ask_gpuslice_is_kept_off_its_jobs_other_rank
     assert!(api.requests().contains(&missing), "{:?}", api.requests());
 
     // The same pod of no job, and a rank whose template asks another driver's devices
-    // (gpuslice gives it none): admitted unchanged, without a warning.
+    // (gpuslice gives it none), deeply configured or not: admitted unchanged, without a
+    // warning.
     for (uid, labels, template) in [
         ("no-job", json!({"app": "x"}), "rank-4gi"),
-        ("other-driver", job, "other-gpu"),
+        ("other-driver", job.clone(), "other-gpu"),
+        ("other-driver-deep", job, "other-gpu-deep"),
     ] {
         let answer = reviewed(w.addr, &review(uid, labels, template));
         let r = &answer["response"];
