@@ -400,12 +400,26 @@ fn bodies_that_never_finish_hold_no_memory_a_new_review_needs() {
     }
     // A new review is read (the budget is spent: a holder is shed for it) and answered.
     answered(w.addr);
-    // The first, waited on longest, was shed: its connection closed unanswered.
-    let mut rest = Vec::new();
-    let end = stalled[0].read_to_end(&mut rest);
-    assert!(
-        !matches!(&end, Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)),
-        "the first stalled body still holds its share after {WAIT:?}"
+    // Two were shed, each when a newer body needed its share: their connections closed
+    // unanswered. Which two is the order in which the server began reading the three bodies
+    // (usually the order of connection, not always on a loaded machine), so the stalled
+    // connections are read in order until two ended; only a held one waits out WAIT.
+    let mut shed = 0;
+    for s in &mut stalled {
+        let mut rest = Vec::new();
+        let end = s.read_to_end(&mut rest);
+        if matches!(&end, Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut))
+        {
+            continue;
+        }
+        assert!(rest.is_empty(), "{}", String::from_utf8_lossy(&rest));
+        shed += 1;
+        if shed == 2 {
+            break;
+        }
+    }
+    assert_eq!(
+        shed, 2,
+        "stalled bodies still hold their share after {WAIT:?}"
     );
-    assert!(rest.is_empty(), "{}", String::from_utf8_lossy(&rest));
 }
