@@ -7,12 +7,14 @@
 //! selectors (`select`), a list carrying its `metadata.resourceVersion`; create, replace,
 //! merge-patch and delete checked against the resourceVersion they name; each refusal a
 //! `Status` body (404 for a missing object, 409 for a stale version or an existing name). A
-//! watch streams each change from its start on, as ADDED/MODIFIED/DELETED lines, and ends
+//! watch streams, as ADDED/MODIFIED/DELETED lines, every change after the resourceVersion it
+//! names (naming none or `0`: an ADDED of each object as it is, then the changes), and ends
 //! after its `timeoutSeconds` as the API server ends it, however quiet it was.
 //!
 //! Not served: other kinds and subresources (404 naming the request, which the request log
-//! keeps), a watch's replay from the resourceVersion it names, bookmarks, list paging (a
-//! list answers every item, as an API server may), server-side apply and JSON patches.
+//! keeps), a version too old to watch from (410: nothing is compacted), bookmarks, list
+//! paging (a list answers every item, as an API server may), server-side apply and JSON
+//! patches.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test support: a fake that cannot start, or a test's object without a name, fails that test
 

@@ -2,7 +2,9 @@
 //! one resourceVersion counter for every change (as etcd's revision), lists carrying it in
 //! their `metadata.resourceVersion`, replaces, patches and deletes checked against the version
 //! they name (409 when it is not the object's), a watch told of each change to what it
-//! selects, and every refusal a `Status` body with the API server's code and reason.
+//! selects — from the resourceVersion it names (the changes since replayed), or, naming none
+//! or `0`, from the objects as they are (each an ADDED first) — and every refusal a `Status`
+//! body with the API server's code and reason.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -29,6 +31,47 @@ struct Watcher {
     lines: UnboundedSender<Bytes>,
 }
 
+/// One change of an object, as a watch is told of it.
+struct Change {
+    kind: &'static str,
+    /// The resourceVersion the change gave.
+    version: u64,
+    event: &'static str,
+    old: Option<Value>,
+    new: Value,
+}
+
+/// What a watch with `selector` in `namespace` hears of a change of `kind` (`event`: ADDED,
+/// MODIFIED, DELETED; `old` the object before, none for ADDED; `new` after, or as deleted):
+/// `event` when it selected the object before and does now; DELETED when it no longer does,
+/// ADDED when it did not before; nothing when it selects neither.
+fn heard(
+    w: &Watcher,
+    kind: &str,
+    event: &'static str,
+    old: Option<&Value>,
+    new: &Value,
+) -> Option<Bytes> {
+    let ns = meta(new, "namespace");
+    if w.kind != kind || w.namespace.as_ref().is_some_and(|n| n != ns) {
+        return None;
+    }
+    let (was, is) = (
+        old.is_some_and(|o| w.selector.matches(o)),
+        w.selector.matches(new),
+    );
+    let said = match (was, is) {
+        (false, false) => return None,
+        (true, false) => "DELETED",
+        (false, true) if event == "MODIFIED" => "ADDED",
+        _ => event,
+    };
+    Some(Bytes::from(format!(
+        "{}\n",
+        json!({"type": said, "object": new})
+    )))
+}
+
 /// Everything the fake holds.
 #[derive(Default)]
 pub struct State {
@@ -45,6 +88,9 @@ pub struct State {
     /// `DRAConsumableCapacity` off does (Kubernetes 1.34/1.35).
     pub drops_consumable_capacity: bool,
     watchers: Vec<Watcher>,
+    /// Every change, in order, for a watch that starts from an earlier resourceVersion (a
+    /// test's store is small: nothing is compacted, no version is too old).
+    history: Vec<Change>,
     /// When each watch was asked for, by resource.
     pub watch_starts: Vec<(&'static str, Instant)>,
 }
@@ -202,27 +248,19 @@ impl State {
         self.objects.get(kind.plural).cloned().unwrap_or_default()
     }
 
-    /// Tells each open watch of `kind` that selects the object what became of it: `event`
-    /// (ADDED, MODIFIED, DELETED) when it selected it before (`old`; none for ADDED) and does
-    /// now; DELETED when it no longer does, ADDED when it did not before.
-    fn emit(&mut self, kind: &Kind, event: &str, old: Option<&Value>, new: &Value) {
-        let ns = meta(new, "namespace").to_string();
-        self.watchers.retain(|w| {
-            if w.kind != kind.plural || w.namespace.as_ref().is_some_and(|n| *n != ns) {
-                return true;
-            }
-            let (was, is) = (
-                old.is_some_and(|o| w.selector.matches(o)),
-                w.selector.matches(new),
-            );
-            let said = match (was, is) {
-                (false, false) => return true,
-                (true, false) => "DELETED",
-                (false, true) if event == "MODIFIED" => "ADDED",
-                _ => event,
-            };
-            let line = format!("{}\n", json!({"type": said, "object": new}));
-            w.lines.send(Bytes::from(line)).is_ok()
+    /// Records a change and tells each open watch what it hears of it ([`heard`]).
+    fn emit(&mut self, kind: &'static Kind, event: &'static str, old: Option<&Value>, new: &Value) {
+        self.watchers
+            .retain(|w| match heard(w, kind.plural, event, old, new) {
+                Some(line) => w.lines.send(line).is_ok(),
+                None => true,
+            });
+        self.history.push(Change {
+            kind: kind.plural,
+            version: self.version,
+            event,
+            old: old.cloned(),
+            new: new.clone(),
         });
     }
 
@@ -269,9 +307,11 @@ impl State {
         Some(gone)
     }
 
-    /// Opens a watch of what `url` names: its lines from now on (and a sender of them, to end
-    /// it with an empty one), or the refusal. A watch does not replay the changes since the
-    /// resourceVersion it names: it starts now.
+    /// Opens a watch of what `url` names (and a sender of its lines, to end it with an empty
+    /// one), or the refusal. As the API server: a watch naming a resourceVersion hears every
+    /// change after it, then each as it comes; one naming none or `0` hears an ADDED of each
+    /// object it selects as it is now, then each change (400 for a version that is not a
+    /// number, as the API server refuses it).
     pub fn watch(&mut self, url: &str) -> Result<Watch, Answer> {
         let path = url.split('?').next().unwrap_or("");
         let Some(Target {
@@ -284,15 +324,46 @@ impl State {
             return Err(not_served("GET", path));
         };
         self.requests.push(format!("WATCH {path}"));
-        let selector = Query::of(url).selector(kind)?;
+        let query = Query::of(url);
+        let selector = query.selector(kind)?;
+        let since = match query.get("resourceVersion").unwrap_or("") {
+            "" | "0" => None,
+            v => Some(v.parse::<u64>().map_err(|_| {
+                status(
+                    400,
+                    "BadRequest",
+                    &format!("invalid resource version {v:?}: not a number"),
+                )
+            })?),
+        };
         let (lines, rx) = tokio::sync::mpsc::unbounded_channel();
-        self.watch_starts.push((kind.plural, Instant::now()));
-        self.watchers.push(Watcher {
+        let watcher = Watcher {
             kind: kind.plural,
             namespace,
             selector,
             lines: lines.clone(),
-        });
+        };
+        // The receiver is alive here: a send cannot fail.
+        let replay: Vec<Bytes> = match since {
+            Some(v) => self
+                .history
+                .iter()
+                .filter(|c| c.version > v)
+                .filter_map(|c| heard(&watcher, c.kind, c.event, c.old.as_ref(), &c.new))
+                .collect(),
+            None => self
+                .objects
+                .get(kind.plural)
+                .into_iter()
+                .flat_map(|o| o.values())
+                .filter_map(|o| heard(&watcher, kind.plural, "ADDED", None, o))
+                .collect(),
+        };
+        for line in replay {
+            let _ = lines.send(line);
+        }
+        self.watch_starts.push((kind.plural, Instant::now()));
+        self.watchers.push(watcher);
         Ok((lines, rx))
     }
 
@@ -704,5 +775,49 @@ mod tests {
         }
         assert_eq!(heard, ["ADDED 2", "MODIFIED 3", "DELETED 4"]);
         assert_eq!(st.requests, [format!("WATCH {SLICES}")]);
+    }
+
+    /// Each line `rx` holds now, as "TYPE name resourceVersion".
+    fn lines(rx: &mut UnboundedReceiver<Bytes>) -> Vec<String> {
+        let mut heard = Vec::new();
+        while let Ok(line) = rx.try_recv() {
+            let e: Value = serde_json::from_slice(&line).unwrap();
+            heard.push(format!(
+                "{} {} {}",
+                e["type"].as_str().unwrap(),
+                e["object"]["metadata"]["name"].as_str().unwrap(),
+                e["object"]["metadata"]["resourceVersion"].as_str().unwrap()
+            ));
+        }
+        heard
+    }
+
+    #[test]
+    fn a_watch_starts_where_it_says_as_the_api_server_starts_it() {
+        let mut st = State::default();
+        let kind = Kind::named("resourceslices").unwrap();
+        let on = |name: &str, node: &str| json!({"metadata": {"name": name}, "spec": {"nodeName": node}});
+        st.put(kind, on("a", "n1")); // 1
+        st.put(kind, on("b", "n2")); // 2
+        st.put(kind, on("a", "n1")); // 3
+        st.put(kind, on("b", "n1")); // 4: b enters n1's selection
+        st.remove(kind, "", "a"); // 5
+        let n1 = "fieldSelector=spec.nodeName%3Dn1";
+        // From a version: every change after it that the watch selects, then what comes.
+        let (_, mut rx) = st
+            .watch(&format!("{SLICES}?watch=true&{n1}&resourceVersion=2"))
+            .unwrap();
+        assert_eq!(lines(&mut rx), ["MODIFIED a 3", "ADDED b 4", "DELETED a 5"]);
+        st.put(kind, on("b", "n2")); // 6: b leaves it
+        assert_eq!(lines(&mut rx), ["DELETED b 6"]);
+        // Naming none (or 0): the objects as they are, each an ADDED.
+        for rv in ["", "&resourceVersion=0"] {
+            let (_, mut rx) = st.watch(&format!("{SLICES}?watch=true{rv}")).unwrap();
+            assert_eq!(lines(&mut rx), ["ADDED b 6"], "{rv}");
+        }
+        let refused = st
+            .watch(&format!("{SLICES}?watch=true&resourceVersion=x"))
+            .unwrap_err();
+        assert_eq!(refused.0, 400, "{}", refused.1);
     }
 }
