@@ -16,6 +16,8 @@ pub struct Kind {
     /// The fields its field selectors may name besides `metadata.name` and
     /// `metadata.namespace`.
     pub fields: &'static [&'static str],
+    /// Whether it has a `status` subresource.
+    pub status: bool,
 }
 
 /// What the kubelet plugin and the webhook read and write.
@@ -27,6 +29,16 @@ pub const KINDS: &[Kind] = &[
         list_kind: "NodeList",
         namespaced: false,
         fields: &[],
+        status: false,
+    },
+    Kind {
+        group: "",
+        version: "v1",
+        plural: "pods",
+        list_kind: "PodList",
+        namespaced: true,
+        fields: &[],
+        status: true,
     },
     Kind {
         group: "",
@@ -35,6 +47,7 @@ pub const KINDS: &[Kind] = &[
         list_kind: "ResourceQuotaList",
         namespaced: true,
         fields: &[],
+        status: true,
     },
     Kind {
         group: "resource.k8s.io",
@@ -43,6 +56,7 @@ pub const KINDS: &[Kind] = &[
         list_kind: "ResourceClaimList",
         namespaced: true,
         fields: &[],
+        status: true,
     },
     Kind {
         group: "resource.k8s.io",
@@ -51,6 +65,7 @@ pub const KINDS: &[Kind] = &[
         list_kind: "ResourceClaimTemplateList",
         namespaced: true,
         fields: &[],
+        status: false,
     },
     Kind {
         group: "resource.k8s.io",
@@ -59,6 +74,7 @@ pub const KINDS: &[Kind] = &[
         list_kind: "ResourceSliceList",
         namespaced: false,
         fields: &["spec.nodeName", "spec.driver", "spec.pool.name"],
+        status: false,
     },
 ];
 
@@ -89,12 +105,14 @@ impl Kind {
 }
 
 /// What a request's path names: a kind's collection (in one namespace or, `namespace` `None`,
-/// across all) or one object of it.
+/// across all), one object of it, or that object's status subresource.
 #[derive(Debug)]
 pub struct Target {
     pub kind: &'static Kind,
     pub namespace: Option<String>,
     pub name: Option<String>,
+    /// The path names the object's `status` subresource.
+    pub status: bool,
 }
 
 impl Target {
@@ -106,7 +124,7 @@ impl Target {
 
 /// What `path` (no query) names, or `None` when it is no collection or object of a served
 /// kind (a cluster-scoped kind under a namespace, a namespaced object without one, a
-/// subresource).
+/// subresource other than a kind's `status`).
 pub fn target(path: &str) -> Option<Target> {
     let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     let (group, version, rest) = match parts.as_slice() {
@@ -114,16 +132,21 @@ pub fn target(path: &str) -> Option<Target> {
         ["apis", group, version, rest @ ..] => (*group, *version, rest),
         _ => return None,
     };
-    let (namespace, plural, name) = match rest {
-        ["namespaces", ns, plural] => (Some(*ns), *plural, None),
-        ["namespaces", ns, plural, name] => (Some(*ns), *plural, Some(*name)),
-        [plural] => (None, *plural, None),
-        [plural, name] => (None, *plural, Some(*name)),
+    let (namespace, plural, name, status) = match rest {
+        ["namespaces", ns, plural] => (Some(*ns), *plural, None, false),
+        ["namespaces", ns, plural, name] => (Some(*ns), *plural, Some(*name), false),
+        ["namespaces", ns, plural, name, "status"] => (Some(*ns), *plural, Some(*name), true),
+        [plural] => (None, *plural, None, false),
+        [plural, name] => (None, *plural, Some(*name), false),
+        [plural, name, "status"] => (None, *plural, Some(*name), true),
         _ => return None,
     };
     let kind = KINDS
         .iter()
         .find(|k| k.group == group && k.version == version && k.plural == plural)?;
+    if status && !kind.status {
+        return None;
+    }
     let scoped = match (kind.namespaced, namespace, name) {
         (false, Some(_), _) | (true, None, Some(_)) => false,
         (_, Some(ns), _) => !ns.is_empty(),
@@ -136,6 +159,7 @@ pub fn target(path: &str) -> Option<Target> {
         kind,
         namespace: namespace.map(str::to_string),
         name: name.map(str::to_string),
+        status,
     })
 }
 
@@ -144,7 +168,9 @@ mod tests {
     use super::*;
 
     fn named(path: &str) -> Option<(&'static str, Option<String>, Option<String>)> {
-        target(path).map(|t| (t.kind.plural, t.namespace, t.name))
+        target(path)
+            .filter(|t| !t.status)
+            .map(|t| (t.kind.plural, t.namespace, t.name))
     }
 
     #[test]
@@ -163,16 +189,24 @@ mod tests {
             Some(("resourcequotas", None, None))
         );
         assert_eq!(named("/api/v1/nodes/n"), Some(("nodes", None, s("n"))));
-        // Out of scope, a subresource, another group's version, a kind not served.
+        assert_eq!(
+            named("/api/v1/namespaces/team/pods"),
+            Some(("pods", s("team"), None))
+        );
+        // A status subresource, of a kind that has one.
+        let status = target("/api/v1/namespaces/team/resourcequotas/q/status").unwrap();
+        assert!(status.status && status.name.as_deref() == Some("q"));
+        // Out of scope, another subresource, another group's version, a kind not served.
         for path in [
             "/api/v1/namespaces/team/nodes/n",
             "/apis/resource.k8s.io/v1/resourceclaims/c",
-            "/api/v1/namespaces/team/resourcequotas/q/status",
+            "/apis/resource.k8s.io/v1/namespaces/team/resourceclaimtemplates/t/status",
+            "/api/v1/namespaces/team/pods/p/log",
             "/apis/resource.k8s.io/v1beta1/resourceslices",
-            "/api/v1/namespaces/team/pods",
+            "/api/v1/namespaces/team/services",
             "/api/v1/namespaces/team",
         ] {
-            assert!(named(path).is_none(), "{path}");
+            assert!(target(path).is_none(), "{path}");
         }
     }
 }

@@ -1,7 +1,7 @@
 //! A FAKE Kubernetes API server for the tests where no control plane runs (the kubelet
 //! plugin's and the webhook's crate tests and the plugin's benchmark; the end-to-end tests in
 //! tests/ run the real one, scripts/kube-cluster.sh). Plain HTTP on 127.0.0.1 serving, from
-//! an in-memory store the test fills, the kinds those crates use — Nodes, ResourceQuotas,
+//! an in-memory store the test fills, the kinds those crates use — Nodes, Pods, ResourceQuotas,
 //! ResourceClaims, ResourceClaimTemplates, ResourceSlices — as the API server serves them
 //! (`store`): get; list and watch, in a namespace or across all, with field and label
 //! selectors (`select`), a list carrying its `metadata.resourceVersion`; create, replace,
@@ -10,6 +10,9 @@
 //! watch streams, as ADDED/MODIFIED/DELETED lines, every change after the resourceVersion it
 //! names (naming none or `0`: an ADDED of each object as it is, then the changes), and ends
 //! after its `timeoutSeconds` as the API server ends it, however quiet it was.
+//!
+//! The status subresource of Pods, ResourceQuotas and ResourceClaims: GET, and PUT, which
+//! replaces the status only (checked against the resourceVersion it names).
 //!
 //! Not served: other kinds and subresources (404 naming the request, which the request log
 //! keeps), a version too old to watch from (410: nothing is compacted), bookmarks, list

@@ -318,6 +318,7 @@ impl State {
             kind,
             namespace,
             name: None,
+            status: false,
         }) = target(path)
         else {
             self.requests.push(format!("GET {path}"));
@@ -376,6 +377,12 @@ impl State {
         };
         let query = Query::of(url);
         let answer = match (method, t.name.clone()) {
+            ("PUT", Some(name)) if t.status => self.replace_status(&t, &name, &query, body),
+            (_, Some(_)) if t.status && method != "GET" => Ok(status(
+                405,
+                "MethodNotAllowed",
+                &format!("the fake API server serves GET and PUT of a status, not {method} {path}"),
+            )),
             ("GET", Some(name)) => Ok(self.get(&t, &name)),
             ("GET", None) => self.list(&t, &query),
             ("POST", None) => self.create(&t, &query, body),
@@ -538,6 +545,31 @@ impl State {
         self.update(t, name, &old, object, query.dry_run())
     }
 
+    /// A PUT of the status subresource: the stored object with the status `body` carries (its
+    /// spec and metadata are ignored but for the resourceVersion, checked), as the API server
+    /// does.
+    fn replace_status(
+        &mut self,
+        t: &Target,
+        name: &str,
+        query: &Query,
+        body: &str,
+    ) -> Result<Answer, Answer> {
+        let given = parse_object(body)?;
+        let old = self.existing(t, name)?;
+        let mut object = old.clone();
+        object["metadata"]["resourceVersion"] = given["metadata"]["resourceVersion"].clone();
+        match given.get("status") {
+            Some(s) => object["status"] = s.clone(),
+            None => {
+                if let Some(o) = object.as_object_mut() {
+                    o.remove("status");
+                }
+            }
+        }
+        self.update(t, name, &old, object, query.dry_run())
+    }
+
     fn patch(
         &mut self,
         t: &Target,
@@ -697,7 +729,45 @@ mod tests {
             &json!(null),
         );
         assert_eq!((code, bad["reason"].as_str()), (400, Some("BadRequest")));
-        let (code, _) = answer(&mut st, "GET", "/api/v1/namespaces/team/pods", &json!(null));
+        let (code, _) = answer(
+            &mut st,
+            "GET",
+            "/api/v1/namespaces/team/services",
+            &json!(null),
+        );
+        assert_eq!(code, 404);
+    }
+
+    #[test]
+    fn a_status_write_replaces_the_status_only_checked_against_its_version() {
+        let mut st = State::default();
+        let quotas = "/api/v1/namespaces/team/resourcequotas";
+        let q = json!({"metadata": {"name": "q"}, "spec": {"hard": {"a": "1"}}});
+        let (_, made) = answer(&mut st, "POST", quotas, &q);
+        let url = format!("{quotas}/q/status");
+
+        // The spec it carries is ignored; the status is taken.
+        let mut write = made.clone();
+        write["spec"] = json!({"hard": {"a": "9"}});
+        write["status"] = json!({"used": {"a": "1"}});
+        let (code, stored) = answer(&mut st, "PUT", &url, &write);
+        assert_eq!(code, 200, "{stored}");
+        assert_eq!(stored["spec"], json!({"hard": {"a": "1"}}));
+        assert_eq!(stored["status"], json!({"used": {"a": "1"}}));
+        // Its version is checked: the write above made `made`'s stale.
+        let (code, refused) = answer(&mut st, "PUT", &url, &write);
+        assert_eq!((code, refused["reason"].as_str()), (409, Some("Conflict")));
+        // Read as the object; no other verb, nor a kind without a status.
+        let (code, got) = answer(&mut st, "GET", &url, &json!(null));
+        assert_eq!((code, &got["status"]), (200, &stored["status"]));
+        let (code, _) = answer(&mut st, "PATCH", &url, &json!({"status": {}}));
+        assert_eq!(code, 405);
+        let (code, _) = answer(
+            &mut st,
+            "PUT",
+            "/apis/resource.k8s.io/v1/namespaces/team/resourceclaimtemplates/t/status",
+            &json!({}),
+        );
         assert_eq!(code, 404);
     }
 

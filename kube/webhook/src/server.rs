@@ -114,8 +114,8 @@ pub struct WebhookArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = crate::sweep::DEFAULT_GRACE.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
     pub unused_template_grace: u64,
     /// Seconds between recounts of the namespaces' budgets from their live pods and claims
-    /// (what deleted objects held is freed after one to two of them; an admission must reach
-    /// the API server's store within one).
+    /// (what deleted objects held is freed by the first after they are gone; an admission must
+    /// reach the API server's store within one).
     #[arg(long, value_name = "SECONDS", default_value_t = crate::budget::DEFAULT_RECOUNT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
     pub budget_recount: u64,
     /// The Lease (NAMESPACE/NAME) the replicas take turns on to recount budgets, one at a
@@ -642,6 +642,12 @@ async fn admit_pod(r: &review::Request, shared: &Shared) -> Value {
                 p.patch.extend(ops);
                 p.warnings.push(warning);
             }
+        }
+    }
+    // A pod past its budget as read is refused before any template is made for it.
+    if let Some((b, c)) = &booking {
+        if let Err(e) = b.check(c) {
+            return deny_budget(&r.uid, &e);
         }
     }
     // A dry run creates nothing: the patch names the templates a real create would make.

@@ -1,0 +1,154 @@
+//! Namespace budgets against the FAKE API server of `gpuslice-fakeapi` (no control plane runs
+//! in a crate's tests; `budgets::` in tests/ runs the real one): a pod past its budget is
+//! refused before any template is made for it, and one within it is booked; the recount frees
+//! what a deleted pod held at the next recount, keeps a booking whose pod is not stored yet
+//! for one more, and frees nothing while a live claim cannot be priced. The fake holds no
+//! ResourceSlice (a cluster in capacity mode whose nodes publish no GPU yet: a memory asked is
+//! charged as asked, a whole GPU cannot be priced).
+
+use std::time::Duration;
+
+use gpuslice_fakeapi::FakeApi;
+use gpuslice_webhook::budget::{Ledger, Recount};
+use gpuslice_webhook::cluster::Cluster;
+use serde_json::{json, Value};
+
+use crate::hostile::{patient, reviewed, start_against};
+
+const MEMORY: &str = "limits.gpuslice.io/memory";
+
+/// Quota `gpu` of namespace `ns`: memory `hard`, `used` as booked so far.
+fn quota(ns: &str, hard: &str, used: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "ResourceQuota",
+        "metadata": {"name": "gpu", "namespace": ns},
+        "spec": {"hard": {MEMORY: hard}},
+        "status": {"hard": {MEMORY: hard}, "used": {MEMORY: used}}})
+}
+
+fn used(api: &FakeApi, ns: &str) -> String {
+    let q = &api.objects("resourcequotas")[&(ns.to_string(), "gpu".to_string())];
+    q["status"]["used"][MEMORY]
+        .as_str()
+        .unwrap_or("")
+        .to_string()
+}
+
+/// The review of the creation of pod `name` of `ns` whose container asks `memory` of one GPU.
+fn review(ns: &str, name: &str, memory: &str) -> String {
+    json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": name, "namespace": ns, "operation": "CREATE",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "object": {
+                "metadata": {"name": name, "namespace": ns},
+                "spec": {"containers": [{"name": "c", "image": "x", "resources": {
+                    "limits": {"gpuslice.io/memory": memory}}}]},
+            },
+        },
+    })
+    .to_string()
+}
+
+fn templates_in(api: &FakeApi, ns: &str) -> usize {
+    api.objects("resourceclaimtemplates")
+        .keys()
+        .filter(|(n, _)| n == ns)
+        .count()
+}
+
+#[test]
+fn a_pod_past_its_budget_is_refused_before_any_template_is_made() {
+    let api = FakeApi::start();
+    api.put("resourcequotas", &quota("full", "1Gi", "1Gi"));
+    api.put("resourcequotas", &quota("room", "10Gi", "0"));
+    let w = start_against(&api.url, patient());
+
+    let answer = reviewed(w.addr, &review("full", "big", "2Gi"));
+    let r = &answer["response"];
+    assert_eq!(r["allowed"], false, "{answer}");
+    assert_eq!(r["status"]["code"], 403, "{answer}");
+    let said = r["status"]["message"].as_str().unwrap_or("");
+    assert!(said.contains("exceeded quota: full/gpu"), "{answer}");
+    assert_eq!(templates_in(&api, "full"), 0, "{:?}", api.requests());
+    assert_eq!(used(&api, "full"), "1Gi");
+
+    // Within the budget: the template made, the charge booked.
+    let answer = reviewed(w.addr, &review("room", "small", "2Gi"));
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+    assert_eq!(templates_in(&api, "room"), 1);
+    assert_eq!(used(&api, "room"), "2Gi");
+}
+
+/// A running pod of `ns` whose one claim entry is made from template `t2` (2Gi).
+fn pod(ns: &str, name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"containers": [{"name": "c", "image": "x"}],
+                 "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "t2"}]},
+        "status": {"phase": "Running"}})
+}
+
+#[test]
+fn the_recount_frees_a_deleted_pods_share_at_once_and_a_booking_in_flight_later() {
+    const NS: &str = "team";
+    let api = FakeApi::start();
+    api.put(
+        "resourceclaimtemplates",
+        &json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "t2", "namespace": NS},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": "gpuslice.io",
+                "capacity": {"requests": {"memory": "2Gi"}}}}]}}}}),
+    );
+    api.put("resourcequotas", &quota(NS, "10Gi", "6Gi"));
+    for name in ["p1", "p2", "p3"] {
+        api.put("pods", &pod(NS, name));
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let config = kube::Config::new(api.url.parse().unwrap());
+        let client = kube::Client::try_from(config).unwrap();
+        let cluster = Cluster::start(client, gpuslice_webhook::sweep::DEFAULT_GRACE).await;
+        let recount = Recount::new(Ledger::new(cluster, false), Duration::from_secs(1), None);
+        let once = || async { recount.once().await.unwrap() };
+
+        // A first look frees nothing; nothing to free either.
+        once().await;
+        assert_eq!(used(&api, NS), "6Gi");
+        // A pod deleted: freed by the next recount.
+        api.remove("pods", NS, "p1");
+        once().await;
+        assert_eq!(used(&api, NS), "4Gi");
+        // A booking whose pod is not stored yet (an admission running): kept at the recount
+        // after it, freed at the one after that when its pod never came.
+        api.edit("resourcequotas", NS, "gpu", |q| {
+            q["status"]["used"][MEMORY] = json!("6Gi");
+        });
+        once().await;
+        assert_eq!(used(&api, NS), "6Gi");
+        once().await;
+        assert_eq!(used(&api, NS), "4Gi");
+
+        // A live claim that cannot be priced (a whole GPU, none published): nothing is freed,
+        // even what a deleted pod held.
+        api.put_claim(
+            &json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "whole", "namespace": NS},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": "gpuslice.io"}}]}}}),
+        );
+        api.remove("pods", NS, "p2");
+        once().await;
+        once().await;
+        assert_eq!(used(&api, NS), "4Gi");
+        // Once it is gone, the deleted pod's share is freed.
+        api.delete_claim(NS, "whole");
+        once().await;
+        assert_eq!(used(&api, NS), "2Gi");
+    });
+}
