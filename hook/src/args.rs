@@ -18,8 +18,9 @@ pub struct HookLine {
 pub enum HookCommand {
     /// hooks.d `precreate` stage (podman, CRI-O): OCI spec on stdin, edited spec on stdout.
     Precreate,
-    /// `createRuntime` hook: bind the reservation to the container (state on stdin).
-    #[command(alias = "prestart")]
+    /// `createRuntime` hook: bind the reservation to the container (state on stdin); alias
+    /// `prestart`, for runtimes that run only that older stage.
+    #[command(visible_alias = "prestart")]
     CreateRuntime(HookArgs),
     /// `poststop` hook: release the container's reservations (state on stdin).
     Poststop(HookArgs),
