@@ -10,9 +10,9 @@
 //! used value: a charge is never given back by amount, which a recount between the booking and
 //! the refund would already have counted.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
@@ -23,7 +23,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{ListParams, PostParams};
 use kube::Api;
 
-use gpuslice_dra::claim_shape::PublishedGpus;
+use gpuslice_dra::claim_shape::{Mode, PublishedGpus};
 use gpuslice_dra::quota::{claim_charge, format_value, Budget, Charge, QuotaError, NAMES};
 
 use crate::cluster::Cluster;
@@ -686,6 +686,45 @@ fn line_used(used: u64, live: &Live, name: &gpuslice_dra::quota::Name, before: O
     }
 }
 
+/// How long a GPU or slot size the cluster published keeps pricing live objects after it was
+/// last seen.
+pub const SIZES_KEPT: Duration = Duration::from_secs(600);
+
+/// `now` with every GPU and slot size of `recent` (inventories read a little earlier) added:
+/// a whole GPU and a slot request of no size are charged the largest size published, so a size
+/// whose ResourceSlices went missing for a while (its nodes' kubelet plugin restarting) would
+/// lower what running pods are charged and free it. A size that leaves for good stops counting
+/// after [`SIZES_KEPT`]. With nothing published now, the latest inventory that had GPUs stands
+/// for it.
+pub fn widest<'a>(
+    now: &PublishedGpus,
+    recent: impl DoubleEndedIterator<Item = &'a PublishedGpus>,
+) -> PublishedGpus {
+    let recent: Vec<&PublishedGpus> = recent.rev().collect();
+    let mut w = if now.gpu_memory.is_empty() {
+        recent
+            .iter()
+            .find(|i| !i.gpu_memory.is_empty())
+            .map_or_else(|| now.clone(), |i| (*i).clone())
+    } else {
+        now.clone()
+    };
+    for r in recent {
+        w.gpu_memory.extend(&r.gpu_memory);
+        if let (Mode::Slots(into), Mode::Slots(from)) = (&mut w.mode, &r.mode) {
+            into.extend(from.iter().copied());
+        }
+        w.max_gpus_per_node = w.max_gpus_per_node.max(r.max_gpus_per_node);
+    }
+    w.gpu_memory.sort_unstable();
+    w.gpu_memory.dedup();
+    if let Mode::Slots(sizes) = &mut w.mode {
+        sizes.sort_by_key(|s| (s.memory, s.cores, s.per_gpu));
+        sizes.dedup();
+    }
+    w
+}
+
 /// The recount: every interval, for each namespace with a budget, the live charge against
 /// what its quotas say (docs/quotas.md, "Freeing").
 pub struct Recount {
@@ -695,6 +734,8 @@ pub struct Recount {
     identity: String,
     /// The used value the previous recount wrote per (quota uid, name).
     before: Mutex<HashMap<(String, &'static str), u64>>,
+    /// The inventories read by the recounts of the last [`SIZES_KEPT`] (crate::budget::widest).
+    recent: Mutex<VecDeque<(Instant, Arc<PublishedGpus>)>>,
 }
 
 impl Recount {
@@ -710,6 +751,7 @@ impl Recount {
             lease,
             identity,
             before: Mutex::default(),
+            recent: Mutex::default(),
         }
     }
 
@@ -779,6 +821,19 @@ impl Recount {
         }
     }
 
+    /// The inventory this recount prices the live objects with: [`widest`] of `now` and the
+    /// inventories of the recounts of the last [`SIZES_KEPT`], which keeps `now` among them.
+    fn priced_with(&self, now: Arc<PublishedGpus>) -> PublishedGpus {
+        let Ok(mut recent) = self.recent.lock() else {
+            return (*now).clone();
+        };
+        let at = Instant::now();
+        recent.retain(|(t, _)| at.duration_since(*t) < SIZES_KEPT);
+        let priced = widest(&now, recent.iter().map(|(_, i)| i.as_ref()));
+        recent.push_back((at, now));
+        priced
+    }
+
     /// One recount of every namespace with a budget.
     pub async fn once(&self) -> Result<(), BudgetError> {
         let client = self.ledger.cluster.client();
@@ -790,9 +845,10 @@ impl Recount {
                 what: "the inventory".into(),
                 detail: e.to_string(),
             })?;
+        let inventory = self.priced_with(inventory);
         // Quotas are read before the objects, so that a charge booked after this read makes
         // the write below conflict, and one booked before it is either among the objects or
-        // still an excess seen once.
+        // booked since the previous recount wrote (kept).
         let all: Api<ResourceQuota> = Api::all(client.clone());
         let quotas = all
             .list(&ListParams::default())
@@ -1099,6 +1155,48 @@ mod tests {
             line_used(10 << 30, &priced, memory, Some(10 << 30)),
             2 << 30
         );
+    }
+
+    #[test]
+    fn sizes_published_a_little_earlier_still_price_the_live_objects() {
+        const GI: u64 = 1 << 30;
+        let capacity = |sizes: &[u64]| PublishedGpus {
+            mode: Mode::Capacity,
+            max_gpus_per_node: Some(2),
+            gpu_memory: sizes.iter().map(|s| s * GI).collect(),
+        };
+        let slots = |memory: &[u64]| PublishedGpus {
+            mode: Mode::Slots(
+                memory
+                    .iter()
+                    .map(|m| gpuslice_dra::claim_shape::SlotSize {
+                        memory: m * GI,
+                        cores: None,
+                        per_gpu: 6,
+                    })
+                    .collect(),
+            ),
+            max_gpus_per_node: Some(2),
+            gpu_memory: memory.iter().map(|m| m * 6 * GI).collect(),
+        };
+        // The 80Gi GPUs' slices went missing: a whole GPU is still charged 80Gi.
+        let w = widest(&capacity(&[40]), [&capacity(&[40, 80])].into_iter());
+        assert_eq!(w.gpu_memory, [40 * GI, 80 * GI]);
+        assert_eq!(gpuslice_dra::quota::whole_gpu(&w), Some(80 * GI));
+        // Nothing published now: the latest inventory that had GPUs, its mode included.
+        let w = widest(
+            &PublishedGpus::default(),
+            [&slots(&[4]), &slots(&[8])].into_iter(),
+        );
+        let Mode::Slots(sizes) = &w.mode else {
+            panic!("{w:?}")
+        };
+        assert_eq!(
+            sizes.iter().map(|s| s.memory / GI).collect::<Vec<_>>(),
+            [4, 8]
+        );
+        // Nothing earlier: as published.
+        assert_eq!(widest(&capacity(&[40]), [].into_iter()), capacity(&[40]));
     }
 
     #[test]
