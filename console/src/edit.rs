@@ -144,7 +144,18 @@ impl Request {
                 detail: "zero".into(),
             });
         }
-        let memory = bytes.div_ceil(MEMORY_STEP) * MEMORY_STEP;
+        // Rounded up to the step as the scheduler rounds it; a value within one step of
+        // u64::MAX has no such multiple (unchecked, it would wrap to a 0-byte slice).
+        let memory =
+            bytes
+                .checked_next_multiple_of(MEMORY_STEP)
+                .ok_or_else(|| EditError::Memory {
+                    value: memory.to_string(),
+                    detail: format!(
+                        "above {}Mi, the largest whole number of 1Mi steps",
+                        u64::MAX / MEMORY_STEP
+                    ),
+                })?;
         let cores = match cores {
             None => None,
             Some(c) => {
@@ -538,6 +549,11 @@ mod tests {
             "up to the 1Mi step"
         );
         assert_eq!(Request::parse("1Gi", None, MAX_GPUS).unwrap().gpus, 16);
+        // The largest value that rounds: exactly the last whole step below 2^64.
+        assert_eq!(
+            Request::parse("17592186044415Mi", None, 1).unwrap().memory,
+            u64::MAX / MEMORY_STEP * MEMORY_STEP
+        );
         assert_eq!(
             Request::parse("1Gi", Some("25%"), 1).unwrap().cores,
             Some(25)
@@ -558,6 +574,13 @@ mod tests {
                 "--gpus 17: accepted 1 to 16 GPUs",
             ),
             ("1Gi", None, 128, "--gpus 128: accepted 1 to 16 GPUs"),
+            // No multiple of 1Mi at or above it fits in 64 bits: refused, not wrapped to 0.
+            (
+                "18446744073709551615",
+                None,
+                1,
+                "--memory `18446744073709551615`: above 17592186044415Mi",
+            ),
         ] {
             let e = Request::parse(m, c, g).unwrap_err().to_string();
             assert!(e.contains(says), "{e}");

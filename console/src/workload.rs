@@ -371,9 +371,16 @@ struct BudgetCheck<'a> {
     inventory: &'a PublishedGpus,
 }
 
+/// How many pods the namespace's budget is checked for: `replicas` (a workload's
+/// [`Workload::replicas`]); a DaemonSet's (`None`) one on each node of `m`, the nodes with
+/// gpuslice GPUs, whatever its status says it is scheduled on. The GPU tab shows the same.
+pub fn budget_pods(replicas: Option<u64>, m: &model::Model) -> u64 {
+    replicas.unwrap_or(m.nodes.len() as u64)
+}
+
 /// Checks that the workload's pods of `next` stay within the namespace's budgets, each pod
 /// charged as the webhook charges it, what its pods of `current` are charged counted as freed.
-/// A DaemonSet (`want` `None`) runs a pod on each node with gpuslice GPUs.
+/// A DaemonSet (`want` `None`) runs a pod on each node with gpuslice GPUs ([`budget_pods`]).
 #[allow(clippy::too_many_arguments)]
 fn check_budget(
     c: &BudgetCheck<'_>,
@@ -385,7 +392,7 @@ fn check_budget(
     current: &PodSpec,
     want: Option<u64>,
 ) -> Result<(), WorkloadError> {
-    let pods = want.unwrap_or(m.nodes.len() as u64);
+    let pods = budget_pods(want, m);
     let over = |e| match e {
         budgets::BudgetError::Charge(c) => WorkloadError::Unchargeable(c),
         over => WorkloadError::OverBudget(over),

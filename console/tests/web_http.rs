@@ -31,6 +31,8 @@ struct Console {
     /// The kubeconfig's API server.
     api: String,
     limits: Limits,
+    /// `--public-url` values.
+    public_url: Vec<String>,
 }
 
 impl Default for Console {
@@ -41,6 +43,7 @@ impl Default for Console {
             // Port 1 on loopback: nothing listens, connections are refused at once.
             api: "https://127.0.0.1:1".into(),
             limits: Limits::default(),
+            public_url: Vec::new(),
         }
     }
 }
@@ -50,16 +53,10 @@ fn start_console(c: Console) -> (SocketAddr, tempfile::TempDir) {
     (addr, dir)
 }
 
-/// [`start_console`], also returning the id of the thread serving it.
-fn start_console_thread(c: Console) -> (SocketAddr, tempfile::TempDir, libc::pid_t) {
-    let Console {
-        allow_edit,
-        max_connections,
-        api,
-        limits,
-    } = c;
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
+/// The options of a console of `c` whose kubeconfig is written into `dir`.
+fn options(c: &Console, dir: &std::path::Path) -> Options {
+    let kubeconfig = dir.join("kubeconfig");
+    let api = &c.api;
     std::fs::write(
         &kubeconfig,
         format!(
@@ -70,14 +67,22 @@ contexts: [{{name: test, context: {{cluster: c, user: tester, namespace: ml}}}}]
         ),
     )
     .unwrap();
-    let opts = Options {
+    Options {
         listen: "127.0.0.1:0".parse().unwrap(),
         kubeconfig: Some(kubeconfig),
         context: None,
         prometheus: None,
-        allow_edit,
-        max_connections,
-    };
+        allow_edit: c.allow_edit,
+        max_connections: c.max_connections,
+        public_url: c.public_url.clone(),
+    }
+}
+
+/// [`start_console`], also returning the id of the thread serving it.
+fn start_console_thread(c: Console) -> (SocketAddr, tempfile::TempDir, libc::pid_t) {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = options(&c, dir.path());
+    let limits = c.limits;
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -242,9 +247,10 @@ fn requests_not_naming_the_console_are_refused() {
         line.contains("rebind.example:8080") && line.contains(&addr.to_string()),
         "{line}"
     );
+    // An IP literal other than loopback's, with the console's port.
     let a = send(
         addr,
-        &format!("GET / HTTP/1.1\r\nHost: 127.0.0.1:{}", addr.port() ^ 1),
+        &format!("GET / HTTP/1.1\r\nHost: 10.255.255.1:{}", addr.port()),
         b"",
     );
     assert_eq!(a.status, 421);
@@ -258,6 +264,96 @@ fn requests_not_naming_the_console_are_refused() {
         b"",
     );
     assert_eq!(a.status, 421);
+}
+
+#[test]
+fn a_port_forward_names_the_loopback_console_by_its_local_port() {
+    // `kubectl port-forward pod/console 9000:8080`: the browser's Host and Origin name the
+    // forwarded port, not the one the console listens on.
+    let (addr, _dir) = start(true);
+    let local = addr.port() ^ 1;
+    for host in [format!("localhost:{local}"), format!("127.0.0.1:{local}")] {
+        let a = send(addr, &format!("GET / HTTP/1.1\r\nHost: {host}"), b"");
+        assert_eq!(a.status, 200, "{host}: {}", a.body);
+        // Its form's POST passes the Host and Origin checks (then the closed API server).
+        let body = "gpus=1&memory=8Gi&dry_run=1";
+        let a = send(
+            addr,
+            &format!("POST /workloads/ml/deployment/x/allocate HTTP/1.1\r\nHost: {host}\r\nOrigin: http://{host}\r\nContent-Type: {FORM}\r\nContent-Length: {}", body.len()),
+            body.as_bytes(),
+        );
+        assert_eq!(a.status, 502, "{host}: {}", a.body);
+    }
+}
+
+#[test]
+fn a_public_url_names_the_console_behind_a_proxy() {
+    let (addr, _dir) = start_console(Console {
+        allow_edit: true,
+        public_url: vec!["https://gpu.example.com".into()],
+        ..Console::default()
+    });
+    // A proxy that keeps the original Host (oauth2-proxy's default, ingress-nginx).
+    let a = send(addr, "GET / HTTP/1.1\r\nHost: gpu.example.com", b"");
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_security_headers(&a);
+    let a = send(addr, "GET / HTTP/1.1\r\nHost: evil.example", b"");
+    assert_eq!(a.status, 421);
+    one_line(&a);
+    let path = "/workloads/ml/deployment/x/allocate";
+    let body = "gpus=1&memory=8Gi&dry_run=1";
+    // The form's POST from the public page, with the Host kept and with it rewritten to the
+    // listen address: past the Host and Origin checks to the (closed) API server.
+    for host in ["gpu.example.com".to_string(), addr.to_string()] {
+        let a = send(
+            addr,
+            &format!("POST {path} HTTP/1.1\r\nHost: {host}\r\nOrigin: https://gpu.example.com\r\nContent-Type: {FORM}\r\nContent-Length: {}", body.len()),
+            body.as_bytes(),
+        );
+        assert_eq!(a.status, 502, "{host}: {}", a.body);
+        assert!(
+            a.body
+                .contains("<div id=\"result\" class=\"error\">cannot "),
+            "{}",
+            a.body
+        );
+    }
+    // Another origin is still refused.
+    let a = send(
+        addr,
+        &format!("POST {path} HTTP/1.1\r\nHost: gpu.example.com\r\nOrigin: https://evil.example\r\nContent-Type: {FORM}\r\nContent-Length: {}", body.len()),
+        body.as_bytes(),
+    );
+    assert_eq!(a.status, 403, "{}", a.body);
+    assert!(
+        one_line(&a).contains("must be http://gpu.example.com or https://gpu.example.com"),
+        "{}",
+        a.body
+    );
+}
+
+#[test]
+fn a_public_url_with_a_path_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = options(
+        &Console {
+            public_url: vec![
+                "https://gpu.example.com".into(),
+                "https://gpu.example.com/console".into(),
+            ],
+            ..Console::default()
+        },
+        dir.path(),
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let e = rt.block_on(Server::bind(&opts)).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "--public-url `https://gpu.example.com/console`: it has a path or query; accepted: http:// or https://, a host name or IP literal and an optional port, no path but /, e.g. https://gpu.example.com"
+    );
 }
 
 #[test]
@@ -398,6 +494,22 @@ fn actions_answer_with_kubectl_gpuslices_lines() {
         a.body
     );
     assert_security_headers(&a);
+    // A memory within one 1Mi step of 2^64 has no rounded size: refused naming it, never
+    // wrapped to a 0-byte slice.
+    let a = post(
+        addr,
+        path,
+        &form,
+        "gpus=1&memory=18446744073709551615&dry_run=1",
+    );
+    assert_eq!(a.status, 400, "{}", a.body);
+    assert!(
+        a.body.contains(
+            "<div id=\"result\" class=\"error\">--memory `18446744073709551615`: above 17592186044415Mi"
+        ) && a.body.contains("accepted: a whole quantity"),
+        "{}",
+        a.body
+    );
     let a = post(addr, path, &form, "gpus=0&memory=8Gi");
     assert_eq!(a.status, 400);
     assert!(

@@ -34,23 +34,30 @@ impl Refusal {
     }
 }
 
-/// Whether `host` (a Host header's value) names the console listening on `listen`: the
-/// listen address itself; on loopback also `localhost`, `127.0.0.1` and `[::1]` with its
-/// port; on the unspecified address (0.0.0.0, ::) any IP literal with its port (a
-/// DNS-rebinding page always arrives with a name, never a literal).
-pub fn host_allowed(host: &str, listen: SocketAddr) -> bool {
+/// A Host header's value split into its lowercase name (an IPv6 literal keeps its brackets)
+/// and its port, when it names one; `None` when it is not `NAME[:PORT]`.
+fn split_host(host: &str) -> Option<(String, Option<u16>)> {
     let host = host.trim().to_ascii_lowercase();
-    let (name, port) = match host.rsplit_once(':') {
+    match host.rsplit_once(':') {
         Some((n, p)) if !n.is_empty() && (!n.starts_with('[') || n.ends_with(']')) => {
-            match p.parse::<u16>() {
-                Ok(p) => (n.to_string(), p),
-                Err(_) => return false,
-            }
+            p.parse::<u16>().ok().map(|p| (n.to_string(), Some(p)))
         }
-        _ if !host.starts_with('[') || host.ends_with(']') => (host.clone(), 80),
-        _ => return false,
+        _ if !host.starts_with('[') || host.ends_with(']') => Some((host, None)),
+        _ => None,
+    }
+}
+
+/// Whether `host` (a Host header's value) names the console listening on `listen`: the
+/// listen address itself; on loopback also `localhost` and any loopback IP literal; on the
+/// unspecified address (0.0.0.0, ::) any IP literal with its port, and `localhost` and
+/// loopback literals. `localhost` and loopback literals pass with any port (a
+/// `kubectl port-forward 9000:8080` or an SSH tunnel names the console by its own local
+/// port): a DNS-rebinding page always arrives with its own name, never these.
+pub fn host_allowed(host: &str, listen: SocketAddr) -> bool {
+    let Some((name, port)) = split_host(host) else {
+        return false;
     };
-    if port != listen.port() {
+    if name.is_empty() {
         return false;
     }
     let literal: Option<IpAddr> = name
@@ -61,27 +68,141 @@ pub fn host_allowed(host: &str, listen: SocketAddr) -> bool {
     if name.starts_with('[') != literal.is_some_and(|ip| ip.is_ipv6()) {
         return false;
     }
+    let local_listen = listen.ip().is_loopback() || listen.ip().is_unspecified();
+    let local_name = match literal {
+        Some(ip) => ip.is_loopback(),
+        None => name == "localhost",
+    };
+    if local_listen && local_name {
+        return true;
+    }
+    if port.unwrap_or(80) != listen.port() {
+        return false;
+    }
     match literal {
         Some(ip) if ip == listen.ip() => true,
-        Some(ip) if listen.ip().is_unspecified() => !ip.is_unspecified(),
-        Some(ip) => listen.ip().is_loopback() && ip.is_loopback(),
-        None => name == "localhost" && (listen.ip().is_loopback() || listen.ip().is_unspecified()),
+        Some(ip) => listen.ip().is_unspecified() && !ip.is_unspecified(),
+        None => false,
     }
 }
 
-/// Checks the Host header (421 when it names something else, 400 when absent).
-pub fn check_host(host: Option<&str>, listen: SocketAddr) -> Result<String, Refusal> {
+/// A `--public-url` that is not a URL the console can be reached by.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("--public-url `{value}`: {why}; accepted: http:// or https://, a host name or IP literal and an optional port, no path but /, e.g. https://gpu.example.com")]
+pub struct PublicUrlError {
+    pub value: String,
+    pub why: &'static str,
+}
+
+/// The port a URL without one means: 443 for https, 80 for http.
+fn default_port(https: bool) -> u16 {
+    if https {
+        443
+    } else {
+        80
+    }
+}
+
+/// A URL the console is opened by through a proxy or ingress (`--public-url`): its scheme,
+/// host and port. A request whose Host names it passes [`check_host`]; a POST whose Origin is
+/// its origin passes [`check_origin`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublicUrl {
+    https: bool,
+    /// Lowercase; an IPv6 literal in brackets.
+    host: String,
+    /// The port, the scheme's default when the URL names none.
+    port: u16,
+}
+
+impl PublicUrl {
+    /// `http(s)://HOST[:PORT][/]`, nothing else.
+    pub fn parse(value: &str) -> Result<PublicUrl, PublicUrlError> {
+        let bad = |why| PublicUrlError {
+            value: value.escape_default().to_string(),
+            why,
+        };
+        let uri: hyper::Uri = value.parse().map_err(|_| bad("not a URL"))?;
+        let https = match uri.scheme_str() {
+            Some("https") => true,
+            Some("http") => false,
+            _ => return Err(bad("the scheme is not http or https")),
+        };
+        let Some(authority) = uri.authority() else {
+            return Err(bad("no host"));
+        };
+        if authority.as_str().contains('@') {
+            return Err(bad("it carries a user name"));
+        }
+        if !matches!(
+            uri.path_and_query().map(|p| p.as_str()),
+            None | Some("" | "/")
+        ) {
+            return Err(bad("it has a path or query"));
+        }
+        let host = authority.host().to_ascii_lowercase();
+        let literal = host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .map(|h| h.parse::<std::net::Ipv6Addr>().is_ok());
+        let name_ok = !host.is_empty()
+            && host
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.');
+        if !(literal == Some(true) || (literal.is_none() && name_ok)) {
+            return Err(bad("no valid host"));
+        }
+        let port = if authority.as_str().len() == authority.host().len() {
+            default_port(https)
+        } else {
+            match authority.port_u16() {
+                Some(p) if p > 0 => p,
+                _ => return Err(bad("the port is not a number from 1 to 65535")),
+            }
+        };
+        Ok(PublicUrl { https, host, port })
+    }
+
+    fn default_port(&self) -> u16 {
+        default_port(self.https)
+    }
+
+    /// `https://gpu.example.com` as a browser writes it in `Origin` (no default port).
+    pub fn origin(&self) -> String {
+        let scheme = if self.https { "https" } else { "http" };
+        if self.port == self.default_port() {
+            format!("{scheme}://{}", self.host)
+        } else {
+            format!("{scheme}://{}:{}", self.host, self.port)
+        }
+    }
+
+    /// Whether Host header value `host` names this URL's host and port.
+    pub fn names_host(&self, host: &str) -> bool {
+        split_host(host).is_some_and(|(name, port)| {
+            name == self.host && port.unwrap_or(self.default_port()) == self.port
+        })
+    }
+}
+
+/// Checks the Host header (421 when it names neither the console nor one of its `public`
+/// URLs, 400 when absent).
+pub fn check_host(
+    host: Option<&str>,
+    listen: SocketAddr,
+    public: &[PublicUrl],
+) -> Result<String, Refusal> {
     let Some(host) = host else {
         return Err(Refusal::new(
             StatusCode::BAD_REQUEST,
             "no Host header: the console answers requests for its own address only",
         ));
     };
-    if !host_allowed(host, listen) {
+    if !host_allowed(host, listen) && !public.iter().any(|u| u.names_host(host)) {
         return Err(Refusal::new(
             StatusCode::MISDIRECTED_REQUEST,
             format!(
-                "Host `{}` is not this console ({listen}): open the console by its listen address",
+                "Host `{}` is not this console ({listen}): open the console by its listen address or a --public-url",
                 host.escape_default()
             ),
         ));
@@ -89,17 +210,28 @@ pub fn check_host(host: Option<&str>, listen: SocketAddr) -> Result<String, Refu
     Ok(host.to_string())
 }
 
-/// Checks that a POST comes from a page of the console at `host` (the checked Host value):
-/// its `Origin` is `http://HOST`, or without one its `Referer` starts with `http://HOST/`.
+/// Checks that a POST comes from a page of the console at `host` (the checked Host value)
+/// or at one of its `public` URLs: its `Origin` is `http://HOST` or a public URL's origin,
+/// or without one its `Referer` starts with one of those and `/`.
 pub fn check_origin(
     host: &str,
     origin: Option<&str>,
     referer: Option<&str>,
+    public: &[PublicUrl],
 ) -> Result<(), Refusal> {
     let base = format!("http://{}", host.to_ascii_lowercase());
+    let bases: Vec<String> = std::iter::once(base)
+        .chain(public.iter().map(PublicUrl::origin))
+        .collect();
     let ok = match (origin, referer) {
-        (Some(o), _) => o.to_ascii_lowercase() == base,
-        (None, Some(r)) => r.to_ascii_lowercase().starts_with(&format!("{base}/")),
+        (Some(o), _) => {
+            let o = o.to_ascii_lowercase();
+            bases.iter().any(|b| o == *b)
+        }
+        (None, Some(r)) => {
+            let r = r.to_ascii_lowercase();
+            bases.iter().any(|b| r.starts_with(&format!("{b}/")))
+        }
         (None, None) => false,
     };
     if ok {
@@ -108,7 +240,8 @@ pub fn check_origin(
     Err(Refusal::new(
         StatusCode::FORBIDDEN,
         format!(
-            "a POST must come from the console's own page: Origin (or Referer) must be {base}, got {}",
+            "a POST must come from the console's own page: Origin (or Referer) must be {}, got {}",
+            bases.join(" or "),
             origin
                 .or(referer)
                 .map_or("none".to_string(), |v| format!("`{}`", v.escape_default()))
@@ -304,16 +437,22 @@ mod tests {
             "localhost:8080",
             "LOCALHOST:8080",
             "[::1]:8080",
+            // A port-forward or tunnel names the console by its own local port.
+            "localhost:9000",
+            "127.0.0.1:8081",
+            "[::1]:9000",
+            "localhost",
+            "127.0.0.1",
         ] {
             assert!(host_allowed(ok, lo), "{ok}");
         }
         for bad in [
             "evil.example:8080",
-            "127.0.0.1:8081",
-            "localhost",
-            "127.0.0.1",
+            "evil.example:9000",
+            "localhost.evil.example:9000",
             "10.0.0.1:8080",
             "127.0.0.1:8080:1",
+            "localhost:x",
             "[::1:8080",
             "::1:8080",
             "",
@@ -322,36 +461,133 @@ mod tests {
         }
         let any = addr("0.0.0.0:9000");
         assert!(host_allowed("10.1.2.3:9000", any));
+        assert!(
+            !host_allowed("10.1.2.3:9001", any),
+            "other literals keep the port"
+        );
+        assert!(host_allowed("localhost:8443", any) && host_allowed("127.0.0.1:1", any));
         assert!(!host_allowed("console.example:9000", any));
         let one = addr("10.1.2.3:9000");
         assert!(host_allowed("10.1.2.3:9000", one));
         assert!(!host_allowed("localhost:9000", one) && !host_allowed("10.1.2.4:9000", one));
-        let e = check_host(Some("evil.example:8080"), lo).unwrap_err();
+        assert!(!host_allowed("127.0.0.1:9000", one) && !host_allowed("10.1.2.3:9001", one));
+        let e = check_host(Some("evil.example:8080"), lo, &[]).unwrap_err();
         assert_eq!(e.status, StatusCode::MISDIRECTED_REQUEST);
         assert!(e.message.contains("evil.example:8080") && e.message.contains("127.0.0.1:8080"));
         assert_eq!(
-            check_host(None, lo).unwrap_err().status,
+            check_host(None, lo, &[]).unwrap_err().status,
             StatusCode::BAD_REQUEST
+        );
+    }
+
+    #[test]
+    fn public_urls_are_checked_and_name_the_console_behind_a_proxy() {
+        let url = |s: &str| PublicUrl::parse(s).unwrap();
+        let gpu = url("https://GPU.example.com");
+        assert_eq!(url("https://gpu.example.com/"), gpu);
+        assert_eq!(url("https://gpu.example.com:443"), gpu);
+        assert_eq!(gpu.origin(), "https://gpu.example.com");
+        assert_eq!(
+            url("http://gpu.example.com:8080").origin(),
+            "http://gpu.example.com:8080"
+        );
+        assert_eq!(url("http://[::1]:9000").origin(), "http://[::1]:9000");
+        assert_eq!(url("http://10.0.0.5").origin(), "http://10.0.0.5");
+        for (bad, why) in [
+            ("gpu.example.com", "the scheme is not http or https"),
+            ("ftp://gpu.example.com", "the scheme is not http or https"),
+            ("https://gpu.example.com/console", "it has a path or query"),
+            ("https://gpu.example.com/?a=1", "it has a path or query"),
+            ("https://user@gpu.example.com", "it carries a user name"),
+            ("https://gpu_example.com", "no valid host"),
+            ("https://[zz]", "no valid host"),
+            ("https://gpu.example.com:0", "the port is not a number"),
+            ("", "not a URL"),
+        ] {
+            let e = PublicUrl::parse(bad).unwrap_err();
+            let line = e.to_string();
+            assert!(
+                line.starts_with(&format!("--public-url `{bad}`: ")),
+                "{line}"
+            );
+            assert!(e.why.starts_with(why), "{bad}: {line}");
+            assert!(
+                line.ends_with("accepted: http:// or https://, a host name or IP literal and an optional port, no path but /, e.g. https://gpu.example.com"),
+                "{line}"
+            );
+        }
+        // The Host a proxy keeps (oauth2-proxy, ingress-nginx) names the console; others do not.
+        let public = [gpu.clone()];
+        let lo = addr("127.0.0.1:8080");
+        for ok in ["gpu.example.com", "GPU.example.com:443"] {
+            assert_eq!(check_host(Some(ok), lo, &public).as_deref(), Ok(ok), "{ok}");
+        }
+        for bad in [
+            "evil.example",
+            "gpu.example.com:8443",
+            "gpu.example.com.evil.example",
+        ] {
+            let e = check_host(Some(bad), lo, &public).unwrap_err();
+            assert_eq!(e.status, StatusCode::MISDIRECTED_REQUEST, "{bad}");
+        }
+        assert!(check_host(Some("gpu.example.com"), lo, &[]).is_err());
+        // A POST from the public page passes, whatever Host the proxy sent on.
+        for host in ["gpu.example.com", "127.0.0.1:8080"] {
+            assert!(check_origin(host, Some("https://gpu.example.com"), None, &public).is_ok());
+            assert!(check_origin(
+                host,
+                None,
+                Some("https://gpu.example.com/workloads/a/deployment/b"),
+                &public
+            )
+            .is_ok());
+            for (o, r) in [
+                (Some("https://evil.example"), None),
+                (Some("http://gpu.example.com"), None),
+                (None, Some("https://gpu.example.com.evil.example/")),
+                (None, Some("https://gpu.example.com")),
+            ] {
+                if host == "gpu.example.com" && o == Some("http://gpu.example.com") {
+                    // http://HOST is the console's own page as before.
+                    continue;
+                }
+                let e = check_origin(host, o, r, &public).unwrap_err();
+                assert_eq!(e.status, StatusCode::FORBIDDEN, "{host} {o:?} {r:?}");
+            }
+        }
+        // Without --public-url its origin is foreign.
+        let e =
+            check_origin("127.0.0.1:8080", Some("https://gpu.example.com"), None, &[]).unwrap_err();
+        assert_eq!(e.status, StatusCode::FORBIDDEN);
+        let e = check_origin("127.0.0.1:8080", None, None, &public).unwrap_err();
+        assert!(
+            e.message
+                .contains("must be http://127.0.0.1:8080 or https://gpu.example.com, got none"),
+            "{}",
+            e.message
         );
     }
 
     #[test]
     fn posts_come_from_the_consoles_page_as_small_forms() {
         let h = "127.0.0.1:8080";
-        assert!(check_origin(h, Some("http://127.0.0.1:8080"), None).is_ok());
+        assert!(check_origin(h, Some("http://127.0.0.1:8080"), None, &[]).is_ok());
         assert!(check_origin(
             h,
             None,
-            Some("http://127.0.0.1:8080/workloads/a/deployment/b")
+            Some("http://127.0.0.1:8080/workloads/a/deployment/b"),
+            &[]
         )
         .is_ok());
+        // Through `kubectl port-forward 9000:8080`: Host and Origin both name the local port.
+        assert!(check_origin("localhost:9000", Some("http://localhost:9000"), None, &[]).is_ok());
         for (o, r) in [
             (None, None),
             (Some("http://evil.example"), None),
             (Some("null"), Some("http://127.0.0.1:8080/")),
             (None, Some("http://127.0.0.1:8080.evil.example/")),
         ] {
-            let e = check_origin(h, o, r).unwrap_err();
+            let e = check_origin(h, o, r, &[]).unwrap_err();
             assert_eq!(e.status, StatusCode::FORBIDDEN, "{o:?} {r:?}");
         }
         assert!(check_form(

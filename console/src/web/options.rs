@@ -25,6 +25,13 @@ pub struct Options {
     /// Let the page allocate, edit and release workloads' slices (default: read-only).
     #[arg(long)]
     pub allow_edit: bool,
+    /// A URL people open the console by through an authenticating proxy or ingress, e.g.
+    /// https://gpu.example.com (repeatable; http or https, a host and an optional port, no
+    /// path but /). A request whose Host names it passes the Host check, and a POST whose
+    /// Origin is it the Origin check, which otherwise accept only the listen address (and,
+    /// on loopback, localhost with any port).
+    #[arg(long = "public-url", value_name = "URL")]
+    pub public_url: Vec<String>,
     /// Connections served at once. At the cap a new connection takes the slot of the one
     /// that has waited longest on its client (idle, a slow request, an answer not read);
     /// while every one is being served, new ones wait in the kernel's accept queue.

@@ -111,11 +111,12 @@ impl History {
 /// A node's (CPU cores, memory bytes) of its `status.capacity`, each when known.
 pub type Capacity = (Option<f64>, Option<f64>);
 
-/// What the Nodes list shows beside the model: GPU memory used over time per node, and the
-/// kubelets' cAdvisor CPU and memory (`None`: not scraped) with the Node objects' capacity.
+/// What the Nodes list shows beside the model: GPU memory used over time per node (`None`:
+/// not known), and the kubelets' cAdvisor CPU and memory (`None`: not scraped) with the Node
+/// objects' capacity.
 #[derive(Debug, Clone)]
 pub struct NodeUse {
-    pub gpu_memory: History,
+    pub gpu_memory: Option<History>,
     pub cpu: Option<History>,
     pub memory: Option<History>,
     /// Node name → its capacity.
@@ -274,7 +275,7 @@ fn node_row(
         n.memory.used.map(|v| v as f64),
         Unit::Bytes,
         Some(n.memory.capacity as f64),
-        used.map(|u| ("gpu-memory", &u.gpu_memory, name)),
+        used.and_then(|u| Some(("gpu-memory", u.gpu_memory.as_ref()?, name))),
     );
     let map = if name == TOTAL_ROW {
         String::new()
@@ -706,6 +707,9 @@ pub struct WorkloadRow {
     pub name: String,
     /// Desired pods (a DaemonSet: the nodes it is scheduled on, when known).
     pub replicas: Option<u64>,
+    /// The pods the namespace's budget is checked for, as the allocation counts them
+    /// ([`crate::workload::budget_pods`]; a DaemonSet: one per node with gpuslice GPUs).
+    pub pods: u64,
     /// The slice each pod gets; `None`: none.
     pub slice: Option<Slice>,
 }
@@ -815,7 +819,13 @@ pub fn workload_page(
         let _ = writeln!(body, "<p id=\"slice-form\">{}</p>", esc(&s.form()));
     }
     body.push_str(&budget_part(w, budgets));
-    if chrome.allow_edit {
+    // HAMi's limits are shown, not edited (allocate and release refuse them): no forms and
+    // no read-only note, only the slice-form sentence above.
+    let hami = matches!(
+        w.slice.as_ref().map(|s| &s.source),
+        Some(SliceSource::Hami(_))
+    );
+    if chrome.allow_edit && !hami {
         // At most MAX_GPUS per pod, and no more than the namespace's GPU budget leaves.
         let most = u64::from(MAX_GPUS);
         let max = budgets
@@ -857,7 +867,7 @@ pub fn workload_page(
                 esc(&href)
             );
         }
-    } else {
+    } else if !hami {
         body.push_str(
             "<p class=\"read-only\">read-only: start gpuslice console with --allow-edit to allocate</p>\n",
         );
@@ -1041,7 +1051,7 @@ fn budget_part(w: &WorkloadRow, budgets: Result<&[NamespaceBudget], &str>) -> St
         }
         Ok(b) => b,
     };
-    let pods = w.replicas.unwrap_or(1);
+    let pods = w.pods;
     let held = w.slice.as_ref().and_then(|s| s.charge).map(|per_pod| Ask {
         pods,
         per_pod,
@@ -1081,7 +1091,7 @@ fn budget_part(w: &WorkloadRow, budgets: Result<&[NamespaceBudget], &str>) -> St
 /// The most GPUs per pod the namespace's GPU budgets leave this workload (the form's
 /// `max`, so the browser refuses more before sending); `None`: no GPU budget.
 fn gpus_max(w: &WorkloadRow, budgets: &[NamespaceBudget]) -> Option<u64> {
-    let pods = w.replicas.unwrap_or(1).max(1);
+    let pods = w.pods.max(1);
     let held = w.slice.as_ref().and_then(|s| s.charge).map(|per_pod| Ask {
         pods,
         per_pod,
@@ -1237,7 +1247,7 @@ mod tests {
         mem.series
             .insert("node-a".into(), vec![(60.0, (4 * GIB) as f64)]);
         let used = NodeUse {
-            gpu_memory: gpu,
+            gpu_memory: Some(gpu),
             cpu: Some(cpu),
             memory: Some(mem),
             capacity: [("node-a".to_string(), (Some(2.0), Some((16 * GIB) as f64)))].into(),
@@ -1498,6 +1508,7 @@ mod tests {
             kind: Kind::Deployment,
             name: "train".into(),
             replicas: Some(2),
+            pods: 2,
             slice: None,
         };
         let mut c = chrome(vec![]);
@@ -1534,6 +1545,34 @@ mod tests {
     }
 
     #[test]
+    fn the_gpu_tab_offers_no_form_for_hamis_limits() {
+        let w = WorkloadRow {
+            namespace: "ml".into(),
+            kind: Kind::Deployment,
+            name: "legacy".into(),
+            replicas: Some(1),
+            pods: 1,
+            slice: Some(Slice {
+                source: SliceSource::Hami("main: nvidia.com/gpu=1".into()),
+                request: None,
+                charge: None,
+            }),
+        };
+        for allow_edit in [true, false] {
+            let mut c = chrome(vec![]);
+            c.allow_edit = allow_edit;
+            let html = workload_page(&c, &w, Ok(&[]));
+            assert!(!html.contains("<form"), "{allow_edit}: {html}");
+            assert!(!html.contains("id=\"allocate\"") && !html.contains("id=\"release\""));
+            assert!(
+                !html.contains("class=\"read-only\""),
+                "{allow_edit}: {html}"
+            );
+            assert!(html.contains("<p id=\"slice-form\">HAMi&#39;s limits: the console shows them and does not edit them"), "{html}");
+        }
+    }
+
+    #[test]
     fn the_edit_form_pre_fills_the_exact_memory_of_the_slice() {
         let mut c = chrome(vec![]);
         c.allow_edit = true;
@@ -1548,6 +1587,7 @@ mod tests {
                 kind: Kind::Deployment,
                 name: "train".into(),
                 replicas: Some(1),
+                pods: 1,
                 slice: Some(claim_slice(Request::parse(asked, None, 1).unwrap())),
             };
             let html = workload_page(&c, &w, Ok(&[]));
@@ -1685,6 +1725,7 @@ mod tests {
             kind: Kind::Deployment,
             name: "train".into(),
             replicas: Some(2),
+            pods: 2,
             slice: None,
         };
         let mut c = chrome(vec![]);

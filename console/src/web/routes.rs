@@ -51,7 +51,7 @@ async fn serve(
     activity: &Arc<Activity>,
     req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Refusal> {
-    let host = http::check_host(header_str(&req, header::HOST), state.listen)?;
+    let host = http::check_host(header_str(&req, header::HOST), state.listen, &state.public)?;
     let route = http::route(req.uri().path())?;
     let method = req.method().clone();
     if route.is_action() {
@@ -71,6 +71,7 @@ async fn serve(
             &host,
             header_str(&req, header::ORIGIN),
             header_str(&req, header::REFERER),
+            &state.public,
         )?;
         http::check_form(
             header_str(&req, header::CONTENT_TYPE),

@@ -18,6 +18,7 @@ use tokio::net::TcpStream;
 
 use crate::client;
 
+use super::http::{self, PublicUrl};
 use super::options::{rights, Options};
 use super::routes;
 use super::state::State;
@@ -34,6 +35,8 @@ pub enum WebError {
     Client(#[from] client::ClientError),
     #[error("--prometheus `{url}` is not an http:// URL; accepted: http://HOST:PORT[/PATH], e.g. http://127.0.0.1:9090")]
     Prometheus { url: String },
+    #[error(transparent)]
+    PublicUrl(#[from] http::PublicUrlError),
     #[error("cannot listen on {addr}: {source}; pass a free address with --listen")]
     Bind {
         addr: SocketAddr,
@@ -78,11 +81,16 @@ fn check_prometheus(url: &str) -> Result<(), WebError> {
 }
 
 impl Server {
-    /// Makes the API client and binds `--listen`.
+    /// Checks `--prometheus` and `--public-url`, makes the API client and binds `--listen`.
     pub async fn bind(opts: &Options) -> Result<Server, WebError> {
         if let Some(url) = &opts.prometheus {
             check_prometheus(url)?;
         }
+        let public = opts
+            .public_url
+            .iter()
+            .map(|u| PublicUrl::parse(u))
+            .collect::<Result<Vec<_>, _>>()?;
         let cluster = client::connect(opts.kubeconfig.as_deref(), opts.context.as_deref()).await?;
         let listener = tokio::net::TcpListener::bind(opts.listen)
             .await
@@ -102,6 +110,7 @@ impl Server {
                 prometheus: opts.prometheus.clone(),
                 allow_edit: opts.allow_edit,
                 listen,
+                public,
             }),
             max_connections: opts.max_connections as usize,
             limits: Limits::default(),

@@ -1,9 +1,11 @@
 //! What every request needs (the API client, the rights line, Prometheus, the edit switch,
-//! the listen address) and the frame every page is drawn in.
+//! the listen address and public URLs) and the frame every page is drawn in.
 
 use std::net::SocketAddr;
 
 use crate::client::Cluster;
+
+use super::http::PublicUrl;
 
 use super::pages::{Banner, Chrome};
 
@@ -14,6 +16,8 @@ pub(super) struct State {
     pub(super) prometheus: Option<String>,
     pub(super) allow_edit: bool,
     pub(super) listen: SocketAddr,
+    /// `--public-url`: the URLs a proxy or ingress serves the console at.
+    pub(super) public: Vec<PublicUrl>,
 }
 
 /// The frame of a page: whose rights, read-only or not, the banners of missing sources.

@@ -16,7 +16,8 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 
 use crate::budgets::{self, Scope};
 use crate::edit::{self, Kind, Request as SliceRequest};
-use crate::workload;
+use crate::model::{self, Model};
+use crate::workload::{self, Workload as _};
 
 use super::http;
 use super::pages::{self, Slice, SliceSource, WorkloadRow};
@@ -35,12 +36,29 @@ pub fn template_request(t: &ResourceClaimTemplate, mode: &Mode) -> Option<SliceR
     })
 }
 
+/// The cluster's gpuslice GPUs as the model reads them from the ResourceSlices alone (its
+/// nodes are those a DaemonSet's budget counts, [`workload::budget_pods`]).
+fn gpu_model(slices: &[ResourceSlice]) -> Model {
+    model::build(
+        &model::Sources {
+            slices: slices.to_vec(),
+            claims: Vec::new(),
+            pods: Vec::new(),
+            usage: Err(String::new()),
+        },
+        None,
+    )
+}
+
+/// A workload's row: `replicas` as shown (a DaemonSet: its status's desired pods), the pods
+/// its budget is checked for counted as the allocation counts them on the GPUs of `gpus`.
 fn row_of<W: workload::Workload>(
     kind: Kind,
     w: &W,
     replicas: Option<u64>,
     templates: &[ResourceClaimTemplate],
     inventory: &PublishedGpus,
+    gpus: &Model,
 ) -> WorkloadRow {
     let namespace = w.meta().namespace.clone().unwrap_or_default();
     let templates: Vec<ResourceClaimTemplate> = templates
@@ -81,6 +99,7 @@ fn row_of<W: workload::Workload>(
         kind,
         name: w.meta().name.clone().unwrap_or_default(),
         replicas,
+        pods: workload::budget_pods(w.replicas(), gpus),
         slice,
     }
 }
@@ -127,7 +146,9 @@ async fn workload_rows(state: &State, namespace: Option<&str>) -> Result<Vec<Wor
         ),
     );
     let templates = templates?;
-    let inventory = PublishedGpus::from_slices(&slices?);
+    let slices = slices?;
+    let inventory = PublishedGpus::from_slices(&slices);
+    let gpus = gpu_model(&slices);
     let mut rows = Vec::new();
     for d in deployments? {
         rows.push(row_of(
@@ -136,6 +157,7 @@ async fn workload_rows(state: &State, namespace: Option<&str>) -> Result<Vec<Wor
             workload::Workload::replicas(&d),
             &templates,
             &inventory,
+            &gpus,
         ));
     }
     for s in statefulsets? {
@@ -145,6 +167,7 @@ async fn workload_rows(state: &State, namespace: Option<&str>) -> Result<Vec<Wor
             workload::Workload::replicas(&s),
             &templates,
             &inventory,
+            &gpus,
         ));
     }
     for d in daemonsets? {
@@ -154,6 +177,7 @@ async fn workload_rows(state: &State, namespace: Option<&str>) -> Result<Vec<Wor
             daemonset_pods(&d),
             &templates,
             &inventory,
+            &gpus,
         ));
     }
     rows.sort_by(|a, b| (&a.namespace, &a.name, a.kind).cmp(&(&b.namespace, &b.name, b.kind)));
@@ -205,6 +229,7 @@ async fn get_row<W: workload::Workload>(
         replicas(&obj),
         template.as_slice(),
         &PublishedGpus::from_slices(&slices),
+        &gpu_model(&slices),
     )))
 }
 
@@ -254,6 +279,52 @@ pub(super) async fn workload_tab(state: &State, w: &http::Workload) -> Response<
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::tests::slices;
+
+    #[test]
+    fn a_daemonsets_budget_counts_a_pod_per_gpu_node_as_the_allocation_does() {
+        use crate::budgets::tests::budget;
+        // Scheduled on 7 nodes, 2 of which have gpuslice GPUs (node-a, node-b).
+        let ds: DaemonSet = serde_json::from_value(serde_json::json!({
+            "metadata": {"namespace": "team-a", "name": "agent"},
+            "spec": {
+                "selector": {},
+                "template": {"spec": {"containers": [{"name": "main", "image": "agent"}]}}
+            },
+            "status": {
+                "desiredNumberScheduled": 7,
+                "currentNumberScheduled": 7,
+                "numberMisscheduled": 0,
+                "numberReady": 7
+            }
+        }))
+        .unwrap();
+        let gpus = gpu_model(&slices());
+        assert_eq!(gpus.nodes.len(), 2);
+        let row = row_of(
+            Kind::DaemonSet,
+            &ds,
+            daemonset_pods(&ds),
+            &[],
+            &PublishedGpus::from_slices(&slices()),
+            &gpus,
+        );
+        assert_eq!(row.replicas, Some(7), "shown as its status says");
+        assert_eq!(row.pods, workload::budget_pods(None, &gpus));
+        let chrome = pages::Chrome {
+            rights: String::new(),
+            allow_edit: true,
+            banners: vec![],
+        };
+        // 4 GPUs of budget over the 2 pods the allocation charges: 2 per pod.
+        let b = [budget("team-a", "10Gi", "0", "4", "0")];
+        let html = pages::workload_page(&chrome, &row, Ok(&b));
+        assert!(
+            html.contains("name=\"gpus\" value=\"1\" min=\"1\" max=\"2\""),
+            "{html}"
+        );
+        assert!(html.contains("this workload's 2 pod(s)"), "{html}");
+    }
 
     #[test]
     fn a_template_of_the_console_reads_back_as_its_request() {
