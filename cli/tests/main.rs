@@ -15,6 +15,7 @@ mod configure_common;
 mod configure_manifests;
 mod installer_image;
 mod kubelet_plugin;
+mod precreate_hook;
 mod runtime_passthrough;
 mod runtime_spec_input;
 mod serve_process;

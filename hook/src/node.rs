@@ -58,6 +58,14 @@ impl NodeContext {
         Registry::open_config(self.config(), cleanup)
     }
 
+    /// Releases the pending reservations this process made that no hook bound: the
+    /// give-back of a create that fails after its spec edit reserved (the runtime wrapper's
+    /// when the runtime fails, the precreate hook's when the edited spec cannot be handed
+    /// back), so the slice does not wait for `registry.pending_timeout`.
+    pub fn give_back_pending(&self) -> Result<Vec<Reservation>, RegistryError> {
+        self.open_registry()?.give_back_pending()
+    }
+
     /// Absolute path of the `gpuslice` binary that hooks run: `hook.path` of the config,
     /// else the `gpuslice` next to the running executable (also when that is
     /// `gpuslice-runtime`); the full build started by the static `gpuslice` names that one

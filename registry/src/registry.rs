@@ -100,6 +100,12 @@ pub enum RegistryError {
     },
     #[error("reservation {id} was made by process {reserver}, which still runs, and container init {pid} is not one of its descendants: only the create that reserved a slice may bind it")]
     NotReserver { id: String, reserver: u32, pid: u32 },
+    #[error("reservation {id} is held by {holder}; the poststop hook of container {container} leaves it: a container releases only the slice bound to it once none of its processes is left, or a pending one it could bind")]
+    NotReleased {
+        id: String,
+        holder: String,
+        container: String,
+    },
     #[error("cannot bind to container id ``: accepted: a non-empty container id")]
     EmptyContainerId,
     #[error(

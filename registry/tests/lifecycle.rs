@@ -1,7 +1,8 @@
 //! At the registry: whole-GPU bookings belong to a process
 //! instance, not to a container id; the process that reserved a pending slice can give it
 //! back and is the only one whose containers bind it while it runs; an owner whose init
-//! exited lives while its cgroup holds processes.
+//! exited lives while its cgroup holds processes; a poststop hook releases only the slice its
+//! own container holds.
 
 use crate::common;
 
@@ -11,7 +12,8 @@ use std::time::Duration;
 use common::{inventory, open, options, state_dir, GI};
 use gpuslice_config::Quantity;
 use gpuslice_registry::{
-    FakeSystem, Owner, ReapReason, Registry, RegistryError, Request, ReservationState, Selector,
+    ClaimShare, FakeSystem, Owner, ReapReason, Registry, RegistryError, Request, ReservationState,
+    Selector,
 };
 
 fn setup(gpus: u32) -> (tempfile::TempDir, Arc<FakeSystem>, Registry) {
@@ -231,4 +233,92 @@ fn a_cgroup_shared_at_bind_is_not_recorded() {
         b.owner.process().and_then(|p| p.cgroup.as_deref()),
         Some("system.slice/runc-own.scope")
     );
+}
+
+/// The poststop hook's release names a reservation and the stopped container: a container
+/// whose spec names someone else's reservation (its annotation and hooks copied, or the
+/// slice's CDI device injected) releases nothing, whatever its spec says.
+#[test]
+fn a_poststop_releases_only_the_slice_its_container_holds() {
+    let (_d, sys, reg) = setup(1);
+    let held = |id: &str| reg.snapshot().unwrap().reservation(id).is_some();
+    let refused = |e: RegistryError, id: &str, holder: &str| {
+        let msg = e.to_string();
+        assert!(matches!(e, RegistryError::NotReleased { .. }), "{msg}");
+        assert!(msg.contains(id) && msg.contains(holder), "{msg}");
+        assert!(!msg.contains('\n'), "{msg}");
+    };
+    // The victim runs with slice R.
+    let r = reg.reserve(&slice(GI)).expect("reserve");
+    sys.spawn(100, 10);
+    reg.bind(&r.id, "victim", 100).expect("bind");
+    // A thief's container stops.
+    let e = reg
+        .release_for_container(&r.id, "thief", Some(200))
+        .expect_err("a thief released the victim's slice");
+    refused(e, &r.id, "container victim");
+    assert!(held(&r.id), "the victim's running slice was released");
+    // A container of the same id under another runtime root stops while the victim runs.
+    let e = reg
+        .release_for_container(&r.id, "victim", None)
+        .expect_err("a namesake released the running victim's slice");
+    refused(e, &r.id, "container victim");
+    assert!(held(&r.id));
+    // The victim stops: its own poststop releases it, once.
+    sys.kill(100);
+    let out = reg
+        .release_for_container(&r.id, "victim", Some(100))
+        .expect("own release");
+    assert_eq!(out.reservations.len(), 1);
+    assert!(!held(&r.id));
+    assert!(reg
+        .release_for_container(&r.id, "victim", None)
+        .expect("again")
+        .reservations
+        .is_empty());
+
+    // Pending: while its reserving process runs, only a hook of its own create releases it.
+    sys.spawn(500, 5);
+    sys.set_current(Some(500));
+    let p = reg.reserve(&slice(GI)).expect("pending");
+    sys.spawn(650, 65);
+    sys.set_current(Some(650));
+    let e = reg
+        .release_for_container(&p.id, "thief", Some(700))
+        .expect_err("another create released a pending slice");
+    refused(e, &p.id, "process 500");
+    assert!(held(&p.id));
+    sys.spawn(600, 60);
+    sys.set_parent(600, 500);
+    sys.set_current(Some(600));
+    let out = reg
+        .release_for_container(&p.id, "mine", None)
+        .expect("own create");
+    assert_eq!(out.reservations.len(), 1);
+
+    // A claim's booking is released by its unprepare, never by a container's poststop.
+    let claim = Owner::DraClaim {
+        claim_uid: "u".into(),
+        namespace: "ns".into(),
+        name: "c".into(),
+        members: Vec::new(),
+        gone: None,
+    };
+    let uuid = reg.snapshot().unwrap().inventory.gpus[0].uuid.clone();
+    let c = reg
+        .reserve_claim(
+            &claim,
+            &[ClaimShare {
+                uuid,
+                memory: GI,
+                cores: 0,
+            }],
+        )
+        .expect("claim")
+        .reservation;
+    let e = reg
+        .release_for_container(&c.id, "ctr", None)
+        .expect_err("a poststop released a claim");
+    refused(e, &c.id, "claim ns/c");
+    assert!(held(&c.id));
 }

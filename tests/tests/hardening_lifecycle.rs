@@ -337,11 +337,15 @@ fn precreate(node: &TestNode, bundle: &Bundle) -> Vec<u8> {
 }
 
 /// Defect 12: a spec carrying another container's pending reservation in gpuslice's hooks
-/// neither binds nor releases it; the container it was reserved for then starts.
+/// neither binds nor releases it; the container it was reserved for then starts, and a
+/// stopped copy carrying its hooks and its annotation does not release it either.
 #[test]
 fn a_spec_with_another_containers_reservation_cannot_take_it() {
     let _s = lock(&[Resource::Cdi]);
     let node = TestNode::new(&["10Gi"]);
+    // A failed run leaves no victim behind for the next one.
+    remove(RUNC_ROOT, "e2e-victim");
+    let _victim = Removed(RUNC_ROOT, "e2e-victim");
     let victim = Bundle::new("echo READY; sleep 600", &[("gpuslice.io/memory", "8Gi")]);
     let edited = precreate(&node, &victim);
     std::fs::write(victim.config_path(), &edited).unwrap();
@@ -377,10 +381,13 @@ fn a_spec_with_another_containers_reservation_cannot_take_it() {
     let res = node.reservations();
     assert_eq!(res[0]["state"], "bound", "{res:?}");
     assert_eq!(res[0]["container_id"], "e2e-victim");
-    // A stopped copy cannot release the bound slice either.
+    // A stopped copy cannot release the bound slice either, even with the annotation the
+    // spec edit writes (plain runc, as a CDI-aware engine runs it, applies no edit that
+    // would refuse it).
     let copy = Bundle::new("true", &[]);
     let mut c = copy.config();
     c["hooks"] = json!({"poststop": spec["hooks"]["poststop"].clone()});
+    c["annotations"] = json!({"gpuslice.io/reservation": rid});
     copy.set_config(&c);
     let out = runc(RUNC_ROOT)
         .args(["run", "-b"])
@@ -393,11 +400,10 @@ fn a_spec_with_another_containers_reservation_cannot_take_it() {
         .args(["delete", "--force", "e2e-copy"])
         .output();
     assert!(out.status.success(), "{}", text(&out));
-    assert_eq!(
-        node.reservations().len(),
-        1,
-        "a copied poststop released it"
-    );
+    let res = node.reservations();
+    assert_eq!(res.len(), 1, "a copied poststop released it: {res:?}");
+    assert_eq!(res[0]["id"], rid.as_str());
+    assert_eq!(res[0]["container_id"], "e2e-victim", "{res:?}");
     remove(RUNC_ROOT, "e2e-victim");
     assert!(node.reservations().is_empty(), "{:?}", node.reservations());
 }

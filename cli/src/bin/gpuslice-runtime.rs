@@ -117,11 +117,7 @@ fn main() -> ExitCode {
 /// the pending timeout still reaps what could not be released.
 fn give_back(node: Option<&NodeContext>, parsed: &gpuslice_hook::create::runtime::RuncArgs) {
     let Some(node) = node else { return };
-    let result = node
-        .open_registry()
-        .map_err(|e| e.to_string())
-        .and_then(|r| r.give_back_pending().map_err(|e| e.to_string()));
-    if let Err(e) = result {
+    if let Err(e) = node.give_back_pending() {
         report(
             parsed,
             &format!("gpuslice-runtime: cannot release the slice reserved for this create: {e}"),

@@ -137,24 +137,33 @@ fn read_state() -> Result<State, HookError> {
 /// "exit status 1". Instead the hook returns the spec with a first `createRuntime` hook,
 /// `gpuslice hook fail <message>`: the runtime then refuses the container and its error,
 /// which engines do show, carries gpuslice's one line. Nothing is reserved either way.
+///
+/// An edited spec that cannot be written back (the engine stopped reading: EPIPE) reaches no
+/// container, so its reservation is given back before the hook fails, not left pending until
+/// `registry.pending_timeout`.
 pub fn precreate(node: &NodeContext) -> Result<(), HookError> {
     let input = read_stdin()?;
-    let output = match edit_spec(node, &input) {
-        Ok(Outcome::Edited { bytes, .. }) => bytes,
-        Ok(Outcome::Untouched | Outcome::AlreadyEdited { .. }) => input,
+    let (output, reserved) = match edit_spec(node, &input) {
+        Ok(Outcome::Edited { bytes, .. }) => (bytes, true),
+        Ok(Outcome::Untouched | Outcome::AlreadyEdited { .. }) => (input, false),
         Err(e) => {
             let message = e.to_string();
             eprintln!("gpuslice: {message}");
             match failing_spec(node, &input, &message) {
-                Some(bytes) => bytes,
+                Some(bytes) => (bytes, false),
                 None => return Err(HookError::Edit(e)),
             }
         }
     };
     let mut out = std::io::stdout().lock();
-    out.write_all(&output)
-        .and_then(|_| out.flush())
-        .map_err(HookError::Write)?;
+    if let Err(e) = out.write_all(&output).and_then(|_| out.flush()) {
+        if reserved {
+            if let Err(back) = node.give_back_pending() {
+                eprintln!("gpuslice: cannot release the slice reserved for this create: {back}");
+            }
+        }
+        return Err(HookError::Write(e));
+    }
     Ok(())
 }
 
@@ -263,7 +272,10 @@ pub fn create_runtime(
 /// booked (the whole-GPU devices' hook, which names no reservation): the bookings of its id
 /// whose owner process is gone, never those of a running container of the same id under
 /// another runtime root or namespace. A slice's hook releases only when the stopped
-/// container's spec was edited for that reservation (its annotation names it).
+/// container's spec was edited for that reservation (its annotation names it) and the
+/// registry finds the container holding it (`Registry::release_for_container`): the
+/// annotation is written by whoever hands runc the spec (a CDI-aware engine applies no
+/// spec edit that would refuse it), so it alone never releases another container's slice.
 pub fn poststop(node: &NodeContext, reservation: Option<&str>) -> Result<(), HookError> {
     let state = read_state()?;
     if let Some(id) = reservation {
@@ -272,7 +284,7 @@ pub fn poststop(node: &NodeContext, reservation: Option<&str>) -> Result<(), Hoo
     }
     let registry = node.open_registry()?;
     match reservation {
-        Some(id) => registry.release(id)?,
+        Some(id) => registry.release_for_container(id, &state.id, state.pid.filter(|p| *p > 0))?,
         None => registry.release_stopped_container(&state.id)?,
     };
     Ok(())

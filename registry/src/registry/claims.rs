@@ -8,7 +8,7 @@ use gpuslice_config::format_bytes;
 
 use crate::id::is_valid_id;
 use crate::load::{gpu_loads, memory_capacity};
-use crate::model::{Booking, ClaimGone, Owner, Reservation, ReservationState};
+use crate::model::{Booking, ClaimGone, Gpu, Owner, Reservation, ReservationState};
 use crate::placement::{Refusal, RefusalReason};
 use crate::reap::{Liveness, Probe};
 use crate::store;
@@ -207,35 +207,13 @@ impl Registry {
                         ),
                     ));
                 };
-                let loads = gpu_loads(&txn.file.reservations);
-                let load = loads.get(&gpu.uuid).copied().unwrap_or_default();
-                let cap = memory_capacity(gpu.memory_total, self.options.placement.memory_overcommit);
-                let free = cap.saturating_sub(load.memory);
-                let problem = if load.whole {
-                    Some("it is booked whole (CDI gpuslice.io/gpu)".to_string())
-                } else if s.memory > free {
-                    Some(format!(
-                        "it needs {} of memory and {} of {} is free",
-                        format_bytes(s.memory),
-                        format_bytes(free),
-                        format_bytes(cap)
-                    ))
-                } else if u32::from(s.cores) + load.cores > 100 {
-                    Some(format!(
-                        "it needs {}% cores and {}% are free",
-                        s.cores,
-                        100u32.saturating_sub(load.cores)
-                    ))
-                } else if self
-                    .options
-                    .placement
-                    .max_slices_per_gpu
-                    .is_some_and(|max| load.slices >= max)
-                {
-                    Some(format!("the GPU already holds {} slices, the most allowed", load.slices))
-                } else {
-                    None
-                };
+                let mut problem = self.share_problem(&txn.file.reservations, &gpu, s);
+                if problem.is_some() && !txn.probed {
+                    // Owners that exited hold capacity until probed: probe them now, under
+                    // the lock, rather than refuse for them (as `reserve` does).
+                    self.reap_into(txn, Probe::Due)?;
+                    problem = self.share_problem(&txn.file.reservations, &gpu, s);
+                }
                 if let Some(p) = problem {
                     let held = holders(&txn.file.reservations, &gpu.uuid);
                     return Err(refuse(
@@ -281,6 +259,49 @@ impl Registry {
             })
         })?;
         Ok(out)
+    }
+
+    /// Why share `s` does not fit on `gpu` beside `reservations` (memory under the
+    /// overcommit factor, cores up to 100, whole-GPU bookings, the slice cap); `None` when
+    /// it fits.
+    fn share_problem(
+        &self,
+        reservations: &[Reservation],
+        gpu: &Gpu,
+        s: &ClaimShare,
+    ) -> Option<String> {
+        let loads = gpu_loads(reservations);
+        let load = loads.get(&gpu.uuid).copied().unwrap_or_default();
+        let cap = memory_capacity(gpu.memory_total, self.options.placement.memory_overcommit);
+        let free = cap.saturating_sub(load.memory);
+        if load.whole {
+            Some("it is booked whole (CDI gpuslice.io/gpu)".to_string())
+        } else if s.memory > free {
+            Some(format!(
+                "it needs {} of memory and {} of {} is free",
+                format_bytes(s.memory),
+                format_bytes(free),
+                format_bytes(cap)
+            ))
+        } else if u32::from(s.cores) + load.cores > 100 {
+            Some(format!(
+                "it needs {}% cores and {}% are free",
+                s.cores,
+                100u32.saturating_sub(load.cores)
+            ))
+        } else if self
+            .options
+            .placement
+            .max_slices_per_gpu
+            .is_some_and(|max| load.slices >= max)
+        {
+            Some(format!(
+                "the GPU already holds {} slices, the most allowed",
+                load.slices
+            ))
+        } else {
+            None
+        }
     }
 
     /// Records the container whose init is `pid` as one of the containers of the claim
@@ -790,6 +811,34 @@ mod tests {
         assert!(!r.slice_dir(&id).unwrap().exists());
         r.reserve_claim(&claim("v"), &[share("GPU-0", 12, 0)])
             .unwrap();
+    }
+
+    /// Capacity held by an owner that exited since processes were last checked is probed
+    /// under the lock before a claim is refused, as `reserve` does.
+    #[test]
+    fn a_claim_is_not_refused_for_capacity_an_exited_owner_held() {
+        let dir = tempfile::tempdir().unwrap();
+        let sys = Arc::new(FakeSystem::new(1_000));
+        let r = registry_on(dir.path(), sys.clone());
+        sys.spawn(100, 7);
+        let mut req = Request::new(Owner::Container {
+            container_id: Some("ctr".into()),
+            process: Some(r.process_ref(100).unwrap()),
+            kubernetes: None,
+        });
+        req.memory = Some(Quantity::Bytes(16 * GIB));
+        req.selectors = vec![crate::Selector::Index(0)];
+        r.reserve(&req).unwrap();
+        // Every process checked just now; the owner exits within the recheck interval.
+        r.gc().unwrap();
+        sys.kill(100);
+        let got = r
+            .reserve_claim(&claim("u"), &[share("GPU-0", 16, 0)])
+            .expect("refused for an exited owner's capacity");
+        assert!(got.created);
+        let file = r.snapshot().unwrap();
+        assert_eq!(file.reservations.len(), 1, "{:?}", file.reservations);
+        assert!(claim_uid(&file.reservations[0]).is_some());
     }
 
     #[test]

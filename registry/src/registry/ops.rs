@@ -177,19 +177,93 @@ impl Registry {
     /// process that reserved it) is gone, or the init or the calling process descends from
     /// it.
     fn check_binder(&self, id: &str, pid: u32, reserver: &ProcessRef) -> Result<(), RegistryError> {
-        if self.owner_gone(reserver)? || self.descends_from(pid, reserver)? {
+        if self.reserver_allows(Some(pid), reserver)? {
             return Ok(());
-        }
-        if let Some(me) = self.system.current_pid() {
-            if self.descends_from(me, reserver)? {
-                return Ok(());
-            }
         }
         Err(RegistryError::NotReserver {
             id: id.to_string(),
             reserver: reserver.pid,
             pid,
         })
+    }
+
+    /// Whether a container may take a pending reservation that `reserver` made: `reserver`
+    /// is gone, or the container's init `pid` (when known) or the calling process descends
+    /// from it.
+    fn reserver_allows(
+        &self,
+        pid: Option<u32>,
+        reserver: &ProcessRef,
+    ) -> Result<bool, RegistryError> {
+        if self.owner_gone(reserver)? {
+            return Ok(true);
+        }
+        for p in [pid, self.system.current_pid()].into_iter().flatten() {
+            if p > 0 && self.descends_from(p, reserver)? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Whether reservation `r` is container `container_id`'s and its owner is gone (no
+    /// process of it is left): what the poststop hook of a stopped container releases.
+    /// Container ids are unique per runtime root or namespace, not per node, so a booking of
+    /// the same id whose owner still runs is another container's.
+    fn held_by_stopped_container(
+        &self,
+        r: &Reservation,
+        container_id: &str,
+    ) -> Result<bool, RegistryError> {
+        if r.owner.container_id() != Some(container_id) {
+            return Ok(false);
+        }
+        match r.owner.process() {
+            Some(p) => self.owner_gone(p),
+            None => Ok(true),
+        }
+    }
+
+    /// Who holds `r` when the poststop hook of container `container_id` (init `pid`, when
+    /// the runtime still names it) may not release it; `None` when it may: `r` is bound to
+    /// that container and its owner is gone ([`Registry::held_by_stopped_container`]), or it is
+    /// pending and that container could bind it (`bind`'s rule).
+    fn holder_besides(
+        &self,
+        r: &Reservation,
+        container_id: &str,
+        pid: Option<u32>,
+    ) -> Result<Option<String>, RegistryError> {
+        let Owner::Container {
+            container_id: cid,
+            process,
+            ..
+        } = &r.owner
+        else {
+            return Ok(Some(r.owner.to_string()));
+        };
+        if let Some(other) = cid.as_deref().filter(|c| *c != container_id) {
+            return Ok(Some(format!("container {other}")));
+        }
+        match r.state {
+            ReservationState::Bound => {
+                if self.held_by_stopped_container(r, container_id)? {
+                    return Ok(None);
+                }
+                let pid = process.as_ref().map_or(0, |p| p.pid);
+                Ok(Some(match cid {
+                    Some(c) => format!("container {c} of another runtime root or namespace, or still running (init {pid}, or processes left in its cgroup)"),
+                    None => format!("process {pid}"),
+                }))
+            }
+            ReservationState::Pending => match &r.reserved_by {
+                Some(b) if !self.reserver_allows(pid, b)? => Ok(Some(format!(
+                    "the create of process {}, which still runs (pending; this hook does not descend from it)",
+                    b.pid
+                ))),
+                _ => Ok(None),
+            },
+        }
     }
 
     /// Releases the pending reservations the calling process made, when no hook has bound
@@ -242,14 +316,7 @@ impl Registry {
         };
         let mut stopped: Vec<String> = Vec::new();
         for r in snapshot.iter().flat_map(|f| &f.reservations) {
-            if r.owner.container_id() != Some(container_id) {
-                continue;
-            }
-            let gone = match r.owner.process() {
-                Some(p) => self.owner_gone(p)?,
-                None => true,
-            };
-            if gone {
+            if self.held_by_stopped_container(r, container_id)? {
                 stopped.push(r.id.clone());
             }
         }
@@ -264,26 +331,76 @@ impl Registry {
             Err(e @ RegistryError::Corrupt { .. }) => self.release_unusable(
                 e,
                 |r| {
-                    r.owner.container_id() == Some(container_id)
-                        && r.owner
-                            .process()
-                            .is_none_or(|p| self.owner_gone(p).unwrap_or(true))
+                    self.held_by_stopped_container(r, container_id)
+                        .unwrap_or(true)
                 },
                 None,
+                false,
             ),
             Err(e) => Err(e),
         }
     }
 
-    /// Releases reservation `id`. Idempotent: releasing an unknown id removes nothing. On an
-    /// unusable registry the slice directory is still removed (and the cleanup run).
+    /// Releases reservation `id`, whoever holds it. Idempotent: releasing an unknown id
+    /// removes nothing. On an unusable registry the slice directory is still removed (and
+    /// the cleanup run).
     pub fn release(&self, id: &str) -> Result<Released, RegistryError> {
+        self.release_checked(id, |_| Ok(()), |r| r.id == id, true)
+    }
+
+    /// Releases reservation `id` for the poststop hook of container `container_id` (its
+    /// init `pid`, when the runtime's state still names it), only when that container holds
+    /// it: bound to that container id with no process of it left (the rule of
+    /// [`Registry::release_stopped_container`]), or pending and bindable by it (`bind`'s
+    /// rule: its reserving process is gone, or the container or this hook descends from
+    /// it). Anything else is left in place and refused ([`RegistryError::NotReleased`],
+    /// naming the holder): the annotation a hook checks is written by whoever hands runc the
+    /// spec, so it cannot decide whose slice goes. Judged under the lock, so the reservation
+    /// cannot change in between. Idempotent: an unknown id releases nothing. On an
+    /// unusable registry only the slice directory whose record shows the same holding goes.
+    pub fn release_for_container(
+        &self,
+        id: &str,
+        container_id: &str,
+        pid: Option<u32>,
+    ) -> Result<Released, RegistryError> {
+        let held = |r: &Reservation| -> Result<(), RegistryError> {
+            match self.holder_besides(r, container_id, pid)? {
+                None => Ok(()),
+                Some(holder) => Err(RegistryError::NotReleased {
+                    id: id.to_string(),
+                    holder,
+                    container: container_id.to_string(),
+                }),
+            }
+        };
+        self.release_checked(
+            id,
+            held,
+            |r| r.id == id && matches!(self.holder_besides(r, container_id, pid), Ok(None)),
+            false,
+        )
+    }
+
+    /// Releases reservation `id` when `allowed` lets it go (its error is returned, nothing
+    /// released, otherwise). A directory of `id` that the registry does not list (left by a
+    /// crash after the registry dropped it) goes too. On an unusable registry, the slice
+    /// directory of `id` goes when its record `unusable_matches`, or, with `unreadable_too`,
+    /// when it has no readable record.
+    fn release_checked(
+        &self,
+        id: &str,
+        allowed: impl FnOnce(&Reservation) -> Result<(), RegistryError>,
+        unusable_matches: impl Fn(&Reservation) -> bool,
+        unreadable_too: bool,
+    ) -> Result<Released, RegistryError> {
         if !is_valid_id(id) {
             return Err(RegistryError::InvalidId { id: id.to_string() });
         }
         let outcome = self.transact(false, |txn| {
             let mut out = Vec::new();
             if let Some(pos) = txn.file.reservations.iter().position(|r| r.id == id) {
+                allowed(&txn.file.reservations[pos])?;
                 let r = txn.file.reservations.remove(pos);
                 txn.file.counters.released_total += 1;
                 txn.dirty = true;
@@ -304,7 +421,7 @@ impl Registry {
                 corrupt: None,
             }),
             Err(e @ RegistryError::Corrupt { .. }) => {
-                self.release_unusable(e, |r| r.id == id, Some(id))
+                self.release_unusable(e, unusable_matches, Some(id), unreadable_too)
             }
             Err(e) => Err(e),
         }
@@ -320,20 +437,25 @@ impl Registry {
                 reservations,
                 corrupt: None,
             }),
-            Err(e @ RegistryError::Corrupt { .. }) => {
-                self.release_unusable(e, |r| r.owner.container_id() == Some(container_id), None)
-            }
+            Err(e @ RegistryError::Corrupt { .. }) => self.release_unusable(
+                e,
+                |r| r.owner.container_id() == Some(container_id),
+                None,
+                false,
+            ),
             Err(e) => Err(e),
         }
     }
 
     /// Release on an unusable registry: remove the matching slice directories (found through
-    /// their records) under the lock, leave `registry.json` alone.
+    /// their records; only `id`'s when given) under the lock, leave `registry.json` alone.
+    /// With `unreadable_too`, `id`'s directory goes even when its record is unreadable.
     fn release_unusable(
         &self,
         corrupt: RegistryError,
         matches: impl Fn(&Reservation) -> bool,
         id: Option<&str>,
+        unreadable_too: bool,
     ) -> Result<Released, RegistryError> {
         let _lock = store::lock(&self.paths.lock)?;
         let ids = match id {
@@ -349,8 +471,8 @@ impl Registry {
                 }
             }
         }
-        // A directory named by id goes even when its record is unreadable.
-        if let Some(id) = id {
+        // `release`: a directory named by id goes even when its record is unreadable.
+        if let Some(id) = id.filter(|_| unreadable_too) {
             store::remove_slice(&self.paths, id)?;
         }
         Ok(Released {
