@@ -224,10 +224,7 @@ pub fn check_origin(
         .chain(public.iter().map(PublicUrl::origin))
         .collect();
     let ok = match (origin, referer) {
-        (Some(o), _) => {
-            let o = o.to_ascii_lowercase();
-            bases.iter().any(|b| o == *b)
-        }
+        (Some(o), _) => bases.contains(&o.to_ascii_lowercase()),
         (None, Some(r)) => {
             let r = r.to_ascii_lowercase();
             bases.iter().any(|b| r.starts_with(&format!("{b}/")))

@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, Clone, clap::Args)]
 pub struct Options {
     /// Address to listen on (`127.0.0.1:0`: a free port). The console acts with the
-    /// kubeconfig's rights for anyone who reaches it: keep it on loopback, or put an
-    /// authenticating proxy in front of a non-loopback address.
+    /// kubeconfig's rights for anyone who reaches it: keep it on loopback, behind an
+    /// authenticating proxy whose URL --public-url names, or put one in front of a
+    /// non-loopback address.
     #[arg(long, default_value = "127.0.0.1:8080", value_name = "ADDR:PORT")]
     pub listen: SocketAddr,
     /// The kubeconfig (default: $KUBECONFIG, else ~/.kube/config, else in-cluster).
@@ -29,7 +30,8 @@ pub struct Options {
     /// https://gpu.example.com (repeatable; http or https, a host and an optional port, no
     /// path but /). A request whose Host names it passes the Host check, and a POST whose
     /// Origin is it the Origin check, which otherwise accept only the listen address (and,
-    /// on loopback, localhost with any port).
+    /// listening on loopback or 0.0.0.0, localhost or a loopback IP with any port, as
+    /// `kubectl port-forward` sends).
     #[arg(long = "public-url", value_name = "URL")]
     pub public_url: Vec<String>,
     /// Connections served at once. At the cap a new connection takes the slot of the one

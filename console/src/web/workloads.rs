@@ -17,7 +17,7 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 use crate::budgets::{self, Scope};
 use crate::edit::{self, Kind, Request as SliceRequest};
 use crate::model::{self, Model};
-use crate::workload::{self, Workload as _};
+use crate::workload;
 
 use super::http;
 use super::pages::{self, Slice, SliceSource, WorkloadRow};
