@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use gpuslice_config::quantity::parse_kube_quantity;
 use gpuslice_dra::claim_shape::PublishedGpus;
-use gpuslice_dra::opaque::{config_applies, opaque_cores};
+use gpuslice_dra::opaque::{gpu_share, share_configs};
 use gpuslice_dra::slices::{
     device_name, parse_device, DeviceRef, ATTR_PRODUCT, ATTR_UUID, CAP_CORES, CAP_MEMORY,
 };
@@ -219,18 +219,20 @@ struct Published {
 }
 
 /// The compute share a slot claim's opaque parameters ask for the result of request
-/// `request` (`<request>` or a prioritized list's `<request>/<subrequest>`).
+/// `request` (`<request>` or a prioritized list's `<request>/<subrequest>`), as the plugin
+/// reads them ([`gpu_share`]; the largest of a GPU's results is the GPU's).
 fn slot_share(alloc: &k8s_openapi::api::resource::v1::AllocationResult, request: &str) -> u64 {
-    alloc
-        .devices
-        .iter()
-        .flat_map(|d| d.config.iter().flatten())
-        .filter(|c| config_applies(c.requests.as_deref(), request))
-        .filter_map(|c| c.opaque.as_ref())
-        .filter(|o| o.driver == DRIVER)
-        .filter_map(|o| opaque_cores(&o.parameters.0).ok())
-        .max()
-        .map_or(0, u64::from)
+    let configs: Vec<_> = share_configs(
+        alloc
+            .devices
+            .iter()
+            .flat_map(|d| d.config.iter().flatten())
+            .map(|c| (c.requests.as_deref(), c.opaque.as_ref())),
+    )
+    .into_iter()
+    .filter_map(Result::ok)
+    .collect();
+    gpu_share(&configs, [request]).map_or(0, u64::from)
 }
 
 /// One claim on one GPU while its results are summed: the GPU, memory, cores, slots.

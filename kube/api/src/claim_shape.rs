@@ -483,7 +483,8 @@ fn pinned_slot(expression: &str) -> Option<u32> {
 /// What the containers of one pod ask together in slot mode, where they share one claim: the
 /// pod's effective ask as Kubernetes counts a pod's resources — the larger of the init
 /// containers' largest and the app containers' sum (memory and compute share per GPU; the
-/// whole GPU when one asks it whole; a share of at most 100), the most GPUs any asks, and
+/// whole GPU when one asks it whole, no share when one asks none; a share of at most 100),
+/// the most GPUs any asks, and
 /// their selection, which must be one. Several slot claims in one pod multiply the
 /// allocator's search (every order of one claim's slots is tried against the next), so the
 /// webhook gives a pod one (docs/kubernetes-dra.md, "Bounded search"). `asks` are (field,
@@ -497,14 +498,18 @@ pub fn pod_shape(asks: &[(String, Shape, bool)]) -> Result<(Shape, String), Shap
             value: "0".into(),
         });
     };
+    // `None` (the whole GPU's memory, no share) makes the pod's ask whole or unthrottled: one
+    // container that runs unthrottled on the shared slice cannot be throttled for another's
+    // share.
     let mut out = Shape {
         gpus: 0,
         memory: Some(0),
-        cores: None,
+        cores: Some(0),
         selectors: first.selectors.clone(),
     };
     let mut init = Shape {
         memory: Some(0),
+        cores: Some(0),
         ..Shape::default()
     };
     for (f, s, is_init) in asks {
@@ -523,10 +528,9 @@ pub fn pod_shape(asks: &[(String, Shape, bool)]) -> Result<(Shape, String), Shap
             _ => None,
         };
         into.cores = match (into.cores, s.cores.filter(|c| *c > 0)) {
-            (a, None) => a,
-            (None, b) => b,
             (Some(a), Some(b)) if *is_init => Some(a.max(b)),
             (Some(a), Some(b)) => Some(a.saturating_add(b).min(100)),
+            _ => None,
         };
     }
     out.memory = match (out.memory, init.memory) {
@@ -534,8 +538,8 @@ pub fn pod_shape(asks: &[(String, Shape, bool)]) -> Result<(Shape, String), Shap
         _ => None,
     };
     out.cores = match (out.cores, init.cores) {
-        (Some(a), Some(b)) => Some(a.max(b)),
-        (a, b) => a.or(b),
+        (Some(a), Some(b)) => Some(a.max(b)).filter(|c| *c > 0),
+        _ => None,
     };
     let warning = format!(
         "{field}: in slot mode the containers of a pod share one slice, {}",
@@ -1354,10 +1358,16 @@ mod tests {
             ("a".into(), one(8 << 30, Some(60)), false),
             ("b".into(), one(4 << 30, Some(70)), false),
             ("i".into(), one(20 << 30, Some(10)), true),
-            ("j".into(), one(2 << 30, None), true),
+            ("j".into(), one(2 << 30, Some(5)), true),
         ])
         .unwrap();
         assert_eq!(s, one(20 << 30, Some(100)));
+        let (s, _) = pod_shape(&[
+            ("a".into(), one(8 << 30, Some(20)), false),
+            ("i".into(), one(2 << 30, Some(30)), true),
+        ])
+        .unwrap();
+        assert_eq!(s, one(8 << 30, Some(30)));
         // A whole GPU makes the slice whole; GPUs are the most any asks.
         let (s, _) = pod_shape(&[
             (
@@ -1373,6 +1383,32 @@ mod tests {
         ])
         .unwrap();
         assert_eq!((s.gpus, s.memory), (2, None));
+        // A container asking no share runs unthrottled on the shared slice, so the slice asks
+        // none (as one asking the whole GPU's memory makes it whole), whichever container,
+        // app, sidecar or init, asks it and in any order.
+        for asks in [
+            vec![
+                ("a".into(), one(8 << 30, None), false),
+                ("b".into(), one(1 << 30, Some(10)), false),
+            ],
+            vec![
+                ("b".into(), one(1 << 30, Some(10)), false),
+                ("a".into(), one(8 << 30, None), false),
+            ],
+            vec![
+                ("a".into(), one(8 << 30, Some(10)), false),
+                ("i".into(), one(1 << 30, None), true),
+            ],
+            vec![
+                ("i".into(), one(1 << 30, Some(10)), true),
+                ("j".into(), one(1 << 30, None), true),
+                ("a".into(), one(8 << 30, Some(10)), false),
+            ],
+        ] {
+            let (s, w) = pod_shape(&asks).unwrap();
+            assert_eq!(s.cores, None, "{asks:?}");
+            assert!(!w.contains("cores"), "{w}");
+        }
         // One selection for the pod.
         let mut picky = one(1 << 20, None);
         picky.selectors = vec!["x".into()];

@@ -1,6 +1,8 @@
-//! The opaque parameters of driver `gpuslice.io` (`{"cores": N}`) and which requests a claim's
-//! configuration applies to: the one reading of them, for prepare and for the tools that show
-//! a claim.
+//! The opaque parameters of driver `gpuslice.io` (`{"cores": N}`), which requests a claim's
+//! configuration applies to, and the compute share a claim asks on a GPU from them: the one
+//! reading of them, for prepare, the budgets' charge and the tools that show a claim.
+
+use k8s_openapi::api::resource::v1::OpaqueDeviceConfiguration;
 
 /// What the opaque parameters of driver `gpuslice.io` accept.
 pub const OPAQUE_ACCEPTED: &str = "a JSON object {\"cores\": <percent per GPU, 1 to 100>}, optionally with \"apiVersion\": \"gpuslice.io/v1\" and \"kind\": \"SliceParameters\", for requests of slots (a request of the shared device asks cores in capacity.requests)";
@@ -62,6 +64,54 @@ pub fn config_applies(requests: Option<&[String]>, result: &str) -> bool {
     }
 }
 
+/// One configuration of driver `gpuslice.io`, read: the requests it names (`None` or empty:
+/// every request) and the compute share it asks, in percent of a GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShareConfig {
+    pub requests: Option<Vec<String>>,
+    pub cores: u32,
+}
+
+/// The configurations of driver `gpuslice.io` among a claim's `configs` (each its `requests`
+/// and its opaque configuration, in the claim's order; other drivers' are skipped), each read
+/// or why its parameters are not accepted.
+pub fn share_configs<'a>(
+    configs: impl IntoIterator<Item = (Option<&'a [String]>, Option<&'a OpaqueDeviceConfiguration>)>,
+) -> Vec<Result<ShareConfig, OpaqueError>> {
+    configs
+        .into_iter()
+        .filter_map(|(requests, opaque)| {
+            let opaque = opaque.filter(|o| o.driver == crate::DRIVER)?;
+            Some(opaque_cores(&opaque.parameters.0).map(|cores| ShareConfig {
+                requests: requests.map(<[String]>::to_vec),
+                cores,
+            }))
+        })
+        .collect()
+}
+
+/// The compute share a claim asks on one GPU where it holds the results `results` (`<request>`
+/// or `<request>/<subrequest>`): the largest share of the configurations that apply to any of
+/// them. A share is asked per GPU, so a configuration counts once on a GPU however many of the
+/// claim's requests lie there (a whole GPU asked slot by slot is N requests on one GPU).
+/// `None`: none applies, the claim is not throttled there. The kubelet plugin books this and
+/// the budgets charge it (kube/api/src/quota.rs), so the two cannot differ.
+pub fn gpu_share<'a>(
+    configs: &[ShareConfig],
+    results: impl IntoIterator<Item = &'a str>,
+) -> Option<u32> {
+    let results: Vec<&str> = results.into_iter().collect();
+    configs
+        .iter()
+        .filter(|c| {
+            results
+                .iter()
+                .any(|r| config_applies(c.requests.as_deref(), r))
+        })
+        .map(|c| c.cores)
+        .max()
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -115,5 +165,61 @@ mod tests {
         assert!(config_applies(Some(&[]), "x"));
         assert_eq!(parent_request("gpu/slots-2"), "gpu");
         assert_eq!(parent_request("gpu"), "gpu");
+    }
+
+    #[test]
+    fn a_gpus_share_is_the_largest_configuration_applying_there_counted_once() {
+        let config = |requests: Option<&[&str]>, cores: u32| ShareConfig {
+            requests: requests.map(|r| r.iter().map(|s| s.to_string()).collect()),
+            cores,
+        };
+        // One configuration for every request, six requests on the GPU: its share, once.
+        let all = [config(None, 30)];
+        let slots: Vec<String> = (0..6).map(|j| format!("gpu-0-slot-{j}")).collect();
+        assert_eq!(gpu_share(&all, slots.iter().map(String::as_str)), Some(30));
+        // Several that apply: the largest, whatever their order.
+        for configs in [
+            [config(None, 1), config(None, 96)],
+            [config(None, 96), config(None, 1)],
+        ] {
+            assert_eq!(gpu_share(&configs, ["gpu"]), Some(96));
+        }
+        // Per request: only those naming a request (or its parent) on the GPU.
+        let named = [config(Some(&["a"]), 10), config(Some(&["b"]), 20)];
+        assert_eq!(gpu_share(&named, ["a"]), Some(10));
+        assert_eq!(gpu_share(&named, ["a", "b"]), Some(20));
+        assert_eq!(gpu_share(&named, ["c"]), None);
+        assert_eq!(
+            gpu_share(&[config(Some(&["gpu"]), 10)], ["gpu/slots-1"]),
+            Some(10)
+        );
+        assert_eq!(gpu_share(&named, std::iter::empty()), None);
+    }
+
+    #[test]
+    fn only_this_drivers_configurations_are_read_each_or_why_not() {
+        let opaque = |driver: &str, parameters: serde_json::Value| OpaqueDeviceConfiguration {
+            driver: driver.to_string(),
+            parameters: k8s_openapi::apimachinery::pkg::runtime::RawExtension(parameters),
+        };
+        let ours = opaque(crate::DRIVER, json!({"cores": 30}));
+        let bad = opaque(crate::DRIVER, json!({"cores": 0}));
+        let theirs = opaque("gpu.nvidia.com", json!("x"));
+        let named = vec!["gpu".to_string()];
+        assert_eq!(
+            share_configs([
+                (None, Some(&ours)),
+                (Some(named.as_slice()), Some(&theirs)),
+                (Some(named.as_slice()), None),
+                (Some(named.as_slice()), Some(&bad)),
+            ]),
+            vec![
+                Ok(ShareConfig {
+                    requests: None,
+                    cores: 30
+                }),
+                Err(OpaqueError::Cores("0".into())),
+            ]
+        );
     }
 }

@@ -10,6 +10,7 @@ use k8s_openapi::api::resource::v1::{DeviceSelector, ExactDeviceRequest, Resourc
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::claim_shape::{selected_size, Mode, PublishedGpus, Shape, UUID_ATTRIBUTE};
+use crate::opaque::{gpu_share, share_configs, ShareConfig};
 use crate::slices::{CAP_CORES, CAP_MEMORY, MEMORY_STEP};
 use crate::{DRIVER, SLOTS_CLASS};
 
@@ -459,17 +460,24 @@ struct SlotHold {
     memory: u64,
 }
 
+/// One request of slots of a claim: its name, the names its results may carry (`<request>`, or
+/// `<request>/<subrequest>` for each alternative of a prioritized list) and what it holds.
+type SlotRequest = (String, Vec<String>, SlotHold);
+
 /// What a claim's requests of slots charge, request by request: the sum of their memory;
 /// GPUs one per group of requests a `matchAttribute` constraint on the GPU's UUID keeps on one
 /// GPU, and one per slot of a request no such constraint binds (its slots may lie on as many
-/// GPUs); compute share per GPU as the claim's opaque parameters ask (100 when they ask none).
+/// GPUs); compute share on each GPU as the kubelet plugin books it
+/// ([`crate::opaque::gpu_share`] of the requests there; 100 when none applies, not throttled),
+/// the most of the alternatives a prioritized list may take. A configuration whose parameters
+/// the plugin refuses is not counted: the plugin prepares no such claim.
 fn slots_charge(
     spec: &ResourceClaimSpec,
-    holds: &[(String, SlotHold)],
+    holds: &[SlotRequest],
     field: &str,
 ) -> Result<Charge, QuotaError> {
     let mut memory_bytes = 0u64;
-    for (name, h) in holds {
+    for (name, _, h) in holds {
         memory_bytes = memory_bytes
             .checked_add(h.memory)
             .ok_or_else(|| QuotaError::Overflow {
@@ -509,29 +517,59 @@ fn slots_charge(
             }
         }
     }
+    let configs: Vec<ShareConfig> = share_configs(
+        devices
+            .and_then(|d| d.config.as_ref())
+            .into_iter()
+            .flatten()
+            .map(|c| (c.requests.as_deref(), c.opaque.as_ref())),
+    )
+    .into_iter()
+    .filter_map(Result::ok)
+    .collect();
+    // The most the plugin books on a GPU holding the requests `on_gpu` (each the names its
+    // results may carry), whichever alternative each takes: 100 (not throttled) when some
+    // choice leaves no configuration applying there, else the largest that applies to any.
+    let most_share = |on_gpu: &[&Vec<String>]| -> u64 {
+        let unthrottled = on_gpu.iter().all(|names| {
+            names
+                .iter()
+                .any(|n| gpu_share(&configs, [n.as_str()]).is_none())
+        });
+        let all = on_gpu
+            .iter()
+            .flat_map(|names| names.iter().map(String::as_str));
+        match gpu_share(&configs, all) {
+            Some(c) if !unthrottled => u64::from(c),
+            _ => 100,
+        }
+    };
     let mut gpus = 0u64;
+    let mut cores = 0u64;
     let mut counted = std::collections::BTreeSet::new();
-    for (i, (_, h)) in holds.iter().enumerate() {
+    for (i, (_, results, h)) in holds.iter().enumerate() {
         match group[i] {
             Some(g) => {
                 if counted.insert(g) {
                     gpus = gpus.saturating_add(1);
+                    let on_gpu: Vec<&Vec<String>> = holds
+                        .iter()
+                        .enumerate()
+                        .filter(|(k, _)| group[*k] == Some(g))
+                        .map(|(_, (_, r, _))| r)
+                        .collect();
+                    cores = cores.saturating_add(most_share(&on_gpu));
                 }
             }
-            None => gpus = gpus.saturating_add(h.slots),
+            None => {
+                gpus = gpus.saturating_add(h.slots);
+                cores = cores.saturating_add(most_share(&[results]).saturating_mul(h.slots));
+            }
         }
     }
-    let cores = devices
-        .and_then(|d| d.config.as_ref())
-        .into_iter()
-        .flatten()
-        .filter_map(|c| c.opaque.as_ref())
-        .filter(|o| o.driver == DRIVER)
-        .find_map(|o| crate::opaque::opaque_cores(&o.parameters.0).ok())
-        .unwrap_or(100);
     Ok(Charge {
         memory_bytes,
-        cores: u64::from(cores).saturating_mul(gpus),
+        cores,
         gpus,
     })
 }
@@ -558,7 +596,7 @@ pub fn claim_charge(
     }
     .or(whole);
     let mut total = Charge::default();
-    let mut holds: Vec<(String, SlotHold)> = Vec::new();
+    let mut holds: Vec<SlotRequest> = Vec::new();
     for (i, r) in requests.iter().enumerate() {
         let f = format!("{field}.devices.requests[{i}]");
         if let Some(e) = &r.exactly {
@@ -573,11 +611,12 @@ pub fn claim_charge(
                     largest_slot,
                     &format!("{f}.exactly"),
                 )?;
-                holds.push((r.name.clone(), h));
+                holds.push((r.name.clone(), vec![r.name.clone()], h));
             }
         }
         let mut best: Option<Charge> = None;
         let mut best_slots: Option<SlotHold> = None;
+        let mut alternatives: Vec<String> = Vec::new();
         for (j, s) in r.first_available.iter().flatten().enumerate() {
             if s.device_class_name == SLOTS_CLASS {
                 let h = slot_hold(
@@ -591,6 +630,7 @@ pub fn claim_charge(
                     slots: b.slots.max(h.slots),
                     memory: b.memory.max(h.memory),
                 }));
+                alternatives.push(format!("{}/{}", r.name, s.name));
             } else if s.device_class_name == DRIVER {
                 let e = ExactDeviceRequest {
                     device_class_name: s.device_class_name.clone(),
@@ -607,7 +647,7 @@ pub fn claim_charge(
             total = total.checked_add(&b, field)?;
         }
         if let Some(h) = best_slots {
-            holds.push((r.name.clone(), h));
+            holds.push((r.name.clone(), alternatives, h));
         }
     }
     if !holds.is_empty() {
@@ -951,6 +991,75 @@ mod tests {
             e.starts_with("ResourceClaim team/x.devices.requests[0].exactly: ")
                 && e.contains("allocationMode All"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn a_slot_claims_share_is_charged_per_gpu_as_the_plugin_books_it() {
+        let inv = six_slots();
+        let share = |cores: u32, requests: Option<&[&str]>| {
+            let mut c =
+                json!({"opaque": {"driver": "gpuslice.io", "parameters": {"cores": cores}}});
+            if let Some(r) = requests {
+                c["requests"] = json!(r);
+            }
+            c
+        };
+        let slots = |name: &str, count: u32| json!({"name": name, "exactly": {"deviceClassName": "slots.gpuslice.io", "count": count}});
+        let on_one_gpu =
+            |names: &[&str]| json!({"requests": names, "matchAttribute": "gpuslice.io/uuid"});
+        let cores = |devices: serde_json::Value| slot_charge(devices, &inv).cores;
+        // Several configurations for every request: the largest, not the first.
+        assert_eq!(
+            cores(
+                json!({"requests": [slots("gpu", 6)], "constraints": [on_one_gpu(&["gpu"])],
+                "config": [share(1, None), share(96, None)]})
+            ),
+            96
+        );
+        // Per request, two requests on one GPU: the largest of theirs, once for the GPU.
+        assert_eq!(
+            cores(json!({"requests": [slots("a", 2), slots("b", 1)],
+                "constraints": [on_one_gpu(&["a", "b"])],
+                "config": [share(10, Some(&["a"])), share(20, Some(&["b"]))]})),
+            20
+        );
+        // On two GPUs, one throttled and one not: 10 + 100.
+        assert_eq!(
+            cores(json!({"requests": [slots("a", 2), slots("b", 1)],
+                "constraints": [on_one_gpu(&["a"]), on_one_gpu(&["b"])],
+                "config": [share(10, Some(&["a"]))]})),
+            110
+        );
+        // A request no constraint binds: its share on each GPU its slots may lie on.
+        assert_eq!(
+            cores(json!({"requests": [slots("a", 3)], "config": [share(10, None)]})),
+            30
+        );
+        // A prioritized list: the most any alternative books — unthrottled when one is.
+        let listed = |config: serde_json::Value| {
+            cores(json!({"requests": [{"name": "gpu", "firstAvailable": [
+                    {"name": "slots-0", "deviceClassName": "slots.gpuslice.io", "count": 2},
+                    {"name": "slots-1", "deviceClassName": "slots.gpuslice.io", "count": 1}]}],
+                "constraints": [on_one_gpu(&["gpu"])], "config": config}))
+        };
+        assert_eq!(listed(json!([share(15, Some(&["gpu"]))])), 15);
+        assert_eq!(listed(json!([share(15, Some(&["gpu/slots-1"]))])), 100);
+        assert_eq!(
+            listed(json!([
+                share(15, Some(&["gpu/slots-1"])),
+                share(5, Some(&["gpu/slots-0"]))
+            ])),
+            15
+        );
+        // Parameters the plugin refuses are not counted (it prepares no such claim).
+        assert_eq!(
+            cores(
+                json!({"requests": [slots("gpu", 6)], "constraints": [on_one_gpu(&["gpu"])],
+                "config": [{"opaque": {"driver": "gpuslice.io", "parameters": {"cores": 0}}},
+                    share(40, None)]})
+            ),
+            40
         );
     }
 

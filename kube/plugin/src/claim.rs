@@ -7,7 +7,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use gpuslice_config::quantity::{format_kube_quantity, parse_kube_quantity, KubeQuantityError};
-use gpuslice_dra::opaque::{opaque_cores, parent_request, OPAQUE_ACCEPTED};
+use gpuslice_dra::opaque::{
+    gpu_share, parent_request, share_configs, ShareConfig, OPAQUE_ACCEPTED,
+};
 use gpuslice_dra::slices::{
     device_name, parse_device, slot_cores, slot_memory, DeviceRef, CAP_CORES, CAP_MEMORY,
     MEMORY_STEP,
@@ -144,36 +146,29 @@ pub struct NodeAllocation {
     pub held: Held,
 }
 
-/// The compute share each request of `claim` asks through opaque parameters of this driver,
-/// by request name (`None` key: every request).
-fn claim_opaque_cores(
-    claim: &ResourceClaim,
-    who: &str,
-) -> Result<Vec<(Option<String>, u64)>, ClaimError> {
+/// The configurations of driver `gpuslice.io` in `claim`'s allocation, each read; malformed
+/// parameters refuse the claim.
+fn claim_share_configs(claim: &ResourceClaim, who: &str) -> Result<Vec<ShareConfig>, ClaimError> {
     let configs = claim
         .status
         .as_ref()
         .and_then(|s| s.allocation.as_ref())
         .and_then(|a| a.devices.as_ref())
         .and_then(|d| d.config.as_ref());
-    let mut out = Vec::new();
-    for c in configs.into_iter().flatten() {
-        let Some(opaque) = c.opaque.as_ref().filter(|o| o.driver == DRIVER) else {
-            continue;
-        };
-        let cores =
-            u64::from(
-                opaque_cores(&opaque.parameters.0).map_err(|e| ClaimError::Opaque {
-                    claim: who.to_string(),
-                    detail: e.to_string(),
-                })?,
-            );
-        match c.requests.as_deref() {
-            None | Some([]) => out.push((None, cores)),
-            Some(requests) => out.extend(requests.iter().map(|r| (Some(r.clone()), cores))),
-        }
-    }
-    Ok(out)
+    share_configs(
+        configs
+            .into_iter()
+            .flatten()
+            .map(|c| (c.requests.as_deref(), c.opaque.as_ref())),
+    )
+    .into_iter()
+    .map(|c| {
+        c.map_err(|e| ClaimError::Opaque {
+            claim: who.to_string(),
+            detail: e.to_string(),
+        })
+    })
+    .collect()
 }
 
 /// Checks that `claim` is the one `want` names and reads its results for driver
@@ -201,6 +196,8 @@ pub fn node_allocation(
     // Slot results: the slots each GPU holds, and the GPUs each request's slots are on.
     let mut slot_list: Vec<(u32, u32)> = Vec::new();
     let mut request_gpus: BTreeMap<&str, BTreeSet<u32>> = BTreeMap::new();
+    // The slot results on each GPU, by name.
+    let mut gpu_results: BTreeMap<u32, Vec<&str>> = BTreeMap::new();
     // The names slot results carry (`<request>` or `<request>/<subrequest>`).
     let mut slot_results: BTreeSet<&str> = BTreeSet::new();
     let mut capacity = false;
@@ -232,6 +229,7 @@ pub fn node_allocation(
                     .or_default()
                     .insert(index);
                 slot_results.insert(&r.request);
+                gpu_results.entry(index).or_default().push(&r.request);
                 ours.push(AllocatedDevice {
                     request: r.request.clone(),
                     device: r.device.clone(),
@@ -302,24 +300,15 @@ pub fn node_allocation(
                 .join(", "),
         });
     }
-    // A slot request's compute share: what its opaque parameters ask, on its one GPU, at most
-    // the share its slots carry, so that claims the scheduler fits by slots never together
-    // book more than a GPU's compute.
-    let asked = claim_opaque_cores(claim, &who)?;
-    for (request, gpus) in &request_gpus {
-        let cores: u64 = asked
-            .iter()
-            .filter(|(r, _)| {
-                r.as_deref().is_none_or(|r| {
-                    r == *request || (slot_results.contains(r) && parent_request(r) == *request)
-                })
-            })
-            .map(|(_, c)| *c)
-            .max()
-            .unwrap_or(0);
-        for index in gpus {
-            per_gpu.entry(*index).or_default().1 += cores;
-        }
+    // A claim's compute share on a GPU of its slots: what its opaque parameters ask there,
+    // once per GPU however many of its requests lie there (gpu_share), at most the share its
+    // slots carry, so that claims the scheduler fits by slots never together book more than a
+    // GPU's compute.
+    let configs = claim_share_configs(claim, &who)?;
+    for (index, results) in &gpu_results {
+        let cores = gpu_share(&configs, results.iter().copied()).map_or(0, u64::from);
+        let e = per_gpu.entry(*index).or_default();
+        e.1 = e.1.saturating_add(cores);
     }
     // Opaque `cores` are for requests of slots: a configuration that applies to a request of
     // the shared device (by naming it, or by naming none) is refused, never silently ignored.
@@ -327,13 +316,15 @@ pub fn node_allocation(
         .iter()
         .map(|o| o.request.as_str())
         .filter(|r| !slot_results.contains(r));
-    for (named, _) in &asked {
-        let detail = match named {
-            Some(n) => shared
-                .clone()
-                .find(|r| r == n || parent_request(r) == n)
-                .map(|_| format!("request {n} is of the shared device, not of slots")),
-            None => shared.next().map(|r| {
+    for c in &configs {
+        let detail = match c.requests.as_deref() {
+            Some(names) if !names.is_empty() => names.iter().find_map(|n| {
+                shared
+                    .clone()
+                    .find(|r| r == n || parent_request(r) == n)
+                    .map(|_| format!("request {n} is of the shared device, not of slots"))
+            }),
+            _ => shared.next().map(|r| {
                 format!(
                     "a configuration that names no request applies to every request, and request {r} is of the shared device, not of slots"
                 )
@@ -811,5 +802,186 @@ mod tests {
             serde_json::json!([{"source": "FromClaim", "opaque": {"driver": "gpu.nvidia.com", "parameters": "x"}}]),
         );
         assert!(node_allocation(&theirs, &want(), "n1", &geometry()).is_ok());
+    }
+
+    /// Six 4Gi slots on each of two 24Gi GPUs.
+    fn six_slots() -> (SlotGeometry, gpuslice_dra::claim_shape::PublishedGpus) {
+        use gpuslice_dra::claim_shape::{Mode, PublishedGpus, SlotSize};
+        let geometry = SlotGeometry {
+            per_gpu: 6,
+            totals: [(0, 24 << 30), (1, 24 << 30)].into_iter().collect(),
+        };
+        let inventory = PublishedGpus {
+            mode: Mode::Slots(vec![SlotSize {
+                memory: 4 << 30,
+                cores: None,
+                per_gpu: 6,
+            }]),
+            max_gpus_per_node: Some(2),
+            gpu_memory: vec![24 << 30],
+        };
+        (geometry, inventory)
+    }
+
+    /// A claim of `spec` allocated `results` (request, device) on node n1, its configuration
+    /// copied into the allocation as the scheduler does.
+    fn allocated(
+        spec: &k8s_openapi::api::resource::v1::ResourceClaimSpec,
+        results: &[(&str, &str)],
+    ) -> ResourceClaim {
+        let results: Vec<_> = results.iter().map(|(r, d)| slot(r, d, "n1")).collect();
+        let mut c = claim_json("u-1", serde_json::Value::Array(results));
+        c.spec = Some(spec.clone());
+        let config: Vec<_> = spec
+            .devices
+            .iter()
+            .flat_map(|d| d.config.iter().flatten())
+            .map(|c| {
+                let mut v = serde_json::to_value(c).unwrap();
+                v["source"] = serde_json::json!("FromClaim");
+                v
+            })
+            .collect();
+        with_config(c, serde_json::Value::Array(config))
+    }
+
+    #[test]
+    fn a_slice_of_whole_gpus_books_its_share_once_per_gpu() {
+        use gpuslice_dra::claim_shape::{claim_spec, Shape};
+        let (geometry, inventory) = six_slots();
+        // `gpus: 2, cores: N` in slot mode: one single-slot request per slot, one share for all.
+        let devices: Vec<String> = (0..2)
+            .flat_map(|g| (0..6).map(move |j| format!("gpu-{g}-slot-{j}")))
+            .collect();
+        let results: Vec<(&str, &str)> = devices.iter().map(|d| (d.as_str(), d.as_str())).collect();
+        for cores in [10, 30] {
+            let shape = Shape {
+                gpus: 2,
+                cores: Some(cores),
+                ..Shape::default()
+            };
+            let (spec, _) = claim_spec(&inventory.mode, &shape, "f").unwrap();
+            let c = allocated(&spec, &results);
+            let a = node_allocation(&c, &want(), "n1", &geometry).unwrap();
+            assert_eq!(
+                a.shares,
+                [0, 1]
+                    .map(|index| DeviceShare {
+                        index,
+                        memory: 24 << 30,
+                        cores: cores as u8
+                    })
+                    .to_vec(),
+                "cores {cores}"
+            );
+        }
+    }
+
+    #[test]
+    fn what_a_claim_is_charged_is_what_prepare_books() {
+        use gpuslice_dra::quota::claim_charge;
+        let (geometry, inventory) = six_slots();
+        let share = |cores: u32, requests: Option<&[&str]>| {
+            let mut c = serde_json::json!({"opaque": {"driver": "gpuslice.io",
+                "parameters": {"apiVersion": "gpuslice.io/v1", "kind": "SliceParameters", "cores": cores}}});
+            if let Some(r) = requests {
+                c["requests"] = serde_json::json!(r);
+            }
+            c
+        };
+        let slots = |name: &str, count: u32| serde_json::json!({"name": name, "exactly": {"deviceClassName": "slots.gpuslice.io", "count": count}});
+        let on_one_gpu = |names: &[&str]| serde_json::json!({"requests": names, "matchAttribute": "gpuslice.io/uuid"});
+        let whole_gpu = |g: u32| (0..6).map(move |j| format!("gpu-{g}-slot-{j}"));
+        let gpu0: Vec<String> = whole_gpu(0).collect();
+        let pinned: Vec<String> = whole_gpu(0).chain(whole_gpu(1)).collect();
+        let pinned_results: Vec<(&str, &str)> =
+            pinned.iter().map(|d| (d.as_str(), d.as_str())).collect();
+        let (two_gpus, _) = gpuslice_dra::claim_shape::claim_spec(
+            &inventory.mode,
+            &gpuslice_dra::claim_shape::Shape {
+                gpus: 2,
+                cores: Some(30),
+                ..Default::default()
+            },
+            "f",
+        )
+        .unwrap();
+        // (what, the claim's devices, its results as (request, device), the cores it books)
+        type Layout<'a> = (&'a str, serde_json::Value, Vec<(&'a str, &'a str)>, u64);
+        let layouts: Vec<Layout> = vec![
+            (
+                "two configurations for every request",
+                serde_json::json!({"requests": [slots("gpu", 6)],
+                    "constraints": [on_one_gpu(&["gpu"])],
+                    "config": [share(1, None), share(96, None)]}),
+                gpu0.iter().map(|d| ("gpu", d.as_str())).collect(),
+                96,
+            ),
+            (
+                "a configuration per request, both on one GPU",
+                serde_json::json!({"requests": [slots("a", 2), slots("b", 1)],
+                    "constraints": [on_one_gpu(&["a", "b"])],
+                    "config": [share(10, Some(&["a"])), share(20, Some(&["b"]))]}),
+                vec![
+                    ("a", "gpu-0-slot-0"),
+                    ("a", "gpu-0-slot-1"),
+                    ("b", "gpu-0-slot-2"),
+                ],
+                20,
+            ),
+            (
+                "one GPU throttled, one not",
+                serde_json::json!({"requests": [slots("a", 2), slots("b", 1)],
+                    "constraints": [on_one_gpu(&["a"]), on_one_gpu(&["b"])],
+                    "config": [share(10, Some(&["a"]))]}),
+                vec![
+                    ("a", "gpu-0-slot-0"),
+                    ("a", "gpu-0-slot-1"),
+                    ("b", "gpu-1-slot-0"),
+                ],
+                110,
+            ),
+            (
+                "a prioritized list, its parent configured",
+                serde_json::json!({"requests": [{"name": "gpu", "firstAvailable": [
+                        {"name": "slots-0", "deviceClassName": "slots.gpuslice.io", "count": 2},
+                        {"name": "slots-1", "deviceClassName": "slots.gpuslice.io", "count": 1}]}],
+                    "constraints": [on_one_gpu(&["gpu"])],
+                    "config": [share(15, Some(&["gpu"]))]}),
+                vec![("gpu/slots-1", "gpu-1-slot-3")],
+                15,
+            ),
+            (
+                "whole GPUs asked slot by slot",
+                serde_json::to_value(&two_gpus).unwrap()["devices"].clone(),
+                pinned_results,
+                60,
+            ),
+        ];
+        for (what, devices, results, want_cores) in layouts {
+            let spec: k8s_openapi::api::resource::v1::ResourceClaimSpec =
+                serde_json::from_value(serde_json::json!({ "devices": devices })).unwrap();
+            let charged = claim_charge(&spec, &inventory, "f").unwrap();
+            let a = node_allocation(&allocated(&spec, &results), &want(), "n1", &geometry)
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            // Booked 0 is not throttled, which a budget charges as a whole GPU's share.
+            let booked: u64 = a
+                .shares
+                .iter()
+                .map(|s| {
+                    if s.cores == 0 {
+                        100
+                    } else {
+                        u64::from(s.cores)
+                    }
+                })
+                .sum();
+            assert_eq!(
+                (charged.cores, charged.gpus),
+                (booked, a.shares.len() as u64),
+                "{what}"
+            );
+            assert_eq!(booked, want_cores, "{what}");
+        }
     }
 }
