@@ -200,6 +200,27 @@ impl<'a> Attribution<'a> {
         })
     }
 
+    /// The cgroup `pid` runs in when it is at or under a cgroup recorded for reservation `n`
+    /// that speaks for it (as in [`Attribution::candidates`]: not one another reservation's
+    /// container runs in too): the only cgroups of a slice that may be acted on as a whole.
+    /// Else `Err` with the cgroup it runs in (`None`: none could be read): a process
+    /// attributed by its pid namespace alone may run in a cgroup shared with processes that
+    /// are not the slice's (its container's init shared its cgroup at bind, or it is a host
+    /// process that entered the container's pid namespace).
+    pub fn recorded_cgroup(&self, pid: u32, n: usize) -> Result<String, Option<String>> {
+        match self.system.cgroup_of(pid).ok().flatten() {
+            Some(c)
+                if self
+                    .cgroups
+                    .iter()
+                    .any(|(recorded, m)| *m == n && within_cgroup(&c, recorded)) =>
+            {
+                Ok(c)
+            }
+            other => Err(other),
+        }
+    }
+
     fn look_up(&self, pid: u32) -> Result<Looked, AttributionError> {
         // Read first: a pid reused after this read carries another start time, so the facts
         // read next can only be charged to the process that had it.

@@ -9,7 +9,9 @@
 //! answers asking for none; after XIDs 63 and 64 a row remapping pending or failed
 //! (`nvmlDeviceGetRemappedRows`) counts as asking for a reset. A GPU whose driver never asks
 //! (a driver without the recovery field) stays unhealthy until the node reboots or its record
-//! is removed (docs/troubleshooting.md, "GPU health and XIDs").
+//! is removed; a GPU that does not answer at all never counts as recovered. A record that
+//! cannot be read at start is left as it is, never overwritten, until it reads again
+//! (docs/troubleshooting.md, "GPU health and XIDs").
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -59,10 +61,38 @@ pub enum Probe {
     /// who lists 63 in `health.ignored_xids` keeps such GPUs in service).
     RowRemapping,
     /// It answers, and the driver does not say what it needs (a driver without the recovery
-    /// field).
+    /// field: the query is not supported, or not known to it).
     Unknown,
     /// It has fallen off the bus.
     Lost,
+    /// It does not answer: NVML has no handle for it (`NotFound` once the device was unbound
+    /// or removed, or another failure) or fails to read it other than as lost or unsupported.
+    /// No proof of anything: it marks no GPU, and never counts as a recovery (a GPU must
+    /// answer to be healthy again).
+    Absent,
+}
+
+/// What a failed `nvmlDeviceGetHandleByUUID` of a GPU says: lost (XID 79, the GPU is still
+/// there), or no answer at all.
+pub fn no_handle(e: &NvmlError) -> Probe {
+    match e {
+        NvmlError::GpuLost => Probe::Lost,
+        _ => Probe::Absent,
+    }
+}
+
+/// What a failed read of the recovery field of a GPU that has a handle says: lost; a driver
+/// that does not have the field (not supported, an unknown field or function); or, for any
+/// other failure, no answer.
+pub fn no_field(e: &NvmlError) -> Probe {
+    match e {
+        NvmlError::GpuLost => Probe::Lost,
+        NvmlError::NotSupported
+        | NvmlError::InvalidArg
+        | NvmlError::FunctionNotFound
+        | NvmlError::FailedToLoadSymbol(_) => Probe::Unknown,
+        _ => Probe::Absent,
+    }
 }
 
 /// A change of one GPU's health, or an XID that changes nothing.
@@ -123,6 +153,16 @@ impl Tracker {
 
     pub fn list(&self) -> &[Unhealthy] {
         &self.list
+    }
+
+    /// Takes on the records of `list` for GPUs it does not have yet (a record that could not
+    /// be read at start and reads now): a GPU marked in either stays marked.
+    pub fn adopt(&mut self, list: Vec<Unhealthy>) {
+        for u in list {
+            if self.position(&u.uuid).is_none() {
+                self.list.push(u);
+            }
+        }
     }
 
     fn position(&self, uuid: &str) -> Option<usize> {
@@ -212,8 +252,92 @@ impl Tracker {
             }
             Probe::Healthy => u.recovery_seen,
             Probe::Unknown => u.recovery_seen && u.xid == XID_FALLEN_OFF_BUS,
+            // Gone from NVML (unbound after it fell off the bus, say): not an answer.
+            Probe::Absent => false,
         };
         recovered.then(|| Change::Recovered(self.list.remove(i)))
+    }
+}
+
+/// The health record on disk as the watch keeps it: what it last wrote, and whether the
+/// record it found at start could be read. One that could not (garbage, or a `version` this
+/// build does not know: written by a newer release before a downgrade) is never overwritten:
+/// the GPUs it names cannot be told, so it stays as it is, and every node path that reads
+/// it (the create path, the kubelet plugin's prepare) refuses new work on every GPU, until
+/// an operator restores or removes it.
+#[derive(Debug)]
+pub struct Record {
+    path: PathBuf,
+    /// The list last written; `None` before the first write.
+    written: Option<Vec<Unhealthy>>,
+    /// Why the record found at start cannot be read, while it cannot.
+    unreadable: Option<String>,
+}
+
+impl Record {
+    /// Reads the record at `path` (with the recoveries seen beside it, where that file
+    /// reads). Returns the record and the GPUs it lists; an unreadable one lists none and
+    /// is logged once, naming the path and what is wrong with it.
+    pub fn open(path: &Path) -> (Record, Vec<Unhealthy>) {
+        let mut record = Record {
+            path: path.to_path_buf(),
+            written: None,
+            unreadable: None,
+        };
+        let list = match read_health_with_recovery(path) {
+            Ok(list) => list,
+            Err(e) => match read_health(path) {
+                Ok(list) => {
+                    eprintln!("gpuslice serve: health: {e}; starting from health.json alone (no recovery counts as seen)");
+                    list
+                }
+                Err(e) => {
+                    eprintln!(
+                        "gpuslice serve: health: {e}; left as it is and not written until it reads (restore it, or remove it to record the GPUs' health afresh); until then no new work is given any GPU of this node"
+                    );
+                    record.unreadable = Some(e.to_string());
+                    Vec::new()
+                }
+            },
+        };
+        (record, list)
+    }
+
+    /// Whether the record found at start is still unreadable (and so left alone).
+    pub fn is_unreadable(&self) -> bool {
+        self.unreadable.is_some()
+    }
+
+    /// Writes `tracker`'s list when it changed. While the record found at start cannot be
+    /// read it is read again instead, and written only once it reads (restored, or removed):
+    /// the GPUs it then lists join `tracker`'s.
+    pub fn sync(&mut self, tracker: &mut Tracker) {
+        if self.unreadable.is_some() {
+            match read_health(&self.path) {
+                Ok(list) => {
+                    eprintln!(
+                        "gpuslice serve: health: {} reads again; recording the GPUs' health in it",
+                        self.path.display()
+                    );
+                    self.unreadable = None;
+                    tracker.adopt(list);
+                }
+                Err(e) => {
+                    let e = e.to_string();
+                    if self.unreadable.as_deref() != Some(e.as_str()) {
+                        eprintln!("gpuslice serve: health: {e}; left as it is");
+                        self.unreadable = Some(e);
+                    }
+                    return;
+                }
+            }
+        }
+        if self.written.as_deref() != Some(tracker.list()) {
+            match write_health(&self.path, tracker.list()) {
+                Ok(()) => self.written = Some(tracker.list().to_vec()),
+                Err(e) => eprintln!("gpuslice serve: health: {e}"),
+            }
+        }
     }
 }
 
@@ -239,25 +363,21 @@ fn inventory(state_dir: &Path) -> Vec<GpuId> {
 fn probe(nvml: &Nvml, rows: Option<&NvmlLib>, uuid: &str) -> Probe {
     let dev = match nvml.device_by_uuid(uuid) {
         Ok(d) => d,
-        Err(NvmlError::GpuLost) => return Probe::Lost,
-        Err(_) => return Probe::Unknown,
+        Err(e) => return no_handle(&e),
     };
     let action = match dev.field_values_for(&[FieldId(RECOVERY_ACTION_FIELD)]) {
-        Err(NvmlError::GpuLost) => Probe::Lost,
         Ok(values) => match values.into_iter().next() {
             Some(Ok(FieldValueSample { value: Ok(v), .. })) => match v {
                 SampleValue::U32(0) | SampleValue::U64(0) => Probe::Healthy,
                 _ => Probe::NeedsRecovery,
             },
-            Some(Ok(FieldValueSample {
-                value: Err(NvmlError::GpuLost),
-                ..
-            })) => Probe::Lost,
-            _ => Probe::Unknown,
+            Some(Ok(FieldValueSample { value: Err(e), .. })) | Some(Err(e)) => no_field(&e),
+            // Asked for one field, given none: the driver does not have it.
+            None => Probe::Unknown,
         },
-        Err(_) => Probe::Unknown,
+        Err(e) => no_field(&e),
     };
-    if action == Probe::Lost || action == Probe::NeedsRecovery {
+    if matches!(action, Probe::Lost | Probe::NeedsRecovery | Probe::Absent) {
         return action;
     }
     let Some(get) = rows.and_then(|l| l.nvmlDeviceGetRemappedRows.as_ref().ok()) else {
@@ -322,19 +442,18 @@ fn watch(
     nvml: &Nvml,
     rows: Option<&NvmlLib>,
     state_dir: &Path,
-    path: &Path,
+    record: &mut Record,
     tracker: &mut Tracker,
 ) {
     let mut events: Option<(EventSet<'_>, Vec<(usize, GpuId)>)> = None;
     let mut registered: Vec<GpuId> = Vec::new();
-    let mut written: Option<Vec<Unhealthy>> = None;
     loop {
         let gpus = inventory(state_dir);
         let mut changes = tracker.follow_inventory(&gpus);
         let mut reachable = Vec::new();
         for g in &gpus {
             let p = probe(nvml, rows, &g.uuid);
-            if p != Probe::Lost {
+            if !matches!(p, Probe::Lost | Probe::Absent) {
                 reachable.push(g.clone());
             }
             changes.extend(tracker.on_probe(g, p, now_ms()));
@@ -369,12 +488,7 @@ fn watch(
         for c in &changes {
             eprintln!("gpuslice serve: health: {c}");
         }
-        if written.as_deref() != Some(tracker.list()) {
-            match write_health(path, tracker.list()) {
-                Ok(()) => written = Some(tracker.list().to_vec()),
-                Err(e) => eprintln!("gpuslice serve: health: {e}"),
-            }
-        }
+        record.sync(tracker);
     }
 }
 
@@ -384,18 +498,9 @@ fn watch(
 pub fn start(node: &NodeContext) -> std::io::Result<()> {
     let config = node.config();
     let state_dir = config.state_dir.clone();
-    let path: PathBuf = config.health_path();
     let source = NvmlSource::of(config);
-    let mut tracker = Tracker::new(
-        config.health.clone(),
-        read_health_with_recovery(&path).unwrap_or_else(|e| {
-            eprintln!("gpuslice serve: health: {e}; starting from health.json alone");
-            read_health(&path).unwrap_or_else(|e| {
-                eprintln!("gpuslice serve: health: {e}; starting with every GPU healthy");
-                Vec::new()
-            })
-        }),
-    );
+    let (mut record, list) = Record::open(&config.health_path());
+    let mut tracker = Tracker::new(config.health.clone(), list);
     std::thread::Builder::new()
         .name("gpu-health".into())
         .spawn(move || loop {
@@ -405,7 +510,7 @@ pub fn start(node: &NodeContext) -> std::io::Result<()> {
                     // second handle of the same object; only its row-remapping query is
                     // called, with devices of `nvml`.
                     let rows = unsafe { NvmlLib::new(source.lib.as_os_str()) }.ok();
-                    watch(&nvml, rows.as_ref(), &state_dir, &path, &mut tracker)
+                    watch(&nvml, rows.as_ref(), &state_dir, &mut record, &mut tracker)
                 }
                 Err(e) => {
                     eprintln!(
@@ -467,6 +572,98 @@ mod tests {
             t.on_probe(&gpu(0), Probe::Unknown, 9),
             Some(Change::Recovered(_))
         ));
+    }
+
+    /// A GPU that fell off the bus and then left NVML (unbound: its handle lookup finds
+    /// nothing) does not answer, so it is not healthy again; only answering again is.
+    #[test]
+    fn a_lost_gpu_that_vanishes_from_nvml_stays_unhealthy() {
+        assert_eq!(no_handle(&NvmlError::GpuLost), Probe::Lost);
+        assert_eq!(no_handle(&NvmlError::NotFound), Probe::Absent);
+        assert_eq!(no_handle(&NvmlError::Unknown), Probe::Absent);
+        assert_eq!(no_handle(&NvmlError::NotSupported), Probe::Absent);
+        assert_eq!(no_field(&NvmlError::GpuLost), Probe::Lost);
+        assert_eq!(no_field(&NvmlError::NotSupported), Probe::Unknown);
+        assert_eq!(no_field(&NvmlError::InvalidArg), Probe::Unknown);
+        assert_eq!(no_field(&NvmlError::NotFound), Probe::Absent);
+        assert_eq!(no_field(&NvmlError::Unknown), Probe::Absent);
+        let mut t = Tracker::new(HealthConfig::default(), Vec::new());
+        assert!(matches!(
+            t.on_probe(&gpu(0), Probe::Lost, 1),
+            Some(Change::Unhealthy(_))
+        ));
+        for now in 2..10 {
+            assert_eq!(
+                t.on_probe(&gpu(0), no_handle(&NvmlError::NotFound), now),
+                None
+            );
+        }
+        assert_eq!(t.list().len(), 1, "still out");
+        // Absent marks no GPU by itself.
+        assert_eq!(t.on_probe(&gpu(1), Probe::Absent, 3), None);
+        assert_eq!(t.list().len(), 1);
+        // It answers again (a driver without the recovery field): healthy again.
+        assert!(matches!(
+            t.on_probe(&gpu(0), Probe::Unknown, 11),
+            Some(Change::Recovered(_))
+        ));
+    }
+
+    /// A health record the watch cannot read at start (garbage, or `version` 2 written by a
+    /// newer release before a downgrade) is never overwritten, not even with the GPUs the
+    /// watch marks meanwhile; once an operator removes it, the watch writes what it knows.
+    #[test]
+    fn an_unreadable_record_is_kept_until_it_reads_again() {
+        let sick = Unhealthy {
+            index: 1,
+            uuid: gpu(1).uuid,
+            xid: 48,
+            since_ms: 3,
+            recovery_seen: false,
+        };
+        let v2 =
+            serde_json::json!({"version": 2, "unhealthy": [], "gpus": [sick.uuid]}).to_string();
+        for text in [v2.as_str(), "{not json"] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("health.json");
+            std::fs::write(&path, text).unwrap();
+            let (mut record, list) = Record::open(&path);
+            assert!(list.is_empty());
+            assert!(record.is_unreadable());
+            let mut t = Tracker::new(HealthConfig::default(), list);
+            record.sync(&mut t);
+            assert_eq!(std::fs::read_to_string(&path).unwrap(), text, "kept");
+            t.on_probe(&gpu(0), Probe::Lost, 5);
+            record.sync(&mut t);
+            assert_eq!(std::fs::read_to_string(&path).unwrap(), text, "kept");
+            // Restored by an operator (the earlier release's format): its GPUs join.
+            write_health(&path, std::slice::from_ref(&sick)).unwrap();
+            record.sync(&mut t);
+            assert!(!record.is_unreadable());
+            let back = read_health(&path).unwrap();
+            assert_eq!(back.len(), 2, "{back:?}");
+            assert!(gpuslice_driver::health::find(&back, &sick.uuid).is_some());
+            assert!(gpuslice_driver::health::find(&back, &gpu(0).uuid).is_some());
+        }
+        // Removed by an operator: written afresh from what the watch knows.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("health.json");
+        std::fs::write(&path, "garbage").unwrap();
+        let (mut record, list) = Record::open(&path);
+        let mut t = Tracker::new(HealthConfig::default(), list);
+        t.on_probe(&gpu(0), Probe::Lost, 5);
+        record.sync(&mut t);
+        std::fs::remove_file(&path).unwrap();
+        record.sync(&mut t);
+        assert_eq!(read_health(&path).unwrap().len(), 1);
+        // A readable record starts the watch with its GPUs, and is rewritten as they change.
+        let (mut record, list) = Record::open(&path);
+        assert!(!record.is_unreadable());
+        let mut t = Tracker::new(HealthConfig::default(), list);
+        assert_eq!(t.list().len(), 1);
+        t.on_probe(&gpu(0), Probe::Unknown, 6);
+        record.sync(&mut t);
+        assert!(read_health(&path).unwrap().is_empty());
     }
 
     #[test]

@@ -102,7 +102,7 @@ pub enum HealthError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("{path} is not a valid GPU health record (version {HEALTH_VERSION}): {detail}; `gpuslice serve` rewrites it")]
+    #[error("{path} is not a valid GPU health record (version {HEALTH_VERSION}): {detail}; no GPU of this node is given new work while it cannot be read, and `gpuslice serve` leaves it as it is: restore it, or remove it to have the GPUs' health recorded afresh")]
     Parse { path: PathBuf, detail: String },
     #[error("cannot write the GPU health record {path}: {source}")]
     Write {

@@ -61,6 +61,9 @@ pub struct Enforcer {
     compute: HashMap<(String, String), ComputeTrack>,
     /// (GPU, pid, start time) of unowned processes already reported.
     unowned_seen: HashSet<(String, u32, u64)>,
+    /// (reservation, pid, cgroup) of processes already reported as not frozen: their cgroup
+    /// is not one recorded for their slice's containers.
+    unfrozen_seen: HashSet<(String, u32, String)>,
     throttles: Throttles,
     now_ms: Box<dyn Fn() -> u64 + Send>,
 }
@@ -98,6 +101,7 @@ impl Enforcer {
             memory: HashMap::new(),
             compute: HashMap::new(),
             unowned_seen: HashSet::new(),
+            unfrozen_seen: HashSet::new(),
             throttles,
             now_ms: Box::new(wall_ms),
         }
@@ -139,6 +143,11 @@ impl Enforcer {
         // The start time of each attributed process, read when it was attributed: what a kill
         // is checked against.
         let mut judged: HashMap<u32, u64> = HashMap::new();
+        // With `compute = "throttle"`: where each attributed process runs, and whether that
+        // cgroup is one recorded for its slice (`Attribution::recorded_cgroup`), the only kind
+        // a throttle may freeze.
+        let throttle = self.cfg.compute == ComputeAction::Throttle;
+        let mut cgroups: HashMap<u32, Result<String, Option<String>>> = HashMap::new();
         for &(uuid, procs) in &gpus {
             let mut unowned = 0u64;
             for p in procs {
@@ -154,7 +163,12 @@ impl Enforcer {
                     judged.insert(p.pid, start);
                 }
                 match owned {
-                    Owned::By(n) => groups.entry((n, uuid.clone())).or_default().push(*p),
+                    Owned::By(n) => {
+                        if throttle {
+                            cgroups.insert(p.pid, who.recorded_cgroup(p.pid, n));
+                        }
+                        groups.entry((n, uuid.clone())).or_default().push(*p)
+                    }
                     Owned::ElsewhereBy(_) | Owned::Nobody => {
                         unowned += 1;
                         let start = who.start_time(p.pid).unwrap_or(0);
@@ -180,6 +194,8 @@ impl Enforcer {
             .collect();
         self.unowned_seen
             .retain(|(u, pid, _)| present.contains(&(u.clone(), *pid)));
+        self.unfrozen_seen
+            .retain(|(_, pid, _)| present.iter().any(|(_, p)| p == pid));
 
         // Decisions per slice and booked GPU (a GPU with no process is judged empty).
         let mut wanted: BTreeMap<FreezerFile, f64> = BTreeMap::new();
@@ -200,7 +216,8 @@ impl Enforcer {
                     .unwrap_or_default();
                 self.judge_memory(s.r, &b.uuid, b.memory, &procs, &judged, now, &mut out);
                 if b.cores > 0 {
-                    self.judge_compute(s.r, &b.uuid, b.cores, &procs, now, &mut out, &mut wanted);
+                    let slice = (s.r, b.uuid.as_str(), b.cores);
+                    self.judge_compute(slice, &procs, &cgroups, now, &mut out, &mut wanted);
                 }
             }
         }
@@ -240,7 +257,13 @@ impl Enforcer {
     ) {
         let mem: Vec<ProcMemory> = procs
             .iter()
-            .filter_map(|p| p.used.map(|used| ProcMemory { pid: p.pid, used }))
+            .filter_map(|p| {
+                p.used.map(|used| ProcMemory {
+                    pid: p.pid,
+                    used,
+                    start: judged.get(&p.pid).copied(),
+                })
+            })
             .collect();
         let track = self
             .memory
@@ -256,6 +279,9 @@ impl Enforcer {
             return;
         };
         let kill = self.cfg.memory == MemoryAction::Kill;
+        // (pid, start time) of each process killed: left out of the slice while the driver
+        // still lists it (`MemoryTrack::killed`).
+        let mut killed: Vec<(u32, u64)> = Vec::new();
         for p in &ended {
             let mut e = self.event(EventKind::MemoryReport, Some(r), uuid, p.pid);
             e.slice_bytes = Some(total);
@@ -264,10 +290,11 @@ impl Enforcer {
             if kill {
                 // Checked against the start time read when it was attributed, so a pid
                 // reused since then is not hit; unknown, it is reported and left alone.
-                let result = match judged.get(&p.pid) {
+                let result = match p.start {
                     Some(start) => self
                         .signaller
-                        .kill(p.pid, *start)
+                        .kill(p.pid, start)
+                        .map(|()| start)
                         .map_err(|e| e.to_string()),
                     None => Err(format!(
                         "the start time of process {} was not readable when it was attributed",
@@ -275,7 +302,10 @@ impl Enforcer {
                     )),
                 };
                 match result {
-                    Ok(()) => e.kind = EventKind::MemoryKill,
+                    Ok(start) => {
+                        e.kind = EventKind::MemoryKill;
+                        killed.push((p.pid, start));
+                    }
                     Err(err) => e.error = Some(format!("not killed: {err}")),
                 }
             }
@@ -289,22 +319,29 @@ impl Enforcer {
             e.slice_bytes = Some(total);
             e.limit_bytes = Some(limit);
             if kill {
-                let (_, errors) = stop_containers(r, &self.roots.cgroup_root, &mut *self.signaller);
+                let (stopped, errors) =
+                    stop_containers(r, &self.roots.cgroup_root, &mut *self.signaller);
+                killed.extend(stopped);
                 if !errors.is_empty() {
                     e.error = Some(format!("not every process stopped: {}", errors.join("; ")));
                 }
             }
             out.events.push(e);
         }
+        if let Some(track) = self.memory.get_mut(&(r.id.clone(), uuid.to_string())) {
+            for (pid, start) in killed {
+                track.killed(pid, start, now);
+            }
+        }
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Judges the compute share of `(reservation, GPU UUID, cores)`, whose `procs` run in
+    /// `cgroups` (each attributed process's, see `cycle`).
     fn judge_compute(
         &mut self,
-        r: &Reservation,
-        uuid: &str,
-        cores: u8,
+        (r, uuid, cores): (&Reservation, &str, u8),
         procs: &[GpuProcess],
+        cgroups: &HashMap<u32, Result<String, Option<String>>>,
         now: Instant,
         out: &mut CycleOutcome,
         wanted: &mut BTreeMap<FreezerFile, f64>,
@@ -335,7 +372,35 @@ impl Enforcer {
             return;
         }
         let mut newly = false;
+        let mut frozen = false;
         for p in procs {
+            // Only a cgroup recorded for the slice's containers (or one below it) is frozen:
+            // a process attributed by its pid namespace alone may run in a cgroup shared with
+            // the host or other tenants (a container whose init shared its cgroup at bind,
+            // a host process that entered its pid namespace), and freezing it would freeze
+            // them. Such a process is reported, once, naming its cgroup.
+            let cgroup = match cgroups.get(&p.pid) {
+                Some(Ok(_)) => None,
+                Some(Err(c)) => Some(c.clone()),
+                None => Some(None),
+            };
+            if let Some(cgroup) = cgroup {
+                let shown = cgroup.clone().unwrap_or_else(|| "(unreadable)".into());
+                if self
+                    .unfrozen_seen
+                    .insert((r.id.clone(), p.pid, shown.clone()))
+                {
+                    let mut e = self.event(EventKind::ComputeReport, Some(r), uuid, p.pid);
+                    e.share = Some(v.average);
+                    e.share_limit = Some(share);
+                    e.error = Some(format!(
+                        "not throttled: process {} runs in cgroup {shown}, which is not a cgroup recorded for this reservation's containers (nor below one); freezing it could freeze processes that are not the slice's",
+                        p.pid
+                    ));
+                    out.events.push(e);
+                }
+                continue;
+            }
             match freezer_of_pid(&self.roots.proc_root, &self.roots.cgroup_root, p.pid) {
                 Ok(f) => {
                     let before = self
@@ -345,6 +410,7 @@ impl Enforcer {
                         .contains_key(&f);
                     newly |= !before && !wanted.contains_key(&f);
                     wanted.insert(f, v.run_fraction);
+                    frozen = true;
                 }
                 Err(err) => out.errors.push(err.to_string()),
             }
@@ -360,8 +426,10 @@ impl Enforcer {
             e.share_limit = Some(share);
             out.events.push(e);
         }
-        out.throttled
-            .push((r.id.clone(), uuid.to_string(), v.run_fraction));
+        if frozen {
+            out.throttled
+                .push((r.id.clone(), uuid.to_string(), v.run_fraction));
+        }
     }
 }
 
@@ -1203,6 +1271,150 @@ mod tests {
         assert!(
             error.contains("replaced by another") && error.contains("judged 5"),
             "{error}"
+        );
+    }
+
+    /// With `compute = "throttle"`, a slice over its share is frozen only in a cgroup
+    /// recorded for its containers: a container without a cgroup of its own (podman
+    /// `--cgroups=disabled`: its init shared the session scope at bind, so the hook recorded
+    /// none) is attributed by its pid namespace, and its process is reported (naming the
+    /// pid and the cgroup), never frozen with the whole session scope; a container with a
+    /// recorded cgroup beside it is frozen as before.
+    #[test]
+    fn throttling_never_freezes_a_cgroup_not_recorded_for_the_slice() {
+        let dir = tempfile::tempdir().unwrap();
+        let (roots, mut file, sys) = node(dir.path(), &[[100, 100]; SLICES]);
+        let shared = "user.slice/user-0.slice/session-1.scope";
+        let ns = 4026549100;
+        fake_process(&roots.proc_root, 900, ns, 1, &format!("0::/{shared}\n"));
+        fake_process(&roots.proc_root, 901, ns, 2, &format!("0::/{shared}\n"));
+        for pid in [900, 901] {
+            sys.spawn(pid, 1);
+            sys.set_cgroup(pid, shared);
+        }
+        // Beside it, a container whose cgroup `own` was recorded at bind.
+        fake_process(&roots.proc_root, 910, ns + 1, 1, "0::/own\n");
+        fake_process(&roots.proc_root, 911, ns + 1, 2, "0::/own\n");
+        for pid in [910, 911] {
+            sys.spawn(pid, 1);
+            sys.set_cgroup(pid, "own");
+        }
+        for (cgroup, procs) in [(shared, "900\n901\n950\n"), ("own", "910\n911\n")] {
+            let dir = roots.cgroup_root.join(cgroup);
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("cgroup.freeze"), "0").unwrap();
+            std::fs::write(dir.join("cgroup.procs"), procs).unwrap();
+        }
+        for (id, container, process) in [
+            (
+                "00000000000000dd",
+                "nocg",
+                serde_json::json!({"pid": 900, "start_time": 1, "boot_id": "fake-boot-0"}),
+            ),
+            (
+                "00000000000000de",
+                "own",
+                serde_json::json!({"pid": 910, "start_time": 1, "boot_id": "fake-boot-0", "cgroup": "own"}),
+            ),
+        ] {
+            let r = serde_json::json!({
+                "id": id, "state": "bound",
+                "owner": {"kind": "container", "container_id": container, "process": process},
+                "gpus": [{"index": 0, "uuid": uuid(0), "memory": 100, "cores": 30}],
+                "created_ms": 0, "bound_ms": 0,
+            });
+            file.reservations.push(serde_json::from_value(r).unwrap());
+        }
+        let throttles = Throttles::default();
+        let mut e = Enforcer::new(
+            EnforceConfig {
+                compute: ComputeAction::Throttle,
+                ..EnforceConfig::default()
+            },
+            roots.clone(),
+            Box::new(Recorder(Kills::default())),
+            throttles.clone(),
+        )
+        .with_system(sys);
+        let t0 = Instant::now();
+        let mut events = Vec::new();
+        let mut throttled = Vec::new();
+        for i in 0..4u32 {
+            let busy = |pid| GpuProcess {
+                pid,
+                used: Some(1),
+                sm: Some(45),
+            };
+            let reading = vec![listed(uuid(0), vec![busy(901), busy(911)])];
+            let out = e.cycle(&file, &reading, t0 + Duration::from_millis(500) * i);
+            events.extend(out.events);
+            throttled = out.throttled;
+        }
+        let held: Vec<FreezerFile> = throttles.lock().unwrap().keys().cloned().collect();
+        let freeze = |c: &str| FreezerFile::V2(roots.cgroup_root.join(c).join("cgroup.freeze"));
+        assert_eq!(
+            held,
+            vec![freeze("own")],
+            "the shared session scope is held"
+        );
+        assert_eq!(
+            throttled.iter().map(|t| t.0.as_str()).collect::<Vec<_>>(),
+            ["00000000000000de"]
+        );
+        let reports: Vec<&Event> = events
+            .iter()
+            .filter(|e| e.kind == EventKind::ComputeReport && e.pid == 901)
+            .filter(|e| {
+                e.error
+                    .as_deref()
+                    .is_some_and(|x| x.contains("not throttled"))
+            })
+            .collect();
+        assert_eq!(reports.len(), 1, "reported once: {events:?}");
+        assert_eq!(reports[0].reservation, "00000000000000dd");
+        assert!(reports[0].line().contains(shared), "{}", reports[0].line());
+    }
+
+    /// The process killed at one cycle is still listed by the driver at the next ones, with
+    /// its memory (a real driver tears its contexts down for longer than an interval): it is
+    /// not killed or counted again, and its slice is not escalated for it; listed past
+    /// `DYING` it counts again, and the slice over again is escalated.
+    #[test]
+    fn a_killed_process_the_driver_still_lists_is_not_escalated_or_killed_again() {
+        use crate::enforce::memory::DYING;
+        let dir = tempfile::tempdir().unwrap();
+        let (roots, file, sys) = node(dir.path(), &[[4, 100], [4, 100], [4, 100]]);
+        let kills = Kills::default();
+        let mut e = Enforcer::new(
+            EnforceConfig::default(),
+            roots,
+            Box::new(Recorder(kills.clone())),
+            Throttles::default(),
+        )
+        .with_system(sys);
+        let reading = on_gpu0(&[(pid_of(0, 0), 3), (pid_of(0, 1), 3)]);
+        let t0 = Instant::now();
+        let acted = t0 + Duration::from_millis(2500);
+        e.cycle(&file, &reading, t0);
+        e.cycle(&file, &reading, acted);
+        assert_eq!(kills.lock().unwrap().len(), 1);
+        // The next intervals: the driver still lists the dying process with its memory.
+        let mut events = Vec::new();
+        for ms in (500..=5000).step_by(500) {
+            let out = e.cycle(&file, &reading, acted + Duration::from_millis(ms));
+            events.extend(out.events);
+        }
+        assert!(events.is_empty(), "{events:?}");
+        assert_eq!(kills.lock().unwrap().len(), 1, "killed again");
+        // Still listed past DYING: it is the slice's again, and the slice over again within
+        // the repeat window is escalated.
+        let out = e.cycle(&file, &reading, acted + DYING + Duration::from_millis(500));
+        assert!(
+            out.events
+                .iter()
+                .any(|e| e.kind == EventKind::MemoryEscalation),
+            "{:?}",
+            out.events
         );
     }
 }

@@ -4,7 +4,8 @@
 //! within [`REPEAT_WINDOW`] of an action is acted on at once and escalated. Nothing here
 //! reads the system, so the properties that matter (a slice under its limit is never acted
 //! on; an action always leaves the slice at or under its limit) are tested over random
-//! figures.
+//! figures. A process this enforcer killed that the driver still lists is left out of its
+//! slice for [`DYING`], so the kill is neither repeated nor taken for a new crossing.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -15,6 +16,15 @@ use std::time::{Duration, Instant};
 /// shim otherwise holds memory over the slice for a grace after every kill.
 pub const REPEAT_WINDOW: Duration = Duration::from_secs(60);
 
+/// How long a process this enforcer killed is left out of its slice's total while the driver
+/// still lists it. A real driver keeps listing a SIGKILLed process, with the memory it held,
+/// while its contexts are torn down, which for a large holder often takes longer than one
+/// `enforce.interval` (500 ms by default): counted then, the slice would look over again
+/// within [`REPEAT_WINDOW`], so its containers would be stopped and the process killed (and
+/// counted) again for a kill that worked. Bounded, so that a process still listed after it
+/// (one that does not die: its kill did not land, or it is stuck in the kernel) counts again.
+pub const DYING: Duration = Duration::from_secs(5);
+
 /// One process's memory on one GPU, as the driver reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProcMemory {
@@ -22,6 +32,9 @@ pub struct ProcMemory {
     pub pid: u32,
     /// Bytes it holds.
     pub used: u64,
+    /// Its start time as read when it was attributed (`None`: unreadable): with the pid, what
+    /// tells a killed process from a new one that took its pid over.
+    pub start: Option<u64>,
 }
 
 /// What the judge decided for one slice on one GPU this reading.
@@ -54,17 +67,44 @@ pub struct MemoryTrack {
     last: HashMap<u32, u64>,
     /// When the last action was decided.
     acted: Option<Instant>,
+    /// (pid, start time) of the processes killed for this slice, and when: left out of the
+    /// slice while the driver still lists them, for at most [`DYING`].
+    dying: HashMap<(u32, u64), Instant>,
 }
 
 impl MemoryTrack {
-    /// Judges one reading of the slice's processes against `limit`.
+    /// Records that process `pid` with start time `start` was killed at `now`: while the
+    /// driver lists it within [`DYING`] of then, it is not the slice's any more.
+    pub fn killed(&mut self, pid: u32, start: u64, now: Instant) {
+        self.dying.insert((pid, start), now);
+    }
+
+    /// Judges one reading of the slice's processes against `limit`; a process killed within
+    /// [`DYING`] (same pid and start time) is left out of it.
     pub fn judge(
         &mut self,
-        procs: &[ProcMemory],
+        listed: &[ProcMemory],
         limit: u64,
         now: Instant,
         grace: Duration,
     ) -> MemoryVerdict {
+        let is_listed = |(pid, start): &(u32, u64)| {
+            listed
+                .iter()
+                .any(|p| p.pid == *pid && p.start == Some(*start))
+        };
+        // A killed process no longer listed is gone for good; one listed past DYING counts.
+        self.dying
+            .retain(|k, at| is_listed(k) && now.saturating_duration_since(*at) <= DYING);
+        let procs: Vec<ProcMemory> = listed
+            .iter()
+            .copied()
+            .filter(|p| {
+                !p.start
+                    .is_some_and(|s| self.dying.contains_key(&(p.pid, s)))
+            })
+            .collect();
+        let procs = procs.as_slice();
         let total = procs.iter().fold(0u64, |a, p| a.saturating_add(p.used));
         let verdict = if total <= limit {
             self.over_since = None;
@@ -146,7 +186,11 @@ mod tests {
     const GIB: u64 = 1 << 30;
 
     fn p(pid: u32, used: u64) -> ProcMemory {
-        ProcMemory { pid, used }
+        ProcMemory {
+            pid,
+            used,
+            start: Some(u64::from(pid)),
+        }
     }
 
     #[test]
@@ -263,6 +307,74 @@ mod tests {
         let late = ms(3000) + REPEAT_WINDOW + Duration::from_secs(1);
         let v = m.judge(&[p(1, GIB), p(2, GIB), p(7, GIB)], 2 * GIB, late, grace);
         assert!(matches!(v, MemoryVerdict::Over { .. }), "{v:?}");
+    }
+
+    /// A killed process the driver keeps listing while its contexts are torn down is left
+    /// out of the slice for [`DYING`]: not acted on again, and no repeat. The slice going
+    /// over without it, a new process on its pid, or it still listed past [`DYING`] are.
+    #[test]
+    fn a_killed_process_still_listed_is_left_out_until_dying_ends() {
+        let t0 = Instant::now();
+        let grace = Duration::from_secs(2);
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        let act = |m: &mut MemoryTrack, procs: &[ProcMemory], at: Instant| match m.judge(
+            procs,
+            4 * GIB,
+            at,
+            grace,
+        ) {
+            MemoryVerdict::Act { procs, repeat, .. } => Some((procs, repeat)),
+            _ => None,
+        };
+        let two = [p(1, 3 * GIB), p(2, 3 * GIB)];
+        let mut m = MemoryTrack::default();
+        assert_eq!(act(&mut m, &two, t0), None);
+        let (ended, repeat) = act(&mut m, &two, ms(2000)).expect("acted after grace");
+        assert!(!repeat);
+        assert_eq!(ended.len(), 1, "{ended:?}");
+        let victim = ended[0];
+        let other = two.iter().copied().find(|q| q.pid != victim.pid).unwrap();
+        m.killed(victim.pid, victim.start.unwrap(), ms(2000));
+        for at in [2500, 3000, 4500, 7000] {
+            assert_eq!(
+                m.judge(&two, 4 * GIB, ms(at), grace),
+                MemoryVerdict::Under,
+                "at {at} ms"
+            );
+        }
+        // Over without it: acted on at once (a repeat), and it is not in the list.
+        let grown = [
+            victim,
+            ProcMemory {
+                used: 5 * GIB,
+                ..other
+            },
+        ];
+        let (ended, repeat) = act(&mut m, &grown, ms(7000)).expect("over without it");
+        assert!(repeat);
+        assert_eq!(ended, vec![grown[1]]);
+        // Its pid taken over by a new process: that one counts.
+        let mut m = MemoryTrack::default();
+        act(&mut m, &two, t0);
+        act(&mut m, &two, ms(2000));
+        m.killed(victim.pid, victim.start.unwrap(), ms(2000));
+        let reused = ProcMemory {
+            start: Some(99),
+            ..victim
+        };
+        let (ended, repeat) = act(&mut m, &[other, reused], ms(2500)).expect("a new process");
+        assert!(repeat);
+        assert_eq!(ended, vec![reused]);
+        // Still listed past DYING: it counts again, as a repeat.
+        let mut m = MemoryTrack::default();
+        act(&mut m, &two, t0);
+        act(&mut m, &two, ms(2000));
+        m.killed(victim.pid, victim.start.unwrap(), ms(2000));
+        assert_eq!(act(&mut m, &two, ms(2500)), None);
+        let late = ms(2000) + DYING + Duration::from_millis(500);
+        let (ended, repeat) = act(&mut m, &two, late).expect("listed past DYING");
+        assert!(repeat);
+        assert_eq!(ended.len(), 1);
     }
 
     proptest! {

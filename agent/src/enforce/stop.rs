@@ -61,14 +61,14 @@ fn pids_under(dir: &Path, depth: usize, out: &mut Vec<u32>) -> Result<(), StopEr
 
 /// Kills every process of `r`'s containers: those in the cgroups recorded for them under
 /// `cgroup_root`, and each recorded init still running (a container without a recorded
-/// cgroup ends with its pid namespace's init). Returns how many processes were killed and
-/// a line per thing that failed.
+/// cgroup ends with its pid namespace's init). Returns the (pid, start time) of each process
+/// killed and a line per thing that failed.
 pub fn stop_containers(
     r: &Reservation,
     cgroup_root: &Path,
     signaller: &mut dyn Signaller,
-) -> (usize, Vec<String>) {
-    let mut killed = 0;
+) -> (Vec<(u32, u64)>, Vec<String>) {
+    let mut killed = Vec::new();
     let mut errors = Vec::new();
     let mut dirs = Vec::new();
     for p in r.owner.processes() {
@@ -81,7 +81,7 @@ pub fn stop_containers(
                 if signaller.start_time(p.pid) == Some(p.start_time)
                     && signaller.kill(p.pid, p.start_time).is_ok()
                 {
-                    killed += 1;
+                    killed.push((p.pid, p.start_time));
                 }
             }
         }
@@ -110,7 +110,7 @@ pub fn stop_containers(
         let still = listed(&mut Vec::new());
         for (pid, start) in starts.into_iter().filter(|(p, _)| still.contains(p)) {
             match signaller.kill(pid, start) {
-                Ok(()) => killed += 1,
+                Ok(()) => killed.push((pid, start)),
                 Err(e) => errors.push(e.to_string()),
             }
         }
@@ -175,7 +175,7 @@ mod tests {
         let mut killed = k.killed.clone();
         killed.sort();
         assert_eq!(killed, vec![10, 11, 12]);
-        assert_eq!(n, 3);
+        assert_eq!(n.len(), 3);
         assert_eq!(errors.len(), 1, "{errors:?}");
         assert!(errors[0].contains("../escape"), "{errors:?}");
     }
@@ -222,7 +222,7 @@ mod tests {
         };
         let (n, errors) = stop_containers(&r, root, &mut k);
         assert_eq!(k.tree.killed, vec![10]);
-        assert_eq!(n, 1);
+        assert_eq!(n.len(), 1);
         assert!(errors.is_empty(), "{errors:?}");
     }
 }
