@@ -449,7 +449,12 @@ fn the_webhooks_network_policy_admits_the_api_server_and_not_the_pods() {
         verbs("resourceclaimtemplates"),
         serde_json::json!(["get", "list", "watch", "create", "patch", "delete"])
     );
-    assert_eq!(verbs("pods"), serde_json::json!(["get", "list"]));
+    // The budgets' recount: a pod or claim deleted frees its share at once (docs/quotas.md).
+    assert_eq!(verbs("pods"), serde_json::json!(["get", "list", "watch"]));
+    assert_eq!(
+        verbs("resourceclaims"),
+        serde_json::json!(["list", "watch"])
+    );
     // The budgets' ledger (docs/quotas.md): quotas read, their status written.
     assert_eq!(
         verbs("resourcequotas/status"),

@@ -5,10 +5,12 @@
 //! resourceVersion read (a 409 Conflict re-reads and re-checks), as the API server's own quota
 //! admission does, so concurrent admissions, on any replica, never book past the hard value.
 //! A recount from the live pods and claims frees what deleted objects held, but never what was
-//! booked since the previous recount wrote, so that a charge booked but not yet stored (its
-//! admission still running) is never freed (docs/quotas.md). Nothing but the recount lowers a
-//! used value: a charge is never given back by amount, which a recount between the booking and
-//! the refund would already have counted.
+//! booked within the last window (the recount interval), so that a charge booked but not yet
+//! stored (its admission still running) is never freed (docs/quotas.md). It runs every
+//! interval, and for one namespace as soon as one of its pods or claims is deleted or a pod is
+//! done (crate::deletions). Nothing but the recount lowers a used value: a charge is never
+//! given back by amount, which a recount between the booking and the refund would already
+//! have counted.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -33,8 +35,10 @@ use crate::view::{get_opt, list_page, Viewed};
 /// The annotation the resource claim controller puts on a claim it makes from a pod's
 /// template: the pod's entry the claim is for.
 pub const POD_CLAIM_NAME: &str = "resource.kubernetes.io/pod-claim-name";
-/// How often the ledger is recounted by default: a deleted object's share is freed by the
-/// first recount after it is gone, a refused admission's booking by the second.
+/// How often the ledger is recounted by default, and the window a booking is kept for: a
+/// deleted object's share is freed by the recount its deletion triggers (or, that missed, by
+/// the next periodic one), a refused admission's booking once a window has passed since a
+/// recount first saw it.
 pub const DEFAULT_RECOUNT: Duration = Duration::from_secs(15);
 /// Conflicting updates a booking retries before it gives up.
 const MAX_TRIES: usize = 64;
@@ -132,6 +136,25 @@ impl Ledger {
             hami_compat,
             watched: Some(watched),
         }
+    }
+
+    /// The API server client and the inventory.
+    pub(crate) fn cluster(&self) -> &Cluster {
+        &self.cluster
+    }
+
+    /// Whether the webhook runs with `--hami-compat`.
+    pub(crate) fn hami_compat(&self) -> bool {
+        self.hami_compat
+    }
+
+    /// Whether `namespace` may have a budget: one of its quotas as watched names one, or the
+    /// watched copy cannot tell (not current, not watching, a quota of it unread).
+    pub(crate) fn may_have_budget(&self, namespace: &str) -> bool {
+        self.watched
+            .as_ref()
+            .and_then(|w| w.in_namespace(namespace))
+            .is_none_or(|qs| qs.iter().any(|q| names_any(q, false) || names_any(q, true)))
     }
 
     /// Whether `namespace` counts HAMi's names: the webhook runs with `--hami-compat` and
@@ -519,7 +542,7 @@ fn write_used(q: &mut ResourceQuota, values: &[(&'static gpuslice_dra::quota::Na
 }
 
 /// A pod whose containers are done: it holds no device.
-fn terminal(p: &Pod) -> bool {
+pub(crate) fn terminal(p: &Pod) -> bool {
     matches!(
         p.status.as_ref().and_then(|s| s.phase.as_deref()),
         Some("Succeeded" | "Failed")
@@ -653,19 +676,17 @@ fn owned_by(c: &ResourceClaim, uid: &str) -> bool {
 }
 
 /// The recount's decision for one line of a quota: the used value to write. `used` is what
-/// the ledger says, `live` what the live objects charge, `before` the value the previous
-/// recount wrote (`None`: a first look, or that write failed).
+/// the ledger says, `live` what the live objects charge, `pending` what may have been booked
+/// by admissions still running ([`Line::pending`]).
 ///
 /// What the live objects do not account for is either what deleted objects held or a charge
 /// booked whose object the API server has not stored yet (its admission still running). The
-/// second were all booked since the previous recount wrote (`used` − `before`; on a first
-/// look, any of `used`), an admission being shorter than an interval; so everything past the
-/// live objects and those bookings is freed at once, and those bookings are kept. More live
-/// than booked (objects admitted before the budget, or charged more since) is written with
-/// those bookings on top, as they may be in flight too: the value written never falls below
-/// what the live objects and the admissions in flight hold.
-pub fn settle(used: u64, live: u64, before: Option<u64>) -> u64 {
-    let pending = before.map_or(used, |written| used.saturating_sub(written));
+/// second are all within `pending`; so everything past the live objects and those bookings is
+/// freed at once, and those bookings are kept. More live than booked (objects admitted before
+/// the budget, or charged more since) is written with those bookings on top, as they may be in
+/// flight too: the value written never falls below what the live objects and the admissions
+/// in flight hold.
+pub fn settle(used: u64, live: u64, pending: u64) -> u64 {
     let held = live.saturating_add(pending);
     if live > used {
         held
@@ -677,12 +698,61 @@ pub fn settle(used: u64, live: u64, before: Option<u64>) -> u64 {
 /// The used value the recount writes for line `name` of a quota (`used` as read), from the
 /// live objects: [`settle`], except that while one of them cannot be priced nothing is freed
 /// (what it holds is unknown), only raised.
-fn line_used(used: u64, live: &Live, name: &gpuslice_dra::quota::Name, before: Option<u64>) -> u64 {
-    let settled = settle(used, live.charge.in_unit(name), before);
+fn line_used(used: u64, live: &Live, name: &gpuslice_dra::quota::Name, pending: u64) -> u64 {
+    let settled = settle(used, live.charge.in_unit(name), pending);
     if live.unpriced.is_some() {
         settled.max(used)
     } else {
         settled
+    }
+}
+
+/// What the recount knows of one line of one quota since its first look there: the value it
+/// last wrote (or found unchanged), and what each of its recent recounts saw booked since the
+/// one before.
+///
+/// An admission ends (its object stored, or refused) within the window `W` of its booking
+/// (docs/quotas.md). A booking made at time t lies between two successful recounts k−1 and k
+/// of the line: after k−1 wrote (or found its value), at or before k read the quota; none
+/// lies between k's read and its write, which would have made that write fail (and a failed
+/// write starts the line again from a first look, whose entry holds every booking before it).
+/// Entry k, `used` as k read it less what k−1 wrote, holds it, stamped when k completed, at or
+/// after t. So a booking that may still be in flight (now − t < W) is either booked since the
+/// last write (`used − written`) or in an entry younger than W: [`Line::pending`] counts both,
+/// however close together the recounts ran.
+#[derive(Debug, Default, Clone)]
+struct Line {
+    /// The value the last successful recount wrote or found; `None`: a first look.
+    written: Option<u64>,
+    /// (when, booked): what each successful recount of the last window saw booked since the
+    /// one before it (on a first look, all of `used`), oldest first.
+    booked: VecDeque<(Instant, u64)>,
+}
+
+impl Line {
+    /// What of `used` (as read at `now`) may be held by admissions still running: booked since
+    /// the last write, and every entry younger than `window` (older ones are dropped).
+    fn pending(&mut self, used: u64, now: Instant, window: Duration) -> u64 {
+        while self
+            .booked
+            .front()
+            .is_some_and(|(at, _)| now.saturating_duration_since(*at) >= window)
+        {
+            self.booked.pop_front();
+        }
+        let since = self.written.map_or(used, |w| used.saturating_sub(w));
+        self.booked
+            .iter()
+            .fold(since, |sum, (_, b)| sum.saturating_add(*b))
+    }
+
+    /// A recount that read `read` wrote `value` (or found it there) by `at`.
+    fn wrote(&mut self, read: u64, value: u64, at: Instant) {
+        let booked = self.written.map_or(read, |w| read.saturating_sub(w));
+        if booked > 0 {
+            self.booked.push_back((at, booked));
+        }
+        self.written = Some(value);
     }
 }
 
@@ -726,16 +796,25 @@ pub fn widest<'a>(
 }
 
 /// The recount: every interval, for each namespace with a budget, the live charge against
-/// what its quotas say (docs/quotas.md, "Freeing").
+/// what its quotas say; and for one namespace whenever one of its objects is deleted or done
+/// (crate::deletions) (docs/quotas.md, "Freeing").
 pub struct Recount {
     ledger: Ledger,
     every: Duration,
+    /// How long a booking may take to be stored or refused ([`Line`]): `every` unless set.
+    window: Duration,
     lease: Option<(String, String)>,
     identity: String,
-    /// The used value the previous recount wrote per (quota uid, name).
-    before: Mutex<HashMap<(String, &'static str), u64>>,
+    /// What the recounts know of each line, by (quota uid, name).
+    lines: Mutex<HashMap<(String, &'static str), Line>>,
     /// The inventories read by the recounts of the last [`SIZES_KEPT`] (crate::budget::widest).
     recent: Mutex<VecDeque<(Instant, Arc<PublishedGpus>)>>,
+    /// Held by each recount: one at a time, periodic or triggered, so that the lines' state
+    /// follows the writes in order.
+    one: tokio::sync::Mutex<()>,
+    /// When this replica last took or renewed the lease (with one named): it leads for two
+    /// intervals after (the lease lasts three).
+    renewed: Mutex<Option<Instant>>,
 }
 
 impl Recount {
@@ -748,38 +827,74 @@ impl Recount {
         Recount {
             ledger,
             every,
+            window: every,
             lease,
             identity,
-            before: Mutex::default(),
+            lines: Mutex::default(),
             recent: Mutex::default(),
+            one: tokio::sync::Mutex::new(()),
+            renewed: Mutex::default(),
         }
     }
 
-    /// Recounts every interval, forever (while this replica holds the lease, when one is
-    /// named: one replica frees at a time, so that the value it wrote last is the one others
-    /// booked on since).
+    /// The same recount keeping each booking for `window` rather than an interval (tests that
+    /// let only the triggered recounts free).
+    pub fn with_window(self, window: Duration) -> Recount {
+        Recount { window, ..self }
+    }
+
+    /// The ledger it recounts.
+    pub(crate) fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    /// Recounts at once and then every interval, forever, and follows the deletions that
+    /// trigger a recount of one namespace (crate::deletions); while this replica holds the
+    /// lease, when one is named: one replica frees at a time, so that the value it wrote last
+    /// is the one others booked on since.
     pub async fn run(self) {
+        let this = Arc::new(self);
+        tokio::spawn(crate::deletions::follow(Arc::clone(&this)));
         let mut leading = false;
         loop {
-            tokio::time::sleep(self.every).await;
-            let lead = match &self.lease {
+            let asked = Instant::now();
+            let lead = match &this.lease {
                 None => true,
-                Some((ns, name)) => self.hold_lease(ns, name).await,
+                Some((ns, name)) => this.hold_lease(ns, name).await,
             };
-            if !lead || !leading {
-                // A new leader starts from a first look: what another replica freed meanwhile
-                // is not in its baselines.
-                if let Ok(mut b) = self.before.lock() {
-                    b.clear();
+            {
+                let _one = this.one.lock().await;
+                if let Ok(mut r) = this.renewed.lock() {
+                    *r = lead.then_some(asked);
+                }
+                if !lead || !leading {
+                    // A new leader starts from a first look: what another replica freed
+                    // meanwhile is not in its lines.
+                    if let Ok(mut l) = this.lines.lock() {
+                        l.clear();
+                    }
                 }
             }
             leading = lead;
             if lead {
-                if let Err(e) = self.once().await {
+                if let Err(e) = this.once().await {
                     eprintln!("gpuslice webhook: budget recount: {e}");
                 }
             }
+            tokio::time::sleep(this.every).await;
         }
+    }
+
+    /// Whether this replica recounts now: no lease is named, or it took or renewed the lease
+    /// within the last two intervals (the lease lasts three, so no other replica holds it).
+    fn leads(&self) -> bool {
+        self.lease.is_none()
+            || self
+                .renewed
+                .lock()
+                .ok()
+                .and_then(|r| *r)
+                .is_some_and(|at| at.elapsed() < self.every.saturating_mul(2))
     }
 
     /// Takes or renews the lease `ns/name`; whether this replica holds it.
@@ -822,7 +937,9 @@ impl Recount {
     }
 
     /// The inventory this recount prices the live objects with: [`widest`] of `now` and the
-    /// inventories of the recounts of the last [`SIZES_KEPT`], which keeps `now` among them.
+    /// inventories of the recounts of the last [`SIZES_KEPT`], which keeps `now` among them
+    /// (an inventory the same as the last one kept renews it, so that recounts close together
+    /// keep one).
     fn priced_with(&self, now: Arc<PublishedGpus>) -> PublishedGpus {
         let Ok(mut recent) = self.recent.lock() else {
             return (*now).clone();
@@ -830,12 +947,29 @@ impl Recount {
         let at = Instant::now();
         recent.retain(|(t, _)| at.duration_since(*t) < SIZES_KEPT);
         let priced = widest(&now, recent.iter().map(|(_, i)| i.as_ref()));
-        recent.push_back((at, now));
+        match recent.back_mut() {
+            Some(last) if *last.1 == *now => last.0 = at,
+            _ => recent.push_back((at, now)),
+        }
         priced
     }
 
     /// One recount of every namespace with a budget.
     pub async fn once(&self) -> Result<(), BudgetError> {
+        self.recount(None).await
+    }
+
+    /// One recount of namespace `ns`, if this replica recounts now ([`Recount::leads`]).
+    pub(crate) async fn namespace_now(&self, ns: &str) -> Result<(), BudgetError> {
+        self.recount(Some(ns)).await
+    }
+
+    /// One recount of the namespaces with a budget: every one (`scope` `None`), or `scope`'s.
+    async fn recount(&self, scope: Option<&str>) -> Result<(), BudgetError> {
+        let _one = self.one.lock().await;
+        if scope.is_some() && !self.leads() {
+            return Ok(());
+        }
         let client = self.ledger.cluster.client();
         let inventory = self
             .ledger
@@ -848,12 +982,17 @@ impl Recount {
         let inventory = self.priced_with(inventory);
         // Quotas are read before the objects, so that a charge booked after this read makes
         // the write below conflict, and one booked before it is either among the objects or
-        // booked since the previous recount wrote (kept).
-        let all: Api<ResourceQuota> = Api::all(client.clone());
-        let quotas = all
-            .list(&ListParams::default())
-            .await
-            .map_err(read_err("the ResourceQuotas"))?;
+        // pending (kept).
+        let quotas = match scope {
+            None => Api::<ResourceQuota>::all(client.clone())
+                .list(&ListParams::default())
+                .await
+                .map_err(read_err("the ResourceQuotas"))?,
+            Some(ns) => Api::<ResourceQuota>::namespaced(client.clone(), ns)
+                .list(&ListParams::default())
+                .await
+                .map_err(read_err(format!("the ResourceQuotas of namespace {ns}")))?,
+        };
         let mut by_ns: BTreeMap<String, Vec<ResourceQuota>> = BTreeMap::new();
         for q in quotas.items {
             if names_any(&q, false) || names_any(&q, true) {
@@ -863,19 +1002,22 @@ impl Recount {
         }
         let mut seen = HashSet::new();
         for (ns, qs) in by_ns {
-            // One namespace that cannot be recounted (its quotas' baselines start again from a
+            // One namespace that cannot be recounted (its quotas' lines start again from a
             // first look) does not hold up the others.
             if let Err(e) = self.namespace(&ns, qs, &inventory, &mut seen).await {
                 eprintln!("gpuslice webhook: budget recount of namespace {ns}: {e}");
             }
         }
-        if let Ok(mut before) = self.before.lock() {
-            before.retain(|k, _| seen.contains(k));
+        if scope.is_none() {
+            // The lines of quotas gone, or of namespaces not recounted, are forgotten.
+            if let Ok(mut lines) = self.lines.lock() {
+                lines.retain(|k, _| seen.contains(k));
+            }
         }
         Ok(())
     }
 
-    /// The recount of one namespace's quotas `qs`; `seen` gathers the baselines it keeps.
+    /// The recount of one namespace's quotas `qs`; `seen` gathers the lines it keeps.
     async fn namespace(
         &self,
         ns: &str,
@@ -902,15 +1044,18 @@ impl Recount {
             let mut next = Vec::new();
             let mut keys = Vec::new();
             {
-                let before = self.before.lock().map_err(|_| BudgetError::Read {
-                    what: "the recount's baselines".into(),
+                let mut lines = self.lines.lock().map_err(|_| BudgetError::Read {
+                    what: "the recount's lines".into(),
                     detail: "lock poisoned".into(),
                 })?;
+                let now = Instant::now();
                 for l in &budget.lines {
                     let key = (uid.clone(), l.name.name);
-                    let used = line_used(l.used, &live, l.name, before.get(&key).copied());
+                    let line = lines.entry(key.clone()).or_default();
+                    let pending = line.pending(l.used, now, self.window);
+                    let used = line_used(l.used, &live, l.name, pending);
                     next.push((l.name, used));
-                    keys.push((key, used));
+                    keys.push((key, l.used, used));
                 }
             }
             let name = q.metadata.name.clone().unwrap_or_default();
@@ -921,14 +1066,15 @@ impl Recount {
             } else {
                 true
             };
-            if let Ok(mut before) = self.before.lock() {
-                for (key, used) in keys {
+            let at = Instant::now();
+            if let Ok(mut lines) = self.lines.lock() {
+                for (key, read, used) in keys {
                     seen.insert(key.clone());
                     if wrote {
-                        before.insert(key, used);
+                        lines.entry(key).or_default().wrote(read, used, at);
                     } else {
                         // Not written (a booking came between): next time is a first look.
-                        before.remove(&key);
+                        lines.remove(&key);
                     }
                 }
             }
@@ -962,51 +1108,92 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    /// Runs `settle` from a first look over `(used, live)` pairs, as consecutive recounts that
-    /// each wrote: the used values written.
-    fn recounts(looks: &[(u64, u64)]) -> Vec<u64> {
-        let mut before = None;
+    /// The window of these tests.
+    const W: Duration = DEFAULT_RECOUNT;
+
+    /// Runs consecutive recounts of one line from a first look, each of which wrote, over
+    /// `(milliseconds since the first, used, live)`: the used values written.
+    fn recounts(looks: &[(u64, u64, u64)]) -> Vec<u64> {
+        let t0 = Instant::now();
+        let mut line = Line::default();
         looks
             .iter()
-            .map(|&(used, live)| {
-                let written = settle(used, live, before);
-                before = Some(written);
+            .map(|&(ms, used, live)| {
+                let at = t0 + Duration::from_millis(ms);
+                let written = settle(used, live, line.pending(used, at, W));
+                line.wrote(used, written, at);
                 written
             })
             .collect()
     }
 
     #[test]
-    fn what_deleted_objects_held_is_freed_at_the_next_recount() {
-        // First look: nothing is known to be stored, nothing freed.
-        assert_eq!(settle(10, 6, None), 10);
-        // Seen again, nothing booked since: freed.
-        assert_eq!(recounts(&[(10, 6), (10, 6)]), [10, 6]);
-        // Deleted since the previous recount: freed at once.
-        assert_eq!(recounts(&[(10, 8), (10, 4)]), [10, 4]);
-        // A charge booked but not stored yet (2 past the live objects) is kept.
-        assert_eq!(recounts(&[(10, 10), (12, 10)]), [10, 12]);
-        // 4 deleted, then 2 booked and stored: the 4 freed, the 2 kept a recount longer.
-        assert_eq!(recounts(&[(10, 6), (12, 8), (10, 8)]), [10, 10, 8]);
+    fn what_deleted_objects_held_is_freed_once_nothing_booked_may_be_in_flight() {
+        // First look: nothing is known to be stored, nothing freed; nor within the window.
+        assert_eq!(recounts(&[(0, 10, 6)]), [10]);
+        assert_eq!(recounts(&[(0, 10, 6), (1_000, 10, 6)]), [10, 10]);
+        // A window after the first look: freed.
+        assert_eq!(recounts(&[(0, 10, 6), (15_000, 10, 6)]), [10, 6]);
+        // Deleted long after its booking: freed by a recount 100 ms after the previous one.
+        assert_eq!(
+            recounts(&[(0, 10, 10), (20_000, 10, 10), (20_100, 10, 4)]),
+            [10, 10, 4]
+        );
+        // A charge booked but not stored yet (2 past the live objects) is kept for a window
+        // from the recount that first saw it, however many recounts run meanwhile.
+        assert_eq!(
+            recounts(&[
+                (0, 10, 10),
+                (20_000, 10, 10),
+                (21_000, 12, 10),
+                (21_050, 12, 10),
+                (35_999, 12, 10),
+                (36_000, 12, 10),
+            ]),
+            [10, 10, 12, 12, 12, 10]
+        );
     }
 
     #[test]
-    fn a_booking_in_flight_at_a_recount_is_not_freed() {
-        // Hard 8: P1 (4) booked, not stored at the first recount; stored by the second, when
-        // P2 (4) is booked and not stored. The excess of 4 at the second is P2's, booked since
-        // the first recount wrote: it stays, so P3 (4) is refused (8 + 4 > 8).
-        assert_eq!(recounts(&[(4, 0), (8, 4), (8, 8)]), [4, 8, 8]);
+    fn two_recounts_in_quick_succession_do_not_free_a_booking_still_in_flight() {
+        // Hard 8: P1 (4) stored long ago; P2 (4) booked at 20.0 s, its admission still
+        // running at the recounts of 20.05 s and 20.1 s (the second triggered by a deletion
+        // elsewhere in the namespace). The first sees 4 booked since the last write and keeps
+        // it; the second sees nothing booked since the first wrote 8, but the first's entry,
+        // younger than the window, still holds the 4: kept, so P3 (4) is refused (8 + 4 > 8).
+        // The rule this replaces ("keep what was booked since the previous recount wrote")
+        // would have freed it at the second: used 8, live 4, booked since the write 0: 4
+        // written, P3 admitted, and P2 stored on top: 12 held against a hard 8.
+        assert_eq!(
+            recounts(&[(0, 4, 4), (16_000, 4, 4), (20_050, 8, 4), (20_100, 8, 4)]),
+            [4, 4, 8, 8]
+        );
+        // P2's object never stored (a later admission plugin refused it): freed a window after
+        // the recount that first saw its booking.
+        assert_eq!(
+            recounts(&[
+                (0, 4, 4),
+                (16_000, 4, 4),
+                (20_050, 8, 4),
+                (20_100, 8, 4),
+                (35_050, 8, 4)
+            ]),
+            [4, 4, 8, 8, 4]
+        );
     }
 
     #[test]
     fn more_live_than_booked_keeps_the_bookings_that_may_be_in_flight() {
         // A quota made over 6 running: written at once.
-        assert_eq!(settle(0, 6, None), 6);
+        assert_eq!(recounts(&[(0, 0, 6)]), [6]);
         // 6 admitted before the budget, 4 booked and in flight at the first look: 6 + 4, as
         // the 4's object may not be stored (it is freed once it is known stored: 6 + 4 live).
-        assert_eq!(recounts(&[(4, 6), (10, 10)]), [10, 10]);
-        // The 4 was stored by the first look: 10 written, the 4 counted twice until the next.
-        assert_eq!(recounts(&[(4, 10), (14, 10), (10, 10)]), [14, 10, 10]);
+        assert_eq!(recounts(&[(0, 4, 6), (1_000, 10, 10)]), [10, 10]);
+        // The 4 was stored by the first look: 14 written, the 4 counted twice for a window.
+        assert_eq!(
+            recounts(&[(0, 4, 10), (1_000, 14, 10), (15_000, 14, 10)]),
+            [14, 14, 10]
+        );
     }
 
     /// A small deterministic generator for the ledger's simulation.
@@ -1023,25 +1210,74 @@ mod tests {
 
     #[test]
     fn the_ledger_never_holds_less_than_the_live_objects_and_the_admissions_in_flight() {
-        // Admissions (book, then stored or refused), deletions, objects the budget never
-        // booked, and recounts whose write a booking makes fail, in random orders. Each
-        // admission ends within one interval of its booking, as docs/quotas.md assumes:
-        // before a recount, those booked before the previous one are stored or refused. An
-        // object never booked (admitted before the budget) is held short until a recount
-        // sees more live than booked, never more than it.
+        // Admissions (booked, then stored or refused), deletions, objects the budget never
+        // booked, and recounts at random times (most far closer together than the window, some
+        // farther apart), whose write a booking may make fail, in random orders. Each
+        // admission ends before a window has passed since its booking, as docs/quotas.md
+        // assumes. An object never booked (admitted before the budget) is held short until a
+        // recount sees more live than booked, never more than it.
+        const W_MS: u64 = 1_000;
+        let window = Duration::from_millis(W_MS);
         for seed in 0..200u64 {
             let mut rng = Lcg(seed);
-            let (mut used, mut before) = (0u64, None);
+            let t0 = Instant::now();
+            let (mut now, mut used, mut line) = (0u64, 0u64, Line::default());
             let mut live: Vec<u64> = Vec::new();
             let mut never_booked: Vec<u64> = Vec::new();
-            // In flight: (charge, booked since the previous recount).
-            let mut flight: Vec<(u64, bool)> = Vec::new();
-            for _ in 0..300 {
+            // In flight: (charge, the time it ends by, before its booking's time + W).
+            let mut flight: Vec<(u64, u64)> = Vec::new();
+            let recount = |now: u64,
+                           used: &mut u64,
+                           line: &mut Line,
+                           live: &[u64],
+                           never_booked: &[u64],
+                           flight: &mut Vec<(u64, u64)>,
+                           rng: &mut Lcg| {
+                let at = t0 + Duration::from_millis(now);
+                let booked: u64 = live.iter().sum();
+                let unbooked: u64 = never_booked.iter().sum();
+                let read = *used;
+                let written = settle(read, booked + unbooked, line.pending(read, at, window));
+                let in_flight: u64 = flight.iter().map(|f| f.0).sum();
+                assert!(
+                    written >= booked + in_flight,
+                    "seed {seed} at {now} ms: wrote {written}, live {booked} + {unbooked} \
+                     never booked, in flight {in_flight}"
+                );
+                if rng.below(4) == 0 {
+                    // A booking came between the read and the write: not written.
+                    let c = 1 + rng.below(4);
+                    *used += c;
+                    flight.push((c, now + rng.below(W_MS)));
+                    *line = Line::default();
+                } else {
+                    *used = written;
+                    line.wrote(read, written, at);
+                }
+            };
+            for _ in 0..400 {
+                now += match rng.below(10) {
+                    0 => rng.below(3 * W_MS),
+                    1..=3 => rng.below(W_MS / 4),
+                    _ => rng.below(5),
+                };
+                // Admissions whose time is up have ended: stored, or refused.
+                let mut i = 0;
+                while i < flight.len() {
+                    if flight[i].1 <= now {
+                        let (c, _) = flight.remove(i);
+                        if rng.below(5) > 0 {
+                            live.push(c);
+                        }
+                    } else {
+                        i += 1;
+                    }
+                }
                 match rng.below(7) {
                     0 | 1 => {
                         let c = 1 + rng.below(4);
                         used += c;
-                        flight.push((c, true));
+                        flight.push((c, now + rng.below(W_MS)));
                     }
                     2 if !flight.is_empty() => {
                         let (c, _) = flight.remove(rng.below(flight.len() as u64) as usize);
@@ -1056,43 +1292,27 @@ mod tests {
                         never_booked.pop();
                     }
                     4 if rng.below(10) == 0 => never_booked.push(1 + rng.below(4)),
-                    _ => {
-                        flight.retain(|&(c, recent)| {
-                            if !recent && rng.below(2) == 0 {
-                                live.push(c);
-                            }
-                            recent
-                        });
-                        let booked: u64 = live.iter().sum();
-                        let unbooked: u64 = never_booked.iter().sum();
-                        let written = settle(used, booked + unbooked, before);
-                        let in_flight: u64 = flight.iter().map(|f| f.0).sum();
-                        assert!(
-                            written + unbooked >= booked + unbooked + in_flight,
-                            "seed {seed}: wrote {written}, live {booked} + {unbooked} never \
-                             booked, in flight {in_flight}"
-                        );
-                        if rng.below(4) == 0 {
-                            // A booking came between the read and the write: not written.
-                            before = None;
-                        } else {
-                            used = written;
-                            before = Some(written);
-                        }
-                        for f in &mut flight {
-                            f.1 = false;
-                        }
-                    }
+                    _ => recount(
+                        now,
+                        &mut used,
+                        &mut line,
+                        &live,
+                        &never_booked,
+                        &mut flight,
+                        &mut rng,
+                    ),
                 }
             }
-            // Quiet: every admission ends, two recounts that write; nothing is left over.
-            for (c, _) in flight.drain(..) {
-                live.push(c);
-            }
+            // Quiet: every admission ends; two recounts a window apart that write leave
+            // nothing over.
+            live.extend(flight.drain(..).map(|(c, _)| c));
             let total: u64 = live.iter().chain(&never_booked).sum();
             for _ in 0..2 {
-                used = settle(used, total, before);
-                before = Some(used);
+                now += W_MS;
+                let at = t0 + Duration::from_millis(now);
+                let read = used;
+                used = settle(read, total, line.pending(read, at, window));
+                line.wrote(read, used, at);
             }
             assert_eq!(used, total, "seed {seed}");
         }
@@ -1140,21 +1360,18 @@ mod tests {
         assert_eq!(live.charge.memory_bytes, 2 << 30);
         let why = live.unpriced.clone().expect("the whole GPU is unpriced");
         assert!(why.contains("ResourceClaim whole"), "{why}");
-        // Nothing freed against it (10 booked, 2 priced, nothing booked since), only raised.
+        // Nothing freed against it (10 booked, 2 priced, nothing pending), only raised.
         let memory = NAMES
             .iter()
             .find(|n| n.name == "limits.gpuslice.io/memory")
             .unwrap();
-        assert_eq!(line_used(10 << 30, &live, memory, Some(10 << 30)), 10 << 30);
-        assert_eq!(line_used(1 << 30, &live, memory, Some(1 << 30)), 2 << 30);
+        assert_eq!(line_used(10 << 30, &live, memory, 0), 10 << 30);
+        assert_eq!(line_used(1 << 30, &live, memory, 0), 2 << 30);
         let priced = Live {
             unpriced: None,
             ..live
         };
-        assert_eq!(
-            line_used(10 << 30, &priced, memory, Some(10 << 30)),
-            2 << 30
-        );
+        assert_eq!(line_used(10 << 30, &priced, memory, 0), 2 << 30);
     }
 
     #[test]

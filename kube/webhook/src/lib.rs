@@ -10,6 +10,7 @@
 pub mod ask;
 pub mod budget;
 pub mod cluster;
+pub mod deletions;
 pub mod mirror;
 pub mod mutate;
 pub mod placement;
@@ -20,4 +21,4 @@ pub mod tls;
 pub mod view;
 
 pub use gpuslice_conn::Limits;
-pub use server::{run_until_signal, serve, Options, WebhookArgs, WebhookError};
+pub use server::{run_until_signal, serve, serve_with, Options, WebhookArgs, WebhookError};

@@ -24,7 +24,7 @@ use crate::view::{list_page, Event, Page, ViewError, Viewed, Watch};
 const WATCH_SECONDS: u32 = 290;
 /// The pause after a watch or a list failed, before the next list; also the shortest a watch
 /// must last to be resumed rather than taken for a failure.
-const RETRY: Duration = Duration::from_secs(1);
+pub(crate) const RETRY: Duration = Duration::from_secs(1);
 /// Objects read per list call.
 const PAGE: u32 = 500;
 
@@ -89,24 +89,20 @@ impl<K: Resource> Held<K> {
         true
     }
 
-    /// Applies one watch event: the resourceVersion it brings the copy to (`Some(None)`: the
-    /// version stays, as for an object that cannot be read: the event is seen again if the
-    /// next watch resumes before it), or `None` when it ends the watch (an error event, or an
-    /// object that cannot even be named).
+    /// Applies one watch event: the resourceVersion it brings the copy to ([`reached`]), or
+    /// `None` when it ends the watch (an error event, or an object that cannot even be named).
     fn apply(&mut self, event: Event<K>) -> Option<Option<String>> {
-        let version = |o: &K| o.meta().resource_version.clone().filter(|v| !v.is_empty());
+        let version = reached(&event)?;
         match event {
             Event::Put(Ok(o)) => {
-                let (k, v) = (key(&o), version(&o));
+                let k = key(&o);
                 self.unread.remove(&k);
                 self.objects.insert(k, o);
-                Some(v)
             }
             Event::Deleted(Ok(o)) => {
                 let k = key(&o);
                 self.unread.remove(&k);
                 self.objects.remove(&k);
-                Some(version(&o))
             }
             Event::Put(Err(e)) => {
                 let k = unread_key(&e)?;
@@ -114,17 +110,73 @@ impl<K: Resource> Held<K> {
                 if self.unread.insert(k) {
                     left_out(&e);
                 }
-                Some(None)
             }
             Event::Deleted(Err(e)) => {
                 let k = unread_key(&e)?;
                 self.objects.remove(&k);
                 self.unread.remove(&k);
-                Some(None)
             }
-            // A bookmark without a version moves nothing (a watch from "" would start anew).
-            Event::Bookmark(v) => Some(Some(v).filter(|v| !v.is_empty())),
-            Event::Error(_) => None,
+            Event::Bookmark(_) | Event::Error(_) => {}
+        }
+        Some(version)
+    }
+}
+
+/// The resourceVersion a watch event brings its follower to: `Some(None)` when the version
+/// stays (an object that cannot be read: the event is seen again if the next watch resumes
+/// before it; a bookmark without a version, as a watch from "" would start anew), `None` when
+/// the event ends the watch (an error event).
+pub(crate) fn reached<K: Resource>(event: &Event<K>) -> Option<Option<String>> {
+    let version = |o: &K| o.meta().resource_version.clone().filter(|v| !v.is_empty());
+    match event {
+        Event::Put(Ok(o)) | Event::Deleted(Ok(o)) => Some(version(o)),
+        Event::Put(Err(_)) | Event::Deleted(Err(_)) => Some(None),
+        Event::Bookmark(v) => Some(Some(v.clone()).filter(|v| !v.is_empty())),
+        Event::Error(_) => None,
+    }
+}
+
+/// The parameters of each watch: renewed after [`WATCH_SECONDS`]. Bookmarks (on by default)
+/// keep the version moving while nothing changes, so that a resumed watch does not start from
+/// one the API server has compacted away.
+pub(crate) fn watch_params() -> WatchParams {
+    WatchParams::default().timeout(WATCH_SECONDS)
+}
+
+/// Follows the changes of the objects of kind `K` that `params` selects from resourceVersion
+/// `version`, each watch resuming where the last one ended, until one fails or `apply` ends it:
+/// `opened` is called each time a watch is open, `apply` with each event, returning the
+/// resourceVersion it brings the follower to (`Some(None)`: the version stays; `None`: the
+/// watch ends, and the caller lists anew after a pause).
+pub(crate) async fn follow_from<K: Viewed + Resource<DynamicType = ()>>(
+    client: &kube::Client,
+    params: &WatchParams,
+    mut version: String,
+    mut opened: impl FnMut(),
+    mut apply: impl FnMut(Event<K>) -> Option<Option<String>>,
+) {
+    loop {
+        let began = Instant::now();
+        let Ok(mut events) = Watch::start::<K>(client, params, &version).await else {
+            return;
+        };
+        opened();
+        while let Some(event) = events.next::<K>().await {
+            let Ok(event) = event else {
+                return;
+            };
+            match apply(event) {
+                Some(Some(v)) => version = v,
+                Some(None) => {}
+                None => return,
+            }
+        }
+        // The API server ended the watch at its timeout: the follower is as current as the
+        // version reached, and the next watch starts from it. One that ended at once is taken
+        // for a failure (listed anew after the pause), so no loop asks the API server without
+        // a pause.
+        if began.elapsed() < RETRY {
+            return;
         }
     }
 }
@@ -168,43 +220,22 @@ where
     /// ended, until one fails.
     async fn list_and_watch(&self, client: &kube::Client, labels: Option<&str>) {
         let mut list = ListParams::default().limit(PAGE);
-        // Bookmarks (on by default) keep the version moving while nothing changes, so that a
-        // resumed watch does not start from one the API server has compacted away.
-        let mut watch = WatchParams::default().timeout(WATCH_SECONDS);
+        let mut watch = watch_params();
         if let Some(labels) = labels {
             list = list.labels(labels);
             watch = watch.labels(labels);
         }
-        let Some(mut version) = self.list(client, list).await else {
+        let Some(version) = self.list(client, list).await else {
             return;
         };
-        loop {
-            let began = Instant::now();
-            let Ok(mut events) = Watch::start::<K>(client, &watch, &version).await else {
-                return;
-            };
-            self.current.store(true, Ordering::SeqCst);
-            while let Some(event) = events.next::<K>().await {
-                let Ok(event) = event else {
-                    return;
-                };
-                let Ok(mut c) = self.copy.write() else {
-                    return;
-                };
-                match c.apply(event) {
-                    Some(Some(v)) => version = v,
-                    Some(None) => {}
-                    None => return,
-                }
-            }
-            // The API server ended the watch at its timeout: the copy is as current as the
-            // version reached, and the next watch starts from it. One that ended at once is
-            // taken for a failure (listed anew after the pause), so no loop asks the API server
-            // without a pause.
-            if began.elapsed() < RETRY {
-                return;
-            }
-        }
+        follow_from::<K>(
+            client,
+            &watch,
+            version,
+            || self.current.store(true, Ordering::SeqCst),
+            |event| self.copy.write().ok()?.apply(event),
+        )
+        .await;
     }
 
     /// Lists the objects page by page into a new copy, which then replaces the old one: the

@@ -113,9 +113,11 @@ pub struct WebhookArgs {
     /// namespace before it is marked unused, and stays marked before it is deleted.
     #[arg(long, value_name = "SECONDS", default_value_t = crate::sweep::DEFAULT_GRACE.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
     pub unused_template_grace: u64,
-    /// Seconds between recounts of the namespaces' budgets from their live pods and claims
-    /// (what deleted objects held is freed by the first after they are gone; an admission must
-    /// reach the API server's store within one).
+    /// Seconds between recounts of the namespaces' budgets from their live pods and claims,
+    /// and the window a booking is kept for: an admission must reach the API server's store
+    /// within it. A deleted pod or claim, or a pod done, is freed within about a second by a
+    /// recount of its namespace (less what was booked there within the window); this periodic
+    /// one frees what those missed.
     #[arg(long, value_name = "SECONDS", default_value_t = crate::budget::DEFAULT_RECOUNT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
     pub budget_recount: u64,
     /// The Lease (NAMESPACE/NAME) the replicas take turns on to recount budgets, one at a
@@ -181,8 +183,11 @@ pub fn run_until_signal(args: WebhookArgs) -> Result<(), WebhookError> {
                 detail: e.to_string(),
             })?;
         let cluster = Cluster::start(client, Duration::from_secs(args.unused_template_grace)).await;
+        // One watched copy of the quotas serves the admissions and tells the recount which
+        // namespaces a deletion may free a budget in.
+        let ledger = Ledger::watching(cluster, args.hami_compat);
         let recount = Recount::new(
-            Ledger::new(cluster.clone(), args.hami_compat),
+            ledger.clone(),
             Duration::from_secs(args.budget_recount),
             args.budget_lease.clone(),
         );
@@ -203,15 +208,7 @@ pub fn run_until_signal(args: WebhookArgs) -> Result<(), WebhookError> {
                 _ = tokio::signal::ctrl_c() => {},
             }
         };
-        serve(
-            listener,
-            tls,
-            cluster,
-            args.hami_compat,
-            Options::default(),
-            stop,
-        )
-        .await;
+        serve_with(listener, tls, ledger, Options::default(), stop).await;
         Ok(())
     })
 }
@@ -225,11 +222,24 @@ pub async fn serve(
     opts: Options,
     stop: impl Future<Output = ()>,
 ) {
+    let ledger = Ledger::watching(cluster, hami_compat);
+    serve_with(listener, tls, ledger, opts, stop).await;
+}
+
+/// [`serve`], admissions booking through `ledger` (a watching one, crate::budget::Ledger),
+/// which the recount may share.
+pub async fn serve_with(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    ledger: Ledger,
+    opts: Options,
+    stop: impl Future<Output = ()>,
+) {
     let acceptor = TlsAcceptor::from(tls);
     let shared = Arc::new(Shared {
-        ledger: Ledger::watching(cluster.clone(), hami_compat),
-        cluster,
-        hami_compat,
+        cluster: ledger.cluster().clone(),
+        hami_compat: ledger.hami_compat(),
+        ledger,
         opts,
         slots: Slots::new(opts.max_connections),
         budget: Arc::new(Semaphore::new(

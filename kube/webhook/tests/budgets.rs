@@ -1,19 +1,20 @@
 //! Namespace budgets against the FAKE API server of `gpuslice-fakeapi` (no control plane runs
 //! in a crate's tests; `budgets::` in tests/ runs the real one): a pod past its budget is
 //! refused before any template is made for it, and one within it is booked; the recount frees
-//! what a deleted pod held at the next recount, keeps a booking whose pod is not stored yet
-//! for one more, and frees nothing while a live claim cannot be priced. The fake holds no
+//! what a deleted pod held at once, keeps a booking whose pod is not stored yet for a window
+//! however often it runs, and frees nothing while a live claim cannot be priced; a deletion
+//! frees its share within a second, long before the periodic recount. The fake holds no
 //! ResourceSlice (a cluster in capacity mode whose nodes publish no GPU yet: a memory asked is
 //! charged as asked, a whole GPU cannot be priced).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use gpuslice_fakeapi::FakeApi;
 use gpuslice_webhook::budget::{Ledger, Recount};
 use gpuslice_webhook::cluster::Cluster;
 use serde_json::{json, Value};
 
-use crate::hostile::{patient, reviewed, start_against};
+use crate::hostile::{patient, reviewed, start_against, start_recounting};
 
 const MEMORY: &str = "limits.gpuslice.io/memory";
 
@@ -89,18 +90,26 @@ fn pod(ns: &str, name: &str) -> Value {
         "status": {"phase": "Running"}})
 }
 
-#[test]
-fn the_recount_frees_a_deleted_pods_share_at_once_and_a_booking_in_flight_later() {
-    const NS: &str = "team";
-    let api = FakeApi::start();
+/// Template `t2` of `ns`: one GPU's 2Gi.
+fn template_2gi(api: &FakeApi, ns: &str) {
     api.put(
         "resourceclaimtemplates",
         &json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-            "metadata": {"name": "t2", "namespace": NS},
+            "metadata": {"name": "t2", "namespace": ns},
             "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
                 "deviceClassName": "gpuslice.io",
                 "capacity": {"requests": {"memory": "2Gi"}}}}]}}}}),
     );
+}
+
+/// The window the recounts of these tests keep a booking for.
+const WINDOW: Duration = Duration::from_millis(300);
+
+#[test]
+fn the_recount_frees_a_deleted_pods_share_at_once_and_a_booking_in_flight_later() {
+    const NS: &str = "team";
+    let api = FakeApi::start();
+    template_2gi(&api, NS);
     api.put("resourcequotas", &quota(NS, "10Gi", "6Gi"));
     for name in ["p1", "p2", "p3"] {
         api.put("pods", &pod(NS, name));
@@ -114,23 +123,30 @@ fn the_recount_frees_a_deleted_pods_share_at_once_and_a_booking_in_flight_later(
         let config = kube::Config::new(api.url.parse().unwrap());
         let client = kube::Client::try_from(config).unwrap();
         let cluster = Cluster::start(client, gpuslice_webhook::sweep::DEFAULT_GRACE).await;
-        let recount = Recount::new(Ledger::new(cluster, false), Duration::from_secs(1), None);
+        let recount = Recount::new(Ledger::new(cluster, false), Duration::from_secs(300), None)
+            .with_window(WINDOW);
         let once = || async { recount.once().await.unwrap() };
+        let window = || tokio::time::sleep(WINDOW + Duration::from_millis(50));
 
         // A first look frees nothing; nothing to free either.
         once().await;
         assert_eq!(used(&api, NS), "6Gi");
-        // A pod deleted: freed by the next recount.
+        // A window later, a pod deleted: freed by the next recount.
+        window().await;
         api.remove("pods", NS, "p1");
         once().await;
         assert_eq!(used(&api, NS), "4Gi");
-        // A booking whose pod is not stored yet (an admission running): kept at the recount
-        // after it, freed at the one after that when its pod never came.
+        // A booking whose pod is not stored yet (an admission running): kept by the recounts
+        // of the window after the first that saw it, however close together, and freed once
+        // the window has passed when its pod never came.
         api.edit("resourcequotas", NS, "gpu", |q| {
             q["status"]["used"][MEMORY] = json!("6Gi");
         });
         once().await;
         assert_eq!(used(&api, NS), "6Gi");
+        once().await;
+        assert_eq!(used(&api, NS), "6Gi");
+        window().await;
         once().await;
         assert_eq!(used(&api, NS), "4Gi");
 
@@ -151,4 +167,55 @@ fn the_recount_frees_a_deleted_pods_share_at_once_and_a_booking_in_flight_later(
         once().await;
         assert_eq!(used(&api, NS), "2Gi");
     });
+}
+
+#[test]
+fn a_deleted_pods_share_is_freed_within_a_second_long_before_the_periodic_recount() {
+    const NS: &str = "swap";
+    let api = FakeApi::start();
+    template_2gi(&api, NS);
+    api.put("resourcequotas", &quota(NS, "2Gi", "2Gi"));
+    api.put("pods", &pod(NS, "old"));
+    // The periodic recount runs at the start, then not for 300 s: only the recount a deletion
+    // triggers can free the old pod's share within the test.
+    let w = start_recounting(
+        &api.url,
+        patient(),
+        Some((Duration::from_secs(300), WINDOW)),
+    );
+    // The start's recount has listed the namespace's pods (a first look: the old pod's booking
+    // may be in flight), the pods are watched, and a window has passed.
+    let recounted = format!("GET /api/v1/namespaces/{NS}/pods");
+    let began = Instant::now();
+    while !api.requests().contains(&recounted) || api.watch_starts("pods").is_empty() {
+        assert!(
+            began.elapsed() < Duration::from_secs(20),
+            "{:?}",
+            api.requests()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(WINDOW + Duration::from_millis(200));
+
+    // At its budget: the replacement is refused while the old pod runs.
+    let answer = reviewed(w.addr, &review(NS, "new", "2Gi"));
+    assert_eq!(answer["response"]["allowed"], false, "{answer}");
+    assert_eq!(used(&api, NS), "2Gi");
+
+    api.remove("pods", NS, "old");
+    let deleted = Instant::now();
+    loop {
+        let answer = reviewed(w.addr, &review(NS, "new", "2Gi"));
+        if answer["response"]["allowed"] == true {
+            break;
+        }
+        assert!(
+            deleted.elapsed() < Duration::from_secs(2),
+            "still refused {:?} after the old pod was deleted: {answer}",
+            deleted.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The replacement booked in the old pod's place.
+    assert_eq!(used(&api, NS), "2Gi");
 }

@@ -11,10 +11,11 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
 
+use gpuslice_webhook::budget::{Ledger, Recount};
 use gpuslice_webhook::cluster::Cluster;
 use gpuslice_webhook::server::MAX_BODY;
 use gpuslice_webhook::tls::server_config;
-use gpuslice_webhook::{serve, Limits, Options};
+use gpuslice_webhook::{serve_with, Limits, Options};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
@@ -52,6 +53,17 @@ fn start(opts: Options) -> Webhook {
 
 /// A webhook whose API server is at `api`.
 pub fn start_against(api: &str, opts: Options) -> Webhook {
+    start_recounting(api, opts, None)
+}
+
+/// A webhook whose API server is at `api`, which also runs the budget recount as
+/// `gpuslice webhook` does (sharing the admissions' watched quotas) when `recount` gives its
+/// interval and window.
+pub fn start_recounting(
+    api: &str,
+    opts: Options,
+    recount: Option<(Duration, Duration)>,
+) -> Webhook {
     let api = api.to_string();
     let dir = tempfile::tempdir().unwrap();
     let tls = server_config(pair(dir.path(), "localhost")).unwrap();
@@ -72,7 +84,12 @@ pub fn start_against(api: &str, opts: Options) -> Webhook {
                 gpuslice_webhook::sweep::DEFAULT_GRACE,
             )
             .await;
-            serve(listener, tls, cluster, false, opts, async {
+            let ledger = Ledger::watching(cluster, false);
+            if let Some((every, window)) = recount {
+                let r = Recount::new(ledger.clone(), every, None).with_window(window);
+                tokio::spawn(r.run());
+            }
+            serve_with(listener, tls, ledger, opts, async {
                 let _ = stopped.await;
             })
             .await;
