@@ -214,9 +214,14 @@ impl Tracker {
         gone
     }
 
-    /// The driver reported `xid` on `gpu`.
+    /// The driver reported `xid` on `gpu`. The driver reports every XID, in order, so an
+    /// application error often follows a fatal XID of the same GPU: it changes nothing then,
+    /// as a later fatal XID does not (the GPU is not healthy, and the first cause stays).
     pub fn on_xid(&mut self, gpu: &GpuId, xid: u32, now_ms: u64) -> Option<Change> {
         if !self.config.is_fatal(xid) {
+            if self.position(&gpu.uuid).is_some() {
+                return None;
+            }
             return Some(Change::Ignored {
                 gpu: gpu.clone(),
                 xid,
@@ -548,6 +553,10 @@ mod tests {
         };
         assert_eq!((u.index, u.xid, u.since_ms), (1, 48, 10));
         assert_eq!(t.on_xid(&gpu(1), 79, 20), None, "the first cause stays");
+        assert_eq!(t.list()[0].xid, 48);
+        // An application error after it (the driver delivers both) is not said to leave
+        // the GPU healthy.
+        assert_eq!(t.on_xid(&gpu(1), 13, 25), None);
         assert_eq!(t.list()[0].xid, 48);
         // While the driver asks for a reset, it stays.
         assert_eq!(t.on_probe(&gpu(1), Probe::NeedsRecovery, 30), None);

@@ -61,7 +61,8 @@ pub enum Command {
 #[derive(Debug, Subcommand)]
 pub enum SimCommand {
     /// Make the simulated driver report an XID for a GPU, as a real driver does (NVML events,
-    /// failing calls; docs/troubleshooting.md), or end the fault with --clear.
+    /// failing calls; docs/troubleshooting.md), or end its XIDs with --clear. XIDs add up: a
+    /// later one never ends an earlier one.
     Fault(SimFaultArgs),
 }
 
@@ -75,7 +76,8 @@ pub struct SimFaultArgs {
     /// The XID the driver reports, e.g. 79 (fallen off the bus), 48/94/95 (ECC), 119 (GSP).
     #[arg(long, value_name = "CODE", value_parser = clap::value_parser!(u32).range(1..=65535))]
     pub xid: Option<u32>,
-    /// End the GPU's fault (as a GPU reset does).
+    /// End every XID of the GPU (as a GPU reset does); CUDA contexts an XID 79 or an ECC XID
+    /// failed stay failed until they are destroyed.
     #[arg(long)]
     pub clear: bool,
 }

@@ -70,7 +70,8 @@ pub fn run(cli: Cli) -> Result<(), Error> {
     }
 }
 
-/// `gpuslice sim fault`: records the fault in the simulated driver's `faults.json`.
+/// `gpuslice sim fault`: appends the XID to the simulated driver's `faults.json`, or clears the
+/// GPU's XIDs.
 fn sim_fault(node: &NodeContext, args: &SimFaultArgs) -> Result<(), Error> {
     let config = node.config();
     if !config.is_simulated() {
@@ -79,9 +80,18 @@ fn sim_fault(node: &NodeContext, args: &SimFaultArgs) -> Result<(), Error> {
     let state = gpuslice_driver::simnode::SimLayout::of(config).state;
     let xid = if args.clear { None } else { args.xid };
     let now = gpuslice_driver::health::now_ms();
-    match gpuslice_driver::simfault::set_fault(&state, &args.gpu, xid, now)? {
-        Some(f) => println!("simulated GPU {}: the driver reports XID {}", f.uuid, f.xid),
-        None => println!("simulated GPU {}: no fault", args.gpu),
+    let in_effect = gpuslice_driver::simfault::set_fault(&state, &args.gpu, xid, now)?;
+    match (xid, in_effect.first()) {
+        (Some(x), Some(f)) => println!(
+            "simulated GPU {}: the driver reports XID {x}; XIDs in effect until --clear: {}",
+            f.uuid,
+            in_effect
+                .iter()
+                .map(|f| f.xid.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        _ => println!("simulated GPU {}: no fault (reset)", args.gpu),
     }
     Ok(())
 }

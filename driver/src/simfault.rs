@@ -1,8 +1,11 @@
 //! Faults of the simulated node: `faults.json` in the simulated driver's state dir, which
 //! `gpuslice sim fault` writes (atomically) and the simulated `libnvidia-ml.so.1` and
-//! `libcuda.so.1` read, on the host and in containers alike, to report an XID the way a real
-//! driver does (docs/troubleshooting.md, "GPU health and XIDs"). A GPU has at most one
-//! fault; a new one replaces it, `--clear` ends it (a GPU reset on a real node).
+//! `libcuda.so.1` read, on the host and in containers alike, to report XIDs the way a real
+//! driver does (docs/troubleshooting.md, "GPU health and XIDs"). The file is the node's XID
+//! log: every injected XID, in injection order, never removed, so each is delivered as an
+//! event to every NVML waiter and a later XID never hides an earlier one. An XID is in effect
+//! from its injection until `--clear` (a GPU reset on a real node) marks every XID of its GPU
+//! cleared.
 
 use std::path::{Path, PathBuf};
 
@@ -12,21 +15,37 @@ use crate::simulated::{read_devices, DevicesError};
 
 /// File name of the fault list inside the sim state dir.
 pub const FAULTS_FILE: &str = "faults.json";
-/// The only `version` of `faults.json` this code reads and writes.
-pub const FAULTS_VERSION: u32 = 1;
+/// The only `version` of `faults.json` this code reads and writes (version 1 kept one fault
+/// per GPU, replaced by the next).
+pub const FAULTS_VERSION: u32 = 2;
 /// The XID of a GPU fallen off the bus: every NVML call on it fails with
 /// `NVML_ERROR_GPU_IS_LOST`.
 pub const XID_FALLEN_OFF_BUS: u32 = 79;
 
-/// One GPU's fault.
+/// One injected XID.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SimFault {
     /// `GPU-<uuid>` of a GPU of `devices.json`.
     pub uuid: String,
     pub xid: u32,
-    /// When it was injected, ms since the Unix epoch (tells one injection from the next).
+    /// When it was injected, ms since the Unix epoch.
     pub since_ms: u64,
+    /// When `--clear` ended it, ms since the Unix epoch; `None` while it is in effect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cleared_ms: Option<u64>,
+}
+
+impl SimFault {
+    /// Whether this XID is on GPU `uuid` (UUIDs compare without case).
+    pub fn is_on(&self, uuid: &str) -> bool {
+        self.uuid.eq_ignore_ascii_case(uuid)
+    }
+
+    /// Whether it is still in effect (not cleared by a reset).
+    pub fn in_effect(&self) -> bool {
+        self.cleared_ms.is_none()
+    }
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -63,7 +82,8 @@ pub enum FaultError {
     },
 }
 
-/// The faults of the simulated node whose state dir is `state_dir`; none without the file.
+/// The XID log of the simulated node whose state dir is `state_dir`, in injection order
+/// (cleared XIDs included); empty without the file.
 pub fn read_faults(state_dir: &Path) -> Result<Vec<SimFault>, FaultError> {
     let path = state_dir.join(FAULTS_FILE);
     let text = match std::fs::read(&path) {
@@ -84,14 +104,16 @@ pub fn read_faults(state_dir: &Path) -> Result<Vec<SimFault>, FaultError> {
     Ok(doc.faults)
 }
 
-/// Gives GPU `uuid` fault `xid` (at `now_ms`), or ends its fault with `None`; returns the
-/// fault now in effect for it. The GPU must be one of `devices.json`.
+/// Injects XID `xid` into GPU `uuid` (at `now_ms`), appended to the log after every earlier
+/// XID, which stays in effect; or with `None` clears every XID of the GPU (a reset). Returns
+/// the GPU's XIDs in effect afterwards, in injection order. The GPU must be one of
+/// `devices.json`.
 pub fn set_fault(
     state_dir: &Path,
     uuid: &str,
     xid: Option<u32>,
     now_ms: u64,
-) -> Result<Option<SimFault>, FaultError> {
+) -> Result<Vec<SimFault>, FaultError> {
     if let Some(x) = xid {
         if !(1..=65535).contains(&x) {
             return Err(FaultError::BadXid(x));
@@ -111,13 +133,23 @@ pub fn set_fault(
                 .join(", "),
         })?;
     let mut faults = read_faults(state_dir)?;
-    faults.retain(|f| !f.uuid.eq_ignore_ascii_case(&device.uuid));
-    let fault = xid.map(|xid| SimFault {
-        uuid: device.uuid.clone(),
-        xid,
-        since_ms: now_ms,
-    });
-    faults.extend(fault.clone());
+    match xid {
+        Some(xid) => faults.push(SimFault {
+            uuid: device.uuid.clone(),
+            xid,
+            since_ms: now_ms,
+            cleared_ms: None,
+        }),
+        None => faults
+            .iter_mut()
+            .filter(|f| f.is_on(&device.uuid) && f.in_effect())
+            .for_each(|f| f.cleared_ms = Some(now_ms)),
+    }
+    let in_effect = faults
+        .iter()
+        .filter(|f| f.is_on(&device.uuid) && f.in_effect())
+        .cloned()
+        .collect();
     let path = state_dir.join(FAULTS_FILE);
     let doc = FaultsDoc {
         version: FAULTS_VERSION,
@@ -130,7 +162,7 @@ pub fn set_fault(
     text.push(b'\n');
     gpuslice_fsutil::atomic_write(&path, &text, 0o644)
         .map_err(|source| FaultError::Write { path, source })?;
-    Ok(fault)
+    Ok(in_effect)
 }
 
 #[cfg(test)]
@@ -154,27 +186,47 @@ mod tests {
     }
 
     #[test]
-    fn a_fault_replaces_the_last_and_clear_ends_it() {
+    fn xids_are_logged_in_order_and_a_clear_ends_only_its_gpus() {
         let (dir, uuids) = node();
         assert!(read_faults(dir.path()).expect("none yet").is_empty());
         set_fault(dir.path(), &uuids[1], Some(48), 10).expect("48");
         set_fault(dir.path(), &uuids[0], Some(13), 11).expect("13");
-        let f = set_fault(dir.path(), &uuids[1].to_lowercase(), Some(79), 12)
-            .expect("79")
-            .expect("in effect");
-        assert_eq!(
-            (f.uuid.as_str(), f.xid, f.since_ms),
-            (uuids[1].as_str(), 79, 12)
-        );
+        // A later XID on GPU 1 (benign or not) leaves the uncorrectable ECC error in effect.
+        let now = set_fault(dir.path(), &uuids[1].to_lowercase(), Some(13), 12).expect("13");
+        let xids = |fs: &[SimFault]| fs.iter().map(|f| f.xid).collect::<Vec<_>>();
+        assert_eq!(xids(&now), [48, 13]);
+        assert!(now.iter().all(|f| f.uuid == uuids[1]), "{now:?}");
         let all = read_faults(dir.path()).expect("read");
-        assert_eq!(all.len(), 2, "one fault per GPU: {all:?}");
         assert_eq!(
-            set_fault(dir.path(), &uuids[1], None, 13).expect("clear"),
-            None
+            all.iter()
+                .map(|f| (f.uuid.as_str(), f.xid, f.since_ms))
+                .collect::<Vec<_>>(),
+            [
+                (uuids[1].as_str(), 48, 10),
+                (uuids[0].as_str(), 13, 11),
+                (uuids[1].as_str(), 13, 12)
+            ],
+            "every XID, in injection order"
         );
+        // The reset of GPU 1 clears both of its XIDs and keeps them in the log.
+        assert!(set_fault(dir.path(), &uuids[1], None, 13)
+            .expect("clear")
+            .is_empty());
         let all = read_faults(dir.path()).expect("read");
-        assert_eq!(all.len(), 1);
-        assert_eq!(all[0].xid, 13);
+        assert_eq!(all.len(), 3);
+        let in_effect: Vec<_> = all.iter().filter(|f| f.in_effect()).collect();
+        assert_eq!(in_effect.len(), 1);
+        assert_eq!(
+            (in_effect[0].uuid.as_str(), in_effect[0].xid),
+            (uuids[0].as_str(), 13)
+        );
+        assert!(all
+            .iter()
+            .filter(|f| f.is_on(&uuids[1]))
+            .all(|f| f.cleared_ms == Some(13)));
+        // After the reset a new XID is in effect alone.
+        let now = set_fault(dir.path(), &uuids[1], Some(79), 14).expect("79");
+        assert_eq!(xids(&now), [79]);
     }
 
     #[test]

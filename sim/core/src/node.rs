@@ -2,7 +2,7 @@
 //! subset visible through device nodes, the shared state, and the faults injected into it.
 
 use crate::devices::{read_devices, DevicesError, SimDevice};
-use crate::faults::{Faults, SimFault};
+use crate::faults::{Effect, Faults, SimFault};
 use crate::paths::{PathsError, SimPaths};
 use crate::state::{SharedState, StateError};
 
@@ -75,13 +75,35 @@ impl SimNode {
         &self.state
     }
 
-    /// The fault in effect on GPU `index` (a host index), if any.
-    pub fn fault(&self, index: usize) -> Option<SimFault> {
-        let uuid = &self.devices.get(index)?.uuid;
-        self.faults.of(uuid)
+    /// The worst effect of the XIDs in effect on GPU `index` (a host index), if any.
+    pub fn effect(&self, index: usize) -> Option<Effect> {
+        self.faults.effect(&self.devices.get(index)?.uuid)
     }
 
-    /// Every fault in effect.
+    /// The XIDs in effect on GPU `index` (a host index), in injection order.
+    pub fn faults_in_effect(&self, index: usize) -> Vec<SimFault> {
+        self.devices
+            .get(index)
+            .map(|d| self.faults.in_effect(&d.uuid))
+            .unwrap_or_default()
+    }
+
+    /// How many XIDs were ever injected into GPU `index` (a host index), cleared or not
+    /// ([`Faults::count`]).
+    pub fn xid_count(&self, index: usize) -> usize {
+        self.devices
+            .get(index)
+            .map_or(0, |d| self.faults.count(&d.uuid))
+    }
+
+    /// The worst effect of the XIDs injected into GPU `index` (a host index) after the first
+    /// `seen` of its history, cleared or not ([`Faults::worst_since`]).
+    pub fn worst_since(&self, index: usize, seen: usize) -> Option<Effect> {
+        self.faults
+            .worst_since(&self.devices.get(index)?.uuid, seen)
+    }
+
+    /// The node's XID log: every injected XID, in injection order.
     pub fn faults(&self) -> Vec<SimFault> {
         self.faults.all()
     }

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use gpuslice_cuda_ffi::*;
-use gpuslice_sim_core::{effect, Effect, NodeError, SimDevice, SimNode, Slot};
+use gpuslice_sim_core::{Effect, NodeError, SimDevice, SimNode, Slot};
 
 use crate::guard::CuResult;
 
@@ -94,14 +94,12 @@ impl Driver {
         &self.node.devices()[self.ordinals[ord]]
     }
 
-    /// The error CUDA work on ordinal `ord` fails with while a fault is injected into its GPU
-    /// (`gpuslice_sim_core::faults`): off the bus (XID 79), `CUDA_ERROR_LAUNCH_FAILED` for a
-    /// launch and `CUDA_ERROR_UNKNOWN` otherwise; uncorrectable ECC (XIDs 48, 94, 95),
-    /// `CUDA_ERROR_ECC_UNCORRECTABLE`.
-    pub fn check_fault(&self, ord: usize, launch: bool) -> CuResult {
-        let host = self.ordinals[ord];
-        match self.node.fault(host).map(|f| effect(f.xid)) {
-            Some(Effect::Lost) if launch => Err(CUDA_ERROR_LAUNCH_FAILED),
+    /// The error new contexts and memory on ordinal `ord` fail with while an XID is in effect
+    /// on its GPU (`gpuslice_sim_core::faults`): off the bus (XID 79), `CUDA_ERROR_UNKNOWN`;
+    /// uncorrectable ECC (XIDs 48, 94, 95), `CUDA_ERROR_ECC_UNCORRECTABLE`. Contexts that
+    /// were already on the GPU are poisoned instead ([`Objects::check_context`]).
+    pub fn check_fault(&self, ord: usize) -> CuResult {
+        match self.node.effect(self.ordinals[ord]) {
             Some(Effect::Lost) => Err(CUDA_ERROR_UNKNOWN),
             Some(Effect::Ecc) => Err(CUDA_ERROR_ECC_UNCORRECTABLE),
             _ => Ok(()),
@@ -111,7 +109,7 @@ impl Driver {
     /// Charges `bytes` on ordinal `ord` node-wide: `CUDA_ERROR_OUT_OF_MEMORY` past capacity,
     /// the fault's error on a faulted GPU.
     pub fn charge(&self, ord: usize, bytes: u64) -> CuResult {
-        self.check_fault(ord, false)?;
+        self.check_fault(ord)?;
         let host = self.ordinals[ord];
         let capacity = self.device(ord).memory;
         match self.node.state().charge(&self.slot, host, bytes, capacity) {
@@ -193,6 +191,16 @@ pub struct Context {
     pub heap_charge: u64,
     /// The context's own device memory, charged at creation.
     pub overhead: u64,
+}
+
+/// What a context saw of its GPU's XIDs: the GPU's XID count when it was created, and once an
+/// XID that kills contexts came after that, the sticky error every later call on it returns
+/// (never reset: a real driver's context stays unusable after such an error until the
+/// process ends, and a GPU reset does not revive it).
+#[derive(Debug)]
+pub struct Sticky {
+    pub seen: usize,
+    pub error: OnceLock<CUresult>,
 }
 
 /// A device's primary context bookkeeping.
@@ -380,6 +388,8 @@ pub struct Objects {
     /// Graph memory that outlived its executable graph (allocated by a launch, no free node
     /// ran, the executable destroyed): dptr → (ordinal, bytes), until freed.
     pub graph_live: HashMap<u64, (usize, u64)>,
+    /// Context id → what it saw of its GPU's XIDs ([`Objects::check_context`]).
+    pub sticky: HashMap<u64, Sticky>,
 }
 
 impl Objects {
@@ -422,6 +432,7 @@ impl Objects {
             graphs: HashMap::new(),
             execs: HashMap::new(),
             graph_live: HashMap::new(),
+            sticky: HashMap::new(),
         }
     }
 
@@ -456,11 +467,56 @@ impl Objects {
     }
 
     /// The calling thread's current context: `CUDA_ERROR_INVALID_CONTEXT` when there is none
-    /// or it was destroyed.
+    /// or it was destroyed, its sticky error when it is poisoned ([`Objects::check_context`]).
     pub fn current(&self) -> CuResult<u64> {
-        current_ctx_id()
+        let c = current_ctx_id()
             .filter(|c| self.contexts.contains_key(c))
-            .ok_or(CUDA_ERROR_INVALID_CONTEXT)
+            .ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        self.check_context(c)?;
+        Ok(c)
+    }
+
+    /// The sticky error of context `ctx`, as a real driver keeps one after an XID 79 or an
+    /// uncorrectable ECC error on its GPU: once such an XID was injected after the context
+    /// was created (in effect or already cleared), every call on the context fails with it,
+    /// for good. The error is fixed when first found: `CUDA_ERROR_ECC_UNCORRECTABLE` for
+    /// ECC; off the bus, `CUDA_ERROR_LAUNCH_FAILED` when the context had put work on the
+    /// device (its kernels failed), `CUDA_ERROR_UNKNOWN` when not.
+    pub fn check_context(&self, ctx: u64) -> CuResult {
+        let (Some(s), Some(c)) = (self.sticky.get(&ctx), self.contexts.get(&ctx)) else {
+            return Ok(());
+        };
+        if let Some(e) = s.error.get() {
+            return Err(*e);
+        }
+        let d = driver()?;
+        let error = match d.node.worst_since(d.ordinals[c.ordinal], s.seen) {
+            Some(Effect::Ecc) => CUDA_ERROR_ECC_UNCORRECTABLE,
+            Some(Effect::Lost) => {
+                let worked = self.streams.values().any(|st| st.ctx == ctx && st.tail > 0);
+                if worked {
+                    CUDA_ERROR_LAUNCH_FAILED
+                } else {
+                    CUDA_ERROR_UNKNOWN
+                }
+            }
+            Some(Effect::NeedsReset | Effect::EventOnly) | None => return Ok(()),
+        };
+        Err(*s.error.get_or_init(|| error))
+    }
+
+    /// The sticky error of the context owning the allocation at `dptr`, or where no
+    /// allocation of this process starts there, of the current context if any.
+    pub fn check_pointer(&self, dptr: u64) -> CuResult {
+        match self.allocations.get(&dptr) {
+            Some(a) => self.check_context(a.charge.ctx),
+            None => self.check_current(),
+        }
+    }
+
+    /// The sticky error of the current context, if there is one and it is poisoned.
+    pub fn check_current(&self) -> CuResult {
+        current_ctx_id().map_or(Ok(()), |c| self.check_context(c))
     }
 
     /// Ordinal of the current context's device.
@@ -475,7 +531,9 @@ impl Objects {
     /// does: `CUDA_ERROR_OUT_OF_MEMORY` when the device cannot hold it. It is counted in the
     /// process's NVML figure and the device's free memory, and no allocation returns it.
     pub fn create_context(&mut self, drv: &Driver, ordinal: usize) -> CuResult<u64> {
-        drv.check_fault(ordinal, false)?;
+        // Counted before the check: an XID the check does not see yet is after the context.
+        let seen = drv.node.xid_count(drv.ordinals[ordinal]);
+        drv.check_fault(ordinal)?;
         let overhead = drv.device(ordinal).context_memory;
         if overhead > 0 {
             drv.charge(ordinal, overhead)?;
@@ -508,24 +566,32 @@ impl Objects {
                 overhead,
             },
         );
+        // Only live contexts are looked up: the entries of destroyed ones go here.
+        let live = &self.contexts;
+        self.sticky.retain(|c, _| live.contains_key(c));
+        self.sticky.insert(
+            ctx,
+            Sticky {
+                seen,
+                error: OnceLock::new(),
+            },
+        );
         Ok(ctx)
     }
 
-    /// The stream a handle names: a created stream, or for `0`, `CU_STREAM_LEGACY` and
-    /// `CU_STREAM_PER_THREAD` the current context's default stream (this simulation gives
-    /// legacy and per-thread default streams the same queue; ordering on the device is FIFO
-    /// either way).
+    /// The stream a handle names (its context's sticky error when that is poisoned): a
+    /// created stream, or for `0`, `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD` the current
+    /// context's default stream (this simulation gives legacy and per-thread default streams
+    /// the same queue; ordering on the device is FIFO either way).
     pub fn stream(&self, h: CUstream) -> CuResult<u64> {
         if h.is_null() || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD {
             let c = self.current()?;
             return Ok(self.contexts[&c].default_stream);
         }
         let id = id_of(h);
-        if self.streams.contains_key(&id) {
-            Ok(id)
-        } else {
-            Err(CUDA_ERROR_INVALID_HANDLE)
-        }
+        let s = self.streams.get(&id).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        self.check_context(s.ctx)?;
+        Ok(id)
     }
 
     /// Ordinal of the device a stream's context runs on.

@@ -13,5 +13,7 @@
 
 mod driver;
 mod exports;
+#[cfg(test)]
+mod fault_tests;
 mod guard;
 mod symbols;

@@ -1,10 +1,13 @@
-//! What the simulated NVML reports of an injected fault (`gpuslice sim fault`), as the real
-//! driver reports an XID: an XID critical event (`nvmlEventTypeXidCriticalError`, the XID as
-//! `eventData`) delivered once to each event set registered for the GPU before the fault,
-//! and the recovery the GPU needs (`NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`) until the fault is
-//! cleared; after XID 63 a row remapping pending, after XID 64 a remapping failure
-//! (`nvmlDeviceGetRemappedRows`), until the fault is cleared (the reset that applies it).
-//! Event sets are ids dressed as pointers, like device handles.
+//! What the simulated NVML reports of injected XIDs (`gpuslice sim fault`), as the real
+//! driver on Linux reports them: every XID as an XID critical event
+//! (`nvmlEventTypeXidCriticalError`, the XID as `eventData`), in injection order, delivered
+//! once to each event set registered for the GPU before it was injected (each set keeps its
+//! own place in the GPU's XID history, so one waiter's events are not another's), whether or
+//! not a reset cleared it since; the recovery the GPU needs
+//! (`NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`) while any XID in effect needs one (a later benign
+//! XID does not end it); a row remapping pending while an XID 63 is in effect, a remapping
+//! failure while an XID 64 is (`nvmlDeviceGetRemappedRows`), until the clear (the reset that
+//! applies it). Event sets are ids dressed as pointers, like device handles.
 
 use std::collections::BTreeMap;
 use std::ffi::{c_int, c_uint, c_ulonglong};
@@ -13,7 +16,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use gpuslice_cuda_ffi::nvml::*;
-use gpuslice_sim_core::{effect, Effect};
+use gpuslice_sim_core::faults::resume_at;
+use gpuslice_sim_core::Effect;
 
 use crate::device::with_device;
 use crate::ffi::{get, guard, put, NvResult};
@@ -23,12 +27,13 @@ const SET_BASE: usize = 0x6e65_0000_0000;
 /// How often a waiting set looks at the fault list.
 const POLL: Duration = Duration::from_millis(50);
 
-/// One device registered in a set: its event types and the fault last delivered
-/// (XID, injection time), so each fault is delivered once.
+/// One device registered in a set: its event types and how many of the GPU's XIDs
+/// (`SimNode::xid_count`) the set has seen — those injected before the registration, then
+/// each one delivered — so each is delivered once, in order.
 #[derive(Debug, Clone, Copy)]
 struct Registration {
     types: c_ulonglong,
-    delivered: Option<(u32, u64)>,
+    seen: usize,
 }
 
 static SETS: Mutex<BTreeMap<usize, BTreeMap<usize, Registration>>> = Mutex::new(BTreeMap::new());
@@ -89,41 +94,47 @@ pub unsafe extern "C" fn nvmlDeviceRegisterEvents(
         if types & !nvmlEventTypeXidCriticalError != 0 {
             return Err(NVML_ERROR_NOT_SUPPORTED);
         }
-        let current = n.node.fault(host).map(|f| (f.xid, f.since_ms));
+        let seen = n.node.xid_count(host);
         let id = set_id(set)?;
         let mut all = sets();
         let regs = all.get_mut(&id).ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
-        regs.insert(
-            host,
-            Registration {
-                types,
-                delivered: current,
-            },
-        );
+        regs.insert(host, Registration { types, seen });
         Ok(())
     })
 }
 
-/// The next undelivered fault of a device registered in set `id`, marked delivered.
+/// The next XID of the node's log not yet delivered to set `id` on a GPU registered in it,
+/// marked delivered.
 fn next_event(id: usize) -> NvResult<Option<nvmlEventData_t>> {
     let n = nvml()?;
+    let log = n.node.faults();
     let mut all = sets();
     let regs = all.get_mut(&id).ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
+    let uuid_of = |host: usize| n.node.devices().get(host).map(|d| d.uuid.as_str());
     for (host, reg) in regs.iter_mut() {
-        let now = n.node.fault(*host).map(|f| (f.xid, f.since_ms));
-        if now.is_none() {
-            reg.delivered = None;
+        let count = uuid_of(*host).map_or(0, |u| log.iter().filter(|f| f.is_on(u)).count());
+        reg.seen = resume_at(count, reg.seen);
+    }
+    // The place of each XID in its GPU's history, walking the log in injection order.
+    let mut nth: BTreeMap<usize, usize> = BTreeMap::new();
+    for f in &log {
+        let Some((host, reg)) = regs
+            .iter_mut()
+            .find(|(h, _)| uuid_of(**h).is_some_and(|u| f.is_on(u)))
+        else {
+            continue;
+        };
+        let place = nth.entry(*host).or_insert(0);
+        let this = *place;
+        *place += 1;
+        if this < reg.seen || reg.types & nvmlEventTypeXidCriticalError == 0 {
             continue;
         }
-        if now == reg.delivered || reg.types & nvmlEventTypeXidCriticalError == 0 {
-            continue;
-        }
-        reg.delivered = now;
-        let xid = now.map(|(x, _)| x).unwrap_or_default();
+        reg.seen = this + 1;
         return Ok(Some(nvmlEventData_t {
             device: raw_handle(*host),
             eventType: nvmlEventTypeXidCriticalError,
-            eventData: c_ulonglong::from(xid),
+            eventData: c_ulonglong::from(f.xid),
             gpuInstanceId: u32::MAX,
             computeInstanceId: u32::MAX,
         }));
@@ -161,11 +172,11 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
     })
 }
 
-/// The recovery action NVML reports for host GPU `host`: a reset while a fault that needs
-/// one is in effect.
+/// The recovery action NVML reports for host GPU `host`: a reset while any XID in effect
+/// needs one.
 fn recovery_action(host: usize) -> NvResult<c_uint> {
     let n = nvml()?;
-    Ok(match n.node.fault(host).map(|f| effect(f.xid)) {
+    Ok(match n.node.effect(host) {
         Some(Effect::Ecc | Effect::NeedsReset | Effect::Lost) => NVML_GPU_RECOVERY_ACTION_GPU_RESET,
         Some(Effect::EventOnly) | None => NVML_GPU_RECOVERY_ACTION_NONE,
     })
@@ -176,8 +187,9 @@ const XID_ROW_REMAP_PENDING: u32 = 63;
 /// The row-remapping failure XID.
 const XID_ROW_REMAP_FAILURE: u32 = 64;
 
-/// Rows remapped: one uncorrectable row, pending while an XID 63 fault is in effect, failed
-/// while an XID 64 one is; none otherwise (a clear is the reset that applies a remapping).
+/// Rows remapped: one uncorrectable row, pending while an XID 63 is in effect, failed while
+/// an XID 64 is (both when both are); none otherwise (a clear is the reset that applies a
+/// remapping).
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetRemappedRows(
     device: nvmlDevice_t,
@@ -190,9 +202,9 @@ pub unsafe extern "C" fn nvmlDeviceGetRemappedRows(
         let n = nvml()?;
         n.device(device)?;
         let host = n.host_of(device)?;
-        let xid = n.node.fault(host).map(|f| f.xid);
-        let pending = xid == Some(XID_ROW_REMAP_PENDING);
-        let failed = xid == Some(XID_ROW_REMAP_FAILURE);
+        let in_effect = n.node.faults_in_effect(host);
+        let pending = in_effect.iter().any(|f| f.xid == XID_ROW_REMAP_PENDING);
+        let failed = in_effect.iter().any(|f| f.xid == XID_ROW_REMAP_FAILURE);
         put(corr_rows, 0)?;
         put(unc_rows, c_uint::from(pending || failed))?;
         put(is_pending, c_uint::from(pending))?;

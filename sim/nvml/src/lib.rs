@@ -11,6 +11,8 @@
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
 mod device;
+#[cfg(test)]
+mod fault_tests;
 mod ffi;
 mod health;
 mod monitor;

@@ -7,7 +7,7 @@
 use std::sync::{Arc, Mutex};
 
 use gpuslice_cuda_ffi::nvml::*;
-use gpuslice_sim_core::{effect, Effect, SimDevice, SimNode};
+use gpuslice_sim_core::{Effect, SimDevice, SimNode};
 
 use crate::ffi::NvResult;
 
@@ -80,8 +80,8 @@ impl Nvml {
 
     /// `NVML_ERROR_GPU_IS_LOST` when host GPU `host` has fallen off the bus.
     fn check_reachable(&self, host: usize) -> NvResult {
-        match self.node.fault(host) {
-            Some(f) if effect(f.xid) == Effect::Lost => Err(NVML_ERROR_GPU_IS_LOST),
+        match self.node.effect(host) {
+            Some(Effect::Lost) => Err(NVML_ERROR_GPU_IS_LOST),
             _ => Ok(()),
         }
     }

@@ -274,18 +274,21 @@ pub unsafe extern "C" fn cuCtxGetDevice(device: *mut CUdevice) -> CUresult {
 pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
     guard(|| {
         let d = driver()?;
-        let until = {
+        let (c, until) = {
             let o = d.objects();
             let c = o.current()?;
-            o.streams
+            let until = o
+                .streams
                 .values()
                 .filter(|s| s.ctx == c)
                 .map(|s| s.tail)
                 .max()
-                .unwrap_or(0)
+                .unwrap_or(0);
+            (c, until)
         };
         sleep_until(until);
-        Ok(())
+        // A fault while the work ran fails it: the error surfaces here, as on a real driver.
+        d.objects().check_context(c)
     })
 }
 

@@ -58,12 +58,13 @@ pub unsafe extern "C" fn cuEventRecord_ptsz(ev: CUevent, stream: CUstream) -> CU
     guard(|| record(ev, stream))
 }
 
+/// When the device reaches event `ev`, if recorded; its context's sticky error when that is
+/// poisoned.
 fn stamp(ev: CUevent) -> CuResult<Option<u64>> {
     let o = driver()?.objects();
-    Ok(o.events
-        .get(&id_of(ev))
-        .ok_or(CUDA_ERROR_INVALID_HANDLE)?
-        .stamp)
+    let e = o.events.get(&id_of(ev)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    o.check_context(e.ctx)?;
+    Ok(e.stamp)
 }
 
 #[no_mangle]
@@ -80,7 +81,8 @@ pub unsafe extern "C" fn cuEventSynchronize(ev: CUevent) -> CUresult {
         if let Some(t) = stamp(ev)? {
             sleep_until(t);
         }
-        Ok(())
+        // A fault while the work ran fails it: the error surfaces here, as on a real driver.
+        stamp(ev).map(|_| ())
     })
 }
 
@@ -89,6 +91,8 @@ fn elapsed(ms: *mut f32, start: CUevent, end: CUevent) -> CuResult {
         let o = driver()?.objects();
         let get = |e: CUevent| o.events.get(&id_of(e)).ok_or(CUDA_ERROR_INVALID_HANDLE);
         let (a, b) = (get(start)?, get(end)?);
+        o.check_context(a.ctx)?;
+        o.check_context(b.ctx)?;
         if (a.flags | b.flags) & CU_EVENT_DISABLE_TIMING != 0 {
             return Err(CUDA_ERROR_INVALID_HANDLE);
         }

@@ -264,6 +264,7 @@ fn instantiate(exec: *mut CUgraphExec, graph: CUgraph) -> CuResult {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let mut o = d.objects();
+    o.check_current()?;
     let g = o
         .graphs
         .get(&id_of(graph))

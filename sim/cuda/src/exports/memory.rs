@@ -230,7 +230,12 @@ pub unsafe extern "C" fn cuMemAllocManaged(
 
 #[no_mangle]
 pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
-    guard(|| free(driver()?, dptr))
+    guard(|| {
+        let d = driver()?;
+        // A poisoned context frees nothing: its memory is held until it is destroyed.
+        d.objects().check_pointer(dptr)?;
+        free(d, dptr)
+    })
 }
 
 #[no_mangle]

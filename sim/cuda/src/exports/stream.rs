@@ -65,7 +65,8 @@ pub fn stream_tail(h: CUstream) -> CuResult<u64> {
 
 fn synchronize(h: CUstream) -> CuResult {
     sleep_until(stream_tail(h)?);
-    Ok(())
+    // A fault while the work ran fails it: the error surfaces here, as on a real driver.
+    stream_tail(h).map(|_| ())
 }
 
 fn query(h: CUstream) -> CuResult {
