@@ -319,54 +319,6 @@ fn the_node_agent_unit_runs_the_installed_enforcer_always_and_is_packaged() {
     }
 }
 
-/// The kubelet plugin's ClusterRole grants exactly the calls kube/plugin/src makes (the chart
-/// renders the same rules: tests/tests/helm_chart.rs): each resource's verbs, nothing more.
-#[test]
-fn the_kubelet_plugins_role_grants_exactly_what_it_calls() {
-    let text = std::fs::read_to_string(packaging().join("kubernetes/dra/rbac.yaml")).unwrap();
-    let role = serde_yaml_ng::Deserializer::from_str(&text)
-        .map(|d| Value::deserialize(d).unwrap())
-        .find(|d| d["kind"] == "ClusterRole")
-        .expect("rbac.yaml holds no ClusterRole");
-    let mut granted: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for rule in role["rules"].as_array().unwrap() {
-        for group in rule["apiGroups"].as_array().unwrap() {
-            for resource in rule["resources"].as_array().unwrap() {
-                let key = format!("{}/{}", group.as_str().unwrap(), resource.as_str().unwrap());
-                let verbs = granted.entry(key).or_default();
-                verbs.extend(
-                    rule["verbs"]
-                        .as_array()
-                        .unwrap()
-                        .iter()
-                        .map(|v| v.as_str().unwrap().to_string()),
-                );
-                verbs.sort();
-            }
-        }
-    }
-    let expected: BTreeMap<String, Vec<String>> = [
-        // publisher.rs: list, create, replace (update), delete; slice_watch.rs: watch;
-        // probe.rs: a dry-run create.
-        (
-            "resource.k8s.io/resourceslices",
-            &["create", "delete", "list", "update", "watch"][..],
-        ),
-        // booking.rs, health_events.rs: a claim by name.
-        ("resource.k8s.io/resourceclaims", &["get"][..]),
-        // publisher.rs: the slices' owner.
-        ("/nodes", &["get"][..]),
-        // health_events.rs: GPUUnhealthy; stalled_prepare.rs: the kubelet's events watched.
-        ("/events", &["create", "watch"][..]),
-        // stalled_prepare.rs: the pod read, its wake annotation patched.
-        ("/pods", &["get", "patch"][..]),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v.iter().map(|s| s.to_string()).collect()))
-    .collect();
-    assert_eq!(granted, expected);
-}
-
 /// packaging/deb/postinst, run with deb-systemd-helper, deb-systemd-invoke and systemctl
 /// stubbed (they log their arguments): `ARG...`; the log.
 fn postinst(args: &[&str], disabled: &str) -> String {
