@@ -22,6 +22,9 @@ if ! command -v cargo-deb >/dev/null 2>&1; then
     echo "build-deb: installing cargo-deb" >&2
     cargo install --locked cargo-deb
 fi
+# Always built (a no-op when fresh): target/ may be shared between checkouts
+# (scripts/cargo-cache.sh keys it by toolchain and Cargo.lock only), so binaries that are
+# merely present may be another commit's.
 cargo build --release --locked -p gpuslice -p gpuslice-console >&2
 bins="$target/release/deb-bin"
 rm -rf "$bins"
@@ -36,9 +39,13 @@ cp "$target/release/gpuslice" "$bins/gpuslice-full"
 # The kubectl plugin (`kubectl gpuslice`, docs/console.md): glibc, it is not on the create path.
 cp "$target/release/kubectl-gpuslice" "$bins/"
 
-portable=${GPUSLICE_PORTABLE_DIR:-$target/portable}
-if [ ! -f "$portable/libgpuslice_shim.so" ]; then
+# The portable files: the caller's (GPUSLICE_PORTABLE_DIR), else this tree's, built every
+# time for the reason above.
+if [ -n "${GPUSLICE_PORTABLE_DIR:-}" ]; then
+    portable=$GPUSLICE_PORTABLE_DIR
+else
     ./scripts/build-portable.sh >&2
+    portable=$target/portable
 fi
 # cargo-deb resolves asset paths under target/release/ to the real target directory.
 stage="$target/release/deb-portable"

@@ -23,7 +23,9 @@ if ! rustup target list --installed 2>/dev/null | grep -qx "$target"; then
     exit 3
   fi
 fi
-[ -x target/release/gpuslice ] || cargo build --release --locked -p gpuslice --bins
+# The full build staged beside the static ones: always built (a no-op when fresh), as
+# target/ may hold another checkout's (scripts/cargo-cache.sh).
+cargo build --release --locked -p gpuslice --bins >&2
 
 # `--no-default-features`: the create path alone (gpuslice-hook); the node agent, engine
 # registration, the kubelet plugin and the console never enter the static build, which runs

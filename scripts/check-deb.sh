@@ -37,7 +37,8 @@ fi
 WATCHED=(
     /usr/bin/gpuslice /usr/bin/gpuslice-runtime /usr/bin/kubectl-gpuslice /usr/lib/gpuslice /usr/share/gpuslice
     /usr/share/doc/gpuslice /lib/systemd/system/gpuslice-cdi.service
-    /lib/systemd/system/gpuslice-cdi.path /etc/systemd/system
+    /lib/systemd/system/gpuslice-cdi.path /lib/systemd/system/gpuslice-serve.service
+    /etc/systemd/system
     /var/lib/systemd/deb-systemd-helper-enabled /var/lib/systemd/deb-systemd-helper-masked
     /etc/gpuslice /etc/containerd /etc/containers/oci /usr/share/containers/oci /etc/docker
     /etc/crio /etc/cdi /var/run/cdi /run/gpuslice
@@ -82,7 +83,8 @@ for f in /usr/bin/gpuslice /usr/bin/gpuslice-runtime /usr/bin/kubectl-gpuslice \
     /usr/lib/gpuslice/libgpuslice_shim.so \
     /usr/lib/gpuslice/sim/libcuda.so.1 /usr/lib/gpuslice/sim/libnvidia-ml.so.1 \
     /usr/lib/gpuslice/sim/gpuslice-probe /lib/systemd/system/gpuslice-cdi.service \
-    /lib/systemd/system/gpuslice-cdi.path /usr/share/containers/oci/hooks.d/gpuslice.json \
+    /lib/systemd/system/gpuslice-cdi.path /lib/systemd/system/gpuslice-serve.service \
+    /usr/share/containers/oci/hooks.d/gpuslice.json \
     /usr/share/gpuslice/kubernetes/runtimeclass.yaml /usr/share/doc/gpuslice/operator-guide.md; do
     [ -e "$f" ] || fail "the package did not install $f"
 done
@@ -92,8 +94,33 @@ for f in packaging/kubernetes/*.yaml packaging/kubernetes/dra/*.yaml \
     installed=/usr/share/gpuslice/kubernetes/${f#packaging/kubernetes/}
     cmp -s "$f" "$installed" || fail "the package did not install $f as $installed"
 done
-[ -L /etc/systemd/system/paths.target.wants/gpuslice-cdi.path ] \
-    || fail "postinst did not enable gpuslice-cdi.path"
+# The units postinst enables, by the links `systemctl enable` would make.
+enabled_links=(
+    /etc/systemd/system/paths.target.wants/gpuslice-cdi.path
+    /etc/systemd/system/multi-user.target.wants/gpuslice-cdi.service
+    /etc/systemd/system/multi-user.target.wants/gpuslice-serve.service
+)
+for l in "${enabled_links[@]}"; do
+    [ -L "$l" ] || fail "postinst did not enable $(basename "$l") ($l is missing)"
+done
+# The node agent's unit runs the installed gpuslice's exporter and enforcer, always.
+grep -qx 'ExecStart=/usr/bin/gpuslice serve' /lib/systemd/system/gpuslice-serve.service \
+    || fail "gpuslice-serve.service does not run /usr/bin/gpuslice serve"
+grep -qx 'Restart=always' /lib/systemd/system/gpuslice-serve.service \
+    || fail "gpuslice-serve.service is not restarted when it stops"
+# A unit the admin disabled stays disabled across an upgrade (here: the same package again),
+# as dh_installsystemd's postinst does; the others stay enabled.
+step "an admin's disable survives an upgrade"
+# deb-systemd-helper runs only under dpkg: tell it the package it acts for.
+dsh() { DPKG_MAINTSCRIPT_PACKAGE=gpuslice deb-systemd-helper "$@"; }
+dsh disable gpuslice-cdi.path gpuslice-serve.service
+dpkg -i "$deb"
+for u in gpuslice-cdi.path gpuslice-serve.service; do
+    ! dsh --quiet is-enabled "$u" \
+        || fail "reinstalling the package enabled $u again, which the admin had disabled"
+done
+[ -L /etc/systemd/system/multi-user.target.wants/gpuslice-cdi.service ] \
+    || fail "reinstalling the package disabled gpuslice-cdi.service"
 gpuslice --version
 # The kubectl plugin runs, and the installed gpuslice (the static one hands over to the full
 # build) has the web console.

@@ -33,6 +33,16 @@ cleanup() {
   rm -f /var/run/cdi/gpuslice.io-gpu.json /var/run/cdi/gpuslice.io-slice_*.json
 }
 cleanup
+# A demo that fails (a step's error, or a check below) takes its containers and its node CDI
+# spec, which names the demo's simulated devices for every engine on the host, with it; the
+# simulated node in $DEMO stays for a look, as after a run that succeeds.
+on_exit() {
+  local rc=$?
+  [ "$rc" = 0 ] && return
+  echo "demo.sh: failed (exit $rc): removing its containers and CDI specs; $DEMO stays" >&2
+  cleanup
+}
+trap on_exit EXIT
 rm -rf "$DEMO"
 mkdir -p "$DEMO"
 
@@ -84,8 +94,13 @@ run_slice() { # name, annotations...
     gpuslice-probe info
     gpuslice-probe alloc --chunk 4Gi
     gpuslice-probe burn --seconds 4
-    gpuslice-probe alloc --chunk 2Gi --max 8Gi --hold 600 &
-    sleep 1; echo DONE; wait' >/dev/null
+    # DONE once the held allocation is reported: the probe prints its line, then holds.
+    gpuslice-probe alloc --chunk 2Gi --max 8Gi --hold 600 >/tmp/held 2>&1 &
+    until grep -q "^alloc " /tmp/held; do
+      kill -0 $! 2>/dev/null || { cat /tmp/held; echo "HOLD FAILED"; exit 1; }
+      sleep 0.1
+    done
+    cat /tmp/held; echo DONE; wait' >/dev/null
   echo "started gpuslice-demo-$name with ${*}"
 }
 run_slice infer-a memory=40Gi cores=30
@@ -93,10 +108,18 @@ run_slice infer-b memory=24Gi cores=60
 run_slice train-c memory=100Gi
 
 for name in infer-a infer-b train-c; do
+  held=no
   for _ in $(seq 1 200); do
-    podman logs "gpuslice-demo-$name" 2>/dev/null | grep -q DONE && break
+    log=$(podman logs "gpuslice-demo-$name" 2>/dev/null || true)
+    if grep -qx DONE <<<"$log"; then held=yes; break; fi
+    grep -qx "HOLD FAILED" <<<"$log" && break
     sleep 0.1
   done
+  if [ "$held" != yes ]; then
+    echo "demo.sh: gpuslice-demo-$name did not report its held allocation (within 20 s); its log:" >&2
+    podman logs "gpuslice-demo-$name" >&2 2>&1 || true
+    exit 1
+  fi
   say "What gpuslice-demo-$name sees (the probe drives the simulated CUDA driver through the shim)"
   podman logs "gpuslice-demo-$name" 2>&1 | grep -v '^DONE$'
 done

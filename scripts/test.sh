@@ -25,25 +25,37 @@ phases=()
 failed=()
 # phase NAME COMMAND...: runs COMMAND, records its wall time and result under NAME; returns
 # the command's status.
-phase() {
-  local name=$1 t0=$SECONDS rc=0
-  shift
+phase() { phase_or_skip "" "$@"; }
+# phase_or_skip SKIP NAME COMMAND...: phase, but COMMAND's exit status SKIP (it cannot run on
+# this machine and said why) is recorded as skipped, not failed; returns the status all the same.
+phase_or_skip() {
+  local skip=$1 name=$2 t0=$SECONDS rc=0
+  shift 2
   echo "== $name"
   "$@" || rc=$?
-  record "$name" $((SECONDS - t0)) "$rc"
+  if [ -n "$skip" ] && [ "$rc" = "$skip" ]; then
+    record "$name" $((SECONDS - t0)) skipped
+  else
+    record "$name" $((SECONDS - t0)) "$rc"
+  fi
   return "$rc"
 }
-# record NAME SECONDS STATUS: one row of the table (a failed one also in $failed).
+# record NAME SECONDS STATUS: one row of the table (a failed one also in $failed; STATUS
+# `skipped` is neither).
 record() {
   if [ "$3" = 0 ]; then
     phases+=("$(printf '%6s  %-8s %s' "$2" ok "$1")")
+  elif [ "$3" = skipped ]; then
+    phases+=("$(printf '%6s  %-8s %s' "$2" skipped "$1")")
   else
     phases+=("$(printf '%6s  %-8s %s' "$2" FAILED "$1 (exit $3)")")
     failed+=("$1")
   fi
 }
+# print_table STATUS: the table, and why the suite stopped when STATUS (its exit status) is
+# not 0.
 print_table() {
-  local rc=$?
+  local rc=$1
   echo
   echo "== phase table: wall-clock seconds (scripts/test.sh)"
   printf '%6s  %-8s %s\n' seconds result phase
@@ -56,7 +68,25 @@ print_table() {
     echo "stopped with exit status $rc"
   fi
 }
-trap print_table EXIT
+# kill_tree PID: PID and every process below it (the background Go builds' go commands and
+# compilers are its grandchildren, which killing it alone would leave running).
+kill_tree() {
+  local children c
+  children="$(pgrep -P "$1" 2>/dev/null)" || true
+  kill "$1" 2>/dev/null || true
+  for c in $children; do kill_tree "$c"; done
+}
+go_pid=""
+go_dir=""
+# At any exit, an early one too: the background Go builds stopped, their temporary
+# directory removed, then the table.
+on_exit() {
+  local rc=$?
+  [ -z "$go_pid" ] || kill_tree "$go_pid"
+  [ -z "$go_dir" ] || rm -rf "$go_dir"
+  print_table "$rc"
+}
+trap on_exit EXIT
 
 # --- set-up and builds (a failure stops the suite) --------------------------------------
 phase "install-deps" ./scripts/install-deps.sh
@@ -88,7 +118,8 @@ phase "cargo cache (target/)" ./scripts/cargo-cache.sh
 phase "build: release" cargo build --release --workspace --locked
 phase "build: portable (zig, glibc floor)" ./scripts/build-portable.sh
 static_rc=0
-phase "build: static (musl)" ./scripts/build-static.sh || static_rc=$?
+# Exit status 3: no musl target to be had here; the suite goes on with the glibc binaries.
+phase_or_skip 3 "build: static (musl)" ./scripts/build-static.sh || static_rc=$?
 [ "$static_rc" = 0 ] || [ "$static_rc" = 3 ] || exit "$static_rc"
 
 phase "fmt" cargo fmt --all -- --check
@@ -135,6 +166,8 @@ phase "previous release: gpuslice at the pinned commit (scripts/previous-build.s
 # control-plane tests never skip.
 go_wait_rc=0
 phase "go: waiting for the background builds" wait "$go_pid" || go_wait_rc=$?
+# Ended: its pid may be another process's by the time the suite exits.
+go_pid=""
 for what in build build-node build-nerdctl build-helm build-kueue build-dns build-kubeflow oci; do
   case $what in
     build) name="go: kubernetes (tests/kube)" ;;
@@ -164,6 +197,7 @@ GPUSLICE_HELM_BIN="$(cat "$go_dir/build-helm.out")"
 GPUSLICE_KUEUE_BIN_DIR="$(cat "$go_dir/build-kueue.out")"
 GPUSLICE_RUNTIME_TOOLS_DIR="$(cat "$go_dir/oci.out")"
 rm -rf "$go_dir"
+go_dir=""
 export GPUSLICE_KUBE_BIN_DIR GPUSLICE_NODE_BIN_DIR GPUSLICE_NERDCTL_BIN GPUSLICE_HELM_BIN GPUSLICE_KUEUE_BIN_DIR GPUSLICE_RUNTIME_TOOLS_DIR
 
 npm_ci() {
@@ -182,9 +216,14 @@ run_tests "oci conformance" env GPUSLICE_BIN_DIR="$PWD/target/release" ./scripts
 run_tests "tests: unit (every crate's lib and bins)" "${cargo_test[@]}" --no-fail-fast --lib --bins -- --include-ignored
 run_tests "tests: doc" "${cargo_test[@]}" --no-fail-fast --doc
 # The integration-test binaries (one per crate, tests/main.rs), as cargo metadata lists them;
-# the end-to-end one (tests/tests/main.rs) after them.
-for t in $(cargo metadata --no-deps --format-version 1 --locked |
-  jq -r '.packages[].targets[] | select(.kind == ["test"]) | .name' | grep -vx e2e); do
+# the end-to-end one (tests/tests/main.rs) after them. No list (cargo metadata or jq failed,
+# or it is empty) stops the suite: it would otherwise pass without running any of them.
+integration_tests="$(cargo metadata --no-deps --format-version 1 --locked |
+  jq -r '.packages[].targets[] | select(.kind == ["test"]) | .name' | grep -vx e2e)" || {
+  echo "test.sh: no list of the integration-test targets (cargo metadata --no-deps | jq failed, or listed none but e2e)" >&2
+  exit 1
+}
+for t in $integration_tests; do
   run_tests "tests: $t" "${cargo_test[@]}" --test "$t" -- --include-ignored
 done
 # The end-to-end tests in two runs of their binary: first those that hold only the locks of

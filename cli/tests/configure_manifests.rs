@@ -288,3 +288,117 @@ fn systemd_units_regenerate_the_spec_at_boot_and_on_driver_change() {
         .iter()
         .all(|p| !p.starts_with("/proc/") && !p.starts_with("/sys/")));
 }
+
+#[test]
+fn the_node_agent_unit_runs_the_installed_enforcer_always_and_is_packaged() {
+    let unit = std::fs::read_to_string(packaging().join("systemd/gpuslice-serve.service")).unwrap();
+    let keys = |key: &str| -> Vec<&str> {
+        unit.lines()
+            .filter_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+            .collect()
+    };
+    assert_eq!(keys("ExecStart"), ["/usr/bin/gpuslice serve"]);
+    assert_eq!(keys("Restart"), ["always"]);
+    assert_eq!(keys("WantedBy"), ["multi-user.target"]);
+    assert!(keys("After").concat().contains("gpuslice-cdi.service"));
+    // The package installs it, its maintainer scripts enable, start, stop and forget it.
+    let manifest =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml")).unwrap();
+    assert!(
+        manifest.contains(
+            r#"["../packaging/systemd/gpuslice-serve.service", "lib/systemd/system/", "644"]"#
+        ),
+        "cli/Cargo.toml's deb assets lack the node agent's unit"
+    );
+    for script in ["postinst", "prerm", "postrm"] {
+        let text = std::fs::read_to_string(packaging().join("deb").join(script)).unwrap();
+        assert!(
+            text.contains("gpuslice-serve.service"),
+            "packaging/deb/{script} does not handle gpuslice-serve.service"
+        );
+    }
+}
+
+/// packaging/deb/postinst, run with deb-systemd-helper, deb-systemd-invoke and systemctl
+/// stubbed (they log their arguments): `ARG...`; the log.
+fn postinst(args: &[&str], disabled: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    // was-enabled answers no for the units in $DISABLED (an admin disabled them).
+    let stub = "#!/bin/sh\n\
+        echo \"$(basename \"$0\") $*\" >> \"$LOG\"\n\
+        [ \"$1\" = --quiet ] && shift\n\
+        if [ \"$1\" = was-enabled ]; then\n\
+        case \" $DISABLED \" in *\" $2 \"*) exit 1 ;; esac\n\
+        fi\n\
+        exit 0\n";
+    for tool in ["deb-systemd-helper", "deb-systemd-invoke", "systemctl"] {
+        let path = dir.path().join(tool);
+        std::fs::write(&path, stub).unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+    }
+    let path = format!(
+        "{}:{}",
+        dir.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = std::process::Command::new("sh")
+        .arg(packaging().join("deb/postinst"))
+        .args(args)
+        .env("PATH", path)
+        .env("LOG", &log)
+        .env("DISABLED", disabled)
+        .env_remove("GPUSLICE_CONFIGURE")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "postinst {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::read_to_string(&log).unwrap_or_default()
+}
+
+/// As dh_installsystemd's postinst: a unit is enabled on first install (and while it stays
+/// enabled, so a changed unit file's links are added); one the admin disabled only has its
+/// state brought up to date, on every upgrade. An aborted removal or upgrade, after prerm
+/// stopped the units, does what configure does.
+#[test]
+fn postinst_enables_units_once_and_keeps_an_admins_disable() {
+    let units = [
+        "gpuslice-cdi.path",
+        "gpuslice-cdi.service",
+        "gpuslice-serve.service",
+    ];
+    let first = postinst(&["configure"], "");
+    for u in units {
+        assert!(
+            first.contains(&format!("deb-systemd-helper enable {u}\n")),
+            "{first}"
+        );
+    }
+    let disabled = "gpuslice-cdi.path gpuslice-serve.service";
+    for args in [
+        &["configure", "0.1.0-1"][..],
+        &["abort-upgrade", "0.1.0-1"][..],
+        &["abort-remove"][..],
+        &["abort-deconfigure", "in-favour", "x", "1"][..],
+    ] {
+        let log = postinst(args, disabled);
+        for u in ["gpuslice-cdi.path", "gpuslice-serve.service"] {
+            assert!(
+                !log.contains(&format!("deb-systemd-helper enable {u}\n")),
+                "{args:?}: enabled {u}, which the admin disabled: {log}"
+            );
+            assert!(
+                log.contains(&format!("deb-systemd-helper update-state {u}\n")),
+                "{args:?}: {log}"
+            );
+        }
+        assert!(
+            log.contains("deb-systemd-helper enable gpuslice-cdi.service\n"),
+            "{args:?}: {log}"
+        );
+    }
+}

@@ -10,8 +10,11 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 target=${CARGO_TARGET_DIR:-$root/target}
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
-[ -x "$target/release/gpuslice" ] || cargo build --release --locked -p gpuslice
-[ -f "$target/portable/libgpuslice_shim.so" ] || ./scripts/build-portable.sh
+# Always built (a no-op when fresh): target/ may be shared between checkouts
+# (scripts/cargo-cache.sh keys it by toolchain and Cargo.lock only), so binaries that are
+# merely present may be another commit's.
+cargo build --release --locked -p gpuslice >&2
+./scripts/build-portable.sh >&2
 ctx=$(mktemp -d)
 trap 'rm -rf "$ctx"' EXIT
 if ./scripts/build-static.sh >&2; then

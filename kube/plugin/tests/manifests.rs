@@ -217,14 +217,35 @@ fn dra_manifests_are_valid_and_agree_with_the_plugin() {
                         .verbs
                         .clone()
                 };
+                // Exactly the calls of src/, nothing more: its node's slices listed, created,
+                // replaced and deleted (publisher.rs), watched (slice_watch.rs), a dry-run
+                // create (probe.rs); a claim by name (booking.rs, health_events.rs); its Node
+                // (publisher.rs); events posted (health_events.rs) and watched
+                // (stalled_prepare.rs); a pod read and patched (stalled_prepare.rs).
                 assert_eq!(
                     verbs("resourceslices"),
-                    ["get", "list", "watch", "create", "update", "patch", "delete"]
+                    ["list", "watch", "create", "update", "delete"]
                 );
-                assert_eq!(verbs("resourceclaims"), ["get", "list", "watch"]);
+                assert_eq!(verbs("resourceclaims"), ["get"]);
                 assert_eq!(verbs("nodes"), ["get"]);
-                assert_eq!(verbs("events"), ["create", "list", "watch"]);
+                assert_eq!(verbs("events"), ["create", "watch"]);
                 assert_eq!(verbs("pods"), ["get", "patch"]);
+                let mut resources: Vec<&str> = rules
+                    .iter()
+                    .flat_map(|r| r.resources.iter().flatten().map(String::as_str))
+                    .collect();
+                resources.sort_unstable();
+                assert_eq!(
+                    resources,
+                    [
+                        "events",
+                        "nodes",
+                        "pods",
+                        "resourceclaims",
+                        "resourceslices"
+                    ],
+                    "{file}: one rule per resource, no other resource"
+                );
             }
             "ClusterRoleBinding" => {
                 let b: ClusterRoleBinding = typed(file, doc);
