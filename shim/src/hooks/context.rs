@@ -207,7 +207,9 @@ macro_rules! primary_reset {
                 let f = real!($name);
                 // SAFETY: the caller's argument.
                 let call = || unsafe { f(dev) };
-                match account::primary(dev) {
+                // Without an active primary context there is nothing to destroy (and its
+                // old handle may since name another context).
+                match account::primary(dev).filter(|_| primary_active(dev)) {
                     Some(ctx) => destroy_with(ctx, call),
                     None => call(),
                 }
