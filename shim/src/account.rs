@@ -1,7 +1,7 @@
 //! Memory accounting of this process: every successful allocation is charged to the
 //! slice's shared usage file before the driver is asked (reserve, then call, then record),
-//! and remembered by its handle so the matching free, or the destruction of its context,
-//! gives exactly that much back.
+//! and remembered by its handle so the matching free, or the destruction of the context it
+//! dies with, gives exactly that much back.
 
 use std::collections::HashMap;
 
@@ -29,6 +29,33 @@ pub enum Kind {
     Context,
 }
 
+impl Kind {
+    /// How long the driver keeps an allocation of this kind when nothing says otherwise.
+    /// `cuCtxDestroy` "will not destroy memory allocations by cuMemCreate(),
+    /// cuMemAllocAsync() and cuMemAllocFromPoolAsync(). These memory allocations are not
+    /// associated with any CUDA context" (CUDA driver API); an executable graph, and the
+    /// graph memory it holds, is not a context's either.
+    fn lifetime(self) -> Lifetime {
+        match self {
+            Kind::Vmm | Kind::GraphExec => Lifetime::UntilFreed,
+            Kind::Ptr | Kind::Array | Kind::Mipmap | Kind::Heap | Kind::Context => {
+                Lifetime::Context
+            }
+        }
+    }
+}
+
+/// Whether the driver frees an allocation when the context it was made in is destroyed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lifetime {
+    /// Freed with its context (linear, pitched and managed memory, arrays, a context's
+    /// malloc heap and own memory).
+    Context,
+    /// Associated with no context: lives until it is freed (VMM handles, stream-ordered
+    /// and pool memory, graph memory and executable graphs).
+    UntilFreed,
+}
+
 /// One charged allocation.
 #[derive(Debug, Clone, Copy)]
 pub struct Entry {
@@ -38,6 +65,7 @@ pub struct Entry {
     ctx: usize,
     /// The memory pool it came from (0: none); its memory goes back to that pool.
     pub pool: usize,
+    lifetime: Lifetime,
 }
 
 impl Entry {
@@ -138,11 +166,18 @@ pub fn allocate(
 
 /// Remembers a charged allocation.
 pub fn record(kind: Kind, key: u64, t: Target, bytes: u64) {
-    record_in_pool(kind, key, t, bytes, 0);
+    insert(kind, key, t, bytes, 0, kind.lifetime());
 }
 
-/// Remembers a charged allocation from memory pool `pool` (0: none).
-pub fn record_in_pool(kind: Kind, key: u64, t: Target, bytes: u64, pool: usize) {
+/// Remembers a charged stream-ordered allocation at address `dptr` from memory pool `pool`
+/// (0: not known), or graph memory that outlived its executable graph: memory of a pool,
+/// which no context owns, so it stays charged until it is freed, whatever happens to the
+/// context it was made in.
+pub fn record_stream_ordered(dptr: u64, t: Target, bytes: u64, pool: usize) {
+    insert(Kind::Ptr, dptr, t, bytes, pool, Lifetime::UntilFreed);
+}
+
+fn insert(kind: Kind, key: u64, t: Target, bytes: u64, pool: usize, lifetime: Lifetime) {
     let old = TABLES.lock().allocs.insert(
         (kind, key),
         Entry {
@@ -150,6 +185,7 @@ pub fn record_in_pool(kind: Kind, key: u64, t: Target, bytes: u64, pool: usize) 
             bytes,
             ctx: t.ctx,
             pool,
+            lifetime,
         },
     );
     if let (Some(old), Some(s)) = (old, state::slice()) {
@@ -219,23 +255,46 @@ pub fn release_all(entries: &[Entry]) {
     }
 }
 
-/// Gives back everything charged to context `ctx` (destroyed or reset).
-pub fn forget_context(ctx: usize) {
-    let gone: Vec<Entry> = {
+/// What dies with a context, taken out of the tables (see [`take_context`]).
+#[derive(Debug, Default)]
+pub struct ContextCharges(Vec<((Kind, u64), Entry)>);
+
+impl ContextCharges {
+    /// The driver destroyed the context: gives the charges back.
+    pub fn release(self) {
+        let gone: Vec<Entry> = self.0.into_iter().map(|(_, e)| e).collect();
+        release_all(&gone);
+    }
+
+    /// The driver refused: puts the entries back (a handle of a context that still exists
+    /// cannot have been handed out again).
+    pub fn restore(self) {
         let mut t = TABLES.lock();
-        let keys: Vec<_> = t
-            .allocs
-            .iter()
-            .filter(|(_, e)| e.ctx == ctx)
-            .map(|(k, _)| *k)
-            .collect();
-        keys.iter().filter_map(|k| t.allocs.remove(k)).collect()
-    };
-    if let Some(s) = state::slice() {
-        for e in gone {
-            s.usage.release(e.dev, e.bytes);
+        for (k, e) in self.0 {
+            t.allocs.entry(k).or_insert(e);
         }
     }
+}
+
+/// Takes out of the tables what dies with context `ctx`, before the driver is asked to
+/// destroy (or reset) it: once it is destroyed, another thread's context creation may get
+/// the same handle and record its memory and allocations under it, and those must never be
+/// the ones given back here. While the driver is asked, the charges stay in the usage file.
+/// What is associated with no context (VMM handles, pool and graph memory, executable
+/// graphs: [`Lifetime::UntilFreed`]) stays, charged until freed.
+pub fn take_context(ctx: usize) -> ContextCharges {
+    let mut t = TABLES.lock();
+    let keys: Vec<_> = t
+        .allocs
+        .iter()
+        .filter(|(_, e)| e.ctx == ctx && e.lifetime == Lifetime::Context)
+        .map(|(k, _)| *k)
+        .collect();
+    ContextCharges(
+        keys.into_iter()
+            .filter_map(|k| t.allocs.remove(&k).map(|e| (k, e)))
+            .collect(),
+    )
 }
 
 /// Remembers the primary context of `dev`.

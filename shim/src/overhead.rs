@@ -150,6 +150,14 @@ pub fn measure<T>(uuid: &str, create: impl FnOnce() -> T) -> (T, u64) {
     (out, grown(before, after, trusted))
 }
 
+/// Runs `f` while no context creation of this process can run (they wait for the lock that
+/// serialises [`measure`]): for a call that may destroy a context, so that no creation gets
+/// its handle before what died with it is forgotten.
+pub fn exclusive<T>(f: impl FnOnce() -> T) -> T {
+    let _creations = BY_PROCESS.lock();
+    f()
+}
+
 /// For the child after `fork`: its pid is new.
 pub fn reset_in_child() {
     BY_PROCESS.reset_in_child();

@@ -197,6 +197,7 @@ pub mod cu {
         cuCtxSetLimit: PFN_cuCtxSetLimit;
         cuCtxGetLimit: PFN_cuCtxGetLimit;
         cuDeviceGetMemPool: PFN_cuDeviceGetMemPool;
+        cuDeviceGetDefaultMemPool: PFN_cuDeviceGetDefaultMemPool;
         cuMemPoolDestroy: PFN_cuMemPoolDestroy;
         cuMemPoolTrimTo: PFN_cuMemPoolTrimTo;
         cuMemPoolSetAttribute: PFN_cuMemPoolSetAttribute;

@@ -223,6 +223,76 @@ fn a_stream_ordered_allocation_is_charged_to_the_streams_device() {
 }
 
 #[test]
+fn a_default_pool_allocation_is_charged_to_the_pools_device() {
+    let node = SliceNode::new(&[16 * GIB, 16 * GIB], &[(4 * GIB, 0), (2 * GIB, 0)]);
+    // Device 0's context current, device 1's default pool (cuDeviceGetDefaultMemPool, which
+    // the shim did not create) on a stream of device 1: held to device 1's limit, and device
+    // 1 has nothing left for anything else.
+    let v = run_json(node.probe(&[
+        "alloc",
+        "--chunk",
+        "512Mi",
+        "--api",
+        "default-pool",
+        "--stream-device",
+        "1",
+    ]));
+    assert_eq!(v["error"], "CUDA_ERROR_OUT_OF_MEMORY", "{v}");
+    assert_eq!(u(&v, "total"), 2 * GIB, "{v}");
+    assert_eq!(u(&v, "mem_free"), 4 * GIB, "device 0 charged nothing: {v}");
+}
+
+/// Runs `probe ctx-destroy` with `args` holding its memory; returns its report and what the
+/// driver (NVML without the shim) says device `dev` uses meanwhile.
+fn ctx_destroy_held(node: &SliceNode, args: &[&str], dev: &str) -> (serde_json::Value, u64) {
+    let mut all = vec!["ctx-destroy", "--hold", "60"];
+    all.extend_from_slice(args);
+    let mut held = node
+        .probe(&all)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn probe");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(held.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let bare = run_json(node.bare_probe(&["--device", dev, "info"]));
+    let _ = held.kill();
+    let _ = held.wait();
+    let v: serde_json::Value =
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{args:?}: {e}: {line:?}"));
+    (v, u(&bare["nvml"], "used"))
+}
+
+#[test]
+fn memory_no_context_owns_stays_charged_past_its_context() {
+    // cuCtxDestroy does not free VMM, stream-ordered (pool) or graph memory: it is associated
+    // with no context. Filled in a context that is then destroyed, it still holds the limit:
+    // nothing more can be allocated, and the driver never holds more than the limit.
+    let node = SliceNode::new(&[16 * GIB], &[(4 * GIB, 0)]);
+    for api in ["vmm", "async", "pool", "graph", "graph-escape"] {
+        let (v, used) = ctx_destroy_held(&node, &["--chunk", "512Mi", "--api", api], "0");
+        assert_eq!(u(&v, "kept"), 4 * GIB, "{api}: {v}");
+        assert_eq!(u(&v, "after"), 0, "{api}: nothing more fits: {v}");
+        assert_eq!(v["error"], "CUDA_ERROR_OUT_OF_MEMORY", "{api}: {v}");
+        assert_eq!(u(&v, "mem_free"), 0, "{api}: {v}");
+        assert!(used <= 4 * GIB, "{api}: the driver holds {used} bytes: {v}");
+    }
+    // What dies with its context is given back with it.
+    for api in ["alloc", "array", "heap"] {
+        let (v, used) = ctx_destroy_held(&node, &["--chunk", "512Mi", "--api", api], "0");
+        assert_eq!(
+            u(&v, "after"),
+            4 * GIB,
+            "{api}: freed with the context: {v}"
+        );
+        assert!(used <= 4 * GIB, "{api}: the driver holds {used} bytes: {v}");
+    }
+}
+
+#[test]
 fn odd_sizes_never_exceed_the_limit() {
     let node = SliceNode::new(&[16 * GIB], &[(4 * GIB, 0)]);
     for api in ["alloc", "pitch", "array", "managed"] {

@@ -4,6 +4,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::usage::MAX_DEVICES;
+
 /// Name of the limits file in a slice directory.
 pub const LIMITS_FILE: &str = "limits.json";
 /// The only version this build reads and writes.
@@ -59,6 +61,8 @@ pub enum LimitsError {
     },
     #[error("limits file {path}: no devices")]
     Empty { path: PathBuf },
+    #[error("limits file {path}: {count} devices; at most {MAX_DEVICES} are supported (the usage file has {MAX_DEVICES} device records)")]
+    TooManyDevices { path: PathBuf, count: usize },
     #[error("cannot write limits file {path}: {source}")]
     Write {
         path: PathBuf,
@@ -82,6 +86,14 @@ impl Limits {
         if limits.devices.is_empty() {
             return Err(LimitsError::Empty {
                 path: path.to_path_buf(),
+            });
+        }
+        // Device `i` is usage-file device `i`: an entry past the usage file's device records
+        // could be reported free yet never charged, so such a file is refused whole.
+        if limits.devices.len() > MAX_DEVICES {
+            return Err(LimitsError::TooManyDevices {
+                path: path.to_path_buf(),
+                count: limits.devices.len(),
             });
         }
         if let Some(d) = limits.devices.iter().find(|d| d.cores > 100) {
@@ -164,5 +176,31 @@ mod tests {
             let s = e.to_string();
             assert!(s.contains("/slices/r/limits.json") && s.contains(want), "{s}");
         }
+    }
+
+    #[test]
+    fn refuses_more_devices_than_the_usage_file_holds() {
+        let devices = |n: usize| Limits {
+            version: 1,
+            reservation: "r".into(),
+            devices: (0..n)
+                .map(|i| DeviceLimit {
+                    uuid: format!("GPU-{i}"),
+                    memory_limit: 1,
+                    cores: 0,
+                })
+                .collect(),
+        };
+        let path = Path::new("/slices/r/limits.json");
+        let max = devices(MAX_DEVICES);
+        assert_eq!(Limits::from_json(&max.to_json(), path).ok(), Some(max));
+        let e = Limits::from_json(&devices(MAX_DEVICES + 1).to_json(), path).expect_err("refused");
+        let s = e.to_string();
+        assert!(
+            s.contains("/slices/r/limits.json")
+                && s.contains("17 devices")
+                && s.contains("at most 16"),
+            "{s}"
+        );
     }
 }

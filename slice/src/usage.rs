@@ -534,14 +534,21 @@ impl UsageFile {
         Ok(())
     }
 
-    /// Sum of all slots' use of `device` (dead ones included until reclaimed).
+    /// Sum of all slots' use of `device` (dead ones included until reclaimed). This
+    /// process's own slot always counts: a high-water mark lowered below it (the header is
+    /// writable by every process of the container) must not hide it, or [`UsageFile::reserve`]
+    /// would take the process's own use away from the others' instead of adding it.
     pub fn used(&self, device: usize) -> u64 {
         if device >= MAX_DEVICES {
             return 0;
         }
+        let hwm = self.map.hwm();
         let mut total = 0u64;
-        for i in 0..self.map.hwm() {
+        for i in 0..hwm {
             total = total.saturating_add(self.map.slot(i).used[device].load(SeqCst));
+        }
+        if let Some(own) = self.slot_index().filter(|s| *s >= hwm && *s < MAX_SLOTS) {
+            total = total.saturating_add(self.map.slot(own).used[device].load(SeqCst));
         }
         total
     }

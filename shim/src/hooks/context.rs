@@ -2,8 +2,9 @@
 //! contexts cannot be made on a device the slice does not include; a context's own device
 //! memory, measured from the driver's figures as it is created ([`crate::overhead`]), is
 //! charged to the slice (a context the slice cannot hold is destroyed again and refused with
-//! out-of-memory); destroying or resetting a context gives back that and everything
-//! allocated in it; growing a context's device malloc heap (`cuCtxSetLimit`) is charged.
+//! out-of-memory); destroying or resetting a context gives back that and what the driver
+//! frees with it (not VMM, pool or graph memory, which no context owns); growing a
+//! context's device malloc heap (`cuCtxSetLimit`) is charged.
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_uint};
@@ -167,32 +168,57 @@ fn after_release(dev: CUdevice) {
 
 fn forget_primary(dev: CUdevice) {
     if let Some(ctx) = account::primary(dev) {
-        account::forget_context(ctx);
-        crate::pacer::forget_context(ctx);
-        forget_heap(ctx);
+        destroyed(ctx, take_context(ctx));
     }
 }
 
+/// `cuDevicePrimaryCtxRelease(_v2)`: whether this release destroys the primary context is
+/// known only after it, so context creations of this process wait until what died with it
+/// is forgotten ([`crate::overhead::exclusive`]): none can get its handle and record memory
+/// under it in between.
 macro_rules! primary_release {
-    ($name:ident, $after:ident) => {
+    ($name:ident) => {
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(dev: CUdevice) -> CUresult {
+            guard(stringify!($name), CUDA_ERROR_UNKNOWN, || {
+                let f = real!($name);
+                crate::overhead::exclusive(|| {
+                    // SAFETY: the caller's argument.
+                    let r = unsafe { f(dev) };
+                    if r == CUDA_SUCCESS {
+                        after_release(dev);
+                    }
+                    r
+                })
+            })
+        }
+    };
+}
+primary_release!(cuDevicePrimaryCtxRelease);
+primary_release!(cuDevicePrimaryCtxRelease_v2);
+
+/// `cuDevicePrimaryCtxReset(_v2)` destroys the primary context: what dies with it is taken
+/// out before the driver is asked (see [`destroy_with`]).
+macro_rules! primary_reset {
+    ($name:ident) => {
         #[no_mangle]
         pub unsafe extern "C" fn $name(dev: CUdevice) -> CUresult {
             guard(stringify!($name), CUDA_ERROR_UNKNOWN, || {
                 let f = real!($name);
                 // SAFETY: the caller's argument.
-                let r = unsafe { f(dev) };
-                if r == CUDA_SUCCESS {
-                    $after(dev);
+                let call = || unsafe { f(dev) };
+                // Without an active primary context there is nothing to destroy (and its
+                // old handle may since name another context).
+                match account::primary(dev).filter(|_| primary_active(dev)) {
+                    Some(ctx) => destroy_with(ctx, call),
+                    None => call(),
                 }
-                r
             })
         }
     };
 }
-primary_release!(cuDevicePrimaryCtxRelease, after_release);
-primary_release!(cuDevicePrimaryCtxRelease_v2, after_release);
-primary_release!(cuDevicePrimaryCtxReset, forget_primary);
-primary_release!(cuDevicePrimaryCtxReset_v2, forget_primary);
+primary_reset!(cuDevicePrimaryCtxReset);
+primary_reset!(cuDevicePrimaryCtxReset_v2);
 
 /// `cuCtxCreate_v2` and the pre-3.2 `cuCtxCreate` (same signature): the device checked
 /// against the slice, the context charged.
@@ -277,6 +303,46 @@ pub unsafe extern "C" fn cuCtxCreate_v4(
     })
 }
 
+/// What the shim keeps for a context and forgets when the driver destroys it.
+struct ContextState {
+    charges: account::ContextCharges,
+    /// Its malloc heap size as first seen ([`HEAP_BASE`]).
+    heap_base: Option<u64>,
+}
+
+/// Takes out what dies with context `ctx` (see [`account::take_context`]).
+fn take_context(ctx: usize) -> ContextState {
+    ContextState {
+        charges: account::take_context(ctx),
+        heap_base: HEAP_BASE.lock().remove(&ctx),
+    }
+}
+
+/// The driver destroyed context `ctx`: gives back what died with it.
+fn destroyed(ctx: usize, taken: ContextState) {
+    taken.charges.release();
+    crate::pacer::forget_context(ctx);
+}
+
+/// Destroys context `ctx` through `call`. What dies with it leaves the shim's tables before
+/// the driver is asked, as every free does (docs/shim.md, "Frees and reused handles"): once
+/// the driver destroyed it, another thread's creation may get the same handle and record its
+/// own memory and allocations under it, which must stay charged. If the driver refuses,
+/// everything is put back.
+fn destroy_with(ctx: usize, call: impl FnOnce() -> CUresult) -> CUresult {
+    let taken = take_context(ctx);
+    let r = call();
+    if r == CUDA_SUCCESS {
+        destroyed(ctx, taken);
+    } else {
+        taken.charges.restore();
+        if let Some(b) = taken.heap_base {
+            HEAP_BASE.lock().entry(ctx).or_insert(b);
+        }
+    }
+    r
+}
+
 macro_rules! ctx_destroy {
     ($name:ident) => {
         #[no_mangle]
@@ -284,13 +350,7 @@ macro_rules! ctx_destroy {
             guard(stringify!($name), CUDA_ERROR_UNKNOWN, || {
                 let f = real!($name);
                 // SAFETY: the caller's argument.
-                let r = unsafe { f(ctx) };
-                if r == CUDA_SUCCESS {
-                    account::forget_context(ctx as usize);
-                    crate::pacer::forget_context(ctx as usize);
-                    forget_heap(ctx as usize);
-                }
-                r
+                destroy_with(ctx as usize, || unsafe { f(ctx) })
             })
         }
     };
@@ -357,12 +417,79 @@ pub unsafe extern "C" fn cuCtxSetLimit(limit: CUlimit, value: usize) -> CUresult
     })
 }
 
-/// Forgets a destroyed context's heap baseline.
-fn forget_heap(ctx: usize) {
-    HEAP_BASE.lock().remove(&ctx);
-}
-
 /// For the child after `fork`.
 pub fn reset_in_child() {
     HEAP_BASE.reset_in_child();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::account::Target;
+
+    fn bytes(kind: Kind, key: u64) -> Option<u64> {
+        account::charged(kind, key).map(|e| e.bytes)
+    }
+
+    #[test]
+    fn a_context_the_driver_hands_out_again_during_a_destroy_keeps_its_charges() {
+        let a = 0x6100_0000usize;
+        let t = Target { idx: 0, ctx: a };
+        account::record(Kind::Context, a as u64, t, 100);
+        account::record(Kind::Ptr, 0x6110_0000, t, 300);
+        // Another thread's cuCtxCreate gets the same handle as soon as the driver destroyed
+        // the context, before this destroy returns: its memory and allocations are its own.
+        let r = destroy_with(a, || {
+            account::record(Kind::Context, a as u64, t, 200);
+            account::record(Kind::Ptr, 0x6120_0000, t, 400);
+            CUDA_SUCCESS
+        });
+        assert_eq!(r, CUDA_SUCCESS);
+        assert_eq!(bytes(Kind::Context, a as u64), Some(200));
+        assert_eq!(bytes(Kind::Ptr, 0x6120_0000), Some(400));
+        assert_eq!(bytes(Kind::Ptr, 0x6110_0000), None, "died with the context");
+    }
+
+    #[test]
+    fn a_refused_destroy_keeps_the_context_charged() {
+        let a = 0x6200_0000usize;
+        let t = Target { idx: 0, ctx: a };
+        account::record(Kind::Context, a as u64, t, 100);
+        account::record(Kind::Array, 0x6210_0000, t, 300);
+        let r = destroy_with(a, || CUDA_ERROR_INVALID_CONTEXT);
+        assert_eq!(r, CUDA_ERROR_INVALID_CONTEXT);
+        assert_eq!(bytes(Kind::Context, a as u64), Some(100));
+        assert_eq!(bytes(Kind::Array, 0x6210_0000), Some(300));
+    }
+
+    #[test]
+    fn memory_no_context_owns_outlives_its_context() {
+        let a = 0x6300_0000usize;
+        let t = Target { idx: 0, ctx: a };
+        account::record(Kind::Context, a as u64, t, 1);
+        account::record(Kind::Heap, a as u64, t, 2);
+        account::record(Kind::Ptr, 0x6310_0000, t, 3);
+        account::record(Kind::Mipmap, 0x6320_0000, t, 4);
+        account::record(Kind::Vmm, 0x6330_0000, t, 5);
+        account::record(Kind::GraphExec, 0x6340_0000, t, 6);
+        account::record_stream_ordered(0x6350_0000, t, 7, 0x6360_0000);
+        account::record_stream_ordered(0x6370_0000, t, 8, 0);
+        assert_eq!(destroy_with(a, || CUDA_SUCCESS), CUDA_SUCCESS);
+        for (kind, key) in [
+            (Kind::Context, a as u64),
+            (Kind::Heap, a as u64),
+            (Kind::Ptr, 0x6310_0000),
+            (Kind::Mipmap, 0x6320_0000),
+        ] {
+            assert_eq!(bytes(kind, key), None, "{kind:?} dies with its context");
+        }
+        assert_eq!(bytes(Kind::Vmm, 0x6330_0000), Some(5));
+        assert_eq!(bytes(Kind::GraphExec, 0x6340_0000), Some(6));
+        assert_eq!(bytes(Kind::Ptr, 0x6350_0000), Some(7), "pool memory");
+        assert_eq!(
+            bytes(Kind::Ptr, 0x6370_0000),
+            Some(8),
+            "escaped graph memory"
+        );
+    }
 }

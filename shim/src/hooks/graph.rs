@@ -475,9 +475,26 @@ fn keep_live(gone: &mut [Entry], escapes: &[Escape]) {
             .find(|e| e.dev == esc.idx && e.bytes >= esc.bytes)
         {
             e.bytes -= esc.bytes;
-            account::record(Kind::Ptr, esc.dptr, e.target(), esc.bytes);
+            account::record_stream_ordered(esc.dptr, e.target(), esc.bytes, 0);
         }
     }
+}
+
+/// Destroys graph `graph` through `call`. What the shim noted for it leaves the table before
+/// the driver is asked, as every free does (docs/shim.md, "Frees and reused handles"): once
+/// the driver destroyed it, another thread's `cuGraphCreate` may get the same handle and add
+/// allocation nodes, whose notes must stay (else its instantiation would charge nothing). If
+/// the driver refuses, the notes are put back.
+fn destroy_graph(graph: CUgraph, call: impl FnOnce() -> CUresult) -> CUresult {
+    let key = graph as usize;
+    let taken = GRAPHS.lock().remove(&key);
+    let r = call();
+    if r != CUDA_SUCCESS {
+        if let Some(mem) = taken {
+            GRAPHS.lock().entry(key).or_insert(mem);
+        }
+    }
+    r
 }
 
 #[no_mangle]
@@ -485,11 +502,7 @@ pub unsafe extern "C" fn cuGraphDestroy(graph: CUgraph) -> CUresult {
     guard("cuGraphDestroy", CUDA_ERROR_UNKNOWN, || {
         let f = real!(cuGraphDestroy);
         // SAFETY: the caller's argument.
-        let r = unsafe { f(graph) };
-        if r == CUDA_SUCCESS {
-            GRAPHS.lock().remove(&(graph as usize));
-        }
-        r
+        destroy_graph(graph, || unsafe { f(graph) })
     })
 }
 
@@ -497,4 +510,36 @@ pub unsafe extern "C" fn cuGraphDestroy(graph: CUgraph) -> CUresult {
 pub fn reset_in_child() {
     GRAPHS.reset_in_child();
     EXECS.reset_in_child();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_graph_the_driver_hands_out_again_during_a_destroy_keeps_its_notes() {
+        let g = 0x4400_0000usize as CUgraph;
+        note(g, 0, 100, 0x1000);
+        // Another thread's cuGraphCreate gets the handle as soon as the driver destroyed it,
+        // and adds an allocation node before this destroy returns.
+        let r = destroy_graph(g, || {
+            note(g, 0, 200, 0x2000);
+            CUDA_SUCCESS
+        });
+        assert_eq!(r, CUDA_SUCCESS);
+        let allocs = GRAPHS.lock().get(&(g as usize)).map(|m| m.allocs.clone());
+        assert_eq!(allocs, Some(vec![(0, 200, 0x2000)]));
+    }
+
+    #[test]
+    fn a_refused_graph_destroy_keeps_the_notes() {
+        let g = 0x4500_0000usize as CUgraph;
+        note(g, 0, 300, 0x3000);
+        assert_eq!(
+            destroy_graph(g, || CUDA_ERROR_INVALID_VALUE),
+            CUDA_ERROR_INVALID_VALUE
+        );
+        let allocs = GRAPHS.lock().get(&(g as usize)).map(|m| m.allocs.clone());
+        assert_eq!(allocs, Some(vec![(0, 300, 0x3000)]));
+    }
 }

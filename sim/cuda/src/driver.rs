@@ -238,7 +238,8 @@ pub enum AllocKind {
     Pool(u64),
 }
 
-/// Memory charged to this process and owned by a context (freed with it).
+/// Memory charged to this process and made in a context (freed with it, except
+/// stream-ordered memory, see [`Objects::destroy_context`]).
 #[derive(Debug, Clone, Copy)]
 pub struct Charge {
     pub ctx: u64,
@@ -607,7 +608,10 @@ impl Objects {
             .ok_or(CUDA_ERROR_INVALID_CONTEXT)
     }
 
-    /// Destroys context `ctx` and everything it owns, giving its memory back.
+    /// Destroys context `ctx` and everything it owns, giving its memory back. As the real
+    /// driver documents for `cuCtxDestroy`, memory of `cuMemCreate`, `cuMemAllocAsync` and
+    /// `cuMemAllocFromPoolAsync` is associated with no context and stays allocated (so do
+    /// pools, executable graphs and graph memory, which no context owns here either).
     pub fn destroy_context(&mut self, drv: &Driver, ctx: u64) {
         let Some(c) = self.contexts.remove(&ctx) else {
             return;
@@ -616,10 +620,11 @@ impl Objects {
             drv.uncharge(c.ordinal, c.heap_charge + c.overhead);
         }
         let owned = |charge: &Charge| charge.ctx == ctx;
-        for (_, a) in self.allocations.iter().filter(|(_, a)| owned(&a.charge)) {
+        let dies = |a: &Allocation| owned(&a.charge) && !matches!(a.kind, AllocKind::Pool(_));
+        for (_, a) in self.allocations.iter().filter(|(_, a)| dies(a)) {
             drv.uncharge(a.charge.ordinal, a.charge.bytes);
         }
-        self.allocations.retain(|_, a| !owned(&a.charge));
+        self.allocations.retain(|_, a| !dies(a));
         for map in [&mut self.arrays, &mut self.mipmaps] {
             for ch in map.values().filter(|ch| owned(ch)) {
                 drv.uncharge(ch.ordinal, ch.bytes);

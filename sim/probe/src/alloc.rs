@@ -78,7 +78,11 @@ impl<'a> Allocator<'a> {
             instantiate,
             heap: (0, Cell::new(0)),
         };
-        if matches!(api, Api::Async | Api::Pool | Api::PoolKeep) || api.is_graph() {
+        if matches!(
+            api,
+            Api::Async | Api::Pool | Api::DefaultPool | Api::PoolKeep
+        ) || api.is_graph()
+        {
             match stream_device {
                 Some(other) => {
                     cuda.open_device(other)?;
@@ -96,6 +100,10 @@ impl<'a> Allocator<'a> {
         if api == Api::Pool {
             let props = CUmemPoolProps::pinned_on(a.dev.ordinal);
             call!(cuda, cuMemPoolCreate: PFN_cuMemPoolCreate, &mut a.pool, &props)?;
+        }
+        if api == Api::DefaultPool {
+            let on = stream_device.unwrap_or(a.dev.ordinal);
+            call!(cuda, cuDeviceGetDefaultMemPool: PFN_cuDeviceGetDefaultMemPool, &mut a.pool, on)?;
         }
         if matches!(api, Api::Vmm | Api::VmmReleaseMapped) {
             let prop = CUmemAllocationProp::pinned_on(a.dev.ordinal);
@@ -150,7 +158,7 @@ impl<'a> Allocator<'a> {
                 cuda.stream_sync(self.stream)?;
                 Ok(Held::Async(p))
             }
-            Api::Pool => {
+            Api::Pool | Api::DefaultPool => {
                 call!(cuda, cuMemAllocFromPoolAsync: PFN_cuMemAllocFromPoolAsync, &mut p, size, self.pool, self.stream)?;
                 cuda.stream_sync(self.stream)?;
                 Ok(Held::Async(p))
@@ -485,7 +493,7 @@ impl<'a> Allocator<'a> {
         if self.api == Api::Heap && self.heap.1.get() != self.heap.0 {
             let _ = call!(cuda, cuCtxSetLimit: PFN_cuCtxSetLimit, CU_LIMIT_MALLOC_HEAP_SIZE, self.heap.0);
         }
-        if !self.pool.is_null() {
+        if self.api == Api::Pool && !self.pool.is_null() {
             let _ = call!(cuda, cuMemPoolDestroy: PFN_cuMemPoolDestroy, self.pool);
         }
         if !self.stream.is_null() {
@@ -536,6 +544,15 @@ struct Filled<'a> {
 /// Opens device `ordinal` and allocates through `args.api` until refused or `--max`.
 fn fill<'a>(cuda: &'a Cuda, ordinal: i32, args: &AllocArgs) -> Result<Filled<'a>, ProbeError> {
     let dev = cuda.open_device(ordinal)?;
+    fill_current(cuda, dev, args)
+}
+
+/// Allocates on `dev`, whose context is current, through `args.api` until refused or `--max`.
+fn fill_current<'a>(
+    cuda: &'a Cuda,
+    dev: Device,
+    args: &AllocArgs,
+) -> Result<Filled<'a>, ProbeError> {
     let a = Allocator::new(cuda, dev, args.api, args.instantiate, args.stream_device)?;
     let chunk = a.effective_chunk(args.chunk)?;
     // Without --max, stop at twice the device's memory: managed memory may oversubscribe a
@@ -654,6 +671,53 @@ pub fn run(cuda: &Cuda, out: Out, ordinal: i32, args: &AllocArgs) -> Result<(), 
     }
     f.a.finish();
     outcome
+}
+
+/// `ctx-destroy`: fills device `ordinal` through `args.api` in a context made for it
+/// (`cuCtxCreate`), destroys that context without freeing anything, then fills the device
+/// with `cuMemAlloc` in its primary context. Reports both fills (`kept`: what the first
+/// made, which the driver keeps past the context unless it dies with it; `after`: what the
+/// second could take), holds `--hold` seconds, and exits without freeing: the process's
+/// exit gives everything back.
+pub fn run_ctx_destroy(
+    cuda: &Cuda,
+    out: Out,
+    ordinal: i32,
+    args: &AllocArgs,
+) -> Result<(), ProbeError> {
+    let dev = cuda.open_device(ordinal)?;
+    let ctx = cuda.context_create(&dev)?;
+    let first = fill_current(cuda, dev, args)?;
+    first.outcome()?;
+    call!(cuda, cuCtxDestroy: PFN_cuCtxDestroy_v2, ctx)?;
+    let plain = AllocArgs {
+        api: Api::Alloc,
+        stream_device: None,
+        hold: 0.0,
+        rounds: 1,
+        ..args.clone()
+    };
+    let second = fill(cuda, ordinal, &plain)?;
+    let mut v = second.report(Api::Alloc)?;
+    v["cmd"] = json!("ctx-destroy");
+    v["api"] = json!(args.api.as_str());
+    v["kept"] = json!(first.total);
+    v["after"] = json!(second.total);
+    out.emit(v.clone(), || {
+        format!(
+            "ctx-destroy ({}): {} made in a context then destroyed; then cuMemAlloc took {} ({}); cuMemGetInfo free {} of {}",
+            args.api.as_str(),
+            human_bytes(first.total),
+            human_bytes(second.total),
+            v["error"].as_str().unwrap_or("not refused"),
+            human_bytes(v["mem_free"].as_u64().unwrap_or(0)),
+            human_bytes(v["mem_total"].as_u64().unwrap_or(0))
+        )
+    });
+    if args.hold > 0.0 {
+        std::thread::sleep(Duration::from_secs_f64(args.hold));
+    }
+    second.outcome()
 }
 
 /// `multi`: fills each device in turn, holding everything, and reports them together.

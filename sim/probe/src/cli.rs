@@ -48,6 +48,10 @@ pub enum Command {
     Alloc(AllocArgs),
     /// `alloc` on several devices of one process: each filled until refused, all held.
     Multi(MultiArgs),
+    /// `alloc` in a context made with cuCtxCreate, that context destroyed with everything
+    /// still allocated, then cuMemAlloc in the primary context until refused; report,
+    /// hold, exit without freeing.
+    CtxDestroy(AllocArgs),
     /// Launch spin kernels back to back; print the achieved share of device time.
     Burn(BurnArgs),
     /// Median cost of one call.
@@ -73,6 +77,9 @@ pub enum Api {
     Async,
     /// cuMemAllocFromPoolAsync from a created pool.
     Pool,
+    /// cuMemAllocFromPoolAsync from the default pool (cuDeviceGetDefaultMemPool) of the
+    /// stream's device (`--stream-device`, else the allocating device).
+    DefaultPool,
     /// cuMemCreate + cuMemAddressReserve + cuMemMap + cuMemSetAccess.
     Vmm,
     /// As `vmm`, the handle released at once after mapping (the CUDA samples' idiom): the
@@ -126,6 +133,7 @@ impl Api {
             Api::Managed => "managed",
             Api::Async => "async",
             Api::Pool => "pool",
+            Api::DefaultPool => "default-pool",
             Api::Vmm => "vmm",
             Api::VmmReleaseMapped => "vmm-release-mapped",
             Api::Array => "array",
@@ -163,7 +171,7 @@ fn bytes(s: &str) -> Result<u64, String> {
         })
 }
 
-#[derive(Debug, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct AllocArgs {
     /// Size of each allocation: bytes or 512Mi, 1Gi, 20G.
     #[arg(long, value_parser = bytes)]

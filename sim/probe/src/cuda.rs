@@ -224,6 +224,18 @@ impl Cuda {
         Ok(Device { ordinal: dev })
     }
 
+    /// Creates a context on `dev` with `cuCtxCreate` (which pushes it: it becomes current).
+    pub fn context_create(&self, dev: &Device) -> Result<CUcontext, ProbeError> {
+        let mut c: CUcontext = std::ptr::null_mut();
+        // The probe claims CUDA 11.4 or later here: `cuCtxCreate` resolves to `_v3`.
+        if self.version >= 11040 {
+            call!(self, cuCtxCreate: PFN_cuCtxCreate_v3, &mut c, std::ptr::null_mut(), 0, 0, dev.ordinal)?;
+        } else {
+            call!(self, cuCtxCreate: PFN_cuCtxCreate_v2, &mut c, 0, dev.ordinal)?;
+        }
+        Ok(c)
+    }
+
     pub fn name(&self, dev: &Device) -> Result<String, ProbeError> {
         let mut buf = [0 as c_char; 256];
         call!(self, cuDeviceGetName: PFN_cuDeviceGetName, buf.as_mut_ptr(), buf.len() as c_int, dev.ordinal)?;

@@ -30,14 +30,7 @@ pub fn run(
     call!(cuda, cuCtxGetCurrent: PFN_cuCtxGetCurrent, &mut primary)?;
     let mut contexts = Vec::new();
     for _ in 0..args.contexts {
-        let mut c: CUcontext = std::ptr::null_mut();
-        // The probe claims CUDA 11.4 or later here: `cuCtxCreate` resolves to `_v3`.
-        if cuda.version >= 11040 {
-            call!(cuda, cuCtxCreate: PFN_cuCtxCreate_v3, &mut c, std::ptr::null_mut(), 0, 0, dev.ordinal)?;
-        } else {
-            call!(cuda, cuCtxCreate: PFN_cuCtxCreate_v2, &mut c, 0, dev.ordinal)?;
-        }
-        contexts.push(c);
+        contexts.push(cuda.context_create(&dev)?);
     }
     call!(cuda, cuCtxSetCurrent: PFN_cuCtxSetCurrent, primary)?;
     let (free_before, _) = cuda.mem_info()?;

@@ -1,9 +1,10 @@
 //! `gpuslice-probe`: drives a CUDA driver the way the CUDA runtime does (dlopen
 //! `libcuda.so.1`, entry points through `cuGetProcAddress`), against the simulated driver in
 //! tests and unchanged against a real NVIDIA driver: `info`, `alloc` until refused on every
-//! allocation path, `burn` for compute share, `bench` for per-call cost, `fill` as a serving
-//! engine sizes its memory, and `smi` (NVML only; also what the probe does when run as
-//! `nvidia-smi`, its stand-in on the simulated node).
+//! allocation path, `ctx-destroy` for what outlives a destroyed context, `burn` for compute
+//! share, `bench` for per-call cost, `fill` as a serving engine sizes its memory, and `smi`
+//! (NVML only; also what the probe does when run as `nvidia-smi`, its stand-in on the
+//! simulated node).
 
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
@@ -37,6 +38,7 @@ fn run(cli: &Cli) -> Result<(), ProbeError> {
         Command::Info => info::run(&cuda, out, cli.device, &cli.nvml_lib),
         Command::Alloc(a) => alloc::run(&cuda, out, cli.device, a),
         Command::Multi(m) => alloc::run_multi(&cuda, out, m),
+        Command::CtxDestroy(a) => alloc::run_ctx_destroy(&cuda, out, cli.device, a),
         Command::Burn(b) => burn::run(&cuda, out, cli.device, b),
         Command::Bench(b) => bench::run(&cuda, out, cli.device, b),
         Command::Fill(f) => fill::run(&cuda, out, cli.device, &cli.nvml_lib, f),

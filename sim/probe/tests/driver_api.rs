@@ -1,7 +1,8 @@
 //! The simulated driver's API semantics, called in-process the way the shim calls it:
-//! contexts own their memory, VMM memory lives until released and unmapped, stream-ordered
-//! frees need stream-ordered memory, graph memory lives from instantiation to exec destroy,
-//! events and streams follow the kernel timeline. Each test uses its own GPU of one shared
+//! contexts own their memory (not VMM, stream-ordered or graph memory, which outlive them),
+//! VMM memory lives until released and unmapped, stream-ordered frees need stream-ordered
+//! memory, graph memory lives from instantiation to exec destroy, events and streams follow
+//! the kernel timeline. Each test uses its own GPU of one shared
 //! node (the driver is per process), so they can run in parallel.
 
 use crate::common;
@@ -135,6 +136,100 @@ fn destroying_a_context_frees_its_memory() {
         CUDA_ERROR_INVALID_VALUE,
         "freed with its context"
     );
+}
+
+#[test]
+fn memory_no_context_owns_outlives_the_context() {
+    // cuCtxDestroy "will not destroy memory allocations by cuMemCreate(), cuMemAllocAsync()
+    // and cuMemAllocFromPoolAsync()" (CUDA driver API); executable graphs and their graph
+    // memory belong to no context either.
+    driver();
+    let mut ctx = std::ptr::null_mut();
+    assert_eq!(
+        cu!(cuCtxCreate_v2: PFN_cuCtxCreate_v2, &mut ctx, 0, 5),
+        CUDA_SUCCESS
+    );
+    let mut s = std::ptr::null_mut();
+    assert_eq!(
+        cu!(cuStreamCreate: PFN_cuStreamCreate, &mut s, 0),
+        CUDA_SUCCESS
+    );
+    let (mut linear, mut asynch, mut pooled) = (0, 0, 0);
+    assert_eq!(
+        cu!(cuMemAlloc_v2: PFN_cuMemAlloc_v2, &mut linear, GIB),
+        CUDA_SUCCESS
+    );
+    assert_eq!(
+        cu!(cuMemAllocAsync: PFN_cuMemAllocAsync, &mut asynch, GIB, s),
+        CUDA_SUCCESS
+    );
+    let props = CUmemPoolProps::pinned_on(5);
+    let mut pool = std::ptr::null_mut();
+    assert_eq!(
+        cu!(cuMemPoolCreate: PFN_cuMemPoolCreate, &mut pool, &props),
+        CUDA_SUCCESS
+    );
+    assert_eq!(
+        cu!(cuMemAllocFromPoolAsync: PFN_cuMemAllocFromPoolAsync, &mut pooled, GIB, pool, s),
+        CUDA_SUCCESS
+    );
+    let prop = CUmemAllocationProp::pinned_on(5);
+    let mut h = 0;
+    assert_eq!(
+        cu!(cuMemCreate: PFN_cuMemCreate, &mut h, GIB, &prop, 0),
+        CUDA_SUCCESS
+    );
+    let mut g = std::ptr::null_mut();
+    assert_eq!(
+        cu!(cuGraphCreate: PFN_cuGraphCreate, &mut g, 0),
+        CUDA_SUCCESS
+    );
+    let access = CUmemAccessDesc {
+        location: prop.location,
+        flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    };
+    let mut params = CUDA_MEM_ALLOC_NODE_PARAMS {
+        poolProps: CUmemPoolProps::pinned_on(5),
+        accessDescs: &access,
+        accessDescCount: 1,
+        bytesize: GIB,
+        dptr: 0,
+    };
+    let mut node = std::ptr::null_mut();
+    let r = cu!(cuGraphAddMemAllocNode: PFN_cuGraphAddMemAllocNode, &mut node, g, std::ptr::null(), 0, &mut params);
+    assert_eq!(r, CUDA_SUCCESS);
+    let mut exec = std::ptr::null_mut();
+    assert_eq!(
+        cu!(cuGraphInstantiateWithFlags: PFN_cuGraphInstantiateWithFlags, &mut exec, g, 0),
+        CUDA_SUCCESS
+    );
+    assert_eq!(free_mem(), CAPACITY - 5 * GIB);
+    assert_eq!(cu!(cuCtxDestroy_v2: PFN_cuCtxDestroy_v2, ctx), CUDA_SUCCESS);
+    use_device(5);
+    assert_eq!(
+        free_mem(),
+        CAPACITY - 4 * GIB,
+        "only the linear allocation died with the context"
+    );
+    assert_eq!(
+        cu!(cuMemFree_v2: PFN_cuMemFree_v2, linear),
+        CUDA_ERROR_INVALID_VALUE,
+        "freed with its context"
+    );
+    for p in [asynch, pooled] {
+        assert_eq!(cu!(cuMemFree_v2: PFN_cuMemFree_v2, p), CUDA_SUCCESS);
+    }
+    assert_eq!(cu!(cuMemRelease: PFN_cuMemRelease, h), CUDA_SUCCESS);
+    assert_eq!(
+        cu!(cuGraphExecDestroy: PFN_cuGraphExecDestroy, exec),
+        CUDA_SUCCESS
+    );
+    assert_eq!(cu!(cuGraphDestroy: PFN_cuGraphDestroy, g), CUDA_SUCCESS);
+    assert_eq!(
+        cu!(cuMemPoolDestroy: PFN_cuMemPoolDestroy, pool),
+        CUDA_SUCCESS
+    );
+    assert_eq!(free_mem(), CAPACITY);
 }
 
 #[test]

@@ -176,6 +176,39 @@ fn reserve_stops_at_limit_and_release_returns() {
     assert_eq!(snap.processes[0].pid, std::process::id());
 }
 
+/// A high-water mark written below a process's slot (the header is writable by every
+/// process of the container) must not hide that process's own use from its reservations.
+#[test]
+fn a_lowered_high_water_mark_does_not_hide_the_own_slot() {
+    let (_d, path) = fresh();
+    let first = UsageFile::open(&path, me()).expect("open");
+    first.reserve(0, 3 * GIB, 4 * GIB).expect("3 GiB fits");
+    // A second attachment (its own descriptor, so its own slot) of this process.
+    let second = UsageFile::open(&path, me()).expect("open");
+    second.reserve(0, 1, 4 * GIB).expect("1 byte fits");
+    let own = second.slot_index().expect("a slot");
+    assert!(own >= 1, "slot {own}");
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .expect("open for writing");
+    std::os::unix::fs::FileExt::write_at(
+        &file,
+        &(own as u32).to_ne_bytes(),
+        std::mem::offset_of!(Header, slot_hwm) as u64,
+    )
+    .expect("write the high-water mark");
+    assert_eq!(second.used(0), 3 * GIB + 1, "its own slot still counts");
+    assert!(
+        second.reserve(0, 2 * GIB, 4 * GIB).is_err(),
+        "3 GiB + 1 + 2 GiB is over the limit"
+    );
+    second
+        .reserve(0, GIB - 1, 4 * GIB)
+        .expect("exactly the limit fits");
+    assert_eq!(second.used(0), 4 * GIB);
+}
+
 /// A process whose usage file was truncated under its mapping (by a peer in the container)
 /// and is then dropped must not fault: zeroing its slot would store past the file's end.
 #[test]
