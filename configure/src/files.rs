@@ -32,6 +32,11 @@ pub enum FileError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("cannot set the mode of {path}: {source}")]
+    Mode {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// The backup path of `path`: `<path>.gpuslice.bak`.
@@ -184,8 +189,32 @@ fn apply_op(op: &Op, dry_run: bool, out: &mut String) -> Result<bool, FileError>
         Op::Write { path, text, mode } => {
             let now = read(path)?;
             if now.text.as_deref() == Some(text.as_str()) {
-                out.push_str(&format!("{} is up to date\n", path.display()));
-                return Ok(false);
+                if now.mode == *mode {
+                    out.push_str(&format!("{} is up to date\n", path.display()));
+                    return Ok(false);
+                }
+                // Same text, wider or other permissions (a copy of a file made private
+                // since, or a file an older gpuslice wrote): only the mode changes.
+                if dry_run {
+                    out.push_str(&format!(
+                        "would set the mode of {} to {mode:04o} (now {:04o})\n",
+                        path.display(),
+                        now.mode
+                    ));
+                    return Ok(true);
+                }
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(path, std::fs::Permissions::from_mode(*mode)).map_err(
+                    |source| FileError::Mode {
+                        path: path.clone(),
+                        source,
+                    },
+                )?;
+                out.push_str(&format!(
+                    "set the mode of {} to {mode:04o}\n",
+                    path.display()
+                ));
+                return Ok(true);
             }
             if dry_run {
                 out.push_str(&format!("would write {}:\n", path.display()));

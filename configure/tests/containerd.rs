@@ -382,3 +382,39 @@ fn a_non_default_gpuslice_config_goes_through_a_wrapper() {
     remove(&t);
     assert!(!t.wrapper().exists());
 }
+
+/// containerd 1.x: the drop-in copies the CRI section, registry credentials included, from
+/// whichever file defines it last; the copy must not be readable by more than that file.
+#[test]
+fn the_drop_in_is_as_private_as_the_imported_file_it_copies() {
+    use std::os::unix::fs::PermissionsExt;
+    let set = |p: &Path, m: u32| std::fs::set_permissions(p, PermissionsExt::from_mode(m)).unwrap();
+    let d = tempfile::tempdir().unwrap();
+    let t = target(d.path(), Version::V2);
+    std::fs::write(&t.config, "version = 2\nimports = [\"conf.d/*.toml\"]\n").unwrap();
+    set(&t.config, 0o644);
+    let creds = d.path().join("conf.d/10-registry.toml");
+    std::fs::create_dir_all(creds.parent().unwrap()).unwrap();
+    std::fs::write(
+        &creds,
+        "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".registry.configs.\"reg.example\".auth]\nusername = \"u\"\npassword = \"s3cret\"\n",
+    )
+    .unwrap();
+    set(&creds, 0o600);
+    add(&t, &reg());
+    assert!(std::fs::read_to_string(t.drop_in())
+        .unwrap()
+        .contains("s3cret"));
+    assert_eq!(mode(&t.drop_in()), 0o600, "the copied password is readable");
+    assert_eq!(mode(&t.config), 0o644);
+
+    // A group-readable source and a 0644 drop-in an older run left: the text is unchanged,
+    // the mode narrows to what both allow.
+    set(&creds, 0o640);
+    set(&t.drop_in(), 0o644);
+    let out = add(&t, &reg());
+    assert!(out.contains("set the mode of"), "{out}");
+    assert_eq!(mode(&t.drop_in()), 0o640);
+    remove(&t);
+    assert!(!t.drop_in().exists());
+}
