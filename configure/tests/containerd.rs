@@ -418,3 +418,29 @@ fn the_drop_in_is_as_private_as_the_imported_file_it_copies() {
     remove(&t);
     assert!(!t.drop_in().exists());
 }
+
+/// The main config as a symlink stays one through configure and `--remove`.
+#[test]
+fn a_symlinked_main_config_stays_a_symlink() {
+    let d = tempfile::tempdir().unwrap();
+    stage(&fixture("containerd", "debian").join("input"), d.path());
+    let t = target(d.path(), Version::V2);
+    let real = d.path().join("managed.toml");
+    std::fs::rename(&t.config, &real).unwrap();
+    std::os::unix::fs::symlink(&real, &t.config).unwrap();
+    let original = std::fs::read_to_string(&real).unwrap();
+    let is_link = |p: &Path| {
+        std::fs::symlink_metadata(p)
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    };
+    add(&t, &reg());
+    assert!(is_link(&t.config));
+    assert!(std::fs::read_to_string(&real)
+        .unwrap()
+        .contains("conf.d/gpuslice.toml"));
+    remove(&t);
+    assert!(is_link(&t.config));
+    assert_eq!(std::fs::read_to_string(&real).unwrap(), original);
+}
