@@ -178,35 +178,63 @@ enum Inexact {
 }
 
 /// The exact value of `int.frac` · 2^`shift` · 10^`exp10`; `int` and `frac` are ASCII digits.
+///
+/// Computed on the decimal digits themselves, so the length of the spelling never decides
+/// the outcome (`1.` followed by forty zeros `Gi` is exactly 1 GiB, and `0.`…`Ei` with sixty
+/// fraction digits may be exactly one byte): the digits are multiplied by 2^`shift`, the
+/// decimal point moved by `exp10`, and the value is whole when no non-zero digit is left
+/// after the point. The work is linear in the input's length (at most two passes over the
+/// digits for the largest binary unit); nothing is built from the number's magnitude.
 fn exact(int: &str, frac: &str, shift: u32, exp10: i32) -> Result<u64, Inexact> {
+    // Trailing zeros of the fraction change nothing.
+    let frac = frac.trim_end_matches('0');
+    let mut digits: Vec<u8> = int.bytes().chain(frac.bytes()).map(|b| b - b'0').collect();
+    // Where the decimal point stands, counted in digits from the left (may lie outside).
+    let int_len = i64::try_from(int.len()).map_err(|_| Inexact::TooLarge)?;
+    let mut point = int_len + i64::from(exp10);
+    // Times 2^shift, at most 2^32 per pass: 9 · 2^32 plus a carry below 2^32 fits in u64.
+    let mut left = shift;
+    while left > 0 {
+        let step = left.min(32);
+        left -= step;
+        let mut carry: u64 = 0;
+        for d in digits.iter_mut().rev() {
+            let x = (u64::from(*d) << step) + carry;
+            *d = (x % 10) as u8;
+            carry = x / 10;
+        }
+        let mut head = Vec::new();
+        while carry > 0 {
+            head.push((carry % 10) as u8);
+            carry /= 10;
+        }
+        head.reverse();
+        point += i64::try_from(head.len()).map_err(|_| Inexact::TooLarge)?;
+        digits.splice(0..0, head);
+    }
+    let len = i64::try_from(digits.len()).map_err(|_| Inexact::TooLarge)?;
+    // `point` is clamped into 0..=len, so it is a valid index.
+    let split = usize::try_from(point.clamp(0, len)).map_err(|_| Inexact::TooLarge)?;
+    let (whole, rest) = digits.split_at(split);
+    if rest.iter().any(|&d| d != 0) {
+        return Err(Inexact::NotWhole);
+    }
+    let Some(first) = whole.iter().position(|&d| d != 0) else {
+        return Ok(0);
+    };
+    let significant = &whole[first..];
+    // Zeros the point's move appends after the last digit.
+    let zeros = (point - len).max(0);
+    // u64::MAX has 20 digits.
+    if i64::try_from(significant.len()).map_err(|_| Inexact::TooLarge)? + zeros > 20 {
+        return Err(Inexact::TooLarge);
+    }
     let mut v: u128 = 0;
-    for b in int.bytes().chain(frac.bytes()) {
-        v = v
-            .checked_mul(10)
-            .and_then(|m| m.checked_add(u128::from(b - b'0')))
-            .ok_or(Inexact::TooLarge)?;
+    for &d in significant {
+        v = v * 10 + u128::from(d);
     }
-    let exp10 = i32::try_from(frac.len())
-        .ok()
-        .and_then(|f| exp10.checked_sub(f))
-        .ok_or(Inexact::TooLarge)?;
-    if shift > 0 {
-        if v.leading_zeros() < shift {
-            return Err(Inexact::TooLarge);
-        }
-        v <<= shift;
-    }
-    if exp10 >= 0 {
-        for _ in 0..exp10 {
-            v = v.checked_mul(10).ok_or(Inexact::TooLarge)?;
-        }
-    } else {
-        for _ in 0..exp10.unsigned_abs() {
-            if !v.is_multiple_of(10) {
-                return Err(Inexact::NotWhole);
-            }
-            v /= 10;
-        }
+    for _ in 0..zeros {
+        v *= 10;
     }
     u64::try_from(v).map_err(|_| Inexact::TooLarge)
 }
@@ -449,6 +477,36 @@ mod tests {
         assert!(parse_quantity("1.").is_err());
         assert!(parse_quantity(".5Gi").is_err());
         assert!(parse_quantity("1.2.3").is_err());
+    }
+
+    #[test]
+    fn long_spellings_of_exact_values_are_exact() {
+        let zeros = "0".repeat(40);
+        assert_eq!(
+            parse_quantity(&format!("1.{zeros}Gi")),
+            Ok(Quantity::Bytes(1 << 30))
+        );
+        assert_eq!(parse_bytes(&format!("4.{zeros}")), Ok(4));
+        assert_eq!(parse_kube_quantity(&format!("1.{zeros}Gi")), Ok(1 << 30));
+        assert_eq!(
+            parse_quantity(&format!("{zeros}2Ki")),
+            Ok(Quantity::Bytes(2048))
+        );
+        // One byte written as a fraction of an EiB: 2^-60 has sixty decimal places.
+        let one_byte = "0.000000000000000000867361737988403547205962240695953369140625Ei";
+        assert_eq!(parse_quantity(one_byte), Ok(Quantity::Bytes(1)));
+        // Long but not whole, and long and too large, say so.
+        assert!(matches!(
+            parse_quantity(&format!("1.{zeros}1Gi")),
+            Err(QuantityError::Fraction { .. })
+        ));
+        assert!(matches!(
+            parse_quantity(&format!("1{zeros}.{zeros}")),
+            Err(QuantityError::Overflow { .. })
+        ));
+        // Absurd lengths cost linear work, not a refusal for their length.
+        let long = format!("1.{}Ei", "0".repeat(100_000));
+        assert_eq!(parse_quantity(&long), Ok(Quantity::Bytes(1 << 60)));
     }
 
     #[test]
