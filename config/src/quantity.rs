@@ -58,38 +58,87 @@ impl fmt::Display for Quantity {
     }
 }
 
-/// Why a quantity people wrote was refused. The message names the value; callers add the key.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// Why a quantity people wrote was refused. The message names the value, the reason and (when
+/// one applies) what is accepted; callers that name the value themselves, with the key, take
+/// [`QuantityError::reason`].
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum QuantityError {
-    #[error("`{value}` is not a quantity; accepted: {accepted}")]
     Syntax {
         value: String,
         accepted: &'static str,
     },
-    #[error(
-        "`{value}` uses suffix `{suffix}`, which is not accepted ({hint}); accepted: {accepted}"
-    )]
     Suffix {
         value: String,
         suffix: String,
-        hint: &'static str,
         accepted: &'static str,
     },
-    #[error("`{value}` is not a whole number of bytes; accepted: {accepted}")]
     Fraction {
         value: String,
         accepted: &'static str,
     },
-    #[error("`{value}` is too large (more than 2^64-1 bytes)")]
-    Overflow { value: String },
-    #[error("`{value}` is not a percentage from 1% to 100%")]
-    Percent { value: String },
-    #[error("`{value}` is a percentage, but only an absolute size is accepted here: {accepted}")]
+    Overflow {
+        value: String,
+    },
+    Percent {
+        value: String,
+    },
     PercentNotAllowed {
         value: String,
         accepted: &'static str,
     },
 }
+
+impl QuantityError {
+    /// The value as written.
+    pub fn value(&self) -> &str {
+        match self {
+            QuantityError::Syntax { value, .. }
+            | QuantityError::Suffix { value, .. }
+            | QuantityError::Fraction { value, .. }
+            | QuantityError::Overflow { value }
+            | QuantityError::Percent { value }
+            | QuantityError::PercentNotAllowed { value, .. } => value,
+        }
+    }
+
+    /// Why the value is refused, in a few words that name neither the value nor what is
+    /// accepted (`` unit `m` is milli ... ``, `too large, more than 2^64-1 bytes`).
+    pub fn reason(&self) -> String {
+        match self {
+            QuantityError::Syntax { .. } => "not a number with an optional unit".to_string(),
+            QuantityError::Suffix { suffix, .. } => suffix_reason(suffix),
+            QuantityError::Fraction { .. } => "not a whole number of bytes".to_string(),
+            QuantityError::Overflow { .. } => "too large, more than 2^64-1 bytes".to_string(),
+            QuantityError::Percent { .. } => "not a whole percentage from 1% to 100%".to_string(),
+            QuantityError::PercentNotAllowed { .. } => {
+                "a percentage, where only an absolute size is accepted".to_string()
+            }
+        }
+    }
+
+    /// What is accepted where the value was refused, when the grammar says it.
+    pub fn accepted(&self) -> Option<&'static str> {
+        match self {
+            QuantityError::Syntax { accepted, .. }
+            | QuantityError::Suffix { accepted, .. }
+            | QuantityError::Fraction { accepted, .. }
+            | QuantityError::PercentNotAllowed { accepted, .. } => Some(accepted),
+            QuantityError::Overflow { .. } | QuantityError::Percent { .. } => None,
+        }
+    }
+}
+
+impl fmt::Display for QuantityError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "`{}` is not accepted ({})", self.value(), self.reason())?;
+        match self.accepted() {
+            Some(a) => write!(f, "; accepted: {a}"),
+            None => Ok(()),
+        }
+    }
+}
+
+impl std::error::Error for QuantityError {}
 
 /// Why a quantity from the API server was refused: one reason in a few words (`detail`), which
 /// callers that check a user's flag against the same contract put in their own message.
@@ -239,15 +288,28 @@ fn exact(int: &str, frac: &str, shift: u32, exp10: i32) -> Result<u64, Inexact> 
     u64::try_from(v).map_err(|_| Inexact::TooLarge)
 }
 
-fn suffix_hint(suffix: &str) -> &'static str {
+/// Why a unit people write is refused, with what to write instead where that is clear.
+fn suffix_reason(suffix: &str) -> String {
     match suffix {
-        "m" => "`m` means milli; write `M` for megabytes or `Mi` for mebibytes",
-        "g" | "t" | "p" | "e" => "units are case-sensitive",
-        "ki" | "mi" | "gi" | "ti" | "pi" | "ei" => "binary units start with a capital letter",
-        "B" | "b" | "KB" | "MB" | "GB" | "TB" | "KiB" | "MiB" | "GiB" | "TiB" => {
-            "write the unit without `B`, e.g. `4Gi` or `20G`"
+        "m" => "unit `m` is Kubernetes' milli, a thousandth, not megabytes: write `M` or `Mi`"
+            .to_string(),
+        "g" | "t" | "p" | "e" => format!(
+            "unit `{suffix}`: units are case-sensitive, write `{}`",
+            suffix.to_ascii_uppercase()
+        ),
+        "ki" | "mi" | "gi" | "ti" | "pi" | "ei" => {
+            let (head, tail) = suffix.split_at(1);
+            format!(
+                "unit `{suffix}`: binary units start with a capital letter, write `{}{tail}`",
+                head.to_ascii_uppercase()
+            )
         }
-        _ => "unknown unit",
+        "B" | "b" => format!("unit `{suffix}`: write bytes without a unit"),
+        "KB" | "MB" | "GB" | "TB" | "KiB" | "MiB" | "GiB" | "TiB" => format!(
+            "unit `{suffix}`: write units without `B`, here `{}`",
+            &suffix[..suffix.len() - 1]
+        ),
+        other => format!("unknown unit `{other}`"),
     }
 }
 
@@ -310,7 +372,6 @@ fn parse_inner(input: &str, allow_percent: bool) -> Result<Quantity, QuantityErr
         return Err(QuantityError::Suffix {
             value: input.to_string(),
             suffix: s.suffix.to_string(),
-            hint: suffix_hint(s.suffix),
             accepted,
         });
     };
@@ -462,6 +523,35 @@ mod tests {
         let err = parse_quantity("100m").unwrap_err();
         assert!(matches!(err, QuantityError::Suffix { .. }));
         assert!(err.to_string().contains("milli"), "{err}");
+    }
+
+    #[test]
+    fn every_refusal_says_why() {
+        for (value, reason) in [
+            ("100m", "milli"),
+            ("4GB", "here `G`"),
+            ("4GiB", "here `Gi`"),
+            ("4gi", "write `Gi`"),
+            ("4g", "case-sensitive, write `G`"),
+            ("4x", "unknown unit `x`"),
+            ("16Ei", "too large, more than 2^64-1 bytes"),
+            ("0.5", "not a whole number of bytes"),
+            ("lots", "not a number"),
+            ("150%", "from 1% to 100%"),
+        ] {
+            let e = parse_quantity(value).expect_err(value);
+            assert!(e.reason().contains(reason), "{value}: {}", e.reason());
+            assert!(!e.reason().contains(value), "{value}: {}", e.reason());
+            let shown = e.to_string();
+            assert!(
+                shown.contains(&format!("`{value}`")) && shown.contains(&e.reason()),
+                "{shown}"
+            );
+            assert_eq!(e.value(), value);
+        }
+        let e = parse_bytes("25%").unwrap_err();
+        assert_eq!(e.accepted(), Some(ACCEPTED_BYTES));
+        assert!(e.to_string().ends_with(ACCEPTED_BYTES), "{e}");
     }
 
     #[test]

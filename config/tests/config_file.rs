@@ -3,6 +3,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use gpuslice_config::quantity::ACCEPTED_BYTES;
 use gpuslice_config::*;
 
 fn parse(text: &str) -> Result<Config, ConfigError> {
@@ -156,6 +157,38 @@ fn bad_quantity_is_refused() {
     let line =
         err("[inventory]\nsource=\"simulated\"\n[[inventory.simulated]]\nmemory = \"25%\"\n");
     assert!(line.contains("value \"25%\" is not accepted"), "{line}");
+}
+
+/// The refusal keeps the quantity parser's reason (docs/configuration.md, "Quantities"):
+/// one line with the key, the value, why, and what is accepted.
+#[test]
+fn bad_quantity_says_why() {
+    let sim = "[inventory]\nsource=\"simulated\"\n[[inventory.simulated]]\n";
+    for (value, reason) in [
+        ("100m", "milli"),
+        ("4GB", "without `B`, here `G`"),
+        ("4GiB", "here `Gi`"),
+        ("4gi", "capital letter"),
+        ("16Ei", "too large, more than 2^64-1 bytes"),
+        ("1.5", "not a whole number of bytes"),
+        ("25%", "only an absolute size"),
+    ] {
+        let line = err(&format!("{sim}memory = \"{value}\"\n"));
+        assert!(
+            line.contains(&format!(
+                "key `inventory.simulated[0].memory`: value \"{value}\" is not accepted ("
+            )) && line.contains(reason)
+                && line.contains(&format!("expected {ACCEPTED_BYTES}")),
+            "{line}"
+        );
+        let line = err(&format!(
+            "{sim}memory = \"16Gi\"\ncontext_memory = \"{value}\"\n"
+        ));
+        assert!(
+            line.contains("key `inventory.simulated[0].context_memory`") && line.contains(reason),
+            "{line}"
+        );
+    }
 }
 
 #[test]

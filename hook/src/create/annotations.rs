@@ -40,6 +40,14 @@ pub enum AnnotationError {
         value: String,
         accepted: String,
     },
+    /// A value refused for a reason its parser gives (a quantity's unit, its size).
+    #[error("annotation {key}: value {value:?} is not accepted ({reason}); expected {accepted}")]
+    Refused {
+        key: String,
+        value: String,
+        reason: String,
+        accepted: String,
+    },
     #[error("annotation {key} is not a gpuslice annotation; accepted: gpuslice.io/{{{}}}, optionally suffixed with .<container-name>", KEYS.join(","))]
     UnknownKey { key: String },
 }
@@ -174,7 +182,12 @@ pub fn parse_ask(ann: &BTreeMap<String, String>) -> Result<Ask, AnnotationError>
         req.gpus = n;
     }
     if let Some((k, v)) = value(ann, "memory", container) {
-        let q = parse_quantity(v).map_err(|_| bad(&k, v, ACCEPTED_QUANTITY))?;
+        let q = parse_quantity(v).map_err(|e| AnnotationError::Refused {
+            key: k.clone(),
+            value: v.to_string(),
+            reason: e.reason(),
+            accepted: ACCEPTED_QUANTITY.to_string(),
+        })?;
         if q == Quantity::Bytes(0) {
             return Err(bad(
                 &k,
@@ -375,7 +388,15 @@ mod tests {
     fn malformed_values_name_key_value_and_form() {
         for (k, v, want) in [
             ("gpuslice.io/memory", "lots", "bytes (`1073741824`)"),
-            ("gpuslice.io/memory", "100m", "expected"),
+            ("gpuslice.io/memory", "100m", "milli"),
+            (
+                "gpuslice.io/memory",
+                "16Ei",
+                "too large, more than 2^64-1 bytes",
+            ),
+            ("gpuslice.io/memory", "4GB", "here `G`"),
+            ("gpuslice.io/memory", "0.5", "not a whole number of bytes"),
+            ("gpuslice.io/memory", "0%", "from 1% to 100%"),
             ("gpuslice.io/memory", "0", "more than 0 bytes"),
             ("gpuslice.io/cores", "150", "from 1 to 100"),
             ("gpuslice.io/cores", "0", "from 1 to 100"),
@@ -396,6 +417,9 @@ mod tests {
             );
             assert!(e.contains(want), "{e}");
             assert!(!e.contains('\n'));
+            if k == "gpuslice.io/memory" && v != "0" {
+                assert!(e.contains(&format!("expected {ACCEPTED_QUANTITY}")), "{e}");
+            }
         }
     }
 
