@@ -458,6 +458,32 @@ fn drop_in_text(
         .and_then(|e| tomldoc::get(e, &["containerd", "runtimes", &default_name]))
         .and_then(Item::as_table_like);
     let runtime = runtime_table(default_runtime, &default_name, binary, plan);
+    // A `gpuslice` runtime the operator's files define already: containerd 2.x merges it key
+    // by key with the drop-in's (so its other keys, `privileged_without_host_devices`,
+    // `options.ConfigPath`, would survive onto gpuslice's runc runtime), and on containerd
+    // 1.x the drop-in would silently replace it. Either way not ours to decide: refused,
+    // unless it is exactly the runtime gpuslice writes.
+    let ours = item_value(&Item::Table(runtime.clone())).ok();
+    for s in &from {
+        let theirs = s.doc.as_ref().and_then(|d| {
+            tomldoc::get(
+                d.as_item(),
+                &["plugins", cri, "containerd", "runtimes", HANDLER],
+            )
+        });
+        if let Some(theirs) = theirs {
+            if ours.is_none() || item_value(theirs).ok() != ours {
+                return Err(ContainerdError::Shape {
+                    path: s.path.clone(),
+                    key: format!(
+                        "plugins.{}.containerd.runtimes.{HANDLER}",
+                        Value::from(cri)
+                    ),
+                    expected: "absent: it is the runtime gpuslice writes to its drop-in, and containerd would merge the two (2.x key by key) or drop this one (1.x); remove the table or rename that runtime, then run again",
+                });
+            }
+        }
+    }
 
     let mut doc = DocumentMut::new();
     let plugins =
@@ -645,20 +671,8 @@ fn verify_drop_in(
             }
         }
         let original = match effective {
-            Some(e) => {
-                let mut d = DocumentMut::new();
-                d.insert(
-                    "x",
-                    e.clone()
-                        .into_table()
-                        .map(Item::Table)
-                        .unwrap_or_else(|i| i),
-                );
-                tomldoc::values(&d.to_string())
-                    .map_err(|e| fail(format!("the copied section does not parse: {e}")))?
-                    .remove("x")
-                    .unwrap_or(toml::Value::Table(toml::Table::new()))
-            }
+            Some(e) => item_value(e)
+                .map_err(|e| fail(format!("the copied section does not parse: {e}")))?,
             None => toml::Value::Table(toml::Table::new()),
         };
         if strip_empty(copy) != strip_empty(original) {
@@ -668,6 +682,21 @@ fn verify_drop_in(
         }
     }
     Ok(())
+}
+
+/// What `item` says as plain values (no formatting, no key order).
+fn item_value(item: &Item) -> Result<toml::Value, String> {
+    let mut d = DocumentMut::new();
+    d.insert(
+        "x",
+        item.clone()
+            .into_table()
+            .map(Item::Table)
+            .unwrap_or_else(|i| i),
+    );
+    Ok(tomldoc::values(&d.to_string())?
+        .remove("x")
+        .unwrap_or(toml::Value::Table(toml::Table::new())))
 }
 
 /// `v` without empty tables (the copy may gain empty parent tables on the way to runtimes).
