@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use toml::{Table, Value};
 
 use crate::model::{
-    is_clean_absolute, is_gpu_uuid, simulated_uuid, ComputeAction, Config, DraMode,
+    is_clean_absolute, is_gpu_uuid, is_model_text, simulated_uuid, ComputeAction, Config, DraMode,
     InventorySource, MemoryAction, Policy, SimulatedGpu, TaintEffect, DEFAULT_SIM_CONTEXT_MEMORY,
-    DEFAULT_SIM_MEMORY, DEFAULT_SIM_MODEL, MAX_SLOTS_PER_GPU,
+    DEFAULT_SIM_MEMORY, DEFAULT_SIM_MODEL, MAX_MODEL_CHARS, MAX_SLOTS_PER_GPU,
 };
 use crate::quantity::{parse_bytes, QuantityError, ACCEPTED_BYTES};
 
@@ -575,11 +575,11 @@ fn simulated_gpu(r: &Reader<'_>, index: usize, item: &Value) -> Result<Simulated
     let model = match t.get("model") {
         None => DEFAULT_SIM_MODEL.to_string(),
         Some(v @ Value::String(s)) => {
-            if s.trim().is_empty() || s.len() > 96 || s.chars().any(|c| c.is_control()) {
+            if !is_model_text(s) {
                 return Err(r.bad_value(
                     &key("model"),
                     v,
-                    "a model name of 1 to 96 printable characters",
+                    format!("a model name of 1 to {MAX_MODEL_CHARS} printable characters"),
                 ));
             }
             s.to_string()

@@ -275,3 +275,18 @@ fn simulated_context_memory_is_a_byte_quantity_with_a_default() {
     let line = err(&format!("{sim}context_memory = -1\n"));
     assert!(line.contains("context_memory"), "{line}");
 }
+
+/// "1 to 96 printable characters" counts characters: 96 `é` (192 bytes) are a valid model.
+#[test]
+fn simulated_model_length_counts_characters() {
+    let sim = "[inventory]\nsource=\"simulated\"\n[[inventory.simulated]]\n";
+    let long = "é".repeat(96);
+    let c = parse(&format!("{sim}model = \"{long}\"\n")).expect("96 characters");
+    assert_eq!(c.inventory.simulated[0].model, long);
+    let line = err(&format!("{sim}model = \"{}\"\n", "é".repeat(97)));
+    assert!(
+        line.contains("key `inventory.simulated[0].model`")
+            && line.contains("1 to 96 printable characters"),
+        "{line}"
+    );
+}

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use gpuslice_config::quantity::ACCEPTED_QUANTITY;
-use gpuslice_config::{parse_quantity, Policy, Quantity};
+use gpuslice_config::{is_model_text, parse_quantity, Policy, Quantity, MAX_MODEL_CHARS};
 use gpuslice_registry::{KubernetesRef, Owner, Request, Selector, MAX_GPUS};
 
 /// Prefix of every gpuslice annotation.
@@ -219,11 +219,13 @@ pub fn parse_ask(ann: &BTreeMap<String, String>) -> Result<Ask, AnnotationError>
     }
     if let Some((k, v)) = value(ann, "gpu-type", container) {
         let t = v.trim();
-        if t.is_empty() || t.len() > 96 || t.chars().any(char::is_control) {
+        if !is_model_text(t) {
             return Err(bad(
                 &k,
                 v,
-                "part of a GPU model name, 1 to 96 printable characters (e.g. H200)",
+                format!(
+                    "part of a GPU model name, 1 to {MAX_MODEL_CHARS} printable characters (e.g. H200)"
+                ),
             ));
         }
         req.model = Some(t.to_string());
@@ -421,6 +423,20 @@ mod tests {
                 assert!(e.contains(&format!("expected {ACCEPTED_QUANTITY}")), "{e}");
             }
         }
+    }
+
+    #[test]
+    fn gpu_type_length_counts_characters() {
+        // 96 two-byte characters are 96 characters (docs/annotations.md), not 192 bytes.
+        let long = "é".repeat(96);
+        let r = slice(&[("gpuslice.io/gpu-type", &long)]);
+        assert_eq!(r.model.as_deref(), Some(long.as_str()));
+        let e = parse_ask(&ann(&[("gpuslice.io/gpu-type", &"é".repeat(97))]))
+            .expect_err("97 characters");
+        assert!(
+            e.to_string().contains("1 to 96 printable characters"),
+            "{e}"
+        );
     }
 
     #[test]
