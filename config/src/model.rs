@@ -509,18 +509,21 @@ pub fn is_model_text(s: &str) -> bool {
     !s.trim().is_empty() && s.chars().count() <= MAX_MODEL_CHARS && !s.chars().any(char::is_control)
 }
 
-/// True for an absolute path without `..` components.
+/// True for an absolute path without `..` components and without NUL (no system call takes
+/// a path with one: it would fail far from the config key that named it).
 pub(crate) fn is_clean_absolute(p: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
     p.is_absolute()
+        && !p.as_os_str().as_bytes().contains(&0)
         && !p
             .components()
             .any(|c| matches!(c, std::path::Component::ParentDir))
 }
 
 /// Whether `s` is a `runtime.path` the config accepts: a program name (looked up in PATH) or
-/// a clean absolute path.
+/// a clean absolute path, without NUL either way.
 pub(crate) fn valid_runtime_path(s: &str) -> bool {
-    let bare_name = !s.is_empty() && !s.contains('/');
+    let bare_name = !s.is_empty() && !s.contains(['/', '\0']);
     bare_name || is_clean_absolute(std::path::Path::new(s))
 }
 

@@ -212,7 +212,7 @@ impl Reader<'_> {
                 if is_clean_absolute(&p) {
                     Ok(Some(p))
                 } else {
-                    Err(self.bad_value(full, v, "an absolute path without `..`"))
+                    Err(self.bad_value(full, v, "an absolute path without `..` or NUL"))
                 }
             }
         }
@@ -391,7 +391,7 @@ pub fn parse_config(text: &str, path: &Path) -> Result<Config, ConfigError> {
                 return Err(r.bad_value(
                     "runtime.path",
                     v,
-                    "an absolute path or a program name found in PATH (e.g. `runc`)",
+                    "an absolute path or a program name found in PATH (e.g. `runc`), without NUL",
                 ));
             }
             cfg.runtime.path = PathBuf::from(s);

@@ -290,3 +290,28 @@ fn simulated_model_length_counts_characters() {
         "{line}"
     );
 }
+
+/// A NUL in a path would fail in the first system call that takes it, far from the key:
+/// refused here, naming the key (`\u0000` in TOML is a NUL character).
+#[test]
+fn paths_with_nul_are_refused_naming_the_key() {
+    for (text, key) in [
+        ("state_dir = \"/run/gp\\u0000x\"\n", "state_dir"),
+        (
+            "[cdi]\nspec_dir = \"/var/run/cdi\\u0000\"\n",
+            "cdi.spec_dir",
+        ),
+        (
+            "[runtime]\npath = \"/usr/bin/ru\\u0000nc\"\n",
+            "runtime.path",
+        ),
+        ("[runtime]\npath = \"ru\\u0000nc\"\n", "runtime.path"),
+    ] {
+        let line = err(text);
+        assert!(
+            line.contains(&format!("key `{key}`: value ")) && line.contains("NUL"),
+            "{line}"
+        );
+    }
+    assert_eq!(runtime_path_of("[runtime]\npath = \"ru\\u0000nc\"\n"), None);
+}
