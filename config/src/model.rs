@@ -498,24 +498,50 @@ pub fn is_gpu_uuid(s: &str) -> bool {
     }
 }
 
-/// True for an absolute path without `..` components.
+/// The longest GPU model name, or part of one, that the config (`inventory.simulated[].model`)
+/// and the annotation `gpuslice.io/gpu-type` accept, in characters.
+pub const MAX_MODEL_CHARS: usize = 96;
+
+/// Whether `s` is acceptable as a GPU model name or part of one: not blank, at most
+/// [`MAX_MODEL_CHARS`] characters (counted as characters, not bytes: `é` is one), none of
+/// them a control character.
+pub fn is_model_text(s: &str) -> bool {
+    !s.trim().is_empty() && s.chars().count() <= MAX_MODEL_CHARS && !s.chars().any(char::is_control)
+}
+
+/// True for an absolute path without `..` components and without NUL (no system call takes
+/// a path with one: it would fail far from the config key that named it).
 pub(crate) fn is_clean_absolute(p: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
     p.is_absolute()
+        && !p.as_os_str().as_bytes().contains(&0)
         && !p
             .components()
             .any(|c| matches!(c, std::path::Component::ParentDir))
 }
 
 /// Whether `s` is a `runtime.path` the config accepts: a program name (looked up in PATH) or
-/// a clean absolute path.
+/// a clean absolute path, without NUL either way.
 pub(crate) fn valid_runtime_path(s: &str) -> bool {
-    let bare_name = !s.is_empty() && !s.contains('/');
+    let bare_name = !s.is_empty() && !s.contains(['/', '\0']);
     bare_name || is_clean_absolute(std::path::Path::new(s))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn model_text_counts_characters_not_bytes() {
+        assert!(is_model_text("NVIDIA H200"));
+        assert!(is_model_text(&"é".repeat(MAX_MODEL_CHARS)));
+        assert!(is_model_text(&"x".repeat(MAX_MODEL_CHARS)));
+        assert!(!is_model_text(&"é".repeat(MAX_MODEL_CHARS + 1)));
+        assert!(!is_model_text(&"x".repeat(MAX_MODEL_CHARS + 1)));
+        assert!(!is_model_text("  "));
+        assert!(!is_model_text(""));
+        assert!(!is_model_text("H\u{7}200"));
+    }
 
     #[test]
     fn simulated_uuid_is_stable_and_well_formed() {

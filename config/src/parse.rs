@@ -7,11 +7,11 @@ use std::path::{Path, PathBuf};
 use toml::{Table, Value};
 
 use crate::model::{
-    is_clean_absolute, is_gpu_uuid, simulated_uuid, ComputeAction, Config, DraMode,
+    is_clean_absolute, is_gpu_uuid, is_model_text, simulated_uuid, ComputeAction, Config, DraMode,
     InventorySource, MemoryAction, Policy, SimulatedGpu, TaintEffect, DEFAULT_SIM_CONTEXT_MEMORY,
-    DEFAULT_SIM_MEMORY, DEFAULT_SIM_MODEL, MAX_SLOTS_PER_GPU,
+    DEFAULT_SIM_MEMORY, DEFAULT_SIM_MODEL, MAX_MODEL_CHARS, MAX_SLOTS_PER_GPU,
 };
-use crate::quantity::{parse_bytes, ACCEPTED_BYTES};
+use crate::quantity::{parse_bytes, QuantityError, ACCEPTED_BYTES};
 
 /// Most simulated GPUs a node may declare.
 pub const MAX_SIMULATED_GPUS: usize = 16;
@@ -52,6 +52,17 @@ pub enum ConfigError {
         value: String,
         accepted: String,
     },
+    /// A value refused for a reason the parser of its kind gives (a quantity's unit).
+    #[error(
+        "config {path}: key `{key}`: value {value} is not accepted ({reason}); expected {accepted}"
+    )]
+    Refused {
+        path: PathBuf,
+        key: String,
+        value: String,
+        reason: String,
+        accepted: String,
+    },
 }
 
 impl ConfigError {
@@ -62,7 +73,8 @@ impl ConfigError {
             | ConfigError::Syntax { path, .. }
             | ConfigError::UnknownKey { path, .. }
             | ConfigError::WrongType { path, .. }
-            | ConfigError::BadValue { path, .. } => path,
+            | ConfigError::BadValue { path, .. }
+            | ConfigError::Refused { path, .. } => path,
         }
     }
 }
@@ -125,6 +137,23 @@ impl Reader<'_> {
         }
     }
 
+    /// A quantity refused by [`parse_bytes`], with its reason.
+    fn bad_quantity(
+        &self,
+        key: &str,
+        v: &Value,
+        e: &QuantityError,
+        accepted: impl Into<String>,
+    ) -> ConfigError {
+        ConfigError::Refused {
+            path: self.path.to_path_buf(),
+            key: key.to_string(),
+            value: show(v),
+            reason: e.reason(),
+            accepted: accepted.into(),
+        }
+    }
+
     fn check_keys(
         &self,
         table: &Table,
@@ -183,7 +212,7 @@ impl Reader<'_> {
                 if is_clean_absolute(&p) {
                     Ok(Some(p))
                 } else {
-                    Err(self.bad_value(full, v, "an absolute path without `..`"))
+                    Err(self.bad_value(full, v, "an absolute path without `..` or NUL"))
                 }
             }
         }
@@ -362,7 +391,7 @@ pub fn parse_config(text: &str, path: &Path) -> Result<Config, ConfigError> {
                 return Err(r.bad_value(
                     "runtime.path",
                     v,
-                    "an absolute path or a program name found in PATH (e.g. `runc`)",
+                    "an absolute path or a program name found in PATH (e.g. `runc`), without NUL",
                 ));
             }
             cfg.runtime.path = PathBuf::from(s);
@@ -546,11 +575,11 @@ fn simulated_gpu(r: &Reader<'_>, index: usize, item: &Value) -> Result<Simulated
     let model = match t.get("model") {
         None => DEFAULT_SIM_MODEL.to_string(),
         Some(v @ Value::String(s)) => {
-            if s.trim().is_empty() || s.len() > 96 || s.chars().any(|c| c.is_control()) {
+            if !is_model_text(s) {
                 return Err(r.bad_value(
                     &key("model"),
                     v,
-                    "a model name of 1 to 96 printable characters",
+                    format!("a model name of 1 to {MAX_MODEL_CHARS} printable characters"),
                 ));
             }
             s.to_string()
@@ -560,7 +589,8 @@ fn simulated_gpu(r: &Reader<'_>, index: usize, item: &Value) -> Result<Simulated
     let memory = match t.get("memory") {
         None => DEFAULT_SIM_MEMORY,
         Some(v @ Value::String(s)) => {
-            let b = parse_bytes(s).map_err(|_| r.bad_value(&key("memory"), v, ACCEPTED_BYTES))?;
+            let b = parse_bytes(s)
+                .map_err(|e| r.bad_quantity(&key("memory"), v, &e, ACCEPTED_BYTES))?;
             if b < (1 << 20) {
                 return Err(r.bad_value(&key("memory"), v, "at least 1Mi"));
             }
@@ -600,7 +630,7 @@ fn simulated_gpu(r: &Reader<'_>, index: usize, item: &Value) -> Result<Simulated
             let accepted = || format!("{ACCEPTED_BYTES}, at most a quarter of `memory`");
             let b = match v {
                 Value::String(s) => parse_bytes(s)
-                    .map_err(|_| r.bad_value(&key("context_memory"), v, accepted()))?,
+                    .map_err(|e| r.bad_quantity(&key("context_memory"), v, &e, accepted()))?,
                 Value::Integer(i) => u64::try_from(*i)
                     .map_err(|_| r.bad_value(&key("context_memory"), v, accepted()))?,
                 other => {

@@ -58,38 +58,87 @@ impl fmt::Display for Quantity {
     }
 }
 
-/// Why a quantity people wrote was refused. The message names the value; callers add the key.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// Why a quantity people wrote was refused. The message names the value, the reason and (when
+/// one applies) what is accepted; callers that name the value themselves, with the key, take
+/// [`QuantityError::reason`].
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum QuantityError {
-    #[error("`{value}` is not a quantity; accepted: {accepted}")]
     Syntax {
         value: String,
         accepted: &'static str,
     },
-    #[error(
-        "`{value}` uses suffix `{suffix}`, which is not accepted ({hint}); accepted: {accepted}"
-    )]
     Suffix {
         value: String,
         suffix: String,
-        hint: &'static str,
         accepted: &'static str,
     },
-    #[error("`{value}` is not a whole number of bytes; accepted: {accepted}")]
     Fraction {
         value: String,
         accepted: &'static str,
     },
-    #[error("`{value}` is too large (more than 2^64-1 bytes)")]
-    Overflow { value: String },
-    #[error("`{value}` is not a percentage from 1% to 100%")]
-    Percent { value: String },
-    #[error("`{value}` is a percentage, but only an absolute size is accepted here: {accepted}")]
+    Overflow {
+        value: String,
+    },
+    Percent {
+        value: String,
+    },
     PercentNotAllowed {
         value: String,
         accepted: &'static str,
     },
 }
+
+impl QuantityError {
+    /// The value as written.
+    pub fn value(&self) -> &str {
+        match self {
+            QuantityError::Syntax { value, .. }
+            | QuantityError::Suffix { value, .. }
+            | QuantityError::Fraction { value, .. }
+            | QuantityError::Overflow { value }
+            | QuantityError::Percent { value }
+            | QuantityError::PercentNotAllowed { value, .. } => value,
+        }
+    }
+
+    /// Why the value is refused, in a few words that name neither the value nor what is
+    /// accepted (`` unit `m` is milli ... ``, `too large, more than 2^64-1 bytes`).
+    pub fn reason(&self) -> String {
+        match self {
+            QuantityError::Syntax { .. } => "not a number with an optional unit".to_string(),
+            QuantityError::Suffix { suffix, .. } => suffix_reason(suffix),
+            QuantityError::Fraction { .. } => "not a whole number of bytes".to_string(),
+            QuantityError::Overflow { .. } => "too large, more than 2^64-1 bytes".to_string(),
+            QuantityError::Percent { .. } => "not a whole percentage from 1% to 100%".to_string(),
+            QuantityError::PercentNotAllowed { .. } => {
+                "a percentage, where only an absolute size is accepted".to_string()
+            }
+        }
+    }
+
+    /// What is accepted where the value was refused, when the grammar says it.
+    pub fn accepted(&self) -> Option<&'static str> {
+        match self {
+            QuantityError::Syntax { accepted, .. }
+            | QuantityError::Suffix { accepted, .. }
+            | QuantityError::Fraction { accepted, .. }
+            | QuantityError::PercentNotAllowed { accepted, .. } => Some(accepted),
+            QuantityError::Overflow { .. } | QuantityError::Percent { .. } => None,
+        }
+    }
+}
+
+impl fmt::Display for QuantityError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "`{}` is not accepted ({})", self.value(), self.reason())?;
+        match self.accepted() {
+            Some(a) => write!(f, "; accepted: {a}"),
+            None => Ok(()),
+        }
+    }
+}
+
+impl std::error::Error for QuantityError {}
 
 /// Why a quantity from the API server was refused: one reason in a few words (`detail`), which
 /// callers that check a user's flag against the same contract put in their own message.
@@ -178,48 +227,89 @@ enum Inexact {
 }
 
 /// The exact value of `int.frac` · 2^`shift` · 10^`exp10`; `int` and `frac` are ASCII digits.
+///
+/// Computed on the decimal digits themselves, so the length of the spelling never decides
+/// the outcome (`1.` followed by forty zeros `Gi` is exactly 1 GiB, and `0.`…`Ei` with sixty
+/// fraction digits may be exactly one byte): the digits are multiplied by 2^`shift`, the
+/// decimal point moved by `exp10`, and the value is whole when no non-zero digit is left
+/// after the point. The work is linear in the input's length (at most two passes over the
+/// digits for the largest binary unit); nothing is built from the number's magnitude.
 fn exact(int: &str, frac: &str, shift: u32, exp10: i32) -> Result<u64, Inexact> {
+    // Trailing zeros of the fraction change nothing.
+    let frac = frac.trim_end_matches('0');
+    let mut digits: Vec<u8> = int.bytes().chain(frac.bytes()).map(|b| b - b'0').collect();
+    // Where the decimal point stands, counted in digits from the left (may lie outside).
+    let int_len = i64::try_from(int.len()).map_err(|_| Inexact::TooLarge)?;
+    let mut point = int_len + i64::from(exp10);
+    // Times 2^shift, at most 2^32 per pass: 9 · 2^32 plus a carry below 2^32 fits in u64.
+    let mut left = shift;
+    while left > 0 {
+        let step = left.min(32);
+        left -= step;
+        let mut carry: u64 = 0;
+        for d in digits.iter_mut().rev() {
+            let x = (u64::from(*d) << step) + carry;
+            *d = (x % 10) as u8;
+            carry = x / 10;
+        }
+        let mut head = Vec::new();
+        while carry > 0 {
+            head.push((carry % 10) as u8);
+            carry /= 10;
+        }
+        head.reverse();
+        point += i64::try_from(head.len()).map_err(|_| Inexact::TooLarge)?;
+        digits.splice(0..0, head);
+    }
+    let len = i64::try_from(digits.len()).map_err(|_| Inexact::TooLarge)?;
+    // `point` is clamped into 0..=len, so it is a valid index.
+    let split = usize::try_from(point.clamp(0, len)).map_err(|_| Inexact::TooLarge)?;
+    let (whole, rest) = digits.split_at(split);
+    if rest.iter().any(|&d| d != 0) {
+        return Err(Inexact::NotWhole);
+    }
+    let Some(first) = whole.iter().position(|&d| d != 0) else {
+        return Ok(0);
+    };
+    let significant = &whole[first..];
+    // Zeros the point's move appends after the last digit.
+    let zeros = (point - len).max(0);
+    // u64::MAX has 20 digits.
+    if i64::try_from(significant.len()).map_err(|_| Inexact::TooLarge)? + zeros > 20 {
+        return Err(Inexact::TooLarge);
+    }
     let mut v: u128 = 0;
-    for b in int.bytes().chain(frac.bytes()) {
-        v = v
-            .checked_mul(10)
-            .and_then(|m| m.checked_add(u128::from(b - b'0')))
-            .ok_or(Inexact::TooLarge)?;
+    for &d in significant {
+        v = v * 10 + u128::from(d);
     }
-    let exp10 = i32::try_from(frac.len())
-        .ok()
-        .and_then(|f| exp10.checked_sub(f))
-        .ok_or(Inexact::TooLarge)?;
-    if shift > 0 {
-        if v.leading_zeros() < shift {
-            return Err(Inexact::TooLarge);
-        }
-        v <<= shift;
-    }
-    if exp10 >= 0 {
-        for _ in 0..exp10 {
-            v = v.checked_mul(10).ok_or(Inexact::TooLarge)?;
-        }
-    } else {
-        for _ in 0..exp10.unsigned_abs() {
-            if !v.is_multiple_of(10) {
-                return Err(Inexact::NotWhole);
-            }
-            v /= 10;
-        }
+    for _ in 0..zeros {
+        v *= 10;
     }
     u64::try_from(v).map_err(|_| Inexact::TooLarge)
 }
 
-fn suffix_hint(suffix: &str) -> &'static str {
+/// Why a unit people write is refused, with what to write instead where that is clear.
+fn suffix_reason(suffix: &str) -> String {
     match suffix {
-        "m" => "`m` means milli; write `M` for megabytes or `Mi` for mebibytes",
-        "g" | "t" | "p" | "e" => "units are case-sensitive",
-        "ki" | "mi" | "gi" | "ti" | "pi" | "ei" => "binary units start with a capital letter",
-        "B" | "b" | "KB" | "MB" | "GB" | "TB" | "KiB" | "MiB" | "GiB" | "TiB" => {
-            "write the unit without `B`, e.g. `4Gi` or `20G`"
+        "m" => "unit `m` is Kubernetes' milli, a thousandth, not megabytes: write `M` or `Mi`"
+            .to_string(),
+        "g" | "t" | "p" | "e" => format!(
+            "unit `{suffix}`: units are case-sensitive, write `{}`",
+            suffix.to_ascii_uppercase()
+        ),
+        "ki" | "mi" | "gi" | "ti" | "pi" | "ei" => {
+            let (head, tail) = suffix.split_at(1);
+            format!(
+                "unit `{suffix}`: binary units start with a capital letter, write `{}{tail}`",
+                head.to_ascii_uppercase()
+            )
         }
-        _ => "unknown unit",
+        "B" | "b" => format!("unit `{suffix}`: write bytes without a unit"),
+        "KB" | "MB" | "GB" | "TB" | "KiB" | "MiB" | "GiB" | "TiB" => format!(
+            "unit `{suffix}`: write units without `B`, here `{}`",
+            &suffix[..suffix.len() - 1]
+        ),
+        other => format!("unknown unit `{other}`"),
     }
 }
 
@@ -282,7 +372,6 @@ fn parse_inner(input: &str, allow_percent: bool) -> Result<Quantity, QuantityErr
         return Err(QuantityError::Suffix {
             value: input.to_string(),
             suffix: s.suffix.to_string(),
-            hint: suffix_hint(s.suffix),
             accepted,
         });
     };
@@ -437,6 +526,35 @@ mod tests {
     }
 
     #[test]
+    fn every_refusal_says_why() {
+        for (value, reason) in [
+            ("100m", "milli"),
+            ("4GB", "here `G`"),
+            ("4GiB", "here `Gi`"),
+            ("4gi", "write `Gi`"),
+            ("4g", "case-sensitive, write `G`"),
+            ("4x", "unknown unit `x`"),
+            ("16Ei", "too large, more than 2^64-1 bytes"),
+            ("0.5", "not a whole number of bytes"),
+            ("lots", "not a number"),
+            ("150%", "from 1% to 100%"),
+        ] {
+            let e = parse_quantity(value).expect_err(value);
+            assert!(e.reason().contains(reason), "{value}: {}", e.reason());
+            assert!(!e.reason().contains(value), "{value}: {}", e.reason());
+            let shown = e.to_string();
+            assert!(
+                shown.contains(&format!("`{value}`")) && shown.contains(&e.reason()),
+                "{shown}"
+            );
+            assert_eq!(e.value(), value);
+        }
+        let e = parse_bytes("25%").unwrap_err();
+        assert_eq!(e.accepted(), Some(ACCEPTED_BYTES));
+        assert!(e.to_string().ends_with(ACCEPTED_BYTES), "{e}");
+    }
+
+    #[test]
     fn refuses_inexact_fractions_instead_of_rounding() {
         assert!(matches!(
             parse_quantity("0.5"),
@@ -449,6 +567,36 @@ mod tests {
         assert!(parse_quantity("1.").is_err());
         assert!(parse_quantity(".5Gi").is_err());
         assert!(parse_quantity("1.2.3").is_err());
+    }
+
+    #[test]
+    fn long_spellings_of_exact_values_are_exact() {
+        let zeros = "0".repeat(40);
+        assert_eq!(
+            parse_quantity(&format!("1.{zeros}Gi")),
+            Ok(Quantity::Bytes(1 << 30))
+        );
+        assert_eq!(parse_bytes(&format!("4.{zeros}")), Ok(4));
+        assert_eq!(parse_kube_quantity(&format!("1.{zeros}Gi")), Ok(1 << 30));
+        assert_eq!(
+            parse_quantity(&format!("{zeros}2Ki")),
+            Ok(Quantity::Bytes(2048))
+        );
+        // One byte written as a fraction of an EiB: 2^-60 has sixty decimal places.
+        let one_byte = "0.000000000000000000867361737988403547205962240695953369140625Ei";
+        assert_eq!(parse_quantity(one_byte), Ok(Quantity::Bytes(1)));
+        // Long but not whole, and long and too large, say so.
+        assert!(matches!(
+            parse_quantity(&format!("1.{zeros}1Gi")),
+            Err(QuantityError::Fraction { .. })
+        ));
+        assert!(matches!(
+            parse_quantity(&format!("1{zeros}.{zeros}")),
+            Err(QuantityError::Overflow { .. })
+        ));
+        // Absurd lengths cost linear work, not a refusal for their length.
+        let long = format!("1.{}Ei", "0".repeat(100_000));
+        assert_eq!(parse_quantity(&long), Ok(Quantity::Bytes(1 << 60)));
     }
 
     #[test]

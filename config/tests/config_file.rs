@@ -3,6 +3,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use gpuslice_config::quantity::ACCEPTED_BYTES;
 use gpuslice_config::*;
 
 fn parse(text: &str) -> Result<Config, ConfigError> {
@@ -158,6 +159,38 @@ fn bad_quantity_is_refused() {
     assert!(line.contains("value \"25%\" is not accepted"), "{line}");
 }
 
+/// The refusal keeps the quantity parser's reason (docs/configuration.md, "Quantities"):
+/// one line with the key, the value, why, and what is accepted.
+#[test]
+fn bad_quantity_says_why() {
+    let sim = "[inventory]\nsource=\"simulated\"\n[[inventory.simulated]]\n";
+    for (value, reason) in [
+        ("100m", "milli"),
+        ("4GB", "without `B`, here `G`"),
+        ("4GiB", "here `Gi`"),
+        ("4gi", "capital letter"),
+        ("16Ei", "too large, more than 2^64-1 bytes"),
+        ("1.5", "not a whole number of bytes"),
+        ("25%", "only an absolute size"),
+    ] {
+        let line = err(&format!("{sim}memory = \"{value}\"\n"));
+        assert!(
+            line.contains(&format!(
+                "key `inventory.simulated[0].memory`: value \"{value}\" is not accepted ("
+            )) && line.contains(reason)
+                && line.contains(&format!("expected {ACCEPTED_BYTES}")),
+            "{line}"
+        );
+        let line = err(&format!(
+            "{sim}memory = \"16Gi\"\ncontext_memory = \"{value}\"\n"
+        ));
+        assert!(
+            line.contains("key `inventory.simulated[0].context_memory`") && line.contains(reason),
+            "{line}"
+        );
+    }
+}
+
 #[test]
 fn bad_policy_is_refused() {
     let line = err("[placement]\npolicy = \"fastest\"\n");
@@ -241,4 +274,44 @@ fn simulated_context_memory_is_a_byte_quantity_with_a_default() {
     assert!(line.contains("Mi"), "{line}");
     let line = err(&format!("{sim}context_memory = -1\n"));
     assert!(line.contains("context_memory"), "{line}");
+}
+
+/// "1 to 96 printable characters" counts characters: 96 `é` (192 bytes) are a valid model.
+#[test]
+fn simulated_model_length_counts_characters() {
+    let sim = "[inventory]\nsource=\"simulated\"\n[[inventory.simulated]]\n";
+    let long = "é".repeat(96);
+    let c = parse(&format!("{sim}model = \"{long}\"\n")).expect("96 characters");
+    assert_eq!(c.inventory.simulated[0].model, long);
+    let line = err(&format!("{sim}model = \"{}\"\n", "é".repeat(97)));
+    assert!(
+        line.contains("key `inventory.simulated[0].model`")
+            && line.contains("1 to 96 printable characters"),
+        "{line}"
+    );
+}
+
+/// A NUL in a path would fail in the first system call that takes it, far from the key:
+/// refused here, naming the key (`\u0000` in TOML is a NUL character).
+#[test]
+fn paths_with_nul_are_refused_naming_the_key() {
+    for (text, key) in [
+        ("state_dir = \"/run/gp\\u0000x\"\n", "state_dir"),
+        (
+            "[cdi]\nspec_dir = \"/var/run/cdi\\u0000\"\n",
+            "cdi.spec_dir",
+        ),
+        (
+            "[runtime]\npath = \"/usr/bin/ru\\u0000nc\"\n",
+            "runtime.path",
+        ),
+        ("[runtime]\npath = \"ru\\u0000nc\"\n", "runtime.path"),
+    ] {
+        let line = err(text);
+        assert!(
+            line.contains(&format!("key `{key}`: value ")) && line.contains("NUL"),
+            "{line}"
+        );
+    }
+    assert_eq!(runtime_path_of("[runtime]\npath = \"ru\\u0000nc\"\n"), None);
 }

@@ -42,6 +42,8 @@ pub const RUNTIME_TYPE: &str = "io.containerd.runc.v2";
 pub const ANNOTATION_PATTERN: &str = "gpuslice.io/*";
 /// First line of every file gpuslice writes for containerd.
 pub const MARKER: &str = "# Written by `gpuslice configure containerd`";
+/// The drop-in's permission bits when none of the files it copies from is stricter.
+const DROP_IN_MODE: u32 = 0o644;
 
 /// Runtime keys never inherited from the default runtime: they name *its* shim or binary.
 const NOT_INHERITED: &[&str] = &[
@@ -185,19 +187,13 @@ pub fn plan_add(target: &Target, reg: &Registration) -> Result<Plan, ContainerdE
         Some(doc) => imports_of(&target.config, doc)?,
         None => Vec::new(),
     };
-    let order = import_order(&target.config, main_doc, &main_imports, &drop_in)?;
+    let order = import_order(&target.config, main_doc, main.mode, &main_imports, &drop_in)?;
     let wrapper = target.wrapper();
     let binary = reg.binary(&wrapper);
     let mut plan = Plan::default();
-    let text = drop_in_text(version, &order, &binary, &drop_in, &mut plan)?;
+    let DropIn { text, mode } = drop_in_text(version, &order, &binary, &drop_in, &mut plan)?;
 
     reg.plan_wrapper(&wrapper, "containerd", &mut plan)?;
-    // The copy of a version-2 CRI section may hold registry credentials: keep the drop-in
-    // as private as the main config.
-    let mode = match (version, &main.text) {
-        (Version::V2, Some(_)) => main.mode,
-        _ => 0o644,
-    };
     plan.write(&drop_in, text, mode);
     let edit = MainEdit {
         config: target.config.clone(),
@@ -327,6 +323,8 @@ struct Source {
     path: PathBuf,
     /// `None` for the drop-in (its place in the order only).
     doc: Option<DocumentMut>,
+    /// Its permission bits (what a copy of its settings may be readable by).
+    mode: u32,
 }
 
 /// The files containerd loads, in its order (the main config, then imports breadth-first,
@@ -335,6 +333,7 @@ struct Source {
 fn import_order(
     main: &Path,
     main_doc: Option<DocumentMut>,
+    main_mode: u32,
     main_imports: &[String],
     drop_in: &Path,
 ) -> Result<Vec<Source>, ContainerdError> {
@@ -345,6 +344,7 @@ fn import_order(
     let mut out = vec![Source {
         path: main.to_path_buf(),
         doc: main_doc,
+        mode: main_mode,
     }];
     let mut seen: BTreeSet<PathBuf> = BTreeSet::from([main.to_path_buf()]);
     let mut queue: VecDeque<(PathBuf, Vec<String>)> =
@@ -356,10 +356,15 @@ fn import_order(
                     continue;
                 }
                 if path == drop_in {
-                    out.push(Source { path, doc: None });
+                    out.push(Source {
+                        path,
+                        doc: None,
+                        mode: DROP_IN_MODE,
+                    });
                     continue;
                 }
-                let Some(text) = read(&path)?.text else {
+                let file = read(&path)?;
+                let Some(text) = file.text else {
                     continue;
                 };
                 let doc = parse(&path, &text)?;
@@ -367,6 +372,7 @@ fn import_order(
                 out.push(Source {
                     path,
                     doc: Some(doc),
+                    mode: file.mode,
                 });
             }
         }
@@ -389,14 +395,22 @@ fn expand(parent: &Path, entry: &str, drop_in: &Path) -> Vec<PathBuf> {
     found
 }
 
-/// The drop-in's text for `version`, given the config files in containerd's order.
+/// The drop-in's text and permission bits.
+struct DropIn {
+    text: String,
+    mode: u32,
+}
+
+/// The drop-in's text for `version`, given the config files in containerd's order, and its
+/// mode: the copied settings may hold registry credentials (`registry.configs.*.auth`), so
+/// the drop-in is never readable by anyone a file it copies from is not readable by.
 fn drop_in_text(
     version: Version,
     order: &[Source],
     binary: &Path,
     drop_in: &Path,
     plan: &mut Plan,
-) -> Result<String, ContainerdError> {
+) -> Result<DropIn, ContainerdError> {
     let cri = version.cri_plugin();
     let cri_of = |s: &Source| {
         s.doc
@@ -404,19 +418,25 @@ fn drop_in_text(
             .and_then(|d| tomldoc::get(d.as_item(), &["plugins", cri]))
             .cloned()
     };
-    // The CRI section containerd would use without gpuslice.
-    let effective: Option<Item> = match version {
-        Version::V2 => order.iter().rev().find_map(cri_of),
+    // The CRI section containerd would use without gpuslice, and the files it comes from.
+    let (effective, from): (Option<Item>, Vec<&Source>) = match version {
+        Version::V2 => match order.iter().rev().find_map(|s| cri_of(s).map(|c| (c, s))) {
+            Some((c, s)) => (Some(c), vec![s]),
+            None => (None, Vec::new()),
+        },
         Version::V3 => {
             let mut acc = Table::new();
-            for t in order.iter().filter_map(cri_of) {
+            let mut from = Vec::new();
+            for (s, t) in order.iter().filter_map(|s| cri_of(s).map(|c| (s, c))) {
                 if let Some(tl) = t.as_table_like() {
                     tomldoc::merge(&mut acc, tl);
+                    from.push(s);
                 }
             }
-            Some(Item::Table(acc))
+            (Some(Item::Table(acc)), from)
         }
     };
+    let mode = from.iter().fold(DROP_IN_MODE, |m, s| m & s.mode & 0o777);
     if version == Version::V2 {
         let ours = order.iter().position(|s| s.path == drop_in).unwrap_or(0);
         for later in order[ours..].iter().filter(|s| cri_of(s).is_some()) {
@@ -438,6 +458,32 @@ fn drop_in_text(
         .and_then(|e| tomldoc::get(e, &["containerd", "runtimes", &default_name]))
         .and_then(Item::as_table_like);
     let runtime = runtime_table(default_runtime, &default_name, binary, plan);
+    // A `gpuslice` runtime the operator's files define already: containerd 2.x merges it key
+    // by key with the drop-in's (so its other keys, `privileged_without_host_devices`,
+    // `options.ConfigPath`, would survive onto gpuslice's runc runtime), and on containerd
+    // 1.x the drop-in would silently replace it. Either way not ours to decide: refused,
+    // unless it is exactly the runtime gpuslice writes.
+    let ours = item_value(&Item::Table(runtime.clone())).ok();
+    for s in &from {
+        let theirs = s.doc.as_ref().and_then(|d| {
+            tomldoc::get(
+                d.as_item(),
+                &["plugins", cri, "containerd", "runtimes", HANDLER],
+            )
+        });
+        if let Some(theirs) = theirs {
+            if ours.is_none() || item_value(theirs).ok() != ours {
+                return Err(ContainerdError::Shape {
+                    path: s.path.clone(),
+                    key: format!(
+                        "plugins.{}.containerd.runtimes.{HANDLER}",
+                        Value::from(cri)
+                    ),
+                    expected: "absent: it is the runtime gpuslice writes to its drop-in, and containerd would merge the two (2.x key by key) or drop this one (1.x); remove the table or rename that runtime, then run again",
+                });
+            }
+        }
+    }
 
     let mut doc = DocumentMut::new();
     let plugins =
@@ -479,7 +525,7 @@ fn drop_in_text(
         add_runc,
         drop_in,
     )?;
-    Ok(text)
+    Ok(DropIn { text, mode })
 }
 
 /// `t` (and its `options`) placed after every copied table when printed.
@@ -625,20 +671,8 @@ fn verify_drop_in(
             }
         }
         let original = match effective {
-            Some(e) => {
-                let mut d = DocumentMut::new();
-                d.insert(
-                    "x",
-                    e.clone()
-                        .into_table()
-                        .map(Item::Table)
-                        .unwrap_or_else(|i| i),
-                );
-                tomldoc::values(&d.to_string())
-                    .map_err(|e| fail(format!("the copied section does not parse: {e}")))?
-                    .remove("x")
-                    .unwrap_or(toml::Value::Table(toml::Table::new()))
-            }
+            Some(e) => item_value(e)
+                .map_err(|e| fail(format!("the copied section does not parse: {e}")))?,
             None => toml::Value::Table(toml::Table::new()),
         };
         if strip_empty(copy) != strip_empty(original) {
@@ -648,6 +682,21 @@ fn verify_drop_in(
         }
     }
     Ok(())
+}
+
+/// What `item` says as plain values (no formatting, no key order).
+fn item_value(item: &Item) -> Result<toml::Value, String> {
+    let mut d = DocumentMut::new();
+    d.insert(
+        "x",
+        item.clone()
+            .into_table()
+            .map(Item::Table)
+            .unwrap_or_else(|i| i),
+    );
+    Ok(tomldoc::values(&d.to_string())?
+        .remove("x")
+        .unwrap_or(toml::Value::Table(toml::Table::new())))
 }
 
 /// `v` without empty tables (the copy may gain empty parent tables on the way to runtimes).

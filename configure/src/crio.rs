@@ -31,6 +31,8 @@ pub const HANDLER: &str = "gpuslice";
 pub const RUNTIME_ROOT: &str = "/run/runc-gpuslice";
 /// First line of the drop-in.
 pub const MARKER: &str = "# Written by `gpuslice configure crio`";
+/// The drop-in's permission bits when none of the files it copies from is stricter.
+const DROP_IN_MODE: u32 = 0o644;
 
 /// Handler keys never inherited from the default runtime: they name its binary and state.
 const NOT_INHERITED: &[&str] = &[
@@ -113,16 +115,20 @@ pub fn plan_add(target: &Target, reg: &Registration) -> Result<Plan, CrioError> 
     let default_name = docs
         .iter()
         .rev()
-        .find_map(|d| tomldoc::get(d.as_item(), &["crio", "runtime", "default_runtime"]))
+        .find_map(|d| tomldoc::get(d.doc.as_item(), &["crio", "runtime", "default_runtime"]))
         .and_then(Item::as_str)
         .map(str::to_string);
     let mut inherited = Table::new();
+    // The copied runtime settings are readable by no one the files they come from are not
+    // readable by.
+    let mut mode = DROP_IN_MODE;
     if let Some(name) = &default_name {
         for d in &docs {
-            if let Some(t) = tomldoc::get(d.as_item(), &["crio", "runtime", "runtimes", name])
+            if let Some(t) = tomldoc::get(d.doc.as_item(), &["crio", "runtime", "runtimes", name])
                 .and_then(Item::as_table_like)
             {
                 tomldoc::merge(&mut inherited, t);
+                mode &= d.mode & 0o777;
             }
         }
     }
@@ -132,7 +138,7 @@ pub fn plan_add(target: &Target, reg: &Registration) -> Result<Plan, CrioError> 
     verify(&text, &binary, &drop_in)?;
     let mut plan = Plan::default();
     reg.plan_wrapper(&wrapper, "crio", &mut plan)?;
-    plan.write(&drop_in, text, 0o644);
+    plan.write(&drop_in, text, mode);
     plan.after_change(RESTART);
     plan.after_change(format!(
         "Kubernetes: pods select it with a RuntimeClass whose handler is `{HANDLER}`"
@@ -170,9 +176,16 @@ fn check_ours(path: &Path) -> Result<(), CrioError> {
     }
 }
 
+/// One file of CRI-O's config, parsed.
+struct Source {
+    doc: DocumentMut,
+    /// Its permission bits.
+    mode: u32,
+}
+
 /// The main config and the other drop-ins, parsed, in CRI-O's order; a malformed one is
 /// refused.
-fn sources(target: &Target, drop_in: &Path) -> Result<Vec<DocumentMut>, CrioError> {
+fn sources(target: &Target, drop_in: &Path) -> Result<Vec<Source>, CrioError> {
     let mut paths = vec![target.config.clone()];
     let dir = beside(&target.config, DROP_IN_DIR);
     match std::fs::read_dir(&dir) {
@@ -190,7 +203,8 @@ fn sources(target: &Target, drop_in: &Path) -> Result<Vec<DocumentMut>, CrioErro
     }
     let mut docs = Vec::new();
     for path in paths {
-        if let Some(text) = read(&path)?.text {
+        let file = read(&path)?;
+        if let Some(text) = file.text {
             let doc = tomldoc::parse(&text).map_err(|Malformed { line, message }| {
                 CrioError::Malformed {
                     path: path.clone(),
@@ -198,7 +212,10 @@ fn sources(target: &Target, drop_in: &Path) -> Result<Vec<DocumentMut>, CrioErro
                     message,
                 }
             })?;
-            docs.push(doc);
+            docs.push(Source {
+                doc,
+                mode: file.mode,
+            });
         }
     }
     Ok(docs)

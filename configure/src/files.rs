@@ -32,6 +32,11 @@ pub enum FileError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("cannot set the mode of {path}: {source}")]
+    Mode {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// The backup path of `path`: `<path>.gpuslice.bak`.
@@ -179,13 +184,67 @@ impl Plan {
     }
 }
 
+/// Symlinks followed at most this deep (the kernel's own limit, `MAXSYMLINKS`).
+const MAX_LINKS: usize = 40;
+
+/// The file a write of `path` must replace: `path` itself, or when it is a symlink the file
+/// at the end of its chain of links (canonical when it exists; a dangling link's target is
+/// created). Replacing the link itself would turn it into a plain file.
+fn link_target(path: &Path) -> Result<PathBuf, FileError> {
+    let mut p = path.to_path_buf();
+    for _ in 0..MAX_LINKS {
+        match std::fs::symlink_metadata(&p) {
+            Ok(m) if m.file_type().is_symlink() => {}
+            // Not a link (or absent): `p` is the file.
+            _ if p == path => return Ok(p),
+            _ => return Ok(std::fs::canonicalize(&p).unwrap_or(p)),
+        }
+        let to = std::fs::read_link(&p).map_err(|source| FileError::Read {
+            path: p.clone(),
+            source,
+        })?;
+        p = match p.parent() {
+            Some(dir) => dir.join(to),
+            None => to,
+        };
+    }
+    Err(FileError::Read {
+        path: path.to_path_buf(),
+        source: std::io::Error::other(format!("more than {MAX_LINKS} levels of symlinks")),
+    })
+}
+
 fn apply_op(op: &Op, dry_run: bool, out: &mut String) -> Result<bool, FileError> {
     match op {
         Op::Write { path, text, mode } => {
             let now = read(path)?;
             if now.text.as_deref() == Some(text.as_str()) {
-                out.push_str(&format!("{} is up to date\n", path.display()));
-                return Ok(false);
+                if now.mode == *mode {
+                    out.push_str(&format!("{} is up to date\n", path.display()));
+                    return Ok(false);
+                }
+                // Same text, wider or other permissions (a copy of a file made private
+                // since, or a file an older gpuslice wrote): only the mode changes.
+                if dry_run {
+                    out.push_str(&format!(
+                        "would set the mode of {} to {mode:04o} (now {:04o})\n",
+                        path.display(),
+                        now.mode
+                    ));
+                    return Ok(true);
+                }
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(path, std::fs::Permissions::from_mode(*mode)).map_err(
+                    |source| FileError::Mode {
+                        path: path.clone(),
+                        source,
+                    },
+                )?;
+                out.push_str(&format!(
+                    "set the mode of {} to {mode:04o}\n",
+                    path.display()
+                ));
+                return Ok(true);
             }
             if dry_run {
                 out.push_str(&format!("would write {}:\n", path.display()));
@@ -197,19 +256,30 @@ fn apply_op(op: &Op, dry_run: bool, out: &mut String) -> Result<bool, FileError>
                 ));
                 return Ok(true);
             }
-            if let Some(dir) = path.parent() {
+            // A config that is a symlink (config management keeps the real file elsewhere)
+            // stays one: the file it points at is replaced, in that file's directory.
+            let real = link_target(path)?;
+            if let Some(dir) = real.parent() {
                 std::fs::create_dir_all(dir).map_err(|source| FileError::Dir {
                     path: dir.to_path_buf(),
                     source,
                 })?;
             }
-            gpuslice_fsutil::atomic_write(path, text.as_bytes(), *mode).map_err(|source| {
+            gpuslice_fsutil::atomic_write(&real, text.as_bytes(), *mode).map_err(|source| {
                 FileError::Write {
-                    path: path.clone(),
+                    path: real.clone(),
                     source,
                 }
             })?;
-            out.push_str(&format!("wrote {}\n", path.display()));
+            if &real == path {
+                out.push_str(&format!("wrote {}\n", path.display()));
+            } else {
+                out.push_str(&format!(
+                    "wrote {} (through the symlink {})\n",
+                    real.display(),
+                    path.display()
+                ));
+            }
             Ok(true)
         }
         Op::Backup { of, text, mode } => {
@@ -412,6 +482,22 @@ mod tests {
         assert!(
             !f.parent().unwrap().exists(),
             "the directory it created is left"
+        );
+    }
+
+    #[test]
+    fn a_dangling_link_gets_its_target_created_and_stays_a_link() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("engine.conf");
+        std::os::unix::fs::symlink("managed/engine.conf", &f).unwrap();
+        run(&f, false);
+        assert!(std::fs::symlink_metadata(&f)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(
+            std::fs::read_to_string(d.path().join("managed/engine.conf")).unwrap(),
+            "# created\ngpuslice\n"
         );
     }
 

@@ -382,3 +382,125 @@ fn a_non_default_gpuslice_config_goes_through_a_wrapper() {
     remove(&t);
     assert!(!t.wrapper().exists());
 }
+
+/// containerd 1.x: the drop-in copies the CRI section, registry credentials included, from
+/// whichever file defines it last; the copy must not be readable by more than that file.
+#[test]
+fn the_drop_in_is_as_private_as_the_imported_file_it_copies() {
+    use std::os::unix::fs::PermissionsExt;
+    let set = |p: &Path, m: u32| std::fs::set_permissions(p, PermissionsExt::from_mode(m)).unwrap();
+    let d = tempfile::tempdir().unwrap();
+    let t = target(d.path(), Version::V2);
+    std::fs::write(&t.config, "version = 2\nimports = [\"conf.d/*.toml\"]\n").unwrap();
+    set(&t.config, 0o644);
+    let creds = d.path().join("conf.d/10-registry.toml");
+    std::fs::create_dir_all(creds.parent().unwrap()).unwrap();
+    std::fs::write(
+        &creds,
+        "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".registry.configs.\"reg.example\".auth]\nusername = \"u\"\npassword = \"s3cret\"\n",
+    )
+    .unwrap();
+    set(&creds, 0o600);
+    add(&t, &reg());
+    assert!(std::fs::read_to_string(t.drop_in())
+        .unwrap()
+        .contains("s3cret"));
+    assert_eq!(mode(&t.drop_in()), 0o600, "the copied password is readable");
+    assert_eq!(mode(&t.config), 0o644);
+
+    // A group-readable source and a 0644 drop-in an older run left: the text is unchanged,
+    // the mode narrows to what both allow.
+    set(&creds, 0o640);
+    set(&t.drop_in(), 0o644);
+    let out = add(&t, &reg());
+    assert!(out.contains("set the mode of"), "{out}");
+    assert_eq!(mode(&t.drop_in()), 0o640);
+    remove(&t);
+    assert!(!t.drop_in().exists());
+}
+
+/// The main config as a symlink stays one through configure and `--remove`.
+#[test]
+fn a_symlinked_main_config_stays_a_symlink() {
+    let d = tempfile::tempdir().unwrap();
+    stage(&fixture("containerd", "debian").join("input"), d.path());
+    let t = target(d.path(), Version::V2);
+    let real = d.path().join("managed.toml");
+    std::fs::rename(&t.config, &real).unwrap();
+    std::os::unix::fs::symlink(&real, &t.config).unwrap();
+    let original = std::fs::read_to_string(&real).unwrap();
+    let is_link = |p: &Path| {
+        std::fs::symlink_metadata(p)
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    };
+    add(&t, &reg());
+    assert!(is_link(&t.config));
+    assert!(std::fs::read_to_string(&real)
+        .unwrap()
+        .contains("conf.d/gpuslice.toml"));
+    remove(&t);
+    assert!(is_link(&t.config));
+    assert_eq!(std::fs::read_to_string(&real).unwrap(), original);
+}
+
+/// A `gpuslice` runtime the operator defined already is refused, naming the file and the
+/// table: containerd 2.x would merge it key by key with the drop-in's into a hybrid (kata's
+/// `privileged_without_host_devices` and `options.ConfigPath` on gpuslice's runc runtime).
+/// Exactly the runtime gpuslice writes is accepted.
+#[test]
+fn an_existing_gpuslice_runtime_is_refused_unless_it_is_ours() {
+    let d = tempfile::tempdir().unwrap();
+    let t = target(d.path(), Version::V3);
+    let table = "plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.gpuslice";
+    let kata = format!(
+        "version = 3\n[{table}]\nruntime_type = \"io.containerd.kata.v2\"\nprivileged_without_host_devices = true\n[{table}.options]\nConfigPath = \"/kata.toml\"\n"
+    );
+    std::fs::write(&t.config, &kata).unwrap();
+    let err = plan_add(&t, &reg()).unwrap_err();
+    assert!(matches!(err, ContainerdError::Shape { .. }), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&t.config.display().to_string())
+            && msg.contains(&format!("`{table}`"))
+            && msg.contains("nothing was changed")
+            && !msg.contains('\n'),
+        "{msg}"
+    );
+    assert_eq!(std::fs::read_to_string(&t.config).unwrap(), kata);
+    assert_eq!(tree(d.path()).len(), 1, "something was written");
+
+    // The same in an imported file, on containerd 1.x (the drop-in would replace it).
+    let d = tempfile::tempdir().unwrap();
+    let t = target(d.path(), Version::V2);
+    std::fs::write(&t.config, "version = 2\nimports = [\"conf.d/*.toml\"]\n").unwrap();
+    let imported = d.path().join("conf.d/50-kata.toml");
+    std::fs::create_dir_all(imported.parent().unwrap()).unwrap();
+    std::fs::write(
+        &imported,
+        "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.gpuslice]\nruntime_type = \"io.containerd.kata.v2\"\n",
+    )
+    .unwrap();
+    let msg = plan_add(&t, &reg()).unwrap_err().to_string();
+    assert!(
+        msg.contains(&imported.display().to_string()) && msg.contains("runtimes.gpuslice"),
+        "{msg}"
+    );
+
+    // What gpuslice itself writes, moved into the main config: nothing to merge badly.
+    let d = tempfile::tempdir().unwrap();
+    let t = target(d.path(), Version::V3);
+    std::fs::write(&t.config, "version = 3\n").unwrap();
+    add(&t, &reg());
+    let drop_in = std::fs::read_to_string(t.drop_in()).unwrap();
+    remove(&t);
+    let ours = drop_in
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.starts_with("version"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::write(&t.config, format!("version = 3\n{ours}\n")).unwrap();
+    add(&t, &reg());
+    remove(&t);
+}

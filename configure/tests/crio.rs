@@ -6,7 +6,7 @@ use crate::common;
 
 use std::path::Path;
 
-use common::{dirs, fixture, golden, stage, tree};
+use common::{dirs, fixture, golden, mode, stage, tree};
 use gpuslice_configure::crio::{plan_add, plan_remove, CrioError, Target, HANDLER, RUNTIME_ROOT};
 use gpuslice_configure::registration::Registration;
 
@@ -109,4 +109,22 @@ fn malformed_drop_ins_and_foreign_files_are_refused() {
         Err(CrioError::Foreign { .. })
     ));
     assert!(matches!(plan_remove(&t), Err(CrioError::Foreign { .. })));
+}
+
+/// The handler copies the default runtime's settings (its `monitor_env` may carry tokens):
+/// the drop-in is readable by no one a file it copies from is not readable by.
+#[test]
+fn the_drop_in_is_as_private_as_the_files_it_copies() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::tempdir().unwrap();
+    stage(&fixture("crio", "crun-default").join("input"), d.path());
+    let t = target(d.path());
+    let private = d.path().join("crio.conf.d/10-crun.conf");
+    std::fs::set_permissions(&private, PermissionsExt::from_mode(0o600)).unwrap();
+    std::fs::set_permissions(&t.config, PermissionsExt::from_mode(0o644)).unwrap();
+    plan_add(&t, &reg()).unwrap().apply(false).unwrap();
+    assert!(std::fs::read_to_string(t.drop_in())
+        .unwrap()
+        .contains("monitor_env"));
+    assert_eq!(mode(&t.drop_in()), 0o600);
 }

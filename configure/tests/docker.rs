@@ -88,3 +88,40 @@ fn malformed_json_is_refused_untouched() {
     assert_eq!(std::fs::read(&cfg).unwrap(), before);
     assert_eq!(tree(d.path()).len(), 1);
 }
+
+/// A daemon.json that config management keeps elsewhere and links to stays a link: the
+/// edit and the restore of `--remove` replace the file it points at.
+#[test]
+fn a_symlinked_daemon_json_stays_a_symlink() {
+    let d = tempfile::tempdir().unwrap();
+    let real = d.path().join("managed/daemon.json");
+    std::fs::create_dir_all(real.parent().unwrap()).unwrap();
+    let original = "{\n  \"data-root\": \"/srv\"\n}\n";
+    std::fs::write(&real, original).unwrap();
+    let t = target(d.path());
+    std::os::unix::fs::symlink("managed/daemon.json", &t.config).unwrap();
+    let is_link = |p: &Path| {
+        std::fs::symlink_metadata(p)
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    };
+
+    let out = plan_add(&t, &reg()).unwrap().apply(false).unwrap();
+    assert!(is_link(&t.config), "replaced by a plain file: {out}");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&real).unwrap()).unwrap();
+    assert_eq!(v["runtimes"]["gpuslice"]["path"], RUNTIME);
+    assert_eq!(v["data-root"], "/srv");
+    let again = plan_add(&t, &reg()).unwrap().apply(false).unwrap();
+    assert!(again.contains("nothing to change"), "{again}");
+
+    plan_remove(&t).unwrap().apply(false).unwrap();
+    assert!(is_link(&t.config), "--remove replaced the link");
+    assert_eq!(std::fs::read_to_string(&real).unwrap(), original);
+    let mut left: Vec<_> = std::fs::read_dir(real.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["daemon.json"], "temp files left beside the target");
+}

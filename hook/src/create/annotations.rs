@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use gpuslice_config::quantity::ACCEPTED_QUANTITY;
-use gpuslice_config::{parse_quantity, Policy, Quantity};
+use gpuslice_config::{is_model_text, parse_quantity, Policy, Quantity, MAX_MODEL_CHARS};
 use gpuslice_registry::{KubernetesRef, Owner, Request, Selector, MAX_GPUS};
 
 /// Prefix of every gpuslice annotation.
@@ -38,6 +38,14 @@ pub enum AnnotationError {
     Value {
         key: String,
         value: String,
+        accepted: String,
+    },
+    /// A value refused for a reason its parser gives (a quantity's unit, its size).
+    #[error("annotation {key}: value {value:?} is not accepted ({reason}); expected {accepted}")]
+    Refused {
+        key: String,
+        value: String,
+        reason: String,
         accepted: String,
     },
     #[error("annotation {key} is not a gpuslice annotation; accepted: gpuslice.io/{{{}}}, optionally suffixed with .<container-name>", KEYS.join(","))]
@@ -174,7 +182,12 @@ pub fn parse_ask(ann: &BTreeMap<String, String>) -> Result<Ask, AnnotationError>
         req.gpus = n;
     }
     if let Some((k, v)) = value(ann, "memory", container) {
-        let q = parse_quantity(v).map_err(|_| bad(&k, v, ACCEPTED_QUANTITY))?;
+        let q = parse_quantity(v).map_err(|e| AnnotationError::Refused {
+            key: k.clone(),
+            value: v.to_string(),
+            reason: e.reason(),
+            accepted: ACCEPTED_QUANTITY.to_string(),
+        })?;
         if q == Quantity::Bytes(0) {
             return Err(bad(
                 &k,
@@ -206,11 +219,13 @@ pub fn parse_ask(ann: &BTreeMap<String, String>) -> Result<Ask, AnnotationError>
     }
     if let Some((k, v)) = value(ann, "gpu-type", container) {
         let t = v.trim();
-        if t.is_empty() || t.len() > 96 || t.chars().any(char::is_control) {
+        if !is_model_text(t) {
             return Err(bad(
                 &k,
                 v,
-                "part of a GPU model name, 1 to 96 printable characters (e.g. H200)",
+                format!(
+                    "part of a GPU model name, 1 to {MAX_MODEL_CHARS} printable characters (e.g. H200)"
+                ),
             ));
         }
         req.model = Some(t.to_string());
@@ -375,7 +390,15 @@ mod tests {
     fn malformed_values_name_key_value_and_form() {
         for (k, v, want) in [
             ("gpuslice.io/memory", "lots", "bytes (`1073741824`)"),
-            ("gpuslice.io/memory", "100m", "expected"),
+            ("gpuslice.io/memory", "100m", "milli"),
+            (
+                "gpuslice.io/memory",
+                "16Ei",
+                "too large, more than 2^64-1 bytes",
+            ),
+            ("gpuslice.io/memory", "4GB", "here `G`"),
+            ("gpuslice.io/memory", "0.5", "not a whole number of bytes"),
+            ("gpuslice.io/memory", "0%", "from 1% to 100%"),
             ("gpuslice.io/memory", "0", "more than 0 bytes"),
             ("gpuslice.io/cores", "150", "from 1 to 100"),
             ("gpuslice.io/cores", "0", "from 1 to 100"),
@@ -396,7 +419,24 @@ mod tests {
             );
             assert!(e.contains(want), "{e}");
             assert!(!e.contains('\n'));
+            if k == "gpuslice.io/memory" && v != "0" {
+                assert!(e.contains(&format!("expected {ACCEPTED_QUANTITY}")), "{e}");
+            }
         }
+    }
+
+    #[test]
+    fn gpu_type_length_counts_characters() {
+        // 96 two-byte characters are 96 characters (docs/annotations.md), not 192 bytes.
+        let long = "é".repeat(96);
+        let r = slice(&[("gpuslice.io/gpu-type", &long)]);
+        assert_eq!(r.model.as_deref(), Some(long.as_str()));
+        let e = parse_ask(&ann(&[("gpuslice.io/gpu-type", &"é".repeat(97))]))
+            .expect_err("97 characters");
+        assert!(
+            e.to_string().contains("1 to 96 printable characters"),
+            "{e}"
+        );
     }
 
     #[test]

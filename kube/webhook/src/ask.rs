@@ -56,6 +56,14 @@ pub enum AskError {
         value: String,
         accepted: String,
     },
+    /// A value refused for a reason its parser gives (a quantity's unit, its size).
+    #[error("{field}: value {value:?} is not accepted ({reason}); expected {accepted}")]
+    Refused {
+        field: String,
+        value: String,
+        reason: String,
+        accepted: String,
+    },
     #[error("{container}: limits name both gpuslice.io/* and nvidia.com/* GPU resources; accepted: one of the two forms per container")]
     Mixed { container: String },
     #[error("{field}: {key} is not a gpuslice limit; accepted: {}", OURS.join(", "))]
@@ -250,7 +258,12 @@ fn ours_ask(
     };
     let memory = match lookup(path, limits, requests, MEMORY) {
         Some((f, v)) => {
-            let q = parse_quantity(v).map_err(|_| bad(&f, v, ACCEPTED_QUANTITY))?;
+            let q = parse_quantity(v).map_err(|e| AskError::Refused {
+                field: f.clone(),
+                value: v.to_string(),
+                reason: e.reason(),
+                accepted: ACCEPTED_QUANTITY.to_string(),
+            })?;
             if q == Quantity::Bytes(0) {
                 return Err(bad(
                     &f,
@@ -573,8 +586,10 @@ mod tests {
             (vec![(GPUS, "3")], "at most 2 GPUs"),
             (
                 vec![(MEMORY, "100m")],
-                "limits[gpuslice.io/memory]: value \"100m\"",
+                "limits[gpuslice.io/memory]: value \"100m\" is not accepted (unit `m` is Kubernetes' milli",
             ),
+            (vec![(MEMORY, "16Ei")], "(too large, more than 2^64-1 bytes)"),
+            (vec![(MEMORY, "0.5")], "(not a whole number of bytes)"),
             (vec![(MEMORY, "200Gi")], "at most 141Gi per GPU"),
             (vec![(CORES, "101")], "from 1 to 100"),
             (vec![("gpuslice.io/gpu-type", "1")], "not a gpuslice limit"),
