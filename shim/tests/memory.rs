@@ -292,6 +292,52 @@ fn memory_no_context_owns_stays_charged_past_its_context() {
     }
 }
 
+/// Four threads allocate (`cuMemAlloc`, `cuMemAllocAsync`) and free at once for 300
+/// rounds each, past the limit at times, the driver handing every freed address straight to
+/// the next allocation of any thread (docs/shim.md, "Frees and reused handles"): the shim's
+/// charge comes back exactly to the context's own memory, and the process never holds more
+/// than the limit on the GPU (the driver's figure, what bare NVML reports, sampled
+/// throughout).
+#[test]
+fn concurrent_allocation_and_free_keep_the_charge_exact() {
+    const CONTEXT: u64 = 64 << 20;
+    const LIMIT: u64 = GIB;
+    let node = SliceNode::with_context_memory(&[16 * GIB], &[(LIMIT, 0)], CONTEXT);
+    let sim = gpuslice_sim_core::SimNode::open(node.sim.paths.clone()).expect("open sim node");
+    let args = [
+        "churn",
+        "--threads",
+        "4",
+        "--rounds",
+        "300",
+        "--chunk",
+        "128Mi",
+    ];
+    let mut child = node
+        .probe(&args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run the probe");
+    let mut peak = 0;
+    while child.try_wait().expect("wait for the probe").is_none() {
+        peak = peak.max(sim.memory(0).expect("sim memory").used);
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+    let out = child.wait_with_output().expect("probe output");
+    assert!(out.status.success(), "churn failed: {out:?}");
+    let v = json_lines(&out).pop().expect("a report");
+    assert!(u(&v, "refusals") > 0, "the limit was never reached: {v}");
+    assert!(u(&v, "allocs") > 1000, "{v}");
+    assert_eq!(u(&v, "start"), CONTEXT, "charge before: {v}");
+    assert_eq!(u(&v, "end"), CONTEXT, "charge after, everything freed: {v}");
+    assert!(
+        peak <= LIMIT,
+        "the process held {peak} bytes, over {LIMIT}: {v}"
+    );
+    assert!(peak > CONTEXT, "the sampling saw no allocation: {v}");
+}
+
 #[test]
 fn odd_sizes_never_exceed_the_limit() {
     let node = SliceNode::new(&[16 * GIB], &[(4 * GIB, 0)]);

@@ -1,7 +1,9 @@
 //! The simulated driver's process state: the opened node and this process's slot (set up by
 //! `cuInit`), and the objects the API hands out as opaque handles (contexts, streams, events,
 //! allocations, …) behind one mutex. Handles are ids dressed as pointers, so a stale or
-//! foreign handle is an unknown id, never a dangling pointer.
+//! foreign handle is an unknown id, never a dangling pointer. As on the real driver, a freed
+//! handle's id and a freed device address range are handed out again (most recently freed
+//! first), so a stale handle or address may name a newer object.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -145,18 +147,27 @@ pub fn id_of<T>(h: *mut T) -> u64 {
     }
 }
 
+/// A context on a thread's stack: its id and its [`Context::serial`], so that an entry left
+/// behind by a destroyed context never names a later context that got the same id.
+pub type StackEntry = (u64, u64);
+
 thread_local! {
     /// This thread's context stack; the top is the current context.
-    static CTX_STACK: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+    static CTX_STACK: RefCell<Vec<StackEntry>> = const { RefCell::new(Vec::new()) };
 }
 
-/// The calling thread's current context id, if any.
+/// The calling thread's current context id, if any (possibly of a destroyed context).
 pub fn current_ctx_id() -> Option<u64> {
+    current_entry().map(|(id, _)| id)
+}
+
+/// The calling thread's current context entry, if any.
+pub fn current_entry() -> Option<StackEntry> {
     CTX_STACK.with(|s| s.borrow().last().copied())
 }
 
 /// Replaces the current context (`None` pops it), as `cuCtxSetCurrent`.
-pub fn set_current(ctx: Option<u64>) {
+pub fn set_current(ctx: Option<StackEntry>) {
     CTX_STACK.with(|s| {
         let mut s = s.borrow_mut();
         s.pop();
@@ -167,12 +178,12 @@ pub fn set_current(ctx: Option<u64>) {
 }
 
 /// Pushes a context, as `cuCtxPushCurrent`.
-pub fn push_current(ctx: u64) {
+pub fn push_current(ctx: StackEntry) {
     CTX_STACK.with(|s| s.borrow_mut().push(ctx));
 }
 
 /// Pops the current context, as `cuCtxPopCurrent`.
-pub fn pop_current() -> Option<u64> {
+pub fn pop_current() -> Option<StackEntry> {
     CTX_STACK.with(|s| s.borrow_mut().pop())
 }
 
@@ -191,6 +202,8 @@ pub struct Context {
     pub heap_charge: u64,
     /// The context's own device memory, charged at creation.
     pub overhead: u64,
+    /// Never the same for two contexts of the process, unlike the id, which is reused.
+    pub serial: u64,
 }
 
 /// What a context saw of its GPU's XIDs: the GPU's XID count when it was created, and once an
@@ -366,6 +379,12 @@ pub struct Exec {
 pub struct Objects {
     next_id: u64,
     next_va: u64,
+    next_serial: u64,
+    /// Ids of destroyed objects, handed out again last freed first ([`Objects::new_id`]).
+    recycled_ids: Vec<u64>,
+    /// Freed device address ranges `(start, length)`, reused last freed first
+    /// ([`Objects::new_va`]).
+    recycled_vas: Vec<(u64, u64)>,
     pub contexts: HashMap<u64, Context>,
     pub primary: Vec<Primary>,
     pub streams: HashMap<u64, Stream>,
@@ -416,6 +435,9 @@ impl Objects {
         Objects {
             next_id: 1,
             next_va: VA_BASE,
+            next_serial: 1,
+            recycled_ids: Vec::new(),
+            recycled_vas: Vec::new(),
             contexts: HashMap::new(),
             primary: vec![Primary::default(); devices],
             streams: HashMap::new(),
@@ -437,15 +459,36 @@ impl Objects {
         }
     }
 
-    /// A fresh object id.
+    /// An object id: the one freed last if any is free ([`Objects::free_id`]), as the real
+    /// driver hands a destroyed object's handle out again at once; else a new one.
     pub fn new_id(&mut self) -> u64 {
+        if let Some(id) = self.recycled_ids.pop() {
+            return id;
+        }
         let id = self.next_id;
         self.next_id += 1;
         id
     }
 
-    /// A fresh device address range of `bytes`: 512-byte aligned, 2 MiB aligned from 2 MiB
-    /// on (like the real allocator); addresses are never reused in a process.
+    /// Gives back the id of a destroyed object, for [`Objects::new_id`] to hand out again.
+    /// Called once per destroyed object, when nothing of the simulation refers to it any
+    /// more.
+    pub fn free_id(&mut self, id: u64) {
+        debug_assert!(!self.recycled_ids.contains(&id), "id {id} freed twice");
+        self.recycled_ids.push(id);
+    }
+
+    /// Gives back the ids of destroyed objects ([`Objects::free_id`]).
+    pub fn free_ids(&mut self, ids: impl IntoIterator<Item = u64>) {
+        for id in ids {
+            self.free_id(id);
+        }
+    }
+
+    /// A device address range of `bytes`: 512-byte aligned, 2 MiB aligned from 2 MiB on (like
+    /// the real allocator), at least `alignment` aligned. Like the real driver, a freed range
+    /// ([`Objects::free_va`]) is handed out again: the last freed one that fits, the rest of
+    /// it staying free; new addresses only when none fits.
     pub fn new_va(&mut self, bytes: u64, alignment: u64) -> CuResult<u64> {
         let align = alignment.max(if bytes >= VMM_GRANULARITY {
             VMM_GRANULARITY
@@ -455,26 +498,64 @@ impl Objects {
         if !align.is_power_of_two() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
+        let len = bytes.max(1);
+        let fit = |&(start, size): &(u64, u64)| {
+            let at = start.checked_add(align - 1)? & !(align - 1);
+            let end = at.checked_add(len)?;
+            (end <= start + size).then_some((at, end))
+        };
+        if let Some((i, (at, end))) = self
+            .recycled_vas
+            .iter()
+            .enumerate()
+            .rev()
+            .find_map(|(i, r)| fit(r).map(|f| (i, f)))
+        {
+            let (start, size) = self.recycled_vas[i];
+            let rest = [(start, at - start), (end, start + size - end)];
+            // The range taken is replaced by what is left of it before and after.
+            self.recycled_vas
+                .splice(i..=i, rest.into_iter().filter(|(_, l)| *l > 0))
+                .for_each(drop);
+            return Ok(at);
+        }
         let start = self
             .next_va
             .checked_add(align - 1)
             .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?
             & !(align - 1);
-        let end = start
-            .checked_add(bytes.max(1))
-            .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+        let end = start.checked_add(len).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
         self.next_va = end;
         Ok(start)
+    }
+
+    /// Gives back the range [`Objects::new_va`] handed out at `start` for `bytes`.
+    pub fn free_va(&mut self, start: u64, bytes: u64) {
+        self.recycled_vas.push((start, bytes.max(1)));
     }
 
     /// The calling thread's current context: `CUDA_ERROR_INVALID_CONTEXT` when there is none
     /// or it was destroyed, its sticky error when it is poisoned ([`Objects::check_context`]).
     pub fn current(&self) -> CuResult<u64> {
-        let c = current_ctx_id()
-            .filter(|c| self.contexts.contains_key(c))
-            .ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        let c = self.live_current().ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
         self.check_context(c)?;
         Ok(c)
+    }
+
+    /// The calling thread's current context if it is live: not destroyed, nor destroyed and
+    /// its id given to a later context.
+    fn live_current(&self) -> Option<u64> {
+        current_entry()
+            .filter(|(c, serial)| self.contexts.get(c).is_some_and(|x| x.serial == *serial))
+            .map(|(c, _)| c)
+    }
+
+    /// The stack entry of live context `ctx`: `CUDA_ERROR_INVALID_CONTEXT` when there is none.
+    pub fn entry(&self, ctx: u64) -> CuResult<StackEntry> {
+        self.contexts
+            .get(&ctx)
+            .map(|c| (ctx, c.serial))
+            .ok_or(CUDA_ERROR_INVALID_CONTEXT)
     }
 
     /// The sticky error of context `ctx`, as a real driver keeps one after an XID 79 or an
@@ -517,7 +598,8 @@ impl Objects {
 
     /// The sticky error of the current context, if there is one and it is poisoned.
     pub fn check_current(&self) -> CuResult {
-        current_ctx_id().map_or(Ok(()), |c| self.check_context(c))
+        self.live_current()
+            .map_or(Ok(()), |c| self.check_context(c))
     }
 
     /// Ordinal of the current context's device.
@@ -544,6 +626,8 @@ impl Objects {
             .count_context(&drv.slot, drv.ordinals[ordinal], true);
         let ctx = self.new_id();
         let default_stream = self.new_id();
+        let serial = self.next_serial;
+        self.next_serial += 1;
         self.streams.insert(
             default_stream,
             Stream {
@@ -565,6 +649,7 @@ impl Objects {
                 limits,
                 heap_charge: 0,
                 overhead,
+                serial,
             },
         );
         // Only live contexts are looked up: the entries of destroyed ones go here.
@@ -621,17 +706,42 @@ impl Objects {
         }
         let owned = |charge: &Charge| charge.ctx == ctx;
         let dies = |a: &Allocation| owned(&a.charge) && !matches!(a.kind, AllocKind::Pool(_));
-        for (_, a) in self.allocations.iter().filter(|(_, a)| dies(a)) {
-            drv.uncharge(a.charge.ordinal, a.charge.bytes);
+        let freed: Vec<(u64, u64)> = self
+            .allocations
+            .iter()
+            .filter(|(_, a)| dies(a))
+            .map(|(va, a)| (*va, a.charge.bytes))
+            .collect();
+        for (va, _) in &freed {
+            if let Some(a) = self.allocations.remove(va) {
+                drv.uncharge(a.charge.ordinal, a.charge.bytes);
+            }
         }
-        self.allocations.retain(|_, a| !dies(a));
+        for (va, bytes) in freed {
+            self.free_va(va, bytes);
+        }
+        // The context's id goes last, to be handed out first: a context made next gets it back.
+        let mut ids = Vec::new();
         for map in [&mut self.arrays, &mut self.mipmaps] {
-            for ch in map.values().filter(|ch| owned(ch)) {
+            for (id, ch) in map.iter().filter(|(_, ch)| owned(ch)) {
                 drv.uncharge(ch.ordinal, ch.bytes);
+                ids.push(*id);
             }
             map.retain(|_, ch| !owned(ch));
         }
+        ids.extend(
+            self.streams
+                .iter()
+                .filter(|(_, s)| s.ctx == ctx)
+                .map(|(id, _)| *id),
+        );
         self.streams.retain(|_, s| s.ctx != ctx);
+        ids.extend(
+            self.events
+                .iter()
+                .filter(|(_, e)| e.ctx == ctx)
+                .map(|(id, _)| *id),
+        );
         self.events.retain(|_, e| e.ctx != ctx);
         let modules: Vec<u64> = self
             .modules
@@ -640,9 +750,124 @@ impl Objects {
             .map(|(m, _)| *m)
             .collect();
         self.modules.retain(|_, c| *c != ctx);
+        ids.extend(
+            self.functions
+                .iter()
+                .filter(|(_, m)| modules.contains(m))
+                .map(|(f, _)| *f),
+        );
         self.functions.retain(|_, m| !modules.contains(m));
+        ids.extend(modules);
+        ids.push(ctx);
+        self.free_ids(ids);
         drv.node
             .state()
             .count_context(&drv.slot, drv.ordinals[c.ordinal], false);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Addresses `new_va` may hand out for `bytes`: 512-byte aligned, 2 MiB from 2 MiB on.
+    fn aligned(va: u64, bytes: u64) -> bool {
+        let align = if bytes >= VMM_GRANULARITY {
+            VMM_GRANULARITY
+        } else {
+            512
+        };
+        va.is_multiple_of(align)
+    }
+
+    #[test]
+    fn freed_ids_are_handed_out_again_last_freed_first() {
+        let mut o = Objects::new(1);
+        let (a, b, c) = (o.new_id(), o.new_id(), o.new_id());
+        o.free_id(a);
+        o.free_id(c);
+        assert_eq!(o.new_id(), c);
+        assert_eq!(o.new_id(), a);
+        let d = o.new_id();
+        assert!(![a, b, c].contains(&d), "a live id handed out twice: {d}");
+    }
+
+    #[test]
+    fn a_freed_range_is_handed_out_again() {
+        let mut o = Objects::new(1);
+        let a = o.new_va(1 << 20, 0).unwrap();
+        let b = o.new_va(1 << 20, 0).unwrap();
+        o.free_va(a, 1 << 20);
+        assert_eq!(o.new_va(1 << 20, 0).unwrap(), a, "same size, same address");
+        o.free_va(b, 1 << 20);
+        o.free_va(a, 1 << 20);
+        assert_eq!(o.new_va(1000, 0).unwrap(), a, "last freed first");
+        // The rest of a's range stays free: the next small allocation lands in it, aligned.
+        assert_eq!(o.new_va(100, 0).unwrap(), a + 1024);
+        assert_eq!(
+            o.new_va(1 << 20, 0).unwrap(),
+            b,
+            "a's rest is too small now"
+        );
+    }
+
+    #[test]
+    fn reuse_keeps_the_alignment() {
+        let mut o = Objects::new(1);
+        let small = o.new_va(4096, 0).unwrap();
+        let big = o.new_va(6 << 20, 0).unwrap();
+        o.free_va(big, 6 << 20);
+        o.free_va(small, 4096);
+        // 2 MiB does not fit the small range; it fits the big one at its 2 MiB aligned start.
+        let two = o.new_va(2 << 20, 0).unwrap();
+        assert_eq!(two, big);
+        // A 4 MiB-aligned request takes the first 4 MiB boundary left in the big range.
+        let four = o.new_va(2 << 20, 4 << 20).unwrap();
+        assert!(
+            four.is_multiple_of(4 << 20) && four >= big + (2 << 20),
+            "{four:#x}"
+        );
+        assert!(four + (2 << 20) <= big + (6 << 20));
+    }
+
+    #[test]
+    fn live_ranges_never_overlap_under_churn() {
+        let mut o = Objects::new(1);
+        let mut live: Vec<(u64, u64)> = Vec::new();
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let sizes = [1, 512, 1000, 4096, 1 << 20, 2 << 20, 3 << 20, 8 << 20];
+        let mut reused = 0;
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..5000 {
+            if live.is_empty() || next(3) > 0 {
+                let bytes = sizes[next(sizes.len() as u64) as usize];
+                let va = o.new_va(bytes, 0).unwrap();
+                assert!(aligned(va, bytes), "{va:#x} for {bytes}");
+                for (s, l) in &live {
+                    assert!(
+                        va + bytes <= *s || s + l <= va,
+                        "{va:#x}+{bytes} overlaps {s:#x}+{l}"
+                    );
+                }
+                if !seen.insert(va) {
+                    reused += 1;
+                }
+                live.push((va, bytes));
+            } else {
+                let (va, bytes) = live.swap_remove(next(live.len() as u64) as usize);
+                o.free_va(va, bytes);
+            }
+            if live.len() > 64 {
+                let (va, bytes) = live.swap_remove(0);
+                o.free_va(va, bytes);
+            }
+        }
+        assert!(reused > 100, "addresses were reused only {reused} times");
     }
 }

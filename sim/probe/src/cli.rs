@@ -62,6 +62,9 @@ pub enum Command {
     /// NVML only, as nvidia-smi reads it: every GPU's memory and process lists. The probe
     /// run under the name `nvidia-smi` does this.
     Smi,
+    /// Threads allocating and freeing concurrently (cuMemAlloc and cuMemAllocAsync at
+    /// random) for some rounds; print cuMemGetInfo's used memory before and after.
+    Churn(ChurnArgs),
 }
 
 /// The allocation path exercised by `alloc`.
@@ -195,6 +198,22 @@ pub struct AllocArgs {
     /// free gives back is allocatable again).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub rounds: u32,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ChurnArgs {
+    /// Threads allocating and freeing at once.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub threads: u32,
+    /// Rounds per thread: allocate 1 to --held times, then free everything.
+    #[arg(long, default_value_t = 100)]
+    pub rounds: u32,
+    /// Most allocations a thread holds at once.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..))]
+    pub held: u64,
+    /// Largest allocation; each is this or a half, quarter or eighth of it.
+    #[arg(long, value_parser = bytes, default_value = "64Mi")]
+    pub chunk: u64,
 }
 
 #[derive(Debug, clap::Args)]

@@ -1,8 +1,8 @@
 //! `gpuslice-probe`: drives a CUDA driver the way the CUDA runtime does (dlopen
 //! `libcuda.so.1`, entry points through `cuGetProcAddress`), against the simulated driver in
 //! tests and unchanged against a real NVIDIA driver: `info`, `alloc` until refused on every
-//! allocation path, `ctx-destroy` for what outlives a destroyed context, `burn` for compute
-//! share, `bench` for per-call cost, `fill` as a serving engine sizes its memory, and `smi`
+//! allocation path, `ctx-destroy` for what outlives a destroyed context, `churn` for
+//! concurrent allocation and free, `burn` for compute share, `bench` for per-call cost, `fill` as a serving engine sizes its memory, and `smi`
 //! (NVML only; also what the probe does when run as `nvidia-smi`, its stand-in on the
 //! simulated node).
 
@@ -11,6 +11,7 @@
 mod alloc;
 mod bench;
 mod burn;
+mod churn;
 mod cli;
 mod cuda;
 mod dl;
@@ -42,6 +43,7 @@ fn run(cli: &Cli) -> Result<(), ProbeError> {
         Command::Burn(b) => burn::run(&cuda, out, cli.device, b),
         Command::Bench(b) => bench::run(&cuda, out, cli.device, b),
         Command::Fill(f) => fill::run(&cuda, out, cli.device, &cli.nvml_lib, f),
+        Command::Churn(c) => churn::run(&cuda, out, cli.device, c),
         Command::Smi => Ok(()),
     }
 }

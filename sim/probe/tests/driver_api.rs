@@ -2,13 +2,15 @@
 //! contexts own their memory (not VMM, stream-ordered or graph memory, which outlive them),
 //! VMM memory lives until released and unmapped, stream-ordered frees need stream-ordered
 //! memory, graph memory lives from instantiation to exec destroy, events and streams follow
-//! the kernel timeline. Each test uses its own GPU of one shared
-//! node (the driver is per process), so they can run in parallel.
+//! the kernel timeline. Each test uses its own GPU of one shared node (the driver is per
+//! process). They run one at a time ([`turn`]): the driver hands a freed address or handle
+//! to the next allocation of any thread, as a real one does, and tests check that what they
+//! freed is refused afterwards.
 
 use crate::common;
 
 use std::ffi::{c_void, CString};
-use std::sync::OnceLock;
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use gpuslice_cuda_ffi::*;
 
@@ -46,6 +48,14 @@ fn driver() -> &'static Driver {
         assert_eq!(unsafe { d.f::<PFN_cuInit>("cuInit")(0) }, CUDA_SUCCESS);
         d
     })
+}
+
+/// The driver, for one test at a time: another test's allocation could otherwise get the
+/// address or handle a test just freed and checks is refused.
+fn turn() -> MutexGuard<'static, ()> {
+    static TURN: Mutex<()> = Mutex::new(());
+    driver();
+    TURN.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Driver {
@@ -91,7 +101,7 @@ fn free_mem() -> usize {
 
 #[test]
 fn destroying_a_context_frees_its_memory() {
-    driver();
+    let _turn = turn();
     let mut ctx = std::ptr::null_mut();
     assert_eq!(
         cu!(cuCtxCreate_v2: PFN_cuCtxCreate_v2, &mut ctx, 0, 0),
@@ -139,11 +149,55 @@ fn destroying_a_context_frees_its_memory() {
 }
 
 #[test]
+fn a_destroyed_context_stays_invalid_where_it_is_current() {
+    let _turn = turn();
+    let mut ctx = std::ptr::null_mut();
+    assert_eq!(
+        cu!(cuCtxCreate_v2: PFN_cuCtxCreate_v2, &mut ctx, 0, 1),
+        CUDA_SUCCESS
+    );
+    // Another thread destroys it and makes a context, which gets its handle back.
+    let old = ctx as usize;
+    let new = std::thread::spawn(move || {
+        assert_eq!(
+            cu!(cuCtxDestroy_v2: PFN_cuCtxDestroy_v2, old as CUcontext),
+            CUDA_SUCCESS
+        );
+        let mut c = std::ptr::null_mut();
+        assert_eq!(
+            cu!(cuCtxCreate_v2: PFN_cuCtxCreate_v2, &mut c, 0, 1),
+            CUDA_SUCCESS
+        );
+        c as usize
+    })
+    .join()
+    .unwrap();
+    assert_eq!(
+        new, old,
+        "the destroyed context's handle is handed out again"
+    );
+    // This thread's stack still holds the destroyed context, not the new one.
+    let mut p = 0;
+    assert_eq!(
+        cu!(cuMemAlloc_v2: PFN_cuMemAlloc_v2, &mut p, 1),
+        CUDA_ERROR_INVALID_CONTEXT
+    );
+    assert_eq!(
+        cu!(cuCtxSetCurrent: PFN_cuCtxSetCurrent, std::ptr::null_mut()),
+        CUDA_SUCCESS
+    );
+    assert_eq!(
+        cu!(cuCtxDestroy_v2: PFN_cuCtxDestroy_v2, new as CUcontext),
+        CUDA_SUCCESS
+    );
+}
+
+#[test]
 fn memory_no_context_owns_outlives_the_context() {
     // cuCtxDestroy "will not destroy memory allocations by cuMemCreate(), cuMemAllocAsync()
     // and cuMemAllocFromPoolAsync()" (CUDA driver API); executable graphs and their graph
     // memory belong to no context either.
-    driver();
+    let _turn = turn();
     let mut ctx = std::ptr::null_mut();
     assert_eq!(
         cu!(cuCtxCreate_v2: PFN_cuCtxCreate_v2, &mut ctx, 0, 5),
@@ -234,7 +288,7 @@ fn memory_no_context_owns_outlives_the_context() {
 
 #[test]
 fn vmm_memory_lives_until_released_and_unmapped() {
-    driver();
+    let _turn = turn();
     use_device(1);
     let prop = CUmemAllocationProp::pinned_on(1);
     let mut gran = 0;
@@ -283,7 +337,7 @@ fn vmm_memory_lives_until_released_and_unmapped() {
 
 #[test]
 fn stream_ordered_memory_and_pools() {
-    driver();
+    let _turn = turn();
     use_device(2);
     let mut s = std::ptr::null_mut();
     assert_eq!(
@@ -333,7 +387,7 @@ fn stream_ordered_memory_and_pools() {
 
 #[test]
 fn arrays_are_charged_by_extent() {
-    driver();
+    let _turn = turn();
     use_device(3);
     let mut a = std::ptr::null_mut();
     let d3 = CUDA_ARRAY3D_DESCRIPTOR {
@@ -380,7 +434,7 @@ fn arrays_are_charged_by_extent() {
 
 #[test]
 fn graph_memory_lives_from_instantiation_to_exec_destroy() {
-    driver();
+    let _turn = turn();
     use_device(4);
     let mut g = std::ptr::null_mut();
     assert_eq!(
@@ -467,7 +521,7 @@ fn graph_memory_lives_from_instantiation_to_exec_destroy() {
 
 #[test]
 fn events_and_streams_follow_the_timeline() {
-    driver();
+    let _turn = turn();
     use_device(5);
     let mut module = std::ptr::null_mut();
     assert_eq!(
@@ -594,7 +648,7 @@ fn events_and_streams_follow_the_timeline() {
 
 #[test]
 fn error_strings_and_versions() {
-    driver();
+    let _turn = turn();
     let mut s: *const std::ffi::c_char = std::ptr::null();
     assert_eq!(
         cu!(cuGetErrorName: PFN_cuGetErrorName, CUDA_ERROR_OUT_OF_MEMORY, &mut s),

@@ -96,6 +96,7 @@ fn destroy(arrays: bool, id: u64) -> CuResult {
     };
     let c = map.remove(&id).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
     d.uncharge(c.ordinal, c.bytes);
+    o.free_id(id);
     Ok(())
 }
 

@@ -128,7 +128,7 @@ fn create(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CuResult {
     let mut o = d.objects();
     let c = o.create_context(d, ord)?;
     put(pctx, handle(c))?;
-    driver::push_current(c);
+    driver::push_current(o.entry(c)?);
     Ok(())
 }
 
@@ -173,11 +173,12 @@ fn destroy(ctx: CUcontext) -> CuResult {
     let d = driver()?;
     let id = id_of(ctx);
     let mut o = d.objects();
-    if !o.contexts.contains_key(&id) || o.primary.iter().any(|p| p.ctx == Some(id)) {
+    if o.primary.iter().any(|p| p.ctx == Some(id)) {
         return Err(CUDA_ERROR_INVALID_CONTEXT);
     }
+    let entry = o.entry(id)?;
     o.destroy_context(d, id);
-    if driver::current_ctx_id() == Some(id) {
+    if driver::current_entry() == Some(entry) {
         driver::pop_current();
     }
     Ok(())
@@ -201,11 +202,8 @@ pub unsafe extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
             driver::set_current(None);
             return Ok(());
         }
-        let id = id_of(ctx);
-        if !d.objects().contexts.contains_key(&id) {
-            return Err(CUDA_ERROR_INVALID_CONTEXT);
-        }
-        driver::set_current(Some(id));
+        let entry = d.objects().entry(id_of(ctx))?;
+        driver::set_current(Some(entry));
         Ok(())
     })
 }
@@ -225,11 +223,8 @@ pub unsafe extern "C" fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult {
 
 fn push(ctx: CUcontext) -> CuResult {
     let d = driver()?;
-    let id = id_of(ctx);
-    if !d.objects().contexts.contains_key(&id) {
-        return Err(CUDA_ERROR_INVALID_CONTEXT);
-    }
-    driver::push_current(id);
+    let entry = d.objects().entry(id_of(ctx))?;
+    driver::push_current(entry);
     Ok(())
 }
 
@@ -245,7 +240,7 @@ pub unsafe extern "C" fn cuCtxPushCurrent(ctx: CUcontext) -> CUresult {
 
 fn pop(pctx: *mut CUcontext) -> CuResult {
     driver()?;
-    let id = driver::pop_current().ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+    let (id, _) = driver::pop_current().ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
     if !pctx.is_null() {
         put(pctx, handle(id))?;
     }

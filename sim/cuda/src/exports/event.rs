@@ -127,11 +127,11 @@ pub unsafe extern "C" fn cuEventElapsedTime_v2(
 
 fn destroy(ev: CUevent) -> CuResult {
     let d = driver()?;
-    d.objects()
-        .events
-        .remove(&id_of(ev))
-        .map(|_| ())
-        .ok_or(CUDA_ERROR_INVALID_HANDLE)
+    let mut o = d.objects();
+    let id = id_of(ev);
+    o.events.remove(&id).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    o.free_id(id);
+    Ok(())
 }
 
 #[no_mangle]

@@ -433,6 +433,7 @@ pub unsafe extern "C" fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult {
         for (ord, bytes) in e.charges {
             d.uncharge(ord, bytes);
         }
+        o.free_id(id_of(exec));
         Ok(())
     })
 }
@@ -441,11 +442,19 @@ pub unsafe extern "C" fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult {
 pub unsafe extern "C" fn cuGraphDestroy(graph: CUgraph) -> CUresult {
     guard(|| {
         let d = driver()?;
-        d.objects()
-            .graphs
-            .remove(&id_of(graph))
-            .map(|_| ())
-            .ok_or(CUDA_ERROR_INVALID_VALUE)
+        let mut o = d.objects();
+        let id = id_of(graph);
+        // A graph stream capture is building is not the caller's yet.
+        if o.streams.values().any(|s| s.capture == Some(id)) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let g = o.graphs.remove(&id).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        // The nodes' ids go with the graph; the addresses of its allocation nodes are not
+        // handed out again, as copies of them (clones, child graphs, executable graphs)
+        // may still map them.
+        o.free_ids(g.nodes.into_iter().map(|(nid, _)| nid));
+        o.free_id(id);
+        Ok(())
     })
 }
 

@@ -47,7 +47,10 @@ pub fn allocate(
     let reuse = pool
         .and_then(|p| o.pools.get(&p))
         .map_or(0, |p| p.cached.min(bytes));
-    d.charge(ord, bytes - reuse)?;
+    if let Err(e) = d.charge(ord, bytes - reuse) {
+        o.free_va(va, bytes);
+        return Err(e);
+    }
     if let Some(p) = pool.and_then(|p| o.pools.get_mut(&p)) {
         p.cached -= reuse;
         p.used = p.used.saturating_add(bytes);
@@ -81,6 +84,16 @@ pub fn free(d: &Driver, dptr: CUdeviceptr) -> CuResult {
         .remove(&dptr)
         .ok_or(CUDA_ERROR_INVALID_VALUE)?;
     let bytes = a.charge.bytes;
+    o.free_va(dptr, bytes);
+    if let AllocKind::Pool(p) = a.kind {
+        // A destroyed pool's id is given back with its last allocation
+        // (`exports::pool::cuMemPoolDestroy`).
+        let orphan = !o.pools.contains_key(&p)
+            && !o.allocations.values().any(|x| x.kind == AllocKind::Pool(p));
+        if orphan {
+            o.free_id(p);
+        }
+    }
     let release = match a.kind {
         AllocKind::Pool(p) => match o.pools.get_mut(&p) {
             Some(pool) => {

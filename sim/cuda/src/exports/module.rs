@@ -59,7 +59,15 @@ pub unsafe extern "C" fn cuModuleUnload(module: CUmodule) -> CUresult {
         let mut o = d.objects();
         let m = id_of(module);
         o.modules.remove(&m).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let functions: Vec<u64> = o
+            .functions
+            .iter()
+            .filter(|(_, owner)| **owner == m)
+            .map(|(f, _)| *f)
+            .collect();
         o.functions.retain(|_, owner| *owner != m);
+        o.free_ids(functions);
+        o.free_id(m);
         Ok(())
     })
 }

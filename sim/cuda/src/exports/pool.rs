@@ -7,7 +7,7 @@ use gpuslice_cuda_ffi::*;
 
 use std::ffi::{c_int, c_void};
 
-use crate::driver::{driver, handle, id_of, Objects, Pool};
+use crate::driver::{driver, handle, id_of, AllocKind, Objects, Pool};
 use crate::guard::{get, guard, put, CuResult};
 
 /// The default pool of ordinal `ord`, created on first use.
@@ -58,7 +58,17 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
             if o.default_pools.contains(&Some(id)) {
                 return Err(CUDA_ERROR_INVALID_VALUE);
             }
-            o.pools.remove(&id).ok_or(CUDA_ERROR_INVALID_VALUE)?
+            let removed = o.pools.remove(&id).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            // Its outstanding allocations still name it: the id is given back with the last
+            // of them (`exports::memory::free`).
+            if !o
+                .allocations
+                .values()
+                .any(|a| a.kind == AllocKind::Pool(id))
+            {
+                o.free_id(id);
+            }
+            removed
         };
         d.uncharge(removed.ordinal, removed.cached);
         Ok(())

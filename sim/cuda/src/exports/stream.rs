@@ -43,6 +43,7 @@ fn destroy(h: CUstream) -> CuResult {
     if is_default || o.streams.remove(&id).is_none() {
         return Err(CUDA_ERROR_INVALID_HANDLE);
     }
+    o.free_id(id);
     Ok(())
 }
 

@@ -75,6 +75,7 @@ fn drop_if_unused(d: &Driver, o: &mut crate::driver::Objects, id: u64) {
         if p.released && p.maps == 0 {
             d.uncharge(p.ordinal, p.bytes);
             o.physical.remove(&id);
+            o.free_id(id);
         }
     }
 }
@@ -128,6 +129,16 @@ pub unsafe extern "C" fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) -> CUre
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         o.reservations.remove(&ptr);
+        // A range with mappings left in it is not handed out again: they would refuse the
+        // next reservation's `cuMemMap` there.
+        let mapped = o
+            .mappings
+            .range(..ptr.saturating_add(size as u64))
+            .next_back()
+            .is_some_and(|(s, m)| s + m.size > ptr);
+        if !mapped {
+            o.free_va(ptr, size as u64);
+        }
         Ok(())
     })
 }
