@@ -458,7 +458,7 @@ fn limits_become_claims_through_the_webhook_on_a_live_control_plane() {
     // accepted; nothing is created.
     let before = templates(&c);
     let cases: Vec<(&str, Value, Value, &str)> = vec![
-        ("default", json!({"gpuslice.io/gpus": "0"}), json!({}), "limits[gpuslice.io/gpus]: value \"0\" is not accepted; expected a whole number of GPUs from 1 to 16"),
+        ("default", json!({"gpuslice.io/gpus": "0"}), json!({}), "limits[gpuslice.io/gpus]: value \"0\" is not accepted (0 is out of range); expected a whole number of GPUs from 1 to 16"),
         ("default", json!({"gpuslice.io/gpus": "3"}), json!({}), "at most 2 GPUs: no node of the cluster has more"),
         ("default", json!({"gpuslice.io/memory": "100m"}), json!({}), "limits[gpuslice.io/memory]: value \"100m\" is not accepted"),
         ("default", json!({"gpuslice.io/memory": "100Gi"}), json!({}), "at most 80Gi per GPU"),

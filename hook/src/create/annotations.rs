@@ -112,15 +112,37 @@ fn bad(key: &str, value: &str, accepted: impl Into<String>) -> AnnotationError {
     }
 }
 
-fn integer(key: &str, v: &str, lo: u32, hi: u32) -> Result<u32, AnnotationError> {
-    let accepted = format!("a whole number from {lo} to {hi}");
+/// A plain whole number from `lo` to `hi` (an annotation is a string, not a quantity: no
+/// unit); a refusal says why, in the words the webhook gives for the same limits
+/// (kube/webhook/src/ask.rs), and [`refused`] names the key, the value and what is accepted.
+fn integer(v: &str, lo: u32, hi: u32) -> Result<u32, String> {
     let t = v.trim();
-    if t.is_empty() || t.len() > 6 || !t.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(bad(key, v, accepted));
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if t.is_empty() {
+        return Err("no digits".to_string());
+    }
+    if t.strip_prefix('-').is_some_and(digits) {
+        return Err("negative".to_string());
+    }
+    if !digits(t) {
+        return Err("not a whole number".to_string());
+    }
+    if t.len() > 6 {
+        return Err("more than 6 digits".to_string());
     }
     match t.parse::<u32>() {
         Ok(n) if (lo..=hi).contains(&n) => Ok(n),
-        _ => Err(bad(key, v, accepted)),
+        Ok(n) => Err(format!("{n} is out of range")),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+fn refused(key: &str, value: &str, reason: String, accepted: impl Into<String>) -> AnnotationError {
+    AnnotationError::Refused {
+        key: key.to_string(),
+        value: value.to_string(),
+        reason,
+        accepted: accepted.into(),
     }
 }
 
@@ -165,7 +187,7 @@ pub fn parse_ask(ann: &BTreeMap<String, String>) -> Result<Ask, AnnotationError>
             } else {
                 format!("a whole number from 1 to {MAX_GPUS} (no GPU for one container of a pod: gpuslice.io/gpus.<container-name>: \"0\")")
             };
-            match integer(&k, v, lo, MAX_GPUS).map_err(|_| bad(&k, v, accepted))? {
+            match integer(v, lo, MAX_GPUS).map_err(|r| refused(&k, v, r, accepted))? {
                 0 => return Ok(Ask::Nothing),
                 n => Some(n),
             }
@@ -200,10 +222,11 @@ pub fn parse_ask(ann: &BTreeMap<String, String>) -> Result<Ask, AnnotationError>
     if let Some((k, v)) = value(ann, "cores", container) {
         // One optional `%`: `30` or `30%`, never `30%%%%`.
         let number = v.trim().strip_suffix('%').unwrap_or(v);
-        req.cores = integer(&k, number, 1, 100).map_err(|_| {
-            bad(
+        req.cores = integer(number, 1, 100).map_err(|r| {
+            refused(
                 &k,
                 v,
+                r,
                 "a compute share in percent from 1 to 100 (`30` or `30%`)",
             )
         })? as u8;
@@ -400,14 +423,27 @@ mod tests {
             ("gpuslice.io/memory", "0.5", "not a whole number of bytes"),
             ("gpuslice.io/memory", "0%", "from 1% to 100%"),
             ("gpuslice.io/memory", "0", "more than 0 bytes"),
-            ("gpuslice.io/cores", "150", "from 1 to 100"),
-            ("gpuslice.io/cores", "0", "from 1 to 100"),
+            (
+                "gpuslice.io/cores",
+                "150",
+                "(150 is out of range); expected a compute share in percent from 1 to 100",
+            ),
+            ("gpuslice.io/cores", "0", "(0 is out of range)"),
             ("gpuslice.io/cores", "30%%%%", "(`30` or `30%`)"),
-            ("gpuslice.io/cores", "30%%", "from 1 to 100"),
-            ("gpuslice.io/cores", "%", "from 1 to 100"),
-            ("gpuslice.io/gpus", "0", "from 1 to 16"),
+            ("gpuslice.io/cores", "30%%", "(not a whole number)"),
+            ("gpuslice.io/cores", "30.5", "(not a whole number)"),
+            ("gpuslice.io/cores", "%", "(no digits)"),
+            ("gpuslice.io/gpus", "0", "(0 is out of range); expected"),
             ("gpuslice.io/gpus", "17", "from 1 to 16"),
-            ("gpuslice.io/gpus", "two", "from 1 to 16"),
+            ("gpuslice.io/gpus", "two", "(not a whole number)"),
+            (
+                "gpuslice.io/gpus",
+                "1.5",
+                "(not a whole number); expected a whole number from 1 to 16",
+            ),
+            ("gpuslice.io/gpus", "100m", "(not a whole number)"),
+            ("gpuslice.io/gpus", "-1", "(negative)"),
+            ("gpuslice.io/gpus", "1000000", "(more than 6 digits)"),
             ("gpuslice.io/gpu", "first", "indexes or UUIDs"),
             ("gpuslice.io/gpu-type", "", "model name"),
             ("gpuslice.io/policy", "fastest", "`binpack` or `spread`"),

@@ -2,8 +2,9 @@
 //! what the node paths (annotations, whole GPUs of the node CDI spec) and the claims the
 //! scheduler cannot see in this mode have not booked in the registry. The slices carrying the
 //! offer are built by `gpuslice_dra::slices`. A GPU the driver reported unhealthy
-//! (`health.json`) carries the device taint [`UNHEALTHY_TAINT`], or is withdrawn where the
-//! API server keeps no device taints.
+//! (`health.json`), and every GPU while that record exists but cannot be read, carries the
+//! device taint [`UNHEALTHY_TAINT`], or is withdrawn where the API server keeps no device
+//! taints.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -15,42 +16,101 @@ use gpuslice_registry::{claim_uid, gpu_loads, Inventory, Reservation};
 /// The key of the device taint an unhealthy GPU carries.
 pub const UNHEALTHY_TAINT: &str = "gpuslice.io/unhealthy";
 
-/// The taint of one unhealthy GPU's devices.
+/// The taint value of every GPU while the health record cannot be read.
+pub const RECORD_UNREADABLE: &str = "health-record-unreadable";
+
+/// What the node's health record (`health.json`) says of its GPUs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeHealth {
+    /// The record as read (none listed: no record, or every GPU healthy).
+    Read(Vec<Unhealthy>),
+    /// The record exists but cannot be read: any GPU may be unhealthy, so none is offered
+    /// to new claims, as the create path and the plugin's prepare refuse them meanwhile.
+    Unreadable {
+        /// Why, naming the record's path.
+        error: String,
+        /// When it was first found unreadable, whole seconds since the Unix epoch.
+        since_s: i64,
+    },
+}
+
+impl NodeHealth {
+    /// The GPUs the record lists unhealthy; none while it cannot be read.
+    pub fn listed(&self) -> &[Unhealthy] {
+        match self {
+            NodeHealth::Read(list) => list,
+            NodeHealth::Unreadable { .. } => &[],
+        }
+    }
+
+    /// Whether any GPU is kept from new claims.
+    pub fn any_unavailable(&self) -> bool {
+        !matches!(self, NodeHealth::Read(list) if list.is_empty())
+    }
+}
+
+/// Why a GPU's devices carry [`UNHEALTHY_TAINT`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaintReason {
+    /// The driver reported this fatal XID for the GPU.
+    Xid(u32),
+    /// The health record cannot be read, so the GPU's health is not known.
+    RecordUnreadable,
+}
+
+impl TaintReason {
+    /// The taint's value: `xid-<N>`, or [`RECORD_UNREADABLE`].
+    pub fn value(self) -> String {
+        match self {
+            TaintReason::Xid(xid) => format!("xid-{xid}"),
+            TaintReason::RecordUnreadable => RECORD_UNREADABLE.to_string(),
+        }
+    }
+}
+
+/// The taint of one unavailable GPU's devices.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HealthTaint {
     /// The GPU's index (its devices are `gpu-<index>` and `gpu-<index>-slot-<j>`).
     pub index: u32,
-    pub xid: u32,
-    /// When the XID was reported, whole seconds since the Unix epoch (as the API server
-    /// keeps a taint's `timeAdded`).
+    pub reason: TaintReason,
+    /// When the XID was reported, or the record first found unreadable: whole seconds since
+    /// the Unix epoch (as the API server keeps a taint's `timeAdded`).
     pub since_s: i64,
     pub effect: TaintEffect,
 }
 
-/// What is published of `gpus` given the unhealthy GPUs `list`: where the API server keeps
-/// device taints, every GPU, and a taint for each unhealthy one; where it does not, only the
-/// healthy GPUs.
+/// What is published of `gpus` given the node's `health`: where the API server keeps device
+/// taints, every GPU, and a taint for each unavailable one; where it does not, only the
+/// available GPUs. An unhealthy GPU's taint has `effect` (`health.taint_effect`); while the
+/// record cannot be read every GPU's taint is `NoSchedule`, whatever `effect` says: nothing is
+/// known to be wrong with the GPUs, and running containers are left alone (as the node paths
+/// leave them).
 pub fn with_health(
     mut gpus: Vec<OfferedGpu>,
-    list: &[Unhealthy],
+    health: &NodeHealth,
     taints_kept: bool,
     effect: TaintEffect,
 ) -> (Vec<OfferedGpu>, Vec<HealthTaint>) {
+    let taint_of = |g: &OfferedGpu| match health {
+        NodeHealth::Read(list) => find(list, &g.uuid).map(|u| HealthTaint {
+            index: g.index,
+            reason: TaintReason::Xid(u.xid),
+            since_s: i64::try_from(u.since_ms / 1000).unwrap_or(i64::MAX),
+            effect,
+        }),
+        NodeHealth::Unreadable { since_s, .. } => Some(HealthTaint {
+            index: g.index,
+            reason: TaintReason::RecordUnreadable,
+            since_s: *since_s,
+            effect: TaintEffect::NoSchedule,
+        }),
+    };
     if !taints_kept {
-        gpus.retain(|g| find(list, &g.uuid).is_none());
+        gpus.retain(|g| taint_of(g).is_none());
         return (gpus, Vec::new());
     }
-    let taints = gpus
-        .iter()
-        .filter_map(|g| {
-            find(list, &g.uuid).map(|u| HealthTaint {
-                index: g.index,
-                xid: u.xid,
-                since_s: i64::try_from(u.since_ms / 1000).unwrap_or(i64::MAX),
-                effect,
-            })
-        })
-        .collect();
+    let taints = gpus.iter().filter_map(taint_of).collect();
     (gpus, taints)
 }
 
@@ -338,13 +398,14 @@ mod tests {
             since_ms: 1_796_000_000_999,
             recovery_seen: false,
         }];
+        let sick = NodeHealth::Read(sick);
         let (kept, taints) = with_health(gpus.clone(), &sick, true, TaintEffect::NoSchedule);
         assert_eq!(kept, gpus, "tainted, still published");
         assert_eq!(
             taints,
             [HealthTaint {
                 index: 1,
-                xid: 79,
+                reason: TaintReason::Xid(79),
                 since_s: 1_796_000_000,
                 effect: TaintEffect::NoSchedule
             }]
@@ -352,8 +413,38 @@ mod tests {
         let (kept, taints) = with_health(gpus.clone(), &sick, false, TaintEffect::NoSchedule);
         assert_eq!(kept.iter().map(|g| g.index).collect::<Vec<_>>(), [0]);
         assert!(taints.is_empty());
-        let (kept, taints) = with_health(gpus.clone(), &[], true, TaintEffect::NoExecute);
+        let none = NodeHealth::Read(Vec::new());
+        assert!(!none.any_unavailable());
+        let (kept, taints) = with_health(gpus.clone(), &none, true, TaintEffect::NoExecute);
         assert_eq!((kept, taints), (gpus, Vec::new()));
+    }
+
+    #[test]
+    fn every_gpu_is_tainted_or_withdrawn_while_the_health_record_cannot_be_read() {
+        let inv = Inventory {
+            gpus: vec![gpu(0, 16 * 1024 * MIB), gpu(1, 16 * 1024 * MIB)],
+        };
+        let gpus = offered(&inv, &[]);
+        let unreadable = NodeHealth::Unreadable {
+            error: "/run/gpuslice/health.json is not a valid GPU health record".into(),
+            since_s: 1_796_000_000,
+        };
+        assert!(unreadable.any_unavailable());
+        assert!(unreadable.listed().is_empty());
+        // NoSchedule whatever health.taint_effect says: no GPU is known to be unhealthy.
+        let (kept, taints) = with_health(gpus.clone(), &unreadable, true, TaintEffect::NoExecute);
+        assert_eq!(kept, gpus, "tainted, still published");
+        let each = |index| HealthTaint {
+            index,
+            reason: TaintReason::RecordUnreadable,
+            since_s: 1_796_000_000,
+            effect: TaintEffect::NoSchedule,
+        };
+        assert_eq!(taints, [each(0), each(1)]);
+        assert_eq!(taints[0].reason.value(), "health-record-unreadable");
+        let (kept, taints) = with_health(gpus, &unreadable, false, TaintEffect::NoSchedule);
+        assert!(kept.is_empty(), "every GPU withdrawn: {kept:?}");
+        assert!(taints.is_empty());
     }
 
     #[test]

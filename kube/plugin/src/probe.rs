@@ -9,7 +9,7 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::PostParams;
 use kube::Api;
 
-use crate::offer::HealthTaint;
+use crate::offer::{HealthTaint, TaintReason};
 use crate::publisher::apply_taints;
 
 /// The API server could not be asked (it is retried).
@@ -47,7 +47,7 @@ pub fn probe_slice(node: &str) -> Result<ResourceSlice, SliceError> {
         &mut slices,
         &[HealthTaint {
             index: 0,
-            xid: 79,
+            reason: TaintReason::Xid(79),
             since_s: 0,
             effect: gpuslice_config::TaintEffect::NoSchedule,
         }],

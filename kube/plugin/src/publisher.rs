@@ -1,7 +1,8 @@
 //! Publishing the node's ResourceSlices through the API server: at start, when the inventory
 //! or the node paths' bookings change, and when the kubelet (re)registers the plugin (a
 //! starting kubelet deletes its node's slices). Every change bumps the pool's generation.
-//! An unhealthy GPU's devices carry the taint `gpuslice.io/unhealthy` (`offer::with_health`);
+//! An unhealthy GPU's devices carry the taint `gpuslice.io/unhealthy` (`offer::with_health`),
+//! as do every GPU's while the health record cannot be read;
 //! whether the API server keeps device taints (DRADeviceTaints) is asked once
 //! (crate::probe).
 
@@ -41,7 +42,7 @@ pub struct Publisher {
 fn device_taint(t: &HealthTaint) -> DeviceTaint {
     DeviceTaint {
         key: UNHEALTHY_TAINT.to_string(),
-        value: Some(format!("xid-{}", t.xid)),
+        value: Some(t.reason.value()),
         effect: t.effect.as_str().to_string(),
         time_added: k8s_openapi::jiff::Timestamp::from_second(t.since_s)
             .ok()
@@ -215,6 +216,7 @@ impl Publisher {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::offer::TaintReason;
     use gpuslice_config::TaintEffect;
 
     #[test]
@@ -236,7 +238,7 @@ mod tests {
         };
         let taint = HealthTaint {
             index: 1,
-            xid: 79,
+            reason: TaintReason::Xid(79),
             since_s: 1_796_000_000,
             effect: TaintEffect::NoExecute,
         };

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpuslice_config::DraConfig;
+use gpuslice_config::{DraConfig, TaintEffect};
 use gpuslice_dra::api::{clients, Timeouts};
 use gpuslice_dra::slices::{build_slices, is_dns_subdomain, SliceError, MAX_NAME};
 use gpuslice_registry::Registry;
@@ -24,7 +24,7 @@ use crate::dra_service::DraService;
 use crate::h2_relay::relayed_incoming;
 use crate::health_events::tell_pods;
 use crate::mode::{resolve, write_record, ModeRecord};
-use crate::offer::{offer, with_health, Publication, UNHEALTHY_TAINT};
+use crate::offer::{offer, with_health, NodeHealth, Publication, TaintReason, UNHEALTHY_TAINT};
 use crate::probe::{what_the_api_server_keeps, Kept};
 use crate::proto::dra::dra_plugin_server::DraPluginServer;
 use crate::proto::registration::registration_server::RegistrationServer;
@@ -270,26 +270,82 @@ pub async fn run(
     Ok(())
 }
 
-/// The unhealthy GPUs of `options.health_file`; none when there is no record, and none (with
-/// the error logged once) when it cannot be read.
-fn unhealthy(options: &PluginOptions, last_error: &mut String) -> Vec<Unhealthy> {
-    let Some(path) = &options.health_file else {
-        return Vec::new();
+/// What the health record at `path` says now: every GPU healthy where there is none (no path,
+/// or no file at it); [`NodeHealth::Unreadable`] while the file exists but cannot be read, since
+/// the first failed read (`unreadable_since`, kept until a read succeeds; `now_s` otherwise).
+fn node_health(path: Option<&Path>, unreadable_since: &mut Option<i64>, now_s: i64) -> NodeHealth {
+    let Some(path) = path else {
+        return NodeHealth::Read(Vec::new());
     };
     match read_health(path) {
         Ok(list) => {
-            last_error.clear();
-            list
+            *unreadable_since = None;
+            NodeHealth::Read(list)
         }
-        Err(e) => {
-            let e = e.to_string();
-            if e != *last_error {
-                eprintln!("gpuslice kubelet-plugin: {e}; publishing every GPU as healthy");
-                *last_error = e;
+        Err(e) => NodeHealth::Unreadable {
+            error: e.to_string(),
+            since_s: *unreadable_since.get_or_insert(now_s),
+        },
+    }
+}
+
+/// The log lines for the node's health going from `was` to `now` (none when unchanged): the
+/// record unreadable (once per distinct error, which names its path) or readable again, each
+/// GPU the record lists and how it leaves the offer, and each GPU of `last_listed` (what the
+/// record last read listed) healthy again.
+fn health_log(
+    was: &NodeHealth,
+    now: &NodeHealth,
+    last_listed: &[Unhealthy],
+    taints_kept: Option<bool>,
+    effect: TaintEffect,
+) -> Vec<String> {
+    if was == now {
+        return Vec::new();
+    }
+    let how = |reason: TaintReason, effect: TaintEffect| match taints_kept {
+        Some(true) => format!(
+            "its devices carry the taint {UNHEALTHY_TAINT}={} ({})",
+            reason.value(),
+            effect.as_str()
+        ),
+        _ => "withdrawn from the ResourceSlice (the API server keeps no device taints)".to_string(),
+    };
+    let mut lines = Vec::new();
+    match now {
+        NodeHealth::Unreadable { error, .. } => lines.push(format!(
+            "gpuslice kubelet-plugin: {error}; every GPU of the node is offered to no new claim until it can be read: {}",
+            how(TaintReason::RecordUnreadable, TaintEffect::NoSchedule)
+        )),
+        NodeHealth::Read(list) => {
+            if matches!(was, NodeHealth::Unreadable { .. }) {
+                lines.push(
+                    "gpuslice kubelet-plugin: the GPU health record can be read again: every GPU is offered by its health"
+                        .to_string(),
+                );
             }
-            Vec::new()
+            for u in list {
+                lines.push(format!(
+                    "gpuslice kubelet-plugin: {u}: {}",
+                    how(TaintReason::Xid(u.xid), effect)
+                ));
+            }
+            for u in last_listed.iter().filter(|u| !list.contains(u)) {
+                lines.push(format!(
+                    "gpuslice kubelet-plugin: GPU {} ({}) is healthy again: offered again",
+                    u.index, u.uuid
+                ));
+            }
         }
     }
+    lines
+}
+
+/// Now, whole seconds since the Unix epoch.
+fn now_s() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
 /// Republishes when the registry's offer or the GPUs' health changes, when the kubelet
@@ -306,15 +362,23 @@ async fn publish_loop(
     let mut force = true;
     let mut last_error = String::new();
     let mut last_sync = tokio::time::Instant::now();
-    let mut health_error = String::new();
     let mut taints_kept: Option<bool> = kept.map(|k| k.device_taints);
     let mut probe_errors = Logged::default();
     let mut next_probe = tokio::time::Instant::now();
-    let mut last_health: Vec<Unhealthy> = Vec::new();
+    let mut unreadable_since: Option<i64> = None;
+    let mut last_health = NodeHealth::Read(Vec::new());
+    let mut last_listed: Vec<Unhealthy> = Vec::new();
     loop {
-        let sick = unhealthy(&options, &mut health_error);
+        let health = node_health(
+            options.health_file.as_deref(),
+            &mut unreadable_since,
+            now_s(),
+        );
         // Asked again each resync interval, not each tick, while the API server cannot say.
-        if !sick.is_empty() && taints_kept.is_none() && tokio::time::Instant::now() >= next_probe {
+        if health.any_unavailable()
+            && taints_kept.is_none()
+            && tokio::time::Instant::now() >= next_probe
+        {
             match what_the_api_server_keeps(publisher.client(), &options.node_name).await {
                 Ok(kept) => taints_kept = Some(kept.device_taints),
                 Err(e) => {
@@ -329,30 +393,26 @@ async fn publish_loop(
             }
         }
         let mut newly: Vec<Unhealthy> = Vec::new();
-        if sick != last_health {
-            newly = sick
-                .iter()
-                .filter(|u| !last_health.contains(u))
-                .cloned()
-                .collect();
-            for u in &sick {
-                let how = match taints_kept {
-                    Some(true) => format!(
-                        "its devices carry the taint {UNHEALTHY_TAINT} ({})",
-                        options.taint_effect.as_str()
-                    ),
-                    _ => "withdrawn from the ResourceSlice (the API server keeps no device taints)"
-                        .to_string(),
-                };
-                eprintln!("gpuslice kubelet-plugin: {u}: {how}");
+        if health != last_health {
+            for line in health_log(
+                &last_health,
+                &health,
+                &last_listed,
+                taints_kept,
+                options.taint_effect,
+            ) {
+                eprintln!("{line}");
             }
-            for u in last_health.iter().filter(|u| !sick.contains(u)) {
-                eprintln!(
-                    "gpuslice kubelet-plugin: GPU {} ({}) is healthy again: offered again",
-                    u.index, u.uuid
-                );
+            // Only a GPU the record lists is known unhealthy: the pods on it hear of it once.
+            if let NodeHealth::Read(list) = &health {
+                newly = list
+                    .iter()
+                    .filter(|u| !last_listed.contains(u))
+                    .cloned()
+                    .collect();
+                last_listed = list.clone();
             }
-            last_health = sick.clone();
+            last_health = health.clone();
         }
         let r = registry.clone();
         let snapshot = tokio::task::spawn_blocking(move || r.snapshot()).await;
@@ -374,7 +434,7 @@ async fn publish_loop(
                 let gpus = offer(&file.inventory, &file.reservations, publication, &held);
                 let (gpus, taints) = with_health(
                     gpus,
-                    &sick,
+                    &health,
                     taints_kept.unwrap_or(false),
                     options.taint_effect,
                 );
@@ -534,5 +594,79 @@ mod tests {
         // Capacity mode publishes no slots: N does not matter there.
         let capacity = mode_log("n1", Publication::Capacity, &dra(8), Some(true));
         assert_eq!(capacity.len(), 1, "{capacity:?}");
+    }
+
+    #[test]
+    fn an_unreadable_health_record_makes_every_gpu_unavailable_and_is_logged_once_per_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("health.json");
+        let mut since = None;
+        // No record: every GPU healthy.
+        let none = node_health(Some(&path), &mut since, 100);
+        assert_eq!(none, NodeHealth::Read(Vec::new()));
+        assert!(!none.any_unavailable());
+        assert_eq!(node_health(None, &mut since, 100), none);
+        // A record this build cannot read: unavailable from the first failed read on.
+        std::fs::write(&path, b"{not json").unwrap();
+        let bad = node_health(Some(&path), &mut since, 200);
+        let NodeHealth::Unreadable { error, since_s } = &bad else {
+            panic!("{bad:?}");
+        };
+        assert!(error.contains(&path.display().to_string()), "{error}");
+        assert_eq!(*since_s, 200);
+        assert!(bad.any_unavailable());
+        assert_eq!(node_health(Some(&path), &mut since, 300), bad, "same since");
+        let lines = health_log(&none, &bad, &[], Some(true), TaintEffect::NoExecute);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(
+            lines[0].starts_with(&format!("gpuslice kubelet-plugin: {error}; ")),
+            "{lines:?}"
+        );
+        assert!(
+            lines[0].ends_with(
+                "every GPU of the node is offered to no new claim until it can be read: its devices carry the taint gpuslice.io/unhealthy=health-record-unreadable (NoSchedule)"
+            ),
+            "{lines:?}"
+        );
+        assert!(health_log(&bad, &bad, &[], Some(true), TaintEffect::NoSchedule).is_empty());
+        // Another error is logged again.
+        std::fs::write(&path, br#"{"version": 9, "unhealthy": []}"#).unwrap();
+        let other = node_health(Some(&path), &mut since, 400);
+        assert!(
+            matches!(&other, NodeHealth::Unreadable { error: e, since_s: 200 } if e != error),
+            "{other:?}"
+        );
+        let lines = health_log(&bad, &other, &[], None, TaintEffect::NoSchedule);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(lines[0].contains("version 9"), "{lines:?}");
+        assert!(
+            lines[0].ends_with(
+                "withdrawn from the ResourceSlice (the API server keeps no device taints)"
+            ),
+            "{lines:?}"
+        );
+        // Readable again: GPUs by their health; a later failure starts a new since.
+        let sick = gpuslice_driver::health::Unhealthy {
+            index: 1,
+            uuid: "GPU-00000001-0000-0000-0000-000000000000".into(),
+            xid: 79,
+            since_ms: 1_796_000_000_000,
+            recovery_seen: false,
+        };
+        gpuslice_driver::health::write_health(&path, std::slice::from_ref(&sick)).unwrap();
+        let read = node_health(Some(&path), &mut since, 500);
+        assert_eq!(read, NodeHealth::Read(vec![sick.clone()]));
+        let lines = health_log(&other, &read, &[], Some(true), TaintEffect::NoSchedule);
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert!(lines[0].contains("can be read again"), "{lines:?}");
+        assert!(
+            lines[1].ends_with("gpuslice.io/unhealthy=xid-79 (NoSchedule)"),
+            "{lines:?}"
+        );
+        std::fs::write(&path, b"").unwrap();
+        assert!(matches!(
+            node_health(Some(&path), &mut since, 600),
+            NodeHealth::Unreadable { since_s: 600, .. }
+        ));
     }
 }

@@ -166,12 +166,23 @@ pub fn hami_selectors(
 }
 
 /// A whole number from `lo` to `hi`, in any spelling the API server stores a quantity in: it
-/// writes the limit `3000` back as `3k` before any webhook sees it.
+/// writes the limit `3000` back as `3k` before any webhook sees it. A refusal keeps the
+/// quantity parser's reason (`1.5`, `100m`: not a whole number; `-1`: negative), or says the
+/// number is out of range.
 fn whole(field: &str, v: &str, lo: u32, hi: u32, accepted: &str) -> Result<u32, AskError> {
-    match parse_kube_quantity(v).map(u32::try_from) {
-        Ok(Ok(n)) if (lo..=hi).contains(&n) => Ok(n),
-        _ => Err(bad(field, v, accepted)),
-    }
+    let reason = match parse_kube_quantity(v) {
+        Ok(n) => match u32::try_from(n) {
+            Ok(n) if (lo..=hi).contains(&n) => return Ok(n),
+            _ => format!("{n} is out of range"),
+        },
+        Err(e) => e.detail.to_string(),
+    };
+    Err(AskError::Refused {
+        field: field.to_string(),
+        value: v.to_string(),
+        reason,
+        accepted: accepted.to_string(),
+    })
 }
 
 /// The value of `key` in the container's limits, else its requests (an extended resource's
@@ -582,7 +593,31 @@ mod tests {
     #[test]
     fn bad_values_name_field_value_and_accepted() {
         for (limits, want) in [
-            (vec![(GPUS, "0")], "limits[gpuslice.io/gpus]: value \"0\""),
+            (
+                vec![(GPUS, "0")],
+                "limits[gpuslice.io/gpus]: value \"0\" is not accepted (0 is out of range); expected a whole number of GPUs from 1 to 16",
+            ),
+            (
+                vec![(GPUS, "1.5")],
+                "limits[gpuslice.io/gpus]: value \"1.5\" is not accepted (not a whole number); expected a whole number of GPUs from 1 to 16",
+            ),
+            (
+                vec![(GPUS, "100m")],
+                "limits[gpuslice.io/gpus]: value \"100m\" is not accepted (not a whole number); expected",
+            ),
+            (
+                vec![(GPUS, "-1")],
+                "limits[gpuslice.io/gpus]: value \"-1\" is not accepted (negative); expected",
+            ),
+            (vec![(GPUS, "two")], "(no digits); expected"),
+            (vec![(GPUS, "1x")], "(unknown suffix); expected"),
+            (
+                vec![(CORES, "30.5")],
+                "limits[gpuslice.io/cores]: value \"30.5\" is not accepted (not a whole number); expected a compute share in percent from 1 to 100",
+            ),
+            (vec![(CORES, "-30")], "(negative); expected a compute share"),
+            (vec![(CORES, "5k")], "(5000 is out of range); expected"),
+            (vec![(HAMI_GPU, "0.5")], "(not a whole number); expected"),
             (vec![(GPUS, "3")], "at most 2 GPUs"),
             (
                 vec![(MEMORY, "100m")],
@@ -591,7 +626,7 @@ mod tests {
             (vec![(MEMORY, "16Ei")], "(too large, more than 2^64-1 bytes)"),
             (vec![(MEMORY, "0.5")], "(not a whole number of bytes)"),
             (vec![(MEMORY, "200Gi")], "at most 141Gi per GPU"),
-            (vec![(CORES, "101")], "from 1 to 100"),
+            (vec![(CORES, "101")], "(101 is out of range); expected a compute share in percent from 1 to 100"),
             (vec![("gpuslice.io/gpu-type", "1")], "not a gpuslice limit"),
             (
                 vec![(GPUS, "1"), (HAMI_GPU, "1")],
