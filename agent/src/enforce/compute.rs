@@ -86,8 +86,7 @@ impl ComputeTrack {
         {
             self.readings.pop_front();
         }
-        let average =
-            self.readings.iter().map(|(_, u)| u).sum::<f64>() / self.readings.len().max(1) as f64;
+        let average = self.average();
         let full = self
             .started
             .is_some_and(|s| now.saturating_duration_since(s) >= window);
@@ -108,6 +107,17 @@ impl ComputeTrack {
             newly_over,
             run_fraction: self.run,
         }
+    }
+
+    /// The average share over the window's readings so far, 0–1 (0 before any).
+    pub fn average(&self) -> f64 {
+        self.readings.iter().map(|(_, u)| u).sum::<f64>() / self.readings.len().max(1) as f64
+    }
+
+    /// The fraction of each freezer period the container may run now (1 = not throttled),
+    /// as the last reading left it.
+    pub fn run_fraction(&self) -> f64 {
+        self.run
     }
 
     /// Duty-cycle control: the demand is what the slice achieved divided by the fraction

@@ -12,7 +12,7 @@ use gpuslice_config::{ComputeAction, EnforceConfig, MemoryAction};
 use gpuslice_registry::{RealSystem, RegistryFile, Reservation, System};
 
 use crate::attribution::{attributed, Attribution, Owned};
-use crate::enforce::compute::ComputeTrack;
+use crate::enforce::compute::{ComputeTrack, ComputeVerdict};
 use crate::enforce::events::{Event, EventKind};
 use crate::enforce::freezer::{freezer_of_pid, FreezerFile};
 use crate::enforce::memory::{MemoryTrack, MemoryVerdict, ProcMemory};
@@ -346,16 +346,29 @@ impl Enforcer {
         out: &mut CycleOutcome,
         wanted: &mut BTreeMap<FreezerFile, f64>,
     ) {
-        if procs.iter().all(|p| p.sm.is_none()) && !procs.is_empty() {
-            return; // The driver gives no per-process utilisation.
-        }
-        let used = procs.iter().filter_map(|p| p.sm).sum::<u32>() as f64 / 100.0;
         let share = f64::from(cores.min(100)) / 100.0;
         let throttle = self.cfg.compute == ComputeAction::Throttle;
-        let track = self
-            .compute
-            .entry((r.id.clone(), uuid.to_string()))
-            .or_default();
+        let key = (r.id.clone(), uuid.to_string());
+        if procs.iter().all(|p| p.sm.is_none()) && !procs.is_empty() {
+            // No per-process figure this reading (the driver does not give one, or its read
+            // failed; an idle process reads 0, `gpu::SampleCursor`): nothing is judged, and a
+            // slice under a duty cycle stays under the one it has — dropping it from the plan
+            // would thaw it to run free until the driver answers again.
+            let Some(track) = self.compute.get(&key) else {
+                return;
+            };
+            let held = ComputeVerdict {
+                average: track.average(),
+                newly_over: false,
+                run_fraction: track.run_fraction(),
+            };
+            if throttle && held.run_fraction < 1.0 {
+                self.freeze(r, uuid, procs, cgroups, (held, None, share), out, wanted);
+            }
+            return;
+        }
+        let used = procs.iter().filter_map(|p| p.sm).sum::<u32>() as f64 / 100.0;
+        let track = self.compute.entry(key).or_default();
         let v = track.judge(used, share, now, self.cfg.window, throttle);
         if v.newly_over {
             let mut e = self.event(
@@ -371,6 +384,23 @@ impl Enforcer {
         if !throttle || v.run_fraction >= 1.0 {
             return;
         }
+        self.freeze(r, uuid, procs, cgroups, (v, Some(used), share), out, wanted);
+    }
+
+    /// Puts the cgroups of `procs` (a slice's on GPU `uuid`) into the duty-cycle plan
+    /// `wanted` at the verdict's run fraction; `used` is this reading's share (`None` when
+    /// the plan is held without a figure), `share` the slice's.
+    #[allow(clippy::too_many_arguments)]
+    fn freeze(
+        &mut self,
+        r: &Reservation,
+        uuid: &str,
+        procs: &[GpuProcess],
+        cgroups: &HashMap<u32, Result<String, Option<String>>>,
+        (v, used, share): (ComputeVerdict, Option<f64>, f64),
+        out: &mut CycleOutcome,
+        wanted: &mut BTreeMap<FreezerFile, f64>,
+    ) {
         let mut newly = false;
         let mut frozen = false;
         for p in procs {
@@ -422,7 +452,7 @@ impl Enforcer {
                 uuid,
                 procs.first().map_or(0, |p| p.pid),
             );
-            e.share = Some(used);
+            e.share = used;
             e.share_limit = Some(share);
             out.events.push(e);
         }
@@ -1373,6 +1403,82 @@ mod tests {
         assert_eq!(reports.len(), 1, "reported once: {events:?}");
         assert_eq!(reports[0].reservation, "00000000000000dd");
         assert!(reports[0].line().contains(shared), "{}", reports[0].line());
+    }
+
+    /// A slice under a duty cycle stays under it through a reading without a per-process
+    /// figure (the driver's read failed: `sm` is `None` for all), at the run fraction it had,
+    /// and no event is made of it; readings that say it is idle (0 %, what the meter reports
+    /// for a listed process with no recent sample) are judged: they enter its window and the
+    /// controller lets it run again.
+    #[test]
+    fn a_throttled_slice_stays_throttled_through_a_reading_without_figures() {
+        let dir = tempfile::tempdir().unwrap();
+        let (roots, mut file, sys) = node(dir.path(), &[[100, 100]; SLICES]);
+        fake_process(&roots.proc_root, 910, 4026549200, 1, "0::/own\n");
+        fake_process(&roots.proc_root, 911, 4026549200, 2, "0::/own\n");
+        for pid in [910, 911] {
+            sys.spawn(pid, 1);
+            sys.set_cgroup(pid, "own");
+        }
+        let cg = roots.cgroup_root.join("own");
+        std::fs::create_dir_all(&cg).unwrap();
+        std::fs::write(cg.join("cgroup.freeze"), "0").unwrap();
+        std::fs::write(cg.join("cgroup.procs"), "910\n911\n").unwrap();
+        let r = serde_json::json!({
+            "id": "00000000000000de", "state": "bound",
+            "owner": {"kind": "container", "container_id": "own",
+                "process": {"pid": 910, "start_time": 1, "boot_id": "fake-boot-0", "cgroup": "own"}},
+            "gpus": [{"index": 0, "uuid": uuid(0), "memory": 100, "cores": 30}],
+            "created_ms": 0, "bound_ms": 0,
+        });
+        file.reservations.push(serde_json::from_value(r).unwrap());
+        let throttles = Throttles::default();
+        let mut e = Enforcer::new(
+            EnforceConfig {
+                compute: ComputeAction::Throttle,
+                ..EnforceConfig::default()
+            },
+            roots.clone(),
+            Box::new(Recorder(Kills::default())),
+            throttles.clone(),
+        )
+        .with_system(sys);
+        let at = |sm: Option<u32>| {
+            vec![listed(
+                uuid(0),
+                vec![GpuProcess {
+                    pid: 911,
+                    used: Some(1),
+                    sm,
+                }],
+            )]
+        };
+        let t0 = Instant::now();
+        let tick = Duration::from_millis(500);
+        for i in 0..4u32 {
+            e.cycle(&file, &at(Some(95)), t0 + tick * i);
+        }
+        let freeze = FreezerFile::V2(cg.join("cgroup.freeze"));
+        let run = throttles.lock().unwrap().get(&freeze).copied();
+        assert!(run.is_some_and(|r| r < 1.0), "throttled: {run:?}");
+        let out = e.cycle(&file, &at(None), t0 + tick * 4);
+        assert_eq!(
+            throttles.lock().unwrap().get(&freeze).copied(),
+            run,
+            "held through a reading without figures"
+        );
+        assert_eq!(out.throttled.len(), 1, "{:?}", out.throttled);
+        assert!(out.events.is_empty(), "{:?}", out.events);
+        // Idle readings are judged: the slice wants less than its share and runs free.
+        let out = e.cycle(&file, &at(Some(0)), t0 + tick * 5);
+        assert!(throttles.lock().unwrap().is_empty(), "{:?}", throttles);
+        assert!(out.throttled.is_empty());
+        let key = ("00000000000000de".to_string(), uuid(0));
+        let average = e.compute.get(&key).map(|t| t.average());
+        assert!(
+            average.is_some_and(|a| a < 0.95 * 4.0 / 5.0 + 1e-9),
+            "the zero entered the window: {average:?}"
+        );
     }
 
     /// The process killed at one cycle is still listed by the driver at the next ones, with

@@ -22,12 +22,13 @@ pub const MAX_SLOTS: usize = 512;
 pub const BUCKETS: usize = 128;
 /// ... of this many nanoseconds each.
 pub const BUCKET_NS: u64 = 100_000_000;
-/// Per-process utilisation history: this many [`BUCKET_NS`] buckets per device (1.6 s,
-/// enough for NVML's one-second per-process figure).
-pub const SLOT_BUCKETS: usize = 16;
+/// Per-process utilisation history: this many [`BUCKET_NS`] buckets per device (6.4 s):
+/// what NVML's buffer of per-process samples is made of (a few seconds of samples, each
+/// over the second before it; see `gpuslice-sim-nvml`'s `samples`).
+pub const SLOT_BUCKETS: usize = 64;
 
 const MAGIC: u64 = u64::from_le_bytes(*b"GSLSIM\0\x01");
-const LAYOUT_VERSION: u64 = 2;
+const LAYOUT_VERSION: u64 = 3;
 
 /// File header.
 #[repr(C, align(64))]

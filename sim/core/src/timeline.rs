@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::slots::Slot;
-use crate::state::{SharedState, BUCKET_NS};
+use crate::state::{SharedState, BUCKET_NS, SLOT_BUCKETS};
 
 /// CLOCK_MONOTONIC in nanoseconds: the clock of every timeline, the same in all processes
 /// and containers of the node.
@@ -125,6 +125,37 @@ impl SharedState {
             None => 0,
         }
     }
+
+    /// The kernel time device `dev` ran for the process holding slot `slot` in each complete
+    /// [`BUCKET_NS`] bucket still held (the `SLOT_BUCKETS - 1` before the one `now` falls
+    /// in), oldest first, with the epoch (`ns / BUCKET_NS`) of the first; a bucket nothing
+    /// ran in (or an unknown slot) reads 0.
+    pub fn slot_history(&self, slot: usize, dev: usize, now: u64) -> (u64, Vec<u64>) {
+        let current = now / BUCKET_NS;
+        let first = current.saturating_sub(SLOT_BUCKETS as u64 - 1);
+        let Some(buckets) = self
+            .layout()
+            .slots
+            .get(slot)
+            .and_then(|s| s.buckets.get(dev))
+        else {
+            return (first, vec![0; (current - first) as usize]);
+        };
+        (
+            first,
+            (first..current).map(|e| busy_in(buckets, e)).collect(),
+        )
+    }
+}
+
+/// Busy ns of `epoch` in a ring of buckets, 0 when the ring holds another epoch there.
+fn busy_in(buckets: &[AtomicU64], epoch: u64) -> u64 {
+    let v = buckets[(epoch % buckets.len() as u64) as usize].load(Ordering::Acquire);
+    if (v >> 32) as u32 == epoch as u32 {
+        u64::from(v as u32)
+    } else {
+        0
+    }
 }
 
 /// Adds `[start, end)` to a ring of buckets (the most recent `buckets.len()` are kept).
@@ -153,14 +184,7 @@ fn percent_of_last_second(buckets: &[AtomicU64], now: u64) -> u32 {
     let current = now / BUCKET_NS;
     let window = (1_000_000_000 / BUCKET_NS).min(n);
     let busy: u64 = (current.saturating_sub(window)..current)
-        .map(|epoch| {
-            let v = buckets[(epoch % n) as usize].load(Ordering::Acquire);
-            if (v >> 32) as u32 == epoch as u32 {
-                u64::from(v as u32)
-            } else {
-                0
-            }
-        })
+        .map(|epoch| busy_in(buckets, epoch))
         .sum();
     ((busy * 100 + 500_000_000) / 1_000_000_000).min(100) as u32
 }
@@ -253,5 +277,29 @@ mod tests {
             0,
             "out of range reads 0"
         );
+    }
+
+    #[test]
+    fn slot_history_holds_the_complete_buckets_of_the_ring() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = SharedState::open(&dir.path().join(STATE_FILE)).unwrap();
+        let a = s.claim_slot(1, 1).unwrap();
+        let t0 = 1_000 * BUCKET_NS;
+        s.schedule_by(&a, 3, t0, BUCKET_NS / 4);
+        s.schedule_by(&a, 3, t0 + 5 * BUCKET_NS, BUCKET_NS);
+        let (first, busy) = s.slot_history(a.index(), 3, t0 + 10 * BUCKET_NS + 1);
+        assert_eq!(busy.len(), SLOT_BUCKETS - 1);
+        assert_eq!(first + busy.len() as u64, 1_010, "up to the current bucket");
+        let at = |e: u64| busy[(e - first) as usize];
+        assert_eq!(
+            (at(1_000), at(1_005), at(1_009)),
+            (BUCKET_NS / 4, BUCKET_NS, 0)
+        );
+        assert_eq!(busy.iter().sum::<u64>(), BUCKET_NS * 5 / 4);
+        // Once out of the ring, a bucket reads 0, and the current one is not complete.
+        let (_, later) = s.slot_history(a.index(), 3, t0 + 70 * BUCKET_NS);
+        assert!(later.iter().all(|b| *b == 0), "{later:?}");
+        let (_, unknown) = s.slot_history(crate::state::MAX_SLOTS + 1, 3, t0);
+        assert!(unknown.iter().all(|b| *b == 0));
     }
 }

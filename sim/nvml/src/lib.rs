@@ -16,6 +16,7 @@ mod fault_tests;
 mod ffi;
 mod health;
 mod monitor;
+mod samples;
 mod state;
 mod system;
 mod usage;

@@ -16,6 +16,9 @@ pub struct Nvml {
     pub node: SimNode,
     /// Host indexes of the visible GPUs: NVML index `i` is element `i`.
     pub visible: Vec<usize>,
+    /// The wall clock minus CLOCK_MONOTONIC at init: the stamps of utilisation samples
+    /// (`samples::wall_offset_ns`).
+    pub wall_offset_ns: i64,
 }
 
 struct Registry {
@@ -46,7 +49,11 @@ pub fn init(allow_no_gpus: bool) -> NvResult {
         if visible.is_empty() && !allow_no_gpus {
             return Err(NVML_ERROR_NOT_FOUND);
         }
-        r.nvml = Some(Arc::new(Nvml { node, visible }));
+        r.nvml = Some(Arc::new(Nvml {
+            node,
+            visible,
+            wall_offset_ns: crate::samples::wall_offset_ns(),
+        }));
     }
     r.refs += 1;
     Ok(())

@@ -1,9 +1,10 @@
 //! What NVML reports about use: node-wide memory (every process's allocations, dead
 //! processes' reclaimed), the compute processes with their memory (pids as seen from the
 //! caller's pid namespace, so host-side callers get host pids, and a container sees only its
-//! own), utilisation over the last second of the device timeline, and each process's SM
-//! utilisation from the kernel time the driver charged to it. Every figure comes from the
-//! simulated driver's state, never from a slice's `usage` file.
+//! own), utilisation over the last second of the device timeline, and the driver's buffer of
+//! per-process SM utilisation samples, made of the kernel time it charged to each process
+//! (`samples`). Every figure comes from the simulated driver's state, never from a slice's
+//! `usage` file.
 
 use std::ffi::c_uint;
 use std::path::Path;
@@ -13,6 +14,7 @@ use gpuslice_sim_core::procs::{pid_ns_inode, visible_pid};
 use gpuslice_sim_core::{now_ns, SlotUsage};
 
 use crate::ffi::{get, guard, put, put_slice, NvResult};
+use crate::samples::{self, Reply};
 use crate::state::nvml;
 
 fn memory(device: nvmlDevice_t) -> NvResult<gpuslice_sim_core::MemoryFigures> {
@@ -207,18 +209,11 @@ pub unsafe extern "C" fn nvmlDeviceGetMPSComputeRunningProcesses_v3(
     guard(|| no_processes(device, count))
 }
 
-/// Microseconds of the wall clock, NVML's sample timestamps.
-fn wall_us() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0)
-}
-
-/// One sample per visible process on the device: its SM utilisation over the last second
-/// from the kernel time the driver ran for it. With `utilization` null, the count needed
-/// comes back with `NVML_ERROR_INSUFFICIENT_SIZE`, as the real library does; with no
-/// process, success and 0 samples.
+/// The samples of the driver's buffer (`samples`) newer than `last_seen`, of the visible
+/// processes on the device: several per process when several sample periods passed since,
+/// none for a process that ran no kernel (`NVML_ERROR_NOT_FOUND` when no process ran one).
+/// With `utilization` null, the count needed comes back with
+/// `NVML_ERROR_INSUFFICIENT_SIZE`, as the real library does; so does a buffer too small.
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
     device: nvmlDevice_t,
@@ -230,27 +225,29 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
         let n = nvml()?;
         let (dev, list) = visible_slots(device)?;
         let now = now_ns();
-        let stamp = wall_us().max(last_seen.saturating_add(1));
-        let samples: Vec<nvmlProcessUtilizationSample_t> = list
+        let state = n.node.state();
+        let all = list
             .iter()
-            .map(|(pid, u)| nvmlProcessUtilizationSample_t {
-                pid: *pid,
-                timeStamp: stamp,
-                smUtil: n.node.state().slot_utilization(u.slot, dev, now),
-                memUtil: 0,
-                encUtil: 0,
-                decUtil: 0,
+            .flat_map(|(pid, u)| {
+                let (first, busy) = state.slot_history(u.slot, dev, now);
+                samples::process_samples(*pid, first, &busy, n.wall_offset_ns)
             })
             .collect();
+        let found = samples::newer_than(all, last_seen);
         let capacity = get(count.cast_const())? as usize;
-        put(count, samples.len() as c_uint)?;
-        if utilization.is_null() {
-            return if samples.is_empty() {
-                Ok(())
-            } else {
+        match samples::reply(found.len(), !utilization.is_null(), capacity) {
+            Reply::NotFound => {
+                put(count, 0)?;
+                Err(NVML_ERROR_NOT_FOUND)
+            }
+            Reply::Size(needed) => {
+                put(count, needed)?;
                 Err(NVML_ERROR_INSUFFICIENT_SIZE)
-            };
+            }
+            Reply::Write(written) => {
+                put_slice(utilization, capacity, &found)?;
+                put(count, written)
+            }
         }
-        put_slice(utilization, capacity, &samples)
     })
 }
