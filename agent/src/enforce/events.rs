@@ -130,7 +130,9 @@ impl Event {
         if let Some(e) = &self.error {
             line.push_str(&format!("; {e}"));
         }
-        line
+        // A cgroup path in an error is named by whoever made the cgroup, a container with a
+        // delegated cgroup tree too: the line reaches the log and `gpuslice status` escaped.
+        gpuslice_registry::printable(&line)
     }
 }
 
@@ -291,5 +293,14 @@ mod tests {
         std::fs::write(dir.path().join(ENFORCER_FILE), "{").unwrap();
         let e = read_record(dir.path()).unwrap_err();
         assert!(e.to_string().contains(ENFORCER_FILE), "{e}");
+    }
+
+    #[test]
+    fn a_line_carries_no_control_characters_from_a_cgroup_name() {
+        let mut e = kill(5);
+        e.error = Some("not throttled: process 5 runs in cgroup /x\n\u{1b}[2Jforged".into());
+        let line = e.line();
+        assert!(!line.chars().any(char::is_control), "{line:?}");
+        assert!(line.contains("/x\\n\\u{1b}[2Jforged"), "{line}");
     }
 }
