@@ -61,9 +61,10 @@ pub struct Enforcer {
     compute: HashMap<(String, String), ComputeTrack>,
     /// (GPU, pid, start time) of unowned processes already reported.
     unowned_seen: HashSet<(String, u32, u64)>,
-    /// (reservation, pid, cgroup) of processes already reported as not frozen: their cgroup
-    /// is not one recorded for their slice's containers.
-    unfrozen_seen: HashSet<(String, u32, String)>,
+    /// The cgroup last reported per (reservation, pid) of a process not frozen because its
+    /// cgroup is not one recorded for its slice's containers: one entry per listed process,
+    /// however often it moves, and a move is reported again.
+    unfrozen_seen: HashMap<(String, u32), String>,
     throttles: Throttles,
     now_ms: Box<dyn Fn() -> u64 + Send>,
 }
@@ -101,7 +102,7 @@ impl Enforcer {
             memory: HashMap::new(),
             compute: HashMap::new(),
             unowned_seen: HashSet::new(),
-            unfrozen_seen: HashSet::new(),
+            unfrozen_seen: HashMap::new(),
             throttles,
             now_ms: Box::new(wall_ms),
         }
@@ -195,7 +196,7 @@ impl Enforcer {
         self.unowned_seen
             .retain(|(u, pid, _)| present.contains(&(u.clone(), *pid)));
         self.unfrozen_seen
-            .retain(|(_, pid, _)| present.iter().any(|(_, p)| p == pid));
+            .retain(|(_, pid), _| present.iter().any(|(_, p)| p == pid));
 
         // Decisions per slice and booked GPU (a GPU with no process is judged empty).
         let mut wanted: BTreeMap<FreezerFile, f64> = BTreeMap::new();
@@ -418,7 +419,9 @@ impl Enforcer {
                 let shown = cgroup.clone().unwrap_or_else(|| "(unreadable)".into());
                 if self
                     .unfrozen_seen
-                    .insert((r.id.clone(), p.pid, shown.clone()))
+                    .insert((r.id.clone(), p.pid), shown.clone())
+                    .as_ref()
+                    != Some(&shown)
                 {
                     let mut e = self.event(EventKind::ComputeReport, Some(r), uuid, p.pid);
                     e.share = Some(v.average);
