@@ -463,7 +463,7 @@ fn drop_in_text(
     // `options.ConfigPath`, would survive onto gpuslice's runc runtime), and on containerd
     // 1.x the drop-in would silently replace it. Either way not ours to decide: refused,
     // unless it is exactly the runtime gpuslice writes.
-    let ours = item_value(&Item::Table(runtime.clone())).ok();
+    let ours = tomldoc::item_value(&Item::Table(runtime.clone())).ok();
     for s in &from {
         let theirs = s.doc.as_ref().and_then(|d| {
             tomldoc::get(
@@ -472,7 +472,7 @@ fn drop_in_text(
             )
         });
         if let Some(theirs) = theirs {
-            if ours.is_none() || item_value(theirs).ok() != ours {
+            if ours.is_none() || tomldoc::item_value(theirs).ok() != ours {
                 return Err(ContainerdError::Shape {
                     path: s.path.clone(),
                     key: format!(
@@ -671,7 +671,7 @@ fn verify_drop_in(
             }
         }
         let original = match effective {
-            Some(e) => item_value(e)
+            Some(e) => tomldoc::item_value(e)
                 .map_err(|e| fail(format!("the copied section does not parse: {e}")))?,
             None => toml::Value::Table(toml::Table::new()),
         };
@@ -682,21 +682,6 @@ fn verify_drop_in(
         }
     }
     Ok(())
-}
-
-/// What `item` says as plain values (no formatting, no key order).
-fn item_value(item: &Item) -> Result<toml::Value, String> {
-    let mut d = DocumentMut::new();
-    d.insert(
-        "x",
-        item.clone()
-            .into_table()
-            .map(Item::Table)
-            .unwrap_or_else(|i| i),
-    );
-    Ok(tomldoc::values(&d.to_string())?
-        .remove("x")
-        .unwrap_or(toml::Value::Table(toml::Table::new())))
 }
 
 /// `v` without empty tables (the copy may gain empty parent tables on the way to runtimes).

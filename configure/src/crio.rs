@@ -58,6 +58,11 @@ pub enum CrioError {
     },
     #[error("{path} exists and was not written by gpuslice; move it away, then run again")]
     Foreign { path: PathBuf },
+    #[error("{path} defines [crio.runtime.runtimes.{handler}] already, unlike the handler gpuslice writes to its drop-in; CRI-O would lay one over the other; remove that table or rename that handler, then run again (nothing was changed)")]
+    Defined {
+        path: PathBuf,
+        handler: &'static str,
+    },
     #[error("cannot list {path}: {source}")]
     List {
         path: PathBuf,
@@ -136,6 +141,29 @@ pub fn plan_add(target: &Target, reg: &Registration) -> Result<Plan, CrioError> 
     let binary = reg.binary(&wrapper);
     let text = drop_in_text(&inherited, &binary);
     verify(&text, &binary, &drop_in)?;
+    // A `gpuslice` handler the operator's files define already: CRI-O lays the drop-in's
+    // keys over it, so its other keys would survive onto gpuslice's handler (or the drop-in
+    // would silently replace the operator's). Not ours to decide: refused, unless it is
+    // exactly the handler gpuslice writes.
+    let ours = tomldoc::parse(&text)
+        .ok()
+        .and_then(|d| {
+            tomldoc::get(d.as_item(), &["crio", "runtime", "runtimes", HANDLER])
+                .map(tomldoc::item_value)
+        })
+        .and_then(Result::ok);
+    for d in &docs {
+        if let Some(theirs) =
+            tomldoc::get(d.doc.as_item(), &["crio", "runtime", "runtimes", HANDLER])
+        {
+            if ours.is_none() || tomldoc::item_value(theirs).ok() != ours {
+                return Err(CrioError::Defined {
+                    path: d.path.clone(),
+                    handler: HANDLER,
+                });
+            }
+        }
+    }
     let mut plan = Plan::default();
     reg.plan_wrapper(&wrapper, "crio", &mut plan)?;
     plan.write(&drop_in, text, mode);
@@ -178,6 +206,7 @@ fn check_ours(path: &Path) -> Result<(), CrioError> {
 
 /// One file of CRI-O's config, parsed.
 struct Source {
+    path: PathBuf,
     doc: DocumentMut,
     /// Its permission bits.
     mode: u32,
@@ -213,6 +242,7 @@ fn sources(target: &Target, drop_in: &Path) -> Result<Vec<Source>, CrioError> {
                 }
             })?;
             docs.push(Source {
+                path,
                 doc,
                 mode: file.mode,
             });

@@ -85,6 +85,21 @@ pub fn strings(item: &Item) -> Option<Vec<String>> {
         .collect()
 }
 
+/// What `item` says as plain values (no formatting, no key order).
+pub fn item_value(item: &Item) -> Result<toml::Value, String> {
+    let mut d = DocumentMut::new();
+    d.insert(
+        "x",
+        item.clone()
+            .into_table()
+            .map(Item::Table)
+            .unwrap_or_else(|i| i),
+    );
+    Ok(values(&d.to_string())?
+        .remove("x")
+        .unwrap_or(toml::Value::Table(toml::Table::new())))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -128,3 +128,35 @@ fn the_drop_in_is_as_private_as_the_files_it_copies() {
         .contains("monitor_env"));
     assert_eq!(mode(&t.drop_in()), 0o600);
 }
+
+/// A `gpuslice` handler the operator defined already is refused, naming the file, and
+/// nothing is written; one that is exactly the handler gpuslice writes is accepted.
+#[test]
+fn a_gpuslice_handler_the_operator_defined_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    stage(&fixture("crio", "crun-default").join("input"), d.path());
+    let theirs = d.path().join("crio.conf.d/50-theirs.conf");
+    std::fs::write(
+        &theirs,
+        format!("[crio.runtime.runtimes.{HANDLER}]\nruntime_path = \"/usr/bin/runc\"\nprivileged_without_host_devices = true\n"),
+    )
+    .unwrap();
+    let before = tree(d.path());
+    let err = plan_add(&target(d.path()), &reg()).unwrap_err();
+    assert!(matches!(err, CrioError::Defined { .. }), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("50-theirs.conf") && msg.contains("runtimes.gpuslice"),
+        "{msg}"
+    );
+    assert_eq!(tree(d.path()), before, "nothing is written");
+
+    // The same table gpuslice writes, copied by the operator: nothing to refuse.
+    std::fs::remove_file(&theirs).unwrap();
+    let t = target(d.path());
+    plan_add(&t, &reg()).unwrap().apply(false).unwrap();
+    let ours = std::fs::read_to_string(t.drop_in()).unwrap();
+    std::fs::write(&theirs, ours).unwrap();
+    let again = plan_add(&t, &reg()).unwrap().apply(false).unwrap();
+    assert!(again.contains("nothing to change"), "{again}");
+}
