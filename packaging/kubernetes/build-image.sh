@@ -24,7 +24,7 @@ else
   cp "$target/release/gpuslice" "$target/release/gpuslice-runtime" "$ctx/"
 fi
 cp "$target/release/gpuslice" "$ctx/gpuslice-full"
-cp "$target/portable/libgpuslice_shim.so" packaging/kubernetes/installer.sh \
+cp "$target/portable/libgpuslice_shim.so" packaging/kubernetes/installer.sh packaging/kubernetes/wait-installed.sh \
    packaging/kubernetes/Containerfile "$ctx/"
 podman build -t "localhost/gpuslice-installer:$version" -f "$ctx/Containerfile" "$ctx"
 echo "built localhost/gpuslice-installer:$version"
