@@ -50,9 +50,16 @@ impl Error {
 
 /// Runs the command; the caller prints the error and exits with its code.
 pub fn run(cli: Cli) -> Result<(), Error> {
+    // The console and the webhook are cluster services: they never read the node config, so
+    // a node's broken or unreadable config must not stop them.
+    let command = match cli.command {
+        Command::Console(args) => return Ok(gpuslice_console::web::run_until_signal(args)?),
+        Command::Webhook(args) => return Ok(gpuslice_webhook::run_until_signal(args)?),
+        node_command => node_command,
+    };
     let node =
         NodeContext::load(cli.config.as_deref()).map_err(gpuslice_hook::error::Error::from)?;
-    match cli.command {
+    match command {
         Command::Cdi(command) => Ok(gpuslice_agent::nodespec::run(&node, command)?),
         Command::Hook(command) => Ok(gpuslice_hook::create::hooks::run(&node, command)
             .map_err(gpuslice_hook::error::Error::from)?),
@@ -64,8 +71,8 @@ pub fn run(cli: Cli) -> Result<(), Error> {
         )?),
         Command::Configure(command) => Ok(gpuslice_configure::run(&node, command)?),
         Command::KubeletPlugin(args) => Ok(gpuslice_kube::node_slices::run(&node, args)?),
-        Command::Console(args) => Ok(gpuslice_console::web::run_until_signal(args)?),
-        Command::Webhook(args) => Ok(gpuslice_webhook::run_until_signal(args)?),
+        // Answered above, without the node config.
+        Command::Console(_) | Command::Webhook(_) => Ok(()),
         Command::Sim(SimCommand::Fault(args)) => sim_fault(&node, &args),
     }
 }

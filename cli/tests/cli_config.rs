@@ -111,3 +111,48 @@ fn nvml_without_a_driver_says_how_to_simulate() {
         "a spec was written despite the failure"
     );
 }
+
+/// The console and the webhook are cluster services that never read the node config: a
+/// node's malformed config does not stop them (each fails here on its own input instead).
+#[test]
+fn cluster_services_do_not_read_the_node_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config.toml");
+    std::fs::write(&cfg, "state_dir = [\n").unwrap();
+    let cert = dir.path().join("absent-cert.pem");
+    let out = gpuslice(
+        &cfg,
+        &[
+            "webhook",
+            "--listen",
+            "127.0.0.1:0",
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            cert.to_str().unwrap(),
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        !err.contains("config.toml") && err.contains("absent-cert.pem"),
+        "{err}"
+    );
+    let kubeconfig = dir.path().join("absent-kubeconfig");
+    let out = gpuslice(
+        &cfg,
+        &[
+            "console",
+            "--listen",
+            "127.0.0.1:0",
+            "--kubeconfig",
+            kubeconfig.to_str().unwrap(),
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        !err.contains("config.toml") && err.contains("absent-kubeconfig"),
+        "{err}"
+    );
+}
