@@ -13,7 +13,7 @@
 //! the open watches of a kind at once ([`FakeApi::end_watches`]), forget the changes made so
 //! far as etcd's compaction does ([`FakeApi::compact`]: a watch from an earlier version is then
 //! told `410 Expired` by an ERROR event, as the API server tells it), and refuse a kind's lists
-//! or watches for a while (503, [`FakeApi::refuse`]); each list and watch is recorded with
+//! or watches for a while (500, [`FakeApi::refuse`]); each list and watch is recorded with
 //! the version it answered or named ([`FakeApi::calls`]).
 //!
 //! The status subresource of Pods, ResourceQuotas and ResourceClaims: GET, and PUT, which
@@ -293,8 +293,8 @@ impl FakeApi {
         self.state().compact();
     }
 
-    /// Refuses the lists (`lists`) and the watches (`watches`) of kind `plural` with 503, as
-    /// an API server that does not answer, and serves the others.
+    /// Refuses the lists (`lists`) and the watches (`watches`) of kind `plural` with 500, as
+    /// an API server whose storage does not answer, and serves the others.
     pub fn refuse(&self, plural: &str, lists: bool, watches: bool) {
         let kind = kind(plural);
         let mut st = self.state();

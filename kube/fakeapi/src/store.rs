@@ -114,7 +114,7 @@ pub struct State {
     /// naming an earlier one is told it expired.
     compacted: u64,
     /// The kinds (by resource) whose lists (`false`) or watches (`true`) are refused for now,
-    /// as an API server that does not answer (503).
+    /// as an API server whose storage does not answer (500: kube's client retries a 503 itself).
     pub refused: BTreeSet<(&'static str, bool)>,
     /// Each list and watch, by resource, in order.
     pub calls: Vec<(&'static str, Call)>,
@@ -310,11 +310,11 @@ impl State {
         if !self.refused.contains(&(kind.plural, watch)) {
             return None;
         }
-        self.called(kind, path, watch, 503, String::new());
+        self.called(kind, path, watch, 500, String::new());
         let what = if watch { "watches" } else { "lists" };
         Some(status(
-            503,
-            "ServiceUnavailable",
+            500,
+            "InternalError",
             &format!(
                 "the fake API server refuses {what} of {} for now",
                 kind.plural
@@ -989,7 +989,7 @@ mod tests {
     }
 
     #[test]
-    fn a_watch_from_a_compacted_version_is_told_it_expired_and_a_refused_kind_answers_503() {
+    fn a_watch_from_a_compacted_version_is_told_it_expired_and_a_refused_kind_answers_500() {
         let mut st = State::default();
         let kind = Kind::named("resourceslices").unwrap();
         let slice = |name: &str| json!({"metadata": {"name": name}, "spec": {}});
@@ -1024,14 +1024,14 @@ mod tests {
             .unwrap();
         st.end_watches(kind);
         assert!(open.try_recv().unwrap().is_empty());
-        // Refused: lists and watches answer 503 until served again.
+        // Refused: lists and watches answer 500 until served again.
         st.refused
             .extend([(kind.plural, true), (kind.plural, false)]);
         assert_eq!(
             st.watch(&format!("{SLICES}?watch=true")).unwrap_err().0,
-            503
+            500
         );
-        assert_eq!(answer(&mut st, "GET", SLICES, &json!(null)).0, 503);
+        assert_eq!(answer(&mut st, "GET", SLICES, &json!(null)).0, 500);
         st.refused.clear();
         let (code, list) = answer(&mut st, "GET", SLICES, &json!(null));
         assert_eq!(
@@ -1049,8 +1049,8 @@ mod tests {
                 (true, 200, "2"),
                 (true, 410, "1"),
                 (true, 200, "3"),
-                (true, 503, ""),
-                (false, 503, ""),
+                (true, 500, ""),
+                (false, 500, ""),
                 (false, 200, "3"),
             ]
         );
