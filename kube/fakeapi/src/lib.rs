@@ -9,14 +9,19 @@
 //! `Status` body (404 for a missing object, 409 for a stale version or an existing name). A
 //! watch streams, as ADDED/MODIFIED/DELETED lines, every change after the resourceVersion it
 //! names (naming none or `0`: an ADDED of each object as it is, then the changes), and ends
-//! after its `timeoutSeconds` as the API server ends it, however quiet it was.
+//! after its `timeoutSeconds` as the API server ends it, however quiet it was. A test may end
+//! the open watches of a kind at once ([`FakeApi::end_watches`]), forget the changes made so
+//! far as etcd's compaction does ([`FakeApi::compact`]: a watch from an earlier version is then
+//! told `410 Expired` by an ERROR event, as the API server tells it), and refuse a kind's lists
+//! or watches for a while (500, [`FakeApi::refuse`]); each list and watch is recorded with
+//! the version it answered or named ([`FakeApi::calls`]).
 //!
 //! The status subresource of Pods, ResourceQuotas and ResourceClaims: GET, and PUT, which
 //! replaces the status only (checked against the resourceVersion it names).
 //!
 //! Not served: other kinds and subresources (404 naming the request, which the request log
-//! keeps), a version too old to watch from (410: nothing is compacted), bookmarks, list
-//! paging (a list answers every item, as an API server may), server-side apply and JSON
+//! keeps), bookmarks (the API server sends them when it likes, so never is one of its
+//! answers), list paging (a list answers every item, as an API server may), server-side apply and JSON
 //! patches.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test support: a fake that cannot start, or a test's object without a name, fails that test
@@ -39,6 +44,7 @@ use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 
 use kinds::{Kind, KINDS};
+pub use store::Call;
 use store::State;
 
 /// The fake server; stops when dropped.
@@ -272,6 +278,43 @@ impl FakeApi {
             .iter()
             .filter(|(k, _)| *k == kind.plural)
             .map(|(_, at)| *at)
+            .collect()
+    }
+
+    /// Ends every open watch of kind `plural` at once, as the API server ends one at its
+    /// timeout (the client's next watch resumes from the version it reached).
+    pub fn end_watches(&self, plural: &str) {
+        self.state().end_watches(kind(plural));
+    }
+
+    /// Forgets the changes made so far, as etcd's compaction does: a watch naming an earlier
+    /// version than the current one is told `410 Expired` (open watches go on).
+    pub fn compact(&self) {
+        self.state().compact();
+    }
+
+    /// Refuses the lists (`lists`) and the watches (`watches`) of kind `plural` with 500, as
+    /// an API server whose storage does not answer, and serves the others.
+    pub fn refuse(&self, plural: &str, lists: bool, watches: bool) {
+        let kind = kind(plural);
+        let mut st = self.state();
+        for (watch, refused) in [(false, lists), (true, watches)] {
+            if refused {
+                st.refused.insert((kind.plural, watch));
+            } else {
+                st.refused.remove(&(kind.plural, watch));
+            }
+        }
+    }
+
+    /// Each list and watch of kind `plural` (across namespaces or in one), in order.
+    pub fn calls(&self, plural: &str) -> Vec<Call> {
+        let kind = kind(plural);
+        let st = self.state();
+        st.calls
+            .iter()
+            .filter(|(k, _)| *k == kind.plural)
+            .map(|(_, c)| c.clone())
             .collect()
     }
 

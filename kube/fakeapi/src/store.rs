@@ -3,10 +3,11 @@
 //! their `metadata.resourceVersion`, replaces, patches and deletes checked against the version
 //! they name (409 when it is not the object's), a watch told of each change to what it
 //! selects — from the resourceVersion it names (the changes since replayed), or, naming none
-//! or `0`, from the objects as they are (each an ADDED first) — and every refusal a `Status`
-//! body with the API server's code and reason.
+//! or `0`, from the objects as they are (each an ADDED first), or, naming a version older than
+//! the changes kept since the last compaction, told `410 Expired` as an ERROR event — and every
+//! refusal a `Status` body with the API server's code and reason.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -29,6 +30,22 @@ struct Watcher {
     namespace: Option<String>,
     selector: Selector,
     lines: UnboundedSender<Bytes>,
+}
+
+/// One list or watch of a kind across namespaces or in one, as the fake answered it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Call {
+    /// When it was asked for.
+    pub at: Instant,
+    /// Its path (no query): `/api/v1/pods` across namespaces.
+    pub path: String,
+    /// A watch (else a list).
+    pub watch: bool,
+    /// The HTTP status answered; a watch told its version expired: 410 (the HTTP status is
+    /// 200, the ERROR event says 410, as the API server answers).
+    pub code: u16,
+    /// The resourceVersion a watch named, or the one a list answered (empty for a refusal).
+    pub version: String,
 }
 
 /// One change of an object, as a watch is told of it.
@@ -93,6 +110,14 @@ pub struct State {
     history: Vec<Change>,
     /// When each watch was asked for, by resource.
     pub watch_starts: Vec<(&'static str, Instant)>,
+    /// The changes up to this resourceVersion are forgotten (compacted, as etcd's): a watch
+    /// naming an earlier one is told it expired.
+    compacted: u64,
+    /// The kinds (by resource) whose lists (`false`) or watches (`true`) are refused for now,
+    /// as an API server whose storage does not answer (500: kube's client retries a 503 itself).
+    pub refused: BTreeSet<(&'static str, bool)>,
+    /// Each list and watch, by resource, in order.
+    pub calls: Vec<(&'static str, Call)>,
 }
 
 /// A `Status` body of a refusal.
@@ -248,6 +273,55 @@ impl State {
         self.objects.get(kind.plural).cloned().unwrap_or_default()
     }
 
+    /// Forgets the changes made so far, as etcd's compaction does: a watch naming an earlier
+    /// version than the current one is told `410 Expired` (open watches go on).
+    pub fn compact(&mut self) {
+        self.compacted = self.version;
+        let kept = self.compacted;
+        self.history.retain(|c| c.version > kept);
+    }
+
+    /// Ends every open watch of `kind`, as the API server ends one at its timeout.
+    pub fn end_watches(&mut self, kind: &Kind) {
+        self.watchers.retain(|w| {
+            if w.kind != kind.plural {
+                return true;
+            }
+            let _ = w.lines.send(Bytes::new());
+            false
+        });
+    }
+
+    fn called(&mut self, kind: &'static Kind, path: &str, watch: bool, code: u16, version: String) {
+        self.calls.push((
+            kind.plural,
+            Call {
+                at: Instant::now(),
+                path: path.to_string(),
+                watch,
+                code,
+                version,
+            },
+        ));
+    }
+
+    /// The refusal of a list or watch of `kind` while it is refused, recorded as a call.
+    fn refusal(&mut self, kind: &'static Kind, path: &str, watch: bool) -> Option<Answer> {
+        if !self.refused.contains(&(kind.plural, watch)) {
+            return None;
+        }
+        self.called(kind, path, watch, 500, String::new());
+        let what = if watch { "watches" } else { "lists" };
+        Some(status(
+            500,
+            "InternalError",
+            &format!(
+                "the fake API server refuses {what} of {} for now",
+                kind.plural
+            ),
+        ))
+    }
+
     /// Records a change and tells each open watch what it hears of it ([`heard`]).
     fn emit(&mut self, kind: &'static Kind, event: &'static str, old: Option<&Value>, new: &Value) {
         self.watchers
@@ -311,7 +385,9 @@ impl State {
     /// one), or the refusal. As the API server: a watch naming a resourceVersion hears every
     /// change after it, then each as it comes; one naming none or `0` hears an ADDED of each
     /// object it selects as it is now, then each change (400 for a version that is not a
-    /// number, as the API server refuses it).
+    /// number, as the API server refuses it); one naming a version older than the last
+    /// compaction hears one ERROR event, a `Status` of code 410 and reason `Expired` (the HTTP
+    /// status 200), and ends, as the API server's watch cache answers it.
     pub fn watch(&mut self, url: &str) -> Result<Watch, Answer> {
         let path = url.split('?').next().unwrap_or("");
         let Some(Target {
@@ -325,6 +401,9 @@ impl State {
             return Err(not_served("GET", path));
         };
         self.requests.push(format!("WATCH {path}"));
+        if let Some(refused) = self.refusal(kind, path, true) {
+            return Err(refused);
+        }
         let query = Query::of(url);
         let selector = query.selector(kind)?;
         let since = match query.get("resourceVersion").unwrap_or("") {
@@ -338,6 +417,20 @@ impl State {
             })?),
         };
         let (lines, rx) = tokio::sync::mpsc::unbounded_channel();
+        let named = since.map(|v| v.to_string()).unwrap_or_default();
+        if let Some(v) = since.filter(|v| *v < self.compacted) {
+            let (_, gone) = status(
+                410,
+                "Expired",
+                &format!("too old resource version: {v} ({})", self.compacted),
+            );
+            let gone: Value = serde_json::from_str(&gone).unwrap_or_default();
+            let line = json!({"type": "ERROR", "object": gone});
+            let _ = lines.send(Bytes::from(format!("{line}\n")));
+            let _ = lines.send(Bytes::new());
+            self.called(kind, path, true, 410, named);
+            return Ok((lines, rx));
+        }
         let watcher = Watcher {
             kind: kind.plural,
             namespace,
@@ -364,6 +457,7 @@ impl State {
             let _ = lines.send(line);
         }
         self.watch_starts.push((kind.plural, Instant::now()));
+        self.called(kind, path, true, 200, named);
         self.watchers.push(watcher);
         Ok((lines, rx))
     }
@@ -384,7 +478,10 @@ impl State {
                 &format!("the fake API server serves GET and PUT of a status, not {method} {path}"),
             )),
             ("GET", Some(name)) => Ok(self.get(&t, &name)),
-            ("GET", None) => self.list(&t, &query),
+            ("GET", None) => match self.refusal(t.kind, path, false) {
+                Some(refused) => Ok(refused),
+                None => self.list(&t, path, &query),
+            },
             ("POST", None) => self.create(&t, &query, body),
             ("PUT", Some(name)) => self.replace(&t, &name, &query, body),
             ("PATCH", Some(name)) => self.patch(&t, &name, &query, content_type, body),
@@ -412,7 +509,7 @@ impl State {
         }
     }
 
-    fn list(&self, t: &Target, query: &Query) -> Result<Answer, Answer> {
+    fn list(&mut self, t: &Target, path: &str, query: &Query) -> Result<Answer, Answer> {
         let selector = query.selector(t.kind)?;
         let items: Vec<&Value> = self
             .objects
@@ -424,12 +521,12 @@ impl State {
             })
             .map(|(_, o)| o)
             .collect();
-        Ok((
-            200,
-            json!({"apiVersion": t.kind.api_version(), "kind": t.kind.list_kind,
-                "metadata": {"resourceVersion": self.version.to_string()}, "items": items})
-            .to_string(),
-        ))
+        let version = self.version.to_string();
+        let body = json!({"apiVersion": t.kind.api_version(), "kind": t.kind.list_kind,
+            "metadata": {"resourceVersion": version}, "items": items})
+        .to_string();
+        self.called(t.kind, path, false, 200, version);
+        Ok((200, body))
     }
 
     /// `object`'s namespace made the request's: set when it names none, refused when it
@@ -889,5 +986,73 @@ mod tests {
             .watch(&format!("{SLICES}?watch=true&resourceVersion=x"))
             .unwrap_err();
         assert_eq!(refused.0, 400, "{}", refused.1);
+    }
+
+    #[test]
+    fn a_watch_from_a_compacted_version_is_told_it_expired_and_a_refused_kind_answers_500() {
+        let mut st = State::default();
+        let kind = Kind::named("resourceslices").unwrap();
+        let slice = |name: &str| json!({"metadata": {"name": name}, "spec": {}});
+        st.put(kind, slice("a")); // 1
+        st.put(kind, slice("b")); // 2
+        st.compact();
+        st.put(kind, slice("c")); // 3
+                                  // From the compaction's version or later: the changes after it.
+        let (_, mut rx) = st
+            .watch(&format!("{SLICES}?watch=true&resourceVersion=2"))
+            .unwrap();
+        assert_eq!(lines(&mut rx), ["ADDED c 3"]);
+        // From before it: one ERROR event, a Status of code 410 reason Expired, then the end.
+        let (_, mut rx) = st
+            .watch(&format!("{SLICES}?watch=true&resourceVersion=1"))
+            .unwrap();
+        let error: Value = serde_json::from_slice(&rx.try_recv().unwrap()).unwrap();
+        assert_eq!(error["type"], "ERROR");
+        assert_eq!(
+            (&error["object"]["kind"], &error["object"]["code"]),
+            (&json!("Status"), &json!(410))
+        );
+        assert_eq!(error["object"]["reason"], "Expired");
+        assert_eq!(
+            error["object"]["message"],
+            "too old resource version: 1 (2)"
+        );
+        assert!(rx.try_recv().unwrap().is_empty(), "the watch ends");
+        // Ending the open watches of a kind: an empty line, which ends each.
+        let (_, mut open) = st
+            .watch(&format!("{SLICES}?watch=true&resourceVersion=3"))
+            .unwrap();
+        st.end_watches(kind);
+        assert!(open.try_recv().unwrap().is_empty());
+        // Refused: lists and watches answer 500 until served again.
+        st.refused
+            .extend([(kind.plural, true), (kind.plural, false)]);
+        assert_eq!(
+            st.watch(&format!("{SLICES}?watch=true")).unwrap_err().0,
+            500
+        );
+        assert_eq!(answer(&mut st, "GET", SLICES, &json!(null)).0, 500);
+        st.refused.clear();
+        let (code, list) = answer(&mut st, "GET", SLICES, &json!(null));
+        assert_eq!(
+            (code, &list["metadata"]["resourceVersion"]),
+            (200, &json!("3"))
+        );
+        let calls: Vec<(bool, u16, &str)> = st
+            .calls
+            .iter()
+            .map(|(_, c)| (c.watch, c.code, c.version.as_str()))
+            .collect();
+        assert_eq!(
+            calls,
+            [
+                (true, 200, "2"),
+                (true, 410, "1"),
+                (true, 200, "3"),
+                (true, 500, ""),
+                (false, 500, ""),
+                (false, 200, "3"),
+            ]
+        );
     }
 }

@@ -956,18 +956,26 @@ impl Recount {
 
     /// One recount of every namespace with a budget.
     pub async fn once(&self) -> Result<(), BudgetError> {
-        self.recount(None).await
+        self.recount(None, false).await
     }
 
     /// One recount of namespace `ns`, if this replica recounts now ([`Recount::leads`]).
     pub(crate) async fn namespace_now(&self, ns: &str) -> Result<(), BudgetError> {
-        self.recount(Some(ns)).await
+        self.recount(Some(ns), true).await
     }
 
-    /// One recount of the namespaces with a budget: every one (`scope` `None`), or `scope`'s.
-    async fn recount(&self, scope: Option<&str>) -> Result<(), BudgetError> {
+    /// One recount of every namespace with a budget, if this replica recounts now (the
+    /// deletions a watch missed: crate::deletions).
+    pub(crate) async fn every_now(&self) -> Result<(), BudgetError> {
+        self.recount(None, true).await
+    }
+
+    /// One recount of the namespaces with a budget: every one (`scope` `None`), or `scope`'s;
+    /// one `triggered` (not the periodic one) only while this replica recounts
+    /// ([`Recount::leads`]).
+    async fn recount(&self, scope: Option<&str>, triggered: bool) -> Result<(), BudgetError> {
         let _one = self.one.lock().await;
-        if scope.is_some() && !self.leads() {
+        if triggered && !self.leads() {
             return Ok(());
         }
         let client = self.ledger.cluster.client();

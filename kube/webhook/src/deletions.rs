@@ -4,9 +4,11 @@
 //! (crate::budget::Recount), events arriving within [`COALESCE`] of each other making one. The
 //! Pods and ResourceClaims of every namespace are watched as a stream, nothing of them kept: a
 //! list of one object gives the version to start from, and each watch resumes where the last one
-//! ended (crate::mirror::follow_from); a watch that fails, or whose version expired, starts
-//! again from a new list after a pause, and meanwhile, as for any event it missed, the periodic
-//! recount frees what was deleted (docs/quotas.md, "Freeing").
+//! ended (crate::mirror::follow_from), after a pause when one failed, so that a deletion while
+//! no watch ran is heard when one does. When the version expired (410: the API server no longer
+//! holds the changes since), what was deleted meanwhile cannot be told: after a pause the kind is
+//! listed anew for a version, and every namespace with a budget recounted (docs/quotas.md,
+//! "Freeing").
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -19,7 +21,7 @@ use kube::Resource;
 use tokio::sync::Notify;
 
 use crate::budget::{terminal, Ledger, Recount};
-use crate::mirror::{follow_from, reached, watch_params, RETRY};
+use crate::mirror::{follow_from, reached, watch_params, Ended, RETRY};
 use crate::view::{list_page, Event, Viewed};
 
 /// How long a triggered recount waits for more events, so that a burst of deletions (a job's
@@ -44,25 +46,40 @@ impl Frees for ResourceClaim {
     }
 }
 
-/// The namespaces whose recount is due, and the wake-up of the task that recounts them.
+/// The recounts due: of every namespace with a budget, or of some.
+#[derive(Default, Debug, PartialEq, Eq)]
+struct Pending {
+    /// Every namespace with a budget (events were missed: their namespaces are unknown).
+    every: bool,
+    namespaces: BTreeSet<String>,
+}
+
+/// The recounts due, and the wake-up of the task that runs them.
 #[derive(Default)]
 struct Due {
-    namespaces: Mutex<BTreeSet<String>>,
+    pending: Mutex<Pending>,
     wake: Notify,
 }
 
 impl Due {
     fn push(&self, ns: String) {
-        if let Ok(mut n) = self.namespaces.lock() {
-            n.insert(ns);
+        if let Ok(mut p) = self.pending.lock() {
+            p.namespaces.insert(ns);
         }
         self.wake.notify_one();
     }
 
-    fn take(&self) -> BTreeSet<String> {
-        self.namespaces
+    fn push_every(&self) {
+        if let Ok(mut p) = self.pending.lock() {
+            p.every = true;
+        }
+        self.wake.notify_one();
+    }
+
+    fn take(&self) -> Pending {
+        self.pending
             .lock()
-            .map(|mut n| std::mem::take(&mut *n))
+            .map(|mut p| std::mem::take(&mut *p))
             .unwrap_or_default()
     }
 }
@@ -88,7 +105,15 @@ pub async fn follow(recount: Arc<Recount>) {
     loop {
         due.wake.notified().await;
         tokio::time::sleep(COALESCE).await;
-        for ns in due.take() {
+        let pending = due.take();
+        if pending.every {
+            // Each namespace's recount is part of it.
+            if let Err(e) = recount.every_now().await {
+                eprintln!("gpuslice webhook: budget recount: {e}");
+            }
+            continue;
+        }
+        for ns in pending.namespaces {
             if let Err(e) = recount.namespace_now(&ns).await {
                 eprintln!("gpuslice webhook: budget recount of namespace {ns}: {e}");
             }
@@ -96,63 +121,103 @@ pub async fn follow(recount: Arc<Recount>) {
     }
 }
 
+/// What the log says when the watch of the `kind`s from `version` ended as `ended`, and what
+/// follows.
+fn ended_line(kind: &str, version: &str, ended: &Ended) -> String {
+    match ended {
+        Ended::Expired(why) => format!(
+            "gpuslice webhook: the watch of the {kind}s from version {version:?} expired ({why}): \
+             listing them again in {RETRY:?}, then recounting every namespace with a budget"
+        ),
+        Ended::Failed(why) => format!(
+            "gpuslice webhook: cannot watch the {kind}s from version {version:?} ({why}): \
+             trying again every {RETRY:?}; what is deleted meanwhile is freed once a watch resumes"
+        ),
+        Ended::Stopped => format!(
+            "gpuslice webhook: the watch of the {kind}s from version {version:?} ended: \
+             trying again in {RETRY:?}"
+        ),
+    }
+}
+
 /// Watches the objects of kind `K` in every namespace, pushing onto `due` each namespace an
-/// event may free a budget in; lists anew after a pause when a watch fails. The first failure
-/// after a watch ran (or of the first list) is logged, and the watch's return.
+/// event may free a budget in. A watch that fails is resumed from the version reached after a
+/// pause; one whose version expired is followed, after a pause, by a list for a version (each
+/// list that fails by another pause) and a recount of every namespace with a budget. The first
+/// failure after a watch opened (or of the first list) is logged, and the watch's return.
 async fn watch<K: Frees>(ledger: Ledger, due: Arc<Due>) {
     let client = ledger.cluster().client();
+    // Where the next watch resumes: `None` at the start and once the version expired.
+    let mut resume: Option<String> = None;
+    // Whether a list gave a version before: a later one follows a watch that expired.
+    let mut listed = false;
     let mut failing = false;
     loop {
-        // One object is enough: the list's version is where the watch starts.
-        let listed = list_page::<K>(&client, None, &ListParams::default().limit(1)).await;
-        match listed {
-            Ok(page) => {
-                let mut opened = false;
-                follow_from::<K>(
-                    &client,
-                    &watch_params(),
-                    page.version.unwrap_or_default(),
-                    || {
-                        if failing {
-                            eprintln!(
-                                "gpuslice webhook: watching the {}s again: deletions free budgets at once",
-                                K::KIND
-                            );
-                        }
-                        failing = false;
-                        opened = true;
-                    },
-                    |event| {
-                        if let Some(ns) = frees(&event) {
-                            match ns {
-                                Some(ns) if ledger.may_have_budget(&ns) => due.push(ns),
-                                Some(_) => {}
-                                // Not even its namespace could be read: left to the periodic
-                                // recount.
-                                None => {}
-                            }
-                        }
-                        reached(&event)
-                    },
-                )
-                .await;
-                if !failing && !opened {
+        let mut version = match resume.take() {
+            Some(v) => v,
+            // One object is enough: the list's version is where the watch starts.
+            None => match list_page::<K>(&client, None, &ListParams::default().limit(1)).await {
+                Ok(page) => {
+                    if listed {
+                        // The deletions between the version that expired and this one are
+                        // lost: every namespace they may have freed a budget in is recounted.
+                        due.push_every();
+                    }
+                    listed = true;
+                    page.version.unwrap_or_default()
+                }
+                Err(e) => {
+                    if !failing {
+                        eprintln!(
+                            "gpuslice webhook: cannot list the {}s to watch them ({e}): trying again every {RETRY:?}; deletions are freed by the periodic budget recount until it can",
+                            K::KIND
+                        );
+                        failing = true;
+                    }
+                    tokio::time::sleep(RETRY).await;
+                    continue;
+                }
+            },
+        };
+        let from = version.clone();
+        let ended = follow_from::<K>(
+            &client,
+            &watch_params(),
+            &mut version,
+            || {
+                if failing {
                     eprintln!(
-                        "gpuslice webhook: cannot watch the {}s: deletions are freed by the periodic budget recount until it can",
+                        "gpuslice webhook: watching the {}s again: deletions free budgets at once",
                         K::KIND
                     );
-                    failing = true;
                 }
-            }
-            Err(e) => {
-                if !failing {
-                    eprintln!(
-                        "gpuslice webhook: cannot list the {}s to watch them ({e}): deletions are freed by the periodic budget recount until it can",
-                        K::KIND
-                    );
-                    failing = true;
+                failing = false;
+            },
+            |event| {
+                if let Some(ns) = frees(&event) {
+                    match ns {
+                        Some(ns) if ledger.may_have_budget(&ns) => due.push(ns),
+                        Some(_) => {}
+                        // Not even its namespace could be read: left to the periodic
+                        // recount.
+                        None => {}
+                    }
                 }
-            }
+                reached(&event)
+            },
+        )
+        .await;
+        if !failing {
+            let at = if version.is_empty() {
+                from
+            } else {
+                version.clone()
+            };
+            eprintln!("{}", ended_line(K::KIND, &at, &ended));
+            failing = true;
+        }
+        if !matches!(ended, Ended::Expired(_)) {
+            resume = Some(version);
         }
         tokio::time::sleep(RETRY).await;
     }
@@ -218,7 +283,37 @@ mod tests {
         for ns in ["b", "a", "b"] {
             due.push(ns.to_string());
         }
-        assert_eq!(due.take().into_iter().collect::<Vec<_>>(), ["a", "b"]);
-        assert!(due.take().is_empty());
+        let p = due.take();
+        assert_eq!(p.namespaces.into_iter().collect::<Vec<_>>(), ["a", "b"]);
+        assert!(!p.every);
+        assert_eq!(due.take(), Pending::default());
+        due.push_every();
+        assert!(due.take().every);
+        assert_eq!(due.take(), Pending::default());
+    }
+
+    #[test]
+    fn the_log_names_how_the_watch_ended_where_and_the_pause() {
+        let expired = ended_line(
+            "Pod",
+            "41",
+            &Ended::Expired("too old resource version: 41 (57)".into()),
+        );
+        assert_eq!(
+            expired,
+            "gpuslice webhook: the watch of the Pods from version \"41\" expired (too old resource \
+             version: 41 (57)): listing them again in 1s, then recounting every namespace with a \
+             budget"
+        );
+        let failed = ended_line(
+            "ResourceClaim",
+            "7",
+            &Ended::Failed("connection refused".into()),
+        );
+        assert!(
+            failed.contains("ResourceClaims from version \"7\" (connection refused)")
+                && failed.contains("trying again every 1s"),
+            "{failed}"
+        );
     }
 }

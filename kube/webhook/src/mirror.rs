@@ -143,40 +143,60 @@ pub(crate) fn watch_params() -> WatchParams {
     WatchParams::default().timeout(WATCH_SECONDS)
 }
 
+/// How [`follow_from`] ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Ended {
+    /// The version it named expired (410, as an ERROR event or an answer: the API server
+    /// compacted the changes since): what changed since is lost, the follower lists anew.
+    Expired(String),
+    /// A watch failed (why): the next may resume from the version reached, after a pause.
+    Failed(String),
+    /// `apply` ended it.
+    Stopped,
+}
+
+/// The code of a `Status` telling a watch its version expired (reason `Expired` or `Gone`).
+const GONE: u16 = 410;
+
 /// Follows the changes of the objects of kind `K` that `params` selects from resourceVersion
-/// `version`, each watch resuming where the last one ended, until one fails or `apply` ends it:
-/// `opened` is called each time a watch is open, `apply` with each event, returning the
-/// resourceVersion it brings the follower to (`Some(None)`: the version stays; `None`: the
-/// watch ends, and the caller lists anew after a pause).
+/// `version`, each watch resuming where the last one ended, until one fails or `apply` ends it
+/// (then `version` is the one reached): `opened` is called each time a watch is open, `apply`
+/// with each event but an error, returning the resourceVersion it brings the follower to
+/// (`Some(None)`: the version stays; `None`: the watch ends).
 pub(crate) async fn follow_from<K: Viewed + Resource<DynamicType = ()>>(
     client: &kube::Client,
     params: &WatchParams,
-    mut version: String,
+    version: &mut String,
     mut opened: impl FnMut(),
     mut apply: impl FnMut(Event<K>) -> Option<Option<String>>,
-) {
+) -> Ended {
     loop {
         let began = Instant::now();
-        let Ok(mut events) = Watch::start::<K>(client, params, &version).await else {
-            return;
+        let mut events = match Watch::start::<K>(client, params, version).await {
+            Ok(events) => events,
+            Err(kube::Error::Api(s)) if s.code == GONE => return Ended::Expired(s.message),
+            Err(e) => return Ended::Failed(e.to_string()),
         };
         opened();
         while let Some(event) = events.next::<K>().await {
-            let Ok(event) = event else {
-                return;
+            let event = match event {
+                Ok(Event::Error(s)) if s.code == GONE => return Ended::Expired(s.message),
+                Ok(Event::Error(s)) => return Ended::Failed(s.message),
+                Ok(event) => event,
+                Err(e) => return Ended::Failed(format!("a line that is no watch event: {e}")),
             };
             match apply(event) {
-                Some(Some(v)) => version = v,
+                Some(Some(v)) => *version = v,
                 Some(None) => {}
-                None => return,
+                None => return Ended::Stopped,
             }
         }
         // The API server ended the watch at its timeout: the follower is as current as the
         // version reached, and the next watch starts from it. One that ended at once is taken
-        // for a failure (listed anew after the pause), so no loop asks the API server without
+        // for a failure (tried again after the pause), so no loop asks the API server without
         // a pause.
         if began.elapsed() < RETRY {
-            return;
+            return Ended::Failed(format!("the watch ended within {RETRY:?}"));
         }
     }
 }
@@ -225,13 +245,14 @@ where
             list = list.labels(labels);
             watch = watch.labels(labels);
         }
-        let Some(version) = self.list(client, list).await else {
+        let Some(mut version) = self.list(client, list).await else {
             return;
         };
-        follow_from::<K>(
+        // However it ends, the copy is listed anew: it may have missed a change.
+        let _ = follow_from::<K>(
             client,
             &watch,
-            version,
+            &mut version,
             || self.current.store(true, Ordering::SeqCst),
             |event| self.copy.write().ok()?.apply(event),
         )
@@ -385,7 +406,10 @@ mod tests {
         let status = r#"{"kind": "Status", "status": "Failure", "code": 410,
             "reason": "Expired", "message": "too old"}"#;
         let e = read_event::<ResourceQuota>(&line("ERROR", status)).unwrap();
-        assert!(matches!(&e, Event::Error(m) if m == "too old"), "{e:?}");
+        assert!(
+            matches!(&e, Event::Error(s) if s.message == "too old" && s.code == 410),
+            "{e:?}"
+        );
         assert_eq!(c.apply(e), None);
         // The copy cannot tell which object an unnamed one replaces.
         let e = read_event::<ResourceQuota>(&line("MODIFIED", r#"{"spec": 5}"#)).unwrap();

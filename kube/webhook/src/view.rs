@@ -378,8 +378,9 @@ pub enum Event<K> {
     Deleted(Result<K, ViewError>),
     /// `BOOKMARK`: nothing the watch selects changed up to this resourceVersion.
     Bookmark(String),
-    /// `ERROR`: the watch ends (a failure, or a version that expired): the status's message.
-    Error(String),
+    /// `ERROR`: the watch ends (a failure, or a version that expired: code 410): the status (one
+    /// whose object is no status: its text as the message, code 0).
+    Error(Box<Status>),
 }
 
 #[derive(Deserialize)]
@@ -407,11 +408,9 @@ pub fn read_event<K: Viewed>(line: &[u8]) -> Result<Event<K>, serde_json::Error>
                     .unwrap_or_default(),
             )
         }
-        "ERROR" => Event::Error(
-            serde_json::from_str::<Status>(json)
-                .map(|s| s.message)
-                .unwrap_or_else(|_| json.to_string()),
-        ),
+        "ERROR" => Event::Error(Box::new(
+            serde_json::from_str::<Status>(json).unwrap_or_else(|_| Status::failure(json, "")),
+        )),
         other => {
             return Err(serde::de::Error::unknown_variant(
                 other,

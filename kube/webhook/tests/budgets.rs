@@ -19,14 +19,14 @@ use crate::hostile::{patient, reviewed, start_against, start_recounting};
 const MEMORY: &str = "limits.gpuslice.io/memory";
 
 /// Quota `gpu` of namespace `ns`: memory `hard`, `used` as booked so far.
-fn quota(ns: &str, hard: &str, used: &str) -> Value {
+pub fn quota(ns: &str, hard: &str, used: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "ResourceQuota",
         "metadata": {"name": "gpu", "namespace": ns},
         "spec": {"hard": {MEMORY: hard}},
         "status": {"hard": {MEMORY: hard}, "used": {MEMORY: used}}})
 }
 
-fn used(api: &FakeApi, ns: &str) -> String {
+pub fn used(api: &FakeApi, ns: &str) -> String {
     let q = &api.objects("resourcequotas")[&(ns.to_string(), "gpu".to_string())];
     q["status"]["used"][MEMORY]
         .as_str()
@@ -82,7 +82,7 @@ fn a_pod_past_its_budget_is_refused_before_any_template_is_made() {
 }
 
 /// A running pod of `ns` whose one claim entry is made from template `t2` (2Gi).
-fn pod(ns: &str, name: &str) -> Value {
+pub fn pod(ns: &str, name: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": ns},
         "spec": {"containers": [{"name": "c", "image": "x"}],
@@ -91,7 +91,7 @@ fn pod(ns: &str, name: &str) -> Value {
 }
 
 /// Template `t2` of `ns`: one GPU's 2Gi.
-fn template_2gi(api: &FakeApi, ns: &str) {
+pub fn template_2gi(api: &FakeApi, ns: &str) {
     api.put(
         "resourceclaimtemplates",
         &json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
@@ -103,7 +103,7 @@ fn template_2gi(api: &FakeApi, ns: &str) {
 }
 
 /// The window the recounts of these tests keep a booking for.
-const WINDOW: Duration = Duration::from_millis(300);
+pub const WINDOW: Duration = Duration::from_millis(300);
 
 #[test]
 fn the_recount_frees_a_deleted_pods_share_at_once_and_a_booking_in_flight_later() {
