@@ -672,6 +672,45 @@ mod tests {
         assert_eq!(allocs, Some(vec![(0, 200, 0x2000)]));
     }
 
+    fn cached(idx: usize) -> u64 {
+        CACHE.lock().get(&idx).copied().unwrap_or(0)
+    }
+
+    #[test]
+    fn an_instantiation_takes_what_the_graph_cache_holds_first() {
+        let idx = 9;
+        cache(idx, 300);
+        assert_eq!(from_cache(idx, 200), 200);
+        assert_eq!(from_cache(idx, 200), 100, "only what is left");
+        assert_eq!(from_cache(idx, 200), 0);
+        assert_eq!(cached(idx), 0);
+    }
+
+    #[test]
+    fn a_settle_gives_back_only_what_is_left_of_the_graph_cache() {
+        let idx = 10;
+        cache(idx, 300);
+        // While the driver is asked after a trim (it caches none of the 300), another
+        // thread's instantiation takes 200 of the cache: its executable graph's charge holds
+        // them from then on, so only the 100 left are given back.
+        let give = settle_with(idx, |c| {
+            assert_eq!(c, 300);
+            assert_eq!(from_cache(idx, 200), 200);
+            0
+        });
+        assert_eq!(give, 100);
+        assert_eq!(cached(idx), 0);
+        cache(idx, 300);
+        assert_eq!(
+            settle_with(idx, |_| 120),
+            180,
+            "the driver still caches 120"
+        );
+        assert_eq!(cached(idx), 120);
+        assert_eq!(settle_with(idx, |_| 500), 0, "never more than charged");
+        assert_eq!(cached(idx), 120);
+    }
+
     #[test]
     fn a_refused_graph_destroy_keeps_the_notes() {
         let g = 0x4500_0000usize as CUgraph;
