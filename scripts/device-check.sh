@@ -58,6 +58,14 @@ for api in alloc pitch managed async pool vmm array graph; do
     s=$(shimmed alloc --chunk 512Mi --max 6Gi --api "$api")
     echo "| alloc --api $api | $(gib "$(echo "$w" | field 'v["total"]')") $(echo "$w" | field 'v["error"] or ""') | $(gib "$(echo "$s" | field 'v["total"]')") $(echo "$s" | field 'v["error"] or ""') |"
 done
+# A destroyed graph's 3 GiB stays in the driver's graph pool (docs/shim.md, "The graph memory
+# pool"): free after the destroy / after the step, the pool's reserved bytes, the step's error.
+for then in alloc graph trim; do
+    w=$(bare graph-cache --chunk 3Gi --then "$then")
+    s=$(shimmed graph-cache --chunk 3Gi --then "$then")
+    row='"%.2f / %.2f GiB, pool %.2f GiB %s" % (v["free_destroyed"] / 2**30, v["free_after"] / 2**30, v["graph_reserved"] / 2**30, v["error"] or "")'
+    echo "| graph-cache --chunk 3Gi --then $then | $(echo "$w" | field "$row") | $(echo "$s" | field "$row") |"
+done
 w=$(bare burn --seconds 5); s=$(shimmed burn --seconds 5)
 share='"%.1f %% / %.1f %%" % (v["nominal_share"] * 100, v["event_share"] * 100)'
 echo "| burn 5 s, share (nominal / events) | $(echo "$w" | field "$share") | $(echo "$s" | field "$share") (target $cores %) |"

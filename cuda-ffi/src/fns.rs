@@ -46,6 +46,8 @@ pfns! {
     PFN_cuDeviceGetDefaultMemPool(*mut CUmemoryPool, CUdevice);
     PFN_cuDeviceGetMemPool(*mut CUmemoryPool, CUdevice);
     PFN_cuDeviceGraphMemTrim(CUdevice);
+    PFN_cuDeviceGetGraphMemAttribute(CUdevice, CUgraphMem_attribute, *mut c_void);
+    PFN_cuDeviceSetGraphMemAttribute(CUdevice, CUgraphMem_attribute, *mut c_void);
 
     // Primary contexts.
     PFN_cuDevicePrimaryCtxRetain(*mut CUcontext, CUdevice);

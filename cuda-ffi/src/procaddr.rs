@@ -81,6 +81,7 @@ pub static PROC_TABLE: &[ProcEntry] = table! {
     "cuDeviceGetByPCIBusId" 4010 "cuDeviceGetByPCIBusId";
     "cuDeviceGetCount" 2000 "cuDeviceGetCount";
     "cuDeviceGetDefaultMemPool" 11020 "cuDeviceGetDefaultMemPool";
+    "cuDeviceGetGraphMemAttribute" 11040 "cuDeviceGetGraphMemAttribute";
     "cuDeviceGetMemPool" 11020 "cuDeviceGetMemPool";
     "cuDeviceGetName" 2000 "cuDeviceGetName";
     "cuDeviceGetPCIBusId" 4010 "cuDeviceGetPCIBusId";
@@ -95,6 +96,7 @@ pub static PROC_TABLE: &[ProcEntry] = table! {
     "cuDevicePrimaryCtxRetain" 7000 "cuDevicePrimaryCtxRetain";
     "cuDevicePrimaryCtxSetFlags" 7000 "cuDevicePrimaryCtxSetFlags";
     "cuDevicePrimaryCtxSetFlags" 11000 "cuDevicePrimaryCtxSetFlags_v2";
+    "cuDeviceSetGraphMemAttribute" 11040 "cuDeviceSetGraphMemAttribute";
     "cuDeviceSetMemPool" 11020 "cuDeviceSetMemPool";
     "cuDeviceTotalMem" 2000 "cuDeviceTotalMem";
     "cuDeviceTotalMem" 3020 "cuDeviceTotalMem_v2";

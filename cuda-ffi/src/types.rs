@@ -276,6 +276,15 @@ pub const CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: CUmemPool_attribute = 6;
 pub const CU_MEMPOOL_ATTR_USED_MEM_CURRENT: CUmemPool_attribute = 7;
 pub const CU_MEMPOOL_ATTR_USED_MEM_HIGH: CUmemPool_attribute = 8;
 
+/// `CUgraphMem_attribute`: figures of a device's graph memory pool (`cuuint64_t` values).
+pub type CUgraphMem_attribute = c_int;
+/// Bytes currently associated with graphs.
+pub const CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT: CUgraphMem_attribute = 0;
+pub const CU_GRAPH_MEM_ATTR_USED_MEM_HIGH: CUgraphMem_attribute = 1;
+/// Bytes currently allocated for graphs: used and cached.
+pub const CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: CUgraphMem_attribute = 2;
+pub const CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH: CUgraphMem_attribute = 3;
+
 /// `CUDA_MEM_ALLOC_NODE_PARAMS` (v1): parameters of a graph memory-allocation node; the
 /// driver writes the allocation's address into `dptr` when the node is added.
 #[repr(C)]

@@ -115,16 +115,14 @@ pub fn target_current(devices: &Devices) -> Result<Target, CUresult> {
 }
 
 /// Charges `bytes` to the slice, or refuses with `CUDA_ERROR_OUT_OF_MEMORY`. Before
-/// refusing, what this process's memory pools keep reserved on the device is trimmed (the
-/// driver gives it back) and the reservation is tried once more.
+/// refusing, what this process's memory pools and its graph memory pool keep reserved on the
+/// device is trimmed (the driver gives it back) and the reservation is tried once more.
 pub fn reserve(slice: &Slice, t: Target, bytes: u64) -> Result<(), CUresult> {
     let Some(limit) = slice.device(t.idx).map(|d| d.memory_limit) else {
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
     };
     let mut result = slice.usage.reserve(t.idx, bytes, limit);
-    if matches!(result, Err(UsageError::OutOfMemory { .. }))
-        && crate::hooks::pools::trim_caches(slice, t.idx)
-    {
+    if matches!(result, Err(UsageError::OutOfMemory { .. })) && trim_caches(slice, t.idx) {
         result = slice.usage.reserve(t.idx, bytes, limit);
     }
     match result {
@@ -138,6 +136,15 @@ pub fn reserve(slice: &Slice, t: Target, bytes: u64) -> Result<(), CUresult> {
             Err(CUDA_ERROR_OUT_OF_MEMORY)
         }
     }
+}
+
+/// Trims every cache of this process on limits device `idx` (pools, graph memory); true when
+/// some charge was given back.
+fn trim_caches(slice: &Slice, idx: usize) -> bool {
+    let pools = crate::hooks::pools::trim_caches(slice, idx);
+    let graphs = state::devices()
+        .is_some_and(|devices| crate::hooks::graph::trim_cache(slice, devices, idx));
+    pools || graphs
 }
 
 /// Reserves, runs the real allocation (which returns the new handle), and records it; on

@@ -198,6 +198,8 @@ pub mod cu {
         cuCtxGetLimit: PFN_cuCtxGetLimit;
         cuDeviceGetMemPool: PFN_cuDeviceGetMemPool;
         cuDeviceGetDefaultMemPool: PFN_cuDeviceGetDefaultMemPool;
+        cuDeviceGraphMemTrim: PFN_cuDeviceGraphMemTrim;
+        cuDeviceGetGraphMemAttribute: PFN_cuDeviceGetGraphMemAttribute;
         cuMemPoolDestroy: PFN_cuMemPoolDestroy;
         cuMemPoolTrimTo: PFN_cuMemPoolTrimTo;
         cuMemPoolSetAttribute: PFN_cuMemPoolSetAttribute;

@@ -94,6 +94,14 @@ impl Devices {
             .find(|(d, _)| *d == dev)
             .and_then(|(_, i)| *i)
     }
+
+    /// The CUDA device of limits index `idx`, if one has it.
+    pub fn cuda_device(&self, idx: usize) -> Option<CUdevice> {
+        self.map
+            .iter()
+            .find(|(_, i)| *i == Some(idx))
+            .map(|(d, _)| *d)
+    }
 }
 
 static DEVICES: OnceLock<Devices> = OnceLock::new();
@@ -154,6 +162,11 @@ fn build_devices(slice: &Slice) -> Devices {
         }
     }
     Devices { map }
+}
+
+/// The device map, if it was built ([`ready`]).
+pub fn devices() -> Option<&'static Devices> {
+    DEVICES.get()
 }
 
 /// The slice and device map, initialising the real driver if the program has not called

@@ -338,6 +338,114 @@ fn concurrent_allocation_and_free_keep_the_charge_exact() {
     assert!(peak > CONTEXT, "the sampling saw no allocation: {v}");
 }
 
+/// The most memory the simulated driver says one process holds on GPU 0 (NVML's
+/// per-process figure), sampled while `child` runs.
+fn peak_per_process(
+    node: &SliceNode,
+    mut child: std::process::Child,
+) -> (u64, std::process::Output) {
+    let sim = gpuslice_sim_core::SimNode::open(node.sim.paths.clone()).expect("open sim node");
+    let mut peak = 0;
+    while child.try_wait().expect("wait for the probe").is_none() {
+        let held = sim.state().slot_usage(0).expect("slot usage");
+        peak = peak.max(held.iter().map(|s| s.used).max().unwrap_or(0));
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+    (peak, child.wait_with_output().expect("probe output"))
+}
+
+/// Destroying an executable graph leaves its memory in the device's graph pool (CUDA
+/// Programming Guide, graph memory nodes, "physical memory footprint"): the shim keeps it
+/// charged, and before refusing an allocation trims the pool, so a cuMemAlloc of 3/4 of
+/// the limit after a destroyed graph of 3/4 succeeds while the driver never holds more than
+/// the limit for the process.
+#[test]
+fn a_destroyed_graphs_cached_memory_is_trimmed_before_an_allocation_is_refused() {
+    const LIMIT: u64 = 4 * GIB;
+    const CHUNK: u64 = 3 * GIB;
+    let node = SliceNode::new(&[16 * GIB], &[(LIMIT, 0)]);
+    let child = node
+        .probe(&[
+            "graph-cache",
+            "--chunk",
+            "3Gi",
+            "--then",
+            "alloc",
+            "--hold",
+            "0.5",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run the probe");
+    let (peak, out) = peak_per_process(&node, child);
+    assert!(out.status.success(), "graph-cache failed: {out:?}");
+    let v = json_lines(&out).pop().expect("a report");
+    assert!(
+        peak <= LIMIT,
+        "the driver held {peak} bytes for the process, over {LIMIT}: {v}"
+    );
+    assert!(peak >= CHUNK, "the sampling saw no allocation: {v}");
+    assert_eq!(
+        v["error"],
+        serde_json::Value::Null,
+        "cuMemAlloc after the trim: {v}"
+    );
+    assert_eq!(
+        u(&v, "free_destroyed"),
+        LIMIT - CHUNK,
+        "the graph pool keeps the destroyed graph's memory: {v}"
+    );
+    assert_eq!(u(&v, "free_after"), LIMIT - CHUNK, "{v}");
+    assert_eq!(
+        u(&v, "graph_reserved"),
+        0,
+        "the graph pool was trimmed: {v}"
+    );
+}
+
+/// Without a trim, a later graph is backed by what the graph pool keeps: no extra charge.
+#[test]
+fn a_later_graph_reuses_the_cached_graph_memory_without_more_charge() {
+    const LIMIT: u64 = 4 * GIB;
+    const CHUNK: u64 = 3 * GIB;
+    let node = SliceNode::new(&[16 * GIB], &[(LIMIT, 0)]);
+    let v = run_json(node.probe(&["graph-cache", "--chunk", "3Gi", "--then", "graph"]));
+    assert_eq!(v["error"], serde_json::Value::Null, "{v}");
+    assert_eq!(
+        u(&v, "free_destroyed"),
+        LIMIT - CHUNK,
+        "the graph pool keeps the destroyed graph's memory: {v}"
+    );
+    assert_eq!(
+        u(&v, "free_after"),
+        LIMIT - CHUNK,
+        "the second graph is backed by the cache: {v}"
+    );
+    assert_eq!(
+        (u(&v, "graph_used"), u(&v, "graph_reserved")),
+        (CHUNK, CHUNK),
+        "the driver's graph pool did not grow: {v}"
+    );
+}
+
+/// `cuDeviceGraphMemTrim` gives back what the graph pool kept.
+#[test]
+fn an_explicit_graph_memory_trim_gives_the_cache_back() {
+    const LIMIT: u64 = 4 * GIB;
+    const CHUNK: u64 = 3 * GIB;
+    let node = SliceNode::new(&[16 * GIB], &[(LIMIT, 0)]);
+    let v = run_json(node.probe(&["graph-cache", "--chunk", "3Gi", "--then", "trim"]));
+    assert_eq!(v["error"], serde_json::Value::Null, "{v}");
+    assert_eq!(
+        u(&v, "free_destroyed"),
+        LIMIT - CHUNK,
+        "charged until the trim: {v}"
+    );
+    assert_eq!(u(&v, "free_after"), LIMIT, "the trim gave it back: {v}");
+    assert_eq!(u(&v, "graph_reserved"), 0, "{v}");
+}
+
 #[test]
 fn odd_sizes_never_exceed_the_limit() {
     let node = SliceNode::new(&[16 * GIB], &[(4 * GIB, 0)]);

@@ -3,11 +3,14 @@
 //! bytes and address a graph will allocate, a free node (`cuGraphAddMemFreeNode`,
 //! `cuGraphAddNode`, a captured `cuMemFreeAsync`) the address it frees; child-graph nodes and
 //! clones take over what their source graph notes. The bytes are charged when the graph is
-//! instantiated (refused there past the limit), once per executable graph, and given back
-//! when it is destroyed, except an allocation a launch made that no free node of the graph
-//! freed and nothing freed since: the driver keeps it past the executable graph, so its
-//! bytes stay charged at its address until `cuMemFree`/`cuMemFreeAsync` of it (or the
-//! context's destruction).
+//! instantiated (refused there past the limit), once per executable graph. Graph memory comes
+//! from the device's graph memory pool, which keeps it when the executable graph is destroyed
+//! (CUDA Programming Guide, graph memory nodes, "physical memory footprint"): the bytes stay
+//! charged as the device's graph cache, which later instantiations use before charging more,
+//! until `cuDeviceGraphMemTrim` (or the trim before a refusal, [`trim_cache`]) gives back what
+//! the driver no longer holds. An allocation a launch made that no free node of the graph
+//! freed and nothing freed since outlives the executable graph: its bytes stay charged at its
+//! address until `cuMemFree`/`cuMemFreeAsync` of it, which returns them to the graph cache.
 
 use std::collections::HashMap;
 use std::ffi::{c_char, c_ulonglong, c_void};
@@ -19,7 +22,7 @@ use crate::account::{self, Entry, Kind, Target};
 use crate::forksafe::ForkSafe;
 use crate::guard::guard;
 use crate::real::cu;
-use crate::state::{self, Devices};
+use crate::state::{self, Devices, Slice};
 
 /// What a graph allocates and frees.
 #[derive(Debug, Clone, Default)]
@@ -45,6 +48,131 @@ struct Escape {
 
 /// Escaping allocations per executable graph.
 static EXECS: ForkSafe<HashMap<usize, Vec<Escape>>> = ForkSafe::new(HashMap::new);
+
+/// Bytes of graph memory the driver's graph pool of each device (by limits index) keeps
+/// cached after the executable graphs or escaped allocations that held them are gone, charged
+/// to the slice.
+static CACHE: ForkSafe<HashMap<usize, u64>> = ForkSafe::new(HashMap::new);
+
+/// The `pool` of an allocation entry that is graph memory (an escaped allocation): its free
+/// returns the bytes to the graph cache ([`freed`]). No pool handle has this value.
+pub const GRAPH_POOL: usize = usize::MAX;
+
+/// Adds `bytes`, still charged, to device `idx`'s graph cache.
+fn cache(idx: usize, bytes: u64) {
+    if bytes > 0 {
+        let mut c = CACHE.lock();
+        let v = c.entry(idx).or_default();
+        *v = v.saturating_add(bytes);
+    }
+}
+
+/// Takes up to `want` bytes out of device `idx`'s graph cache, for an instantiation (the
+/// driver backs its graph memory from the cache first); returns how many.
+fn from_cache(idx: usize, want: u64) -> u64 {
+    let mut c = CACHE.lock();
+    let Some(v) = c.get_mut(&idx) else {
+        return 0;
+    };
+    let take = (*v).min(want);
+    *v -= take;
+    take
+}
+
+/// An escaped graph allocation was freed outside a graph: its bytes go back to the graph
+/// pool of its device, cached and still charged.
+pub fn freed(e: Entry) {
+    cache(e.dev, e.bytes);
+}
+
+/// What the driver's graph pool of CUDA device `dev` caches, after a trim: reserved minus used
+/// bytes (`cuDeviceGetGraphMemAttribute`); without those figures none (a trim releases every
+/// block no graph uses).
+fn cached_by_driver(dev: CUdevice) -> u64 {
+    let Some(f) = cu::cuDeviceGetGraphMemAttribute() else {
+        return 0;
+    };
+    let get = |attr| {
+        let mut v: u64 = 0;
+        // SAFETY: the graph memory attributes write a cuuint64_t into the out pointer.
+        let r = unsafe { f(dev, attr, (&mut v as *mut u64).cast()) };
+        (r == CUDA_SUCCESS).then_some(v)
+    };
+    match (
+        get(CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT),
+        get(CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT),
+    ) {
+        (Some(reserved), Some(used)) => reserved.saturating_sub(used),
+        _ => 0,
+    }
+}
+
+/// Takes out of device `idx`'s charged graph cache what `kept` (asked with the cache as it is
+/// now, without the lock: it queries the driver) says the driver no longer caches; returns
+/// the bytes to give back. An instantiation on another thread may take from the cache while
+/// the driver is asked (its executable graph's charge holds those bytes from then on), so at
+/// most what is left of the cache leaves.
+fn settle_with(idx: usize, kept: impl FnOnce(u64) -> u64) -> u64 {
+    let Some(cached) = CACHE.lock().get(&idx).copied().filter(|c| *c > 0) else {
+        return 0;
+    };
+    let held = kept(cached);
+    if held >= cached {
+        return 0;
+    }
+    let mut c = CACHE.lock();
+    let Some(now) = c.get_mut(&idx) else {
+        return 0;
+    };
+    let give = (cached - held).min(*now);
+    *now -= give;
+    give
+}
+
+/// Gives back the part of device `idx`'s graph cache the driver no longer holds, right after
+/// a trim of CUDA device `dev`.
+fn settle(slice: &Slice, idx: usize, dev: CUdevice) -> bool {
+    let give = settle_with(idx, |_| cached_by_driver(dev));
+    if give > 0 {
+        slice.usage.release(idx, give);
+    }
+    give > 0
+}
+
+/// Trims the driver's graph pool of limits device `idx` when this process has graph memory
+/// cached there (`cuDeviceGraphMemTrim`, which frees only blocks no graph uses) and gives back
+/// what it released; true when some charge was given back. Run before an allocation is
+/// refused, so a cache never makes the program fail.
+pub fn trim_cache(slice: &Slice, devices: &Devices, idx: usize) -> bool {
+    if CACHE.lock().get(&idx).is_none_or(|c| *c == 0) {
+        return false;
+    }
+    let (Some(dev), Some(trim)) = (devices.cuda_device(idx), cu::cuDeviceGraphMemTrim()) else {
+        return false;
+    };
+    // SAFETY: a device of this process.
+    if unsafe { trim(dev) } != CUDA_SUCCESS {
+        return false;
+    }
+    settle(slice, idx, dev)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGraphMemTrim(dev: CUdevice) -> CUresult {
+    guard("cuDeviceGraphMemTrim", CUDA_ERROR_UNKNOWN, || {
+        let f = real!(cuDeviceGraphMemTrim);
+        // SAFETY: the caller's argument.
+        let r = unsafe { f(dev) };
+        if r == CUDA_SUCCESS {
+            if let Ok((slice, devices)) = state::ready() {
+                if let Some(idx) = devices.index(dev) {
+                    settle(slice, idx, dev);
+                }
+            }
+        }
+        r
+    })
+}
 
 fn exec_key(exec: CUgraphExec, idx: usize) -> u64 {
     (exec as u64)
@@ -329,10 +457,14 @@ fn instantiate(
             None => needs.push((*dev, *bytes)),
         }
     }
-    let mut charged: Vec<(Target, u64)> = Vec::new();
-    let give_back = |charged: &[(Target, u64)]| {
-        for (t, b) in charged {
-            slice.usage.release(t.idx, *b);
+    // (target, bytes, of which taken from the graph cache) charged so far.
+    let mut charged: Vec<(Target, u64, u64)> = Vec::new();
+    // A refused instantiation gives back what it charged and returns what it took from the
+    // cache there (counted high: a trim meanwhile may have released it; the next trim settles).
+    let give_back = |charged: &[(Target, u64, u64)]| {
+        for (t, b, reused) in charged {
+            slice.usage.release(t.idx, b - reused);
+            cache(t.idx, *reused);
         }
     };
     for (dev, bytes) in needs {
@@ -343,11 +475,15 @@ fn instantiate(
                 return r;
             }
         };
-        if let Err(r) = account::reserve(slice, t, bytes) {
+        // The driver backs graph memory from the bytes its graph pool caches first; those are
+        // charged already.
+        let reused = from_cache(t.idx, bytes);
+        if let Err(r) = account::reserve(slice, t, bytes - reused) {
+            cache(t.idx, reused);
             give_back(&charged);
             return r;
         }
-        charged.push((t, bytes));
+        charged.push((t, bytes, reused));
     }
     let r = call();
     if r != CUDA_SUCCESS || exec.is_null() {
@@ -370,7 +506,7 @@ fn instantiate(
         })
         .collect();
     EXECS.lock().insert(e as usize, escapes);
-    for (t, bytes) in charged {
+    for (t, bytes, _) in charged {
         account::record(Kind::GraphExec, exec_key(e, t.idx), t, bytes);
     }
     r
@@ -461,13 +597,17 @@ pub unsafe extern "C" fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult {
             return r;
         }
         keep_live(&mut gone, &escapes.unwrap_or_default());
-        account::release_all(&gone);
+        // The rest stays in the device's graph pool: charged, as its graph cache.
+        for e in gone {
+            cache(e.dev, e.bytes);
+        }
         r
     })
 }
 
 /// Destroying an executable graph does not free the live allocations its launch made: their
-/// bytes move from the executable's charges `gone` to entries at their addresses.
+/// bytes move from the executable's charges `gone` to entries at their addresses, graph
+/// memory ([`GRAPH_POOL`]) whose free returns it to the graph cache.
 fn keep_live(gone: &mut [Entry], escapes: &[Escape]) {
     for esc in escapes.iter().filter(|e| e.live) {
         if let Some(e) = gone
@@ -475,7 +615,7 @@ fn keep_live(gone: &mut [Entry], escapes: &[Escape]) {
             .find(|e| e.dev == esc.idx && e.bytes >= esc.bytes)
         {
             e.bytes -= esc.bytes;
-            account::record_stream_ordered(esc.dptr, e.target(), esc.bytes, 0);
+            account::record_stream_ordered(esc.dptr, e.target(), esc.bytes, GRAPH_POOL);
         }
     }
 }
@@ -510,6 +650,7 @@ pub unsafe extern "C" fn cuGraphDestroy(graph: CUgraph) -> CUresult {
 pub fn reset_in_child() {
     GRAPHS.reset_in_child();
     EXECS.reset_in_child();
+    CACHE.reset_in_child();
 }
 
 #[cfg(test)]
@@ -529,6 +670,45 @@ mod tests {
         assert_eq!(r, CUDA_SUCCESS);
         let allocs = GRAPHS.lock().get(&(g as usize)).map(|m| m.allocs.clone());
         assert_eq!(allocs, Some(vec![(0, 200, 0x2000)]));
+    }
+
+    fn cached(idx: usize) -> u64 {
+        CACHE.lock().get(&idx).copied().unwrap_or(0)
+    }
+
+    #[test]
+    fn an_instantiation_takes_what_the_graph_cache_holds_first() {
+        let idx = 9;
+        cache(idx, 300);
+        assert_eq!(from_cache(idx, 200), 200);
+        assert_eq!(from_cache(idx, 200), 100, "only what is left");
+        assert_eq!(from_cache(idx, 200), 0);
+        assert_eq!(cached(idx), 0);
+    }
+
+    #[test]
+    fn a_settle_gives_back_only_what_is_left_of_the_graph_cache() {
+        let idx = 10;
+        cache(idx, 300);
+        // While the driver is asked after a trim (it caches none of the 300), another
+        // thread's instantiation takes 200 of the cache: its executable graph's charge holds
+        // them from then on, so only the 100 left are given back.
+        let give = settle_with(idx, |c| {
+            assert_eq!(c, 300);
+            assert_eq!(from_cache(idx, 200), 200);
+            0
+        });
+        assert_eq!(give, 100);
+        assert_eq!(cached(idx), 0);
+        cache(idx, 300);
+        assert_eq!(
+            settle_with(idx, |_| 120),
+            180,
+            "the driver still caches 120"
+        );
+        assert_eq!(cached(idx), 120);
+        assert_eq!(settle_with(idx, |_| 500), 0, "never more than charged");
+        assert_eq!(cached(idx), 120);
     }
 
     #[test]

@@ -164,7 +164,8 @@ pub unsafe extern "C" fn cuMemAllocPitch(
 
 /// Frees through `call` and gives the allocation back (its entry leaves the table before the
 /// driver is asked, see [`account::free_with`]); a pool allocation's memory goes to its
-/// pool's cache (see [`crate::hooks::pools`]).
+/// pool's cache (see [`crate::hooks::pools`]), graph memory to its device's graph cache (see
+/// [`crate::hooks::graph`]).
 fn free_ptr(ptr: u64, call: impl FnOnce() -> CUresult) -> CUresult {
     let (r, gone) = account::free_with(Kind::Ptr, &[ptr], call);
     if r == CUDA_SUCCESS && gone.is_empty() {
@@ -173,7 +174,9 @@ fn free_ptr(ptr: u64, call: impl FnOnce() -> CUresult) -> CUresult {
     }
     if let Some(s) = state::slice() {
         for e in gone {
-            if e.pool != 0 {
+            if e.pool == graph::GRAPH_POOL {
+                graph::freed(e);
+            } else if e.pool != 0 {
                 pools::freed(s, e);
             } else {
                 s.usage.release(e.dev, e.bytes);

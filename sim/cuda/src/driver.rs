@@ -364,6 +364,66 @@ pub struct Graph {
     pub nodes: Vec<(u64, GraphNode)>,
 }
 
+/// A device's graph memory pool of this process: the graph memory it backs and what it keeps
+/// cached. As on a real driver (CUDA Programming Guide, graph memory nodes, "physical memory
+/// footprint"), destroying an executable graph, or freeing an allocation that outlived its
+/// executable, returns the memory to this pool, not to the device: it stays charged to the
+/// process and is reused by later instantiations until `cuDeviceGraphMemTrim`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct GraphPool {
+    /// Bytes held by executable graphs and by allocations that outlived theirs
+    /// (`CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT`).
+    pub used: u64,
+    /// Bytes charged to the process for graph memory: `used` and the cache
+    /// (`CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`).
+    pub reserved: u64,
+    /// High-water marks of `used` and `reserved` since their last reset.
+    pub used_high: u64,
+    pub reserved_high: u64,
+}
+
+impl GraphPool {
+    /// Bytes kept for reuse and held by nothing.
+    pub fn cached(&self) -> u64 {
+        self.reserved.saturating_sub(self.used)
+    }
+
+    /// Bytes the pool must grow by (be charged) to back `bytes` more: what its cache does not
+    /// cover.
+    pub fn growth_for(&self, bytes: u64) -> u64 {
+        bytes.saturating_sub(self.cached())
+    }
+
+    /// Backs `bytes` more, the cache first; `grown` ([`GraphPool::growth_for`]) was charged.
+    pub fn take(&mut self, bytes: u64, grown: u64) {
+        self.reserved = self.reserved.saturating_add(grown);
+        self.used = self.used.saturating_add(bytes).min(self.reserved);
+        self.used_high = self.used_high.max(self.used);
+        self.reserved_high = self.reserved_high.max(self.reserved);
+    }
+
+    /// Undoes a [`GraphPool::take`] of `bytes` that grew the pool by `grown` (a refused
+    /// instantiation): returns the bytes the caller uncharges.
+    pub fn untake(&mut self, bytes: u64, grown: u64) -> u64 {
+        self.used = self.used.saturating_sub(bytes);
+        let grown = grown.min(self.reserved - self.used);
+        self.reserved -= grown;
+        grown
+    }
+
+    /// `bytes` of graph memory are held by nothing any more: they stay reserved, cached.
+    pub fn give(&mut self, bytes: u64) {
+        self.used = self.used.saturating_sub(bytes);
+    }
+
+    /// `cuDeviceGraphMemTrim`: releases the cache; returns the bytes the caller uncharges.
+    pub fn trim(&mut self) -> u64 {
+        let released = self.cached();
+        self.reserved = self.used;
+        released
+    }
+}
+
 /// An instantiated graph and the memory it holds.
 #[derive(Debug)]
 pub struct Exec {
@@ -408,17 +468,22 @@ pub struct Objects {
     /// Graph memory that outlived its executable graph (allocated by a launch, no free node
     /// ran, the executable destroyed): dptr → (ordinal, bytes), until freed.
     pub graph_live: HashMap<u64, (usize, u64)>,
+    /// Each ordinal's graph memory pool.
+    pub graph_pools: Vec<GraphPool>,
     /// Context id → what it saw of its GPU's XIDs ([`Objects::check_context`]).
     pub sticky: HashMap<u64, Sticky>,
 }
 
 impl Objects {
     /// Frees graph memory at `dptr` outside a graph (`cuMemFree`, `cuMemFreeAsync`): the
-    /// allocation of a live executable's launch, or one that outlived its executable (given
-    /// back here). False when `dptr` is no live graph memory.
-    pub fn free_graph_memory(&mut self, d: &Driver, dptr: u64) -> bool {
+    /// allocation of a live executable's launch, or one that outlived its executable (its
+    /// bytes go back to the device's graph pool, cached and still charged, see [`GraphPool`]).
+    /// False when `dptr` is no live graph memory.
+    pub fn free_graph_memory(&mut self, dptr: u64) -> bool {
         if let Some((ord, bytes)) = self.graph_live.remove(&dptr) {
-            d.uncharge(ord, bytes);
+            if let Some(p) = self.graph_pools.get_mut(ord) {
+                p.give(bytes);
+            }
             return true;
         }
         for e in self.execs.values_mut() {
@@ -455,6 +520,7 @@ impl Objects {
             graphs: HashMap::new(),
             execs: HashMap::new(),
             graph_live: HashMap::new(),
+            graph_pools: vec![GraphPool::default(); devices],
             sticky: HashMap::new(),
         }
     }
@@ -778,6 +844,35 @@ mod tests {
             512
         };
         va.is_multiple_of(align)
+    }
+
+    #[test]
+    fn graph_memory_is_cached_by_its_pool_until_trimmed() {
+        let mut p = GraphPool::default();
+        assert_eq!(p.growth_for(300), 300, "an empty pool grows by all of it");
+        p.take(300, 300);
+        // The executable graph is destroyed: its bytes stay reserved, cached.
+        p.give(300);
+        assert_eq!((p.used, p.reserved, p.cached()), (0, 300, 300));
+        // A later graph reuses the cache before the pool grows.
+        assert_eq!(p.growth_for(200), 0);
+        p.take(200, 0);
+        assert_eq!((p.used, p.reserved, p.cached()), (200, 300, 100));
+        assert_eq!(p.growth_for(250), 150);
+        p.take(250, 150);
+        assert_eq!((p.used, p.reserved, p.cached()), (450, 450, 0));
+        assert_eq!((p.used_high, p.reserved_high), (450, 450));
+        // A refused instantiation gives back only what it grew the pool by.
+        assert_eq!(p.untake(250, 150), 150);
+        assert_eq!((p.used, p.reserved), (200, 300));
+        // A trim releases the cache, never what graphs hold.
+        assert_eq!(p.trim(), 100);
+        assert_eq!((p.used, p.reserved, p.cached()), (200, 200, 0));
+        assert_eq!(p.trim(), 0);
+        p.give(200);
+        assert_eq!(p.trim(), 200);
+        assert_eq!((p.used, p.reserved), (0, 0));
+        assert_eq!((p.used_high, p.reserved_high), (450, 450), "marks stay");
     }
 
     #[test]

@@ -43,7 +43,7 @@ exports! {
     cuArrayCreate_v2, cuArray3DCreate_v2, cuArrayDestroy, cuMipmappedArrayCreate, cuMipmappedArrayDestroy,
     cuGraphCreate, cuGraphAddMemAllocNode, cuGraphAddMemFreeNode, cuGraphInstantiateWithFlags,
     cuGraphInstantiate, cuGraphInstantiate_v2, cuGraphLaunch, cuGraphLaunch_ptsz, cuGraphExecDestroy,
-    cuGraphDestroy, cuDeviceGraphMemTrim, cuGraphAddNode, cuGraphAddNode_v2, cuGraphClone, cuGraphAddChildGraphNode,
+    cuGraphDestroy, cuDeviceGraphMemTrim, cuDeviceGetGraphMemAttribute, cuDeviceSetGraphMemAttribute, cuGraphAddNode, cuGraphAddNode_v2, cuGraphClone, cuGraphAddChildGraphNode,
     cuGraphInstantiateWithParams, cuGraphInstantiateWithParams_ptsz,
     cuModuleLoadData, cuModuleGetFunction, cuModuleUnload, cuLaunchKernel, cuLaunchKernel_ptsz,
     cuStreamCreate, cuStreamDestroy, cuStreamDestroy_v2, cuStreamSynchronize, cuStreamSynchronize_ptsz,

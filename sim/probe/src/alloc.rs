@@ -10,7 +10,7 @@ use serde_json::json;
 
 use gpuslice_cuda_ffi::*;
 
-use crate::cli::{AllocArgs, Api, Instantiate, MultiArgs};
+use crate::cli::{AllocArgs, Api, GraphCacheArgs, GraphCacheStep, Instantiate, MultiArgs};
 use crate::cuda::{call, Cuda, Device};
 use crate::error::{name, ProbeError};
 use crate::report::{human_bytes, Out};
@@ -718,6 +718,105 @@ pub fn run_ctx_destroy(
         std::thread::sleep(Duration::from_secs_f64(args.hold));
     }
     second.outcome()
+}
+
+/// `graph-cache`: a captured graph that allocates and frees `--chunk` is instantiated,
+/// launched and its executable destroyed, which leaves the memory in the device's graph pool
+/// (CUDA Programming Guide, graph memory nodes); then `--then`: a cuMemAlloc of `--chunk`,
+/// the graph instantiated and launched again, or cuDeviceGraphMemTrim. Reports cuMemGetInfo's
+/// free memory before, after the destroy and after the step, the step's refusal, and the
+/// driver's graph pool figures (`cuDeviceGetGraphMemAttribute`); holds `--hold` seconds; frees.
+pub fn run_graph_cache(
+    cuda: &Cuda,
+    out: Out,
+    ordinal: i32,
+    args: &GraphCacheArgs,
+) -> Result<(), ProbeError> {
+    let dev = cuda.open_device(ordinal)?;
+    let a = Allocator::new(cuda, dev, Api::Capture, Instantiate::Flags, None)?;
+    let size = args.chunk as usize;
+    let (free_before, mem_total) = cuda.mem_info()?;
+    let mut dptr: CUdeviceptr = 0;
+    let graph = a.build_graph(size, &mut dptr)?;
+    let launch = |exec: CUgraphExec| {
+        call!(cuda, cuGraphLaunch: PFN_cuGraphLaunch, exec, a.stream)?;
+        cuda.stream_sync(a.stream)
+    };
+    let mut exec: CUgraphExec = std::ptr::null_mut();
+    a.instantiate(&mut exec, graph)?;
+    launch(exec)?;
+    call!(cuda, cuGraphExecDestroy: PFN_cuGraphExecDestroy, exec)?;
+    let (free_destroyed, _) = cuda.mem_info()?;
+    let mut held: CUdeviceptr = 0;
+    let mut second: CUgraphExec = std::ptr::null_mut();
+    let step = match args.then {
+        GraphCacheStep::Alloc => call!(cuda, cuMemAlloc: PFN_cuMemAlloc_v2, &mut held, size),
+        GraphCacheStep::Graph => a
+            .instantiate(&mut second, graph)
+            .and_then(|()| launch(second)),
+        GraphCacheStep::Trim => {
+            call!(cuda, cuDeviceGraphMemTrim: PFN_cuDeviceGraphMemTrim, ordinal)
+        }
+    };
+    let refusal = match step {
+        Ok(()) => None,
+        Err(ProbeError::Cuda { call, code }) => Some((call, code)),
+        Err(e) => return Err(e),
+    };
+    let (free_after, _) = cuda.mem_info()?;
+    let graph_mem = |attr| {
+        let mut v = 0u64;
+        call!(cuda, cuDeviceGetGraphMemAttribute: PFN_cuDeviceGetGraphMemAttribute, ordinal,
+            attr, (&mut v as *mut u64).cast::<c_void>())
+        .map(|()| v)
+    };
+    let graph_used = graph_mem(CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT)?;
+    let graph_reserved = graph_mem(CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)?;
+    let v = json!({
+        "cmd": "graph-cache",
+        "then": args.then.as_str(),
+        "device": ordinal,
+        "chunk": args.chunk,
+        "free_before": free_before,
+        "free_destroyed": free_destroyed,
+        "free_after": free_after,
+        "mem_total": mem_total,
+        "error": refusal.map(|(_, code)| name(code)),
+        "call": refusal.map(|(call, _)| call),
+        "graph_used": graph_used,
+        "graph_reserved": graph_reserved,
+    });
+    out.emit(v.clone(), || {
+        format!(
+            "graph-cache (then {}): cuMemGetInfo free {} before, {} after the executable graph's \
+             destroy, {} after the step ({}); graph pool used {}, reserved {}",
+            args.then.as_str(),
+            human_bytes(free_before),
+            human_bytes(free_destroyed),
+            human_bytes(free_after),
+            v["error"].as_str().unwrap_or("not refused"),
+            human_bytes(graph_used),
+            human_bytes(graph_reserved)
+        )
+    });
+    if args.hold > 0.0 {
+        std::thread::sleep(Duration::from_secs_f64(args.hold));
+    }
+    if held != 0 {
+        let _ = call!(cuda, cuMemFree: PFN_cuMemFree_v2, held);
+    }
+    if !second.is_null() {
+        let _ = call!(cuda, cuGraphExecDestroy: PFN_cuGraphExecDestroy, second);
+    }
+    let _ = call!(cuda, cuGraphDestroy: PFN_cuGraphDestroy, graph);
+    let _ = call!(cuda, cuDeviceGraphMemTrim: PFN_cuDeviceGraphMemTrim, ordinal);
+    a.finish();
+    match refusal {
+        Some((call, code)) if code != CUDA_ERROR_OUT_OF_MEMORY => {
+            Err(ProbeError::Cuda { call, code })
+        }
+        _ => Ok(()),
+    }
 }
 
 /// `multi`: fills each device in turn, holding everything, and reports them together.

@@ -62,6 +62,11 @@ pub enum Command {
     /// NVML only, as nvidia-smi reads it: every GPU's memory and process lists. The probe
     /// run under the name `nvidia-smi` does this.
     Smi,
+    /// A captured graph allocating and freeing `--chunk` is instantiated, launched and its
+    /// executable destroyed (the driver's graph pool keeps the memory); then `--then` runs.
+    /// Reports cuMemGetInfo before, after the destroy and after the step, the step's error
+    /// and the driver's graph pool figures; holds; frees.
+    GraphCache(GraphCacheArgs),
     /// Threads allocating and freeing concurrently (cuMemAlloc and cuMemAllocAsync at
     /// random) for some rounds; print cuMemGetInfo's used memory before and after.
     Churn(ChurnArgs),
@@ -198,6 +203,39 @@ pub struct AllocArgs {
     /// free gives back is allocatable again).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub rounds: u32,
+}
+
+/// What `graph-cache` does once the first executable graph is destroyed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum GraphCacheStep {
+    /// cuMemAlloc of `--chunk`.
+    Alloc,
+    /// The same graph instantiated and launched again.
+    Graph,
+    /// cuDeviceGraphMemTrim.
+    Trim,
+}
+
+impl GraphCacheStep {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GraphCacheStep::Alloc => "alloc",
+            GraphCacheStep::Graph => "graph",
+            GraphCacheStep::Trim => "trim",
+        }
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct GraphCacheArgs {
+    /// Bytes the graph allocates (and the step's cuMemAlloc): bytes or 512Mi, 3Gi.
+    #[arg(long, value_parser = bytes)]
+    pub chunk: u64,
+    #[arg(long, value_enum)]
+    pub then: GraphCacheStep,
+    /// Keep everything this many seconds after printing, then free it.
+    #[arg(long, default_value_t = 0.0)]
+    pub hold: f64,
 }
 
 #[derive(Debug, clap::Args)]

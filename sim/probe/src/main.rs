@@ -44,6 +44,7 @@ fn run(cli: &Cli) -> Result<(), ProbeError> {
         Command::Bench(b) => bench::run(&cuda, out, cli.device, b),
         Command::Fill(f) => fill::run(&cuda, out, cli.device, &cli.nvml_lib, f),
         Command::Churn(c) => churn::run(&cuda, out, cli.device, c),
+        Command::GraphCache(g) => alloc::run_graph_cache(&cuda, out, cli.device, g),
         Command::Smi => Ok(()),
     }
 }

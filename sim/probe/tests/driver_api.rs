@@ -1,7 +1,8 @@
 //! The simulated driver's API semantics, called in-process the way the shim calls it:
 //! contexts own their memory (not VMM, stream-ordered or graph memory, which outlive them),
 //! VMM memory lives until released and unmapped, stream-ordered frees need stream-ordered
-//! memory, graph memory lives from instantiation to exec destroy, events and streams follow
+//! memory, graph memory lives from instantiation to exec destroy and then stays in the
+//! device's graph pool until trimmed, events and streams follow
 //! the kernel timeline. Each test uses its own GPU of one shared node (the driver is per
 //! process). They run one at a time ([`turn`]): the driver hands a freed address or handle
 //! to the next allocation of any thread, as a real one does, and tests check that what they
@@ -283,6 +284,11 @@ fn memory_no_context_owns_outlives_the_context() {
         cu!(cuMemPoolDestroy: PFN_cuMemPoolDestroy, pool),
         CUDA_SUCCESS
     );
+    // The executable graph's memory stays in the device's graph pool until trimmed.
+    assert_eq!(
+        cu!(cuDeviceGraphMemTrim: PFN_cuDeviceGraphMemTrim, 5),
+        CUDA_SUCCESS
+    );
     assert_eq!(free_mem(), CAPACITY);
 }
 
@@ -509,14 +515,126 @@ fn graph_memory_lives_from_instantiation_to_exec_destroy() {
     assert_eq!(cu!(cuGraphDestroy: PFN_cuGraphDestroy, g), CUDA_SUCCESS);
     assert_eq!(
         free_mem(),
-        CAPACITY - 3 * GIB,
-        "the allocation e1's launch made, with no free node, outlives the executable graph"
+        CAPACITY - 6 * GIB,
+        "the allocation e1's launch made, with no free node, outlives the executable graph; \
+         e2's memory stays in the device's graph pool"
     );
+    assert_eq!(graph_mem(4), (3 * GIB as u64, 6 * GIB as u64));
     assert_eq!(
         cu!(cuMemFree_v2: PFN_cuMemFree_v2, params.dptr),
         CUDA_SUCCESS
     );
+    assert_eq!(
+        free_mem(),
+        CAPACITY - 6 * GIB,
+        "a freed graph allocation goes back to the graph pool"
+    );
+    assert_eq!(graph_mem(4), (0, 6 * GIB as u64));
+    assert_eq!(
+        cu!(cuDeviceGraphMemTrim: PFN_cuDeviceGraphMemTrim, 4),
+        CUDA_SUCCESS
+    );
+    assert_eq!(free_mem(), CAPACITY, "the trim released the cache");
+    assert_eq!(graph_mem(4), (0, 0));
+}
+
+/// `(USED_MEM_CURRENT, RESERVED_MEM_CURRENT)` of device `dev`'s graph memory pool.
+fn graph_mem(dev: i32) -> (u64, u64) {
+    let get = |attr| {
+        let mut v = 0u64;
+        let r = cu!(cuDeviceGetGraphMemAttribute: PFN_cuDeviceGetGraphMemAttribute, dev, attr,
+            (&mut v as *mut u64).cast::<c_void>());
+        assert_eq!(r, CUDA_SUCCESS);
+        v
+    };
+    (
+        get(CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT),
+        get(CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT),
+    )
+}
+
+#[test]
+fn the_graph_pool_reuses_its_cache_before_growing() {
+    let _turn = turn();
+    use_device(5);
+    let mut g = std::ptr::null_mut();
+    assert_eq!(
+        cu!(cuGraphCreate: PFN_cuGraphCreate, &mut g, 0),
+        CUDA_SUCCESS
+    );
+    let access = CUmemAccessDesc {
+        location: CUmemLocation {
+            type_: CU_MEM_LOCATION_TYPE_DEVICE,
+            id: 5,
+        },
+        flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    };
+    let mut params = CUDA_MEM_ALLOC_NODE_PARAMS {
+        poolProps: CUmemPoolProps::pinned_on(5),
+        accessDescs: &access,
+        accessDescCount: 1,
+        bytesize: 5 * GIB,
+        dptr: 0,
+    };
+    let mut node = std::ptr::null_mut();
+    let r = cu!(cuGraphAddMemAllocNode: PFN_cuGraphAddMemAllocNode, &mut node, g, std::ptr::null(), 0, &mut params);
+    assert_eq!(r, CUDA_SUCCESS);
+    let mut free_node = std::ptr::null_mut();
+    let r = cu!(cuGraphAddMemFreeNode: PFN_cuGraphAddMemFreeNode, &mut free_node, g, &node, 1, params.dptr);
+    assert_eq!(r, CUDA_SUCCESS);
+    let instantiate = || {
+        let mut e = std::ptr::null_mut();
+        let r = cu!(cuGraphInstantiateWithFlags: PFN_cuGraphInstantiateWithFlags, &mut e, g, 0);
+        (r, e)
+    };
+    let (r, e1) = instantiate();
+    assert_eq!(r, CUDA_SUCCESS);
+    assert_eq!(
+        cu!(cuGraphLaunch: PFN_cuGraphLaunch, e1, std::ptr::null_mut()),
+        CUDA_SUCCESS
+    );
+    assert_eq!(
+        cu!(cuGraphExecDestroy: PFN_cuGraphExecDestroy, e1),
+        CUDA_SUCCESS
+    );
+    assert_eq!(free_mem(), CAPACITY - 5 * GIB, "destroyed, still cached");
+    let mut p: CUdeviceptr = 0;
+    assert_eq!(
+        cu!(cuMemAlloc_v2: PFN_cuMemAlloc_v2, &mut p, 5 * GIB),
+        CUDA_ERROR_OUT_OF_MEMORY,
+        "the graph pool's cache holds the device's memory"
+    );
+    let (r, e2) = instantiate();
+    assert_eq!(r, CUDA_SUCCESS, "a second graph reuses the cache");
+    assert_eq!(free_mem(), CAPACITY - 5 * GIB, "without growing the pool");
+    assert_eq!(graph_mem(5), (5 * GIB as u64, 5 * GIB as u64));
+    assert_eq!(
+        cu!(cuDeviceGraphMemTrim: PFN_cuDeviceGraphMemTrim, 5),
+        CUDA_SUCCESS
+    );
+    assert_eq!(
+        free_mem(),
+        CAPACITY - 5 * GIB,
+        "a trim keeps what an executable graph holds"
+    );
+    assert_eq!(
+        cu!(cuGraphExecDestroy: PFN_cuGraphExecDestroy, e2),
+        CUDA_SUCCESS
+    );
+    let mut zero = 0u64;
+    let r = cu!(cuDeviceSetGraphMemAttribute: PFN_cuDeviceSetGraphMemAttribute, 5,
+        CU_GRAPH_MEM_ATTR_USED_MEM_HIGH, (&mut zero as *mut u64).cast::<c_void>());
+    assert_eq!(r, CUDA_SUCCESS);
+    let mut high = 1u64;
+    let r = cu!(cuDeviceGetGraphMemAttribute: PFN_cuDeviceGetGraphMemAttribute, 5,
+        CU_GRAPH_MEM_ATTR_USED_MEM_HIGH, (&mut high as *mut u64).cast::<c_void>());
+    assert_eq!((r, high), (CUDA_SUCCESS, 0), "the mark was reset");
+    assert_eq!(
+        cu!(cuDeviceGraphMemTrim: PFN_cuDeviceGraphMemTrim, 5),
+        CUDA_SUCCESS
+    );
     assert_eq!(free_mem(), CAPACITY);
+    assert_eq!(cu!(cuGraphDestroy: PFN_cuGraphDestroy, g), CUDA_SUCCESS);
 }
 
 #[test]

@@ -1,15 +1,18 @@
 //! Graphs with memory nodes: an allocation node gets its address when added (directly, through
 //! `cuGraphAddNode`, or by stream capture of `cuMemAllocAsync`); the memory of every
-//! allocation node, those in child graphs and clones included, is charged when the graph is
-//! instantiated and given back when the executable graph is destroyed, except an allocation
-//! a launch made that no free node in the graph freed: as on a real driver, it stays until
-//! `cuMemFree`/`cuMemFreeAsync` of its address. Launching a graph takes no device time.
+//! allocation node, those in child graphs and clones included, is backed when the graph is
+//! instantiated by the device's graph memory pool ([`crate::driver::GraphPool`]: its cache
+//! first, then charged). Destroying the executable graph returns its memory to that pool,
+//! still charged, except an allocation a launch made that no free node in the graph freed:
+//! as on a real driver, it stays until `cuMemFree`/`cuMemFreeAsync` of its address, which
+//! returns it to the pool too. `cuDeviceGraphMemTrim` releases what the pool caches;
+//! `cuDeviceGetGraphMemAttribute` reports its figures. Launching a graph takes no device time.
 
-use std::ffi::{c_char, c_uint, c_ulonglong};
+use std::ffi::{c_char, c_uint, c_ulonglong, c_void};
 
 use gpuslice_cuda_ffi::*;
 
-use crate::driver::{driver, handle, id_of, Exec, Graph, GraphNode};
+use crate::driver::{driver, handle, id_of, Driver, Exec, Graph, GraphNode, GraphPool, Objects};
 use crate::guard::{get, get_slice, guard, put, CuResult};
 
 #[no_mangle]
@@ -258,6 +261,23 @@ pub unsafe extern "C" fn cuGraphAddMemFreeNode(
     })
 }
 
+/// The graph memory pool of ordinal `ord`.
+fn graph_pool(o: &mut Objects, ord: usize) -> CuResult<&mut GraphPool> {
+    o.graph_pools.get_mut(ord).ok_or(CUDA_ERROR_INVALID_DEVICE)
+}
+
+/// Backs `bytes` of graph memory on ordinal `ord` from its graph pool: the cache first, the
+/// rest charged (`CUDA_ERROR_OUT_OF_MEMORY` past the device's capacity). Returns the bytes
+/// the pool grew by.
+fn back(d: &Driver, o: &mut Objects, ord: usize, bytes: u64) -> CuResult<u64> {
+    let grown = graph_pool(o, ord)?.growth_for(bytes);
+    if grown > 0 {
+        d.charge(ord, grown)?;
+    }
+    graph_pool(o, ord)?.take(bytes, grown);
+    Ok(grown)
+}
+
 fn instantiate(exec: *mut CUgraphExec, graph: CUgraph) -> CuResult {
     let d = driver()?;
     if exec.is_null() {
@@ -279,16 +299,26 @@ fn instantiate(exec: *mut CUgraphExec, graph: CUgraph) -> CuResult {
         .filter(|(_, _, p)| !frees.contains(p))
         .copied()
         .collect();
-    let mut charged = Vec::with_capacity(allocs.len());
-    for (ord, bytes, _) in allocs {
-        if let Err(e) = d.charge(ord, bytes) {
-            for (o2, b2) in charged {
-                d.uncharge(o2, b2);
+    // (ordinal, bytes, bytes the pool grew by) of each allocation backed so far.
+    let mut taken: Vec<(usize, u64, u64)> = Vec::with_capacity(allocs.len());
+    for (ord, bytes, _) in &allocs {
+        match back(d, &mut o, *ord, *bytes) {
+            Ok(grown) => taken.push((*ord, *bytes, grown)),
+            Err(e) => {
+                for (ord, bytes, grown) in taken.into_iter().rev() {
+                    if let Ok(p) = graph_pool(&mut o, ord) {
+                        let released = p.untake(bytes, grown);
+                        d.uncharge(ord, released);
+                    }
+                }
+                return Err(e);
             }
-            return Err(e);
         }
-        charged.push((ord, bytes));
     }
+    let charged = allocs
+        .iter()
+        .map(|(ord, bytes, _)| (*ord, *bytes))
+        .collect();
     let id = o.new_id();
     o.execs.insert(
         id,
@@ -430,8 +460,9 @@ pub unsafe extern "C" fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult {
                 o.graph_live.insert(dptr, (ord, bytes));
             }
         }
+        // The rest goes back to the graph pool, cached and still charged.
         for (ord, bytes) in e.charges {
-            d.uncharge(ord, bytes);
+            graph_pool(&mut o, ord)?.give(bytes);
         }
         o.free_id(id_of(exec));
         Ok(())
@@ -458,8 +489,64 @@ pub unsafe extern "C" fn cuGraphDestroy(graph: CUgraph) -> CUresult {
     })
 }
 
-/// Graph memory goes back at exec destroy here, so there is never anything cached to trim.
+/// Releases what the device's graph pool caches: memory no executable graph and no live
+/// allocation holds.
 #[no_mangle]
 pub unsafe extern "C" fn cuDeviceGraphMemTrim(dev: CUdevice) -> CUresult {
-    guard(|| driver()?.ordinal(dev).map(|_| ()))
+    guard(|| {
+        let d = driver()?;
+        let ord = d.ordinal(dev)?;
+        let released = graph_pool(&mut d.objects(), ord)?.trim();
+        d.uncharge(ord, released);
+        Ok(())
+    })
+}
+
+/// Reads a graph memory attribute of the device (a `cuuint64_t`): used and reserved bytes of
+/// its graph pool and their high-water marks.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceGetGraphMemAttribute(
+    dev: CUdevice,
+    attr: CUgraphMem_attribute,
+    value: *mut c_void,
+) -> CUresult {
+    guard(|| {
+        let d = driver()?;
+        let ord = d.ordinal(dev)?;
+        let p = *graph_pool(&mut d.objects(), ord)?;
+        let bytes = match attr {
+            CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT => p.used,
+            CU_GRAPH_MEM_ATTR_USED_MEM_HIGH => p.used_high,
+            CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT => p.reserved,
+            CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH => p.reserved_high,
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        };
+        put(value.cast::<u64>(), bytes)
+    })
+}
+
+/// Resets a high-water mark of the device's graph pool; only 0 may be set ("High watermark
+/// can only be reset to zero", CUDA driver API), after which the mark follows the current
+/// figure again.
+#[no_mangle]
+pub unsafe extern "C" fn cuDeviceSetGraphMemAttribute(
+    dev: CUdevice,
+    attr: CUgraphMem_attribute,
+    value: *mut c_void,
+) -> CUresult {
+    guard(|| {
+        let d = driver()?;
+        let ord = d.ordinal(dev)?;
+        if get(value.cast::<u64>().cast_const())? != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let mut o = d.objects();
+        let p = graph_pool(&mut o, ord)?;
+        match attr {
+            CU_GRAPH_MEM_ATTR_USED_MEM_HIGH => p.used_high = p.used,
+            CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH => p.reserved_high = p.reserved,
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        }
+        Ok(())
+    })
 }

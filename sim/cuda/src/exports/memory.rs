@@ -76,7 +76,7 @@ pub fn free(d: &Driver, dptr: CUdeviceptr) -> CuResult {
         return Ok(());
     }
     let mut o = d.objects();
-    if !o.allocations.contains_key(&dptr) && o.free_graph_memory(d, dptr) {
+    if !o.allocations.contains_key(&dptr) && o.free_graph_memory(dptr) {
         return Ok(());
     }
     let a = o
@@ -282,7 +282,7 @@ fn free_async(dptr: CUdeviceptr, stream: CUstream) -> CuResult {
             graph.nodes.push((nid, GraphNode::Free(dptr)));
             return Ok(());
         }
-        if o.free_graph_memory(d, dptr) {
+        if o.free_graph_memory(dptr) {
             return Ok(());
         }
         match o.allocations.get(&dptr) {
