@@ -1,8 +1,9 @@
 //! ResourceClaims and ResourceClaimTemplates read through views that keep only what a charge
 //! reads (the metadata that names and owns them, the device requests, constraints and
-//! gpuslice's own opaque parameters, the pods a claim is reserved for), so that what the webhook never reads cannot stop it from
-//! reading them: opaque parameters of other drivers and `managedFields` may nest deeper than
-//! the JSON parser's recursion limit (the API server accepts them), and are skipped unbuilt. A
+//! gpuslice's own opaque parameters, the consumers a claim is reserved for), so that what the
+//! webhook never reads cannot stop it from reading them: opaque parameters of other drivers
+//! (in a claim's spec or its allocation) and `managedFields` may nest deeper than the JSON
+//! parser's recursion limit (the API server accepts them), and are skipped unbuilt. A
 //! list is read object by object, so that one object that cannot be read is named and skipped
 //! rather than failing the list (docs/quotas.md); a watch likewise, event by event
 //! ([`Watch`]).

@@ -1,8 +1,8 @@
 //! Namespace budgets against the FAKE API server of `gpuslice-fakeapi` (no control plane runs
 //! in a crate's tests; `budgets::` in tests/ runs the real one): a pod past its budget is
 //! refused before any template is made for it, and one within it is booked; a claim passed off
-//! as a pod's is charged unless the resource claim controller's user creates it; the recount frees
-//! what a deleted pod held at once, keeps a booking whose pod is not stored yet for a window
+//! as a pod's is charged unless the resource claim controller's user creates it; the recount
+//! frees what a deleted pod held at once, keeps a booking whose pod is not stored yet for a window
 //! however often it runs, and frees nothing while a live claim cannot be priced; a deletion
 //! frees its share within a second, long before the periodic recount. The fake holds no
 //! ResourceSlice (a cluster in capacity mode whose nodes publish no GPU yet: a memory asked is
