@@ -17,10 +17,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
+use k8s_openapi::api::core::v1::{Pod, PodResourceClaim, ResourceQuota};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimSpec, ResourceClaimTemplate};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{ListParams, PostParams};
 use kube::Api;
@@ -35,6 +35,14 @@ use crate::view::{get_opt, list_page, Viewed};
 /// The annotation the resource claim controller puts on a claim it makes from a pod's
 /// template: the pod's entry the claim is for.
 pub const POD_CLAIM_NAME: &str = "resource.kubernetes.io/pod-claim-name";
+/// The users the resource claim controller creates claims as: its own service account, or the
+/// controller manager's user where that runs without per-controller credentials. The
+/// registration's `not-a-pods-claim-from-the-claim-controller` condition names the same
+/// (packaging/helm/gpuslice/templates/webhook.yaml, scripts/lib/cluster-webhook.sh).
+pub const CLAIM_CONTROLLER_USERS: [&str; 2] = [
+    "system:serviceaccount:kube-system:resource-claim-controller",
+    "system:kube-controller-manager",
+];
 /// How often the ledger is recounted by default, and the window a booking is kept for: a
 /// deleted object's share is freed by the recount its deletion triggers (or, that missed, by
 /// the next periodic one), a refused admission's booking once a window has passed since a
@@ -288,14 +296,16 @@ impl Ledger {
 
     /// What a claim created in `namespace` charges: nothing when the resource claim controller
     /// makes it from the template of a live pod's entry (the pod was charged for it), else
-    /// what its spec asks.
+    /// what its spec asks. `by_claim_controller`: whether the review's user is the controller
+    /// ([`CLAIM_CONTROLLER_USERS`]).
     pub async fn claim_charge(
         &self,
         namespace: &str,
         claim: &ResourceClaim,
+        by_claim_controller: bool,
         inventory: &PublishedGpus,
     ) -> Result<Charge, BudgetError> {
-        if self.made_for_pod(namespace, claim).await? {
+        if by_claim_controller && self.made_for_pod(namespace, claim).await? {
             return Ok(Charge::default());
         }
         let field = format!(
@@ -310,32 +320,19 @@ impl Ledger {
         Ok(claim_charge(&claim_spec(claim), inventory, &field)?)
     }
 
-    /// Whether `claim` is the one the resource claim controller makes for a pod's template
-    /// entry: owned (as controller) by a live pod of that uid whose entry of that name names a
-    /// template and has no claim yet. The registration does not send the claims the controller
-    /// creates under its own user (scripts/lib/cluster-webhook.sh, docs/quotas.md); this
-    /// answers for the others: a controller under another identity, a caller reaching the
-    /// webhook itself.
+    /// Whether `claim`, created by the resource claim controller's user, is the one it makes
+    /// for a pod's template entry: made from an entry ([`made_from_entry`]) of a live pod
+    /// that has no claim for that entry yet. The registration does not send the claims the
+    /// controller creates under its own user (scripts/lib/cluster-webhook.sh, docs/quotas.md);
+    /// this answers for those sent all the same (a registration without that condition). The
+    /// same claim from any other user is charged as it asks: its owner reference and
+    /// annotation are metadata a tenant writes.
     async fn made_for_pod(
         &self,
         namespace: &str,
         claim: &ResourceClaim,
     ) -> Result<bool, BudgetError> {
-        let Some(entry) = claim
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(POD_CLAIM_NAME))
-        else {
-            return Ok(false);
-        };
-        let Some(owner) = claim
-            .metadata
-            .owner_references
-            .iter()
-            .flatten()
-            .find(|o| o.kind == "Pod" && o.controller == Some(true))
-        else {
+        let Some(owner) = pod_owner(claim) else {
             return Ok(false);
         };
         let api: Api<Pod> = Api::namespaced(self.cluster.client(), namespace);
@@ -346,27 +343,48 @@ impl Ledger {
         else {
             return Ok(false);
         };
-        let names_template = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.resource_claims.as_ref())
-            .is_some_and(|l| {
-                l.iter()
-                    .any(|e| &e.name == entry && e.resource_claim_template_name.is_some())
-            });
+        let Some(entry) = made_from_entry(claim, &pod) else {
+            return Ok(false);
+        };
         let resolved = pod
             .status
             .as_ref()
             .and_then(|s| s.resource_claim_statuses.as_ref())
             .is_some_and(|l| {
                 l.iter()
-                    .any(|s| &s.name == entry && s.resource_claim_name.is_some())
+                    .any(|s| s.name == entry.name && s.resource_claim_name.is_some())
             });
-        Ok(pod.metadata.uid.as_deref() == Some(owner.uid.as_str())
-            && !terminal(&pod)
-            && names_template
-            && !resolved)
+        Ok(!terminal(&pod) && !resolved)
     }
+}
+
+/// The owner reference that makes `c` a pod's claim for the resource claim controller: the
+/// controller reference, to an `apiVersion: v1` Pod (the controller takes no other owner for
+/// a pod's).
+fn pod_owner(c: &ResourceClaim) -> Option<&OwnerReference> {
+    c.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.api_version == "v1" && o.kind == "Pod" && o.controller == Some(true))
+}
+
+/// The entry of `pod` (`spec.resourceClaims[]`) that `c` is the claim made from the template
+/// of, as the resource claim controller finds a pod's claims: owned by the pod
+/// ([`pod_owner`], of the pod's uid) and annotated [`POD_CLAIM_NAME`] with the name of one of
+/// the pod's entries, an entry naming a template. Both are metadata any writer of the claim
+/// sets: what the entry says is only as good as who made the claim (the controller, or a
+/// tenant passing one off as its).
+fn made_from_entry<'a>(c: &ResourceClaim, pod: &'a Pod) -> Option<&'a PodResourceClaim> {
+    let uid = pod.metadata.uid.as_deref()?;
+    pod_owner(c).filter(|o| o.uid == uid)?;
+    let entry = c.metadata.annotations.as_ref()?.get(POD_CLAIM_NAME)?;
+    pod.spec
+        .as_ref()?
+        .resource_claims
+        .as_ref()?
+        .iter()
+        .find(|e| &e.name == entry && e.resource_claim_template_name.is_some())
 }
 
 /// Every claim template entry (entry name, template name) `pod` will have once admitted with
@@ -561,7 +579,8 @@ pub struct Live {
 
 /// What the live objects of one namespace charge: every pod that is not done, for the claims
 /// its template entries make (the claim made when there is one, else the template), and every
-/// other claim of gpuslice's classes (written by hand, or owned by no live pod).
+/// other claim of gpuslice's classes (written by hand, or owned by no live pod), but the
+/// claims made for pods that are done and held by no other pod ([`done_with_its_pod`]).
 pub fn live_charge(
     pods: &[Pod],
     claims: &[ResourceClaim],
@@ -581,11 +600,8 @@ pub fn live_charge(
         .iter()
         .filter_map(|c| c.metadata.name.as_deref().map(|n| (n, c)))
         .collect();
-    let mut done_owners: HashSet<&str> = HashSet::new();
     for p in pods {
-        let uid = p.metadata.uid.as_deref().unwrap_or_default();
         if terminal(p) {
-            done_owners.insert(uid);
             continue;
         }
         let statuses = p
@@ -607,14 +623,9 @@ pub fn live_charge(
                 .and_then(|s| s.resource_claim_name.as_deref())
                 .and_then(|n| by_name.get(n).copied())
                 .or_else(|| {
-                    claims.iter().find(|c| {
-                        owned_by(c, uid)
-                            && c.metadata
-                                .annotations
-                                .as_ref()
-                                .and_then(|a| a.get(POD_CLAIM_NAME))
-                                == Some(&e.name)
-                    })
+                    claims
+                        .iter()
+                        .find(|c| made_from_entry(c, p).is_some_and(|m| m.name == e.name))
                 });
             let c = match made {
                 Some(c) => {
@@ -638,10 +649,13 @@ pub fn live_charge(
             total = add(total, &c, &mut unpriced);
         }
     }
+    let by_uid: HashMap<&str, &Pod> = pods
+        .iter()
+        .filter_map(|p| p.metadata.uid.as_deref().map(|u| (u, p)))
+        .collect();
     for c in claims {
         let name = c.metadata.name.as_deref().unwrap_or_default();
-        let done = done_owners.iter().any(|uid| owned_by(c, uid));
-        if counted.contains(name) || done {
+        if counted.contains(name) || done_with_its_pod(c, &by_uid) {
             continue;
         }
         let c = charge(
@@ -667,12 +681,33 @@ fn add(total: Charge, c: &Charge, unpriced: &mut Option<String>) -> Charge {
         })
 }
 
-fn owned_by(c: &ResourceClaim, uid: &str) -> bool {
-    c.metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .any(|o| o.kind == "Pod" && o.controller == Some(true) && o.uid == uid)
+/// Whether claim `c` holds nothing now: it is the claim made from a template entry
+/// ([`made_from_entry`]) of a pod that is done (the pod was charged for it; the resource claim
+/// controller deletes it), and no other pod holds it: every consumer its `status.reservedFor`
+/// names is a pod of `pods` (by uid) that is done. A consumer that is not a pod, or a pod not
+/// listed (the pods are listed before the claims: one created in between may already have
+/// reserved it), holds it; so does a pod listed that is not done (a pod may use a pod's claim
+/// by name), and the claim is charged as it asks.
+fn done_with_its_pod(c: &ResourceClaim, pods: &HashMap<&str, &Pod>) -> bool {
+    let done = |uid: &str| pods.get(uid).is_some_and(|p| terminal(p));
+    let Some(owner) = pod_owner(c) else {
+        return false;
+    };
+    let Some(pod) = pods.get(owner.uid.as_str()) else {
+        return false;
+    };
+    terminal(pod)
+        && made_from_entry(c, pod).is_some()
+        && c.status
+            .as_ref()
+            .and_then(|s| s.reserved_for.as_ref())
+            .into_iter()
+            .flatten()
+            .all(|r| {
+                r.api_group.as_deref().unwrap_or_default().is_empty()
+                    && r.resource == "pods"
+                    && done(&r.uid)
+            })
 }
 
 /// The recount's decision for one line of a quota: the used value to write. `used` is what
@@ -1498,5 +1533,113 @@ mod tests {
         assert_eq!(live.unpriced, None);
         assert_eq!(live.charge.memory_bytes, (2 + 2 + 2 + 4) << 30);
         assert_eq!(live.charge.gpus, 4);
+    }
+
+    /// Eight GPUs of 80Gi published on one node: a whole GPU is priced.
+    fn eight_gpus() -> PublishedGpus {
+        PublishedGpus {
+            mode: Mode::Capacity,
+            max_gpus_per_node: Some(8),
+            gpu_memory: vec![80 << 30],
+        }
+    }
+
+    /// Claim `name` asking `count` whole GPUs, owned as controller by the pod of `uid` with
+    /// owner `api_version`, annotated for entry `entry` when given, reserved for the pods of
+    /// `reserved` (uids).
+    fn gpus_claim(
+        name: &str,
+        count: u32,
+        (api_version, uid): (&str, &str),
+        entry: Option<&str>,
+        reserved: &[&str],
+    ) -> ResourceClaim {
+        let mut c = json!({"metadata": {"name": name,
+            "ownerReferences": [{"apiVersion": api_version, "kind": "Pod", "name": "d",
+                "uid": uid, "controller": true}]},
+            "spec": {"devices": {"requests": [{"name": "g", "exactly": {
+                "deviceClassName": "gpuslice.io", "count": count}}]}},
+            "status": {"reservedFor": reserved.iter()
+                .map(|u| json!({"resource": "pods", "name": u, "uid": u}))
+                .collect::<Vec<_>>()}});
+        if let Some(entry) = entry {
+            c["metadata"]["annotations"] = json!({ POD_CLAIM_NAME: entry });
+        }
+        serde_json::from_value(c).unwrap()
+    }
+
+    /// Pod `d` (uid `ud`), done, whose entry `e` names template `t`; pod `q` (uid `uq`),
+    /// running, using claim `big` by name.
+    fn done_and_running() -> Vec<Pod> {
+        vec![
+            pod(
+                "d",
+                "ud",
+                "Succeeded",
+                json!([{"name": "e", "resourceClaimTemplateName": "t"}]),
+                json!([{"name": "e", "resourceClaimName": "d-e"}]),
+            ),
+            pod(
+                "q",
+                "uq",
+                "Running",
+                json!([{"name": "x", "resourceClaimName": "big"}]),
+                json!([]),
+            ),
+        ]
+    }
+
+    #[test]
+    fn a_claim_passed_off_as_a_done_pods_is_charged() {
+        let pods = done_and_running();
+        let gpus = |c: ResourceClaim| {
+            let live = live_charge(&pods, &[c], &[], &eight_gpus());
+            assert_eq!(live.unpriced, None);
+            live.charge.gpus
+        };
+        // Owned by the done pod under an owner apiVersion the resource claim controller does
+        // not take for a pod's (nor the garbage collector resolves: it stays), used by a
+        // running pod.
+        assert_eq!(gpus(gpus_claim("big", 8, ("v2", "ud"), None, &["uq"])), 8);
+        assert_eq!(gpus(gpus_claim("big", 8, ("v2", "ud"), Some("e"), &[])), 8);
+        // A v1 owner, but not made from one of the pod's entries: no annotation, or one
+        // naming an entry the pod does not have.
+        assert_eq!(gpus(gpus_claim("big", 8, ("v1", "ud"), None, &[])), 8);
+        assert_eq!(
+            gpus(gpus_claim("big", 8, ("v1", "ud"), Some("other"), &[])),
+            8
+        );
+        // Made as the pod's own (v1 owner, its entry), but reserved for a running pod: held.
+        assert_eq!(
+            gpus(gpus_claim("big", 8, ("v1", "ud"), Some("e"), &["ud", "uq"])),
+            8
+        );
+        // ... or for a pod not listed (created after the pods were listed).
+        assert_eq!(
+            gpus(gpus_claim("big", 8, ("v1", "ud"), Some("e"), &["unlisted"])),
+            8
+        );
+    }
+
+    #[test]
+    fn a_done_pods_own_claim_is_freed() {
+        let mut pods = done_and_running();
+        pods.push(pod("f", "uf", "Failed", json!([]), json!([])));
+        let gpus = |c: ResourceClaim| {
+            let live = live_charge(&pods, &[c], &[], &eight_gpus());
+            assert_eq!(live.unpriced, None);
+            live.charge.gpus
+        };
+        // The claim the resource claim controller made for the done pod's entry: reserved for
+        // nobody (the controller has removed its pod), for that pod, or for done pods only.
+        for reserved in [&[][..], &["ud"], &["ud", "uf"]] {
+            assert_eq!(
+                gpus(gpus_claim("d-e", 8, ("v1", "ud"), Some("e"), reserved)),
+                0,
+                "{reserved:?}"
+            );
+        }
+        // Owned by a running pod: charged (through the claim, being none of its entries').
+        assert_eq!(gpus(gpus_claim("d-e", 8, ("v1", "uq"), Some("e"), &[])), 8);
     }
 }

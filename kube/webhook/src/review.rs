@@ -59,6 +59,11 @@ pub struct Request {
     /// The object's kind (`Pod`, `ResourceClaim`); empty when the review names none.
     pub kind: String,
     pub dry_run: bool,
+    /// Whether the review's user (`userInfo.username`) is the resource claim controller's
+    /// ([`crate::budget::CLAIM_CONTROLLER_USERS`]): only a claim it creates may be taken for
+    /// the claim of a pod's template entry (charged nothing). Kept as this answer, not the
+    /// name, so that what a review leaves behind stays bounded however long the name.
+    pub by_claim_controller: bool,
     /// What [`parse`] keeps of the pod or ResourceClaim (`Null` when the review carries none),
     /// or why it is refused unread.
     pub object: Result<Value, PodError>,
@@ -106,7 +111,16 @@ struct RawRequest<'a> {
     #[serde(default)]
     dry_run: bool,
     #[serde(default, borrow)]
+    user_info: Option<UserView<'a>>,
+    #[serde(default, borrow)]
     object: Option<&'a RawValue>,
+}
+
+/// Of `request.userInfo`, only the user's name (the groups and extras are skipped unbuilt).
+#[derive(Deserialize)]
+struct UserView<'a> {
+    #[serde(default, borrow)]
+    username: Option<Text<'a>>,
 }
 
 #[derive(Deserialize)]
@@ -471,6 +485,10 @@ pub fn parse(body: &[u8]) -> Result<Request, ReviewError> {
         operation: field("operation", r.operation)?,
         kind,
         dry_run: r.dry_run,
+        by_claim_controller: r
+            .user_info
+            .and_then(|u| u.username)
+            .is_some_and(|n| crate::budget::CLAIM_CONTROLLER_USERS.contains(&n.0.as_ref())),
         object,
     })
 }
@@ -700,5 +718,43 @@ mod tests {
         let long = format!(r#"{{"request":{{"uid":"{}"}}}}"#, "u".repeat(MAX_FIELD + 1));
         let e = parse(long.as_bytes()).unwrap_err().to_string();
         assert!(e.contains("request.uid is 254 bytes"), "{e}");
+    }
+
+    #[test]
+    fn only_the_claim_controllers_user_is_taken_for_it() {
+        let by = |user_info: &str| {
+            let body = format!(
+                r#"{{"request":{{"uid":"u","operation":"CREATE","userInfo":{user_info},"object":null}}}}"#
+            );
+            parse(body.as_bytes()).map(|r| r.by_claim_controller)
+        };
+        for name in crate::budget::CLAIM_CONTROLLER_USERS {
+            let r = by(&format!(
+                r#"{{"username":"{name}","groups":["system:authenticated"]}}"#
+            ));
+            assert!(r.unwrap(), "{name}");
+        }
+        // Escapes spell the same name.
+        assert!(by(r#"{"username":"system:kube-controller-\u006danager"}"#).unwrap());
+        // Lookalikes, a group naming it, no user, and a name past every bound read: not it,
+        // and the review is still read.
+        for other in [
+            r#"{"username":"system:serviceaccount:kube-system:resource-claim-controller "}"#,
+            r#"{"username":"system:serviceaccount:team:resource-claim-controller"}"#,
+            r#"{"username":"System:Kube-Controller-Manager"}"#,
+            r#"{"username":"alice","groups":["system:kube-controller-manager"]}"#,
+            r#"{"username":null}"#,
+            r#"{}"#,
+            r#"null"#,
+        ] {
+            assert!(!by(other).unwrap(), "{other}");
+        }
+        let long = format!(r#"{{"username":"{}"}}"#, "system:".repeat(10_000));
+        assert!(!by(&long).unwrap());
+        // No userInfo at all.
+        let r = parse(br#"{"request":{"uid":"u","operation":"CREATE"}}"#).unwrap();
+        assert!(!r.by_claim_controller);
+        // A name that is not a string: the review is not one the API server sends.
+        assert!(by(r#"{"username":["system:kube-controller-manager"]}"#).is_err());
     }
 }

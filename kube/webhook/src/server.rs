@@ -576,7 +576,7 @@ async fn admit_claim(r: &review::Request, shared: &Shared) -> Value {
     };
     let c = match shared
         .ledger
-        .claim_charge(&r.namespace, &claim, &inventory)
+        .claim_charge(&r.namespace, &claim, r.by_claim_controller, &inventory)
         .await
     {
         Ok(c) => c,

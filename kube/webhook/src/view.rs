@@ -1,8 +1,9 @@
 //! ResourceClaims and ResourceClaimTemplates read through views that keep only what a charge
 //! reads (the metadata that names and owns them, the device requests, constraints and
-//! gpuslice's own opaque parameters), so that what the webhook never reads cannot stop it from
-//! reading them: opaque parameters of other drivers and `managedFields` may nest deeper than
-//! the JSON parser's recursion limit (the API server accepts them), and are skipped unbuilt. A
+//! gpuslice's own opaque parameters, the consumers a claim is reserved for), so that what the
+//! webhook never reads cannot stop it from reading them: opaque parameters of other drivers
+//! (in a claim's spec or its allocation) and `managedFields` may nest deeper than the JSON
+//! parser's recursion limit (the API server accepts them), and are skipped unbuilt. A
 //! list is read object by object, so that one object that cannot be read is named and skipped
 //! rather than failing the list (docs/quotas.md); a watch likewise, event by event
 //! ([`Watch`]).
@@ -12,8 +13,8 @@ use std::fmt;
 
 use k8s_openapi::api::resource::v1::{
     DeviceClaim, DeviceClaimConfiguration, DeviceConstraint, DeviceRequest,
-    OpaqueDeviceConfiguration, ResourceClaim, ResourceClaimSpec, ResourceClaimTemplate,
-    ResourceClaimTemplateSpec,
+    OpaqueDeviceConfiguration, ResourceClaim, ResourceClaimConsumerReference, ResourceClaimSpec,
+    ResourceClaimStatus, ResourceClaimTemplate, ResourceClaimTemplateSpec,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
@@ -174,6 +175,18 @@ struct ClaimView {
     metadata: Option<MetaView>,
     #[serde(default)]
     spec: Option<SpecView>,
+    #[serde(default)]
+    status: Option<ClaimStatusView>,
+}
+
+/// Of a claim's status, only who holds it (a claim made for a pod that is done is freed only
+/// while no live pod holds it, crate::budget); the allocation, which carries other drivers'
+/// opaque parameters, is skipped unbuilt.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ClaimStatusView {
+    #[serde(default)]
+    reserved_for: Option<Vec<ResourceClaimConsumerReference>>,
 }
 
 #[derive(Deserialize)]
@@ -240,7 +253,10 @@ impl Viewed for ResourceClaim {
         Ok(ResourceClaim {
             metadata: v.metadata.map(ObjectMeta::from).unwrap_or_default(),
             spec: v.spec.map(ResourceClaimSpec::from),
-            status: None,
+            status: v.status.map(|s| ResourceClaimStatus {
+                reserved_for: s.reserved_for,
+                ..ResourceClaimStatus::default()
+            }),
         })
     }
 }
@@ -511,6 +527,10 @@ pub(crate) mod tests {
                     {"opaque": {"driver": "example.com", "parameters": "DEEP"}},
                     {"opaque": {"driver": "gpuslice.io", "parameters": {
                         "apiVersion": "gpuslice.io/v1", "kind": "SliceParameters", "cores": 30}}}]}},
+            "status": {
+                "allocation": {"devices": {"config": [{"source": "FromClaim",
+                    "opaque": {"driver": "example.com", "parameters": "DEEP"}}]}},
+                "reservedFor": [{"resource": "pods", "name": "p", "uid": "up"}]},
         });
         c.to_string().replace("\"DEEP\"", &nested(depth))
     }
@@ -522,6 +542,12 @@ pub(crate) mod tests {
         assert!(serde_json::from_str::<ResourceClaim>(&text).is_err());
         let c = ResourceClaim::read(&text).unwrap();
         assert_eq!(c.metadata.name.as_deref(), Some("free"));
+        // Who holds it is kept past its allocation's deep parameters.
+        let held = c.status.as_ref().and_then(|s| s.reserved_for.as_ref());
+        assert_eq!(
+            held.map(|l| l.iter().map(|r| r.uid.as_str()).collect::<Vec<_>>()),
+            Some(vec!["up"])
+        );
         let devices = c.spec.unwrap().devices.unwrap();
         assert_eq!(
             devices.requests.unwrap()[0].exactly.as_ref().unwrap().count,

@@ -1,7 +1,8 @@
 //! Namespace budgets against the FAKE API server of `gpuslice-fakeapi` (no control plane runs
 //! in a crate's tests; `budgets::` in tests/ runs the real one): a pod past its budget is
-//! refused before any template is made for it, and one within it is booked; the recount frees
-//! what a deleted pod held at once, keeps a booking whose pod is not stored yet for a window
+//! refused before any template is made for it, and one within it is booked; a claim passed off
+//! as a pod's is charged unless the resource claim controller's user creates it; the recount
+//! frees what a deleted pod held at once, keeps a booking whose pod is not stored yet for a window
 //! however often it runs, and frees nothing while a live claim cannot be priced; a deletion
 //! frees its share within a second, long before the periodic recount. The fake holds no
 //! ResourceSlice (a cluster in capacity mode whose nodes publish no GPU yet: a memory asked is
@@ -79,6 +80,65 @@ fn a_pod_past_its_budget_is_refused_before_any_template_is_made() {
     assert_eq!(answer["response"]["allowed"], true, "{answer}");
     assert_eq!(templates_in(&api, "room"), 1);
     assert_eq!(used(&api, "room"), "2Gi");
+}
+
+/// The review, by user `user`, of the creation of a claim of `ns` asking `memory` of one GPU,
+/// passed off as the one the resource claim controller makes for entry `gpu` of pod `p`
+/// (uid `up`): owned as controller by it, annotated for that entry.
+fn pods_claim_review(ns: &str, user: &str, memory: &str) -> String {
+    json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": "c", "namespace": ns, "operation": "CREATE",
+            "kind": {"group": "resource.k8s.io", "version": "v1", "kind": "ResourceClaim"},
+            "userInfo": {"username": user, "groups": ["system:authenticated"]},
+            "object": {
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": "p-gpu-x", "namespace": ns,
+                    "annotations": {"resource.kubernetes.io/pod-claim-name": "gpu"},
+                    "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "p",
+                        "uid": "up", "controller": true, "blockOwnerDeletion": true}]},
+                "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                    "deviceClassName": "gpuslice.io",
+                    "capacity": {"requests": {"memory": memory}}}}]}},
+            },
+        },
+    })
+    .to_string()
+}
+
+#[test]
+fn a_pods_claim_is_charged_nothing_only_from_the_claim_controllers_user() {
+    const NS: &str = "own";
+    let api = FakeApi::start();
+    template_2gi(&api, NS);
+    // Pod p admitted (its template's 2Gi booked), its claim not made yet.
+    let mut p = pod(NS, "p");
+    p["metadata"]["uid"] = json!("up");
+    p["status"] = json!({"phase": "Pending"});
+    api.put("pods", &p);
+    api.put("resourcequotas", &quota(NS, "10Gi", "2Gi"));
+    let w = start_against(&api.url, patient());
+
+    // A tenant's claim dressed as the pod's: charged as it asks, here past the budget.
+    let answer = reviewed(w.addr, &pods_claim_review(NS, "alice", "9Gi"));
+    let r = &answer["response"];
+    assert_eq!(r["allowed"], false, "{answer}");
+    let said = r["status"]["message"].as_str().unwrap_or("");
+    assert!(said.contains("exceeded quota: own/gpu"), "{answer}");
+    let answer = reviewed(w.addr, &pods_claim_review(NS, "alice", "3Gi"));
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+    assert_eq!(used(&api, NS), "5Gi");
+
+    // The controller's own, under either of its users: its pod was charged for it.
+    for user in [
+        "system:serviceaccount:kube-system:resource-claim-controller",
+        "system:kube-controller-manager",
+    ] {
+        let answer = reviewed(w.addr, &pods_claim_review(NS, user, "2Gi"));
+        assert_eq!(answer["response"]["allowed"], true, "{user}: {answer}");
+        assert_eq!(used(&api, NS), "5Gi", "{user}");
+    }
 }
 
 /// A running pod of `ns` whose one claim entry is made from template `t2` (2Gi).
