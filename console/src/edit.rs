@@ -320,8 +320,9 @@ fn check_containers(
     Ok(())
 }
 
-/// Writes `req` as the webhook's limits into `containers` (all when empty; each gets its own
-/// slice, as the webhook makes one claim per container) and removes them from the others.
+/// Writes `req` as the webhook's limits into `containers` (all when empty; in capacity mode
+/// each gets its own slice, as the webhook makes one claim per container, in slot mode they
+/// share one of their summed ask) and removes them from the others.
 pub fn set_limits(
     workload: &str,
     spec: &mut PodSpec,
@@ -468,24 +469,21 @@ pub fn remove_claim(spec: &mut PodSpec) -> bool {
     changed
 }
 
-/// How many pods of `req` fit on each node's free room (per GPU: free memory and cores from
-/// the slices minus the bookings), each pod on `req.gpus` distinct GPUs of one node.
-/// Counting stops at `want` per node.
-/// In slot mode a pod takes whole slots of each GPU, and its share is bounded by them.
-pub fn fit_per_node(
-    gpus: &[GpuView],
-    req: &Request,
-    want: u64,
-    mode: &Mode,
-) -> BTreeMap<String, u64> {
-    let mut per_node: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-    // In slot mode the claim asks, of each GPU, the slots of that GPU's size (none where they
-    // cannot hold it): a GPU holds as many pods as its free slots give that count.
-    let shape = req.shape();
-    for g in gpus {
-        let by_memory = match (mode, g.slots) {
-            (Mode::Slots(sizes), Some(s)) => {
-                let size = sizes
+/// What one GPU has left while pods are placed on it: free bytes and cores, its whole
+/// capacity (what a whole-GPU ask takes), and in slot mode its slot size and free slots.
+#[derive(Debug, Clone, Copy)]
+struct Room {
+    memory: u64,
+    cores: u64,
+    whole: u64,
+    slots: Option<(SlotSize, u64)>,
+}
+
+impl Room {
+    fn of(g: &GpuView, mode: &Mode) -> Room {
+        let slots = match (mode, g.slots) {
+            (Mode::Slots(sizes), Some(s)) => Some((
+                sizes
                     .iter()
                     .find(|z| z.memory == s.size)
                     .copied()
@@ -493,34 +491,108 @@ pub fn fit_per_node(
                         memory: s.size,
                         cores: None,
                         per_gpu: u32::try_from(s.published).unwrap_or(u32::MAX),
-                    });
-                let k = slot_count(&size, &shape).max(1);
-                if k > u64::from(size.per_gpu) {
-                    0
-                } else {
-                    s.published.saturating_sub(s.allocated) / k
-                }
+                    }),
+                s.published.saturating_sub(s.allocated),
+            )),
+            _ => None,
+        };
+        Room {
+            memory: g.memory.free,
+            cores: g.cores.free,
+            whole: g.memory.capacity,
+            slots,
+        }
+    }
+
+    /// What one GPU's part of a claim of `shape` takes of this GPU, in its unit (slots, or
+    /// bytes and cores), `None` where it cannot take it at all.
+    fn need(&self, shape: &Shape, mode: &Mode) -> Option<(u64, u64)> {
+        match (mode, self.slots) {
+            // The claim asks, of each GPU, the slots of that GPU's size.
+            (Mode::Slots(_), Some((size, _))) => {
+                let k = slot_count(&size, shape).max(1);
+                (k <= u64::from(size.per_gpu)).then_some((k, 0))
             }
             // A GPU of capacity mode: no slot to give a slot claim.
-            (Mode::Slots(_), None) => 0,
-            (Mode::Capacity, _) => g.memory.free / req.memory.max(1),
-        };
-        let by_cores = match (req.cores, mode) {
-            (Some(c), Mode::Capacity) if c > 0 => g.cores.free / c,
-            _ => u64::MAX,
-        };
+            (Mode::Slots(_), None) => None,
+            (Mode::Capacity, _) => Some((
+                shape.memory.unwrap_or(self.whole).max(1),
+                u64::from(shape.cores.unwrap_or(0)),
+            )),
+        }
+    }
+
+    /// How many more claims of `shape` (one GPU's part each) this GPU holds.
+    fn holds(&self, shape: &Shape, mode: &Mode) -> u64 {
+        match (self.need(shape, mode), self.slots) {
+            (None, _) => 0,
+            (Some((k, _)), Some((_, free))) => free / k,
+            (Some((memory, cores)), None) => {
+                // No share asked: not bounded by cores.
+                let by_cores = self.cores.checked_div(cores).unwrap_or(u64::MAX);
+                (self.memory / memory).min(by_cores)
+            }
+        }
+    }
+
+    fn take(&mut self, shape: &Shape, mode: &Mode) {
+        match (self.need(shape, mode), self.slots.as_mut()) {
+            (None, _) => {}
+            (Some((k, _)), Some((_, free))) => *free = free.saturating_sub(k),
+            (Some((memory, cores)), None) => {
+                self.memory = self.memory.saturating_sub(memory);
+                self.cores = self.cores.saturating_sub(cores);
+            }
+        }
+    }
+}
+
+/// How many pods fit on each node's free room (per GPU: free memory and cores from the
+/// slices minus the bookings), each pod holding the claims of `pod` (their shapes: in
+/// capacity mode a claim per container with limits, in slot mode one of the pod's summed
+/// ask, the claim form's one), all on one node, each claim on its `gpus` distinct GPUs
+/// (claims of one pod may share a GPU). Counting stops at `want` per node.
+/// In slot mode a claim takes whole slots of each GPU, and its share is bounded by them.
+pub fn fit_per_node(
+    gpus: &[GpuView],
+    pod: &[Shape],
+    want: u64,
+    mode: &Mode,
+) -> BTreeMap<String, u64> {
+    let mut per_node: BTreeMap<String, Vec<Room>> = BTreeMap::new();
+    for g in gpus {
         per_node
             .entry(g.node.clone())
             .or_default()
-            .push(by_memory.min(by_cores));
+            .push(Room::of(g, mode));
     }
-    let n = u64::from(req.gpus);
+    // The claims of a pod, those of the most GPUs first.
+    let mut claims: Vec<&Shape> = pod.iter().collect();
+    claims.sort_by_key(|s| std::cmp::Reverse(s.gpus));
     per_node
         .into_iter()
-        .map(|(node, caps)| {
-            // The most pods k such that the GPUs hold k × n copies with no GPU twice per pod.
+        .map(|(node, mut rooms)| {
+            // Pod after pod, each claim on the GPUs that hold the most more of it: for claims
+            // of one shape the most that fit (a pod that does not fit ends the count, so a
+            // claim placed before it needs no undoing).
             let mut k = 0;
-            while k < want && caps.iter().map(|c| (*c).min(k + 1)).sum::<u64>() >= n * (k + 1) {
+            'pods: while k < want && !claims.is_empty() {
+                for shape in &claims {
+                    let n = shape.gpus.max(1) as usize;
+                    let mut order: Vec<(u64, usize)> = rooms
+                        .iter()
+                        .enumerate()
+                        .map(|(i, r)| (r.holds(shape, mode), i))
+                        .filter(|(c, _)| *c > 0)
+                        .collect();
+                    if order.len() < n {
+                        break 'pods;
+                    }
+                    order.sort_by_key(|(c, i)| (std::cmp::Reverse(*c), *i));
+                    for (_, i) in &order[..n] {
+                        rooms[*i].take(shape, mode);
+                    }
+                }
                 k += 1;
             }
             (node, k)
@@ -844,30 +916,38 @@ mod tests {
         // Free: node-a gpu-0 111Gi / 70 cores, gpu-1 90Gi / 75 cores; node-b nothing.
         let r = Request::parse("20Gi", Some("30"), 1).unwrap();
         assert_eq!(
-            fit_per_node(&m.gpus, &r, 100, &Mode::Capacity),
+            fit_per_node(&m.gpus, &[r.shape()], 100, &Mode::Capacity),
             BTreeMap::from([("node-a".into(), 4), ("node-b".into(), 0)])
         );
         let r = Request::parse("20Gi", None, 1).unwrap();
         assert_eq!(
-            fit_per_node(&m.gpus, &r, 100, &Mode::Capacity)["node-a"],
+            fit_per_node(&m.gpus, &[r.shape()], 100, &Mode::Capacity)["node-a"],
             5 + 4
         );
         assert_eq!(
-            fit_per_node(&m.gpus, &r, 3, &Mode::Capacity)["node-a"],
+            fit_per_node(&m.gpus, &[r.shape()], 3, &Mode::Capacity)["node-a"],
             3,
             "counting stops at what is wanted"
         );
+        // Two claims a pod (two containers with limits): 9 claims of 20Gi, 4 pods.
+        assert_eq!(
+            fit_per_node(&m.gpus, &[r.shape(), r.shape()], 100, &Mode::Capacity)["node-a"],
+            4
+        );
         // Two GPUs a pod: at most as many pods as the scarcer GPU holds.
         let r = Request::parse("40Gi", None, 2).unwrap();
-        assert_eq!(fit_per_node(&m.gpus, &r, 100, &Mode::Capacity)["node-a"], 2);
+        assert_eq!(
+            fit_per_node(&m.gpus, &[r.shape()], 100, &Mode::Capacity)["node-a"],
+            2
+        );
         let r = Request::parse("1Gi", None, 3).unwrap();
         assert_eq!(
-            fit_per_node(&m.gpus, &r, 100, &Mode::Capacity)["node-a"],
+            fit_per_node(&m.gpus, &[r.shape()], 100, &Mode::Capacity)["node-a"],
             0,
             "node-a has two GPUs"
         );
         let r = Request::parse("200Gi", None, 1).unwrap();
-        assert!(fit_per_node(&m.gpus, &r, 100, &Mode::Capacity)
+        assert!(fit_per_node(&m.gpus, &[r.shape()], 100, &Mode::Capacity)
             .values()
             .all(|k| *k == 0));
     }
@@ -910,14 +990,14 @@ mod tests {
         let mode = Mode::Slots(vec![size(4 << 30), size(24 << 30)]);
         let r = Request::parse("8Gi", None, 1).unwrap();
         assert_eq!(
-            fit_per_node(&gpus, &r, 100, &mode),
+            fit_per_node(&gpus, &[r.shape()], 100, &mode),
             BTreeMap::from([("node-a".into(), 2 + 6), ("node-b".into(), 0)]),
             "4 free 4Gi slots / 2 and 6 free 24Gi slots / 1; node-b publishes no slots"
         );
         // 30Gi is above 6 × 4Gi: only gpu-1, 2 of its slots per pod.
         let r = Request::parse("30Gi", None, 1).unwrap();
         assert_eq!(
-            fit_per_node(&gpus, &r, 100, &mode),
+            fit_per_node(&gpus, &[r.shape()], 100, &mode),
             BTreeMap::from([("node-a".into(), 3), ("node-b".into(), 0)]),
         );
     }

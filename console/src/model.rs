@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use gpuslice_config::quantity::parse_kube_quantity;
-use gpuslice_dra::claim_shape::PublishedGpus;
+use gpuslice_dra::claim_shape::{plugin_pools, PublishedGpus};
 use gpuslice_dra::opaque::{gpu_share, share_configs};
 use gpuslice_dra::slices::{
     device_name, parse_device, DeviceRef, ATTR_PRODUCT, ATTR_UUID, CAP_CORES, CAP_MEMORY,
@@ -238,9 +238,12 @@ fn slot_share(alloc: &k8s_openapi::api::resource::v1::AllocationResult, request:
 /// One claim on one GPU while its results are summed: the GPU, memory, cores, slots.
 type OnGpu = ((String, String), u64, u64, Option<u64>);
 
+/// The claims' consumption of each published GPU; a result on a device no slice publishes is
+/// a warning, except in a pool of `left_out` (already warned of as a whole).
 fn bookings(
     claims: &[ResourceClaim],
     published: &BTreeMap<(String, String), Published>,
+    left_out: &BTreeSet<&str>,
     warnings: &mut Vec<String>,
 ) -> Bookings {
     let mut out: Bookings = BTreeMap::new();
@@ -272,6 +275,9 @@ fn bookings(
                 continue;
             }
             let Some(p) = published.get(&(r.pool.clone(), r.device.clone())) else {
+                if left_out.contains(r.pool.as_str()) {
+                    continue;
+                }
                 warnings.push(format!(
                     "claim {namespace}/{name} is allocated device {} of pool {}, which no gpuslice ResourceSlice publishes",
                     r.device, r.pool
@@ -368,51 +374,61 @@ pub fn build(src: &Sources, namespaces: Option<&BTreeSet<String>>) -> Model {
     }
     let mut gpu_list: Vec<Gpu> = Vec::new();
     let mut published: BTreeMap<(String, String), Published> = BTreeMap::new();
-    for s in src.slices.iter().filter(|s| s.spec.driver == DRIVER) {
-        let pool = s.spec.pool.name.clone();
-        for d in s.spec.devices.iter().flatten() {
-            let cap = d.capacity.as_ref();
-            let memory =
-                quantity(cap.and_then(|c| c.get(CAP_MEMORY)).map(|c| &c.value)).unwrap_or(0);
-            let cores = quantity(cap.and_then(|c| c.get(CAP_CORES)).map(|c| &c.value)).unwrap_or(0);
-            let (gpu_device, slot) = match parse_device(&d.name) {
-                Some(DeviceRef::Slot(i, _)) => (device_name(i), true),
-                _ => (d.name.clone(), false),
-            };
-            let key = (pool.clone(), gpu_device);
-            published.insert(
-                (pool.clone(), d.name.clone()),
-                Published {
-                    gpu: key.clone(),
-                    memory,
-                    slot,
-                },
-            );
-            match gpu_list.iter_mut().find(|g| g.key == key) {
-                Some(g) if slot => {
-                    g.memory += memory;
-                    g.cores += cores;
-                    if let Some(s) = g.slots.as_mut() {
-                        s.published += 1;
-                        s.size = s.size.min(memory);
-                    }
-                }
-                Some(_) => {}
-                None => gpu_list.push(Gpu {
-                    key,
-                    device: d,
-                    memory,
-                    cores,
-                    slots: slot.then_some(SlotsView {
-                        size: memory,
-                        published: 1,
-                        allocated: 0,
-                    }),
-                }),
-            }
+    // The devices the scheduler allocates from, each once (one rule with the webhook's
+    // inventory): a pool it takes nothing from now (mid-republish) is one warning, and the
+    // claims on its devices are not warned of one by one.
+    let pools = plugin_pools(&src.slices);
+    let mut left_out: BTreeSet<&str> = BTreeSet::new();
+    for p in &pools {
+        if let Some(why) = &p.unusable {
+            warnings.push(format!(
+                "{why}: its GPUs are left out until it is complete, as the scheduler leaves them out"
+            ));
+            left_out.insert(p.node);
         }
     }
-    let mut booked = bookings(&src.claims, &published, &mut warnings);
+    for (s, d) in pools.iter().flat_map(|p| p.devices()) {
+        let pool = s.spec.pool.name.clone();
+        let cap = d.capacity.as_ref();
+        let memory = quantity(cap.and_then(|c| c.get(CAP_MEMORY)).map(|c| &c.value)).unwrap_or(0);
+        let cores = quantity(cap.and_then(|c| c.get(CAP_CORES)).map(|c| &c.value)).unwrap_or(0);
+        let (gpu_device, slot) = match parse_device(&d.name) {
+            Some(DeviceRef::Slot(i, _)) => (device_name(i), true),
+            _ => (d.name.clone(), false),
+        };
+        let key = (pool.clone(), gpu_device);
+        published.insert(
+            (pool.clone(), d.name.clone()),
+            Published {
+                gpu: key.clone(),
+                memory,
+                slot,
+            },
+        );
+        match gpu_list.iter_mut().find(|g| g.key == key) {
+            Some(g) if slot => {
+                g.memory += memory;
+                g.cores += cores;
+                if let Some(s) = g.slots.as_mut() {
+                    s.published += 1;
+                    s.size = s.size.min(memory);
+                }
+            }
+            Some(_) => {}
+            None => gpu_list.push(Gpu {
+                key,
+                device: d,
+                memory,
+                cores,
+                slots: slot.then_some(SlotsView {
+                    size: memory,
+                    published: 1,
+                    allocated: 0,
+                }),
+            }),
+        }
+    }
+    let mut booked = bookings(&src.claims, &published, &left_out, &mut warnings);
 
     let mut gpus: Vec<GpuView> = gpu_list
         .iter()
@@ -1280,6 +1296,46 @@ pub(crate) mod tests {
             pods: vec![],
             usage: Err("no prometheus".into()),
         }
+    }
+
+    #[test]
+    fn only_the_devices_the_scheduler_allocates_from_count_each_once() {
+        // Mid-republish: the pool shrank from two slices (generation 1) to one (generation 2);
+        // the old second slice, not yet deleted, lists slot 4 again.
+        let mut src = slot_sources();
+        src.slices[0].spec.pool.generation = 2;
+        let mut stale = src.slices[0].clone();
+        stale.metadata.name = Some(gpuslice_dra::slices::slice_name("node-s", 1));
+        stale.spec.pool.generation = 1;
+        stale.spec.pool.resource_slice_count = 2;
+        stale
+            .spec
+            .devices
+            .as_mut()
+            .unwrap()
+            .retain(|d| d.name == "gpu-0-slot-4");
+        src.slices.push(stale);
+        let m = build(&src, None);
+        assert!(m.warnings.is_empty(), "{:?}", m.warnings);
+        let g = &m.gpus[0];
+        assert_eq!(
+            (g.memory.capacity, g.memory.free, g.cores.capacity),
+            (20 * GIB, 8 * GIB, 80),
+            "5 slots of 4Gi, not 6"
+        );
+        assert_eq!(g.slots.map(|s| s.published), Some(5));
+        assert_eq!(m.total.memory.capacity, 20 * GIB);
+        // The newest generation incomplete (1 of its 2 slices written): the scheduler takes
+        // none of the pool's devices, and neither does the model; one warning says why.
+        src.slices[0].spec.pool.generation = 3;
+        src.slices[0].spec.pool.resource_slice_count = 2;
+        let m = build(&src, None);
+        assert!(m.gpus.is_empty(), "{:?}", m.gpus);
+        assert_eq!(m.total.memory.capacity, 0);
+        assert_eq!(
+            m.warnings,
+            ["pool node-s is incomplete: 1 of 2 slice(s) of generation 3 (the plugin is replacing them): its GPUs are left out until it is complete, as the scheduler leaves them out"]
+        );
     }
 
     #[test]

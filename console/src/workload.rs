@@ -6,7 +6,7 @@
 //! is never overwritten: the console re-reads and edits again), and deletes templates of
 //! its own that nothing names any more. `--dry-run` prints the diff and writes nothing.
 
-use gpuslice_dra::claim_shape::{Mode, PublishedGpus};
+use gpuslice_dra::claim_shape::{describe, shape_of, Mode, PublishedGpus, Shape};
 use gpuslice_fsutil::diff::{diff, Context};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
@@ -95,6 +95,17 @@ pub enum WorkloadError {
         request: String,
         fit: u64,
         per_node: String,
+    },
+    #[error("{workload}: the webhook would refuse its pods: {source}: nothing changed")]
+    Refused {
+        workload: String,
+        source: Box<gpuslice_webhook::mutate::MutateError>,
+    },
+    #[error("{workload}: cannot size claim {entry} of its pods: {detail}: nothing changed")]
+    Unsized {
+        workload: String,
+        entry: String,
+        detail: String,
     },
     #[error("{0}: nothing changed; raise the quota, free some of its budget, or pass --force to write anyway (the pods past the budget are refused at admission)")]
     OverBudget(budgets::BudgetError),
@@ -229,15 +240,80 @@ fn template_yaml<W: Workload>(label: &str, w: &W) -> Result<String, WorkloadErro
     yaml(label, &w.pod_spec())
 }
 
-/// Checks that `want` pods (`None`: a DaemonSet, one per node with GPUs) fit.
+/// The slices one pod of `spec` in `namespace` holds once admitted, as the webhook will give
+/// them: its own plan of the spec's gpuslice limits (`gpuslice_webhook::mutate::plan`: in
+/// capacity mode a claim per container, in slot mode one claim of the containers' summed ask)
+/// and the claim templates the spec names (`named`, the console's new one among them), each
+/// claim read back as its shape. The same plan the budget check charges
+/// (`gpuslice_webhook::budget::pod_spec_charge`).
+pub fn pod_slices(
+    label: &str,
+    spec: &PodSpec,
+    namespace: &str,
+    named: &[ResourceClaimTemplate],
+    inventory: &PublishedGpus,
+) -> Result<Vec<Shape>, WorkloadError> {
+    let pod = serde_json::json!({ "spec": spec });
+    let plan = gpuslice_webhook::mutate::plan(&pod, namespace, false, inventory).map_err(|e| {
+        WorkloadError::Refused {
+            workload: label.to_string(),
+            source: Box::new(e),
+        }
+    })?;
+    let no_size = |entry: &str, detail: String| WorkloadError::Unsized {
+        workload: label.to_string(),
+        entry: entry.to_string(),
+        detail,
+    };
+    gpuslice_webhook::budget::template_entries(&pod, &plan)
+        .iter()
+        .map(|(entry, name)| {
+            let t = plan
+                .templates
+                .iter()
+                .chain(named)
+                .find(|t| t.metadata.name.as_deref() == Some(name.as_str()))
+                .ok_or_else(|| no_size(entry, format!("ResourceClaimTemplate {name} not found")))?;
+            t.spec
+                .as_ref()
+                .and_then(|s| s.spec.as_ref())
+                .and_then(|s| shape_of(s, &inventory.mode))
+                .ok_or_else(|| {
+                    no_size(
+                        entry,
+                        format!("ResourceClaimTemplate {name} is not a claim of gpuslice's shape"),
+                    )
+                })
+        })
+        .collect()
+}
+
+/// What each pod of `next` holds, for the refusal: `req` once (the claim form's one claim, or
+/// one container), in each of N containers (a claim each), or N containers' shared slice.
+fn pod_request(req: &Request, next: &PodSpec, slices: &[Shape]) -> String {
+    match (edit::limited_containers(next), slices) {
+        (0 | 1, _) => req.describe(),
+        (n, s) if s.len() == n => format!("{} in each of {n} containers", req.describe()),
+        (n, s) => format!(
+            "{} in each of {n} containers, as {} shared slice(s) of {}",
+            req.describe(),
+            s.len(),
+            s.iter().map(describe).collect::<Vec<_>>().join(" + ")
+        ),
+    }
+}
+
+/// Checks that `want` pods (`None`: a DaemonSet, one per node with GPUs), each holding the
+/// slices `pod` ([`pod_slices`]), fit.
 fn check_fit(
     m: &model::Model,
     mode: &Mode,
     label: &str,
-    req: &Request,
+    pod: &[Shape],
+    request: String,
     want: Option<u64>,
 ) -> Result<(), WorkloadError> {
-    let per_node = edit::fit_per_node(&m.gpus, req, want.unwrap_or(1), mode);
+    let per_node = edit::fit_per_node(&m.gpus, pod, want.unwrap_or(1), mode);
     let describe = || {
         if per_node.is_empty() {
             "no node publishes gpuslice GPUs".to_string()
@@ -261,7 +337,7 @@ fn check_fit(
         return Err(WorkloadError::NoRoom {
             workload: label.to_string(),
             want: need,
-            request: req.describe(),
+            request,
             fit,
             per_node: describe(),
         });
@@ -437,7 +513,8 @@ async fn allocate_kind<W: Workload>(
     // Before anything is written: the pods of `then` fit the GPUs' free room and the
     // namespace's budget, what `now`'s pods hold counted as freed.
     let checks = |then: &PodSpec, now: &PodSpec, want: Option<u64>| {
-        check_fit(&m, mode, &label, &req, want)?;
+        let pod = pod_slices(&label, then, ns, &named, &inventory)?;
+        check_fit(&m, mode, &label, &pod, pod_request(&req, then, &pod), want)?;
         check_budget(&budget_check, &m, ns, &label, &req, then, now, want)
     };
     let template_name = template.metadata.name.clone().unwrap_or_default();
@@ -699,6 +776,131 @@ mod tests {
         d.spec.replicas = replicas;
         d.spec.template = template();
         d
+    }
+
+    /// One L4 of 24Gi on node-l4 (published as 6 slots of 4Gi when `slots`), nothing booked:
+    /// its model and inventory.
+    fn one_l4(slots: bool) -> (model::Model, PublishedGpus) {
+        use gpuslice_dra::slices::{build_slices, OfferedGpu, SlotOffer};
+        let gpu = OfferedGpu {
+            index: 0,
+            uuid: "GPU-l4".into(),
+            model: "NVIDIA L4".into(),
+            numa_node: None,
+            pcie_root: None,
+            memory: 24 << 30,
+            cores: 100,
+            slots: slots.then(|| SlotOffer {
+                memory: 4 << 30,
+                cores: 16,
+                published: (0..6).collect(),
+            }),
+        };
+        let slices = build_slices("node-l4", &[gpu], 1, None).unwrap();
+        let inventory = PublishedGpus::from_slices(&slices);
+        let m = model::build(
+            &model::Sources {
+                slices,
+                claims: vec![],
+                pods: vec![],
+                usage: Err(String::new()),
+            },
+            None,
+        );
+        (m, inventory)
+    }
+
+    /// The fit check of `replicas` pods of `spec` on `one_l4`.
+    fn fit(
+        (m, inventory): &(model::Model, PublishedGpus),
+        req: &Request,
+        spec: &PodSpec,
+        named: &[ResourceClaimTemplate],
+        replicas: u64,
+    ) -> Result<(), WorkloadError> {
+        let pod = pod_slices("deployment/x", spec, "ml", named, inventory)?;
+        let request = pod_request(req, spec, &pod);
+        check_fit(
+            m,
+            &inventory.mode,
+            "deployment/x",
+            &pod,
+            request,
+            Some(replicas),
+        )
+    }
+
+    #[test]
+    fn the_fit_counts_the_slices_the_webhook_gives_each_pods_containers() {
+        let req = Request::parse("10Gi", None, 1).unwrap();
+        let mut d = deployment(Some(2));
+        let spec = d.pod_spec_mut().unwrap();
+        spec.containers.push(Container {
+            name: "istio-proxy".into(),
+            ..Default::default()
+        });
+        let mut limits = spec.clone();
+        edit::set_limits("deployment/x", &mut limits, &req, &[]).unwrap();
+        // Capacity mode: a claim of 10Gi per container, 4 of the L4's 24Gi for 2 pods.
+        let capacity = one_l4(false);
+        let e = fit(&capacity, &req, &limits, &[], 2)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "deployment/x needs 2 pod(s) of 1 GPU × 10Gi memory in each of 2 containers; the GPUs' free room fits 1 (node-l4: 1): nothing changed; free room or pass --force to let the pods wait Pending"
+        );
+        fit(&capacity, &req, &limits, &[], 1).unwrap();
+        // Only main listed: one claim a pod, both pods fit.
+        let mut main = spec.clone();
+        edit::set_limits("deployment/x", &mut main, &req, &["main".into()]).unwrap();
+        fit(&capacity, &req, &main, &[], 2).unwrap();
+        // The claim form: the containers share the pod's one claim of the template.
+        let (t, _) =
+            edit::claim_template("ml", Kind::Deployment, "x", &req, &capacity.1.mode).unwrap();
+        let mut claim = spec.clone();
+        edit::add_claim(
+            "deployment/x",
+            &mut claim,
+            t.metadata.name.as_deref().unwrap(),
+            &[],
+        )
+        .unwrap();
+        fit(&capacity, &req, &claim, std::slice::from_ref(&t), 2).unwrap();
+        let big = Request::parse("13Gi", None, 1).unwrap();
+        let (t, _) =
+            edit::claim_template("ml", Kind::Deployment, "x", &big, &capacity.1.mode).unwrap();
+        edit::add_claim(
+            "deployment/x",
+            &mut claim,
+            t.metadata.name.as_deref().unwrap(),
+            &[],
+        )
+        .unwrap();
+        let e = fit(&capacity, &big, &claim, &[t], 2)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("deployment/x needs 2 pod(s) of 1 GPU × 13Gi memory; the GPUs' free room fits 1 (node-l4: 1)"),
+            "{e}"
+        );
+        // Slot mode: the containers share one claim of their summed 20Gi, 5 of the 6 slots.
+        let slots = one_l4(true);
+        let e = fit(&slots, &req, &limits, &[], 2).unwrap_err().to_string();
+        assert!(
+            e.starts_with("deployment/x needs 2 pod(s) of 1 GPU × 10Gi memory in each of 2 containers, as 1 shared slice(s) of 1 GPU × 20Gi; the GPUs' free room fits 1 (node-l4: 1)"),
+            "{e}"
+        );
+        fit(&slots, &req, &main, &[], 2).unwrap();
+        // What the webhook refuses is refused before anything is written.
+        let mut huge = spec.clone();
+        let r = Request::parse("16Gi", None, 1).unwrap();
+        edit::set_limits("deployment/x", &mut huge, &r, &[]).unwrap();
+        let e = fit(&slots, &r, &huge, &[], 1).unwrap_err().to_string();
+        assert!(
+            e.starts_with("deployment/x: the webhook would refuse its pods: spec.containers[0], spec.containers[1]: 1 GPU × 32Gi needs 8 slots"),
+            "{e}"
+        );
     }
 
     #[test]

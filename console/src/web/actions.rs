@@ -20,7 +20,10 @@ use super::state::{chrome, State};
 /// The status of a refusal of allocate or release.
 fn status_of(e: &WorkloadError) -> StatusCode {
     match e {
-        WorkloadError::Edit(_) | WorkloadError::Unchargeable(_) => StatusCode::BAD_REQUEST,
+        WorkloadError::Edit(_)
+        | WorkloadError::Unchargeable(_)
+        | WorkloadError::Refused { .. }
+        | WorkloadError::Unsized { .. } => StatusCode::BAD_REQUEST,
         WorkloadError::NotFound { .. } => StatusCode::NOT_FOUND,
         WorkloadError::NoRoom { .. }
         | WorkloadError::ForeignTemplate { .. }

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use gpuslice_config::{format_kube_quantity, parse_kube_quantity};
 use k8s_openapi::api::resource::v1::{
-    CELDeviceSelector, CapacityRequirements, DeviceClaim, DeviceClaimConfiguration,
+    CELDeviceSelector, CapacityRequirements, Device, DeviceClaim, DeviceClaimConfiguration,
     DeviceConstraint, DeviceRequest, DeviceSelector, DeviceSubRequest, ExactDeviceRequest,
     OpaqueDeviceConfiguration, ResourceClaimSpec, ResourceClaimTemplate, ResourceClaimTemplateSpec,
     ResourceSlice,
@@ -812,35 +812,112 @@ fn plugins_slice(s: &ResourceSlice) -> bool {
             .is_some_and(|n| n < s.spec.pool.resource_slice_count)
 }
 
+/// One node's pool of gpuslice devices as the scheduler reads it: the slices of the pool's
+/// newest generation laid out as the kubelet plugin lays them out.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PluginPool<'a> {
+    /// The node, which names the pool.
+    pub node: &'a str,
+    /// The pool's newest generation.
+    pub generation: i64,
+    /// Its slices of that generation.
+    pub slices: Vec<&'a ResourceSlice>,
+    /// Why the scheduler allocates none of its devices now, `None` when it allocates them.
+    pub unusable: Option<String>,
+}
+
+impl<'a> PluginPool<'a> {
+    /// Its devices, each once, when the scheduler allocates them (none otherwise).
+    pub fn devices(&self) -> impl Iterator<Item = (&'a ResourceSlice, &'a Device)> + '_ {
+        self.slices
+            .iter()
+            .filter(|_| self.unusable.is_none())
+            .flat_map(|s| s.spec.devices.iter().flatten().map(move |d| (*s, d)))
+    }
+}
+
+/// gpuslice's pools in `slices` as Kubernetes' allocator gathers them
+/// (k8s.io/dynamic-resource-allocation `structured`, `GatherPools`): per pool only the slices
+/// of its newest generation (an older slice, still listed while the plugin replaces them one by
+/// one, is out of date, and may list a device a newer one lists again); a pool whose newest
+/// generation has fewer or more slices than its `resourceSliceCount` is incomplete, one that
+/// lists a device twice invalid, and the allocator takes no device of either until the plugin
+/// has finished. Only slices laid out as gpuslice's kubelet plugin publishes count (driver
+/// `gpuslice.io`, on a node, in the pool named after it, under one of the pool's slice names).
+/// Sorted by node.
+pub fn plugin_pools(slices: &[ResourceSlice]) -> Vec<PluginPool<'_>> {
+    let mut pools: BTreeMap<&str, PluginPool> = BTreeMap::new();
+    for s in slices.iter().filter(|s| plugins_slice(s)) {
+        let node = s.spec.pool.name.as_str();
+        let generation = s.spec.pool.generation;
+        let pool = pools.entry(node).or_insert_with(|| PluginPool {
+            node,
+            generation,
+            slices: Vec::new(),
+            unusable: None,
+        });
+        if generation > pool.generation {
+            pool.generation = generation;
+            pool.slices.clear();
+        }
+        if generation == pool.generation {
+            pool.slices.push(s);
+        }
+    }
+    for pool in pools.values_mut() {
+        let have = pool.slices.len();
+        let counts: BTreeSet<i64> = pool
+            .slices
+            .iter()
+            .map(|s| s.spec.pool.resource_slice_count)
+            .collect();
+        pool.unusable = if counts
+            .iter()
+            .any(|c| usize::try_from(*c).ok() != Some(have))
+        {
+            Some(format!(
+                "pool {} is incomplete: {have} of {} slice(s) of generation {} (the plugin is replacing them)",
+                pool.node,
+                counts
+                    .iter()
+                    .map(i64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(" or "),
+                pool.generation
+            ))
+        } else {
+            let mut seen = BTreeSet::new();
+            pool.slices
+                .iter()
+                .flat_map(|s| s.spec.devices.iter().flatten())
+                .find(|d| !seen.insert(d.name.as_str()))
+                .map(|d| {
+                    format!(
+                        "pool {} is invalid: generation {} lists device {} twice",
+                        pool.node, pool.generation, d.name
+                    )
+                })
+        };
+    }
+    pools.into_values().collect()
+}
+
 impl PublishedGpus {
-    /// Reads what gpuslice's kubelet plugins publish, and only that: slices laid out as the
-    /// plugin lays them out (driver `gpuslice.io`, a pool named after its node, the pool's
-    /// slice names, its newest generation), devices `gpu-<i>` (capacity) or `gpu-<i>-slot-<j>`
-    /// (slots). A node publishes one mode: a node whose devices mix both is left out. The
-    /// cluster's mode is the one most nodes publish (a tie is capacity mode), so that one
-    /// stray slice or device cannot turn it; the sizes (GPUs per node, GPU memory, per slot
+    /// Reads what gpuslice's kubelet plugins publish, and only that: the devices the
+    /// scheduler allocates from ([`plugin_pools`]: slices laid out as the plugin lays them
+    /// out, each pool's newest generation, complete), devices `gpu-<i>` (capacity) or
+    /// `gpu-<i>-slot-<j>` (slots). A node publishes one mode: a node whose devices mix both
+    /// is left out. The cluster's mode is the one most nodes publish (a tie is capacity mode),
+    /// so that one stray slice or device cannot turn it; the sizes (GPUs per node, GPU memory, per slot
     /// size the fewest slots a GPU of that size publishes) are those of the nodes publishing
     /// that mode (docs/webhook.md).
     pub fn from_slices(slices: &[ResourceSlice]) -> PublishedGpus {
-        // node → (the pool's newest generation, its slices of that generation)
-        let mut pools: BTreeMap<&str, (i64, Vec<&ResourceSlice>)> = BTreeMap::new();
-        for s in slices.iter().filter(|s| plugins_slice(s)) {
-            let generation = s.spec.pool.generation;
-            let pool = pools
-                .entry(s.spec.pool.name.as_str())
-                .or_insert((generation, Vec::new()));
-            if generation > pool.0 {
-                *pool = (generation, Vec::new());
-            }
-            if generation == pool.0 {
-                pool.1.push(s);
-            }
-        }
         let mut capacity_nodes: BTreeMap<&str, NodeGpus> = BTreeMap::new();
         let mut slot_nodes: BTreeMap<&str, NodeGpus> = BTreeMap::new();
-        for (node, (_, pool)) in pools {
+        for pool in plugin_pools(slices) {
+            let node = pool.node;
             let mut n = NodeGpus::default();
-            for d in pool.iter().flat_map(|s| s.spec.devices.iter().flatten()) {
+            for (_, d) in pool.devices() {
                 let cap = |k: &str| {
                     d.capacity
                         .as_ref()
@@ -1721,6 +1798,75 @@ mod tests {
         assert_eq!(slice_number("a-gpuslice.io-3", "a"), Some(3));
         assert_eq!(slice_number("a-gpuslice.io", "a"), Some(0));
         assert_eq!(slice_number("ab-gpuslice.io", "a"), None);
+    }
+
+    /// `slice(node, devices)` as the pool's slice `n` of `count`, of `generation`.
+    fn nth(
+        node: &str,
+        n: usize,
+        count: i64,
+        generation: i64,
+        devices: serde_json::Value,
+    ) -> ResourceSlice {
+        let mut s = slice(node, devices);
+        s.metadata.name = Some(crate::slices::slice_name(node, n));
+        s.spec.pool.resource_slice_count = count;
+        s.spec.pool.generation = generation;
+        s
+    }
+
+    #[test]
+    fn a_pool_counts_only_when_its_newest_generation_is_complete_as_the_scheduler_reads_it() {
+        let gpu =
+            |i: u32| json!({"name": format!("gpu-{i}"), "capacity": {"memory": {"value": "20Gi"}}});
+        // Mid-republish of a pool of two slices: slice 0 already of generation 3 (gpu-0,
+        // gpu-1: a device moved into it), slice 1 still of generation 2 (gpu-1 again).
+        let mid = [
+            nth("a", 0, 2, 3, json!([gpu(0), gpu(1)])),
+            nth("a", 1, 2, 2, json!([gpu(1)])),
+        ];
+        let pools = plugin_pools(&mid);
+        assert_eq!(pools.len(), 1);
+        assert_eq!((pools[0].node, pools[0].generation), ("a", 3));
+        assert_eq!(pools[0].slices.len(), 1, "the older slice is out of date");
+        assert_eq!(
+            pools[0].unusable.as_deref(),
+            Some("pool a is incomplete: 1 of 2 slice(s) of generation 3 (the plugin is replacing them)")
+        );
+        assert_eq!(pools[0].devices().count(), 0, "the allocator takes none");
+        assert_eq!(PublishedGpus::from_slices(&mid), PublishedGpus::default());
+        // Done: both slices of generation 3, each device once.
+        let done = [
+            nth("a", 0, 2, 3, json!([gpu(0), gpu(1)])),
+            nth("a", 1, 2, 3, json!([gpu(2)])),
+            nth("b", 0, 1, 7, json!([gpu(0)])),
+        ];
+        let pools = plugin_pools(&done);
+        assert_eq!(pools.iter().map(|p| p.node).collect::<Vec<_>>(), ["a", "b"]);
+        assert!(pools.iter().all(|p| p.unusable.is_none()), "{pools:?}");
+        let names: Vec<&str> = pools[0].devices().map(|(_, d)| d.name.as_str()).collect();
+        assert_eq!(names, ["gpu-0", "gpu-1", "gpu-2"]);
+        assert_eq!(PublishedGpus::from_slices(&done).max_gpus_per_node, Some(3));
+        // A device listed twice in the newest generation: invalid, none of its devices.
+        let twice = [
+            nth("a", 0, 2, 4, json!([gpu(0), gpu(1)])),
+            nth("a", 1, 2, 4, json!([gpu(1)])),
+        ];
+        let pools = plugin_pools(&twice);
+        assert_eq!(
+            pools[0].unusable.as_deref(),
+            Some("pool a is invalid: generation 4 lists device gpu-1 twice")
+        );
+        assert_eq!(pools[0].devices().count(), 0);
+        // More slices of a generation than it says it has (counts that disagree) is incomplete.
+        let odd = [
+            nth("a", 0, 1, 5, json!([gpu(0)])),
+            nth("a", 1, 2, 5, json!([gpu(1)])),
+        ];
+        assert!(plugin_pools(&odd)[0]
+            .unusable
+            .as_deref()
+            .is_some_and(|u| u.starts_with("pool a is incomplete")));
     }
 
     #[test]
