@@ -827,12 +827,24 @@ pub struct PluginPool<'a> {
 }
 
 impl<'a> PluginPool<'a> {
-    /// Its devices, each once, when the scheduler allocates them (none otherwise).
+    /// Its devices, each once, when the scheduler allocates them (none otherwise): what is
+    /// free to place now.
     pub fn devices(&self) -> impl Iterator<Item = (&'a ResourceSlice, &'a Device)> + '_ {
         self.slices
             .iter()
             .filter(|_| self.unusable.is_none())
             .flat_map(|s| s.spec.devices.iter().flatten().map(move |d| (*s, d)))
+    }
+
+    /// The devices its newest generation lists, each once, even while the plugin is replacing
+    /// its slices: what the node's GPUs are like (their mode and sizes), which a republish
+    /// does not change, unlike what may be placed at this moment.
+    pub fn listed_devices(&self) -> impl Iterator<Item = &'a Device> + '_ {
+        let mut seen = BTreeSet::new();
+        self.slices
+            .iter()
+            .flat_map(|s| s.spec.devices.iter().flatten())
+            .filter(move |d| seen.insert(d.name.as_str()))
     }
 }
 
@@ -903,9 +915,9 @@ pub fn plugin_pools(slices: &[ResourceSlice]) -> Vec<PluginPool<'_>> {
 }
 
 impl PublishedGpus {
-    /// Reads what gpuslice's kubelet plugins publish, and only that: the devices the
-    /// scheduler allocates from ([`plugin_pools`]: slices laid out as the plugin lays them
-    /// out, each pool's newest generation, complete), devices `gpu-<i>` (capacity) or
+    /// Reads what gpuslice's kubelet plugins publish, and only that: the devices of each
+    /// pool's newest generation, each once ([`plugin_pools`]: slices laid out as the plugin
+    /// lays them out; a pool mid-republish included), devices `gpu-<i>` (capacity) or
     /// `gpu-<i>-slot-<j>` (slots). A node publishes one mode: a node whose devices mix both
     /// is left out. The cluster's mode is the one most nodes publish (a tie is capacity mode),
     /// so that one stray slice or device cannot turn it; the sizes (GPUs per node, GPU memory, per slot
@@ -917,7 +929,9 @@ impl PublishedGpus {
         for pool in plugin_pools(slices) {
             let node = pool.node;
             let mut n = NodeGpus::default();
-            for (_, d) in pool.devices() {
+            // A pool mid-republish still says what its GPUs are like: leaving it out would
+            // turn the cluster's mode, or its largest node, for as long as the republish lasts.
+            for d in pool.listed_devices() {
                 let cap = |k: &str| {
                     d.capacity
                         .as_ref()
@@ -1834,7 +1848,9 @@ mod tests {
             Some("pool a is incomplete: 1 of 2 slice(s) of generation 3 (the plugin is replacing them)")
         );
         assert_eq!(pools[0].devices().count(), 0, "the allocator takes none");
-        assert_eq!(PublishedGpus::from_slices(&mid), PublishedGpus::default());
+        // What the node's GPUs are like still reads from its newest generation, each device
+        // once: the cluster's mode and its largest node do not flicker during a republish.
+        assert_eq!(PublishedGpus::from_slices(&mid).max_gpus_per_node, Some(2));
         // Done: both slices of generation 3, each device once.
         let done = [
             nth("a", 0, 2, 3, json!([gpu(0), gpu(1)])),
