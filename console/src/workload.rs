@@ -34,13 +34,15 @@ pub const WEBHOOK_NAME: &str = "pods.gpuslice.io";
 pub struct AllocateArgs {
     /// deployment/NAME, statefulset/NAME or daemonset/NAME.
     pub workload: String,
-    /// GPU memory per GPU of each pod (a quantity: 20Gi, 1536Mi).
+    /// GPU memory per GPU (a quantity: 20Gi, 1536Mi): with `--form limits`, of each container
+    /// that gets the slice (capacity mode gives each its own claim; slot mode one claim of the
+    /// pod, their sum); with `--form claim`, of the pod's one shared claim.
     #[arg(long)]
     pub memory: String,
     /// Compute share per GPU, percent (0–100; default: not throttled).
     #[arg(long)]
     pub cores: Option<String>,
-    /// GPUs per pod.
+    /// GPUs of each slice (whose slices: as for `--memory`).
     #[arg(long, default_value_t = 1)]
     pub gpus: u32,
     /// Only these containers get the slice (repeatable; default: every container).
