@@ -52,9 +52,14 @@ pub struct SimDevice {
     pub context_memory: u64,
     /// Device memory the driver and firmware set aside, part of `memory`: NVML reports it
     /// (v2's `reserved`, inside v1's `used`), CUDA's totals leave it out and no allocation
-    /// ever gets it. Absent in a list written before it existed: 0.
-    #[serde(default)]
+    /// ever gets it. Absent in a list written before it existed: 0; left out when 0, so a
+    /// list without reserved memory still reads in a simulated driver built before it.
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub reserved_memory: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 impl SimDevice {
