@@ -21,7 +21,9 @@ use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
 
+use gpuslice_driver::device_memory;
 use gpuslice_driver::simnode::SimLayout;
+use nvml_wrapper_sys::bindings::NvmlLib;
 
 /// NVML's soname on a real node.
 pub const NVML_SONAME: &str = "libnvidia-ml.so.1";
@@ -51,7 +53,9 @@ pub struct DeviceReading {
     pub index: u32,
     pub uuid: String,
     pub model: String,
+    /// The memory the inventory would book (NVML's total less the driver's reserved memory).
     pub memory_total: Option<u64>,
+    /// What processes allocated, the driver's reserved memory not counted.
     pub memory_used: Option<u64>,
     /// Fraction (0–1) of the last sample period a kernel ran.
     pub utilization: Option<f64>,
@@ -162,6 +166,8 @@ fn wall_us() -> u64 {
 /// NVML through nvml-wrapper. Device identities (index, UUID, name) are read once.
 pub struct NvmlMeter {
     nvml: Nvml,
+    /// A second handle of the same library, for the v2 memory query nvml-wrapper lacks.
+    v2: Option<NvmlLib>,
     identities: Vec<Option<(String, String)>>,
     /// Per NVML index: where the last read of its utilisation samples stopped.
     cursors: Vec<SampleCursor>,
@@ -222,8 +228,12 @@ impl NvmlMeter {
                 lib: source.lib.display().to_string(),
                 detail: e.to_string(),
             })?;
+        // SAFETY: loads the library NVML was just initialised from, a second handle of the
+        // same object; only its v2 memory query is called, with devices of `nvml`.
+        let v2 = unsafe { NvmlLib::new(source.lib.as_os_str()) }.ok();
         Ok(NvmlMeter {
             nvml,
+            v2,
             identities: Vec::new(),
             cursors: Vec::new(),
         })
@@ -291,9 +301,11 @@ impl GpuMeter for NvmlMeter {
                 model,
                 ..DeviceReading::default()
             };
-            match dev.memory_info() {
+            // The memory the inventory books and what processes allocated of it: NVML v1's
+            // `used` counts the driver's reserved memory too, which no process holds.
+            match device_memory(self.v2.as_ref(), &dev) {
                 Ok(m) => {
-                    d.memory_total = Some(m.total);
+                    d.memory_total = Some(m.bookable());
                     d.memory_used = Some(m.used);
                 }
                 Err(e) => err("memory", e),

@@ -16,6 +16,7 @@ mod configure_manifests;
 mod installer_image;
 mod kubelet_plugin;
 mod precreate_hook;
+mod reserved_memory;
 mod runtime_passthrough;
 mod runtime_spec_input;
 mod serve_process;

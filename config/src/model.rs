@@ -310,6 +310,9 @@ pub struct SimulatedGpu {
     /// Device memory each CUDA context costs its process (NVML's per-process figures
     /// include it; no allocation returns it).
     pub context_memory: u64,
+    /// Device memory the driver and firmware set aside (NVML's `reserved`): counted in
+    /// `memory`, never allocatable, never booked. Less than `memory`; 0 by default.
+    pub reserved_memory: u64,
 }
 
 #[derive(Debug, Clone, PartialEq)]

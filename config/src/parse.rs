@@ -11,7 +11,7 @@ use crate::model::{
     InventorySource, MemoryAction, Policy, SimulatedGpu, TaintEffect, DEFAULT_SIM_CONTEXT_MEMORY,
     DEFAULT_SIM_MEMORY, DEFAULT_SIM_MODEL, MAX_MODEL_CHARS, MAX_SLOTS_PER_GPU,
 };
-use crate::quantity::{parse_bytes, QuantityError, ACCEPTED_BYTES};
+use crate::quantity::{format_bytes, parse_bytes, QuantityError, ACCEPTED_BYTES};
 
 /// Most simulated GPUs a node may declare.
 pub const MAX_SIMULATED_GPUS: usize = 16;
@@ -565,11 +565,21 @@ fn simulated_gpu(r: &Reader<'_>, index: usize, item: &Value) -> Result<Simulated
             return Err(r.wrong_type(
                 &prefix,
                 other,
-                "a table with `model`, `memory`, optional `uuid` and `context_memory`",
+                "a table with `model`, `memory`, optional `uuid`, `context_memory` and `reserved_memory`",
             ))
         }
     };
-    r.check_keys(t, &prefix, &["model", "memory", "uuid", "context_memory"])?;
+    r.check_keys(
+        t,
+        &prefix,
+        &[
+            "model",
+            "memory",
+            "uuid",
+            "context_memory",
+            "reserved_memory",
+        ],
+    )?;
     // Keys are spelled out only for an error: this runs in every create-path process.
     let key = |k: &str| format!("{prefix}.{k}");
     let model = match t.get("model") {
@@ -628,21 +638,26 @@ fn simulated_gpu(r: &Reader<'_>, index: usize, item: &Value) -> Result<Simulated
         None => DEFAULT_SIM_CONTEXT_MEMORY.min(memory / 4),
         Some(v) => {
             let accepted = || format!("{ACCEPTED_BYTES}, at most a quarter of `memory`");
-            let b = match v {
-                Value::String(s) => parse_bytes(s)
-                    .map_err(|e| r.bad_quantity(&key("context_memory"), v, &e, accepted()))?,
-                Value::Integer(i) => u64::try_from(*i)
-                    .map_err(|_| r.bad_value(&key("context_memory"), v, accepted()))?,
-                other => {
-                    return Err(r.wrong_type(
-                        &key("context_memory"),
-                        other,
-                        &format!("a string of {ACCEPTED_BYTES}"),
-                    ))
-                }
-            };
+            let b = byte_quantity(r, &key("context_memory"), v, accepted)?;
             if b > memory / 4 {
                 return Err(r.bad_value(&key("context_memory"), v, accepted()));
+            }
+            b
+        }
+    };
+    // What the driver sets aside can never be the whole GPU: something must be bookable.
+    let reserved_memory = match t.get("reserved_memory") {
+        None => 0,
+        Some(v) => {
+            let accepted = || {
+                format!(
+                    "{ACCEPTED_BYTES}, less than `memory` ({})",
+                    format_bytes(memory)
+                )
+            };
+            let b = byte_quantity(r, &key("reserved_memory"), v, accepted)?;
+            if b >= memory {
+                return Err(r.bad_value(&key("reserved_memory"), v, accepted()));
             }
             b
         }
@@ -652,7 +667,23 @@ fn simulated_gpu(r: &Reader<'_>, index: usize, item: &Value) -> Result<Simulated
         memory,
         uuid,
         context_memory,
+        reserved_memory,
     })
+}
+
+/// A byte quantity of a simulated GPU's table (a string of [`parse_bytes`]'s grammar or a
+/// non-negative integer), refused naming `key`, the value and `accepted`.
+fn byte_quantity(
+    r: &Reader<'_>,
+    key: &str,
+    v: &Value,
+    accepted: impl Fn() -> String,
+) -> Result<u64, ConfigError> {
+    match v {
+        Value::String(s) => parse_bytes(s).map_err(|e| r.bad_quantity(key, v, &e, accepted())),
+        Value::Integer(i) => u64::try_from(*i).map_err(|_| r.bad_value(key, v, accepted())),
+        other => Err(r.wrong_type(key, other, &format!("a string of {ACCEPTED_BYTES}"))),
+    }
 }
 
 fn line_col(text: &str, offset: usize) -> (usize, usize) {

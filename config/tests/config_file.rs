@@ -276,6 +276,38 @@ fn simulated_context_memory_is_a_byte_quantity_with_a_default() {
     assert!(line.contains("context_memory"), "{line}");
 }
 
+#[test]
+fn simulated_reserved_memory_is_a_byte_quantity_below_memory() {
+    let sim = "[inventory]\nsource=\"simulated\"\n[[inventory.simulated]]\nmemory = \"16Gi\"\n";
+    let c = parse(sim).expect("no reserved memory");
+    assert_eq!(c.inventory.simulated[0].reserved_memory, 0);
+    let c = parse(&format!("{sim}reserved_memory = \"470Mi\"\n")).expect("470Mi");
+    assert_eq!(c.inventory.simulated[0].reserved_memory, 470 << 20);
+    let c = parse(&format!("{sim}reserved_memory = 1048576\n")).expect("bytes");
+    assert_eq!(c.inventory.simulated[0].reserved_memory, 1 << 20);
+    for value in ["\"16Gi\"", "\"17Gi\""] {
+        let line = err(&format!("{sim}reserved_memory = {value}\n"));
+        assert!(
+            line.contains(&format!(
+                "key `inventory.simulated[0].reserved_memory`: value {value} is not accepted"
+            )) && line.contains("less than `memory` (16Gi)"),
+            "{line}"
+        );
+    }
+    let line = err(&format!("{sim}reserved_memory = \"lots\"\n"));
+    assert!(
+        line.contains("reserved_memory") && line.contains("\"lots\"") && line.contains("Mi"),
+        "{line}"
+    );
+    let line = err(&format!("{sim}reserved_memory = -1\n"));
+    assert!(
+        line.contains("reserved_memory") && line.contains("-1"),
+        "{line}"
+    );
+    let line = err(&format!("{sim}reserved_memory = true\n"));
+    assert!(line.contains("reserved_memory"), "{line}");
+}
+
 /// "1 to 96 printable characters" counts characters: 96 `é` (192 bytes) are a valid model.
 #[test]
 fn simulated_model_length_counts_characters() {

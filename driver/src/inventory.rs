@@ -5,6 +5,9 @@ use std::ffi::OsStr;
 use std::path::Path;
 
 use gpuslice_config::{Config, InventorySource};
+use nvml_wrapper_sys::bindings::NvmlLib;
+
+use crate::memory::{bookable_memory, device_memory};
 
 /// One GPU as the driver reports it (NVML) or the config simulates it. `gpuslice cdi
 /// generate` caches these in the registry's inventory.
@@ -16,7 +19,8 @@ pub struct Gpu {
     pub uuid: String,
     /// Marketing name, e.g. `NVIDIA H200`.
     pub model: String,
-    /// Total memory in bytes.
+    /// Memory gpuslice books, in bytes: NVML's total less what the driver reserves, what
+    /// CUDA can allocate ([`crate::memory::bookable_memory`]).
     pub memory_total: u64,
     /// Minor number of `/dev/nvidia<minor>`.
     pub minor: u32,
@@ -65,7 +69,8 @@ pub fn inventory(config: &Config, config_path: &Path) -> Result<Vec<Gpu>, Invent
 }
 
 /// The simulated GPUs of the config: minor = index, a synthetic PCI bus id, NUMA node 0, no
-/// PCIe root (nothing in sysfs to take one from).
+/// PCIe root (nothing in sysfs to take one from), the memory the simulated NVML would give
+/// [`nvml_inventory`].
 pub fn simulated_inventory(config: &Config) -> Vec<Gpu> {
     config
         .inventory
@@ -76,7 +81,7 @@ pub fn simulated_inventory(config: &Config) -> Vec<Gpu> {
             index: i as u32,
             uuid: g.uuid.clone(),
             model: g.model.clone(),
-            memory_total: g.memory,
+            memory_total: bookable_memory(g.memory, g.reserved_memory),
             minor: i as u32,
             pci_bus_id: Some(gpuslice_config::simulated_pci_bus_id(i)),
             numa_node: Some(0),
@@ -85,8 +90,10 @@ pub fn simulated_inventory(config: &Config) -> Vec<Gpu> {
         .collect()
 }
 
-/// Reads the GPUs through NVML loaded from `lib` (a soname or a path). The NUMA node and the
-/// PCIe root come from `<sys_root>/bus/pci/devices/<bus id>` where the kernel tells.
+/// Reads the GPUs through NVML loaded from `lib` (a soname or a path), each with the memory
+/// CUDA can allocate (NVML v2's total less its reserved memory; v1's total on a driver
+/// without v2). The NUMA node and the PCIe root come from
+/// `<sys_root>/bus/pci/devices/<bus id>` where the kernel tells.
 pub fn nvml_inventory(lib: &OsStr, sys_root: &Path) -> Result<Vec<Gpu>, InventoryError> {
     let nvml = nvml_wrapper::Nvml::builder()
         .lib_path(lib)
@@ -95,6 +102,9 @@ pub fn nvml_inventory(lib: &OsStr, sys_root: &Path) -> Result<Vec<Gpu>, Inventor
             detail: e.to_string(),
             config: String::new(),
         })?;
+    // SAFETY: loads the library NVML was just initialised from, a second handle of the same
+    // object; only its v2 memory query is called, with devices of `nvml`.
+    let v2 = unsafe { NvmlLib::new(lib) }.ok();
     let count = nvml.device_count().map_err(|e| InventoryError::Nvml {
         index: 0,
         detail: e.to_string(),
@@ -108,7 +118,7 @@ pub fn nvml_inventory(lib: &OsStr, sys_root: &Path) -> Result<Vec<Gpu>, Inventor
         let dev = nvml.device_by_index(index).map_err(err)?;
         let uuid = dev.uuid().map_err(err)?;
         let model = dev.name().map_err(err)?;
-        let memory_total = dev.memory_info().map_err(err)?.total;
+        let memory_total = device_memory(v2.as_ref(), &dev).map_err(err)?.bookable();
         let minor = dev.minor_number().map_err(err)?;
         let pci_bus_id = dev.pci_info().ok().map(|p| p.bus_id);
         let numa_node = pci_bus_id.as_deref().and_then(|b| numa_node(sys_root, b));

@@ -178,6 +178,7 @@ mod tests {
                 memory: 16 << 30,
                 uuid: gpuslice_config::simulated_uuid(i, "NVIDIA H200"),
                 context_memory: 0,
+                reserved_memory: 0,
             })
             .collect();
         let devices = devices_from_config(&gpus);

@@ -50,6 +50,24 @@ pub struct SimDevice {
     /// returns it. Absent in a list written before it existed: 0.
     #[serde(default)]
     pub context_memory: u64,
+    /// Device memory the driver and firmware set aside, part of `memory`: NVML reports it
+    /// (v2's `reserved`, inside v1's `used`), CUDA's totals leave it out and no allocation
+    /// ever gets it. Absent in a list written before it existed: 0; left out when 0, so a
+    /// list without reserved memory still reads in a simulated driver built before it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub reserved_memory: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
+impl SimDevice {
+    /// What CUDA can allocate on this GPU and reports as its total (`cuMemGetInfo`,
+    /// `cuDeviceTotalMem`): the memory gpuslice books, [`crate::memory::bookable_memory`].
+    pub fn allocatable(&self) -> u64 {
+        crate::memory::bookable_memory(self.memory, self.reserved_memory)
+    }
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -116,6 +134,7 @@ pub fn devices_from_config(gpus: &[SimulatedGpu]) -> Vec<SimDevice> {
                 sm_count,
                 clock_khz,
                 context_memory: g.context_memory,
+                reserved_memory: g.reserved_memory,
             }
         })
         .collect()
@@ -155,6 +174,12 @@ fn validate(path: &Path, devices: &[SimDevice]) -> Result<(), DevicesError> {
                 "device {i} has context_memory {}; at most a quarter of its memory ({}) is accepted",
                 d.context_memory,
                 d.memory / 4
+            )));
+        }
+        if d.reserved_memory >= d.memory {
+            return Err(invalid(format!(
+                "device {i} has reserved_memory {}; less than its memory ({}) is accepted",
+                d.reserved_memory, d.memory
             )));
         }
         if devices[..i]
@@ -218,12 +243,14 @@ mod tests {
                 memory: 141 << 30,
                 uuid: gpuslice_config::simulated_uuid(0, "NVIDIA H200"),
                 context_memory: 512 << 20,
+                reserved_memory: 0,
             },
             SimulatedGpu {
                 model: "NVIDIA A100-SXM4-80GB".into(),
                 memory: 80 << 30,
                 uuid: gpuslice_config::simulated_uuid(1, "NVIDIA A100-SXM4-80GB"),
                 context_memory: 0,
+                reserved_memory: 470 << 20,
             },
         ]
     }
@@ -238,10 +265,12 @@ mod tests {
         assert_eq!(d[1].minor, 1);
         assert_eq!(d[1].pci_bus_id, "00000000:19:00.0");
         assert_eq!((d[0].context_memory, d[1].context_memory), (512 << 20, 0));
+        assert_eq!((d[0].reserved_memory, d[1].reserved_memory), (0, 470 << 20));
+        assert_eq!(d[1].allocatable(), (80 << 30) - (470 << 20));
     }
 
     #[test]
-    fn a_list_without_context_memory_reads_as_none() {
+    fn a_list_without_context_or_reserved_memory_reads_as_none() {
         let dir = tempfile::tempdir().expect("tempdir");
         let d = devices_from_config(&gpus());
         write_devices(dir.path(), &d).expect("write");
@@ -249,12 +278,15 @@ mod tests {
         let mut doc: serde_json::Value =
             serde_json::from_slice(&std::fs::read(&path).expect("read")).expect("json");
         for d in doc["devices"].as_array_mut().expect("devices") {
-            d.as_object_mut().expect("device").remove("context_memory");
+            let d = d.as_object_mut().expect("device");
+            d.remove("context_memory");
+            d.remove("reserved_memory");
         }
         let old = serde_json::to_vec(&doc).expect("json");
         std::fs::write(&path, old).expect("write old");
         let read = read_devices(dir.path()).expect("read old");
         assert_eq!(read[0].context_memory, 0);
+        assert_eq!(read[1].reserved_memory, 0);
     }
 
     #[test]
@@ -282,6 +314,16 @@ mod tests {
         .expect("write");
         let e = read_devices(dir.path()).expect_err("version 2").to_string();
         assert!(e.contains("version 2"), "{e}");
+
+        let mut d = devices_from_config(&gpus());
+        d[1].reserved_memory = d[1].memory;
+        let e = write_devices(dir.path(), &d)
+            .expect_err("all memory reserved")
+            .to_string();
+        assert!(
+            e.contains("device 1 has reserved_memory 85899345920"),
+            "{e}"
+        );
 
         let e = read_devices(&dir.path().join("missing"))
             .expect_err("missing")

@@ -492,6 +492,26 @@ fn info_reports_the_slice_from_cuda_and_nvml() {
     assert_eq!(u(&v["nvml"], "used"), used, "{v}");
 }
 
+/// On a GPU whose driver reserves memory, a whole-GPU slice (or one booked before the
+/// reserved memory was left out) reports CUDA's total through NVML too, never NVML's, and
+/// allocates no more than that.
+#[test]
+fn a_whole_gpu_slice_reports_the_total_without_the_reserved_memory() {
+    let cuda_total = 8 * GIB - (512 << 20);
+    for limit in [cuda_total, 8 * GIB] {
+        let node = SliceNode::with_reserved_memory(&[8 * GIB], &[(limit, 0)], 512 << 20);
+        let v = run_json(node.probe(&["info"]));
+        assert_eq!(u(&v, "mem_total"), cuda_total, "limit {limit}: {v}");
+        assert_eq!(u(&v, "total_mem"), cuda_total, "limit {limit}: {v}");
+        assert_eq!(u(&v, "mem_free"), cuda_total, "limit {limit}: {v}");
+        assert_eq!(u(&v["nvml"], "total"), cuda_total, "limit {limit}: {v}");
+        assert_eq!(u(&v["nvml"], "free"), cuda_total, "limit {limit}: {v}");
+        assert_eq!(u(&v["nvml"], "used"), 0, "limit {limit}: {v}");
+        let v = run_json(node.probe(&["alloc", "--chunk", "512Mi"]));
+        assert_eq!(u(&v, "total"), cuda_total, "limit {limit}: {v}");
+    }
+}
+
 #[test]
 fn limit_above_the_gpu_is_clamped_to_physical() {
     let node = SliceNode::new(&[2 * GIB], &[(8 * GIB, 0)]);

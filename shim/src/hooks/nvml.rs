@@ -1,4 +1,5 @@
-//! NVML in a slice shows the slice: memory queries report it like `cuMemGetInfo` does, and
+//! NVML in a slice shows the slice: memory queries report it like `cuMemGetInfo` does (the
+//! driver's reserved memory left out of the total, no reserved part of its own), and
 //! the running-process lists (compute, graphics and MPS, every version) list only the
 //! slice's own processes, never the neighbours'. An NVML device is matched to its limits
 //! entry by `nvmlDeviceGetUUID`. Utilisation queries pass through: they are device-wide.
@@ -49,6 +50,26 @@ fn index_of(dev: nvmlDevice_t, slice: &state::Slice) -> Option<usize> {
     idx
 }
 
+/// The memory the driver reserves on `dev` (NVML v2's `reserved`; 0 where the driver has no
+/// v2 query). NVML's total holds it, CUDA's leaves it out and no slice can allocate it, so a
+/// slice's NVML total is clamped to the total without it, as its CUDA total is.
+fn reserved(dev: nvmlDevice_t) -> u64 {
+    let Some(f) = real::nvmlDeviceGetMemoryInfo_v2() else {
+        return 0;
+    };
+    let mut m = nvmlMemory_v2_t {
+        version: nvmlMemory_v2,
+        ..Default::default()
+    };
+    // SAFETY: a handle NVML just accepted and a local out-pointer of the layout `version`
+    // names.
+    if unsafe { f(dev, &mut m) } == NVML_SUCCESS {
+        m.reserved.min(m.total)
+    } else {
+        0
+    }
+}
+
 fn slice_figures(dev: nvmlDevice_t, total: u64, free: u64) -> Result<Figures, nvmlReturn_t> {
     let slice = state::slice().ok_or(NVML_ERROR_NO_PERMISSION)?;
     Ok(figures::for_slice(slice, index_of(dev, slice), total, free))
@@ -73,7 +94,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
         }
         // SAFETY: written by NVML on success.
         let m = unsafe { &mut *mem };
-        match slice_figures(dev, m.total, m.free) {
+        match slice_figures(dev, m.total - reserved(dev).min(m.total), m.free) {
             Ok(fig) => {
                 (m.total, m.free, m.used) = (fig.total, fig.free, fig.used);
                 r
@@ -102,7 +123,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
         }
         // SAFETY: written by NVML on success.
         let m = unsafe { &mut *mem };
-        match slice_figures(dev, m.total, m.free) {
+        match slice_figures(dev, m.total - m.reserved.min(m.total), m.free) {
             Ok(fig) => {
                 (m.total, m.free, m.used, m.reserved) = (fig.total, fig.free, fig.used, 0);
                 r

@@ -70,6 +70,25 @@ impl SliceNode {
         limits: &[(u64, u8)],
         context_memory: u64,
     ) -> SliceNode {
+        SliceNode::with_device_memory(gpus, limits, context_memory, 0)
+    }
+
+    /// Like [`SliceNode::new`], the driver reserving `reserved_memory` bytes of each GPU, as
+    /// on a real GPU.
+    pub fn with_reserved_memory(
+        gpus: &[u64],
+        limits: &[(u64, u8)],
+        reserved_memory: u64,
+    ) -> SliceNode {
+        SliceNode::with_device_memory(gpus, limits, 0, reserved_memory)
+    }
+
+    fn with_device_memory(
+        gpus: &[u64],
+        limits: &[(u64, u8)],
+        context_memory: u64,
+        reserved_memory: u64,
+    ) -> SliceNode {
         let art = artifacts();
         let devices = gpus
             .iter()
@@ -77,6 +96,7 @@ impl SliceNode {
             .map(|(i, m)| {
                 let mut d = gpuslice_sim_core::testing::device(i as u32, "NVIDIA H200", *m);
                 d.context_memory = context_memory;
+                d.reserved_memory = reserved_memory;
                 d
             })
             .collect();

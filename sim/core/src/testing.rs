@@ -40,6 +40,7 @@ pub fn device(index: u32, model: &str, memory: u64) -> SimDevice {
         sm_count: 132,
         clock_khz: 1_980_000,
         context_memory: 0,
+        reserved_memory: 0,
     }
 }
 

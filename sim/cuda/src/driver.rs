@@ -108,12 +108,13 @@ impl Driver {
         }
     }
 
-    /// Charges `bytes` on ordinal `ord` node-wide: `CUDA_ERROR_OUT_OF_MEMORY` past capacity,
-    /// the fault's error on a faulted GPU.
+    /// Charges `bytes` on ordinal `ord` node-wide: `CUDA_ERROR_OUT_OF_MEMORY` past capacity
+    /// (the memory the driver reserves is never allocated), the fault's error on a faulted
+    /// GPU.
     pub fn charge(&self, ord: usize, bytes: u64) -> CuResult {
         self.check_fault(ord)?;
         let host = self.ordinals[ord];
-        let capacity = self.device(ord).memory;
+        let capacity = self.device(ord).allocatable();
         match self.node.state().charge(&self.slot, host, bytes, capacity) {
             Ok(Ok(())) => Ok(()),
             Ok(Err(_)) => Err(CUDA_ERROR_OUT_OF_MEMORY),

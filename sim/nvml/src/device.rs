@@ -178,6 +178,7 @@ mod tests {
             sm_count: 1,
             clock_khz: 1,
             context_memory: 0,
+            reserved_memory: 0,
         };
         let p = pci_info(&d);
         let text = |b: &[c_char]| {

@@ -1,5 +1,6 @@
 //! What NVML reports about use: node-wide memory (every process's allocations, dead
-//! processes' reclaimed), the compute processes with their memory (pids as seen from the
+//! processes' reclaimed, and the memory the driver reserves: inside v1's `used`, v2's
+//! `reserved`), the compute processes with their memory (pids as seen from the
 //! caller's pid namespace, so host-side callers get host pids, and a container sees only its
 //! own), utilisation over the last second of the device timeline, and the driver's buffer of
 //! per-process SM utilisation samples, made of the kernel time it charged to each process
@@ -11,13 +12,13 @@ use std::path::Path;
 
 use gpuslice_cuda_ffi::nvml::*;
 use gpuslice_sim_core::procs::{pid_ns_inode, visible_pid};
-use gpuslice_sim_core::{now_ns, SlotUsage};
+use gpuslice_sim_core::{now_ns, MemoryFigures, SlotUsage};
 
 use crate::ffi::{get, guard, put, put_slice, NvResult};
 use crate::samples::{self, Reply};
 use crate::state::nvml;
 
-fn memory(device: nvmlDevice_t) -> NvResult<gpuslice_sim_core::MemoryFigures> {
+fn memory(device: nvmlDevice_t) -> NvResult<MemoryFigures> {
     let n = nvml()?;
     let (_, d) = n.device(device)?;
     n.node
@@ -25,22 +26,34 @@ fn memory(device: nvmlDevice_t) -> NvResult<gpuslice_sim_core::MemoryFigures> {
         .map_err(|_| NVML_ERROR_UNKNOWN)
 }
 
+/// NVML v1's figures: `total` all the memory, `used` the reserved memory and the
+/// allocations, `free` the rest.
+pub fn memory_v1(m: &MemoryFigures) -> nvmlMemory_t {
+    nvmlMemory_t {
+        total: m.total,
+        free: m.free,
+        used: m.nvml_v1_used(),
+    }
+}
+
+/// NVML v2's figures: `total` all the memory, `reserved` the driver's, `used` the
+/// allocations alone, `free` the rest.
+pub fn memory_v2(m: &MemoryFigures) -> nvmlMemory_v2_t {
+    nvmlMemory_v2_t {
+        version: nvmlMemory_v2,
+        total: m.total,
+        reserved: m.reserved,
+        free: m.free,
+        used: m.used,
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
     device: nvmlDevice_t,
     out: *mut nvmlMemory_t,
 ) -> nvmlReturn_t {
-    guard(|| {
-        let m = memory(device)?;
-        put(
-            out,
-            nvmlMemory_t {
-                total: m.total,
-                free: m.free,
-                used: m.used,
-            },
-        )
-    })
+    guard(|| put(out, memory_v1(&memory(device)?)))
 }
 
 #[no_mangle]
@@ -52,17 +65,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
         if get(out.cast_const())?.version != nvmlMemory_v2 {
             return Err(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
         }
-        let m = memory(device)?;
-        put(
-            out,
-            nvmlMemory_v2_t {
-                version: nvmlMemory_v2,
-                total: m.total,
-                reserved: 0,
-                free: m.free,
-                used: m.used,
-            },
-        )
+        put(out, memory_v2(&memory(device)?))
     })
 }
 
@@ -250,4 +253,36 @@ pub unsafe extern "C" fn nvmlDeviceGetProcessUtilization(
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    /// NVML's documented semantics: v1 `used` = reserved + allocated, `free` = total - used;
+    /// v2 `used` = allocated alone, `free` = total - reserved - used.
+    #[test]
+    fn v1_counts_the_reserved_memory_as_used_and_v2_names_it() {
+        let m = MemoryFigures {
+            total: 81559 * MIB,
+            reserved: 470 * MIB,
+            used: 1000 * MIB,
+            free: 80089 * MIB,
+        };
+        let v1 = memory_v1(&m);
+        assert_eq!(
+            (v1.total, v1.used, v1.free),
+            (81559 * MIB, 1470 * MIB, 80089 * MIB)
+        );
+        assert_eq!(v1.free, v1.total - v1.used);
+        let v2 = memory_v2(&m);
+        assert_eq!(v2.version, nvmlMemory_v2);
+        assert_eq!(
+            (v2.total, v2.reserved, v2.used, v2.free),
+            (81559 * MIB, 470 * MIB, 1000 * MIB, 80089 * MIB)
+        );
+        assert_eq!(v2.free, v2.total - v2.reserved - v2.used);
+    }
 }

@@ -77,3 +77,28 @@ fn failures_are_one_line_with_the_status_name() {
         "{err}"
     );
 }
+
+/// A GPU whose driver reserves memory, as real ones do: NVML's total holds it and v1 counts
+/// it as used; CUDA's totals leave it out, and no allocation path ever gets it.
+#[test]
+fn reserved_memory_is_in_nvml_total_but_never_allocatable() {
+    let mut d = gpuslice_sim_core::testing::device(0, "NVIDIA H100 80GB HBM3", 8 * GIB);
+    d.reserved_memory = 512 << 20;
+    let node = SimFixture::with_devices(vec![d]);
+    gpuslice_sim_core::testing::copy_sim_libs(built_libs(), &node.lib_dir())
+        .expect("install libraries");
+    let cuda_total = 8 * GIB - (512 << 20);
+    let v = json(&node, &["info"]);
+    assert_eq!(u(&v, "total_mem"), cuda_total, "{v}");
+    assert_eq!(u(&v, "mem_total"), cuda_total, "{v}");
+    assert_eq!(u(&v, "mem_free"), cuda_total, "{v}");
+    assert_eq!(u(&v["nvml"], "total"), 8 * GIB, "{v}");
+    assert_eq!(u(&v["nvml"], "used"), 512 << 20, "{v}");
+    assert_eq!(u(&v["nvml"], "free"), cuda_total, "{v}");
+    for api in ["alloc", "vmm", "pool"] {
+        let v = json(&node, &["alloc", "--chunk", "512Mi", "--api", api]);
+        assert_eq!(v["error"], "CUDA_ERROR_OUT_OF_MEMORY", "{api}: {v}");
+        assert_eq!(u(&v, "total"), cuda_total, "{api}: {v}");
+        assert_eq!(u(&v, "mem_free"), 0, "{api}: {v}");
+    }
+}

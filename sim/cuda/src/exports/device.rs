@@ -54,7 +54,7 @@ pub unsafe extern "C" fn cuDeviceGetUuid_v2(out: *mut CUuuid, dev: CUdevice) -> 
 pub unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
     guard(|| {
         let d = driver()?;
-        put(bytes, d.device(d.ordinal(dev)?).memory as usize)
+        put(bytes, d.device(d.ordinal(dev)?).allocatable() as usize)
     })
 }
 
@@ -65,7 +65,9 @@ pub unsafe extern "C" fn cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice) -> 
         let d = driver()?;
         put(
             bytes,
-            d.device(d.ordinal(dev)?).memory.min(u64::from(c_uint::MAX)) as c_uint,
+            d.device(d.ordinal(dev)?)
+                .allocatable()
+                .min(u64::from(c_uint::MAX)) as c_uint,
         )
     })
 }
@@ -223,6 +225,7 @@ mod tests {
             sm_count: 132,
             clock_khz: 1_980_000,
             context_memory: 0,
+            reserved_memory: 0,
         }
     }
 

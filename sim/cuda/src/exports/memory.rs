@@ -1,6 +1,7 @@
 //! Linear device memory: `cuMemAlloc`, pitched, managed and stream-ordered allocations, all
 //! charged node-wide against the device's capacity (`CUDA_ERROR_OUT_OF_MEMORY` past it), and
-//! `cuMemGetInfo` reporting the node-wide figures.
+//! `cuMemGetInfo` reporting the node-wide figures (its total without the memory the driver
+//! reserves).
 
 use std::ffi::c_uint;
 
@@ -22,7 +23,7 @@ pub unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) ->
             .memory(d.ordinals[ord])
             .map_err(|_| CUDA_ERROR_UNKNOWN)?;
         put(free, m.free as usize)?;
-        put(total, m.total as usize)
+        put(total, m.cuda_total() as usize)
     })
 }
 
