@@ -822,6 +822,9 @@ pub struct PluginPool<'a> {
     pub generation: i64,
     /// Its slices of that generation.
     pub slices: Vec<&'a ResourceSlice>,
+    /// Its slices of older generations still listed while the newest is incomplete (the plugin
+    /// has not replaced them yet); empty once the newest generation is complete.
+    pub older: Vec<&'a ResourceSlice>,
     /// Why the scheduler allocates none of its devices now, `None` when it allocates them.
     pub unusable: Option<String>,
 }
@@ -836,15 +839,32 @@ impl<'a> PluginPool<'a> {
             .flat_map(|s| s.spec.devices.iter().flatten().map(move |d| (*s, d)))
     }
 
-    /// The devices its newest generation lists, each once, even while the plugin is replacing
-    /// its slices: what the node's GPUs are like (their mode and sizes), which a republish
-    /// does not change, unlike what may be placed at this moment.
+    /// Every device the pool lists, each once, as its newest slice listing it says, even while
+    /// the plugin is replacing its slices (an older slice's devices that no newer slice lists
+    /// yet included): what the node's GPUs are like (their mode, number and sizes), which a
+    /// republish does not change, unlike what may be placed at this moment.
     pub fn listed_devices(&self) -> impl Iterator<Item = &'a Device> + '_ {
+        let mut older: Vec<&ResourceSlice> = self.older.clone();
+        older.sort_by_key(|s| std::cmp::Reverse(s.spec.pool.generation));
+        let slot_named = |d: &Device| d.name.contains("-slot-");
+        // A republish that changes the node's mode leaves the other mode's devices behind in
+        // the older slices: those are not what its GPUs are like now.
+        let mode = self.devices_listed_now().next().map(slot_named);
+        let older = older
+            .into_iter()
+            .flat_map(|s| s.spec.devices.iter().flatten())
+            .filter(move |d| mode.is_none_or(|m| slot_named(d) == m));
         let mut seen = BTreeSet::new();
+        self.devices_listed_now()
+            .chain(older)
+            .filter(move |d| seen.insert(d.name.as_str()))
+    }
+
+    /// The devices its newest generation's slices list.
+    fn devices_listed_now(&self) -> impl Iterator<Item = &'a Device> + '_ {
         self.slices
             .iter()
             .flat_map(|s| s.spec.devices.iter().flatten())
-            .filter(move |d| seen.insert(d.name.as_str()))
     }
 }
 
@@ -866,14 +886,18 @@ pub fn plugin_pools(slices: &[ResourceSlice]) -> Vec<PluginPool<'_>> {
             node,
             generation,
             slices: Vec::new(),
+            older: Vec::new(),
             unusable: None,
         });
         if generation > pool.generation {
             pool.generation = generation;
-            pool.slices.clear();
+            let out_of_date = std::mem::take(&mut pool.slices);
+            pool.older.extend(out_of_date);
         }
         if generation == pool.generation {
             pool.slices.push(s);
+        } else {
+            pool.older.push(s);
         }
     }
     for pool in pools.values_mut() {
@@ -883,10 +907,10 @@ pub fn plugin_pools(slices: &[ResourceSlice]) -> Vec<PluginPool<'_>> {
             .iter()
             .map(|s| s.spec.pool.resource_slice_count)
             .collect();
-        pool.unusable = if counts
+        let complete = counts
             .iter()
-            .any(|c| usize::try_from(*c).ok() != Some(have))
-        {
+            .all(|c| usize::try_from(*c).ok() == Some(have));
+        pool.unusable = if !complete {
             Some(format!(
                 "pool {} is incomplete: {have} of {} slice(s) of generation {} (the plugin is replacing them)",
                 pool.node,
@@ -910,14 +934,19 @@ pub fn plugin_pools(slices: &[ResourceSlice]) -> Vec<PluginPool<'_>> {
                     )
                 })
         };
+        // A complete newest generation says all the pool lists: older slices still listed are
+        // leftovers the plugin is deleting.
+        if complete {
+            pool.older.clear();
+        }
     }
     pools.into_values().collect()
 }
 
 impl PublishedGpus {
-    /// Reads what gpuslice's kubelet plugins publish, and only that: the devices of each
-    /// pool's newest generation, each once ([`plugin_pools`]: slices laid out as the plugin
-    /// lays them out; a pool mid-republish included), devices `gpu-<i>` (capacity) or
+    /// Reads what gpuslice's kubelet plugins publish, and only that: each pool's devices, each
+    /// once as its newest slice listing it says ([`plugin_pools`], [`PluginPool::listed_devices`]:
+    /// slices laid out as the plugin lays them out; a pool mid-republish included), devices `gpu-<i>` (capacity) or
     /// `gpu-<i>-slot-<j>` (slots). A node publishes one mode: a node whose devices mix both
     /// is left out. The cluster's mode is the one most nodes publish (a tie is capacity mode),
     /// so that one stray slice or device cannot turn it; the sizes (GPUs per node, GPU memory, per slot
@@ -929,8 +958,9 @@ impl PublishedGpus {
         for pool in plugin_pools(slices) {
             let node = pool.node;
             let mut n = NodeGpus::default();
-            // A pool mid-republish still says what its GPUs are like: leaving it out would
-            // turn the cluster's mode, or its largest node, for as long as the republish lasts.
+            // A pool mid-republish still says what its GPUs are like: leaving it out, or its
+            // slices not yet replaced, would turn the cluster's mode, or shrink its largest
+            // node, for as long as the republish lasts.
             for d in pool.listed_devices() {
                 let cap = |k: &str| {
                     d.capacity
@@ -1848,9 +1878,55 @@ mod tests {
             Some("pool a is incomplete: 1 of 2 slice(s) of generation 3 (the plugin is replacing them)")
         );
         assert_eq!(pools[0].devices().count(), 0, "the allocator takes none");
-        // What the node's GPUs are like still reads from its newest generation, each device
-        // once: the cluster's mode and its largest node do not flicker during a republish.
-        assert_eq!(PublishedGpus::from_slices(&mid).max_gpus_per_node, Some(2));
+        // What the node's GPUs are like reads the same before, during and after a republish
+        // (a device moved between slices, each once): the cluster's mode, its largest node and
+        // the GPU sizes do not flicker.
+        let before = [
+            nth("a", 0, 2, 2, json!([gpu(0)])),
+            nth("a", 1, 2, 2, json!([gpu(1), gpu(2)])),
+        ];
+        let mid = [
+            nth("a", 0, 2, 3, json!([gpu(0), gpu(1)])),
+            nth("a", 1, 2, 2, json!([gpu(1), gpu(2)])),
+        ];
+        let after = [
+            nth("a", 0, 2, 3, json!([gpu(0), gpu(1)])),
+            nth("a", 1, 2, 3, json!([gpu(2)])),
+        ];
+        let shape = PublishedGpus::from_slices(&before);
+        assert_eq!(shape.max_gpus_per_node, Some(3));
+        assert_eq!(PublishedGpus::from_slices(&mid), shape);
+        assert_eq!(PublishedGpus::from_slices(&after), shape);
+        assert_eq!(plugin_pools(&mid)[0].devices().count(), 0);
+        // The same in slot mode: the mode and the slot size hold mid-republish.
+        let slot = |g: u32, j: u32| json!({"name": format!("gpu-{g}-slot-{j}"), "capacity": {"memory": {"value": "4Gi"}}});
+        let before = [
+            nth("s", 0, 2, 5, json!([slot(0, 0), slot(0, 1)])),
+            nth("s", 1, 2, 5, json!([slot(1, 0), slot(1, 1)])),
+        ];
+        let mid = [
+            nth("s", 0, 2, 6, json!([slot(0, 0), slot(0, 1), slot(1, 0)])),
+            nth("s", 1, 2, 5, json!([slot(1, 0), slot(1, 1)])),
+        ];
+        let shape = PublishedGpus::from_slices(&before);
+        assert_eq!(
+            shape.mode,
+            Mode::Slots(vec![SlotSize {
+                memory: 4 << 30,
+                cores: None,
+                per_gpu: 2
+            }])
+        );
+        assert_eq!(PublishedGpus::from_slices(&mid), shape);
+        // A republish turning the node to capacity mode: the slots left in the older slice are
+        // not mixed in (a mixed node would have no say at all).
+        let turning = [
+            nth("s", 0, 2, 6, json!([gpu(0)])),
+            nth("s", 1, 2, 5, json!([slot(1, 0), slot(1, 1)])),
+        ];
+        let shape = PublishedGpus::from_slices(&turning);
+        assert_eq!(shape.mode, Mode::Capacity);
+        assert_eq!(shape.max_gpus_per_node, Some(1));
         // Done: both slices of generation 3, each device once.
         let done = [
             nth("a", 0, 2, 3, json!([gpu(0), gpu(1)])),
