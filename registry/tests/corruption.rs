@@ -348,6 +348,20 @@ fn rebuild_keeps_a_listed_live_reservation_whose_record_is_unreadable_so_nothing
     let path = break_record(&n.reg, &victim.id, b"{\"version\":2}");
 
     let report = n.reg.rebuild(inventory(2, 20 * GI)).expect("rebuild");
+    let file = read_registry(n.reg.state_dir()).expect("read");
+    assert_eq!(
+        file.reservation(&victim.id),
+        Some(&victim),
+        "the victim is still booked"
+    );
+    // The node is still full: no second booking of the victim's capacity.
+    let e = n
+        .reg
+        .reserve(&slice(Owner::container()))
+        .expect_err("the node is full");
+    assert!(matches!(e, RegistryError::Refused(_)), "{e}");
+
+    // The report says what happened.
     assert_eq!(report.unreadable.len(), 1, "{:?}", report.unreadable);
     assert!(
         report.unreadable[0]
@@ -365,15 +379,6 @@ fn rebuild_keeps_a_listed_live_reservation_whose_record_is_unreadable_so_nothing
     assert_eq!(report.restored.len(), 20);
     assert!(report.dropped.is_empty(), "{:?}", report.dropped);
     assert!(report.violations.is_empty(), "{:?}", report.violations);
-    let file = read_registry(n.reg.state_dir()).expect("read");
-    assert_eq!(file.reservation(&victim.id), Some(&victim));
-
-    // The node is still full: no second booking of the victim's capacity.
-    let e = n
-        .reg
-        .reserve(&slice(Owner::container()))
-        .expect_err("the node is full");
-    assert!(matches!(e, RegistryError::Refused(_)), "{e}");
 
     // gc keeps it too, and its record reads again.
     let gc = n.reg.gc().expect("gc");
