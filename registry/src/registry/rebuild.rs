@@ -77,7 +77,7 @@ impl fmt::Display for UnreadableRecord {
             ),
             UnreadableOutcome::LeftInPlace => write!(
                 f,
-                "no usable registry lists reservation {}, so nothing is booked for it; its directory is left in place: fix the record, or remove the directory once no container uses it",
+                "no usable registry lists reservation {}, so nothing is booked for it; its directory is left in place: if a container still uses it, fix the record and run `gpuslice gc --rebuild`, else remove the directory",
                 self.id
             ),
         }
