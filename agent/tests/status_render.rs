@@ -261,7 +261,8 @@ fn empty_registry_and_gc_report_render() {
     assert_eq!(render_reaped(&[]), "nothing to reap\n");
 }
 
-/// `gc --rebuild` prints what it restored, also when the inventory shrank under it.
+/// `gc --rebuild` prints what it restored, also when the inventory shrank under it, and what
+/// became of a record it could not read.
 #[test]
 fn rebuild_report_renders() {
     let dir = state_dir();
@@ -273,10 +274,27 @@ fn rebuild_report_renders() {
         ..Request::new(Owner::container())
     };
     let r = reg.reserve(&slice).expect("reserve");
+    // Listed and live, its record unreadable: restored from the registry's entry.
+    let broken = reg.reserve(&slice).expect("reserve");
+    std::fs::write(
+        reg.slice_dir(&broken.id)
+            .expect("slice dir")
+            .join("reservation.json"),
+        b"nonsense",
+    )
+    .expect("write");
     let report = reg.rebuild(inventory(1, 20 * GI)).expect("rebuild");
     let text = render_rebuild(&report);
-    assert!(text.contains("restored 1 reservations"), "{text}");
+    assert!(text.contains("restored 2 reservations"), "{text}");
     assert!(text.contains(&format!("  {} (pending, ", r.id)), "{text}");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("unreadable record: "))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        line.contains(&broken.id) && line.contains("restored from the registry's entry"),
+        "{text}"
+    );
 }
 
 /// GPU 0 measured (3 GiB used, 45 %), GPU 1 not; the pending slice uses 1 GiB.

@@ -1,5 +1,6 @@
 //! Through the `gpuslice` binary on a hand-written registry:
-//! `gc` and `gc --rebuild` remove slice CDI specs whose reservation is gone; `status` escapes
+//! `gc` and `gc --rebuild` remove slice CDI specs whose reservation is gone and keep a slice
+//! directory whose record is unreadable, saying so; `status` escapes
 //! control characters in owner names (JSON keeps them as JSON escapes); `status` says when
 //! the registry books more than a GPU holds or lists an id twice, and prints huge figures in
 //! a unit that fits.
@@ -137,6 +138,40 @@ fn gc_and_rebuild_remove_slice_specs_whose_reservation_is_gone() {
     assert!(exists(&live) && exists(&node_spec) && exists(&other) && exists(&odd));
     // The healthy registry's live reservation (no slice record) is kept by the rebuild.
     assert!(out.contains(LIVE), "{out}");
+}
+
+#[test]
+fn gc_reports_and_keeps_a_slice_directory_whose_record_is_unreadable() {
+    let node = Node::new();
+    node.registry(1 << 30, vec![]);
+    // The registry does not list it and its record does not read (a newer build's, or
+    // damaged): gc cannot tell it from a live slice, so it stays.
+    let dir = node.state.join("slices").join(GONE);
+    std::fs::create_dir_all(&dir).unwrap();
+    let record = dir.join("reservation.json");
+    std::fs::write(&record, br#"{"version":2}"#).unwrap();
+
+    let out = node.ok(&["gc"]);
+    assert!(record.is_file(), "gc removed {dir:?}: {out}");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("unreadable record: "))
+        .unwrap_or_else(|| panic!("no report of the unreadable record: {out}"));
+    assert!(
+        line.contains(&record.display().to_string())
+            && line.contains("invalid JSON")
+            && line.contains("left in place"),
+        "{out}"
+    );
+
+    // `gc --rebuild` does the same with what no usable registry lists.
+    let out = node.ok(&["gc", "--rebuild"]);
+    assert!(record.is_file(), "gc --rebuild removed {dir:?}: {out}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("unreadable record: ") && l.contains(GONE)),
+        "{out}"
+    );
 }
 
 #[test]

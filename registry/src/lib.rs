@@ -36,8 +36,8 @@ pub use printable::printable;
 pub use reap::{ReapReason, Reaped};
 pub use registry::{
     check_state_dir, claim_uid, no_cleanup, read_registry, ClaimLeft, ClaimReservation, ClaimShare,
-    Cleanup, InventoryChange, Options, RebuildReport, Registry, RegistryError, Released,
-    MAX_CLAIM_MEMBERS,
+    Cleanup, GcReport, InventoryChange, Options, RebuildReport, Registry, RegistryError, Released,
+    UnreadableOutcome, UnreadableRecord, MAX_CLAIM_MEMBERS,
 };
 pub use request::{Request, Selector, SelectorError, MAX_GPUS};
 pub use store::{StoreError, LOCK_FILE, RECORD_FILE, REGISTRY_FILE, SLICES_DIR};

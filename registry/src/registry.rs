@@ -27,7 +27,7 @@ mod rebuild;
 
 use crate::system::{RealSystem, System, SystemError};
 pub use claims::{claim_uid, ClaimLeft, ClaimReservation, ClaimShare, MAX_CLAIM_MEMBERS};
-pub use rebuild::RebuildReport;
+pub use rebuild::{RebuildReport, UnreadableOutcome, UnreadableRecord};
 
 /// Called for every reservation that leaves the registry (released or reaped), after the
 /// registry no longer lists it; the CLI deletes the slice's CDI spec here. It must be
@@ -148,6 +148,18 @@ pub struct InventoryChange {
     /// Reservations that book a GPU the new inventory lacks: (reservation id, GPU UUID).
     /// They are kept.
     pub missing: Vec<(String, String)>,
+}
+
+/// What `gc` did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GcReport {
+    /// What went: reservations whose owner is gone, slice directories the registry does not
+    /// list.
+    pub reaped: Vec<Reaped>,
+    /// Slice directories the registry does not list whose record cannot be read: left in
+    /// place ([`UnreadableOutcome::LeftInPlace`]), since gc cannot tell them from a live
+    /// slice whose record only this build cannot read.
+    pub unreadable: Vec<UnreadableRecord>,
 }
 
 /// One open transaction.

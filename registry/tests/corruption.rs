@@ -10,7 +10,8 @@ use std::time::Duration;
 use common::{inventory, state_dir, GI};
 use gpuslice_config::Quantity;
 use gpuslice_registry::{
-    read_registry, FakeSystem, Owner, ReapReason, Registry, RegistryError, Request, Reservation,
+    read_registry, FakeSystem, Owner, ReapReason, RebuildReport, Registry, RegistryError, Request,
+    Reservation, UnreadableOutcome, UnreadableRecord, RECORD_FILE,
 };
 
 fn slice(owner: Owner) -> Request {
@@ -236,39 +237,196 @@ fn a_version_2_file_is_refused_by_version_and_rebuilt_from_the_records() {
     );
 }
 
+/// Overwrites the record of reservation `id` with `text`.
+fn break_record(reg: &Registry, id: &str, text: &[u8]) -> std::path::PathBuf {
+    let path = reg.slice_dir(id).expect("slice dir").join(RECORD_FILE);
+    std::fs::write(&path, text).expect("write");
+    path
+}
+
+fn outcome_of<'a>(report: &'a RebuildReport, id: &str) -> &'a UnreadableOutcome {
+    let found: Vec<&UnreadableRecord> = report.unreadable.iter().filter(|u| u.id == id).collect();
+    assert_eq!(found.len(), 1, "{id} in {:?}", report.unreadable);
+    &found[0].outcome
+}
+
 #[test]
-fn rebuild_of_a_sound_registry_keeps_counters_and_reports_unreadable_records() {
+fn rebuild_of_a_sound_registry_keeps_counters_and_judges_unreadable_records_by_its_entries() {
     let n = node();
+    n.sys.spawn(100, 1);
     let r = n.reg.reserve(&slice(Owner::container())).expect("reserve");
+    // Listed and live: restored from the registry's entry, its record written again.
     let broken = n.reg.reserve(&slice(Owner::container())).expect("reserve");
-    std::fs::write(
-        n.reg
-            .slice_dir(&broken.id)
-            .expect("slice dir")
-            .join("reservation.json"),
-        b"nonsense",
-    )
-    .expect("write");
+    let broken_path = break_record(&n.reg, &broken.id, b"nonsense");
+    // Listed, but its owner exits: dropped with the registry's entry.
+    let dead = n.reg.reserve(&slice(Owner::container())).expect("reserve");
+    let dead = n.reg.bind(&dead.id, "ctr-dead", 100).expect("bind");
+    break_record(&n.reg, &dead.id, b"{\"version\":2}");
+    // Not listed: nothing vouches for it, so it is neither booked nor removed.
+    let stray = "0123456789abcdef";
+    std::fs::create_dir(n.reg.slice_dir(stray).expect("slice dir")).expect("mkdir");
+    break_record(&n.reg, stray, b"{\"version\":2}");
+    n.sys.kill(100);
+
     let before = read_registry(n.reg.state_dir()).expect("read").counters;
     let report = n.reg.rebuild(inventory(2, 20 * GI)).expect("rebuild");
     assert!(report.moved_aside.is_none());
-    assert_eq!(report.restored, vec![r.clone()]);
-    assert_eq!(report.unreadable.len(), 1);
+    let mut restored: Vec<&str> = report.restored.iter().map(|r| r.id.as_str()).collect();
+    restored.sort();
+    let mut want = vec![r.id.as_str(), broken.id.as_str()];
+    want.sort();
+    assert_eq!(restored, want);
+    assert_eq!(
+        report.restored.iter().find(|x| x.id == broken.id),
+        Some(&broken),
+        "restored as the registry listed it"
+    );
+    assert_eq!(report.unreadable.len(), 3, "{:?}", report.unreadable);
+    assert_eq!(
+        outcome_of(&report, &broken.id),
+        &UnreadableOutcome::Restored {
+            rewrite_failed: None
+        }
+    );
+    assert_eq!(outcome_of(&report, &dead.id), &UnreadableOutcome::Dropped);
+    assert_eq!(outcome_of(&report, stray), &UnreadableOutcome::LeftInPlace);
+    for u in &report.unreadable {
+        let line = u.to_string();
+        assert!(line.contains(&u.id) && line.contains(RECORD_FILE), "{line}");
+        assert!(!line.contains('\n'), "{line}");
+    }
+    let broken_line = report
+        .unreadable
+        .iter()
+        .find(|u| u.id == broken.id)
+        .expect("broken")
+        .to_string();
     assert!(
-        report.unreadable[0].contains(&broken.id),
+        broken_line.contains(&broken_path.display().to_string())
+            && broken_line.contains("invalid JSON")
+            && broken_line.contains("written again"),
+        "{broken_line}"
+    );
+    let dropped: Vec<&str> = report.dropped.iter().map(|d| d.id.as_str()).collect();
+    assert_eq!(dropped, vec![dead.id.as_str()]);
+    assert!(!n.reg.slice_dir(&dead.id).expect("slice dir").exists());
+    assert!(
+        n.reg.slice_dir(stray).expect("slice dir").exists(),
+        "an unreadable record nothing vouches for is left in place"
+    );
+    let after = read_registry(n.reg.state_dir()).expect("read").counters;
+    assert_eq!(after.reaped_total, before.reaped_total + 1);
+    assert_eq!(after.reserved_total, before.reserved_total);
+    // The rewritten record reads again: a second rebuild restores both from their records.
+    let report = n.reg.rebuild(inventory(2, 20 * GI)).expect("rebuild");
+    assert_eq!(report.restored.len(), 2);
+    assert_eq!(report.unreadable.len(), 1, "{:?}", report.unreadable);
+    // Shrinking the inventory under restored reservations is reported, not refused.
+    let report = n.reg.rebuild(inventory(1, 20 * GI)).expect("rebuild");
+    assert_eq!(report.restored.len(), 2);
+    // What `gc --rebuild` prints of such a report: agent/tests/status_render.rs.
+}
+
+/// Fills the node (2 GPUs of 20 GiB) with 1 GiB, 10 % slices until a reserve is refused.
+fn fill(reg: &Registry) -> Vec<Reservation> {
+    let mut booked = Vec::new();
+    loop {
+        match reg.reserve(&slice(Owner::container())) {
+            Ok(r) => booked.push(r),
+            Err(RegistryError::Refused(_)) => return booked,
+            Err(e) => panic!("reserve: {e}"),
+        }
+    }
+}
+
+#[test]
+fn rebuild_keeps_a_listed_live_reservation_whose_record_is_unreadable_so_nothing_is_booked_twice() {
+    let n = node();
+    let booked = fill(&n.reg);
+    assert_eq!(booked.len(), 20, "10 slices of 10 % cores per GPU");
+    let victim = booked[7].clone();
+    let path = break_record(&n.reg, &victim.id, b"{\"version\":2}");
+
+    let report = n.reg.rebuild(inventory(2, 20 * GI)).expect("rebuild");
+    let file = read_registry(n.reg.state_dir()).expect("read");
+    assert_eq!(
+        file.reservation(&victim.id),
+        Some(&victim),
+        "the victim is still booked"
+    );
+    // The node is still full: no second booking of the victim's capacity.
+    let e = n
+        .reg
+        .reserve(&slice(Owner::container()))
+        .expect_err("the node is full");
+    assert!(matches!(e, RegistryError::Refused(_)), "{e}");
+
+    // The report says what happened.
+    assert_eq!(report.unreadable.len(), 1, "{:?}", report.unreadable);
+    assert!(
+        report.unreadable[0]
+            .to_string()
+            .contains(&path.display().to_string()),
         "{:?}",
         report.unreadable
     );
-    assert!(
-        n.reg.slice_dir(&broken.id).expect("slice dir").exists(),
-        "unreadable records are left in place"
-    );
     assert_eq!(
-        read_registry(n.reg.state_dir()).expect("read").counters,
-        before
+        outcome_of(&report, &victim.id),
+        &UnreadableOutcome::Restored {
+            rewrite_failed: None
+        }
     );
-    // Shrinking the inventory under restored reservations is reported, not refused.
-    let report = n.reg.rebuild(inventory(1, 20 * GI)).expect("rebuild");
-    assert_eq!(report.restored.len(), 1);
-    // What `gc --rebuild` prints of such a report: agent/tests/status_render.rs.
+    assert_eq!(report.restored.len(), 20);
+    assert!(report.dropped.is_empty(), "{:?}", report.dropped);
+    assert!(report.violations.is_empty(), "{:?}", report.violations);
+
+    // gc keeps it too, and its record reads again.
+    let gc = n.reg.gc().expect("gc");
+    assert!(gc.reaped.is_empty() && gc.unreadable.is_empty(), "{gc:?}");
+    assert!(n.reg.slice_dir(&victim.id).expect("slice dir").exists());
+    let again = n.reg.rebuild(inventory(2, 20 * GI)).expect("rebuild");
+    assert!(again.unreadable.is_empty(), "{:?}", again.unreadable);
+    assert_eq!(again.restored.len(), 20);
+}
+
+#[test]
+fn gc_leaves_an_unlisted_slice_directory_whose_record_is_unreadable_in_place() {
+    let n = node();
+    let kept = n.reg.reserve(&slice(Owner::container())).expect("reserve");
+    // Unlisted with an unreadable record (a newer build's, or damaged): kept, reported.
+    let odd = "0123456789abcdef";
+    let odd_dir = n.reg.slice_dir(odd).expect("slice dir");
+    std::fs::create_dir(&odd_dir).expect("mkdir");
+    std::fs::write(odd_dir.join("keep"), b"x").expect("write");
+    let path = break_record(&n.reg, odd, b"{\"version\":2}");
+    // Unlisted without a record: a stray, removed as before.
+    let orphan = "fedcba9876543210";
+    std::fs::create_dir(n.reg.slice_dir(orphan).expect("slice dir")).expect("mkdir");
+
+    let gc = n.reg.gc().expect("gc");
+    let reaped: Vec<(&str, &ReapReason)> = gc
+        .reaped
+        .iter()
+        .map(|r| (r.id.as_str(), &r.reason))
+        .collect();
+    assert_eq!(reaped, vec![(orphan, &ReapReason::Orphan)]);
+    assert!(!n.reg.slice_dir(orphan).expect("slice dir").exists());
+    assert_eq!(gc.unreadable.len(), 1, "{gc:?}");
+    assert_eq!(gc.unreadable[0].id, odd);
+    assert_eq!(gc.unreadable[0].outcome, UnreadableOutcome::LeftInPlace);
+    let line = gc.unreadable[0].to_string();
+    assert!(
+        line.contains(&path.display().to_string())
+            && line.contains("is unreadable")
+            && line.contains("left in place")
+            && !line.contains('\n'),
+        "{line}"
+    );
+    assert!(odd_dir.join("keep").is_file(), "gc removed {odd_dir:?}");
+    assert!(n.reg.slice_dir(&kept.id).expect("slice dir").exists());
+    // Again: still there, still reported.
+    let gc = n.reg.gc().expect("gc");
+    assert!(gc.reaped.is_empty());
+    assert_eq!(gc.unreadable.len(), 1);
+    assert!(odd_dir.join("keep").is_file());
 }

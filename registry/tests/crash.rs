@@ -152,7 +152,7 @@ fn sigkilled_writers_never_corrupt_or_lose_reservations() {
     // is then listed, and a listed reservation without one is pending: a writer died
     // between listing it and writing its record, so nobody has its id and its pending
     // deadline reaps it.
-    let swept = reg.gc().expect("gc");
+    let swept = reg.gc().expect("gc").reaped;
     eprintln!(
         "{reported} reservations reported; gc swept {} leftovers",
         swept.len()

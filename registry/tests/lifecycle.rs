@@ -167,7 +167,7 @@ fn an_owner_lives_while_its_cgroup_holds_processes() {
     // init exits; `sleep 100 &` it started still runs in the container's cgroup.
     sys.set_populated("pids/ctr-900", true);
     sys.kill(900);
-    let reaped = reg.gc().expect("gc");
+    let reaped = reg.gc().expect("gc").reaped;
     assert!(
         reaped.is_empty(),
         "reaped while its processes run: {reaped:?}"
@@ -176,11 +176,11 @@ fn an_owner_lives_while_its_cgroup_holds_processes() {
     assert!(e.refusal().is_some(), "{e}");
     // The pid is reused by an unrelated process: still the container's while it runs.
     sys.spawn(900, 99);
-    assert!(reg.gc().expect("gc").is_empty());
+    assert!(reg.gc().expect("gc").reaped.is_empty());
     // The last process leaves the cgroup: now the owner is gone.
     sys.set_populated("pids/ctr-900", false);
     sys.kill(900);
-    let reaped = reg.gc().expect("gc");
+    let reaped = reg.gc().expect("gc").reaped;
     assert_eq!(reaped.len(), 1);
     assert!(matches!(reaped[0].reason, ReapReason::Exited { pid: 900 }));
     reg.reserve(&slice(8 * GI)).expect("memory free again");

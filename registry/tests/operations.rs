@@ -94,7 +94,7 @@ fn bind_records_process_and_is_idempotent_for_one_container() {
     assert!(rec.contains("\"ctr-a\"") && rec.contains("4242"), "{rec}");
     // Bound reservations outlive the pending deadline.
     sys.advance_ms(10 * 60 * 1000);
-    assert!(reg.gc().expect("gc").is_empty());
+    assert!(reg.gc().expect("gc").reaped.is_empty());
 }
 
 #[test]
@@ -222,7 +222,7 @@ fn pid_reuse_and_reboot_are_reaped_with_reasons() {
     let b = reg.reserve(&slice(GI, 0)).expect("reserve");
     reg.bind(&b.id, "b", 21).expect("bind");
     sys.spawn(20, 999); // pid 20 now names another process
-    let reaped = reg.gc().expect("gc");
+    let reaped = reg.gc().expect("gc").reaped;
     assert_eq!(reaped.len(), 1, "{reaped:?}");
     assert_eq!(reaped[0].id, a.id);
     assert_eq!(
@@ -235,7 +235,7 @@ fn pid_reuse_and_reboot_are_reaped_with_reasons() {
     );
     sys.reboot();
     sys.spawn(21, 210); // same pid and start time after a reboot: still another process
-    let reaped = reg.gc().expect("gc");
+    let reaped = reg.gc().expect("gc").reaped;
     assert_eq!(reaped.len(), 1);
     assert!(
         matches!(reaped[0].reason, ReapReason::Rebooted { .. }),
@@ -318,7 +318,7 @@ fn dra_claims_are_held_until_released_and_never_bound() {
     assert_eq!(r.state, ReservationState::Bound);
     sys.advance_ms(24 * 3600 * 1000);
     sys.reboot();
-    assert!(reg.gc().expect("gc").is_empty());
+    assert!(reg.gc().expect("gc").reaped.is_empty());
     sys.spawn(3, 3);
     assert!(matches!(
         reg.bind(&r.id, "c", 3).expect_err("claim"),
@@ -416,7 +416,7 @@ fn whole_gpu_booking_is_bound_at_once_and_exclusive() {
         .is_err());
     reg.release(&s.id).expect("release");
     sys.kill(8);
-    assert_eq!(reg.gc().expect("gc").len(), 1);
+    assert_eq!(reg.gc().expect("gc").reaped.len(), 1);
 }
 
 #[test]
@@ -517,7 +517,7 @@ fn gc_removes_orphan_slice_dirs_and_stale_temps() {
     let temp = reg.state_dir().join(".registry.json.tmp.99999.0");
     std::fs::write(&temp, b"partial").expect("write");
     seen.lock().unwrap().clear();
-    let reaped = reg.gc().expect("gc");
+    let reaped = reg.gc().expect("gc").reaped;
     let mut ids: Vec<&str> = reaped.iter().map(|r| r.id.as_str()).collect();
     ids.sort();
     let mut want = vec![orphan.id.as_str(), "abcdefabcdefabcd"];

@@ -89,7 +89,7 @@ fn zombie_owner_counts_as_exited() {
     {
         std::thread::sleep(Duration::from_millis(1));
     }
-    let reaped = reg.gc().expect("gc");
+    let reaped = reg.gc().expect("gc").reaped;
     assert_eq!(reaped.len(), 1);
     assert_eq!(reaped[0].reason, ReapReason::Exited { pid });
     assert!(read_registry(dir.path())
@@ -133,12 +133,12 @@ fn reservation_whose_pid_names_another_process_is_reaped() {
     };
     let r = reg.reserve(&Request { owner, ..slice() }).expect("reserve");
     assert!(
-        reg.gc().expect("gc").is_empty(),
+        reg.gc().expect("gc").reaped.is_empty(),
         "the true start time keeps it"
     );
     // The registry now remembers an earlier process under the same pid: as after pid reuse.
     set_start_time(&reg, real.start_time - 1);
-    let reaped = reg.gc().expect("gc");
+    let reaped = reg.gc().expect("gc").reaped;
     assert_eq!(reaped.len(), 1);
     assert_eq!(reaped[0].id, r.id);
     assert_eq!(

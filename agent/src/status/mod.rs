@@ -10,7 +10,7 @@ mod table;
 
 use gpuslice_registry::{is_valid_id, Inventory, Registry};
 
-use render::{render_reaped, render_rebuild, render_table_measured, status_json_measured};
+use render::{render_gc, render_rebuild, render_table_measured, status_json_measured};
 
 use crate::args::{GcArgs, StatusArgs};
 use gpuslice_hook::node::NodeContext;
@@ -70,7 +70,7 @@ pub fn gc(node: &NodeContext, args: &GcArgs) -> Result<(), StatusError> {
         let gpus = crate::nodespec::take_inventory(node)?;
         render_rebuild(&registry.rebuild(Inventory { gpus })?)
     } else {
-        render_reaped(&registry.gc()?)
+        render_gc(&registry.gc()?)
     };
     let specs = remove_leftover_specs(node, &registry)?;
     Ok(out(&format!("{report}{specs}"))?)

@@ -9,8 +9,8 @@ use serde_json::{json, Value};
 use gpuslice_config::{format_bytes_rounded, PlacementConfig};
 
 use gpuslice_registry::{
-    gpu_loads, missing_gpus, printable, violations, Inventory, Owner, Reaped, RebuildReport,
-    RegistryFile, Reservation,
+    gpu_loads, missing_gpus, printable, violations, GcReport, Inventory, Owner, Reaped,
+    RebuildReport, RegistryFile, Reservation, UnreadableRecord,
 };
 
 use super::table::{Align, Table};
@@ -309,6 +309,19 @@ pub fn render_reaped(reaped: &[Reaped]) -> String {
     out
 }
 
+/// What `gpuslice gc` prints: what went, then the slice directories left in place.
+pub fn render_gc(report: &GcReport) -> String {
+    render_reaped(&report.reaped) + &render_unreadable(&report.unreadable)
+}
+
+/// One line per slice directory whose record could not be read, saying what became of it.
+fn render_unreadable(unreadable: &[UnreadableRecord]) -> String {
+    unreadable
+        .iter()
+        .map(|u| format!("unreadable record: {}\n", printable(&u.to_string())))
+        .collect()
+}
+
 /// What `gpuslice gc --rebuild` prints.
 pub fn render_rebuild(report: &RebuildReport) -> String {
     let mut out = String::new();
@@ -333,9 +346,7 @@ pub fn render_rebuild(report: &RebuildReport) -> String {
             out.push_str(&format!("  {}\n", printable(&d.to_string())));
         }
     }
-    for u in &report.unreadable {
-        out.push_str(&format!("left in place: {}\n", printable(u)));
-    }
+    out.push_str(&render_unreadable(&report.unreadable));
     for (id, uuid) in &report.missing {
         out.push_str(&format!(
             "reservation {id} books GPU {}, which the inventory lacks\n",

@@ -797,11 +797,11 @@ mod tests {
         // Its init exited, its cgroup still holds processes: kept through `gc`.
         sys.kill(100);
         sys.set_populated("kubepods/pod1/ctr-a", true);
-        assert!(r.gc().unwrap().is_empty());
+        assert!(r.gc().unwrap().reaped.is_empty());
         assert_eq!(r.snapshot().unwrap().reservations.len(), 1);
         // The last process gone: reaped by the next operation that checks processes.
         sys.set_populated("kubepods/pod1/ctr-a", false);
-        let reaped = r.gc().unwrap();
+        let reaped = r.gc().unwrap().reaped;
         assert_eq!(reaped.len(), 1, "{reaped:?}");
         assert_eq!(
             reaped[0].reason,
@@ -855,7 +855,7 @@ mod tests {
         r.join_claim(&id, 100).unwrap();
         sys.kill(100);
         sys.advance_ms(5_000);
-        assert!(r.gc().unwrap().is_empty());
+        assert!(r.gc().unwrap().reaped.is_empty());
         assert_eq!(r.snapshot().unwrap().reservations.len(), 1);
     }
 }

@@ -9,7 +9,10 @@ use crate::reap::{Probe, ReapReason, Reaped};
 use crate::request::Request;
 use crate::store;
 
-use super::{check_inventory, sync_indices, InventoryChange, Registry, RegistryError, Released};
+use super::{
+    check_inventory, sync_indices, GcReport, InventoryChange, Registry, RegistryError, Released,
+    UnreadableOutcome, UnreadableRecord,
+};
 
 impl Registry {
     /// Reserves a slice. The reservation is pending (reaped after the pending timeout unless
@@ -482,16 +485,31 @@ impl Registry {
     }
 
     /// Reaps everything whose owner is gone (reading every process's start time), removes
-    /// slice directories the registry does not list and stale temp files. Returns what went.
-    pub fn gc(&self) -> Result<Vec<Reaped>, RegistryError> {
-        let (orphans, mut reaped) = self.transact(true, |txn| {
+    /// slice directories the registry does not list and stale temp files. Returns what went,
+    /// and the unlisted slice directories left in place because their record cannot be read.
+    pub fn gc(&self) -> Result<GcReport, RegistryError> {
+        let ((orphans, unreadable), mut reaped) = self.transact(true, |txn| {
             let mut orphans = Vec::new();
+            let mut unreadable = Vec::new();
             for id in store::slice_ids(&self.paths)? {
                 // Listed, or just reaped (its directory goes after the write).
                 if txn.file.reservation(&id).is_some() || txn.removed.iter().any(|r| r.id == id) {
                     continue;
                 }
-                let record = store::read_record(&self.paths, &id).ok().flatten();
+                let record = match store::read_record(&self.paths, &id) {
+                    Ok(record) => record,
+                    // Maybe a live slice whose record only another build reads, or one whose
+                    // entry the registry lost: removing it would take the slice's files from
+                    // a container that may still use it, and nothing could restore it.
+                    Err(e) => {
+                        unreadable.push(UnreadableRecord {
+                            id,
+                            error: e.to_string(),
+                            outcome: UnreadableOutcome::LeftInPlace,
+                        });
+                        continue;
+                    }
+                };
                 match &record {
                     Some(r) => txn.removed.push(r.clone()),
                     None => txn.stray.push(id.clone()),
@@ -503,10 +521,10 @@ impl Registry {
                 });
             }
             store::remove_stale_temps(&self.paths)?;
-            Ok(orphans)
+            Ok((orphans, unreadable))
         })?;
         reaped.extend(orphans);
-        Ok(reaped)
+        Ok(GcReport { reaped, unreadable })
     }
 
     /// Replaces the cached inventory. Reservations are kept, also those on GPUs that are
