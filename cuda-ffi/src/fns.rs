@@ -154,6 +154,15 @@ pfns! {
         *mut *mut c_void,
         *mut *mut c_void,
     );
+    // The deprecated (pre-4.0) launch API, still exported by CUDA 12's driver: block shape
+    // and parameters are set on the function beforehand, then launched with a 2-D grid.
+    PFN_cuFuncSetBlockShape(CUfunction, c_int, c_int, c_int);
+    PFN_cuParamSetSize(CUfunction, c_uint);
+    PFN_cuParamSeti(CUfunction, c_int, c_uint);
+    PFN_cuParamSetv(CUfunction, c_int, *mut c_void, c_uint);
+    PFN_cuLaunch(CUfunction);
+    PFN_cuLaunchGrid(CUfunction, c_int, c_int);
+    PFN_cuLaunchGridAsync(CUfunction, c_int, c_int, CUstream);
 
     // Streams.
     PFN_cuStreamCreate(*mut CUstream, c_uint);

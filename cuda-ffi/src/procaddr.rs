@@ -111,6 +111,7 @@ pub static PROC_TABLE: &[ProcEntry] = table! {
     "cuEventRecord" 7000 "cuEventRecord" "cuEventRecord_ptsz";
     "cuEventRecordWithFlags" 11010 "cuEventRecordWithFlags" "cuEventRecordWithFlags_ptsz";
     "cuEventSynchronize" 2000 "cuEventSynchronize";
+    "cuFuncSetBlockShape" 2000 "cuFuncSetBlockShape";
     "cuGetErrorName" 6000 "cuGetErrorName";
     "cuGetErrorString" 6000 "cuGetErrorString";
     "cuGetProcAddress" 11030 "cuGetProcAddress";
@@ -144,7 +145,10 @@ pub static PROC_TABLE: &[ProcEntry] = table! {
     "cuInit" 2000 "cuInit";
     "cuIpcOpenMemHandle" 4010 "cuIpcOpenMemHandle";
     "cuIpcOpenMemHandle" 11000 "cuIpcOpenMemHandle_v2";
+    "cuLaunch" 2000 "cuLaunch";
     "cuLaunchCooperativeKernel" 9000 "cuLaunchCooperativeKernel" "cuLaunchCooperativeKernel_ptsz";
+    "cuLaunchGrid" 2000 "cuLaunchGrid";
+    "cuLaunchGridAsync" 2000 "cuLaunchGridAsync";
     "cuLaunchHostFunc" 10000 "cuLaunchHostFunc" "cuLaunchHostFunc_ptsz";
     "cuLaunchKernel" 4000 "cuLaunchKernel";
     "cuLaunchKernel" 7000 "cuLaunchKernel" "cuLaunchKernel_ptsz";
@@ -269,6 +273,9 @@ pub static PROC_TABLE: &[ProcEntry] = table! {
     "cuModuleLoadDataEx" 2010 "cuModuleLoadDataEx";
     "cuModuleLoadFatBinary" 2000 "cuModuleLoadFatBinary";
     "cuModuleUnload" 2000 "cuModuleUnload";
+    "cuParamSetSize" 2000 "cuParamSetSize";
+    "cuParamSeti" 2000 "cuParamSeti";
+    "cuParamSetv" 2000 "cuParamSetv";
     "cuPointerGetAttribute" 4000 "cuPointerGetAttribute";
     "cuPointerGetAttributes" 7000 "cuPointerGetAttributes";
     "cuStreamAddCallback" 5000 "cuStreamAddCallback";

@@ -46,6 +46,7 @@ table! {
     cuDeviceGraphMemTrim,
     cuLaunchKernel, cuLaunchKernel_ptsz, cuLaunchKernelEx, cuLaunchKernelEx_ptsz,
     cuLaunchCooperativeKernel, cuLaunchCooperativeKernel_ptsz, cuGraphLaunch, cuGraphLaunch_ptsz,
+    cuLaunch, cuLaunchGrid, cuLaunchGridAsync,
     nvmlDeviceGetMemoryInfo, nvmlDeviceGetMemoryInfo_v2,
     nvmlDeviceGetComputeRunningProcesses, nvmlDeviceGetComputeRunningProcesses_v2,
     nvmlDeviceGetComputeRunningProcesses_v3, nvmlDeviceGetGraphicsRunningProcesses,
@@ -67,54 +68,39 @@ mod tests {
         assert!(wrapper(b"cuMemAlloc_v3").is_none());
     }
 
+    /// The base names (of the cuda-ffi `cuGetProcAddress` table) of which the shim
+    /// intercepts at least one exported symbol: the families it hooks, taken from the
+    /// interceptor table itself rather than a list kept beside it.
+    fn intercepted_families() -> Vec<&'static str> {
+        let mut bases: Vec<&'static str> = NAMES
+            .iter()
+            .filter_map(|n| gpuslice_cuda_ffi::procaddr::base_name_of(n))
+            .collect();
+        bases.sort_unstable();
+        bases.dedup();
+        bases
+    }
+
     #[test]
     fn every_allocation_symbol_the_driver_can_return_is_intercepted() {
         // Whatever version a program asks for, the symbol the driver hands back for an
-        // allocation, free, report or launch entry point has an interceptor.
+        // entry point the shim hooks at all (allocation, free, report, launch, ...) has an
+        // interceptor: a family hooked at one version and not at another would let a program
+        // built against the other slip past.
+        let families = intercepted_families();
         for base in [
             "cuMemAlloc",
-            "cuMemAllocPitch",
-            "cuMemAllocManaged",
             "cuMemFree",
-            "cuMemAllocAsync",
-            "cuMemFreeAsync",
-            "cuMemAllocFromPoolAsync",
-            "cuDeviceGetDefaultMemPool",
-            "cuDeviceGetMemPool",
-            "cuMemCreate",
-            "cuMemRelease",
-            "cuMemMap",
-            "cuMemUnmap",
-            "cuMemRetainAllocationHandle",
-            "cuArrayCreate",
-            "cuArray3DCreate",
-            "cuArrayDestroy",
-            "cuMipmappedArrayCreate",
-            "cuGraphAddMemAllocNode",
-            "cuGraphAddMemFreeNode",
-            "cuGraphAddNode",
-            "cuGraphAddChildGraphNode",
-            "cuGraphClone",
-            "cuCtxSetLimit",
-            "cuMemPoolSetAttribute",
-            "cuMemPoolTrimTo",
-            "cuMemPoolDestroy",
-            "cuGraphInstantiate",
-            "cuGraphInstantiateWithFlags",
-            "cuGraphInstantiateWithParams",
-            "cuGraphExecDestroy",
-            "cuDeviceGraphMemTrim",
-            "cuMemGetInfo",
-            "cuDeviceTotalMem",
             "cuLaunchKernel",
-            "cuLaunchKernelEx",
-            "cuLaunchCooperativeKernel",
+            "cuLaunchGrid",
             "cuGraphLaunch",
             "cuGetProcAddress",
             "cuCtxCreate",
-            "cuCtxDestroy",
             "cuInit",
         ] {
+            assert!(families.contains(&base), "{base} is not intercepted");
+        }
+        for base in families {
             // Every version the driver answers differently for, the oldest (pre-3.2,
             // 32-bit) exports included.
             for version in gpuslice_cuda_ffi::procaddr::versions_of(base)
@@ -133,6 +119,35 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn every_kernel_launch_entry_point_is_paced() {
+        // Every launch entry point the driver table lists is intercepted (and so paced:
+        // `hooks::launch` sends each through the one pacing path), the deprecated `cuLaunch`,
+        // `cuLaunchGrid` and `cuLaunchGridAsync` included. `cuLaunchHostFunc` queues a host
+        // function, not a kernel: nothing runs on the GPU to pace.
+        let families = intercepted_families();
+        let launches: Vec<&str> = gpuslice_cuda_ffi::procaddr::PROC_TABLE
+            .iter()
+            .map(|row| row.name)
+            .filter(|n| n.starts_with("cuLaunch") || n.starts_with("cuGraphLaunch"))
+            .filter(|n| *n != "cuLaunchHostFunc")
+            .collect();
+        for name in [
+            "cuLaunch",
+            "cuLaunchGrid",
+            "cuLaunchGridAsync",
+            "cuLaunchKernel",
+        ] {
+            assert!(launches.contains(&name), "{name} missing from the table");
+        }
+        for name in launches {
+            assert!(
+                families.contains(&name),
+                "launch entry point {name} is not paced"
+            );
         }
     }
 }

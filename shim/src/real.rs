@@ -255,6 +255,9 @@ pub mod cu {
         cuLaunchKernelEx_ptsz: PFN_cuLaunchKernelEx;
         cuLaunchCooperativeKernel: PFN_cuLaunchCooperativeKernel;
         cuLaunchCooperativeKernel_ptsz: PFN_cuLaunchCooperativeKernel;
+        cuLaunch: PFN_cuLaunch;
+        cuLaunchGrid: PFN_cuLaunchGrid;
+        cuLaunchGridAsync: PFN_cuLaunchGridAsync;
         cuEventCreate: PFN_cuEventCreate;
         cuEventRecord: PFN_cuEventRecord;
         cuEventRecord_ptsz: PFN_cuEventRecord_ptsz;

@@ -1,5 +1,5 @@
 //! Acceptance 4: on the simulated GPU a burn alone holds its compute share (10, 30, 50, 90)
-//! within ±5 points, and two slices at 20 and 70 on one GPU both hold theirs.
+//! within ±5 points, through every launch entry point, and two slices at 20 and 70 on one GPU both hold theirs.
 
 use crate::common;
 use common::*;
@@ -18,6 +18,7 @@ fn share(v: &serde_json::Value) -> f64 {
 #[test]
 fn compute_shares_are_held() {
     a_burn_alone_holds_its_share();
+    the_deprecated_launches_are_paced_alike();
     two_slices_on_one_gpu_both_hold_their_shares();
     two_processes_of_one_slice_share_its_compute();
 }
@@ -30,6 +31,20 @@ fn a_burn_alone_holds_its_share() {
         assert!(
             (got - f64::from(cores)).abs() <= 5.0,
             "cores {cores}: achieved {got:.1} %: {v}"
+        );
+    }
+}
+
+fn the_deprecated_launches_are_paced_alike() {
+    // Kernels launched through cuLaunchGridAsync, cuLaunchGrid or cuLaunch hold the share as
+    // cuLaunchKernel's do: unpaced, the burn would take the whole GPU.
+    let node = SliceNode::new(&[16 * GIB], &[(4 * GIB, 30)]);
+    for api in ["grid-async", "grid", "legacy"] {
+        let v = run_json(node.probe(&["burn", "--seconds", "2", "--launch", api]));
+        let got = share(&v);
+        assert!(
+            (got - 30.0).abs() <= 5.0,
+            "--launch {api}: achieved {got:.1} % of a 30 % share: {v}"
         );
     }
 }

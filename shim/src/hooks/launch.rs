@@ -1,7 +1,9 @@
 //! Kernel and graph launches. Without a compute share the path is one atomic load of the
-//! mode and one of the real entry point; with one, the launch goes through the pacer.
+//! mode and one of the real entry point; with one, the launch goes through the pacer. Every
+//! launch entry point, the deprecated `cuLaunch`/`cuLaunchGrid`/`cuLaunchGridAsync`
+//! included, goes through [`launch`].
 
-use std::ffi::{c_uint, c_void};
+use std::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::Ordering::Relaxed;
 
 use gpuslice_cuda_ffi::*;
@@ -135,3 +137,47 @@ macro_rules! graph_launch {
 }
 graph_launch!(cuGraphLaunch, false);
 graph_launch!(cuGraphLaunch_ptsz, true);
+
+// The deprecated launches (block shape and parameters set on the function beforehand). They
+// have no per-thread variants: `cuLaunch` and `cuLaunchGrid` use the legacy default stream
+// (null), `cuLaunchGridAsync` a null stream the same way.
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunch(f: CUfunction) -> CUresult {
+    guard("cuLaunch", CUDA_ERROR_UNKNOWN, || {
+        let real = real!(cuLaunch);
+        // SAFETY: the caller's argument, unchanged.
+        launch(std::ptr::null_mut(), false, || unsafe { real(f) })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchGrid(
+    f: CUfunction,
+    grid_width: c_int,
+    grid_height: c_int,
+) -> CUresult {
+    guard("cuLaunchGrid", CUDA_ERROR_UNKNOWN, || {
+        let real = real!(cuLaunchGrid);
+        // SAFETY: the caller's arguments, unchanged.
+        launch(std::ptr::null_mut(), false, || unsafe {
+            real(f, grid_width, grid_height)
+        })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchGridAsync(
+    f: CUfunction,
+    grid_width: c_int,
+    grid_height: c_int,
+    stream: CUstream,
+) -> CUresult {
+    guard("cuLaunchGridAsync", CUDA_ERROR_UNKNOWN, || {
+        let real = real!(cuLaunchGridAsync);
+        // SAFETY: the caller's arguments, unchanged.
+        launch(stream, false, || unsafe {
+            real(f, grid_width, grid_height, stream)
+        })
+    })
+}

@@ -225,6 +225,28 @@ pub struct Primary {
     pub flags: u32,
 }
 
+/// A kernel function of a loaded module.
+#[derive(Debug)]
+pub struct Function {
+    pub module: u64,
+    /// The block shape set by `cuFuncSetBlockShape`, for the legacy launches (`cuLaunch`,
+    /// `cuLaunchGrid`, `cuLaunchGridAsync`); `None` until set, and again after a
+    /// `cuLaunchKernel` of the function, which the driver documents as invalidating it.
+    pub block: Option<[u32; 3]>,
+    /// The parameter buffer built by `cuParamSetSize`/`cuParamSeti`/`cuParamSetv`.
+    pub params: Vec<u8>,
+}
+
+impl Function {
+    pub fn new(module: u64) -> Function {
+        Function {
+            module,
+            block: None,
+            params: Vec::new(),
+        }
+    }
+}
+
 /// A stream: when its last queued kernel ends, and the ends of queued kernels.
 #[derive(Debug)]
 pub struct Stream {
@@ -452,8 +474,8 @@ pub struct Objects {
     pub events: HashMap<u64, Event>,
     /// Module id → context id.
     pub modules: HashMap<u64, u64>,
-    /// Function id → module id.
-    pub functions: HashMap<u64, u64>,
+    /// Function id → its module and legacy launch state.
+    pub functions: HashMap<u64, Function>,
     pub allocations: HashMap<u64, Allocation>,
     pub pools: HashMap<u64, Pool>,
     pub default_pools: Vec<Option<u64>>,
@@ -820,10 +842,10 @@ impl Objects {
         ids.extend(
             self.functions
                 .iter()
-                .filter(|(_, m)| modules.contains(m))
-                .map(|(f, _)| *f),
+                .filter(|(_, f)| modules.contains(&f.module))
+                .map(|(id, _)| *id),
         );
-        self.functions.retain(|_, m| !modules.contains(m));
+        self.functions.retain(|_, f| !modules.contains(&f.module));
         ids.extend(modules);
         ids.push(ctx);
         self.free_ids(ids);

@@ -46,6 +46,7 @@ exports! {
     cuGraphDestroy, cuDeviceGraphMemTrim, cuDeviceGetGraphMemAttribute, cuDeviceSetGraphMemAttribute, cuGraphAddNode, cuGraphAddNode_v2, cuGraphClone, cuGraphAddChildGraphNode,
     cuGraphInstantiateWithParams, cuGraphInstantiateWithParams_ptsz,
     cuModuleLoadData, cuModuleGetFunction, cuModuleUnload, cuLaunchKernel, cuLaunchKernel_ptsz,
+    cuFuncSetBlockShape, cuParamSetSize, cuParamSeti, cuParamSetv, cuLaunch, cuLaunchGrid, cuLaunchGridAsync,
     cuStreamCreate, cuStreamDestroy, cuStreamDestroy_v2, cuStreamSynchronize, cuStreamSynchronize_ptsz,
     cuStreamQuery, cuStreamQuery_ptsz, cuStreamGetCtx, cuStreamGetCtx_ptsz,
     cuStreamBeginCapture, cuStreamBeginCapture_ptsz, cuStreamBeginCapture_v2, cuStreamBeginCapture_v2_ptsz,

@@ -1,7 +1,9 @@
 //! `burn`: launch `gpuslice_spin` kernels back to back on one stream in batches, waiting for
 //! the previous batch while the next is queued, as pipelined applications do, and report the share of device time achieved —
 //! nominally (kernels × their duration from cycles and the clock rate) and as measured with
-//! event pairs around sampled kernels (which catches clock drift on real GPUs).
+//! event pairs around sampled kernels (which catches clock drift on real GPUs). `--launch`
+//! picks the entry point: cuLaunchKernel, or one of the deprecated cuLaunchGridAsync,
+//! cuLaunchGrid, cuLaunch (the last two on the legacy default stream).
 
 use std::time::Instant;
 
@@ -10,7 +12,7 @@ use serde_json::json;
 use gpuslice_cuda_ffi::*;
 
 use crate::cli::BurnArgs;
-use crate::cuda::{launch_spin, Cuda};
+use crate::cuda::Cuda;
 use crate::error::{check, ProbeError};
 use crate::report::Out;
 
@@ -34,8 +36,13 @@ pub fn run(cuda: &Cuda, out: Out, ordinal: i32, args: &BurnArgs) -> Result<(), P
     let clock_khz = cuda.attribute(&dev, CU_DEVICE_ATTRIBUTE_CLOCK_RATE)? as u64;
     let cycles = args.kernel_us * clock_khz / 1000;
     let kernel = cuda.spin_kernel()?;
-    let launch = cuda.launch_fn()?;
-    let stream = cuda.stream_create()?;
+    let launcher = cuda.spin_launcher(args.launch, kernel, cycles)?;
+    // Events bracket kernels on the stream the kernels run on.
+    let stream = if launcher.default_stream_only() {
+        std::ptr::null_mut()
+    } else {
+        cuda.stream_create()?
+    };
     // Two sets of events, for the batch running and the batch being queued behind it.
     let pairs = (args.sync_every.div_ceil(args.sample_every)) as usize;
     let mut sets = Vec::new();
@@ -72,8 +79,8 @@ pub fn run(cuda: &Cuda, out: Out, ordinal: i32, args: &BurnArgs) -> Result<(), P
                 cuda.event_record(a, stream)?;
             }
             check(
-                "cuLaunchKernel",
-                launch_spin(launch, kernel, stream, cycles),
+                args.launch.as_str(),
+                launcher.launch(kernel, stream, cycles),
             )?;
             if let Some((_, e)) = sample {
                 cuda.event_record(e, stream)?;
@@ -101,7 +108,9 @@ pub fn run(cuda: &Cuda, out: Out, ordinal: i32, args: &BurnArgs) -> Result<(), P
         }
         let _ = cuda.event_destroy(b.end);
     }
-    let _ = cuda.stream_destroy(stream);
+    if !stream.is_null() {
+        let _ = cuda.stream_destroy(stream);
+    }
 
     let nominal = launches as f64 * args.kernel_us as f64 * 1e-6 / wall;
     let event_kernel_us = if sampled > 0 {
@@ -113,6 +122,7 @@ pub fn run(cuda: &Cuda, out: Out, ordinal: i32, args: &BurnArgs) -> Result<(), P
     out.emit(
         json!({
             "cmd": "burn",
+            "launch": args.launch.as_str(),
             "seconds": wall,
             "kernel_us": args.kernel_us,
             "cycles": cycles,

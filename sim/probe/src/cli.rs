@@ -294,6 +294,35 @@ pub struct BurnArgs {
     /// Time every n-th kernel with an event pair.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
     pub sample_every: u64,
+    /// The launch entry point.
+    #[arg(long, value_enum, default_value_t = LaunchApi::Kernel)]
+    pub launch: LaunchApi,
+}
+
+/// How `burn` launches its kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LaunchApi {
+    /// cuLaunchKernel on a stream of the probe's.
+    Kernel,
+    /// The deprecated cuLaunchGridAsync on a stream of the probe's (block shape and the
+    /// parameter set beforehand with cuFuncSetBlockShape and cuParamSetv).
+    GridAsync,
+    /// The deprecated cuLaunchGrid, on the legacy default stream.
+    Grid,
+    /// The deprecated cuLaunch (a 1×1 grid), on the legacy default stream.
+    Legacy,
+}
+
+impl LaunchApi {
+    /// The entry point's name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LaunchApi::Kernel => "cuLaunchKernel",
+            LaunchApi::GridAsync => "cuLaunchGridAsync",
+            LaunchApi::Grid => "cuLaunchGrid",
+            LaunchApi::Legacy => "cuLaunch",
+        }
+    }
 }
 
 /// What `bench` times.

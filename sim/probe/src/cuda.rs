@@ -324,6 +324,65 @@ impl Cuda {
     }
 }
 
+/// `gpuslice_spin(cycles)` made ready to launch as one block of one thread through one
+/// launch entry point (`burn --launch`).
+pub enum SpinLauncher {
+    Kernel(PFN_cuLaunchKernel),
+    GridAsync(PFN_cuLaunchGridAsync),
+    Grid(PFN_cuLaunchGrid),
+    Legacy(PFN_cuLaunch),
+}
+
+impl Cuda {
+    /// Resolves `api` for kernel `f`; for the deprecated launches, sets the block shape
+    /// (1×1×1) and the one `u64` parameter, `cycles`, on the function first.
+    pub fn spin_launcher(
+        &self,
+        api: crate::cli::LaunchApi,
+        f: CUfunction,
+        cycles: u64,
+    ) -> Result<SpinLauncher, ProbeError> {
+        use crate::cli::LaunchApi;
+        if api != LaunchApi::Kernel {
+            let mut arg = cycles;
+            let size = std::mem::size_of::<u64>() as c_uint;
+            call!(self, cuFuncSetBlockShape: PFN_cuFuncSetBlockShape, f, 1, 1, 1)?;
+            call!(self, cuParamSetv: PFN_cuParamSetv, f, 0, (&mut arg as *mut u64).cast(), size)?;
+            call!(self, cuParamSetSize: PFN_cuParamSetSize, f, size)?;
+        }
+        // SAFETY: each base name resolves to a symbol of this signature at every version.
+        Ok(unsafe {
+            match api {
+                LaunchApi::Kernel => SpinLauncher::Kernel(self.f("cuLaunchKernel")?),
+                LaunchApi::GridAsync => SpinLauncher::GridAsync(self.f("cuLaunchGridAsync")?),
+                LaunchApi::Grid => SpinLauncher::Grid(self.f("cuLaunchGrid")?),
+                LaunchApi::Legacy => SpinLauncher::Legacy(self.f("cuLaunch")?),
+            }
+        })
+    }
+}
+
+impl SpinLauncher {
+    /// Launches `f` (set up by [`Cuda::spin_launcher`] with `cycles`) on `stream`; the
+    /// deprecated `cuLaunchGrid` and `cuLaunch` always use the legacy default stream.
+    pub fn launch(&self, f: CUfunction, stream: CUstream, cycles: u64) -> CUresult {
+        match *self {
+            SpinLauncher::Kernel(l) => launch_spin(l, f, stream, cycles),
+            // SAFETY: the function's block shape and parameters were set beforehand.
+            SpinLauncher::GridAsync(l) => unsafe { l(f, 1, 1, stream) },
+            // SAFETY: as above.
+            SpinLauncher::Grid(l) => unsafe { l(f, 1, 1) },
+            // SAFETY: as above.
+            SpinLauncher::Legacy(l) => unsafe { l(f) },
+        }
+    }
+
+    /// Whether launches ignore the stream and go to the legacy default stream.
+    pub fn default_stream_only(&self) -> bool {
+        matches!(self, SpinLauncher::Grid(_) | SpinLauncher::Legacy(_))
+    }
+}
+
 /// Launches `gpuslice_spin(cycles)` as one block of one thread on `stream`.
 pub fn launch_spin(
     launch: PFN_cuLaunchKernel,

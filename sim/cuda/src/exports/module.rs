@@ -1,14 +1,16 @@
 //! Modules and kernel launches. Any module image loads; its only kernel is
 //! `gpuslice_spin(u64 cycles)`, which occupies the device for `cycles / clock rate` — the
 //! kernel the probe embeds as PTX for real GPUs. A launch queues behind the stream's tail and
-//! the device's FIFO of kernels from all processes.
+//! the device's FIFO of kernels from all processes. The deprecated launches (`cuLaunch`,
+//! `cuLaunchGrid`, `cuLaunchGridAsync`, with `cuFuncSetBlockShape` and `cuParamSet*`) run
+//! the same way, from the block shape and parameter buffer set on the function.
 
-use std::ffi::{c_char, c_uint, c_void};
+use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use gpuslice_cuda_ffi::*;
 use gpuslice_sim_core::{now_ns, sleep_until};
 
-use crate::driver::{driver, handle, id_of, MAX_PENDING_LAUNCHES};
+use crate::driver::{driver, handle, id_of, Function, MAX_PENDING_LAUNCHES};
 use crate::guard::{c_str, get, guard, put, CuResult};
 
 /// The one kernel simulated modules contain.
@@ -47,7 +49,7 @@ pub unsafe extern "C" fn cuModuleGetFunction(
             return Err(CUDA_ERROR_NOT_FOUND);
         }
         let id = o.new_id();
-        o.functions.insert(id, m);
+        o.functions.insert(id, Function::new(m));
         put(f, handle(id))
     })
 }
@@ -62,10 +64,10 @@ pub unsafe extern "C" fn cuModuleUnload(module: CUmodule) -> CUresult {
         let functions: Vec<u64> = o
             .functions
             .iter()
-            .filter(|(_, owner)| **owner == m)
-            .map(|(f, _)| *f)
+            .filter(|(_, f)| f.module == m)
+            .map(|(id, _)| *id)
             .collect();
-        o.functions.retain(|_, owner| *owner != m);
+        o.functions.retain(|_, f| f.module != m);
         o.free_ids(functions);
         o.free_id(m);
         Ok(())
@@ -103,7 +105,14 @@ fn spin_cycles(params: *mut *mut c_void, extra: *mut *mut c_void) -> CuResult<u6
     get(buffer.cast::<u64>().cast_const())
 }
 
-#[allow(clippy::too_many_arguments)]
+/// How a launch was made: `cuLaunchKernel` invalidates the function's legacy launch state
+/// (block shape and parameters), as the driver documents; the legacy launches use it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Via {
+    Kernel,
+    Legacy,
+}
+
 fn launch(
     f: CUfunction,
     grid: [c_uint; 3],
@@ -111,6 +120,7 @@ fn launch(
     stream: CUstream,
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
+    via: Via,
 ) -> CuResult {
     let d = driver()?;
     if grid.contains(&0) || block.contains(&0) {
@@ -123,8 +133,12 @@ fn launch(
     let cycles = spin_cycles(params, extra)?;
     loop {
         let mut o = d.objects();
-        if !o.functions.contains_key(&id_of(f)) {
+        let Some(func) = o.functions.get_mut(&id_of(f)) else {
             return Err(CUDA_ERROR_INVALID_HANDLE);
+        };
+        if via == Via::Kernel {
+            func.block = None;
+            func.params.clear();
         }
         let sid = o.stream(stream)?;
         if let Some(g) = o.streams[&sid].capture {
@@ -185,6 +199,7 @@ pub unsafe extern "C" fn cuLaunchKernel(
             stream,
             params,
             extra,
+            Via::Kernel,
         )
     })
 }
@@ -211,6 +226,153 @@ pub unsafe extern "C" fn cuLaunchKernel_ptsz(
             stream,
             params,
             extra,
+            Via::Kernel,
         )
     })
+}
+
+/// Largest legacy parameter buffer (the 4 KiB kernel parameter limit of the legacy API).
+const MAX_LEGACY_PARAMS: usize = 4096;
+
+/// Runs `change` on the legacy launch state of function `f`.
+fn with_function(f: CUfunction, change: impl FnOnce(&mut Function) -> CuResult) -> CuResult {
+    let d = driver()?;
+    let mut o = d.objects();
+    let func = o
+        .functions
+        .get_mut(&id_of(f))
+        .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    change(func)
+}
+
+/// Writes `bytes` into `f`'s parameter buffer at `offset`, growing it to fit.
+fn set_param(f: CUfunction, offset: c_int, bytes: &[u8]) -> CuResult {
+    let start = usize::try_from(offset).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+    let end = start
+        .checked_add(bytes.len())
+        .filter(|e| *e <= MAX_LEGACY_PARAMS)
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    with_function(f, |func| {
+        if func.params.len() < end {
+            func.params.resize(end, 0);
+        }
+        func.params[start..end].copy_from_slice(bytes);
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuFuncSetBlockShape(
+    f: CUfunction,
+    x: c_int,
+    y: c_int,
+    z: c_int,
+) -> CUresult {
+    guard(|| {
+        let dim = |v: c_int| {
+            c_uint::try_from(v)
+                .ok()
+                .filter(|v| *v > 0)
+                .ok_or(CUDA_ERROR_INVALID_VALUE)
+        };
+        let block = [dim(x)?, dim(y)?, dim(z)?];
+        with_function(f, |func| {
+            func.block = Some(block);
+            Ok(())
+        })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuParamSetSize(f: CUfunction, numbytes: c_uint) -> CUresult {
+    guard(|| {
+        let size = usize::try_from(numbytes)
+            .ok()
+            .filter(|n| *n <= MAX_LEGACY_PARAMS)
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        with_function(f, |func| {
+            func.params.resize(size, 0);
+            Ok(())
+        })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuParamSeti(f: CUfunction, offset: c_int, value: c_uint) -> CUresult {
+    guard(|| set_param(f, offset, &value.to_ne_bytes()))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuParamSetv(
+    f: CUfunction,
+    offset: c_int,
+    ptr: *mut c_void,
+    numbytes: c_uint,
+) -> CUresult {
+    guard(|| {
+        let n = usize::try_from(numbytes).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+        let bytes = crate::guard::get_slice(ptr.cast::<u8>().cast_const(), n)?;
+        set_param(f, offset, &bytes)
+    })
+}
+
+/// A legacy launch of `f` on a `width` × `height` grid: the block shape and parameters set
+/// on the function beforehand, passed as a `CU_LAUNCH_PARAM_BUFFER_POINTER` buffer to the
+/// launch every entry point shares. No block shape set is `CUDA_ERROR_INVALID_VALUE`.
+fn launch_legacy(f: CUfunction, width: c_int, height: c_int, stream: CUstream) -> CuResult {
+    let grid = |v: c_int| c_uint::try_from(v).map_err(|_| CUDA_ERROR_INVALID_VALUE);
+    let (width, height) = (grid(width)?, grid(height)?);
+    let (block, mut params) = {
+        let d = driver()?;
+        let o = d.objects();
+        let func = o
+            .functions
+            .get(&id_of(f))
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        (
+            func.block.ok_or(CUDA_ERROR_INVALID_VALUE)?,
+            func.params.clone(),
+        )
+    };
+    let mut size = params.len();
+    let mut extra = [
+        CU_LAUNCH_PARAM_BUFFER_POINTER,
+        params.as_mut_ptr().cast::<c_void>(),
+        CU_LAUNCH_PARAM_BUFFER_SIZE,
+        (&mut size as *mut usize).cast::<c_void>(),
+        CU_LAUNCH_PARAM_END,
+    ];
+    launch(
+        f,
+        [width, height, 1],
+        block,
+        stream,
+        std::ptr::null_mut(),
+        extra.as_mut_ptr(),
+        Via::Legacy,
+    )
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunch(f: CUfunction) -> CUresult {
+    guard(|| launch_legacy(f, 1, 1, std::ptr::null_mut()))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchGrid(
+    f: CUfunction,
+    grid_width: c_int,
+    grid_height: c_int,
+) -> CUresult {
+    guard(|| launch_legacy(f, grid_width, grid_height, std::ptr::null_mut()))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchGridAsync(
+    f: CUfunction,
+    grid_width: c_int,
+    grid_height: c_int,
+    stream: CUstream,
+) -> CUresult {
+    guard(|| launch_legacy(f, grid_width, grid_height, stream))
 }
