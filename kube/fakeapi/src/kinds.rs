@@ -2,6 +2,8 @@
 //! out: `/api/v1/...` for the core group, `/apis/GROUP/VERSION/...` for the others, a
 //! namespaced kind's objects under `namespaces/NS/`.
 
+use serde_json::{json, Value};
+
 /// One kind the fake serves.
 #[derive(Debug)]
 pub struct Kind {
@@ -16,9 +18,49 @@ pub struct Kind {
     /// The fields its field selectors may name besides `metadata.name` and
     /// `metadata.namespace`.
     pub fields: &'static [&'static str],
-    /// Whether it has a `status` subresource.
-    pub status: bool,
+    /// Its `status` subresource, if it has one.
+    pub status: Option<&'static StatusRules>,
 }
+
+/// What the API server lets each write change of a kind with a `status` subresource, as its
+/// registry strategy prepares the write: a create starts the status afresh, a write of the
+/// object (replace, patch) keeps the status stored, and a write of the status keeps the spec
+/// stored and, of the metadata, the fields `status_keeps` names (the rest is taken as sent).
+#[derive(Debug)]
+pub struct StatusRules {
+    /// The status a create stores, whatever status was sent.
+    pub created: fn() -> Value,
+    /// The metadata fields a write of the status keeps as stored, whatever it sends.
+    pub status_keeps: &'static [&'static str],
+}
+
+/// Pods: created Pending (the API server also sets `qosClass` from the containers' resources,
+/// which the fake does not compute); a status write cannot change the owner references or the
+/// deletion timestamp.
+const POD_STATUS: StatusRules = StatusRules {
+    created: || json!({"phase": "Pending"}),
+    status_keeps: &["deletionTimestamp", "ownerReferences"],
+};
+
+/// ResourceQuotas: created with an empty status; a status write may change any metadata.
+const QUOTA_STATUS: StatusRules = StatusRules {
+    created: || json!({}),
+    status_keeps: &[],
+};
+
+/// ResourceClaims: created with an empty status; a status write keeps the labels, annotations,
+/// finalizers, owner references, generation and deletion timestamp as stored.
+const CLAIM_STATUS: StatusRules = StatusRules {
+    created: || json!({}),
+    status_keeps: &[
+        "deletionTimestamp",
+        "generation",
+        "labels",
+        "annotations",
+        "finalizers",
+        "ownerReferences",
+    ],
+};
 
 /// What the kubelet plugin and the webhook read and write.
 pub const KINDS: &[Kind] = &[
@@ -29,7 +71,7 @@ pub const KINDS: &[Kind] = &[
         list_kind: "NodeList",
         namespaced: false,
         fields: &[],
-        status: false,
+        status: None,
     },
     Kind {
         group: "",
@@ -38,7 +80,7 @@ pub const KINDS: &[Kind] = &[
         list_kind: "PodList",
         namespaced: true,
         fields: &[],
-        status: true,
+        status: Some(&POD_STATUS),
     },
     Kind {
         group: "",
@@ -47,7 +89,7 @@ pub const KINDS: &[Kind] = &[
         list_kind: "ResourceQuotaList",
         namespaced: true,
         fields: &[],
-        status: true,
+        status: Some(&QUOTA_STATUS),
     },
     Kind {
         group: "resource.k8s.io",
@@ -56,7 +98,7 @@ pub const KINDS: &[Kind] = &[
         list_kind: "ResourceClaimList",
         namespaced: true,
         fields: &[],
-        status: true,
+        status: Some(&CLAIM_STATUS),
     },
     Kind {
         group: "resource.k8s.io",
@@ -65,7 +107,7 @@ pub const KINDS: &[Kind] = &[
         list_kind: "ResourceClaimTemplateList",
         namespaced: true,
         fields: &[],
-        status: false,
+        status: None,
     },
     Kind {
         group: "resource.k8s.io",
@@ -74,7 +116,7 @@ pub const KINDS: &[Kind] = &[
         list_kind: "ResourceSliceList",
         namespaced: false,
         fields: &["spec.nodeName", "spec.driver", "spec.pool.name"],
-        status: false,
+        status: None,
     },
 ];
 
@@ -144,7 +186,7 @@ pub fn target(path: &str) -> Option<Target> {
     let kind = KINDS
         .iter()
         .find(|k| k.group == group && k.version == version && k.plural == plural)?;
-    if status && !kind.status {
+    if status && kind.status.is_none() {
         return None;
     }
     let scoped = match (kind.namespaced, namespace, name) {

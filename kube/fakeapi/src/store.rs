@@ -14,7 +14,7 @@ use bytes::Bytes;
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
-use crate::kinds::{target, Kind, Target};
+use crate::kinds::{target, Kind, StatusRules, Target};
 use crate::select::Selector;
 
 /// An answer: the HTTP status and its JSON body.
@@ -130,6 +130,17 @@ fn status(code: u16, reason: &str, message: &str) -> Answer {
     )
 }
 
+/// The `Status` body of an error the API server has no `Status` of (its storage's own): 500,
+/// no reason, the error's message.
+fn internal(message: &str) -> Answer {
+    (
+        500,
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": message, "code": 500})
+        .to_string(),
+    )
+}
+
 /// The `Status` body of a refusal about object `name` of `kind`.
 fn status_of(code: u16, reason: &str, message: &str, kind: &Kind, name: &str) -> Answer {
     (
@@ -156,6 +167,44 @@ fn conflict(kind: &Kind, name: &str, why: &str) -> Answer {
 
 const MODIFIED: &str =
     "the object has been modified; please apply your changes to the latest version and try again";
+
+/// What a write names: the object (a replace or patch), or its status subresource.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Part {
+    Object,
+    Status,
+}
+
+/// Sets `field` of `to` to `from`'s, or removes it when `from` has none.
+fn keep(to: &mut Value, from: &Value, field: &str) {
+    match from.get(field) {
+        Some(v) => to[field] = v.clone(),
+        None => {
+            if let Some(o) = to.as_object_mut() {
+                o.remove(field);
+            }
+        }
+    }
+}
+
+/// What a write of `part` of `old` stores of `object` ([`StatusRules`]): for a kind with a
+/// status subresource, a write of the object keeps the status stored (only the subresource
+/// changes it), and a write of the status keeps the spec and the metadata fields the kind
+/// names; a kind without one stores the object as sent.
+fn keep_what_the_part_cannot_change(kind: &Kind, part: Part, old: &Value, object: &mut Value) {
+    let Some(rules) = kind.status else {
+        return;
+    };
+    match part {
+        Part::Object => keep(object, old, "status"),
+        Part::Status => {
+            keep(object, old, "spec");
+            for field in rules.status_keeps {
+                keep(&mut object["metadata"], &old["metadata"], field);
+            }
+        }
+    }
+}
 
 /// A request's body as an object whose `metadata`, if any, is an object.
 fn parse_object(body: &str) -> Result<Value, Answer> {
@@ -571,11 +620,27 @@ impl State {
             let name = format!("{prefix}{:05x}", self.version + 1);
             object["metadata"]["name"] = json!(name);
         }
+        if let Some(rules) = t.kind.status {
+            object["status"] = (rules.created)();
+        }
         if t.kind.plural == "resourceslices" && self.drops_consumable_capacity {
             drop_consumable_capacity(&mut object);
         }
         if query.dry_run() {
+            // The API server's dry run does not reach the storage: neither the version nor
+            // the name is checked.
             return Ok((201, object.to_string()));
+        }
+        // The storage refuses a create naming a resourceVersion (a number other than 0; one
+        // that is no number goes unchecked and is replaced), before it looks for the name, with
+        // an error of its own, which the API server answers as 500 with no reason.
+        if meta(&object, "resourceVersion")
+            .parse::<u64>()
+            .is_ok_and(|v| v != 0)
+        {
+            return Err(internal(
+                "resourceVersion should not be set on objects to be created",
+            ));
         }
         let name = meta(&object, "name").to_string();
         if self.object(t.kind, &t.namespace_key(), &name).is_some() {
@@ -587,14 +652,17 @@ impl State {
         Ok((201, stored.map(Value::to_string).unwrap_or_default()))
     }
 
-    /// Stores `object` in place of `old` (object `name`): refused when `object` names another
-    /// name or namespace, or a resourceVersion other than `old`'s (none: unconditional).
+    /// Stores `object`, a write of `part` of `old` (object `name`), in place of `old`: refused
+    /// when `object` names another name or namespace, or a resourceVersion other than `old`'s
+    /// (none: unconditional); what `part` cannot change kept as stored
+    /// ([`keep_what_the_part_cannot_change`]).
     fn update(
         &mut self,
         t: &Target,
         name: &str,
         old: &Value,
         mut object: Value,
+        part: Part,
         dry_run: bool,
     ) -> Result<Answer, Answer> {
         match meta(&object, "name") {
@@ -613,6 +681,7 @@ impl State {
             return Err(conflict(t.kind, name, MODIFIED));
         }
         object["metadata"]["uid"] = old["metadata"]["uid"].clone();
+        keep_what_the_part_cannot_change(t.kind, part, old, &mut object);
         if t.kind.plural == "resourceslices" && self.drops_consumable_capacity {
             drop_consumable_capacity(&mut object);
         }
@@ -639,11 +708,11 @@ impl State {
     ) -> Result<Answer, Answer> {
         let object = parse_object(body)?;
         let old = self.existing(t, name)?;
-        self.update(t, name, &old, object, query.dry_run())
+        self.update(t, name, &old, object, Part::Object, query.dry_run())
     }
 
-    /// A PUT of the status subresource: the stored object with the status `body` carries (its
-    /// spec and metadata are ignored but for the resourceVersion, checked), as the API server
+    /// A PUT of the status subresource: `body` with the spec stored and the metadata the kind
+    /// keeps ([`StatusRules`]), checked against the resourceVersion it names, as the API server
     /// does.
     fn replace_status(
         &mut self,
@@ -652,19 +721,9 @@ impl State {
         query: &Query,
         body: &str,
     ) -> Result<Answer, Answer> {
-        let given = parse_object(body)?;
+        let object = parse_object(body)?;
         let old = self.existing(t, name)?;
-        let mut object = old.clone();
-        object["metadata"]["resourceVersion"] = given["metadata"]["resourceVersion"].clone();
-        match given.get("status") {
-            Some(s) => object["status"] = s.clone(),
-            None => {
-                if let Some(o) = object.as_object_mut() {
-                    o.remove("status");
-                }
-            }
-        }
-        self.update(t, name, &old, object, query.dry_run())
+        self.update(t, name, &old, object, Part::Status, query.dry_run())
     }
 
     fn patch(
@@ -698,7 +757,7 @@ impl State {
                 "the patch removes the object's metadata",
             ));
         }
-        self.update(t, name, &old, object, query.dry_run())
+        self.update(t, name, &old, object, Part::Object, query.dry_run())
     }
 
     fn delete(
@@ -843,14 +902,16 @@ mod tests {
         let (_, made) = answer(&mut st, "POST", quotas, &q);
         let url = format!("{quotas}/q/status");
 
-        // The spec it carries is ignored; the status is taken.
+        // The spec it carries is ignored; the status is taken, and a quota's metadata.
         let mut write = made.clone();
         write["spec"] = json!({"hard": {"a": "9"}});
         write["status"] = json!({"used": {"a": "1"}});
+        write["metadata"]["labels"] = json!({"l": "1"});
         let (code, stored) = answer(&mut st, "PUT", &url, &write);
         assert_eq!(code, 200, "{stored}");
         assert_eq!(stored["spec"], json!({"hard": {"a": "1"}}));
         assert_eq!(stored["status"], json!({"used": {"a": "1"}}));
+        assert_eq!(stored["metadata"]["labels"], json!({"l": "1"}));
         // Its version is checked: the write above made `made`'s stale.
         let (code, refused) = answer(&mut st, "PUT", &url, &write);
         assert_eq!((code, refused["reason"].as_str()), (409, Some("Conflict")));
@@ -866,6 +927,136 @@ mod tests {
             &json!({}),
         );
         assert_eq!(code, 404);
+    }
+
+    #[test]
+    fn a_status_write_keeps_the_metadata_its_kind_keeps() {
+        let mut st = State::default();
+        let owner = json!([{"apiVersion": "v1", "kind": "Node", "name": "n", "uid": "u"}]);
+        for (url, kept) in [
+            (
+                "/apis/resource.k8s.io/v1/namespaces/team/resourceclaims",
+                true,
+            ),
+            ("/api/v1/namespaces/team/pods", false),
+        ] {
+            let o = json!({"metadata": {"name": "o", "labels": {"l": "1"},
+                "ownerReferences": owner}, "spec": {"x": "1"}});
+            let (_, made) = answer(&mut st, "POST", url, &o);
+            let mut write = made.clone();
+            write["spec"] = json!({"x": "2"});
+            write["status"] = json!({"s": "1"});
+            write["metadata"]["labels"] = json!({"l": "2"});
+            write["metadata"]["ownerReferences"] = json!([]);
+            let (code, stored) = answer(&mut st, "PUT", &format!("{url}/o/status"), &write);
+            assert_eq!(code, 200, "{url}: {stored}");
+            assert_eq!(
+                (&stored["spec"], &stored["status"]),
+                (&json!({"x": "1"}), &json!({"s": "1"})),
+                "{url}"
+            );
+            // A claim's labels are kept, a pod's taken; neither's owners change.
+            let labels = if kept {
+                json!({"l": "1"})
+            } else {
+                json!({"l": "2"})
+            };
+            assert_eq!(stored["metadata"]["labels"], labels, "{url}");
+            assert_eq!(stored["metadata"]["ownerReferences"], owner, "{url}");
+        }
+    }
+
+    #[test]
+    fn a_write_of_the_object_keeps_the_status_stored_and_a_create_starts_it_afresh() {
+        let mut st = State::default();
+        let quotas = "/api/v1/namespaces/team/resourcequotas";
+        let claims = "/apis/resource.k8s.io/v1/namespaces/team/resourceclaims";
+        let pods = "/api/v1/namespaces/team/pods";
+        // A create: the status sent is dropped, the kind's fresh one stored.
+        let sent = json!({"used": {"a": "1"}});
+        for (url, fresh) in [
+            (quotas, json!({})),
+            (claims, json!({})),
+            (pods, json!({"phase": "Pending"})),
+        ] {
+            let o = json!({"metadata": {"name": "o"}, "spec": {"x": "1"}, "status": sent});
+            let (code, made) = answer(&mut st, "POST", url, &o);
+            assert_eq!((code, &made["status"]), (201, &fresh), "{url}: {made}");
+        }
+        // A kind without a status subresource stores what it is sent.
+        let (_, t) = answer(
+            &mut st,
+            "POST",
+            TEMPLATES,
+            &json!({"metadata": {"name": "t"}, "spec": {}, "status": sent}),
+        );
+        assert_eq!(t["status"], sent);
+
+        // The quota controller's status, then a replace and a patch of the object, each
+        // changing the spec and the status: the spec is taken, the status kept.
+        let kind = Kind::named("resourcequotas").unwrap();
+        let mut q = st.object(kind, "team", "o").unwrap().clone();
+        q["status"] = json!({"used": {"a": "2"}});
+        st.put(kind, q);
+        let booked = json!({"used": {"a": "2"}});
+        let url = format!("{quotas}/o");
+        let (_, mut q) = answer(&mut st, "GET", &url, &json!(null));
+        q["spec"] = json!({"x": "2"});
+        q["status"] = json!({"used": {"a": "9"}});
+        let (code, replaced) = answer(&mut st, "PUT", &url, &q);
+        assert_eq!(code, 200, "{replaced}");
+        assert_eq!(
+            (&replaced["spec"], &replaced["status"]),
+            (&json!({"x": "2"}), &booked)
+        );
+        let (code, patched) = answer(
+            &mut st,
+            "PATCH",
+            &url,
+            &json!({"spec": {"x": "3"}, "status": null}),
+        );
+        assert_eq!(code, 200, "{patched}");
+        assert_eq!(
+            (&patched["spec"], &patched["status"]),
+            (&json!({"x": "3"}), &booked)
+        );
+        assert_eq!(st.object(kind, "team", "o").unwrap()["status"], booked);
+    }
+
+    #[test]
+    fn a_create_naming_a_resource_version_is_refused_as_the_api_servers_storage_refuses_it() {
+        let mut st = State::default();
+        let named = |rv: &str| json!({"metadata": {"name": format!("t{rv}"), "resourceVersion": rv}, "spec": {}});
+        let (code, refused) = answer(&mut st, "POST", TEMPLATES, &named("7"));
+        assert_eq!(code, 500, "{refused}");
+        assert_eq!(
+            refused["message"],
+            "resourceVersion should not be set on objects to be created"
+        );
+        assert!(refused.get("reason").is_none(), "{refused}");
+        assert!(st
+            .objects(Kind::named("resourceclaimtemplates").unwrap())
+            .is_empty());
+        // Refused before the name is looked for: an existing name answers the same.
+        let (_, made) = answer(&mut st, "POST", TEMPLATES, &named("0"));
+        let mut again = made.clone();
+        again["metadata"]["resourceVersion"] = json!("9");
+        assert_eq!(answer(&mut st, "POST", TEMPLATES, &again).0, 500);
+        // `0`, or a version that is no number, is not checked: the stored object gets its own.
+        assert_eq!(made["metadata"]["resourceVersion"], "1");
+        let (code, made) = answer(&mut st, "POST", TEMPLATES, &named("x"));
+        assert_eq!(
+            (code, &made["metadata"]["resourceVersion"]),
+            (201, &json!("2"))
+        );
+        // A dry run does not reach the storage: not checked.
+        let (code, _) = answer(
+            &mut st,
+            "POST",
+            &format!("{TEMPLATES}?dryRun=All"),
+            &named("7"),
+        );
+        assert_eq!(code, 201);
     }
 
     #[test]
