@@ -476,6 +476,24 @@ fn a_slice_outlives_init_while_the_containers_processes_run() {
         "given memory still held: {}",
         text(&out)
     );
+    // Refused by placement for want of memory (8Gi of 10Gi still held), not failed for
+    // another reason.
+    let err = String::from_utf8_lossy(&out.stderr);
+    let line = err
+        .lines()
+        .find(|l| l.contains("free per GPU"))
+        .unwrap_or_default();
+    assert!(
+        line.contains("no GPU fits 4Gi memory") && line.contains(") 2Gi, "),
+        "no refusal showing the free memory per GPU: {}",
+        text(&out)
+    );
+    let res = node.reservations();
+    assert_eq!(res.len(), 1, "{res:?}");
+    assert!(
+        res.iter().all(|r| r["container_id"] != "e2e-next"),
+        "the refused container holds a reservation: {res:?}"
+    );
 
     let registry: Value =
         serde_json::from_slice(&std::fs::read(node.state_dir().join("registry.json")).unwrap())

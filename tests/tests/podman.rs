@@ -94,6 +94,7 @@ fn whole_gpu_is_booked_while_it_runs_and_slices_avoid_it() {
     assert_eq!(res[0]["gpus"][0]["uuid"], uuid1.as_str());
     assert_eq!(res[0]["gpus"][0]["memory"], 10u64 << 30);
     assert_eq!(res[0]["gpus"][0]["cores"], 100);
+    let first = res[0]["id"].clone();
     // A slice asked meanwhile lands on GPU 0 only, even under `spread`.
     let out = podman.run(&[
         "run",
@@ -120,6 +121,24 @@ fn whole_gpu_is_booked_while_it_runs_and_slices_avoid_it() {
         "true",
     ]);
     assert!(!out.status.success(), "GPU 1 was double-booked");
+    // Refused by gpuslice's placement (GPU 1 booked whole), not failed for another reason.
+    let err = String::from_utf8_lossy(&out.stderr);
+    let line = err
+        .lines()
+        .find(|l| l.contains("cannot be given whole to container"))
+        .unwrap_or_default();
+    assert!(
+        line.contains(uuid1.as_str())
+            && line.contains("free per GPU")
+            && line.contains("booked whole"),
+        "podman's error lacks gpuslice's refusal of GPU 1: {err}"
+    );
+    // The refused container reserved nothing, and its clean-up (the failed hook's release,
+    // its poststop) left the holder's booking alone.
+    let res = node.reservations();
+    assert_eq!(res.len(), 1, "{res:?}");
+    assert_eq!(res[0]["id"], first, "{res:?}");
+    assert_eq!(res[0]["state"], "bound", "{res:?}");
     ok(&podman.run(&["rm", "-f", "-t", "0", name]));
     assert!(node.reservations().is_empty(), "{:?}", node.reservations());
     ok(&podman.run(&[
