@@ -55,21 +55,19 @@ fn two_processes_stay_within_the_limit_and_sigkill_returns_memory() {
 fn killing_processes_mid_allocation_never_hangs_or_leaks() {
     let node = SliceNode::new(&[16 * GIB], &[(4 * GIB, 0)]);
     for round in 0..8u64 {
-        // Several allocators racing for the limit, killed at staggered moments.
-        let kids: Vec<Child> = (0..3)
+        let api = if round.is_multiple_of(2) {
+            "alloc"
+        } else {
+            "vmm"
+        };
+        // Two processes filling and freeing the slice over and over, racing each other for
+        // its limit, and a third, started with them, that reports once it has allocated what
+        // it could of 1Gi: by then the others are loaded and churning (they never stop), so
+        // the kills, at staggered moments after that, land amid allocations and frees.
+        let churners: Vec<Child> = (0..2)
             .map(|_| {
                 node.probe(&[
-                    "alloc",
-                    "--chunk",
-                    "256Mi",
-                    "--api",
-                    if round.is_multiple_of(2) {
-                        "alloc"
-                    } else {
-                        "vmm"
-                    },
-                    "--hold",
-                    "120",
+                    "alloc", "--chunk", "256Mi", "--api", api, "--rounds", "1000000",
                 ])
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
@@ -77,8 +75,11 @@ fn killing_processes_mid_allocation_never_hangs_or_leaks() {
                 .expect("spawn")
             })
             .collect();
+        let (sentinel, held) = holder(&node, "1Gi");
+        assert!(u(&held, "total") <= GIB, "round {round}: {held}");
         std::thread::sleep(std::time::Duration::from_millis(5 * round));
-        kids.into_iter().for_each(sigkill);
+        churners.into_iter().for_each(sigkill);
+        sigkill(sentinel);
         let v = run_json(node.probe(&["alloc", "--chunk", "1Gi"]));
         assert_eq!(
             u(&v, "total"),

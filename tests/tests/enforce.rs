@@ -135,9 +135,11 @@ fn assert_killed(
     })
     .unwrap_or_else(|| panic!("no kill in status\nserve log:\n{}", exporter.log()));
     let at = kill["at_ms"].as_u64().unwrap();
-    // `crossed_ms` is when the test saw the line, no earlier than the crossing.
+    // `crossed_ms` is when the test saw the line, no earlier than the crossing. The bound is
+    // loose (a loaded machine delays the scan); it only catches a kill left to a much later
+    // scan than the one after the grace.
     assert!(
-        at <= crossed_ms + (GRACE + Duration::from_secs(1)).as_millis() as u64,
+        at <= crossed_ms + (GRACE + Duration::from_secs(5)).as_millis() as u64,
         "killed {} ms after the crossing was seen; grace is {GRACE:?}",
         at.saturating_sub(crossed_ms)
     );

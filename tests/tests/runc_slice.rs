@@ -224,10 +224,33 @@ fn failed_create_after_edit_is_reaped_after_the_pending_deadline() {
     let _ = runtime(&node)
         .args(["delete", "--force", "e2e-failed-create"])
         .output();
-    std::thread::sleep(Duration::from_millis(2500));
-    let gc = node.gpuslice(&["gc"]);
-    assert!(gc.status.success());
-    assert!(node.reservations().is_empty(), "{:?}", node.reservations());
+    // Pending, with no process to judge it by: kept until its deadline, then reaped by gc.
+    let booked = Instant::now();
+    let res = node.reservations();
+    assert_eq!(res.len(), 1, "{res:?}");
+    assert_eq!(res[0]["state"], "pending", "{res:?}");
+    loop {
+        let gc = node.gpuslice(&["gc"]);
+        assert!(
+            gc.status.success(),
+            "{}",
+            String::from_utf8_lossy(&gc.stderr)
+        );
+        if node.reservations().is_empty() {
+            break;
+        }
+        assert!(
+            booked.elapsed() < Duration::from_secs(30),
+            "still booked: {:?}",
+            node.reservations()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        booked.elapsed() >= Duration::from_secs(1),
+        "reaped {:?} after the failed create, before its 2 s pending deadline",
+        booked.elapsed()
+    );
     assert!(node.leftovers().is_empty(), "{:?}", node.leftovers());
 }
 

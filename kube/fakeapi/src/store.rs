@@ -14,7 +14,7 @@ use bytes::Bytes;
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
-use crate::kinds::{target, Kind, StatusRules, Target};
+use crate::kinds::{target, Kind, Target};
 use crate::select::Selector;
 
 /// An answer: the HTTP status and its JSON body.
@@ -187,7 +187,7 @@ fn keep(to: &mut Value, from: &Value, field: &str) {
     }
 }
 
-/// What a write of `part` of `old` stores of `object` ([`StatusRules`]): for a kind with a
+/// What a write of `part` of `old` stores of `object` ([`crate::kinds::StatusRules`]): for a kind with a
 /// status subresource, a write of the object keeps the status stored (only the subresource
 /// changes it), and a write of the status keeps the spec and the metadata fields the kind
 /// names; a kind without one stores the object as sent.
@@ -712,7 +712,7 @@ impl State {
     }
 
     /// A PUT of the status subresource: `body` with the spec stored and the metadata the kind
-    /// keeps ([`StatusRules`]), checked against the resourceVersion it names, as the API server
+    /// keeps ([`crate::kinds::StatusRules`]), checked against the resourceVersion it names, as the API server
     /// does.
     fn replace_status(
         &mut self,

@@ -230,7 +230,7 @@ fn the_recount_frees_a_deleted_pods_share_at_once_and_a_booking_in_flight_later(
 }
 
 #[test]
-fn a_deleted_pods_share_is_freed_within_a_second_long_before_the_periodic_recount() {
+fn a_deleted_pods_share_is_freed_by_the_deletion_watch_not_the_periodic_recount() {
     const NS: &str = "swap";
     let api = FakeApi::start();
     template_2gi(&api, NS);
@@ -269,8 +269,9 @@ fn a_deleted_pods_share_is_freed_within_a_second_long_before_the_periodic_recoun
         if answer["response"]["allowed"] == true {
             break;
         }
+        // The periodic recount is 300 s away: freed by then, the deletion's recount did it.
         assert!(
-            deleted.elapsed() < Duration::from_secs(2),
+            deleted.elapsed() < Duration::from_secs(60),
             "still refused {:?} after the old pod was deleted: {answer}",
             deleted.elapsed()
         );
