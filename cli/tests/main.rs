@@ -20,5 +20,6 @@ mod reserved_memory;
 mod runtime_passthrough;
 mod runtime_spec_input;
 mod serve_process;
+mod sim_node;
 mod specs_schema;
 mod status_gc;

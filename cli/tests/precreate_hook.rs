@@ -2,55 +2,18 @@
 //! to the engine (its end of stdout closed: EPIPE) fails the hook and gives the reservation
 //! back at once, not at `registry.pending_timeout`.
 
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-use gpuslice_agent::nodespec::node_spec;
-use gpuslice_cdi::DeviceNode;
-use gpuslice_hook::create::driveredits::DriverEdits;
-use gpuslice_hook::node::NodeContext;
-use gpuslice_hook::specfiles::NODE_SPEC_CACHE;
-use gpuslice_registry::{read_registry, Inventory};
+use gpuslice_registry::read_registry;
 
-use crate::specs_schema::gpus;
-
-/// A node of two simulated GPUs, its inventory cached and its node spec written as `cdi
-/// generate` leaves them; returns the config file.
+/// A node of two simulated 10Gi GPUs; returns the config file.
 fn node(dir: &Path) -> std::path::PathBuf {
-    let shim = dir.join("libgpuslice_shim.so");
-    std::fs::write(&shim, b"shim").unwrap();
-    let cfg = dir.join("config.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "state_dir = \"{}\"\n[cdi]\nspec_dir = \"{}\"\n[shim]\nlibrary = \"{}\"\n[hook]\npath = \"{}\"\n[inventory]\nsource = \"simulated\"\n[[inventory.simulated]]\nmemory = \"10Gi\"\n[[inventory.simulated]]\nmemory = \"10Gi\"\n",
-            dir.join("state").display(),
-            dir.join("cdi").display(),
-            shim.display(),
-            env!("CARGO_BIN_EXE_gpuslice"),
-        ),
+    crate::sim_node::node(
+        dir,
+        "[inventory]\nsource = \"simulated\"\n[[inventory.simulated]]\nmemory = \"10Gi\"\n[[inventory.simulated]]\nmemory = \"10Gi\"\n",
     )
-    .unwrap();
-    let n = NodeContext::from_loaded(gpuslice_config::load_config(Some(&cfg), None).unwrap());
-    let config = n.config().clone();
-    std::fs::create_dir_all(&config.state_dir).unwrap();
-    let dev = |name: &str, major: i64, minor: i64| {
-        DeviceNode::char_device(format!("/dev/{name}"), major, minor)
-    };
-    let driver = DriverEdits {
-        control: vec![dev("nvidiactl", 195, 255)],
-        gpus: BTreeMap::from([(0, dev("nvidia0", 195, 0)), (1, dev("nvidia1", 195, 1))]),
-        mounts: Vec::new(),
-    };
-    let spec = node_spec(&n, &n.hook_binary().unwrap(), &gpus(), &driver).unwrap();
-    gpuslice_cdi::write_spec_compact_as(&config.state_dir, NODE_SPEC_CACHE, &spec).unwrap();
-    n.open_registry()
-        .unwrap()
-        .set_inventory(Inventory { gpus: gpus() })
-        .unwrap();
-    cfg
 }
 
 /// `gpuslice hook precreate` on a spec asking for 4Gi, its stdout `stdout`.

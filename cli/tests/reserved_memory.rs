@@ -3,57 +3,22 @@
 //! reserved memory, `status --json` shows that as `memory_total`, and slices are booked up
 //! to exactly that and no further.
 
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-use gpuslice_agent::nodespec::{node_spec, take_inventory};
-use gpuslice_cdi::DeviceNode;
-use gpuslice_hook::create::driveredits::DriverEdits;
-use gpuslice_hook::node::NodeContext;
-use gpuslice_hook::specfiles::NODE_SPEC_CACHE;
-use gpuslice_registry::Inventory;
 use serde_json::Value;
 
 const MIB: u64 = 1 << 20;
 /// 10Gi less 512Mi reserved.
 const BOOKABLE: u64 = 9728 * MIB;
 
-/// A node of one simulated 10Gi GPU with 512Mi reserved, its inventory taken and cached and
-/// its node spec written as `cdi generate` does; returns the config file.
+/// A node of one simulated 10Gi GPU with 512Mi reserved; returns the config file.
 fn node(dir: &Path) -> std::path::PathBuf {
-    let shim = dir.join("libgpuslice_shim.so");
-    std::fs::write(&shim, b"shim").unwrap();
-    let cfg = dir.join("config.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "state_dir = \"{}\"\n[cdi]\nspec_dir = \"{}\"\n[shim]\nlibrary = \"{}\"\n[hook]\npath = \"{}\"\n[inventory]\nsource = \"simulated\"\n[[inventory.simulated]]\nmemory = \"10Gi\"\nreserved_memory = \"512Mi\"\n",
-            dir.join("state").display(),
-            dir.join("cdi").display(),
-            shim.display(),
-            env!("CARGO_BIN_EXE_gpuslice"),
-        ),
+    crate::sim_node::node(
+        dir,
+        "[inventory]\nsource = \"simulated\"\n[[inventory.simulated]]\nmemory = \"10Gi\"\nreserved_memory = \"512Mi\"\n",
     )
-    .unwrap();
-    let n = NodeContext::from_loaded(gpuslice_config::load_config(Some(&cfg), None).unwrap());
-    let config = n.config().clone();
-    std::fs::create_dir_all(&config.state_dir).unwrap();
-    let gpus = take_inventory(&n).unwrap();
-    let dev = |name: &str, minor: i64| DeviceNode::char_device(format!("/dev/{name}"), 195, minor);
-    let driver = DriverEdits {
-        control: vec![dev("nvidiactl", 255)],
-        gpus: BTreeMap::from([(0, dev("nvidia0", 0))]),
-        mounts: Vec::new(),
-    };
-    let spec = node_spec(&n, &n.hook_binary().unwrap(), &gpus, &driver).unwrap();
-    gpuslice_cdi::write_spec_compact_as(&config.state_dir, NODE_SPEC_CACHE, &spec).unwrap();
-    n.open_registry()
-        .unwrap()
-        .set_inventory(Inventory { gpus })
-        .unwrap();
-    cfg
 }
 
 fn gpuslice(cfg: &Path, args: &[&str], stdin: &[u8]) -> Output {

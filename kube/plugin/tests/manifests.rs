@@ -292,18 +292,47 @@ fn dra_manifests_are_valid_and_agree_with_the_plugin() {
                 ] {
                     assert!(mounts.contains(&dir), "{file}: {dir} not mounted");
                 }
-                // Each mount is the host's directory at the same path (the CDI specs and the
-                // kubelet name host paths).
+                // Each host directory is mounted at the same path (the CDI specs and the
+                // kubelet name host paths), in whichever container mounts it; the one other
+                // volume is the ConfigMap the installer waits on, in its init container only.
+                let containers: Vec<_> = spec
+                    .init_containers
+                    .iter()
+                    .flatten()
+                    .chain(&spec.containers)
+                    .collect();
                 for v in spec.volumes.as_ref().unwrap() {
-                    let host = &v.host_path.as_ref().unwrap().path;
-                    let m = c
-                        .volume_mounts
-                        .as_ref()
-                        .unwrap()
+                    let using: Vec<_> = containers
                         .iter()
-                        .find(|m| m.name == v.name)
-                        .unwrap();
-                    assert_eq!(&m.mount_path, host, "{file}: volume {}", v.name);
+                        .flat_map(|c| {
+                            let name = c.name.as_str();
+                            c.volume_mounts
+                                .iter()
+                                .flatten()
+                                .filter(|m| m.name == v.name)
+                                .map(move |m| (name, m))
+                        })
+                        .collect();
+                    assert!(!using.is_empty(), "{file}: volume {} not mounted", v.name);
+                    match (&v.host_path, &v.config_map) {
+                        (Some(h), None) => {
+                            for (c, m) in &using {
+                                assert_eq!(m.mount_path, h.path, "{file}: {c}: volume {}", v.name);
+                            }
+                        }
+                        (None, Some(cm)) => {
+                            assert_eq!(v.name, "installer-config", "{file}");
+                            assert_eq!(cm.optional, Some(true), "{file}: {}", v.name);
+                            assert!(
+                                using.iter().all(|(c, m)| *c == "wait-installed"
+                                    && m.read_only == Some(true)),
+                                "{file}: {} mounted by {:?}",
+                                v.name,
+                                using.iter().map(|(c, _)| c).collect::<Vec<_>>()
+                            );
+                        }
+                        _ => panic!("{file}: volume {} is neither a host directory nor the installer's ConfigMap", v.name),
+                    }
                 }
             }
             "ValidatingAdmissionPolicy" if doc["metadata"]["name"] == PLUGIN_POLICY => {

@@ -438,10 +438,9 @@ fn arrays_are_charged_by_extent() {
     assert_eq!(free_mem(), CAPACITY);
 }
 
-#[test]
-fn graph_memory_lives_from_instantiation_to_exec_destroy() {
-    let _turn = turn();
-    use_device(4);
+/// A new graph with one memory allocation node of `bytesize` on device `dev`: the graph,
+/// the node and the address the allocation will have.
+fn graph_allocating(dev: i32, bytesize: usize) -> (CUgraph, CUgraphNode, CUdeviceptr) {
     let mut g = std::ptr::null_mut();
     assert_eq!(
         cu!(cuGraphCreate: PFN_cuGraphCreate, &mut g, 0),
@@ -450,24 +449,29 @@ fn graph_memory_lives_from_instantiation_to_exec_destroy() {
     let access = CUmemAccessDesc {
         location: CUmemLocation {
             type_: CU_MEM_LOCATION_TYPE_DEVICE,
-            id: 4,
+            id: dev,
         },
         flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
     };
     let mut params = CUDA_MEM_ALLOC_NODE_PARAMS {
-        poolProps: CUmemPoolProps::pinned_on(4),
+        poolProps: CUmemPoolProps::pinned_on(dev),
         accessDescs: &access,
         accessDescCount: 1,
-        bytesize: 3 * GIB,
+        bytesize,
         dptr: 0,
     };
     let mut node = std::ptr::null_mut();
     let r = cu!(cuGraphAddMemAllocNode: PFN_cuGraphAddMemAllocNode, &mut node, g, std::ptr::null(), 0, &mut params);
     assert_eq!(r, CUDA_SUCCESS);
-    assert_ne!(
-        params.dptr, 0,
-        "the address is known when the node is added"
-    );
+    (g, node, params.dptr)
+}
+
+#[test]
+fn graph_memory_lives_from_instantiation_to_exec_destroy() {
+    let _turn = turn();
+    use_device(4);
+    let (g, node, dptr) = graph_allocating(4, 3 * GIB);
+    assert_ne!(dptr, 0, "the address is known when the node is added");
     let mut free_node = std::ptr::null_mut();
     assert_eq!(
         cu!(cuGraphAddMemFreeNode: PFN_cuGraphAddMemFreeNode, &mut free_node, g, &node, 1, 12345),
@@ -520,10 +524,7 @@ fn graph_memory_lives_from_instantiation_to_exec_destroy() {
          e2's memory stays in the device's graph pool"
     );
     assert_eq!(graph_mem(4), (3 * GIB as u64, 6 * GIB as u64));
-    assert_eq!(
-        cu!(cuMemFree_v2: PFN_cuMemFree_v2, params.dptr),
-        CUDA_SUCCESS
-    );
+    assert_eq!(cu!(cuMemFree_v2: PFN_cuMemFree_v2, dptr), CUDA_SUCCESS);
     assert_eq!(
         free_mem(),
         CAPACITY - 6 * GIB,
@@ -557,30 +558,10 @@ fn graph_mem(dev: i32) -> (u64, u64) {
 fn the_graph_pool_reuses_its_cache_before_growing() {
     let _turn = turn();
     use_device(5);
-    let mut g = std::ptr::null_mut();
-    assert_eq!(
-        cu!(cuGraphCreate: PFN_cuGraphCreate, &mut g, 0),
-        CUDA_SUCCESS
-    );
-    let access = CUmemAccessDesc {
-        location: CUmemLocation {
-            type_: CU_MEM_LOCATION_TYPE_DEVICE,
-            id: 5,
-        },
-        flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-    };
-    let mut params = CUDA_MEM_ALLOC_NODE_PARAMS {
-        poolProps: CUmemPoolProps::pinned_on(5),
-        accessDescs: &access,
-        accessDescCount: 1,
-        bytesize: 5 * GIB,
-        dptr: 0,
-    };
-    let mut node = std::ptr::null_mut();
-    let r = cu!(cuGraphAddMemAllocNode: PFN_cuGraphAddMemAllocNode, &mut node, g, std::ptr::null(), 0, &mut params);
-    assert_eq!(r, CUDA_SUCCESS);
+    let (g, node, dptr) = graph_allocating(5, 5 * GIB);
     let mut free_node = std::ptr::null_mut();
-    let r = cu!(cuGraphAddMemFreeNode: PFN_cuGraphAddMemFreeNode, &mut free_node, g, &node, 1, params.dptr);
+    let r =
+        cu!(cuGraphAddMemFreeNode: PFN_cuGraphAddMemFreeNode, &mut free_node, g, &node, 1, dptr);
     assert_eq!(r, CUDA_SUCCESS);
     let instantiate = || {
         let mut e = std::ptr::null_mut();
