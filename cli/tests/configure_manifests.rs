@@ -184,7 +184,9 @@ fn daemonset_selects_its_pods_and_installs_what_its_config_names() {
     let containerfile =
         std::fs::read_to_string(packaging().join("kubernetes/Containerfile")).unwrap();
     assert!(
-        containerfile.contains("installer.sh /opt/gpuslice-image/"),
+        containerfile.lines().any(|l| l.starts_with("COPY ")
+            && l.split_whitespace().any(|w| w == "installer.sh")
+            && l.ends_with(" /opt/gpuslice-image/")),
         "{containerfile}"
     );
     let installer = std::fs::read_to_string(packaging().join("kubernetes/installer.sh")).unwrap();
