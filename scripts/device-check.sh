@@ -69,6 +69,11 @@ done
 w=$(bare burn --seconds 5); s=$(shimmed burn --seconds 5)
 share='"%.1f %% / %.1f %%" % (v["nominal_share"] * 100, v["event_share"] * 100)'
 echo "| burn 5 s, share (nominal / events) | $(echo "$w" | field "$share") | $(echo "$s" | field "$share") (target $cores %) |"
+# The deprecated launch entry points are paced alike (docs/shim.md).
+for api in grid-async grid legacy; do
+    w=$(bare burn --seconds 2 --launch "$api"); s=$(shimmed burn --seconds 2 --launch "$api")
+    echo "| burn 2 s --launch $api, share (nominal / events) | $(echo "$w" | field "$share") | $(echo "$s" | field "$share") (target $cores %) |"
+done
 for what in launch alloc; do
     w=$(bare bench "$what" --iters 20000); s=$(shimmed bench "$what" --iters 20000)
     echo "| bench $what, median ns (paced at $cores %) | $(echo "$w" | field 'v["median_ns"]') | $(echo "$s" | field 'v["median_ns"]') |"
