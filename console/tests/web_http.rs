@@ -694,15 +694,19 @@ fn read_until_closed(s: &mut TcpStream, within: Duration) -> Result<String, Stri
 
 #[test]
 fn at_the_cap_a_new_connection_takes_the_slot_of_the_one_waiting_longest() {
-    let (addr, _dir) = start_with(false, 2);
+    let (addr, _dir, console) = start_console_thread(Console {
+        max_connections: 2,
+        ..Console::default()
+    });
     // Two idle connections take both slots (each sends part of a request head, so the
-    // server has accepted it and waits for the rest), the first one earlier.
+    // server has accepted it and waits for the rest), the first one earlier: the next
+    // connects once the console has taken the one before and gone idle waiting on it.
     let mut idle: Vec<TcpStream> = (0..2)
         .map(|_| {
             let mut s = TcpStream::connect(addr).unwrap();
             s.write_all(b"GET /static/console.css HTTP/1.1\r\n")
                 .unwrap();
-            std::thread::sleep(Duration::from_millis(200));
+            wait_until_idle(console);
             s
         })
         .collect();
@@ -722,7 +726,7 @@ fn at_the_cap_with_every_connection_served_a_new_one_waits() {
     // console's pages wait on it, so its connections are busy serving, not waiting on
     // their clients.
     let api = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let (addr, _dir) = start_console(Console {
+    let (addr, _dir, console) = start_console_thread(Console {
         max_connections: 2,
         api: format!("https://{}", api.local_addr().unwrap()),
         ..Console::default()
@@ -736,7 +740,8 @@ fn at_the_cap_with_every_connection_served_a_new_one_waits() {
         s
     };
     let mut busy = vec![ask("/"), ask("/pods")];
-    std::thread::sleep(Duration::from_millis(300));
+    // Both taken and waiting on the API server.
+    wait_until_idle(console);
     // A third is not answered while both are served, and neither is shed for it.
     let mut third = ask("/static/console.css");
     let waited = read_until_closed(&mut third, Duration::from_millis(1500));
