@@ -846,14 +846,15 @@ impl<'a> PluginPool<'a> {
     pub fn listed_devices(&self) -> impl Iterator<Item = &'a Device> + '_ {
         let mut older: Vec<&ResourceSlice> = self.older.clone();
         older.sort_by_key(|s| std::cmp::Reverse(s.spec.pool.generation));
-        let slot_named = |d: &Device| d.name.contains("-slot-");
+        // Whether a device is a slot (slot mode) or a GPU (capacity mode).
+        let slot = |d: &Device| parse_device(&d.name).map(|r| matches!(r, DeviceRef::Slot(..)));
         // A republish that changes the node's mode leaves the other mode's devices behind in
         // the older slices: those are not what its GPUs are like now.
-        let mode = self.devices_listed_now().next().map(slot_named);
+        let mode = self.devices_listed_now().find_map(slot);
         let older = older
             .into_iter()
             .flat_map(|s| s.spec.devices.iter().flatten())
-            .filter(move |d| mode.is_none_or(|m| slot_named(d) == m));
+            .filter(move |d| mode.is_none() || slot(d) == mode);
         let mut seen = BTreeSet::new();
         self.devices_listed_now()
             .chain(older)

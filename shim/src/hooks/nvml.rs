@@ -94,7 +94,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(
         }
         // SAFETY: written by NVML on success.
         let m = unsafe { &mut *mem };
-        match slice_figures(dev, m.total - reserved(dev).min(m.total), m.free) {
+        match slice_figures(dev, m.total.saturating_sub(reserved(dev)), m.free) {
             Ok(fig) => {
                 (m.total, m.free, m.used) = (fig.total, fig.free, fig.used);
                 r
@@ -123,7 +123,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
         }
         // SAFETY: written by NVML on success.
         let m = unsafe { &mut *mem };
-        match slice_figures(dev, m.total - m.reserved.min(m.total), m.free) {
+        match slice_figures(dev, m.total.saturating_sub(m.reserved), m.free) {
             Ok(fig) => {
                 (m.total, m.free, m.used, m.reserved) = (fig.total, fig.free, fig.used, 0);
                 r
