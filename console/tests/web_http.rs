@@ -638,6 +638,41 @@ fn wait_until_idle(tid: libc::pid_t) {
     }
 }
 
+/// Waits until the console at `server` has closed its end of `client`'s connection: the
+/// kernel's table of IPv4 sockets shows the console's socket leave `ESTABLISHED` (a FIN is
+/// queued even while the client's window is shut).
+fn wait_until_closed_by(server: SocketAddr, client: &TcpStream) {
+    let hex = |a: SocketAddr| {
+        let SocketAddr::V4(v4) = a else {
+            panic!("{a} is not IPv4")
+        };
+        format!(
+            "{:08X}:{:04X}",
+            u32::from_ne_bytes(v4.ip().octets()),
+            v4.port()
+        )
+    };
+    let (local, remote) = (hex(server), hex(client.local_addr().unwrap()));
+    let t0 = std::time::Instant::now();
+    loop {
+        let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+        let state = table.lines().skip(1).find_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            (f.get(1) == Some(&local.as_str()) && f.get(2) == Some(&remote.as_str()))
+                .then(|| f.get(3).copied().unwrap_or_default().to_string())
+        });
+        // 01 is ESTABLISHED; a socket gone from the table is closed too.
+        if state.as_deref() != Some("01") {
+            return;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the console never closed the connection from {remote}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Bytes received on `s` and not read yet.
 fn unread(s: &TcpStream) -> usize {
     use std::os::fd::AsRawFd;
@@ -800,8 +835,8 @@ fn an_answer_the_client_does_not_read_closes_its_connection() {
     let one = format!("GET /static/console.css HTTP/1.1\r\nHost: {addr}\r\n\r\n");
     let mut s = small_window_connection(addr);
     s.write_all(one.repeat(128).as_bytes()).unwrap();
-    // The answers fill the window; the console's write stalls past its limit.
-    std::thread::sleep(Duration::from_millis(1500));
+    // The answers fill the window; the console's write stalls past its limit and it closes.
+    wait_until_closed_by(addr, &s);
     let answers = read_until_closed(&mut s, Duration::from_secs(5)).unwrap();
     let n = answers.matches("HTTP/1.1 200").count();
     assert!((1..128).contains(&n), "{n} answers");
