@@ -10,7 +10,7 @@ use gpuslice_dra::claim_shape::{
     claim_spec, slot_count, template_by, Mode, Shape, ShapeError, SlotSize, Writer,
     HAMI_LIMIT_PREFIX, LIMIT_CORES, LIMIT_GPUS, LIMIT_MEMORY,
 };
-use gpuslice_dra::slices::MEMORY_STEP;
+use gpuslice_dra::slices::{max_request, round_up_request};
 use gpuslice_registry::MAX_GPUS;
 use k8s_openapi::api::core::v1::{
     Container, PodResourceClaim, PodSpec, ResourceClaim as ContainerClaim,
@@ -144,18 +144,14 @@ impl Request {
                 detail: "zero".into(),
             });
         }
-        // Rounded up to the step as the scheduler rounds it; a value within one step of
-        // u64::MAX has no such multiple (unchecked, it would wrap to a 0-byte slice).
-        let memory =
-            bytes
-                .checked_next_multiple_of(MEMORY_STEP)
-                .ok_or_else(|| EditError::Memory {
-                    value: memory.to_string(),
-                    detail: format!(
-                        "above {}Mi, the largest whole number of 1Mi steps",
-                        u64::MAX / MEMORY_STEP
-                    ),
-                })?;
+        // Rounded up to the step as the scheduler rounds it.
+        let memory = round_up_request(bytes).ok_or_else(|| EditError::Memory {
+            value: memory.to_string(),
+            detail: format!(
+                "above {}, the largest whole number of 1Mi steps",
+                max_request()
+            ),
+        })?;
         let cores = match cores {
             None => None,
             Some(c) => {
@@ -609,6 +605,7 @@ mod tests {
     use crate::model::{build, Sources};
 
     const GIB: u64 = 1 << 30;
+    const MEBI: u64 = 1 << 20;
 
     #[test]
     fn requests_are_checked_and_rounded_as_the_scheduler_rounds() {
@@ -624,7 +621,7 @@ mod tests {
         // The largest value that rounds: exactly the last whole step below 2^64.
         assert_eq!(
             Request::parse("17592186044415Mi", None, 1).unwrap().memory,
-            u64::MAX / MEMORY_STEP * MEMORY_STEP
+            u64::MAX / MEBI * MEBI
         );
         assert_eq!(
             Request::parse("1Gi", Some("25%"), 1).unwrap().cores,

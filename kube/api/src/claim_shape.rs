@@ -17,7 +17,9 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 
-use crate::slices::{parse_device, DeviceRef, CAP_CORES, CAP_MEMORY, MEMORY_STEP, SLICE_SUFFIX};
+use crate::slices::{
+    max_request, parse_device, round_up_request, DeviceRef, CAP_CORES, CAP_MEMORY, SLICE_SUFFIX,
+};
 use crate::{DRIVER, SLOTS_CLASS};
 
 /// The label key naming who wrote a template.
@@ -87,6 +89,12 @@ pub enum ShapeError {
     },
     #[error("{field}: the cluster publishes slot mode without any slot size; accepted: a cluster whose ResourceSlices publish slots")]
     NoSlotSize { field: String },
+    #[error("{field}: memory of {value} bytes is above {max}, the largest whole number of 1Mi steps a device is asked in; accepted: at most {max}")]
+    Memory {
+        field: String,
+        value: u64,
+        max: String,
+    },
     #[error("{field}: {value} GPUs; accepted: at least 1")]
     NoGpu { field: String, value: String },
     #[error("{field}: {value} needs {devices} slot devices in one claim; accepted: at most {max} (Kubernetes' limit of devices per claim), i.e. at most {gpus} whole GPUs of {per_gpu} slots in this cluster's slot mode")]
@@ -152,7 +160,11 @@ pub fn claim_spec(
         Mode::Capacity => {
             let mut req = BTreeMap::new();
             if let Some(m) = shape.memory {
-                let rounded = m.div_ceil(MEMORY_STEP) * MEMORY_STEP;
+                let rounded = round_up_request(m).ok_or_else(|| ShapeError::Memory {
+                    field: field.to_string(),
+                    value: m,
+                    max: max_request(),
+                })?;
                 if rounded != m {
                     warnings.push(format!(
                         "{field}: memory rounded up to {} (the device's step is 1Mi)",
@@ -1217,6 +1229,29 @@ mod tests {
             "2Mi"
         );
         assert_eq!(w.len(), 1, "{w:?}");
+        // The last whole step is asked as it is; above it nothing rounds (a request of
+        // nothing, were it to wrap): refused, naming the field and the bound.
+        let max = u64::MAX / (1 << 20) * (1 << 20);
+        for (gpus, memory) in [(1, max), (2, max)] {
+            let shape = Shape {
+                gpus,
+                memory: Some(memory),
+                ..Default::default()
+            };
+            assert!(claim_spec(&Mode::Capacity, &shape, "f").is_ok());
+        }
+        for memory in [max + 1, u64::MAX] {
+            let shape = Shape {
+                gpus: 1,
+                memory: Some(memory),
+                ..Default::default()
+            };
+            let e = claim_spec(&Mode::Capacity, &shape, "f").unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!("f: memory of {memory} bytes is above 17592186044415Mi, the largest whole number of 1Mi steps a device is asked in; accepted: at most 17592186044415Mi")
+            );
+        }
     }
 
     #[test]

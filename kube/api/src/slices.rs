@@ -19,6 +19,18 @@ use crate::DRIVER;
 
 /// The memory step of every device: requests are rounded up to it, capacity down.
 pub const MEMORY_STEP: u64 = 1 << 20;
+
+/// A request of `bytes` rounded up to [`MEMORY_STEP`], as the scheduler rounds it; `None`
+/// within one step of `u64::MAX`, which has no such multiple (unchecked, it would wrap to a
+/// request of nothing).
+pub fn round_up_request(bytes: u64) -> Option<u64> {
+    bytes.checked_next_multiple_of(MEMORY_STEP)
+}
+
+/// The largest request in whole [`MEMORY_STEP`]s, for messages refusing a larger one.
+pub fn max_request() -> String {
+    format!("{}Mi", u64::MAX / MEMORY_STEP)
+}
 /// The API server's limit of devices per ResourceSlice.
 pub const MAX_DEVICES_PER_SLICE: usize = 128;
 /// The API server's limit of a string attribute's length.

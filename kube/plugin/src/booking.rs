@@ -5,9 +5,9 @@
 //! GPU the driver has since reported unhealthy (before the taint or withdrawal reached the
 //! scheduler) is refused, as the node paths refuse it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use gpuslice_driver::health::{read_health, HealthError, Unhealthy};
 use gpuslice_registry::{
@@ -70,6 +70,7 @@ pub struct Plugin {
     /// The node's record of unhealthy GPUs (`None`: every GPU is healthy).
     health_file: Option<PathBuf>,
     holdings: Holdings,
+    claim_locks: ClaimLocks,
     /// Wakes the cleanup loop: a prepare was refused for capacity someone holds, which may be
     /// a booking whose claim went away.
     cleanup_wanted: Arc<Notify>,
@@ -78,6 +79,44 @@ pub struct Plugin {
 impl std::fmt::Debug for Plugin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Plugin").field("node", &self.node).finish()
+    }
+}
+
+/// Records in `holdings` what claim `uid` holds (`None`: nothing any more).
+fn set_held(holdings: &Holdings, uid: &str, held: Option<Held>) {
+    if let Ok(mut h) = holdings.lock() {
+        match held {
+            Some(held) => h.insert(uid.to_string(), held),
+            None => h.remove(uid),
+        };
+    }
+}
+
+/// One lock per claim UID, held by a prepare's or unprepare's blocking work from its booking
+/// to its last file. The kubelet retries a call it gave up waiting for while the first one's
+/// work goes on (dropping the call does not stop it), and one request may list a claim twice:
+/// without the lock, a failed first prepare's release could undo a booking the second had
+/// already reported prepared, or a late prepare book after its unprepare.
+#[derive(Default)]
+struct ClaimLocks(Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>);
+
+impl ClaimLocks {
+    /// Waits for claim `uid`'s lock; the guard may move into blocking work.
+    async fn lock(&self, uid: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let lock = {
+            let mut locks = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+            // Only claims some call holds or waits for stay listed.
+            locks.retain(|_, l| l.strong_count() > 0);
+            match locks.get(uid).and_then(Weak::upgrade) {
+                Some(l) => l,
+                None => {
+                    let l = Arc::new(tokio::sync::Mutex::new(()));
+                    locks.insert(uid.to_string(), Arc::downgrade(&l));
+                    l
+                }
+            }
+        };
+        lock.lock_owned().await
     }
 }
 
@@ -109,6 +148,7 @@ impl Plugin {
             slots_per_gpu: gpuslice_config::DEFAULT_SLOTS_PER_GPU,
             health_file: None,
             holdings: Holdings::default(),
+            claim_locks: ClaimLocks::default(),
             cleanup_wanted: Arc::new(Notify::new()),
         }
     }
@@ -142,12 +182,7 @@ impl Plugin {
 
     /// Records what claim `uid` holds (`None`: nothing any more).
     pub fn set_held(&self, uid: &str, held: Option<Held>) {
-        if let Ok(mut h) = self.holdings.lock() {
-            match held {
-                Some(held) => h.insert(uid.to_string(), held),
-                None => h.remove(uid),
-            };
-        }
+        set_held(&self.holdings, uid, held);
     }
 
     pub fn node(&self) -> &str {
@@ -197,8 +232,11 @@ impl Plugin {
         let node = self.node.clone();
         let per_gpu = self.slots_per_gpu;
         let health = self.health_file.clone();
+        let holdings = self.holdings.clone();
+        let lock = self.claim_locks.lock(&c.uid).await;
         let booked = blocking(c, move || {
-            book_and_write(
+            let _lock = lock;
+            let booked = book_and_write(
                 &registry,
                 &*writer,
                 &claim_ref,
@@ -206,7 +244,9 @@ impl Plugin {
                 &node,
                 per_gpu,
                 health.as_deref(),
-            )
+            )?;
+            set_held(&holdings, &claim_ref.uid, Some(booked.0.held.clone()));
+            Ok(booked)
         })
         .await;
         if let Err(BookingError::Refused(e)) = &booked {
@@ -217,7 +257,6 @@ impl Plugin {
             }
         }
         let (allocation, ids) = booked?;
-        self.set_held(&c.uid, Some(allocation.held.clone()));
         Ok(allocation
             .results
             .iter()
@@ -239,9 +278,15 @@ impl Plugin {
         let registry = self.registry.clone();
         let writer = self.writer.clone();
         let claim = c.clone();
-        blocking(c, move || release(&registry, &*writer, &claim)).await?;
-        self.set_held(&c.uid, None);
-        Ok(())
+        let holdings = self.holdings.clone();
+        let lock = self.claim_locks.lock(&c.uid).await;
+        blocking(c, move || {
+            let _lock = lock;
+            release(&registry, &*writer, &claim)?;
+            set_held(&holdings, &claim.uid, None);
+            Ok(())
+        })
+        .await
     }
 }
 
@@ -408,5 +453,48 @@ pub fn held_by(r: &Reservation) -> Option<ClaimRef> {
             uid: claim_uid.clone(),
         }),
         Owner::Container { .. } => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A claim's calls take turns, even when the caller of the first gave up on it while its
+    /// blocking work goes on; other claims' calls do not wait.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_claims_calls_take_turns_even_after_a_caller_gave_up() {
+        let locks = Arc::new(ClaimLocks::default());
+        let (started, ran) = (Arc::new(Notify::new()), Arc::new(Mutex::new(Vec::new())));
+        // The first call's work holds the lock for 300 ms; its caller stops waiting at once.
+        let first = {
+            let (locks, started, ran) = (locks.clone(), started.clone(), ran.clone());
+            tokio::spawn(async move {
+                let lock = locks.lock("u").await;
+                let work = tokio::task::spawn_blocking(move || {
+                    let _lock = lock;
+                    started.notify_one();
+                    std::thread::sleep(Duration::from_millis(300));
+                    ran.lock().unwrap().push("first");
+                });
+                work.await.unwrap();
+            })
+        };
+        started.notified().await;
+        first.abort();
+        // Another claim is not held up.
+        let other = tokio::time::timeout(Duration::from_millis(100), locks.lock("v")).await;
+        assert!(other.is_ok(), "claim v waited for claim u");
+        // The retry of claim u waits for the first call's work to end.
+        let _again = locks.lock("u").await;
+        ran.lock().unwrap().push("retry");
+        assert_eq!(*ran.lock().unwrap(), ["first", "retry"]);
+        // Only claims some call holds stay listed.
+        drop(other);
+        let _w = locks.lock("w").await;
+        let listed: Vec<String> = locks.0.lock().unwrap().keys().cloned().collect();
+        assert!(!listed.contains(&"v".to_string()), "{listed:?}");
     }
 }

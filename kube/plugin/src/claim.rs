@@ -11,8 +11,8 @@ use gpuslice_dra::opaque::{
     gpu_share, parent_request, share_configs, ShareConfig, OPAQUE_ACCEPTED,
 };
 use gpuslice_dra::slices::{
-    device_name, parse_device, slot_cores, slot_memory, DeviceRef, CAP_CORES, CAP_MEMORY,
-    MEMORY_STEP,
+    device_name, is_dns_subdomain, parse_device, slot_cores, slot_memory, DeviceRef, CAP_CORES,
+    CAP_MEMORY, MAX_NAME, MEMORY_STEP,
 };
 use gpuslice_dra::DRIVER;
 use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -391,6 +391,20 @@ pub fn check_ref(c: &ClaimRef) -> Result<(), ClaimError> {
     if c.namespace.is_empty() || c.name.is_empty() {
         return Err(bad("namespace and name must be set".into()));
     }
+    // They become a request's path (and lines of `gpuslice status`): only names Kubernetes
+    // gives a claim pass, so `/`, `?` or `..` cannot steer the read to another object.
+    if !is_dns_subdomain(&c.namespace, 63) || c.namespace.contains('.') {
+        return Err(bad(format!(
+            "namespace `{}` is not a Kubernetes namespace; accepted: a DNS label (up to 63 lowercase letters, digits and `-`)",
+            c.namespace.escape_debug()
+        )));
+    }
+    if !is_dns_subdomain(&c.name, MAX_NAME) {
+        return Err(bad(format!(
+            "name `{}` is not a ResourceClaim's name; accepted: a DNS subdomain (up to {MAX_NAME} lowercase letters, digits, `-` and `.`)",
+            c.name.escape_debug()
+        )));
+    }
     let uid_ok = !c.uid.is_empty()
         && c.uid.len() <= 64
         && c.uid
@@ -567,6 +581,12 @@ mod tests {
             ("ns", "c", "../x"),
             ("ns", "c", ""),
             ("ns", "c", "U"),
+            ("../x", "c", "u"),
+            ("ns", "a/b", "u"),
+            ("ns", "c?x=", "u"),
+            ("Ns", "c", "u"),
+            ("n.s", "c", "u"),
+            ("ns", "c\n", "u"),
         ] {
             let c = ClaimRef {
                 namespace: ns.into(),

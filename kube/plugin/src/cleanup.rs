@@ -63,15 +63,27 @@ pub async fn release_stale(plugin: &Plugin) -> Result<CleanupReport, CleanupErro
         .map_err(|e| CleanupError::Registry(e.to_string()))?;
     let geometry = SlotGeometry::new(plugin.slots_per_gpu(), &file.inventory);
     let mut report = CleanupReport::default();
-    for (seen, c) in file
-        .reservations
-        .iter()
-        .filter_map(|r| Some((r.id.clone(), held_by(r)?)))
-    {
+    for (seen, marked, c) in file.reservations.iter().filter_map(|r| {
+        let marked = r.owner.claim_gone().is_some();
+        Some((r.id.clone(), marked, held_by(r)?))
+    }) {
         let why = match plugin.read_claim(&c.namespace, &c.name).await {
             Ok(None) => "the claim no longer exists".to_string(),
             Ok(Some(claim)) => match node_allocation(&claim, &c, plugin.node(), &geometry) {
                 Ok(a) => {
+                    if marked {
+                        // Allocated here again while the kubelet kept it prepared (no new
+                        // prepare comes): a live booking again, not reaped with its containers.
+                        let registry = plugin.registry().clone();
+                        let uid = c.uid.clone();
+                        tokio::task::spawn_blocking(move || registry.claim_back(&uid, &seen))
+                            .await
+                            .map_err(|e| CleanupError::Registry(e.to_string()))?
+                            .map_err(|e| BookingError::Registry {
+                                claim: c.to_string(),
+                                source: Box::new(e),
+                            })?;
+                    }
                     // What the claim holds, for the publisher (the only source after a restart).
                     plugin.set_held(&c.uid, Some(a.held));
                     continue;

@@ -208,7 +208,18 @@ pub fn offer(
                         .memory_total
                         .saturating_sub(load.memory)
                         .saturating_sub(taken.saturating_mul(size));
-                    let free = (free_memory / size).min(u64::from(n).saturating_sub(taken));
+                    // A slot promises its share of compute too: the node paths' cores take
+                    // whole slots as their memory does.
+                    // (Slots of more than 100 a GPU promise none.)
+                    let per = u64::from(slot_cores(n));
+                    let by_cores = 100u64
+                        .saturating_sub(u64::from(load.cores))
+                        .saturating_sub(taken.saturating_mul(per))
+                        .checked_div(per)
+                        .unwrap_or(u64::MAX);
+                    let free = (free_memory / size)
+                        .min(by_cores)
+                        .min(u64::from(n).saturating_sub(taken));
                     let mut published = mine.clone();
                     published.extend(
                         (0..n)
@@ -505,5 +516,46 @@ mod tests {
             "the capacity claim is the scheduler's; the unknown one is taken"
         );
         assert!(o.iter().all(|g| g.slots.is_none()));
+    }
+
+    /// A slot promises 100 / N percent of compute: the cores the node paths hold take whole
+    /// slots as their memory does, so no set of published slots asks more than is free.
+    #[test]
+    fn slots_withdraw_the_cores_node_paths_hold() {
+        let inv = Inventory {
+            gpus: vec![gpu(0, 16 * 1024 * MIB), gpu(1, 16 * 1024 * MIB)],
+        };
+        let held: BTreeMap<String, Held> = [("slot-claim".to_string(), Held::Slots(vec![(1, 3)]))]
+            .into_iter()
+            .collect();
+        let reservations = vec![
+            // GPU 0: 1 GiB at 80 % of compute: 20 % left, no 25 % slot fits.
+            reservation(Owner::container(), false, &inv.gpus[0].uuid, 1 << 30, 80),
+            // GPU 1: 1 GiB at 30 %: with the claim's slot (its 25 %), one more slot fits.
+            reservation(Owner::container(), false, &inv.gpus[1].uuid, 1 << 30, 30),
+            reservation(
+                claim_owner("slot-claim"),
+                false,
+                &inv.gpus[1].uuid,
+                4 << 30,
+                25,
+            ),
+        ];
+        let o = offer(&inv, &reservations, Publication::Slots(4), &held);
+        let published: Vec<(u32, Vec<u32>)> = o
+            .iter()
+            .map(|g| (g.index, g.slots.as_ref().unwrap().published.clone()))
+            .collect();
+        // GPU 1 promises 2 × 25 % beside the node paths' 30 %.
+        assert_eq!(published, [(1, vec![0, 3])]);
+        // Slots of more than 100 a GPU promise no compute: cores withdraw none of them.
+        let o = offer(
+            &inv,
+            &reservations[..1],
+            Publication::Slots(128),
+            &BTreeMap::new(),
+        );
+        assert_eq!(o[0].slots.as_ref().unwrap().cores, 0);
+        assert_eq!(o[0].slots.as_ref().unwrap().published.len(), 120);
     }
 }

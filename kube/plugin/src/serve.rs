@@ -368,6 +368,8 @@ async fn publish_loop(
     let mut unreadable_since: Option<i64> = None;
     let mut last_health = NodeHealth::Read(Vec::new());
     let mut last_listed: Vec<Unhealthy> = Vec::new();
+    // GPUs newly listed unhealthy whose pods have not been told yet.
+    let mut untold: Vec<Unhealthy> = Vec::new();
     loop {
         let health = node_health(
             options.health_file.as_deref(),
@@ -392,7 +394,6 @@ async fn publish_loop(
                 }
             }
         }
-        let mut newly: Vec<Unhealthy> = Vec::new();
         if health != last_health {
             for line in health_log(
                 &last_health,
@@ -405,11 +406,11 @@ async fn publish_loop(
             }
             // Only a GPU the record lists is known unhealthy: the pods on it hear of it once.
             if let NodeHealth::Read(list) = &health {
-                newly = list
-                    .iter()
-                    .filter(|u| !last_listed.contains(u))
-                    .cloned()
-                    .collect();
+                for u in list.iter().filter(|u| !last_listed.contains(u)) {
+                    if !untold.contains(u) {
+                        untold.push(u.clone());
+                    }
+                }
                 last_listed = list.clone();
             }
             last_health = health.clone();
@@ -418,7 +419,8 @@ async fn publish_loop(
         let snapshot = tokio::task::spawn_blocking(move || r.snapshot()).await;
         match snapshot {
             Ok(Ok(file)) => {
-                for u in newly {
+                // Told once the registry says who is on the GPU; a failed read keeps them.
+                for u in std::mem::take(&mut untold) {
                     // The pods already on it hear of it; nothing waits for the answer.
                     let client = publisher.client().clone();
                     let node = options.node_name.clone();

@@ -135,6 +135,61 @@ fn a_deleted_claim_stays_booked_while_its_container_runs_and_is_released_after()
     assert_eq!(n.reservations()[0].gpus[0].memory, 9 << 30);
 }
 
+/// A claim deallocated under a running container (its pod force-deleted) and allocated to
+/// this node again with the same devices, the kubelet keeping it prepared: the cleanup finds
+/// it allocated here and the booking is live again, so the old container's exit (before the
+/// new pod's starts) does not reap it.
+#[test]
+fn a_kept_claim_allocated_here_again_is_not_reaped_when_its_old_container_exits() {
+    let api = FakeApi::start();
+    let n = node(&api, &[10]);
+    let allocated = claim(
+        "ns",
+        "held",
+        "uid-held",
+        &[("gpu", "node-a", "gpu-0", "6Gi", "0")],
+    );
+    api.put_claim(&allocated);
+    let p = n.start();
+    let k = Kubelet::connect(&p);
+    assert_eq!(
+        k.prepare(&[("ns", "held", "uid-held")]).claims["uid-held"].error,
+        ""
+    );
+    let id = n.reservations()[0].id.clone();
+    n.system.spawn(4242, 77);
+    n.registry.join_claim(&id, 4242).unwrap();
+
+    let mut unallocated = allocated.clone();
+    unallocated["status"] = serde_json::json!({});
+    api.put_claim(&unallocated);
+    wait_for("the booking to be kept", || {
+        n.reservations()
+            .first()
+            .is_some_and(|r| r.owner.claim_gone().is_some())
+    });
+    api.put_claim(&allocated);
+    wait_for("the mark to go", || {
+        n.reservations()
+            .first()
+            .is_some_and(|r| r.owner.claim_gone().is_none())
+    });
+    wait_for("the whole GPU published again", || {
+        published(&api, "gpu-0").as_deref() == Some("10Gi")
+    });
+    // The old container exits: passes go on, the booking and its spec stay.
+    n.system.kill(4242);
+    let reads = reads_of_held(&api);
+    wait_for("two more cleanup passes", || {
+        reads_of_held(&api) >= reads + 2
+    });
+    n.registry.gc().unwrap();
+    let left = n.reservations();
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert_eq!(left[0].id, id);
+    assert!(n.writer.file("uid-held").exists());
+}
+
 #[test]
 fn a_kept_claim_whose_container_left_children_in_its_cgroup_stays_until_they_exit() {
     let api = FakeApi::start();

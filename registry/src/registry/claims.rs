@@ -151,8 +151,12 @@ impl Registry {
                         })
                     });
                 if same {
+                    // Allocated here again: a mark from when it had left the API server
+                    // would have the booking reaped under its new pod.
+                    let held = held.clone();
+                    let held = unmark_gone(&self.paths, txn, held)?;
                     return Ok(ClaimReservation {
-                        reservation: held.clone(),
+                        reservation: held,
                         created: false,
                     });
                 }
@@ -416,6 +420,28 @@ impl Registry {
         Ok(out)
     }
 
+    /// The claim with UID `uid` is allocated to this node again (the API server says so):
+    /// reservation `seen`, if still its booking, loses the mark [`Registry::claim_left`] gave
+    /// it, so it is not reaped when its containers exit between the new pod's. Whether a mark
+    /// was cleared.
+    pub fn claim_back(&self, uid: &str, seen: &str) -> Result<bool, RegistryError> {
+        let (out, _) = self.transact(false, |txn| {
+            let Some(r) = txn
+                .file
+                .reservations
+                .iter()
+                .find(|r| r.id == seen && claim_uid(r) == Some(uid))
+            else {
+                return Ok(false);
+            };
+            let marked = r.owner.claim_gone().is_some();
+            let r = r.clone();
+            unmark_gone(&self.paths, txn, r)?;
+            Ok(marked)
+        })?;
+        Ok(out)
+    }
+
     /// Releases the reservation of the claim with UID `uid`. Idempotent: an unknown claim
     /// releases nothing.
     pub fn release_claim(&self, uid: &str) -> Result<Released, RegistryError> {
@@ -427,6 +453,27 @@ impl Registry {
             corrupt: None,
         })
     }
+}
+
+/// `r` (a claim's booking in `txn`) without its [`ClaimGone`] mark, stored and its record
+/// written again when it had one.
+fn unmark_gone(
+    paths: &store::Paths,
+    txn: &mut Txn,
+    mut r: Reservation,
+) -> Result<Reservation, RegistryError> {
+    let Owner::DraClaim { gone, .. } = &mut r.owner else {
+        return Ok(r);
+    };
+    if gone.take().is_none() {
+        return Ok(r);
+    }
+    store::write_record(paths, &r)?;
+    if let Some(stored) = txn.file.reservations.iter_mut().find(|s| s.id == r.id) {
+        *stored = r.clone();
+    }
+    txn.dirty = true;
+    Ok(r)
 }
 
 #[cfg(test)]
@@ -811,6 +858,61 @@ mod tests {
         assert!(!r.slice_dir(&id).unwrap().exists());
         r.reserve_claim(&claim("v"), &[share("GPU-0", 12, 0)])
             .unwrap();
+    }
+
+    /// A claim that left and was allocated here again (prepared anew, or seen allocated by
+    /// the cleanup when the kubelet kept it prepared) is a live booking again: its mark goes,
+    /// in the registry and in its record, so its containers exiting between pods do not reap it.
+    #[test]
+    fn a_claim_allocated_here_again_loses_its_gone_mark() {
+        let dir = tempfile::tempdir().unwrap();
+        let sys = Arc::new(FakeSystem::new(1_000));
+        let r = registry_on(dir.path(), sys.clone());
+        let left = |uid: &str, id: &str| {
+            let ClaimLeft::Kept { reservation, .. } = r.claim_left(uid, id, "gone").unwrap() else {
+                panic!("a claim whose container runs was released");
+            };
+            assert!(reservation.owner.claim_gone().is_some());
+        };
+        let shares = [share("GPU-0", 6, 0)];
+        let id = r
+            .reserve_claim(&claim("u"), &shares)
+            .unwrap()
+            .reservation
+            .id;
+        sys.spawn(100, 7);
+        r.join_claim(&id, 100).unwrap();
+        left("u", &id);
+        // Prepared again with the same devices: the same booking, unmarked.
+        let again = r.reserve_claim(&claim("u"), &shares).unwrap();
+        assert!(!again.created);
+        assert_eq!(again.reservation.id, id);
+        assert_eq!(again.reservation.owner.claim_gone(), None);
+        let stored = |id: &str| {
+            let file = crate::read_registry(dir.path()).unwrap();
+            let record =
+                std::fs::read_to_string(r.slice_dir(id).unwrap().join(crate::RECORD_FILE)).unwrap();
+            (file.reservations[0].owner.claim_gone().is_some(), record)
+        };
+        let (marked, record) = stored(&id);
+        assert!(!marked && !record.contains("\"gone\""), "{record}");
+        // Its container exits between the new pod's: kept.
+        sys.kill(100);
+        assert!(r.gc().unwrap().reaped.is_empty());
+        assert_eq!(r.snapshot().unwrap().reservations.len(), 1);
+
+        // Marked again; the cleanup then finds it allocated here: unmarked, once.
+        sys.spawn(101, 7);
+        r.join_claim(&id, 101).unwrap();
+        left("u", &id);
+        assert!(!r.claim_back("u", "other-id").unwrap());
+        assert!(r.claim_back("u", &id).unwrap());
+        assert!(!r.claim_back("u", &id).unwrap());
+        let (marked, record) = stored(&id);
+        assert!(!marked && !record.contains("\"gone\""), "{record}");
+        sys.kill(101);
+        assert!(r.gc().unwrap().reaped.is_empty());
+        assert_eq!(r.snapshot().unwrap().reservations.len(), 1);
     }
 
     /// Capacity held by an owner that exited since processes were last checked is probed
