@@ -282,7 +282,9 @@ fn ours_ask(
                     format!("more than 0 bytes: {ACCEPTED_QUANTITY}"),
                 ));
             }
-            Some(resolve(&f, v, q, inventory)?)
+            let bytes = resolve(&f, v, q, inventory)?;
+            fits_a_gpu(&f, v, bytes, inventory, format_kube_quantity)?;
+            Some(bytes)
         }
         None => None,
     };
@@ -302,7 +304,7 @@ fn ours_ask(
         cores,
         selectors: Vec::new(),
     };
-    check_fits(path, &shape, inventory, GPUS, MEMORY)?;
+    check_fits(path, &shape, inventory, GPUS)?;
     Ok(Ask {
         shape: Some(shape),
         remove: removed(limits, requests, OURS),
@@ -372,7 +374,9 @@ fn hami_ask(
                 999_999,
                 "a whole number of MiB per GPU (`12000`; 0 for the whole GPU)",
             )?;
-            (mib > 0).then_some(u64::from(mib) << 20)
+            let bytes = u64::from(mib) << 20;
+            fits_a_gpu(&f, v, bytes, inventory, |b| format!("{} (MiB)", b >> 20))?;
+            (mib > 0).then_some(bytes)
         }
         (None, Some((f, v))) => {
             let p = whole(
@@ -404,7 +408,7 @@ fn hami_ask(
         cores,
         selectors: selectors.to_vec(),
     };
-    check_fits(path, &shape, inventory, HAMI_GPU, HAMI_MEM)?;
+    check_fits(path, &shape, inventory, HAMI_GPU)?;
     Ok(Ask {
         shape: Some(shape),
         remove,
@@ -459,14 +463,36 @@ fn resolve(
     }
 }
 
-/// Refuses what no node of the cluster can hold: more GPUs than any node has, more memory
-/// per GPU than any GPU has (checked only against GPUs published).
+/// Refuses memory per GPU (`bytes`, field `f` written `v`) that no GPU of the cluster has
+/// (checked only against GPUs published); the bound is said as `unit` writes it, in the
+/// field's own unit.
+fn fits_a_gpu(
+    f: &str,
+    v: &str,
+    bytes: u64,
+    inventory: &PublishedGpus,
+    unit: fn(u64) -> String,
+) -> Result<(), AskError> {
+    match inventory.gpu_memory.iter().max() {
+        Some(largest) if bytes > *largest => Err(bad(
+            f,
+            v,
+            format!(
+                "at most {} per GPU: no GPU of the cluster has more",
+                unit(*largest)
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Refuses what no node of the cluster can hold: more GPUs than any node has (checked only
+/// against GPUs published).
 fn check_fits(
     path: &str,
     shape: &Shape,
     inventory: &PublishedGpus,
     gpus_key: &str,
-    mem_key: &str,
 ) -> Result<(), AskError> {
     if let Some(max) = inventory.max_gpus_per_node {
         if shape.gpus > max {
@@ -474,18 +500,6 @@ fn check_fits(
                 &format!("{path}.resources.limits[{gpus_key}]"),
                 &shape.gpus.to_string(),
                 format!("at most {max} GPUs: no node of the cluster has more"),
-            ));
-        }
-    }
-    if let (Some(m), Some(largest)) = (shape.memory, inventory.gpu_memory.iter().max()) {
-        if m > *largest {
-            return Err(bad(
-                &format!("{path}.resources.limits[{mem_key}]"),
-                &format_kube_quantity(m),
-                format!(
-                    "at most {} per GPU: no GPU of the cluster has more",
-                    format_kube_quantity(*largest)
-                ),
             ));
         }
     }
@@ -625,7 +639,15 @@ mod tests {
             ),
             (vec![(MEMORY, "16Ei")], "(too large, more than 2^64-1 bytes)"),
             (vec![(MEMORY, "0.5")], "(not a whole number of bytes)"),
-            (vec![(MEMORY, "200Gi")], "at most 141Gi per GPU"),
+            (
+                vec![(MEMORY, "200Gi")],
+                "limits[gpuslice.io/memory]: value \"200Gi\" is not accepted; expected at most 141Gi per GPU",
+            ),
+            // As written, and the bound in the field's own unit.
+            (
+                vec![(HAMI_MEM, "200000")],
+                "limits[nvidia.com/gpumem]: value \"200000\" is not accepted; expected at most 144384 (MiB) per GPU",
+            ),
             (vec![(CORES, "101")], "(101 is out of range); expected a compute share in percent from 1 to 100"),
             (vec![("gpuslice.io/gpu-type", "1")], "not a gpuslice limit"),
             (

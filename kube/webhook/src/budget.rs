@@ -890,19 +890,38 @@ impl Recount {
     pub async fn run(self) {
         let this = Arc::new(self);
         tokio::spawn(crate::deletions::follow(Arc::clone(&this)));
-        let mut leading = false;
+        // When this replica last took or renewed the lease.
+        let mut held_at: Option<Instant> = None;
+        let mut last_error = String::new();
         loop {
             let asked = Instant::now();
             let lead = match &this.lease {
                 None => true,
-                Some((ns, name)) => this.hold_lease(ns, name).await,
+                Some((ns, name)) => match this.hold_lease(ns, name).await {
+                    Ok(held) => {
+                        last_error.clear();
+                        held
+                    }
+                    Err(e) => {
+                        // Said once, not every interval: no replica frees while it lasts.
+                        let e = format!("cannot take or renew the budget lease {ns}/{name}: {e}; budgets are not recounted while it lasts");
+                        if e != last_error {
+                            eprintln!("gpuslice webhook: {e}");
+                            last_error = e;
+                        }
+                        false
+                    }
+                },
             };
             {
                 let _one = this.one.lock().await;
                 if let Ok(mut r) = this.renewed.lock() {
                     *r = lead.then_some(asked);
                 }
-                if !lead || !leading {
+                // Held without a break only if renewed before it could expire.
+                let continued =
+                    held_at.is_some_and(|t| asked.duration_since(t) < this.lease_lasts());
+                if !lead || !continued {
                     // A new leader starts from a first look: what another replica freed
                     // meanwhile is not in its lines.
                     if let Ok(mut l) = this.lines.lock() {
@@ -910,7 +929,7 @@ impl Recount {
                     }
                 }
             }
-            leading = lead;
+            held_at = lead.then_some(asked);
             if lead {
                 if let Err(e) = this.once().await {
                     eprintln!("gpuslice webhook: budget recount: {e}");
@@ -932,19 +951,31 @@ impl Recount {
                 .is_some_and(|at| at.elapsed() < self.every.saturating_mul(2))
     }
 
-    /// Takes or renews the lease `ns/name`; whether this replica holds it.
-    async fn hold_lease(&self, ns: &str, name: &str) -> bool {
+    /// How long the lease lasts unrenewed: three intervals, at least 3 s.
+    fn lease_lasts(&self) -> Duration {
+        Duration::from_secs(self.every.as_secs().saturating_mul(3).max(3))
+    }
+
+    /// Takes or renews the lease `ns/name`; whether this replica holds it (`false` too when
+    /// another replica took it first), or why the API server could not say.
+    async fn hold_lease(&self, ns: &str, name: &str) -> Result<bool, kube::Error> {
         let api: Api<Lease> = Api::namespaced(self.ledger.cluster.client(), ns);
         let now = Timestamp::now();
-        let duration = i32::try_from(self.every.as_secs().saturating_mul(3).max(3)).unwrap_or(45);
+        let duration = i32::try_from(self.lease_lasts().as_secs()).unwrap_or(i32::MAX);
         let spec = LeaseSpec {
             holder_identity: Some(self.identity.clone()),
             lease_duration_seconds: Some(duration),
             renew_time: Some(MicroTime(now)),
             ..LeaseSpec::default()
         };
-        match api.get_opt(name).await {
-            Ok(None) => {
+        // Another replica's write between the read and ours: it holds the lease.
+        let lost = |r: Result<Lease, kube::Error>| match r {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+            Err(e) => Err(e),
+        };
+        match api.get_opt(name).await? {
+            None => {
                 let l = Lease {
                     metadata: ObjectMeta {
                         name: Some(name.to_string()),
@@ -953,21 +984,21 @@ impl Recount {
                     },
                     spec: Some(spec),
                 };
-                api.create(&PostParams::default(), &l).await.is_ok()
+                lost(api.create(&PostParams::default(), &l).await)
             }
-            Ok(Some(mut l)) => {
+            Some(mut l) => {
                 let held = l.spec.as_ref();
                 let mine = held.and_then(|s| s.holder_identity.as_deref()) == Some(&self.identity);
-                let expired = held
-                    .and_then(|s| Some((s.renew_time.as_ref()?.0, s.lease_duration_seconds?)))
-                    .is_none_or(|(t, d)| t + SignedDuration::from_secs(i64::from(d)) < now);
+                let expired = lease_expired(
+                    held.and_then(|s| Some((s.renew_time.as_ref()?.0, s.lease_duration_seconds?))),
+                    now,
+                );
                 if !mine && !expired {
-                    return false;
+                    return Ok(false);
                 }
                 l.spec = Some(spec);
-                api.replace(name, &PostParams::default(), &l).await.is_ok()
+                lost(api.replace(name, &PostParams::default(), &l).await)
             }
-            Err(_) => false,
         }
     }
 
@@ -1102,7 +1133,11 @@ impl Recount {
                 }
             }
             let name = q.metadata.name.clone().unwrap_or_default();
-            let wrote = if write_used(&mut q, &next) {
+            // A recount that outlived this replica's turn on the lease writes nothing: another
+            // replica may be booking on the value it last wrote.
+            let wrote = if !self.leads() {
+                false
+            } else if write_used(&mut q, &next) {
                 api.replace_status(&name, &PostParams::default(), &q)
                     .await
                     .is_ok()
@@ -1124,6 +1159,17 @@ impl Recount {
         }
         Ok(())
     }
+}
+
+/// Whether a lease renewed at `renewed` for its term (seconds) has expired by `now`: one
+/// never renewed has; one renewed more than a term ahead of this clock (year 9999, say) holds
+/// nothing either, so that no written time can keep every replica from the lease.
+fn lease_expired(renewed: Option<(Timestamp, i32)>, now: Timestamp) -> bool {
+    renewed.is_none_or(|(t, term)| {
+        let term = SignedDuration::from_secs(i64::from(term));
+        let ahead = now.checked_add(term).is_ok_and(|limit| t > limit);
+        ahead || t.checked_add(term).is_ok_and(|end| end < now)
+    })
 }
 
 /// The objects of kind `K` in namespace `ns`, each read through its view (crate::view): one
@@ -1150,6 +1196,22 @@ where
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_lease_expires_after_its_term_and_holds_nothing_from_the_far_future() {
+        let now: Timestamp = "2026-12-07T12:00:00Z".parse().unwrap();
+        let at = |s: &str| s.parse::<Timestamp>().unwrap();
+        assert!(lease_expired(None, now));
+        assert!(!lease_expired(Some((at("2026-12-07T11:59:20Z"), 45)), now));
+        assert!(lease_expired(Some((at("2026-12-07T11:59:00Z"), 45)), now));
+        // Renewed by a replica whose clock runs a little ahead: held.
+        assert!(!lease_expired(Some((at("2026-12-07T12:00:10Z"), 45)), now));
+        // Far ahead, or where adding the term overflows: no hold, and no panic.
+        assert!(lease_expired(Some((at("2027-01-01T00:00:00Z"), 45)), now));
+        assert!(lease_expired(Some((Timestamp::MAX, 1)), now));
+        assert!(lease_expired(Some((Timestamp::MAX, i32::MAX)), now));
+        assert!(lease_expired(Some((at("2026-12-07T11:59:59Z"), -5)), now));
+    }
 
     /// The window of these tests.
     const W: Duration = DEFAULT_RECOUNT;

@@ -212,9 +212,13 @@ struct SpecView<'a> {
 }
 
 #[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
 struct ContainerView<'a> {
     #[serde(default, borrow)]
     resources: Option<&'a RawValue>,
+    /// `Always` makes an init container a sidecar, which runs beside the app containers.
+    #[serde(default, borrow)]
+    restart_policy: Option<Text<'a>>,
 }
 
 #[derive(Deserialize)]
@@ -299,13 +303,14 @@ impl Kept {
     }
 }
 
-/// A container as the webhook reads it: its `resources` if they name a GPU resource, else
-/// nothing (`Null`: no limits to turn into a claim).
+/// A container as the webhook reads it: its `resources` if they name a GPU resource (and
+/// whether it restarts `Always`, what makes an init container a sidecar), else nothing
+/// (`Null`: no limits to turn into a claim).
 fn container(raw: &RawValue, kept: &mut Kept) -> Result<Value, PodError> {
-    let Some(res) = serde_json::from_str::<ContainerView>(raw.get())
-        .ok()
-        .and_then(|c| c.resources)
-    else {
+    let Some(view) = serde_json::from_str::<ContainerView>(raw.get()).ok() else {
+        return Ok(Value::Null);
+    };
+    let Some(res) = view.resources else {
         return Ok(Value::Null);
     };
     let names_gpu = serde_json::from_str::<ResourcesView>(res.get())
@@ -319,7 +324,11 @@ fn container(raw: &RawValue, kept: &mut Kept) -> Result<Value, PodError> {
     if !names_gpu {
         return Ok(Value::Null);
     }
-    Ok(json!({ "resources": kept.value(res, 0)? }))
+    let mut c = json!({ "resources": kept.value(res, 0)? });
+    if view.restart_policy.is_some_and(|p| p.0 == "Always") {
+        c["restartPolicy"] = json!("Always");
+    }
+    Ok(c)
 }
 
 /// The pod as the webhook reads it: `metadata.labels` (the job labels of
@@ -440,9 +449,123 @@ fn pod(raw: &RawValue) -> Result<Value, PodError> {
     Ok(Value::Object(out))
 }
 
-/// A claim as the webhook reads it (see [`crate::view`]).
+/// The lists of a claim's spec the API server bounds (`resource.k8s.io/v1` validation), so
+/// that a review's claim is refused before it is built when one holds more: built, a
+/// 3 MiB claim of tiny entries takes tens of megabytes, and a charge compares every
+/// constraint's names with every request.
+mod claim_lengths {
+    use std::fmt;
+    use std::marker::PhantomData;
+
+    use serde::de::{self, Deserializer, IgnoredAny, SeqAccess, Visitor};
+    use serde::Deserialize;
+
+    /// One bounded list: where it is and the API server's limit.
+    pub trait Limit {
+        const FIELD: &'static str;
+        const MAX: usize;
+    }
+
+    /// A list read element by element, refused at its limit's next element.
+    pub struct Bounded<T, L>(PhantomData<(T, L)>);
+
+    impl<'de, T: Deserialize<'de>, L: Limit> Deserialize<'de> for Bounded<T, L> {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct V<T, L>(PhantomData<(T, L)>);
+            impl<'de, T: Deserialize<'de>, L: Limit> Visitor<'de> for V<T, L> {
+                type Value = Bounded<T, L>;
+                fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                    write!(f, "{} as a list", L::FIELD)
+                }
+                fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                    let mut n = 0usize;
+                    while seq.next_element::<T>()?.is_some() {
+                        n += 1;
+                        if n > L::MAX {
+                            return Err(de::Error::custom(format_args!(
+                                "{} has more than {max} entries; accepted: at most {max} (the API server's limit)",
+                                L::FIELD,
+                                max = L::MAX
+                            )));
+                        }
+                    }
+                    Ok(Bounded(PhantomData))
+                }
+            }
+            d.deserialize_seq(V(PhantomData))
+        }
+    }
+
+    macro_rules! limits {
+        ($($name:ident = $field:literal, $max:expr;)*) => {$(
+            pub enum $name {}
+            impl Limit for $name {
+                const FIELD: &'static str = $field;
+                const MAX: usize = $max;
+            }
+        )*};
+    }
+    limits! {
+        Requests = "spec.devices.requests", 32;
+        SubRequests = "spec.devices.requests[].firstAvailable", 8;
+        Selectors = "spec.devices.requests[].selectors", 32;
+        Constraints = "spec.devices.constraints", 32;
+        ConstraintRequests = "spec.devices.constraints[].requests", 32;
+        Configs = "spec.devices.config", 32;
+        ConfigRequests = "spec.devices.config[].requests", 32;
+    }
+
+    #[derive(Deserialize)]
+    pub struct Claim {
+        #[serde(default, rename = "spec")]
+        _spec: Option<Spec>,
+    }
+    #[derive(Deserialize)]
+    struct Spec {
+        #[serde(default, rename = "devices")]
+        _devices: Option<Devices>,
+    }
+    #[derive(Deserialize)]
+    struct Devices {
+        #[serde(default, rename = "requests")]
+        _requests: Option<Bounded<Request, Requests>>,
+        #[serde(default, rename = "constraints")]
+        _constraints: Option<Bounded<Named<ConstraintRequests>, Constraints>>,
+        #[serde(default, rename = "config")]
+        _config: Option<Bounded<Named<ConfigRequests>, Configs>>,
+    }
+    #[derive(Deserialize)]
+    struct Request {
+        #[serde(default, rename = "exactly")]
+        _exactly: Option<Selected>,
+        #[serde(default, rename = "firstAvailable")]
+        _first_available: Option<Bounded<Selected, SubRequests>>,
+    }
+    #[derive(Deserialize)]
+    struct Selected {
+        #[serde(default, rename = "selectors")]
+        _selectors: Option<Bounded<IgnoredAny, Selectors>>,
+    }
+    /// A constraint or a configuration: the requests it names.
+    #[derive(Deserialize)]
+    #[serde(bound = "")]
+    struct Named<L: Limit> {
+        #[serde(default, rename = "requests")]
+        _requests: Option<Bounded<IgnoredAny, L>>,
+    }
+}
+
+/// A claim as the webhook reads it (see [`crate::view`]), refused unbuilt when a list of its
+/// spec is longer than the API server allows.
 fn claim(raw: &RawValue) -> Result<Value, PodError> {
     use crate::view::{ViewError, Viewed};
+    serde_json::from_str::<claim_lengths::Claim>(raw.get()).map_err(|e| {
+        PodError::Claim(ViewError {
+            kind: "ResourceClaim",
+            object: crate::view::named(raw.get()),
+            detail: e.to_string(),
+        })
+    })?;
     let c = k8s_openapi::api::resource::v1::ResourceClaim::read(raw.get())?;
     serde_json::to_value(&c).map_err(|e| {
         PodError::Claim(ViewError {
@@ -554,7 +677,9 @@ mod tests {
                 },
                 "resourceClaims": [{"name": "mine", "resourceClaimName": "c"}],
                 "initContainers": [{"name": "i", "image": "x",
-                    "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}}},
+                    {"name": "sidecar", "image": "x", "restartPolicy": "Always",
+                    "resources": {"limits": {"gpuslice.io/memory": "10Gi"}}}],
                 "containers": [
                     {"name": "side", "image": "x", "env": [{"name": "A", "value": "1"}],
                      "resources": {"limits": {"cpu": "1"}}},
@@ -576,16 +701,32 @@ mod tests {
         assert_eq!(r.operation, "CREATE");
         let kept = r.object.unwrap();
         assert_eq!(mentions_hami(&kept), mentions_hami(&full));
-        let inv = PublishedGpus::default();
-        for hami in [false, true] {
-            let a = plan(&full, "ns", hami, &inv).map(|p| (p.patch, p.warnings));
-            let b = plan(&kept, "ns", hami, &inv).map(|p| (p.patch, p.warnings));
-            assert_eq!(
-                format!("{a:?}"),
-                format!("{b:?}"),
-                "hami {hami}: kept {kept}"
-            );
+        let slots = PublishedGpus {
+            mode: gpuslice_dra::claim_shape::Mode::Slots(vec![
+                gpuslice_dra::claim_shape::SlotSize {
+                    memory: 8 << 30,
+                    cores: None,
+                    per_gpu: 10,
+                },
+            ]),
+            max_gpus_per_node: Some(8),
+            gpu_memory: vec![80 << 30],
+        };
+        for inv in [PublishedGpus::default(), slots] {
+            for hami in [false, true] {
+                let a = plan(&full, "ns", hami, &inv).map(|p| (p.patch, p.warnings));
+                let b = plan(&kept, "ns", hami, &inv).map(|p| (p.patch, p.warnings));
+                assert_eq!(
+                    format!("{a:?}"),
+                    format!("{b:?}"),
+                    "hami {hami}, {:?}: kept {kept}",
+                    inv.mode
+                );
+            }
         }
+        let inv = PublishedGpus::default();
+        // The sidecar keeps its own claim beside the app's.
+        assert_eq!(kept["spec"]["initContainers"][1]["restartPolicy"], "Always");
         // The job's term appended to the pod's own.
         let patch = plan(&kept, "ns", false, &inv).unwrap().patch;
         assert!(
@@ -689,6 +830,77 @@ mod tests {
                 .unwrap();
         assert_eq!(charged.gpus, 8);
         assert_eq!(charged.memory_bytes, 8 * (80 << 30));
+    }
+
+    /// A claim's lists are refused past the API server's limits before anything is built:
+    /// a hostile review of tiny entries can neither fill the webhook's memory nor keep it
+    /// comparing every constraint's names with every request.
+    #[test]
+    fn a_claim_with_more_entries_than_the_api_server_allows_is_refused_unbuilt() {
+        let request = |i: usize| {
+            json!({"name": format!("r{i}"), "exactly": {"deviceClassName": "gpuslice.io",
+                "selectors": [{"cel": {"expression": "true"}}]}})
+        };
+        let claim = |devices: Value| {
+            json!({"metadata": {"name": "many", "namespace": "team"}, "spec": {"devices": devices}})
+                .to_string()
+        };
+        let names = |n: usize| (0..n).map(|i| format!("r{i}")).collect::<Vec<_>>();
+        // At the limits: read.
+        let at = json!({
+            "requests": (0..32).map(request).collect::<Vec<_>>(),
+            "constraints": vec![json!({"requests": names(32), "matchAttribute": "gpuslice.io/uuid"}); 32],
+            "config": vec![json!({"requests": names(32), "opaque": {"driver": "x.io", "parameters": {}}}); 32],
+        });
+        assert!(parse(&claim_review(&claim(at.clone())))
+            .unwrap()
+            .object
+            .is_ok());
+        let sub = json!({"name": "s", "deviceClassName": "gpuslice.io",
+            "selectors": vec![json!({"cel": {"expression": "true"}}); 32]});
+        let first = json!({"requests": [{"name": "g", "firstAvailable": vec![sub.clone(); 8]}]});
+        assert!(parse(&claim_review(&claim(first))).unwrap().object.is_ok());
+        // One past any of them: refused, naming the list and what is accepted.
+        let mut past: Vec<(Value, &str, usize)> = Vec::new();
+        let mut v = at.clone();
+        v["requests"].as_array_mut().unwrap().push(request(32));
+        past.push((v, "spec.devices.requests", 32));
+        let mut v = at.clone();
+        v["constraints"][3]["requests"] = json!(names(33));
+        past.push((v, "spec.devices.constraints[].requests", 32));
+        let mut v = at.clone();
+        v["constraints"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"requests": ["r0"]}));
+        past.push((v, "spec.devices.constraints", 32));
+        let mut v = at.clone();
+        v["config"][0]["requests"] = json!(names(33));
+        past.push((v, "spec.devices.config[].requests", 32));
+        let mut v = at.clone();
+        v["requests"][5]["exactly"]["selectors"] =
+            json!(vec![json!({"cel": {"expression": "true"}}); 33]);
+        past.push((v, "spec.devices.requests[].selectors", 32));
+        past.push((
+            json!({"requests": [{"name": "g", "firstAvailable": vec![sub; 9]}]}),
+            "spec.devices.requests[].firstAvailable",
+            8,
+        ));
+        // Far past: a constraint naming 400,000 requests.
+        past.push((
+            json!({"constraints": [{"requests": vec!["x"; 400_000]}]}),
+            "spec.devices.constraints[].requests",
+            32,
+        ));
+        for (devices, field, max) in past {
+            let e = parse(&claim_review(&claim(devices)))
+                .unwrap()
+                .object
+                .unwrap_err()
+                .to_string();
+            let says = format!("ResourceClaim team/many cannot be read: {field} has more than {max} entries; accepted: at most {max} (the API server's limit)");
+            assert!(e.starts_with(&says), "{e}");
+        }
     }
 
     #[test]

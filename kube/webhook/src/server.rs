@@ -126,14 +126,19 @@ pub struct WebhookArgs {
     pub budget_lease: Option<(String, String)>,
 }
 
-/// `NAMESPACE/NAME`, both non-empty.
+/// `NAMESPACE/NAME`, a namespace (a DNS label) and a Lease's name (a DNS subdomain): a name
+/// the API server would refuse would leave every replica without the lease, and no budget
+/// ever freed.
 fn lease_name(s: &str) -> Result<(String, String), String> {
+    use gpuslice_dra::slices::{is_dns_subdomain, MAX_NAME};
     match s.split_once('/') {
-        Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+        Some((ns, name))
+            if is_dns_subdomain(ns, 63) && !ns.contains('.') && is_dns_subdomain(name, MAX_NAME) =>
+        {
             Ok((ns.to_string(), name.to_string()))
         }
         _ => Err(format!(
-            "{s:?} is not accepted; expected NAMESPACE/NAME (`gpuslice/gpuslice-webhook-budgets`)"
+            "{s:?} is not accepted; expected NAMESPACE/NAME, a namespace (lowercase letters, digits and `-`) and a Lease's name (those and `.`), e.g. `gpuslice/gpuslice-webhook-budgets`"
         )),
     }
 }
@@ -675,4 +680,34 @@ async fn admit_pod(r: &review::Request, shared: &Shared) -> Value {
         }
     }
     review::allow(&r.uid, &p.patch, &p.warnings)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_budget_lease_must_be_a_name_the_api_server_takes() {
+        assert_eq!(
+            lease_name("gpuslice/gpuslice-webhook-budgets"),
+            Ok(("gpuslice".into(), "gpuslice-webhook-budgets".into()))
+        );
+        assert!(lease_name("ns/budgets.v1").is_ok());
+        for bad in [
+            "gpuslice/Bad_Name",
+            "Gpuslice/b",
+            "gpu.slice/b",
+            "/b",
+            "ns/",
+            "ns/a/b",
+            "nobudget",
+            "ns/-b",
+        ] {
+            let e = lease_name(bad).unwrap_err();
+            assert!(
+                e.starts_with(&format!("{bad:?} is not accepted; expected NAMESPACE/NAME")),
+                "{e}"
+            );
+        }
+    }
 }
