@@ -308,10 +308,11 @@ impl Enforcer {
                 })
             })
             .collect();
+        let action = self.cfg.memory;
         let track = self
             .memory
             .entry((r.id.clone(), uuid.to_string()))
-            .or_default();
+            .or_insert_with(|| MemoryTrack::new(action));
         let MemoryVerdict::Act {
             procs: ended,
             total,
@@ -321,7 +322,7 @@ impl Enforcer {
         else {
             return;
         };
-        let kill = self.cfg.memory == MemoryAction::Kill;
+        let kill = action == MemoryAction::Kill;
         // (pid, start time) of each process killed: left out of the slice while the driver
         // still lists it (`MemoryTrack::killed`).
         let mut killed: Vec<(u32, u64)> = Vec::new();
@@ -355,8 +356,9 @@ impl Enforcer {
             out.events.push(e);
         }
         if repeat {
-            // Over again within the repeat window: a process keeps coming back past the
-            // shim. Its containers are stopped, so the slice stays under.
+            // Over again within the repeat window of a kill (with `report` there is none): a
+            // process keeps coming back past the shim. Its containers are stopped, so the
+            // slice stays under.
             let first = ended.first().map_or(0, |p| p.pid);
             let mut e = self.event(EventKind::MemoryEscalation, Some(r), uuid, first);
             e.slice_bytes = Some(total);
@@ -1624,6 +1626,52 @@ mod tests {
             "{events:?}"
         );
         assert_eq!(*kills.lock().unwrap(), vec![pid_of(0, 0)]);
+    }
+
+    /// With `memory = "report"`, a slice that stays over its limit is reported once for the
+    /// episode, never escalated (nothing was done that could have failed); back under its
+    /// limit and over again for a grace, it is reported again.
+    #[test]
+    fn report_mode_reports_an_episode_once_and_never_escalates() {
+        let dir = tempfile::tempdir().unwrap();
+        let (roots, file, sys) = node(dir.path(), &[[4, 100], [4, 100], [4, 100]]);
+        let kills = Kills::default();
+        let mut e = Enforcer::new(
+            EnforceConfig {
+                memory: MemoryAction::Report,
+                ..EnforceConfig::default()
+            },
+            roots,
+            Box::new(Recorder(kills.clone())),
+            Throttles::default(),
+        )
+        .with_system(sys);
+        let over = on_gpu0(&[(pid_of(0, 0), 6)]);
+        let under = on_gpu0(&[(pid_of(0, 0), 3)]);
+        let t0 = Instant::now();
+        let tick = Duration::from_millis(500);
+        // (cycle, event kind) of every event.
+        let mut events: Vec<(usize, EventKind)> = Vec::new();
+        let mut readings: Vec<&Vec<DeviceReading>> = vec![&over; 20];
+        readings.push(&under);
+        readings.extend(vec![&over; 10]);
+        for (i, reading) in readings.into_iter().enumerate() {
+            let out = e.cycle(&file, reading, t0 + tick * i as u32);
+            events.extend(out.events.iter().map(|e| (i, e.kind)));
+        }
+        assert!(kills.lock().unwrap().is_empty());
+        assert!(
+            events
+                .iter()
+                .all(|(_, k)| *k != EventKind::MemoryEscalation),
+            "{events:?}"
+        );
+        // Over from cycle 0, reported once its 2 s grace passed (cycle 4) and not again
+        // while it stayed over; under at cycle 20, over from 21: reported again at 25.
+        assert_eq!(
+            events,
+            vec![(4, EventKind::MemoryReport), (25, EventKind::MemoryReport)]
+        );
     }
 
     /// The process killed at one cycle is still listed by the driver at the next ones, with
