@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use gpuslice_cdi::{ContainerEdits, Device, Hook, Spec, SpecFileError};
 use gpuslice_driver::InventoryError;
-use gpuslice_registry::{Gpu, Inventory, Registry, RegistryError};
+use gpuslice_registry::{Gpu, Inventory, RegistryError};
 
 use gpuslice_driver::simnode::{default_driver_dirs, setup_sim_node, RealMknod, SimError};
 use gpuslice_hook::create::driveredits::{discover, DriverEdits, DriverEditsError};
@@ -149,14 +149,25 @@ pub fn generate(
     let driver = discover(config)?;
     let binary = node.hook_binary()?;
     let spec = node_spec(node, &binary, &gpus, &driver)?;
-    let registry = Registry::open_config(config, gpuslice_registry::no_cleanup())?;
-    registry.set_inventory(Inventory { gpus: gpus.clone() })?;
+    record_inventory(node, &gpus)?;
     gpuslice_cdi::write_spec_compact_as(&config.state_dir, NODE_SPEC_CACHE, &spec)?;
     let dir = output
         .map(Path::to_path_buf)
         .unwrap_or_else(|| config.cdi.spec_dir.clone());
     let path = gpuslice_cdi::write_spec(&dir, &spec)?;
     Ok(Generated { spec, path, gpus })
+}
+
+/// Caches `gpus` as the registry's inventory. The transaction also reaps what lost its
+/// owner, so the registry is opened the node's one way (`NodeContext::open_registry`): a
+/// reservation reaped here loses its CDI spec with it (a claim's would otherwise stay for
+/// good; `gc` only looks for slice specs).
+fn record_inventory(node: &NodeContext, gpus: &[Gpu]) -> Result<(), GenerateError> {
+    let registry = node.open_registry()?;
+    registry.set_inventory(Inventory {
+        gpus: gpus.to_vec(),
+    })?;
+    Ok(())
 }
 
 /// `cdi generate` prints what it wrote; `cdi list` the node spec's device names.
@@ -180,5 +191,84 @@ pub fn run(node: &NodeContext, command: CdiCommand) -> Result<(), GenerateError>
         .iter()
         .map(|n| format!("{n}\n"))
         .collect::<String>())?),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuslice_hook::specfiles::{claim_spec_path, CLAIM_KIND};
+
+    /// A node config under `dir` whose registry holds `reservations` (JSON), and its
+    /// context.
+    fn node_with(dir: &Path, reservations: serde_json::Value) -> NodeContext {
+        let state = dir.join("state");
+        std::fs::create_dir_all(&state).unwrap();
+        let cfg = dir.join("config.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "state_dir = \"{}\"\n[cdi]\nspec_dir = \"{}\"\n",
+                state.display(),
+                dir.join("cdi").display()
+            ),
+        )
+        .unwrap();
+        let registry = state.join("registry.json");
+        let file = serde_json::json!({
+            "version": gpuslice_registry::REGISTRY_VERSION,
+            "inventory": {"gpus": []},
+            "reservations": reservations,
+        });
+        std::fs::write(&registry, serde_json::to_vec(&file).unwrap()).unwrap();
+        std::fs::set_permissions(
+            &registry,
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .unwrap();
+        NodeContext::from_loaded(gpuslice_config::load_config(Some(&cfg), None).unwrap())
+    }
+
+    /// A DRA claim kept after its claim left the API server, whose last container is gone,
+    /// is reaped by the transaction `cdi generate` caches the inventory in; the claim's CDI
+    /// spec goes with it (nothing else would ever remove it: `gc` only looks for slice
+    /// specs).
+    #[test]
+    fn a_claim_reaped_while_caching_the_inventory_loses_its_spec() {
+        let dir = tempfile::tempdir().unwrap();
+        let uuid = "GPU-00000000-1111-2222-3333-444444444444";
+        let claim = serde_json::json!({
+            "id": "00000000000000c1", "state": "bound",
+            "owner": {"kind": "dra_claim", "claim_uid": "uid-gone", "namespace": "tenant",
+                "name": "c", "members": [],
+                "gone": {"since_ms": 1, "why": "the claim no longer exists"}},
+            "gpus": [{"index": 0, "uuid": uuid, "memory": 1024, "cores": 0}],
+            "created_ms": 0, "bound_ms": 0,
+        });
+        let node = node_with(dir.path(), serde_json::json!([claim]));
+        let spec_dir = node.config().cdi.spec_dir.clone();
+        let mut spec = Spec::new(CLAIM_KIND);
+        let edits = ContainerEdits {
+            env: vec!["GPUSLICE_CLAIM=uid-gone".into()],
+            ..Default::default()
+        };
+        spec.devices.push(Device::new("uid-gone", edits));
+        let path = gpuslice_cdi::write_transient_spec(&spec_dir, &spec, "uid-gone").unwrap();
+        assert_eq!(Some(&path), claim_spec_path(&spec_dir, "uid-gone").as_ref());
+        let gpus = vec![Gpu {
+            index: 0,
+            uuid: uuid.into(),
+            model: "NVIDIA H200".into(),
+            memory_total: 1 << 30,
+            minor: 0,
+            pci_bus_id: None,
+            numa_node: None,
+            pcie_root: None,
+        }];
+        record_inventory(&node, &gpus).unwrap();
+        let file = gpuslice_registry::read_registry(&node.config().state_dir).unwrap();
+        assert!(file.reservations.is_empty(), "{:?}", file.reservations);
+        assert_eq!(file.inventory.gpus, gpus);
+        assert!(!path.exists(), "the reaped claim's spec {path:?} was left");
     }
 }

@@ -65,6 +65,10 @@ pub struct Enforcer {
     /// cgroup is not one recorded for its slice's containers: one entry per listed process,
     /// however often it moves, and a move is reported again.
     unfrozen_seen: HashMap<(String, u32), String>,
+    /// The freezer files of each (reservation, GPU UUID) under a duty cycle, as the last
+    /// cycle that judged it planned them: what stays frozen, at its controller's run
+    /// fraction, while the driver does not list that GPU's processes.
+    frozen: HashMap<(String, String), Vec<FreezerFile>>,
     throttles: Throttles,
     now_ms: Box<dyn Fn() -> u64 + Send>,
 }
@@ -103,6 +107,7 @@ impl Enforcer {
             compute: HashMap::new(),
             unowned_seen: HashSet::new(),
             unfrozen_seen: HashMap::new(),
+            frozen: HashMap::new(),
             throttles,
             now_ms: Box::new(wall_ms),
         }
@@ -116,8 +121,10 @@ impl Enforcer {
         self
     }
 
-    /// Runs one cycle on `file`'s reservations and the `devices` the meter read (a GPU
-    /// whose processes the driver would not list is left alone).
+    /// Runs one cycle on `file`'s reservations and the `devices` the meter read. A GPU whose
+    /// processes the driver did not list (the listing failed, or the GPU could not be read)
+    /// is left alone: its slices are not judged, and keep what they had — grace clocks,
+    /// repeat windows, kills in flight, controllers and the duty cycle they were under.
     pub fn cycle(
         &mut self,
         file: &RegistryFile,
@@ -189,28 +196,32 @@ impl Enforcer {
             }
             out.unowned.push((uuid.clone(), unowned));
         }
-        let present: HashSet<(String, u32)> = gpus
-            .iter()
-            .flat_map(|&(uuid, procs)| procs.iter().map(move |p| (uuid.clone(), p.pid)))
-            .collect();
-        self.unowned_seen
-            .retain(|(u, pid, _)| present.contains(&(u.clone(), *pid)));
-        self.unfrozen_seen
-            .retain(|(_, pid), _| present.iter().any(|(_, p)| p == pid));
+        let listed = |uuid: &str| gpus.iter().any(|(u, _)| u.as_str() == uuid);
 
         // Decisions per slice and booked GPU (a GPU with no process is judged empty).
         let mut wanted: BTreeMap<FreezerFile, f64> = BTreeMap::new();
         let mut keep: HashSet<(String, String)> = HashSet::new();
+        // The reservations with a booked GPU whose processes were not listed.
+        let mut held: HashSet<&str> = HashSet::new();
         for (n, s) in live.iter().enumerate() {
             if s.r.whole_gpu {
                 continue;
             }
             for b in &s.r.gpus {
-                if !gpus.iter().any(|(uuid, _)| **uuid == b.uuid) {
-                    continue;
-                }
                 let key = (s.r.id.clone(), b.uuid.clone());
                 keep.insert(key.clone());
+                if !listed(&b.uuid) {
+                    // Nothing is known of its processes this cycle, which is no sign that
+                    // the slice came under (a tenant can make the listing fail by opening
+                    // contexts faster than the driver's list is sized): nothing is decided
+                    // or forgotten, and its cgroups stay under the duty cycle they had —
+                    // dropped from the plan, they would thaw and run free.
+                    held.insert(&s.r.id);
+                    self.hold_throttle(&key, &mut out, &mut wanted);
+                    continue;
+                }
+                // Planned again from this reading (`freeze`), or not frozen any more.
+                self.frozen.remove(&key);
                 let procs = groups
                     .get(&(n, b.uuid.clone()))
                     .cloned()
@@ -224,8 +235,39 @@ impl Enforcer {
         }
         self.memory.retain(|k, _| keep.contains(k));
         self.compute.retain(|k, _| keep.contains(k));
+        self.frozen.retain(|k, _| keep.contains(k));
+        // What was reported of processes no longer listed is forgotten, but not for a GPU
+        // (or reservation) whose processes were not listed this cycle.
+        let present: HashSet<(String, u32)> = gpus
+            .iter()
+            .flat_map(|&(uuid, procs)| procs.iter().map(move |p| (uuid.clone(), p.pid)))
+            .collect();
+        self.unowned_seen
+            .retain(|(u, pid, _)| !listed(u) || present.contains(&(u.clone(), *pid)));
+        self.unfrozen_seen.retain(|(r, pid), _| {
+            held.contains(r.as_str()) || present.iter().any(|(_, p)| p == pid)
+        });
         *self.throttles.lock().unwrap_or_else(|p| p.into_inner()) = wanted;
         out
+    }
+
+    /// Keeps `key`'s (reservation, GPU UUID) cgroups in the duty-cycle plan `wanted` as the
+    /// last cycle that judged it planned them, at its controller's run fraction, when they
+    /// were under a duty cycle.
+    fn hold_throttle(
+        &self,
+        key: &(String, String),
+        out: &mut CycleOutcome,
+        wanted: &mut BTreeMap<FreezerFile, f64>,
+    ) {
+        let (Some(files), Some(track)) = (self.frozen.get(key), self.compute.get(key)) else {
+            return;
+        };
+        let run = track.run_fraction();
+        for f in files {
+            wanted.insert(f.clone(), run);
+        }
+        out.throttled.push((key.0.clone(), key.1.clone(), run));
     }
 
     fn event(&self, kind: EventKind, r: Option<&Reservation>, uuid: &str, pid: u32) -> Event {
@@ -266,10 +308,11 @@ impl Enforcer {
                 })
             })
             .collect();
+        let action = self.cfg.memory;
         let track = self
             .memory
             .entry((r.id.clone(), uuid.to_string()))
-            .or_default();
+            .or_insert_with(|| MemoryTrack::new(action));
         let MemoryVerdict::Act {
             procs: ended,
             total,
@@ -279,7 +322,7 @@ impl Enforcer {
         else {
             return;
         };
-        let kill = self.cfg.memory == MemoryAction::Kill;
+        let kill = action == MemoryAction::Kill;
         // (pid, start time) of each process killed: left out of the slice while the driver
         // still lists it (`MemoryTrack::killed`).
         let mut killed: Vec<(u32, u64)> = Vec::new();
@@ -313,8 +356,9 @@ impl Enforcer {
             out.events.push(e);
         }
         if repeat {
-            // Over again within the repeat window: a process keeps coming back past the
-            // shim. Its containers are stopped, so the slice stays under.
+            // Over again within the repeat window of a kill (with `report` there is none): a
+            // process keeps coming back past the shim. Its containers are stopped, so the
+            // slice stays under.
             let first = ended.first().map_or(0, |p| p.pid);
             let mut e = self.event(EventKind::MemoryEscalation, Some(r), uuid, first);
             e.slice_bytes = Some(total);
@@ -403,7 +447,7 @@ impl Enforcer {
         wanted: &mut BTreeMap<FreezerFile, f64>,
     ) {
         let mut newly = false;
-        let mut frozen = false;
+        let mut frozen: Vec<FreezerFile> = Vec::new();
         for p in procs {
             // Only a cgroup recorded for the slice's containers (or one below it) is frozen:
             // a process attributed by its pid namespace alone may run in a cgroup shared with
@@ -442,8 +486,8 @@ impl Enforcer {
                         .unwrap_or_else(|p| p.into_inner())
                         .contains_key(&f);
                     newly |= !before && !wanted.contains_key(&f);
-                    wanted.insert(f, v.run_fraction);
-                    frozen = true;
+                    wanted.insert(f.clone(), v.run_fraction);
+                    frozen.push(f);
                 }
                 Err(err) => out.errors.push(err.to_string()),
             }
@@ -459,9 +503,10 @@ impl Enforcer {
             e.share_limit = Some(share);
             out.events.push(e);
         }
-        if frozen {
+        if !frozen.is_empty() {
             out.throttled
                 .push((r.id.clone(), uuid.to_string(), v.run_fraction));
+            self.frozen.insert((r.id.clone(), uuid.to_string()), frozen);
         }
     }
 }
@@ -1408,15 +1453,11 @@ mod tests {
         assert!(reports[0].line().contains(shared), "{}", reports[0].line());
     }
 
-    /// A slice under a duty cycle stays under it through a reading without a per-process
-    /// figure (the driver's read failed: `sm` is `None` for all), at the run fraction it had,
-    /// and no event is made of it; readings that say it is idle (0 %, what the meter reports
-    /// for a listed process with no recent sample) are judged: they enter its window and the
-    /// controller lets it run again.
-    #[test]
-    fn a_throttled_slice_stays_throttled_through_a_reading_without_figures() {
-        let dir = tempfile::tempdir().unwrap();
-        let (roots, mut file, sys) = node(dir.path(), &[[100, 100]; SLICES]);
+    /// A node whose container `own` (init 910, GPU process 911, cgroup `own` recorded at
+    /// bind) holds a 30-core slice of GPU 0, and an enforcer with `compute = "throttle"`:
+    /// the enforcer, its duty-cycle plan and the container's freezer file.
+    fn throttled_own(dir: &Path) -> (Enforcer, Throttles, FreezerFile, RegistryFile) {
+        let (roots, mut file, sys) = node(dir, &[[100, 100]; SLICES]);
         fake_process(&roots.proc_root, 910, 4026549200, 1, "0::/own\n");
         fake_process(&roots.proc_root, 911, 4026549200, 2, "0::/own\n");
         for pid in [910, 911] {
@@ -1436,35 +1477,53 @@ mod tests {
         });
         file.reservations.push(serde_json::from_value(r).unwrap());
         let throttles = Throttles::default();
-        let mut e = Enforcer::new(
+        let e = Enforcer::new(
             EnforceConfig {
                 compute: ComputeAction::Throttle,
                 ..EnforceConfig::default()
             },
-            roots.clone(),
+            roots,
             Box::new(Recorder(Kills::default())),
             throttles.clone(),
         )
         .with_system(sys);
-        let at = |sm: Option<u32>| {
-            vec![listed(
-                uuid(0),
-                vec![GpuProcess {
-                    pid: 911,
-                    used: Some(1),
-                    sm,
-                }],
-            )]
-        };
+        (
+            e,
+            throttles,
+            FreezerFile::V2(cg.join("cgroup.freeze")),
+            file,
+        )
+    }
+
+    /// GPU 0 listing process 911 (of [`throttled_own`]'s container) at SM figure `sm`.
+    fn own_at(sm: Option<u32>) -> Vec<DeviceReading> {
+        vec![listed(
+            uuid(0),
+            vec![GpuProcess {
+                pid: 911,
+                used: Some(1),
+                sm,
+            }],
+        )]
+    }
+
+    /// A slice under a duty cycle stays under it through a reading without a per-process
+    /// figure (the driver's read failed: `sm` is `None` for all), at the run fraction it had,
+    /// and no event is made of it; readings that say it is idle (0 %, what the meter reports
+    /// for a listed process with no recent sample) are judged: they enter its window and the
+    /// controller lets it run again.
+    #[test]
+    fn a_throttled_slice_stays_throttled_through_a_reading_without_figures() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut e, throttles, freeze, file) = throttled_own(dir.path());
         let t0 = Instant::now();
         let tick = Duration::from_millis(500);
         for i in 0..4u32 {
-            e.cycle(&file, &at(Some(95)), t0 + tick * i);
+            e.cycle(&file, &own_at(Some(95)), t0 + tick * i);
         }
-        let freeze = FreezerFile::V2(cg.join("cgroup.freeze"));
         let run = throttles.lock().unwrap().get(&freeze).copied();
         assert!(run.is_some_and(|r| r < 1.0), "throttled: {run:?}");
-        let out = e.cycle(&file, &at(None), t0 + tick * 4);
+        let out = e.cycle(&file, &own_at(None), t0 + tick * 4);
         assert_eq!(
             throttles.lock().unwrap().get(&freeze).copied(),
             run,
@@ -1473,7 +1532,7 @@ mod tests {
         assert_eq!(out.throttled.len(), 1, "{:?}", out.throttled);
         assert!(out.events.is_empty(), "{:?}", out.events);
         // Idle readings are judged: the slice wants less than its share and runs free.
-        let out = e.cycle(&file, &at(Some(0)), t0 + tick * 5);
+        let out = e.cycle(&file, &own_at(Some(0)), t0 + tick * 5);
         assert!(throttles.lock().unwrap().is_empty(), "{:?}", throttles);
         assert!(out.throttled.is_empty());
         let key = ("00000000000000de".to_string(), uuid(0));
@@ -1481,6 +1540,137 @@ mod tests {
         assert!(
             average.is_some_and(|a| a < 0.95 * 4.0 / 5.0 + 1e-9),
             "the zero entered the window: {average:?}"
+        );
+    }
+
+    /// A slice under a duty cycle stays under it, at the run fraction it had, through a
+    /// cycle whose reading of its GPU has no process list (the driver's listing failed — a
+    /// tenant can make it fail by opening contexts faster than the list is sized): it is
+    /// not thawed, its controller is not reset, and no event is made of it.
+    #[test]
+    fn a_throttled_slice_stays_throttled_through_a_gpu_the_driver_would_not_list() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut e, throttles, freeze, file) = throttled_own(dir.path());
+        let t0 = Instant::now();
+        let tick = Duration::from_millis(500);
+        for i in 0..4u32 {
+            e.cycle(&file, &own_at(Some(95)), t0 + tick * i);
+        }
+        let run = throttles.lock().unwrap().get(&freeze).copied();
+        assert!(run.is_some_and(|r| r < 1.0), "throttled: {run:?}");
+        let unlisted = vec![DeviceReading {
+            uuid: uuid(0),
+            processes: None,
+            ..Default::default()
+        }];
+        let out = e.cycle(&file, &unlisted, t0 + tick * 4);
+        assert_eq!(
+            throttles.lock().unwrap().get(&freeze).copied(),
+            run,
+            "held through a GPU whose processes were not listed"
+        );
+        assert_eq!(
+            out.throttled,
+            vec![("00000000000000de".to_string(), uuid(0), run.unwrap_or(1.0))]
+        );
+        assert!(out.events.is_empty(), "{:?}", out.events);
+        // Listed again, still busy: the same episode goes on (no new throttle event).
+        let out = e.cycle(&file, &own_at(Some(95)), t0 + tick * 5);
+        assert!(
+            throttles.lock().unwrap().contains_key(&freeze),
+            "{throttles:?}"
+        );
+        assert!(out.events.is_empty(), "{:?}", out.events);
+    }
+
+    /// A slice over its memory limit keeps its grace clock through a cycle whose reading of
+    /// its GPU has no process list: over at 0, 0.5 and 1 s, unlisted at 1.5 s, listed over
+    /// again at 2 s, it is acted on once its 2 s grace has passed, not a grace after the
+    /// listing came back.
+    #[test]
+    fn a_gpu_the_driver_would_not_list_keeps_its_slices_grace_clock() {
+        let dir = tempfile::tempdir().unwrap();
+        let (roots, file, sys) = node(dir.path(), &[[4, 100], [4, 100], [4, 100]]);
+        let kills = Kills::default();
+        let mut e = Enforcer::new(
+            EnforceConfig {
+                grace: Duration::from_secs(2),
+                ..EnforceConfig::default()
+            },
+            roots,
+            Box::new(Recorder(kills.clone())),
+            Throttles::default(),
+        )
+        .with_system(sys);
+        let over = on_gpu0(&[(pid_of(0, 0), 6)]);
+        let unlisted = vec![DeviceReading {
+            uuid: uuid(0),
+            processes: None,
+            ..Default::default()
+        }];
+        let t0 = Instant::now();
+        let mut events = Vec::new();
+        for (ms, reading) in [
+            (0, &over),
+            (500, &over),
+            (1000, &over),
+            (1500, &unlisted),
+            (2000, &over),
+            (2500, &over),
+        ] {
+            let out = e.cycle(&file, reading, t0 + Duration::from_millis(ms));
+            events.extend(out.events);
+        }
+        assert!(
+            events.iter().any(|e| e.kind == EventKind::MemoryKill),
+            "{events:?}"
+        );
+        assert_eq!(*kills.lock().unwrap(), vec![pid_of(0, 0)]);
+    }
+
+    /// With `memory = "report"`, a slice that stays over its limit is reported once for the
+    /// episode, never escalated (nothing was done that could have failed); back under its
+    /// limit and over again for a grace, it is reported again.
+    #[test]
+    fn report_mode_reports_an_episode_once_and_never_escalates() {
+        let dir = tempfile::tempdir().unwrap();
+        let (roots, file, sys) = node(dir.path(), &[[4, 100], [4, 100], [4, 100]]);
+        let kills = Kills::default();
+        let mut e = Enforcer::new(
+            EnforceConfig {
+                memory: MemoryAction::Report,
+                ..EnforceConfig::default()
+            },
+            roots,
+            Box::new(Recorder(kills.clone())),
+            Throttles::default(),
+        )
+        .with_system(sys);
+        let over = on_gpu0(&[(pid_of(0, 0), 6)]);
+        let under = on_gpu0(&[(pid_of(0, 0), 3)]);
+        let t0 = Instant::now();
+        let tick = Duration::from_millis(500);
+        // (cycle, event kind) of every event.
+        let mut events: Vec<(usize, EventKind)> = Vec::new();
+        let mut readings: Vec<&Vec<DeviceReading>> = vec![&over; 20];
+        readings.push(&under);
+        readings.extend(vec![&over; 10]);
+        for (i, reading) in readings.into_iter().enumerate() {
+            let out = e.cycle(&file, reading, t0 + tick * i as u32);
+            events.extend(out.events.iter().map(|e| (i, e.kind)));
+        }
+        assert!(kills.lock().unwrap().is_empty());
+        assert!(
+            events
+                .iter()
+                .all(|(_, k)| *k != EventKind::MemoryEscalation),
+            "{events:?}"
+        );
+        // Over from cycle 0, reported once its 2 s grace passed (cycle 4) and not again
+        // while it stayed over; under at cycle 20, over from 21: reported again at 25.
+        assert_eq!(
+            events,
+            vec![(4, EventKind::MemoryReport), (25, EventKind::MemoryReport)]
         );
     }
 

@@ -5,10 +5,14 @@
 //! reads the system, so the properties that matter (a slice under its limit is never acted
 //! on; an action always leaves the slice at or under its limit) are tested over random
 //! figures. A process this enforcer killed that the driver still lists is left out of its
-//! slice for [`DYING`], so the kill is neither repeated nor taken for a new crossing.
+//! slice for [`DYING`], so the kill is neither repeated nor taken for a new crossing. With
+//! `memory = "report"` nothing is done to the slice, so nothing ends its time over the limit:
+//! it is acted on (reported) once per episode, and never as a repeat.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
+
+use gpuslice_config::MemoryAction;
 
 /// After an action, how long a slice that goes over its limit again counts as the same
 /// offence: it is then acted on without a new grace, and escalated (every process of its
@@ -42,10 +46,11 @@ pub struct ProcMemory {
 pub enum MemoryVerdict {
     /// At or under the limit.
     Under,
-    /// Over the limit since `since`, within grace.
+    /// Over the limit since `since`: within grace, or (with `report`) an episode already
+    /// reported.
     Over { since: Instant, total: u64 },
-    /// Over for longer than grace, or over again within [`REPEAT_WINDOW`] of the last action
-    /// (`repeat`): act on `procs`, in order — the fewest processes whose end brings the
+    /// Over for longer than grace, or over again within [`REPEAT_WINDOW`] of the last kill
+    /// action (`repeat`): act on `procs`, in order — the fewest processes whose end brings the
     /// slice's `total` at or under its limit: first the one whose growth crossed the limit
     /// (the allocation that broke it), then the largest holders (each ends the most memory
     /// for the least work lost).
@@ -70,9 +75,23 @@ pub struct MemoryTrack {
     /// (pid, start time) of the processes killed for this slice, and when: left out of the
     /// slice while the driver still lists them, for at most [`DYING`].
     dying: HashMap<(u32, u64), Instant>,
+    /// With `memory = "report"`: an action ends nothing, so it opens no repeat window and
+    /// the episode it reported goes on.
+    report_only: bool,
+    /// With `report`: this episode over the limit was reported; reset once the slice is at
+    /// or under its limit, so it is not reported again every reading until then.
+    reported: bool,
 }
 
 impl MemoryTrack {
+    /// The state of a slice that has not been judged yet, under `action`.
+    pub fn new(action: MemoryAction) -> MemoryTrack {
+        MemoryTrack {
+            report_only: action == MemoryAction::Report,
+            ..MemoryTrack::default()
+        }
+    }
+
     /// Records that process `pid` with start time `start` was killed at `now`: while the
     /// driver lists it within [`DYING`] of then, it is not the slice's any more.
     pub fn killed(&mut self, pid: u32, start: u64, now: Instant) {
@@ -109,6 +128,7 @@ impl MemoryTrack {
         let verdict = if total <= limit {
             self.over_since = None;
             self.crosser = None;
+            self.reported = false;
             MemoryVerdict::Under
         } else {
             let since = *self.over_since.get_or_insert(now);
@@ -122,11 +142,18 @@ impl MemoryTrack {
             let repeat = self
                 .acted
                 .is_some_and(|t| now.saturating_duration_since(t) <= REPEAT_WINDOW);
-            if over_for >= grace || repeat {
+            if self.reported {
+                // Reported already, and nothing was done that could have ended it.
+                MemoryVerdict::Over { since, total }
+            } else if over_for >= grace || repeat {
                 let chosen = self.to_end(procs, total, limit);
-                self.over_since = None;
-                self.crosser = None;
-                self.acted = Some(now);
+                if self.report_only {
+                    self.reported = true;
+                } else {
+                    self.over_since = None;
+                    self.crosser = None;
+                    self.acted = Some(now);
+                }
                 MemoryVerdict::Act {
                     procs: chosen,
                     total,
@@ -428,6 +455,55 @@ mod tests {
                     }
                     MemoryVerdict::Under => prop_assert!(total <= limit),
                     MemoryVerdict::Over { .. } => prop_assert!(total > limit),
+                }
+            }
+        }
+
+        /// With `report`, over random figures: a slice is acted on (reported) only once it
+        /// has been over its limit for the whole grace, never as a repeat, and once per
+        /// episode over the limit; an episode over for the grace is always reported.
+        #[test]
+        fn report_only_reports_each_episode_once(
+            limit in 0u64..64,
+            grace_ms in 0u64..3000,
+            steps in proptest::collection::vec(
+                (proptest::collection::vec((0u32..6, 0u64..40), 0..6), 1u64..1500),
+                1..40,
+            ),
+        ) {
+            let grace = Duration::from_millis(grace_ms);
+            let mut m = MemoryTrack::new(MemoryAction::Report);
+            let mut now = Instant::now();
+            let mut over_since: Option<Instant> = None;
+            let mut reported = false;
+            for (raw, dt) in steps {
+                now += Duration::from_millis(dt);
+                let mut procs: Vec<ProcMemory> = Vec::new();
+                for (pid, used) in raw {
+                    if !procs.iter().any(|q| q.pid == pid) {
+                        procs.push(p(pid, used));
+                    }
+                }
+                let total: u64 = procs.iter().map(|q| q.used).sum();
+                if total > limit {
+                    over_since.get_or_insert(now);
+                } else {
+                    over_since = None;
+                    reported = false;
+                }
+                let over_for = over_since.map(|s| now.duration_since(s));
+                match m.judge(&procs, limit, now, grace) {
+                    MemoryVerdict::Act { repeat, .. } => {
+                        prop_assert!(!repeat);
+                        prop_assert!(!reported, "reported twice in one episode");
+                        prop_assert!(over_for.is_some_and(|o| o >= grace), "{over_for:?}");
+                        reported = true;
+                    }
+                    MemoryVerdict::Under => prop_assert!(total <= limit),
+                    MemoryVerdict::Over { .. } => {
+                        prop_assert!(total > limit);
+                        prop_assert!(reported || over_for.is_some_and(|o| o < grace));
+                    }
                 }
             }
         }
