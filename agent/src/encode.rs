@@ -417,7 +417,7 @@ fn enforcer_metrics(reg: &mut Registry, scrape: &Scrape) {
     }
     reg.register(
         "gpuslice_enforcer_events",
-        "Enforcer events by kind: memory_kill, memory_report, compute_report, compute_throttle, unowned",
+        "Enforcer events by kind: memory_kill, memory_report, memory_escalation, compute_report, compute_throttle, unowned",
         events,
     );
     let cycles = Total::<NodeLabels>::default();

@@ -37,8 +37,8 @@ pub enum EventKind {
     ComputeThrottle,
     /// A process on a GPU belongs to no reservation (of that GPU).
     Unowned,
-    /// A slice went over its memory limit again within the repeat window of a kill: every
-    /// process of its containers was stopped (with `memory = "kill"`), or this is reported.
+    /// A slice went over its memory limit again within the repeat window of a kill (with
+    /// `memory = "kill"`): every process of its containers was stopped.
     MemoryEscalation,
 }
 
