@@ -375,8 +375,8 @@ pub fn plan_add<E: Edit>(file: &Current, edit: &E, plan: &mut Plan) -> Result<()
 }
 
 /// Plans taking the registration out of `file`. When the file is exactly what gpuslice made
-/// of its backup, the backup is restored byte for byte; a file gpuslice created is deleted;
-/// otherwise (the operator edited it since) only the registration is taken out.
+/// of its backup, the backup is restored byte for byte; a file gpuslice created is deleted
+/// (created through a symlink: the file at the link's end, the link stays); otherwise (the operator edited it since) only the registration is taken out.
 pub fn plan_strip<E: Edit>(file: &Current, edit: &E, plan: &mut Plan) -> Result<(), E::Error> {
     let Some(text) = &file.text else {
         return Ok(());
@@ -391,7 +391,9 @@ pub fn plan_strip<E: Edit>(file: &Current, edit: &E, plan: &mut Plan) -> Result<
     if let Some(original) = restored {
         plan.write(&file.path, original, file.mode);
     } else if backup.text.is_none() && edit.create().ok().as_deref() == Some(text.as_str()) {
-        plan.remove(&file.path);
+        // Created through a dangling link: unlinking would take the operator's link and
+        // leave the created file; the file goes and the link dangles again, as before.
+        plan.remove(&link_target(&file.path)?);
         if let Some(dir) = file.path.parent() {
             plan.ops.push(Op::RemoveEmptyDir {
                 path: dir.to_path_buf(),
@@ -499,6 +501,13 @@ mod tests {
             std::fs::read_to_string(d.path().join("managed/engine.conf")).unwrap(),
             "# created\ngpuslice\n"
         );
+        // `--remove` deletes the file it created, not the operator's link.
+        run(&f, true);
+        assert!(std::fs::symlink_metadata(&f)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert!(std::fs::symlink_metadata(d.path().join("managed/engine.conf")).is_err());
     }
 
     #[test]
