@@ -213,20 +213,29 @@ pub fn plan_add(target: &Target, reg: &Registration) -> Result<Plan, ContainerdE
 /// the drop-in, the wrapper.
 pub fn plan_remove(target: &Target) -> Result<Plan, ContainerdError> {
     let main = read(&target.config)?;
-    let version = match &main.text {
-        Some(t) => version_of(&target.config, &parse(&target.config, t)?)?
-            .unwrap_or(target.fallback_version),
-        None => target.fallback_version,
-    };
     let drop_in = target.drop_in();
-    check_ours(&drop_in)?;
-    let edit = MainEdit {
-        config: target.config.clone(),
-        drop_in: drop_in.clone(),
-        version,
-    };
+    let drop_in_exists = check_ours(&drop_in)?;
     let mut plan = Plan::default();
-    files::plan_strip(&main, &edit, &mut plan)?;
+    if let Some(text) = &main.text {
+        let mut edit = MainEdit {
+            config: target.config.clone(),
+            drop_in: drop_in.clone(),
+            version: target.fallback_version,
+        };
+        // The main config is parsed (and its version needed) only when gpuslice may have
+        // left something there to take out (its backup, the `imports` entry, the file it
+        // created, or a drop-in that a glob imports): where gpuslice was never registered,
+        // `--remove` is a no-op whatever the config's version (none: version 1) or shape.
+        let ours = drop_in_exists
+            || text.contains(&edit.entry())
+            || read(&files::backup_path(&main.path))?.text.is_some();
+        if ours {
+            if let Some(v) = version_of(&target.config, &parse(&target.config, text)?)? {
+                edit.version = v;
+            }
+            files::plan_strip(&main, &edit, &mut plan)?;
+        }
+    }
     plan.remove(&drop_in);
     if let Some(dir) = drop_in.parent() {
         plan.ops.push(Op::RemoveEmptyDir {
@@ -246,12 +255,13 @@ fn parse(path: &Path, text: &str) -> Result<DocumentMut, ContainerdError> {
     })
 }
 
-fn check_ours(path: &Path) -> Result<(), ContainerdError> {
+/// Refuses a file at `path` that gpuslice did not write; `true` when gpuslice's is there.
+fn check_ours(path: &Path) -> Result<bool, ContainerdError> {
     match read(path)?.text {
         Some(t) if !t.starts_with(MARKER) => Err(ContainerdError::Foreign {
             path: path.to_path_buf(),
         }),
-        _ => Ok(()),
+        text => Ok(text.is_some()),
     }
 }
 

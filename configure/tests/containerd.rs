@@ -504,3 +504,22 @@ fn an_existing_gpuslice_runtime_is_refused_unless_it_is_ours() {
     add(&t, &reg());
     remove(&t);
 }
+
+/// `--remove` where gpuslice was never registered is a no-op, whatever the main config's
+/// version (none: containerd's version 1) or shape.
+#[test]
+fn remove_without_a_registration_changes_nothing() {
+    for main in [
+        "[grpc]\n  address = \"/run/containerd/containerd.sock\"\n",
+        "version = 1\n",
+        "[plugins\n",
+    ] {
+        let d = tempfile::tempdir().unwrap();
+        let t = target(d.path(), Version::V2);
+        std::fs::write(&t.config, main).unwrap();
+        let before = tree(d.path());
+        let out = plan_remove(&t).unwrap().apply(false).unwrap();
+        assert!(out.contains("nothing to change"), "{main}: {out}");
+        assert_eq!(tree(d.path()), before, "{main}");
+    }
+}
