@@ -79,6 +79,8 @@ pub enum ContainerdError {
     },
     #[error("{path} exists and was not written by gpuslice; move it away, then run again")]
     Foreign { path: PathBuf },
+    #[error("{path} is imported after {drop_in} and has a CRI plugin section, which containerd 1.x (config version 2) takes whole from the last file that has one: it would hide the gpuslice runtime; accepted: CRI settings in the main config or in files imported before the drop-in; merge that section into the main config or import the file earlier (in the same directory: a name sorting before {}), then run again (nothing was changed)", .drop_in.file_name().unwrap_or_default().display())]
+    Hidden { path: PathBuf, drop_in: PathBuf },
     #[error("refusing to write {path}: {reason} (a gpuslice bug; nothing was changed)")]
     Verify { path: PathBuf, reason: String },
 }
@@ -428,6 +430,18 @@ fn drop_in_text(
             .and_then(|d| tomldoc::get(d.as_item(), &["plugins", cri]))
             .cloned()
     };
+    // containerd 1.x takes the CRI section whole from the last file that has one: a file
+    // loaded after the drop-in with one would hide the gpuslice runtime. Refused, not warned
+    // about: a run that exits 0 would tell installers the runtime is there.
+    if version == Version::V2 {
+        let mut later = order.iter().skip_while(|s| s.path != drop_in).skip(1);
+        if let Some(hiding) = later.find(|s| cri_of(s).is_some()) {
+            return Err(ContainerdError::Hidden {
+                path: hiding.path.clone(),
+                drop_in: drop_in.to_path_buf(),
+            });
+        }
+    }
     // The CRI section containerd would use without gpuslice, and the files it comes from.
     let (effective, from): (Option<Item>, Vec<&Source>) = match version {
         Version::V2 => match order.iter().rev().find_map(|s| cri_of(s).map(|c| (c, s))) {
@@ -447,16 +461,6 @@ fn drop_in_text(
         }
     };
     let mode = from.iter().fold(DROP_IN_MODE, |m, s| m & s.mode & 0o777);
-    if version == Version::V2 {
-        let ours = order.iter().position(|s| s.path == drop_in).unwrap_or(0);
-        for later in order[ours..].iter().filter(|s| cri_of(s).is_some()) {
-            plan.note(format!(
-                "warning: {} is imported after {} and replaces its whole CRI section on containerd 1.x, hiding the gpuslice runtime; merge it into the main config or import it earlier",
-                later.path.display(),
-                drop_in.display()
-            ));
-        }
-    }
     let default_name = effective
         .as_ref()
         .and_then(|e| tomldoc::get(e, &["containerd", "default_runtime_name"]))

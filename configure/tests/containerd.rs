@@ -505,6 +505,41 @@ fn an_existing_gpuslice_runtime_is_refused_unless_it_is_ours() {
     remove(&t);
 }
 
+/// containerd 1.x takes a plugin's whole section from the last file that has it: an import
+/// with a CRI section that sorts after gpuslice's drop-in would hide the gpuslice runtime.
+/// That is refused, naming the file, and nothing is written (glob absolute or relative).
+#[test]
+fn a_cri_section_imported_after_the_drop_in_is_refused_on_containerd_1() {
+    for glob in ["@DIR@/conf.d/*.toml", "conf.d/*.toml"] {
+        let d = tempfile::tempdir().unwrap();
+        let t = target(d.path(), Version::V2);
+        let glob = glob.replace("@DIR@", &d.path().display().to_string());
+        std::fs::write(
+            &t.config,
+            format!("version = 2\nimports = [\"{glob}\"]\n\n[grpc]\n  address = \"/run/containerd/containerd.sock\"\n"),
+        )
+        .unwrap();
+        let later = d.path().join("conf.d/zz-mirrors.toml");
+        std::fs::create_dir_all(later.parent().unwrap()).unwrap();
+        std::fs::write(
+            &later,
+            "version = 2\n[plugins.\"io.containerd.grpc.v1.cri\".registry]\n  config_path = \"/etc/containerd/certs.d\"\n",
+        )
+        .unwrap();
+        let before = tree(d.path());
+        let err = plan_add(&t, &reg()).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains(&later.display().to_string())
+                && msg.contains(&t.drop_in().display().to_string())
+                && msg.contains("nothing was changed")
+                && !msg.contains('\n'),
+            "{glob}: {msg}"
+        );
+        assert_eq!(tree(d.path()), before, "{glob}: something was written");
+    }
+}
+
 /// `--remove` where gpuslice was never registered is a no-op, whatever the main config's
 /// version (none: containerd's version 1) or shape.
 #[test]
