@@ -65,7 +65,15 @@ fn installer_puts() -> Vec<(String, String)> {
             .replace("$GS", "$PREFIX/bin/gpuslice")
             .replace("$PREFIX", "/opt/gpuslice")
             .replace("$SRC", "/opt/gpuslice-image")
+            .replace("$CONFIGMAP", "/etc/gpuslice-configmap/config.toml")
     };
+    // What those expansions stand for, outside the tests.
+    for default in [
+        "SRC=${GPUSLICE_IMAGE_DIR:-/opt/gpuslice-image}",
+        "CONFIGMAP=${GPUSLICE_CONFIGMAP:-/etc/gpuslice-configmap/config.toml}",
+    ] {
+        assert!(installer.contains(default), "{default}: {installer}");
+    }
     let puts: Vec<(String, String)> = installer
         .lines()
         .filter_map(|l| l.trim().strip_prefix("put "))
@@ -265,4 +273,201 @@ fn wait_installed_returns_once_the_host_holds_this_releases_files() {
         assert_eq!(o.status.code(), Some(2), "{bad:?}: {err}");
         assert!(err.contains(names), "{err}");
     }
+}
+
+/// A node for installer.sh: the host's root, this image's files and the ConfigMap's config
+/// under a temporary directory, with stubs first on PATH that log to `calls`: `nsenter` runs
+/// its command with host paths under the host's root, `systemctl` fails while `fail-restart`
+/// exists (once), `touch` only logs (the ready file), `sleep` returns at once (`sleep
+/// infinity` succeeds; `sleep 60` fails, ending the driver poll). The host's (install: the
+/// image's) `gpuslice` changes containerd's config on its first `configure containerd`,
+/// then finds nothing to change until `configured` is removed.
+struct FakeNode {
+    dir: tempfile::TempDir,
+    seen: usize,
+}
+
+impl FakeNode {
+    const PENDING: &'static str = "host/var/lib/gpuslice/containerd-restart-pending";
+
+    fn new() -> Self {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let exe = |rel: &str, text: &str| {
+            let p = dir.path().join(rel);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(&p, format!("#!/bin/sh\n{text}")).unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        };
+        exe(
+            "bin/nsenter",
+            r#"while [ "$1" != -- ]; do shift; done
+shift
+case $1 in /*) cmd=$GPUSLICE_HOST_ROOT$1; shift; exec "$cmd" "$@" ;; esac
+exec "$@"
+"#,
+        );
+        exe(
+            "bin/systemctl",
+            r#"[ -e "$GPUSLICE_HOST_ROOT/opt/gpuslice" ] && opt=present || opt=gone
+echo "systemctl $* (/opt/gpuslice $opt)" >>"$FAKE/calls"
+if [ -e "$FAKE/fail-restart" ]; then rm "$FAKE/fail-restart"; exit 1; fi
+"#,
+        );
+        exe("bin/touch", "echo \"touch $*\" >>\"$FAKE/calls\"\n");
+        exe(
+            "bin/sleep",
+            "echo \"sleep $*\" >>\"$FAKE/calls\"\n[ \"$1\" = infinity ]\n",
+        );
+        let gpuslice = r#"echo "gpuslice $*" >>"$FAKE/calls"
+case "$*" in
+*"configure containerd"*)
+    if [ -e "$FAKE/configured" ]; then echo "nothing to change"; exit 0; fi
+    : >"$FAKE/configured"
+    echo "wrote /etc/containerd/conf.d/gpuslice.toml"
+    echo "containerd reads its config only when it starts: restart it to apply" ;;
+esac
+"#;
+        exe("host/opt/gpuslice/bin/gpuslice", gpuslice);
+        exe("image/gpuslice", gpuslice);
+        for f in ["gpuslice-runtime", "gpuslice-full", "libgpuslice_shim.so"] {
+            exe(&format!("image/{f}"), "");
+        }
+        std::fs::write(dir.path().join("configmap.toml"), "[placement]\n").unwrap();
+        std::fs::create_dir_all(dir.path().join("host/var/run/cdi")).unwrap();
+        std::fs::write(
+            dir.path().join("host/var/run/cdi/gpuslice.io-gpu.json"),
+            "{}",
+        )
+        .unwrap();
+        FakeNode { dir, seen: 0 }
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    /// Runs installer.sh once: whether it succeeded, and the calls it made.
+    fn run(&mut self, mode: &str, restart: bool) -> (bool, Vec<String>) {
+        let (ok, calls, _) = self.run_out(mode, restart);
+        (ok, calls)
+    }
+
+    /// `run`, with its output.
+    fn run_out(&mut self, mode: &str, restart: bool) -> (bool, Vec<String>, String) {
+        let d = self.dir.path();
+        let path = format!(
+            "{}:{}",
+            d.join("bin").display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let o = Command::new("sh")
+            .arg(packaging("kubernetes/installer.sh"))
+            .env("PATH", path)
+            .env("FAKE", d)
+            .env("GPUSLICE_MODE", mode)
+            .env("GPUSLICE_HOST_ROOT", d.join("host"))
+            .env("GPUSLICE_IMAGE_DIR", d.join("image"))
+            .env("GPUSLICE_CONFIGMAP", d.join("configmap.toml"))
+            .env("GPUSLICE_RESTART_CONTAINERD", restart.to_string())
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        eprintln!(
+            "{mode}: {:?}\n{out}{}",
+            o.status,
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let calls = std::fs::read_to_string(d.join("calls")).unwrap_or_default();
+        let calls: Vec<String> = calls.lines().map(String::from).collect();
+        let new = calls[self.seen..].to_vec();
+        self.seen = calls.len();
+        (o.status.success(), new, out)
+    }
+}
+
+const RESTART: &str = "systemctl restart containerd (/opt/gpuslice present)";
+
+/// An uninstall whose containerd restart failed (or whose pod was killed before it) restarts
+/// containerd on the pod's next start, although `configure --remove` then has nothing to
+/// change, and only then deletes /opt/gpuslice: no containerd is left running with a runtime
+/// whose binary is gone.
+#[test]
+fn an_uninstall_interrupted_before_containerds_restart_restarts_it_on_the_next_start() {
+    let mut node = FakeNode::new();
+    std::fs::write(node.path("fail-restart"), "").unwrap();
+    let (ok, calls) = node.run("uninstall", true);
+    assert!(!ok, "{calls:?}");
+    let remove = "gpuslice --config /dev/null configure containerd --remove";
+    assert_eq!(calls, [remove, RESTART]);
+    assert!(node.path("host/opt/gpuslice/bin/gpuslice").exists());
+
+    // The pod's restart: nothing to change, yet containerd restarts before the removal.
+    let (ok, calls) = node.run("uninstall", true);
+    assert!(ok, "{calls:?}");
+    assert_eq!(
+        calls,
+        [
+            remove,
+            RESTART,
+            "touch /run/gpuslice-installer.ready",
+            "sleep infinity"
+        ]
+    );
+    assert!(!node.path("host/opt/gpuslice").exists());
+    assert!(!node.path("host/var/run/cdi/gpuslice.io-gpu.json").exists());
+    assert!(
+        !node.path("host/var/lib/gpuslice").exists(),
+        "no trace left"
+    );
+
+    // Done: a later start restarts nothing.
+    let (ok, calls) = node.run("uninstall", true);
+    assert!(ok);
+    assert_eq!(
+        calls,
+        ["touch /run/gpuslice-installer.ready", "sleep infinity"]
+    );
+}
+
+/// Likewise an install: the pod is ready only once containerd restarted with its new config,
+/// on a later start if the first one's restart failed; with GPUSLICE_RESTART_CONTAINERD=false
+/// the operator is told once and the owed restart is theirs.
+#[test]
+fn an_install_interrupted_before_containerds_restart_restarts_it_on_the_next_start() {
+    let mut node = FakeNode::new();
+    std::fs::remove_dir_all(node.path("host/opt")).unwrap();
+    std::fs::write(node.path("fail-restart"), "").unwrap();
+    let (cdi, configure) = ("gpuslice cdi generate", "gpuslice configure containerd");
+    let (ok, calls) = node.run("install", true);
+    assert!(!ok, "{calls:?}");
+    assert_eq!(calls, [cdi, configure, RESTART], "not ready");
+
+    let (ok, calls) = node.run("install", true);
+    assert!(ok, "{calls:?}");
+    let ready = "touch /run/gpuslice-installer.ready";
+    assert_eq!(calls, [cdi, configure, RESTART, ready, "sleep 60"]);
+    assert!(!node.path(FakeNode::PENDING).exists());
+    assert_eq!(
+        std::fs::read_to_string(node.path("host/etc/gpuslice/config.toml")).unwrap(),
+        "[placement]\n"
+    );
+
+    let (ok, calls) = node.run("install", true);
+    assert!(ok);
+    assert_eq!(calls, [cdi, configure, ready, "sleep 60"]);
+
+    // The restart left to the operator: owed after a failed one, said once, then cleared.
+    std::fs::remove_file(node.path("configured")).unwrap();
+    std::fs::write(node.path("fail-restart"), "").unwrap();
+    let (ok, _) = node.run("install", true);
+    assert!(!ok);
+    let yourself = "restart containerd yourself";
+    let (ok, calls, out) = node.run_out("install", false);
+    assert!(ok && out.contains(yourself), "{out}");
+    assert_eq!(calls, [cdi, configure, ready, "sleep 60"]);
+    assert!(!node.path(FakeNode::PENDING).exists());
+    let (ok, calls, out) = node.run_out("install", false);
+    assert!(ok && !out.contains(yourself), "{out}");
+    assert_eq!(calls, [cdi, configure, ready, "sleep 60"]);
 }
