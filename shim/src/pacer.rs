@@ -97,17 +97,41 @@ pub fn wait_ns(tat: u64, now: u64) -> u64 {
     tat.saturating_sub(now.saturating_add(TOLERANCE_NS))
 }
 
-fn record(ev: CUevent, stream: CUstream, per_thread: bool) -> CUresult {
+/// Runs `f` with `ctx` current: pushed (and popped again) when the calling thread's current
+/// context is another one or none. The pacer's events belong to the context of the stream
+/// they are recorded on, which need not be current at a launch.
+fn in_context<T>(ctx: CUcontext, current: CUcontext, f: impl FnOnce() -> T) -> Option<T> {
+    if ctx == current {
+        return Some(f());
+    }
+    let (push, pop) = (cu::cuCtxPushCurrent_v2()?, cu::cuCtxPopCurrent_v2()?);
+    // SAFETY: a live context the driver named for the caller's stream; popped again below.
+    if unsafe { push(ctx) } != CUDA_SUCCESS {
+        return None;
+    }
+    let out = f();
+    let mut popped: CUcontext = std::ptr::null_mut();
+    // SAFETY: pops the context pushed above; valid out pointer.
+    unsafe { pop(&mut popped) };
+    Some(out)
+}
+
+/// Records `ev` (an event of `ctx`) on `stream` (a stream of `ctx`).
+fn record(
+    ev: CUevent,
+    stream: CUstream,
+    per_thread: bool,
+    ctx: CUcontext,
+    current: CUcontext,
+) -> bool {
     let f = if per_thread {
         cu::cuEventRecord_ptsz()
     } else {
         cu::cuEventRecord()
     };
-    match f {
-        // SAFETY: an event of the current context and the caller's stream.
-        Some(f) => unsafe { f(ev, stream) },
-        None => CUDA_ERROR_NOT_FOUND,
-    }
+    let Some(f) = f else { return false };
+    // SAFETY: an event of the stream's context and the caller's stream.
+    in_context(ctx, current, || unsafe { f(ev, stream) }) == Some(CUDA_SUCCESS)
 }
 
 fn capturing(stream: CUstream, per_thread: bool) -> bool {
@@ -166,14 +190,28 @@ fn drain(p: &mut Pacer, slice: &Slice) {
     }
 }
 
-fn take_event(p: &mut Pacer, ctx: usize) -> Option<CUevent> {
-    if let Some(e) = p.pools.get_mut(&ctx).and_then(Vec::pop) {
+/// An idle event of context `ctx`, made in `ctx` when the pool has none.
+fn take_event(p: &mut Pacer, ctx: CUcontext, current: CUcontext) -> Option<CUevent> {
+    if let Some(e) = p.pools.get_mut(&(ctx as usize)).and_then(Vec::pop) {
         return Some(e as CUevent);
     }
     let create = cu::cuEventCreate()?;
     let mut ev: CUevent = std::ptr::null_mut();
-    // SAFETY: valid out pointer; the event belongs to the current context.
-    (unsafe { create(&mut ev, CU_EVENT_DEFAULT) } == CUDA_SUCCESS).then_some(ev)
+    // SAFETY: valid out pointer; the event belongs to `ctx`, current for the call.
+    let r = in_context(ctx, current, || unsafe {
+        create(&mut ev, CU_EVENT_DEFAULT)
+    });
+    (r == Some(CUDA_SUCCESS)).then_some(ev)
+}
+
+/// Puts events of `ctx` back in its pool.
+fn give_back(ctx: CUcontext, events: impl IntoIterator<Item = CUevent>) {
+    PACER
+        .lock()
+        .pools
+        .entry(ctx as usize)
+        .or_default()
+        .extend(events.into_iter().map(|e| e as usize));
 }
 
 /// Waits until this process may put more work on device `idx`.
@@ -223,7 +261,9 @@ fn admit(rec: &DeviceRecord) -> u64 {
     }
 }
 
-/// Runs `launch` (on `stream`) paced to the current device's share.
+/// Runs `launch` (on `stream`) paced to the share of the stream's device. The launch runs
+/// in the stream's context (a default stream's is the current context) whatever context is
+/// current, or none: device, context and events are the stream's.
 pub fn paced_launch(
     stream: CUstream,
     per_thread: bool,
@@ -232,7 +272,12 @@ pub fn paced_launch(
     let Ok((slice, devices)) = state::ready() else {
         return launch();
     };
-    let Some(idx) = state::current_device().ok().and_then(|d| devices.index(d)) else {
+    // No device: a default stream without a current context, or a stream the driver does
+    // not know; the driver refuses such a launch.
+    let Ok((dev, ctx)) = state::stream_device(stream, per_thread) else {
+        return launch();
+    };
+    let Some(idx) = devices.index(dev) else {
         return launch();
     };
     let cores = slice.device(idx).map_or(0, |d| d.cores);
@@ -246,49 +291,53 @@ pub fn paced_launch(
         crate::log::error!("{e}; paced launch refused");
         return CUDA_ERROR_ILLEGAL_STATE;
     }
-    let ctx = state::current_context() as usize;
+    let current = state::current_context();
     bound_inflight(slice, idx);
     let now = admit(rec);
-    let (est, events) = {
+    let (est, start, end) = {
         let mut p = PACER.lock();
         let est = p.est_ns[idx];
-        let start = take_event(&mut p, ctx);
-        let end = take_event(&mut p, ctx);
-        (est, start.zip(end))
-    };
-    let Some((start, end)) = events else {
-        return launch();
+        let start = take_event(&mut p, ctx, current);
+        let end = take_event(&mut p, ctx, current);
+        (est, start, end)
     };
     let cost = wall_cost(est, cores);
     charge(&rec.pace_clock, now, cost);
     // Start event, launch and end event go to the device together: another process of the
     // container launching in between would have its kernel counted as ours.
-    let (started, r, ended) = {
+    let (measured, r) = {
         let _threads = LAUNCH.lock();
         let _processes = slice.usage.device_lock(idx);
-        let started = record(start, stream, per_thread) == CUDA_SUCCESS;
+        let started = start.is_some_and(|s| record(s, stream, per_thread, ctx, current));
         let r = launch();
-        let ended = r == CUDA_SUCCESS && record(end, stream, per_thread) == CUDA_SUCCESS;
-        (started, r, ended)
+        let measured = match (started, end) {
+            (true, Some(e)) if r == CUDA_SUCCESS => record(e, stream, per_thread, ctx, current),
+            _ => false,
+        };
+        (measured, r)
     };
-    if r != CUDA_SUCCESS || !started || !ended {
-        adjust(&rec.pace_clock, -(cost as i64));
-        PACER
-            .lock()
-            .pools
-            .entry(ctx)
-            .or_default()
-            .extend([start as usize, end as usize]);
-        return r;
+    match (start, end) {
+        (Some(start), Some(end)) if measured => {
+            PACER.lock().pending.push_back(Pending {
+                start,
+                end,
+                ctx: ctx as usize,
+                idx,
+                cores,
+                charged_ns: est,
+            });
+        }
+        (start, end) => {
+            if r != CUDA_SUCCESS {
+                // Nothing ran: nothing to pay.
+                adjust(&rec.pace_clock, -(cost as i64));
+            } else {
+                // It ran and cannot be measured: it keeps the estimate charged.
+                crate::log::debug!("pacer: device {idx}: a launch not measured, charged {est} ns");
+            }
+            give_back(ctx, start.into_iter().chain(end));
+        }
     }
-    PACER.lock().pending.push_back(Pending {
-        start,
-        end,
-        ctx,
-        idx,
-        cores,
-        charged_ns: est,
-    });
     r
 }
 

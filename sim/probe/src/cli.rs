@@ -297,6 +297,22 @@ pub struct BurnArgs {
     /// The launch entry point.
     #[arg(long, value_enum, default_value_t = LaunchApi::Kernel)]
     pub launch: LaunchApi,
+    /// Which context is current while a kernel is launched on the probe's stream (made in
+    /// the device's primary context).
+    #[arg(long, value_enum, default_value_t = LaunchCurrent::Stream)]
+    pub current: LaunchCurrent,
+}
+
+/// The context current at each `burn` launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LaunchCurrent {
+    /// The stream's own context.
+    Stream,
+    /// None (`cuCtxSetCurrent(NULL)` before each launch): the launch runs in the stream's
+    /// context.
+    None,
+    /// Another context on the same device (made with `cuCtxCreate`).
+    Other,
 }
 
 /// How `burn` launches its kernels.
