@@ -30,9 +30,15 @@ pub const MAX_INFLIGHT: usize = 32;
 pub const TOLERANCE_NS: u64 = 20_000_000;
 /// Longest single sleep, so a thread re-reads the shared clock regularly.
 const MAX_SLEEP_NS: u64 = 50_000_000;
-/// Furthest ahead of now launches can push the shared clock (one launch's cost at a 1 %
-/// share of a 36 s kernel); anything beyond is damage and is not waited for.
+/// Furthest ahead of now launches push the shared clock: a charge or correction that would
+/// take it further (a kernel longer than 36 s at a 1 % share) stops here, so one launch's
+/// debt is paid up to an hour, never cancelled.
 pub const MAX_AHEAD_NS: u64 = 3_600 * 1_000_000_000;
+/// A clock this far ahead of now cannot come from launches, even written a moment ago by a
+/// process whose `now` was later than the reader's: it is damage in the shared file (or a
+/// forged record) and is restarted from now instead of being waited for. Between
+/// [`MAX_AHEAD_NS`] and this it is brought back to `now + MAX_AHEAD_NS` and waited for.
+pub const DAMAGED_AHEAD_NS: u64 = 2 * MAX_AHEAD_NS;
 
 struct Pending {
     start: CUevent,
@@ -80,16 +86,31 @@ pub fn wall_cost(kernel_ns: u64, cores: u8) -> u64 {
     kernel_ns.saturating_mul(100) / u64::from(cores.max(1))
 }
 
-/// Charges `cost` ns of wall time to the clock (never from a point in the past).
+/// The furthest a charge or correction at `now` may take the clock.
+fn furthest(now: u64) -> u64 {
+    now.saturating_add(MAX_AHEAD_NS)
+}
+
+/// Charges `cost` ns of wall time to the clock (never from a point in the past, never
+/// beyond [`MAX_AHEAD_NS`] ahead of `now`; a clock already beyond is left to [`admit`]).
 pub fn charge(clock: &std::sync::atomic::AtomicU64, now: u64, cost: u64) {
     let _ = clock.fetch_update(SeqCst, SeqCst, |tat| {
-        Some(tat.max(now).saturating_add(cost))
+        Some(tat.max(tat.max(now).saturating_add(cost).min(furthest(now))))
     });
 }
 
-/// Corrects the clock by `delta` ns (an estimate that was too low or too high).
+/// Corrects the clock by `delta` ns (an estimate that was too low or too high); a raise
+/// takes it no further than [`MAX_AHEAD_NS`] ahead of now.
 pub fn adjust(clock: &std::sync::atomic::AtomicU64, delta: i64) {
-    let _ = clock.fetch_update(SeqCst, SeqCst, |tat| Some(tat.saturating_add_signed(delta)));
+    let now = now_ns();
+    let _ = clock.fetch_update(SeqCst, SeqCst, |tat| {
+        let moved = tat.saturating_add_signed(delta);
+        Some(if delta > 0 {
+            tat.max(moved.min(furthest(now)))
+        } else {
+            moved
+        })
+    });
 }
 
 /// How long a launch at `now` must wait for a clock at `tat` (0: go).
@@ -237,19 +258,26 @@ fn bound_inflight(slice: &Slice, idx: usize) {
     }
 }
 
-/// Sleeps until the shared clock admits a launch. A clock more than [`MAX_AHEAD_NS`] ahead
-/// of now cannot come from launches (it is damage in the shared file, or a forged record)
-/// and is restarted from now instead of being waited for.
+/// Sleeps until the shared clock admits a launch. A clock more than [`DAMAGED_AHEAD_NS`]
+/// ahead of now cannot come from launches and is restarted from now; one more than
+/// [`MAX_AHEAD_NS`] ahead is brought back to that bound and waited for (a long kernel's debt
+/// is paid, not cancelled).
 fn admit(rec: &DeviceRecord) -> u64 {
     loop {
         let now = now_ns();
         let tat = rec.pace_clock.load(SeqCst);
-        if tat.saturating_sub(now) > MAX_AHEAD_NS {
-            crate::log::warning!(
-                "pacer: the shared pacing clock is {} s ahead; restarting it from now",
-                (tat - now) / 1_000_000_000
-            );
-            let _ = rec.pace_clock.compare_exchange(tat, now, SeqCst, SeqCst);
+        let ahead = tat.saturating_sub(now);
+        if ahead > MAX_AHEAD_NS {
+            let to = if ahead > DAMAGED_AHEAD_NS {
+                crate::log::warning!(
+                    "pacer: the shared pacing clock is {} s ahead; restarting it from now",
+                    ahead / 1_000_000_000
+                );
+                now
+            } else {
+                furthest(now)
+            };
+            let _ = rec.pace_clock.compare_exchange(tat, to, SeqCst, SeqCst);
             continue;
         }
         let wait = wait_ns(tat, now);
@@ -357,6 +385,8 @@ pub fn reset_in_child() {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpuslice_slice::usage::{create_usage_file, ProcessIdentity, UsageFile};
+    use std::path::Path;
     use std::sync::atomic::AtomicU64;
 
     #[test]
@@ -380,6 +410,53 @@ mod tests {
         let busy = 1000 * 1_000_000u64;
         let share = busy as f64 / (now - start + wall_cost(1_000_000, 30)) as f64;
         assert!((share - 0.30).abs() < 0.01, "share {share}");
+    }
+
+    #[test]
+    fn a_long_kernels_debt_is_waited_for_not_cancelled() {
+        // A 40 s kernel at a 1 % share owes 4000 s: beyond the bound, so the clock is
+        // brought back to an hour ahead, and a launch still waits.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("usage");
+        create_usage_file(&path).unwrap();
+        let usage = UsageFile::open(&path, ProcessIdentity::current(Path::new("/proc"))).unwrap();
+        let usage: &'static UsageFile = Box::leak(Box::new(usage));
+        let rec = usage.device(0).unwrap();
+        let debt = wall_cost(40_000_000_000, 1);
+        rec.pace_clock.store(now_ns() + debt, SeqCst);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            admit(rec);
+            let _ = tx.send(());
+        });
+        assert!(
+            rx.recv_timeout(std::time::Duration::from_millis(200))
+                .is_err(),
+            "a launch went ahead of a {} s debt",
+            debt / 1_000_000_000
+        );
+        let ahead = rec.pace_clock.load(SeqCst).saturating_sub(now_ns());
+        assert!(ahead > MAX_AHEAD_NS - 60_000_000_000, "{ahead} ns ahead");
+    }
+
+    #[test]
+    fn a_correction_takes_the_clock_at_most_the_bound_ahead() {
+        let clock = AtomicU64::new(now_ns());
+        adjust(&clock, wall_cost(40_000_000_000, 1) as i64);
+        let ahead = clock.load(SeqCst).saturating_sub(now_ns());
+        assert!(ahead <= MAX_AHEAD_NS, "{ahead} ns ahead");
+        assert!(ahead > MAX_AHEAD_NS - 60_000_000_000, "{ahead} ns ahead");
+        let now = now_ns();
+        charge(&clock, now, wall_cost(40_000_000_000, 1));
+        assert_eq!(
+            clock.load(SeqCst),
+            now + MAX_AHEAD_NS,
+            "a charge stops at the bound"
+        );
+        // A clock already beyond (damage) is not pulled back by a charge: admit judges it.
+        clock.store(u64::MAX - 5, SeqCst);
+        charge(&clock, now, 10);
+        assert_eq!(clock.load(SeqCst), u64::MAX - 5);
     }
 
     #[test]
