@@ -45,7 +45,8 @@ table! {
     cuGraphInstantiateWithParams, cuGraphInstantiateWithParams_ptsz, cuGraphExecDestroy, cuGraphDestroy,
     cuDeviceGraphMemTrim,
     cuLaunchKernel, cuLaunchKernel_ptsz, cuLaunchKernelEx, cuLaunchKernelEx_ptsz,
-    cuLaunchCooperativeKernel, cuLaunchCooperativeKernel_ptsz, cuGraphLaunch, cuGraphLaunch_ptsz,
+    cuLaunchCooperativeKernel, cuLaunchCooperativeKernel_ptsz, cuLaunchCooperativeKernelMultiDevice,
+    cuGraphLaunch, cuGraphLaunch_ptsz,
     cuLaunch, cuLaunchGrid, cuLaunchGridAsync,
     nvmlDeviceGetMemoryInfo, nvmlDeviceGetMemoryInfo_v2,
     nvmlDeviceGetComputeRunningProcesses, nvmlDeviceGetComputeRunningProcesses_v2,
@@ -140,6 +141,7 @@ mod tests {
             "cuLaunchGrid",
             "cuLaunchGridAsync",
             "cuLaunchKernel",
+            "cuLaunchCooperativeKernelMultiDevice",
         ] {
             assert!(launches.contains(&name), "{name} missing from the table");
         }

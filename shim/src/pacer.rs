@@ -289,84 +289,154 @@ fn admit(rec: &DeviceRecord) -> u64 {
     }
 }
 
-/// Runs `launch` (on `stream`) paced to the share of the stream's device. The launch runs
-/// in the stream's context (a default stream's is the current context) whatever context is
-/// current, or none: device, context and events are the stream's.
-pub fn paced_launch(
+/// One stream of a paced launch: where its kernel runs and how it is measured.
+struct Target {
     stream: CUstream,
+    ctx: CUcontext,
+    idx: usize,
+    cores: u8,
+    /// When it was admitted, and the kernel time charged then (the estimate).
+    now: u64,
+    est: u64,
+    start: Option<CUevent>,
+    end: Option<CUevent>,
+    started: bool,
+    measured: bool,
+}
+
+/// The paced stream `stream`: its device and context (a kernel launched on a stream runs in
+/// the stream's context whatever context is current, or none; a default stream's is the
+/// current context), `None` when that device has no share to hold, the stream is being
+/// captured, or no device can be found (a default stream without a current context, a
+/// stream the driver does not know: the driver refuses such a launch).
+fn target(
+    slice: &Slice,
+    devices: &state::Devices,
+    stream: CUstream,
+    per_thread: bool,
+) -> Option<Target> {
+    let (dev, ctx) = state::stream_device(stream, per_thread).ok()?;
+    let idx = devices.index(dev)?;
+    let cores = slice.device(idx).map_or(0, |d| d.cores);
+    slice.usage.device(idx)?;
+    if cores == 0 || cores >= 100 || capturing(stream, per_thread) {
+        return None;
+    }
+    Some(Target {
+        stream,
+        ctx,
+        idx,
+        cores,
+        now: 0,
+        est: 0,
+        start: None,
+        end: None,
+        started: false,
+        measured: false,
+    })
+}
+
+/// Runs `launch`, which puts one kernel on each of `streams`, paced to the share of each
+/// stream's device: each is admitted by its device's clock and charged, and its kernel is
+/// bracketed by events of the stream's context.
+pub fn paced_launch(
+    streams: &[CUstream],
     per_thread: bool,
     launch: impl FnOnce() -> CUresult,
 ) -> CUresult {
     let Ok((slice, devices)) = state::ready() else {
         return launch();
     };
-    // No device: a default stream without a current context, or a stream the driver does
-    // not know; the driver refuses such a launch.
-    let Ok((dev, ctx)) = state::stream_device(stream, per_thread) else {
-        return launch();
-    };
-    let Some(idx) = devices.index(dev) else {
-        return launch();
-    };
-    let cores = slice.device(idx).map_or(0, |d| d.cores);
-    let Some(rec) = slice.usage.device(idx) else {
-        return launch();
-    };
-    if cores == 0 || cores >= 100 || capturing(stream, per_thread) {
+    let mut targets: Vec<Target> = streams
+        .iter()
+        .filter_map(|s| target(slice, devices, *s, per_thread))
+        .collect();
+    if targets.is_empty() {
         return launch();
     }
     if let Err(e) = slice.usage.intact() {
         crate::log::error!("{e}; paced launch refused");
         return CUDA_ERROR_ILLEGAL_STATE;
     }
+    // Device locks are taken in device order.
+    targets.sort_by_key(|t| t.idx);
     let current = state::current_context();
-    bound_inflight(slice, idx);
-    let now = admit(rec);
-    let (est, start, end) = {
-        let mut p = PACER.lock();
-        let est = p.est_ns[idx];
-        let start = take_event(&mut p, ctx, current);
-        let end = take_event(&mut p, ctx, current);
-        (est, start, end)
-    };
-    let cost = wall_cost(est, cores);
-    charge(&rec.pace_clock, now, cost);
-    // Start event, launch and end event go to the device together: another process of the
-    // container launching in between would have its kernel counted as ours.
-    let (measured, r) = {
-        let _threads = LAUNCH.lock();
-        let _processes = slice.usage.device_lock(idx);
-        let started = start.is_some_and(|s| record(s, stream, per_thread, ctx, current));
-        let r = launch();
-        let measured = match (started, end) {
-            (true, Some(e)) if r == CUDA_SUCCESS => record(e, stream, per_thread, ctx, current),
-            _ => false,
+    for t in &mut targets {
+        bound_inflight(slice, t.idx);
+        let Some(rec) = slice.usage.device(t.idx) else {
+            continue;
         };
-        (measured, r)
+        t.now = admit(rec);
+        {
+            let mut p = PACER.lock();
+            t.est = p.est_ns[t.idx];
+            t.start = take_event(&mut p, t.ctx, current);
+            t.end = take_event(&mut p, t.ctx, current);
+        }
+        charge(&rec.pace_clock, t.now, wall_cost(t.est, t.cores));
+    }
+    // Start events, launch and end events go to the devices together: another process of
+    // the container launching in between would have its kernel counted as ours.
+    let r = {
+        let _threads = LAUNCH.lock();
+        let mut locked = None;
+        let mut _processes = Vec::with_capacity(targets.len());
+        for t in &targets {
+            if locked != Some(t.idx) {
+                _processes.push(slice.usage.device_lock(t.idx));
+                locked = Some(t.idx);
+            }
+        }
+        for t in &mut targets {
+            t.started = t
+                .start
+                .is_some_and(|s| record(s, t.stream, per_thread, t.ctx, current));
+        }
+        let r = launch();
+        for t in &mut targets {
+            t.measured = t.started
+                && r == CUDA_SUCCESS
+                && t.end
+                    .is_some_and(|e| record(e, t.stream, per_thread, t.ctx, current));
+        }
+        r
     };
-    match (start, end) {
-        (Some(start), Some(end)) if measured => {
+    for t in targets {
+        settle(slice, t, r);
+    }
+    r
+}
+
+/// After the launch: a measured kernel waits in the queue for its end event; one the driver
+/// refused is refunded; one that ran but cannot be measured keeps its estimate charged.
+fn settle(slice: &Slice, t: Target, r: CUresult) {
+    match (t.start, t.end) {
+        (Some(start), Some(end)) if t.measured => {
             PACER.lock().pending.push_back(Pending {
                 start,
                 end,
-                ctx: ctx as usize,
-                idx,
-                cores,
-                charged_ns: est,
+                ctx: t.ctx as usize,
+                idx: t.idx,
+                cores: t.cores,
+                charged_ns: t.est,
             });
         }
         (start, end) => {
             if r != CUDA_SUCCESS {
                 // Nothing ran: nothing to pay.
-                adjust(&rec.pace_clock, -(cost as i64));
+                if let Some(rec) = slice.usage.device(t.idx) {
+                    adjust(&rec.pace_clock, -(wall_cost(t.est, t.cores) as i64));
+                }
             } else {
-                // It ran and cannot be measured: it keeps the estimate charged.
-                crate::log::debug!("pacer: device {idx}: a launch not measured, charged {est} ns");
+                crate::log::debug!(
+                    "pacer: device {}: a launch not measured, charged {} ns",
+                    t.idx,
+                    t.est
+                );
             }
-            give_back(ctx, start.into_iter().chain(end));
+            give_back(t.ctx, start.into_iter().chain(end));
         }
     }
-    r
 }
 
 /// Forgets events of a destroyed context (they died with it).

@@ -255,6 +255,7 @@ pub mod cu {
         cuLaunchKernelEx_ptsz: PFN_cuLaunchKernelEx;
         cuLaunchCooperativeKernel: PFN_cuLaunchCooperativeKernel;
         cuLaunchCooperativeKernel_ptsz: PFN_cuLaunchCooperativeKernel;
+        cuLaunchCooperativeKernelMultiDevice: PFN_cuLaunchCooperativeKernelMultiDevice;
         cuLaunch: PFN_cuLaunch;
         cuLaunchGrid: PFN_cuLaunchGrid;
         cuLaunchGridAsync: PFN_cuLaunchGridAsync;

@@ -38,10 +38,11 @@ fn a_burn_alone_holds_its_share() {
 }
 
 fn the_deprecated_launches_are_paced_alike() {
-    // Kernels launched through cuLaunchGridAsync, cuLaunchGrid or cuLaunch hold the share as
-    // cuLaunchKernel's do: unpaced, the burn would take the whole GPU.
+    // Kernels launched through cuLaunchGridAsync, cuLaunchGrid, cuLaunch or
+    // cuLaunchCooperativeKernelMultiDevice hold the share as cuLaunchKernel's do: unpaced,
+    // the burn would take the whole GPU.
     let node = SliceNode::new(&[16 * GIB], &[(4 * GIB, 30)]);
-    for api in ["grid-async", "grid", "legacy"] {
+    for api in ["grid-async", "grid", "legacy", "multi-device"] {
         let v = run_json(node.probe(&["burn", "--seconds", "2", "--launch", api]));
         let got = share(&v);
         assert!(

@@ -3,7 +3,8 @@
 //! nominally (kernels × their duration from cycles and the clock rate) and as measured with
 //! event pairs around sampled kernels (which catches clock drift on real GPUs). `--launch`
 //! picks the entry point: cuLaunchKernel, or one of the deprecated cuLaunchGridAsync,
-//! cuLaunchGrid, cuLaunch (the last two on the legacy default stream). `--current` picks the
+//! cuLaunchGrid, cuLaunch (the last two on the legacy default stream),
+//! cuLaunchCooperativeKernelMultiDevice (one device). `--current` picks the
 //! context current at each launch: the stream's, none or another context on the device (the
 //! probe's own events are recorded with the stream's context current).
 

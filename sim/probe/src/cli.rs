@@ -327,6 +327,9 @@ pub enum LaunchApi {
     Grid,
     /// The deprecated cuLaunch (a 1×1 grid), on the legacy default stream.
     Legacy,
+    /// The deprecated cuLaunchCooperativeKernelMultiDevice, one launch parameter on a stream
+    /// of the probe's.
+    MultiDevice,
 }
 
 impl LaunchApi {
@@ -337,6 +340,7 @@ impl LaunchApi {
             LaunchApi::GridAsync => "cuLaunchGridAsync",
             LaunchApi::Grid => "cuLaunchGrid",
             LaunchApi::Legacy => "cuLaunch",
+            LaunchApi::MultiDevice => "cuLaunchCooperativeKernelMultiDevice",
         }
     }
 }
