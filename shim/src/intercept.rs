@@ -39,6 +39,7 @@ table! {
     cuDeviceGetDefaultMemPool, cuDeviceGetMemPool,
     cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz,
     cuMemCreate, cuMemRelease, cuMemMap, cuMemUnmap, cuMemRetainAllocationHandle,
+    cuMemMapArrayAsync, cuMemMapArrayAsync_ptsz,
     cuArrayCreate, cuArrayCreate_v2, cuArray3DCreate, cuArray3DCreate_v2, cuArrayDestroy, cuMipmappedArrayCreate, cuMipmappedArrayDestroy,
     cuGraphAddMemAllocNode, cuGraphAddMemFreeNode, cuGraphAddNode, cuGraphAddNode_v2, cuGraphAddChildGraphNode, cuGraphClone,
     cuGraphInstantiate, cuGraphInstantiate_v2, cuGraphInstantiateWithFlags,
@@ -119,6 +120,41 @@ mod tests {
                         );
                     }
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn every_entry_point_holding_a_reference_on_a_vmm_handle_is_intercepted() {
+        // The driver frees a cuMemCreate allocation when its last reference goes: its handle,
+        // each retain, each mapping of it into an address range or (sparse arrays) a tile. The
+        // shim counts them (`hooks::vmm`), so every entry point that takes or drops one,
+        // every export of it, must be intercepted or the count, and the charge, goes wrong.
+        // `cuMemImportFromShareableHandle` is not: an imported handle is its exporter's.
+        let takers = [
+            "cuMemCreate",
+            "cuMemRelease",
+            "cuMemRetainAllocationHandle",
+            "cuMemMap",
+            "cuMemUnmap",
+            "cuMemMapArrayAsync",
+        ];
+        let rows: Vec<_> = gpuslice_cuda_ffi::procaddr::PROC_TABLE
+            .iter()
+            .filter(|row| takers.contains(&row.name))
+            .collect();
+        for name in takers {
+            assert!(
+                rows.iter().any(|row| row.name == name),
+                "{name} missing from the table"
+            );
+        }
+        for row in rows {
+            for symbol in std::iter::once(row.symbol).chain(row.per_thread) {
+                assert!(
+                    NAMES.contains(&symbol),
+                    "{symbol} takes or drops a reference on a VMM handle and is not intercepted"
+                );
             }
         }
     }
