@@ -163,6 +163,8 @@ pfns! {
     PFN_cuLaunch(CUfunction);
     PFN_cuLaunchGrid(CUfunction, c_int, c_int);
     PFN_cuLaunchGridAsync(CUfunction, c_int, c_int, CUstream);
+    /// Deprecated since CUDA 11.3, still exported: one cooperative kernel per device.
+    PFN_cuLaunchCooperativeKernelMultiDevice(*mut CUDA_LAUNCH_PARAMS, c_uint, c_uint);
 
     // Streams.
     PFN_cuStreamCreate(*mut CUstream, c_uint);

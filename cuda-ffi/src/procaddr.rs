@@ -147,6 +147,7 @@ pub static PROC_TABLE: &[ProcEntry] = table! {
     "cuIpcOpenMemHandle" 11000 "cuIpcOpenMemHandle_v2";
     "cuLaunch" 2000 "cuLaunch";
     "cuLaunchCooperativeKernel" 9000 "cuLaunchCooperativeKernel" "cuLaunchCooperativeKernel_ptsz";
+    "cuLaunchCooperativeKernelMultiDevice" 9000 "cuLaunchCooperativeKernelMultiDevice";
     "cuLaunchGrid" 2000 "cuLaunchGrid";
     "cuLaunchGridAsync" 2000 "cuLaunchGridAsync";
     "cuLaunchHostFunc" 10000 "cuLaunchHostFunc" "cuLaunchHostFunc_ptsz";

@@ -497,6 +497,24 @@ pub struct CUgraphEdgeData {
     pub reserved: [u8; 5],
 }
 
+/// `CUDA_LAUNCH_PARAMS`: one kernel of `cuLaunchCooperativeKernelMultiDevice`, each on its
+/// own stream (and so its own context and device).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+#[allow(non_snake_case)]
+pub struct CUDA_LAUNCH_PARAMS {
+    pub function: CUfunction,
+    pub gridDimX: c_uint,
+    pub gridDimY: c_uint,
+    pub gridDimZ: c_uint,
+    pub blockDimX: c_uint,
+    pub blockDimY: c_uint,
+    pub blockDimZ: c_uint,
+    pub sharedMemBytes: c_uint,
+    pub hStream: CUstream,
+    pub kernelParams: *mut *mut std::ffi::c_void,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -506,6 +524,8 @@ mod tests {
     #[test]
     fn layouts_match_cuda_h() {
         assert_eq!(size_of::<CUuuid>(), 16);
+        assert_eq!(offset_of!(CUDA_LAUNCH_PARAMS, hStream), 40);
+        assert_eq!(size_of::<CUDA_LAUNCH_PARAMS>(), 56);
         assert_eq!(size_of::<CUDA_ARRAY_DESCRIPTOR>(), 24);
         assert_eq!(size_of::<CUDA_ARRAY3D_DESCRIPTOR>(), 40);
         assert_eq!(offset_of!(CUDA_ARRAY3D_DESCRIPTOR, Flags), 32);

@@ -113,6 +113,40 @@ pub type PFN_cuLaunchCooperativeKernel = unsafe extern "C" fn(
     *mut *mut c_void,
 ) -> CUresult;
 
+/// `CUarrayMapInfo`: one mapping or unmapping of a sparse (mipmapped) array tile onto
+/// physical memory, for `cuMemMapArrayAsync`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUarrayMapInfo {
+    pub resourceType: c_uint,
+    /// `CUarray` or `CUmipmappedArray`, by `resourceType`.
+    pub resource: *mut c_void,
+    pub subresourceType: c_uint,
+    /// The `sparseLevel` (level, layer, offsetX/Y/Z, extentWidth/Height/Depth: eight
+    /// `unsigned int`) or `miptail` (layer, offset, size) union, as raw words.
+    pub subresource: [u64; 4],
+    pub memOperationType: c_uint,
+    pub memHandleType: c_uint,
+    /// The `memHandle` union: a `CUmemGenericAllocationHandle` for the generic handle type.
+    pub memHandle: CUmemGenericAllocationHandle,
+    pub offset: u64,
+    pub deviceBitMask: c_uint,
+    pub flags: c_uint,
+    pub reserved: [c_uint; 2],
+}
+
+/// `CUarraySparseSubresourceType`.
+pub const CU_ARRAY_SPARSE_SUBRESOURCE_TYPE_SPARSE_LEVEL: c_uint = 0;
+pub const CU_ARRAY_SPARSE_SUBRESOURCE_TYPE_MIPTAIL: c_uint = 1;
+/// `CUmemOperationType`.
+pub const CU_MEM_OPERATION_TYPE_MAP: c_uint = 1;
+pub const CU_MEM_OPERATION_TYPE_UNMAP: c_uint = 2;
+/// `CUmemHandleType`.
+pub const CU_MEM_HANDLE_TYPE_GENERIC: c_uint = 0;
+
+pub type PFN_cuMemMapArrayAsync =
+    unsafe extern "C" fn(*mut CUarrayMapInfo, c_uint, CUstream) -> CUresult;
+
 /// NVML's process lists: `nvmlDevice*RunningProcesses` with the v1 entry layout (the
 /// unversioned names) and with the v2 layout (`_v2` and `_v3`; cuda-ffi's
 /// `nvmlProcessInfo_t`).
@@ -135,5 +169,16 @@ mod tests {
     fn launch_config_layout_matches_cuda_h() {
         assert_eq!(std::mem::offset_of!(CUlaunchConfig, hStream), 32);
         assert_eq!(std::mem::size_of::<CUlaunchConfig>(), 56);
+    }
+
+    #[test]
+    fn array_map_info_layout_matches_cuda_h() {
+        use std::mem::offset_of;
+        assert_eq!(offset_of!(CUarrayMapInfo, resource), 8);
+        assert_eq!(offset_of!(CUarrayMapInfo, subresource), 24);
+        assert_eq!(offset_of!(CUarrayMapInfo, memOperationType), 56);
+        assert_eq!(offset_of!(CUarrayMapInfo, memHandle), 64);
+        assert_eq!(offset_of!(CUarrayMapInfo, deviceBitMask), 80);
+        assert_eq!(std::mem::size_of::<CUarrayMapInfo>(), 96);
     }
 }

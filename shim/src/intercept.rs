@@ -39,13 +39,15 @@ table! {
     cuDeviceGetDefaultMemPool, cuDeviceGetMemPool,
     cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz,
     cuMemCreate, cuMemRelease, cuMemMap, cuMemUnmap, cuMemRetainAllocationHandle,
+    cuMemMapArrayAsync, cuMemMapArrayAsync_ptsz,
     cuArrayCreate, cuArrayCreate_v2, cuArray3DCreate, cuArray3DCreate_v2, cuArrayDestroy, cuMipmappedArrayCreate, cuMipmappedArrayDestroy,
     cuGraphAddMemAllocNode, cuGraphAddMemFreeNode, cuGraphAddNode, cuGraphAddNode_v2, cuGraphAddChildGraphNode, cuGraphClone,
     cuGraphInstantiate, cuGraphInstantiate_v2, cuGraphInstantiateWithFlags,
     cuGraphInstantiateWithParams, cuGraphInstantiateWithParams_ptsz, cuGraphExecDestroy, cuGraphDestroy,
     cuDeviceGraphMemTrim,
     cuLaunchKernel, cuLaunchKernel_ptsz, cuLaunchKernelEx, cuLaunchKernelEx_ptsz,
-    cuLaunchCooperativeKernel, cuLaunchCooperativeKernel_ptsz, cuGraphLaunch, cuGraphLaunch_ptsz,
+    cuLaunchCooperativeKernel, cuLaunchCooperativeKernel_ptsz, cuLaunchCooperativeKernelMultiDevice,
+    cuGraphLaunch, cuGraphLaunch_ptsz,
     cuLaunch, cuLaunchGrid, cuLaunchGridAsync,
     nvmlDeviceGetMemoryInfo, nvmlDeviceGetMemoryInfo_v2,
     nvmlDeviceGetComputeRunningProcesses, nvmlDeviceGetComputeRunningProcesses_v2,
@@ -123,6 +125,41 @@ mod tests {
     }
 
     #[test]
+    fn every_entry_point_holding_a_reference_on_a_vmm_handle_is_intercepted() {
+        // The driver frees a cuMemCreate allocation when its last reference goes: its handle,
+        // each retain, each mapping of it into an address range or (sparse arrays) a tile. The
+        // shim counts them (`hooks::vmm`), so every entry point that takes or drops one,
+        // every export of it, must be intercepted or the count, and the charge, goes wrong.
+        // `cuMemImportFromShareableHandle` is not: an imported handle is its exporter's.
+        let takers = [
+            "cuMemCreate",
+            "cuMemRelease",
+            "cuMemRetainAllocationHandle",
+            "cuMemMap",
+            "cuMemUnmap",
+            "cuMemMapArrayAsync",
+        ];
+        let rows: Vec<_> = gpuslice_cuda_ffi::procaddr::PROC_TABLE
+            .iter()
+            .filter(|row| takers.contains(&row.name))
+            .collect();
+        for name in takers {
+            assert!(
+                rows.iter().any(|row| row.name == name),
+                "{name} missing from the table"
+            );
+        }
+        for row in rows {
+            for symbol in std::iter::once(row.symbol).chain(row.per_thread) {
+                assert!(
+                    NAMES.contains(&symbol),
+                    "{symbol} takes or drops a reference on a VMM handle and is not intercepted"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn every_kernel_launch_entry_point_is_paced() {
         // Every launch entry point the driver table lists is intercepted (and so paced:
         // `hooks::launch` sends each through the one pacing path), the deprecated `cuLaunch`,
@@ -140,6 +177,7 @@ mod tests {
             "cuLaunchGrid",
             "cuLaunchGridAsync",
             "cuLaunchKernel",
+            "cuLaunchCooperativeKernelMultiDevice",
         ] {
             assert!(launches.contains(&name), "{name} missing from the table");
         }

@@ -30,9 +30,15 @@ pub const MAX_INFLIGHT: usize = 32;
 pub const TOLERANCE_NS: u64 = 20_000_000;
 /// Longest single sleep, so a thread re-reads the shared clock regularly.
 const MAX_SLEEP_NS: u64 = 50_000_000;
-/// Furthest ahead of now launches can push the shared clock (one launch's cost at a 1 %
-/// share of a 36 s kernel); anything beyond is damage and is not waited for.
+/// Furthest ahead of now launches push the shared clock: a charge or correction that would
+/// take it further (a kernel longer than 36 s at a 1 % share) stops here, so one launch's
+/// debt is paid up to an hour, never cancelled.
 pub const MAX_AHEAD_NS: u64 = 3_600 * 1_000_000_000;
+/// A clock this far ahead of now cannot come from launches, even written a moment ago by a
+/// process whose `now` was later than the reader's: it is damage in the shared file (or a
+/// forged record) and is restarted from now instead of being waited for. Between
+/// [`MAX_AHEAD_NS`] and this it is brought back to `now + MAX_AHEAD_NS` and waited for.
+pub const DAMAGED_AHEAD_NS: u64 = 2 * MAX_AHEAD_NS;
 
 struct Pending {
     start: CUevent,
@@ -80,16 +86,31 @@ pub fn wall_cost(kernel_ns: u64, cores: u8) -> u64 {
     kernel_ns.saturating_mul(100) / u64::from(cores.max(1))
 }
 
-/// Charges `cost` ns of wall time to the clock (never from a point in the past).
+/// The furthest a charge or correction at `now` may take the clock.
+fn furthest(now: u64) -> u64 {
+    now.saturating_add(MAX_AHEAD_NS)
+}
+
+/// Charges `cost` ns of wall time to the clock (never from a point in the past, never
+/// beyond [`MAX_AHEAD_NS`] ahead of `now`; a clock already beyond is left to [`admit`]).
 pub fn charge(clock: &std::sync::atomic::AtomicU64, now: u64, cost: u64) {
     let _ = clock.fetch_update(SeqCst, SeqCst, |tat| {
-        Some(tat.max(now).saturating_add(cost))
+        Some(tat.max(tat.max(now).saturating_add(cost).min(furthest(now))))
     });
 }
 
-/// Corrects the clock by `delta` ns (an estimate that was too low or too high).
+/// Corrects the clock by `delta` ns (an estimate that was too low or too high); a raise
+/// takes it no further than [`MAX_AHEAD_NS`] ahead of now.
 pub fn adjust(clock: &std::sync::atomic::AtomicU64, delta: i64) {
-    let _ = clock.fetch_update(SeqCst, SeqCst, |tat| Some(tat.saturating_add_signed(delta)));
+    let now = now_ns();
+    let _ = clock.fetch_update(SeqCst, SeqCst, |tat| {
+        let moved = tat.saturating_add_signed(delta);
+        Some(if delta > 0 {
+            tat.max(moved.min(furthest(now)))
+        } else {
+            moved
+        })
+    });
 }
 
 /// How long a launch at `now` must wait for a clock at `tat` (0: go).
@@ -97,17 +118,41 @@ pub fn wait_ns(tat: u64, now: u64) -> u64 {
     tat.saturating_sub(now.saturating_add(TOLERANCE_NS))
 }
 
-fn record(ev: CUevent, stream: CUstream, per_thread: bool) -> CUresult {
+/// Runs `f` with `ctx` current: pushed (and popped again) when the calling thread's current
+/// context is another one or none. The pacer's events belong to the context of the stream
+/// they are recorded on, which need not be current at a launch.
+fn in_context<T>(ctx: CUcontext, current: CUcontext, f: impl FnOnce() -> T) -> Option<T> {
+    if ctx == current {
+        return Some(f());
+    }
+    let (push, pop) = (cu::cuCtxPushCurrent_v2()?, cu::cuCtxPopCurrent_v2()?);
+    // SAFETY: a live context the driver named for the caller's stream; popped again below.
+    if unsafe { push(ctx) } != CUDA_SUCCESS {
+        return None;
+    }
+    let out = f();
+    let mut popped: CUcontext = std::ptr::null_mut();
+    // SAFETY: pops the context pushed above; valid out pointer.
+    unsafe { pop(&mut popped) };
+    Some(out)
+}
+
+/// Records `ev` (an event of `ctx`) on `stream` (a stream of `ctx`).
+fn record(
+    ev: CUevent,
+    stream: CUstream,
+    per_thread: bool,
+    ctx: CUcontext,
+    current: CUcontext,
+) -> bool {
     let f = if per_thread {
         cu::cuEventRecord_ptsz()
     } else {
         cu::cuEventRecord()
     };
-    match f {
-        // SAFETY: an event of the current context and the caller's stream.
-        Some(f) => unsafe { f(ev, stream) },
-        None => CUDA_ERROR_NOT_FOUND,
-    }
+    let Some(f) = f else { return false };
+    // SAFETY: an event of the stream's context and the caller's stream.
+    in_context(ctx, current, || unsafe { f(ev, stream) }) == Some(CUDA_SUCCESS)
 }
 
 fn capturing(stream: CUstream, per_thread: bool) -> bool {
@@ -166,14 +211,28 @@ fn drain(p: &mut Pacer, slice: &Slice) {
     }
 }
 
-fn take_event(p: &mut Pacer, ctx: usize) -> Option<CUevent> {
-    if let Some(e) = p.pools.get_mut(&ctx).and_then(Vec::pop) {
+/// An idle event of context `ctx`, made in `ctx` when the pool has none.
+fn take_event(p: &mut Pacer, ctx: CUcontext, current: CUcontext) -> Option<CUevent> {
+    if let Some(e) = p.pools.get_mut(&(ctx as usize)).and_then(Vec::pop) {
         return Some(e as CUevent);
     }
     let create = cu::cuEventCreate()?;
     let mut ev: CUevent = std::ptr::null_mut();
-    // SAFETY: valid out pointer; the event belongs to the current context.
-    (unsafe { create(&mut ev, CU_EVENT_DEFAULT) } == CUDA_SUCCESS).then_some(ev)
+    // SAFETY: valid out pointer; the event belongs to `ctx`, current for the call.
+    let r = in_context(ctx, current, || unsafe {
+        create(&mut ev, CU_EVENT_DEFAULT)
+    });
+    (r == Some(CUDA_SUCCESS)).then_some(ev)
+}
+
+/// Puts events of `ctx` back in its pool.
+fn give_back(ctx: CUcontext, events: impl IntoIterator<Item = CUevent>) {
+    PACER
+        .lock()
+        .pools
+        .entry(ctx as usize)
+        .or_default()
+        .extend(events.into_iter().map(|e| e as usize));
 }
 
 /// Waits until this process may put more work on device `idx`.
@@ -199,19 +258,26 @@ fn bound_inflight(slice: &Slice, idx: usize) {
     }
 }
 
-/// Sleeps until the shared clock admits a launch. A clock more than [`MAX_AHEAD_NS`] ahead
-/// of now cannot come from launches (it is damage in the shared file, or a forged record)
-/// and is restarted from now instead of being waited for.
+/// Sleeps until the shared clock admits a launch. A clock more than [`DAMAGED_AHEAD_NS`]
+/// ahead of now cannot come from launches and is restarted from now; one more than
+/// [`MAX_AHEAD_NS`] ahead is brought back to that bound and waited for (a long kernel's debt
+/// is paid, not cancelled).
 fn admit(rec: &DeviceRecord) -> u64 {
     loop {
         let now = now_ns();
         let tat = rec.pace_clock.load(SeqCst);
-        if tat.saturating_sub(now) > MAX_AHEAD_NS {
-            crate::log::warning!(
-                "pacer: the shared pacing clock is {} s ahead; restarting it from now",
-                (tat - now) / 1_000_000_000
-            );
-            let _ = rec.pace_clock.compare_exchange(tat, now, SeqCst, SeqCst);
+        let ahead = tat.saturating_sub(now);
+        if ahead > MAX_AHEAD_NS {
+            let to = if ahead > DAMAGED_AHEAD_NS {
+                crate::log::warning!(
+                    "pacer: the shared pacing clock is {} s ahead; restarting it from now",
+                    ahead / 1_000_000_000
+                );
+                now
+            } else {
+                furthest(now)
+            };
+            let _ = rec.pace_clock.compare_exchange(tat, to, SeqCst, SeqCst);
             continue;
         }
         let wait = wait_ns(tat, now);
@@ -223,73 +289,154 @@ fn admit(rec: &DeviceRecord) -> u64 {
     }
 }
 
-/// Runs `launch` (on `stream`) paced to the current device's share.
-pub fn paced_launch(
+/// One stream of a paced launch: where its kernel runs and how it is measured.
+struct Target {
     stream: CUstream,
+    ctx: CUcontext,
+    idx: usize,
+    cores: u8,
+    /// When it was admitted, and the kernel time charged then (the estimate).
+    now: u64,
+    est: u64,
+    start: Option<CUevent>,
+    end: Option<CUevent>,
+    started: bool,
+    measured: bool,
+}
+
+/// The paced stream `stream`: its device and context (a kernel launched on a stream runs in
+/// the stream's context whatever context is current, or none; a default stream's is the
+/// current context), `None` when that device has no share to hold, the stream is being
+/// captured, or no device can be found (a default stream without a current context, a
+/// stream the driver does not know: the driver refuses such a launch).
+fn target(
+    slice: &Slice,
+    devices: &state::Devices,
+    stream: CUstream,
+    per_thread: bool,
+) -> Option<Target> {
+    let (dev, ctx) = state::stream_device(stream, per_thread).ok()?;
+    let idx = devices.index(dev)?;
+    let cores = slice.device(idx).map_or(0, |d| d.cores);
+    slice.usage.device(idx)?;
+    if cores == 0 || cores >= 100 || capturing(stream, per_thread) {
+        return None;
+    }
+    Some(Target {
+        stream,
+        ctx,
+        idx,
+        cores,
+        now: 0,
+        est: 0,
+        start: None,
+        end: None,
+        started: false,
+        measured: false,
+    })
+}
+
+/// Runs `launch`, which puts one kernel on each of `streams`, paced to the share of each
+/// stream's device: each is admitted by its device's clock and charged, and its kernel is
+/// bracketed by events of the stream's context.
+pub fn paced_launch(
+    streams: &[CUstream],
     per_thread: bool,
     launch: impl FnOnce() -> CUresult,
 ) -> CUresult {
     let Ok((slice, devices)) = state::ready() else {
         return launch();
     };
-    let Some(idx) = state::current_device().ok().and_then(|d| devices.index(d)) else {
-        return launch();
-    };
-    let cores = slice.device(idx).map_or(0, |d| d.cores);
-    let Some(rec) = slice.usage.device(idx) else {
-        return launch();
-    };
-    if cores == 0 || cores >= 100 || capturing(stream, per_thread) {
+    let mut targets: Vec<Target> = streams
+        .iter()
+        .filter_map(|s| target(slice, devices, *s, per_thread))
+        .collect();
+    if targets.is_empty() {
         return launch();
     }
     if let Err(e) = slice.usage.intact() {
         crate::log::error!("{e}; paced launch refused");
         return CUDA_ERROR_ILLEGAL_STATE;
     }
-    let ctx = state::current_context() as usize;
-    bound_inflight(slice, idx);
-    let now = admit(rec);
-    let (est, events) = {
-        let mut p = PACER.lock();
-        let est = p.est_ns[idx];
-        let start = take_event(&mut p, ctx);
-        let end = take_event(&mut p, ctx);
-        (est, start.zip(end))
-    };
-    let Some((start, end)) = events else {
-        return launch();
-    };
-    let cost = wall_cost(est, cores);
-    charge(&rec.pace_clock, now, cost);
-    // Start event, launch and end event go to the device together: another process of the
-    // container launching in between would have its kernel counted as ours.
-    let (started, r, ended) = {
-        let _threads = LAUNCH.lock();
-        let _processes = slice.usage.device_lock(idx);
-        let started = record(start, stream, per_thread) == CUDA_SUCCESS;
-        let r = launch();
-        let ended = r == CUDA_SUCCESS && record(end, stream, per_thread) == CUDA_SUCCESS;
-        (started, r, ended)
-    };
-    if r != CUDA_SUCCESS || !started || !ended {
-        adjust(&rec.pace_clock, -(cost as i64));
-        PACER
-            .lock()
-            .pools
-            .entry(ctx)
-            .or_default()
-            .extend([start as usize, end as usize]);
-        return r;
+    // Device locks are taken in device order.
+    targets.sort_by_key(|t| t.idx);
+    let current = state::current_context();
+    for t in &mut targets {
+        bound_inflight(slice, t.idx);
+        let Some(rec) = slice.usage.device(t.idx) else {
+            continue;
+        };
+        t.now = admit(rec);
+        {
+            let mut p = PACER.lock();
+            t.est = p.est_ns[t.idx];
+            t.start = take_event(&mut p, t.ctx, current);
+            t.end = take_event(&mut p, t.ctx, current);
+        }
+        charge(&rec.pace_clock, t.now, wall_cost(t.est, t.cores));
     }
-    PACER.lock().pending.push_back(Pending {
-        start,
-        end,
-        ctx,
-        idx,
-        cores,
-        charged_ns: est,
-    });
+    // Start events, launch and end events go to the devices together: another process of
+    // the container launching in between would have its kernel counted as ours.
+    let r = {
+        let _threads = LAUNCH.lock();
+        let mut locked = None;
+        let mut _processes = Vec::with_capacity(targets.len());
+        for t in &targets {
+            if locked != Some(t.idx) {
+                _processes.push(slice.usage.device_lock(t.idx));
+                locked = Some(t.idx);
+            }
+        }
+        for t in &mut targets {
+            t.started = t
+                .start
+                .is_some_and(|s| record(s, t.stream, per_thread, t.ctx, current));
+        }
+        let r = launch();
+        for t in &mut targets {
+            t.measured = t.started
+                && r == CUDA_SUCCESS
+                && t.end
+                    .is_some_and(|e| record(e, t.stream, per_thread, t.ctx, current));
+        }
+        r
+    };
+    for t in targets {
+        settle(slice, t, r);
+    }
     r
+}
+
+/// After the launch: a measured kernel waits in the queue for its end event; one the driver
+/// refused is refunded; one that ran but cannot be measured keeps its estimate charged.
+fn settle(slice: &Slice, t: Target, r: CUresult) {
+    match (t.start, t.end) {
+        (Some(start), Some(end)) if t.measured => {
+            PACER.lock().pending.push_back(Pending {
+                start,
+                end,
+                ctx: t.ctx as usize,
+                idx: t.idx,
+                cores: t.cores,
+                charged_ns: t.est,
+            });
+        }
+        (start, end) => {
+            if r != CUDA_SUCCESS {
+                // Nothing ran: nothing to pay.
+                if let Some(rec) = slice.usage.device(t.idx) {
+                    adjust(&rec.pace_clock, -(wall_cost(t.est, t.cores) as i64));
+                }
+            } else {
+                crate::log::debug!(
+                    "pacer: device {}: a launch not measured, charged {} ns",
+                    t.idx,
+                    t.est
+                );
+            }
+            give_back(t.ctx, start.into_iter().chain(end));
+        }
+    }
 }
 
 /// Forgets events of a destroyed context (they died with it).
@@ -308,6 +455,8 @@ pub fn reset_in_child() {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpuslice_slice::usage::{create_usage_file, ProcessIdentity, UsageFile};
+    use std::path::Path;
     use std::sync::atomic::AtomicU64;
 
     #[test]
@@ -331,6 +480,53 @@ mod tests {
         let busy = 1000 * 1_000_000u64;
         let share = busy as f64 / (now - start + wall_cost(1_000_000, 30)) as f64;
         assert!((share - 0.30).abs() < 0.01, "share {share}");
+    }
+
+    #[test]
+    fn a_long_kernels_debt_is_waited_for_not_cancelled() {
+        // A 40 s kernel at a 1 % share owes 4000 s: beyond the bound, so the clock is
+        // brought back to an hour ahead, and a launch still waits.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("usage");
+        create_usage_file(&path).unwrap();
+        let usage = UsageFile::open(&path, ProcessIdentity::current(Path::new("/proc"))).unwrap();
+        let usage: &'static UsageFile = Box::leak(Box::new(usage));
+        let rec = usage.device(0).unwrap();
+        let debt = wall_cost(40_000_000_000, 1);
+        rec.pace_clock.store(now_ns() + debt, SeqCst);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            admit(rec);
+            let _ = tx.send(());
+        });
+        assert!(
+            rx.recv_timeout(std::time::Duration::from_millis(200))
+                .is_err(),
+            "a launch went ahead of a {} s debt",
+            debt / 1_000_000_000
+        );
+        let ahead = rec.pace_clock.load(SeqCst).saturating_sub(now_ns());
+        assert!(ahead > MAX_AHEAD_NS - 60_000_000_000, "{ahead} ns ahead");
+    }
+
+    #[test]
+    fn a_correction_takes_the_clock_at_most_the_bound_ahead() {
+        let clock = AtomicU64::new(now_ns());
+        adjust(&clock, wall_cost(40_000_000_000, 1) as i64);
+        let ahead = clock.load(SeqCst).saturating_sub(now_ns());
+        assert!(ahead <= MAX_AHEAD_NS, "{ahead} ns ahead");
+        assert!(ahead > MAX_AHEAD_NS - 60_000_000_000, "{ahead} ns ahead");
+        let now = now_ns();
+        charge(&clock, now, wall_cost(40_000_000_000, 1));
+        assert_eq!(
+            clock.load(SeqCst),
+            now + MAX_AHEAD_NS,
+            "a charge stops at the bound"
+        );
+        // A clock already beyond (damage) is not pulled back by a charge: admit judges it.
+        clock.store(u64::MAX - 5, SeqCst);
+        charge(&clock, now, 10);
+        assert_eq!(clock.load(SeqCst), u64::MAX - 5);
     }
 
     #[test]

@@ -231,6 +231,8 @@ pub mod cu {
         cuMemMap: PFN_cuMemMap;
         cuMemUnmap: PFN_cuMemUnmap;
         cuMemRetainAllocationHandle: PFN_cuMemRetainAllocationHandle;
+        cuMemMapArrayAsync: PFN_cuMemMapArrayAsync;
+        cuMemMapArrayAsync_ptsz: PFN_cuMemMapArrayAsync;
         cuArrayCreate: PFN_cuArrayCreate_v1;
         cuArrayCreate_v2: PFN_cuArrayCreate_v2;
         cuArray3DCreate: PFN_cuArray3DCreate_v1;
@@ -255,6 +257,7 @@ pub mod cu {
         cuLaunchKernelEx_ptsz: PFN_cuLaunchKernelEx;
         cuLaunchCooperativeKernel: PFN_cuLaunchCooperativeKernel;
         cuLaunchCooperativeKernel_ptsz: PFN_cuLaunchCooperativeKernel;
+        cuLaunchCooperativeKernelMultiDevice: PFN_cuLaunchCooperativeKernelMultiDevice;
         cuLaunch: PFN_cuLaunch;
         cuLaunchGrid: PFN_cuLaunchGrid;
         cuLaunchGridAsync: PFN_cuLaunchGridAsync;

@@ -1,5 +1,6 @@
 //! Acceptance 4: on the simulated GPU a burn alone holds its compute share (10, 30, 50, 90)
-//! within ±5 points, through every launch entry point, and two slices at 20 and 70 on one GPU both hold theirs.
+//! within ±5 points, through every launch entry point and whichever context is current at the
+//! launch, and two slices at 20 and 70 on one GPU both hold theirs.
 
 use crate::common;
 use common::*;
@@ -19,6 +20,7 @@ fn share(v: &serde_json::Value) -> f64 {
 fn compute_shares_are_held() {
     a_burn_alone_holds_its_share();
     the_deprecated_launches_are_paced_alike();
+    launches_are_paced_in_the_streams_context();
     two_slices_on_one_gpu_both_hold_their_shares();
     two_processes_of_one_slice_share_its_compute();
 }
@@ -36,15 +38,31 @@ fn a_burn_alone_holds_its_share() {
 }
 
 fn the_deprecated_launches_are_paced_alike() {
-    // Kernels launched through cuLaunchGridAsync, cuLaunchGrid or cuLaunch hold the share as
-    // cuLaunchKernel's do: unpaced, the burn would take the whole GPU.
+    // Kernels launched through cuLaunchGridAsync, cuLaunchGrid, cuLaunch or
+    // cuLaunchCooperativeKernelMultiDevice hold the share as cuLaunchKernel's do: unpaced,
+    // the burn would take the whole GPU.
     let node = SliceNode::new(&[16 * GIB], &[(4 * GIB, 30)]);
-    for api in ["grid-async", "grid", "legacy"] {
+    for api in ["grid-async", "grid", "legacy", "multi-device"] {
         let v = run_json(node.probe(&["burn", "--seconds", "2", "--launch", api]));
         let got = share(&v);
         assert!(
             (got - 30.0).abs() <= 5.0,
             "--launch {api}: achieved {got:.1} % of a 30 % share: {v}"
+        );
+    }
+}
+
+fn launches_are_paced_in_the_streams_context() {
+    // A kernel launched on a stream runs in the stream's context, whichever context is
+    // current or none: with none the pacer found no device, with another context its events
+    // could not be recorded on the stream, and either way the burn took the whole GPU.
+    let node = SliceNode::new(&[16 * GIB], &[(4 * GIB, 30)]);
+    for current in ["none", "other"] {
+        let v = run_json(node.probe(&["burn", "--seconds", "2", "--current", current]));
+        let got = share(&v);
+        assert!(
+            (got - 30.0).abs() <= 5.0,
+            "--current {current}: achieved {got:.1} % of a 30 % share: {v}"
         );
     }
 }

@@ -7,22 +7,24 @@ use std::ffi::{c_int, c_uint, c_void};
 use std::sync::atomic::Ordering::Relaxed;
 
 use gpuslice_cuda_ffi::*;
+use gpuslice_slice::usage::MAX_DEVICES;
 
 use crate::ffi_extra::CUlaunchConfig;
 use crate::guard::guard;
 use crate::pacer;
 use crate::state::{self, MODE, MODE_FAST, MODE_PACED};
 
-/// The launch path once the mode is not `MODE_FAST`.
+/// The launch path once the mode is not `MODE_FAST`: `call` launches on `streams` (one
+/// kernel each).
 #[cold]
-fn slow(stream: CUstream, per_thread: bool, call: impl FnOnce() -> CUresult) -> CUresult {
+fn slow(streams: &[CUstream], per_thread: bool, call: impl FnOnce() -> CUresult) -> CUresult {
     if MODE.load(Relaxed) == state::MODE_UNKNOWN || MODE.load(Relaxed) == state::MODE_REFUSED {
         if let Err(r) = state::ready() {
             return r;
         }
     }
     match MODE.load(Relaxed) {
-        MODE_PACED => pacer::paced_launch(stream, per_thread, call),
+        MODE_PACED => pacer::paced_launch(streams, per_thread, call),
         _ => call(),
     }
 }
@@ -32,7 +34,7 @@ fn launch(stream: CUstream, per_thread: bool, call: impl FnOnce() -> CUresult) -
     if MODE.load(Relaxed) == MODE_FAST {
         return call();
     }
-    slow(stream, per_thread, call)
+    slow(&[stream], per_thread, call)
 }
 
 macro_rules! launch_kernel {
@@ -137,6 +139,38 @@ macro_rules! graph_launch {
 }
 graph_launch!(cuGraphLaunch, false);
 graph_launch!(cuGraphLaunch_ptsz, true);
+
+/// `cuLaunchCooperativeKernelMultiDevice` (deprecated since CUDA 11.3, still exported): one
+/// kernel per launch parameter, each on its own stream, so each paced on its stream's device.
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchCooperativeKernelMultiDevice(
+    params: *mut CUDA_LAUNCH_PARAMS,
+    num_devices: c_uint,
+    flags: c_uint,
+) -> CUresult {
+    guard(
+        "cuLaunchCooperativeKernelMultiDevice",
+        CUDA_ERROR_UNKNOWN,
+        || {
+            let real = real!(cuLaunchCooperativeKernelMultiDevice);
+            // SAFETY: the caller's arguments, unchanged.
+            let call = || unsafe { real(params, num_devices, flags) };
+            if MODE.load(Relaxed) == MODE_FAST || params.is_null() || num_devices == 0 {
+                return call();
+            }
+            // The devices must be distinct, and a slice has at most this many usable ones:
+            // the driver would refuse, and the list is not read past what can be valid.
+            if num_devices as usize > MAX_DEVICES {
+                return CUDA_ERROR_INVALID_VALUE;
+            }
+            // SAFETY: the caller passes `num_devices` launch parameters at `params` (checked
+            // non-null); only their streams are read.
+            let list = unsafe { std::slice::from_raw_parts(params, num_devices as usize) };
+            let streams: Vec<CUstream> = list.iter().map(|p| p.hStream).collect();
+            slow(&streams, false, call)
+        },
+    )
+}
 
 // The deprecated launches (block shape and parameters set on the function beforehand). They
 // have no per-thread variants: `cuLaunch` and `cuLaunchGrid` use the legacy default stream

@@ -47,6 +47,7 @@ exports! {
     cuGraphInstantiateWithParams, cuGraphInstantiateWithParams_ptsz,
     cuModuleLoadData, cuModuleGetFunction, cuModuleUnload, cuLaunchKernel, cuLaunchKernel_ptsz,
     cuFuncSetBlockShape, cuParamSetSize, cuParamSeti, cuParamSetv, cuLaunch, cuLaunchGrid, cuLaunchGridAsync,
+    cuLaunchCooperativeKernelMultiDevice,
     cuStreamCreate, cuStreamDestroy, cuStreamDestroy_v2, cuStreamSynchronize, cuStreamSynchronize_ptsz,
     cuStreamQuery, cuStreamQuery_ptsz, cuStreamGetCtx, cuStreamGetCtx_ptsz,
     cuStreamBeginCapture, cuStreamBeginCapture_ptsz, cuStreamBeginCapture_v2, cuStreamBeginCapture_v2_ptsz,

@@ -3,7 +3,10 @@
 //! nominally (kernels × their duration from cycles and the clock rate) and as measured with
 //! event pairs around sampled kernels (which catches clock drift on real GPUs). `--launch`
 //! picks the entry point: cuLaunchKernel, or one of the deprecated cuLaunchGridAsync,
-//! cuLaunchGrid, cuLaunch (the last two on the legacy default stream).
+//! cuLaunchGrid, cuLaunch (the last two on the legacy default stream),
+//! cuLaunchCooperativeKernelMultiDevice (one device). `--current` picks the
+//! context current at each launch: the stream's, none or another context on the device (the
+//! probe's own events are recorded with the stream's context current).
 
 use std::time::Instant;
 
@@ -11,8 +14,8 @@ use serde_json::json;
 
 use gpuslice_cuda_ffi::*;
 
-use crate::cli::BurnArgs;
-use crate::cuda::Cuda;
+use crate::cli::{BurnArgs, LaunchCurrent};
+use crate::cuda::{call, Cuda};
 use crate::error::{check, ProbeError};
 use crate::report::Out;
 
@@ -42,6 +45,35 @@ pub fn run(cuda: &Cuda, out: Out, ordinal: i32, args: &BurnArgs) -> Result<(), P
         std::ptr::null_mut()
     } else {
         cuda.stream_create()?
+    };
+    let mut own: CUcontext = std::ptr::null_mut();
+    call!(cuda, cuCtxGetCurrent: PFN_cuCtxGetCurrent, &mut own)?;
+    // The context made current for each launch (`None`: the stream's, nothing to switch).
+    let at_launch = match args.current {
+        LaunchCurrent::Stream => None,
+        _ if stream.is_null() => {
+            return Err(ProbeError::Usage(format!(
+                "--current {:?} needs a launch on the probe's stream, not {}",
+                args.current,
+                args.launch.as_str()
+            )))
+        }
+        LaunchCurrent::None => Some(std::ptr::null_mut()),
+        LaunchCurrent::Other => {
+            let other = cuda.context_create(&dev)?;
+            call!(cuda, cuCtxSetCurrent: PFN_cuCtxSetCurrent, own)?;
+            Some(other)
+        }
+    };
+    let launch = |kernel: CUfunction| -> Result<(), ProbeError> {
+        if let Some(c) = at_launch {
+            call!(cuda, cuCtxSetCurrent: PFN_cuCtxSetCurrent, c)?;
+        }
+        let r = launcher.launch(kernel, stream, cycles);
+        if at_launch.is_some() {
+            call!(cuda, cuCtxSetCurrent: PFN_cuCtxSetCurrent, own)?;
+        }
+        check(args.launch.as_str(), r)
     };
     // Two sets of events, for the batch running and the batch being queued behind it.
     let pairs = (args.sync_every.div_ceil(args.sample_every)) as usize;
@@ -78,10 +110,7 @@ pub fn run(cuda: &Cuda, out: Out, ordinal: i32, args: &BurnArgs) -> Result<(), P
             if let Some((a, _)) = sample {
                 cuda.event_record(a, stream)?;
             }
-            check(
-                args.launch.as_str(),
-                launcher.launch(kernel, stream, cycles),
-            )?;
+            launch(kernel)?;
             if let Some((_, e)) = sample {
                 cuda.event_record(e, stream)?;
                 b.used += 1;
@@ -123,6 +152,7 @@ pub fn run(cuda: &Cuda, out: Out, ordinal: i32, args: &BurnArgs) -> Result<(), P
         json!({
             "cmd": "burn",
             "launch": args.launch.as_str(),
+            "current": format!("{:?}", args.current).to_lowercase(),
             "seconds": wall,
             "kernel_us": args.kernel_us,
             "cycles": cycles,

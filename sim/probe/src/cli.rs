@@ -67,6 +67,11 @@ pub enum Command {
     /// Reports cuMemGetInfo before, after the destroy and after the step, the step's error
     /// and the driver's graph pool figures; holds; frees.
     GraphCache(GraphCacheArgs),
+    /// A stream-ordered free still queued behind a kernel while its pool (which keeps what
+    /// is freed into it) grows on another stream; then a cuMemAlloc once the stream has
+    /// passed the free. Reports the cuMemAlloc's error, cuMemGetInfo and the pool's reserved
+    /// bytes; holds; frees.
+    PoolPending(PoolPendingArgs),
     /// Threads allocating and freeing concurrently (cuMemAlloc and cuMemAllocAsync at
     /// random) for some rounds; print cuMemGetInfo's used memory before and after.
     Churn(ChurnArgs),
@@ -239,6 +244,22 @@ pub struct GraphCacheArgs {
 }
 
 #[derive(Debug, clap::Args)]
+pub struct PoolPendingArgs {
+    /// Bytes allocated from the pool and freed behind the kernel: bytes or 512Mi, 3Gi.
+    #[arg(long, value_parser = bytes)]
+    pub chunk: u64,
+    /// How long the kernel the free waits for runs, in milliseconds.
+    #[arg(long, default_value_t = 300)]
+    pub kernel_ms: u64,
+    /// Bytes of the cuMemAlloc once the stream has passed the free.
+    #[arg(long, value_parser = bytes)]
+    pub then: u64,
+    /// Keep everything this many seconds after printing, then free it.
+    #[arg(long, default_value_t = 0.0)]
+    pub hold: f64,
+}
+
+#[derive(Debug, clap::Args)]
 pub struct ChurnArgs {
     /// Threads allocating and freeing at once.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
@@ -297,6 +318,22 @@ pub struct BurnArgs {
     /// The launch entry point.
     #[arg(long, value_enum, default_value_t = LaunchApi::Kernel)]
     pub launch: LaunchApi,
+    /// Which context is current while a kernel is launched on the probe's stream (made in
+    /// the device's primary context).
+    #[arg(long, value_enum, default_value_t = LaunchCurrent::Stream)]
+    pub current: LaunchCurrent,
+}
+
+/// The context current at each `burn` launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LaunchCurrent {
+    /// The stream's own context.
+    Stream,
+    /// None (`cuCtxSetCurrent(NULL)` before each launch): the launch runs in the stream's
+    /// context.
+    None,
+    /// Another context on the same device (made with `cuCtxCreate`).
+    Other,
 }
 
 /// How `burn` launches its kernels.
@@ -311,6 +348,9 @@ pub enum LaunchApi {
     Grid,
     /// The deprecated cuLaunch (a 1×1 grid), on the legacy default stream.
     Legacy,
+    /// The deprecated cuLaunchCooperativeKernelMultiDevice, one launch parameter on a stream
+    /// of the probe's.
+    MultiDevice,
 }
 
 impl LaunchApi {
@@ -321,6 +361,7 @@ impl LaunchApi {
             LaunchApi::GridAsync => "cuLaunchGridAsync",
             LaunchApi::Grid => "cuLaunchGrid",
             LaunchApi::Legacy => "cuLaunch",
+            LaunchApi::MultiDevice => "cuLaunchCooperativeKernelMultiDevice",
         }
     }
 }

@@ -331,6 +331,7 @@ pub enum SpinLauncher {
     GridAsync(PFN_cuLaunchGridAsync),
     Grid(PFN_cuLaunchGrid),
     Legacy(PFN_cuLaunch),
+    MultiDevice(PFN_cuLaunchCooperativeKernelMultiDevice),
 }
 
 impl Cuda {
@@ -343,7 +344,10 @@ impl Cuda {
         cycles: u64,
     ) -> Result<SpinLauncher, ProbeError> {
         use crate::cli::LaunchApi;
-        if api != LaunchApi::Kernel {
+        if matches!(
+            api,
+            LaunchApi::GridAsync | LaunchApi::Grid | LaunchApi::Legacy
+        ) {
             let mut arg = cycles;
             let size = std::mem::size_of::<u64>() as c_uint;
             call!(self, cuFuncSetBlockShape: PFN_cuFuncSetBlockShape, f, 1, 1, 1)?;
@@ -357,6 +361,9 @@ impl Cuda {
                 LaunchApi::GridAsync => SpinLauncher::GridAsync(self.f("cuLaunchGridAsync")?),
                 LaunchApi::Grid => SpinLauncher::Grid(self.f("cuLaunchGrid")?),
                 LaunchApi::Legacy => SpinLauncher::Legacy(self.f("cuLaunch")?),
+                LaunchApi::MultiDevice => {
+                    SpinLauncher::MultiDevice(self.f("cuLaunchCooperativeKernelMultiDevice")?)
+                }
             }
         })
     }
@@ -374,6 +381,24 @@ impl SpinLauncher {
             SpinLauncher::Grid(l) => unsafe { l(f, 1, 1) },
             // SAFETY: as above.
             SpinLauncher::Legacy(l) => unsafe { l(f) },
+            SpinLauncher::MultiDevice(l) => {
+                let mut arg = cycles;
+                let mut args = [(&mut arg as *mut u64).cast::<c_void>()];
+                let mut one = CUDA_LAUNCH_PARAMS {
+                    function: f,
+                    gridDimX: 1,
+                    gridDimY: 1,
+                    gridDimZ: 1,
+                    blockDimX: 1,
+                    blockDimY: 1,
+                    blockDimZ: 1,
+                    sharedMemBytes: 0,
+                    hStream: stream,
+                    kernelParams: args.as_mut_ptr(),
+                };
+                // SAFETY: one launch parameter for a kernel taking one u64, no flags.
+                unsafe { l(&mut one, 1, 0) }
+            }
         }
     }
 

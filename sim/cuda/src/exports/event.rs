@@ -33,16 +33,21 @@ pub unsafe extern "C" fn cuEventCreate(ph: *mut CUevent, flags: c_uint) -> CUres
     })
 }
 
+/// `cuEventRecord`: "hEvent and hStream must be from the same context otherwise
+/// CUDA_ERROR_INVALID_HANDLE is returned" (CUDA driver API). A default stream is the current
+/// context's; a stream of its own needs no current context.
 fn record(ev: CUevent, stream: CUstream) -> CuResult {
     let d = driver()?;
     let mut o = d.objects();
     let sid = o.stream(stream)?;
     let ord = o.stream_ordinal(sid)?;
     let tail = o.streams[&sid].tail;
+    let stream_ctx = o.streams[&sid].ctx;
     let free_at = d.node.state().free_at(d.ordinals[ord]);
     let e = o
         .events
         .get_mut(&id_of(ev))
+        .filter(|e| e.ctx == stream_ctx)
         .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
     e.stamp = Some(now_ns().max(tail).max(free_at));
     Ok(())

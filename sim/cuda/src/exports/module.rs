@@ -231,6 +231,50 @@ pub unsafe extern "C" fn cuLaunchKernel_ptsz(
     })
 }
 
+/// `cuLaunchCooperativeKernelMultiDevice`: one kernel per launch parameter, each on its
+/// own stream, whose devices must be distinct (`CUDA_ERROR_INVALID_DEVICE` otherwise); the
+/// flags may only ask to skip the launch's pre and post synchronisation. The parameters are
+/// all checked before any kernel is queued.
+fn launch_multi_device(list: *mut CUDA_LAUNCH_PARAMS, count: c_uint, flags: c_uint) -> CuResult {
+    let d = driver()?;
+    if list.is_null() || count == 0 || flags & !0x3 != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let params = crate::guard::get_slice(list.cast_const(), count as usize)?;
+    {
+        let o = d.objects();
+        let mut ordinals = Vec::with_capacity(params.len());
+        for p in &params {
+            let ord = o.stream_ordinal(o.stream(p.hStream)?)?;
+            if ordinals.contains(&ord) {
+                return Err(CUDA_ERROR_INVALID_DEVICE);
+            }
+            ordinals.push(ord);
+        }
+    }
+    for p in &params {
+        launch(
+            p.function,
+            [p.gridDimX, p.gridDimY, p.gridDimZ],
+            [p.blockDimX, p.blockDimY, p.blockDimZ],
+            p.hStream,
+            p.kernelParams,
+            std::ptr::null_mut(),
+            Via::Kernel,
+        )?;
+    }
+    Ok(())
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn cuLaunchCooperativeKernelMultiDevice(
+    list: *mut CUDA_LAUNCH_PARAMS,
+    num_devices: c_uint,
+    flags: c_uint,
+) -> CUresult {
+    guard(|| launch_multi_device(list, num_devices, flags))
+}
+
 /// Largest legacy parameter buffer (the 4 KiB kernel parameter limit of the legacy API).
 const MAX_LEGACY_PARAMS: usize = 4096;
 

@@ -52,6 +52,7 @@ pub unsafe extern "C" fn cuMemPoolCreate(
 pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
     guard(|| {
         let d = driver()?;
+        crate::exports::memory::reap(d);
         let removed = {
             let mut o = d.objects();
             let id = id_of(pool);
@@ -81,6 +82,7 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
 pub unsafe extern "C" fn cuMemPoolTrimTo(pool: CUmemoryPool, min_bytes_to_keep: usize) -> CUresult {
     guard(|| {
         let d = driver()?;
+        crate::exports::memory::reap(d);
         let (ord, released) = {
             let mut o = d.objects();
             let p = o
@@ -107,6 +109,7 @@ pub unsafe extern "C" fn cuMemPoolSetAttribute(
 ) -> CUresult {
     guard(|| {
         let d = driver()?;
+        crate::exports::memory::reap(d);
         let (ord, released) = {
             let mut o = d.objects();
             let p = o
@@ -146,6 +149,7 @@ pub unsafe extern "C" fn cuMemPoolGetAttribute(
 ) -> CUresult {
     guard(|| {
         let d = driver()?;
+        crate::exports::memory::reap(d);
         let o = d.objects();
         let p = o.pools.get(&id_of(pool)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         let bytes = match attr {
