@@ -6,7 +6,7 @@
 //! last of those containers has exited. Run at start, periodically, and at once when a prepare
 //! was refused for capacity someone holds; container exits never release a live claim.
 
-use gpuslice_registry::ClaimLeft;
+use gpuslice_registry::{ClaimLeft, Registry, RegistryError};
 
 use crate::booking::{held_by, BookingError, Plugin};
 use crate::claim::{node_allocation, ClaimError, ClaimRef, SlotGeometry};
@@ -53,6 +53,24 @@ pub enum CleanupError {
     Release(#[from] BookingError),
 }
 
+/// Runs `f` on the node registry off the async threads, for claim `c`'s booking.
+async fn on_registry<T: Send + 'static>(
+    plugin: &Plugin,
+    c: &ClaimRef,
+    f: impl FnOnce(&Registry) -> Result<T, RegistryError> + Send + 'static,
+) -> Result<T, CleanupError> {
+    let registry = plugin.registry().clone();
+    tokio::task::spawn_blocking(move || f(&registry))
+        .await
+        .map_err(|e| CleanupError::Registry(e.to_string()))?
+        .map_err(|e| {
+            CleanupError::Release(BookingError::Registry {
+                claim: c.to_string(),
+                source: Box::new(e),
+            })
+        })
+}
+
 /// Checks every claim booking in the registry against the API server; releases the stale
 /// ones whose containers have all exited and keeps the others.
 pub async fn release_stale(plugin: &Plugin) -> Result<CleanupReport, CleanupError> {
@@ -74,15 +92,8 @@ pub async fn release_stale(plugin: &Plugin) -> Result<CleanupReport, CleanupErro
                     if marked {
                         // Allocated here again while the kubelet kept it prepared (no new
                         // prepare comes): a live booking again, not reaped with its containers.
-                        let registry = plugin.registry().clone();
                         let uid = c.uid.clone();
-                        tokio::task::spawn_blocking(move || registry.claim_back(&uid, &seen))
-                            .await
-                            .map_err(|e| CleanupError::Registry(e.to_string()))?
-                            .map_err(|e| BookingError::Registry {
-                                claim: c.to_string(),
-                                source: Box::new(e),
-                            })?;
+                        on_registry(plugin, &c, move |r| r.claim_back(&uid, &seen)).await?;
                     }
                     // What the claim holds, for the publisher (the only source after a restart).
                     plugin.set_held(&c.uid, Some(a.held));
@@ -103,15 +114,8 @@ pub async fn release_stale(plugin: &Plugin) -> Result<CleanupReport, CleanupErro
         };
         // Only the booking this pass read is released: a prepare may have booked the claim
         // again since the API server answered (the kubelet unprepared and prepared it anew).
-        let registry = plugin.registry().clone();
         let (uid, reason) = (c.uid.clone(), why.clone());
-        let left = tokio::task::spawn_blocking(move || registry.claim_left(&uid, &seen, &reason))
-            .await
-            .map_err(|e| CleanupError::Registry(e.to_string()))?
-            .map_err(|e| BookingError::Registry {
-                claim: c.to_string(),
-                source: Box::new(e),
-            })?;
+        let left = on_registry(plugin, &c, move |r| r.claim_left(&uid, &seen, &reason)).await?;
         // Kept or released, the scheduler no longer counts it: the publisher withdraws what a
         // kept booking holds, as it does the node paths'.
         if !matches!(left, ClaimLeft::Rebooked { .. }) {
