@@ -207,17 +207,6 @@ pub fn take(kind: Kind, key: u64) -> Option<Entry> {
     TABLES.lock().allocs.remove(&(kind, key))
 }
 
-/// Bytes of the allocations from memory pool `pool` this process has charged and not
-/// freed (an allocation being freed has left the table, one being made is not yet in it).
-pub fn live_in_pool(pool: usize) -> u64 {
-    TABLES
-        .lock()
-        .allocs
-        .iter()
-        .filter(|((kind, _), e)| *kind == Kind::Ptr && e.pool == pool)
-        .fold(0u64, |sum, (_, e)| sum.saturating_add(e.bytes))
-}
-
 /// The charge of the allocation named by `key`, if any.
 pub fn charged(kind: Kind, key: u64) -> Option<Entry> {
     TABLES.lock().allocs.get(&(kind, key)).copied()

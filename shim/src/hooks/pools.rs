@@ -2,7 +2,8 @@
 //! memory a pool keeps reserved after its allocations are freed. A pool with a release
 //! threshold above 0 does not give freed memory back to the device, so a freed pool
 //! allocation stays charged as the pool's cache until the driver says the pool no longer
-//! holds it (`cuMemPoolGetAttribute`, see [`kept`]), the pool is trimmed or destroyed. Before an allocation is refused, this process's pool caches on that device are
+//! holds it (reserved minus used bytes, `cuMemPoolGetAttribute`, never below what the
+//! release threshold lets it keep after a free), the pool is trimmed or destroyed. Before an allocation is refused, this process's pool caches on that device are
 //! trimmed (`cuMemPoolTrimTo(pool, 0)`), so a cache never makes the program fail: it only
 //! loses reuse.
 
@@ -60,22 +61,23 @@ fn attribute(pool: usize, attr: CUmemPool_attribute) -> Option<u64> {
     (r == CUDA_SUCCESS).then_some(v)
 }
 
-/// What pool `pool` still keeps of the `cached` bytes charged to it. `exact` (right after an
-/// allocation or a trim): what the driver reserves beyond this process's live allocations
-/// from it. Not reserved minus used: the driver counts a stream-ordered free as used until
-/// the stream reaches it, and a pool that keeps freed memory keeps those bytes then, so they
-/// stay charged. Otherwise (after a free) at least what the release threshold lets the pool
-/// keep. Without figures, the threshold; 0 for a pool that is gone.
+/// What pool `pool` still keeps of the `cached` bytes charged to it. `exact`: the driver's
+/// figure (reserved minus used bytes), right after an allocation or a trim. Otherwise (after
+/// a free, whose bytes count as used until the stream reaches it) at least what the release
+/// threshold lets the pool keep. Without figures, the threshold; 0 for a pool that is gone.
 fn kept(pool: usize, cached: u64, exact: bool) -> u64 {
     let threshold = attribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD);
-    let reserved = attribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT);
+    let figure = match (
+        attribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT),
+        attribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT),
+    ) {
+        (Some(reserved), Some(used)) => Some(reserved.saturating_sub(used)),
+        _ => None,
+    };
     let bound = threshold.unwrap_or(0).min(cached);
-    match (reserved, exact) {
-        (Some(reserved), true) => reserved.saturating_sub(account::live_in_pool(pool)),
-        (Some(reserved), false) => match attribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT) {
-            Some(used) => reserved.saturating_sub(used).max(bound),
-            None => bound,
-        },
+    match (figure, exact) {
+        (Some(f), true) => f,
+        (Some(f), false) => f.max(bound),
         (None, _) => bound,
     }
 }

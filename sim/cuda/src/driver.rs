@@ -495,10 +495,6 @@ pub struct Objects {
     pub graph_pools: Vec<GraphPool>,
     /// Context id → what it saw of its GPU's XIDs ([`Objects::check_context`]).
     pub sticky: HashMap<u64, Sticky>,
-    /// Stream-ordered frees their stream has not reached: (when it reaches them, address).
-    /// The allocation stays allocated (and its pool's used memory) until then
-    /// (`exports::memory::reap`).
-    pub freeing: Vec<(u64, u64)>,
 }
 
 impl Objects {
@@ -549,7 +545,6 @@ impl Objects {
             graph_live: HashMap::new(),
             graph_pools: vec![GraphPool::default(); devices],
             sticky: HashMap::new(),
-            freeing: Vec::new(),
         }
     }
 

@@ -67,11 +67,6 @@ pub enum Command {
     /// Reports cuMemGetInfo before, after the destroy and after the step, the step's error
     /// and the driver's graph pool figures; holds; frees.
     GraphCache(GraphCacheArgs),
-    /// A stream-ordered free still queued behind a kernel while its pool (which keeps what
-    /// is freed into it) grows on another stream; then a cuMemAlloc once the stream has
-    /// passed the free. Reports the cuMemAlloc's error, cuMemGetInfo and the pool's reserved
-    /// bytes; holds; frees.
-    PoolPending(PoolPendingArgs),
     /// Threads allocating and freeing concurrently (cuMemAlloc and cuMemAllocAsync at
     /// random) for some rounds; print cuMemGetInfo's used memory before and after.
     Churn(ChurnArgs),
@@ -238,22 +233,6 @@ pub struct GraphCacheArgs {
     pub chunk: u64,
     #[arg(long, value_enum)]
     pub then: GraphCacheStep,
-    /// Keep everything this many seconds after printing, then free it.
-    #[arg(long, default_value_t = 0.0)]
-    pub hold: f64,
-}
-
-#[derive(Debug, clap::Args)]
-pub struct PoolPendingArgs {
-    /// Bytes allocated from the pool and freed behind the kernel: bytes or 512Mi, 3Gi.
-    #[arg(long, value_parser = bytes)]
-    pub chunk: u64,
-    /// How long the kernel the free waits for runs, in milliseconds.
-    #[arg(long, default_value_t = 300)]
-    pub kernel_ms: u64,
-    /// Bytes of the cuMemAlloc once the stream has passed the free.
-    #[arg(long, value_parser = bytes)]
-    pub then: u64,
     /// Keep everything this many seconds after printing, then free it.
     #[arg(long, default_value_t = 0.0)]
     pub hold: f64,

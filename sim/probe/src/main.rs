@@ -19,7 +19,6 @@ mod error;
 mod fill;
 mod info;
 mod nvml;
-mod pending;
 mod ptx;
 mod report;
 
@@ -46,7 +45,6 @@ fn run(cli: &Cli) -> Result<(), ProbeError> {
         Command::Fill(f) => fill::run(&cuda, out, cli.device, &cli.nvml_lib, f),
         Command::Churn(c) => churn::run(&cuda, out, cli.device, c),
         Command::GraphCache(g) => alloc::run_graph_cache(&cuda, out, cli.device, g),
-        Command::PoolPending(p) => pending::run(&cuda, out, cli.device, p),
         Command::Smi => Ok(()),
     }
 }

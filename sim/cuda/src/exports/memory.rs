@@ -1,12 +1,11 @@
 //! Linear device memory: `cuMemAlloc`, pitched, managed and stream-ordered allocations, all
 //! charged node-wide against the device's capacity (`CUDA_ERROR_OUT_OF_MEMORY` past it), and
 //! `cuMemGetInfo` reporting the node-wide figures (its total without the memory the driver
-//! reserves). A stream-ordered free takes effect when its stream reaches it ([`reap`]).
+//! reserves).
 
 use std::ffi::c_uint;
 
 use gpuslice_cuda_ffi::*;
-use gpuslice_sim_core::now_ns;
 
 use crate::driver::{driver, AllocKind, Allocation, Charge, Driver, GraphNode};
 use crate::guard::{guard, put, CuResult};
@@ -40,7 +39,6 @@ pub fn allocate(
     if bytes == 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    reap(d);
     let mut o = d.objects();
     let va = o.new_va(bytes, 0)?;
     let pool = match kind {
@@ -113,38 +111,6 @@ pub fn free(d: &Driver, dptr: CUdeviceptr) -> CuResult {
     drop(o);
     d.uncharge(a.charge.ordinal, release);
     Ok(())
-}
-
-/// Carries out the stream-ordered frees whose stream has reached them: until then the
-/// memory is allocated, as the driver frees it "when the operation is executed in stream
-/// order" (CUDA Programming Guide, stream ordered memory allocator), counted in its pool's
-/// used memory and not reusable by another stream. Run before every allocation and pool
-/// query or change.
-pub fn reap(d: &Driver) {
-    let due: Vec<u64> = {
-        let mut o = d.objects();
-        if o.freeing.is_empty() {
-            return;
-        }
-        let now = now_ns();
-        let mut due = Vec::new();
-        o.freeing.retain(|(at, dptr)| {
-            let reached = *at <= now;
-            if reached {
-                due.push(*dptr);
-            }
-            !reached
-        });
-        due
-    };
-    for dptr in due {
-        let _ = free(d, dptr);
-    }
-}
-
-/// Whether a stream-ordered free of `dptr` is still queued (a second free of it is invalid).
-fn freeing(d: &Driver, dptr: CUdeviceptr) -> bool {
-    d.objects().freeing.iter().any(|(_, p)| *p == dptr)
 }
 
 /// If `stream` is being captured, adds an allocation node of `bytes` to the capture graph
@@ -282,9 +248,6 @@ pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
         let d = driver()?;
         // A poisoned context frees nothing: its memory is held until it is destroyed.
         d.objects().check_pointer(dptr)?;
-        if freeing(d, dptr) {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
         free(d, dptr)
     })
 }
@@ -326,15 +289,6 @@ fn free_async(dptr: CUdeviceptr, stream: CUstream) -> CuResult {
         match o.allocations.get(&dptr) {
             Some(a) if matches!(a.kind, AllocKind::Pool(_)) => {}
             _ => return Err(CUDA_ERROR_INVALID_VALUE),
-        }
-        if o.freeing.iter().any(|(_, p)| *p == dptr) {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        // Freed when the stream reaches it: after the work queued on it so far.
-        let at = o.streams[&sid].tail;
-        if at > now_ns() {
-            o.freeing.push((at, dptr));
-            return Ok(());
         }
     }
     free(d, dptr)

@@ -52,7 +52,6 @@ pub unsafe extern "C" fn cuMemPoolCreate(
 pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
     guard(|| {
         let d = driver()?;
-        crate::exports::memory::reap(d);
         let removed = {
             let mut o = d.objects();
             let id = id_of(pool);
@@ -82,7 +81,6 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
 pub unsafe extern "C" fn cuMemPoolTrimTo(pool: CUmemoryPool, min_bytes_to_keep: usize) -> CUresult {
     guard(|| {
         let d = driver()?;
-        crate::exports::memory::reap(d);
         let (ord, released) = {
             let mut o = d.objects();
             let p = o
@@ -109,7 +107,6 @@ pub unsafe extern "C" fn cuMemPoolSetAttribute(
 ) -> CUresult {
     guard(|| {
         let d = driver()?;
-        crate::exports::memory::reap(d);
         let (ord, released) = {
             let mut o = d.objects();
             let p = o
@@ -149,7 +146,6 @@ pub unsafe extern "C" fn cuMemPoolGetAttribute(
 ) -> CUresult {
     guard(|| {
         let d = driver()?;
-        crate::exports::memory::reap(d);
         let o = d.objects();
         let p = o.pools.get(&id_of(pool)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         let bytes = match attr {
