@@ -67,8 +67,13 @@ pub struct Enforcer {
     unfrozen_seen: HashMap<(String, u32), String>,
     /// The freezer files of each (reservation, GPU UUID) under a duty cycle, as the last
     /// cycle that judged it planned them: what stays frozen, at its controller's run
-    /// fraction, while the driver does not list that GPU's processes.
+    /// fraction, while the driver reads that GPU without listing its processes (for
+    /// `enforce.window` at most, `unlisted_since`).
     frozen: HashMap<(String, String), Vec<FreezerFile>>,
+    /// When each (reservation, GPU UUID) held because its GPU was read without a process
+    /// list was first held, for the cycles in a row it has been: the hold lasts at most
+    /// `enforce.window`.
+    unlisted_since: HashMap<(String, String), Instant>,
     throttles: Throttles,
     now_ms: Box<dyn Fn() -> u64 + Send>,
 }
@@ -108,6 +113,7 @@ impl Enforcer {
             unowned_seen: HashSet::new(),
             unfrozen_seen: HashMap::new(),
             frozen: HashMap::new(),
+            unlisted_since: HashMap::new(),
             throttles,
             now_ms: Box::new(wall_ms),
         }
@@ -121,10 +127,12 @@ impl Enforcer {
         self
     }
 
-    /// Runs one cycle on `file`'s reservations and the `devices` the meter read. A GPU whose
-    /// processes the driver did not list (the listing failed, or the GPU could not be read)
-    /// is left alone: its slices are not judged, and keep what they had — grace clocks,
-    /// repeat windows, kills in flight, controllers and the duty cycle they were under.
+    /// Runs one cycle on `file`'s reservations and the `devices` the meter read. A GPU read
+    /// without a process list (the listing failed) is left alone for at most
+    /// `enforce.window` of cycles in a row: its slices are not judged, and keep what they
+    /// had — grace clocks, repeat windows, kills in flight, controllers and the duty cycle
+    /// they were under; past it, or at once for a GPU missing from `devices` (it could not
+    /// be read at all), their state is forgotten and their cgroups thawed.
     pub fn cycle(
         &mut self,
         file: &RegistryFile,
@@ -197,29 +205,47 @@ impl Enforcer {
             out.unowned.push((uuid.clone(), unowned));
         }
         let listed = |uuid: &str| gpus.iter().any(|(u, _)| u.as_str() == uuid);
+        // Read, but without a process list.
+        let unlisted = |uuid: &str| !listed(uuid) && devices.iter().any(|d| d.uuid == uuid);
 
         // Decisions per slice and booked GPU (a GPU with no process is judged empty).
         let mut wanted: BTreeMap<FreezerFile, f64> = BTreeMap::new();
         let mut keep: HashSet<(String, String)> = HashSet::new();
-        // The reservations with a booked GPU whose processes were not listed.
+        // The reservations with a booked GPU held because its processes were not listed.
         let mut held: HashSet<&str> = HashSet::new();
+        // The (reservation, GPU UUID) whose GPU was read without a process list.
+        let mut unlisted_now: HashSet<(String, String)> = HashSet::new();
+        // GPU UUID → the reservations whose held state there is let go this cycle.
+        let mut released: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
         for (n, s) in live.iter().enumerate() {
             if s.r.whole_gpu {
                 continue;
             }
             for b in &s.r.gpus {
                 let key = (s.r.id.clone(), b.uuid.clone());
-                keep.insert(key.clone());
-                if !listed(&b.uuid) {
+                if unlisted(&b.uuid) {
                     // Nothing is known of its processes this cycle, which is no sign that
                     // the slice came under (a tenant can make the listing fail by opening
                     // contexts faster than the driver's list is sized): nothing is decided
                     // or forgotten, and its cgroups stay under the duty cycle they had —
-                    // dropped from the plan, they would thaw and run free.
-                    held.insert(&s.r.id);
-                    self.hold_throttle(&key, &mut out, &mut wanted);
+                    // dropped from the plan, they would thaw and run free. For a window at
+                    // most: a listing that keeps failing would freeze them for good.
+                    unlisted_now.insert(key.clone());
+                    let since = *self.unlisted_since.entry(key.clone()).or_insert(now);
+                    if now.saturating_duration_since(since) < self.cfg.window {
+                        keep.insert(key.clone());
+                        held.insert(&s.r.id);
+                        self.hold_throttle(&key, &mut out, &mut wanted);
+                    } else if self.memory.contains_key(&key) || self.compute.contains_key(&key) {
+                        released.entry(&b.uuid).or_default().push(&s.r.id);
+                    }
                     continue;
                 }
+                if !listed(&b.uuid) {
+                    // Missing from the reading (the GPU could not be read): nothing is held.
+                    continue;
+                }
+                keep.insert(key.clone());
                 // Planned again from this reading (`freeze`), or not frozen any more.
                 self.frozen.remove(&key);
                 let procs = groups
@@ -233,17 +259,26 @@ impl Enforcer {
                 }
             }
         }
+        for (uuid, ids) in released {
+            out.errors.push(format!(
+                "the driver has not listed the processes of GPU {uuid} for {}: the state of \
+                 its slices {} there is forgotten and their cgroups thawed",
+                humantime::format_duration(self.cfg.window),
+                ids.join(", ")
+            ));
+        }
         self.memory.retain(|k, _| keep.contains(k));
         self.compute.retain(|k, _| keep.contains(k));
         self.frozen.retain(|k, _| keep.contains(k));
+        self.unlisted_since.retain(|k, _| unlisted_now.contains(k));
         // What was reported of processes no longer listed is forgotten, but not for a GPU
-        // (or reservation) whose processes were not listed this cycle.
+        // read without a process list (or a reservation held) this cycle.
         let present: HashSet<(String, u32)> = gpus
             .iter()
             .flat_map(|&(uuid, procs)| procs.iter().map(move |p| (uuid.clone(), p.pid)))
             .collect();
         self.unowned_seen
-            .retain(|(u, pid, _)| !listed(u) || present.contains(&(u.clone(), *pid)));
+            .retain(|(u, pid, _)| unlisted(u) || present.contains(&(u.clone(), *pid)));
         self.unfrozen_seen.retain(|(r, pid), _| {
             held.contains(r.as_str()) || present.iter().any(|(_, p)| p == pid)
         });
@@ -1581,6 +1616,68 @@ mod tests {
             "{throttles:?}"
         );
         assert!(out.events.is_empty(), "{:?}", out.events);
+    }
+
+    /// A GPU missing from the reading (its handle could not be read — fallen off the bus —
+    /// or the GPUs could not be counted) holds nothing: a throttled slice on it is thawed at
+    /// once, and its controller forgotten.
+    #[test]
+    fn a_throttled_slice_is_thawed_when_its_gpu_is_missing_from_the_reading() {
+        for missing in [vec![], vec![listed(uuid(1), vec![])]] {
+            let dir = tempfile::tempdir().unwrap();
+            let (mut e, throttles, freeze, file) = throttled_own(dir.path());
+            let t0 = Instant::now();
+            let tick = Duration::from_millis(500);
+            for i in 0..4u32 {
+                e.cycle(&file, &own_at(Some(95)), t0 + tick * i);
+            }
+            assert!(throttles.lock().unwrap().contains_key(&freeze), "throttled");
+            let out = e.cycle(&file, &missing, t0 + tick * 4);
+            assert!(throttles.lock().unwrap().is_empty(), "{throttles:?}");
+            assert!(out.throttled.is_empty(), "{:?}", out.throttled);
+            assert!(e.compute.is_empty() && e.frozen.is_empty());
+        }
+    }
+
+    /// A GPU read without a process list, cycle after cycle, holds its throttled slice for
+    /// `enforce.window` (5 s) at most: held through the unlisted cycles before it, thawed and
+    /// forgotten at the first one past it, with one error line.
+    #[test]
+    fn a_gpu_the_driver_keeps_not_listing_holds_its_throttle_for_a_window_at_most() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut e, throttles, freeze, file) = throttled_own(dir.path());
+        let t0 = Instant::now();
+        let tick = Duration::from_millis(500);
+        for i in 0..4u32 {
+            e.cycle(&file, &own_at(Some(95)), t0 + tick * i);
+        }
+        let run = throttles.lock().unwrap().get(&freeze).copied();
+        assert!(run.is_some_and(|r| r < 1.0), "throttled: {run:?}");
+        let unlisted = vec![DeviceReading {
+            uuid: uuid(0),
+            processes: None,
+            ..Default::default()
+        }];
+        // Unlisted from 2 s: held at 2, 2.5, ... 6.5 s (under 5 s since the first).
+        for i in 4..14u32 {
+            let out = e.cycle(&file, &unlisted, t0 + tick * i);
+            assert_eq!(
+                throttles.lock().unwrap().get(&freeze).copied(),
+                run,
+                "held at cycle {i}"
+            );
+            assert!(out.errors.is_empty(), "{:?}", out.errors);
+        }
+        let out = e.cycle(&file, &unlisted, t0 + tick * 14);
+        assert!(throttles.lock().unwrap().is_empty(), "{throttles:?}");
+        assert!(out.throttled.is_empty(), "{:?}", out.throttled);
+        assert_eq!(out.errors.len(), 1, "{:?}", out.errors);
+        assert!(e.compute.is_empty() && e.memory.is_empty() && e.frozen.is_empty());
+        for i in 15..20u32 {
+            let out = e.cycle(&file, &unlisted, t0 + tick * i);
+            assert!(throttles.lock().unwrap().is_empty(), "{throttles:?}");
+            assert!(out.errors.is_empty(), "{:?}", out.errors);
+        }
     }
 
     /// A slice over its memory limit keeps its grace clock through a cycle whose reading of
