@@ -18,7 +18,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::SeqCst;
 
 use gpuslice_cuda_ffi::*;
-use gpuslice_slice::usage::{DeviceRecord, MAX_DEVICES};
+use gpuslice_slice::usage::{DeviceLock, DeviceRecord, MAX_DEVICES};
 
 use crate::forksafe::ForkSafe;
 use crate::real::cu;
@@ -290,6 +290,7 @@ fn admit(rec: &DeviceRecord) -> u64 {
 }
 
 /// One stream of a paced launch: where its kernel runs and how it is measured.
+#[derive(Clone, Copy)]
 struct Target {
     stream: CUstream,
     ctx: CUcontext,
@@ -304,41 +305,55 @@ struct Target {
     measured: bool,
 }
 
-/// The paced stream `stream`: its device and context (a kernel launched on a stream runs in
-/// the stream's context whatever context is current, or none; a default stream's is the
-/// current context), `None` when that device has no share to hold, the stream is being
-/// captured, or no device can be found (a default stream without a current context, a
-/// stream the driver does not know: the driver refuses such a launch).
-fn target(
-    slice: &Slice,
-    devices: &state::Devices,
-    stream: CUstream,
-    per_thread: bool,
-) -> Option<Target> {
-    let (dev, ctx) = state::stream_device(stream, per_thread).ok()?;
-    let idx = devices.index(dev)?;
-    let cores = slice.device(idx).map_or(0, |d| d.cores);
-    slice.usage.device(idx)?;
-    if cores == 0 || cores >= 100 || capturing(stream, per_thread) {
-        return None;
-    }
-    Some(Target {
-        stream,
-        ctx,
-        idx,
-        cores,
+impl Target {
+    /// A place holder, never paced.
+    const NONE: Target = Target {
+        stream: std::ptr::null_mut(),
+        ctx: std::ptr::null_mut(),
+        idx: 0,
+        cores: 0,
         now: 0,
         est: 0,
         start: None,
         end: None,
         started: false,
         measured: false,
-    })
+    };
 }
 
-/// Runs `launch`, which puts one kernel on each of `streams`, paced to the share of each
-/// stream's device: each is admitted by its device's clock and charged, and its kernel is
-/// bracketed by events of the stream's context.
+/// The paced stream `stream`: its device and context (a kernel launched on a stream runs in
+/// the stream's context whatever context is current, or none; a default stream's is the
+/// current context) and the calling thread's current context, `None` when that device has
+/// no share to hold, the stream is being captured, or no device can be found (a default
+/// stream without a current context, a stream the driver does not know: the driver refuses
+/// such a launch).
+fn target(
+    slice: &Slice,
+    devices: &state::Devices,
+    stream: CUstream,
+    per_thread: bool,
+) -> Option<(Target, CUcontext)> {
+    let (dev, ctx, current) = state::stream_device(stream, per_thread).ok()?;
+    let idx = devices.index(dev)?;
+    let cores = slice.device(idx).map_or(0, |d| d.cores);
+    slice.usage.device(idx)?;
+    if cores == 0 || cores >= 100 || capturing(stream, per_thread) {
+        return None;
+    }
+    let t = Target {
+        stream,
+        ctx,
+        idx,
+        cores,
+        ..Target::NONE
+    };
+    Some((t, current))
+}
+
+/// Runs `launch`, which puts one kernel on each of `streams` (at most [`MAX_DEVICES`], each
+/// on its own device, as the driver requires), paced to the share of each stream's device:
+/// each is admitted by its device's clock and charged, and its kernel is bracketed by events
+/// of the stream's context. Nothing is allocated on the heap.
 pub fn paced_launch(
     streams: &[CUstream],
     per_thread: bool,
@@ -347,21 +362,48 @@ pub fn paced_launch(
     let Ok((slice, devices)) = state::ready() else {
         return launch();
     };
-    let mut targets: Vec<Target> = streams
-        .iter()
-        .filter_map(|s| target(slice, devices, *s, per_thread))
-        .collect();
-    if targets.is_empty() {
+    if let [stream] = streams {
+        // The common case: one stream.
+        let Some((t, current)) = target(slice, devices, *stream, per_thread) else {
+            return launch();
+        };
+        return pace(slice, &mut [t], current, per_thread, launch);
+    }
+    if streams.len() > MAX_DEVICES {
+        // More kernels than devices: the driver refuses such a launch.
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let mut targets = [Target::NONE; MAX_DEVICES];
+    let (mut n, mut current) = (0, std::ptr::null_mut());
+    for s in streams {
+        if let Some((t, c)) = target(slice, devices, *s, per_thread) {
+            targets[n] = t;
+            n += 1;
+            current = c;
+        }
+    }
+    if n == 0 {
         return launch();
     }
+    pace(slice, &mut targets[..n], current, per_thread, launch)
+}
+
+/// [`paced_launch`] for its `targets` (not empty); `current` is the calling thread's current
+/// context.
+fn pace(
+    slice: &Slice,
+    targets: &mut [Target],
+    current: CUcontext,
+    per_thread: bool,
+    launch: impl FnOnce() -> CUresult,
+) -> CUresult {
     if let Err(e) = slice.usage.intact() {
         crate::log::error!("{e}; paced launch refused");
         return CUDA_ERROR_ILLEGAL_STATE;
     }
     // Device locks are taken in device order.
-    targets.sort_by_key(|t| t.idx);
-    let current = state::current_context();
-    for t in &mut targets {
+    targets.sort_unstable_by_key(|t| t.idx);
+    for t in targets.iter_mut() {
         bound_inflight(slice, t.idx);
         let Some(rec) = slice.usage.device(t.idx) else {
             continue;
@@ -379,21 +421,21 @@ pub fn paced_launch(
     // the container launching in between would have its kernel counted as ours.
     let r = {
         let _threads = LAUNCH.lock();
+        let mut _processes: [Option<DeviceLock<'_>>; MAX_DEVICES] = Default::default();
         let mut locked = None;
-        let mut _processes = Vec::with_capacity(targets.len());
-        for t in &targets {
+        for (t, lock) in targets.iter().zip(_processes.iter_mut()) {
             if locked != Some(t.idx) {
-                _processes.push(slice.usage.device_lock(t.idx));
+                *lock = slice.usage.device_lock(t.idx);
                 locked = Some(t.idx);
             }
         }
-        for t in &mut targets {
+        for t in targets.iter_mut() {
             t.started = t
                 .start
                 .is_some_and(|s| record(s, t.stream, per_thread, t.ctx, current));
         }
         let r = launch();
-        for t in &mut targets {
+        for t in targets.iter_mut() {
             t.measured = t.started
                 && r == CUDA_SUCCESS
                 && t.end
@@ -401,8 +443,8 @@ pub fn paced_launch(
         }
         r
     };
-    for t in targets {
-        settle(slice, t, r);
+    for t in targets.iter() {
+        settle(slice, *t, r);
     }
     r
 }
