@@ -18,7 +18,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::SeqCst;
 
 use gpuslice_cuda_ffi::*;
-use gpuslice_slice::usage::{DeviceLock, DeviceRecord, MAX_DEVICES};
+use gpuslice_slice::usage::{DeviceLock, DeviceRecord, UsageFile, MAX_DEVICES};
 
 use crate::forksafe::ForkSafe;
 use crate::real::cu;
@@ -48,6 +48,8 @@ struct Pending {
     cores: u8,
     /// Kernel time charged at launch (the estimate).
     charged_ns: u64,
+    /// Wall time that charge added to the clock (see [`charge`]).
+    charged_wall: u64,
 }
 
 // SAFETY: event handles are plain driver handles usable from any thread.
@@ -93,10 +95,13 @@ fn furthest(now: u64) -> u64 {
 
 /// Charges `cost` ns of wall time to the clock (never from a point in the past, never
 /// beyond [`MAX_AHEAD_NS`] ahead of `now`; a clock already beyond is left to [`admit`]).
-pub fn charge(clock: &std::sync::atomic::AtomicU64, now: u64, cost: u64) {
-    let _ = clock.fetch_update(SeqCst, SeqCst, |tat| {
-        Some(tat.max(tat.max(now).saturating_add(cost).min(furthest(now))))
-    });
+/// Returns the wall time actually charged, less than `cost` where the bound stopped it: what
+/// a later correction or refund of this charge may take back.
+pub fn charge(clock: &std::sync::atomic::AtomicU64, now: u64, cost: u64) -> u64 {
+    let moved = |tat: u64| tat.max(tat.max(now).saturating_add(cost).min(furthest(now)));
+    match clock.fetch_update(SeqCst, SeqCst, |tat| Some(moved(tat))) {
+        Ok(tat) | Err(tat) => moved(tat).saturating_sub(tat.max(now)),
+    }
 }
 
 /// Corrects the clock by `delta` ns (an estimate that was too low or too high); a raise
@@ -189,7 +194,8 @@ fn drain(p: &mut Pacer, slice: &Slice) {
             if let Some(rec) = slice.usage.device(x.idx) {
                 rec.busy_ns.fetch_add(ns, SeqCst);
                 rec.launches.fetch_add(1, SeqCst);
-                let delta = wall_cost(ns, x.cores) as i64 - wall_cost(x.charged_ns, x.cores) as i64;
+                let cost = i64::try_from(wall_cost(ns, x.cores)).unwrap_or(i64::MAX);
+                let delta = cost.saturating_sub(x.charged_wall as i64);
                 adjust(&rec.pace_clock, delta);
             }
             crate::log::debug!(
@@ -299,6 +305,9 @@ struct Target {
     /// When it was admitted, and the kernel time charged then (the estimate).
     now: u64,
     est: u64,
+    /// The wall time that charge added to the clock: corrections and a refund are relative
+    /// to it, never to the estimate's full cost, which the bound may have cut.
+    charged: u64,
     start: Option<CUevent>,
     end: Option<CUevent>,
     started: bool,
@@ -306,6 +315,11 @@ struct Target {
 }
 
 impl Target {
+    /// Charges the estimate to the clock of `rec`, this target's device, at its admission.
+    fn charge(&mut self, rec: &DeviceRecord) {
+        self.charged = charge(&rec.pace_clock, self.now, wall_cost(self.est, self.cores));
+    }
+
     /// A place holder, never paced.
     const NONE: Target = Target {
         stream: std::ptr::null_mut(),
@@ -314,6 +328,7 @@ impl Target {
         cores: 0,
         now: 0,
         est: 0,
+        charged: 0,
         start: None,
         end: None,
         started: false,
@@ -415,7 +430,7 @@ fn pace(
             t.start = take_event(&mut p, t.ctx, current);
             t.end = take_event(&mut p, t.ctx, current);
         }
-        charge(&rec.pace_clock, t.now, wall_cost(t.est, t.cores));
+        t.charge(rec);
     }
     // Start events, launch and end events go to the devices together: another process of
     // the container launching in between would have its kernel counted as ours.
@@ -444,14 +459,14 @@ fn pace(
         r
     };
     for t in targets.iter() {
-        settle(slice, *t, r);
+        settle(&slice.usage, *t, r);
     }
     r
 }
 
 /// After the launch: a measured kernel waits in the queue for its end event; one the driver
 /// refused is refunded; one that ran but cannot be measured keeps its estimate charged.
-fn settle(slice: &Slice, t: Target, r: CUresult) {
+fn settle(usage: &UsageFile, t: Target, r: CUresult) {
     match (t.start, t.end) {
         (Some(start), Some(end)) if t.measured => {
             PACER.lock().pending.push_back(Pending {
@@ -461,13 +476,14 @@ fn settle(slice: &Slice, t: Target, r: CUresult) {
                 idx: t.idx,
                 cores: t.cores,
                 charged_ns: t.est,
+                charged_wall: t.charged,
             });
         }
         (start, end) => {
             if r != CUDA_SUCCESS {
                 // Nothing ran: nothing to pay.
-                if let Some(rec) = slice.usage.device(t.idx) {
-                    adjust(&rec.pace_clock, -(wall_cost(t.est, t.cores) as i64));
+                if let Some(rec) = usage.device(t.idx) {
+                    adjust(&rec.pace_clock, -(t.charged as i64));
                 }
             } else {
                 crate::log::debug!(
@@ -572,12 +588,42 @@ mod tests {
     }
 
     #[test]
+    fn a_refused_launch_takes_back_only_what_its_capped_charge_added() {
+        // A 40 s estimate at a 1 % share charged to a clock 10 s short of the bound adds
+        // only those 10 s: the refund of the refused launch takes back no more.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("usage");
+        create_usage_file(&path).unwrap();
+        let usage = UsageFile::open(&path, ProcessIdentity::current(Path::new("/proc"))).unwrap();
+        let rec = usage.device(0).unwrap();
+        let now = now_ns();
+        let before = now + MAX_AHEAD_NS - 10_000_000_000;
+        rec.pace_clock.store(before, SeqCst);
+        let mut t = Target {
+            idx: 0,
+            cores: 1,
+            now,
+            est: 40_000_000_000,
+            ..Target::NONE
+        };
+        t.charge(rec);
+        assert_eq!(rec.pace_clock.load(SeqCst), now + MAX_AHEAD_NS);
+        settle(&usage, t, CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(
+            rec.pace_clock.load(SeqCst),
+            before,
+            "the debt before it is kept"
+        );
+    }
+
+    #[test]
     fn idle_time_is_not_banked() {
         let clock = AtomicU64::new(0);
         charge(&clock, 1_000, 10);
         assert_eq!(clock.load(SeqCst), 1_010);
-        // Much later: the clock restarts from now, no credit for the idle gap.
-        charge(&clock, 1_000_000, 10);
+        // Much later: the clock restarts from now, no credit for the idle gap (and only the
+        // cost counts as charged, not the gap).
+        assert_eq!(charge(&clock, 1_000_000, 10), 10);
         assert_eq!(clock.load(SeqCst), 1_000_010);
         adjust(&clock, -20);
         assert_eq!(clock.load(SeqCst), 999_990);
