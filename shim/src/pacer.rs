@@ -18,7 +18,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering::SeqCst;
 
 use gpuslice_cuda_ffi::*;
-use gpuslice_slice::usage::{DeviceRecord, MAX_DEVICES};
+use gpuslice_slice::usage::{DeviceLock, DeviceRecord, UsageFile, MAX_DEVICES};
 
 use crate::forksafe::ForkSafe;
 use crate::real::cu;
@@ -48,6 +48,8 @@ struct Pending {
     cores: u8,
     /// Kernel time charged at launch (the estimate).
     charged_ns: u64,
+    /// Wall time that charge added to the clock (see [`charge`]).
+    charged_wall: u64,
 }
 
 // SAFETY: event handles are plain driver handles usable from any thread.
@@ -93,10 +95,13 @@ fn furthest(now: u64) -> u64 {
 
 /// Charges `cost` ns of wall time to the clock (never from a point in the past, never
 /// beyond [`MAX_AHEAD_NS`] ahead of `now`; a clock already beyond is left to [`admit`]).
-pub fn charge(clock: &std::sync::atomic::AtomicU64, now: u64, cost: u64) {
-    let _ = clock.fetch_update(SeqCst, SeqCst, |tat| {
-        Some(tat.max(tat.max(now).saturating_add(cost).min(furthest(now))))
-    });
+/// Returns the wall time actually charged, less than `cost` where the bound stopped it: what
+/// a later correction or refund of this charge may take back.
+pub fn charge(clock: &std::sync::atomic::AtomicU64, now: u64, cost: u64) -> u64 {
+    let moved = |tat: u64| tat.max(tat.max(now).saturating_add(cost).min(furthest(now)));
+    match clock.fetch_update(SeqCst, SeqCst, |tat| Some(moved(tat))) {
+        Ok(tat) | Err(tat) => moved(tat).saturating_sub(tat.max(now)),
+    }
 }
 
 /// Corrects the clock by `delta` ns (an estimate that was too low or too high); a raise
@@ -189,7 +194,8 @@ fn drain(p: &mut Pacer, slice: &Slice) {
             if let Some(rec) = slice.usage.device(x.idx) {
                 rec.busy_ns.fetch_add(ns, SeqCst);
                 rec.launches.fetch_add(1, SeqCst);
-                let delta = wall_cost(ns, x.cores) as i64 - wall_cost(x.charged_ns, x.cores) as i64;
+                let cost = i64::try_from(wall_cost(ns, x.cores)).unwrap_or(i64::MAX);
+                let delta = cost.saturating_sub(x.charged_wall as i64);
                 adjust(&rec.pace_clock, delta);
             }
             crate::log::debug!(
@@ -290,6 +296,7 @@ fn admit(rec: &DeviceRecord) -> u64 {
 }
 
 /// One stream of a paced launch: where its kernel runs and how it is measured.
+#[derive(Clone, Copy)]
 struct Target {
     stream: CUstream,
     ctx: CUcontext,
@@ -298,47 +305,70 @@ struct Target {
     /// When it was admitted, and the kernel time charged then (the estimate).
     now: u64,
     est: u64,
+    /// The wall time that charge added to the clock: corrections and a refund are relative
+    /// to it, never to the estimate's full cost, which the bound may have cut.
+    charged: u64,
     start: Option<CUevent>,
     end: Option<CUevent>,
     started: bool,
     measured: bool,
 }
 
+impl Target {
+    /// Charges the estimate to the clock of `rec`, this target's device, at its admission.
+    fn charge(&mut self, rec: &DeviceRecord) {
+        self.charged = charge(&rec.pace_clock, self.now, wall_cost(self.est, self.cores));
+    }
+
+    /// A place holder, never paced.
+    const NONE: Target = Target {
+        stream: std::ptr::null_mut(),
+        ctx: std::ptr::null_mut(),
+        idx: 0,
+        cores: 0,
+        now: 0,
+        est: 0,
+        charged: 0,
+        start: None,
+        end: None,
+        started: false,
+        measured: false,
+    };
+}
+
 /// The paced stream `stream`: its device and context (a kernel launched on a stream runs in
 /// the stream's context whatever context is current, or none; a default stream's is the
-/// current context), `None` when that device has no share to hold, the stream is being
-/// captured, or no device can be found (a default stream without a current context, a
-/// stream the driver does not know: the driver refuses such a launch).
+/// current context) and the calling thread's current context, `None` when that device has
+/// no share to hold, the stream is being captured, or no device can be found (a default
+/// stream without a current context, a stream the driver does not know: the driver refuses
+/// such a launch).
 fn target(
     slice: &Slice,
     devices: &state::Devices,
     stream: CUstream,
     per_thread: bool,
-) -> Option<Target> {
-    let (dev, ctx) = state::stream_device(stream, per_thread).ok()?;
+) -> Option<(Target, CUcontext)> {
+    let (dev, ctx, current) = state::stream_device(stream, per_thread).ok()?;
     let idx = devices.index(dev)?;
     let cores = slice.device(idx).map_or(0, |d| d.cores);
     slice.usage.device(idx)?;
     if cores == 0 || cores >= 100 || capturing(stream, per_thread) {
         return None;
     }
-    Some(Target {
+    let t = Target {
         stream,
         ctx,
         idx,
         cores,
-        now: 0,
-        est: 0,
-        start: None,
-        end: None,
-        started: false,
-        measured: false,
-    })
+        ..Target::NONE
+    };
+    Some((t, current))
 }
 
-/// Runs `launch`, which puts one kernel on each of `streams`, paced to the share of each
-/// stream's device: each is admitted by its device's clock and charged, and its kernel is
-/// bracketed by events of the stream's context.
+/// Runs `launch`, which puts one kernel on each of `streams` (at most [`MAX_DEVICES`], each
+/// on its own device, as the driver requires), paced to the share of each stream's device:
+/// each is admitted by its device's clock and charged, and its kernel is bracketed by events
+/// of the stream's context. Nothing is allocated on the heap.
 pub fn paced_launch(
     streams: &[CUstream],
     per_thread: bool,
@@ -347,21 +377,48 @@ pub fn paced_launch(
     let Ok((slice, devices)) = state::ready() else {
         return launch();
     };
-    let mut targets: Vec<Target> = streams
-        .iter()
-        .filter_map(|s| target(slice, devices, *s, per_thread))
-        .collect();
-    if targets.is_empty() {
+    if let [stream] = streams {
+        // The common case: one stream.
+        let Some((t, current)) = target(slice, devices, *stream, per_thread) else {
+            return launch();
+        };
+        return pace(slice, &mut [t], current, per_thread, launch);
+    }
+    if streams.len() > MAX_DEVICES {
+        // More kernels than devices: the driver refuses such a launch.
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let mut targets = [Target::NONE; MAX_DEVICES];
+    let (mut n, mut current) = (0, std::ptr::null_mut());
+    for s in streams {
+        if let Some((t, c)) = target(slice, devices, *s, per_thread) {
+            targets[n] = t;
+            n += 1;
+            current = c;
+        }
+    }
+    if n == 0 {
         return launch();
     }
+    pace(slice, &mut targets[..n], current, per_thread, launch)
+}
+
+/// [`paced_launch`] for its `targets` (not empty); `current` is the calling thread's current
+/// context.
+fn pace(
+    slice: &Slice,
+    targets: &mut [Target],
+    current: CUcontext,
+    per_thread: bool,
+    launch: impl FnOnce() -> CUresult,
+) -> CUresult {
     if let Err(e) = slice.usage.intact() {
         crate::log::error!("{e}; paced launch refused");
         return CUDA_ERROR_ILLEGAL_STATE;
     }
     // Device locks are taken in device order.
-    targets.sort_by_key(|t| t.idx);
-    let current = state::current_context();
-    for t in &mut targets {
+    targets.sort_unstable_by_key(|t| t.idx);
+    for t in targets.iter_mut() {
         bound_inflight(slice, t.idx);
         let Some(rec) = slice.usage.device(t.idx) else {
             continue;
@@ -373,27 +430,27 @@ pub fn paced_launch(
             t.start = take_event(&mut p, t.ctx, current);
             t.end = take_event(&mut p, t.ctx, current);
         }
-        charge(&rec.pace_clock, t.now, wall_cost(t.est, t.cores));
+        t.charge(rec);
     }
     // Start events, launch and end events go to the devices together: another process of
     // the container launching in between would have its kernel counted as ours.
     let r = {
         let _threads = LAUNCH.lock();
+        let mut _processes: [Option<DeviceLock<'_>>; MAX_DEVICES] = Default::default();
         let mut locked = None;
-        let mut _processes = Vec::with_capacity(targets.len());
-        for t in &targets {
+        for (t, lock) in targets.iter().zip(_processes.iter_mut()) {
             if locked != Some(t.idx) {
-                _processes.push(slice.usage.device_lock(t.idx));
+                *lock = slice.usage.device_lock(t.idx);
                 locked = Some(t.idx);
             }
         }
-        for t in &mut targets {
+        for t in targets.iter_mut() {
             t.started = t
                 .start
                 .is_some_and(|s| record(s, t.stream, per_thread, t.ctx, current));
         }
         let r = launch();
-        for t in &mut targets {
+        for t in targets.iter_mut() {
             t.measured = t.started
                 && r == CUDA_SUCCESS
                 && t.end
@@ -401,15 +458,15 @@ pub fn paced_launch(
         }
         r
     };
-    for t in targets {
-        settle(slice, t, r);
+    for t in targets.iter() {
+        settle(&slice.usage, *t, r);
     }
     r
 }
 
 /// After the launch: a measured kernel waits in the queue for its end event; one the driver
 /// refused is refunded; one that ran but cannot be measured keeps its estimate charged.
-fn settle(slice: &Slice, t: Target, r: CUresult) {
+fn settle(usage: &UsageFile, t: Target, r: CUresult) {
     match (t.start, t.end) {
         (Some(start), Some(end)) if t.measured => {
             PACER.lock().pending.push_back(Pending {
@@ -419,13 +476,14 @@ fn settle(slice: &Slice, t: Target, r: CUresult) {
                 idx: t.idx,
                 cores: t.cores,
                 charged_ns: t.est,
+                charged_wall: t.charged,
             });
         }
         (start, end) => {
             if r != CUDA_SUCCESS {
                 // Nothing ran: nothing to pay.
-                if let Some(rec) = slice.usage.device(t.idx) {
-                    adjust(&rec.pace_clock, -(wall_cost(t.est, t.cores) as i64));
+                if let Some(rec) = usage.device(t.idx) {
+                    adjust(&rec.pace_clock, -(t.charged as i64));
                 }
             } else {
                 crate::log::debug!(
@@ -530,12 +588,42 @@ mod tests {
     }
 
     #[test]
+    fn a_refused_launch_takes_back_only_what_its_capped_charge_added() {
+        // A 40 s estimate at a 1 % share charged to a clock 10 s short of the bound adds
+        // only those 10 s: the refund of the refused launch takes back no more.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("usage");
+        create_usage_file(&path).unwrap();
+        let usage = UsageFile::open(&path, ProcessIdentity::current(Path::new("/proc"))).unwrap();
+        let rec = usage.device(0).unwrap();
+        let now = now_ns();
+        let before = now + MAX_AHEAD_NS - 10_000_000_000;
+        rec.pace_clock.store(before, SeqCst);
+        let mut t = Target {
+            idx: 0,
+            cores: 1,
+            now,
+            est: 40_000_000_000,
+            ..Target::NONE
+        };
+        t.charge(rec);
+        assert_eq!(rec.pace_clock.load(SeqCst), now + MAX_AHEAD_NS);
+        settle(&usage, t, CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(
+            rec.pace_clock.load(SeqCst),
+            before,
+            "the debt before it is kept"
+        );
+    }
+
+    #[test]
     fn idle_time_is_not_banked() {
         let clock = AtomicU64::new(0);
         charge(&clock, 1_000, 10);
         assert_eq!(clock.load(SeqCst), 1_010);
-        // Much later: the clock restarts from now, no credit for the idle gap.
-        charge(&clock, 1_000_000, 10);
+        // Much later: the clock restarts from now, no credit for the idle gap (and only the
+        // cost counts as charged, not the gap).
+        assert_eq!(charge(&clock, 1_000_000, 10), 10);
         assert_eq!(clock.load(SeqCst), 1_000_010);
         adjust(&clock, -20);
         assert_eq!(clock.load(SeqCst), 999_990);

@@ -210,14 +210,15 @@ pub fn current_device() -> Result<CUdevice, CUresult> {
 
 /// The device and context of `stream`, which a stream-ordered allocation on it comes from
 /// (the driver allocates from the pool current to the stream's device, whatever context is
-/// current). Default streams (null, legacy, per-thread) belong to the current context.
+/// current), and the calling thread's current context, read on the way. Default streams
+/// (null, legacy, per-thread) belong to the current context.
 pub fn stream_device(
     stream: CUstream,
     per_thread: bool,
-) -> Result<(CUdevice, CUcontext), CUresult> {
+) -> Result<(CUdevice, CUcontext, CUcontext), CUresult> {
     let current = current_context();
     if stream.is_null() || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD {
-        return Ok((current_device()?, current));
+        return Ok((current_device()?, current, current));
     }
     let get = if per_thread {
         cu::cuStreamGetCtx_ptsz()
@@ -227,7 +228,7 @@ pub fn stream_device(
     let (Some(get), Some(push), Some(pop)) =
         (get, cu::cuCtxPushCurrent_v2(), cu::cuCtxPopCurrent_v2())
     else {
-        return Ok((current_device()?, current));
+        return Ok((current_device()?, current, current));
     };
     let mut ctx: CUcontext = std::ptr::null_mut();
     // SAFETY: the caller's stream and a valid out pointer.
@@ -236,7 +237,7 @@ pub fn stream_device(
         return Err(r);
     }
     if ctx.is_null() || ctx == current {
-        return Ok((current_device()?, current));
+        return Ok((current_device()?, current, current));
     }
     // SAFETY: a context the driver just named; it is popped again below.
     let r = unsafe { push(ctx) };
@@ -247,7 +248,7 @@ pub fn stream_device(
     let mut popped: CUcontext = std::ptr::null_mut();
     // SAFETY: pops the context pushed above; valid out pointer.
     unsafe { pop(&mut popped) };
-    Ok((dev?, ctx))
+    Ok((dev?, ctx, current))
 }
 
 /// The calling thread's current context (null when none).

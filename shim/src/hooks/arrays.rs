@@ -7,6 +7,7 @@ use gpuslice_cuda_ffi::*;
 use crate::account::{self, Kind};
 use crate::ffi_extra::{CUDA_ARRAY3D_DESCRIPTOR_v1, CUDA_ARRAY_DESCRIPTOR_v1};
 use crate::guard::guard;
+use crate::hooks::vmm;
 use crate::sizes;
 use crate::state;
 
@@ -74,8 +75,11 @@ array_create!(
 pub unsafe extern "C" fn cuArrayDestroy(arr: CUarray) -> CUresult {
     guard("cuArrayDestroy", CUDA_ERROR_UNKNOWN, || {
         let f = real!(cuArrayDestroy);
-        // SAFETY: the caller's argument.
-        account::free(Kind::Array, arr as u64, || unsafe { f(arr) })
+        // A sparse array's tile mappings go with it.
+        vmm::array_destroy_with(arr as usize, || {
+            // SAFETY: the caller's argument.
+            account::free(Kind::Array, arr as u64, || unsafe { f(arr) })
+        })
     })
 }
 
@@ -109,7 +113,10 @@ pub unsafe extern "C" fn cuMipmappedArrayCreate(
 pub unsafe extern "C" fn cuMipmappedArrayDestroy(arr: CUmipmappedArray) -> CUresult {
     guard("cuMipmappedArrayDestroy", CUDA_ERROR_UNKNOWN, || {
         let f = real!(cuMipmappedArrayDestroy);
-        // SAFETY: the caller's argument.
-        account::free(Kind::Mipmap, arr as u64, || unsafe { f(arr) })
+        // A sparse mipmapped array's tile mappings go with it.
+        vmm::array_destroy_with(arr as usize, || {
+            // SAFETY: the caller's argument.
+            account::free(Kind::Mipmap, arr as u64, || unsafe { f(arr) })
+        })
     })
 }

@@ -166,8 +166,11 @@ pub unsafe extern "C" fn cuLaunchCooperativeKernelMultiDevice(
             // SAFETY: the caller passes `num_devices` launch parameters at `params` (checked
             // non-null); only their streams are read.
             let list = unsafe { std::slice::from_raw_parts(params, num_devices as usize) };
-            let streams: Vec<CUstream> = list.iter().map(|p| p.hStream).collect();
-            slow(&streams, false, call)
+            let mut streams = [std::ptr::null_mut(); MAX_DEVICES];
+            for (s, p) in streams.iter_mut().zip(list) {
+                *s = p.hStream;
+            }
+            slow(&streams[..list.len()], false, call)
         },
     )
 }

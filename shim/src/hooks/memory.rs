@@ -220,7 +220,7 @@ macro_rules! alloc_async {
                 // SAFETY: the caller's arguments; dptr read only after success.
                 let call = || unsafe { f(dptr, bytesize, stream) };
                 // From the pool current to the stream's device, not the current context's.
-                let (dev, ctx) = tri!(state::stream_device(stream, $per_thread));
+                let (dev, ctx, _) = tri!(state::stream_device(stream, $per_thread));
                 if let Some(graph) = graph::capture_graph(stream, $per_thread) {
                     return graph::captured(graph, Some(dev), bytesize as u64, || {
                         // SAFETY: the driver wrote dptr on success.

@@ -308,7 +308,7 @@ macro_rules! alloc_from_pool {
             guard(stringify!($name), CUDA_ERROR_UNKNOWN, || {
                 let f = real!($name);
                 let (slice, devices) = tri!(state::ready());
-                let (stream_dev, ctx) = tri!(state::stream_device(stream, $per_thread));
+                let (stream_dev, ctx, _) = tri!(state::stream_device(stream, $per_thread));
                 let dev = device_of(pool as usize).unwrap_or(stream_dev);
                 // SAFETY: the caller's arguments; dptr read only after success.
                 let call = || unsafe { f(dptr, bytesize, pool, stream) };

@@ -4,7 +4,8 @@
 //! memory lives on until the last unmap). The shim keeps the driver's reference count of
 //! each handle it charged: creation and every `cuMemRetainAllocationHandle` count one,
 //! every mapping one (of an address range, `cuMemMap`, or of a sparse array's tile,
-//! `cuMemMapArrayAsync`); `cuMemRelease`, `cuMemUnmap` and the array unmaps take them away.
+//! `cuMemMapArrayAsync`); `cuMemRelease`, `cuMemUnmap`, the array unmaps that cover a mapped
+//! box whole and the destruction of a mapped array take them away.
 //! A reference is counted before the driver takes it and taken back if the driver refuses,
 //! so a release on another thread meanwhile never finds the count at its last reference
 //! while the driver holds another. Reserving address space allocates nothing.
@@ -68,10 +69,11 @@ impl Tile {
         }
     }
 
-    /// Whether unmapping `self` takes away (part of) mapping `other`.
-    fn overlaps(&self, other: &Tile) -> bool {
-        let meets = |a: u64, alen: u64, b: u64, blen: u64| {
-            a < b.saturating_add(blen) && b < a.saturating_add(alen)
+    /// Whether unmapping `self` takes away all of mapping `other` (the same level and
+    /// layer, or mip tail layer, and every tile of `other` inside `self`).
+    fn covers(&self, other: &Tile) -> bool {
+        let within = |a: u64, alen: u64, b: u64, blen: u64| {
+            a <= b && b.saturating_add(blen) <= a.saturating_add(alen)
         };
         match (self, other) {
             (
@@ -90,8 +92,9 @@ impl Tile {
             ) => {
                 level == l2
                     && layer == y2
-                    && (0..3)
-                        .all(|i| meets(at[i].into(), extent[i].into(), at2[i].into(), e2[i].into()))
+                    && (0..3).all(|i| {
+                        within(at[i].into(), extent[i].into(), at2[i].into(), e2[i].into())
+                    })
             }
             (
                 Tile::MipTail {
@@ -104,7 +107,7 @@ impl Tile {
                     offset: o2,
                     size: s2,
                 },
-            ) => layer == y2 && meets(*offset, *size, *o2, *s2),
+            ) => layer == y2 && within(*offset, *size, *o2, *s2),
             _ => false,
         }
     }
@@ -357,10 +360,13 @@ pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
 }
 
 /// `cuMemMapArrayAsync`: each map entry of a generic handle holds one more reference on it
-/// (counted before the driver is asked), each unmap entry takes away those of the tiles it
-/// overlaps (taken out first); the entries apply in order. Refused, everything is put back.
-/// The references follow the call, not the stream: an unmap still queued behind other work
-/// gives its handle's charge back when enqueued.
+/// (counted before the driver is asked), each unmap entry takes away those of the mapped
+/// boxes it covers whole (taken out first); the entries apply in order. Refused, everything
+/// is put back. An unmap of part of a mapped box leaves the mapping and its reference: the
+/// rest of the box still holds the memory, and boxes unmapped piece by piece stay charged
+/// until the array is destroyed (an overcharge, never a bypass). The references follow the
+/// call, not the stream: an unmap still queued behind other work gives its handle's charge
+/// back when enqueued.
 fn map_array_with(infos: &[CUarrayMapInfo], call: impl FnOnce() -> CUresult) -> CUresult {
     type Mapped = (usize, Tile, CUmemGenericAllocationHandle);
     let (added, removed, last) = {
@@ -386,9 +392,13 @@ fn map_array_with(infos: &[CUarrayMapInfo], call: impl FnOnce() -> CUresult) -> 
                     let gone: Vec<(Tile, CUmemGenericAllocationHandle)> =
                         match refs.tiles.get_mut(&array) {
                             Some(mapped) => {
-                                let (gone, kept) =
-                                    mapped.drain(..).partition(|(t, _)| tile.overlaps(t));
-                                *mapped = kept;
+                                let (gone, kept): (Vec<_>, Vec<_>) =
+                                    mapped.drain(..).partition(|(t, _)| tile.covers(t));
+                                if kept.is_empty() {
+                                    refs.tiles.remove(&array);
+                                } else {
+                                    *mapped = kept;
+                                }
                                 gone
                             }
                             None => Vec::new(),
@@ -415,6 +425,9 @@ fn map_array_with(infos: &[CUarrayMapInfo], call: impl FnOnce() -> CUresult) -> 
                     if let Some(i) = mapped.iter().position(|m| *m == (*tile, *h)) {
                         mapped.remove(i);
                     }
+                    if mapped.is_empty() {
+                        refs.tiles.remove(array);
+                    }
                 }
             }
             for (array, tile, h) in removed {
@@ -428,6 +441,36 @@ fn map_array_with(infos: &[CUarrayMapInfo], call: impl FnOnce() -> CUresult) -> 
     } else {
         settle(r, taken);
     }
+    r
+}
+
+/// `cuArrayDestroy` / `cuMipmappedArrayDestroy` of `array`: its tile mappings die with it,
+/// and with them their references (taken out before the driver is asked, put back if it
+/// refuses); `call` is the driver's destroy.
+pub fn array_destroy_with(array: usize, call: impl FnOnce() -> CUresult) -> CUresult {
+    let (gone, last) = {
+        let mut refs = REFS.lock();
+        let gone = refs.tiles.remove(&array).unwrap_or_default();
+        let last: Vec<CUmemGenericAllocationHandle> = gone
+            .iter()
+            .filter(|(_, h)| drop_ref(&mut refs, *h) == Some(true))
+            .map(|(_, h)| *h)
+            .collect();
+        (gone, last)
+    };
+    if gone.is_empty() {
+        return call();
+    }
+    let taken = take_charges(&last);
+    let r = call();
+    if r != CUDA_SUCCESS {
+        let mut refs = REFS.lock();
+        for (_, h) in &gone {
+            *refs.count.entry(*h).or_insert(0) += 1;
+        }
+        refs.tiles.entry(array).or_default().extend(gone);
+    }
+    settle(r, taken);
     r
 }
 
@@ -536,11 +579,12 @@ mod tests {
         assert!(account::charged(Kind::Vmm, h).is_none());
     }
 
-    /// A `cuMemMapArrayAsync` entry for `op` of a 64×64 box at (`x`, 0, 0) of level 0.
+    /// A `cuMemMapArrayAsync` entry for `op` of a `width`×64 box at (`x`, 0, 0) of level 0.
     fn tile_op(
         array: usize,
         op: c_uint,
         x: u32,
+        width: u32,
         h: CUmemGenericAllocationHandle,
     ) -> CUarrayMapInfo {
         let words = |lo: u32, hi: u32| {
@@ -555,7 +599,7 @@ mod tests {
             resourceType: 0,
             resource: array as *mut c_void,
             subresourceType: CU_ARRAY_SPARSE_SUBRESOURCE_TYPE_SPARSE_LEVEL,
-            subresource: [words(0, 0), words(x, 0), words(0, 64), words(64, 1)],
+            subresource: [words(0, 0), words(x, 0), words(0, width), words(64, 1)],
             memOperationType: op,
             memHandleType: CU_MEM_HANDLE_TYPE_GENERIC,
             memHandle: if op == CU_MEM_OPERATION_TYPE_MAP {
@@ -574,7 +618,7 @@ mod tests {
     fn a_sparse_array_tile_mapping_keeps_its_handle_charged_until_unmapped() {
         let (array, h): (usize, CUmemGenericAllocationHandle) = (0xa400, 0x6450);
         created(h, 100);
-        let map = [tile_op(array, CU_MEM_OPERATION_TYPE_MAP, 0, h)];
+        let map = [tile_op(array, CU_MEM_OPERATION_TYPE_MAP, 0, 64, h)];
         // A release on another thread while the driver maps the tile: the tile keeps it.
         let r = map_array_with(&map, || {
             assert_eq!(release_with(h, || CUDA_SUCCESS), CUDA_SUCCESS);
@@ -582,11 +626,15 @@ mod tests {
         });
         assert_eq!(r, CUDA_SUCCESS);
         assert_eq!(account::charged(Kind::Vmm, h).map(|e| e.bytes), Some(100));
-        // An unmap of a box elsewhere leaves it; a refused unmap of an overlapping box too.
-        let away = [tile_op(array, CU_MEM_OPERATION_TYPE_UNMAP, 64, 0)];
+        // An unmap of a box elsewhere leaves it, and so does one of part of it.
+        let away = [tile_op(array, CU_MEM_OPERATION_TYPE_UNMAP, 64, 64, 0)];
         assert_eq!(map_array_with(&away, || CUDA_SUCCESS), CUDA_SUCCESS);
         assert!(account::charged(Kind::Vmm, h).is_some());
-        let over = [tile_op(array, CU_MEM_OPERATION_TYPE_UNMAP, 32, 0)];
+        let part = [tile_op(array, CU_MEM_OPERATION_TYPE_UNMAP, 32, 64, 0)];
+        assert_eq!(map_array_with(&part, || CUDA_SUCCESS), CUDA_SUCCESS);
+        assert_eq!(account::charged(Kind::Vmm, h).map(|e| e.bytes), Some(100));
+        // A refused unmap of a box covering it leaves it too; an accepted one frees it.
+        let over = [tile_op(array, CU_MEM_OPERATION_TYPE_UNMAP, 0, 128, 0)];
         let refused = map_array_with(&over, || CUDA_ERROR_INVALID_VALUE);
         assert_eq!(refused, CUDA_ERROR_INVALID_VALUE);
         assert_eq!(account::charged(Kind::Vmm, h).map(|e| e.bytes), Some(100));
@@ -595,5 +643,41 @@ mod tests {
             account::charged(Kind::Vmm, h).is_none(),
             "the last reference went"
         );
+        assert!(
+            !REFS.lock().tiles.contains_key(&array),
+            "an array with no tiles left is forgotten"
+        );
+    }
+
+    #[test]
+    fn unmapping_part_of_a_mapped_box_keeps_its_handle_charged() {
+        let (array, h): (usize, CUmemGenericAllocationHandle) = (0xa500, 0x6550);
+        created(h, 100);
+        let map = [tile_op(array, CU_MEM_OPERATION_TYPE_MAP, 0, 128, h)];
+        assert_eq!(map_array_with(&map, || CUDA_SUCCESS), CUDA_SUCCESS);
+        assert_eq!(release_with(h, || CUDA_SUCCESS), CUDA_SUCCESS);
+        // The other half of the box still holds the memory.
+        let half = [tile_op(array, CU_MEM_OPERATION_TYPE_UNMAP, 0, 64, 0)];
+        assert_eq!(map_array_with(&half, || CUDA_SUCCESS), CUDA_SUCCESS);
+        assert_eq!(account::charged(Kind::Vmm, h).map(|e| e.bytes), Some(100));
+    }
+
+    #[test]
+    fn destroying_a_sparse_array_drops_its_tile_mappings() {
+        let (array, h): (usize, CUmemGenericAllocationHandle) = (0xa600, 0x6650);
+        created(h, 100);
+        let map = [tile_op(array, CU_MEM_OPERATION_TYPE_MAP, 0, 128, h)];
+        assert_eq!(map_array_with(&map, || CUDA_SUCCESS), CUDA_SUCCESS);
+        assert_eq!(release_with(h, || CUDA_SUCCESS), CUDA_SUCCESS);
+        // Refused: the array and its mapping live on.
+        let r = array_destroy_with(array, || CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(r, CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(account::charged(Kind::Vmm, h).map(|e| e.bytes), Some(100));
+        assert_eq!(array_destroy_with(array, || CUDA_SUCCESS), CUDA_SUCCESS);
+        assert!(
+            account::charged(Kind::Vmm, h).is_none(),
+            "its last mapping went"
+        );
+        assert!(!REFS.lock().tiles.contains_key(&array));
     }
 }
