@@ -1,7 +1,8 @@
 //! Driver declarations the shim needs beyond `gpuslice-cuda-ffi`: the pre-3.2 (`_v1`)
 //! entry points with 32-bit sizes and pointers, which a program can still reach through
-//! `dlsym` or by linking, and the launch and instantiate variants that carry no memory or
-//! stream the simulated driver models, and NVML's process-list signatures. Layouts follow
+//! `dlsym` or by linking, the launch and instantiate variants that carry no memory or
+//! stream the simulated driver models, sparse array tile mapping (which it does not
+//! implement), and NVML's process-list signatures. Layouts follow
 //! `cuda.h` and `nvml.h`.
 
 #![allow(non_camel_case_types, non_snake_case)]
