@@ -420,6 +420,12 @@ fn map_array_with(infos: &[CUarrayMapInfo], call: impl FnOnce() -> CUresult) -> 
     if r != CUDA_SUCCESS {
         {
             let mut refs = REFS.lock();
+            // Undone in reverse: a tile the batch mapped and then unmapped is put back
+            // before it is taken out, so it ends neither recorded nor counted.
+            for (array, tile, h) in removed {
+                refs.tiles.entry(array).or_default().push((tile, h));
+                *refs.count.entry(h).or_insert(0) += 1;
+            }
             for (array, tile, h) in &added {
                 if let Some(mapped) = refs.tiles.get_mut(array) {
                     if let Some(i) = mapped.iter().position(|m| *m == (*tile, *h)) {
@@ -429,10 +435,6 @@ fn map_array_with(infos: &[CUarrayMapInfo], call: impl FnOnce() -> CUresult) -> 
                         refs.tiles.remove(array);
                     }
                 }
-            }
-            for (array, tile, h) in removed {
-                refs.tiles.entry(array).or_default().push((tile, h));
-                *refs.count.entry(h).or_insert(0) += 1;
             }
         }
         settle(r, taken);
@@ -660,6 +662,24 @@ mod tests {
         let half = [tile_op(array, CU_MEM_OPERATION_TYPE_UNMAP, 0, 64, 0)];
         assert_eq!(map_array_with(&half, || CUDA_SUCCESS), CUDA_SUCCESS);
         assert_eq!(account::charged(Kind::Vmm, h).map(|e| e.bytes), Some(100));
+    }
+
+    /// A refused batch that maps a tile and then unmaps a box covering it leaves nothing of
+    /// that tile: neither recorded nor counted, so the handle's own reference still decides.
+    #[test]
+    fn a_refused_batch_that_maps_and_unmaps_a_tile_leaves_nothing_of_it() {
+        let (array, h): (usize, CUmemGenericAllocationHandle) = (0xa700, 0x6750);
+        created(h, 100);
+        let batch = [
+            tile_op(array, CU_MEM_OPERATION_TYPE_MAP, 0, 64, h),
+            tile_op(array, CU_MEM_OPERATION_TYPE_UNMAP, 0, 128, 0),
+        ];
+        let r = map_array_with(&batch, || CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(r, CUDA_ERROR_INVALID_VALUE);
+        assert!(!REFS.lock().tiles.contains_key(&array), "no tile recorded");
+        // The creation's reference is the only one: its release frees the charge.
+        assert_eq!(release_with(h, || CUDA_SUCCESS), CUDA_SUCCESS);
+        assert!(account::charged(Kind::Vmm, h).is_none());
     }
 
     #[test]
