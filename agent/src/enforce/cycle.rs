@@ -131,8 +131,9 @@ impl Enforcer {
     /// without a process list (the listing failed) is left alone for at most
     /// `enforce.window` of cycles in a row: its slices are not judged, and keep what they
     /// had — grace clocks, repeat windows, kills in flight, controllers and the duty cycle
-    /// they were under; past it, or at once for a GPU missing from `devices` (it could not
-    /// be read at all), their state is forgotten and their cgroups thawed.
+    /// they were under; past it their cgroups are thawed, their state kept. For a GPU
+    /// missing from `devices` (it could not be read at all) their state is forgotten and
+    /// their cgroups thawed at once.
     pub fn cycle(
         &mut self,
         file: &RegistryFile,
@@ -228,15 +229,17 @@ impl Enforcer {
                     // the slice came under (a tenant can make the listing fail by opening
                     // contexts faster than the driver's list is sized): nothing is decided
                     // or forgotten, and its cgroups stay under the duty cycle they had —
-                    // dropped from the plan, they would thaw and run free. For a window at
-                    // most: a listing that keeps failing would freeze them for good.
+                    // dropped from the plan, they would thaw and run free. The freeze lasts
+                    // a window at most (a listing that keeps failing would freeze them for
+                    // good); the state stays, so that failing the listing now and then
+                    // restarts no grace clock and no controller.
                     unlisted_now.insert(key.clone());
+                    keep.insert(key.clone());
+                    held.insert(&s.r.id);
                     let since = *self.unlisted_since.entry(key.clone()).or_insert(now);
                     if now.saturating_duration_since(since) < self.cfg.window {
-                        keep.insert(key.clone());
-                        held.insert(&s.r.id);
                         self.hold_throttle(&key, &mut out, &mut wanted);
-                    } else if self.memory.contains_key(&key) || self.compute.contains_key(&key) {
+                    } else if self.frozen.remove(&key).is_some() {
                         released.entry(&b.uuid).or_default().push(&s.r.id);
                     }
                     continue;
@@ -261,8 +264,8 @@ impl Enforcer {
         }
         for (uuid, ids) in released {
             out.errors.push(format!(
-                "the driver has not listed the processes of GPU {uuid} for {}: the state of \
-                 its slices {} there is forgotten and their cgroups thawed",
+                "the driver has not listed the processes of GPU {uuid} for {}: the cgroups \
+                 of its slices {} there are thawed until it lists them again",
                 humantime::format_duration(self.cfg.window),
                 ids.join(", ")
             ));
@@ -1640,8 +1643,9 @@ mod tests {
     }
 
     /// A GPU read without a process list, cycle after cycle, holds its throttled slice for
-    /// `enforce.window` (5 s) at most: held through the unlisted cycles before it, thawed and
-    /// forgotten at the first one past it, with one error line.
+    /// `enforce.window` (5 s) at most: held through the unlisted cycles before it, thawed at
+    /// the first one past it, with one error line, its controller kept for when the GPU is
+    /// listed again.
     #[test]
     fn a_gpu_the_driver_keeps_not_listing_holds_its_throttle_for_a_window_at_most() {
         let dir = tempfile::tempdir().unwrap();
@@ -1672,12 +1676,22 @@ mod tests {
         assert!(throttles.lock().unwrap().is_empty(), "{throttles:?}");
         assert!(out.throttled.is_empty(), "{:?}", out.throttled);
         assert_eq!(out.errors.len(), 1, "{:?}", out.errors);
-        assert!(e.compute.is_empty() && e.memory.is_empty() && e.frozen.is_empty());
+        assert!(e.frozen.is_empty());
+        // Thawed, not forgotten: failing the listing restarts no controller.
+        assert!(!e.compute.is_empty() && !e.memory.is_empty());
         for i in 15..20u32 {
             let out = e.cycle(&file, &unlisted, t0 + tick * i);
             assert!(throttles.lock().unwrap().is_empty(), "{throttles:?}");
             assert!(out.errors.is_empty(), "{:?}", out.errors);
         }
+        // Listed again, still busy: its kept controller throttles it at once (a new duty
+        // cycle, reported as such: it had been thawed).
+        e.cycle(&file, &own_at(Some(95)), t0 + tick * 20);
+        let again = throttles.lock().unwrap().get(&freeze).copied();
+        assert!(
+            again.is_some_and(|r| r < 1.0),
+            "throttled at once: {again:?}"
+        );
     }
 
     /// A slice over its memory limit keeps its grace clock through a cycle whose reading of
