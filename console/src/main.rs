@@ -160,7 +160,7 @@ fn quota_flags(cli: &Cli) -> Result<(), QuotaFlagError> {
         (Some(ns), true) => Err(QuotaFlagError::Both {
             namespace: ns.escape_default().to_string(),
         }),
-        (Some(ns), false) if !gpuslice_console::web::http::is_dns_label(ns) => {
+        (Some(ns), false) if !gpuslice_dra::slices::is_dns_label(ns) => {
             Err(QuotaFlagError::Namespace(ns.escape_default().to_string()))
         }
         _ => Ok(()),

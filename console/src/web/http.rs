@@ -7,6 +7,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
+use gpuslice_dra::slices::is_dns_label;
 use hyper::StatusCode;
 
 use crate::edit::Kind;
@@ -285,16 +286,6 @@ pub fn too_slow(limit: Duration) -> Refusal {
             limit.as_secs_f64()
         ),
     )
-}
-
-/// A DNS-1123 label (a namespace): 1–63 of `a-z0-9-`, alphanumeric at both ends.
-pub fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
 }
 
 fn bad_name(what: &str, value: &str, accepted: &str) -> Refusal {

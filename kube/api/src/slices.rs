@@ -144,6 +144,12 @@ pub fn parse_device(name: &str) -> Option<DeviceRef> {
     }
 }
 
+/// Whether `name` is a DNS label (RFC 1123, what a namespace is): 1–63 of `a-z0-9-`,
+/// alphanumeric at both ends.
+pub fn is_dns_label(name: &str) -> bool {
+    is_dns_subdomain(name, 63) && !name.contains('.')
+}
+
 /// Whether `name` is a DNS subdomain (RFC 1123) of at most `max` characters.
 pub fn is_dns_subdomain(name: &str, max: usize) -> bool {
     !name.is_empty()
@@ -454,7 +460,7 @@ mod tests {
         assert_eq!(slices[2].metadata.name.as_deref(), Some("n1-gpuslice.io-2"));
         // Device names are DNS labels and read back to their index.
         for d in slices.iter().flat_map(|s| s.spec.devices.iter().flatten()) {
-            assert!(is_dns_subdomain(&d.name, 63) && !d.name.contains('.'));
+            assert!(is_dns_label(&d.name));
             assert!(device_index(&d.name).is_some());
         }
         // A long model name is cut to the API server's 64 characters, on a char boundary.

@@ -11,8 +11,8 @@ use gpuslice_dra::opaque::{
     gpu_share, parent_request, share_configs, ShareConfig, OPAQUE_ACCEPTED,
 };
 use gpuslice_dra::slices::{
-    device_name, is_dns_subdomain, parse_device, slot_cores, slot_memory, DeviceRef, CAP_CORES,
-    CAP_MEMORY, MAX_NAME, MEMORY_STEP,
+    device_name, is_dns_label, is_dns_subdomain, parse_device, slot_cores, slot_memory, DeviceRef,
+    CAP_CORES, CAP_MEMORY, MAX_NAME, MEMORY_STEP,
 };
 use gpuslice_dra::DRIVER;
 use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -393,7 +393,7 @@ pub fn check_ref(c: &ClaimRef) -> Result<(), ClaimError> {
     }
     // They become a request's path (and lines of `gpuslice status`): only names Kubernetes
     // gives a claim pass, so `/`, `?` or `..` cannot steer the read to another object.
-    if !is_dns_subdomain(&c.namespace, 63) || c.namespace.contains('.') {
+    if !is_dns_label(&c.namespace) {
         return Err(bad(format!(
             "namespace `{}` is not a Kubernetes namespace; accepted: a DNS label (up to 63 lowercase letters, digits and `-`)",
             c.namespace.escape_debug()

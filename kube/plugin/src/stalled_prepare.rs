@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use gpuslice_dra::api::WatchClient;
-use gpuslice_dra::slices::{is_dns_subdomain, MAX_NAME};
+use gpuslice_dra::slices::{is_dns_label, is_dns_subdomain, MAX_NAME};
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{Patch, PatchParams, WatchEvent, WatchParams};
 use kube::Api;
@@ -68,10 +68,7 @@ pub fn pod_to_wake(event: &Event, node: &str) -> Option<PodRef> {
     // Anyone allowed to post events can write these: they become a request's path and a log
     // line only when they are names a pod can have (a namespace is a DNS label).
     let (namespace, name) = (o.namespace.clone()?, o.name.clone()?);
-    if !is_dns_subdomain(&namespace, 63)
-        || namespace.contains('.')
-        || !is_dns_subdomain(&name, MAX_NAME)
-    {
+    if !is_dns_label(&namespace) || !is_dns_subdomain(&name, MAX_NAME) {
         return None;
     }
     Some(PodRef {

@@ -130,10 +130,10 @@ pub struct WebhookArgs {
 /// the API server would refuse would leave every replica without the lease, and no budget
 /// ever freed.
 fn lease_name(s: &str) -> Result<(String, String), String> {
-    use gpuslice_dra::slices::{is_dns_subdomain, MAX_NAME};
+    use gpuslice_dra::slices::{is_dns_label, is_dns_subdomain, MAX_NAME};
     match s.split_once('/') {
         Some((ns, name))
-            if is_dns_subdomain(ns, 63) && !ns.contains('.') && is_dns_subdomain(name, MAX_NAME) =>
+            if is_dns_label(ns) && is_dns_subdomain(name, MAX_NAME) =>
         {
             Ok((ns.to_string(), name.to_string()))
         }
