@@ -890,8 +890,6 @@ impl Recount {
     pub async fn run(self) {
         let this = Arc::new(self);
         tokio::spawn(crate::deletions::follow(Arc::clone(&this)));
-        // When this replica last took or renewed the lease.
-        let mut held_at: Option<Instant> = None;
         let mut last_error = String::new();
         loop {
             let asked = Instant::now();
@@ -915,9 +913,12 @@ impl Recount {
             };
             {
                 let _one = this.one.lock().await;
-                if let Ok(mut r) = this.renewed.lock() {
-                    *r = lead.then_some(asked);
-                }
+                // When this replica last took or renewed the lease, before this turn.
+                let held_at = this
+                    .renewed
+                    .lock()
+                    .map(|mut r| std::mem::replace(&mut *r, lead.then_some(asked)))
+                    .unwrap_or(None);
                 // Held without a break only if renewed before it could expire.
                 let continued =
                     held_at.is_some_and(|t| asked.duration_since(t) < this.lease_lasts());
@@ -929,7 +930,6 @@ impl Recount {
                     }
                 }
             }
-            held_at = lead.then_some(asked);
             if lead {
                 if let Err(e) = this.once().await {
                     eprintln!("gpuslice webhook: budget recount: {e}");
