@@ -46,9 +46,7 @@ struct Pending {
     ctx: usize,
     idx: usize,
     cores: u8,
-    /// Kernel time charged at launch (the estimate).
-    charged_ns: u64,
-    /// Wall time that charge added to the clock (see [`charge`]).
+    /// Wall time the launch's charge added to the clock (see [`charge`]).
     charged_wall: u64,
 }
 
@@ -199,9 +197,9 @@ fn drain(p: &mut Pacer, slice: &Slice) {
                 adjust(&rec.pace_clock, delta);
             }
             crate::log::debug!(
-                "pacer: device {} kernel {ns} ns (charged {} ns)",
+                "pacer: device {} kernel {ns} ns (charged {} ns of wall time)",
                 x.idx,
-                x.charged_ns
+                x.charged_wall
             );
             let est = &mut p.est_ns[x.idx];
             *est = if *est == 0 {
@@ -475,7 +473,6 @@ fn settle(usage: &UsageFile, t: Target, r: CUresult) {
                 ctx: t.ctx as usize,
                 idx: t.idx,
                 cores: t.cores,
-                charged_ns: t.est,
                 charged_wall: t.charged,
             });
         }
