@@ -233,8 +233,9 @@ pub unsafe extern "C" fn cuLaunchKernel_ptsz(
 
 /// `cuLaunchCooperativeKernelMultiDevice`: one kernel per launch parameter, each on its
 /// own stream, whose devices must be distinct (`CUDA_ERROR_INVALID_DEVICE` otherwise); the
-/// flags may only ask to skip the launch's pre and post synchronisation. The parameters are
-/// all checked before any kernel is queued.
+/// flags may only ask to skip the launch's pre and post synchronisation. The streams'
+/// devices are checked before any kernel is queued; a later entry the launch refuses leaves
+/// the earlier ones queued.
 fn launch_multi_device(list: *mut CUDA_LAUNCH_PARAMS, count: c_uint, flags: c_uint) -> CuResult {
     let d = driver()?;
     if list.is_null() || count == 0 || flags & !0x3 != 0 {
