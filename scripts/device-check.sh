@@ -69,8 +69,9 @@ done
 w=$(bare burn --seconds 5); s=$(shimmed burn --seconds 5)
 share='"%.1f %% / %.1f %%" % (v["nominal_share"] * 100, v["event_share"] * 100)'
 echo "| burn 5 s, share (nominal / events) | $(echo "$w" | field "$share") | $(echo "$s" | field "$share") (target $cores %) |"
-# The deprecated launch entry points are paced alike (docs/shim.md).
-for api in grid-async grid legacy; do
+# The deprecated launch entry points, and the cooperative multi-device one, are paced alike
+# (docs/shim.md).
+for api in grid-async grid legacy multi-device; do
     w=$(bare burn --seconds 2 --launch "$api"); s=$(shimmed burn --seconds 2 --launch "$api")
     echo "| burn 2 s --launch $api, share (nominal / events) | $(echo "$w" | field "$share") | $(echo "$s" | field "$share") (target $cores %) |"
 done
