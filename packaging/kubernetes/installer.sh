@@ -60,7 +60,8 @@ put() {
 }
 
 if [ "$MODE" = uninstall ]; then
-    # containerd restarts (and drops the runtime) before the binaries it points at go.
+    # containerd restarts (and drops the runtime) before the binaries it points at go
+    # (with GPUSLICE_RESTART_CONTAINERD=false that restart is the operator's).
     if [ -x "$HOST$GS" ]; then
         configure_containerd --config /dev/null configure containerd --remove
     elif [ -e "$HOST$PENDING" ]; then
