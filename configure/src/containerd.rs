@@ -228,6 +228,8 @@ pub fn plan_remove(target: &Target) -> Result<Plan, ContainerdError> {
         // left something there to take out (its backup, the `imports` entry, the file it
         // created, or a drop-in that a glob imports): where gpuslice was never registered,
         // `--remove` is a no-op whatever the config's version (none: version 1) or shape.
+        // The text search over-matches on purpose (a comment naming the drop-in counts): it
+        // only ever makes the config be read.
         let ours = drop_in_exists
             || text.contains(&edit.entry())
             || read(&files::backup_path(&main.path))?.text.is_some();
