@@ -16,8 +16,10 @@
 # With BENCH_STATE=tmpfs each node's gpuslice state and CDI specs live on /dev/shm, as
 # /run/gpuslice and /var/run/cdi do on a node (the cluster script's own node configs put them
 # under DIR, here on disk); everything else stays where the cluster script puts it.
+# BENCH_FEATURE_GATES=Name=bool,… passes --feature-gates to the cluster's components (e.g. to
+# try a scheduler setting); unset, every component runs with its release's defaults.
 #
-#   [BENCH_STATE=tmpfs] scripts/bench-job-start.sh [PAIRS] [RANKS]
+#   [BENCH_STATE=tmpfs] [BENCH_FEATURE_GATES=…] scripts/bench-job-start.sh [PAIRS] [RANKS]
 #                                     (root; defaults 10 and 2, at most one rank per node
 #                                      with slices: 2)
 #
@@ -46,8 +48,10 @@ flock 9
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg) ($(nproc) CPUs); node state on ${BENCH_STATE:-disk}"
 bench_state_root
 cluster=$(mktemp -d /tmp/gpuslice-bench-job-start.XXXXXX)
+gates=()
+if [ -n "${BENCH_FEATURE_GATES:-}" ]; then gates=(--feature-gates "$BENCH_FEATURE_GATES"); fi
 if ! scripts/kube-cluster.sh up "$cluster" --node node-a --node node-b --webhook --kubeflow \
-  2>"$cluster.up.log"; then
+  "${gates[@]}" 2>"$cluster.up.log"; then
   tail -30 "$cluster.up.log" >&2
   exit 1
 fi

@@ -220,6 +220,10 @@ for what, verb, resource, sub in (("create a pod", "POST", "pods", ""),
                                   ("create a claim", "POST", "resourceclaims", ""),
                                   ("write a pod's status (its claim's name)", "APPLY", "pods", "status"),
                                   ("write a claim's status (its allocation)", "PUT", "resourceclaims", "status"),
+                                  ("update a claim (the scheduler's finalizer; its removal on deletion)",
+                                   "PUT", "resourceclaims", ""),
+                                  ("patch a pod's status (the kubelets' reports; the scheduler's nomination)",
+                                   "PATCH", "pods", "status"),
                                   ("bind a pod", "POST", "pods", "binding")):
     rows.append((f"{what}: {verb} {resource}{'/' + sub if sub else ''}",
                  mean(api, "apiserver_request_duration_seconds", verb=verb, resource=resource, subresource=sub)))
