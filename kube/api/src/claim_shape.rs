@@ -764,6 +764,56 @@ pub fn is_ours(t: &ResourceClaimTemplate, want: &ResourceClaimTemplate) -> bool 
         }
 }
 
+/// The spec of `t` as [`is_ours`] compares it, in a canonical form: its JSON with the
+/// [`DEFAULTED`] fields left out and every object's keys in order. For a `want` that names no
+/// defaulted field (the webhook writes none), `t` holds `want`'s spec exactly when their forms
+/// are equal, so a digest of the form stands for the spec (`None` when `t` has none).
+pub fn spec_form(t: &ResourceClaimTemplate) -> Option<Vec<u8>> {
+    let spec = t.spec.as_ref()?.spec.as_ref()?;
+    let value = serde_json::to_value(spec).ok()?;
+    let mut out = Vec::new();
+    canonical(&value, &mut out);
+    Some(out)
+}
+
+/// `v` as JSON into `out`, objects' keys in order and the [`DEFAULTED`] fields left out.
+fn canonical(v: &serde_json::Value, out: &mut Vec<u8>) {
+    use serde_json::Value;
+    // Writing a string or a scalar into a Vec cannot fail.
+    match v {
+        Value::Object(m) => {
+            let mut entries: Vec<_> = m
+                .iter()
+                .filter(|(k, _)| !DEFAULTED.contains(&k.as_str()))
+                .collect();
+            entries.sort_by(|a, b| a.0.cmp(b.0));
+            out.push(b'{');
+            for (i, (k, v)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                let _ = serde_json::to_writer(&mut *out, k);
+                out.push(b':');
+                canonical(v, out);
+            }
+            out.push(b'}');
+        }
+        Value::Array(a) => {
+            out.push(b'[');
+            for (i, v) in a.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                canonical(v, out);
+            }
+            out.push(b']');
+        }
+        other => {
+            let _ = serde_json::to_writer(&mut *out, other);
+        }
+    }
+}
+
 /// The cluster's GPUs as gpuslice's ResourceSlices show them: the publication mode and the
 /// GPUs' sizes, what a claim is written and checked against.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1724,6 +1774,11 @@ mod tests {
             json!("ExactCount");
         let stored: ResourceClaimTemplate = serde_json::from_value(stored).unwrap();
         assert!(is_ours(&stored, &t(&a)), "defaults are not a difference");
+        // The canonical form agrees: the stored one's is the written one's, another shape's
+        // is another.
+        assert_eq!(spec_form(&stored), spec_form(&t(&a)));
+        assert_ne!(spec_form(&t(&b)), spec_form(&t(&a)));
+        assert!(spec_form(&t(&a)).is_some());
     }
 
     fn slice(node: &str, devices: serde_json::Value) -> ResourceSlice {

@@ -14,15 +14,18 @@
 //! far as etcd's compaction does ([`FakeApi::compact`]: a watch from an earlier version is then
 //! told `410 Expired` by an ERROR event, as the API server tells it), and refuse a kind's lists
 //! or watches for a while (500, [`FakeApi::refuse`]); each list and watch is recorded with
-//! the version it answered or named ([`FakeApi::calls`]).
+//! the version it answered or named, and a list's `limit` and whether it continued one
+//! ([`FakeApi::calls`]). A list with a `limit` is answered in pages as the API server pages
+//! it: at most that many items, a `metadata.continue` token while more remain (none on the
+//! last page), each later page from the items and resourceVersion of the first (`410 Expired`
+//! once a compaction passed it).
 //!
 //! The status subresource of Pods, ResourceQuotas and ResourceClaims: GET, and PUT, which
 //! replaces the status only (checked against the resourceVersion it names).
 //!
 //! Not served: other kinds and subresources (404 naming the request, which the request log
 //! keeps), bookmarks (the API server sends them when it likes, so never is one of its
-//! answers), list paging (a list answers every item, as an API server may), server-side apply and JSON
-//! patches.
+//! answers), server-side apply and JSON patches.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test support: a fake that cannot start, or a test's object without a name, fails that test
 

@@ -46,6 +46,10 @@ pub struct Call {
     pub code: u16,
     /// The resourceVersion a watch named, or the one a list answered (empty for a refusal).
     pub version: String,
+    /// The `limit` a list asked (none for a watch, or a list asking every item at once).
+    pub limit: Option<u64>,
+    /// Whether the list named a `continue` token (a page after the first).
+    pub continued: bool,
 }
 
 /// One change of an object, as a watch is told of it.
@@ -118,6 +122,12 @@ pub struct State {
     pub refused: BTreeSet<(&'static str, bool)>,
     /// Each list and watch, by resource, in order.
     pub calls: Vec<(&'static str, Call)>,
+    /// The lists served in pages, by the number in their `continue` tokens: the resourceVersion
+    /// the first page answered and every item selected then, as etcd serves the later pages
+    /// from the first page's revision (forgotten at a compaction past it).
+    paged: BTreeMap<u64, (u64, Vec<Value>)>,
+    /// The lists served in pages so far (the next one's number).
+    pages_given: u64,
 }
 
 /// A `Status` body of a refusal.
@@ -328,6 +338,7 @@ impl State {
         self.compacted = self.version;
         let kept = self.compacted;
         self.history.retain(|c| c.version > kept);
+        self.paged.retain(|_, (v, _)| *v >= kept);
     }
 
     /// Ends every open watch of `kind`, as the API server ends one at its timeout.
@@ -342,6 +353,20 @@ impl State {
     }
 
     fn called(&mut self, kind: &'static Kind, path: &str, watch: bool, code: u16, version: String) {
+        self.called_page(kind, path, watch, code, version, None, false);
+    }
+
+    #[allow(clippy::too_many_arguments)] // one record's fields
+    fn called_page(
+        &mut self,
+        kind: &'static Kind,
+        path: &str,
+        watch: bool,
+        code: u16,
+        version: String,
+        limit: Option<u64>,
+        continued: bool,
+    ) {
         self.calls.push((
             kind.plural,
             Call {
@@ -350,6 +375,8 @@ impl State {
                 watch,
                 code,
                 version,
+                limit,
+                continued,
             },
         ));
     }
@@ -558,23 +585,88 @@ impl State {
         }
     }
 
+    /// A list, as the API server answers one: every item selected, or with `limit` a page of
+    /// at most that many, and a `metadata.continue` token while items remain (the last page
+    /// has none); a `continue` token names the next page of the same list, answered from the
+    /// items and resourceVersion of its first page (410 `Expired` once a compaction passed it,
+    /// 400 for a token the fake did not give).
     fn list(&mut self, t: &Target, path: &str, query: &Query) -> Result<Answer, Answer> {
         let selector = query.selector(t.kind)?;
-        let items: Vec<&Value> = self
-            .objects
-            .get(t.kind.plural)
-            .into_iter()
-            .flatten()
-            .filter(|((ns, _), o)| {
-                t.namespace.as_ref().is_none_or(|n| n == ns) && selector.matches(o)
-            })
-            .map(|(_, o)| o)
-            .collect();
-        let version = self.version.to_string();
+        let limit = match query.get("limit") {
+            None | Some("" | "0") => None,
+            Some(l) => Some(l.parse::<u64>().map_err(|_| {
+                status(
+                    400,
+                    "BadRequest",
+                    &format!("invalid limit {l:?}: not a number"),
+                )
+            })?),
+        };
+        let continued = query.get("continue").filter(|c| !c.is_empty());
+        let (list, version, from, items) = match continued {
+            None => {
+                let items: Vec<Value> = self
+                    .objects
+                    .get(t.kind.plural)
+                    .into_iter()
+                    .flatten()
+                    .filter(|((ns, _), o)| {
+                        t.namespace.as_ref().is_none_or(|n| n == ns) && selector.matches(o)
+                    })
+                    .map(|(_, o)| o.clone())
+                    .collect();
+                (self.pages_given, self.version, 0, items)
+            }
+            Some(token) => {
+                let bad = || {
+                    status(
+                        400,
+                        "BadRequest",
+                        &format!("continue key {token:?} is not valid"),
+                    )
+                };
+                let (list, from) = token.split_once(':').ok_or_else(bad)?;
+                let (list, from) = (
+                    list.parse::<u64>().map_err(|_| bad())?,
+                    from.parse::<usize>().map_err(|_| bad())?,
+                );
+                let Some((version, items)) = self.paged.get(&list).cloned() else {
+                    self.called_page(t.kind, path, false, 410, String::new(), limit, true);
+                    return Err(status(
+                        410,
+                        "Expired",
+                        "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.",
+                    ));
+                };
+                (list, version, from, items)
+            }
+        };
+        let to = limit.map_or(items.len(), |l| {
+            from.saturating_add(usize::try_from(l).unwrap_or(usize::MAX))
+                .min(items.len())
+        });
+        let page = items.get(from..to).unwrap_or_default();
+        let mut metadata = json!({"resourceVersion": version.to_string()});
+        if to < items.len() {
+            metadata["continue"] = json!(format!("{list}:{to}"));
+            metadata["remainingItemCount"] = json!(items.len() - to);
+        }
         let body = json!({"apiVersion": t.kind.api_version(), "kind": t.kind.list_kind,
-            "metadata": {"resourceVersion": version}, "items": items})
+            "metadata": metadata, "items": page})
         .to_string();
-        self.called(t.kind, path, false, 200, version);
+        if to < items.len() && continued.is_none() {
+            self.paged.insert(list, (version, items));
+            self.pages_given += 1;
+        }
+        self.called_page(
+            t.kind,
+            path,
+            false,
+            200,
+            version.to_string(),
+            limit,
+            continued.is_some(),
+        );
         Ok((200, body))
     }
 
@@ -892,6 +984,103 @@ mod tests {
             &json!(null),
         );
         assert_eq!(code, 404);
+    }
+
+    #[test]
+    fn a_list_with_a_limit_is_paged_from_its_first_pages_version_as_the_api_server_pages_it() {
+        let mut st = State::default();
+        let kind = Kind::named("resourceclaimtemplates").unwrap();
+        for name in ["a", "b", "c", "d", "e"] {
+            st.put(
+                kind,
+                json!({"metadata": {"name": name, "namespace": "team"}}),
+            );
+        }
+        let names = |list: &Value| -> Vec<String> {
+            list["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|i| i["metadata"]["name"].as_str().unwrap().to_string())
+                .collect()
+        };
+        let (code, first) = answer(
+            &mut st,
+            "GET",
+            &format!("{TEMPLATES}?limit=2"),
+            &json!(null),
+        );
+        assert_eq!(code, 200, "{first}");
+        assert_eq!(names(&first), ["a", "b"]);
+        assert_eq!(first["metadata"]["resourceVersion"], "5");
+        assert_eq!(first["metadata"]["remainingItemCount"], 3);
+        // Changes after the first page do not show in the later ones: they come from its version.
+        st.remove(kind, "team", "c");
+        st.put(
+            kind,
+            json!({"metadata": {"name": "f", "namespace": "team"}}),
+        );
+        let mut token = first["metadata"]["continue"].as_str().unwrap().to_string();
+        let mut seen = names(&first);
+        let mut pages = 1;
+        loop {
+            let url = format!("{TEMPLATES}?limit=2&continue={token}");
+            let (code, page) = answer(&mut st, "GET", &url, &json!(null));
+            assert_eq!(code, 200, "{page}");
+            assert_eq!(page["metadata"]["resourceVersion"], "5");
+            seen.extend(names(&page));
+            pages += 1;
+            match page["metadata"]["continue"].as_str() {
+                Some(t) => token = t.to_string(),
+                None => break,
+            }
+        }
+        assert_eq!(seen, ["a", "b", "c", "d", "e"]);
+        assert_eq!(pages, 3);
+        // Without a limit (or 0), every item at once, without a token.
+        let (_, all) = answer(
+            &mut st,
+            "GET",
+            &format!("{TEMPLATES}?limit=0"),
+            &json!(null),
+        );
+        assert_eq!(names(&all), ["a", "b", "d", "e", "f"]);
+        assert!(all["metadata"].get("continue").is_none(), "{all}");
+        // A compaction past the first page's version expires its token.
+        st.compact();
+        let url = format!("{TEMPLATES}?limit=2&continue={token}");
+        let (code, gone) = answer(&mut st, "GET", &url, &json!(null));
+        assert_eq!(
+            (code, gone["reason"].as_str()),
+            (410, Some("Expired")),
+            "{gone}"
+        );
+        let (code, bad) = answer(
+            &mut st,
+            "GET",
+            &format!("{TEMPLATES}?continue=x"),
+            &json!(null),
+        );
+        assert_eq!(
+            (code, bad["reason"].as_str()),
+            (400, Some("BadRequest")),
+            "{bad}"
+        );
+        let limits: Vec<(Option<u64>, bool)> = st
+            .calls
+            .iter()
+            .map(|(_, c)| (c.limit, c.continued))
+            .collect();
+        assert_eq!(
+            limits,
+            [
+                (Some(2), false),
+                (Some(2), true),
+                (Some(2), true),
+                (None, false),
+                (Some(2), true)
+            ]
+        );
     }
 
     #[test]

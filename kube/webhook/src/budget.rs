@@ -18,7 +18,9 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{Pod, PodResourceClaim, ResourceQuota};
-use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimSpec, ResourceClaimTemplate};
+use k8s_openapi::api::resource::v1::{
+    ResourceClaim, ResourceClaimSpec, ResourceClaimTemplate, ResourceClaimTemplateSpec,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
@@ -30,7 +32,7 @@ use gpuslice_dra::quota::{claim_charge, format_value, Budget, Charge, QuotaError
 
 use crate::cluster::Cluster;
 use crate::mirror::Mirror;
-use crate::view::{get_opt, list_page, Viewed};
+use crate::view::{get_opt, list_all, list_kept, Viewed};
 
 /// The annotation the resource claim controller puts on a claim it makes from a pod's
 /// template: the pod's entry the claim is for.
@@ -191,12 +193,11 @@ impl Ledger {
             Some(items) => items,
             None => {
                 let api: Api<ResourceQuota> = Api::namespaced(self.cluster.client(), namespace);
-                api.list(&ListParams::default())
+                list_all(&api, ListParams::default())
                     .await
                     .map_err(read_err(format!(
                         "the ResourceQuotas of namespace {namespace}"
                     )))?
-                    .items
             }
         };
         let hami = self.hami(namespace, &items).await?;
@@ -1058,17 +1059,21 @@ impl Recount {
         // the write below conflict, and one booked before it is either among the objects or
         // pending (kept).
         let quotas = match scope {
-            None => Api::<ResourceQuota>::all(client.clone())
-                .list(&ListParams::default())
-                .await
-                .map_err(read_err("the ResourceQuotas"))?,
-            Some(ns) => Api::<ResourceQuota>::namespaced(client.clone(), ns)
-                .list(&ListParams::default())
-                .await
-                .map_err(read_err(format!("the ResourceQuotas of namespace {ns}")))?,
+            None => list_all(
+                &Api::<ResourceQuota>::all(client.clone()),
+                ListParams::default(),
+            )
+            .await
+            .map_err(read_err("the ResourceQuotas"))?,
+            Some(ns) => list_all(
+                &Api::<ResourceQuota>::namespaced(client.clone(), ns),
+                ListParams::default(),
+            )
+            .await
+            .map_err(read_err(format!("the ResourceQuotas of namespace {ns}")))?,
         };
         let mut by_ns: BTreeMap<String, Vec<ResourceQuota>> = BTreeMap::new();
-        for q in quotas.items {
+        for q in quotas {
             if names_any(&q, false) || names_any(&q, true) {
                 let ns = q.metadata.namespace.clone().unwrap_or_default();
                 by_ns.entry(ns).or_default().push(q);
@@ -1101,9 +1106,10 @@ impl Recount {
     ) -> Result<(), BudgetError> {
         let client = self.ledger.cluster.client();
         let hami = self.ledger.hami(ns, &qs).await?;
-        let pods: Vec<Pod> = list_viewed(&client, ns).await?;
-        let claims: Vec<ResourceClaim> = list_viewed(&client, ns).await?;
-        let templates: Vec<ResourceClaimTemplate> = list_viewed(&client, ns).await?;
+        let pods: Vec<Pod> = list_viewed(&client, ns, Some).await?;
+        let claims: Vec<ResourceClaim> = list_viewed(&client, ns, charged_claim).await?;
+        let templates: Vec<ResourceClaimTemplate> =
+            list_viewed(&client, ns, charged_template).await?;
         let live = live_charge(&pods, &claims, &templates, inventory);
         if let Some(why) = &live.unpriced {
             eprintln!("gpuslice webhook: budget recount of namespace {ns}: nothing freed: {why}");
@@ -1172,24 +1178,70 @@ fn lease_expired(renewed: Option<(Timestamp, i32)>, now: Timestamp) -> bool {
     })
 }
 
-/// The objects of kind `K` in namespace `ns`, each read through its view (crate::view): one
-/// that cannot be read is named in the log and skipped, so that it holds up neither its
-/// namespace's recount nor the others'.
-async fn list_viewed<K>(client: &kube::Client, ns: &str) -> Result<Vec<K>, BudgetError>
+/// The objects of kind `K` in namespace `ns`, a page at a time, each read through its view
+/// (crate::view) and kept as `keep` keeps it (`None`: not kept) as it is read: one that cannot
+/// be read is named in the log and skipped, so that it holds up neither its namespace's
+/// recount nor the others'.
+async fn list_viewed<K, S>(
+    client: &kube::Client,
+    ns: &str,
+    keep: fn(K) -> Option<S>,
+) -> Result<Vec<S>, BudgetError>
 where
-    K: Viewed + kube::Resource<DynamicType = ()>,
+    K: Viewed + kube::Resource<DynamicType = ()> + 'static,
+    S: Send + 'static,
 {
-    let page = list_page::<K>(client, Some(ns), &ListParams::default())
-        .await
-        .map_err(|e| BudgetError::Read {
-            what: format!("the {}s of {ns}", K::KIND),
-            detail: e.to_string(),
-        })?;
-    let (items, unread) = (page.objects, page.unread);
-    for e in unread {
+    list_kept(client, Some(ns), ListParams::default(), keep, |e| {
         eprintln!("gpuslice webhook: budget recount: skipped: {e}");
+    })
+    .await
+    .map_err(|e| BudgetError::Read {
+        what: format!("the {}s of {ns}", K::KIND),
+        detail: e.to_string(),
+    })
+}
+
+/// What the recount keeps of claim `c`: nothing when it asks none of gpuslice's devices (it
+/// charges nothing, [`live_charge`]); else its spec, who holds it, and of its metadata what
+/// names it, owns it and says which pod's entry it was made for.
+fn charged_claim(c: ResourceClaim) -> Option<ResourceClaim> {
+    if !c.spec.as_ref().is_some_and(asks_gpuslice_devices) {
+        return None;
     }
-    Ok(items)
+    let m = c.metadata;
+    let annotations = m.annotations.and_then(|a| {
+        let entry: BTreeMap<String, String> =
+            a.into_iter().filter(|(k, _)| k == POD_CLAIM_NAME).collect();
+        (!entry.is_empty()).then_some(entry)
+    });
+    Some(ResourceClaim {
+        metadata: ObjectMeta {
+            name: m.name,
+            namespace: m.namespace,
+            uid: m.uid,
+            owner_references: m.owner_references,
+            annotations,
+            ..ObjectMeta::default()
+        },
+        ..c
+    })
+}
+
+/// What the recount keeps of template `t`: nothing when it asks none of gpuslice's devices (a
+/// pod's entry naming it charges nothing, [`live_charge`]); else its name and spec.
+fn charged_template(t: ResourceClaimTemplate) -> Option<ResourceClaimTemplate> {
+    let spec = template_spec(&t);
+    asks_gpuslice_devices(&spec).then(|| ResourceClaimTemplate {
+        metadata: ObjectMeta {
+            name: t.metadata.name,
+            namespace: t.metadata.namespace,
+            ..ObjectMeta::default()
+        },
+        spec: Some(ResourceClaimTemplateSpec {
+            metadata: None,
+            spec: Some(spec),
+        }),
+    })
 }
 
 #[cfg(test)]

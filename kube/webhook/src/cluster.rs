@@ -2,7 +2,10 @@
 //! background, so an admission waits on no list; none until one read succeeded, so that no
 //! claim is written for a guessed mode), a namespace's HAMi label, and the templates it
 //! creates or reuses — never one it did not write. The templates it wrote are watched, so that
-//! reusing one costs no API call, and swept when no pod uses them (crate::sweep).
+//! reusing one costs no API call, and swept when no pod uses them (crate::sweep). Of the
+//! templates labelled as its own the watch keeps only those named as it names them, and of
+//! each only what reuse reads ([`Written`]): whoever may label a template cannot make the
+//! webhook hold what they wrote.
 
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -12,12 +15,11 @@ use k8s_openapi::api::resource::v1::{ResourceClaimTemplate, ResourceSlice};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::Api;
 
-use gpuslice_dra::claim_shape::MANAGED_BY;
+use gpuslice_dra::claim_shape::{spec_form, PublishedGpus, MANAGED_BY, TEMPLATE_PREFIX};
 
-use gpuslice_dra::claim_shape::PublishedGpus;
-
-use crate::mirror::{key, Mirror};
-use crate::sweep::{is_marked, mark_patch};
+use crate::mirror::{key, Kept, Key, Mirror};
+use crate::sweep::{is_marked, mark_patch, webhook_name};
+use crate::view::list_all;
 
 /// The namespace label that turns HAMi compatibility on (with `--hami-compat`).
 pub use gpuslice_dra::quota::HAMI_COMPAT_LABEL as HAMI_LABEL;
@@ -47,8 +49,57 @@ pub struct Cluster {
     client: kube::Client,
     /// The last inventory read, or why none was read yet.
     inventory: Arc<RwLock<Result<Arc<PublishedGpus>, String>>>,
-    /// The templates labelled as the webhook's, by namespace and name.
-    templates: Arc<Mirror<ResourceClaimTemplate>>,
+    /// What is kept of the templates the webhook may have written, by namespace and name.
+    templates: Arc<Mirror<ResourceClaimTemplate, Written>>,
+}
+
+/// What the watch keeps of a template labelled as the webhook's and named as it names them
+/// (`gpuslice-` and 16 hexadecimal digits, crate::sweep::webhook_name): what reuse reads of
+/// it, in a few bytes whatever the template holds. Any other template labelled so is ignored
+/// (not kept; the first is named in the log), and reuse of a name the watch does not hold
+/// asks the API server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Written {
+    /// The SHA-256 of its spec's canonical form (`claim_shape::spec_form`): the spec it holds,
+    /// as [`claim_shape::is_ours`](gpuslice_dra::claim_shape::is_ours) compares it.
+    spec: [u8; 32],
+    /// Whether the sweep marked it unused (crate::sweep).
+    marked: bool,
+}
+
+/// The SHA-256 of the canonical form of `t`'s spec; `None` when it has none.
+fn spec_digest(t: &ResourceClaimTemplate) -> Option<[u8; 32]> {
+    let form = spec_form(t)?;
+    let d = ring::digest::digest(&ring::digest::SHA256, &form);
+    d.as_ref().try_into().ok()
+}
+
+impl Kept<ResourceClaimTemplate> for Written {
+    fn keep(t: ResourceClaimTemplate) -> Result<Written, String> {
+        let name = t.metadata.name.as_deref().unwrap_or_default();
+        if !webhook_name(name) {
+            return Err(format!(
+                "its name is not one the webhook gives ({TEMPLATE_PREFIX} and 16 hexadecimal digits)"
+            ));
+        }
+        let labelled = t
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(MANAGED_BY.0))
+            .is_some_and(|v| v == MANAGED_BY.1);
+        if !labelled {
+            return Err(format!(
+                "it is not labelled {}={}",
+                MANAGED_BY.0, MANAGED_BY.1
+            ));
+        }
+        let spec = spec_digest(&t).ok_or("it has no claim spec")?;
+        Ok(Written {
+            spec,
+            marked: is_marked(&t),
+        })
+    }
 }
 
 impl Cluster {
@@ -75,24 +126,43 @@ impl Cluster {
     }
 
     /// Whether the watch knows `want` (the webhook's, with its spec, not marked unused) to
-    /// exist now.
+    /// exist now: a template of its name kept ([`Written`]: labelled as the webhook's, which
+    /// is all `want` is labelled and annotated with) whose spec's digest is `want`'s.
     fn known(&self, want: &ResourceClaimTemplate) -> bool {
+        // What a kept template is known to carry besides its spec: the label, no annotation.
+        let labels = want.metadata.labels.iter().flatten();
+        let plain = want
+            .metadata
+            .annotations
+            .as_ref()
+            .is_none_or(|a| a.is_empty())
+            && labels
+                .into_iter()
+                .all(|(k, v)| k == MANAGED_BY.0 && v == MANAGED_BY.1);
+        let Some(spec) = spec_digest(want).filter(|_| plain) else {
+            return false;
+        };
         self.templates
             .read(|m| {
                 m.get(&key(want))
-                    .is_some_and(|t| gpuslice_dra::claim_shape::is_ours(t, want) && !is_marked(t))
+                    .is_some_and(|t| t.spec == spec && !t.marked)
             })
             .unwrap_or(false)
     }
 
+    /// The keys of the templates the watch keeps; `None` while it is not current.
+    pub fn watched_templates(&self) -> Option<Vec<Key>> {
+        self.templates.read(|m| m.keys().cloned().collect())
+    }
+
     async fn refresh(&self) {
         let api: Api<ResourceSlice> = Api::all(self.client.clone());
-        let read = api.list(&ListParams::default()).await;
+        let read = list_all(&api, ListParams::default()).await;
         let Ok(mut w) = self.inventory.write() else {
             return;
         };
         match read {
-            Ok(list) => *w = Ok(Arc::new(PublishedGpus::from_slices(&list.items))),
+            Ok(items) => *w = Ok(Arc::new(PublishedGpus::from_slices(&items))),
             // An unreachable API server keeps the last inventory (pods are then checked
             // against it); before the first, the reason is kept for the refusal.
             Err(e) if w.is_err() => *w = Err(format!("listing ResourceSlices: {e}")),
@@ -198,5 +268,40 @@ impl Cluster {
             }
             Err(e) => Err(err(e.to_string())),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gpuslice_dra::claim_shape::{claim_spec, template, Mode, Shape};
+
+    fn written(gib: u64) -> ResourceClaimTemplate {
+        let shape = Shape {
+            gpus: 1,
+            memory: Some(gib << 30),
+            ..Default::default()
+        };
+        template("team", claim_spec(&Mode::Capacity, &shape, "f").unwrap().0)
+    }
+
+    #[test]
+    fn only_a_template_named_and_labelled_as_the_webhooks_is_kept_and_only_its_facts() {
+        let want = written(2);
+        let kept = Written::keep(want.clone()).unwrap();
+        assert_eq!(Some(kept.spec), spec_digest(&want));
+        assert!(!kept.marked);
+        // Another spec under the same name is kept as what it is: not taken for `want`.
+        let mut other = written(3);
+        other.metadata.name = want.metadata.name.clone();
+        assert_ne!(Written::keep(other).unwrap().spec, kept.spec);
+        // Another name, or no label: ignored, whatever it holds.
+        let mut renamed = want.clone();
+        renamed.metadata.name = Some("gpuslice-tenant".into());
+        let e = Written::keep(renamed).unwrap_err();
+        assert!(e.contains("gpuslice- and 16 hexadecimal digits"), "{e}");
+        let mut unlabelled = want;
+        unlabelled.metadata.labels = None;
+        assert!(Written::keep(unlabelled).is_err());
     }
 }

@@ -156,28 +156,32 @@ async fn watch<K: Frees>(ledger: Ledger, due: Arc<Due>) {
         let mut version = match resume.take() {
             Some(v) => v,
             // One object is enough: the list's version is where the watch starts.
-            None => match list_page::<K>(&client, None, &ListParams::default().limit(1)).await {
-                Ok(page) => {
-                    if listed {
-                        // The deletions between the version that expired and this one are
-                        // lost: every namespace they may have freed a budget in is recounted.
-                        due.push_every();
+            None => {
+                match list_page::<K, ()>(&client, None, &ListParams::default().limit(1), |_| None)
+                    .await
+                {
+                    Ok(page) => {
+                        if listed {
+                            // The deletions between the version that expired and this one are
+                            // lost: every namespace they may have freed a budget in is recounted.
+                            due.push_every();
+                        }
+                        listed = true;
+                        page.version.unwrap_or_default()
                     }
-                    listed = true;
-                    page.version.unwrap_or_default()
-                }
-                Err(e) => {
-                    if !failing {
-                        eprintln!(
+                    Err(e) => {
+                        if !failing {
+                            eprintln!(
                             "gpuslice webhook: cannot list the {}s to watch them ({e}): trying again every {RETRY:?}; deletions are freed by the periodic budget recount until it can",
                             K::KIND
                         );
-                        failing = true;
+                            failing = true;
+                        }
+                        tokio::time::sleep(RETRY).await;
+                        continue;
                     }
-                    tokio::time::sleep(RETRY).await;
-                    continue;
                 }
-            },
+            }
         };
         let from = version.clone();
         let ended = follow_from::<K>(
@@ -263,7 +267,7 @@ mod tests {
         assert_eq!(heard("ADDED", pod("Pending", "9")).0, None);
         // A pod that cannot be read: what it holds is unknown; the version stays.
         let odd = serde_json::json!({"metadata": {"namespace": "team", "name": "p"},
-            "spec": {"containers": 5}});
+            "spec": {"resourceClaims": 5}});
         assert_eq!(heard("MODIFIED", odd), (team.clone(), Some(None)));
         // A claim is never done while it exists.
         let claim = serde_json::json!({"metadata": {"namespace": "team", "name": "c",

@@ -7,9 +7,14 @@
 //! must not admit past a budget). Objects are read through their views (crate::view): one that
 //! cannot be read is named in the log once and left out of the copy, which stays current for
 //! the others; the copy remembers which objects it left out, so that a reader that must see
-//! every object of a namespace (its quotas) asks the API server for that namespace.
+//! every object of a namespace (its quotas) asks the API server for that namespace. Of each
+//! object the copy keeps what its kind's [`Kept`] keeps: the quotas whole; of the templates
+//! only the few facts of those the webhook may have written (crate::cluster::Written), any
+//! other being ignored with one line in the log; a list is read a page at a time, each object
+//! turned into what is kept of it as it is read (crate::view::list_page).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
@@ -17,7 +22,7 @@ use std::time::{Duration, Instant};
 use kube::api::{ListParams, WatchParams};
 use kube::Resource;
 
-use crate::view::{list_page, Event, Page, ViewError, Viewed, Watch};
+use crate::view::{list_page, Event, Page, ViewError, Viewed, Watch, PAGE};
 
 /// How long one watch request lasts before it is renewed (the API server's own limit is 5 to
 /// 10 minutes).
@@ -25,9 +30,6 @@ const WATCH_SECONDS: u32 = 290;
 /// The pause after a watch or a list failed, before the next list; also the shortest a watch
 /// must last to be resumed rather than taken for a failure.
 pub(crate) const RETRY: Duration = Duration::from_secs(1);
-/// Objects read per list call.
-const PAGE: u32 = 500;
-
 /// An object's namespace and name: the copy's key.
 pub type Key = (String, String);
 
@@ -54,6 +56,40 @@ fn left_out(e: &ViewError) {
     );
 }
 
+/// What a copy keeps of each object of kind `K` it reads.
+pub trait Kept<K>: Sized {
+    /// What is kept of `o`, or why it is ignored (not kept: the copy holds nothing of it).
+    fn keep(o: K) -> Result<Self, String>;
+}
+
+/// An object kept whole.
+impl<K> Kept<K> for K {
+    fn keep(o: K) -> Result<K, String> {
+        Ok(o)
+    }
+}
+
+/// What is kept of `o`, `None` when it is ignored: the first object ignored (`noted` still
+/// false) is named in the log.
+fn kept<K: Viewed + Resource, S: Kept<K>>(o: K, noted: &AtomicBool) -> Option<S> {
+    let named = key(&o);
+    match S::keep(o) {
+        Ok(s) => Some(s),
+        Err(why) => {
+            if !noted.swap(true, Ordering::SeqCst) {
+                eprintln!(
+                    "gpuslice webhook: {} {}/{} is ignored by the watched copy: {why}; any other \
+                     ignored is not logged",
+                    K::KIND,
+                    named.0,
+                    named.1
+                );
+            }
+            None
+        }
+    }
+}
+
 /// The objects read by namespace and name, and the keys of those that could not be.
 struct Held<K> {
     objects: BTreeMap<Key, K>,
@@ -69,13 +105,13 @@ impl<K> Default for Held<K> {
     }
 }
 
-impl<K: Resource> Held<K> {
-    /// Adds one page of a list, naming in the log each object left out that is not in
-    /// `known` (those the copy it replaces left out already); false when an object of it cannot
-    /// even be named (the copy cannot tell which object it left out).
-    fn take_page(&mut self, page: Page<K>, known: &BTreeSet<Key>) -> bool {
-        self.objects
-            .extend(page.objects.into_iter().map(|o| (key(&o), o)));
+impl<S> Held<S> {
+    /// Adds one page of a list (what is kept of each object, by its key), naming in the log
+    /// each object left out that is not in `known` (those the copy it replaces left out
+    /// already); false when an object of it cannot even be named (the copy cannot tell which
+    /// object it left out).
+    fn take_page(&mut self, page: Page<(Key, S)>, known: &BTreeSet<Key>) -> bool {
+        self.objects.extend(page.objects);
         for e in page.unread {
             let Some(k) = unread_key(&e) else {
                 left_out(&e);
@@ -89,15 +125,24 @@ impl<K: Resource> Held<K> {
         true
     }
 
-    /// Applies one watch event: the resourceVersion it brings the copy to ([`reached`]), or
-    /// `None` when it ends the watch (an error event, or an object that cannot even be named).
-    fn apply(&mut self, event: Event<K>) -> Option<Option<String>> {
+    /// Applies one watch event of an object of kind `K`, keeping what `S` keeps of it (one
+    /// ignored leaves the copy: [`kept`]): the resourceVersion it brings the copy to
+    /// ([`reached`]), or `None` when it ends the watch (an error event, or an object that
+    /// cannot even be named).
+    fn apply<K>(&mut self, event: Event<K>, noted: &AtomicBool) -> Option<Option<String>>
+    where
+        K: Viewed + Resource,
+        S: Kept<K>,
+    {
         let version = reached(&event)?;
         match event {
             Event::Put(Ok(o)) => {
                 let k = key(&o);
                 self.unread.remove(&k);
-                self.objects.insert(k, o);
+                match kept::<K, S>(o, noted) {
+                    Some(s) => self.objects.insert(k, s),
+                    None => self.objects.remove(&k),
+                };
             }
             Event::Deleted(Ok(o)) => {
                 let k = key(&o);
@@ -201,29 +246,36 @@ pub(crate) async fn follow_from<K: Viewed + Resource<DynamicType = ()>>(
     }
 }
 
-/// The objects of one kind by namespace and name, and whether they are current.
-pub struct Mirror<K> {
-    copy: RwLock<Held<K>>,
+/// What is kept (`S`) of the objects of one kind (`K`) by namespace and name, and whether
+/// it is current.
+pub struct Mirror<K, S = K> {
+    copy: RwLock<Held<S>>,
     current: AtomicBool,
+    /// Whether an object ignored was named in the log ([`kept`]).
+    noted: Arc<AtomicBool>,
+    kind: PhantomData<fn() -> K>,
 }
 
-impl<K> Default for Mirror<K> {
+impl<K, S> Default for Mirror<K, S> {
     fn default() -> Self {
         Mirror {
             copy: RwLock::new(Held::default()),
             current: AtomicBool::new(false),
+            noted: Arc::new(AtomicBool::new(false)),
+            kind: PhantomData,
         }
     }
 }
 
-impl<K> Mirror<K>
+impl<K, S> Mirror<K, S>
 where
-    K: Viewed + Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+    K: Viewed + Resource<DynamicType = ()> + Send + Sync + 'static,
+    S: Kept<K> + Clone + Send + Sync + 'static,
 {
     /// Starts following the objects of kind `K` in every namespace that carry `labels` (a label
     /// selector; `None`: all of them) in the background, for as long as the runtime runs.
     /// Needs a Tokio runtime.
-    pub fn follow(client: kube::Client, labels: Option<String>) -> Arc<Mirror<K>> {
+    pub fn follow(client: kube::Client, labels: Option<String>) -> Arc<Mirror<K, S>> {
         let mirror = Arc::new(Mirror::default());
         let bg = Arc::clone(&mirror);
         tokio::spawn(async move {
@@ -254,7 +306,7 @@ where
             &watch,
             &mut version,
             || self.current.store(true, Ordering::SeqCst),
-            |event| self.copy.write().ok()?.apply(event),
+            |event| self.copy.write().ok()?.apply(event, &self.noted),
         )
         .await;
     }
@@ -265,7 +317,9 @@ where
         let known = self.copy.read().ok()?.unread.clone();
         let mut held = Held::default();
         loop {
-            let page = list_page::<K>(client, None, &params).await.ok()?;
+            let noted = Arc::clone(&self.noted);
+            let keep = move |o: K| Some((key(&o), kept::<K, S>(o, &noted)?));
+            let page = list_page(client, None, &params, keep).await.ok()?;
             let (next, version) = (page.next.clone(), page.version.clone());
             if !held.take_page(page, &known) {
                 return None;
@@ -282,7 +336,7 @@ where
 
     /// What `f` finds in the copy, or `None` while it is not current (ask the API server). An
     /// object that could not be read is not in it.
-    pub fn read<R>(&self, f: impl FnOnce(&BTreeMap<Key, K>) -> R) -> Option<R> {
+    pub fn read<R>(&self, f: impl FnOnce(&BTreeMap<Key, S>) -> R) -> Option<R> {
         if !self.current.load(Ordering::SeqCst) {
             return None;
         }
@@ -293,7 +347,7 @@ where
     /// The objects of `namespace`, or `None` while the copy is not current or holds an object
     /// of that namespace it could not read (the namespace's objects must then be asked of the
     /// API server, which names the one that cannot be read).
-    pub fn in_namespace(&self, namespace: &str) -> Option<Vec<K>> {
+    pub fn in_namespace(&self, namespace: &str) -> Option<Vec<S>> {
         if !self.current.load(Ordering::SeqCst) {
             return None;
         }
@@ -350,8 +404,22 @@ mod tests {
         Mirror {
             copy: RwLock::new(copy),
             current: AtomicBool::new(true),
+            ..Mirror::default()
         }
     }
+
+    /// A page of objects kept whole, by key.
+    fn keyed<K: Resource>(page: Page<K>) -> Page<(Key, K)> {
+        Page {
+            objects: page.objects.into_iter().map(|o| (key(&o), o)).collect(),
+            unread: page.unread,
+            next: page.next,
+            version: page.version,
+        }
+    }
+
+    /// The log-once flag of a copy built by hand.
+    static NOTED: AtomicBool = AtomicBool::new(false);
 
     #[test]
     fn events_change_the_copy_and_a_namespace_reads_only_its_own() {
@@ -366,7 +434,7 @@ mod tests {
                 Event::Put(Ok(quota("team-a", "gpu", "5"))),
                 Event::Deleted(Ok(quota("team", "gpu", "6"))),
             ] {
-                assert!(c.apply(e).is_some());
+                assert!(c.apply(e, &NOTED).is_some());
             }
         }
         // Not current yet: the caller must ask the API server.
@@ -383,9 +451,9 @@ mod tests {
 
     #[test]
     fn each_event_brings_the_version_the_next_watch_resumes_from() {
-        let mut c = Held::default();
+        let mut c = Held::<ResourceQuota>::default();
         let q = |rv: &str| serde_json::to_string(&quota("a", "q", rv)).unwrap();
-        let mut apply = |l: Vec<u8>| c.apply(read_event::<ResourceQuota>(&l).unwrap());
+        let mut apply = |l: Vec<u8>| c.apply(read_event::<ResourceQuota>(&l).unwrap(), &NOTED);
         assert_eq!(apply(line("ADDED", &q("7"))), Some(Some("7".into())));
         assert_eq!(apply(line("DELETED", &q("9"))), Some(Some("9".into())));
         // A bookmark moves the version on without changing the copy.
@@ -410,10 +478,10 @@ mod tests {
             matches!(&e, Event::Error(s) if s.message == "too old" && s.code == 410),
             "{e:?}"
         );
-        assert_eq!(c.apply(e), None);
+        assert_eq!(c.apply(e, &NOTED), None);
         // The copy cannot tell which object an unnamed one replaces.
         let e = read_event::<ResourceQuota>(&line("MODIFIED", r#"{"spec": 5}"#)).unwrap();
-        assert_eq!(c.apply(e), None);
+        assert_eq!(c.apply(e, &NOTED), None);
         // Nor is a line that is no event read as one.
         assert!(read_event::<ResourceQuota>(&line("RENAMED", "{}")).is_err());
         assert!(read_event::<ResourceQuota>(b"[1, 2]").is_err());
@@ -455,10 +523,10 @@ mod tests {
         let page = read_list::<ResourceClaimTemplate>(&page).unwrap();
         assert_eq!(page.version.as_deref(), Some("4"));
         let mut c = Held::default();
-        assert!(c.take_page(page, &BTreeSet::new()));
+        assert!(c.take_page(keyed(page), &BTreeSet::new()));
         let mut apply = |l: Vec<u8>| {
             let e = read_event::<ResourceClaimTemplate>(&l).unwrap();
-            c.apply(e)
+            c.apply(e, &NOTED)
         };
         // So does its typed reading of an event.
         let added = line("ADDED", &deep("deeper", "5"));
@@ -475,12 +543,10 @@ mod tests {
         let m = current(c);
         let all = || m.read(|o| o.values().cloned().collect::<Vec<_>>());
         assert_eq!(names(all()), Some(vec!["deep@2".into(), "deeper@5".into()]));
-        m.copy
-            .write()
-            .unwrap()
-            .apply(Event::Put(ResourceClaimTemplate::read(&template(
-                "plain", "8", "[]",
-            ))));
+        m.copy.write().unwrap().apply(
+            Event::Put(ResourceClaimTemplate::read(&template("plain", "8", "[]"))),
+            &NOTED,
+        );
         assert_eq!(
             names(all()),
             Some(vec!["deep@2".into(), "deeper@5".into(), "plain@8".into()])
@@ -504,14 +570,17 @@ mod tests {
             serde_json::to_string(&quota("other", "gpu", "1")).unwrap(),
         );
         let mut c = Held::default();
-        assert!(c.take_page(read_list::<ResourceQuota>(&text).unwrap(), &BTreeSet::new()));
+        assert!(c.take_page(
+            keyed(read_list::<ResourceQuota>(&text).unwrap()),
+            &BTreeSet::new()
+        ));
         let m = current(c);
         // Its namespace's budgets would be read without it: the API server is asked.
         assert_eq!(names(m.in_namespace("team")), None);
         assert_eq!(names(m.in_namespace("other")), Some(vec!["gpu@1".into()]));
         // Once it is gone, the copy answers for its namespace again.
         let gone = read_event::<ResourceQuota>(&line("DELETED", odd)).unwrap();
-        assert_eq!(m.copy.write().unwrap().apply(gone), Some(None));
+        assert_eq!(m.copy.write().unwrap().apply(gone, &NOTED), Some(None));
         assert_eq!(names(m.in_namespace("team")), Some(vec!["gpu@1".into()]));
     }
 }

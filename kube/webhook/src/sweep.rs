@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions};
 use kube::Api;
@@ -18,14 +19,14 @@ use serde_json::json;
 
 use gpuslice_dra::claim_shape::{MANAGED_BY, TEMPLATE_PREFIX};
 
+use crate::view::list_kept;
+
 /// The annotation that marks a template no pod used at the last sweep: when (RFC 3339).
 pub const UNUSED_SINCE: &str = "gpuslice.io/unused-since";
 /// How long a template may go unused before it is marked, and marked before it is deleted.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(600);
 /// The longest pause between sweeps.
 const MAX_EVERY: Duration = Duration::from_secs(300);
-/// Objects read per list call.
-const PAGE: u32 = 500;
 
 /// A sweep's API call failed (the next sweep tries again).
 #[derive(Debug, thiserror::Error)]
@@ -118,6 +119,35 @@ pub fn decide(t: &ResourceClaimTemplate, used: bool, now: Timestamp, grace: Dura
     }
 }
 
+/// What the sweep keeps of template `t` while it lists them: `None` for one not named as the
+/// webhook names its own (never touched); of the others, what [`decide`] and the delete read:
+/// the name, namespace, uid, version, creation and deletion times, the webhook's label and the
+/// mark.
+pub fn sweep_view(t: ResourceClaimTemplate) -> Option<ResourceClaimTemplate> {
+    let m = t.metadata;
+    if !m.name.as_deref().is_some_and(webhook_name) {
+        return None;
+    }
+    let only = |map: Option<BTreeMap<String, String>>, key: &str| {
+        let kept: BTreeMap<String, String> = map?.into_iter().filter(|(k, _)| k == key).collect();
+        (!kept.is_empty()).then_some(kept)
+    };
+    Some(ResourceClaimTemplate {
+        metadata: ObjectMeta {
+            name: m.name,
+            namespace: m.namespace,
+            uid: m.uid,
+            resource_version: m.resource_version,
+            creation_timestamp: m.creation_timestamp,
+            deletion_timestamp: m.deletion_timestamp,
+            labels: only(m.labels, MANAGED_BY.0),
+            annotations: only(m.annotations, UNUSED_SINCE),
+            ..ObjectMeta::default()
+        },
+        spec: None,
+    })
+}
+
 /// The template names the pods name (`spec.resourceClaims[].resourceClaimTemplateName`).
 pub fn named_templates(pods: &[Pod]) -> BTreeSet<String> {
     pods.iter()
@@ -132,26 +162,6 @@ pub fn mark_patch(since: Option<Timestamp>) -> serde_json::Value {
     json!({"metadata": {"annotations": {UNUSED_SINCE: since.map(|s| s.to_string())}}})
 }
 
-/// Every object `params` selects, a page at a time; each page goes to `take`.
-async fn list_pages<K>(
-    api: &Api<K>,
-    params: ListParams,
-    mut take: impl FnMut(Vec<K>),
-) -> Result<(), kube::Error>
-where
-    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    let mut params = params.limit(PAGE);
-    loop {
-        let page = api.list(&params).await?;
-        take(page.items);
-        match page.metadata.continue_ {
-            Some(c) if !c.is_empty() => params = params.continue_token(&c),
-            _ => return Ok(()),
-        }
-    }
-}
-
 /// One sweep over every namespace holding a template of the webhook's; what it did, as
 /// (namespace/name, step) for the steps that wrote. Each replica may sweep: a mark written
 /// twice is harmless, a delete whose object changed or went is skipped.
@@ -164,39 +174,43 @@ pub async fn sweep_once(
     // Read through their view (crate::view): a template whose other drivers' parameters nest
     // past the parser's limit is read all the same, and one that cannot be read is named and
     // left alone, never stopping the sweep of the others.
-    let mut params = ListParams::default().labels(&selector).limit(PAGE);
-    loop {
-        let page = crate::view::list_page::<ResourceClaimTemplate>(client, None, &params)
-            .await
-            .map_err(SweepError::ListTemplates)?;
-        for e in page.unread {
-            eprintln!("gpuslice webhook: template sweep: skipped: {e}");
-        }
-        for t in page.objects {
-            by_ns
-                .entry(t.metadata.namespace.clone().unwrap_or_default())
-                .or_default()
-                .push(t);
-        }
-        match page.next {
-            Some(c) => params = params.continue_token(&c),
-            None => break,
-        }
+    // Of the templates labelled as the webhook's, only those named as it names them are kept,
+    // and of each only what the sweep reads ([`sweep_view`]).
+    let templates = list_kept(
+        client,
+        None,
+        ListParams::default().labels(&selector),
+        sweep_view,
+        |e| eprintln!("gpuslice webhook: template sweep: skipped: {e}"),
+    )
+    .await
+    .map_err(SweepError::ListTemplates)?;
+    for t in templates {
+        by_ns
+            .entry(t.metadata.namespace.clone().unwrap_or_default())
+            .or_default()
+            .push(t);
     }
     let mut done = Vec::new();
     for (namespace, templates) in by_ns {
         // Read after the templates: a pod that names one of them exists in this list, or was
         // admitted after the template was read (and so after any mark, which it cleared).
-        let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
-        let mut named = BTreeSet::new();
-        list_pages(&pods, ListParams::default(), |page| {
-            named.extend(named_templates(&page));
-        })
+        // Of each pod, only the template names it names.
+        let named: BTreeSet<String> = list_kept(
+            client,
+            Some(&namespace),
+            ListParams::default(),
+            |p: Pod| Some(named_templates(std::slice::from_ref(&p))),
+            |e| eprintln!("gpuslice webhook: template sweep: skipped: {e}"),
+        )
         .await
         .map_err(|source| SweepError::ListPods {
             namespace: namespace.clone(),
             source,
-        })?;
+        })?
+        .into_iter()
+        .flatten()
+        .collect();
         let now = Timestamp::now();
         let api: Api<ResourceClaimTemplate> = Api::namespaced(client.clone(), &namespace);
         for t in templates {

@@ -4,13 +4,20 @@
 //! webhook never reads cannot stop it from reading them: opaque parameters of other drivers
 //! (in a claim's spec or its allocation) and `managedFields` may nest deeper than the JSON
 //! parser's recursion limit (the API server accepts them), and are skipped unbuilt. A
-//! list is read object by object, so that one object that cannot be read is named and skipped
-//! rather than failing the list (docs/quotas.md); a watch likewise, event by event
-//! ([`Watch`]).
+//! list is read object by object as its answer arrives, so that one object that cannot be read
+//! is named and skipped rather than failing the list (docs/quotas.md), and a page holds in
+//! memory one object's text at a time and, of each object, only what its reader keeps
+//! ([`list_page`]); a watch likewise, event by event ([`Watch`]).
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::io::{BufReader, Read};
+use std::marker::PhantomData;
 
+use hyper::body::Bytes;
+use k8s_openapi::api::core::v1::{
+    Pod, PodResourceClaim, PodResourceClaimStatus, PodSpec, PodStatus,
+};
 use k8s_openapi::api::resource::v1::{
     DeviceClaim, DeviceClaimConfiguration, DeviceConstraint, DeviceRequest,
     OpaqueDeviceConfiguration, ResourceClaim, ResourceClaimConsumerReference, ResourceClaimSpec,
@@ -20,7 +27,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference,
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use kube::api::{ListParams, WatchParams};
 use kube::core::Status;
-use serde::de::DeserializeOwned;
+use serde::de::{
+    DeserializeOwned, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor,
+};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -275,11 +284,57 @@ impl Viewed for ResourceClaimTemplate {
     }
 }
 
-impl Viewed for k8s_openapi::api::core::v1::Pod {
+#[derive(Deserialize)]
+struct PodView {
+    #[serde(default)]
+    metadata: Option<MetaView>,
+    #[serde(default)]
+    spec: Option<PodSpecView>,
+    #[serde(default)]
+    status: Option<PodStatusView>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PodSpecView {
+    #[serde(default)]
+    resource_claims: Option<Vec<PodResourceClaim>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PodStatusView {
+    #[serde(default)]
+    phase: Option<String>,
+    #[serde(default)]
+    resource_claim_statuses: Option<Vec<PodResourceClaimStatus>>,
+}
+
+impl Viewed for Pod {
     const KIND: &'static str = "Pod";
-    /// A pod is read whole (nothing in it nests without bound).
+    /// Of a pod, what a charge and the template sweep read: its name, namespace, uid and
+    /// version, its claim entries, its phase and the claims made for its entries; its
+    /// containers, volumes, labels and annotations are skipped unbuilt.
     fn read(json: &str) -> Result<Self, ViewError> {
-        view(Self::KIND, json)
+        let v: PodView = view(Self::KIND, json)?;
+        let metadata = v.metadata.map(|m| ObjectMeta {
+            labels: None,
+            annotations: None,
+            owner_references: None,
+            ..ObjectMeta::from(m)
+        });
+        Ok(Pod {
+            metadata: metadata.unwrap_or_default(),
+            spec: v.spec.map(|s| PodSpec {
+                resource_claims: s.resource_claims,
+                ..PodSpec::default()
+            }),
+            status: v.status.map(|s| PodStatus {
+                phase: s.phase,
+                resource_claim_statuses: s.resource_claim_statuses,
+                ..PodStatus::default()
+            }),
+        })
     }
 }
 
@@ -293,14 +348,6 @@ impl Viewed for k8s_openapi::api::core::v1::ResourceQuota {
 }
 
 #[derive(Deserialize)]
-struct ListView<'a> {
-    #[serde(default)]
-    metadata: Option<ListMetaView>,
-    #[serde(default, borrow)]
-    items: Vec<&'a RawValue>,
-}
-
-#[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct ListMetaView {
     #[serde(default, rename = "continue")]
@@ -309,54 +356,277 @@ struct ListMetaView {
     resource_version: Option<String>,
 }
 
-/// One page of a list: the objects read, those that could not be (each naming the object and
-/// why), the token of the next page (`None`: the last) and the list's resourceVersion (a watch
-/// of what the list shows starts from it).
-pub struct Page<K> {
-    pub objects: Vec<K>,
+/// Objects asked per list call (`limit`), as kube's own reflector asks: a page's answer is
+/// read an object at a time ([`list_page`]), so its size bounds API calls, not memory.
+pub const PAGE: u32 = 500;
+
+/// Frames of an answer in flight to a list's reader ([`list_page`]): a few, so that the
+/// reader, not the network, sets the pace.
+const FRAMES: usize = 4;
+
+/// One page of a list: what was kept of the objects read, the objects that could not be read
+/// (each naming the object and why), the token of the next page (`None`: the last) and the
+/// list's resourceVersion (a watch of what the list shows starts from it).
+pub struct Page<S> {
+    pub objects: Vec<S>,
     pub unread: Vec<ViewError>,
     pub next: Option<String>,
     pub version: Option<String>,
 }
 
-/// The objects of a list's JSON `text`, each read through its view.
-pub fn read_list<K: Viewed>(text: &str) -> Result<Page<K>, serde_json::Error> {
-    let list: ListView = serde_json::from_str(text)?;
-    let mut objects = Vec::new();
-    let mut unread = Vec::new();
-    for item in list.items {
-        match K::read(item.get()) {
-            Ok(o) => objects.push(o),
-            Err(e) => unread.push(e),
-        }
-    }
-    let (next, version) = match list.metadata {
-        Some(m) => (m.continue_.filter(|c| !c.is_empty()), m.resource_version),
-        None => (None, None),
-    };
-    Ok(Page {
-        objects,
-        unread,
-        next,
-        version,
-    })
+/// A list's JSON object: its metadata, and its items read one at a time through their views,
+/// each given to `keep` as soon as it is read (only what `keep` returns is held).
+struct ListSeed<'p, K, S, F> {
+    page: &'p mut Page<S>,
+    keep: &'p mut F,
+    kind: PhantomData<fn() -> K>,
 }
 
-/// One page of the objects of kind `K` that `params` selects, in namespace `ns` (`None`: all
-/// namespaces), each read through its view.
-pub async fn list_page<K>(
+impl<'de, K: Viewed, S, F: FnMut(K) -> Option<S>> Visitor<'de> for ListSeed<'_, K, S, F> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "a list of {}s", K::KIND)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while let Some(key) = map.next_key::<String>()? {
+            match key.as_str() {
+                "metadata" => {
+                    if let Some(m) = map.next_value::<Option<ListMetaView>>()? {
+                        self.page.next = m.continue_.filter(|c| !c.is_empty());
+                        self.page.version = m.resource_version;
+                    }
+                }
+                "items" => map.next_value_seed(Items {
+                    page: &mut *self.page,
+                    keep: &mut *self.keep,
+                    kind: PhantomData::<fn() -> K>,
+                })?,
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A list's `items`: each object's text alone is held while it is read through its view.
+struct Items<'p, K, S, F> {
+    page: &'p mut Page<S>,
+    keep: &'p mut F,
+    kind: PhantomData<fn() -> K>,
+}
+
+impl<'de, K: Viewed, S, F: FnMut(K) -> Option<S>> DeserializeSeed<'de> for Items<'_, K, S, F> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de, K: Viewed, S, F: FnMut(K) -> Option<S>> Visitor<'de> for Items<'_, K, S, F> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "the {}s of a list", K::KIND)
+    }
+
+    /// `null`: no items.
+    fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while let Some(item) = seq.next_element::<Box<RawValue>>()? {
+            match K::read(item.get()) {
+                Ok(o) => self.page.objects.extend((self.keep)(o)),
+                Err(e) => self.page.unread.push(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The page the list JSON `d` holds, each object read through its view and kept as `keep`
+/// keeps it (`None`: not kept).
+fn read_page<'de, D, K, S, F>(d: D, keep: &mut F) -> Result<Page<S>, D::Error>
+where
+    D: Deserializer<'de>,
+    K: Viewed,
+    F: FnMut(K) -> Option<S>,
+{
+    let mut page = Page {
+        objects: Vec::new(),
+        unread: Vec::new(),
+        next: None,
+        version: None,
+    };
+    d.deserialize_map(ListSeed {
+        page: &mut page,
+        keep,
+        kind: PhantomData::<fn() -> K>,
+    })?;
+    Ok(page)
+}
+
+/// The objects of a list's JSON `text`, each read through its view.
+pub fn read_list<K: Viewed>(text: &str) -> Result<Page<K>, serde_json::Error> {
+    let mut de = serde_json::Deserializer::from_str(text);
+    let page = read_page(&mut de, &mut Some)?;
+    de.end()?;
+    Ok(page)
+}
+
+/// The frames of an answer as they arrive, read as one stream of bytes (by a blocking task).
+struct Frames {
+    rx: tokio::sync::mpsc::Receiver<Bytes>,
+    /// What is left of the frame being read.
+    at: Bytes,
+}
+
+impl Read for Frames {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.at.is_empty() {
+            match self.rx.blocking_recv() {
+                Some(frame) => self.at = frame,
+                None => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.at.len());
+        buf[..n].copy_from_slice(&self.at.split_to(n));
+        Ok(n)
+    }
+}
+
+/// Sends `req`; an answer that is not a success is the API server's `Status` as an error.
+async fn send(
+    client: &kube::Client,
+    mut req: hyper::Request<Vec<u8>>,
+) -> Result<hyper::Response<kube::client::Body>, kube::Error> {
+    // Uncompressed, as kube's own watch asks: the answer is read as it arrives.
+    req.headers_mut().insert(
+        hyper::header::ACCEPT_ENCODING,
+        hyper::header::HeaderValue::from_static("identity"),
+    );
+    let res = client.send(req.map(kube::client::Body::from)).await?;
+    let code = res.status();
+    if code.is_success() {
+        return Ok(res);
+    }
+    let text = http_body_util::BodyExt::collect(res.into_body())
+        .await
+        .map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())
+        .unwrap_or_default();
+    let status = serde_json::from_str::<Status>(&text).unwrap_or_else(|_| {
+        Status::failure(text.trim(), "Failed to parse error data").with_code(code.as_u16())
+    });
+    Err(kube::Error::Api(status.boxed()))
+}
+
+/// One page of the objects of kind `K` that `params` selects (with a `limit`, [`PAGE`], and
+/// the `continue` token of the page before), in namespace `ns` (`None`: all namespaces), each
+/// read through its view and kept as `keep` keeps it (`None`: not kept). The answer is read as
+/// it arrives: one object's text at a time is held, and of each object only what `keep`
+/// returns, so that a page of large objects costs the memory of what is kept of them.
+pub async fn list_page<K, S>(
     client: &kube::Client,
     ns: Option<&str>,
     params: &ListParams,
-) -> Result<Page<K>, kube::Error>
+    mut keep: impl FnMut(K) -> Option<S> + Send + 'static,
+) -> Result<Page<S>, kube::Error>
 where
-    K: Viewed + kube::Resource<DynamicType = ()>,
+    K: Viewed + kube::Resource<DynamicType = ()> + 'static,
+    S: Send + 'static,
 {
     let req = kube::core::Request::new(K::url_path(&(), ns))
         .list(params)
         .map_err(kube::Error::BuildRequest)?;
-    let text = client.request_text(req).await?;
-    read_list(&text).map_err(kube::Error::SerdeError)
+    let res = send(client, req).await?;
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(FRAMES);
+    let reading = tokio::task::spawn_blocking(move || {
+        let frames = Frames {
+            rx,
+            at: Bytes::new(),
+        };
+        let mut de = serde_json::Deserializer::from_reader(BufReader::new(frames));
+        let page = read_page(&mut de, &mut keep)?;
+        de.end()?;
+        Ok::<_, serde_json::Error>(page)
+    });
+    let mut body = res.into_body();
+    let mut failed = None;
+    while let Some(frame) = http_body_util::BodyExt::frame(&mut body).await {
+        match frame {
+            Ok(frame) => {
+                if let Ok(data) = frame.into_data() {
+                    // The reader stopped (the text is no list): its error is the answer.
+                    if tx.send(data).await.is_err() {
+                        break;
+                    }
+                }
+            }
+            Err(e) => {
+                failed = Some(e);
+                break;
+            }
+        }
+    }
+    drop(tx);
+    let read = reading
+        .await
+        .map_err(|e| kube::Error::Service(Box::new(e)))?;
+    match failed {
+        Some(e) => Err(e),
+        None => read.map_err(kube::Error::SerdeError),
+    }
+}
+
+/// Every object of kind `K` that `params` selects, in namespace `ns` (`None`: all
+/// namespaces), a page of [`PAGE`] at a time, each kept as `keep` keeps it; those that cannot
+/// be read are given to `unread`.
+pub async fn list_kept<K, S>(
+    client: &kube::Client,
+    ns: Option<&str>,
+    params: ListParams,
+    keep: impl FnMut(K) -> Option<S> + Clone + Send + 'static,
+    mut unread: impl FnMut(ViewError),
+) -> Result<Vec<S>, kube::Error>
+where
+    K: Viewed + kube::Resource<DynamicType = ()> + 'static,
+    S: Send + 'static,
+{
+    let mut params = params.limit(PAGE);
+    let mut kept = Vec::new();
+    loop {
+        let page = list_page::<K, S>(client, ns, &params, keep.clone()).await?;
+        kept.extend(page.objects);
+        page.unread.into_iter().for_each(&mut unread);
+        match page.next {
+            Some(c) => params = params.continue_token(&c),
+            None => return Ok(kept),
+        }
+    }
+}
+
+/// Every object `params` selects through `api`, read whole (kinds only cluster
+/// administrators and drivers write: quotas, ResourceSlices), a page of [`PAGE`] at a time.
+pub async fn list_all<K>(api: &kube::Api<K>, params: ListParams) -> Result<Vec<K>, kube::Error>
+where
+    K: Clone + DeserializeOwned + fmt::Debug,
+{
+    let mut params = params.limit(PAGE);
+    let mut all = Vec::new();
+    loop {
+        let page = api.list(&params).await?;
+        all.extend(page.items);
+        match page.metadata.continue_ {
+            Some(c) if !c.is_empty() => params = params.continue_token(&c),
+            _ => return Ok(all),
+        }
+    }
 }
 
 /// Why one object could not be read: the API call failed, or the object cannot be read through
@@ -457,26 +727,11 @@ impl Watch {
     where
         K: kube::Resource<DynamicType = ()>,
     {
-        let mut req = kube::core::Request::new(K::url_path(&(), None))
+        let req = kube::core::Request::new(K::url_path(&(), None))
             .watch(params, version)
             .map_err(kube::Error::BuildRequest)?;
-        // One event a line, uncompressed (as kube's own watch asks).
-        req.headers_mut().insert(
-            hyper::header::ACCEPT_ENCODING,
-            hyper::header::HeaderValue::from_static("identity"),
-        );
-        let res = client.send(req.map(kube::client::Body::from)).await?;
-        let code = res.status();
-        if !code.is_success() {
-            let text = http_body_util::BodyExt::collect(res.into_body())
-                .await
-                .map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())
-                .unwrap_or_default();
-            let status = serde_json::from_str::<Status>(&text).unwrap_or_else(|_| {
-                Status::failure(text.trim(), "Failed to parse error data").with_code(code.as_u16())
-            });
-            return Err(kube::Error::Api(status.boxed()));
-        }
+        // One event a line.
+        let res = send(client, req).await?;
         Ok(Watch {
             body: res.into_body(),
             buf: Vec::new(),

@@ -36,7 +36,7 @@ pub fn used(api: &FakeApi, ns: &str) -> String {
 }
 
 /// The review of the creation of pod `name` of `ns` whose container asks `memory` of one GPU.
-fn review(ns: &str, name: &str, memory: &str) -> String {
+pub fn review(ns: &str, name: &str, memory: &str) -> String {
     json!({
         "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
         "request": {
@@ -279,4 +279,70 @@ fn a_deleted_pods_share_is_freed_by_the_deletion_watch_not_the_periodic_recount(
     }
     // The replacement booked in the old pod's place.
     assert_eq!(used(&api, NS), "2Gi");
+}
+
+#[test]
+fn the_recount_lists_a_namespace_a_page_at_a_time() {
+    const NS: &str = "many";
+    let api = FakeApi::start();
+    template_2gi(&api, NS);
+    api.put("resourcequotas", &quota(NS, "10Gi", "6Gi"));
+    api.put("pods", &pod(NS, "p1"));
+    // More pods than one page holds (crate::view::PAGE), none asking a device.
+    for i in 0..501 {
+        api.put(
+            "pods",
+            &json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": format!("idle-{i}"), "namespace": NS},
+                "spec": {"containers": [{"name": "c", "image": "x"}]},
+                "status": {"phase": "Running"}}),
+        );
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let config = kube::Config::new(api.url.parse().unwrap());
+        let client = kube::Client::try_from(config).unwrap();
+        let cluster = Cluster::start(client, gpuslice_webhook::sweep::DEFAULT_GRACE).await;
+        let recount = Recount::new(Ledger::new(cluster, false), Duration::from_secs(300), None)
+            .with_window(WINDOW);
+        recount.once().await.unwrap();
+        tokio::time::sleep(WINDOW + Duration::from_millis(50)).await;
+        recount.once().await.unwrap();
+    });
+    // The pod p1 holds 2Gi: the rest is freed, the page past the first one counted.
+    assert_eq!(used(&api, NS), "2Gi");
+    for (plural, path) in [
+        ("pods", format!("/api/v1/namespaces/{NS}/pods")),
+        (
+            "resourceclaims",
+            format!("/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims"),
+        ),
+        (
+            "resourceclaimtemplates",
+            format!("/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaimtemplates"),
+        ),
+        ("resourcequotas", "/api/v1/resourcequotas".to_string()),
+    ] {
+        let lists: Vec<_> = api
+            .calls(plural)
+            .into_iter()
+            .filter(|c| c.path == path && !c.watch)
+            .collect();
+        assert!(!lists.is_empty(), "{plural}: {:?}", api.requests());
+        assert!(
+            lists.iter().all(|c| c.limit == Some(500)),
+            "{plural}: every list asks a page: {lists:?}"
+        );
+    }
+    let pages: Vec<bool> = api
+        .calls("pods")
+        .into_iter()
+        .filter(|c| c.path == format!("/api/v1/namespaces/{NS}/pods"))
+        .map(|c| c.continued)
+        .collect();
+    assert_eq!(pages, [false, true, false, true], "two pages each recount");
 }

@@ -5,7 +5,9 @@
 //! all: the copy of the templates becomes current from one list with every readable template,
 //! and takes another deep one from its watch (a line long enough to arrive in pieces); the copy
 //! of the quotas answers for a namespace whose quotas it read, and sends a namespace holding a
-//! quota it could not read to the API server.
+//! quota it could not read to the API server. A tenant's templates labelled as the webhook's,
+//! named otherwise and as large as the API server stores, are not kept by the webhook's watch
+//! (from its list or its watch), which keeps the webhook's own, and a review is answered.
 
 use std::time::{Duration, Instant};
 
@@ -116,4 +118,94 @@ async fn one_object_that_cannot_be_decoded_whole_leaves_the_copies_current() {
     api.remove("resourcequotas", "team", "odd");
     let team = until(|| quotas.in_namespace("team")).await.unwrap();
     assert_eq!(team.len(), 1);
+}
+
+/// A template labelled as the webhook's, named `name` in `ns`, as large as the API server
+/// stores: 32 requests of 32 selectors of 1 KiB each and 256 KiB of annotation (about 1.3 MiB).
+fn foreign(ns: &str, name: &str) -> Value {
+    let selectors: Vec<Value> = (0..32)
+        .map(|i| json!({"cel": {"expression": format!("device.driver == '{i}{}'", "x".repeat(1000))}}))
+        .collect();
+    let requests: Vec<Value> = (0..32)
+        .map(|i| {
+            json!({"name": format!("r{i}"), "exactly": {"deviceClassName": "gpuslice.io",
+            "selectors": selectors}})
+        })
+        .collect();
+    json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"namespace": ns, "name": name,
+            "labels": {"app.kubernetes.io/managed-by": "gpuslice-webhook"},
+            "annotations": {"example.com/pad": "x".repeat(256 << 10)}},
+        "spec": {"spec": {"devices": {"requests": requests}}}})
+}
+
+/// The template the webhook writes in `ns` for one GPU's `gib` GiB.
+fn written(ns: &str, gib: u64) -> Value {
+    use gpuslice_dra::claim_shape::{claim_spec, template, Mode, Shape};
+    let shape = Shape {
+        gpus: 1,
+        memory: Some(gib << 30),
+        ..Default::default()
+    };
+    let (spec, _) = claim_spec(&Mode::Capacity, &shape, "f").unwrap();
+    serde_json::to_value(template(ns, spec)).unwrap()
+}
+
+#[test]
+fn templates_labelled_as_the_webhooks_that_it_did_not_name_are_not_kept_and_reviews_are_answered() {
+    let api = FakeApi::start();
+    // A tenant's templates labelled as the webhook's: any name, as large as they may be.
+    for i in 0..24 {
+        api.put(
+            "resourceclaimtemplates",
+            &foreign("tenant", &format!("big-{i}")),
+        );
+    }
+    let ours = written("room", 2);
+    api.put("resourceclaimtemplates", &ours);
+    let ours_name = ours["metadata"]["name"].as_str().unwrap().to_string();
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let config = kube::Config::new(api.url.parse().unwrap());
+        let client = kube::Client::try_from(config).unwrap();
+        let cluster = gpuslice_webhook::cluster::Cluster::start(
+            client,
+            gpuslice_webhook::sweep::DEFAULT_GRACE,
+        )
+        .await;
+        let kept = || cluster.watched_templates();
+        // From the list: the webhook's own alone.
+        let want = vec![("room".to_string(), ours_name.clone())];
+        let read = until(|| kept().filter(|k| *k == want)).await;
+        assert_eq!(read, Some(want), "{:?}", kept());
+        // From the watch: another of the tenant's is not kept; another of the webhook's is.
+        api.put("resourceclaimtemplates", &foreign("tenant", "big-late"));
+        let late = written("room", 3);
+        api.put("resourceclaimtemplates", &late);
+        let late_name = late["metadata"]["name"].as_str().unwrap().to_string();
+        let mut want = vec![
+            ("room".to_string(), ours_name.clone()),
+            ("room".to_string(), late_name),
+        ];
+        want.sort();
+        let read = until(|| kept().filter(|k| *k == want)).await;
+        assert_eq!(read, Some(want), "{:?}", kept());
+    });
+    drop(rt);
+
+    // The webhook answers a review, reusing its own template, with the tenant's present.
+    let w = crate::hostile::start_against(&api.url, crate::hostile::patient());
+    let answer = crate::hostile::reviewed(w.addr, &crate::budgets::review("room", "p", "2Gi"));
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+    let made = api
+        .objects("resourceclaimtemplates")
+        .keys()
+        .filter(|(ns, _)| ns == "room")
+        .count();
+    assert_eq!(made, 2, "no other template made");
 }
