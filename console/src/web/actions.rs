@@ -29,6 +29,7 @@ fn status_of(e: &WorkloadError) -> StatusCode {
         | WorkloadError::ForeignTemplate { .. }
         | WorkloadError::NotAllocated { .. }
         | WorkloadError::Contended { .. }
+        | WorkloadError::Strategy { .. }
         | WorkloadError::OverBudget(_) => StatusCode::CONFLICT,
         // The API server's own refusal (403 forbidden to the kubeconfig's user, 422 invalid)
         // keeps its status; an unreachable one is a bad gateway.
