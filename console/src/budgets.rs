@@ -673,15 +673,23 @@ async fn hami_namespaces(
         .collect())
 }
 
+/// The flag that tells the console the webhook converts HAMi's limits (started with
+/// `--hami-compat`, the chart's `webhook.hamiCompat`), and its environment variable.
+pub const HAMI_COMPAT_FLAG: (&str, &str) = ("--hami-compat", "GPUSLICE_HAMI_COMPAT");
+
 /// One quota's budget (`None` when it names none of the names counted in its namespace),
 /// and the warnings of what does not count: a malformed value (the whole quota: the webhook
-/// refuses to book against it), HAMi's names outside a HAMi-compat namespace.
+/// refuses to book against it), HAMi's names where the webhook does not count them. They
+/// count only where the webhook runs with `--hami-compat` (`webhook_hami`: the console was
+/// told so, [`HAMI_COMPAT_FLAG`]) and the namespace is labelled HAMi-compat (`labelled`).
 pub fn quota_budget(
     q: &ResourceQuota,
-    hami_compat: bool,
+    webhook_hami: bool,
+    labelled: bool,
 ) -> (Option<NamespaceBudget>, Vec<String>) {
     let namespace = q.metadata.namespace.as_deref().unwrap_or_default();
     let name = q.metadata.name.as_deref().unwrap_or_default();
+    let hami_compat = webhook_hami && labelled;
     let mut warnings = Vec::new();
     if !hami_compat {
         let hard = q.spec.as_ref().and_then(|s| s.hard.as_ref());
@@ -691,8 +699,14 @@ pub fn quota_budget(
             .map(|n| n.name)
             .collect();
         if !hami.is_empty() {
+            let (flag, env) = HAMI_COMPAT_FLAG;
+            let why = if webhook_hami {
+                format!("namespace {namespace} is not")
+            } else {
+                format!("this console was not told the webhook runs with {flag} (pass {flag}, or {env}=true, where it does)")
+            };
             warnings.push(format!(
-                "ResourceQuota {namespace}/{name} names HAMi's {}, counted only in namespaces labelled {}={}: namespace {namespace} is not",
+                "ResourceQuota {namespace}/{name} names HAMi's {}, counted only by a webhook started with {flag}, in namespaces labelled {}={}: {why}",
                 hami.join(", "),
                 HAMI_COMPAT.0,
                 HAMI_COMPAT.1
@@ -712,17 +726,26 @@ pub fn quota_budget(
 }
 
 /// The budgets of the ResourceQuotas of `scope` (with the HAMi-compat label of their
-/// namespaces), sorted by namespace and quota, and the warnings of what does not count.
+/// namespaces when `webhook_hami`, the webhook converting HAMi's limits), sorted by
+/// namespace and quota, and the warnings of what does not count.
 pub async fn namespace_budgets(
     client: &kube::Client,
     scope: &Scope,
+    webhook_hami: bool,
 ) -> Result<(Vec<NamespaceBudget>, Vec<String>), FetchError> {
     let quota_api: Api<ResourceQuota> = match scope {
         Scope::Namespace(ns) => Api::namespaced(client.clone(), ns),
         Scope::All => Api::all(client.clone()),
     };
     let list_params = ListParams::default();
-    let (quotas, hami) = tokio::join!(quota_api.list(&list_params), hami_namespaces(client, scope));
+    let labelled = async {
+        if webhook_hami {
+            hami_namespaces(client, scope).await
+        } else {
+            Ok(BTreeSet::new())
+        }
+    };
+    let (quotas, hami) = tokio::join!(quota_api.list(&list_params), labelled);
     let quotas = quotas.map_err(|source| FetchError {
         what: "resourcequotas",
         source,
@@ -739,7 +762,7 @@ pub async fn namespace_budgets(
     let mut rows = Vec::new();
     for q in &quotas.items {
         let ns = q.metadata.namespace.as_deref().unwrap_or_default();
-        let (r, w) = quota_budget(q, hami.contains(ns));
+        let (r, w) = quota_budget(q, webhook_hami, hami.contains(ns));
         rows.extend(r);
         warnings.extend(w);
     }
@@ -749,10 +772,16 @@ pub async fn namespace_budgets(
 
 /// Reads the budgets of `scope`: [`namespace_budgets`], and Kueue's ClusterQueues when it is
 /// installed. The quotas must be readable; queues that cannot be read are said in
-/// `queues_unavailable`.
-pub async fn fetch(client: &kube::Client, scope: &Scope) -> Result<Budgets, FetchError> {
-    let (namespaces, queues) =
-        tokio::join!(namespace_budgets(client, scope), queues(client, scope));
+/// `queues_unavailable`. `webhook_hami`: the webhook converts HAMi's limits.
+pub async fn fetch(
+    client: &kube::Client,
+    scope: &Scope,
+    webhook_hami: bool,
+) -> Result<Budgets, FetchError> {
+    let (namespaces, queues) = tokio::join!(
+        namespace_budgets(client, scope, webhook_hami),
+        queues(client, scope)
+    );
     let (namespaces, warnings) = namespaces?;
     let (queues, queues_unavailable) = match queues {
         Ok(q) => (q, None),
@@ -796,7 +825,7 @@ pub(crate) mod tests {
             json!({quota::MEMORY: memory, quota::GPUS: gpus, "pods": "10"}),
             json!({quota::MEMORY: used_memory, quota::GPUS: used_gpus, "pods": "3"}),
         );
-        quota_budget(&q, false).0.unwrap()
+        quota_budget(&q, true, false).0.unwrap()
     }
 
     fn ask(pods: u64, req: Request) -> Ask {
@@ -977,7 +1006,7 @@ pub(crate) mod tests {
             json!({quota::HAMI_MEMORY: "10240", quota::HAMI_CORES: "150"}),
             json!({quota::HAMI_MEMORY: "2048"}),
         );
-        let (b, w) = quota_budget(&q, true);
+        let (b, w) = quota_budget(&q, true, true);
         let b = b.unwrap();
         assert!(w.is_empty(), "{w:?}");
         assert_eq!(
@@ -997,15 +1026,27 @@ pub(crate) mod tests {
         );
         assert_eq!(b.name_sets(), "nvidia.com");
         // Elsewhere they count nowhere, and the listing says so.
-        let (b, w) = quota_budget(&q, false);
+        let (b, w) = quota_budget(&q, true, false);
         assert_eq!(b, None);
         assert_eq!(
             w,
-            ["ResourceQuota legacy/hami names HAMi's limits.nvidia.com/gpumem, limits.nvidia.com/gpucores, counted only in namespaces labelled gpuslice.io/hami-compat=true: namespace legacy is not"]
+            ["ResourceQuota legacy/hami names HAMi's limits.nvidia.com/gpumem, limits.nvidia.com/gpucores, counted only by a webhook started with --hami-compat, in namespaces labelled gpuslice.io/hami-compat=true: namespace legacy is not"]
+        );
+        // Nor in a labelled namespace when the webhook does not convert HAMi's limits (the
+        // chart's default): the console is told it does with --hami-compat.
+        let (b, w) = quota_budget(&q, false, true);
+        assert_eq!(b, None);
+        assert_eq!(
+            w,
+            ["ResourceQuota legacy/hami names HAMi's limits.nvidia.com/gpumem, limits.nvidia.com/gpucores, counted only by a webhook started with --hami-compat, in namespaces labelled gpuslice.io/hami-compat=true: this console was not told the webhook runs with --hami-compat (pass --hami-compat, or GPUSLICE_HAMI_COMPAT=true, where it does)"]
         );
         // A quota of other resources only is no budget, and no warning.
         assert_eq!(
-            quota_budget(&rq("a", "pods", json!({"pods": "3"}), json!({})), false),
+            quota_budget(
+                &rq("a", "pods", json!({"pods": "3"}), json!({})),
+                true,
+                false
+            ),
             (None, vec![])
         );
     }
@@ -1013,7 +1054,7 @@ pub(crate) mod tests {
     #[test]
     fn a_malformed_quota_is_one_warning_line_and_no_budget() {
         let q = rq("team", "bad", json!({quota::MEMORY: "-1Gi"}), json!({}));
-        let (b, w) = quota_budget(&q, false);
+        let (b, w) = quota_budget(&q, false, false);
         assert_eq!(b, None);
         assert_eq!(w.len(), 1);
         assert!(
@@ -1145,7 +1186,7 @@ pub(crate) mod tests {
             json!({quota::CORES: "250"}),
             json!({quota::CORES: "50"}),
         );
-        let b = [quota_budget(&q, false).0.unwrap()];
+        let b = [quota_budget(&q, true, false).0.unwrap()];
         let share = ask(2, req("1Gi", Some("100"), 1));
         assert_eq!(checked(&b, "w", &share, None), Ok(()));
         let whole = ask(2, req("1Gi", None, 1));

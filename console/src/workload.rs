@@ -577,10 +577,15 @@ async fn named_templates(
     out
 }
 
-/// The namespace's budgets for the allocate check; when its quotas cannot be read, none and
-/// a note saying the budget was not checked (the webhook still enforces it at admission).
-async fn budgets_of(client: &kube::Client, ns: &str) -> (Vec<NamespaceBudget>, Option<String>) {
-    match budgets::namespace_budgets(client, &Scope::Namespace(ns.to_string())).await {
+/// The namespace's budgets for the allocate check (`hami`: the webhook counts HAMi's quota
+/// names); when its quotas cannot be read, none and a note saying the budget was not checked
+/// (the webhook still enforces it at admission).
+async fn budgets_of(
+    client: &kube::Client,
+    ns: &str,
+    hami: bool,
+) -> (Vec<NamespaceBudget>, Option<String>) {
+    match budgets::namespace_budgets(client, &Scope::Namespace(ns.to_string()), hami).await {
         Ok((b, _)) => (b, None),
         Err(e) => (
             Vec::new(),
@@ -645,6 +650,7 @@ async fn allocate_kind<W: Workload>(
     name: &str,
     args: &AllocateArgs,
     req: Request,
+    hami: bool,
 ) -> Result<String, WorkloadError> {
     let label = format!("{}/{name}", kind.as_str());
     let api: Api<W> = Api::namespaced(client.clone(), ns);
@@ -657,7 +663,7 @@ async fn allocate_kind<W: Workload>(
     let spec = editable_spec(&first, &label)?;
     let (form, why) = choose_form(client, args.form.as_deref(), spec).await?;
     let mut named = named_templates(&templates, spec).await;
-    let (budgets, unchecked) = budgets_of(client, ns).await;
+    let (budgets, unchecked) = budgets_of(client, ns, hami).await;
     let (template, notes) = edit::claim_template(ns, kind, name, &req, mode)?;
     named.push(template.clone());
     let budget_check = BudgetCheck {
@@ -889,18 +895,26 @@ async fn release_kind<W: Workload>(
     })
 }
 
-/// `allocate`: returns what to print.
+/// `allocate`: returns what to print. `hami`: the webhook runs with `--hami-compat`, so the
+/// budget check counts HAMi's quota names where it does.
 pub async fn allocate(
     client: &kube::Client,
     ns: &str,
     args: &AllocateArgs,
+    hami: bool,
 ) -> Result<String, WorkloadError> {
     let (kind, name) = edit::parse_workload(&args.workload)?;
     let req = Request::parse(&args.memory, args.cores.as_deref(), args.gpus)?;
     match kind {
-        Kind::Deployment => allocate_kind::<Deployment>(client, ns, kind, &name, args, req).await,
-        Kind::StatefulSet => allocate_kind::<StatefulSet>(client, ns, kind, &name, args, req).await,
-        Kind::DaemonSet => allocate_kind::<DaemonSet>(client, ns, kind, &name, args, req).await,
+        Kind::Deployment => {
+            allocate_kind::<Deployment>(client, ns, kind, &name, args, req, hami).await
+        }
+        Kind::StatefulSet => {
+            allocate_kind::<StatefulSet>(client, ns, kind, &name, args, req, hami).await
+        }
+        Kind::DaemonSet => {
+            allocate_kind::<DaemonSet>(client, ns, kind, &name, args, req, hami).await
+        }
     }
 }
 

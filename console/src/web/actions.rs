@@ -110,7 +110,13 @@ pub(super) async fn allocate(
             .map(|s| s.trim().to_string())
             .filter(|s| !s.is_empty()),
     };
-    let r = workload::allocate(&state.cluster.client, &w.namespace, &args).await;
+    let r = workload::allocate(
+        &state.cluster.client,
+        &w.namespace,
+        &args,
+        state.hami_compat,
+    )
+    .await;
     outcome(state, w, r.map_err(|e| (status_of(&e), e.to_string())))
 }
 

@@ -254,7 +254,7 @@ pub(super) async fn workload_tab(state: &State, w: &http::Workload) -> Response<
     let scope = Scope::Namespace(w.namespace.clone());
     let (row, budgets) = tokio::join!(
         row,
-        budgets::namespace_budgets(&state.cluster.client, &scope)
+        budgets::namespace_budgets(&state.cluster.client, &scope, state.hami_compat)
     );
     let budgets = budgets.map(|(b, _)| b).map_err(|e| e.to_string());
     match row {
