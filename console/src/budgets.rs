@@ -211,26 +211,7 @@ impl Ask {
     /// What the pods charge in all; `field` names the workload for the message of an
     /// overflow.
     pub fn charge(&self, field: &str) -> Result<Charge, QuotaError> {
-        let one = &self.per_pod;
-        let over = |what: &str, unit| QuotaError::Overflow {
-            field: field.to_string(),
-            detail: format!("{what} of {} pods", self.pods),
-            unit,
-        };
-        Ok(Charge {
-            memory_bytes: one
-                .memory_bytes
-                .checked_mul(self.pods)
-                .ok_or_else(|| over("the GPU memory", "bytes"))?,
-            cores: one
-                .cores
-                .checked_mul(self.pods)
-                .ok_or_else(|| over("the compute shares", "percent"))?,
-            gpus: one
-                .gpus
-                .checked_mul(self.pods)
-                .ok_or_else(|| over("the GPUs", "GPUs"))?,
-        })
+        times(&self.per_pod, self.pods, field)
     }
 
     /// `3 pod(s) of 1 GPU × 4Gi memory`.
@@ -239,17 +220,120 @@ impl Ask {
     }
 }
 
+/// What `pods` pods of `one` charge; `field` names the workload for the message of an
+/// overflow.
+fn times(one: &Charge, pods: u64, field: &str) -> Result<Charge, QuotaError> {
+    let over = |what: &str, unit| QuotaError::Overflow {
+        field: field.to_string(),
+        detail: format!("{what} of {pods} pods"),
+        unit,
+    };
+    Ok(Charge {
+        memory_bytes: one
+            .memory_bytes
+            .checked_mul(pods)
+            .ok_or_else(|| over("the GPU memory", "bytes"))?,
+        cores: one
+            .cores
+            .checked_mul(pods)
+            .ok_or_else(|| over("the compute shares", "percent"))?,
+        gpus: one
+            .gpus
+            .checked_mul(pods)
+            .ok_or_else(|| over("the GPUs", "GPUs"))?,
+    })
+}
+
+/// How a workload's controller replaces its pods once their template changes, as far as the
+/// budget sees it: old pods are freed only as they go, so the namespace must hold, at the
+/// rollout's worst point, the old pods still running beside the new ones started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rollout {
+    /// Pods the rollout replaces.
+    pub replaced: u64,
+    /// Pods it leaves on the old template (a StatefulSet's `partition`).
+    pub kept: u64,
+    /// Pods it may run beyond `replaced` (maxSurge, resolved as Kubernetes resolves it).
+    pub surge: u64,
+    /// Old pods it may remove before new ones are ready (maxUnavailable, resolved).
+    pub unavailable: u64,
+    /// The strategy as the messages name it (`RollingUpdate, maxSurge 1, maxUnavailable 0`).
+    pub strategy: String,
+    /// How the workload would have its old pods removed before new ones start, for the
+    /// refusal's suggestion (`None`: it does so already).
+    pub remove_first: Option<&'static str>,
+}
+
+/// A point of a rollout: how many pods of the old template and of the new run at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Point {
+    pub old: u64,
+    pub new: u64,
+}
+
+impl Rollout {
+    /// `pods` pods, every old one removed before a new one starts (a Deployment's Recreate; a
+    /// StatefulSet replaces one pod at a time, old first, which charges no more at any point).
+    pub fn remove_first(pods: u64, strategy: &str) -> Rollout {
+        Rollout {
+            replaced: pods,
+            kept: 0,
+            surge: 0,
+            unavailable: pods,
+            strategy: strategy.to_string(),
+            remove_first: None,
+        }
+    }
+
+    /// The points where the rollout runs the most of either template, its end included. With
+    /// `m` new pods ready the controller keeps `replaced - unavailable - m` old ones (never
+    /// fewer than 0) and starts new ones up to `replaced + surge` pods in all (never more
+    /// than `replaced` new): the charge is linear in `m` between these points, so its largest
+    /// value is at one of them.
+    pub fn points(&self) -> Vec<Point> {
+        let r = self.replaced;
+        let u = self.unavailable.min(r);
+        let at = |m: u64| {
+            let old = r.saturating_sub(u).saturating_sub(m);
+            Point {
+                old: self.kept + old,
+                new: r.min(r.saturating_add(self.surge).saturating_sub(old)),
+            }
+        };
+        let mut ms = vec![0, r.saturating_sub(self.surge.saturating_add(u)), r - u, r];
+        ms.sort_unstable();
+        let mut points: Vec<Point> = ms.into_iter().map(at).collect();
+        points.dedup();
+        points
+    }
+
+    /// The most each new pod may charge of one quota line (in its unit) so that every point
+    /// fits in `room`, each old pod charging `old`; `None`: no new pod starts.
+    pub fn per_pod_room(&self, room: u64, old: u64) -> Option<u64> {
+        self.points()
+            .iter()
+            .filter(|p| p.new > 0)
+            .map(|p| room.saturating_sub(p.old.saturating_mul(old)) / p.new)
+            .min()
+    }
+}
+
 /// An allocation the namespace's budget cannot take.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BudgetError {
-    /// The first quota line it would pass, as the webhook would refuse the pods.
-    #[error("{workload}: {ask}: {exceeded}{freed}")]
+    /// The first quota line it would pass, as the webhook would refuse the pods; `requested`
+    /// is what the workload's pods hold at the rollout's worst point.
+    #[error("{workload}: {ask}{during}: {exceeded}{freed}{fits}")]
     Over {
         workload: String,
         ask: String,
+        /// The rollout's worst point, when old pods still run there beside new ones.
+        during: String,
         exceeded: Box<QuotaError>,
         /// Said when the workload's current slices were counted as freed.
         freed: &'static str,
+        /// What would fit instead, when old pods running beside new ones refuse it.
+        fits: String,
     },
     #[error(transparent)]
     Charge(Box<QuotaError>),
@@ -269,34 +353,115 @@ fn without(budget: &Budget, freed: Option<&Charge>) -> Budget {
     b
 }
 
-/// Checks `ask` against every budget of the namespace as the webhook books it, what the
-/// workload's pods charge now (`held`, which the ledger counts and the allocation frees)
-/// taken off the used values.
+/// The largest of each resource of `a` and `b`.
+fn max_each(a: &Charge, b: &Charge) -> Charge {
+    Charge {
+        memory_bytes: a.memory_bytes.max(b.memory_bytes),
+        cores: a.cores.max(b.cores),
+        gpus: a.gpus.max(b.gpus),
+    }
+}
+
+/// Checks `ask` against every budget of the namespace as the webhook books it, through the
+/// workload's `rollout`: what its pods charge now (`held`, which the ledger counts) is taken
+/// off the used values, and each resource must fit at the rollout's worst point, its old
+/// pods (charging as `held`'s) still running beside the new ones started.
 pub fn check(
     budgets: &[NamespaceBudget],
     workload: &str,
     ask: &Ask,
     held: Option<&Ask>,
+    rollout: &Rollout,
 ) -> Result<(), BudgetError> {
     let unchargeable = |e| BudgetError::Charge(Box::new(e));
-    let asked = ask.charge(workload).map_err(unchargeable)?;
     let freed = match held {
         Some(h) => Some(h.charge(workload).map_err(unchargeable)?),
         None => None,
     };
+    let old = held.map(|h| h.per_pod).unwrap_or_default();
+    let new = ask.per_pod;
+    let mut charges = Vec::new();
+    for p in rollout.points() {
+        let c = times(&old, p.old, workload)
+            .and_then(|o| o.checked_add(&times(&new, p.new, workload)?, workload))
+            .map_err(unchargeable)?;
+        charges.push((p, c));
+    }
+    let peak = charges
+        .iter()
+        .fold(Charge::default(), |m, (_, c)| max_each(&m, c));
+    let end = Point {
+        old: rollout.kept,
+        new: rollout.replaced,
+    };
     for b in budgets {
-        if let Err(exceeded) = without(&b.budget, freed.as_ref()).book(&asked) {
-            return Err(BudgetError::Over {
-                workload: workload.to_string(),
-                ask: ask.describe(),
-                exceeded: Box::new(exceeded),
-                freed: if freed.is_some_and(|f| !f.is_zero()) {
-                    " (used not counting this workload's current slices, which the allocation replaces)"
+        let base = without(&b.budget, freed.as_ref());
+        let Err(exceeded) = base.book(&peak) else {
+            continue;
+        };
+        let line = match &exceeded {
+            QuotaError::Exceeded { name, .. } => base.lines.iter().find(|l| l.name.name == *name),
+            _ => None,
+        };
+        // The point that asks the most of the refused line, and what would fit instead.
+        let worst = line.and_then(|l| {
+            charges
+                .iter()
+                .max_by_key(|(_, c)| c.in_unit(l.name))
+                .map(|(p, _)| (l, *p))
+        });
+        let (during, fits) = match worst {
+            Some((l, p)) if p != end => {
+                let (o, n) = (old.in_unit(l.name), new.in_unit(l.name));
+                let show = |v| quota::format_value(l.name, v);
+                let during = format!(
+                    ", whose rollout ({}) keeps {} old pod(s) of {} while {} new pod(s) of {} start",
+                    rollout.strategy,
+                    p.old,
+                    show(o),
+                    p.new,
+                    show(n)
+                );
+                let room = l.hard.saturating_sub(l.used);
+                let mut fits = Vec::new();
+                let at_end = times(&old, end.old, workload)
+                    .and_then(|o| o.checked_add(&times(&new, end.new, workload)?, workload));
+                if let (Some(how), Ok(c)) = (rollout.remove_first, at_end) {
+                    if base.book(&c).is_ok() {
+                        fits.push(format!(
+                            "if its old pods are removed before new ones start ({how})"
+                        ));
+                    }
+                }
+                if let Some(most) = rollout.per_pod_room(room, o).filter(|m| *m > 0) {
+                    fits.push(format!(
+                        "with at most {} of {} per new pod",
+                        show(most),
+                        l.name.name
+                    ));
+                }
+                let fits = if fits.is_empty() {
+                    String::new()
                 } else {
-                    ""
-                },
-            });
-        }
+                    format!("; it fits {}", fits.join(", or "))
+                };
+                (during, fits)
+            }
+            _ => (String::new(), String::new()),
+        };
+        let freed = match (freed.is_some_and(|f| !f.is_zero()), during.is_empty()) {
+            (false, _) => "",
+            (true, true) => " (used not counting this workload's current slices, which the allocation replaces)",
+            (true, false) => " (used not counting this workload's pods; requested: the most they hold at once during the rollout)",
+        };
+        return Err(BudgetError::Over {
+            workload: workload.to_string(),
+            ask: ask.describe(),
+            during,
+            exceeded: Box::new(exceeded),
+            freed,
+            fits,
+        });
     }
     Ok(())
 }
@@ -308,21 +473,37 @@ pub struct Room<'a> {
     pub line: Line,
     /// `hard - used`, with the workload's current charge counted as freed (0 when over).
     pub left: u64,
+    /// The most one new pod may charge so that the rollout fits at its worst point, its old
+    /// pods still running beside new ones ([`Rollout::per_pod_room`]); `left` when it starts
+    /// no pod.
+    pub per_pod: u64,
 }
 
-/// Per budget of the namespace and quota line, what an allocation may still ask, the
-/// workload's current pods (`held`) counted as freed; `None` for `held` that cannot be
-/// charged is the same as none.
-pub fn headroom<'a>(budgets: &'a [NamespaceBudget], held: Option<&Ask>) -> Vec<Room<'a>> {
+/// Per budget of the namespace and quota line, what an allocation may still ask through the
+/// workload's `rollout`, the workload's current pods (`held`) counted as freed as they go;
+/// `None` for `held` that cannot be charged is the same as none.
+pub fn headroom<'a>(
+    budgets: &'a [NamespaceBudget],
+    held: Option<&Ask>,
+    rollout: &Rollout,
+) -> Vec<Room<'a>> {
     let freed = held.and_then(|h| h.charge("the workload").ok());
+    let old = match (held, &freed) {
+        (Some(h), Some(_)) => h.per_pod,
+        _ => Charge::default(),
+    };
     let mut out = Vec::new();
     for b in budgets {
         let adjusted = without(&b.budget, freed.as_ref());
         for (line, after) in b.budget.lines.iter().zip(&adjusted.lines) {
+            let left = after.hard.saturating_sub(after.used);
             out.push(Room {
                 budget: b,
                 line: *line,
-                left: after.hard.saturating_sub(after.used),
+                left,
+                per_pod: rollout
+                    .per_pod_room(left, old.in_unit(line.name))
+                    .unwrap_or(left),
             });
         }
     }
@@ -492,15 +673,23 @@ async fn hami_namespaces(
         .collect())
 }
 
+/// The flag that tells the console the webhook converts HAMi's limits (started with
+/// `--hami-compat`, the chart's `webhook.hamiCompat`), and its environment variable.
+pub const HAMI_COMPAT_FLAG: (&str, &str) = ("--hami-compat", "GPUSLICE_HAMI_COMPAT");
+
 /// One quota's budget (`None` when it names none of the names counted in its namespace),
 /// and the warnings of what does not count: a malformed value (the whole quota: the webhook
-/// refuses to book against it), HAMi's names outside a HAMi-compat namespace.
+/// refuses to book against it), HAMi's names where the webhook does not count them. They
+/// count only where the webhook runs with `--hami-compat` (`webhook_hami`: the console was
+/// told so, [`HAMI_COMPAT_FLAG`]) and the namespace is labelled HAMi-compat (`labelled`).
 pub fn quota_budget(
     q: &ResourceQuota,
-    hami_compat: bool,
+    webhook_hami: bool,
+    labelled: bool,
 ) -> (Option<NamespaceBudget>, Vec<String>) {
     let namespace = q.metadata.namespace.as_deref().unwrap_or_default();
     let name = q.metadata.name.as_deref().unwrap_or_default();
+    let hami_compat = webhook_hami && labelled;
     let mut warnings = Vec::new();
     if !hami_compat {
         let hard = q.spec.as_ref().and_then(|s| s.hard.as_ref());
@@ -510,8 +699,14 @@ pub fn quota_budget(
             .map(|n| n.name)
             .collect();
         if !hami.is_empty() {
+            let (flag, env) = HAMI_COMPAT_FLAG;
+            let why = if webhook_hami {
+                format!("namespace {namespace} is not")
+            } else {
+                format!("this console was not told the webhook runs with {flag} (pass {flag}, or {env}=true, where it does)")
+            };
             warnings.push(format!(
-                "ResourceQuota {namespace}/{name} names HAMi's {}, counted only in namespaces labelled {}={}: namespace {namespace} is not",
+                "ResourceQuota {namespace}/{name} names HAMi's {}, counted only by a webhook started with {flag}, in namespaces labelled {}={}: {why}",
                 hami.join(", "),
                 HAMI_COMPAT.0,
                 HAMI_COMPAT.1
@@ -531,17 +726,26 @@ pub fn quota_budget(
 }
 
 /// The budgets of the ResourceQuotas of `scope` (with the HAMi-compat label of their
-/// namespaces), sorted by namespace and quota, and the warnings of what does not count.
+/// namespaces when `webhook_hami`, the webhook converting HAMi's limits), sorted by
+/// namespace and quota, and the warnings of what does not count.
 pub async fn namespace_budgets(
     client: &kube::Client,
     scope: &Scope,
+    webhook_hami: bool,
 ) -> Result<(Vec<NamespaceBudget>, Vec<String>), FetchError> {
     let quota_api: Api<ResourceQuota> = match scope {
         Scope::Namespace(ns) => Api::namespaced(client.clone(), ns),
         Scope::All => Api::all(client.clone()),
     };
     let list_params = ListParams::default();
-    let (quotas, hami) = tokio::join!(quota_api.list(&list_params), hami_namespaces(client, scope));
+    let labelled = async {
+        if webhook_hami {
+            hami_namespaces(client, scope).await
+        } else {
+            Ok(BTreeSet::new())
+        }
+    };
+    let (quotas, hami) = tokio::join!(quota_api.list(&list_params), labelled);
     let quotas = quotas.map_err(|source| FetchError {
         what: "resourcequotas",
         source,
@@ -558,7 +762,7 @@ pub async fn namespace_budgets(
     let mut rows = Vec::new();
     for q in &quotas.items {
         let ns = q.metadata.namespace.as_deref().unwrap_or_default();
-        let (r, w) = quota_budget(q, hami.contains(ns));
+        let (r, w) = quota_budget(q, webhook_hami, hami.contains(ns));
         rows.extend(r);
         warnings.extend(w);
     }
@@ -568,10 +772,16 @@ pub async fn namespace_budgets(
 
 /// Reads the budgets of `scope`: [`namespace_budgets`], and Kueue's ClusterQueues when it is
 /// installed. The quotas must be readable; queues that cannot be read are said in
-/// `queues_unavailable`.
-pub async fn fetch(client: &kube::Client, scope: &Scope) -> Result<Budgets, FetchError> {
-    let (namespaces, queues) =
-        tokio::join!(namespace_budgets(client, scope), queues(client, scope));
+/// `queues_unavailable`. `webhook_hami`: the webhook converts HAMi's limits.
+pub async fn fetch(
+    client: &kube::Client,
+    scope: &Scope,
+    webhook_hami: bool,
+) -> Result<Budgets, FetchError> {
+    let (namespaces, queues) = tokio::join!(
+        namespace_budgets(client, scope, webhook_hami),
+        queues(client, scope)
+    );
     let (namespaces, warnings) = namespaces?;
     let (queues, queues_unavailable) = match queues {
         Ok(q) => (q, None),
@@ -615,7 +825,7 @@ pub(crate) mod tests {
             json!({quota::MEMORY: memory, quota::GPUS: gpus, "pods": "10"}),
             json!({quota::MEMORY: used_memory, quota::GPUS: used_gpus, "pods": "3"}),
         );
-        quota_budget(&q, false).0.unwrap()
+        quota_budget(&q, true, false).0.unwrap()
     }
 
     fn ask(pods: u64, req: Request) -> Ask {
@@ -624,6 +834,133 @@ pub(crate) mod tests {
 
     fn req(memory: &str, cores: Option<&str>, gpus: u32) -> Request {
         Request::parse(memory, cores, gpus).unwrap()
+    }
+
+    /// Every old pod removed before a new one starts.
+    fn recreate(pods: u64) -> Rollout {
+        Rollout::remove_first(pods, "Recreate")
+    }
+
+    /// [`check`] with the old pods removed first: the figures of the end state alone.
+    fn checked(
+        budgets: &[NamespaceBudget],
+        workload: &str,
+        ask: &Ask,
+        held: Option<&Ask>,
+    ) -> Result<(), BudgetError> {
+        check(budgets, workload, ask, held, &recreate(ask.pods))
+    }
+
+    /// A Deployment's RollingUpdate of `pods` pods.
+    fn rolling(pods: u64, surge: u64, unavailable: u64) -> Rollout {
+        Rollout {
+            replaced: pods,
+            kept: 0,
+            surge,
+            unavailable,
+            strategy: format!("RollingUpdate, maxSurge {surge}, maxUnavailable {unavailable}"),
+            remove_first: Some("strategy Recreate, or maxSurge 0"),
+        }
+    }
+
+    #[test]
+    fn a_rolling_update_needs_its_old_pods_beside_the_new_ones_at_its_worst_point() {
+        // Deployment web: 1 pod of 6Gi on a 10Gi quota with 6Gi used; 8Gi each. The old pod
+        // runs until the new one is ready (maxSurge 1, maxUnavailable 0): 6 + 8 > 10.
+        let b = [budget("team", "10Gi", "6Gi", "8", "1")];
+        let held = ask(1, req("6Gi", None, 1));
+        let bigger = ask(1, req("8Gi", None, 1));
+        let e = check(
+            &b,
+            "deployment/web",
+            &bigger,
+            Some(&held),
+            &rolling(1, 1, 0),
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            e,
+            "deployment/web: 1 pod(s) of 1 GPU × 8Gi memory, whose rollout (RollingUpdate, maxSurge 1, maxUnavailable 0) keeps 1 old pod(s) of 6Gi while 1 new pod(s) of 8Gi start: exceeded quota: team/gpu, requested: limits.gpuslice.io/memory=14Gi, used: limits.gpuslice.io/memory=0, limited: limits.gpuslice.io/memory=10Gi (used not counting this workload's pods; requested: the most they hold at once during the rollout); it fits if its old pods are removed before new ones start (strategy Recreate, or maxSurge 0), or with at most 4Gi of limits.gpuslice.io/memory per new pod"
+        );
+        // Old pods removed first: 8Gi of 10Gi. 4Gi beside the old 6Gi fits the rollout too.
+        assert_eq!(
+            check(&b, "deployment/web", &bigger, Some(&held), &recreate(1)),
+            Ok(())
+        );
+        let smaller = ask(1, req("4Gi", None, 1));
+        assert_eq!(
+            check(
+                &b,
+                "deployment/web",
+                &smaller,
+                Some(&held),
+                &rolling(1, 1, 0)
+            ),
+            Ok(())
+        );
+        // Too big even with the old pods gone: the end state's words, and no rollout clause.
+        let huge = ask(1, req("12Gi", None, 1));
+        let e = check(&b, "deployment/web", &huge, Some(&held), &rolling(1, 1, 0))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("deployment/web: 1 pod(s) of 1 GPU × 12Gi memory, whose rollout"),
+            "{e}"
+        );
+        assert!(!e.contains("removed before new ones start"), "{e}");
+
+        // 4 pods of 1Gi to 2Gi on 8Gi used of 10Gi (maxSurge 1, maxUnavailable 1): at its worst
+        // the rollout runs 1 old pod beside 4 new (1 + 8 = 9Gi fits); on 9Gi hard it does not.
+        let b = [budget("team", "10Gi", "4Gi", "8", "1")];
+        let held = ask(4, req("1Gi", None, 1));
+        let two = ask(4, req("2Gi", None, 1));
+        assert_eq!(
+            check(&b, "deployment/web", &two, Some(&held), &rolling(4, 1, 1)),
+            Ok(())
+        );
+        let tight = [budget("team", "8Gi", "4Gi", "8", "1")];
+        let e = check(
+            &tight,
+            "deployment/web",
+            &two,
+            Some(&held),
+            &rolling(4, 1, 1),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("keeps 1 old pod(s) of 1Gi while 4 new pod(s) of 2Gi start: exceeded quota: team/gpu, requested: limits.gpuslice.io/memory=9Gi"),
+            "{e}"
+        );
+        // Unchanged sizes still need a surge pod's room at a full quota.
+        let full = [budget("team", "4Gi", "4Gi", "8", "4")];
+        assert!(check(&full, "w", &held, Some(&held), &rolling(4, 1, 1)).is_err());
+        assert_eq!(check(&full, "w", &held, Some(&held), &recreate(4)), Ok(()));
+    }
+
+    #[test]
+    fn a_rollouts_points_are_its_old_and_new_pods_at_once() {
+        let pts = |r: &Rollout| -> Vec<(u64, u64)> {
+            r.points().iter().map(|p| (p.old, p.new)).collect()
+        };
+        // One pod, surge 1: the old one runs beside the new one.
+        assert_eq!(pts(&rolling(1, 1, 0)), [(1, 1), (0, 1)]);
+        // 4 pods, surge 1, unavailable 1: 3 old beside 2 new, then 1 old beside 4 new.
+        assert_eq!(pts(&rolling(4, 1, 1)), [(3, 2), (1, 4), (0, 4)]);
+        // Old pods removed first: never both.
+        assert_eq!(pts(&recreate(3)), [(0, 3)]);
+        // A StatefulSet's one pod at a time, 2 of 5 kept by its partition.
+        let sts = Rollout {
+            kept: 2,
+            unavailable: 1,
+            ..recreate(3)
+        };
+        assert_eq!(pts(&sts), [(4, 1), (2, 3)]);
+        // The room per new pod: 10 with 6 per old pod, 1 pod surge 1: 4.
+        assert_eq!(rolling(1, 1, 0).per_pod_room(10, 6), Some(4));
+        assert_eq!(recreate(1).per_pod_room(10, 6), Some(10));
+        assert_eq!(recreate(0).per_pod_room(10, 6), None);
     }
 
     #[test]
@@ -669,7 +1006,7 @@ pub(crate) mod tests {
             json!({quota::HAMI_MEMORY: "10240", quota::HAMI_CORES: "150"}),
             json!({quota::HAMI_MEMORY: "2048"}),
         );
-        let (b, w) = quota_budget(&q, true);
+        let (b, w) = quota_budget(&q, true, true);
         let b = b.unwrap();
         assert!(w.is_empty(), "{w:?}");
         assert_eq!(
@@ -689,15 +1026,27 @@ pub(crate) mod tests {
         );
         assert_eq!(b.name_sets(), "nvidia.com");
         // Elsewhere they count nowhere, and the listing says so.
-        let (b, w) = quota_budget(&q, false);
+        let (b, w) = quota_budget(&q, true, false);
         assert_eq!(b, None);
         assert_eq!(
             w,
-            ["ResourceQuota legacy/hami names HAMi's limits.nvidia.com/gpumem, limits.nvidia.com/gpucores, counted only in namespaces labelled gpuslice.io/hami-compat=true: namespace legacy is not"]
+            ["ResourceQuota legacy/hami names HAMi's limits.nvidia.com/gpumem, limits.nvidia.com/gpucores, counted only by a webhook started with --hami-compat, in namespaces labelled gpuslice.io/hami-compat=true: namespace legacy is not"]
+        );
+        // Nor in a labelled namespace when the webhook does not convert HAMi's limits (the
+        // chart's default): the console is told it does with --hami-compat.
+        let (b, w) = quota_budget(&q, false, true);
+        assert_eq!(b, None);
+        assert_eq!(
+            w,
+            ["ResourceQuota legacy/hami names HAMi's limits.nvidia.com/gpumem, limits.nvidia.com/gpucores, counted only by a webhook started with --hami-compat, in namespaces labelled gpuslice.io/hami-compat=true: this console was not told the webhook runs with --hami-compat (pass --hami-compat, or GPUSLICE_HAMI_COMPAT=true, where it does)"]
         );
         // A quota of other resources only is no budget, and no warning.
         assert_eq!(
-            quota_budget(&rq("a", "pods", json!({"pods": "3"}), json!({})), false),
+            quota_budget(
+                &rq("a", "pods", json!({"pods": "3"}), json!({})),
+                true,
+                false
+            ),
             (None, vec![])
         );
     }
@@ -705,7 +1054,7 @@ pub(crate) mod tests {
     #[test]
     fn a_malformed_quota_is_one_warning_line_and_no_budget() {
         let q = rq("team", "bad", json!({quota::MEMORY: "-1Gi"}), json!({}));
-        let (b, w) = quota_budget(&q, false);
+        let (b, w) = quota_budget(&q, false, false);
         assert_eq!(b, None);
         assert_eq!(w.len(), 1);
         assert!(
@@ -722,9 +1071,9 @@ pub(crate) mod tests {
         let b = [budget("team", "10Gi", "6Gi", "8", "2")];
         // 2 pods × 2Gi = 4Gi: exactly what is left.
         let fits = ask(2, req("2Gi", None, 1));
-        assert_eq!(check(&b, "deployment/web", &fits, None), Ok(()));
+        assert_eq!(checked(&b, "deployment/web", &fits, None), Ok(()));
         let over = ask(3, req("2Gi", None, 1));
-        let e = check(&b, "deployment/web", &over, None)
+        let e = checked(&b, "deployment/web", &over, None)
             .unwrap_err()
             .to_string();
         assert_eq!(
@@ -734,17 +1083,17 @@ pub(crate) mod tests {
         // Memory counts per GPU times GPUs: 2 pods × 2 GPUs × 1Gi is 4Gi and 4 GPUs (fits);
         // 4 pods × 2 GPUs pass the 8 GPUs (6 left).
         let wide = ask(2, req("1Gi", None, 2));
-        assert_eq!(check(&b, "deployment/web", &wide, None), Ok(()));
-        let e = check(&b, "deployment/web", &ask(4, req("512Mi", None, 2)), None)
+        assert_eq!(checked(&b, "deployment/web", &wide, None), Ok(()));
+        let e = checked(&b, "deployment/web", &ask(4, req("512Mi", None, 2)), None)
             .unwrap_err()
             .to_string();
         assert!(e.contains("requested: limits.gpuslice.io/gpus=8, used: limits.gpuslice.io/gpus=2, limited: limits.gpuslice.io/gpus=8"), "{e}");
         // An edit frees what the workload holds now: 3 pods of 2Gi where they hold 1Gi each
         // (3Gi of the 6Gi used) take 6Gi of 10 - 3.
         let held = ask(3, req("1Gi", None, 1));
-        assert_eq!(check(&b, "deployment/web", &over, Some(&held)), Ok(()));
+        assert_eq!(checked(&b, "deployment/web", &over, Some(&held)), Ok(()));
         let bigger = ask(3, req("3Gi", None, 1));
-        let e = check(&b, "deployment/web", &bigger, Some(&held))
+        let e = checked(&b, "deployment/web", &bigger, Some(&held))
             .unwrap_err()
             .to_string();
         assert!(
@@ -756,7 +1105,7 @@ pub(crate) mod tests {
             "{e}"
         );
         // No budget, no limit.
-        assert_eq!(check(&[], "deployment/web", &bigger, None), Ok(()));
+        assert_eq!(checked(&[], "deployment/web", &bigger, None), Ok(()));
     }
 
     #[test]
@@ -783,7 +1132,7 @@ pub(crate) mod tests {
             }
         );
         let b = [budget("team", "10Gi", "0", "8", "0")];
-        let e = check(&b, "deployment/web", &a, None)
+        let e = checked(&b, "deployment/web", &a, None)
             .unwrap_err()
             .to_string();
         assert!(
@@ -837,28 +1186,31 @@ pub(crate) mod tests {
             json!({quota::CORES: "250"}),
             json!({quota::CORES: "50"}),
         );
-        let b = [quota_budget(&q, false).0.unwrap()];
+        let b = [quota_budget(&q, true, false).0.unwrap()];
         let share = ask(2, req("1Gi", Some("100"), 1));
-        assert_eq!(check(&b, "w", &share, None), Ok(()));
+        assert_eq!(checked(&b, "w", &share, None), Ok(()));
         let whole = ask(2, req("1Gi", None, 1));
-        assert_eq!(check(&b, "w", &whole, None), Ok(()));
+        assert_eq!(checked(&b, "w", &whole, None), Ok(()));
         let three = ask(3, req("1Gi", None, 1));
-        let e = check(&b, "w", &three, None).unwrap_err().to_string();
+        let e = checked(&b, "w", &three, None).unwrap_err().to_string();
         assert!(e.contains("requested: limits.gpuslice.io/cores=300"), "{e}");
     }
 
     #[test]
     fn headroom_is_what_is_left_with_the_current_slices_freed() {
         let b = [budget("team", "10Gi", "6Gi", "8", "2")];
-        let rooms = headroom(&b, None);
+        let rooms = headroom(&b, None, &recreate(2));
         let left: Vec<(&str, u64)> = rooms.iter().map(|r| (r.line.name.name, r.left)).collect();
         assert_eq!(left, [(quota::MEMORY, 4 * GIB), (quota::GPUS, 6)]);
         let held = ask(2, req("1Gi", None, 1));
-        let left: Vec<u64> = headroom(&b, Some(&held)).iter().map(|r| r.left).collect();
+        let left: Vec<u64> = headroom(&b, Some(&held), &recreate(2))
+            .iter()
+            .map(|r| r.left)
+            .collect();
         assert_eq!(left, [6 * GIB, 8]);
         // Over the hard value (lowered after admissions): nothing left, not an underflow.
         let over = [budget("team", "4Gi", "6Gi", "8", "2")];
-        assert_eq!(headroom(&over, None)[0].left, 0);
+        assert_eq!(headroom(&over, None, &recreate(2))[0].left, 0);
     }
 
     #[test]

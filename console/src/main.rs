@@ -38,6 +38,12 @@ struct Cli {
     /// Prometheus scraping the nodes' `gpuslice serve`, e.g. http://prometheus:9090.
     #[arg(long, global = true, env = "GPUSLICE_PROMETHEUS")]
     prometheus: Option<String>,
+    /// The webhook runs with --hami-compat (the chart's webhook.hamiCompat): `quota` and
+    /// `allocate` count HAMi's quota names (limits.nvidia.com/*) in namespaces labelled
+    /// gpuslice.io/hami-compat=true, as it does. Off, as the chart's default: they count
+    /// nowhere, and `quota` says so.
+    #[arg(long, global = true, env = "GPUSLICE_HAMI_COMPAT")]
+    hami_compat: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -268,7 +274,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             print_model(&cli, &cli.command, &m)?;
         }
         Command::Allocate(args) => {
-            let out = workload::allocate(&cluster.client, &namespace, args).await?;
+            let out =
+                workload::allocate(&cluster.client, &namespace, args, cli.hami_compat).await?;
             print!("{out}");
         }
         Command::Release(args) => {
@@ -281,7 +288,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             } else {
                 Scope::Namespace(namespace.clone())
             };
-            let b = budgets::fetch(&cluster.client, &scope).await?;
+            let b = budgets::fetch(&cluster.client, &scope, cli.hami_compat).await?;
             print_budgets(&cli, &scope, &b)?;
         }
     }

@@ -702,7 +702,7 @@ mod tests {
             serde_json::json!({"limits.nvidia.com/gpumem": "20480", "limits.nvidia.com/gpucores": "200"}),
             serde_json::json!({"limits.nvidia.com/gpumem": "5120", "limits.nvidia.com/gpucores": "50"}),
         );
-        rows.push(quota_budget(&hami, true).0.unwrap());
+        rows.push(quota_budget(&hami, true, true).0.unwrap());
         let t = budgets_table(&rows, true);
         assert_eq!(
             t,

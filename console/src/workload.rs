@@ -12,13 +12,14 @@ use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::PodSpec;
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::NamespaceResourceScope;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::Api;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::budgets::{self, Ask, NamespaceBudget, Scope};
+use crate::budgets::{self, Ask, NamespaceBudget, Rollout, Scope};
 use crate::edit::{self, EditError, Form, Kind, Request, MANAGED_BY};
 use crate::fetch::{self, FetchError, PodScope};
 use crate::model;
@@ -111,6 +112,12 @@ pub enum WorkloadError {
     },
     #[error("{0}: nothing changed; raise the quota, free some of its budget, or pass --force to write anyway (the pods past the budget are refused at admission)")]
     OverBudget(budgets::BudgetError),
+    #[error("{workload}: {field} {value:?} cannot be read; accepted: a whole number of pods, at least 0, or a percentage (`25%`): nothing changed")]
+    Strategy {
+        workload: String,
+        field: &'static str,
+        value: String,
+    },
     #[error("{0}: nothing changed")]
     Unchargeable(Box<gpuslice_dra::quota::QuotaError>),
     #[error(
@@ -137,12 +144,15 @@ pub trait Workload:
     fn pod_spec_mut(&mut self) -> Option<&mut PodSpec>;
     /// `None` for a DaemonSet (one pod per node).
     fn replicas(&self) -> Option<u64>;
+    /// How its controller replaces its `pods` pods (as [`budget_pods`] counts them) once the
+    /// template changes; `label` names it for the message of a value that cannot be read.
+    fn rollout(&self, pods: u64, label: &str) -> Result<Rollout, WorkloadError>;
 }
 
 /// The three kinds keep their pod template at `spec.template.spec`; only how many pods they
 /// run differs.
 macro_rules! workload_kind {
-    ($kind:ty, $replicas:expr) => {
+    ($kind:ty, $replicas:expr, $rollout:expr) => {
         impl Workload for $kind {
             fn pod_spec(&self) -> Option<&PodSpec> {
                 self.spec.template.spec.as_ref()
@@ -154,13 +164,153 @@ macro_rules! workload_kind {
                 let replicas: fn(&$kind) -> Option<u64> = $replicas;
                 replicas(self)
             }
+            fn rollout(&self, pods: u64, label: &str) -> Result<Rollout, WorkloadError> {
+                let rollout: fn(&$kind, u64, &str) -> Result<Rollout, WorkloadError> = $rollout;
+                rollout(self, pods, label)
+            }
         }
     };
 }
 
-workload_kind!(Deployment, |d| declared_replicas(d.spec.replicas));
-workload_kind!(StatefulSet, |s| declared_replicas(s.spec.replicas));
-workload_kind!(DaemonSet, |_| None);
+workload_kind!(
+    Deployment,
+    |d| declared_replicas(d.spec.replicas),
+    deployment_rollout
+);
+workload_kind!(
+    StatefulSet,
+    |s| declared_replicas(s.spec.replicas),
+    statefulset_rollout
+);
+workload_kind!(DaemonSet, |_| None, daemonset_rollout);
+
+/// `v` (default `default`) of `total` pods, as Kubernetes scales a maxSurge or maxUnavailable
+/// (`intstr.GetScaledValueFromIntOrPercent`): a whole number as it is, a percentage of
+/// `total` rounded up (`round_up`) or down.
+fn scaled(
+    label: &str,
+    field: &'static str,
+    v: Option<&IntOrString>,
+    default: &str,
+    total: u64,
+    round_up: bool,
+) -> Result<u64, WorkloadError> {
+    let unreadable = |value: String| WorkloadError::Strategy {
+        workload: label.to_string(),
+        field,
+        value,
+    };
+    let percent = match v {
+        Some(IntOrString::Int(n)) => {
+            return u64::try_from(*n).map_err(|_| unreadable(n.to_string()))
+        }
+        Some(IntOrString::String(s)) => s.as_str(),
+        None => default,
+    };
+    let p: u64 = percent
+        .strip_suffix('%')
+        .and_then(|p| p.parse().ok())
+        .ok_or_else(|| unreadable(percent.to_string()))?;
+    let of = total.saturating_mul(p);
+    Ok(if round_up { of.div_ceil(100) } else { of / 100 })
+}
+
+/// A Deployment's rollout: RollingUpdate (the default) runs up to maxSurge pods beyond its
+/// replicas (rounded up) and removes up to maxUnavailable old ones before new ones are ready
+/// (rounded down; 1 when both come to 0), both 25% by default; Recreate removes every old pod
+/// first.
+fn deployment_rollout(d: &Deployment, pods: u64, label: &str) -> Result<Rollout, WorkloadError> {
+    let strategy = d.spec.strategy.as_ref();
+    if strategy.and_then(|s| s.type_.as_deref()) == Some("Recreate") {
+        return Ok(Rollout::remove_first(pods, "Recreate"));
+    }
+    let rolling = strategy.and_then(|s| s.rolling_update.as_ref());
+    let surge = scaled(
+        label,
+        "spec.strategy.rollingUpdate.maxSurge",
+        rolling.and_then(|r| r.max_surge.as_ref()),
+        "25%",
+        pods,
+        true,
+    )?;
+    let mut unavailable = scaled(
+        label,
+        "spec.strategy.rollingUpdate.maxUnavailable",
+        rolling.and_then(|r| r.max_unavailable.as_ref()),
+        "25%",
+        pods,
+        false,
+    )?;
+    if surge == 0 && unavailable == 0 {
+        unavailable = 1;
+    }
+    Ok(Rollout {
+        replaced: pods,
+        kept: 0,
+        surge,
+        unavailable,
+        strategy: format!("RollingUpdate, maxSurge {surge}, maxUnavailable {unavailable}"),
+        remove_first: Some("strategy Recreate, or maxSurge 0"),
+    })
+}
+
+/// A StatefulSet's rollout: it deletes an old pod before it creates its replacement (one at
+/// a time, or maxUnavailable at a time), whatever the strategy; pods below a RollingUpdate's
+/// `partition` keep the old template.
+fn statefulset_rollout(s: &StatefulSet, pods: u64, _label: &str) -> Result<Rollout, WorkloadError> {
+    let strategy = s.spec.update_strategy.as_ref();
+    let partition = strategy
+        .and_then(|s| s.rolling_update.as_ref())
+        .and_then(|r| r.partition)
+        .map_or(0, |p| p.max(0) as u64)
+        .min(pods);
+    let name = match strategy.and_then(|s| s.type_.as_deref()) {
+        Some("OnDelete") => "OnDelete",
+        _ => "RollingUpdate",
+    };
+    Ok(Rollout {
+        kept: partition,
+        ..Rollout::remove_first(pods - partition, name)
+    })
+}
+
+/// A DaemonSet's rollout: RollingUpdate (the default) runs up to maxSurge new pods beside old
+/// ones (default 0) and removes up to maxUnavailable old ones first (default 1), both
+/// percentages of its pods rounded up; OnDelete replaces a pod only once it is deleted.
+fn daemonset_rollout(d: &DaemonSet, pods: u64, label: &str) -> Result<Rollout, WorkloadError> {
+    let strategy = d.spec.update_strategy.as_ref();
+    if strategy.and_then(|s| s.type_.as_deref()) == Some("OnDelete") {
+        return Ok(Rollout::remove_first(pods, "OnDelete"));
+    }
+    let rolling = strategy.and_then(|s| s.rolling_update.as_ref());
+    let surge = scaled(
+        label,
+        "spec.updateStrategy.rollingUpdate.maxSurge",
+        rolling.and_then(|r| r.max_surge.as_ref()),
+        "0%",
+        pods,
+        true,
+    )?;
+    let unavailable = match rolling.and_then(|r| r.max_unavailable.as_ref()) {
+        None => 1,
+        v => scaled(
+            label,
+            "spec.updateStrategy.rollingUpdate.maxUnavailable",
+            v,
+            "0%",
+            pods,
+            true,
+        )?,
+    };
+    Ok(Rollout {
+        replaced: pods,
+        kept: 0,
+        surge,
+        unavailable,
+        strategy: format!("RollingUpdate, maxSurge {surge}, maxUnavailable {unavailable}"),
+        remove_first: Some("maxSurge 0"),
+    })
+}
 
 /// A Deployment or StatefulSet without `replicas` runs one pod; a negative count none.
 fn declared_replicas(replicas: Option<i32>) -> Option<u64> {
@@ -427,10 +577,15 @@ async fn named_templates(
     out
 }
 
-/// The namespace's budgets for the allocate check; when its quotas cannot be read, none and
-/// a note saying the budget was not checked (the webhook still enforces it at admission).
-async fn budgets_of(client: &kube::Client, ns: &str) -> (Vec<NamespaceBudget>, Option<String>) {
-    match budgets::namespace_budgets(client, &Scope::Namespace(ns.to_string())).await {
+/// The namespace's budgets for the allocate check (`hami`: the webhook counts HAMi's quota
+/// names); when its quotas cannot be read, none and a note saying the budget was not checked
+/// (the webhook still enforces it at admission).
+async fn budgets_of(
+    client: &kube::Client,
+    ns: &str,
+    hami: bool,
+) -> (Vec<NamespaceBudget>, Option<String>) {
+    match budgets::namespace_budgets(client, &Scope::Namespace(ns.to_string()), hami).await {
         Ok((b, _)) => (b, None),
         Err(e) => (
             Vec::new(),
@@ -456,9 +611,10 @@ pub fn budget_pods(replicas: Option<u64>, m: &model::Model) -> u64 {
     replicas.unwrap_or(m.nodes.len() as u64)
 }
 
-/// Checks that the workload's pods of `next` stay within the namespace's budgets, each pod
-/// charged as the webhook charges it, what its pods of `current` are charged counted as freed.
-/// A DaemonSet (`want` `None`) runs a pod on each node with gpuslice GPUs ([`budget_pods`]).
+/// Checks that the workload's pods of `next` stay within the namespace's budgets through its
+/// `rollout`, each pod charged as the webhook charges it, its pods of `current` freed only as
+/// the rollout removes them. A DaemonSet (`want` `None`) runs a pod on each node with
+/// gpuslice GPUs ([`budget_pods`]).
 #[allow(clippy::too_many_arguments)]
 fn check_budget(
     c: &BudgetCheck<'_>,
@@ -469,6 +625,7 @@ fn check_budget(
     next: &PodSpec,
     current: &PodSpec,
     want: Option<u64>,
+    rollout: &Rollout,
 ) -> Result<(), WorkloadError> {
     let pods = budget_pods(want, m);
     let over = |e| match e {
@@ -480,9 +637,10 @@ fn check_budget(
         _ => req.describe(),
     };
     let ask = Ask::of_pod_spec(pods, next, ns, c.named, c.inventory, what).map_err(over)?;
-    // What the pods hold now is freed by the edit; one that cannot be charged frees nothing.
+    // What the pods hold now is freed as the rollout removes them; one that cannot be
+    // charged frees nothing.
     let held = Ask::of_pod_spec(pods, current, ns, c.named, c.inventory, String::new()).ok();
-    budgets::check(c.budgets, label, &ask, held.as_ref()).map_err(over)
+    budgets::check(c.budgets, label, &ask, held.as_ref(), rollout).map_err(over)
 }
 
 async fn allocate_kind<W: Workload>(
@@ -492,6 +650,7 @@ async fn allocate_kind<W: Workload>(
     name: &str,
     args: &AllocateArgs,
     req: Request,
+    hami: bool,
 ) -> Result<String, WorkloadError> {
     let label = format!("{}/{name}", kind.as_str());
     let api: Api<W> = Api::namespaced(client.clone(), ns);
@@ -504,7 +663,7 @@ async fn allocate_kind<W: Workload>(
     let spec = editable_spec(&first, &label)?;
     let (form, why) = choose_form(client, args.form.as_deref(), spec).await?;
     let mut named = named_templates(&templates, spec).await;
-    let (budgets, unchecked) = budgets_of(client, ns).await;
+    let (budgets, unchecked) = budgets_of(client, ns, hami).await;
     let (template, notes) = edit::claim_template(ns, kind, name, &req, mode)?;
     named.push(template.clone());
     let budget_check = BudgetCheck {
@@ -513,11 +672,24 @@ async fn allocate_kind<W: Workload>(
         inventory: &inventory,
     };
     // Before anything is written: the pods of `then` fit the GPUs' free room and the
-    // namespace's budget, what `now`'s pods hold counted as freed.
-    let checks = |then: &PodSpec, now: &PodSpec, want: Option<u64>| {
+    // namespace's budget through the workload's rollout, what `now`'s pods hold freed as it
+    // removes them.
+    let checks = |then: &PodSpec, now: &PodSpec, w: &W| {
+        let want = w.replicas();
+        let rollout = w.rollout(budget_pods(want, &m), &label)?;
         let pod = pod_slices(&label, then, ns, &named, &inventory)?;
         check_fit(&m, mode, &label, &pod, pod_request(&req, then, &pod), want)?;
-        check_budget(&budget_check, &m, ns, &label, &req, then, now, want)
+        check_budget(
+            &budget_check,
+            &m,
+            ns,
+            &label,
+            &req,
+            then,
+            now,
+            want,
+            &rollout,
+        )
     };
     let template_name = template.metadata.name.clone().unwrap_or_default();
     let mut ours = our_templates(&templates, kind, name).await?;
@@ -581,7 +753,7 @@ async fn allocate_kind<W: Workload>(
                 out.push_str(&format!("resourceclaimtemplate/{p} would be deleted\n"));
             }
             if !checked {
-                checks(then, now, current.replicas())?;
+                checks(then, now, &current)?;
             }
             out.push_str(&format!(
                 "({})\n",
@@ -599,7 +771,7 @@ async fn allocate_kind<W: Workload>(
             ));
         }
         if !checked && !args.force {
-            checks(then, now, current.replicas())?;
+            checks(then, now, &current)?;
         }
         checked = true;
         if form == Form::Claim && !created {
@@ -723,18 +895,26 @@ async fn release_kind<W: Workload>(
     })
 }
 
-/// `allocate`: returns what to print.
+/// `allocate`: returns what to print. `hami`: the webhook runs with `--hami-compat`, so the
+/// budget check counts HAMi's quota names where it does.
 pub async fn allocate(
     client: &kube::Client,
     ns: &str,
     args: &AllocateArgs,
+    hami: bool,
 ) -> Result<String, WorkloadError> {
     let (kind, name) = edit::parse_workload(&args.workload)?;
     let req = Request::parse(&args.memory, args.cores.as_deref(), args.gpus)?;
     match kind {
-        Kind::Deployment => allocate_kind::<Deployment>(client, ns, kind, &name, args, req).await,
-        Kind::StatefulSet => allocate_kind::<StatefulSet>(client, ns, kind, &name, args, req).await,
-        Kind::DaemonSet => allocate_kind::<DaemonSet>(client, ns, kind, &name, args, req).await,
+        Kind::Deployment => {
+            allocate_kind::<Deployment>(client, ns, kind, &name, args, req, hami).await
+        }
+        Kind::StatefulSet => {
+            allocate_kind::<StatefulSet>(client, ns, kind, &name, args, req, hami).await
+        }
+        Kind::DaemonSet => {
+            allocate_kind::<DaemonSet>(client, ns, kind, &name, args, req, hami).await
+        }
     }
 }
 
@@ -903,6 +1083,115 @@ mod tests {
             e.starts_with("deployment/x: the webhook would refuse its pods: spec.containers[0], spec.containers[1]: 1 GPU × 32Gi needs 8 slots"),
             "{e}"
         );
+    }
+
+    /// Deployment `web` of one pod holding 6Gi (limits form) on a quota of 10Gi with those
+    /// 6Gi used: the budget check of 8Gi each under `strategy`.
+    fn resize_web(strategy: serde_json::Value) -> Result<(), WorkloadError> {
+        let capacity = one_l4(false);
+        let (m, inventory) = &capacity;
+        let mut d = deployment(Some(1));
+        d.spec.strategy = serde_json::from_value(strategy).unwrap();
+        let old = Request::parse("6Gi", None, 1).unwrap();
+        let new = Request::parse("8Gi", None, 1).unwrap();
+        let mut now = d.pod_spec().unwrap().clone();
+        edit::set_limits("deployment/web", &mut now, &old, &[]).unwrap();
+        let mut then = now.clone();
+        edit::set_limits("deployment/web", &mut then, &new, &[]).unwrap();
+        let budgets = [crate::budgets::tests::budget("ml", "10Gi", "6Gi", "8", "1")];
+        let c = BudgetCheck {
+            budgets: &budgets,
+            named: &[],
+            inventory,
+        };
+        let rollout = d.rollout(budget_pods(d.replicas(), m), "deployment/web")?;
+        check_budget(
+            &c,
+            m,
+            "ml",
+            "deployment/web",
+            &new,
+            &then,
+            &now,
+            d.replicas(),
+            &rollout,
+        )
+    }
+
+    #[test]
+    fn a_resize_whose_rolling_update_keeps_the_old_pod_beside_the_new_is_refused() {
+        // Defaults (maxSurge 25% of 1 rounds up to 1, maxUnavailable down to 0): the new 8Gi
+        // pod starts beside the old 6Gi one, 14Gi on a quota of 10Gi, and would wait forever.
+        let e = resize_web(serde_json::json!(null)).unwrap_err().to_string();
+        assert!(
+            e.starts_with("deployment/web: 1 pod(s) of 1 GPU × 8Gi memory, whose rollout (RollingUpdate, maxSurge 1, maxUnavailable 0) keeps 1 old pod(s) of 6Gi while 1 new pod(s) of 8Gi start: exceeded quota: ml/gpu, requested: limits.gpuslice.io/memory=14Gi, used: limits.gpuslice.io/memory=0, limited: limits.gpuslice.io/memory=10Gi"),
+            "{e}"
+        );
+        assert!(
+            e.contains("it fits if its old pods are removed before new ones start (strategy Recreate, or maxSurge 0), or with at most 4Gi of limits.gpuslice.io/memory per new pod: nothing changed"),
+            "{e}"
+        );
+        // Old pods removed first: the 8Gi pod starts once the 6Gi one is gone.
+        resize_web(serde_json::json!({"type": "Recreate"})).unwrap();
+        resize_web(serde_json::json!({"rollingUpdate": {"maxSurge": 0}})).unwrap();
+        // 100% unavailable: the old pod may go before the new one is ready.
+        resize_web(
+            serde_json::json!({"rollingUpdate": {"maxSurge": "0%", "maxUnavailable": "100%"}}),
+        )
+        .unwrap();
+        let e = resize_web(serde_json::json!({"rollingUpdate": {"maxSurge": "x"}}))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, "deployment/web: spec.strategy.rollingUpdate.maxSurge \"x\" cannot be read; accepted: a whole number of pods, at least 0, or a percentage (`25%`): nothing changed");
+    }
+
+    #[test]
+    fn each_kind_resolves_its_rollout_as_kubernetes_does() {
+        let of = |d: &Deployment, pods| {
+            let r = d.rollout(pods, "deployment/x").unwrap();
+            (r.replaced, r.kept, r.surge, r.unavailable)
+        };
+        // maxSurge rounds up, maxUnavailable down, both 25% by default.
+        let d = deployment(Some(1));
+        assert_eq!(of(&d, 1), (1, 0, 1, 0));
+        assert_eq!(of(&d, 4), (4, 0, 1, 1));
+        assert_eq!(of(&d, 10), (10, 0, 3, 2));
+        let mut d = deployment(Some(3));
+        d.spec.strategy = serde_json::from_value(
+            serde_json::json!({"rollingUpdate": {"maxSurge": 2, "maxUnavailable": "50%"}}),
+        )
+        .unwrap();
+        assert_eq!(of(&d, 3), (3, 0, 2, 1));
+        // Both come to 0: Kubernetes lets one be unavailable.
+        d.spec.strategy = serde_json::from_value(
+            serde_json::json!({"rollingUpdate": {"maxSurge": "10%", "maxUnavailable": 0}}),
+        )
+        .unwrap();
+        assert_eq!(of(&d, 0), (0, 0, 0, 1));
+        d.spec.strategy = serde_json::from_value(serde_json::json!({"type": "Recreate"})).unwrap();
+        assert_eq!(of(&d, 3), (3, 0, 0, 3));
+
+        // A StatefulSet replaces one pod at a time, old first; its partition keeps pods old.
+        let mut s = StatefulSet::default();
+        let r = s.rollout(5, "statefulset/x").unwrap();
+        assert_eq!((r.replaced, r.kept, r.surge), (5, 0, 0));
+        s.spec.update_strategy = serde_json::from_value(
+            serde_json::json!({"type": "RollingUpdate", "rollingUpdate": {"partition": 2}}),
+        )
+        .unwrap();
+        let r = s.rollout(5, "statefulset/x").unwrap();
+        assert_eq!((r.replaced, r.kept, r.surge), (3, 2, 0));
+
+        // A DaemonSet: maxUnavailable 1 and maxSurge 0 by default, percentages rounded up.
+        let mut ds = DaemonSet::default();
+        let r = ds.rollout(4, "daemonset/x").unwrap();
+        assert_eq!((r.surge, r.unavailable), (0, 1));
+        ds.spec.update_strategy = serde_json::from_value(
+            serde_json::json!({"rollingUpdate": {"maxSurge": "10%", "maxUnavailable": 0}}),
+        )
+        .unwrap();
+        let r = ds.rollout(4, "daemonset/x").unwrap();
+        assert_eq!((r.surge, r.unavailable), (1, 0));
     }
 
     #[test]

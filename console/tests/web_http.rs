@@ -73,6 +73,7 @@ contexts: [{{name: test, context: {{cluster: c, user: tester, namespace: ml}}}}]
         context: None,
         prometheus: None,
         allow_edit: c.allow_edit,
+        hami_compat: false,
         max_connections: c.max_connections,
         public_url: c.public_url.clone(),
     }

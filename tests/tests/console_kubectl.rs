@@ -28,11 +28,14 @@ const NS: &str = "default";
 const GIB: u64 = 1 << 30;
 const STEP: Duration = Duration::from_secs(90);
 
-/// `kubectl-gpuslice --kubeconfig <cluster> args…`.
+/// `kubectl-gpuslice --kubeconfig <cluster> --hami-compat args…` (the test cluster's webhook
+/// runs with --hami-compat, so the plugin is told it does).
 fn plugin(cluster: &KubeCluster, args: &[&str]) -> Output {
     Command::new(bin("kubectl-gpuslice"))
         .arg("--kubeconfig")
         .arg(cluster.kubeconfig())
+        .arg("--hami-compat")
+        .env_remove("GPUSLICE_HAMI_COMPAT")
         .args(args)
         .stdin(Stdio::null())
         .output()
@@ -668,7 +671,7 @@ pub(crate) fn budgets(cluster: &KubeCluster, memory: (&str, &str)) -> Value {
              "cores": {"hard": 200, "used": 50},
              "gpus": {"hard": null, "used": 0}},
         ],
-        "warnings": ["ResourceQuota team-x/hami names HAMi's limits.nvidia.com/gpumem, limits.nvidia.com/gpucores, counted only in namespaces labelled gpuslice.io/hami-compat=true: namespace team-x is not"],
+        "warnings": ["ResourceQuota team-x/hami names HAMi's limits.nvidia.com/gpumem, limits.nvidia.com/gpucores, counted only by a webhook started with --hami-compat, in namespaces labelled gpuslice.io/hami-compat=true: namespace team-x is not"],
     })
 }
 

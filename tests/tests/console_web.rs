@@ -175,12 +175,20 @@ struct Console {
 impl Console {
     fn start(cluster: &KubeCluster, prometheus: Option<&str>, allow_edit: bool) -> Console {
         let mut cmd = Command::new(bin("gpuslice"));
-        cmd.args(["console", "--listen", "127.0.0.1:0", "--kubeconfig"])
-            .arg(cluster.kubeconfig())
-            .env_remove("GPUSLICE_PROMETHEUS")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        // HAMi's quota names count (team-h's budget) as with a webhook run with --hami-compat.
+        cmd.args([
+            "console",
+            "--listen",
+            "127.0.0.1:0",
+            "--hami-compat",
+            "--kubeconfig",
+        ])
+        .arg(cluster.kubeconfig())
+        .env_remove("GPUSLICE_PROMETHEUS")
+        .env_remove("GPUSLICE_HAMI_COMPAT")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
         if let Some(url) = prometheus {
             cmd.args(["--prometheus", url]);
         }
@@ -620,6 +628,8 @@ fn kubectl_gpuslice(cluster: &KubeCluster, args: &[&str]) -> Output {
     Command::new(bin("kubectl-gpuslice"))
         .arg("--kubeconfig")
         .arg(cluster.kubeconfig())
+        .arg("--hami-compat")
+        .env_remove("GPUSLICE_HAMI_COMPAT")
         .args(args)
         .stdin(Stdio::null())
         .output()

@@ -29,6 +29,7 @@ fn status_of(e: &WorkloadError) -> StatusCode {
         | WorkloadError::ForeignTemplate { .. }
         | WorkloadError::NotAllocated { .. }
         | WorkloadError::Contended { .. }
+        | WorkloadError::Strategy { .. }
         | WorkloadError::OverBudget(_) => StatusCode::CONFLICT,
         // The API server's own refusal (403 forbidden to the kubeconfig's user, 422 invalid)
         // keeps its status; an unreachable one is a bad gateway.
@@ -109,7 +110,13 @@ pub(super) async fn allocate(
             .map(|s| s.trim().to_string())
             .filter(|s| !s.is_empty()),
     };
-    let r = workload::allocate(&state.cluster.client, &w.namespace, &args).await;
+    let r = workload::allocate(
+        &state.cluster.client,
+        &w.namespace,
+        &args,
+        state.hami_compat,
+    )
+    .await;
     outcome(state, w, r.map_err(|e| (status_of(&e), e.to_string())))
 }
 

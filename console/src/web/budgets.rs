@@ -19,7 +19,8 @@ pub(super) async fn budgets(state: &State, namespace: Option<&str>) -> Response<
         Some(ns) => Scope::Namespace(ns.to_string()),
         None => Scope::All,
     };
-    let (b, banners) = match budgets::fetch(&state.cluster.client, &scope).await {
+    let (b, banners) = match budgets::fetch(&state.cluster.client, &scope, state.hami_compat).await
+    {
         Ok(b) => {
             let banners = b
                 .queues_unavailable

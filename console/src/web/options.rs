@@ -26,6 +26,11 @@ pub struct Options {
     /// Let the page allocate, edit and release workloads' slices (default: read-only).
     #[arg(long)]
     pub allow_edit: bool,
+    /// The webhook runs with --hami-compat (the chart's webhook.hamiCompat): count HAMi's quota
+    /// names (limits.nvidia.com/*) in namespaces labelled gpuslice.io/hami-compat=true, as it
+    /// does. Off, as the chart's default: they count nowhere, and the Budgets page says so.
+    #[arg(long, env = "GPUSLICE_HAMI_COMPAT")]
+    pub hami_compat: bool,
     /// A URL people open the console by through an authenticating proxy or ingress, e.g.
     /// https://gpu.example.com (repeatable; http or https, a host and an optional port, no
     /// path but /). A request whose Host names it passes the Host check, and a POST whose
@@ -66,6 +71,24 @@ pub fn rights(kubeconfig: Option<&Path>, context: Option<&str>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        opts: Options,
+    }
+
+    #[test]
+    fn hami_compat_is_off_unless_given_as_the_charts_webhook() {
+        use clap::Parser;
+        let parse = |args: &[&str]| Cli::try_parse_from(args).unwrap().opts.hami_compat;
+        // The flag, else its variable (read by clap from this process's environment, which
+        // this test does not set: off).
+        if std::env::var_os("GPUSLICE_HAMI_COMPAT").is_none() {
+            assert!(!parse(&["console"]));
+        }
+        assert!(parse(&["console", "--hami-compat"]));
+    }
 
     #[test]
     fn rights_name_the_context_and_user() {

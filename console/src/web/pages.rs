@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use crate::budgets::{self, show, show_value, Ask, Budgets, NamespaceBudget};
+use crate::budgets::{self, show, show_value, Ask, Budgets, NamespaceBudget, Rollout};
 use crate::edit::{Kind, Request};
 use crate::idle::{IdleOptions, IdleSlice};
 use crate::model::{claim_series, gpu_label, ContainerSlice, GpuView, Model, NodeView};
@@ -710,6 +710,9 @@ pub struct WorkloadRow {
     /// The pods the namespace's budget is checked for, as the allocation counts them
     /// ([`crate::workload::budget_pods`]; a DaemonSet: one per node with gpuslice GPUs).
     pub pods: u64,
+    /// How its controller replaces those pods once the template changes
+    /// ([`crate::workload::Workload::rollout`]), which the budget's room per pod follows.
+    pub rollout: Rollout,
     /// The slice each pod gets; `None`: none.
     pub slice: Option<Slice>,
 }
@@ -1032,8 +1035,9 @@ pub fn budgets_page(chrome: &Chrome, budgets: Option<&Budgets>, namespace: Optio
 }
 
 /// The GPU tab's budget part: per budget of the namespace and resource, what an allocation
-/// of this workload may still ask (its current slices counted as freed); the console checks
-/// the allocation against the same figures before it writes anything.
+/// of this workload may still ask, per pod at the worst point of its rollout (its current
+/// slices freed only as the rollout removes them); the console checks the allocation against
+/// the same figures before it writes anything.
 fn budget_part(w: &WorkloadRow, budgets: Result<&[NamespaceBudget], &str>) -> String {
     let budgets = match budgets {
         Err(why) => {
@@ -1058,17 +1062,18 @@ fn budget_part(w: &WorkloadRow, budgets: Result<&[NamespaceBudget], &str>) -> St
         what: String::new(),
     });
     let mut out = format!(
-        "<div id=\"budget\"><p>Budget of namespace {} for this workload's {pods} pod(s){}; an allocation asking more is refused before anything is written:</p><ul>",
+        "<div id=\"budget\"><p>Budget of namespace {} for this workload's {pods} pod(s){}, per pod at the worst point of its rollout ({}); an allocation asking more is refused before anything is written:</p><ul>",
         esc(&w.namespace),
         if held.is_some() {
-            " (its current slices counted as freed)"
+            " (its current slices freed as the rollout removes them)"
         } else {
             ""
-        }
+        },
+        esc(&w.rollout.strategy)
     );
-    for room in budgets::headroom(budgets, held.as_ref()) {
+    for room in budgets::headroom(budgets, held.as_ref(), &w.rollout) {
         let (name, b) = (room.line.name, room.budget);
-        let per_pod = room.left / pods.max(1);
+        let per_pod = room.per_pod;
         let _ = write!(
             out,
             "<li data-budget=\"{}/{}\" data-resource=\"{}\" data-left=\"{}\">quota {}: {} {} of {} used; left for it: {} ({} per pod)</li>",
@@ -1097,10 +1102,10 @@ fn gpus_max(w: &WorkloadRow, budgets: &[NamespaceBudget]) -> Option<u64> {
         per_pod,
         what: String::new(),
     });
-    budgets::headroom(budgets, held.as_ref())
+    budgets::headroom(budgets, held.as_ref(), &w.rollout)
         .into_iter()
         .filter(|r| r.line.name.resource == Resource::Gpus)
-        .map(|r| r.left / pods)
+        .map(|r| r.per_pod)
         .min()
 }
 
@@ -1509,6 +1514,7 @@ mod tests {
             name: "train".into(),
             replicas: Some(2),
             pods: 2,
+            rollout: Rollout::remove_first(2, "Recreate"),
             slice: None,
         };
         let mut c = chrome(vec![]);
@@ -1552,6 +1558,7 @@ mod tests {
             name: "legacy".into(),
             replicas: Some(1),
             pods: 1,
+            rollout: Rollout::remove_first(1, "Recreate"),
             slice: Some(Slice {
                 source: SliceSource::Hami("main: nvidia.com/gpu=1".into()),
                 request: None,
@@ -1588,6 +1595,7 @@ mod tests {
                 name: "train".into(),
                 replicas: Some(1),
                 pods: 1,
+                rollout: Rollout::remove_first(1, "Recreate"),
                 slice: Some(claim_slice(Request::parse(asked, None, 1).unwrap())),
             };
             let html = workload_page(&c, &w, Ok(&[]));
@@ -1726,6 +1734,7 @@ mod tests {
             name: "train".into(),
             replicas: Some(2),
             pods: 2,
+            rollout: Rollout::remove_first(2, "Recreate"),
             slice: None,
         };
         let mut c = chrome(vec![]);
@@ -1744,11 +1753,26 @@ mod tests {
         let html = workload_page(&c, &w, Ok(&b));
         assert!(
             html.contains(&format!("data-left=\"{}\"", 6 * GIB))
-                && html.contains("(its current slices counted as freed)"),
+                && html.contains("(its current slices freed as the rollout removes them), per pod at the worst point of its rollout (Recreate)")
+                && html.contains("left for it: 6Gi (3Gi per pod)"),
             "{html}"
         );
         // 2 GPUs held of the 1 used: all 5 left, 2 per pod.
         assert!(html.contains("max=\"2\""), "{html}");
+        // A rolling update (maxSurge 1, maxUnavailable 0) keeps an old pod of 1Gi beside two
+        // new ones at its worst point: (6Gi - 1Gi) / 2 per new pod.
+        w.rollout = Rollout {
+            surge: 1,
+            unavailable: 0,
+            strategy: "RollingUpdate, maxSurge 1, maxUnavailable 0".into(),
+            ..Rollout::remove_first(2, "")
+        };
+        let html = workload_page(&c, &w, Ok(&b));
+        assert!(
+            html.contains("per pod at the worst point of its rollout (RollingUpdate, maxSurge 1, maxUnavailable 0)")
+                && html.contains("left for it: 6Gi (2.5Gi per pod)"),
+            "{html}"
+        );
         let html = workload_page(&c, &w, Ok(&[]));
         assert!(
             html.contains("<p id=\"budget\">Namespace team-a has no budget"),

@@ -109,6 +109,7 @@ impl Server {
                 rights: rights(opts.kubeconfig.as_deref(), opts.context.as_deref()),
                 prometheus: opts.prometheus.clone(),
                 allow_edit: opts.allow_edit,
+                hami_compat: opts.hami_compat,
                 listen,
                 public,
             }),

@@ -15,6 +15,8 @@ pub(super) struct State {
     pub(super) rights: String,
     pub(super) prometheus: Option<String>,
     pub(super) allow_edit: bool,
+    /// `--hami-compat`: the webhook counts HAMi's quota names.
+    pub(super) hami_compat: bool,
     pub(super) listen: SocketAddr,
     /// `--public-url`: the URLs a proxy or ingress serves the console at.
     pub(super) public: Vec<PublicUrl>,

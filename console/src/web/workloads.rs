@@ -14,7 +14,7 @@ use gpuslice_dra::claim_shape::{shape_of, Mode, PublishedGpus};
 use gpuslice_webhook::budget::pod_spec_charge;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 
-use crate::budgets::{self, Scope};
+use crate::budgets::{self, Rollout, Scope};
 use crate::edit::{self, Kind, Request as SliceRequest};
 use crate::model::{self, Model};
 use crate::workload;
@@ -94,12 +94,20 @@ fn row_of<W: workload::Workload>(
         })
     };
     let slice = claim.or_else(limits).or_else(hami);
+    let name = w.meta().name.clone().unwrap_or_default();
+    let pods = workload::budget_pods(w.replicas(), gpus);
+    // A strategy that cannot be read (which the API server does not store) shows the room
+    // with the old pods removed first; the allocation itself refuses it, naming the field.
+    let rollout = w
+        .rollout(pods, &format!("{}/{name}", kind.as_str()))
+        .unwrap_or_else(|_| Rollout::remove_first(pods, "unreadable"));
     WorkloadRow {
         namespace,
         kind,
-        name: w.meta().name.clone().unwrap_or_default(),
+        name,
         replicas,
-        pods: workload::budget_pods(w.replicas(), gpus),
+        pods,
+        rollout,
         slice,
     }
 }
@@ -246,7 +254,7 @@ pub(super) async fn workload_tab(state: &State, w: &http::Workload) -> Response<
     let scope = Scope::Namespace(w.namespace.clone());
     let (row, budgets) = tokio::join!(
         row,
-        budgets::namespace_budgets(&state.cluster.client, &scope)
+        budgets::namespace_budgets(&state.cluster.client, &scope, state.hami_compat)
     );
     let budgets = budgets.map(|(b, _)| b).map_err(|e| e.to_string());
     match row {

@@ -14,7 +14,7 @@ use crate::ask::{
 };
 use crate::placement::keep_ranks_apart;
 use gpuslice_dra::claim_shape::{
-    claim_spec, pod_shape, template, Mode, PublishedGpus, Shape, ShapeError,
+    claim_spec, describe, pod_shape, template, Mode, PublishedGpus, Shape, ShapeError,
 };
 
 /// Prefix of the pod's claim entries the webhook adds (`gpuslice-c0`, `gpuslice-i1`).
@@ -242,6 +242,8 @@ pub fn plan(
         // containers' claims, then the earlier ordinary init containers' own.
         let mut app_claims: Vec<usize> = Vec::new();
         let mut init_claims: Vec<usize> = Vec::new();
+        // Ordinary init containers given a claim of their own: (path, entry, their ask).
+        let mut own_init: Vec<(String, String, Shape)> = Vec::new();
         let claim = NewClaim {
             existing: &existing,
             namespace,
@@ -277,11 +279,20 @@ pub fn plan(
                         app_claims.push(k);
                     } else if a.ordinary_init {
                         init_claims.push(k);
+                        own_init.push((path, entry.clone(), want));
                     }
                     entry
                 }
             };
             asked[k].entry = Some(entry);
+        }
+        // Beside other claims, an ordinary init container's own claim is held for the pod's
+        // life on top of them, while Kubernetes' pod requests, which Kueue charges, count
+        // only the larger of the app containers' sum and the largest init container.
+        if entries.len() > 1 {
+            for (path, entry, want) in &own_init {
+                out.warnings.push(own_init_warning(path, entry, want));
+            }
         }
     }
     if out.templates.len() > MAX_TEMPLATES {
@@ -347,6 +358,16 @@ pub fn plan(
         out.warnings.push(warning);
     }
     Ok(out)
+}
+
+/// The warning for an ordinary init container at `path` given a claim of its own (`entry`)
+/// beside the pod's other claims: the pod holds both until it ends, and a queue charging the
+/// pod's requests (Kueue) counts only the larger.
+pub fn own_init_warning(path: &str, entry: &str, want: &Shape) -> String {
+    format!(
+        "{path}: no app container's slice covers its {}, so it gets a claim of its own ({entry}), held beside the pod's other slices until the pod ends: the node books the init container's GPU memory plus the app containers'; Kueue charges a queued pod only the larger of the app containers' sum and its largest init container (Kubernetes' pod requests), less than the node books; to be charged what it holds, give an app container a slice that covers it (at least its memory and cores, the same GPUs and selection), which it then shares (docs/quotas.md)",
+        describe(want)
+    )
 }
 
 #[cfg(test)]
@@ -539,6 +560,22 @@ mod tests {
         assert_eq!(p.templates.len(), 1);
     }
 
+    /// One GPU of `memory`, as the webhook reads a container's limits.
+    fn p_shape(memory: &str) -> Shape {
+        let limits = BTreeMap::from([("gpuslice.io/memory".to_string(), memory.to_string())]);
+        container_ask(
+            "x",
+            &limits,
+            &BTreeMap::new(),
+            None,
+            &PublishedGpus::default(),
+        )
+        .unwrap()
+        .unwrap()
+        .shape
+        .unwrap()
+    }
+
     #[test]
     fn an_init_container_shares_an_app_containers_claim_that_covers_it() {
         let inv = PublishedGpus::default();
@@ -581,6 +618,7 @@ mod tests {
         );
         assert_eq!(entries(&p), vec!["gpuslice-c0"]);
         assert_eq!(p.templates.len(), 1);
+        assert!(p.warnings.is_empty(), "{:?}", p.warnings);
         // More than the app's: a claim of its own; a later init container it covers shares it.
         let pod = json!({"spec": {"containers": containers(&["20Gi"]),
                                   "initContainers": [init("30Gi", false), init("25Gi", false)]}});
@@ -594,6 +632,30 @@ mod tests {
             json!([{"name": "gpuslice-i0"}])
         );
         assert_eq!(entries(&p), vec!["gpuslice-c0", "gpuslice-i0"]);
+        // The pod holds 20Gi + 30Gi until it ends, and Kueue charges max(20Gi, 30Gi): the
+        // admission says so, once, for the init container with a claim of its own.
+        assert_eq!(
+            p.warnings,
+            [own_init_warning(
+                "spec.initContainers[0]",
+                "gpuslice-i0",
+                &p_shape("30Gi")
+            )]
+        );
+        assert!(
+            p.warnings[0].starts_with("spec.initContainers[0]: no app container's slice covers its 1 GPU × 30Gi, so it gets a claim of its own (gpuslice-i0), held beside the pod's other slices until the pod ends: the node books the init container's GPU memory plus the app containers'; Kueue charges a queued pod only the larger"),
+            "{:?}",
+            p.warnings
+        );
+        // The warning travels in the AdmissionReview's response.
+        let r = crate::review::allow("u", &p.patch, &p.warnings);
+        assert_eq!(r["response"]["warnings"], json!(p.warnings));
+        // Its own claim and nothing beside it: the pod holds what Kueue charges, no warning.
+        let pod = json!({"spec": {"containers": [{"name": "app", "image": "x"}],
+                                  "initContainers": [init("30Gi", false)]}});
+        let p = plan(&pod, "ns", false, &inv).unwrap();
+        assert_eq!(entries(&p), vec!["gpuslice-i0"]);
+        assert!(p.warnings.is_empty(), "{:?}", p.warnings);
         // A sidecar runs beside the app containers: always a claim of its own.
         let pod = json!({"spec": {"containers": containers(&["20Gi"]),
                                   "initContainers": [init("10Gi", true)]}});
@@ -603,6 +665,11 @@ mod tests {
             json!([{"name": "gpuslice-i0"}])
         );
         assert_eq!(entries(&p), vec!["gpuslice-c0", "gpuslice-i0"]);
+        assert!(
+            p.warnings.is_empty(),
+            "a sidecar is counted by Kueue: {:?}",
+            p.warnings
+        );
         // Another GPU count or a share the app's claim does not give: its own.
         for other in [
             json!({"gpuslice.io/memory": "10Gi", "gpuslice.io/gpus": "2"}),
