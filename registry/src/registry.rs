@@ -377,6 +377,9 @@ impl Registry {
         };
         let done = self.locked(probe, op)?;
         let mut reaped = done.reaped;
+        // A crash before a record is written leaves its reservation listed without one: a
+        // pending one is reaped at its deadline, a claim's is written when the claim is
+        // prepared again (`reserve_claim`).
         for r in &done.records {
             if let Err(e) = store::write_record(&self.paths, r) {
                 // Nobody has the id yet: take the reservation back before saying so.

@@ -298,11 +298,13 @@ struct Record<R> {
     reservation: R,
 }
 
-/// Creates `slices/<id>/` if needed and (re)writes its `reservation.json`.
+/// Creates `slices/<id>/` if needed and (re)writes its `reservation.json`. A directory made
+/// here is synced into `slices/` before the record is written: a power loss after return
+/// cannot leave the registry listing a booking whose directory and record are gone.
 pub fn write_record(paths: &Paths, r: &Reservation) -> Result<(), StoreError> {
     let dir = paths.slice_dir(&r.id)?;
     match DirBuilder::new().mode(0o755).create(&dir) {
-        Ok(()) => {}
+        Ok(()) => gpuslice_fsutil::sync_dir(&paths.slices).map_err(io("sync", &paths.slices))?,
         Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
         Err(e) => return Err(io("create directory", &dir)(e)),
     }
@@ -317,6 +319,19 @@ pub fn write_record(paths: &Paths, r: &Reservation) -> Result<(), StoreError> {
     })?;
     gpuslice_fsutil::atomic_write(&dir.join(RECORD_FILE), &text, 0o600)?;
     Ok(())
+}
+
+/// Writes `r`'s record (and its directory) when `slices/<id>/reservation.json` is missing:
+/// a crash between listing a booking in `registry.json` and writing its record, or a power
+/// loss that took the directory, leaves a listed booking without them, and whoever is handed
+/// it again writes its slice files there. A record present is left as it is.
+pub fn ensure_record(paths: &Paths, r: &Reservation) -> Result<(), StoreError> {
+    let path = paths.slice_dir(&r.id)?.join(RECORD_FILE);
+    match fs::symlink_metadata(&path) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == ErrorKind::NotFound => write_record(paths, r),
+        Err(e) => Err(io("inspect", &path)(e)),
+    }
 }
 
 /// Reads `slices/<id>/reservation.json`; `Ok(None)` when the directory or record is absent.

@@ -13,8 +13,8 @@ use std::time::Duration;
 use common::{child_role, inventory, report, spawn_child, state_dir, Rng, GI};
 use gpuslice_config::Quantity;
 use gpuslice_registry::{
-    no_cleanup, read_registry, violations, Owner, RealSystem, Registry, Request, ReservationState,
-    RECORD_FILE,
+    no_cleanup, read_registry, violations, ClaimShare, Owner, RealSystem, Registry, Request,
+    ReservationState, RECORD_FILE,
 };
 
 const ROLE: &str = "writer";
@@ -189,4 +189,67 @@ fn sigkilled_writers_never_corrupt_or_lose_reservations() {
         })
         .count();
     assert_eq!(temps, 0);
+}
+
+/// A claim's booking whose slice directory a crash lost (the plugin killed after
+/// `registry.json` listed it and before its record was written, or power lost before the
+/// new directory's entry reached the disk) is prepared again: the repeated prepare gets the
+/// same booking back and its record and directory with it, so its slice files can be
+/// written.
+#[test]
+fn a_claim_prepared_again_after_its_slice_directory_was_lost_gets_it_back() {
+    let dir = state_dir();
+    let reg = open(dir.path());
+    reg.set_inventory(inventory(1, 16 * GI)).expect("inventory");
+    let owner = Owner::DraClaim {
+        claim_uid: "uid-lost".into(),
+        namespace: "ns".into(),
+        name: "lost".into(),
+        members: Vec::new(),
+        gone: None,
+    };
+    let uuid = reg.snapshot().expect("snapshot").inventory.gpus[0]
+        .uuid
+        .clone();
+    let shares = [ClaimShare {
+        uuid,
+        memory: 2 * GI,
+        cores: 10,
+    }];
+    let first = reg.reserve_claim(&owner, &shares).expect("prepare");
+    assert!(first.created);
+    let id = first.reservation.id.clone();
+    let slice = reg.slice_dir(&id).expect("slice dir");
+    std::fs::remove_dir_all(&slice).expect("the crash takes the directory");
+
+    let again = reg.reserve_claim(&owner, &shares).expect("prepare again");
+    assert!(!again.created, "a second booking was made");
+    assert_eq!(again.reservation.id, id);
+    let record = std::fs::read_to_string(slice.join(RECORD_FILE)).expect("record written again");
+    assert!(record.contains(&id), "{record}");
+    std::fs::write(slice.join("limits.json"), b"{}").expect("the slice files can be written");
+    // Still the one booking, and `gc --rebuild` would find it from its record.
+    let file = read_registry(dir.path()).expect("parses");
+    assert_eq!(file.reservations.len(), 1);
+    assert_eq!(reg.gc().expect("gc").reaped, Vec::new());
+
+    // A directory that cannot be made again fails the prepare and keeps the booking: it is
+    // the claim's, and the kubelet's next try makes it.
+    std::fs::remove_dir_all(&slice).expect("remove");
+    std::fs::write(&slice, b"in the way").expect("a file in its place");
+    let e = reg
+        .reserve_claim(&owner, &shares)
+        .expect_err("prepared without a directory");
+    assert!(e.to_string().contains(&id), "{e}");
+    assert_eq!(
+        read_registry(dir.path())
+            .expect("parses")
+            .reservations
+            .len(),
+        1
+    );
+    std::fs::remove_file(&slice).expect("remove");
+    let again = reg.reserve_claim(&owner, &shares).expect("prepare again");
+    assert_eq!((again.created, again.reservation.id), (false, id));
+    assert!(slice.join(RECORD_FILE).is_file());
 }

@@ -2,7 +2,7 @@
 //! frozen again once its run fraction of the period has passed. A cgroup that leaves the
 //! plan is thawed once, so nothing the enforcer froze stays frozen while it runs; the
 //! cgroups in the plan are recorded in the state dir whenever they change, for the next
-//! run to thaw (see `freezer`).
+//! run to thaw (see `freezer`), beside those an earlier run left that could not be thawed.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -15,13 +15,15 @@ use crate::enforce::freezer::{record_held, Freezer, FreezerFile};
 pub const PERIOD: Duration = Duration::from_millis(100);
 
 /// Runs duty cycles for the plan in `throttles` until the process exits, recording the
-/// cgroups held in `state_dir`; failures are logged once per cgroup (or record) until it
+/// cgroups held in `state_dir` and, in every record, `kept` (what the start could not thaw:
+/// the next start tries again); failures are logged once per cgroup (or record) until it
 /// works again.
 pub fn run(
     throttles: Throttles,
     mut freezer: Box<dyn Freezer>,
     period: Duration,
     state_dir: &Path,
+    kept: &[FreezerFile],
 ) {
     let mut active: BTreeMap<FreezerFile, f64> = BTreeMap::new();
     let mut failing: std::collections::HashSet<FreezerFile> = Default::default();
@@ -29,13 +31,20 @@ pub fn run(
     loop {
         let plan = throttles.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let changed = !plan.keys().eq(active.keys());
-        let mut record = |held: Vec<FreezerFile>| match record_held(state_dir, &held) {
-            Ok(()) => record_failing = false,
-            Err(e) => {
-                if !record_failing {
-                    eprintln!("gpuslice serve: enforcer: {e}");
+        let mut record = |mut held: Vec<FreezerFile>| {
+            for f in kept {
+                if !held.contains(f) {
+                    held.push(f.clone());
                 }
-                record_failing = true;
+            }
+            match record_held(state_dir, &held) {
+                Ok(()) => record_failing = false,
+                Err(e) => {
+                    if !record_failing {
+                        eprintln!("gpuslice serve: enforcer: {e}");
+                    }
+                    record_failing = true;
+                }
             }
         };
         if changed {
@@ -91,5 +100,50 @@ pub fn run(
         if let Some(wait) = (start + period).checked_duration_since(Instant::now()) {
             std::thread::sleep(wait);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::enforce::freezer::{FreezeError, HELD_FILE};
+
+    /// A freezer that freezes and thaws nothing.
+    struct Idle;
+
+    impl Freezer for Idle {
+        fn set(&mut self, _: &FreezerFile, _: bool) -> Result<(), FreezeError> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn what_the_start_could_not_thaw_stays_in_every_record() {
+        let state = tempfile::tempdir().unwrap();
+        let kept = vec![FreezerFile::V2("/sys/fs/cgroup/old/cgroup.freeze".into())];
+        let throttled = FreezerFile::V2("/sys/fs/cgroup/new/cgroup.freeze".into());
+        let throttles = Throttles::default();
+        let (t, dir, k) = (throttles.clone(), state.path().to_path_buf(), kept.clone());
+        std::thread::spawn(move || run(t, Box::new(Idle), Duration::from_millis(5), &dir, &k));
+        let recorded = || -> Option<Vec<FreezerFile>> {
+            let mut files: Vec<FreezerFile> =
+                serde_json::from_slice(&std::fs::read(state.path().join(HELD_FILE)).ok()?).ok()?;
+            files.sort();
+            Some(files)
+        };
+        let wait_for = |want: Vec<FreezerFile>| {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while recorded().as_ref() != Some(&want) {
+                assert!(Instant::now() < deadline, "recorded {:?}", recorded());
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
+        throttles.lock().unwrap().insert(throttled.clone(), 0.5);
+        let mut both = vec![kept[0].clone(), throttled];
+        both.sort();
+        wait_for(both);
+        // The throttle ends: the record keeps what the start could not thaw.
+        throttles.lock().unwrap().clear();
+        wait_for(kept);
     }
 }

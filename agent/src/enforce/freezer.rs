@@ -4,7 +4,10 @@
 //! cgroup comes from `/proc/<pid>/cgroup`, which the host writes. The files the duty cycle
 //! holds are recorded in the state dir ([`HELD_FILE`]), so an enforcer started after one
 //! that was stopped mid-period thaws what it left frozen (a frozen container shows no use,
-//! so nothing else would ever throttle, and so thaw, it again).
+//! so nothing else would ever throttle, and so thaw, it again). The record is therefore
+//! never dropped while it may name a cgroup left frozen: files whose thaw failed stay in it,
+//! and one this build cannot read is kept aside ([`UNREADABLE_PREFIX`]) and reported at
+//! every start until an operator removes it.
 
 use std::path::{Component, Path, PathBuf};
 
@@ -12,6 +15,10 @@ use serde::{Deserialize, Serialize};
 
 /// File in the state dir naming the freezer files under a duty cycle now.
 pub const HELD_FILE: &str = "enforcer-throttled.json";
+
+/// Start of the names (`enforcer-throttled.json.unreadable-<unix ms>`) under which a record
+/// this build cannot read is kept in the state dir: the cgroups it names were not thawed.
+pub const UNREADABLE_PREFIX: &str = "enforcer-throttled.json.unreadable-";
 
 /// A freezer that cannot be found or written.
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +39,8 @@ pub enum FreezeError {
     },
     #[error("cannot record the throttled cgroups in {path}: {detail}")]
     Record { path: PathBuf, detail: String },
+    #[error("{path}: a record of cgroups an earlier run held frozen that this build cannot read ({detail}); none of them was thawed: thaw those it names (`THAWED` into their freezer.state, `0` into their cgroup.freeze), then remove it")]
+    Unreadable { path: PathBuf, detail: String },
     #[error("{path}: `{file}` is not a freezer file under {root}; left alone")]
     Foreign {
         path: PathBuf,
@@ -116,48 +125,110 @@ pub fn record_held(state_dir: &Path, held: &[FreezerFile]) -> Result<(), FreezeE
     gpuslice_fsutil::atomic_write(&path, &text, 0o600).map_err(|e| err(e.to_string()))
 }
 
+/// What [`thaw_held`] left behind.
+#[derive(Debug, Default)]
+pub struct Leftover {
+    /// Files whose thaw failed: still recorded, and to stay in every record written after
+    /// (the duty cycle's), so the next start tries them again.
+    pub kept: Vec<FreezerFile>,
+    /// The problems met, each naming its file.
+    pub errors: Vec<FreezeError>,
+}
+
 /// Thaws what the record of an earlier run names (files that are not freezer files under
-/// `cgroup_root` are left alone) and removes the record; the problems met, as errors.
-pub fn thaw_held(
+/// `cgroup_root` are left alone) and removes the record once each file it names was thawed
+/// or is gone; files whose thaw failed stay recorded ([`Leftover::kept`]). A record this
+/// build cannot read (a newer build's, or damaged) thaws nothing and is kept aside as
+/// `<`[`UNREADABLE_PREFIX`]`<unix ms>`, so the duty cycle's records do not replace it;
+/// every record kept aside is reported, at every start, until an operator removes it.
+pub fn thaw_held(state_dir: &Path, cgroup_root: &Path, freezer: &mut dyn Freezer) -> Leftover {
+    let mut left = Leftover::default();
+    thaw_recorded(state_dir, cgroup_root, freezer, &mut left);
+    report_unreadable(state_dir, &mut left.errors);
+    left
+}
+
+/// [`thaw_held`]'s work on [`HELD_FILE`].
+fn thaw_recorded(
     state_dir: &Path,
     cgroup_root: &Path,
     freezer: &mut dyn Freezer,
-) -> Vec<FreezeError> {
+    left: &mut Leftover,
+) {
     let path = state_dir.join(HELD_FILE);
     let text = match std::fs::read(&path) {
         Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
-        Err(source) => return vec![FreezeError::Read { path, source }],
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+        Err(source) => return left.errors.push(FreezeError::Read { path, source }),
     };
-    let mut errors = Vec::new();
-    match serde_json::from_slice::<Vec<FreezerFile>>(&text) {
-        Ok(files) => {
-            for f in files {
-                if !f.is_under(cgroup_root) {
-                    errors.push(FreezeError::Foreign {
-                        path: path.clone(),
-                        file: f.path().to_path_buf(),
-                        root: cgroup_root.to_path_buf(),
-                    });
-                    continue;
-                }
-                // A container gone since has no freezer left to thaw.
-                if f.path().exists() {
-                    if let Err(e) = freezer.set(&f, false) {
-                        errors.push(e);
-                    }
-                }
+    let files = match serde_json::from_slice::<Vec<FreezerFile>>(&text) {
+        Ok(files) => files,
+        Err(e) => {
+            // Reported from where it is kept, with the others kept aside.
+            let ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis());
+            let aside = state_dir.join(format!("{UNREADABLE_PREFIX}{ms}"));
+            if let Err(moved) = std::fs::rename(&path, &aside) {
+                left.errors.push(FreezeError::Unreadable {
+                    path,
+                    detail: format!(
+                        "{e}; it cannot be kept aside as {}: {moved}",
+                        aside.display()
+                    ),
+                });
+            }
+            return;
+        }
+    };
+    for f in files {
+        if !f.is_under(cgroup_root) {
+            left.errors.push(FreezeError::Foreign {
+                path: path.clone(),
+                file: f.path().to_path_buf(),
+                root: cgroup_root.to_path_buf(),
+            });
+            continue;
+        }
+        // A container gone since has no freezer left to thaw.
+        if f.path().exists() {
+            if let Err(e) = freezer.set(&f, false) {
+                left.errors.push(e);
+                left.kept.push(f);
             }
         }
-        Err(e) => errors.push(FreezeError::Record {
-            path: path.clone(),
-            detail: format!("unreadable ({e}); nothing thawed"),
-        }),
     }
-    if let Err(e) = record_held(state_dir, &[]) {
-        errors.push(e);
+    if let Err(e) = record_held(state_dir, &left.kept) {
+        left.errors.push(e);
     }
-    errors
+}
+
+/// One error for each record kept aside in `state_dir` as unreadable, naming it and why it
+/// cannot be read.
+fn report_unreadable(state_dir: &Path, errors: &mut Vec<FreezeError>) {
+    let Ok(entries) = std::fs::read_dir(state_dir) else {
+        return;
+    };
+    let mut aside: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n.starts_with(UNREADABLE_PREFIX))
+        })
+        .map(|e| e.path())
+        .collect();
+    aside.sort();
+    for path in aside {
+        let detail = match std::fs::read(&path) {
+            Ok(text) => match serde_json::from_slice::<Vec<FreezerFile>>(&text) {
+                Ok(_) => "it was when an earlier start kept it aside".to_string(),
+                Err(e) => e.to_string(),
+            },
+            Err(e) => e.to_string(),
+        };
+        errors.push(FreezeError::Unreadable { path, detail });
+    }
 }
 
 fn clean(cgroup: &str) -> bool {
@@ -286,22 +357,115 @@ mod tests {
             serde_json::to_vec(&text).unwrap(),
         )
         .unwrap();
-        let errors = thaw_held(state.path(), cg, &mut CgroupFreezer);
-        assert_eq!(errors.len(), 2, "{errors:?}");
-        assert!(errors
+        let left = thaw_held(state.path(), cg, &mut CgroupFreezer);
+        assert_eq!(left.errors.len(), 2, "{:?}", left.errors);
+        assert!(left
+            .errors
             .iter()
             .all(|e| matches!(e, FreezeError::Foreign { .. })));
+        assert!(left.kept.is_empty());
         assert_eq!(
             std::fs::read_to_string(cg.join("freezer/c1/freezer.state")).unwrap(),
             "THAWED"
         );
         assert_eq!(std::fs::read_to_string(&other).unwrap(), "keep");
         assert!(!state.path().join(HELD_FILE).exists(), "record removed");
-        assert!(thaw_held(state.path(), cg, &mut CgroupFreezer).is_empty());
-        // An unreadable record is an error naming it.
-        std::fs::write(state.path().join(HELD_FILE), "{").unwrap();
-        let e = thaw_held(state.path(), cg, &mut CgroupFreezer);
-        assert!(e[0].to_string().contains(HELD_FILE), "{e:?}");
+        assert!(thaw_held(state.path(), cg, &mut CgroupFreezer)
+            .errors
+            .is_empty());
+    }
+
+    /// Thaws as the kernel does, except that writing `failing` fails.
+    struct FailsOn(PathBuf);
+
+    impl Freezer for FailsOn {
+        fn set(&mut self, file: &FreezerFile, frozen: bool) -> Result<(), FreezeError> {
+            if file.path() == self.0 {
+                return Err(FreezeError::Write {
+                    path: self.0.clone(),
+                    source: std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+                });
+            }
+            CgroupFreezer.set(file, frozen)
+        }
+    }
+
+    fn recorded(state: &Path) -> Vec<FreezerFile> {
+        serde_json::from_slice(&std::fs::read(state.join(HELD_FILE)).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn a_cgroup_whose_thaw_fails_stays_recorded_alone_until_a_start_thaws_it() {
+        let root = tempfile::tempdir().unwrap();
+        let state = tempfile::tempdir().unwrap();
+        let cg = root.path();
+        let held: Vec<FreezerFile> = ["c1", "c2"]
+            .iter()
+            .map(|c| {
+                std::fs::create_dir_all(cg.join(c)).unwrap();
+                std::fs::write(cg.join(c).join("cgroup.freeze"), "1").unwrap();
+                FreezerFile::V2(cg.join(c).join("cgroup.freeze"))
+            })
+            .collect();
+        record_held(state.path(), &held).unwrap();
+        let left = thaw_held(state.path(), cg, &mut FailsOn(held[0].path().into()));
+        assert_eq!(left.kept, [held[0].clone()]);
+        assert_eq!(left.errors.len(), 1, "{:?}", left.errors);
+        assert!(
+            left.errors[0].to_string().contains("c1/cgroup.freeze"),
+            "{:?}",
+            left.errors
+        );
+        assert_eq!(recorded(state.path()), [held[0].clone()]);
+        assert_eq!(std::fs::read_to_string(held[1].path()).unwrap(), "0");
+        // The next start thaws it and drops the record.
+        let left = thaw_held(state.path(), cg, &mut CgroupFreezer);
+        assert!(left.kept.is_empty() && left.errors.is_empty(), "{left:?}");
+        assert_eq!(std::fs::read_to_string(held[0].path()).unwrap(), "0");
+        assert!(!state.path().join(HELD_FILE).exists());
+    }
+
+    #[test]
+    fn an_unreadable_record_is_kept_aside_and_reported_at_every_start() {
+        let root = tempfile::tempdir().unwrap();
+        let state = tempfile::tempdir().unwrap();
+        std::fs::write(state.path().join(HELD_FILE), "{\"v2\":").unwrap();
+        let unreadable = |left: &Leftover| -> Vec<PathBuf> {
+            left.errors
+                .iter()
+                .filter_map(|e| match e {
+                    FreezeError::Unreadable { path, .. } => Some(path.clone()),
+                    _ => None,
+                })
+                .collect()
+        };
+        let left = thaw_held(state.path(), root.path(), &mut CgroupFreezer);
+        let aside = unreadable(&left);
+        assert_eq!(aside.len(), 1, "{:?}", left.errors);
+        assert_eq!(left.errors.len(), 1, "{:?}", left.errors);
+        assert!(aside[0]
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with(UNREADABLE_PREFIX)));
+        assert_eq!(std::fs::read_to_string(&aside[0]).unwrap(), "{\"v2\":");
+        let message = left.errors[0].to_string();
+        assert!(
+            message.contains(&aside[0].display().to_string()) && message.contains("remove it"),
+            "{message}"
+        );
+        // The duty cycle's records go where the unreadable one was, and leave it alone.
+        record_held(
+            state.path(),
+            &[FreezerFile::V2(root.path().join("c/cgroup.freeze"))],
+        )
+        .unwrap();
+        assert_eq!(std::fs::read_to_string(&aside[0]).unwrap(), "{\"v2\":");
+        // Reported again at the next start, until an operator removes it.
+        let left = thaw_held(state.path(), root.path(), &mut CgroupFreezer);
+        assert_eq!(unreadable(&left), aside);
+        std::fs::remove_file(&aside[0]).unwrap();
+        let left = thaw_held(state.path(), root.path(), &mut CgroupFreezer);
+        assert!(left.errors.is_empty(), "{:?}", left.errors);
     }
 
     #[test]

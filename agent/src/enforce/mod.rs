@@ -170,7 +170,8 @@ pub fn start_with(
     let state_dir = config.state_dir.clone();
     // What an earlier run left frozen (stopped mid-period) is thawed before anything else,
     // and whether NVML opens or not: nothing else would ever thaw it.
-    for e in freezer::thaw_held(&state_dir, cgroup_root, &mut freezer::CgroupFreezer) {
+    let left = freezer::thaw_held(&state_dir, cgroup_root, &mut freezer::CgroupFreezer);
+    for e in &left.errors {
         eprintln!("gpuslice serve: enforcer: {e}");
     }
     let meter = Meter::open(open, retry, Instant::now());
@@ -196,6 +197,7 @@ pub fn start_with(
     );
     let t = throttles.clone();
     let held_dir = state_dir.clone();
+    let kept = left.kept;
     std::thread::Builder::new()
         .name("gpuslice-freezer".into())
         .spawn(move || {
@@ -204,6 +206,7 @@ pub fn start_with(
                 Box::new(freezer::CgroupFreezer),
                 dutycycle::PERIOD,
                 &held_dir,
+                &kept,
             )
         })
         .map_err(|source| EnforceError::Thread {

@@ -11,8 +11,10 @@ use std::time::Duration;
 use gpuslice_config::Quantity;
 use gpuslice_dra::api::Timeouts;
 use gpuslice_fakeapi::{kubeconfig_for, FakeApi};
+use gpuslice_hook::create::slicewriter::write_slice_files;
 use gpuslice_kube::proto::registration::{InfoRequest, RegistrationStatus};
-use gpuslice_registry::{Owner, Request, Selector};
+use gpuslice_kube::{claim_device_id, SliceWriter, WriteError};
+use gpuslice_registry::{Owner, Request, Reservation, Selector, RECORD_FILE};
 use serde_json::Value;
 use support::{claim, wait_for, Kubelet, Node, GIB};
 
@@ -392,6 +394,60 @@ fn a_restart_between_prepare_and_unprepare_loses_nothing() {
         ""
     );
     assert!(n.reservations().is_empty());
+}
+
+/// Writes a claim's slice files into its slice directory, as the node's writer does, without
+/// the CDI spec.
+struct SliceDirWriter {
+    registry: std::sync::Arc<gpuslice_registry::Registry>,
+}
+
+impl SliceWriter for SliceDirWriter {
+    fn write(&self, uid: &str, r: &Reservation) -> Result<Vec<String>, WriteError> {
+        let dir = self
+            .registry
+            .slice_dir(&r.id)
+            .map_err(|e| WriteError::Failed(e.to_string()))?;
+        write_slice_files(&dir, r, true).map_err(|e| WriteError::Failed(e.to_string()))?;
+        Ok(vec![claim_device_id(uid)])
+    }
+
+    fn remove(&self, _uid: &str) -> Result<(), WriteError> {
+        Ok(())
+    }
+}
+
+#[test]
+fn a_claim_whose_slice_directory_a_crash_lost_is_prepared_again() {
+    let api = FakeApi::start();
+    let n = node(&api, &[16]);
+    api.put_claim(&claim(
+        "ns",
+        "c",
+        "uid-c",
+        &[("gpu", "node-a", "gpu-0", "3Gi", "20")],
+    ));
+    let writer = std::sync::Arc::new(SliceDirWriter {
+        registry: n.registry.clone(),
+    });
+    let p = n.start_with(writer.clone());
+    let k = Kubelet::connect(&p);
+    assert_eq!(k.prepare(&[("ns", "c", "uid-c")]).claims["uid-c"].error, "");
+    let id = n.reservations()[0].id.clone();
+    drop(k);
+    p.stop().unwrap();
+    // The plugin died after `registry.json` listed the booking and before its directory
+    // was made (or a power loss took the directory's entry).
+    let slice = n.registry.slice_dir(&id).unwrap();
+    std::fs::remove_dir_all(&slice).unwrap();
+
+    let p = n.start_with(writer);
+    let k = Kubelet::connect(&p);
+    assert_eq!(k.prepare(&[("ns", "c", "uid-c")]).claims["uid-c"].error, "");
+    assert_eq!(n.reservations().len(), 1);
+    assert_eq!(n.reservations()[0].id, id);
+    assert!(slice.join(RECORD_FILE).is_file());
+    assert!(slice.join("limits.json").is_file());
 }
 
 #[test]

@@ -155,6 +155,10 @@ impl Registry {
                     // would have the booking reaped under its new pod.
                     let held = held.clone();
                     let held = unmark_gone(&self.paths, txn, held)?;
+                    // A crash after an earlier prepare listed it may have left it without its
+                    // directory, where the caller writes the slice files. On failure the
+                    // booking stays: it is the claim's, and the next prepare tries again.
+                    store::ensure_record(&self.paths, &held)?;
                     return Ok(ClaimReservation {
                         reservation: held,
                         created: false,
