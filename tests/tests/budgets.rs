@@ -1,10 +1,10 @@
 //! Namespace budgets hold on a real control plane and a real node (`up DIR --node NAME
 //! --webhook`): a ResourceQuota naming `limits.gpuslice.io/memory` (or, in a HAMi-compat
 //! namespace, HAMi's `limits.nvidia.com/gpumem` in MiB) is enforced by the webhook for pods
-//! created concurrently and for claims written by hand, with one line naming the quota; what a
-//! deleted pod held is freed; a claim nested past the JSON parser's limit is charged and does
-//! not stop the recount; a quota cannot hold a value the webhook could not read
-//! (docs/quotas.md).
+//! created concurrently (once the webhook has counted the new quota) and for claims written by
+//! hand, with one line naming the quota; what a deleted pod held is freed; a claim nested past
+//! the JSON parser's limit is charged and does not stop the recount; a quota cannot hold a
+//! value the webhook could not read (docs/quotas.md).
 
 use std::time::Duration;
 
@@ -85,6 +85,11 @@ fn budgets_hold_for_concurrent_pods_and_claims_on_a_real_node() {
                 "metadata": {"name": "gpu", "namespace": ns},
                 "spec": {"hard": {case.name: case.hard}}}))
             .unwrap();
+        // A new quota books nothing until the webhook's recount has counted what runs (here
+        // nothing: 0); until then its pods are refused "status unknown for quota".
+        wait_for(&format!("{ns}'s new quota to be counted"), STEP, || {
+            (used(&kn, ns, case.name).as_deref() == Some("0")).then_some(())
+        });
 
         // 8 pods of 2Gi at once against 10Gi: 5 admitted, 3 refused naming the quota.
         let answers: Vec<(String, Result<(), String>)> = std::thread::scope(|s| {

@@ -1,11 +1,12 @@
 //! Budgets: the ResourceQuota names gpuslice enforces (its own `limits.gpuslice.io/*` and, in
 //! HAMi-compat namespaces, HAMi's `limits.nvidia.com/*`), a quota's hard and used figures read
-//! from them, and what one pod or claim charges against them — defined once, for the webhook
-//! that enforces budgets and the tools that show them (docs/quotas.md).
+//! from them, which objects a quota's scopes let it count, and what one pod or claim charges
+//! against them — defined once, for the webhook that enforces budgets and the tools that show
+//! them (docs/quotas.md).
 
 use gpuslice_config::quantity::ACCEPTED_KUBE;
 use gpuslice_config::{format_kube_quantity, parse_kube_quantity};
-use k8s_openapi::api::core::v1::ResourceQuota;
+use k8s_openapi::api::core::v1::{Pod, PodAffinityTerm, ResourceQuota, ResourceRequirements};
 use k8s_openapi::api::resource::v1::{DeviceSelector, ExactDeviceRequest, ResourceClaimSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
@@ -121,6 +122,8 @@ pub enum QuotaError {
         used: String,
         asked: String,
     },
+    #[error("status unknown for quota: {quota}, resources: {names}: its usage is being counted from the namespace's pods and claims; accepted: the same request again in a few seconds")]
+    Uncounted { quota: String, names: String },
     #[error("{field}: {detail} overflows what a budget can count (64-bit {unit}); accepted: a smaller ask")]
     Overflow {
         field: String,
@@ -222,15 +225,197 @@ fn read_value(quota: &str, field: String, name: &Name, q: &Quantity) -> Result<u
 pub struct Line {
     pub name: &'static Name,
     pub hard: u64,
+    /// What `status.used` holds; 0 while it holds nothing (`counted` false).
     pub used: u64,
+    /// Whether `status.used` holds the name: a new quota, or a name newly added to `hard`, is
+    /// not counted until the recount has written what the namespace's objects already hold,
+    /// and books nothing until then (as Kubernetes' own quota admission refuses with "status
+    /// unknown").
+    pub counted: bool,
 }
 
-/// A ResourceQuota's lines gpuslice enforces.
+/// One scope of a quota, as Kubernetes matches objects against it: each of `spec.scopes` (as
+/// operator `Exists`) and each of `spec.scopeSelector.matchExpressions`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Scope {
+    /// `Terminating`, `NotTerminating`, `BestEffort`, `NotBestEffort`, `PriorityClass`,
+    /// `CrossNamespacePodAffinity`, or one that names no pod (`VolumeAttributesClass`).
+    pub name: String,
+    /// `In`, `NotIn`, `Exists` or `DoesNotExist` (read for `PriorityClass` only).
+    pub operator: String,
+    pub values: Vec<String>,
+}
+
+/// What a charge is for, as a quota's scopes tell objects apart.
+#[derive(Debug, Clone, Copy)]
+pub enum Charged<'a> {
+    /// A pod, charged for the claims its template entries make (and those of its limits).
+    Pod(&'a Pod),
+    /// A ResourceClaim charged on its own (written by hand, used by name): Kubernetes matches
+    /// a claim against no scope, so only a quota without scopes counts it.
+    Claim,
+}
+
+/// A ResourceQuota's lines gpuslice enforces, and the scopes that say what it counts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Budget {
     /// `namespace/name`, for messages.
     pub quota: String,
     pub lines: Vec<Line>,
+    /// Every scope must hold for an object for the quota to count it; none: it counts every
+    /// object.
+    pub scopes: Vec<Scope>,
+}
+
+/// The scopes of `q` ([`Scope`]).
+fn scopes_of(q: &ResourceQuota) -> Vec<Scope> {
+    let Some(spec) = q.spec.as_ref() else {
+        return Vec::new();
+    };
+    let listed = spec.scopes.iter().flatten().map(|name| Scope {
+        name: name.clone(),
+        operator: "Exists".into(),
+        values: Vec::new(),
+    });
+    let selected = spec
+        .scope_selector
+        .as_ref()
+        .and_then(|s| s.match_expressions.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|e| Scope {
+            name: e.scope_name.clone(),
+            operator: e.operator.clone(),
+            values: e.values.clone().unwrap_or_default(),
+        });
+    listed.chain(selected).collect()
+}
+
+impl Scope {
+    /// Whether pod `p` is in this scope, as Kubernetes' pod evaluator decides
+    /// (`podMatchesScopeFunc`, pkg/quota/v1/evaluator/core/pods.go of the pinned release): a
+    /// scope it does not know names no pod.
+    pub fn holds_for_pod(&self, p: &Pod) -> bool {
+        match self.name.as_str() {
+            "Terminating" => terminating(p),
+            "NotTerminating" => !terminating(p),
+            "BestEffort" => best_effort(p),
+            "NotBestEffort" => !best_effort(p),
+            "PriorityClass" => {
+                // An empty class is none, as for a label selector over {PriorityClass: class}.
+                let class = p
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.priority_class_name.as_deref())
+                    .filter(|c| !c.is_empty());
+                let listed = |c: &str| self.values.iter().any(|v| v == c);
+                match self.operator.as_str() {
+                    "In" => class.is_some_and(listed),
+                    "NotIn" => class.is_none_or(|c| !listed(c)),
+                    "Exists" => class.is_some(),
+                    "DoesNotExist" => class.is_none(),
+                    // The API server stores no other operator; were one there, the pod is
+                    // counted rather than let past the quota.
+                    _ => true,
+                }
+            }
+            "CrossNamespacePodAffinity" => cross_namespace_affinity(p),
+            _ => false,
+        }
+    }
+}
+
+/// A pod with an active deadline (`activeDeadlineSeconds` ≥ 0): scope `Terminating`.
+fn terminating(p: &Pod) -> bool {
+    p.spec
+        .as_ref()
+        .and_then(|s| s.active_deadline_seconds)
+        .is_some_and(|s| s >= 0)
+}
+
+/// A pod of QoS class BestEffort: the class its status names, else as the API server computes
+/// it — where pod-level resources name one the kubelet manages at the pod level (`cpu`,
+/// `memory`, `hugepages-*`), those decide; else every container, init containers included,
+/// asks no `cpu` and no `memory`, neither request nor limit (other resources do not count).
+fn best_effort(p: &Pod) -> bool {
+    if let Some(class) = p
+        .status
+        .as_ref()
+        .and_then(|s| s.qos_class.as_deref())
+        .filter(|c| !c.is_empty())
+    {
+        return class == "BestEffort";
+    }
+    let Some(spec) = p.spec.as_ref() else {
+        return true;
+    };
+    let pod_level = spec.resources.as_ref().filter(|r| {
+        [&r.requests, &r.limits].into_iter().flatten().any(|m| {
+            m.keys()
+                .any(|k| k == "cpu" || k == "memory" || k.starts_with("hugepages-"))
+        })
+    });
+    match pod_level {
+        Some(r) => asks_no_cpu_or_memory(r),
+        None => spec
+            .init_containers
+            .iter()
+            .flatten()
+            .chain(&spec.containers)
+            .all(|c| c.resources.as_ref().is_none_or(asks_no_cpu_or_memory)),
+    }
+}
+
+/// Neither a request nor a limit of `cpu` or `memory` other than zero.
+fn asks_no_cpu_or_memory(r: &ResourceRequirements) -> bool {
+    [&r.requests, &r.limits].into_iter().flatten().all(|m| {
+        ["cpu", "memory"]
+            .iter()
+            .all(|k| m.get(*k).is_none_or(|q| zero_quantity(&q.0)))
+    })
+}
+
+/// Whether a quantity is zero (`0`, `0m`, `0.0Gi`): its digits are all 0. One that cannot be
+/// read counts as not zero.
+fn zero_quantity(q: &str) -> bool {
+    let q = q.trim().trim_start_matches(['+', '-']);
+    let number: &str = &q[..q
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(q.len())];
+    number.contains('0') && number.chars().all(|c| c == '0' || c == '.')
+}
+
+/// A pod with a pod affinity or anti-affinity term, required or preferred, naming other
+/// namespaces (`namespaces` or a `namespaceSelector`): scope `CrossNamespacePodAffinity`.
+fn cross_namespace_affinity(p: &Pod) -> bool {
+    let Some(a) = p.spec.as_ref().and_then(|s| s.affinity.as_ref()) else {
+        return false;
+    };
+    let crosses = |t: &PodAffinityTerm| {
+        t.namespaces.as_ref().is_some_and(|n| !n.is_empty()) || t.namespace_selector.is_some()
+    };
+    let affinity = a.pod_affinity.as_ref().map(|x| {
+        (
+            &x.required_during_scheduling_ignored_during_execution,
+            &x.preferred_during_scheduling_ignored_during_execution,
+        )
+    });
+    let anti = a.pod_anti_affinity.as_ref().map(|x| {
+        (
+            &x.required_during_scheduling_ignored_during_execution,
+            &x.preferred_during_scheduling_ignored_during_execution,
+        )
+    });
+    affinity
+        .into_iter()
+        .chain(anti)
+        .any(|(required, preferred)| {
+            required.iter().flatten().any(crosses)
+                || preferred
+                    .iter()
+                    .flatten()
+                    .any(|w| crosses(&w.pod_affinity_term))
+        })
 }
 
 impl Budget {
@@ -250,13 +435,41 @@ impl Budget {
                 continue;
             };
             let hard = read_value(&quota, format!("spec.hard[{}]", name.name), name, h)?;
-            let used = match used.and_then(|u| u.get(name.name)) {
-                Some(u) => read_value(&quota, format!("status.used[{}]", name.name), name, u)?,
-                None => 0,
+            let (used, counted) = match used.and_then(|u| u.get(name.name)) {
+                Some(u) => (
+                    read_value(&quota, format!("status.used[{}]", name.name), name, u)?,
+                    true,
+                ),
+                None => (0, false),
             };
-            lines.push(Line { name, hard, used });
+            lines.push(Line {
+                name,
+                hard,
+                used,
+                counted,
+            });
         }
-        Ok((!lines.is_empty()).then_some(Budget { quota, lines }))
+        Ok((!lines.is_empty()).then(|| Budget {
+            quota,
+            lines,
+            scopes: scopes_of(q),
+        }))
+    }
+
+    /// Whether `status.used` holds every line ([`Line::counted`]).
+    pub fn counted(&self) -> bool {
+        self.lines.iter().all(|l| l.counted)
+    }
+
+    /// Whether the quota counts what `c` charges: every scope holds for it, as Kubernetes
+    /// matches a quota against a pod; an object that is not a pod is in no scope, so only a
+    /// quota without scopes counts it (as for every evaluator but the pods'). The one
+    /// matching the admissions book by and the recount counts by.
+    pub fn applies_to(&self, c: Charged) -> bool {
+        self.scopes.iter().all(|s| match c {
+            Charged::Pod(p) => s.holds_for_pod(p),
+            Charged::Claim => false,
+        })
     }
 
     /// Hard figures in bytes, percent and GPUs (the tighter where both name sets name one).
@@ -288,7 +501,21 @@ impl Budget {
 
     /// The used values after booking `asked`: one per line, in its unit; refused when a line
     /// would pass its hard value, naming the quota, the name, hard, used and asked.
+    /// A charge against a quota not yet counted ([`Line::counted`]) is refused naming the
+    /// names not counted: booked on a used of 0, it would admit past what already runs.
     pub fn book(&self, asked: &Charge) -> Result<Vec<(&'static Name, u64)>, QuotaError> {
+        let uncounted: Vec<&str> = self
+            .lines
+            .iter()
+            .filter(|l| !l.counted)
+            .map(|l| l.name.name)
+            .collect();
+        if !asked.is_zero() && !uncounted.is_empty() {
+            return Err(QuotaError::Uncounted {
+                quota: self.quota.clone(),
+                names: uncounted.join(","),
+            });
+        }
         let mut out = Vec::new();
         for l in &self.lines {
             let a = asked.in_unit(l.name);
@@ -712,7 +939,10 @@ mod tests {
 
     #[test]
     fn hami_names_count_in_mib_only_in_hami_namespaces() {
-        let q = quota(&[(HAMI_MEMORY, "10240"), (HAMI_GPUS, "2")], &[]);
+        let q = quota(
+            &[(HAMI_MEMORY, "10240"), (HAMI_GPUS, "2")],
+            &[(HAMI_MEMORY, "0"), (HAMI_GPUS, "0")],
+        );
         assert_eq!(Budget::read(&q, false).unwrap(), None);
         let b = Budget::read(&q, true).unwrap().unwrap();
         assert_eq!(b.hard().memory_bytes, Some(10 << 30));
@@ -735,6 +965,155 @@ mod tests {
             .to_string();
         assert!(e.contains("requested: limits.nvidia.com/gpu=3"), "{e}");
         assert!(e.contains("limited: limits.nvidia.com/gpu=2"), "{e}");
+    }
+
+    #[test]
+    fn a_quota_whose_used_lacks_a_name_books_nothing_until_counted() {
+        // A new quota: nothing in status.used, so nothing known of what already runs.
+        let q = quota(&[(MEMORY, "80Gi"), (GPUS, "8")], &[]);
+        let b = Budget::read(&q, false).unwrap().unwrap();
+        assert!(!b.counted());
+        let e = b.book(&gib(10)).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "status unknown for quota: team/gpu, resources: limits.gpuslice.io/memory,limits.gpuslice.io/gpus: its usage is being counted from the namespace's pods and claims; accepted: the same request again in a few seconds"
+        );
+        // A name added to hard: that name alone is not counted, and the quota books nothing.
+        let q = quota(&[(MEMORY, "80Gi"), (GPUS, "8")], &[(MEMORY, "20Gi")]);
+        let b = Budget::read(&q, false).unwrap().unwrap();
+        let e = b.book(&gib(1)).unwrap_err().to_string();
+        assert!(
+            e.starts_with(
+                "status unknown for quota: team/gpu, resources: limits.gpuslice.io/gpus:"
+            ),
+            "{e}"
+        );
+        // Nothing charged: nothing refused. Counted (0 included): booked as usual.
+        assert!(b.book(&Charge::default()).is_ok());
+        let q = quota(
+            &[(MEMORY, "80Gi"), (GPUS, "8")],
+            &[(MEMORY, "20Gi"), (GPUS, "0")],
+        );
+        let b = Budget::read(&q, false).unwrap().unwrap();
+        assert!(b.counted());
+        assert_eq!(
+            b.book(&gib(10)).unwrap(),
+            vec![(&NAMES[0], 30 << 30), (&NAMES[2], 1)]
+        );
+    }
+
+    fn scoped(scopes: serde_json::Value, selector: serde_json::Value) -> Budget {
+        let mut q = quota(&[(MEMORY, "40Gi")], &[(MEMORY, "0")]);
+        let spec = q.spec.as_mut().unwrap();
+        spec.scopes = serde_json::from_value(scopes).unwrap();
+        spec.scope_selector = serde_json::from_value(selector).unwrap();
+        Budget::read(&q, false).unwrap().unwrap()
+    }
+
+    fn pod(spec: serde_json::Value) -> Pod {
+        let mut spec = spec;
+        spec["containers"] = spec
+            .get("containers")
+            .cloned()
+            .unwrap_or(json!([{"name": "c"}]));
+        serde_json::from_value(json!({ "spec": spec })).unwrap()
+    }
+
+    #[test]
+    fn a_quota_counts_the_pods_all_its_scopes_hold_for_as_kubernetes_does() {
+        let class = |op: &str, values: serde_json::Value| {
+            scoped(
+                json!(null),
+                json!({"matchExpressions": [
+                    {"scopeName": "PriorityClass", "operator": op, "values": values}]}),
+            )
+        };
+        let high = pod(json!({"priorityClassName": "high"}));
+        let low = pod(json!({"priorityClassName": "low"}));
+        let none = pod(json!({}));
+        let applies = |b: &Budget, p: &Pod| b.applies_to(Charged::Pod(p));
+        let cases = [
+            (class("In", json!(["high"])), [true, false, false]),
+            (class("NotIn", json!(["high"])), [false, true, true]),
+            (class("Exists", json!(null)), [true, true, false]),
+            (class("DoesNotExist", json!(null)), [false, false, true]),
+        ];
+        for (b, want) in cases {
+            assert_eq!(
+                [applies(&b, &high), applies(&b, &low), applies(&b, &none)],
+                want,
+                "{:?}",
+                b.scopes
+            );
+        }
+        // No scope: every pod and every claim; a scope: no claim.
+        let plain = scoped(json!(null), json!(null));
+        assert!(applies(&plain, &none) && plain.applies_to(Charged::Claim));
+        assert!(!class("DoesNotExist", json!(null)).applies_to(Charged::Claim));
+
+        // Terminating: an active deadline of 0 or more.
+        let terminating = scoped(json!(["Terminating"]), json!(null));
+        let not_terminating = scoped(json!(["NotTerminating"]), json!(null));
+        let deadline = pod(json!({"activeDeadlineSeconds": 0}));
+        assert!(applies(&terminating, &deadline) && !applies(&terminating, &none));
+        assert!(!applies(&not_terminating, &deadline) && applies(&not_terminating, &none));
+
+        // BestEffort: no cpu or memory asked (GPU limits do not count); the status' class
+        // when it names one; pod-level resources when they name one.
+        let best = scoped(json!(["BestEffort"]), json!(null));
+        let not_best = scoped(json!(["NotBestEffort"]), json!(null));
+        let gpu_only = pod(json!({"containers": [{"name": "c", "resources": {
+            "limits": {"gpuslice.io/memory": "10Gi"}, "requests": {"cpu": "0"}}}]}));
+        let cpu = pod(json!({"initContainers": [{"name": "i", "resources": {
+            "requests": {"cpu": "100m"}}}]}));
+        assert!(applies(&best, &gpu_only) && !applies(&not_best, &gpu_only));
+        assert!(!applies(&best, &cpu) && applies(&not_best, &cpu));
+        let mut said = gpu_only.clone();
+        said.status = serde_json::from_value(json!({"qosClass": "Burstable"})).unwrap();
+        assert!(!applies(&best, &said));
+        let pod_level = pod(json!({"resources": {"limits": {"memory": "1Gi"}}}));
+        assert!(!applies(&best, &pod_level));
+
+        // CrossNamespacePodAffinity: a term naming other namespaces.
+        let cross = scoped(json!(["CrossNamespacePodAffinity"]), json!(null));
+        let term = |extra: serde_json::Value| {
+            let mut t = json!({"topologyKey": "kubernetes.io/hostname"});
+            t.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            t
+        };
+        let same = pod(json!({"affinity": {"podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [term(json!({}))]}}}));
+        let other = pod(json!({"affinity": {"podAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1,
+                "podAffinityTerm": term(json!({"namespaceSelector": {}}))}]}}}));
+        assert!(!applies(&cross, &same) && applies(&cross, &other));
+
+        // Every scope must hold; a scope no pod is in (a claim's, a volume's) holds for none.
+        let both = scoped(
+            json!(["NotTerminating"]),
+            json!({"matchExpressions": [
+                {"scopeName": "PriorityClass", "operator": "In", "values": ["high"]}]}),
+        );
+        assert!(applies(&both, &high));
+        let mut high_deadline = high.clone();
+        high_deadline.spec.as_mut().unwrap().active_deadline_seconds = Some(60);
+        assert!(!applies(&both, &high_deadline));
+        assert!(!applies(
+            &scoped(json!(["VolumeAttributesClass"]), json!(null)),
+            &none
+        ));
+    }
+
+    #[test]
+    fn a_quantity_is_zero_in_any_spelling() {
+        for zero in ["0", "0m", "0.0Gi", "+0", "0e3", " 0 "] {
+            assert!(zero_quantity(zero), "{zero}");
+        }
+        for not in ["1", "100m", "0.5", "10Gi", "", "Gi", "x"] {
+            assert!(!zero_quantity(not), "{not}");
+        }
     }
 
     #[test]

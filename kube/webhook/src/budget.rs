@@ -28,23 +28,16 @@ use kube::api::{ListParams, PostParams};
 use kube::Api;
 
 use gpuslice_dra::claim_shape::{Mode, PublishedGpus};
-use gpuslice_dra::quota::{claim_charge, format_value, Budget, Charge, QuotaError, NAMES};
+use gpuslice_dra::quota::{claim_charge, format_value, Budget, Charge, Charged, QuotaError, NAMES};
 
 use crate::cluster::Cluster;
 use crate::mirror::Mirror;
+use crate::review::ScopedPod;
 use crate::view::{get_opt, list_all, list_kept, Viewed};
 
 /// The annotation the resource claim controller puts on a claim it makes from a pod's
 /// template: the pod's entry the claim is for.
 pub const POD_CLAIM_NAME: &str = "resource.kubernetes.io/pod-claim-name";
-/// The users the resource claim controller creates claims as: its own service account, or the
-/// controller manager's user where that runs without per-controller credentials. The
-/// registration's `not-a-pods-claim-from-the-claim-controller` condition names the same
-/// (packaging/helm/gpuslice/templates/webhook.yaml, scripts/lib/cluster-webhook.sh).
-pub const CLAIM_CONTROLLER_USERS: [&str; 2] = [
-    "system:serviceaccount:kube-system:resource-claim-controller",
-    "system:kube-controller-manager",
-];
 /// How often the ledger is recounted by default, and the window a booking is kept for: a
 /// deleted object's share is freed by the recount its deletion triggers (or, that missed, by
 /// the next periodic one), a refused admission's booking once a window has passed since a
@@ -115,6 +108,22 @@ pub struct Ledger {
 }
 
 impl Budgets {
+    /// The budgets that count what `c` charges ([`Budget::applies_to`]: a quota's scopes),
+    /// `None` when none does.
+    pub fn counting(self, c: Charged) -> Result<Option<Budgets>, BudgetError> {
+        let mut quotas = Vec::new();
+        for q in self.quotas {
+            if Budget::read(&q, self.hami)?.is_some_and(|b| b.applies_to(c)) {
+                quotas.push(q);
+            }
+        }
+        Ok((!quotas.is_empty()).then(|| Budgets {
+            namespace: self.namespace,
+            hami: self.hami,
+            quotas,
+        }))
+    }
+
     /// Whether `charge` fits every budget as read (a dry run's check; nothing is booked).
     pub fn check(&self, charge: &Charge) -> Result<(), BudgetError> {
         for q in &self.quotas {
@@ -298,7 +307,7 @@ impl Ledger {
     /// What a claim created in `namespace` charges: nothing when the resource claim controller
     /// makes it from the template of a live pod's entry (the pod was charged for it), else
     /// what its spec asks. `by_claim_controller`: whether the review's user is the controller
-    /// ([`CLAIM_CONTROLLER_USERS`]).
+    /// ([`crate::review::CLAIM_CONTROLLER_USERS`]).
     pub async fn claim_charge(
         &self,
         namespace: &str,
@@ -578,15 +587,18 @@ pub struct Live {
     pub unpriced: Option<String>,
 }
 
-/// What the live objects of one namespace charge: every pod that is not done, for the claims
-/// its template entries make (the claim made when there is one, else the template), and every
-/// other claim of gpuslice's classes (written by hand, or owned by no live pod), but the
-/// claims made for pods that are done and held by no other pod ([`done_with_its_pod`]).
+/// What the live objects of one namespace that `counts` (a quota's scopes,
+/// [`Budget::applies_to`]) charge: every pod that is not done, for the claims its template
+/// entries make (the claim made when there is one, else the template), and every other claim
+/// of gpuslice's classes (written by hand, or owned by no live pod), but the claims made for
+/// pods that are done and held by no other pod ([`done_with_its_pod`]). A claim made for a pod
+/// is the pod's, counted or not with it.
 pub fn live_charge(
     pods: &[Pod],
     claims: &[ResourceClaim],
     templates: &[ResourceClaimTemplate],
     inventory: &PublishedGpus,
+    counts: impl Fn(Charged) -> bool,
 ) -> Live {
     let mut unpriced: Option<String> = None;
     let charge = |spec: ResourceClaimSpec, what: String, unpriced: &mut Option<String>| {
@@ -605,6 +617,7 @@ pub fn live_charge(
         if terminal(p) {
             continue;
         }
+        let counted_here = counts(Charged::Pod(p));
         let statuses = p
             .status
             .as_ref()
@@ -628,6 +641,12 @@ pub fn live_charge(
                         .iter()
                         .find(|c| made_from_entry(c, p).is_some_and(|m| m.name == e.name))
                 });
+            if !counted_here {
+                if let Some(c) = made {
+                    counted.insert(c.metadata.name.as_deref().unwrap_or_default());
+                }
+                continue;
+            }
             let c = match made {
                 Some(c) => {
                     let name = c.metadata.name.as_deref().unwrap_or_default();
@@ -654,9 +673,10 @@ pub fn live_charge(
         .iter()
         .filter_map(|p| p.metadata.uid.as_deref().map(|u| (u, p)))
         .collect();
+    let claims_counted = counts(Charged::Claim);
     for c in claims {
         let name = c.metadata.name.as_deref().unwrap_or_default();
-        if counted.contains(name) || done_with_its_pod(c, &by_uid) {
+        if !claims_counted || counted.contains(name) || done_with_its_pod(c, &by_uid) {
             continue;
         }
         let c = charge(
@@ -1106,20 +1126,27 @@ impl Recount {
     ) -> Result<(), BudgetError> {
         let client = self.ledger.cluster.client();
         let hami = self.ledger.hami(ns, &qs).await?;
-        let pods: Vec<Pod> = list_viewed(&client, ns, Some).await?;
+        let pods: Vec<Pod> = list_viewed(&client, ns, |p: ScopedPod| Some(p.0)).await?;
         let claims: Vec<ResourceClaim> = list_viewed(&client, ns, charged_claim).await?;
         let templates: Vec<ResourceClaimTemplate> =
             list_viewed(&client, ns, charged_template).await?;
-        let live = live_charge(&pods, &claims, &templates, inventory);
-        if let Some(why) = &live.unpriced {
-            eprintln!("gpuslice webhook: budget recount of namespace {ns}: nothing freed: {why}");
-        }
         let api: Api<ResourceQuota> = Api::namespaced(client.clone(), ns);
+        let mut unpriced_said = false;
         for mut q in qs {
             // A malformed quota is left as it is (admissions against it are refused).
             let Ok(Some(budget)) = Budget::read(&q, hami) else {
                 continue;
             };
+            // What this quota counts: the objects its scopes hold for, as admissions book.
+            let live = live_charge(&pods, &claims, &templates, inventory, |c| {
+                budget.applies_to(c)
+            });
+            if let (Some(why), false) = (&live.unpriced, unpriced_said) {
+                eprintln!(
+                    "gpuslice webhook: budget recount of namespace {ns}: nothing freed: {why}"
+                );
+                unpriced_said = true;
+            }
             let uid = q.metadata.uid.clone().unwrap_or_default();
             let mut next = Vec::new();
             let mut keys = Vec::new();
@@ -1513,6 +1540,7 @@ mod tests {
             &[claim("sized", None, "2Gi"), whole],
             &[],
             &PublishedGpus::default(),
+            |_| true,
         );
         assert_eq!(live.charge.memory_bytes, 2 << 30);
         let why = live.unpriced.clone().expect("the whole GPU is unpriced");
@@ -1643,10 +1671,56 @@ mod tests {
             claim("d-e", Some(("ud", "e")), "2Gi"),
             claim("hand", None, "4Gi"),
         ];
-        let live = live_charge(&pods, &claims, &[t], &inv);
+        let live = live_charge(&pods, &claims, &[t], &inv, |_| true);
         assert_eq!(live.unpriced, None);
         assert_eq!(live.charge.memory_bytes, (2 + 2 + 2 + 4) << 30);
         assert_eq!(live.charge.gpus, 4);
+    }
+
+    #[test]
+    fn a_quota_counts_its_pods_and_their_claims_and_no_other_pods_claim() {
+        let inv = PublishedGpus::default();
+        let t: ResourceClaimTemplate = serde_json::from_value(json!({
+            "metadata": {"name": "t2"}, "spec": {"spec": spec("2Gi")}}))
+        .unwrap();
+        let entry = || json!([{"name": "e", "resourceClaimTemplateName": "t2"}]);
+        let pods = vec![
+            pod(
+                "a",
+                "ua",
+                "Running",
+                entry(),
+                json!([{"name": "e", "resourceClaimName": "a-e"}]),
+            ),
+            pod(
+                "b",
+                "ub",
+                "Running",
+                entry(),
+                json!([{"name": "e", "resourceClaimName": "b-e"}]),
+            ),
+            // Its claim made, not yet in its status.
+            pod("c", "uc", "Pending", entry(), json!([])),
+        ];
+        let claims = vec![
+            claim("a-e", Some(("ua", "e")), "2Gi"),
+            claim("b-e", Some(("ub", "e")), "8Gi"),
+            claim("c-e", Some(("uc", "e")), "8Gi"),
+            claim("hand", None, "4Gi"),
+        ];
+        let memory = |counts: &dyn Fn(Charged) -> bool| {
+            live_charge(&pods, &claims, std::slice::from_ref(&t), &inv, counts)
+                .charge
+                .memory_bytes
+                >> 30
+        };
+        // Pod a's scope: a's claim alone; b's and c's are theirs, not claims on their own.
+        let only_a =
+            |c: Charged| matches!(c, Charged::Pod(p) if p.metadata.name.as_deref() == Some("a"));
+        assert_eq!(memory(&only_a), 2);
+        // A scope no claim is in, but every pod: the pods' claims, not the one by hand.
+        assert_eq!(memory(&|c| matches!(c, Charged::Pod(_))), 2 + 8 + 8);
+        assert_eq!(memory(&|_| true), 2 + 8 + 8 + 4);
     }
 
     /// Eight GPUs of 80Gi published on one node: a whole GPU is priced.
@@ -1707,7 +1781,7 @@ mod tests {
     fn a_claim_passed_off_as_a_done_pods_is_charged() {
         let pods = done_and_running();
         let gpus = |c: ResourceClaim| {
-            let live = live_charge(&pods, &[c], &[], &eight_gpus());
+            let live = live_charge(&pods, &[c], &[], &eight_gpus(), |_| true);
             assert_eq!(live.unpriced, None);
             live.charge.gpus
         };
@@ -1740,7 +1814,7 @@ mod tests {
         let mut pods = done_and_running();
         pods.push(pod("f", "uf", "Failed", json!([]), json!([])));
         let gpus = |c: ResourceClaim| {
-            let live = live_charge(&pods, &[c], &[], &eight_gpus());
+            let live = live_charge(&pods, &[c], &[], &eight_gpus(), |_| true);
             assert_eq!(live.unpriced, None);
             live.charge.gpus
         };

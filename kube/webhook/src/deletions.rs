@@ -1,20 +1,23 @@
-//! The events that free a namespace's budget at once, as Kubernetes' own quota controller
-//! replenishes on a deletion: a Pod or ResourceClaim deleted, or a Pod done (Succeeded or
-//! Failed), in a namespace that may have a budget, triggers a recount of that namespace alone
-//! (crate::budget::Recount), events arriving within [`COALESCE`] of each other making one. The
-//! Pods and ResourceClaims of every namespace are watched as a stream, nothing of them kept: a
-//! list of one object gives the version to start from, and each watch resumes where the last one
-//! ended (crate::mirror::follow_from), after a pause when one failed, so that a deletion while
-//! no watch ran is heard when one does. When the version expired (410: the API server no longer
-//! holds the changes since), what was deleted meanwhile cannot be told: after a pause the kind is
-//! listed anew for a version, and every namespace with a budget recounted (docs/quotas.md,
-//! "Freeing").
+//! The events that call for a namespace's recount at once (crate::budget::Recount), events
+//! arriving within [`COALESCE`] of each other making one: a Pod or ResourceClaim deleted, or a
+//! Pod done (Succeeded or Failed), in a namespace that may have a budget, frees its share, as
+//! Kubernetes' own quota controller replenishes on a deletion; and a ResourceQuota naming a
+//! budget whose `status.used` lacks one of its names (a new quota, a name added to `hard`)
+//! refuses every charge until it is counted, as Kubernetes' own quota controller counts a new
+//! quota at once. The Pods, ResourceClaims and ResourceQuotas of every namespace are watched as
+//! a stream, nothing of them kept: a list of one object gives the version to start from, and
+//! each watch resumes where the last one ended (crate::mirror::follow_from), after a pause when
+//! one failed, so that an event while no watch ran is heard when one does. When the version
+//! expired (410: the API server no longer holds the changes since), what changed meanwhile
+//! cannot be told: after a pause the kind is listed anew for a version, and every namespace
+//! with a budget recounted (docs/quotas.md, "Freeing").
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use gpuslice_dra::quota::Budget;
+use k8s_openapi::api::core::v1::{Pod, ResourceQuota};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::ListParams;
 use kube::Resource;
@@ -28,22 +31,70 @@ use crate::view::{list_page, Event, Viewed};
 /// pods, a pod and its claims) makes one recount.
 pub const COALESCE: Duration = Duration::from_millis(100);
 
-/// A kind whose events may free a budget.
-trait Frees: Viewed + Resource<DynamicType = ()> + Send + Sync + 'static {
-    /// Whether the object, as it is now, holds nothing any more though it exists.
-    fn done(&self) -> bool;
+/// A kind whose events may call for a recount of their namespace.
+trait Recounted: Viewed + Resource<DynamicType = ()> + Send + Sync + 'static {
+    /// What its events do, for the log: while its watch runs ...
+    const AT_ONCE: &'static str;
+    /// ... while it cannot be listed ...
+    const UNLISTED: &'static str;
+    /// ... and of the events while no watch runs.
+    const MEANWHILE: &'static str;
+    /// The namespace `event` calls for a recount of, if any (`ledger`: what the webhook
+    /// watches of the quotas).
+    fn due(event: &Event<Self>, ledger: &Ledger) -> Option<String>;
 }
 
-impl Frees for Pod {
-    fn done(&self) -> bool {
-        terminal(self)
+impl Recounted for Pod {
+    const AT_ONCE: &'static str = "deletions free budgets at once";
+    const UNLISTED: &'static str =
+        "deletions are freed by the periodic budget recount until it can";
+    const MEANWHILE: &'static str = "what is deleted meanwhile is freed once a watch resumes";
+    fn due(event: &Event<Pod>, ledger: &Ledger) -> Option<String> {
+        in_budget(frees(event, terminal), ledger)
     }
 }
 
-impl Frees for ResourceClaim {
-    fn done(&self) -> bool {
-        false
+impl Recounted for ResourceClaim {
+    const AT_ONCE: &'static str = "deletions free budgets at once";
+    const UNLISTED: &'static str =
+        "deletions are freed by the periodic budget recount until it can";
+    const MEANWHILE: &'static str = "what is deleted meanwhile is freed once a watch resumes";
+    /// A claim is never done while it exists.
+    fn due(event: &Event<ResourceClaim>, ledger: &Ledger) -> Option<String> {
+        in_budget(frees(event, |_| false), ledger)
     }
+}
+
+impl Recounted for ResourceQuota {
+    const AT_ONCE: &'static str = "new quotas are counted at once";
+    const UNLISTED: &'static str =
+        "new quotas are counted by the periodic budget recount until it can";
+    const MEANWHILE: &'static str = "a quota created meanwhile is counted once a watch resumes";
+    /// The event itself shows the budget: no need to ask the watched copy, which may not have
+    /// had it yet.
+    fn due(event: &Event<ResourceQuota>, ledger: &Ledger) -> Option<String> {
+        match event {
+            Event::Put(Ok(q)) if uncounted(q, ledger.hami_compat()) => q.metadata.namespace.clone(),
+            _ => None,
+        }
+    }
+}
+
+/// Whether quota `q` names a budget whose `status.used` lacks one of its names: admissions
+/// refuse to book on it until a recount writes them (gpuslice_dra::quota::Line::counted).
+/// `hami_compat`: the webhook counts HAMi's names (where its namespace is labelled; a quota of
+/// HAMi's names elsewhere is recounted for nothing, and written nothing).
+fn uncounted(q: &ResourceQuota, hami_compat: bool) -> bool {
+    Budget::read(q, hami_compat)
+        .ok()
+        .flatten()
+        .is_some_and(|b| !b.counted())
+}
+
+/// `ns` where its namespace may have a budget; `None` also when not even the namespace of the
+/// object could be read (left to the periodic recount).
+fn in_budget(ns: Option<Option<String>>, ledger: &Ledger) -> Option<String> {
+    ns.flatten().filter(|ns| ledger.may_have_budget(ns))
 }
 
 /// The recounts due: of every namespace with a budget, or of some.
@@ -85,23 +136,26 @@ impl Due {
 }
 
 /// The namespace an event may free a budget in, if it may: a deletion, or an object put that
-/// is done or cannot be read (what it holds is unknown).
-fn frees<K: Frees>(event: &Event<K>) -> Option<Option<String>> {
+/// is `done` (holds nothing any more though it exists) or cannot be read (what it holds is
+/// unknown).
+fn frees<K: Resource>(event: &Event<K>, done: impl Fn(&K) -> bool) -> Option<Option<String>> {
     match event {
         Event::Deleted(Ok(o)) => Some(o.meta().namespace.clone()),
-        Event::Put(Ok(o)) if o.done() => Some(o.meta().namespace.clone()),
+        Event::Put(Ok(o)) if done(o) => Some(o.meta().namespace.clone()),
         Event::Deleted(Err(e)) | Event::Put(Err(e)) => Some(e.object.namespace.clone()),
         _ => None,
     }
 }
 
-/// Follows the deletions of every namespace and recounts, for as long as the runtime runs,
-/// each namespace they may free a budget in (while `recount` leads: crate::budget::Recount).
+/// Follows the deletions and the quotas of every namespace and recounts, for as long as the
+/// runtime runs, each namespace they call for a recount of (while `recount` leads:
+/// crate::budget::Recount).
 pub async fn follow(recount: Arc<Recount>) {
     let due = Arc::new(Due::default());
     let ledger = recount.ledger().clone();
     tokio::spawn(watch::<Pod>(ledger.clone(), Arc::clone(&due)));
-    tokio::spawn(watch::<ResourceClaim>(ledger, Arc::clone(&due)));
+    tokio::spawn(watch::<ResourceClaim>(ledger.clone(), Arc::clone(&due)));
+    tokio::spawn(watch::<ResourceQuota>(ledger, Arc::clone(&due)));
     loop {
         due.wake.notified().await;
         tokio::time::sleep(COALESCE).await;
@@ -122,8 +176,8 @@ pub async fn follow(recount: Arc<Recount>) {
 }
 
 /// What the log says when the watch of the `kind`s from `version` ended as `ended`, and what
-/// follows.
-fn ended_line(kind: &str, version: &str, ended: &Ended) -> String {
+/// follows (`meanwhile`: what becomes of the events while no watch runs).
+fn ended_line(kind: &str, version: &str, ended: &Ended, meanwhile: &str) -> String {
     match ended {
         Ended::Expired(why) => format!(
             "gpuslice webhook: the watch of the {kind}s from version {version:?} expired ({why}): \
@@ -131,7 +185,7 @@ fn ended_line(kind: &str, version: &str, ended: &Ended) -> String {
         ),
         Ended::Failed(why) => format!(
             "gpuslice webhook: cannot watch the {kind}s from version {version:?} ({why}): \
-             trying again every {RETRY:?}; what is deleted meanwhile is freed once a watch resumes"
+             trying again every {RETRY:?}; {meanwhile}"
         ),
         Ended::Stopped => format!(
             "gpuslice webhook: the watch of the {kind}s from version {version:?} ended: \
@@ -141,11 +195,11 @@ fn ended_line(kind: &str, version: &str, ended: &Ended) -> String {
 }
 
 /// Watches the objects of kind `K` in every namespace, pushing onto `due` each namespace an
-/// event may free a budget in. A watch that fails is resumed from the version reached after a
-/// pause; one whose version expired is followed, after a pause, by a list for a version (each
+/// event calls for a recount of ([`Recounted::due`]). A watch that fails is resumed from the
+/// version reached after a pause; one whose version expired is followed, after a pause, by a list for a version (each
 /// list that fails by another pause) and a recount of every namespace with a budget. The first
 /// failure after a watch opened (or of the first list) is logged, and the watch's return.
-async fn watch<K: Frees>(ledger: Ledger, due: Arc<Due>) {
+async fn watch<K: Recounted>(ledger: Ledger, due: Arc<Due>) {
     let client = ledger.cluster().client();
     // Where the next watch resumes: `None` at the start and once the version expired.
     let mut resume: Option<String> = None;
@@ -162,8 +216,8 @@ async fn watch<K: Frees>(ledger: Ledger, due: Arc<Due>) {
                 {
                     Ok(page) => {
                         if listed {
-                            // The deletions between the version that expired and this one are
-                            // lost: every namespace they may have freed a budget in is recounted.
+                            // The events between the version that expired and this one are lost:
+                            // every namespace they may have called for is recounted.
                             due.push_every();
                         }
                         listed = true;
@@ -172,8 +226,9 @@ async fn watch<K: Frees>(ledger: Ledger, due: Arc<Due>) {
                     Err(e) => {
                         if !failing {
                             eprintln!(
-                            "gpuslice webhook: cannot list the {}s to watch them ({e}): trying again every {RETRY:?}; deletions are freed by the periodic budget recount until it can",
-                            K::KIND
+                            "gpuslice webhook: cannot list the {}s to watch them ({e}): trying again every {RETRY:?}; {}",
+                            K::KIND,
+                            K::UNLISTED
                         );
                             failing = true;
                         }
@@ -191,21 +246,16 @@ async fn watch<K: Frees>(ledger: Ledger, due: Arc<Due>) {
             || {
                 if failing {
                     eprintln!(
-                        "gpuslice webhook: watching the {}s again: deletions free budgets at once",
-                        K::KIND
+                        "gpuslice webhook: watching the {}s again: {}",
+                        K::KIND,
+                        K::AT_ONCE
                     );
                 }
                 failing = false;
             },
             |event| {
-                if let Some(ns) = frees(&event) {
-                    match ns {
-                        Some(ns) if ledger.may_have_budget(&ns) => due.push(ns),
-                        Some(_) => {}
-                        // Not even its namespace could be read: left to the periodic
-                        // recount.
-                        None => {}
-                    }
+                if let Some(ns) = K::due(&event, &ledger) {
+                    due.push(ns);
                 }
                 reached(&event)
             },
@@ -217,7 +267,7 @@ async fn watch<K: Frees>(ledger: Ledger, due: Arc<Due>) {
             } else {
                 version.clone()
             };
-            eprintln!("{}", ended_line(K::KIND, &at, &ended));
+            eprintln!("{}", ended_line(K::KIND, &at, &ended, K::MEANWHILE));
             failing = true;
         }
         if !matches!(ended, Ended::Expired(_)) {
@@ -248,7 +298,7 @@ mod tests {
     fn a_deletion_or_a_pod_done_frees_its_namespace_and_nothing_else_does() {
         let heard = |kind: &str, o: serde_json::Value| {
             let e = read_event::<Pod>(&line(kind, o)).unwrap();
-            (frees(&e), reached(&e))
+            (frees(&e, terminal), reached(&e))
         };
         let team = Some(Some("team".to_string()));
         assert_eq!(
@@ -273,12 +323,36 @@ mod tests {
         let claim = serde_json::json!({"metadata": {"namespace": "team", "name": "c",
             "resourceVersion": "3"}, "spec": {}});
         let e = read_event::<ResourceClaim>(&line("MODIFIED", claim.clone())).unwrap();
-        assert_eq!(frees(&e), None);
+        assert_eq!(frees(&e, |_| false), None);
         let e = read_event::<ResourceClaim>(&line("DELETED", claim)).unwrap();
-        assert_eq!(frees(&e), team);
+        assert_eq!(frees(&e, |_| false), team);
         // An error ends the watch (listed anew).
         let status = serde_json::json!({"kind": "Status", "code": 410, "message": "too old"});
         assert_eq!(heard("ERROR", status), (None, None));
+    }
+
+    #[test]
+    fn a_quota_not_yet_counted_is_due_and_one_counted_is_not() {
+        let quota = |used: serde_json::Value| -> ResourceQuota {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"namespace": "team", "name": "gpu", "resourceVersion": "4"},
+                "spec": {"hard": {"limits.gpuslice.io/memory": "80Gi", "pods": "10"}},
+                "status": {"used": used}}))
+            .unwrap()
+        };
+        // New: nothing in used; the API server's own names counted but not gpuslice's.
+        assert!(uncounted(&quota(serde_json::json!({})), false));
+        assert!(uncounted(&quota(serde_json::json!({"pods": "3"})), false));
+        // Counted, 0 included.
+        let counted = quota(serde_json::json!({"limits.gpuslice.io/memory": "0"}));
+        assert!(!uncounted(&counted, false));
+        // HAMi's names are not counted by a webhook without --hami-compat: nothing to wait for.
+        let hami: ResourceQuota = serde_json::from_value(serde_json::json!({
+            "metadata": {"namespace": "team", "name": "hami"},
+            "spec": {"hard": {"limits.nvidia.com/gpumem": "10240"}}}))
+        .unwrap();
+        assert!(!uncounted(&hami, false));
+        assert!(uncounted(&hami, true));
     }
 
     #[test]
@@ -302,6 +376,7 @@ mod tests {
             "Pod",
             "41",
             &Ended::Expired("too old resource version: 41 (57)".into()),
+            Pod::MEANWHILE,
         );
         assert_eq!(
             expired,
@@ -313,10 +388,12 @@ mod tests {
             "ResourceClaim",
             "7",
             &Ended::Failed("connection refused".into()),
+            ResourceClaim::MEANWHILE,
         );
         assert!(
             failed.contains("ResourceClaims from version \"7\" (connection refused)")
-                && failed.contains("trying again every 1s"),
+                && failed.contains("trying again every 1s")
+                && failed.ends_with("what is deleted meanwhile is freed once a watch resumes"),
             "{failed}"
         );
     }

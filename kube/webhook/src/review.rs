@@ -13,15 +13,29 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
+use k8s_openapi::api::core::v1::{
+    Affinity, Container, Pod, PodAffinity, PodAffinityTerm, PodSpec, ResourceRequirements,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
 use crate::placement::JOB_LABELS;
 
+/// The users the resource claim controller creates claims as: its own service account, or the
+/// controller manager's user where that runs without per-controller credentials. The
+/// registration's `not-a-pods-claim-from-the-claim-controller` condition names the same
+/// (packaging/helm/gpuslice/templates/webhook.yaml, scripts/lib/cluster-webhook.sh).
+pub const CLAIM_CONTROLLER_USERS: [&str; 2] = [
+    "system:serviceaccount:kube-system:resource-claim-controller",
+    "system:kube-controller-manager",
+];
 /// Entries read of each of the pod's lists (`spec.containers`, `spec.initContainers`,
 /// `spec.resourceClaims`); a pod with more is refused.
 pub const MAX_LIST: usize = 256;
 /// Bytes of the pod the webhook keeps: the `resources` of containers naming `gpuslice.io/*`
 /// or `nvidia.com/*` resources, the `nvidia.com/*` and `hami.io/*` annotations, the job
-/// labels, the required pod anti-affinity terms and the claim entries; a pod with more is
-/// refused.
+/// labels, the required pod anti-affinity terms, the claim entries and what quota scopes read
+/// (the priority class, the `cpu` and `memory` asked); a pod with more is refused.
 pub const MAX_KEPT: usize = 64 << 10;
 /// The longest `uid`, `namespace` or `operation` read (a UID is 36 characters, a namespace
 /// at most 63).
@@ -46,7 +60,7 @@ pub enum PodError {
     Claim(#[from] crate::view::ViewError),
     #[error("{list} has {len} entries; accepted: at most {MAX_LIST} (gpuslice-webhook reads no longer list)")]
     List { list: &'static str, len: usize },
-    #[error("the pod's GPU resources, nvidia.com/* and hami.io/* annotations, job labels, required pod anti-affinity terms and claim entries take more than {MAX_KEPT} bytes; accepted: at most {MAX_KEPT}")]
+    #[error("the pod's GPU resources, nvidia.com/* and hami.io/* annotations, job labels, required pod anti-affinity terms, claim entries, priority class and cpu and memory asked take more than {MAX_KEPT} bytes; accepted: at most {MAX_KEPT}")]
     Kept,
 }
 
@@ -60,13 +74,15 @@ pub struct Request {
     pub kind: String,
     pub dry_run: bool,
     /// Whether the review's user (`userInfo.username`) is the resource claim controller's
-    /// ([`crate::budget::CLAIM_CONTROLLER_USERS`]): only a claim it creates may be taken for
+    /// ([`CLAIM_CONTROLLER_USERS`]): only a claim it creates may be taken for
     /// the claim of a pod's template entry (charged nothing). Kept as this answer, not the
     /// name, so that what a review leaves behind stays bounded however long the name.
     pub by_claim_controller: bool,
     /// What [`parse`] keeps of the pod or ResourceClaim (`Null` when the review carries none),
     /// or why it is refused unread.
     pub object: Result<Value, PodError>,
+    /// Of a pod, what a quota's scopes read (see `scope`); empty for anything else.
+    pub scope: Pod,
 }
 
 /// A string borrowed from the body, copied only when it holds escapes.
@@ -339,13 +355,14 @@ fn container(raw: &RawValue, kept: &mut Kept) -> Result<Value, PodError> {
 /// `spec.resourceClaims[*]` (their `name`, `resourceClaimTemplateName` and
 /// `resourceClaimName`; the list is there when the pod has one). This is all `mutate::plan`,
 /// `mutate::mentions_hami`, `placement` and the budget's charge read: a field they come to read must be
-/// kept here too.
-fn pod(raw: &RawValue) -> Result<Value, PodError> {
+/// kept here too. With it, what the quotas' scopes read of the pod (`scope`).
+fn pod(raw: &RawValue) -> Result<(Value, Pod), PodError> {
     let Ok(view) = serde_json::from_str::<PodView>(raw.get()) else {
         // Not a pod (not an object, or its fields of the wrong kinds): nothing to act on.
-        return Ok(Value::Null);
+        return Ok((Value::Null, Pod::default()));
     };
     let mut kept = Kept { bytes: 0 };
+    let scope = scope(raw, &mut kept)?;
     let mut out = Map::new();
     let mut meta = Map::new();
     if let Some(m) = view.metadata {
@@ -446,7 +463,275 @@ fn pod(raw: &RawValue) -> Result<Value, PodError> {
         }
     }
     out.insert("spec".into(), Value::Object(spec));
-    Ok(Value::Object(out))
+    Ok((Value::Object(out), scope))
+}
+
+#[derive(Deserialize)]
+struct ScopePodView<'a> {
+    #[serde(default, borrow)]
+    spec: Option<ScopeSpecView<'a>>,
+}
+
+/// Of a pod's spec, the fields a quota's scopes read, each read on its own.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ScopeSpecView<'a> {
+    #[serde(default, borrow)]
+    priority_class_name: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    active_deadline_seconds: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    resources: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    containers: Option<Listed<'a>>,
+    #[serde(default, borrow)]
+    init_containers: Option<Listed<'a>>,
+    #[serde(default, borrow)]
+    affinity: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ScopeAffinityView {
+    #[serde(default)]
+    pod_affinity: Option<TermsView>,
+    #[serde(default)]
+    pod_anti_affinity: Option<TermsView>,
+}
+
+/// The terms of a pod affinity or anti-affinity: whether any names other namespaces.
+#[derive(Deserialize)]
+struct TermsView {
+    #[serde(default, rename = "requiredDuringSchedulingIgnoredDuringExecution")]
+    required: Option<Crossing<TermView>>,
+    #[serde(default, rename = "preferredDuringSchedulingIgnoredDuringExecution")]
+    preferred: Option<Crossing<WeightedTermView>>,
+}
+
+/// A term's `namespaces` (whether it lists any) and whether it has a `namespaceSelector`.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct TermView {
+    #[serde(default)]
+    namespaces: Option<Vec<IgnoredAny>>,
+    #[serde(default)]
+    namespace_selector: Option<IgnoredAny>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WeightedTermView {
+    #[serde(default)]
+    pod_affinity_term: Option<TermView>,
+}
+
+/// A term that may name other namespaces.
+trait Crosses {
+    fn term(&self) -> Option<&TermView>;
+}
+
+impl Crosses for TermView {
+    fn term(&self) -> Option<&TermView> {
+        Some(self)
+    }
+}
+
+impl Crosses for WeightedTermView {
+    fn term(&self) -> Option<&TermView> {
+        self.pod_affinity_term.as_ref()
+    }
+}
+
+/// A list of terms read one at a time, however many, keeping only whether one names other
+/// namespaces (its `namespaces` not empty, or a `namespaceSelector`, even an empty one).
+struct Crossing<T>(bool, std::marker::PhantomData<T>);
+
+impl<'de, T: Deserialize<'de> + Crosses> Deserialize<'de> for Crossing<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de> + Crosses> Visitor<'de> for V<T> {
+            type Value = Crossing<T>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a list of terms")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut crosses = false;
+                while let Some(t) = seq.next_element::<T>()? {
+                    crosses |= t.term().is_some_and(|t| {
+                        t.namespaces.as_ref().is_some_and(|n| !n.is_empty())
+                            || t.namespace_selector.is_some()
+                    });
+                }
+                Ok(Crossing(crosses, std::marker::PhantomData))
+            }
+        }
+        d.deserialize_seq(V(std::marker::PhantomData))
+    }
+}
+
+/// The `names` entries of a `requests` or `limits` map, as quantities (a value that is no
+/// string is left out), charged against [`MAX_KEPT`].
+fn quantities(
+    raw: Option<&RawValue>,
+    names: impl Fn(&str) -> bool,
+    kept: &mut Kept,
+) -> Result<Option<std::collections::BTreeMap<String, Quantity>>, PodError> {
+    let Some(raw) = raw else {
+        return Ok(None);
+    };
+    let mut out = std::collections::BTreeMap::new();
+    for (k, v) in Entries::of(raw, names) {
+        if let Value::String(q) = kept.value(v, k.len())? {
+            out.insert(k.into_owned(), Quantity(q));
+        }
+    }
+    Ok((!out.is_empty()).then_some(out))
+}
+
+/// The `names` requests and limits of `resources`.
+fn requirements(
+    resources: Option<&RawValue>,
+    names: impl Fn(&str) -> bool + Copy,
+    kept: &mut Kept,
+) -> Result<Option<ResourceRequirements>, PodError> {
+    let Some(r) = resources.and_then(|r| serde_json::from_str::<ResourcesView>(r.get()).ok())
+    else {
+        return Ok(None);
+    };
+    Ok(Some(ResourceRequirements {
+        limits: quantities(r.limits, names, kept)?,
+        requests: quantities(r.requests, names, kept)?,
+        ..ResourceRequirements::default()
+    }))
+}
+
+/// Of a pod, what a quota's scopes read (gpuslice_dra::quota::Scope::holds_for_pod), as a Pod
+/// holding only that: `spec.priorityClassName` (`PriorityClass`),
+/// `spec.activeDeadlineSeconds` (`Terminating`), the `cpu` and `memory` requests and limits
+/// of each container and init container and the pod-level `resources` of the names the
+/// kubelet manages at the pod level (`BestEffort`), and, standing for the pod affinity and
+/// anti-affinity terms, one term with a `namespaceSelector` when one of them names other
+/// namespaces (`CrossNamespacePodAffinity`). What is kept is charged against [`MAX_KEPT`];
+/// a field that cannot be read is left out.
+fn scope(raw: &RawValue, kept: &mut Kept) -> Result<Pod, PodError> {
+    let Some(s) = serde_json::from_str::<ScopePodView>(raw.get())
+        .ok()
+        .and_then(|v| v.spec)
+    else {
+        return Ok(Pod::default());
+    };
+    let cpu_or_memory = |k: &str| k == "cpu" || k == "memory";
+    let mut spec = PodSpec {
+        active_deadline_seconds: s
+            .active_deadline_seconds
+            .and_then(|r| serde_json::from_str(r.get()).ok()),
+        resources: requirements(
+            s.resources,
+            |k| cpu_or_memory(k) || k.starts_with("hugepages-"),
+            kept,
+        )?,
+        ..PodSpec::default()
+    };
+    if let Some(r) = s.priority_class_name {
+        if let Value::String(c) = kept.value(r, 0)? {
+            spec.priority_class_name = Some(c);
+        }
+    }
+    for (list, into) in [
+        (s.containers, &mut spec.containers),
+        (
+            s.init_containers,
+            spec.init_containers.get_or_insert_with(Vec::new),
+        ),
+    ] {
+        for c in list.iter().flat_map(|l| &l.items) {
+            let resources = serde_json::from_str::<ContainerView>(c.get())
+                .ok()
+                .and_then(|v| v.resources);
+            into.push(Container {
+                resources: requirements(resources, cpu_or_memory, kept)?,
+                ..Container::default()
+            });
+        }
+    }
+    let crosses = |t: Option<TermsView>| {
+        t.is_some_and(|t| t.required.is_some_and(|c| c.0) || t.preferred.is_some_and(|c| c.0))
+    };
+    if s.affinity
+        .and_then(|a| serde_json::from_str::<ScopeAffinityView>(a.get()).ok())
+        .is_some_and(|a| crosses(a.pod_affinity) || crosses(a.pod_anti_affinity))
+    {
+        spec.affinity = Some(Affinity {
+            pod_affinity: Some(PodAffinity {
+                required_during_scheduling_ignored_during_execution: Some(vec![PodAffinityTerm {
+                    namespace_selector: Some(LabelSelector::default()),
+                    ..PodAffinityTerm::default()
+                }]),
+                ..PodAffinity::default()
+            }),
+            ..Affinity::default()
+        });
+    }
+    Ok(Pod {
+        spec: Some(spec),
+        ..Pod::default()
+    })
+}
+
+/// A pod as the budget recount reads it: its view ([`crate::view`]: claim entries, phase,
+/// claim statuses) with what the quotas' scopes read of it, read as an admission reads it
+/// ([`scope`]), so that a recount and an admission match a scoped quota alike.
+#[derive(Debug, Clone)]
+pub struct ScopedPod(pub Pod);
+
+impl crate::view::Viewed for ScopedPod {
+    const KIND: &'static str = "Pod";
+
+    fn read(json: &str) -> Result<Self, crate::view::ViewError> {
+        let mut pod = <Pod as crate::view::Viewed>::read(json)?;
+        let scoped = serde_json::from_str::<&RawValue>(json)
+            .map_err(|e| e.to_string())
+            .and_then(|raw| scope(raw, &mut Kept { bytes: 0 }).map_err(|e| e.to_string()))
+            .map_err(|detail| crate::view::ViewError {
+                kind: Self::KIND,
+                object: crate::view::named(json),
+                detail,
+            })?;
+        if let (Some(spec), Some(s)) = (pod.spec.as_mut(), scoped.spec) {
+            spec.priority_class_name = s.priority_class_name;
+            spec.active_deadline_seconds = s.active_deadline_seconds;
+            spec.resources = s.resources;
+            spec.containers = s.containers;
+            spec.init_containers = s.init_containers;
+            spec.affinity = s.affinity;
+        }
+        Ok(ScopedPod(pod))
+    }
+}
+
+/// Listed as pods: [`ScopedPod`] is how a pod's list is read, not a kind of its own.
+impl kube::Resource for ScopedPod {
+    type DynamicType = ();
+    type Scope = k8s_openapi::NamespaceResourceScope;
+
+    fn kind(dt: &()) -> std::borrow::Cow<'_, str> {
+        <Pod as kube::Resource>::kind(dt)
+    }
+    fn group(dt: &()) -> std::borrow::Cow<'_, str> {
+        <Pod as kube::Resource>::group(dt)
+    }
+    fn version(dt: &()) -> std::borrow::Cow<'_, str> {
+        <Pod as kube::Resource>::version(dt)
+    }
+    fn plural(dt: &()) -> std::borrow::Cow<'_, str> {
+        <Pod as kube::Resource>::plural(dt)
+    }
+    fn meta(&self) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        &self.0.metadata
+    }
+    fn meta_mut(&mut self) -> &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        &mut self.0.metadata
+    }
 }
 
 /// The lists of a claim's spec the API server bounds (`resource.k8s.io/v1` validation), so
@@ -595,12 +880,15 @@ pub fn parse(body: &[u8]) -> Result<Request, ReviewError> {
         .request
         .ok_or(ReviewError::NoRequest)?;
     let kind = field("kind", r.kind.and_then(|k| k.kind))?;
-    let object = match r.object {
-        None => Ok(Value::Null),
+    let (object, scope) = match r.object {
+        None => (Ok(Value::Null), Pod::default()),
         // A claim is read through its view (the body's bound bounds it): its spec is what it
         // charges; one that cannot be read is refused, never admitted uncharged.
-        Some(raw) if kind == "ResourceClaim" => claim(raw),
-        Some(raw) => pod(raw),
+        Some(raw) if kind == "ResourceClaim" => (claim(raw), Pod::default()),
+        Some(raw) => match pod(raw) {
+            Ok((p, scope)) => (Ok(p), scope),
+            Err(e) => (Err(e), Pod::default()),
+        },
     };
     Ok(Request {
         uid: field("uid", Some(r.uid))?,
@@ -611,8 +899,9 @@ pub fn parse(body: &[u8]) -> Result<Request, ReviewError> {
         by_claim_controller: r
             .user_info
             .and_then(|u| u.username)
-            .is_some_and(|n| crate::budget::CLAIM_CONTROLLER_USERS.contains(&n.0.as_ref())),
+            .is_some_and(|n| CLAIM_CONTROLLER_USERS.contains(&n.0.as_ref())),
         object,
+        scope,
     })
 }
 
@@ -658,6 +947,70 @@ mod tests {
                         "object": pod, "oldObject": null, "dryRun": false},
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn the_scope_of_a_pod_keeps_what_quota_scopes_read_and_matches_as_the_whole_pod() {
+        use gpuslice_dra::quota::Scope;
+        let far = json!({"topologyKey": "kubernetes.io/hostname", "namespaces": ["other"]});
+        let near = json!({"topologyKey": "kubernetes.io/hostname",
+            "labelSelector": {"matchLabels": {"a": "b"}}});
+        // The one term naming another namespace lies past the entries a list is read for.
+        let mut preferred = vec![json!({"weight": 1, "podAffinityTerm": near}); 2 * MAX_LIST];
+        preferred.push(json!({"weight": 1, "podAffinityTerm": far}));
+        let whole = json!({"metadata": {"name": "p"}, "spec": {
+            "priorityClassName": "high",
+            "activeDeadlineSeconds": 30,
+            "containers": [
+                {"name": "a", "image": "x", "env": [{"name": "E", "value": "v"}], "resources": {
+                    "limits": {"gpuslice.io/memory": "10Gi"}}},
+                {"name": "b", "image": "x", "resources": {"requests": {"cpu": "100m",
+                    "ephemeral-storage": "1Gi"}}}],
+            "initContainers": [{"name": "i", "image": "x"}],
+            "affinity": {"podAntiAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [near],
+                "preferredDuringSchedulingIgnoredDuringExecution": preferred}},
+        }});
+        let kept = parse(&review_of(&whole)).unwrap().scope;
+        let spec = kept.spec.as_ref().unwrap();
+        assert_eq!(spec.priority_class_name.as_deref(), Some("high"));
+        assert_eq!(spec.active_deadline_seconds, Some(30));
+        // Of the containers, cpu and memory only.
+        assert_eq!(spec.containers.len(), 2);
+        let b = spec.containers[1].resources.as_ref().unwrap();
+        assert_eq!(
+            b.requests.as_ref().unwrap().keys().collect::<Vec<_>>(),
+            ["cpu"]
+        );
+        let pod: Pod = serde_json::from_value(whole.clone()).unwrap();
+        // Every scope decides the kept pod as it decides the whole one.
+        for name in [
+            "Terminating",
+            "NotTerminating",
+            "BestEffort",
+            "NotBestEffort",
+            "CrossNamespacePodAffinity",
+        ] {
+            let s = Scope {
+                name: name.into(),
+                operator: "Exists".into(),
+                values: vec![],
+            };
+            assert_eq!(s.holds_for_pod(&kept), s.holds_for_pod(&pod), "{name}");
+        }
+        let cross = Scope {
+            name: "CrossNamespacePodAffinity".into(),
+            operator: "Exists".into(),
+            values: vec![],
+        };
+        assert!(cross.holds_for_pod(&kept));
+        // A pod of no scope field: an empty spec's scopes.
+        let plain = parse(&review_of(&json!({"spec": {"containers": [
+            {"name": "a", "image": "x"}]}})))
+        .unwrap()
+        .scope;
+        assert!(!cross.holds_for_pod(&plain));
+        assert_eq!(plain.spec.unwrap().priority_class_name, None);
     }
 
     fn full_pod() -> Value {
@@ -940,7 +1293,7 @@ mod tests {
             );
             parse(body.as_bytes()).map(|r| r.by_claim_controller)
         };
-        for name in crate::budget::CLAIM_CONTROLLER_USERS {
+        for name in CLAIM_CONTROLLER_USERS {
             let r = by(&format!(
                 r#"{{"username":"{name}","groups":["system:authenticated"]}}"#
             ));

@@ -32,7 +32,7 @@ use crate::mutate::{mentions_hami, plan};
 use crate::placement::{job_of, keep_ranks_apart};
 use crate::review;
 use crate::tls::{server_config, CertFiles, TlsError};
-use gpuslice_dra::quota::{Charge, QuotaError};
+use gpuslice_dra::quota::{Charge, Charged, QuotaError};
 
 /// The largest AdmissionReview read. The API server takes request bodies of at most 3 MiB
 /// (and etcd stores objects of at most 1.5 MiB); the webhook is registered for CREATE, whose
@@ -510,12 +510,12 @@ async fn admit(r: &review::Request, shared: &Shared) -> Value {
     }
 }
 
-/// A refusal for a budget that was not booked: 403 when it is exceeded (as the API server's
-/// own quota answers), 400 when the ask or the quota cannot be counted, 500 when the API
-/// server could not be read or written.
+/// A refusal for a budget that was not booked: 403 when it is exceeded or not counted yet (as
+/// the API server's own quota answers), 400 when the ask, the quota or the pod cannot be read
+/// or counted, 500 when the API server could not be read or written.
 fn deny_budget(uid: &str, e: &BudgetError) -> Value {
     let code = match e {
-        BudgetError::Quota(QuotaError::Exceeded { .. }) => 403,
+        BudgetError::Quota(QuotaError::Exceeded { .. } | QuotaError::Uncounted { .. }) => 403,
         BudgetError::Quota(_) | BudgetError::NoTemplate { .. } => 400,
         _ => 500,
     };
@@ -570,8 +570,13 @@ async fn admit_claim(r: &review::Request, shared: &Shared) -> Value {
         }
         Err(e) => return review::deny(&r.uid, 400, &e.to_string()),
     };
+    // A claim is in no quota scope: only the quotas without scopes count it.
     let budgets = match shared.ledger.budgets(&r.namespace).await {
-        Ok(Some(b)) => b,
+        Ok(Some(b)) => match b.counting(Charged::Claim) {
+            Ok(Some(b)) => b,
+            Ok(None) => return review::allow(&r.uid, &[], &[]),
+            Err(e) => return deny_budget(&r.uid, &e),
+        },
         Ok(None) => return review::allow(&r.uid, &[], &[]),
         Err(e) => return deny_budget(&r.uid, &e),
     };
@@ -621,8 +626,13 @@ async fn admit_pod(r: &review::Request, shared: &Shared) -> Value {
     let budgets = if entries.is_empty() {
         None
     } else {
+        // The quotas whose scopes hold for the pod.
         match shared.ledger.budgets(&r.namespace).await {
-            Ok(b) => b,
+            Ok(Some(b)) => match b.counting(Charged::Pod(&r.scope)) {
+                Ok(b) => b,
+                Err(e) => return deny_budget(&r.uid, &e),
+            },
+            Ok(None) => None,
             Err(e) => return deny_budget(&r.uid, &e),
         }
     };

@@ -346,3 +346,291 @@ fn the_recount_lists_a_namespace_a_page_at_a_time() {
         .collect();
     assert_eq!(pages, [false, true, false, true], "two pages each recount");
 }
+
+/// Quota `name` of `ns` naming memory `hard`, with `used` when counted (`None`: as created,
+/// no status), and `scope_selector` when given.
+fn memory_quota(
+    ns: &str,
+    name: &str,
+    hard: &str,
+    used: Option<&str>,
+    scope_selector: Option<Value>,
+) -> Value {
+    let mut q = json!({"apiVersion": "v1", "kind": "ResourceQuota",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"hard": {MEMORY: hard}}});
+    if let Some(used) = used {
+        q["status"] = json!({"hard": {MEMORY: hard}, "used": {MEMORY: used}});
+    }
+    if let Some(s) = scope_selector {
+        q["spec"]["scopeSelector"] = s;
+    }
+    q
+}
+
+/// What quota `name` of `ns` says is used of memory ("" when it says nothing).
+fn used_of(api: &FakeApi, ns: &str, name: &str) -> String {
+    api.objects("resourcequotas")
+        .get(&(ns.to_string(), name.to_string()))
+        .and_then(|q| q["status"]["used"][MEMORY].as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// Template `name` of `ns`: one GPU's `memory`.
+fn template_of(api: &FakeApi, ns: &str, name: &str, memory: &str) {
+    api.put(
+        "resourceclaimtemplates",
+        &json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": "gpuslice.io",
+                "capacity": {"requests": {"memory": memory}}}}]}}}}),
+    );
+}
+
+/// A running pod of `ns` whose claim entry is made from template `template`, of priority
+/// class `class` when given.
+fn pod_of(ns: &str, name: &str, template: &str, class: Option<&str>) -> Value {
+    let mut p = pod(ns, name);
+    p["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] = json!(template);
+    if let Some(c) = class {
+        p["spec"]["priorityClassName"] = json!(c);
+    }
+    p
+}
+
+/// The review of pod `name` asking `memory` of one GPU, of priority class `class`.
+fn classed_review(ns: &str, name: &str, memory: &str, class: &str) -> String {
+    let mut r: Value = serde_json::from_str(&review(ns, name, memory)).unwrap();
+    r["request"]["object"]["spec"]["priorityClassName"] = json!(class);
+    r.to_string()
+}
+
+/// One recount of every namespace, from a first look, with the window of these tests.
+fn recount_once(api: &FakeApi) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let config = kube::Config::new(api.url.parse().unwrap());
+        let client = kube::Client::try_from(config).unwrap();
+        let cluster = Cluster::start(client, gpuslice_webhook::sweep::DEFAULT_GRACE).await;
+        Recount::new(Ledger::new(cluster, false), Duration::from_secs(300), None)
+            .with_window(WINDOW)
+            .once()
+            .await
+            .unwrap();
+    });
+}
+
+/// The answer to `body` once it is not `now` (the watched copy catching up with a write), for
+/// at most 20 s.
+fn answer_once_not(addr: std::net::SocketAddr, body: &str, now: &str) -> Value {
+    let began = Instant::now();
+    loop {
+        let answer = reviewed(addr, body);
+        let said = answer["response"]["status"]["message"]
+            .as_str()
+            .unwrap_or("");
+        if !said.contains(now) || began.elapsed() > Duration::from_secs(20) {
+            return answer;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_new_quota_books_nothing_until_it_has_counted_the_pods_already_running() {
+    const NS: &str = "team-a";
+    let api = FakeApi::start();
+    template_of(&api, NS, "t10", "10Gi");
+    for i in 0..8 {
+        api.put("pods", &pod_of(NS, &format!("run-{i}"), "t10", None));
+    }
+    // Created by the administrator over 8 running pods of 10Gi: no status yet.
+    api.put(
+        "resourcequotas",
+        &memory_quota(NS, "gpu", "80Gi", None, None),
+    );
+    let w = start_against(&api.url, patient());
+
+    // Booked against a used of 0 it would be admitted: refused, naming the quota, the name
+    // and why, as Kubernetes' own quota admission answers a quota it has not counted.
+    let answer = reviewed(w.addr, &review(NS, "new", "10Gi"));
+    let r = &answer["response"];
+    assert_eq!(r["allowed"], false, "{answer}");
+    assert_eq!(r["status"]["code"], 403, "{answer}");
+    let said = r["status"]["message"].as_str().unwrap_or("");
+    assert!(
+        said.starts_with(&format!(
+            "status unknown for quota: {NS}/gpu, resources: {MEMORY}: its usage is being counted"
+        )) && said.contains("again in a few seconds"),
+        "{answer}"
+    );
+    assert_eq!(used_of(&api, NS, "gpu"), "");
+
+    // The recount writes what runs; the hard limit then refuses.
+    recount_once(&api);
+    assert_eq!(used_of(&api, NS, "gpu"), "80Gi");
+    let answer = answer_once_not(w.addr, &review(NS, "new", "10Gi"), "status unknown");
+    let said = answer["response"]["status"]["message"]
+        .as_str()
+        .unwrap_or("");
+    assert_eq!(answer["response"]["allowed"], false, "{answer}");
+    assert!(
+        said.contains(&format!("exceeded quota: {NS}/gpu")),
+        "{answer}"
+    );
+    assert_eq!(used_of(&api, NS, "gpu"), "80Gi");
+}
+
+#[test]
+fn a_quota_created_or_given_a_name_is_counted_at_once_not_at_the_periodic_recount() {
+    let api = FakeApi::start();
+    template_of(&api, "busy", "t10", "10Gi");
+    api.put("pods", &pod_of("busy", "run", "t10", None));
+    // The periodic recount runs at the start, then not for 300 s.
+    let w = start_recounting(
+        &api.url,
+        patient(),
+        Some((Duration::from_secs(300), WINDOW)),
+    );
+    let began = Instant::now();
+    while api.watch_starts("resourcequotas").len() < 2
+        || !api
+            .requests()
+            .contains(&"GET /api/v1/resourcequotas".to_string())
+    {
+        assert!(
+            began.elapsed() < Duration::from_secs(20),
+            "{:?}",
+            api.requests()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let counted_within = |ns: &str, want: &str| {
+        let began = Instant::now();
+        while used_of(&api, ns, "gpu") != want {
+            assert!(
+                began.elapsed() < Duration::from_secs(20),
+                "{ns}: used {:?}, want {want}",
+                used_of(&api, ns, "gpu")
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+
+    // In an empty namespace: 0 written, and a pod admitted against it.
+    api.put(
+        "resourcequotas",
+        &memory_quota("empty", "gpu", "10Gi", None, None),
+    );
+    counted_within("empty", "0");
+    let answer = answer_once_not(w.addr, &review("empty", "p", "4Gi"), "status unknown");
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+    assert_eq!(used_of(&api, "empty", "gpu"), "4Gi");
+
+    // Over a running pod: what it holds.
+    api.put(
+        "resourcequotas",
+        &memory_quota("busy", "gpu", "20Gi", None, None),
+    );
+    counted_within("busy", "10Gi");
+
+    // A name added to a counted quota's hard: written too (0 GPUs here, none asked by name).
+    api.edit("resourcequotas", "busy", "gpu", |q| {
+        q["spec"]["hard"]["limits.gpuslice.io/gpus"] = json!("4");
+    });
+    let began = Instant::now();
+    loop {
+        let q = &api.objects("resourcequotas")[&("busy".to_string(), "gpu".to_string())];
+        if q["status"]["used"]["limits.gpuslice.io/gpus"] == "1" {
+            break;
+        }
+        assert!(began.elapsed() < Duration::from_secs(20), "{q}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(used_of(&api, "busy", "gpu"), "10Gi");
+}
+
+/// A scope selector of priority class `class`.
+fn priority(class: &str) -> Value {
+    json!({"matchExpressions": [
+        {"scopeName": "PriorityClass", "operator": "In", "values": [class]}]})
+}
+
+#[test]
+fn a_scoped_quota_books_and_counts_only_the_pods_its_scopes_hold_for() {
+    const NS: &str = "team-a";
+    let api = FakeApi::start();
+    api.put(
+        "resourcequotas",
+        &memory_quota(NS, "gpu-high", "40Gi", Some("0"), Some(priority("high"))),
+    );
+    api.put(
+        "resourcequotas",
+        &memory_quota(NS, "gpu-low", "8Gi", Some("0"), Some(priority("low"))),
+    );
+    let w = start_against(&api.url, patient());
+
+    // A high-priority pod is charged to gpu-high alone.
+    let answer = reviewed(w.addr, &classed_review(NS, "high", "16Gi", "high"));
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+    assert_eq!(used_of(&api, NS, "gpu-high"), "16Gi");
+    assert_eq!(used_of(&api, NS, "gpu-low"), "0");
+    // A low one to gpu-low, past it.
+    let answer = reviewed(w.addr, &classed_review(NS, "low", "16Gi", "low"));
+    let said = answer["response"]["status"]["message"]
+        .as_str()
+        .unwrap_or("");
+    assert_eq!(answer["response"]["allowed"], false, "{answer}");
+    assert!(
+        said.contains(&format!("exceeded quota: {NS}/gpu-low")),
+        "{answer}"
+    );
+    // A pod of neither class, and a claim written by hand (in no scope): no quota counts
+    // them, nothing booked.
+    let answer = reviewed(w.addr, &review(NS, "plain", "16Gi"));
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+    let answer = reviewed(w.addr, &pods_claim_review(NS, "alice", "16Gi"));
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+    assert_eq!(used_of(&api, NS, "gpu-high"), "16Gi");
+    assert_eq!(used_of(&api, NS, "gpu-low"), "0");
+}
+
+#[test]
+fn the_recount_writes_each_scoped_quota_its_own_pods_total() {
+    const NS: &str = "team-a";
+    let api = FakeApi::start();
+    template_of(&api, NS, "t2", "2Gi");
+    template_of(&api, NS, "t8", "8Gi");
+    api.put("pods", &pod_of(NS, "h1", "t8", Some("high")));
+    api.put("pods", &pod_of(NS, "h2", "t8", Some("high")));
+    api.put("pods", &pod_of(NS, "l1", "t2", Some("low")));
+    api.put("pods", &pod_of(NS, "n1", "t2", None));
+    api.put_claim(
+        &json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "by-hand", "namespace": NS},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "gpuslice.io", "capacity": {"requests": {"memory": "4Gi"}}}}]}}}),
+    );
+    api.put(
+        "resourcequotas",
+        &memory_quota(NS, "gpu-high", "40Gi", Some("0"), Some(priority("high"))),
+    );
+    api.put(
+        "resourcequotas",
+        &memory_quota(NS, "gpu-low", "8Gi", Some("0"), Some(priority("low"))),
+    );
+    api.put(
+        "resourcequotas",
+        &memory_quota(NS, "gpu", "100Gi", Some("0"), None),
+    );
+    recount_once(&api);
+    assert_eq!(used_of(&api, NS, "gpu-high"), "16Gi");
+    assert_eq!(used_of(&api, NS, "gpu-low"), "2Gi");
+    // The quota without scopes: every pod and the claim.
+    assert_eq!(used_of(&api, NS, "gpu"), "24Gi");
+}
