@@ -186,6 +186,7 @@ impl Collector {
                 RefusalReason::BadSelector,
                 RefusalReason::BadRequest,
                 RefusalReason::NoInventory,
+                RefusalReason::Unhealthy,
             ] {
                 refused_total
                     .entry(reason.as_str().to_string())

@@ -5,8 +5,8 @@
 //! `health.ignored_xids`) marks the GPU unhealthy with the XID and its time in
 //! `<state_dir>/health.json` (`gpuslice_driver::health`), which the create path, the kubelet
 //! plugin, `status` and the exporter read. The GPU is healthy again only on a recovery the
-//! driver shows: it was seen asking for one (a reset, or the GPU lost) after the mark and then
-//! answers asking for none; after XIDs 63 and 64 a row remapping pending or failed
+//! driver shows: it was seen asking for one (a reset, or the GPU lost) after its latest fatal
+//! XID and then answers asking for none; after XIDs 63 and 64 a row remapping pending or failed
 //! (`nvmlDeviceGetRemappedRows`) counts as asking for a reset. A GPU whose driver never asks
 //! (a driver without the recovery field) stays unhealthy until the node reboots or its record
 //! is removed; a GPU that does not answer at all never counts as recovered. A record that
@@ -172,10 +172,16 @@ impl Tracker {
     }
 
     /// Marks `gpu` unhealthy from `xid`; `recovery_seen` when the mark comes from a probe
-    /// that found the driver asking for a recovery.
+    /// that found the driver asking for a recovery. A GPU already marked keeps its first
+    /// cause, but a new fault on it (any fatal XID but 154, which only announces the
+    /// recovery the driver asks for) needs its own recovery: a recovery seen before it no
+    /// longer counts, so a reset that came before the new XID, and the recovery field read
+    /// as none right after it, do not clear the mark.
     fn mark(&mut self, gpu: &GpuId, xid: u32, now_ms: u64, recovery_seen: bool) -> Option<Change> {
-        if self.position(&gpu.uuid).is_some() {
-            // The first fatal XID is the cause; later ones change nothing.
+        if let Some(i) = self.position(&gpu.uuid) {
+            if xid != XID_RECOVERY_ACTION_CHANGED {
+                self.list[i].recovery_seen = false;
+            }
             return None;
         }
         let u = Unhealthy {
@@ -215,8 +221,9 @@ impl Tracker {
     }
 
     /// The driver reported `xid` on `gpu`. The driver reports every XID, in order, so an
-    /// application error often follows a fatal XID of the same GPU: it changes nothing then,
-    /// as a later fatal XID does not (the GPU is not healthy, and the first cause stays).
+    /// application error often follows a fatal XID of the same GPU: it changes nothing then.
+    /// A later fatal XID keeps the first cause but restarts the wait for a recovery
+    /// ([`Tracker::mark`]).
     pub fn on_xid(&mut self, gpu: &GpuId, xid: u32, now_ms: u64) -> Option<Change> {
         if !self.config.is_fatal(xid) {
             if self.position(&gpu.uuid).is_some() {
@@ -566,6 +573,44 @@ mod tests {
         };
         assert_eq!(u.xid, 48);
         assert!(t.list().is_empty());
+    }
+
+    /// XID 48, the driver asks for a reset, the reset, then XID 119 before the next probe:
+    /// the recovery field reading none right after the new XID is no recovery from it.
+    #[test]
+    fn a_new_fatal_xid_on_a_marked_gpu_needs_a_recovery_seen_again() {
+        let mut t = Tracker::new(HealthConfig::default(), Vec::new());
+        assert!(matches!(
+            t.on_xid(&gpu(1), 48, 10),
+            Some(Change::Unhealthy(_))
+        ));
+        assert_eq!(t.on_probe(&gpu(1), Probe::NeedsRecovery, 11), None);
+        assert!(t.list()[0].recovery_seen);
+        assert_eq!(t.on_xid(&gpu(1), 119, 12), None);
+        assert!(!t.list()[0].recovery_seen, "recorded for the next run");
+        assert_eq!(t.on_probe(&gpu(1), Probe::Healthy, 13), None);
+        assert_eq!(
+            (t.list()[0].xid, t.list()[0].since_ms),
+            (48, 10),
+            "first cause"
+        );
+        // The driver asks for a reset for 119, then the reset: healthy again.
+        assert_eq!(t.on_probe(&gpu(1), Probe::NeedsRecovery, 14), None);
+        let Some(Change::Recovered(u)) = t.on_probe(&gpu(1), Probe::Healthy, 15) else {
+            panic!("recovered from both");
+        };
+        assert_eq!(u.xid, 48);
+        // XID 154 announces the recovery already seen: it is no new fault.
+        t.on_xid(&gpu(1), 48, 20);
+        t.on_probe(&gpu(1), Probe::NeedsRecovery, 21);
+        assert_eq!(t.on_xid(&gpu(1), XID_RECOVERY_ACTION_CHANGED, 22), None);
+        assert!(t.list()[0].recovery_seen);
+        // An application error is no new fault either.
+        assert_eq!(t.on_xid(&gpu(1), 13, 23), None);
+        assert!(matches!(
+            t.on_probe(&gpu(1), Probe::Healthy, 24),
+            Some(Change::Recovered(_))
+        ));
     }
 
     #[test]

@@ -56,10 +56,15 @@ pub struct Generated {
 }
 
 /// The node's GPUs as the registry caches them: what the driver reports (NVML) or the
-/// config simulates.
+/// config simulates. A GPU NVML cannot read is left out, each logged on one line naming
+/// its index and NVML's error, so the others stay in service.
 pub fn take_inventory(node: &NodeContext) -> Result<Vec<Gpu>, InventoryError> {
-    let gpus = gpuslice_driver::inventory(node.config(), &node.loaded.path)?;
-    Ok(gpus
+    let inv = gpuslice_driver::inventory(node.config(), &node.loaded.path)?;
+    for u in &inv.unreadable {
+        eprintln!("gpuslice: {u}");
+    }
+    Ok(inv
+        .gpus
         .into_iter()
         .map(|g| Gpu {
             index: g.index,

@@ -39,16 +39,47 @@ pub struct Unhealthy {
     pub recovery_seen: bool,
 }
 
-/// Beside `health.json`: the GPUs of it whose driver was seen asking for a recovery, which
+/// Beside `health.json`: the marks of it whose driver was seen asking for a recovery, which
 /// only the agent's health watch reads.
 pub const RECOVERY_SEEN_FILE: &str = "health-recovery-seen.json";
+
+/// The `version` of [`RECOVERY_SEEN_FILE`] this code writes: each mark by UUID and time.
+/// Version 1 (UUIDs alone, the earlier release's) is still read.
+pub const RECOVERY_SEEN_VERSION: u32 = 2;
 
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RecoverySeenDoc {
     version: u32,
-    /// UUIDs.
-    seen: Vec<String>,
+    seen: Vec<SeenEntry>,
+}
+
+/// One mark whose recovery was seen. The two files are written one after the other, so the
+/// mark's time ties the entry to the record it was written with: an entry left from an
+/// earlier mark of the same GPU (the agent stopped between the two writes) counts for no
+/// later one.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(untagged)]
+enum SeenEntry {
+    Mark(SeenMark),
+    /// Version 1: the UUID alone.
+    Uuid(String),
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SeenMark {
+    uuid: String,
+    since_ms: u64,
+}
+
+impl SeenEntry {
+    fn is_of(&self, u: &Unhealthy) -> bool {
+        match self {
+            SeenEntry::Mark(m) => m.uuid.eq_ignore_ascii_case(&u.uuid) && m.since_ms == u.since_ms,
+            SeenEntry::Uuid(uuid) => uuid.eq_ignore_ascii_case(&u.uuid),
+        }
+    }
 }
 
 /// The path of [`RECOVERY_SEEN_FILE`] beside the health record at `health_path`.
@@ -141,11 +172,16 @@ pub fn write_health(path: &Path, unhealthy: &[Unhealthy]) -> Result<(), HealthEr
     let mut list = unhealthy.to_vec();
     list.sort_by_key(|u| u.index);
     let seen = RecoverySeenDoc {
-        version: HEALTH_VERSION,
+        version: RECOVERY_SEEN_VERSION,
         seen: list
             .iter()
             .filter(|u| u.recovery_seen)
-            .map(|u| u.uuid.clone())
+            .map(|u| {
+                SeenEntry::Mark(SeenMark {
+                    uuid: u.uuid.clone(),
+                    since_ms: u.since_ms,
+                })
+            })
             .collect(),
     };
     let doc = HealthDoc {
@@ -169,8 +205,9 @@ fn write_json<T: Serialize>(path: &Path, doc: &T) -> Result<(), HealthError> {
 }
 
 /// The record at `path` with the recoveries seen of [`recovery_seen_path`] (none where that
-/// file is missing: an earlier release wrote the record). A GPU listed there but not in the
-/// record is ignored.
+/// file is missing: an earlier release wrote the record). An entry counts for the record's
+/// mark of the same GPU and time (a version 1 file's, for its GPU); one of a GPU or mark
+/// not in the record is ignored.
 pub fn read_health_with_recovery(path: &Path) -> Result<Vec<Unhealthy>, HealthError> {
     let mut list = read_health(path)?;
     let seen_path = recovery_seen_path(path);
@@ -189,11 +226,19 @@ pub fn read_health_with_recovery(path: &Path) -> Result<Vec<Unhealthy>, HealthEr
         detail,
     };
     let doc: RecoverySeenDoc = serde_json::from_slice(&text).map_err(|e| parse(e.to_string()))?;
-    if doc.version != HEALTH_VERSION {
-        return Err(parse(format!("version {}", doc.version)));
+    let shaped = match doc.version {
+        1 => doc.seen.iter().all(|e| matches!(e, SeenEntry::Uuid(_))),
+        RECOVERY_SEEN_VERSION => doc.seen.iter().all(|e| matches!(e, SeenEntry::Mark(_))),
+        v => return Err(parse(format!("version {v}"))),
+    };
+    if !shaped {
+        return Err(parse(format!(
+            "an entry of another version than {}",
+            doc.version
+        )));
     }
     for u in &mut list {
-        u.recovery_seen = doc.seen.iter().any(|s| s.eq_ignore_ascii_case(&u.uuid));
+        u.recovery_seen = doc.seen.iter().any(|e| e.is_of(u));
     }
     Ok(list)
 }
@@ -285,6 +330,58 @@ mod tests {
         assert_eq!(read_health_with_recovery(&path).expect("read"), [other]);
         std::fs::write(recovery_seen_path(&path), b"{").expect("write");
         let e = read_health_with_recovery(&path).expect_err("malformed");
+        assert!(e.to_string().contains(RECOVERY_SEEN_FILE), "{e}");
+    }
+
+    /// The agent stopped between the two writes of a new mark of a GPU whose earlier mark
+    /// had its recovery seen: the entry left beside the new record is the earlier mark's,
+    /// and counts for no other.
+    #[test]
+    fn a_recovery_seen_counts_for_its_own_mark_only() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("health.json");
+        let earlier = Unhealthy {
+            recovery_seen: true,
+            ..sick()
+        };
+        write_health(&path, std::slice::from_ref(&earlier)).expect("write");
+        let text = std::fs::read_to_string(recovery_seen_path(&path)).expect("read");
+        assert!(
+            text.contains("since_ms")
+                && text.contains(&format!("\"version\": {RECOVERY_SEEN_VERSION}")),
+            "{text}"
+        );
+        assert_eq!(
+            read_health_with_recovery(&path).expect("read"),
+            std::slice::from_ref(&earlier)
+        );
+        // The new mark's health.json is written; its file of recoveries seen is not.
+        let later = Unhealthy {
+            xid: 48,
+            since_ms: earlier.since_ms + 5_000,
+            recovery_seen: false,
+            ..sick()
+        };
+        let doc = HealthDoc {
+            version: HEALTH_VERSION,
+            unhealthy: vec![later.clone()],
+        };
+        write_json(&path, &doc).expect("write");
+        assert_eq!(read_health_with_recovery(&path).expect("read"), [later]);
+        // The earlier release's file (UUIDs alone) still counts for its GPU.
+        std::fs::write(
+            recovery_seen_path(&path),
+            format!(r#"{{"version":1,"seen":["{}"]}}"#, sick().uuid),
+        )
+        .expect("write");
+        assert!(read_health_with_recovery(&path).expect("read")[0].recovery_seen);
+        // Entries of the other version's shape are refused, naming the file.
+        std::fs::write(
+            recovery_seen_path(&path),
+            format!(r#"{{"version":2,"seen":["{}"]}}"#, sick().uuid),
+        )
+        .expect("write");
+        let e = read_health_with_recovery(&path).expect_err("mixed");
         assert!(e.to_string().contains(RECOVERY_SEEN_FILE), "{e}");
     }
 

@@ -33,23 +33,59 @@ pub struct Gpu {
     pub pcie_root: Option<String>,
 }
 
+/// A GPU NVML counts but cannot read (fallen off the bus, `NVML_ERROR_GPU_IS_LOST`, or
+/// any other failure of a query the inventory needs). It is left out of the inventory, so
+/// nothing offers or books it; the GPUs around it keep their own index and minor number.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("GPU {index}: NVML cannot read it ({what}: {detail}); it is left out of the inventory, so no one is given it until it reads and `gpuslice cdi generate` runs again")]
+pub struct UnreadableGpu {
+    /// NVML index.
+    pub index: u32,
+    /// The query that failed, with the UUID where it was read before.
+    pub what: String,
+    /// NVML's error.
+    pub detail: String,
+}
+
+/// The node's GPUs: those that could be read, and those NVML counts but cannot read (none
+/// on a simulated inventory, which reads the config).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeInventory {
+    pub gpus: Vec<Gpu>,
+    pub unreadable: Vec<UnreadableGpu>,
+}
+
 /// The inventory could not be taken.
 #[derive(Debug, thiserror::Error)]
 pub enum InventoryError {
     #[error("NVML is not available ({detail}): no NVIDIA driver is loaded on this node; to try gpuslice without a GPU set `source = \"simulated\"` under [inventory] and add [[inventory.simulated]] GPUs in {config} (see docs/configuration.md)")]
     NvmlUnavailable { detail: String, config: String },
-    #[error("NVML failed while reading GPU {index}: {detail}")]
-    Nvml { index: u32, detail: String },
+    #[error("NVML cannot count the GPUs of this node: {detail}")]
+    Count { detail: String },
     #[error("NVML reports no GPUs on this node")]
     NoGpus,
+    #[error("NVML cannot read any GPU of this node: {}", join_unreadable(.0))]
+    NoReadableGpus(Vec<UnreadableGpu>),
 }
 
-/// The inventory configured for this node. `config_path` names the config in errors.
-pub fn inventory(config: &Config, config_path: &Path) -> Result<Vec<Gpu>, InventoryError> {
+fn join_unreadable(list: &[UnreadableGpu]) -> String {
+    list.iter()
+        .map(|u| format!("GPU {}: {}: {}", u.index, u.what, u.detail))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The inventory configured for this node. `config_path` names the config in errors. A
+/// GPU NVML cannot read is reported in `unreadable` and the others are listed; a node with
+/// no GPU, or none that reads, is an error.
+pub fn inventory(config: &Config, config_path: &Path) -> Result<NodeInventory, InventoryError> {
     match config.inventory.source {
-        InventorySource::Simulated => Ok(simulated_inventory(config)),
+        InventorySource::Simulated => Ok(NodeInventory {
+            gpus: simulated_inventory(config),
+            unreadable: Vec::new(),
+        }),
         InventorySource::Nvml => {
-            let gpus = nvml_inventory(OsStr::new("libnvidia-ml.so.1"), Path::new("/sys")).map_err(
+            let inv = nvml_inventory(OsStr::new("libnvidia-ml.so.1"), Path::new("/sys")).map_err(
                 |e| match e {
                     InventoryError::NvmlUnavailable { detail, .. } => {
                         InventoryError::NvmlUnavailable {
@@ -60,10 +96,11 @@ pub fn inventory(config: &Config, config_path: &Path) -> Result<Vec<Gpu>, Invent
                     other => other,
                 },
             )?;
-            if gpus.is_empty() {
-                return Err(InventoryError::NoGpus);
+            match (inv.gpus.is_empty(), inv.unreadable.is_empty()) {
+                (true, true) => Err(InventoryError::NoGpus),
+                (true, false) => Err(InventoryError::NoReadableGpus(inv.unreadable)),
+                _ => Ok(inv),
             }
-            Ok(gpus)
         }
     }
 }
@@ -93,8 +130,12 @@ pub fn simulated_inventory(config: &Config) -> Vec<Gpu> {
 /// Reads the GPUs through NVML loaded from `lib` (a soname or a path), each with the memory
 /// CUDA can allocate (NVML v2's total less its reserved memory; v1's total on a driver
 /// without v2). The NUMA node and the PCIe root come from
-/// `<sys_root>/bus/pci/devices/<bus id>` where the kernel tells.
-pub fn nvml_inventory(lib: &OsStr, sys_root: &Path) -> Result<Vec<Gpu>, InventoryError> {
+/// `<sys_root>/bus/pci/devices/<bus id>` where the kernel tells. A GPU whose handle, UUID,
+/// name, memory or minor number cannot be read is reported in `unreadable` (its index and
+/// NVML's error) and the others are still read: one GPU fallen off the bus takes no other
+/// out of service. Only NVML itself failing (not loaded, or unable to count the GPUs) is an
+/// error.
+pub fn nvml_inventory(lib: &OsStr, sys_root: &Path) -> Result<NodeInventory, InventoryError> {
     let nvml = nvml_wrapper::Nvml::builder()
         .lib_path(lib)
         .init()
@@ -105,36 +146,57 @@ pub fn nvml_inventory(lib: &OsStr, sys_root: &Path) -> Result<Vec<Gpu>, Inventor
     // SAFETY: loads the library NVML was just initialised from, a second handle of the same
     // object; only its v2 memory query is called, with devices of `nvml`.
     let v2 = unsafe { NvmlLib::new(lib) }.ok();
-    let count = nvml.device_count().map_err(|e| InventoryError::Nvml {
-        index: 0,
+    let count = nvml.device_count().map_err(|e| InventoryError::Count {
         detail: e.to_string(),
     })?;
-    let mut gpus = Vec::with_capacity(count as usize);
+    let mut inv = NodeInventory::default();
     for index in 0..count {
-        let err = |e: nvml_wrapper::error::NvmlError| InventoryError::Nvml {
-            index,
-            detail: e.to_string(),
-        };
-        let dev = nvml.device_by_index(index).map_err(err)?;
-        let uuid = dev.uuid().map_err(err)?;
-        let model = dev.name().map_err(err)?;
-        let memory_total = device_memory(v2.as_ref(), &dev).map_err(err)?.bookable();
-        let minor = dev.minor_number().map_err(err)?;
-        let pci_bus_id = dev.pci_info().ok().map(|p| p.bus_id);
-        let numa_node = pci_bus_id.as_deref().and_then(|b| numa_node(sys_root, b));
-        let pcie_root = pci_bus_id.as_deref().and_then(|b| pcie_root(sys_root, b));
-        gpus.push(Gpu {
-            index,
-            uuid,
-            model,
-            memory_total,
-            minor,
-            pci_bus_id,
-            numa_node,
-            pcie_root,
-        });
+        match nvml_gpu(&nvml, v2.as_ref(), sys_root, index) {
+            Ok(gpu) => inv.gpus.push(gpu),
+            Err(u) => inv.unreadable.push(u),
+        }
     }
-    Ok(gpus)
+    Ok(inv)
+}
+
+/// GPU `index` read through `nvml`, or what could not be read of it.
+fn nvml_gpu(
+    nvml: &nvml_wrapper::Nvml,
+    v2: Option<&NvmlLib>,
+    sys_root: &Path,
+    index: u32,
+) -> Result<Gpu, UnreadableGpu> {
+    let failed = |what: &str| {
+        let what = what.to_string();
+        move |e: nvml_wrapper::error::NvmlError| UnreadableGpu {
+            index,
+            what,
+            detail: e.to_string(),
+        }
+    };
+    let dev = nvml.device_by_index(index).map_err(failed("its handle"))?;
+    let uuid = dev.uuid().map_err(failed("its UUID"))?;
+    let of = |what: &str| format!("{what} of {uuid}");
+    let model = dev.name().map_err(failed(&of("the name")))?;
+    let memory_total = device_memory(v2, &dev)
+        .map_err(failed(&of("the memory")))?
+        .bookable();
+    let minor = dev
+        .minor_number()
+        .map_err(failed(&of("the minor number")))?;
+    let pci_bus_id = dev.pci_info().ok().map(|p| p.bus_id);
+    let numa_node = pci_bus_id.as_deref().and_then(|b| numa_node(sys_root, b));
+    let pcie_root = pci_bus_id.as_deref().and_then(|b| pcie_root(sys_root, b));
+    Ok(Gpu {
+        index,
+        uuid,
+        model,
+        memory_total,
+        minor,
+        pci_bus_id,
+        numa_node,
+        pcie_root,
+    })
 }
 
 /// sysfs's name of the PCI device NVML calls `bus_id`: NVML prints `00000000:17:00.0`,
@@ -218,6 +280,8 @@ mod tests {
         )
         .expect("config");
         let inv = inventory(&cfg, Path::new("/c.toml")).expect("inventory");
+        assert!(inv.unreadable.is_empty());
+        let inv = inv.gpus;
         assert_eq!(inv.len(), 2);
         assert_eq!(inv[1].model, "NVIDIA A100");
         assert_eq!(inv[1].memory_total, 40 << 30);

@@ -23,6 +23,9 @@ pub use devices::{
     discover_device_nodes, DeviceNode, DeviceNodes, DevicesError, NodeInspector, NodeKind,
     RealInspector,
 };
-pub use inventory::{inventory, nvml_inventory, simulated_inventory, Gpu, InventoryError};
+pub use inventory::{
+    inventory, nvml_inventory, simulated_inventory, Gpu, InventoryError, NodeInventory,
+    UnreadableGpu,
+};
 pub use libraries::{discover_libraries, DriverLibrary, LibrariesError, COMPUTE_LIBRARIES};
 pub use memory::{bookable_memory, device_memory, DeviceMemory};

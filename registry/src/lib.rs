@@ -39,6 +39,6 @@ pub use registry::{
     Cleanup, GcReport, InventoryChange, Options, RebuildReport, Registry, RegistryError, Released,
     UnreadableOutcome, UnreadableRecord, MAX_CLAIM_MEMBERS,
 };
-pub use request::{Request, Selector, SelectorError, MAX_GPUS};
+pub use request::{Request, Selector, SelectorError, UnhealthyGpu, MAX_GPUS};
 pub use store::{StoreError, LOCK_FILE, RECORD_FILE, REGISTRY_FILE, SLICES_DIR};
 pub use system::{cgroup_rel_path, parse_stat, RealSystem, System, SystemError};

@@ -268,7 +268,8 @@ pub struct Counters {
     pub released_total: u64,
     #[serde(default)]
     pub reaped_total: u64,
-    /// Refused requests by reason (`no-fit`, `bad-selector`, `bad-request`, `no-inventory`).
+    /// Refused requests by reason (`no-fit`, `bad-selector`, `bad-request`, `no-inventory`,
+    /// `unhealthy`).
     #[serde(default)]
     pub refused_total: BTreeMap<String, u64>,
 }

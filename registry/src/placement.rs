@@ -1,9 +1,10 @@
 //! Placement as a pure function: which GPUs a request lands on, given the inventory and the
 //! live reservations, or a one-line refusal saying what was asked and what is free.
 //!
-//! Filter (selectors, model text), fit (free memory under the overcommit factor, free cores,
-//! the slice cap, whole-GPU exclusivity), score (`binpack`: fullest first; `spread`:
-//! emptiest first), then take N distinct GPUs; ties go to the lower index.
+//! Filter (selectors, model text, then the request's unhealthy GPUs left out), fit (free
+//! memory under the overcommit factor, free cores, the slice cap, whole-GPU exclusivity),
+//! score (`binpack`: fullest first; `spread`: emptiest first), then take N distinct GPUs;
+//! ties go to the lower index.
 
 use std::fmt;
 
@@ -11,7 +12,7 @@ use gpuslice_config::{format_bytes, PlacementConfig, Policy, Quantity};
 
 use crate::load::{gpu_loads, memory_capacity, GpuLoad};
 use crate::model::{Booking, Gpu, Inventory, Reservation};
-use crate::request::{Request, MAX_GPUS};
+use crate::request::{Request, UnhealthyGpu, MAX_GPUS};
 
 /// Why a request was refused; the counter key in `refused_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -24,6 +25,8 @@ pub enum RefusalReason {
     BadRequest,
     /// The registry holds no inventory yet.
     NoInventory,
+    /// Enough GPUs match, but too few of them are healthy (`Request::unhealthy`).
+    Unhealthy,
 }
 
 impl RefusalReason {
@@ -33,6 +36,7 @@ impl RefusalReason {
             RefusalReason::BadSelector => "bad-selector",
             RefusalReason::BadRequest => "bad-request",
             RefusalReason::NoInventory => "no-inventory",
+            RefusalReason::Unhealthy => "unhealthy",
         }
     }
 }
@@ -93,7 +97,7 @@ pub fn place(
             "the registry holds no GPU inventory: run `gpuslice cdi generate`".into(),
         ));
     }
-    let eligible = filter(inventory, request)?;
+    let (eligible, left_out) = filter(inventory, request)?;
     let loads = gpu_loads(reservations);
     let candidates: Vec<Candidate> = eligible
         .into_iter()
@@ -125,7 +129,7 @@ pub fn place(
     if fits.len() < wanted {
         return Err(refuse(
             RefusalReason::NoFit,
-            no_fit_message(&candidates, request, config),
+            no_fit_message(&candidates, request, config) + &unhealthy_note(&left_out),
         ));
     }
     Ok(fits[..wanted]
@@ -167,8 +171,29 @@ fn validate(request: &Request) -> Result<(), Refusal> {
     }
 }
 
-/// The GPUs the selectors and model text allow, in index order.
-fn filter<'a>(inventory: &'a Inventory, request: &Request) -> Result<Vec<&'a Gpu>, Refusal> {
+/// The lines of the unhealthy GPUs placement left out, and what that means.
+fn unhealthy_lines(left_out: &[&UnhealthyGpu]) -> String {
+    let whys: Vec<&str> = left_out.iter().map(|u| u.why.as_str()).collect();
+    format!(
+        "{}; gpuslice gives an unhealthy GPU no new work until the driver reports it healthy again (see `gpuslice status`)",
+        whys.join("; ")
+    )
+}
+
+/// What a refusal for another reason adds for the unhealthy GPUs placement left out.
+fn unhealthy_note(left_out: &[&UnhealthyGpu]) -> String {
+    if left_out.is_empty() {
+        return String::new();
+    }
+    format!("; left out: {}", unhealthy_lines(left_out))
+}
+
+/// The healthy GPUs the selectors and model text allow, in index order, and the unhealthy
+/// ones they allow, which are left out.
+fn filter<'a>(
+    inventory: &'a Inventory,
+    request: &'a Request,
+) -> Result<(Vec<&'a Gpu>, Vec<&'a UnhealthyGpu>), Refusal> {
     let bad = |m: String| refuse(RefusalReason::BadSelector, m);
     let node = || {
         inventory
@@ -202,24 +227,47 @@ fn filter<'a>(inventory: &'a Inventory, request: &Request) -> Result<Vec<&'a Gpu
         }
     }
     gpus.sort_by_key(|g| g.index);
-    if gpus.len() < request.gpus as usize {
+    let unhealthy = |g: &Gpu| {
+        request
+            .unhealthy
+            .iter()
+            .find(|u| u.uuid.eq_ignore_ascii_case(&g.uuid))
+    };
+    let left_out: Vec<&UnhealthyGpu> = gpus.iter().filter_map(|g| unhealthy(g)).collect();
+    let matched = gpus.len();
+    gpus.retain(|g| unhealthy(g).is_none());
+    let wanted = request.gpus as usize;
+    if gpus.len() < wanted {
         let narrowed = !request.selectors.is_empty() || request.model.is_some();
         let (reason, scope) = if narrowed {
             (RefusalReason::BadSelector, "match the selectors and model")
         } else {
             (RefusalReason::BadRequest, "are on this node")
         };
+        if matched >= wanted {
+            // Enough GPUs, too few healthy: health refuses, naming the GPUs it left out.
+            return Err(refuse(
+                RefusalReason::Unhealthy,
+                format!(
+                    "{} GPUs asked for but only {} of the {matched} GPUs that {scope} are healthy: {}; GPUs here: {}",
+                    request.gpus,
+                    gpus.len(),
+                    unhealthy_lines(&left_out),
+                    node()
+                ),
+            ));
+        }
         return Err(refuse(
             reason,
             format!(
-                "{} GPUs asked for but only {} {scope}; GPUs here: {}",
+                "{} GPUs asked for but only {matched} {scope}{}; GPUs here: {}",
                 request.gpus,
-                gpus.len(),
+                unhealthy_note(&left_out),
                 node()
             ),
         ));
     }
-    Ok(gpus)
+    Ok((gpus, left_out))
 }
 
 fn needed_memory(gpu: &Gpu, request: &Request) -> u64 {
@@ -354,6 +402,73 @@ mod tests {
             cores,
             ..Request::new(Owner::container())
         }
+    }
+
+    /// A request naming no GPU on a node whose GPU 1 is unhealthy: placed on the healthy
+    /// GPUs, and refused for too few of them under `unhealthy`, naming the GPU left out.
+    #[test]
+    fn unhealthy_gpus_are_left_out_and_named_when_too_few_remain() {
+        let g = vec![gpu(0, "L4", 10 * GI), gpu(1, "L4", 10 * GI)];
+        let rs = vec![held("a", &g[0], 4 * GI, 0, false)];
+        let i = inv(g.clone());
+        let why = format!(
+            "GPU 1 ({}) is unhealthy: the driver reported XID 79 at 2026-11-30T00:53:20Z",
+            g[1].uuid
+        );
+        let sick = |r: Request| Request {
+            unhealthy: vec![UnhealthyGpu {
+                uuid: g[1].uuid.to_lowercase(),
+                why: why.clone(),
+            }],
+            ..r
+        };
+        // Spread would take the empty GPU 1: it is left out.
+        let b = place(
+            &i,
+            &rs,
+            &cfg(Policy::Spread),
+            &sick(req(Some(Quantity::Bytes(GI)), 0)),
+        )
+        .expect("fits on GPU 0");
+        assert_eq!(b[0].index, 0);
+
+        let two = sick(Request {
+            gpus: 2,
+            ..req(Some(Quantity::Bytes(GI)), 0)
+        });
+        let e = place(&i, &rs, &cfg(Policy::Binpack), &two).expect_err("one healthy");
+        assert_eq!(e.reason, RefusalReason::Unhealthy);
+        assert_eq!(e.reason.as_str(), "unhealthy");
+        assert!(
+            e.message.starts_with("2 GPUs asked for but only 1 of the 2 GPUs that are on this node are healthy: GPU 1 (GPU-00000001-")
+                && e.message.contains(&why)
+                && !e.message.contains('\n'),
+            "{}",
+            e.message
+        );
+
+        // More than the node has: still what the request asks, with the GPU left out named.
+        let three = Request {
+            gpus: 3,
+            ..two.clone()
+        };
+        let e = place(&i, &rs, &cfg(Policy::Binpack), &three).expect_err("two GPUs");
+        assert_eq!(e.reason, RefusalReason::BadRequest);
+        assert!(
+            e.message.contains(&format!("left out: {why}")),
+            "{}",
+            e.message
+        );
+
+        // Too little room on the healthy GPU: no fit, with the GPU left out named.
+        let big = sick(req(Some(Quantity::Bytes(8 * GI)), 0));
+        let e = place(&i, &rs, &cfg(Policy::Binpack), &big).expect_err("6Gi free");
+        assert_eq!(e.reason, RefusalReason::NoFit);
+        assert!(
+            e.message.contains(&format!("left out: {why}")),
+            "{}",
+            e.message
+        );
     }
 
     #[test]

@@ -64,6 +64,16 @@ impl fmt::Display for Selector {
     }
 }
 
+/// A GPU placement leaves out because the driver reported it unhealthy (the create path
+/// reads `health.json`), with the line saying so: its index, UUID, XID and time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnhealthyGpu {
+    /// `GPU-<uuid>`, compared case-insensitively.
+    pub uuid: String,
+    /// `GPU 1 (GPU-…) is unhealthy: the driver reported XID 79 at …`.
+    pub why: String,
+}
+
 /// A request for a slice.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Request {
@@ -83,6 +93,8 @@ pub struct Request {
     /// Book whole GPUs (all memory, 100% cores, nothing else on them); `memory` and `cores`
     /// are then ignored.
     pub whole_gpu: bool,
+    /// GPUs placed on by no one: a refusal for too few GPUs names those it left out.
+    pub unhealthy: Vec<UnhealthyGpu>,
 }
 
 impl Request {
@@ -97,6 +109,7 @@ impl Request {
             policy: None,
             owner,
             whole_gpu: false,
+            unhealthy: Vec::new(),
         }
     }
 }

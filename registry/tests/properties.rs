@@ -210,6 +210,7 @@ impl World {
                     policy: None,
                     owner,
                     whole_gpu: *whole,
+                    unhealthy: Vec::new(),
                 };
                 match self.reg.reserve(&request) {
                     Ok(r) => {

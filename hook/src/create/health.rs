@@ -1,11 +1,12 @@
 //! The create path's refusal of GPUs the driver reported unhealthy (`health.json`, which
 //! `gpuslice serve` writes; docs/troubleshooting.md, "GPU health and XIDs"): a request
 //! naming one is refused with one line naming the GPU, the XID and its time; a request
-//! naming none is placed on the healthy GPUs only. With every GPU healthy the file does not
-//! exist and this costs one failed `open`.
+//! naming none is placed on the healthy GPUs only, and one too few of them can take is
+//! refused naming the unhealthy GPUs left out (counted as `unhealthy`). With every GPU
+//! healthy the file does not exist and this costs one failed `open`.
 
 use gpuslice_driver::health::{find, read_health, HealthError, Unhealthy};
-use gpuslice_registry::{Inventory, Registry, RegistryError, Request, Selector};
+use gpuslice_registry::{Inventory, Registry, RegistryError, Request, Selector, UnhealthyGpu};
 
 use crate::node::NodeContext;
 
@@ -36,7 +37,8 @@ fn named<'a>(
 }
 
 /// Refuses `request` when it names an unhealthy GPU; keeps a request naming none off the
-/// unhealthy GPUs (its selectors become the healthy GPUs of the inventory).
+/// unhealthy GPUs: placement leaves them out, and a request too few healthy GPUs can take
+/// is refused naming them (`Request::unhealthy`), not as a selector of the user's.
 pub fn restrict(
     node: &NodeContext,
     registry: &Registry,
@@ -48,19 +50,28 @@ pub fn restrict(
     }
     let inventory = registry.snapshot().map_err(Box::new)?.inventory;
     refuse_named(&list, &inventory, &request.selectors)?;
-    if request.selectors.is_empty() {
-        request.selectors = inventory
-            .gpus
-            .iter()
-            .filter(|g| find(&list, &g.uuid).is_none())
-            .map(|g| Selector::Uuid(g.uuid.clone()))
-            .collect();
-        if request.selectors.is_empty() {
-            // Every GPU is unhealthy: name the first.
-            return Err(HealthRefusal::Unhealthy(Box::new(list[0].clone())));
-        }
-    }
+    request.unhealthy = unhealthy_gpus(&list, &inventory);
     Ok(())
+}
+
+/// The GPUs of `inventory` that `list` records unhealthy, each with its line under the
+/// index the inventory gives it now.
+fn unhealthy_gpus(list: &[Unhealthy], inventory: &Inventory) -> Vec<UnhealthyGpu> {
+    inventory
+        .gpus
+        .iter()
+        .filter_map(|g| {
+            let u = find(list, &g.uuid)?;
+            let now = Unhealthy {
+                index: g.index,
+                ..u.clone()
+            };
+            Some(UnhealthyGpu {
+                uuid: g.uuid.clone(),
+                why: now.to_string(),
+            })
+        })
+        .collect()
 }
 
 /// Refuses when one of `selectors` names a GPU of `list`, an index as `inventory` numbers
@@ -155,5 +166,68 @@ mod tests {
         assert!(e.to_string().contains(SICK), "{e}");
         // An index no GPU has names no unhealthy one (the booking refuses it).
         assert!(refuse_named(&sick(), &inv, &[Selector::Index(7)]).is_ok());
+    }
+
+    /// A node of `WELL` (GPU 0) and `SICK` (GPU 1, XID 79) with its registry in `dir`.
+    fn node_with_sick_gpu(dir: &std::path::Path) -> (NodeContext, Registry) {
+        let cfg = dir.join("config.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "state_dir = \"{}\"\n[cdi]\nspec_dir = \"{}\"\n",
+                dir.join("state").display(),
+                dir.join("cdi").display()
+            ),
+        )
+        .expect("config");
+        let node = NodeContext::from_loaded(
+            gpuslice_config::load_config(Some(&cfg), None).expect("config loads"),
+        );
+        std::fs::create_dir_all(&node.config().state_dir).expect("state dir");
+        let registry = node.open_registry().expect("registry");
+        registry
+            .set_inventory(inventory(&[WELL, SICK]))
+            .expect("inventory");
+        gpuslice_driver::health::write_health(&node.config().health_path(), &sick())
+            .expect("health record");
+        (node, registry)
+    }
+
+    /// Two GPUs asked for, naming none, on a node whose GPU 1 is unhealthy: refused naming
+    /// GPU 1, its XID and health, counted as `unhealthy` (the user gave no selector).
+    #[test]
+    fn a_request_naming_no_gpu_that_too_few_healthy_gpus_can_take_names_the_unhealthy_one() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (node, registry) = node_with_sick_gpu(dir.path());
+        let mut two = Request {
+            gpus: 2,
+            ..Request::new(gpuslice_registry::Owner::container())
+        };
+        restrict(&node, &registry, &mut two).expect("names no unhealthy GPU");
+        assert!(two.selectors.is_empty(), "{:?}", two.selectors);
+        let line = registry
+            .reserve(&two)
+            .expect_err("one healthy GPU")
+            .to_string();
+        assert!(
+            line.contains(&format!(
+                "GPU 1 ({SICK}) is unhealthy: the driver reported XID 79"
+            )) && line.contains("only 1 of the 2 GPUs that are on this node are healthy"),
+            "{line}"
+        );
+        let refused = registry
+            .snapshot()
+            .expect("snapshot")
+            .counters
+            .refused_total;
+        assert_eq!(
+            refused.into_iter().collect::<Vec<_>>(),
+            [("unhealthy".to_string(), 1)]
+        );
+        // One GPU: the healthy one.
+        let mut one = Request::new(gpuslice_registry::Owner::container());
+        restrict(&node, &registry, &mut one).expect("names no unhealthy GPU");
+        let r = registry.reserve(&one).expect("GPU 0 is free");
+        assert_eq!(r.gpus[0].uuid, WELL);
     }
 }

@@ -28,7 +28,9 @@ fn nvml_books_the_total_less_the_reserved_memory_as_the_simulated_inventory_does
         std::env::set_var(k, v);
     }
 
-    let nvml = nvml_inventory(libs.nvml.as_os_str(), Path::new("/nonexistent")).unwrap();
+    let inv = nvml_inventory(libs.nvml.as_os_str(), Path::new("/nonexistent")).unwrap();
+    assert!(inv.unreadable.is_empty(), "{:?}", inv.unreadable);
+    let nvml = inv.gpus;
     let simulated = simulated_inventory(&config);
     let figures = |inv: &[gpuslice_driver::Gpu]| {
         inv.iter()
