@@ -73,6 +73,11 @@ for ns in kinds:
         conn.request("GET", f"/api/v1/namespaces/{ns}/serviceaccounts/default"); r = conn.getresponse(); r.read()
         if r.status == 200: break
         time.sleep(0.2)
+# A new quota books nothing until the webhook has counted it (docs/quotas.md): wait for its used.
+while True:
+    conn.request("GET", "/api/v1/namespaces/budget/resourcequotas/gpu"); r = conn.getresponse(); q = json.loads(r.read())
+    if "limits.gpuslice.io/memory" in q.get("status", {}).get("used", {}): break
+    time.sleep(0.2)
 def pod(ns, i):
     c = {"name": "main", "image": "gpuslice.invalid/bench:1"}
     if ns != "plain": c["resources"] = {"limits": {"gpuslice.io/memory": "1Gi"}}
