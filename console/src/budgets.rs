@@ -285,6 +285,20 @@ impl Rollout {
         }
     }
 
+    /// `pods` pods replaced by a RollingUpdate of `surge` pods beyond them and `unavailable`
+    /// old ones removed early (both resolved); `remove_first` says how the workload would
+    /// remove its old pods first instead.
+    pub fn rolling(pods: u64, surge: u64, unavailable: u64, remove_first: &'static str) -> Rollout {
+        Rollout {
+            replaced: pods,
+            kept: 0,
+            surge,
+            unavailable,
+            strategy: format!("RollingUpdate, maxSurge {surge}, maxUnavailable {unavailable}"),
+            remove_first: Some(remove_first),
+        }
+    }
+
     /// The points where the rollout runs the most of either template, its end included. With
     /// `m` new pods ready the controller keeps `replaced - unavailable - m` old ones (never
     /// fewer than 0) and starts new ones up to `replaced + surge` pods in all (never more
@@ -853,14 +867,7 @@ pub(crate) mod tests {
 
     /// A Deployment's RollingUpdate of `pods` pods.
     fn rolling(pods: u64, surge: u64, unavailable: u64) -> Rollout {
-        Rollout {
-            replaced: pods,
-            kept: 0,
-            surge,
-            unavailable,
-            strategy: format!("RollingUpdate, maxSurge {surge}, maxUnavailable {unavailable}"),
-            remove_first: Some("strategy Recreate, or maxSurge 0"),
-        }
+        Rollout::rolling(pods, surge, unavailable, "strategy Recreate, or maxSurge 0")
     }
 
     #[test]

@@ -244,14 +244,12 @@ fn deployment_rollout(d: &Deployment, pods: u64, label: &str) -> Result<Rollout,
     if surge == 0 && unavailable == 0 {
         unavailable = 1;
     }
-    Ok(Rollout {
-        replaced: pods,
-        kept: 0,
+    Ok(Rollout::rolling(
+        pods,
         surge,
         unavailable,
-        strategy: format!("RollingUpdate, maxSurge {surge}, maxUnavailable {unavailable}"),
-        remove_first: Some("strategy Recreate, or maxSurge 0"),
-    })
+        "strategy Recreate, or maxSurge 0",
+    ))
 }
 
 /// A StatefulSet's rollout: it deletes an old pod before it creates its replacement (one at
@@ -302,14 +300,7 @@ fn daemonset_rollout(d: &DaemonSet, pods: u64, label: &str) -> Result<Rollout, W
             true,
         )?,
     };
-    Ok(Rollout {
-        replaced: pods,
-        kept: 0,
-        surge,
-        unavailable,
-        strategy: format!("RollingUpdate, maxSurge {surge}, maxUnavailable {unavailable}"),
-        remove_first: Some("maxSurge 0"),
-    })
+    Ok(Rollout::rolling(pods, surge, unavailable, "maxSurge 0"))
 }
 
 /// A Deployment or StatefulSet without `replicas` runs one pod; a negative count none.
