@@ -62,7 +62,7 @@ const CLAIM_STATUS: StatusRules = StatusRules {
     ],
 };
 
-/// What the kubelet plugin and the webhook read and write.
+/// What the kubelet plugin and the webhook read and write (the webhook's budget Lease too).
 pub const KINDS: &[Kind] = &[
     Kind {
         group: "",
@@ -105,6 +105,15 @@ pub const KINDS: &[Kind] = &[
         version: "v1",
         plural: "resourceclaimtemplates",
         list_kind: "ResourceClaimTemplateList",
+        namespaced: true,
+        fields: &[],
+        status: None,
+    },
+    Kind {
+        group: "coordination.k8s.io",
+        version: "v1",
+        plural: "leases",
+        list_kind: "LeaseList",
         namespaced: true,
         fields: &[],
         status: None,

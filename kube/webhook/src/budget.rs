@@ -23,7 +23,7 @@ use k8s_openapi::api::resource::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, PostParams};
 use kube::Api;
 
@@ -871,6 +871,10 @@ pub struct Recount {
     /// When this replica last took or renewed the lease (with one named): it leads for two
     /// intervals after (the lease lasts three).
     renewed: Mutex<Option<Instant>>,
+    /// Another replica's lease as this replica last read it (its resourceVersion) and when it
+    /// first read that version: the lease has expired once it has stayed so for its term, by
+    /// this replica's clock alone ([`lease_expired`]).
+    seen: Mutex<Option<(String, Instant)>>,
 }
 
 impl Recount {
@@ -890,6 +894,7 @@ impl Recount {
             recent: Mutex::default(),
             one: tokio::sync::Mutex::new(()),
             renewed: Mutex::default(),
+            seen: Mutex::default(),
         }
     }
 
@@ -1009,16 +1014,33 @@ impl Recount {
             }
             Some(mut l) => {
                 let held = l.spec.as_ref();
-                let mine = held.and_then(|s| s.holder_identity.as_deref()) == Some(&self.identity);
-                let expired = lease_expired(
-                    held.and_then(|s| Some((s.renew_time.as_ref()?.0, s.lease_duration_seconds?))),
-                    now,
-                );
-                if !mine && !expired {
-                    return Ok(false);
+                let holder = held
+                    .and_then(|s| s.holder_identity.as_deref())
+                    .filter(|h| !h.is_empty());
+                if holder.is_some_and(|h| h != self.identity) {
+                    let version = l.metadata.resource_version.clone().unwrap_or_default();
+                    let unchanged_for = self.unchanged_for(version);
+                    if !lease_expired(unchanged_for, held.and_then(|s| s.lease_duration_seconds)) {
+                        return Ok(false);
+                    }
                 }
                 l.spec = Some(spec);
                 lost(api.replace(name, &PostParams::default(), &l).await)
+            }
+        }
+    }
+
+    /// How long another replica's lease has stayed at `version` as this replica reads it: from
+    /// the first read of that version (zero at a new one).
+    fn unchanged_for(&self, version: String) -> Duration {
+        let Ok(mut seen) = self.seen.lock() else {
+            return Duration::ZERO;
+        };
+        match &*seen {
+            Some((v, since)) if *v == version => since.elapsed(),
+            _ => {
+                *seen = Some((version, Instant::now()));
+                Duration::ZERO
             }
         }
     }
@@ -1194,15 +1216,20 @@ impl Recount {
     }
 }
 
-/// Whether a lease renewed at `renewed` for its term (seconds) has expired by `now`: one
-/// never renewed has; one renewed more than a term ahead of this clock (year 9999, say) holds
-/// nothing either, so that no written time can keep every replica from the lease.
-fn lease_expired(renewed: Option<(Timestamp, i32)>, now: Timestamp) -> bool {
-    renewed.is_none_or(|(t, term)| {
-        let term = SignedDuration::from_secs(i64::from(term));
-        let ahead = now.checked_add(term).is_ok_and(|limit| t > limit);
-        ahead || t.checked_add(term).is_ok_and(|end| end < now)
-    })
+/// The longest term a lease is taken to have: a longer one written is cut to it, so that no
+/// written term keeps every other replica from the lease for good.
+const LONGEST_TERM: Duration = Duration::from_secs(3600);
+
+/// Whether another replica's lease, unchanged for `unchanged_for` as this replica has read it,
+/// has expired: its holder has not renewed it for its term (`None` or not positive: it has).
+/// Measured by this replica's clock alone from its own reads, as Kubernetes' leader election
+/// does, so that replicas whose clocks disagree (the written `renewTime` is the holder's clock)
+/// neither take a lease still renewed nor wait on one long gone.
+fn lease_expired(unchanged_for: Duration, term: Option<i32>) -> bool {
+    let Some(term) = term.and_then(|t| u64::try_from(t).ok()).filter(|t| *t > 0) else {
+        return true;
+    };
+    unchanged_for >= Duration::from_secs(term).min(LONGEST_TERM)
 }
 
 /// The objects of kind `K` in namespace `ns`, a page at a time, each read through its view
@@ -1277,19 +1304,17 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn a_lease_expires_after_its_term_and_holds_nothing_from_the_far_future() {
-        let now: Timestamp = "2026-12-07T12:00:00Z".parse().unwrap();
-        let at = |s: &str| s.parse::<Timestamp>().unwrap();
-        assert!(lease_expired(None, now));
-        assert!(!lease_expired(Some((at("2026-12-07T11:59:20Z"), 45)), now));
-        assert!(lease_expired(Some((at("2026-12-07T11:59:00Z"), 45)), now));
-        // Renewed by a replica whose clock runs a little ahead: held.
-        assert!(!lease_expired(Some((at("2026-12-07T12:00:10Z"), 45)), now));
-        // Far ahead, or where adding the term overflows: no hold, and no panic.
-        assert!(lease_expired(Some((at("2027-01-01T00:00:00Z"), 45)), now));
-        assert!(lease_expired(Some((Timestamp::MAX, 1)), now));
-        assert!(lease_expired(Some((Timestamp::MAX, i32::MAX)), now));
-        assert!(lease_expired(Some((at("2026-12-07T11:59:59Z"), -5)), now));
+    fn a_lease_expires_once_unchanged_for_its_term_and_no_written_term_holds_it_for_good() {
+        let s = Duration::from_secs;
+        assert!(!lease_expired(s(44), Some(45)));
+        assert!(lease_expired(s(45), Some(45)));
+        // No term, or one not positive: nothing holds it.
+        assert!(lease_expired(Duration::ZERO, None));
+        assert!(lease_expired(Duration::ZERO, Some(0)));
+        assert!(lease_expired(Duration::ZERO, Some(-5)));
+        // A term past the longest is cut to it.
+        assert!(!lease_expired(s(3599), Some(i32::MAX)));
+        assert!(lease_expired(LONGEST_TERM, Some(i32::MAX)));
     }
 
     /// The window of these tests.

@@ -634,3 +634,69 @@ fn the_recount_writes_each_scoped_quota_its_own_pods_total() {
     // The quota without scopes: every pod and the claim.
     assert_eq!(used_of(&api, NS, "gpu"), "24Gi");
 }
+
+/// The budget Lease `gpuslice/budgets` held by another replica, renewed at `renew` (as its
+/// clock reads) for a term of 3 s.
+fn others_lease(renew: &str) -> Value {
+    json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": "budgets", "namespace": "gpuslice"},
+        "spec": {"holderIdentity": "other", "leaseDurationSeconds": 3, "renewTime": renew}})
+}
+
+fn lease_holder(api: &FakeApi) -> String {
+    api.objects("leases")
+        .get(&("gpuslice".to_string(), "budgets".to_string()))
+        .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// Replicas' clocks need not agree: a lease another replica keeps renewing is left to it
+/// however far behind its clock writes `renewTime`, and taken once it stops renewing.
+#[test]
+fn a_lease_renewed_by_a_replica_whose_clock_lags_is_left_to_it_until_it_stops() {
+    let api = FakeApi::start();
+    api.put("leases", &others_lease("2026-01-01T00:00:00.000000Z"));
+    let url = api.url.clone();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let config = kube::Config::new(url.parse().unwrap());
+            let cluster = Cluster::start(
+                kube::Client::try_from(config).unwrap(),
+                gpuslice_webhook::sweep::DEFAULT_GRACE,
+            )
+            .await;
+            let lease = Some(("gpuslice".to_string(), "budgets".to_string()));
+            Recount::new(Ledger::new(cluster, false), Duration::from_secs(1), lease)
+                .run()
+                .await;
+        });
+    });
+    // The other replica renews every 500 ms for 5 s, its clock eleven months behind.
+    for i in 0..10 {
+        std::thread::sleep(Duration::from_millis(500));
+        assert_eq!(
+            lease_holder(&api),
+            "other",
+            "taken while renewed, at renewal {i}"
+        );
+        api.put(
+            "leases",
+            &others_lease(&format!("2026-01-01T00:00:{i:02}.000000Z")),
+        );
+    }
+    // It stops: the lease is taken once unchanged for its term (3 s), a renewal or two on.
+    let stopped = Instant::now();
+    while lease_holder(&api) == "other" {
+        assert!(
+            stopped.elapsed() < Duration::from_secs(15),
+            "not taken {:?} after its holder stopped renewing",
+            stopped.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
