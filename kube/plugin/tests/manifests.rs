@@ -481,9 +481,35 @@ fn dra_manifests_are_valid_and_agree_with_the_plugin() {
                 assert_eq!(doc["apiVersion"], "kubeflow.org/v1");
                 let specs = doc["spec"]["pytorchReplicaSpecs"].as_object().unwrap();
                 assert!(specs.contains_key("Master") && specs.contains_key("Worker"));
+                let job = doc["metadata"]["name"].as_str().unwrap();
                 for (role, r) in specs {
                     let t: PodTemplateSpec = typed(&format!("{file} {role}"), &r["template"]);
-                    check_pod_claims(file, t.spec.as_ref().unwrap());
+                    let spec = t.spec.as_ref().unwrap();
+                    check_pod_claims(file, spec);
+                    // Its slices may share a GPU, its ranks may not (NCCL): without the
+                    // webhook the example keeps them apart itself, one rank per node.
+                    let apart = spec
+                        .affinity
+                        .as_ref()
+                        .and_then(|a| a.pod_anti_affinity.as_ref())
+                        .and_then(|a| {
+                            a.required_during_scheduling_ignored_during_execution
+                                .as_ref()
+                        })
+                        .is_some_and(|terms| {
+                            terms.iter().any(|t| {
+                                t.topology_key == "kubernetes.io/hostname"
+                                    && t.label_selector
+                                        .as_ref()
+                                        .and_then(|s| s.match_labels.as_ref())
+                                        .and_then(|l| l.get("training.kubeflow.org/job-name"))
+                                        .is_some_and(|v| v == job)
+                            })
+                        });
+                    assert!(
+                        apart,
+                        "{file} {role}: no one-rank-per-node anti-affinity on job {job}"
+                    );
                 }
             }
             other => panic!("{file}: unexpected kind {other}"),
