@@ -475,11 +475,13 @@ fn the_webhooks_network_policy_admits_the_api_server_and_not_the_pods() {
         verbs("resourceclaimtemplates"),
         serde_json::json!(["get", "list", "watch", "create", "patch", "delete"])
     );
-    // The budgets' recount: a pod or claim deleted frees its share at once (docs/quotas.md).
+    // The budgets' recount: a pod or claim deleted frees its share at once (docs/quotas.md);
+    // a claim a rank of a job names is read to know whether it asks gpuslice's devices
+    // (docs/kubeflow.md, "One rank per GPU per job").
     assert_eq!(verbs("pods"), serde_json::json!(["get", "list", "watch"]));
     assert_eq!(
         verbs("resourceclaims"),
-        serde_json::json!(["list", "watch"])
+        serde_json::json!(["get", "list", "watch"])
     );
     // The budgets' ledger (docs/quotas.md): quotas read, their status written.
     assert_eq!(

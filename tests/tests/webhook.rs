@@ -601,6 +601,42 @@ fn limits_become_claims_through_the_webhook_on_a_live_control_plane() {
         "spec": {"containers": [{"name": "main", "image": "gpuslice.invalid/x:1"}]},
     }))
     .expect("a pod without GPU limits is not sent to the webhook");
+    // A rank of a job naming a claim written by hand, or asking the node by annotation, is
+    // sent too (the webhook keeps a job's ranks one per node): refused while it is down; the
+    // same pods of no job are not sent, and are created.
+    for (labels, sent) in [
+        (json!({"gpuslice.io/job": "down"}), true),
+        (json!({"app": "down"}), false),
+    ] {
+        let tag = if sent { "rank" } else { "no-job" };
+        let mut named = pod(
+            "default",
+            &format!("{tag}-named-claim"),
+            json!({}),
+            json!({}),
+        );
+        named["spec"]["resourceClaims"] =
+            json!([{"name": "gpu", "resourceClaimName": "rank-claim-while-down"}]);
+        named["spec"]["containers"][0]["resources"] = json!({"claims": [{"name": "gpu"}]});
+        let annotated = pod(
+            "default",
+            &format!("{tag}-annotated"),
+            json!({}),
+            json!({"gpuslice.io/memory": "1Gi"}),
+        );
+        for mut p in [named, annotated] {
+            p["metadata"]["labels"] = labels.clone();
+            let name = p["metadata"]["name"].as_str().unwrap().to_string();
+            match c.create(&p) {
+                Err(err) if sent => assert!(
+                    err.contains("failed calling webhook \"pods.gpuslice.io\""),
+                    "{name}: {err}"
+                ),
+                Ok(_) if !sent => force_delete(&c, "default", &["pod", &name]),
+                other => panic!("{name} (sent to the webhook: {sent}): {other:?}"),
+            }
+        }
+    }
     // Back: the same command line; GPU pods are admitted again.
     let log = std::fs::File::create(c.dir().join("logs/gpuslice-webhook-restarted.log")).unwrap();
     let mut child = Command::new(&cmdline[0])

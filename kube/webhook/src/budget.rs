@@ -304,6 +304,35 @@ impl Ledger {
         false
     }
 
+    /// Whether a claim the pod's entries name (`claims`: entry name, claim name) is known to
+    /// ask gpuslice's devices, read from the API server through its view, and, when none is,
+    /// the entries whose claim could not be read (entry name, why: missing yet, or the error).
+    /// Never an error: a pod is neither charged for the claims it names (each was, when
+    /// created) nor refused for them.
+    pub async fn names_gpuslice_claims(
+        &self,
+        namespace: &str,
+        claims: &[(String, String)],
+    ) -> (bool, Vec<(String, String)>) {
+        let client = self.cluster.client();
+        let mut unread = Vec::new();
+        for (entry, name) in claims {
+            match get_opt::<ResourceClaim>(&client, namespace, name).await {
+                Ok(Some(c)) if asks_gpuslice_devices(&claim_spec(&c)) => return (true, Vec::new()),
+                Ok(Some(_)) => {}
+                Ok(None) => unread.push((
+                    entry.clone(),
+                    format!("ResourceClaim {namespace}/{name} does not exist yet"),
+                )),
+                Err(e) => unread.push((
+                    entry.clone(),
+                    format!("cannot read ResourceClaim {namespace}/{name}: {e}"),
+                )),
+            }
+        }
+        (false, unread)
+    }
+
     /// What a claim created in `namespace` charges: nothing when the resource claim controller
     /// makes it from the template of a live pod's entry (the pod was charged for it), else
     /// what its spec asks. `by_claim_controller`: whether the review's user is the controller
@@ -403,19 +432,31 @@ pub fn template_entries(
     pod: &serde_json::Value,
     plan: &crate::mutate::Plan,
 ) -> Vec<(String, String)> {
-    let mut entries: Vec<(String, String)> = pod["spec"]["resourceClaims"]
+    let mut entries = entries_naming(pod, "resourceClaimTemplateName");
+    entries.extend(plan.entries.iter().cloned());
+    entries
+}
+
+/// Every entry of `pod` naming a claim (entry name, claim name): a claim written by hand,
+/// charged when it was created, not with the pod.
+pub fn claim_entries(pod: &serde_json::Value) -> Vec<(String, String)> {
+    entries_naming(pod, "resourceClaimName")
+}
+
+/// The entries of `pod`'s `spec.resourceClaims` whose `field` names an object: (entry name,
+/// that name).
+fn entries_naming(pod: &serde_json::Value, field: &str) -> Vec<(String, String)> {
+    pod["spec"]["resourceClaims"]
         .as_array()
         .into_iter()
         .flatten()
         .filter_map(|e| {
             Some((
                 e["name"].as_str()?.to_string(),
-                e["resourceClaimTemplateName"].as_str()?.to_string(),
+                e[field].as_str()?.to_string(),
             ))
         })
-        .collect();
-    entries.extend(plan.entries.iter().cloned());
-    entries
+        .collect()
 }
 
 /// What one pod of `spec` in `namespace` would be charged at admission, without asking the

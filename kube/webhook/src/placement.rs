@@ -1,10 +1,11 @@
 //! One rank per GPU per job: NCCL refuses two ranks of one communicator on one GPU, and
 //! nothing else keeps the ranks of a multi-node job apart, so a pod of a job (a Kubeflow
 //! PyTorchJob's, a JobSet's — hence a Kubeflow TrainJob's — or one labelled
-//! `gpuslice.io/job`) that gets gpuslice devices is given a required pod anti-affinity on
-//! the node against the job's other pods: ranks on different nodes never share a GPU, and a
-//! rank that cannot be placed waits Pending with the scheduler's reason (docs/kubeflow.md,
-//! "One rank per GPU per job").
+//! `gpuslice.io/job`) that gets gpuslice devices (by limits, claim templates, claims it
+//! names, or the annotations the node reads) is given a required pod anti-affinity on the
+//! node against the job's other pods: ranks on different nodes never share a GPU, and a rank
+//! that cannot be placed waits Pending with the scheduler's reason (docs/kubeflow.md, "One
+//! rank per GPU per job").
 
 use serde_json::{json, Value};
 
@@ -16,6 +17,9 @@ pub use gpuslice_dra::jobs::{JOB_LABEL, JOB_LABELS};
 pub const RULE_ANNOTATION: &str = "placement.gpuslice.io/rule";
 /// [`RULE_ANNOTATION`] as a JSON Pointer into the pod (its `/` written `~1`).
 const RULE_ANNOTATION_PATH: &str = "/metadata/annotations/placement.gpuslice.io~1rule";
+/// The prefix of the pod annotations a node running the `gpuslice` RuntimeClass reads as a
+/// slice request (docs/annotations.md: any of them turns the request on).
+pub const SLICE_ANNOTATION_PREFIX: &str = "gpuslice.io/";
 /// The topology of the rule: one rank of a job per node.
 pub const NODE_KEY: &str = "kubernetes.io/hostname";
 const REQUIRED: &str = "requiredDuringSchedulingIgnoredDuringExecution";
@@ -25,6 +29,23 @@ pub fn job_of(pod: &Value) -> Option<(&'static str, String)> {
     let labels = pod["metadata"]["labels"].as_object()?;
     gpuslice_dra::jobs::job_of(|k| labels.get(k).and_then(Value::as_str))
         .map(|(k, v)| (k, v.to_string()))
+}
+
+/// Whether `pod` asks the node for slices by annotation (the annotation path: any
+/// `gpuslice.io/*` annotation, as the node reads them), which the webhook leaves as written.
+pub fn asks_by_annotation(pod: &Value) -> bool {
+    pod["metadata"]["annotations"]
+        .as_object()
+        .is_some_and(|a| a.keys().any(|k| k.starts_with(SLICE_ANNOTATION_PREFIX)))
+}
+
+/// The warning for a rank of job `label`=`value` whose entry `entry` names a claim the
+/// webhook could not read (`detail`: missing yet, or why not): it is not known to ask
+/// gpuslice's devices, so the rank is not kept apart for it.
+pub fn unread_claim(entry: &str, detail: &str, label: &str, value: &str) -> String {
+    format!(
+        "spec.resourceClaims[{entry}]: {detail}: whether it asks gpuslice's devices is unknown, so this pod is not kept off the nodes of the other ranks of job {label}={value}; create the claim before the pods that name it (docs/kubeflow.md, \"One rank per GPU per job\")"
+    )
 }
 
 /// The rule as the annotation and the admission warning state it.

@@ -19,7 +19,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-use crate::placement::JOB_LABELS;
+use crate::placement::{JOB_LABELS, SLICE_ANNOTATION_PREFIX};
 
 /// The users the resource claim controller creates claims as: its own service account, or the
 /// controller manager's user where that runs without per-controller credentials. The
@@ -33,7 +33,8 @@ pub const CLAIM_CONTROLLER_USERS: [&str; 2] = [
 /// `spec.resourceClaims`); a pod with more is refused.
 pub const MAX_LIST: usize = 256;
 /// Bytes of the pod the webhook keeps: the `resources` of containers naming `gpuslice.io/*`
-/// or `nvidia.com/*` resources, the `nvidia.com/*` and `hami.io/*` annotations, the job
+/// or `nvidia.com/*` resources, the `nvidia.com/*`, `hami.io/*` and `gpuslice.io/*`
+/// annotations, the job
 /// labels, the required pod anti-affinity terms, the claim entries and what quota scopes read
 /// (the priority class, the `cpu` and `memory` asked); a pod with more is refused.
 pub const MAX_KEPT: usize = 64 << 10;
@@ -60,7 +61,7 @@ pub enum PodError {
     Claim(#[from] crate::view::ViewError),
     #[error("{list} has {len} entries; accepted: at most {MAX_LIST} (gpuslice-webhook reads no longer list)")]
     List { list: &'static str, len: usize },
-    #[error("the pod's GPU resources, nvidia.com/* and hami.io/* annotations, job labels, required pod anti-affinity terms, claim entries, priority class and cpu and memory asked take more than {MAX_KEPT} bytes; accepted: at most {MAX_KEPT}")]
+    #[error("the pod's GPU resources, nvidia.com/*, hami.io/* and gpuslice.io/* annotations, job labels, required pod anti-affinity terms, claim entries, priority class and cpu and memory asked take more than {MAX_KEPT} bytes; accepted: at most {MAX_KEPT}")]
     Kept,
 }
 
@@ -261,8 +262,12 @@ fn gpu_name(name: &str) -> bool {
     name.starts_with("gpuslice.io/") || name.starts_with("nvidia.com/")
 }
 
-fn hami_annotation(name: &str) -> bool {
-    name.starts_with("nvidia.com/") || name.starts_with("hami.io/")
+/// The annotations the webhook reads: HAMi's (selection and policy) and the slice request a
+/// node reads on the annotation path (which makes a pod of a job a rank to keep apart).
+fn read_annotation(name: &str) -> bool {
+    name.starts_with("nvidia.com/")
+        || name.starts_with("hami.io/")
+        || name.starts_with(SLICE_ANNOTATION_PREFIX)
 }
 
 /// The entries of a JSON object whose names pass `keep`, values unparsed; anything but an
@@ -348,8 +353,8 @@ fn container(raw: &RawValue, kept: &mut Kept) -> Result<Value, PodError> {
 }
 
 /// The pod as the webhook reads it: `metadata.labels` (the job labels of
-/// [`JOB_LABELS`]), `metadata.annotations` (those of `nvidia.com/*` and `hami.io/*`; an empty
-/// map when it has others only), `spec.affinity` (whether it and its `podAntiAffinity` exist,
+/// [`JOB_LABELS`]), `metadata.annotations` (those of `nvidia.com/*`, `hami.io/*` and
+/// `gpuslice.io/*`; an empty map when it has others only), `spec.affinity` (whether it and its `podAntiAffinity` exist,
 /// and the latter's required terms), `spec.containers[*]` and `spec.initContainers[*]` (the `resources` of those
 /// naming `gpuslice.io/*` or `nvidia.com/*` resources, others `null`, indices unchanged) and
 /// `spec.resourceClaims[*]` (their `name`, `resourceClaimTemplateName` and
@@ -377,7 +382,7 @@ fn pod(raw: &RawValue) -> Result<(Value, Pod), PodError> {
         // Kept, if only empty, when the pod has annotations: the patch adds to them.
         if let Some(ann) = m.annotations {
             let mut a = Map::new();
-            for (k, v) in Entries::of(ann, hami_annotation) {
+            for (k, v) in Entries::of(ann, read_annotation) {
                 let v = kept.value(v, k.len())?;
                 a.insert(k.into_owned(), v);
             }

@@ -26,10 +26,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
 
-use crate::budget::{BudgetError, Budgets, Ledger, Recount};
+use crate::budget::{claim_entries, template_entries, BudgetError, Budgets, Ledger, Recount};
 use crate::cluster::Cluster;
 use crate::mutate::{mentions_hami, plan};
-use crate::placement::{job_of, keep_ranks_apart};
+use crate::placement::{asks_by_annotation, job_of, keep_ranks_apart, unread_claim};
 use crate::review;
 use crate::tls::{server_config, CertFiles, TlsError};
 use gpuslice_dra::quota::{Charge, Charged, QuotaError};
@@ -622,7 +622,7 @@ async fn admit_pod(r: &review::Request, shared: &Shared) -> Value {
         Ok(p) => p,
         Err(e) => return review::deny(&r.uid, 400, &e.to_string()),
     };
-    let entries = crate::budget::template_entries(pod, &p);
+    let entries = template_entries(pod, &p);
     let budgets = if entries.is_empty() {
         None
     } else {
@@ -647,21 +647,39 @@ async fn admit_pod(r: &review::Request, shared: &Shared) -> Value {
             Err(e) => return deny_budget(&r.uid, &e),
         },
     };
-    // A rank of a job whose own claim templates ask gpuslice's devices keeps off its job's
-    // other ranks' nodes too (the plan saw to those whose limits it turned into claims).
-    // Without a budget nothing is charged, and nothing is refused for it: whether the
-    // templates ask gpuslice's devices at all decides (one missing or unreadable counts as
-    // asking; the extra term is harmless).
-    if p.entries.is_empty() && !entries.is_empty() && job_of(pod).is_some() {
-        let asks = match &booking {
-            Some((_, c)) => !c.is_zero(),
-            None => {
-                shared
-                    .ledger
-                    .names_gpuslice_devices(&r.namespace, &entries, &p.templates)
-                    .await
+    // A rank of a job that gets gpuslice's devices otherwise than by the limits the plan
+    // turned into claims (the plan saw to those) keeps off its job's other ranks' nodes too:
+    // one asking the node by annotation (left as written), one whose own claim templates ask
+    // gpuslice's devices, one naming a claim that asks them. Nothing is refused for it.
+    // Without a budget nothing is charged: whether the templates ask gpuslice's devices at
+    // all decides (one missing or unreadable counts as asking; the extra term is harmless).
+    // A named claim counts only once read and known to ask them (one missing yet or
+    // unreadable is named in a warning): another driver's claim may well be written after
+    // its pods, and the term would keep that job's ranks one per node.
+    if let Some((label, value)) = job_of(pod).filter(|_| p.entries.is_empty()) {
+        let mut asks = asks_by_annotation(pod)
+            || match &booking {
+                Some((_, c)) => !c.is_zero(),
+                None if !entries.is_empty() => {
+                    shared
+                        .ledger
+                        .names_gpuslice_devices(&r.namespace, &entries, &p.templates)
+                        .await
+                }
+                None => false,
+            };
+        let claims = claim_entries(pod);
+        if !asks && !claims.is_empty() {
+            let (named, unread) = shared
+                .ledger
+                .names_gpuslice_claims(&r.namespace, &claims)
+                .await;
+            asks = named;
+            for (entry, detail) in unread {
+                p.warnings
+                    .push(unread_claim(&entry, &detail, label, &value));
             }
-        };
+        }
         if asks {
             if let Some((ops, warning)) = keep_ranks_apart(pod) {
                 p.patch.extend(ops);

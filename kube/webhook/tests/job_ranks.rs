@@ -1,18 +1,25 @@
-//! A rank of a job whose own claim templates ask gpuslice's device classes is kept off its
-//! job's other ranks' nodes, as one whose limits the webhook turns into a claim is
-//! (docs/kubeflow.md, "One rank per GPU per job"): the real server over TLS answers the review
-//! of such a pod with the job's required anti-affinity term, the rule's annotation and the
-//! rule as a warning (also, in a namespace without a budget, when its template is missing or
-//! cannot be charged), and leaves a pod of no job, and a rank whose template asks another
-//! driver's class (also one whose other driver's parameters nest past the JSON parser's
-//! limit), unchanged. The server reads the templates from the FAKE API server of
-//! `gpuslice-fakeapi` (no control plane runs in a crate's tests; `kubeflow::` in tests/ runs
-//! the real one with Kubeflow Trainer), which holds them and no ResourceSlice (a cluster in
-//! capacity mode whose nodes publish no GPU yet: a template's charge then counts its memory
-//! asked) nor ResourceQuota (no budget).
+//! A rank of a job that gets gpuslice's devices otherwise than by limits the webhook turns
+//! into a claim is kept off its job's other ranks' nodes as such a rank is (docs/kubeflow.md,
+//! "One rank per GPU per job"): one whose own claim templates ask gpuslice's device classes,
+//! one naming a claim written by hand that asks them, one asking the node by `gpuslice.io/*`
+//! annotations. The real server over TLS answers the review of such a pod with the job's
+//! required anti-affinity term, the rule's annotation and the rule as a warning (also, in a
+//! namespace without a budget, when its template is missing or cannot be charged; also for
+//! each of the ranks naming one shared claim, which then cannot all be placed), and leaves a
+//! pod of no job, and a rank whose template or claim asks another driver's class (also one
+//! whose other driver's parameters nest past the JSON parser's limit), unchanged; a rank
+//! naming a claim not there yet is admitted unchanged with a warning saying so. The
+//! registrations (the chart's and the test cluster's) send such pods: their condition, word
+//! for word the same, names the job labels, named claims and the annotations. The server
+//! reads the templates and claims from the FAKE API server of `gpuslice-fakeapi` (no control
+//! plane runs in a crate's tests; `kubeflow::` in tests/ runs the real one with Kubeflow
+//! Trainer), which holds them and no ResourceSlice (a cluster in capacity mode whose nodes
+//! publish no GPU yet: a template's charge then counts its memory asked) nor ResourceQuota
+//! (no budget).
 
 use base64::Engine;
 use gpuslice_fakeapi::FakeApi;
+use gpuslice_webhook::placement::{JOB_LABELS, SLICE_ANNOTATION_PREFIX};
 use serde_json::{json, Value};
 
 use crate::hostile::{patient, reviewed, start_against};
@@ -30,25 +37,82 @@ fn template(name: &str, class: &str) -> Value {
     })
 }
 
+/// A ResourceClaim written by hand in namespace [`NS`] asking one GPU of 20Gi of DeviceClass
+/// `class`.
+fn claim(name: &str, class: &str) -> Value {
+    json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": class, "count": 1, "capacity": {"requests": {"memory": "20Gi"}},
+        }}]}},
+    })
+}
+
 /// The review of the creation of a pod labelled `labels` whose one container uses the claim
 /// of its entry `gpu`, made from template `template`; no GPU limits.
 fn review(uid: &str, labels: Value, template: &str) -> String {
+    pod_review(
+        uid,
+        labels,
+        Value::Null,
+        json!([{"name": "gpu", "resourceClaimTemplateName": template}]),
+    )
+}
+
+/// The review of the creation of a pod labelled `labels`, annotated `annotations` (`null`:
+/// none), of RuntimeClass `gpuslice`, with the claim entries `entries` (`null`: none), whose
+/// one container uses the entry `gpu` if there is one; no GPU limits.
+fn pod_review(uid: &str, labels: Value, annotations: Value, entries: Value) -> String {
+    let claims = if entries.is_null() {
+        json!([])
+    } else {
+        json!([{"name": "gpu"}])
+    };
+    let mut spec = json!({
+        "runtimeClassName": "gpuslice",
+        "containers": [{"name": "node", "image": "x", "resources": {"claims": claims}}],
+    });
+    if !entries.is_null() {
+        spec["resourceClaims"] = entries;
+    }
+    let mut metadata = json!({"name": uid, "namespace": NS, "labels": labels});
+    if !annotations.is_null() {
+        metadata["annotations"] = annotations;
+    }
     json!({
         "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
         "request": {
             "uid": uid, "namespace": NS, "operation": "CREATE",
             "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "object": {
-                "metadata": {"name": "rank", "namespace": NS, "labels": labels},
-                "spec": {
-                    "containers": [{"name": "node", "image": "x",
-                                    "resources": {"claims": [{"name": "gpu"}]}}],
-                    "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
-                },
-            },
+            "object": {"metadata": metadata, "spec": spec},
         },
     })
     .to_string()
+}
+
+/// The job's required anti-affinity term added to a pod without affinity, and the rule's
+/// annotation added beside its own annotations (`annotated`) or as its first: the whole
+/// patch a rank asking no limits gets.
+fn kept_apart(label: &str, value: &str, annotated: bool) -> Value {
+    let said =
+        format!("one node per rank of job {label}={value}: NCCL refuses two ranks on one GPU");
+    let annotation = if annotated {
+        json!({"op": "add", "path": "/metadata/annotations/placement.gpuslice.io~1rule",
+               "value": said})
+    } else {
+        json!({"op": "add", "path": "/metadata/annotations",
+               "value": {"placement.gpuslice.io/rule": said}})
+    };
+    json!([
+        {"op": "add", "path": "/spec/affinity", "value": {"podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [{
+                "labelSelector": {"matchLabels": {label: value}},
+                "topologyKey": "kubernetes.io/hostname",
+            }],
+        }}},
+        annotation,
+    ])
 }
 
 /// The answer's JSON Patch, decoded (empty when it has none).
@@ -150,5 +214,183 @@ fn a_rank_whose_own_claim_templates_ask_gpuslice_is_kept_off_its_jobs_other_rank
             r["patch"].is_null() && r["warnings"].is_null(),
             "{uid}: {answer}"
         );
+    }
+}
+
+#[test]
+fn a_rank_naming_a_claim_of_gpuslices_classes_is_kept_off_its_jobs_other_ranks_nodes() {
+    let api = FakeApi::start();
+    for c in [
+        claim("rank-0-gpu", "gpuslice.io"),
+        claim("rank-1-slots", "slots.gpuslice.io"),
+        claim("shared", "gpuslice.io"),
+        claim("other-gpu", "gpu.example.com"),
+    ] {
+        api.put_claim(&c);
+    }
+    let w = start_against(&api.url, patient());
+    let job = json!({"training.kubeflow.org/job-name": "rdzv", "app": "x"});
+    let said = "one node per rank of job training.kubeflow.org/job-name=rdzv: NCCL refuses two ranks on one GPU";
+    let named = |name: &str| json!([{"name": "gpu", "resourceClaimName": name}]);
+
+    // A rank naming its own claim of either of gpuslice's classes: the job's term and the
+    // rule, nothing else (its claim entry unchanged).
+    for (uid, name) in [("rank-0", "rank-0-gpu"), ("rank-1", "rank-1-slots")] {
+        let answer = reviewed(
+            w.addr,
+            &pod_review(uid, job.clone(), Value::Null, named(name)),
+        );
+        let r = &answer["response"];
+        assert_eq!(r["allowed"], true, "{uid}: {answer}");
+        assert_eq!(r["warnings"], json!([said]), "{uid}: {answer}");
+        assert_eq!(
+            patch(&answer),
+            kept_apart("training.kubeflow.org/job-name", "rdzv", false),
+            "{uid}: {answer}"
+        );
+    }
+    let get = format!("GET /apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims/rank-0-gpu");
+    assert!(api.requests().contains(&get), "{:?}", api.requests());
+
+    // Two ranks naming one claim: each gets the term and the rule's annotation and warning,
+    // so the second cannot be placed (the claim holds it to the first's node, the term keeps
+    // it off it) and waits with a reason the pod's annotation explains.
+    let team = json!({"gpuslice.io/job": "x"});
+    let team_said = "one node per rank of job gpuslice.io/job=x: NCCL refuses two ranks on one GPU";
+    for uid in ["r0", "r1"] {
+        let answer = reviewed(
+            w.addr,
+            &pod_review(uid, team.clone(), json!({"note": "mine"}), named("shared")),
+        );
+        let r = &answer["response"];
+        assert_eq!(r["allowed"], true, "{uid}: {answer}");
+        assert_eq!(r["warnings"], json!([team_said]), "{uid}: {answer}");
+        assert_eq!(
+            patch(&answer),
+            kept_apart("gpuslice.io/job", "x", true),
+            "{uid}: {answer}"
+        );
+    }
+
+    // A rank naming a claim not there yet: admitted unchanged (nothing says it asks
+    // gpuslice's devices), with a warning naming the claim and what to do.
+    let answer = reviewed(
+        w.addr,
+        &pod_review("early", job.clone(), Value::Null, named("rank-9-gpu")),
+    );
+    let r = &answer["response"];
+    assert_eq!(r["allowed"], true, "{answer}");
+    assert!(r["patch"].is_null(), "{answer}");
+    assert_eq!(
+        r["warnings"],
+        json!([format!(
+            "spec.resourceClaims[gpu]: ResourceClaim {NS}/rank-9-gpu does not exist yet: whether it asks gpuslice's devices is unknown, so this pod is not kept off the nodes of the other ranks of job training.kubeflow.org/job-name=rdzv; create the claim before the pods that name it (docs/kubeflow.md, \"One rank per GPU per job\")"
+        )]),
+        "{answer}"
+    );
+
+    // A rank naming another driver's claim, and a pod of no job naming gpuslice's: admitted
+    // unchanged, without a warning.
+    for (uid, labels, name) in [
+        ("other-driver", job, "other-gpu"),
+        ("no-job", json!({"app": "x"}), "rank-0-gpu"),
+    ] {
+        let answer = reviewed(w.addr, &pod_review(uid, labels, Value::Null, named(name)));
+        let r = &answer["response"];
+        assert_eq!(r["allowed"], true, "{uid}: {answer}");
+        assert!(
+            r["patch"].is_null() && r["warnings"].is_null(),
+            "{uid}: {answer}"
+        );
+    }
+}
+
+#[test]
+fn ranks_asking_the_node_by_annotation_are_kept_off_each_others_nodes() {
+    let api = FakeApi::start();
+    let w = start_against(&api.url, patient());
+    let team = json!({"gpuslice.io/job": "x"});
+    let asks = json!({"gpuslice.io/memory": "20Gi", "gpuslice.io/cores": "50"});
+    // Two ranks of job x asking 20Gi each by annotation: each gets the term and the rule, and
+    // its own annotations stay as written (only the rule's is added beside them).
+    for uid in ["r0", "r1"] {
+        let answer = reviewed(
+            w.addr,
+            &pod_review(uid, team.clone(), asks.clone(), Value::Null),
+        );
+        let r = &answer["response"];
+        assert_eq!(r["allowed"], true, "{uid}: {answer}");
+        assert_eq!(
+            r["warnings"],
+            json!([
+                "one node per rank of job gpuslice.io/job=x: NCCL refuses two ranks on one GPU"
+            ]),
+            "{uid}: {answer}"
+        );
+        assert_eq!(
+            patch(&answer),
+            kept_apart("gpuslice.io/job", "x", true),
+            "{uid}: {answer}"
+        );
+    }
+    // The same pod of no job, and a pod of the job asking nothing by annotation: unchanged.
+    for (uid, labels, annotations) in [
+        ("no-job", json!({"app": "x"}), asks),
+        ("no-ask", team, json!({"example.com/gpuslice.io": "x"})),
+    ] {
+        let answer = reviewed(w.addr, &pod_review(uid, labels, annotations, Value::Null));
+        let r = &answer["response"];
+        assert_eq!(r["allowed"], true, "{uid}: {answer}");
+        assert!(
+            r["patch"].is_null() && r["warnings"].is_null(),
+            "{uid}: {answer}"
+        );
+    }
+}
+
+/// The words of the expression of the pods webhook's condition in `text` (the chart's
+/// template or the test cluster's script): the folded lines under `expression: >-` after
+/// `- name: names-gpu-resources`, joined by one space.
+fn pods_condition(text: &str) -> String {
+    let mut lines = text
+        .lines()
+        .skip_while(|l| l.trim() != "- name: names-gpu-resources")
+        .skip(1);
+    let head = lines.next().unwrap_or_default();
+    assert_eq!(head.trim(), "expression: >-", "{text}");
+    let indent = head.len() - head.trim_start().len();
+    let body: Vec<&str> = lines
+        .take_while(|l| l.len() - l.trim_start().len() > indent)
+        .collect();
+    body.join(" ")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[test]
+fn both_registrations_send_a_jobs_ranks_that_name_claims_or_ask_by_annotation() {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let read = |f: &str| std::fs::read_to_string(repo.join(f)).unwrap();
+    let chart = pods_condition(&read("packaging/helm/gpuslice/templates/webhook.yaml"));
+    let cluster = pods_condition(&read("scripts/lib/cluster-webhook.sh"));
+    assert_eq!(
+        chart, cluster,
+        "the chart's and the test cluster's registrations send different pods"
+    );
+    // The labels the webhook reads as a job's, all of them, and what makes a rank of one
+    // without limits or templates: a claim it names, an annotation the node reads.
+    let labels: Vec<String> = JOB_LABELS.iter().map(|l| format!("'{l}'")).collect();
+    let job = format!(
+        "[{}].exists(l, l in object.metadata.labels)",
+        labels.join(", ")
+    );
+    for part in [
+        "has(object.spec.resourceClaims) && object.spec.resourceClaims.exists(e, has(e.resourceClaimTemplateName))",
+        &job,
+        "object.spec.resourceClaims.exists(e, has(e.resourceClaimName))",
+        &format!("object.metadata.annotations.exists(k, k.startsWith('{SLICE_ANNOTATION_PREFIX}'))"),
+    ] {
+        assert!(chart.contains(part), "{part} not in {chart}");
     }
 }
