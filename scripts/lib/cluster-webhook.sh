@@ -15,8 +15,9 @@ subjectAltName=IP:127.0.0.1,DNS:localhost"
 # webhook_configuration URL CA_BUNDLE: the registration, the same webhook the Helm chart
 # registers (packaging/helm/gpuslice/templates/webhook.yaml) but by URL: only pods whose
 # containers name gpuslice.io/* or nvidia.com/gpu* resources or that name a claim template,
-# pods of a job (its labels) that name a claim or carry gpuslice.io/* annotations (kept one
-# rank per node), and ResourceClaims that ask gpuslice's device classes, except those the resource claim
+# pods carrying gpuslice.io/* annotations (refused where a budget holds; a rank of a job kept
+# one per node), pods of a job (its labels) that name a claim (kept one rank per node), and
+# ResourceClaims that ask gpuslice's device classes, except those the resource claim
 # controller makes for a pod (its template was charged when the pod was admitted), are sent
 # (matchConditions), and for those the API server refuses the object while the webhook cannot
 # be reached (failurePolicy: Fail), so a GPU pod is never admitted unchanged nor a claim
@@ -61,10 +62,10 @@ $(webhook_common "$1" "$2")
         (has(c.resources.limits) && c.resources.limits.exists(k, k.startsWith('gpuslice.io/') || k.startsWith('nvidia.com/gpu'))) ||
         (has(c.resources.requests) && c.resources.requests.exists(k, k.startsWith('gpuslice.io/') || k.startsWith('nvidia.com/gpu'))))) ||
       (has(object.spec.resourceClaims) && object.spec.resourceClaims.exists(e, has(e.resourceClaimTemplateName))) ||
+      (has(object.metadata.annotations) && object.metadata.annotations.exists(k, k.startsWith('gpuslice.io/'))) ||
       (has(object.metadata.labels) &&
-        ['gpuslice.io/job', 'training.kubeflow.org/job-name', 'jobset.sigs.k8s.io/jobset-name'].exists(l, l in object.metadata.labels) && (
-        (has(object.spec.resourceClaims) && object.spec.resourceClaims.exists(e, has(e.resourceClaimName))) ||
-        (has(object.metadata.annotations) && object.metadata.annotations.exists(k, k.startsWith('gpuslice.io/')))))
+        ['gpuslice.io/job', 'training.kubeflow.org/job-name', 'jobset.sigs.k8s.io/jobset-name'].exists(l, l in object.metadata.labels) &&
+        has(object.spec.resourceClaims) && object.spec.resourceClaims.exists(e, has(e.resourceClaimName)))
 - name: claims.gpuslice.io
 $(webhook_common "$1" "$2")
   rules:

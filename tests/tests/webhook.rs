@@ -601,14 +601,15 @@ fn limits_become_claims_through_the_webhook_on_a_live_control_plane() {
         "spec": {"containers": [{"name": "main", "image": "gpuslice.invalid/x:1"}]},
     }))
     .expect("a pod without GPU limits is not sent to the webhook");
-    // A rank of a job naming a claim written by hand, or asking the node by annotation, is
-    // sent too (the webhook keeps a job's ranks one per node): refused while it is down; the
-    // same pods of no job are not sent, and are created.
-    for (labels, sent) in [
+    // A rank of a job naming a claim written by hand is sent too (the webhook keeps a job's
+    // ranks one per node): refused while it is down; the same pod of no job is not sent, and
+    // is created. A pod asking the node by annotation is sent, of a job or not (refused where
+    // a budget holds): refused while it is down.
+    for (labels, job) in [
         (json!({"gpuslice.io/job": "down"}), true),
         (json!({"app": "down"}), false),
     ] {
-        let tag = if sent { "rank" } else { "no-job" };
+        let tag = if job { "rank" } else { "no-job" };
         let mut named = pod(
             "default",
             &format!("{tag}-named-claim"),
@@ -624,7 +625,7 @@ fn limits_become_claims_through_the_webhook_on_a_live_control_plane() {
             json!({}),
             json!({"gpuslice.io/memory": "1Gi"}),
         );
-        for mut p in [named, annotated] {
+        for (mut p, sent) in [(named, job), (annotated, true)] {
             p["metadata"]["labels"] = labels.clone();
             let name = p["metadata"]["name"].as_str().unwrap().to_string();
             match c.create(&p) {

@@ -67,6 +67,12 @@ pub enum BudgetError {
     },
     #[error(transparent)]
     Plan(#[from] crate::mutate::MutateError),
+    #[error("annotations {annotations}: the node books the GPU slices they ask, which the budget of namespace {namespace} (ResourceQuota {quotas}) cannot charge; accepted: the same ask as container limits (resources.limits: {{gpuslice.io/memory: 4Gi}}) or a ResourceClaim of gpuslice's device classes (docs/quotas.md, \"What counts\")")]
+    ByAnnotation {
+        namespace: String,
+        annotations: String,
+        quotas: String,
+    },
 }
 
 fn read_err(what: impl Into<String>) -> impl FnOnce(kube::Error) -> BudgetError {
@@ -122,6 +128,24 @@ impl Budgets {
             hami: self.hami,
             quotas,
         }))
+    }
+
+    /// The refusal of a pod asking the node for slices by `annotations`: the node books them,
+    /// so no budget of the namespace could charge them.
+    pub fn refuse_annotations(&self, annotations: &[&str]) -> BudgetError {
+        let quotas: Vec<String> = self
+            .quotas
+            .iter()
+            .map(|q| {
+                let name = q.metadata.name.as_deref().unwrap_or_default();
+                format!("{}/{name}", self.namespace)
+            })
+            .collect();
+        BudgetError::ByAnnotation {
+            namespace: self.namespace.clone(),
+            annotations: annotations.join(", "),
+            quotas: quotas.join(", "),
+        }
     }
 
     /// Whether `charge` fits every budget as read (a dry run's check; nothing is booked).

@@ -31,12 +31,23 @@ pub fn job_of(pod: &Value) -> Option<(&'static str, String)> {
         .map(|(k, v)| (k, v.to_string()))
 }
 
-/// Whether `pod` asks the node for slices by annotation (the annotation path: any
+/// The annotations by which `pod` asks the node for slices (the annotation path: every
 /// `gpuslice.io/*` annotation, as the node reads them), which the webhook leaves as written.
-pub fn asks_by_annotation(pod: &Value) -> bool {
+pub fn slice_annotations(pod: &Value) -> Vec<&str> {
     pod["metadata"]["annotations"]
         .as_object()
-        .is_some_and(|a| a.keys().any(|k| k.starts_with(SLICE_ANNOTATION_PREFIX)))
+        .map(|a| {
+            a.keys()
+                .map(String::as_str)
+                .filter(|k| k.starts_with(SLICE_ANNOTATION_PREFIX))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether `pod` asks the node for slices by annotation ([`slice_annotations`]).
+pub fn asks_by_annotation(pod: &Value) -> bool {
+    !slice_annotations(pod).is_empty()
 }
 
 /// The warning for a rank of job `label`=`value` whose entry `entry` names a claim the

@@ -29,7 +29,9 @@ use tokio_rustls::TlsAcceptor;
 use crate::budget::{claim_entries, template_entries, BudgetError, Budgets, Ledger, Recount};
 use crate::cluster::Cluster;
 use crate::mutate::{mentions_hami, plan};
-use crate::placement::{asks_by_annotation, job_of, keep_ranks_apart, unread_claim};
+use crate::placement::{
+    asks_by_annotation, job_of, keep_ranks_apart, slice_annotations, unread_claim,
+};
 use crate::review;
 use crate::tls::{server_config, CertFiles, TlsError};
 use gpuslice_dra::quota::{Charge, Charged, QuotaError};
@@ -515,7 +517,8 @@ async fn admit(r: &review::Request, shared: &Shared) -> Value {
 /// or counted, 500 when the API server could not be read or written.
 fn deny_budget(uid: &str, e: &BudgetError) -> Value {
     let code = match e {
-        BudgetError::Quota(QuotaError::Exceeded { .. } | QuotaError::Uncounted { .. }) => 403,
+        BudgetError::Quota(QuotaError::Exceeded { .. } | QuotaError::Uncounted { .. })
+        | BudgetError::ByAnnotation { .. } => 403,
         BudgetError::Quota(_) | BudgetError::NoTemplate { .. } => 400,
         _ => 500,
     };
@@ -606,6 +609,16 @@ async fn admit_pod(r: &review::Request, shared: &Shared) -> Value {
         Ok(_) => return review::allow(&r.uid, &[], &[]),
         Err(e) => return review::deny(&r.uid, 400, &e.to_string()),
     };
+    // The node books what `gpuslice.io/*` annotations ask, past every budget: in a namespace
+    // with one (a quota not counted yet included), such a pod is refused, dry run or not.
+    let annotations = slice_annotations(pod);
+    if !annotations.is_empty() {
+        match shared.ledger.budgets(&r.namespace).await {
+            Ok(Some(b)) => return deny_budget(&r.uid, &b.refuse_annotations(&annotations)),
+            Ok(None) => {}
+            Err(e) => return deny_budget(&r.uid, &e),
+        }
+    }
     let hami = if shared.hami_compat && mentions_hami(pod) {
         match shared.cluster.hami_namespace(&r.namespace).await {
             Ok(h) => h,

@@ -1,6 +1,7 @@
 //! Namespace budgets against the FAKE API server of `gpuslice-fakeapi` (no control plane runs
 //! in a crate's tests; `budgets::` in tests/ runs the real one): a pod past its budget is
-//! refused before any template is made for it, and one within it is booked; a claim passed off
+//! refused before any template is made for it, and one within it is booked; a pod asking the
+//! node by `gpuslice.io/*` annotations is refused where a budget holds; a claim passed off
 //! as a pod's is charged unless the resource claim controller's user creates it; the recount
 //! frees what a deleted pod held at once, keeps a booking whose pod is not stored yet for a window
 //! however often it runs, and frees nothing while a live claim cannot be priced; a deletion
@@ -439,6 +440,94 @@ fn answer_once_not(addr: std::net::SocketAddr, body: &str, now: &str) -> Value {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// The review of the creation of pod `name` of `ns`, labelled `labels`, of RuntimeClass
+/// `gpuslice`, asking the node by `annotations`; no GPU limits (`dry_run`: a dry run).
+fn annotated_review(
+    ns: &str,
+    name: &str,
+    labels: Value,
+    annotations: Value,
+    dry_run: bool,
+) -> String {
+    json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": name, "namespace": ns, "operation": "CREATE", "dryRun": dry_run,
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "object": {
+                "metadata": {"name": name, "namespace": ns, "labels": labels,
+                             "annotations": annotations},
+                "spec": {"runtimeClassName": "gpuslice",
+                         "containers": [{"name": "trainer", "image": "x"}]},
+            },
+        },
+    })
+    .to_string()
+}
+
+#[test]
+fn a_pod_asking_the_node_by_annotation_is_refused_where_a_budget_holds() {
+    let api = FakeApi::start();
+    api.put("resourcequotas", &quota("team-a", "10Gi", "0"));
+    // A quota not counted yet is a budget too.
+    api.put(
+        "resourcequotas",
+        &memory_quota("team-u", "gpu", "10Gi", None, None),
+    );
+    let w = start_against(&api.url, patient());
+    let asks = json!({"gpuslice.io/memory": "4Gi"});
+
+    // Refused, naming the annotation, the quota and what is accepted; a dry run alike; a
+    // per-container annotation alike. Nothing booked, no template made.
+    for (ns, annotations, dry_run, named) in [
+        ("team-a", asks.clone(), false, "gpuslice.io/memory"),
+        ("team-a", asks.clone(), true, "gpuslice.io/memory"),
+        ("team-u", asks.clone(), false, "gpuslice.io/memory"),
+        (
+            "team-a",
+            json!({"gpuslice.io/cores.trainer": "30", "example.com/x": "y"}),
+            false,
+            "gpuslice.io/cores.trainer",
+        ),
+    ] {
+        let body = annotated_review(ns, "p", json!({"app": "x"}), annotations, dry_run);
+        let answer = reviewed(w.addr, &body);
+        let r = &answer["response"];
+        assert_eq!(r["allowed"], false, "{ns}: {answer}");
+        assert_eq!(r["status"]["code"], 403, "{ns}: {answer}");
+        assert_eq!(
+            r["status"]["message"],
+            format!(
+                "annotations {named}: the node books the GPU slices they ask, which the budget of namespace {ns} (ResourceQuota {ns}/gpu) cannot charge; accepted: the same ask as container limits (resources.limits: {{gpuslice.io/memory: 4Gi}}) or a ResourceClaim of gpuslice's device classes (docs/quotas.md, \"What counts\")"
+            ),
+            "{ns}: {answer}"
+        );
+    }
+    assert_eq!(used(&api, "team-a"), "0");
+    assert_eq!(templates_in(&api, "team-a"), 0, "{:?}", api.requests());
+
+    // Where no budget holds, the annotation path works as before: admitted unchanged, and a
+    // rank of a job gets only the job's rule.
+    let answer = reviewed(
+        w.addr,
+        &annotated_review("free", "p", json!({"app": "x"}), asks.clone(), false),
+    );
+    let r = &answer["response"];
+    assert_eq!(r["allowed"], true, "{answer}");
+    assert!(r["patch"].is_null() && r["warnings"].is_null(), "{answer}");
+    let answer = reviewed(
+        w.addr,
+        &annotated_review("free", "r0", json!({"gpuslice.io/job": "x"}), asks, false),
+    );
+    let r = &answer["response"];
+    assert_eq!(r["allowed"], true, "{answer}");
+    assert_eq!(
+        r["warnings"],
+        json!(["one node per rank of job gpuslice.io/job=x: NCCL refuses two ranks on one GPU"]),
+        "{answer}"
+    );
 }
 
 #[test]

@@ -10,7 +10,8 @@
 //! whose other driver's parameters nest past the JSON parser's limit), unchanged; a rank
 //! naming a claim not there yet is admitted unchanged with a warning saying so. The
 //! registrations (the chart's and the test cluster's) send such pods: their condition, word
-//! for word the same, names the job labels, named claims and the annotations. The server
+//! for word the same, names the job labels and named claims, and sends every pod with the
+//! annotations, of a job or not (refused where a budget holds: `budgets::`). The server
 //! reads the templates and claims from the FAKE API server of `gpuslice-fakeapi` (no control
 //! plane runs in a crate's tests; `kubeflow::` in tests/ runs the real one with Kubeflow
 //! Trainer), which holds them and no ResourceSlice (a cluster in capacity mode whose nodes
@@ -369,7 +370,7 @@ fn pods_condition(text: &str) -> String {
 }
 
 #[test]
-fn both_registrations_send_a_jobs_ranks_that_name_claims_or_ask_by_annotation() {
+fn both_registrations_send_a_jobs_ranks_that_name_claims_and_every_pod_asking_by_annotation() {
     let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let read = |f: &str| std::fs::read_to_string(repo.join(f)).unwrap();
     let chart = pods_condition(&read("packaging/helm/gpuslice/templates/webhook.yaml"));
@@ -379,7 +380,7 @@ fn both_registrations_send_a_jobs_ranks_that_name_claims_or_ask_by_annotation() 
         "the chart's and the test cluster's registrations send different pods"
     );
     // The labels the webhook reads as a job's, all of them, and what makes a rank of one
-    // without limits or templates: a claim it names, an annotation the node reads.
+    // without limits or templates: a claim it names.
     let labels: Vec<String> = JOB_LABELS.iter().map(|l| format!("'{l}'")).collect();
     let job = format!(
         "[{}].exists(l, l in object.metadata.labels)",
@@ -389,8 +390,27 @@ fn both_registrations_send_a_jobs_ranks_that_name_claims_or_ask_by_annotation() 
         "has(object.spec.resourceClaims) && object.spec.resourceClaims.exists(e, has(e.resourceClaimTemplateName))",
         &job,
         "object.spec.resourceClaims.exists(e, has(e.resourceClaimName))",
-        &format!("object.metadata.annotations.exists(k, k.startsWith('{SLICE_ANNOTATION_PREFIX}'))"),
     ] {
         assert!(chart.contains(part), "{part} not in {chart}");
     }
+    // Every pod asking the node by annotation, of a job or not: the webhook refuses it where
+    // a budget holds (docs/quotas.md). Its test is one of the condition's own alternatives,
+    // under no other test (no parenthesis open before it).
+    let annotated = format!(
+        "(has(object.metadata.annotations) && object.metadata.annotations.exists(k, k.startsWith('{SLICE_ANNOTATION_PREFIX}')))"
+    );
+    let at = chart
+        .find(&annotated)
+        .unwrap_or_else(|| panic!("{annotated} not in {chart}"));
+    let before = &chart[..at];
+    assert_eq!(
+        before.matches('(').count(),
+        before.matches(')').count(),
+        "{annotated} is under another test in {chart}"
+    );
+    assert!(before.trim_end().ends_with("||"), "{chart}");
+    assert!(
+        chart[at + annotated.len()..].trim_start().starts_with("||"),
+        "{chart}"
+    );
 }
