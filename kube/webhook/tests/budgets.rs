@@ -13,10 +13,9 @@ use std::time::{Duration, Instant};
 
 use gpuslice_fakeapi::FakeApi;
 use gpuslice_webhook::budget::{Ledger, Recount};
-use gpuslice_webhook::cluster::Cluster;
 use serde_json::{json, Value};
 
-use crate::hostile::{patient, reviewed, start_against, start_recounting};
+use crate::hostile::{cluster_of, patient, reviewed, runtime, start_against, start_recounting};
 
 const MEMORY: &str = "limits.gpuslice.io/memory";
 
@@ -175,15 +174,8 @@ fn the_recount_frees_a_deleted_pods_share_at_once_and_a_booking_in_flight_later(
     for name in ["p1", "p2", "p3"] {
         api.put("pods", &pod(NS, name));
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let config = kube::Config::new(api.url.parse().unwrap());
-        let client = kube::Client::try_from(config).unwrap();
-        let cluster = Cluster::start(client, gpuslice_webhook::sweep::DEFAULT_GRACE).await;
+    runtime().block_on(async {
+        let cluster = cluster_of(&api.url).await;
         let recount = Recount::new(Ledger::new(cluster, false), Duration::from_secs(300), None)
             .with_window(WINDOW);
         let once = || async { recount.once().await.unwrap() };
@@ -299,15 +291,8 @@ fn the_recount_lists_a_namespace_a_page_at_a_time() {
                 "status": {"phase": "Running"}}),
         );
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let config = kube::Config::new(api.url.parse().unwrap());
-        let client = kube::Client::try_from(config).unwrap();
-        let cluster = Cluster::start(client, gpuslice_webhook::sweep::DEFAULT_GRACE).await;
+    runtime().block_on(async {
+        let cluster = cluster_of(&api.url).await;
         let recount = Recount::new(Ledger::new(cluster, false), Duration::from_secs(300), None)
             .with_window(WINDOW);
         recount.once().await.unwrap();
@@ -409,15 +394,8 @@ fn classed_review(ns: &str, name: &str, memory: &str, class: &str) -> String {
 
 /// One recount of every namespace, from a first look, with the window of these tests.
 fn recount_once(api: &FakeApi) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let config = kube::Config::new(api.url.parse().unwrap());
-        let client = kube::Client::try_from(config).unwrap();
-        let cluster = Cluster::start(client, gpuslice_webhook::sweep::DEFAULT_GRACE).await;
+    runtime().block_on(async {
+        let cluster = cluster_of(&api.url).await;
         Recount::new(Ledger::new(cluster, false), Duration::from_secs(300), None)
             .with_window(WINDOW)
             .once()
@@ -747,18 +725,8 @@ fn a_lease_renewed_by_a_replica_whose_clock_lags_is_left_to_it_until_it_stops() 
     api.put("leases", &others_lease("2026-01-01T00:00:00.000000Z"));
     let url = api.url.clone();
     std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let config = kube::Config::new(url.parse().unwrap());
-            let cluster = Cluster::start(
-                kube::Client::try_from(config).unwrap(),
-                gpuslice_webhook::sweep::DEFAULT_GRACE,
-            )
-            .await;
+        runtime().block_on(async move {
+            let cluster = cluster_of(&url).await;
             let lease = Some(("gpuslice".to_string(), "budgets".to_string()));
             Recount::new(Ledger::new(cluster, false), Duration::from_secs(1), lease)
                 .run()

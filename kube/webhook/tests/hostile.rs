@@ -56,6 +56,25 @@ pub fn start_against(api: &str, opts: Options) -> Webhook {
     start_recounting(api, opts, None)
 }
 
+/// A runtime of two worker threads, as the webhook's own.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// The webhook's view of the cluster whose API server is at `api` (the fake one).
+pub async fn cluster_of(api: &str) -> Cluster {
+    let config = kube::Config::new(api.parse().unwrap());
+    Cluster::start(
+        kube::Client::try_from(config).unwrap(),
+        gpuslice_webhook::sweep::DEFAULT_GRACE,
+    )
+    .await
+}
+
 /// A webhook whose API server is at `api`, which also runs the budget recount as
 /// `gpuslice webhook` does (sharing the admissions' watched quotas) when `recount` gives its
 /// interval and window.
@@ -70,20 +89,11 @@ pub fn start_recounting(
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let (tx, rx) = mpsc::channel();
     let thread = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = runtime();
         rt.block_on(async move {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             tx.send(listener.local_addr().unwrap()).unwrap();
-            let config = kube::Config::new(api.parse().unwrap());
-            let cluster = Cluster::start(
-                kube::Client::try_from(config).unwrap(),
-                gpuslice_webhook::sweep::DEFAULT_GRACE,
-            )
-            .await;
+            let cluster = cluster_of(&api).await;
             let ledger = Ledger::watching(cluster, false);
             if let Some((every, window)) = recount {
                 let r = Recount::new(ledger.clone(), every, None).with_window(window);

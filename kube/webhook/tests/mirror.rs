@@ -165,19 +165,9 @@ fn templates_labelled_as_the_webhooks_that_it_did_not_name_are_not_kept_and_revi
     api.put("resourceclaimtemplates", &ours);
     let ours_name = ours["metadata"]["name"].as_str().unwrap().to_string();
 
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let config = kube::Config::new(api.url.parse().unwrap());
-        let client = kube::Client::try_from(config).unwrap();
-        let cluster = gpuslice_webhook::cluster::Cluster::start(
-            client,
-            gpuslice_webhook::sweep::DEFAULT_GRACE,
-        )
-        .await;
+    // The runtime, and the watches it runs, end with the statement.
+    crate::hostile::runtime().block_on(async {
+        let cluster = crate::hostile::cluster_of(&api.url).await;
         let kept = || cluster.watched_templates();
         // From the list: the webhook's own alone.
         let want = vec![("room".to_string(), ours_name.clone())];
@@ -196,7 +186,6 @@ fn templates_labelled_as_the_webhooks_that_it_did_not_name_are_not_kept_and_revi
         let read = until(|| kept().filter(|k| *k == want)).await;
         assert_eq!(read, Some(want), "{:?}", kept());
     });
-    drop(rt);
 
     // The webhook answers a review, reusing its own template, with the tenant's present.
     let w = crate::hostile::start_against(&api.url, crate::hostile::patient());
