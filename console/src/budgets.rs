@@ -687,8 +687,9 @@ async fn hami_namespaces(
         .collect())
 }
 
-/// The flag that tells the console the webhook converts HAMi's limits (started with
-/// `--hami-compat`, the chart's `webhook.hamiCompat`), and its environment variable.
+/// The flag that tells the console whether the webhook converts HAMi's limits (started with
+/// `--hami-compat`, the chart's `webhook.hamiCompat`; on unless set false), and its
+/// environment variable.
 pub const HAMI_COMPAT_FLAG: (&str, &str) = ("--hami-compat", "GPUSLICE_HAMI_COMPAT");
 
 /// One quota's budget (`None` when it names none of the names counted in its namespace),
@@ -717,7 +718,7 @@ pub fn quota_budget(
             let why = if webhook_hami {
                 format!("namespace {namespace} is not")
             } else {
-                format!("this console was not told the webhook runs with {flag} (pass {flag}, or {env}=true, where it does)")
+                format!("this console was told the webhook runs without {flag} ({flag}=false or {env}=false; leave it out where the webhook runs with it)")
             };
             warnings.push(format!(
                 "ResourceQuota {namespace}/{name} names HAMi's {}, counted only by a webhook started with {flag}, in namespaces labelled {}={}: {why}",
@@ -1040,12 +1041,12 @@ pub(crate) mod tests {
             ["ResourceQuota legacy/hami names HAMi's limits.nvidia.com/gpumem, limits.nvidia.com/gpucores, counted only by a webhook started with --hami-compat, in namespaces labelled gpuslice.io/hami-compat=true: namespace legacy is not"]
         );
         // Nor in a labelled namespace when the webhook does not convert HAMi's limits (the
-        // chart's default): the console is told it does with --hami-compat.
+        // chart's default): the console is told so with --hami-compat=false.
         let (b, w) = quota_budget(&q, false, true);
         assert_eq!(b, None);
         assert_eq!(
             w,
-            ["ResourceQuota legacy/hami names HAMi's limits.nvidia.com/gpumem, limits.nvidia.com/gpucores, counted only by a webhook started with --hami-compat, in namespaces labelled gpuslice.io/hami-compat=true: this console was not told the webhook runs with --hami-compat (pass --hami-compat, or GPUSLICE_HAMI_COMPAT=true, where it does)"]
+            ["ResourceQuota legacy/hami names HAMi's limits.nvidia.com/gpumem, limits.nvidia.com/gpucores, counted only by a webhook started with --hami-compat, in namespaces labelled gpuslice.io/hami-compat=true: this console was told the webhook runs without --hami-compat (--hami-compat=false or GPUSLICE_HAMI_COMPAT=false; leave it out where the webhook runs with it)"]
         );
         // A quota of other resources only is no budget, and no warning.
         assert_eq!(

@@ -38,11 +38,13 @@ struct Cli {
     /// Prometheus scraping the nodes' `gpuslice serve`, e.g. http://prometheus:9090.
     #[arg(long, global = true, env = "GPUSLICE_PROMETHEUS")]
     prometheus: Option<String>,
-    /// The webhook runs with --hami-compat (the chart's webhook.hamiCompat): `quota` and
-    /// `allocate` count HAMi's quota names (limits.nvidia.com/*) in namespaces labelled
-    /// gpuslice.io/hami-compat=true, as it does. Off, as the chart's default: they count
-    /// nowhere, and `quota` says so.
-    #[arg(long, global = true, env = "GPUSLICE_HAMI_COMPAT")]
+    /// Whether the webhook runs with --hami-compat: `quota` and `allocate` count HAMi's quota
+    /// names (limits.nvidia.com/*) in namespaces labelled gpuslice.io/hami-compat=true, as it
+    /// does (the default). `--hami-compat=false` where the webhook runs without it (the
+    /// chart's default webhook.hamiCompat=false): they count nowhere, and `quota` says so.
+    #[arg(long, global = true, env = "GPUSLICE_HAMI_COMPAT", value_name = "BOOL",
+          default_value_t = true, num_args = 0..=1, require_equals = true, default_missing_value = "true",
+          action = clap::ArgAction::Set)]
     hami_compat: bool,
     #[command(subcommand)]
     command: Command,

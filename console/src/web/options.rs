@@ -26,10 +26,13 @@ pub struct Options {
     /// Let the page allocate, edit and release workloads' slices (default: read-only).
     #[arg(long)]
     pub allow_edit: bool,
-    /// The webhook runs with --hami-compat (the chart's webhook.hamiCompat): count HAMi's quota
-    /// names (limits.nvidia.com/*) in namespaces labelled gpuslice.io/hami-compat=true, as it
-    /// does. Off, as the chart's default: they count nowhere, and the Budgets page says so.
-    #[arg(long, env = "GPUSLICE_HAMI_COMPAT")]
+    /// Whether the webhook runs with --hami-compat: count HAMi's quota names
+    /// (limits.nvidia.com/*) in namespaces labelled gpuslice.io/hami-compat=true, as it does
+    /// (the default). `--hami-compat=false` where the webhook runs without it (the chart's
+    /// default webhook.hamiCompat=false): they count nowhere, and the Budgets page says so.
+    #[arg(long, env = "GPUSLICE_HAMI_COMPAT", value_name = "BOOL", default_value_t = true,
+          num_args = 0..=1, require_equals = true, default_missing_value = "true",
+          action = clap::ArgAction::Set)]
     pub hami_compat: bool,
     /// A URL people open the console by through an authenticating proxy or ingress, e.g.
     /// https://gpu.example.com (repeatable; http or https, a host and an optional port, no
@@ -79,15 +82,20 @@ mod tests {
     }
 
     #[test]
-    fn hami_compat_is_off_unless_given_as_the_charts_webhook() {
+    fn hami_compat_is_on_unless_told_the_webhook_runs_without_it() {
         use clap::Parser;
         let parse = |args: &[&str]| Cli::try_parse_from(args).unwrap().opts.hami_compat;
         // The flag, else its variable (read by clap from this process's environment, which
-        // this test does not set: off).
+        // this test does not set: on, as DESIGN's budgets count HAMi's names where labelled).
         if std::env::var_os("GPUSLICE_HAMI_COMPAT").is_none() {
-            assert!(!parse(&["console"]));
+            assert!(parse(&["console"]));
         }
         assert!(parse(&["console", "--hami-compat"]));
+        assert!(parse(&["console", "--hami-compat=true"]));
+        assert!(!parse(&["console", "--hami-compat=false"]));
+        assert!(Cli::try_parse_from(["console", "--hami-compat=maybe"]).is_err());
+        // A value only after `=`: the next word is never taken for it.
+        assert!(Cli::try_parse_from(["console", "--hami-compat", "false"]).is_err());
     }
 
     #[test]
