@@ -86,7 +86,7 @@ mod tests {
         use clap::Parser;
         let parse = |args: &[&str]| Cli::try_parse_from(args).unwrap().opts.hami_compat;
         // The flag, else its variable (read by clap from this process's environment, which
-        // this test does not set: on, as DESIGN's budgets count HAMi's names where labelled).
+        // this test does not set: on, HAMi's names counting where labelled, docs/quotas.md).
         if std::env::var_os("GPUSLICE_HAMI_COMPAT").is_none() {
             assert!(parse(&["console"]));
         }
