@@ -194,3 +194,46 @@ pfns! {
     PFN_cuEventElapsedTime_v2(*mut f32, CUevent, CUevent);
     PFN_cuEventDestroy_v2(CUevent);
 }
+
+/// The pre-3.2 (`_v1`) entry points, with 32-bit sizes and device pointers, which a program
+/// can still reach through `dlsym` or by linking.
+pub type PFN_cuMemGetInfo_v1 = unsafe extern "C" fn(*mut c_uint, *mut c_uint) -> CUresult;
+pub type PFN_cuMemAlloc_v1 = unsafe extern "C" fn(*mut CUdeviceptr_v1, c_uint) -> CUresult;
+pub type PFN_cuMemAllocPitch_v1 =
+    unsafe extern "C" fn(*mut CUdeviceptr_v1, *mut c_uint, c_uint, c_uint, c_uint) -> CUresult;
+pub type PFN_cuMemFree_v1 = unsafe extern "C" fn(CUdeviceptr_v1) -> CUresult;
+
+pub type PFN_cuArrayCreate_v1 =
+    unsafe extern "C" fn(*mut CUarray, *const CUDA_ARRAY_DESCRIPTOR_v1) -> CUresult;
+pub type PFN_cuArray3DCreate_v1 =
+    unsafe extern "C" fn(*mut CUarray, *const CUDA_ARRAY3D_DESCRIPTOR_v1) -> CUresult;
+
+/// `cuStreamGetCtx(CUstream, CUcontext *)` (and its `_ptsz` variant).
+pub type PFN_cuStreamGetCtx = unsafe extern "C" fn(CUstream, *mut CUcontext) -> CUresult;
+
+/// `cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)`.
+pub type PFN_cuMemRetainAllocationHandle =
+    unsafe extern "C" fn(*mut CUmemGenericAllocationHandle, *mut c_void) -> CUresult;
+
+pub type PFN_cuLaunchKernelEx = unsafe extern "C" fn(
+    *const CUlaunchConfig,
+    CUfunction,
+    *mut *mut c_void,
+    *mut *mut c_void,
+) -> CUresult;
+
+pub type PFN_cuLaunchCooperativeKernel = unsafe extern "C" fn(
+    CUfunction,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    CUstream,
+    *mut *mut c_void,
+) -> CUresult;
+
+pub type PFN_cuMemMapArrayAsync =
+    unsafe extern "C" fn(*mut CUarrayMapInfo, c_uint, CUstream) -> CUresult;

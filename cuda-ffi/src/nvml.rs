@@ -284,6 +284,14 @@ pub struct nvmlFieldValue_t {
     pub value: u64,
 }
 
+/// NVML's process lists: `nvmlDevice*RunningProcesses` with the v1 entry layout (the
+/// unversioned names) and with the v2 layout (`_v2` and `_v3`; cuda-ffi's
+/// `nvmlProcessInfo_t`).
+pub type PFN_nvmlProcesses_v1 =
+    unsafe extern "C" fn(nvmlDevice_t, *mut c_uint, *mut nvmlProcessInfo_v1_t) -> nvmlReturn_t;
+pub type PFN_nvmlProcesses_v2 =
+    unsafe extern "C" fn(nvmlDevice_t, *mut c_uint, *mut nvmlProcessInfo_t) -> nvmlReturn_t;
+
 #[cfg(test)]
 mod tests {
     use super::*;

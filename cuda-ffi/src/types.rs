@@ -515,6 +515,102 @@ pub struct CUDA_LAUNCH_PARAMS {
     pub kernelParams: *mut *mut std::ffi::c_void,
 }
 
+/// `CUdeviceptr_v1`: a 32-bit device address.
+pub type CUdeviceptr_v1 = c_uint;
+
+/// `CUDA_ARRAY_DESCRIPTOR_v1`: the pre-3.2 layout `cuArrayCreate` takes (32-bit sizes).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CUDA_ARRAY_DESCRIPTOR_v1 {
+    pub Width: c_uint,
+    pub Height: c_uint,
+    pub Format: CUarray_format,
+    pub NumChannels: c_uint,
+}
+
+impl From<CUDA_ARRAY_DESCRIPTOR_v1> for CUDA_ARRAY_DESCRIPTOR {
+    fn from(d: CUDA_ARRAY_DESCRIPTOR_v1) -> Self {
+        CUDA_ARRAY_DESCRIPTOR {
+            Width: d.Width as usize,
+            Height: d.Height as usize,
+            Format: d.Format,
+            NumChannels: d.NumChannels,
+        }
+    }
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR_v1`: the pre-3.2 layout `cuArray3DCreate` takes.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CUDA_ARRAY3D_DESCRIPTOR_v1 {
+    pub Width: c_uint,
+    pub Height: c_uint,
+    pub Depth: c_uint,
+    pub Format: CUarray_format,
+    pub NumChannels: c_uint,
+    pub Flags: c_uint,
+}
+
+impl From<CUDA_ARRAY3D_DESCRIPTOR_v1> for CUDA_ARRAY3D_DESCRIPTOR {
+    fn from(d: CUDA_ARRAY3D_DESCRIPTOR_v1) -> Self {
+        CUDA_ARRAY3D_DESCRIPTOR {
+            Width: d.Width as usize,
+            Height: d.Height as usize,
+            Depth: d.Depth as usize,
+            Format: d.Format,
+            NumChannels: d.NumChannels,
+            Flags: d.Flags,
+        }
+    }
+}
+
+/// `CUlaunchConfig`: the shim reads only `hStream`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUlaunchConfig {
+    pub gridDimX: c_uint,
+    pub gridDimY: c_uint,
+    pub gridDimZ: c_uint,
+    pub blockDimX: c_uint,
+    pub blockDimY: c_uint,
+    pub blockDimZ: c_uint,
+    pub sharedMemBytes: c_uint,
+    pub hStream: CUstream,
+    pub attrs: *mut c_void,
+    pub numAttrs: c_uint,
+}
+
+/// `CUarrayMapInfo`: one mapping or unmapping of a sparse (mipmapped) array tile onto
+/// physical memory, for `cuMemMapArrayAsync`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUarrayMapInfo {
+    pub resourceType: c_uint,
+    /// `CUarray` or `CUmipmappedArray`, by `resourceType`.
+    pub resource: *mut c_void,
+    pub subresourceType: c_uint,
+    /// The `sparseLevel` (level, layer, offsetX/Y/Z, extentWidth/Height/Depth: eight
+    /// `unsigned int`) or `miptail` (layer, offset, size) union, as raw words.
+    pub subresource: [u64; 4],
+    pub memOperationType: c_uint,
+    pub memHandleType: c_uint,
+    /// The `memHandle` union: a `CUmemGenericAllocationHandle` for the generic handle type.
+    pub memHandle: CUmemGenericAllocationHandle,
+    pub offset: u64,
+    pub deviceBitMask: c_uint,
+    pub flags: c_uint,
+    pub reserved: [c_uint; 2],
+}
+
+/// `CUarraySparseSubresourceType`.
+pub const CU_ARRAY_SPARSE_SUBRESOURCE_TYPE_SPARSE_LEVEL: c_uint = 0;
+pub const CU_ARRAY_SPARSE_SUBRESOURCE_TYPE_MIPTAIL: c_uint = 1;
+/// `CUmemOperationType`.
+pub const CU_MEM_OPERATION_TYPE_MAP: c_uint = 1;
+pub const CU_MEM_OPERATION_TYPE_UNMAP: c_uint = 2;
+/// `CUmemHandleType`.
+pub const CU_MEM_HANDLE_TYPE_GENERIC: c_uint = 0;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -563,5 +659,22 @@ mod tests {
         assert_eq!(array_format_bytes(CU_AD_FORMAT_FLOAT), Some(4));
         assert_eq!(array_format_bytes(CU_AD_FORMAT_HALF), Some(2));
         assert_eq!(array_format_bytes(0x77), None);
+    }
+
+    #[test]
+    fn launch_config_layout_matches_cuda_h() {
+        assert_eq!(std::mem::offset_of!(CUlaunchConfig, hStream), 32);
+        assert_eq!(std::mem::size_of::<CUlaunchConfig>(), 56);
+    }
+
+    #[test]
+    fn array_map_info_layout_matches_cuda_h() {
+        use std::mem::offset_of;
+        assert_eq!(offset_of!(CUarrayMapInfo, resource), 8);
+        assert_eq!(offset_of!(CUarrayMapInfo, subresource), 24);
+        assert_eq!(offset_of!(CUarrayMapInfo, memOperationType), 56);
+        assert_eq!(offset_of!(CUarrayMapInfo, memHandle), 64);
+        assert_eq!(offset_of!(CUarrayMapInfo, deviceBitMask), 80);
+        assert_eq!(std::mem::size_of::<CUarrayMapInfo>(), 96);
     }
 }

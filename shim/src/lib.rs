@@ -9,7 +9,6 @@
 
 mod account;
 mod dlsym;
-mod ffi_extra;
 mod figures;
 mod forksafe;
 mod glibc;

@@ -163,7 +163,6 @@ macro_rules! real_fns {
 /// Real CUDA driver entry points.
 pub mod cu {
     use super::*;
-    use crate::ffi_extra::*;
     use gpuslice_cuda_ffi::*;
 
     real_fns! { CUDA;
@@ -277,8 +276,6 @@ pub mod cu {
 pub mod nvml {
     use super::*;
     use gpuslice_cuda_ffi::nvml::*;
-
-    use crate::ffi_extra::{PFN_nvmlProcesses_v1, PFN_nvmlProcesses_v2};
 
     real_fns! { NVML;
         nvmlInit_v2: PFN_nvmlInit_v2;

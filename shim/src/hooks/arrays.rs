@@ -5,7 +5,6 @@ use std::ffi::c_uint;
 use gpuslice_cuda_ffi::*;
 
 use crate::account::{self, Kind};
-use crate::ffi_extra::{CUDA_ARRAY3D_DESCRIPTOR_v1, CUDA_ARRAY_DESCRIPTOR_v1};
 use crate::guard::guard;
 use crate::hooks::vmm;
 use crate::sizes;

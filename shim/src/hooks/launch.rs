@@ -9,7 +9,6 @@ use std::sync::atomic::Ordering::Relaxed;
 use gpuslice_cuda_ffi::*;
 use gpuslice_slice::usage::MAX_DEVICES;
 
-use crate::ffi_extra::CUlaunchConfig;
 use crate::guard::guard;
 use crate::pacer;
 use crate::state::{self, MODE, MODE_FAST, MODE_PACED};

@@ -6,7 +6,6 @@ use std::ffi::c_uint;
 use gpuslice_cuda_ffi::*;
 
 use crate::account::{self, Kind};
-use crate::ffi_extra::CUdeviceptr_v1;
 use crate::guard::guard;
 use crate::hooks::{graph, pools};
 use crate::sizes::pitch_estimate;

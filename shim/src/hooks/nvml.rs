@@ -10,7 +10,6 @@ use std::path::Path;
 
 use gpuslice_cuda_ffi::nvml::*;
 
-use crate::ffi_extra::{PFN_nvmlProcesses_v1, PFN_nvmlProcesses_v2};
 use crate::figures::{self, Figures};
 use crate::forksafe::ForkSafe;
 use crate::guard::guard;

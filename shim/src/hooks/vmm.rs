@@ -16,7 +16,6 @@ use std::ffi::{c_uint, c_ulonglong, c_void};
 use gpuslice_cuda_ffi::*;
 
 use crate::account::{self, Entry, Kind};
-use crate::ffi_extra::*;
 use crate::forksafe::ForkSafe;
 use crate::guard::guard;
 use crate::state;
