@@ -12,7 +12,7 @@ use crate::ask::{
     container_ask, covers, hami_selectors, Ask, AskError, HAMI_GPU, HAMI_MEM, HAMI_MEM_PERCENT,
     HAMI_PRIORITY,
 };
-use crate::placement::keep_ranks_apart;
+use crate::placement::{job_of, keep_ranks_apart};
 use gpuslice_dra::claim_shape::{
     claim_spec, describe, pod_shape, template, Mode, PublishedGpus, Shape, ShapeError,
 };
@@ -36,6 +36,8 @@ pub enum MutateError {
     Pod { field: String, detail: String },
     #[error("spec: the containers ask for {count} different GPU slices (a ResourceClaimTemplate each); accepted: at most {max} per pod (containers asking the same share one)")]
     TooManyTemplates { count: usize, max: usize },
+    #[error("{fields}: containers of a rank of job {job} that run at the same time each ask a GPU slice, and their slices may lie on one GPU (each is a claim of its own in capacity mode, and DRA keeps GPUs distinct within one claim only; in slot mode they share one slice), where NCCL refuses two ranks; accepted: the rank's GPUs asked by one of those containers (`gpuslice.io/gpus: N` or `nvidia.com/gpu: N`, N distinct GPUs), the others asking none (docs/kubeflow.md, \"One rank per GPU per job\")")]
+    RankContainers { fields: String, job: String },
 }
 
 /// What admitting a pod takes: the patch, the templates the patch names, the warnings.
@@ -150,7 +152,10 @@ impl NewClaim<'_> {
 /// held, as every claim of the pod, for the pod's life (docs/webhook.md).
 ///
 /// A pod of a job that gets a claim here also gets the job's anti-affinity and the rule's
-/// annotation ([`keep_ranks_apart`]).
+/// annotation ([`keep_ranks_apart`]). Containers that run together, each on a slice of its
+/// own (`sliced_together`), may be given one GPU, as DRA keeps devices distinct within one
+/// claim only: in a pod of a job, where NCCL refuses two ranks on one GPU, that is refused
+/// ([`MutateError::RankContainers`]); elsewhere, in capacity mode, it is warned.
 ///
 /// In slot mode every container of the pod that asks for a slice shares one claim instead,
 /// of the pod's effective ask ([`pod_shape`]): one slot claim per pod bounds the scheduler's
@@ -205,6 +210,20 @@ pub fn plan(
                 ask,
                 entry: None,
             });
+        }
+    }
+    // Containers that run together on slices of their own may be given one GPU.
+    let together = sliced_together(&asked);
+    if !together.is_empty() {
+        let fields = together.join(", ");
+        if let Some((label, value)) = job_of(pod) {
+            return Err(MutateError::RankContainers {
+                fields,
+                job: format!("{label}={value}"),
+            });
+        }
+        if matches!(inventory.mode, Mode::Capacity) {
+            out.warnings.push(shared_gpu_warning(&fields));
         }
     }
     let mut entries = Vec::new();
@@ -358,6 +377,40 @@ pub fn plan(
         out.warnings.push(warning);
     }
     Ok(out)
+}
+
+/// The containers of `asked` that ask a slice while another that asks one may be running, as
+/// their paths in pod order: app containers and sidecars run together, and an ordinary init
+/// container runs beside the sidecars declared before it (not beside another ordinary init
+/// container, nor the app containers). In capacity mode two of them are on different claims
+/// (in slot mode on one slice they share), and DRA keeps devices distinct within one claim
+/// only: two of them may be given one GPU.
+fn sliced_together(asked: &[Asked]) -> Vec<String> {
+    let sliced = || asked.iter().filter(|a| a.ask.shape.is_some());
+    let running = sliced().filter(|a| !a.ordinary_init).count();
+    let first_sidecar = sliced()
+        .filter(|a| a.letter == 'i' && !a.ordinary_init)
+        .map(|a| a.index)
+        .min();
+    let last_init = sliced().filter(|a| a.ordinary_init).map(|a| a.index).max();
+    sliced()
+        .filter(|a| {
+            if a.ordinary_init {
+                first_sidecar.is_some_and(|s| s < a.index)
+            } else {
+                running > 1 || (a.letter == 'i' && last_init.is_some_and(|i| i > a.index))
+            }
+        })
+        .map(|a| format!("spec.{}[{}]", a.list, a.index))
+        .collect()
+}
+
+/// The warning for containers of a pod of no job at `fields` that run together, each on a
+/// slice of its own (capacity mode): two of them may be given one GPU.
+pub fn shared_gpu_warning(fields: &str) -> String {
+    format!(
+        "{fields}: each gets a GPU slice of its own (a claim each), and two of them may be given one GPU: DRA keeps GPUs distinct within one claim only; for distinct GPUs ask them in one container (`gpuslice.io/gpus: N`), as two processes of one NCCL communicator need (docs/webhook.md)"
+    )
 }
 
 /// The warning for an ordinary init container at `path` given a claim of its own (`entry`)
@@ -665,10 +718,13 @@ mod tests {
             json!([{"name": "gpuslice-i0"}])
         );
         assert_eq!(entries(&p), vec!["gpuslice-c0", "gpuslice-i0"]);
-        assert!(
-            p.warnings.is_empty(),
-            "a sidecar is counted by Kueue: {:?}",
-            p.warnings
+        // Kueue counts a sidecar: no warning of its charge; it runs beside the app, each on a
+        // claim of its own, which may be given one GPU: said.
+        assert_eq!(
+            p.warnings,
+            [shared_gpu_warning(
+                "spec.containers[0], spec.initContainers[0]"
+            )],
         );
         // Another GPU count or a share the app's claim does not give: its own.
         for other in [
@@ -683,6 +739,125 @@ mod tests {
             let p = plan(&pod, "ns", false, &inv).unwrap();
             assert_eq!(entries(&p), vec!["gpuslice-c0", "gpuslice-i0"], "{other}");
         }
+    }
+
+    /// Slot mode of 6 slots of 4Gi per GPU, 2 GPUs per node.
+    fn six_slots() -> PublishedGpus {
+        use gpuslice_dra::claim_shape::SlotSize;
+        PublishedGpus {
+            mode: Mode::Slots(vec![SlotSize {
+                memory: 4 << 30,
+                cores: None,
+                per_gpu: 6,
+            }]),
+            max_gpus_per_node: Some(2),
+            gpu_memory: vec![24 << 30],
+        }
+    }
+
+    #[test]
+    fn a_ranks_containers_that_run_together_on_slices_are_refused_in_both_modes() {
+        let rank = |containers: Value, init: Value| {
+            json!({"metadata": {"name": "r", "labels": {"training.kubeflow.org/job-name": "train"}},
+                   "spec": {"containers": containers, "initContainers": init}})
+        };
+        let two = json!([
+            {"name": "a", "image": "x", "resources": {"limits": {"gpuslice.io/gpus": "1", "gpuslice.io/memory": "1Gi"}}},
+            {"name": "b", "image": "x", "resources": {"limits": {"gpuslice.io/gpus": "1", "gpuslice.io/memory": "1Gi"}}},
+        ]);
+        let hami = json!([
+            {"name": "a", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1024"}}},
+            {"name": "b", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1024"}}},
+        ]);
+        for inv in [PublishedGpus::default(), six_slots()] {
+            for (containers, compat) in [(&two, false), (&hami, true)] {
+                let e = plan(&rank(containers.clone(), json!([])), "ns", compat, &inv).unwrap_err();
+                assert_eq!(
+                    e,
+                    MutateError::RankContainers {
+                        fields: "spec.containers[0], spec.containers[1]".into(),
+                        job: "training.kubeflow.org/job-name=train".into(),
+                    },
+                    "{:?}",
+                    inv.mode
+                );
+                let said = e.to_string();
+                assert!(
+                    said.starts_with("spec.containers[0], spec.containers[1]: containers of a rank of job training.kubeflow.org/job-name=train that run at the same time each ask a GPU slice")
+                        && said.contains("accepted: the rank's GPUs asked by one of those containers (`gpuslice.io/gpus: N` or `nvidia.com/gpu: N`, N distinct GPUs)"),
+                    "{said}"
+                );
+            }
+            // The rank's GPUs in one container: admitted, one claim of distinct GPUs.
+            let one = json!([{"name": "a", "image": "x",
+                              "resources": {"limits": {"gpuslice.io/gpus": "2", "gpuslice.io/memory": "1Gi"}}},
+                             {"name": "b", "image": "x"}]);
+            let got = plan(&rank(one, json!([])), "ns", false, &inv).unwrap();
+            assert_eq!(got.templates.len(), 1, "{:?}", inv.mode);
+            assert!(
+                !got.warnings
+                    .iter()
+                    .any(|w| w.contains("may be given one GPU")),
+                "{:?}",
+                got.warnings
+            );
+            // An ordinary init container runs alone, before the app: admitted beside it.
+            let init = json!([{"name": "i", "image": "x",
+                               "resources": {"limits": {"gpuslice.io/memory": "2Gi"}}}]);
+            let app = json!([{"name": "a", "image": "x",
+                              "resources": {"limits": {"gpuslice.io/memory": "1Gi"}}}]);
+            plan(&rank(app.clone(), init.clone()), "ns", false, &inv).unwrap();
+            // Beside a sidecar declared before it, it runs with the sidecar: refused.
+            let sidecar = json!({"name": "s", "image": "x", "restartPolicy": "Always",
+                                 "resources": {"limits": {"gpuslice.io/memory": "1Gi"}}});
+            let init = json!([sidecar, init[0]]);
+            let e = plan(
+                &rank(json!([{"name": "a", "image": "x"}]), init),
+                "ns",
+                false,
+                &inv,
+            )
+            .unwrap_err();
+            assert!(
+                e.to_string().starts_with(
+                    "spec.initContainers[0], spec.initContainers[1]: containers of a rank"
+                ),
+                "{e}"
+            );
+        }
+        // The same pods of no job are admitted: in capacity mode warned that two slices may be
+        // given one GPU, in slot mode sharing one slice, as said.
+        let mut p = rank(two.clone(), json!([]));
+        p["metadata"]["labels"] = json!({});
+        let got = plan(&p, "ns", false, &PublishedGpus::default()).unwrap();
+        assert!(
+            got.warnings.contains(&shared_gpu_warning(
+                "spec.containers[0], spec.containers[1]"
+            )),
+            "{:?}",
+            got.warnings
+        );
+        let got = plan(&p, "ns", false, &six_slots()).unwrap();
+        assert_eq!(
+            got.warnings[0],
+            "spec.containers[0], spec.containers[1]: in slot mode the containers of a pod share one slice, 1 GPU × 2Gi"
+        );
+        assert!(
+            !got.warnings
+                .iter()
+                .any(|w| w.contains("may be given one GPU")),
+            "{:?}",
+            got.warnings
+        );
+        // One container asking: no such warning.
+        let got = plan(
+            &pod(json!({"gpuslice.io/memory": "1Gi"})),
+            "ns",
+            false,
+            &PublishedGpus::default(),
+        )
+        .unwrap();
+        assert!(got.warnings.is_empty(), "{:?}", got.warnings);
     }
 
     #[test]

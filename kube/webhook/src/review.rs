@@ -1070,23 +1070,39 @@ mod tests {
             max_gpus_per_node: Some(8),
             gpu_memory: vec![80 << 30],
         };
-        for inv in [PublishedGpus::default(), slots] {
-            for hami in [false, true] {
-                let a = plan(&full, "ns", hami, &inv).map(|p| (p.patch, p.warnings));
-                let b = plan(&kept, "ns", hami, &inv).map(|p| (p.patch, p.warnings));
-                assert_eq!(
-                    format!("{a:?}"),
-                    format!("{b:?}"),
-                    "hami {hami}, {:?}: kept {kept}",
-                    inv.mode
-                );
+        // The pod as a rank of its job (refused: its sidecar and app run together on slices)
+        // and as a pod of no job (admitted).
+        let mut of_no_job = full.clone();
+        of_no_job["metadata"]["labels"] = json!({"a": "b"});
+        let kept_of_no_job = parse(&review_of(&of_no_job)).unwrap().object.unwrap();
+        for (full, kept) in [(&full, &kept), (&of_no_job, &kept_of_no_job)] {
+            for inv in [PublishedGpus::default(), slots.clone()] {
+                for hami in [false, true] {
+                    let a = plan(full, "ns", hami, &inv).map(|p| (p.patch, p.warnings));
+                    let b = plan(kept, "ns", hami, &inv).map(|p| (p.patch, p.warnings));
+                    assert_eq!(
+                        format!("{a:?}"),
+                        format!("{b:?}"),
+                        "hami {hami}, {:?}: kept {kept}",
+                        inv.mode
+                    );
+                }
             }
         }
+        assert!(plan(&kept_of_no_job, "ns", true, &PublishedGpus::default()).is_ok());
         let inv = PublishedGpus::default();
-        // The sidecar keeps its own claim beside the app's.
+        // The sidecar keeps its own claim beside the app's: it runs beside the app, each on a
+        // slice of its own, which in a rank of a job is refused, as the whole pod is.
         assert_eq!(kept["spec"]["initContainers"][1]["restartPolicy"], "Always");
-        // The job's term appended to the pod's own.
-        let patch = plan(&kept, "ns", false, &inv).unwrap().patch;
+        assert!(matches!(
+            plan(&kept, "ns", false, &inv),
+            Err(crate::mutate::MutateError::RankContainers { .. })
+        ));
+        // The job's term appended to the pod's own (a rank whose sidecar asks no slice).
+        let mut one = full.clone();
+        one["spec"]["initContainers"][1]["resources"] = json!({});
+        let kept_one = parse(&review_of(&one)).unwrap().object.unwrap();
+        let patch = plan(&kept_one, "ns", false, &inv).unwrap().patch;
         assert!(
             patch.iter().any(|op| {
                 op["path"]

@@ -2,7 +2,9 @@
 //! into a claim is kept off its job's other ranks' nodes as such a rank is (docs/kubeflow.md,
 //! "One rank per GPU per job"): one whose own claim templates ask gpuslice's device classes,
 //! one naming a claim written by hand that asks them, one asking the node by `gpuslice.io/*`
-//! annotations. The real server over TLS answers the review of such a pod with the job's
+//! annotations; and a rank whose containers that run together each ask a slice by limits is
+//! refused (their claims may be given one GPU), the same pod of no job admitted with a
+//! warning saying so. The real server over TLS answers the review of such a pod with the job's
 //! required anti-affinity term, the rule's annotation and the rule as a warning (also, in a
 //! namespace without a budget, when its template is missing or cannot be charged; also for
 //! each of the ranks naming one shared claim, which then cannot all be placed), and leaves a
@@ -413,4 +415,58 @@ fn both_registrations_send_a_jobs_ranks_that_name_claims_and_every_pod_asking_by
         chart[at + annotated.len()..].trim_start().starts_with("||"),
         "{chart}"
     );
+}
+
+#[test]
+fn a_ranks_containers_that_each_ask_a_slice_by_limits_are_refused_through_the_server() {
+    let api = FakeApi::start();
+    let w = start_against(&api.url, patient());
+    let sliced = |name: &str| {
+        json!({"name": name, "image": "x", "resources": {"limits": {
+            "gpuslice.io/gpus": "1", "gpuslice.io/memory": "1Gi"}}})
+    };
+    let pod = |uid: &str, labels: Value| {
+        json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {
+                "uid": uid, "namespace": NS, "operation": "CREATE",
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "object": {"metadata": {"name": uid, "namespace": NS, "labels": labels},
+                           "spec": {"containers": [sliced("a"), sliced("b")]}},
+            },
+        })
+        .to_string()
+    };
+    // Two ranks' worth of slices in one pod of a job: their claims may be given one GPU,
+    // which NCCL refuses; refused at admission, naming both containers and the job.
+    let answer = reviewed(
+        w.addr,
+        &pod("rank", json!({"training.kubeflow.org/job-name": "rdzv"})),
+    );
+    let r = &answer["response"];
+    assert_eq!(r["allowed"], false, "{answer}");
+    let said = r["status"]["message"].as_str().unwrap_or("");
+    assert!(
+        said.starts_with("spec.containers[0], spec.containers[1]: containers of a rank of job training.kubeflow.org/job-name=rdzv that run at the same time each ask a GPU slice"),
+        "{answer}"
+    );
+    // The same pod of no job: admitted, a claim each, and told they may share a GPU.
+    let answer = reviewed(w.addr, &pod("no-job", json!({"app": "x"})));
+    let r = &answer["response"];
+    assert_eq!(r["allowed"], true, "{answer}");
+    let warnings = r["warnings"].as_array().cloned().unwrap_or_default();
+    assert!(
+        warnings.iter().any(|w| w.as_str().is_some_and(|w| w.starts_with(
+            "spec.containers[0], spec.containers[1]: each gets a GPU slice of its own (a claim each), and two of them may be given one GPU"
+        ))),
+        "{answer}"
+    );
+    let entries: Vec<Value> = patch(&answer)
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|op| op["path"] == "/spec/resourceClaims")
+        .flat_map(|op| op["value"].as_array().cloned().unwrap_or_default())
+        .collect();
+    assert_eq!(entries.len(), 2, "{answer}");
 }
