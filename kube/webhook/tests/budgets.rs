@@ -532,7 +532,7 @@ fn a_new_quota_books_nothing_until_it_has_counted_the_pods_already_running() {
     let said = r["status"]["message"].as_str().unwrap_or("");
     assert!(
         said.starts_with(&format!(
-            "status unknown for quota: {NS}/gpu, resources: {MEMORY}: its usage is being counted"
+            "status unknown for quota: {NS}/gpu, resources: {MEMORY}, requested: {MEMORY}=10Gi: its usage is being counted"
         )) && said.contains("again in a few seconds"),
         "{answer}"
     );
