@@ -45,6 +45,24 @@ pub const POD_CLAIM_NAME: &str = "resource.kubernetes.io/pod-claim-name";
 pub const DEFAULT_RECOUNT: Duration = Duration::from_secs(15);
 /// Conflicting updates a booking retries before it gives up.
 const MAX_TRIES: usize = 64;
+/// The distinct ResourceClaims a rank's admission reads to tell whether the pod asks
+/// gpuslice's devices ([`Ledger::names_gpuslice_claims`]). Kubernetes bounds a pod's
+/// `spec.resourceClaims` by nothing but the request's size, and the webhook's review by 256
+/// entries (crate::review): without this, one pod would make its admission read 256 claims.
+pub const MAX_NAMED_CLAIM_READS: usize = 32;
+
+/// What the claims a pod names by `resourceClaimName` say of it
+/// ([`Ledger::names_gpuslice_claims`]).
+#[derive(Debug, Default)]
+pub struct NamedClaims {
+    /// One of them is known to ask gpuslice's devices.
+    pub asks: bool,
+    /// When none is: the entries whose claim could not be read (entry name, why).
+    pub unread: Vec<(String, String)>,
+    /// When none is: the distinct claims named past the first [`MAX_NAMED_CLAIM_READS`],
+    /// not read.
+    pub not_read: usize,
+}
 
 /// A budget could not be read or booked: one line.
 #[derive(Debug, thiserror::Error)]
@@ -275,10 +293,13 @@ impl Ledger {
     ) -> Result<Charge, BudgetError> {
         let client = self.cluster.client();
         let mut templates = planned.to_vec();
+        // Each template is read once, however many entries name it (one missing included).
+        let mut tried = HashSet::new();
         for (_, name) in entries {
-            if templates
-                .iter()
-                .any(|t| t.metadata.name.as_deref() == Some(name.as_str()))
+            if !tried.insert(name.as_str())
+                || templates
+                    .iter()
+                    .any(|t| t.metadata.name.as_deref() == Some(name.as_str()))
             {
                 continue;
             }
@@ -306,7 +327,12 @@ impl Ledger {
         planned: &[ResourceClaimTemplate],
     ) -> bool {
         let client = self.cluster.client();
+        let mut seen = HashSet::new();
         for (_, name) in entries {
+            // Each template is read once, however many entries name it.
+            if !seen.insert(name.as_str()) {
+                continue;
+            }
             let read;
             let t = match planned
                 .iter()
@@ -331,30 +357,52 @@ impl Ledger {
     /// Whether a claim the pod's entries name (`claims`: entry name, claim name) is known to
     /// ask gpuslice's devices, read from the API server through its view, and, when none is,
     /// the entries whose claim could not be read (entry name, why: missing yet, or the error).
-    /// Never an error: a pod is neither charged for the claims it names (each was, when
-    /// created) nor refused for them.
+    /// Each claim is read once however many entries name it, and at most
+    /// [`MAX_NAMED_CLAIM_READS`] distinct claims are read, in the order the entries name
+    /// them, so that no pod makes one admission read more: [`NamedClaims::not_read`] counts
+    /// the claims past them. Never an error: a pod is neither charged for the claims it names
+    /// (each was, when created) nor refused for them.
     pub async fn names_gpuslice_claims(
         &self,
         namespace: &str,
         claims: &[(String, String)],
-    ) -> (bool, Vec<(String, String)>) {
+    ) -> NamedClaims {
         let client = self.cluster.client();
-        let mut unread = Vec::new();
+        let mut read: HashMap<&str, Option<String>> = HashMap::new();
+        let mut out = NamedClaims::default();
         for (entry, name) in claims {
-            match get_opt::<ResourceClaim>(&client, namespace, name).await {
-                Ok(Some(c)) if asks_gpuslice_devices(&claim_spec(&c)) => return (true, Vec::new()),
-                Ok(Some(_)) => {}
-                Ok(None) => unread.push((
-                    entry.clone(),
-                    format!("ResourceClaim {namespace}/{name} does not exist yet"),
-                )),
-                Err(e) => unread.push((
-                    entry.clone(),
-                    format!("cannot read ResourceClaim {namespace}/{name}: {e}"),
-                )),
+            let unread = match read.get(name.as_str()) {
+                Some(unread) => unread.clone(),
+                None if read.len() == MAX_NAMED_CLAIM_READS => {
+                    let distinct: HashSet<&str> = claims.iter().map(|(_, n)| n.as_str()).collect();
+                    out.not_read = distinct.len() - MAX_NAMED_CLAIM_READS;
+                    break;
+                }
+                None => {
+                    let unread = match get_opt::<ResourceClaim>(&client, namespace, name).await {
+                        Ok(Some(c)) if asks_gpuslice_devices(&claim_spec(&c)) => {
+                            return NamedClaims {
+                                asks: true,
+                                ..NamedClaims::default()
+                            }
+                        }
+                        Ok(Some(_)) => None,
+                        Ok(None) => Some(format!(
+                            "ResourceClaim {namespace}/{name} does not exist yet"
+                        )),
+                        Err(e) => {
+                            Some(format!("cannot read ResourceClaim {namespace}/{name}: {e}"))
+                        }
+                    };
+                    read.insert(name, unread.clone());
+                    unread
+                }
+            };
+            if let Some(detail) = unread {
+                out.unread.push((entry.clone(), detail));
             }
         }
-        (false, unread)
+        out
     }
 
     /// What a claim created in `namespace` charges: nothing when the resource claim controller

@@ -59,6 +59,16 @@ pub fn unread_claim(entry: &str, detail: &str, label: &str, value: &str) -> Stri
     )
 }
 
+/// The warning for a rank of job `label`=`value` naming `past` more distinct ResourceClaims
+/// than the `max` the webhook reads, none of those read asking gpuslice's devices: the rest
+/// are not known to ask them, so the rank is not kept apart for them.
+pub fn claims_not_read(past: usize, max: usize, label: &str, value: &str) -> String {
+    format!(
+        "spec.resourceClaims names {} ResourceClaims: the webhook reads at most {max} to tell whether a pod asks gpuslice's devices, and none of those asks them; whether the other {past} do is unknown, so this pod is not kept off the nodes of the other ranks of job {label}={value}; accepted: at most {max} claims named, or gpuslice's claims among the first {max} (docs/kubeflow.md, \"One rank per GPU per job\")",
+        max + past
+    )
+}
+
 /// The rule as the annotation and the admission warning state it.
 pub fn rule(label: &str, value: &str) -> String {
     format!("one node per rank of job {label}={value}: NCCL refuses two ranks on one GPU")

@@ -306,6 +306,105 @@ fn a_rank_naming_a_claim_of_gpuslices_classes_is_kept_off_its_jobs_other_ranks_n
     }
 }
 
+/// The GETs by name of objects of `plural` (in [`NS`]) among `api`'s requests, by name.
+fn gets(api: &FakeApi, plural: &str) -> Vec<String> {
+    let at = format!("GET /apis/resource.k8s.io/v1/namespaces/{NS}/{plural}/");
+    api.requests()
+        .iter()
+        .filter_map(|r| r.strip_prefix(&at).map(str::to_string))
+        .collect()
+}
+
+#[test]
+fn a_ranks_admission_reads_each_named_object_once_and_at_most_32_claims() {
+    let api = FakeApi::start();
+    api.put(
+        "resourceclaimtemplates",
+        &template("other-gpu", "gpu.example.com"),
+    );
+    api.put_claim(&claim("other-gpu", "gpu.example.com"));
+    for i in 0..40 {
+        api.put_claim(&claim(&format!("o-{i}"), "gpu.example.com"));
+    }
+    api.put_claim(&claim("mine", "gpuslice.io"));
+    let w = start_against(&api.url, patient());
+    let job = json!({"gpuslice.io/job": "x"});
+    let entries = |names: &mut dyn Iterator<Item = (String, String)>, field: &str| -> Value {
+        names
+            .enumerate()
+            .map(|(i, (_, n))| {
+                let entry = if i == 0 {
+                    "gpu".to_string()
+                } else {
+                    format!("e{i}")
+                };
+                json!({"name": entry, field: n})
+            })
+            .collect::<Vec<_>>()
+            .into()
+    };
+    let same = |n: &str| std::iter::repeat_n((String::new(), n.to_string()), 256);
+
+    // 256 entries (the most a review may carry) naming one claim, or one template, of another
+    // driver: each read once; admitted unchanged.
+    for (uid, plural, field) in [
+        ("one-claim", "resourceclaims", "resourceClaimName"),
+        (
+            "one-template",
+            "resourceclaimtemplates",
+            "resourceClaimTemplateName",
+        ),
+    ] {
+        let named = entries(&mut same("other-gpu"), field);
+        let answer = reviewed(w.addr, &pod_review(uid, job.clone(), Value::Null, named));
+        let r = &answer["response"];
+        assert_eq!(r["allowed"], true, "{uid}: {answer}");
+        assert!(
+            r["patch"].is_null() && r["warnings"].is_null(),
+            "{uid}: {answer}"
+        );
+        assert_eq!(gets(&api, plural), ["other-gpu"], "{uid}");
+    }
+
+    // 40 distinct claims of another driver, then gpuslice's: the first 32 are read (none
+    // asks gpuslice's devices), the others not; admitted unchanged, with a warning naming
+    // the count and the most read.
+    let mut names = (0..40)
+        .map(|i| format!("o-{i}"))
+        .chain(["mine".to_string()])
+        .map(|n| (String::new(), n));
+    let named = entries(&mut names, "resourceClaimName");
+    let answer = reviewed(w.addr, &pod_review("many", job.clone(), Value::Null, named));
+    let r = &answer["response"];
+    assert_eq!(r["allowed"], true, "{answer}");
+    assert!(r["patch"].is_null(), "{answer}");
+    assert_eq!(
+        r["warnings"],
+        json!(["spec.resourceClaims names 41 ResourceClaims: the webhook reads at most 32 to tell whether a pod asks gpuslice's devices, and none of those asks them; whether the other 9 do is unknown, so this pod is not kept off the nodes of the other ranks of job gpuslice.io/job=x; accepted: at most 32 claims named, or gpuslice's claims among the first 32 (docs/kubeflow.md, \"One rank per GPU per job\")"]),
+        "{answer}"
+    );
+    let read = gets(&api, "resourceclaims");
+    let want: Vec<String> = ["other-gpu".to_string()]
+        .into_iter()
+        .chain((0..32).map(|i| format!("o-{i}")))
+        .collect();
+    assert_eq!(read, want);
+
+    // gpuslice's claim the 32nd named: read, and the rank kept apart.
+    let mut names = (0..31)
+        .map(|i| format!("o-{i}"))
+        .chain(["mine".to_string()])
+        .map(|n| (String::new(), n));
+    let named = entries(&mut names, "resourceClaimName");
+    let answer = reviewed(w.addr, &pod_review("32nd", job, Value::Null, named));
+    assert_eq!(
+        patch(&answer),
+        kept_apart("gpuslice.io/job", "x", false),
+        "{answer}"
+    );
+    assert_eq!(gets(&api, "resourceclaims").len(), 33 + 32);
+}
+
 #[test]
 fn ranks_asking_the_node_by_annotation_are_kept_off_each_others_nodes() {
     let api = FakeApi::start();
