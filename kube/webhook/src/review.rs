@@ -19,7 +19,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-use crate::placement::{JOB_LABELS, SLICE_ANNOTATION_PREFIX};
+use crate::placement::{request_key, JOB_LABELS};
 
 /// The users the resource claim controller creates claims as: its own service account, or the
 /// controller manager's user where that runs without per-controller credentials. The
@@ -263,11 +263,10 @@ fn gpu_name(name: &str) -> bool {
 }
 
 /// The annotations the webhook reads: HAMi's (selection and policy) and the slice request a
-/// node reads on the annotation path (which makes a pod of a job a rank to keep apart).
+/// node reads on the annotation path (refused where a budget holds; it makes a pod of a job a
+/// rank to keep apart).
 fn read_annotation(name: &str) -> bool {
-    name.starts_with("nvidia.com/")
-        || name.starts_with("hami.io/")
-        || name.starts_with(SLICE_ANNOTATION_PREFIX)
+    name.starts_with("nvidia.com/") || name.starts_with("hami.io/") || request_key(name).is_some()
 }
 
 /// The entries of a JSON object whose names pass `keep`, values unparsed; anything but an

@@ -486,6 +486,23 @@ fn a_pod_asking_the_node_by_annotation_is_refused_where_a_budget_holds() {
     assert_eq!(used(&api, "team-a"), "0");
     assert_eq!(templates_in(&api, "team-a"), 0, "{:?}", api.requests());
 
+    // `gpuslice.io/*` annotations the node reads as no request (a job's name, a note, the
+    // reservation gpuslice writes) ask nothing the budget could miss: admitted unchanged.
+    let answer = reviewed(
+        w.addr,
+        &annotated_review(
+            "team-a",
+            "p",
+            json!({"app": "x"}),
+            json!({"gpuslice.io/job": "x", "gpuslice.io/note": "mine",
+                   "gpuslice.io/reservation": "3f9a0c1d2e4b5a69"}),
+            false,
+        ),
+    );
+    let r = &answer["response"];
+    assert_eq!(r["allowed"], true, "{answer}");
+    assert!(r["patch"].is_null() && r["warnings"].is_null(), "{answer}");
+
     // Where no budget holds, the annotation path works as before: admitted unchanged, and a
     // rank of a job gets only the job's rule.
     let answer = reviewed(

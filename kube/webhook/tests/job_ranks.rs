@@ -20,7 +20,7 @@
 
 use base64::Engine;
 use gpuslice_fakeapi::FakeApi;
-use gpuslice_webhook::placement::{JOB_LABELS, SLICE_ANNOTATION_PREFIX};
+use gpuslice_webhook::placement::{annotation_condition, JOB_LABELS};
 use serde_json::{json, Value};
 
 use crate::hostile::{patient, reviewed, start_against};
@@ -433,10 +433,36 @@ fn ranks_asking_the_node_by_annotation_are_kept_off_each_others_nodes() {
             "{uid}: {answer}"
         );
     }
-    // The same pod of no job, and a pod of the job asking nothing by annotation: unchanged.
+    // A container's override alone asks a slice too.
+    let answer = reviewed(
+        w.addr,
+        &pod_review(
+            "override",
+            team.clone(),
+            json!({"gpuslice.io/memory.node": "4Gi"}),
+            Value::Null,
+        ),
+    );
+    assert_eq!(
+        patch(&answer),
+        kept_apart("gpuslice.io/job", "x", true),
+        "{answer}"
+    );
+    // The same pod of no job, and pods of the job asking nothing by annotation (another
+    // domain's, or `gpuslice.io/*` keys the node reads as no request): unchanged.
     for (uid, labels, annotations) in [
         ("no-job", json!({"app": "x"}), asks),
-        ("no-ask", team, json!({"example.com/gpuslice.io": "x"})),
+        (
+            "no-ask",
+            team.clone(),
+            json!({"example.com/gpuslice.io": "x"}),
+        ),
+        (
+            "other-keys",
+            team,
+            json!({"gpuslice.io/job": "x", "gpuslice.io/note": "mine",
+                   "gpuslice.io/reservation": "3f9a0c1d2e4b5a69", "gpuslice.io/memory.": "1Gi"}),
+        ),
     ] {
         let answer = reviewed(w.addr, &pod_review(uid, labels, annotations, Value::Null));
         let r = &answer["response"];
@@ -493,10 +519,12 @@ fn both_registrations_send_a_jobs_ranks_that_name_claims_and_every_pod_asking_by
         assert!(chart.contains(part), "{part} not in {chart}");
     }
     // Every pod asking the node by annotation, of a job or not: the webhook refuses it where
-    // a budget holds (docs/quotas.md). Its test is one of the condition's own alternatives,
-    // under no other test (no parenthesis open before it).
+    // a budget holds (docs/quotas.md). Its test names the keys the node reads as a request
+    // (the webhook's and the node's one list), and is one of the condition's own
+    // alternatives, under no other test (no parenthesis open before it).
     let annotated = format!(
-        "(has(object.metadata.annotations) && object.metadata.annotations.exists(k, k.startsWith('{SLICE_ANNOTATION_PREFIX}')))"
+        "(has(object.metadata.annotations) && object.metadata.annotations.exists(k, {}))",
+        annotation_condition()
     );
     let at = chart
         .find(&annotated)
