@@ -7,6 +7,7 @@
 // Tests may panic on unexpected errors; the library itself may not.
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 
+pub mod annotations;
 #[cfg(any(test, feature = "testing"))]
 mod fake;
 mod id;

@@ -62,7 +62,9 @@ $(webhook_common "$1" "$2")
         (has(c.resources.limits) && c.resources.limits.exists(k, k.startsWith('gpuslice.io/') || k.startsWith('nvidia.com/gpu'))) ||
         (has(c.resources.requests) && c.resources.requests.exists(k, k.startsWith('gpuslice.io/') || k.startsWith('nvidia.com/gpu'))))) ||
       (has(object.spec.resourceClaims) && object.spec.resourceClaims.exists(e, has(e.resourceClaimTemplateName))) ||
-      (has(object.metadata.annotations) && object.metadata.annotations.exists(k, k.startsWith('gpuslice.io/'))) ||
+      (has(object.metadata.annotations) && object.metadata.annotations.exists(k, k.startsWith('gpuslice.io/') &&
+        (k in ['gpuslice.io/gpus', 'gpuslice.io/memory', 'gpuslice.io/cores', 'gpuslice.io/gpu', 'gpuslice.io/gpu-type', 'gpuslice.io/policy'] ||
+        ['gpuslice.io/gpus.', 'gpuslice.io/memory.', 'gpuslice.io/cores.', 'gpuslice.io/gpu.', 'gpuslice.io/gpu-type.', 'gpuslice.io/policy.'].exists(p, k.startsWith(p))))) ||
       (has(object.metadata.labels) &&
         ['gpuslice.io/job', 'training.kubeflow.org/job-name', 'jobset.sigs.k8s.io/jobset-name'].exists(l, l in object.metadata.labels) &&
         has(object.spec.resourceClaims) && object.spec.resourceClaims.exists(e, has(e.resourceClaimName)))

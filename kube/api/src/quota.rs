@@ -122,8 +122,13 @@ pub enum QuotaError {
         used: String,
         asked: String,
     },
-    #[error("status unknown for quota: {quota}, resources: {names}: its usage is being counted from the namespace's pods and claims; accepted: the same request again in a few seconds")]
-    Uncounted { quota: String, names: String },
+    #[error("status unknown for quota: {quota}, resources: {names}, requested: {asked}: its usage is being counted from the namespace's pods and claims; accepted: the same request again in a few seconds")]
+    Uncounted {
+        quota: String,
+        names: String,
+        /// What the request asks of each of the quota's names, `name=value` in its unit.
+        asked: String,
+    },
     #[error("{field}: {detail} overflows what a budget can count (64-bit {unit}); accepted: a smaller ask")]
     Overflow {
         field: String,
@@ -511,9 +516,21 @@ impl Budget {
             .map(|l| l.name.name)
             .collect();
         if !asked.is_zero() && !uncounted.is_empty() {
+            let amounts: Vec<String> = self
+                .lines
+                .iter()
+                .map(|l| {
+                    format!(
+                        "{}={}",
+                        l.name.name,
+                        format_value(l.name, asked.in_unit(l.name))
+                    )
+                })
+                .collect();
             return Err(QuotaError::Uncounted {
                 quota: self.quota.clone(),
                 names: uncounted.join(","),
+                asked: amounts.join(","),
             });
         }
         let mut out = Vec::new();
@@ -976,7 +993,7 @@ mod tests {
         let e = b.book(&gib(10)).unwrap_err().to_string();
         assert_eq!(
             e,
-            "status unknown for quota: team/gpu, resources: limits.gpuslice.io/memory,limits.gpuslice.io/gpus: its usage is being counted from the namespace's pods and claims; accepted: the same request again in a few seconds"
+            "status unknown for quota: team/gpu, resources: limits.gpuslice.io/memory,limits.gpuslice.io/gpus, requested: limits.gpuslice.io/memory=10Gi,limits.gpuslice.io/gpus=1: its usage is being counted from the namespace's pods and claims; accepted: the same request again in a few seconds"
         );
         // A name added to hard: that name alone is not counted, and the quota books nothing.
         let q = quota(&[(MEMORY, "80Gi"), (GPUS, "8")], &[(MEMORY, "20Gi")]);
@@ -984,8 +1001,20 @@ mod tests {
         let e = b.book(&gib(1)).unwrap_err().to_string();
         assert!(
             e.starts_with(
-                "status unknown for quota: team/gpu, resources: limits.gpuslice.io/gpus:"
+                "status unknown for quota: team/gpu, resources: limits.gpuslice.io/gpus, requested: limits.gpuslice.io/memory=1Gi,limits.gpuslice.io/gpus=1:"
             ),
+            "{e}"
+        );
+        // The amounts asked are in each name's unit, as in the exceeded-quota refusal.
+        let q = quota(&[(HAMI_MEMORY, "10240"), (HAMI_CORES, "400")], &[]);
+        let e = Budget::read(&q, true)
+            .unwrap()
+            .unwrap()
+            .book(&gib(1))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("status unknown for quota: team/gpu, resources: limits.nvidia.com/gpumem,limits.nvidia.com/gpucores, requested: limits.nvidia.com/gpumem=1024,limits.nvidia.com/gpucores=100: its usage"),
             "{e}"
         );
         // Nothing charged: nothing refused. Counted (0 included): booked as usual.

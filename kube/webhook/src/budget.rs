@@ -27,8 +27,12 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, PostParams};
 use kube::Api;
 
-use gpuslice_dra::claim_shape::{Mode, PublishedGpus};
-use gpuslice_dra::quota::{claim_charge, format_value, Budget, Charge, Charged, QuotaError, NAMES};
+use gpuslice_config::Quantity as ConfigQuantity;
+use gpuslice_dra::claim_shape::{Mode, PublishedGpus, Shape};
+use gpuslice_dra::quota::{
+    claim_charge, format_value, shape_charge, whole_gpu, Budget, Charge, Charged, QuotaError, NAMES,
+};
+use gpuslice_registry::annotations::{parse_ask, Ask, CONTAINER_NAME};
 
 use crate::cluster::Cluster;
 use crate::mirror::Mirror;
@@ -45,6 +49,24 @@ pub const POD_CLAIM_NAME: &str = "resource.kubernetes.io/pod-claim-name";
 pub const DEFAULT_RECOUNT: Duration = Duration::from_secs(15);
 /// Conflicting updates a booking retries before it gives up.
 const MAX_TRIES: usize = 64;
+/// The distinct ResourceClaims a rank's admission reads to tell whether the pod asks
+/// gpuslice's devices ([`Ledger::names_gpuslice_claims`]). Kubernetes bounds a pod's
+/// `spec.resourceClaims` by nothing but the request's size, and the webhook's review by 256
+/// entries (crate::review): without this, one pod would make its admission read 256 claims.
+pub const MAX_NAMED_CLAIM_READS: usize = 32;
+
+/// What the claims a pod names by `resourceClaimName` say of it
+/// ([`Ledger::names_gpuslice_claims`]).
+#[derive(Debug, Default)]
+pub struct NamedClaims {
+    /// One of them is known to ask gpuslice's devices.
+    pub asks: bool,
+    /// When none is: the entries whose claim could not be read (entry name, why).
+    pub unread: Vec<(String, String)>,
+    /// When none is: the distinct claims named past the first [`MAX_NAMED_CLAIM_READS`],
+    /// not read.
+    pub not_read: usize,
+}
 
 /// A budget could not be read or booked: one line.
 #[derive(Debug, thiserror::Error)]
@@ -275,10 +297,13 @@ impl Ledger {
     ) -> Result<Charge, BudgetError> {
         let client = self.cluster.client();
         let mut templates = planned.to_vec();
+        // Each template is read once, however many entries name it (one missing included).
+        let mut tried = HashSet::new();
         for (_, name) in entries {
-            if templates
-                .iter()
-                .any(|t| t.metadata.name.as_deref() == Some(name.as_str()))
+            if !tried.insert(name.as_str())
+                || templates
+                    .iter()
+                    .any(|t| t.metadata.name.as_deref() == Some(name.as_str()))
             {
                 continue;
             }
@@ -306,7 +331,12 @@ impl Ledger {
         planned: &[ResourceClaimTemplate],
     ) -> bool {
         let client = self.cluster.client();
+        let mut seen = HashSet::new();
         for (_, name) in entries {
+            // Each template is read once, however many entries name it.
+            if !seen.insert(name.as_str()) {
+                continue;
+            }
             let read;
             let t = match planned
                 .iter()
@@ -331,30 +361,52 @@ impl Ledger {
     /// Whether a claim the pod's entries name (`claims`: entry name, claim name) is known to
     /// ask gpuslice's devices, read from the API server through its view, and, when none is,
     /// the entries whose claim could not be read (entry name, why: missing yet, or the error).
-    /// Never an error: a pod is neither charged for the claims it names (each was, when
-    /// created) nor refused for them.
+    /// Each claim is read once however many entries name it, and at most
+    /// [`MAX_NAMED_CLAIM_READS`] distinct claims are read, in the order the entries name
+    /// them, so that no pod makes one admission read more: [`NamedClaims::not_read`] counts
+    /// the claims past them. Never an error: a pod is neither charged for the claims it names
+    /// (each was, when created) nor refused for them.
     pub async fn names_gpuslice_claims(
         &self,
         namespace: &str,
         claims: &[(String, String)],
-    ) -> (bool, Vec<(String, String)>) {
+    ) -> NamedClaims {
         let client = self.cluster.client();
-        let mut unread = Vec::new();
+        let mut read: HashMap<&str, Option<String>> = HashMap::new();
+        let mut out = NamedClaims::default();
         for (entry, name) in claims {
-            match get_opt::<ResourceClaim>(&client, namespace, name).await {
-                Ok(Some(c)) if asks_gpuslice_devices(&claim_spec(&c)) => return (true, Vec::new()),
-                Ok(Some(_)) => {}
-                Ok(None) => unread.push((
-                    entry.clone(),
-                    format!("ResourceClaim {namespace}/{name} does not exist yet"),
-                )),
-                Err(e) => unread.push((
-                    entry.clone(),
-                    format!("cannot read ResourceClaim {namespace}/{name}: {e}"),
-                )),
+            let unread = match read.get(name.as_str()) {
+                Some(unread) => unread.clone(),
+                None if read.len() == MAX_NAMED_CLAIM_READS => {
+                    let distinct: HashSet<&str> = claims.iter().map(|(_, n)| n.as_str()).collect();
+                    out.not_read = distinct.len() - MAX_NAMED_CLAIM_READS;
+                    break;
+                }
+                None => {
+                    let unread = match get_opt::<ResourceClaim>(&client, namespace, name).await {
+                        Ok(Some(c)) if asks_gpuslice_devices(&claim_spec(&c)) => {
+                            return NamedClaims {
+                                asks: true,
+                                ..NamedClaims::default()
+                            }
+                        }
+                        Ok(Some(_)) => None,
+                        Ok(None) => Some(format!(
+                            "ResourceClaim {namespace}/{name} does not exist yet"
+                        )),
+                        Err(e) => {
+                            Some(format!("cannot read ResourceClaim {namespace}/{name}: {e}"))
+                        }
+                    };
+                    read.insert(name, unread.clone());
+                    unread
+                }
+            };
+            if let Some(detail) = unread {
+                out.unread.push((entry.clone(), detail));
             }
         }
-        (false, unread)
+        out
     }
 
     /// What a claim created in `namespace` charges: nothing when the resource claim controller
@@ -683,6 +735,14 @@ pub fn live_charge(
             continue;
         }
         let counted_here = counts(Charged::Pod(p));
+        if counted_here {
+            let name = p.metadata.name.as_deref().unwrap_or_default();
+            let c = annotation_charge(p, inventory, &format!("Pod {name}")).unwrap_or_else(|e| {
+                unpriced.get_or_insert_with(|| e.to_string());
+                Charge::default()
+            });
+            total = add(total, &c, &mut unpriced);
+        }
         let statuses = p
             .status
             .as_ref()
@@ -755,6 +815,57 @@ pub fn live_charge(
         charge: total,
         unpriced,
     }
+}
+
+/// What the node books for pod `p` asking by annotation (docs/annotations.md: the request
+/// keys, [`gpuslice_registry::annotations::request_key`], as the recount keeps them,
+/// [`ScopedPod`]): for each of its containers, init containers included, what the node reads
+/// as that container's request ([`parse_ask`], the node's own reading), each charged as a
+/// slice of that shape (a percentage of memory, and a whole GPU, of the largest GPU
+/// published). A container whose annotations the node refuses charges nothing (it is not
+/// created). Such a pod is refused where a budget holds (the node books its slices past any
+/// budget); this counts the ones admitted before, so that `used` holds what they hold.
+/// Every init container counts, as if all held their slices at once: more than the node may
+/// hold at a time, never less.
+pub fn annotation_charge(
+    p: &Pod,
+    inventory: &PublishedGpus,
+    field: &str,
+) -> Result<Charge, QuotaError> {
+    let Some(asks) = p.metadata.annotations.as_ref().filter(|a| !a.is_empty()) else {
+        return Ok(Charge::default());
+    };
+    let Some(spec) = p.spec.as_ref() else {
+        return Ok(Charge::default());
+    };
+    let whole = whole_gpu(inventory);
+    let mut total = Charge::default();
+    for c in spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(&spec.containers)
+    {
+        let mut ann = asks.clone();
+        ann.insert(CONTAINER_NAME[0].to_string(), c.name.clone());
+        let Ok(Ask::Slice(req)) = parse_ask(&ann) else {
+            continue;
+        };
+        let memory = match req.memory {
+            None => None,
+            Some(q @ ConfigQuantity::Percent(_)) => whole.map(|w| q.resolve(w)),
+            Some(ConfigQuantity::Bytes(b)) => Some(b),
+        };
+        let shape = Shape {
+            gpus: req.gpus,
+            memory,
+            cores: Some(u32::from(req.cores)),
+            selectors: Vec::new(),
+        };
+        let field = format!("{field}, container {}", c.name);
+        total = total.checked_add(&shape_charge(&shape, whole, &field)?, &field)?;
+    }
+    Ok(total)
 }
 
 /// `total` + `c`, or `total` with the overflow noted in `unpriced`.
@@ -1647,6 +1758,97 @@ mod tests {
             ..live
         };
         assert_eq!(line_used(10 << 30, &priced, memory, 0), 2 << 30);
+    }
+
+    #[test]
+    fn a_pod_asking_by_annotation_charges_what_the_node_books_per_container() {
+        const GI: u64 = 1 << 30;
+        let inventory = PublishedGpus {
+            mode: Mode::Capacity,
+            max_gpus_per_node: Some(2),
+            gpu_memory: vec![40 * GI, 80 * GI],
+        };
+        let pod = |asks: &[(&str, &str)], containers: &[&str], init: &[&str]| {
+            let named = |n: &[&str]| -> Vec<k8s_openapi::api::core::v1::Container> {
+                n.iter()
+                    .map(|n| k8s_openapi::api::core::v1::Container {
+                        name: n.to_string(),
+                        ..Default::default()
+                    })
+                    .collect()
+            };
+            Pod {
+                metadata: ObjectMeta {
+                    annotations: Some(
+                        asks.iter()
+                            .map(|(k, v)| (k.to_string(), v.to_string()))
+                            .collect(),
+                    ),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(k8s_openapi::api::core::v1::PodSpec {
+                    containers: named(containers),
+                    init_containers: Some(named(init)),
+                    ..Default::default()
+                }),
+                status: None,
+            }
+        };
+        let charge = |p: &Pod| annotation_charge(p, &inventory, "Pod p").unwrap();
+        // A percentage and a whole GPU are of the largest GPU published; cores omitted count
+        // 100 per GPU; each container of the pod, init containers included, has its slice.
+        assert_eq!(
+            charge(&pod(&[("gpuslice.io/memory", "25%")], &["a", "b"], &["i"])),
+            Charge {
+                memory_bytes: 60 * GI,
+                cores: 300,
+                gpus: 3
+            }
+        );
+        assert_eq!(
+            charge(&pod(
+                &[("gpuslice.io/gpus", "2"), ("gpuslice.io/cores", "30")],
+                &["a"],
+                &[]
+            )),
+            Charge {
+                memory_bytes: 160 * GI,
+                cores: 60,
+                gpus: 2
+            }
+        );
+        // A container's own key, and one opted out.
+        assert_eq!(
+            charge(&pod(
+                &[
+                    ("gpuslice.io/memory.a", "4Gi"),
+                    ("gpuslice.io/gpus.b", "0"),
+                    ("gpuslice.io/cores", "50")
+                ],
+                &["a", "b", "c"],
+                &[]
+            )),
+            Charge {
+                memory_bytes: 84 * GI,
+                cores: 100,
+                gpus: 2
+            }
+        );
+        // No request key (as the recount keeps a pod: none), or a value the node refuses.
+        assert!(charge(&pod(&[], &["a"], &[])).is_zero());
+        assert!(charge(&pod(&[("gpuslice.io/memory", "4GB")], &["a"], &[])).is_zero());
+        // Whole GPUs while none is published: not priced.
+        let e = annotation_charge(
+            &pod(&[("gpuslice.io/gpus", "1")], &["a"], &[]),
+            &PublishedGpus::default(),
+            "Pod p",
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("Pod p, container a: asks whole GPUs"),
+            "{e}"
+        );
     }
 
     #[test]

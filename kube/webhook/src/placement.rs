@@ -17,9 +17,7 @@ pub use gpuslice_dra::jobs::{JOB_LABEL, JOB_LABELS};
 pub const RULE_ANNOTATION: &str = "placement.gpuslice.io/rule";
 /// [`RULE_ANNOTATION`] as a JSON Pointer into the pod (its `/` written `~1`).
 const RULE_ANNOTATION_PATH: &str = "/metadata/annotations/placement.gpuslice.io~1rule";
-/// The prefix of the pod annotations a node running the `gpuslice` RuntimeClass reads as a
-/// slice request (docs/annotations.md: any of them turns the request on).
-pub const SLICE_ANNOTATION_PREFIX: &str = "gpuslice.io/";
+pub use gpuslice_registry::annotations::request_key;
 /// The topology of the rule: one rank of a job per node.
 pub const NODE_KEY: &str = "kubernetes.io/hostname";
 const REQUIRED: &str = "requiredDuringSchedulingIgnoredDuringExecution";
@@ -31,18 +29,37 @@ pub fn job_of(pod: &Value) -> Option<(&'static str, String)> {
         .map(|(k, v)| (k, v.to_string()))
 }
 
-/// The annotations by which `pod` asks the node for slices (the annotation path: every
-/// `gpuslice.io/*` annotation, as the node reads them), which the webhook leaves as written.
+/// The annotations by which `pod` asks the node for slices (the annotation path: the request
+/// keys the node reads, [`request_key`]; other `gpuslice.io/*` annotations ask nothing),
+/// which the webhook leaves as written.
 pub fn slice_annotations(pod: &Value) -> Vec<&str> {
     pod["metadata"]["annotations"]
         .as_object()
         .map(|a| {
             a.keys()
                 .map(String::as_str)
-                .filter(|k| k.starts_with(SLICE_ANNOTATION_PREFIX))
+                .filter(|k| request_key(k).is_some())
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// The registrations' test (CEL, `k` an annotation key) of an annotation that asks the node
+/// for a slice: the request keys of [`request_key`], with or without a container's name
+/// (also `gpuslice.io/<key>.` with none, which the node refuses: the webhook admits it).
+pub fn annotation_condition() -> String {
+    use gpuslice_registry::annotations::{KEYS, PREFIX};
+    let quoted = |suffix: &str| -> String {
+        KEYS.iter()
+            .map(|k| format!("'{PREFIX}{k}{suffix}'"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    format!(
+        "k.startsWith('{PREFIX}') && (k in [{}] || [{}].exists(p, k.startsWith(p)))",
+        quoted(""),
+        quoted(".")
+    )
 }
 
 /// Whether `pod` asks the node for slices by annotation ([`slice_annotations`]).
@@ -56,6 +73,16 @@ pub fn asks_by_annotation(pod: &Value) -> bool {
 pub fn unread_claim(entry: &str, detail: &str, label: &str, value: &str) -> String {
     format!(
         "spec.resourceClaims[{entry}]: {detail}: whether it asks gpuslice's devices is unknown, so this pod is not kept off the nodes of the other ranks of job {label}={value}; create the claim before the pods that name it (docs/kubeflow.md, \"One rank per GPU per job\")"
+    )
+}
+
+/// The warning for a rank of job `label`=`value` naming `past` more distinct ResourceClaims
+/// than the `max` the webhook reads, none of those read asking gpuslice's devices: the rest
+/// are not known to ask them, so the rank is not kept apart for them.
+pub fn claims_not_read(past: usize, max: usize, label: &str, value: &str) -> String {
+    format!(
+        "spec.resourceClaims names {} ResourceClaims: the webhook reads at most {max} to tell whether a pod asks gpuslice's devices, and none of those asks them; whether the other {past} do is unknown, so this pod is not kept off the nodes of the other ranks of job {label}={value}; accepted: at most {max} claims named, or gpuslice's claims among the first {max} (docs/kubeflow.md, \"One rank per GPU per job\")",
+        max + past
     )
 }
 

@@ -5,6 +5,7 @@
 //! hostile pod holds (docs/webhook.md, "Bounds").
 
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::fmt;
 
 use base64::Engine;
@@ -19,7 +20,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-use crate::placement::{JOB_LABELS, SLICE_ANNOTATION_PREFIX};
+use crate::placement::{request_key, JOB_LABELS};
 
 /// The users the resource claim controller creates claims as: its own service account, or the
 /// controller manager's user where that runs without per-controller credentials. The
@@ -263,11 +264,10 @@ fn gpu_name(name: &str) -> bool {
 }
 
 /// The annotations the webhook reads: HAMi's (selection and policy) and the slice request a
-/// node reads on the annotation path (which makes a pod of a job a rank to keep apart).
+/// node reads on the annotation path (refused where a budget holds; it makes a pod of a job a
+/// rank to keep apart).
 fn read_annotation(name: &str) -> bool {
-    name.starts_with("nvidia.com/")
-        || name.starts_with("hami.io/")
-        || name.starts_with(SLICE_ANNOTATION_PREFIX)
+    name.starts_with("nvidia.com/") || name.starts_with("hami.io/") || request_key(name).is_some()
 }
 
 /// The entries of a JSON object whose names pass `keep`, values unparsed; anything but an
@@ -685,9 +685,80 @@ fn scope(raw: &RawValue, kept: &mut Kept) -> Result<Pod, PodError> {
 
 /// A pod as the budget recount reads it: its view ([`crate::view`]: claim entries, phase,
 /// claim statuses) with what the quotas' scopes read of it, read as an admission reads it
-/// ([`scope`]), so that a recount and an admission match a scoped quota alike.
+/// ([`scope`]), so that a recount and an admission match a scoped quota alike; and, when it
+/// asks the node for slices by annotation, those annotations and its containers' names (what
+/// the node reads of it, [`crate::budget::annotation_charge`]).
 #[derive(Debug, Clone)]
 pub struct ScopedPod(pub Pod);
+
+/// Of a pod, what the node reads as a slice request: its annotations (kept: the request keys
+/// alone) and its containers' names.
+#[derive(Deserialize)]
+struct AskView<'a> {
+    #[serde(default, borrow)]
+    metadata: Option<AskMetaView<'a>>,
+    #[serde(default)]
+    spec: Option<AskSpecView>,
+}
+
+#[derive(Deserialize)]
+struct AskMetaView<'a> {
+    #[serde(default, borrow)]
+    annotations: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct AskSpecView {
+    #[serde(default)]
+    containers: Vec<NamedView>,
+    #[serde(default)]
+    init_containers: Vec<NamedView>,
+}
+
+#[derive(Deserialize)]
+struct NamedView {
+    #[serde(default)]
+    name: String,
+}
+
+/// Sets on `pod` (as [`ScopedPod`] keeps it) the request annotations of `raw` and, when it
+/// has one, its containers' names; nothing when `raw` cannot be read so (a pod the API server
+/// stored always can).
+fn keep_asks(raw: &str, pod: &mut Pod) {
+    let Ok(v) = serde_json::from_str::<AskView>(raw) else {
+        return;
+    };
+    let asks: BTreeMap<String, String> = v
+        .metadata
+        .and_then(|m| m.annotations)
+        .map(|a| Entries::of(a, |k| request_key(k).is_some()))
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|(k, v)| {
+            Some((
+                k.into_owned(),
+                serde_json::from_str::<String>(v.get()).ok()?,
+            ))
+        })
+        .collect();
+    let (Some(spec), Some(s), false) = (pod.spec.as_mut(), v.spec, asks.is_empty()) else {
+        return;
+    };
+    pod.metadata.annotations = Some(asks);
+    for (named, into) in [
+        (s.containers, &mut spec.containers),
+        (
+            s.init_containers,
+            spec.init_containers.get_or_insert_with(Vec::new),
+        ),
+    ] {
+        into.resize_with(named.len().max(into.len()), Container::default);
+        for (c, n) in into.iter_mut().zip(named) {
+            c.name = n.name;
+        }
+    }
+}
 
 impl crate::view::Viewed for ScopedPod {
     const KIND: &'static str = "Pod";
@@ -710,6 +781,7 @@ impl crate::view::Viewed for ScopedPod {
             spec.init_containers = s.init_containers;
             spec.affinity = s.affinity;
         }
+        keep_asks(json, &mut pod);
         Ok(ScopedPod(pod))
     }
 }

@@ -26,11 +26,13 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
 
-use crate::budget::{claim_entries, template_entries, BudgetError, Budgets, Ledger, Recount};
+use crate::budget::{
+    claim_entries, template_entries, BudgetError, Budgets, Ledger, Recount, MAX_NAMED_CLAIM_READS,
+};
 use crate::cluster::Cluster;
 use crate::mutate::{mentions_hami, plan};
 use crate::placement::{
-    asks_by_annotation, job_of, keep_ranks_apart, slice_annotations, unread_claim,
+    asks_by_annotation, claims_not_read, job_of, keep_ranks_apart, slice_annotations, unread_claim,
 };
 use crate::review;
 use crate::tls::{server_config, CertFiles, TlsError};
@@ -683,14 +685,22 @@ async fn admit_pod(r: &review::Request, shared: &Shared) -> Value {
             };
         let claims = claim_entries(pod);
         if !asks && !claims.is_empty() {
-            let (named, unread) = shared
+            let named = shared
                 .ledger
                 .names_gpuslice_claims(&r.namespace, &claims)
                 .await;
-            asks = named;
-            for (entry, detail) in unread {
+            asks = named.asks;
+            for (entry, detail) in named.unread {
                 p.warnings
                     .push(unread_claim(&entry, &detail, label, &value));
+            }
+            if named.not_read > 0 {
+                p.warnings.push(claims_not_read(
+                    named.not_read,
+                    MAX_NAMED_CLAIM_READS,
+                    label,
+                    &value,
+                ));
             }
         }
         if asks {

@@ -486,6 +486,23 @@ fn a_pod_asking_the_node_by_annotation_is_refused_where_a_budget_holds() {
     assert_eq!(used(&api, "team-a"), "0");
     assert_eq!(templates_in(&api, "team-a"), 0, "{:?}", api.requests());
 
+    // `gpuslice.io/*` annotations the node reads as no request (a job's name, a note, the
+    // reservation gpuslice writes) ask nothing the budget could miss: admitted unchanged.
+    let answer = reviewed(
+        w.addr,
+        &annotated_review(
+            "team-a",
+            "p",
+            json!({"app": "x"}),
+            json!({"gpuslice.io/job": "x", "gpuslice.io/note": "mine",
+                   "gpuslice.io/reservation": "3f9a0c1d2e4b5a69"}),
+            false,
+        ),
+    );
+    let r = &answer["response"];
+    assert_eq!(r["allowed"], true, "{answer}");
+    assert!(r["patch"].is_null() && r["warnings"].is_null(), "{answer}");
+
     // Where no budget holds, the annotation path works as before: admitted unchanged, and a
     // rank of a job gets only the job's rule.
     let answer = reviewed(
@@ -506,6 +523,82 @@ fn a_pod_asking_the_node_by_annotation_is_refused_where_a_budget_holds() {
         json!(["one node per rank of job gpuslice.io/job=x: NCCL refuses two ranks on one GPU"]),
         "{answer}"
     );
+}
+
+/// A running pod of `ns` of RuntimeClass `gpuslice` annotated `annotations`, with app
+/// containers `containers` and init containers `init`, in phase `phase`.
+fn annotated_pod(
+    ns: &str,
+    name: &str,
+    annotations: Value,
+    containers: &[&str],
+    init: &[&str],
+    phase: &str,
+) -> Value {
+    let named = |names: &[&str]| -> Vec<Value> {
+        names
+            .iter()
+            .map(|n| json!({"name": n, "image": "x"}))
+            .collect()
+    };
+    json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "uid": format!("u-{name}"),
+                     "annotations": annotations},
+        "spec": {"runtimeClassName": "gpuslice", "containers": named(containers),
+                 "initContainers": named(init)},
+        "status": {"phase": phase}})
+}
+
+#[test]
+fn pods_asking_by_annotation_before_the_budget_are_counted_by_the_recount() {
+    const NS: &str = "later";
+    let api = FakeApi::start();
+    // Admitted while the namespace had no budget: the node booked, per container, what the
+    // annotations ask it (the trainer 6Gi by its own key, the init container the pod's 4Gi,
+    // the log shipper opted out): 10Gi.
+    api.put(
+        "pods",
+        &annotated_pod(
+            NS,
+            "old",
+            json!({"gpuslice.io/memory": "4Gi", "gpuslice.io/memory.trainer": "6Gi",
+                   "gpuslice.io/gpus.log": "0", "gpuslice.io/note": "x"}),
+            &["trainer", "log"],
+            &["setup"],
+            "Running",
+        ),
+    );
+    // Two GPUs of 1Gi each by annotation: 2Gi.
+    api.put(
+        "pods",
+        &annotated_pod(
+            NS,
+            "pair",
+            json!({"gpuslice.io/memory": "1Gi", "gpuslice.io/gpus": "2"}),
+            &["app"],
+            &[],
+            "Running",
+        ),
+    );
+    // No slice: done, a key the node reads as no request, or a value it refuses (the
+    // container is not created).
+    for (name, annotations, phase) in [
+        ("done", json!({"gpuslice.io/memory": "8Gi"}), "Succeeded"),
+        ("note", json!({"gpuslice.io/note": "8Gi"}), "Running"),
+        ("bad", json!({"gpuslice.io/memory": "8GB"}), "Running"),
+    ] {
+        api.put(
+            "pods",
+            &annotated_pod(NS, name, annotations, &["app"], &[], phase),
+        );
+    }
+    // The quota comes later: the recount counts what those pods hold.
+    api.put(
+        "resourcequotas",
+        &memory_quota(NS, "gpu", "40Gi", None, None),
+    );
+    recount_once(&api);
+    assert_eq!(used_of(&api, NS, "gpu"), "12Gi");
 }
 
 #[test]
@@ -532,7 +625,7 @@ fn a_new_quota_books_nothing_until_it_has_counted_the_pods_already_running() {
     let said = r["status"]["message"].as_str().unwrap_or("");
     assert!(
         said.starts_with(&format!(
-            "status unknown for quota: {NS}/gpu, resources: {MEMORY}: its usage is being counted"
+            "status unknown for quota: {NS}/gpu, resources: {MEMORY}, requested: {MEMORY}=10Gi: its usage is being counted"
         )) && said.contains("again in a few seconds"),
         "{answer}"
     );

@@ -22,7 +22,7 @@
 
 use base64::Engine;
 use gpuslice_fakeapi::FakeApi;
-use gpuslice_webhook::placement::{JOB_LABELS, SLICE_ANNOTATION_PREFIX};
+use gpuslice_webhook::placement::{annotation_condition, JOB_LABELS};
 use serde_json::{json, Value};
 
 use crate::hostile::{patient, reviewed, start_against};
@@ -308,6 +308,105 @@ fn a_rank_naming_a_claim_of_gpuslices_classes_is_kept_off_its_jobs_other_ranks_n
     }
 }
 
+/// The GETs by name of objects of `plural` (in [`NS`]) among `api`'s requests, by name.
+fn gets(api: &FakeApi, plural: &str) -> Vec<String> {
+    let at = format!("GET /apis/resource.k8s.io/v1/namespaces/{NS}/{plural}/");
+    api.requests()
+        .iter()
+        .filter_map(|r| r.strip_prefix(&at).map(str::to_string))
+        .collect()
+}
+
+#[test]
+fn a_ranks_admission_reads_each_named_object_once_and_at_most_32_claims() {
+    let api = FakeApi::start();
+    api.put(
+        "resourceclaimtemplates",
+        &template("other-gpu", "gpu.example.com"),
+    );
+    api.put_claim(&claim("other-gpu", "gpu.example.com"));
+    for i in 0..40 {
+        api.put_claim(&claim(&format!("o-{i}"), "gpu.example.com"));
+    }
+    api.put_claim(&claim("mine", "gpuslice.io"));
+    let w = start_against(&api.url, patient());
+    let job = json!({"gpuslice.io/job": "x"});
+    let entries = |names: &mut dyn Iterator<Item = (String, String)>, field: &str| -> Value {
+        names
+            .enumerate()
+            .map(|(i, (_, n))| {
+                let entry = if i == 0 {
+                    "gpu".to_string()
+                } else {
+                    format!("e{i}")
+                };
+                json!({"name": entry, field: n})
+            })
+            .collect::<Vec<_>>()
+            .into()
+    };
+    let same = |n: &str| std::iter::repeat_n((String::new(), n.to_string()), 256);
+
+    // 256 entries (the most a review may carry) naming one claim, or one template, of another
+    // driver: each read once; admitted unchanged.
+    for (uid, plural, field) in [
+        ("one-claim", "resourceclaims", "resourceClaimName"),
+        (
+            "one-template",
+            "resourceclaimtemplates",
+            "resourceClaimTemplateName",
+        ),
+    ] {
+        let named = entries(&mut same("other-gpu"), field);
+        let answer = reviewed(w.addr, &pod_review(uid, job.clone(), Value::Null, named));
+        let r = &answer["response"];
+        assert_eq!(r["allowed"], true, "{uid}: {answer}");
+        assert!(
+            r["patch"].is_null() && r["warnings"].is_null(),
+            "{uid}: {answer}"
+        );
+        assert_eq!(gets(&api, plural), ["other-gpu"], "{uid}");
+    }
+
+    // 40 distinct claims of another driver, then gpuslice's: the first 32 are read (none
+    // asks gpuslice's devices), the others not; admitted unchanged, with a warning naming
+    // the count and the most read.
+    let mut names = (0..40)
+        .map(|i| format!("o-{i}"))
+        .chain(["mine".to_string()])
+        .map(|n| (String::new(), n));
+    let named = entries(&mut names, "resourceClaimName");
+    let answer = reviewed(w.addr, &pod_review("many", job.clone(), Value::Null, named));
+    let r = &answer["response"];
+    assert_eq!(r["allowed"], true, "{answer}");
+    assert!(r["patch"].is_null(), "{answer}");
+    assert_eq!(
+        r["warnings"],
+        json!(["spec.resourceClaims names 41 ResourceClaims: the webhook reads at most 32 to tell whether a pod asks gpuslice's devices, and none of those asks them; whether the other 9 do is unknown, so this pod is not kept off the nodes of the other ranks of job gpuslice.io/job=x; accepted: at most 32 claims named, or gpuslice's claims among the first 32 (docs/kubeflow.md, \"One rank per GPU per job\")"]),
+        "{answer}"
+    );
+    let read = gets(&api, "resourceclaims");
+    let want: Vec<String> = ["other-gpu".to_string()]
+        .into_iter()
+        .chain((0..32).map(|i| format!("o-{i}")))
+        .collect();
+    assert_eq!(read, want);
+
+    // gpuslice's claim the 32nd named: read, and the rank kept apart.
+    let mut names = (0..31)
+        .map(|i| format!("o-{i}"))
+        .chain(["mine".to_string()])
+        .map(|n| (String::new(), n));
+    let named = entries(&mut names, "resourceClaimName");
+    let answer = reviewed(w.addr, &pod_review("32nd", job, Value::Null, named));
+    assert_eq!(
+        patch(&answer),
+        kept_apart("gpuslice.io/job", "x", false),
+        "{answer}"
+    );
+    assert_eq!(gets(&api, "resourceclaims").len(), 33 + 32);
+}
+
 #[test]
 fn ranks_asking_the_node_by_annotation_are_kept_off_each_others_nodes() {
     let api = FakeApi::start();
@@ -336,10 +435,36 @@ fn ranks_asking_the_node_by_annotation_are_kept_off_each_others_nodes() {
             "{uid}: {answer}"
         );
     }
-    // The same pod of no job, and a pod of the job asking nothing by annotation: unchanged.
+    // A container's override alone asks a slice too.
+    let answer = reviewed(
+        w.addr,
+        &pod_review(
+            "override",
+            team.clone(),
+            json!({"gpuslice.io/memory.node": "4Gi"}),
+            Value::Null,
+        ),
+    );
+    assert_eq!(
+        patch(&answer),
+        kept_apart("gpuslice.io/job", "x", true),
+        "{answer}"
+    );
+    // The same pod of no job, and pods of the job asking nothing by annotation (another
+    // domain's, or `gpuslice.io/*` keys the node reads as no request): unchanged.
     for (uid, labels, annotations) in [
         ("no-job", json!({"app": "x"}), asks),
-        ("no-ask", team, json!({"example.com/gpuslice.io": "x"})),
+        (
+            "no-ask",
+            team.clone(),
+            json!({"example.com/gpuslice.io": "x"}),
+        ),
+        (
+            "other-keys",
+            team,
+            json!({"gpuslice.io/job": "x", "gpuslice.io/note": "mine",
+                   "gpuslice.io/reservation": "3f9a0c1d2e4b5a69", "gpuslice.io/memory.": "1Gi"}),
+        ),
     ] {
         let answer = reviewed(w.addr, &pod_review(uid, labels, annotations, Value::Null));
         let r = &answer["response"];
@@ -396,10 +521,12 @@ fn both_registrations_send_a_jobs_ranks_that_name_claims_and_every_pod_asking_by
         assert!(chart.contains(part), "{part} not in {chart}");
     }
     // Every pod asking the node by annotation, of a job or not: the webhook refuses it where
-    // a budget holds (docs/quotas.md). Its test is one of the condition's own alternatives,
-    // under no other test (no parenthesis open before it).
+    // a budget holds (docs/quotas.md). Its test names the keys the node reads as a request
+    // (the webhook's and the node's one list), and is one of the condition's own
+    // alternatives, under no other test (no parenthesis open before it).
     let annotated = format!(
-        "(has(object.metadata.annotations) && object.metadata.annotations.exists(k, k.startsWith('{SLICE_ANNOTATION_PREFIX}')))"
+        "(has(object.metadata.annotations) && object.metadata.annotations.exists(k, {}))",
+        annotation_condition()
     );
     let at = chart
         .find(&annotated)
