@@ -1,6 +1,7 @@
 //! `gpuslice hook precreate` through the binary: an edited spec that cannot be written back
 //! to the engine (its end of stdout closed: EPIPE) fails the hook and gives the reservation
-//! back at once, not at `registry.pending_timeout`.
+//! back at once, not at `registry.pending_timeout`; a node without its cached CDI spec fails
+//! the create with one line naming the command that makes it.
 
 use std::io::Write;
 use std::path::Path;
@@ -66,4 +67,27 @@ fn a_spec_the_engine_stops_reading_gives_its_slice_back() {
         [&pending[0].id],
         "the unwritten spec's reservation was left pending"
     );
+}
+
+#[test]
+fn a_node_without_its_cached_spec_is_named_once_with_the_command_that_makes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = node(dir.path());
+    std::fs::remove_file(dir.path().join("state/cdi-node.json")).unwrap();
+    // The create goes on to fail at its createRuntime hook (`hook fail`, which prints the
+    // reason after one `gpuslice: `), where the engine shows it.
+    let out = precreate(&cfg, Stdio::piped());
+    assert!(out.status.success(), "{out:?}");
+    let edited: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let args = &edited["hooks"]["createRuntime"][0]["args"];
+    assert_eq!(args[4], "fail", "{edited}");
+    let reason = args[5].as_str().unwrap_or_default();
+    assert!(
+        reason.starts_with("no node CDI spec cached: ")
+            && reason.ends_with("; run `gpuslice cdi generate` on this node first"),
+        "{reason}"
+    );
+    // One prefix on the hook's own line, as docs/troubleshooting.md heads it.
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim_end(), format!("gpuslice: {reason}"));
 }

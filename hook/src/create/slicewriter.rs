@@ -20,9 +20,7 @@ use crate::specfiles::{cached_node_spec_lazy, Holder, NODE_SPEC_CACHE};
 /// A slice's files or spec could not be written; each prints as one line naming the path or id.
 #[derive(Debug, thiserror::Error)]
 pub enum SliceWriteError {
-    #[error(
-        "gpuslice: no node CDI spec cached: {0}; run `gpuslice cdi generate` on this node first"
-    )]
+    #[error("no node CDI spec cached: {0}; run `gpuslice cdi generate` on this node first")]
     NodeSpec(SpecFileError),
     #[error("shim library {path} does not exist; install it or set shim.library in the config")]
     NoShim { path: PathBuf },

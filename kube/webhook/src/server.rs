@@ -110,8 +110,11 @@ pub struct WebhookArgs {
     #[arg(long, value_name = "PATH")]
     pub kubeconfig: Option<PathBuf>,
     /// Also turn HAMi's nvidia.com/* limits and annotations into slices, in namespaces
-    /// labelled gpuslice.io/hami-compat=true.
-    #[arg(long)]
+    /// labelled gpuslice.io/hami-compat=true (`--hami-compat` alone is `=true`; off by
+    /// default). The console and kubectl gpuslice take the same spelling.
+    #[arg(long, env = "GPUSLICE_HAMI_COMPAT", value_name = "BOOL", default_value_t = false,
+          num_args = 0..=1, require_equals = true, default_missing_value = "true",
+          action = clap::ArgAction::Set)]
     pub hami_compat: bool,
     /// Seconds a ResourceClaimTemplate of the webhook's goes unnamed by every pod of its
     /// namespace before it is marked unused, and stays marked before it is deleted.
@@ -150,7 +153,7 @@ fn lease_name(s: &str) -> Result<(String, String), String> {
 /// Why the webhook did not start or stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum WebhookError {
-    #[error("gpuslice webhook serves HTTPS only (the API server calls webhooks over TLS): pass --tls-cert PATH and --tls-key PATH")]
+    #[error("the webhook serves HTTPS only (the API server calls webhooks over TLS): pass --tls-cert PATH and --tls-key PATH")]
     NoTls,
     #[error(transparent)]
     Tls(#[from] TlsError),
@@ -736,6 +739,33 @@ async fn admit_pod(r: &review::Request, shared: &Shared) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--hami-compat` takes the console's spelling: alone or `=BOOL`, off by default, a
+    /// value only after `=` (so a following argument is never read as its value).
+    #[test]
+    fn hami_compat_is_off_by_default_and_takes_a_value_after_equals() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: WebhookArgs,
+        }
+        let parse = |extra: &[&str]| {
+            use clap::Parser;
+            Cli::try_parse_from(["webhook"].iter().chain(extra)).map(|c| c.args.hami_compat)
+        };
+        // The variable is read where no flag is given; none is set in this test's process.
+        assert!(std::env::var_os("GPUSLICE_HAMI_COMPAT").is_none());
+        assert_eq!(parse(&[]).ok(), Some(false));
+        assert_eq!(parse(&["--hami-compat"]).ok(), Some(true));
+        assert_eq!(parse(&["--hami-compat=true"]).ok(), Some(true));
+        assert_eq!(parse(&["--hami-compat=false"]).ok(), Some(false));
+        let e = parse(&["--hami-compat=maybe"]).err().map(|e| e.to_string());
+        assert!(
+            e.as_deref()
+                .is_some_and(|e| e.contains("invalid value 'maybe' for '--hami-compat[=<BOOL>]'")),
+            "{e:?}"
+        );
+    }
 
     #[test]
     fn a_budget_lease_must_be_a_name_the_api_server_takes() {
