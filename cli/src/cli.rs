@@ -17,7 +17,8 @@ use gpuslice_hook::args::HookCommand;
 #[derive(Debug, Parser)]
 #[command(name = "gpuslice", version, propagate_version = true)]
 pub struct Cli {
-    /// Node config file [default: $GPUSLICE_CONFIG, else /etc/gpuslice/config.toml].
+    /// Node config file [default: $GPUSLICE_CONFIG, else /etc/gpuslice/config.toml]; read by
+    /// the node's commands, not by `console` and `webhook` (cluster services).
     #[arg(long, global = true, value_name = "PATH")]
     pub config: Option<PathBuf>,
 

@@ -35,15 +35,18 @@ pub enum HookCommand {
 
 #[derive(Debug, Args)]
 pub struct HookArgs {
-    /// The reservation this hook is for (slices).
+    /// The slice's reservation this hook is for: bound to the container at createRuntime,
+    /// released at poststop.
     #[arg(long, value_name = "ID")]
     pub reservation: Option<String>,
-    /// Book these GPUs whole for the container (CDI whole-GPU devices).
+    /// createRuntime: book these GPUs whole for the container (CDI whole-GPU devices).
+    /// poststop releases whatever the stopped container booked, with or without it.
     #[arg(long = "whole-gpu", value_name = "UUID")]
     pub whole_gpu: Vec<String>,
-    /// Record the container as one of the containers of the DRA claim holding reservation
-    /// ID (the claim's CDI spec carries this hook): its init process and cgroup, read here on
-    /// the host, are what the node agent attributes the claim's GPU processes by.
+    /// createRuntime only (refused at poststop): record the container as one of the
+    /// containers of the DRA claim holding reservation ID (the claim's CDI spec carries this
+    /// hook): its init process and cgroup, read here on the host, are what the node agent
+    /// attributes the claim's GPU processes by.
     #[arg(long, value_name = "ID", conflicts_with_all = ["reservation", "whole_gpu"])]
     pub claim: Option<String>,
 }
