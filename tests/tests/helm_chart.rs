@@ -1,6 +1,7 @@
 //! The Helm chart packaging/helm/gpuslice: it renders every raw manifest of
 //! packaging/kubernetes unchanged (so the two cannot drift), its certificate bootstrap works
-//! without cert-manager and names cert-manager's objects with it, and `helm install` on a real
+//! without cert-manager and names cert-manager's objects with it, its installer uninstalls only
+//! when asked and with the node agent and kubelet plugin off, and `helm install` on a real
 //! control plane creates the cluster side: the node installer and DRA plugin DaemonSets, the
 //! DeviceClasses, and the webhook's two replicas, Service, RBAC and registration with a CA
 //! that signs the served certificate, kept across an upgrade; an upgrade from the previous
@@ -44,15 +45,20 @@ fn helm_bin() -> PathBuf {
     .clone()
 }
 
-pub(crate) fn helm(args: &[&str]) -> String {
+/// `helm ARGS`, with a Helm home of the tests' own, whatever its status.
+fn helm_output(args: &[&str]) -> std::process::Output {
     let home = std::env::temp_dir().join("gpuslice-helm-home");
-    let out = Command::new(helm_bin())
+    Command::new(helm_bin())
         .args(args)
         .env("HELM_CACHE_HOME", home.join("cache"))
         .env("HELM_CONFIG_HOME", home.join("config"))
         .env("HELM_DATA_HOME", home.join("data"))
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+pub(crate) fn helm(args: &[&str]) -> String {
+    let out = helm_output(args);
     assert!(
         out.status.success(),
         "helm {} failed: {}",
@@ -94,6 +100,22 @@ fn template(sets: &[&str]) -> Vec<Value> {
         args.extend(["--set", s]);
     }
     documents(&helm(&args))
+}
+
+/// What `helm template` with `sets` writes to stderr, where the chart must refuse them.
+fn template_refused(sets: &[&str]) -> String {
+    let chart = chart();
+    let mut args = vec!["template", "gpuslice", chart.to_str().unwrap()];
+    for s in sets {
+        args.extend(["--set", s]);
+    }
+    let out = helm_output(&args);
+    assert!(
+        !out.status.success(),
+        "{sets:?} rendered: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 /// The pod-template annotation that rolls a DaemonSet when the node config changes.
@@ -564,6 +586,47 @@ fn pods_wait_for_the_installer_only_where_the_chart_runs_it() {
                 .any(|v| v["configMap"]["name"] == "gpuslice-config");
             assert_eq!((init, configmap), (waits, waits), "{sets:?}: {name}: {pod}");
         }
+    }
+}
+
+/// `installer.mode` is the installer pods' GPUSLICE_MODE (installer.sh): `install` by default,
+/// `uninstall` only with the node agent and the kubelet plugin off (both use the /opt/gpuslice
+/// it deletes), anything else refused naming what is accepted.
+#[test]
+#[ignore = "needs helm, built from its Go module (slow on a cold cache); the README's test command runs it"]
+fn the_installer_uninstalls_when_asked_and_only_without_the_agent_and_plugin() {
+    let mode = |objs: &[Value]| {
+        let ds = find(objs, "DaemonSet", "gpuslice-installer").expect("the installer");
+        let env = ds["spec"]["template"]["spec"]["containers"][0]["env"]
+            .as_array()
+            .unwrap();
+        env.iter()
+            .find(|e| e["name"] == "GPUSLICE_MODE")
+            .map(|e| e["value"].clone())
+    };
+    assert_eq!(mode(&template(&[])), Some(serde_json::json!("install")));
+    let off = ["agent.enabled=false", "dra.enabled=false"];
+    let uninstall = template(&[off[0], off[1], "installer.mode=uninstall"]);
+    assert_eq!(mode(&uninstall), Some(serde_json::json!("uninstall")));
+    assert!(find(&uninstall, "DaemonSet", "gpuslice-exporter").is_none());
+    assert!(find(&uninstall, "DaemonSet", "gpuslice-kubelet-plugin").is_none());
+
+    for on in off {
+        let other = off.iter().find(|s| **s != on).unwrap();
+        let err = template_refused(&[other, "installer.mode=uninstall"]);
+        assert!(
+            err.contains("set agent.enabled=false and dra.enabled=false"),
+            "{on}: {err}"
+        );
+    }
+    for bad in ["Uninstall", "remove", "true"] {
+        let err = template_refused(&[&format!("installer.mode={bad}")]);
+        assert!(
+            err.contains(&format!(
+                "installer.mode is \"{bad}\"; accepted: install or uninstall"
+            )),
+            "{bad}: {err}"
+        );
     }
 }
 
