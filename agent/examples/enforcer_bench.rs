@@ -130,6 +130,7 @@ fn main() {
                     start_time: 1,
                     boot_id: "b".into(),
                     cgroup: None,
+                    unknown: Default::default(),
                 }),
                 kubernetes: None,
             },
@@ -139,11 +140,13 @@ fn main() {
                 uuid: uuid(s % GPUS),
                 memory: 4 << 30,
                 cores: 10,
+                unknown: Default::default(),
             }],
             created_ms: 0,
             deadline_ms: None,
             bound_ms: Some(0),
             reserved_by: None,
+            unknown: Default::default(),
         });
     }
     let mut enforcer = Enforcer::new(

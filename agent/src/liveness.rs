@@ -130,6 +130,7 @@ mod tests {
             deadline_ms,
             bound_ms: None,
             reserved_by: None,
+            unknown: Default::default(),
         }
     }
 
@@ -143,6 +144,7 @@ mod tests {
                     start_time,
                     boot_id: "fake-boot-0".into(),
                     cgroup: None,
+                    unknown: Default::default(),
                 }),
                 kubernetes: None,
             },

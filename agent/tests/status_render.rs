@@ -74,6 +74,7 @@ fn populated() -> (tempfile::TempDir, RegistryFile) {
         pod: "trainer-0".into(),
         pod_uid: Some("uid".into()),
         container: "main".into(),
+        unknown: Default::default(),
     };
     let owner = Owner::Container {
         container_id: None,

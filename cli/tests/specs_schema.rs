@@ -153,11 +153,13 @@ fn slice_spec_is_schema_valid_and_complete() {
             uuid: gpus()[1].uuid.clone(),
             memory: 4 << 30,
             cores: 30,
+            unknown: Default::default(),
         }],
         created_ms: 0,
         deadline_ms: Some(1),
         bound_ms: None,
         reserved_by: None,
+        unknown: Default::default(),
     };
     let spec = slice_spec(
         &n,

@@ -8,15 +8,16 @@
 use std::collections::BTreeSet;
 
 use gpuslice_config::quantity::parse_kube_quantity;
-use k8s_openapi::api::core::v1::{Namespace, PodSpec, ResourceQuota};
+use k8s_openapi::api::core::v1::{Namespace, Pod, PodSpec, ResourceQuota};
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
+use k8s_openapi::api::scheduling::v1::PriorityClass;
 use kube::api::{ApiResource, DynamicObject, ListParams};
 use kube::Api;
 use serde::Serialize;
 use serde_json::Value;
 
 use gpuslice_dra::claim_shape::PublishedGpus;
-use gpuslice_dra::quota::{self, Budget, Charge, Line, Name, QuotaError, Resource, Unit};
+use gpuslice_dra::quota::{self, Budget, Charge, Charged, Line, Name, QuotaError, Resource, Unit};
 use gpuslice_webhook::budget::pod_spec_charge;
 
 use crate::edit::Request;
@@ -102,6 +103,13 @@ impl NamespaceBudget {
         }
     }
 
+    /// Whether the quota counts `pod`, one of a workload's pods as admitted
+    /// ([`admitted_pod`]): every scope of the quota holds for it, decided as the webhook books
+    /// and recounts ([`Budget::applies_to`]).
+    pub fn counts(&self, pod: &Pod) -> bool {
+        self.budget.applies_to(Charged::Pod(pod))
+    }
+
     pub fn limit(&self, what: Resource) -> &Limit {
         match what {
             Resource::Memory => &self.memory,
@@ -165,6 +173,58 @@ pub struct Budgets {
 pub enum Scope {
     Namespace(String),
     All,
+}
+
+/// One pod of a workload's template `spec` as the quotas' scopes read it once admitted: in a
+/// pod that names no PriorityClass the API server's Priority admission names the cluster's
+/// default class (`default_class`, [`default_class_for`]) before the webhook sees the pod.
+pub fn admitted_pod(mut spec: PodSpec, default_class: Option<&str>) -> Pod {
+    if spec
+        .priority_class_name
+        .as_deref()
+        .is_none_or(str::is_empty)
+    {
+        spec.priority_class_name = default_class.map(str::to_string);
+    }
+    Pod {
+        spec: Some(spec),
+        ..Pod::default()
+    }
+}
+
+/// The PriorityClass the API server's Priority admission names in a pod that names none: the
+/// one marked `globalDefault` (of several, the one of the lowest value, the first listed
+/// among equals, as it picks); `None` when none is.
+pub fn default_class(classes: &[PriorityClass]) -> Option<String> {
+    classes
+        .iter()
+        .filter(|c| c.global_default == Some(true))
+        .min_by_key(|c| c.value)
+        .and_then(|c| c.metadata.name.clone())
+}
+
+/// The cluster's default PriorityClass ([`default_class`]) where it decides what `budgets`
+/// count: read only when one of them has a `PriorityClass` scope (`Ok(None)` without a call
+/// otherwise).
+pub async fn default_class_for(
+    client: &kube::Client,
+    budgets: &[NamespaceBudget],
+) -> Result<Option<String>, FetchError> {
+    let reads_class = budgets
+        .iter()
+        .any(|b| b.budget.scopes.iter().any(|s| s.name == "PriorityClass"));
+    if !reads_class {
+        return Ok(None);
+    }
+    let api: Api<PriorityClass> = Api::all(client.clone());
+    let list = api
+        .list(&ListParams::default())
+        .await
+        .map_err(|source| FetchError {
+            what: "priorityclasses",
+            source,
+        })?;
+    Ok(default_class(&list.items))
 }
 
 /// What an allocation asks in all: `pods` pods, each charged `per_pod`.
@@ -376,12 +436,16 @@ fn max_each(a: &Charge, b: &Charge) -> Charge {
     }
 }
 
-/// Checks `ask` against every budget of the namespace as the webhook books it, through the
-/// workload's `rollout`: what its pods charge now (`held`, which the ledger counts) is taken
-/// off the used values, and each resource must fit at the rollout's worst point, its old
-/// pods (charging as `held`'s) still running beside the new ones started.
+/// Checks `ask` against every budget of the namespace that counts the workload's pods (`pod`,
+/// one of them as admitted: [`NamespaceBudget::counts`], its scopes) as the webhook books it,
+/// through the workload's `rollout`: what its pods charge now (`held`, which the ledger
+/// counts) is taken off the used values, and each resource must fit at the rollout's worst
+/// point, its old pods (charging as `held`'s) still running beside the new ones started. The
+/// old pods are counted by the same budgets as the new: an allocation changes no field a
+/// scope reads (GPU limits and claims do not make a pod's QoS class).
 pub fn check(
     budgets: &[NamespaceBudget],
+    pod: &Pod,
     workload: &str,
     ask: &Ask,
     held: Option<&Ask>,
@@ -408,7 +472,7 @@ pub fn check(
         old: rollout.kept,
         new: rollout.replaced,
     };
-    for b in budgets {
+    for b in budgets.iter().filter(|b| b.counts(pod)) {
         let base = without(&b.budget, freed.as_ref());
         let Err(exceeded) = base.book(&peak) else {
             continue;
@@ -493,11 +557,13 @@ pub struct Room<'a> {
     pub per_pod: u64,
 }
 
-/// Per budget of the namespace and quota line, what an allocation may still ask through the
-/// workload's `rollout`, the workload's current pods (`held`) counted as freed as they go;
-/// `None` for `held` that cannot be charged is the same as none.
+/// Per budget of the namespace that counts the workload's pods (`pod`, as in [`check`]) and
+/// quota line, what an allocation may still ask through the workload's `rollout`, the
+/// workload's current pods (`held`) counted as freed as they go; `None` for `held` that
+/// cannot be charged is the same as none.
 pub fn headroom<'a>(
     budgets: &'a [NamespaceBudget],
+    pod: &Pod,
     held: Option<&Ask>,
     rollout: &Rollout,
 ) -> Vec<Room<'a>> {
@@ -507,7 +573,7 @@ pub fn headroom<'a>(
         _ => Charge::default(),
     };
     let mut out = Vec::new();
-    for b in budgets {
+    for b in budgets.iter().filter(|b| b.counts(pod)) {
         let adjusted = without(&b.budget, freed.as_ref());
         for (line, after) in b.budget.lines.iter().zip(&adjusted.lines) {
             let left = after.hard.saturating_sub(after.used);
@@ -843,6 +909,17 @@ pub(crate) mod tests {
         quota_budget(&q, true, false).0.unwrap()
     }
 
+    /// A pod of no scope field but a CPU request: in every quota without scopes, and in
+    /// those scoped to NotBestEffort, NotTerminating or DoesNotExist of a PriorityClass.
+    pub(crate) fn pod() -> Pod {
+        admitted_pod(
+            serde_json::from_value(json!({"containers": [
+                {"name": "main", "image": "x", "resources": {"requests": {"cpu": "1"}}}]}))
+            .unwrap(),
+            None,
+        )
+    }
+
     fn ask(pods: u64, req: Request) -> Ask {
         Ask::of_request(pods, &req).unwrap()
     }
@@ -856,6 +933,16 @@ pub(crate) mod tests {
         Rollout::remove_first(pods, "Recreate")
     }
 
+    /// [`check`] of `pod`, no slices held, the old pods removed first.
+    fn checked_pod(
+        budgets: &[NamespaceBudget],
+        pod: &Pod,
+        workload: &str,
+        ask: &Ask,
+    ) -> Result<(), BudgetError> {
+        check(budgets, pod, workload, ask, None, &recreate(ask.pods))
+    }
+
     /// [`check`] with the old pods removed first: the figures of the end state alone.
     fn checked(
         budgets: &[NamespaceBudget],
@@ -863,7 +950,7 @@ pub(crate) mod tests {
         ask: &Ask,
         held: Option<&Ask>,
     ) -> Result<(), BudgetError> {
-        check(budgets, workload, ask, held, &recreate(ask.pods))
+        check(budgets, &pod(), workload, ask, held, &recreate(ask.pods))
     }
 
     /// A Deployment's RollingUpdate of `pods` pods.
@@ -880,6 +967,7 @@ pub(crate) mod tests {
         let bigger = ask(1, req("8Gi", None, 1));
         let e = check(
             &b,
+            &pod(),
             "deployment/web",
             &bigger,
             Some(&held),
@@ -893,13 +981,21 @@ pub(crate) mod tests {
         );
         // Old pods removed first: 8Gi of 10Gi. 4Gi beside the old 6Gi fits the rollout too.
         assert_eq!(
-            check(&b, "deployment/web", &bigger, Some(&held), &recreate(1)),
+            check(
+                &b,
+                &pod(),
+                "deployment/web",
+                &bigger,
+                Some(&held),
+                &recreate(1)
+            ),
             Ok(())
         );
         let smaller = ask(1, req("4Gi", None, 1));
         assert_eq!(
             check(
                 &b,
+                &pod(),
                 "deployment/web",
                 &smaller,
                 Some(&held),
@@ -909,9 +1005,16 @@ pub(crate) mod tests {
         );
         // Too big even with the old pods gone: the end state's words, and no rollout clause.
         let huge = ask(1, req("12Gi", None, 1));
-        let e = check(&b, "deployment/web", &huge, Some(&held), &rolling(1, 1, 0))
-            .unwrap_err()
-            .to_string();
+        let e = check(
+            &b,
+            &pod(),
+            "deployment/web",
+            &huge,
+            Some(&held),
+            &rolling(1, 1, 0),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(
             e.starts_with("deployment/web: 1 pod(s) of 1 GPU × 12Gi memory, whose rollout"),
             "{e}"
@@ -924,12 +1027,20 @@ pub(crate) mod tests {
         let held = ask(4, req("1Gi", None, 1));
         let two = ask(4, req("2Gi", None, 1));
         assert_eq!(
-            check(&b, "deployment/web", &two, Some(&held), &rolling(4, 1, 1)),
+            check(
+                &b,
+                &pod(),
+                "deployment/web",
+                &two,
+                Some(&held),
+                &rolling(4, 1, 1)
+            ),
             Ok(())
         );
         let tight = [budget("team", "8Gi", "4Gi", "8", "1")];
         let e = check(
             &tight,
+            &pod(),
             "deployment/web",
             &two,
             Some(&held),
@@ -943,8 +1054,11 @@ pub(crate) mod tests {
         );
         // Unchanged sizes still need a surge pod's room at a full quota.
         let full = [budget("team", "4Gi", "4Gi", "8", "4")];
-        assert!(check(&full, "w", &held, Some(&held), &rolling(4, 1, 1)).is_err());
-        assert_eq!(check(&full, "w", &held, Some(&held), &recreate(4)), Ok(()));
+        assert!(check(&full, &pod(), "w", &held, Some(&held), &rolling(4, 1, 1)).is_err());
+        assert_eq!(
+            check(&full, &pod(), "w", &held, Some(&held), &recreate(4)),
+            Ok(())
+        );
     }
 
     #[test]
@@ -1057,6 +1171,90 @@ pub(crate) mod tests {
             ),
             (None, vec![])
         );
+    }
+
+    /// A budget of `ns/gpu-<class>` counting the pods of PriorityClass `class` (its
+    /// `scopeSelector`): `memory` hard, `used` used.
+    pub(crate) fn scoped_to_class(
+        ns: &str,
+        class: &str,
+        memory: &str,
+        used: &str,
+    ) -> NamespaceBudget {
+        let mut q = rq(
+            ns,
+            &format!("gpu-{class}"),
+            json!({quota::MEMORY: memory}),
+            json!({quota::MEMORY: used}),
+        );
+        q.spec.as_mut().unwrap().scope_selector = serde_json::from_value(json!({
+            "matchExpressions": [{"scopeName": "PriorityClass", "operator": "In", "values": [class]}]
+        }))
+        .unwrap();
+        quota_budget(&q, true, false).0.unwrap()
+    }
+
+    /// [`pod`] of PriorityClass `class`.
+    pub(crate) fn pod_of_class(class: &str) -> Pod {
+        let mut spec = pod().spec.unwrap();
+        spec.priority_class_name = Some(class.into());
+        admitted_pod(spec, None)
+    }
+
+    #[test]
+    fn a_quota_scoped_to_a_priority_class_counts_only_the_pods_of_that_class() {
+        // gpu-high: 8Gi for the pods of class high, 6Gi of it used; 4Gi more asked.
+        let b = [scoped_to_class("team", "high", "8Gi", "6Gi")];
+        let four = ask(1, req("4Gi", None, 1));
+        let high = pod_of_class("high");
+        let check = |pod: &Pod| checked_pod(&b, pod, "deployment/web", &four);
+        // A pod of no class, or of another, is not counted by it: nothing refuses it, and it
+        // has no room to show.
+        assert_eq!(check(&pod()), Ok(()));
+        assert_eq!(check(&pod_of_class("low")), Ok(()));
+        assert!(headroom(&b, &pod(), None, &recreate(1)).is_empty());
+        // A pod of class high is: 6 + 4 > 8, in the webhook's words.
+        assert_eq!(
+            check(&high).unwrap_err().to_string(),
+            "deployment/web: 1 pod(s) of 1 GPU × 4Gi memory: exceeded quota: team/gpu-high, requested: limits.gpuslice.io/memory=4Gi, used: limits.gpuslice.io/memory=6Gi, limited: limits.gpuslice.io/memory=8Gi"
+        );
+        let left: Vec<u64> = headroom(&b, &high, None, &recreate(1))
+            .iter()
+            .map(|r| r.left)
+            .collect();
+        assert_eq!(left, [2 * GIB]);
+        // The decision is the webhook's own (Budget::applies_to on the pod as admitted).
+        for p in [pod(), pod_of_class("low"), high.clone()] {
+            assert_eq!(b[0].counts(&p), b[0].budget.applies_to(Charged::Pod(&p)));
+        }
+        // A pod naming no class is admitted with the cluster's default class (the lowest value
+        // of those marked globalDefault), and counted as of that class; one naming a class
+        // keeps it.
+        let classes: Vec<PriorityClass> = serde_json::from_value(json!([
+            {"metadata": {"name": "low"}, "value": 10},
+            {"metadata": {"name": "higher"}, "value": 2000, "globalDefault": true},
+            {"metadata": {"name": "high"}, "value": 1000, "globalDefault": true}
+        ]))
+        .unwrap();
+        let default = default_class(&classes);
+        assert_eq!(default.as_deref(), Some("high"));
+        assert_eq!(default_class(&classes[..1]), None);
+        let defaulted = admitted_pod(pod().spec.unwrap(), default.as_deref());
+        assert!(check(&defaulted).is_err());
+        let named = pod_of_class("low").spec.unwrap();
+        assert_eq!(check(&admitted_pod(named, default.as_deref())), Ok(()));
+        // Beside a quota without scopes, the pod of no class is checked against that one alone.
+        let both = [
+            budget("team", "10Gi", "8Gi", "8", "0"),
+            scoped_to_class("team", "high", "8Gi", "6Gi"),
+        ];
+        let e = checked_pod(&both, &pod(), "deployment/web", &four)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("exceeded quota: team/gpu,"), "{e}");
+        let two = ask(1, req("2Gi", None, 1));
+        assert_eq!(checked_pod(&both, &pod(), "deployment/web", &two), Ok(()));
+        assert!(checked_pod(&both, &high, "deployment/web", &ask(1, req("3Gi", None, 1))).is_err());
     }
 
     #[test]
@@ -1207,18 +1405,18 @@ pub(crate) mod tests {
     #[test]
     fn headroom_is_what_is_left_with_the_current_slices_freed() {
         let b = [budget("team", "10Gi", "6Gi", "8", "2")];
-        let rooms = headroom(&b, None, &recreate(2));
+        let rooms = headroom(&b, &pod(), None, &recreate(2));
         let left: Vec<(&str, u64)> = rooms.iter().map(|r| (r.line.name.name, r.left)).collect();
         assert_eq!(left, [(quota::MEMORY, 4 * GIB), (quota::GPUS, 6)]);
         let held = ask(2, req("1Gi", None, 1));
-        let left: Vec<u64> = headroom(&b, Some(&held), &recreate(2))
+        let left: Vec<u64> = headroom(&b, &pod(), Some(&held), &recreate(2))
             .iter()
             .map(|r| r.left)
             .collect();
         assert_eq!(left, [6 * GIB, 8]);
         // Over the hard value (lowered after admissions): nothing left, not an underflow.
         let over = [budget("team", "4Gi", "6Gi", "8", "2")];
-        assert_eq!(headroom(&over, None, &recreate(2))[0].left, 0);
+        assert_eq!(headroom(&over, &pod(), None, &recreate(2))[0].left, 0);
     }
 
     #[test]

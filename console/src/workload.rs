@@ -588,11 +588,31 @@ async fn budgets_of(
 }
 
 /// What the budget check of one allocation reads: the namespace's budgets, the templates the
-/// pods may name (those that exist and the console's new one) and the cluster's GPUs.
+/// pods may name (those that exist and the console's new one), the cluster's GPUs and its
+/// default PriorityClass where a budget's scope reads it ([`budgets::default_class_for`]).
 struct BudgetCheck<'a> {
     budgets: &'a [NamespaceBudget],
     named: &'a [ResourceClaimTemplate],
     inventory: &'a PublishedGpus,
+    default_class: Option<&'a str>,
+}
+
+/// The cluster's default PriorityClass where a budget of the namespace reads it; when it
+/// cannot be read, none and a note saying the budget was checked as though none were set
+/// (the webhook matches the pods as admitted).
+async fn default_class_of(
+    client: &kube::Client,
+    budgets: &[NamespaceBudget],
+) -> (Option<String>, Option<String>) {
+    match budgets::default_class_for(client, budgets).await {
+        Ok(c) => (c, None),
+        Err(e) => (
+            None,
+            Some(format!(
+                "note: the budget was checked as though the cluster had no default PriorityClass: {e}\n"
+            )),
+        ),
+    }
 }
 
 /// How many pods the namespace's budget is checked for: `replicas` (a workload's
@@ -602,8 +622,9 @@ pub fn budget_pods(replicas: Option<u64>, m: &model::Model) -> u64 {
     replicas.unwrap_or(m.nodes.len() as u64)
 }
 
-/// Checks that the workload's pods of `next` stay within the namespace's budgets through its
-/// `rollout`, each pod charged as the webhook charges it, its pods of `current` freed only as
+/// Checks that the workload's pods of `next` stay within the namespace's budgets that count
+/// them (their scopes, read of a pod of `next` as admitted) through its `rollout`, each pod
+/// charged as the webhook charges it, its pods of `current` freed only as
 /// the rollout removes them. A DaemonSet (`want` `None`) runs a pod on each node with
 /// gpuslice GPUs ([`budget_pods`]).
 #[allow(clippy::too_many_arguments)]
@@ -631,7 +652,8 @@ fn check_budget(
     // What the pods hold now is freed as the rollout removes them; one that cannot be
     // charged frees nothing.
     let held = Ask::of_pod_spec(pods, current, ns, c.named, c.inventory, String::new()).ok();
-    budgets::check(c.budgets, label, &ask, held.as_ref(), rollout).map_err(over)
+    let pod = budgets::admitted_pod(next.clone(), c.default_class);
+    budgets::check(c.budgets, &pod, label, &ask, held.as_ref(), rollout).map_err(over)
 }
 
 async fn allocate_kind<W: Workload>(
@@ -655,12 +677,14 @@ async fn allocate_kind<W: Workload>(
     let (form, why) = choose_form(client, args.form.as_deref(), spec).await?;
     let mut named = named_templates(&templates, spec).await;
     let (budgets, unchecked) = budgets_of(client, ns, hami).await;
+    let (default_class, no_default) = default_class_of(client, &budgets).await;
     let (template, notes) = edit::claim_template(ns, kind, name, &req, mode)?;
     named.push(template.clone());
     let budget_check = BudgetCheck {
         budgets: &budgets,
         named: &named,
         inventory: &inventory,
+        default_class: default_class.as_deref(),
     };
     // Before anything is written: the pods of `then` fit the GPUs' free room and the
     // namespace's budget through the workload's rollout, what `now`'s pods hold freed as it
@@ -695,6 +719,7 @@ async fn allocate_kind<W: Workload>(
         .collect();
     let mut notes: String = notes.iter().map(|n| format!("note: {n}\n")).collect();
     notes.extend(unchecked);
+    notes.extend(no_default);
     let mut created = false;
     let mut checked = false;
     for _ in 0..ATTEMPTS {
@@ -1094,6 +1119,7 @@ mod tests {
             budgets: &budgets,
             named: &[],
             inventory,
+            default_class: None,
         };
         let rollout = d.rollout(budget_pods(d.replicas(), m), "deployment/web")?;
         check_budget(
@@ -1107,6 +1133,54 @@ mod tests {
             d.replicas(),
             &rollout,
         )
+    }
+
+    #[test]
+    fn the_budget_check_counts_the_quotas_whose_scopes_hold_for_the_pods_it_writes() {
+        // Deployment web of one pod given 4Gi on a quota of 8Gi for PriorityClass high with
+        // 6Gi used: its template's class (or the cluster's default) decides.
+        let (m, inventory) = &one_l4(false);
+        let req = Request::parse("4Gi", None, 1).unwrap();
+        let budgets = [crate::budgets::tests::scoped_to_class(
+            "ml", "high", "8Gi", "6Gi",
+        )];
+        let check = |class: Option<&str>, default_class: Option<&str>| {
+            let mut d = deployment(Some(1));
+            d.spec.template.spec.as_mut().unwrap().priority_class_name = class.map(Into::into);
+            let now = d.pod_spec().unwrap().clone();
+            let mut then = now.clone();
+            edit::set_limits("deployment/web", &mut then, &req, &[]).unwrap();
+            let c = BudgetCheck {
+                budgets: &budgets,
+                named: &[],
+                inventory,
+                default_class,
+            };
+            let rollout = d.rollout(budget_pods(d.replicas(), m), "deployment/web")?;
+            check_budget(
+                &c,
+                m,
+                "ml",
+                "deployment/web",
+                &req,
+                &then,
+                &now,
+                d.replicas(),
+                &rollout,
+            )
+        };
+        // Pods of no class, or of class low: the quota does not count them.
+        check(None, None).unwrap();
+        check(Some("low"), None).unwrap();
+        check(Some("low"), Some("high")).unwrap();
+        // Pods of class high, named or the cluster's default: 6 + 4 > 8.
+        for (class, default) in [(Some("high"), None), (None, Some("high"))] {
+            let e = check(class, default).unwrap_err().to_string();
+            assert!(
+                e.starts_with("deployment/web: 1 pod(s) of 1 GPU × 4Gi memory: exceeded quota: ml/gpu-high, requested: limits.gpuslice.io/memory=4Gi, used: limits.gpuslice.io/memory=6Gi, limited: limits.gpuslice.io/memory=8Gi"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -109,6 +109,7 @@ mod tests {
             deadline_ms: None,
             bound_ms: None,
             reserved_by: None,
+            unknown: Default::default(),
         }
     }
 

@@ -102,6 +102,7 @@ pub fn kubernetes_ref(ann: &BTreeMap<String, String>) -> Option<KubernetesRef> {
         pod: pod.to_string(),
         pod_uid: first(ann, POD_UID).map(str::to_string),
         container: first(ann, CONTAINER_NAME).unwrap_or_default().to_string(),
+        unknown: Default::default(),
     })
 }
 

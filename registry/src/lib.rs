@@ -30,7 +30,7 @@ pub use id::{is_valid_id, new_id, IdError, ID_LEN};
 pub use load::{gpu_loads, memory_capacity, missing_gpus, violations, GpuLoad, GpuLoads};
 pub use model::{
     Booking, ClaimGone, Counters, Gpu, Inventory, KubernetesRef, Owner, ProcessRef, RegistryFile,
-    Reservation, ReservationState, REGISTRY_VERSION,
+    Reservation, ReservationState, Unknown, REGISTRY_VERSION,
 };
 pub use placement::{place, Refusal, RefusalReason};
 pub use printable::printable;

@@ -4,7 +4,67 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use serde::{Deserialize, Serialize};
+use serde::de::{MapAccess, Visitor};
+use serde::ser::SerializeMap;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::{Map, Value};
+
+/// The fields of a persisted object this build does not know, as read: those of a newer build
+/// that added them without a new version. Kept and written back beside the known ones (a
+/// `#[serde(flatten)]` field), so a build rolled back to, which reads and rewrites the
+/// registry and the slice records, loses none of them and the newer build finds them again.
+/// Empty in what this build makes: one pointer, nothing allocated while no field is kept.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Unknown(Option<Box<Map<String, Value>>>);
+
+impl Unknown {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_none()
+    }
+
+    /// The value of the field `name`, when one was kept.
+    pub fn get(&self, name: &str) -> Option<&Value> {
+        self.0.as_ref()?.get(name)
+    }
+}
+
+impl FromIterator<(String, Value)> for Unknown {
+    fn from_iter<I: IntoIterator<Item = (String, Value)>>(fields: I) -> Unknown {
+        let map: Map<String, Value> = fields.into_iter().collect();
+        Unknown((!map.is_empty()).then(|| Box::new(map)))
+    }
+}
+
+impl Serialize for Unknown {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let fields = self.0.as_deref();
+        let mut map = serializer.serialize_map(fields.map(Map::len))?;
+        for (name, value) in fields.into_iter().flatten() {
+            map.serialize_entry(name, value)?;
+        }
+        map.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for Unknown {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Unknown, D::Error> {
+        struct Fields;
+        impl<'de> Visitor<'de> for Fields {
+            type Value = Unknown;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("fields of a newer build")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut fields: A) -> Result<Unknown, A::Error> {
+                let mut kept: Option<Box<Map<String, Value>>> = None;
+                while let Some((name, value)) = fields.next_entry::<String, Value>()? {
+                    kept.get_or_insert_default().insert(name, value);
+                }
+                Ok(Unknown(kept))
+            }
+        }
+        deserializer.deserialize_map(Fields)
+    }
+}
 
 /// The `registry.json` version this build reads and writes: [`RegistryFile`] as serde_json
 /// writes it (version 2 stored reservations as arrays; it is refused, like any other).
@@ -86,6 +146,9 @@ pub struct ProcessRef {
     /// other processes when the container was recorded (not the container's own to follow).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cgroup: Option<String>,
+    /// Fields of a newer build ([`Unknown`]).
+    #[serde(flatten)]
+    pub unknown: Unknown,
 }
 
 impl ProcessRef {
@@ -106,6 +169,9 @@ pub struct KubernetesRef {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_uid: Option<String>,
     pub container: String,
+    /// Fields of a newer build ([`Unknown`]).
+    #[serde(flatten)]
+    pub unknown: Unknown,
 }
 
 /// Who holds a reservation, and so what keeps it alive.
@@ -232,6 +298,9 @@ pub struct Booking {
     pub memory: u64,
     /// Compute share in percent; 0 when none is booked.
     pub cores: u8,
+    /// Fields of a newer build ([`Unknown`]).
+    #[serde(flatten)]
+    pub unknown: Unknown,
 }
 
 /// One reservation: a slice of one or more GPUs held by an owner.
@@ -257,6 +326,9 @@ pub struct Reservation {
     /// it may give back what it reserved when the runtime fails before any hook bound it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reserved_by: Option<ProcessRef>,
+    /// Fields of a newer build ([`Unknown`]).
+    #[serde(flatten)]
+    pub unknown: Unknown,
 }
 
 /// Running totals for the exporter.
@@ -272,6 +344,9 @@ pub struct Counters {
     /// `unhealthy`).
     #[serde(default)]
     pub refused_total: BTreeMap<String, u64>,
+    /// Fields of a newer build ([`Unknown`]).
+    #[serde(flatten)]
+    pub unknown: Unknown,
 }
 
 /// The whole of `registry.json`.
@@ -289,6 +364,9 @@ pub struct RegistryFile {
     /// added.
     #[serde(default)]
     pub processes_checked_ms: u64,
+    /// Fields of a newer build ([`Unknown`]).
+    #[serde(flatten)]
+    pub unknown: Unknown,
 }
 
 impl Default for RegistryFile {
@@ -299,6 +377,7 @@ impl Default for RegistryFile {
             reservations: Vec::new(),
             counters: Counters::default(),
             processes_checked_ms: 0,
+            unknown: Unknown::default(),
         }
     }
 }
@@ -323,6 +402,7 @@ mod tests {
                 start_time: 9,
                 boot_id: "b".into(),
                 cgroup: None,
+                unknown: Unknown::default(),
             }),
             kubernetes: None,
         };

@@ -139,6 +139,7 @@ pub fn place(
             uuid: c.gpu.uuid.clone(),
             memory: needed_memory(c.gpu, request),
             cores: needed_cores(request),
+            unknown: Default::default(),
         })
         .collect())
 }
@@ -380,11 +381,13 @@ mod tests {
                 uuid: gpu.uuid.clone(),
                 memory,
                 cores,
+                unknown: Default::default(),
             }],
             created_ms: 0,
             deadline_ms: Some(1),
             bound_ms: None,
             reserved_by: None,
+            unknown: Default::default(),
         }
     }
 

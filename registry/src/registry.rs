@@ -302,6 +302,7 @@ impl Registry {
             start_time,
             boot_id: self.system.boot_id()?,
             cgroup: None,
+            unknown: Default::default(),
         })
     }
 

@@ -10,7 +10,7 @@ use proptest::prelude::*;
 
 use crate::model::{
     Booking, ClaimGone, Counters, Gpu, Inventory, KubernetesRef, Owner, ProcessRef, RegistryFile,
-    Reservation, ReservationState, REGISTRY_VERSION,
+    Reservation, ReservationState, Unknown, REGISTRY_VERSION,
 };
 use crate::store::{self, Loaded, Paths};
 
@@ -139,6 +139,7 @@ fn process() -> impl Strategy<Value = ProcessRef> {
             start_time,
             boot_id,
             cgroup,
+            unknown: Default::default(),
         })
 }
 
@@ -154,6 +155,7 @@ fn kubernetes() -> impl Strategy<Value = KubernetesRef> {
             pod,
             pod_uid,
             container,
+            unknown: Default::default(),
         })
 }
 
@@ -192,6 +194,7 @@ fn booking() -> impl Strategy<Value = Booking> {
             uuid,
             memory,
             cores,
+            unknown: Default::default(),
         }
     })
 }
@@ -233,6 +236,7 @@ fn reservation() -> impl Strategy<Value = Reservation> {
                     deadline_ms,
                     bound_ms,
                     reserved_by,
+                    unknown: Default::default(),
                 }
             },
         )
@@ -251,6 +255,7 @@ fn counters() -> impl Strategy<Value = Counters> {
                 released_total,
                 reaped_total,
                 refused_total,
+                unknown: Default::default(),
             },
         )
 }
@@ -269,6 +274,7 @@ fn registry_file() -> impl Strategy<Value = RegistryFile> {
                 reservations,
                 counters,
                 processes_checked_ms,
+                unknown: Default::default(),
             },
         )
 }
@@ -295,8 +301,15 @@ proptest! {
 }
 
 /// Every field of every persisted type, none at its default (a field dropped by the writer
-/// would read back as its default).
+/// would read back as its default), fields of a newer build included.
 fn every_field_set() -> RegistryFile {
+    // What a newer build adds without a new version: kept, at every level that keeps it.
+    let newer = |what: &str| {
+        Unknown::from_iter([(
+            format!("newer_{what}"),
+            serde_json::json!({"of": what, "n": [1, -2.5, null, "\u{2028}"]}),
+        )])
+    };
     let gpu = Gpu {
         index: 3,
         uuid: "GPU-\"3\"\\".into(),
@@ -312,6 +325,7 @@ fn every_field_set() -> RegistryFile {
         uuid: gpu.uuid.clone(),
         memory: u64::MAX - 1,
         cores: 100,
+        unknown: newer("booking"),
     };
     let container = Owner::Container {
         container_id: Some("ctr\u{1}".into()),
@@ -320,12 +334,14 @@ fn every_field_set() -> RegistryFile {
             start_time: u64::MAX,
             boot_id: "boot\n".into(),
             cgroup: Some("pids/ctr\u{1}/x".into()),
+            unknown: newer("process"),
         }),
         kubernetes: Some(KubernetesRef {
             namespace: "ns".into(),
             pod: "pod😀".into(),
             pod_uid: Some("uid".into()),
             container: "c".into(),
+            unknown: newer("kubernetes"),
         }),
     };
     let claim = Owner::DraClaim {
@@ -349,7 +365,9 @@ fn every_field_set() -> RegistryFile {
             start_time: 10,
             boot_id: "boot".into(),
             cgroup: None,
+            unknown: newer("reserved_by"),
         }),
+        unknown: newer("reservation"),
     };
     RegistryFile {
         version: REGISTRY_VERSION,
@@ -365,8 +383,10 @@ fn every_field_set() -> RegistryFile {
             released_total: 5,
             reaped_total: 6,
             refused_total: BTreeMap::from([("no-fit".to_string(), 7)]),
+            unknown: newer("counters"),
         },
         processes_checked_ms: 8,
+        unknown: newer("file"),
     }
 }
 

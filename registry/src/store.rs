@@ -464,6 +464,89 @@ mod tests {
         assert!(e.contains("invalid UTF-8 at byte 18"), "{e}");
     }
 
+    /// A reservation as a newer build might write it, a field this build does not know at
+    /// each level it reads into a type of its own (the owner's tag is exact, so none there).
+    fn newer_reservation(id: &str) -> serde_json::Value {
+        serde_json::json!({
+            "id": id,
+            "state": "bound",
+            "owner": {
+                "kind": "container",
+                "container_id": "c1",
+                "process": {"pid": 7, "start_time": 9, "boot_id": "b", "pidfd_inode": 42},
+                "kubernetes": {"namespace": "ns", "pod": "p", "container": "c", "qos": "Burstable"}
+            },
+            "gpus": [{"index": 0, "uuid": "GPU-a", "memory": 1024, "cores": 10,
+                      "mig_profile": {"name": "1g.10gb", "slices": [1, 2]}}],
+            "created_ms": 5,
+            "priority": -3
+        })
+    }
+
+    /// The fields of [`newer_reservation`] this build does not know, as found in `r`.
+    fn unknown_fields(r: &serde_json::Value) -> [&serde_json::Value; 4] {
+        [
+            &r["priority"],
+            &r["gpus"][0]["mig_profile"],
+            &r["owner"]["process"]["pidfd_inode"],
+            &r["owner"]["kubernetes"]["qos"],
+        ]
+    }
+
+    #[test]
+    fn fields_of_a_newer_build_survive_a_read_modify_write() {
+        // A build rolled back to reads what a newer one wrote and rewrites it: what it does
+        // not know comes back unchanged beside what it changed, for the newer build to find.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let paths = Paths::new(dir.path());
+        paths.create().expect("create");
+        let id = "0123456789abcdef";
+        let newer = serde_json::json!({
+            "version": REGISTRY_VERSION,
+            "reservations": [newer_reservation(id)],
+            "counters": {"reserved_total": 1, "evicted_total": 4},
+            "node_epoch": {"boot": "e1"}
+        });
+        fs::write(&paths.registry, newer.to_string()).expect("write");
+        let Loaded::Ok(mut file) = load(&paths.registry).expect("load") else {
+            panic!("not read")
+        };
+        file.reservations[0].bound_ms = Some(11);
+        file.counters.reserved_total += 1;
+        save(&paths.registry, &file).expect("save");
+        let back: serde_json::Value =
+            serde_json::from_slice(&fs::read(&paths.registry).expect("read")).expect("JSON");
+        let r = &back["reservations"][0];
+        assert_eq!(unknown_fields(r), unknown_fields(&newer["reservations"][0]));
+        assert_eq!(back["node_epoch"], newer["node_epoch"]);
+        assert_eq!(back["counters"]["evicted_total"], 4);
+        assert_eq!(
+            (
+                r["bound_ms"].as_u64(),
+                back["counters"]["reserved_total"].as_u64()
+            ),
+            (Some(11), Some(2))
+        );
+
+        // A slice's record likewise.
+        let record = paths.slice_dir(id).expect("dir");
+        fs::create_dir(&record).expect("mkdir");
+        let record = record.join(RECORD_FILE);
+        let newer =
+            serde_json::json!({"version": RECORD_VERSION, "reservation": newer_reservation(id)});
+        fs::write(&record, newer.to_string()).expect("write");
+        let mut r = read_record(&paths, id).expect("read").expect("present");
+        r.bound_ms = Some(11);
+        write_record(&paths, &r).expect("write");
+        let back: serde_json::Value =
+            serde_json::from_slice(&fs::read(&record).expect("read")).expect("JSON");
+        assert_eq!(
+            unknown_fields(&back["reservation"]),
+            unknown_fields(&newer["reservation"])
+        );
+        assert_eq!(back["reservation"]["bound_ms"], 11);
+    }
+
     #[test]
     fn load_reports_a_file_that_is_not_utf8_as_corrupt() {
         let dir = tempfile::tempdir().expect("tempdir");

@@ -82,6 +82,7 @@ fn bind_records_process_and_is_idempotent_for_one_container() {
         start_time: 777,
         boot_id: "fake-boot-0".into(),
         cgroup: None,
+        unknown: Default::default(),
     };
     assert_eq!(b.owner.process(), Some(&want));
     assert_eq!(b.owner.container_id(), Some("ctr-a"));
@@ -336,6 +337,7 @@ fn release_container_takes_all_of_its_reservations() {
         pod: "p".into(),
         pod_uid: None,
         container: "c".into(),
+        unknown: Default::default(),
     };
     let owner = Owner::Container {
         container_id: Some("ctr".into()),

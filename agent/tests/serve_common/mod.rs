@@ -104,6 +104,7 @@ impl Node {
                 pod: pod.into(),
                 pod_uid: None,
                 container: c.into(),
+                unknown: Default::default(),
             }),
         };
         let req = Request {

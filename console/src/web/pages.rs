@@ -6,6 +6,8 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
+use k8s_openapi::api::core::v1::Pod;
+
 use crate::budgets::{self, show, show_value, Ask, Budgets, NamespaceBudget, Rollout};
 use crate::edit::{Kind, Request};
 use crate::idle::{IdleOptions, IdleSlice};
@@ -700,7 +702,7 @@ pub fn idle_page(
 }
 
 /// A Deployment, StatefulSet or DaemonSet and its slice.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct WorkloadRow {
     pub namespace: String,
     pub kind: Kind,
@@ -715,6 +717,9 @@ pub struct WorkloadRow {
     pub rollout: Rollout,
     /// The slice each pod gets; `None`: none.
     pub slice: Option<Slice>,
+    /// One of its pods as admitted, which decides the budgets that count them (their scopes:
+    /// [`budgets::admitted_pod`]).
+    pub pod: Pod,
 }
 
 /// Where a workload's slice is written.
@@ -1055,6 +1060,14 @@ fn budget_part(w: &WorkloadRow, budgets: Result<&[NamespaceBudget], &str>) -> St
         }
         Ok(b) => b,
     };
+    if !budgets.iter().any(|b| b.counts(&w.pod)) {
+        let quotas: Vec<&str> = budgets.iter().map(|b| b.quota.as_str()).collect();
+        return format!(
+            "<p id=\"budget\">No budget of namespace {} counts this workload's pods: the scopes of its ResourceQuotas ({}) hold for none of them.</p>\n",
+            esc(&w.namespace),
+            esc(&quotas.join(", "))
+        );
+    }
     let pods = w.pods;
     let held = w.slice.as_ref().and_then(|s| s.charge).map(|per_pod| Ask {
         pods,
@@ -1071,7 +1084,7 @@ fn budget_part(w: &WorkloadRow, budgets: Result<&[NamespaceBudget], &str>) -> St
         },
         esc(&w.rollout.strategy)
     );
-    for room in budgets::headroom(budgets, held.as_ref(), &w.rollout) {
+    for room in budgets::headroom(budgets, &w.pod, held.as_ref(), &w.rollout) {
         let (name, b) = (room.line.name, room.budget);
         let per_pod = room.per_pod;
         let _ = write!(
@@ -1102,7 +1115,7 @@ fn gpus_max(w: &WorkloadRow, budgets: &[NamespaceBudget]) -> Option<u64> {
         per_pod,
         what: String::new(),
     });
-    budgets::headroom(budgets, held.as_ref(), &w.rollout)
+    budgets::headroom(budgets, &w.pod, held.as_ref(), &w.rollout)
         .into_iter()
         .filter(|r| r.line.name.resource == Resource::Gpus)
         .map(|r| r.per_pod)
@@ -1516,6 +1529,7 @@ mod tests {
             pods: 2,
             rollout: Rollout::remove_first(2, "Recreate"),
             slice: None,
+            pod: crate::budgets::tests::pod(),
         };
         let mut c = chrome(vec![]);
         let html = workload_page(&c, &w, Ok(&[]));
@@ -1564,6 +1578,7 @@ mod tests {
                 request: None,
                 charge: None,
             }),
+            pod: crate::budgets::tests::pod(),
         };
         for allow_edit in [true, false] {
             let mut c = chrome(vec![]);
@@ -1597,6 +1612,7 @@ mod tests {
                 pods: 1,
                 rollout: Rollout::remove_first(1, "Recreate"),
                 slice: Some(claim_slice(Request::parse(asked, None, 1).unwrap())),
+                pod: crate::budgets::tests::pod(),
             };
             let html = workload_page(&c, &w, Ok(&[]));
             let (_, rest) = html.split_once("name=\"memory\" value=\"").unwrap();
@@ -1736,6 +1752,7 @@ mod tests {
             pods: 2,
             rollout: Rollout::remove_first(2, "Recreate"),
             slice: None,
+            pod: crate::budgets::tests::pod(),
         };
         let mut c = chrome(vec![]);
         c.allow_edit = true;
@@ -1778,6 +1795,20 @@ mod tests {
             html.contains("<p id=\"budget\">Namespace team-a has no budget"),
             "{html}"
         );
+        // A quota whose scopes hold for none of its pods leaves it no room to show, and the
+        // browser no GPU limit but the usual one.
+        let high = [crate::budgets::tests::scoped_to_class(
+            "team-a", "high", "10Gi", "0",
+        )];
+        let html = workload_page(&c, &w, Ok(&high));
+        assert!(
+            html.contains("<p id=\"budget\">No budget of namespace team-a counts this workload's pods: the scopes of its ResourceQuotas (gpu-high) hold for none of them.</p>"),
+            "{html}"
+        );
+        assert!(html.contains("max=\"16\""), "{html}");
+        w.pod = crate::budgets::tests::pod_of_class("high");
+        let html = workload_page(&c, &w, Ok(&high));
+        assert!(html.contains("data-budget=\"team-a/gpu-high\""), "{html}");
         assert!(html.contains("max=\"16\""), "{html}");
         let html = workload_page(&c, &w, Err("cannot list resourcequotas: forbidden"));
         assert!(html.contains("<p id=\"budget\" class=\"unknown\">The budget of namespace team-a cannot be read (cannot list resourcequotas: forbidden)"), "{html}");

@@ -109,6 +109,7 @@ fn row_of<W: workload::Workload>(
         pods,
         rollout,
         slice,
+        pod: budgets::admitted_pod(spec.cloned().unwrap_or_default(), None),
     }
 }
 
@@ -258,14 +259,25 @@ pub(super) async fn workload_tab(state: &State, w: &http::Workload) -> Response<
     );
     let budgets = budgets.map(|(b, _)| b).map_err(|e| e.to_string());
     match row {
-        Ok(Some(row)) => html(
-            StatusCode::OK,
-            pages::workload_page(
-                &chrome(state, vec![]),
-                &row,
-                budgets.as_deref().map_err(String::as_str),
-            ),
-        ),
+        Ok(Some(mut row)) => {
+            // The cluster's default PriorityClass where a budget's scope reads it (one that
+            // cannot be read: as though none were set, as the allocation's check notes).
+            if let (Ok(b), Some(spec)) = (&budgets, row.pod.spec.take()) {
+                let default = budgets::default_class_for(&state.cluster.client, b)
+                    .await
+                    .ok()
+                    .flatten();
+                row.pod = budgets::admitted_pod(spec, default.as_deref());
+            }
+            html(
+                StatusCode::OK,
+                pages::workload_page(
+                    &chrome(state, vec![]),
+                    &row,
+                    budgets.as_deref().map_err(String::as_str),
+                ),
+            )
+        }
         Ok(None) => html(
             StatusCode::NOT_FOUND,
             pages::not_found_page(

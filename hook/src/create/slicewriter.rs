@@ -168,11 +168,13 @@ mod tests {
                 uuid: "GPU-0".into(),
                 memory: 1 << 30,
                 cores: 25,
+                unknown: Default::default(),
             }],
             created_ms: 0,
             deadline_ms: None,
             bound_ms: None,
             reserved_by: None,
+            unknown: Default::default(),
         };
         let usage = dir.path().join(USAGE_FILE);
         let used = || std::fs::read(&usage).expect("read usage")[100];

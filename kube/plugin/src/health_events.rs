@@ -152,11 +152,13 @@ mod tests {
                 uuid: uuid.into(),
                 memory: 1 << 30,
                 cores: 0,
+                unknown: Default::default(),
             }],
             created_ms: 0,
             deadline_ms: None,
             bound_ms: None,
             reserved_by: None,
+            unknown: Default::default(),
         }
     }
 

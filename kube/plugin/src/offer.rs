@@ -287,11 +287,13 @@ mod tests {
                 uuid: uuid.into(),
                 memory,
                 cores,
+                unknown: Default::default(),
             }],
             created_ms: 0,
             deadline_ms: None,
             bound_ms: None,
             reserved_by: None,
+            unknown: Default::default(),
         }
     }
 

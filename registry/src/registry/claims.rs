@@ -238,6 +238,7 @@ impl Registry {
                     uuid: gpu.uuid.clone(),
                     memory: s.memory,
                     cores: s.cores,
+                    unknown: Default::default(),
                 });
             }
             let id = loop {
@@ -256,6 +257,7 @@ impl Registry {
                 deadline_ms: None,
                 bound_ms: Some(txn.now_ms),
                 reserved_by: None,
+                unknown: Default::default(),
             };
             txn.records.push(r.clone());
             txn.file.reservations.push(r.clone());

@@ -92,6 +92,7 @@ impl Registry {
                 deadline_ms: (!held).then(|| now.saturating_add(timeout_ms)),
                 bound_ms: held.then_some(now),
                 reserved_by,
+                unknown: Default::default(),
             };
             // Its record is written after the lock is released: until the call returns,
             // nobody else knows the id.
