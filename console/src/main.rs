@@ -17,6 +17,7 @@ use serde_json::json;
 #[command(
     name = "kubectl-gpuslice",
     bin_name = "kubectl gpuslice",
+    version,
     about = "GPU slices of the cluster: capacity and bookings from ResourceSlices and ResourceClaims, use from Prometheus"
 )]
 struct Cli {
@@ -315,5 +316,25 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `kubectl gpuslice --version` names the build, as `gpuslice --version` does.
+    #[test]
+    fn version_is_the_packages() {
+        let e = Cli::try_parse_from(["kubectl-gpuslice", "--version"])
+            .err()
+            .map(|e| (e.kind(), e.to_string()));
+        assert_eq!(
+            e,
+            Some((
+                clap::error::ErrorKind::DisplayVersion,
+                format!("kubectl-gpuslice {}\n", env!("CARGO_PKG_VERSION"))
+            ))
+        );
     }
 }
