@@ -88,7 +88,10 @@ Usage: scripts/kube-cluster.sh COMMAND [ARGS]
                 (DIR/pki/webhook.{crt,key}), and registers it by URL with the
                 MutatingWebhookConfiguration gpuslice-webhook (failurePolicy Fail,
                 sideEffects NoneOnDryRun, only pods naming gpuslice.io/* or nvidia.com/gpu*
-                resources; DIR/webhook.yaml). Adds WEBHOOK_URL to DIR/cluster.env.
+                resources; DIR/webhook.yaml), and applies the ValidatingAdmissionPolicy
+                annotations.gpuslice.io (packaging/kubernetes/annotations-policy.yaml: a
+                pod's slice-request annotations cannot change after its creation). Adds
+                WEBHOOK_URL to DIR/cluster.env.
   up DIR … --kueue
                 Also starts Kueue's manager (the release pinned in tests/kueue/go.mod, built
                 by build-kueue) as a process of this machine against the cluster: applies

@@ -1,10 +1,12 @@
 # The test cluster's admission webhook (`up DIR … --webhook`): `gpuslice webhook --hami-compat`
 # on a free port of 127.0.0.1 with a serving certificate from the cluster's CA, registered with
-# a MutatingWebhookConfiguration by URL.
+# a MutatingWebhookConfiguration by URL, and the ValidatingAdmissionPolicy the chart installs
+# with it (packaging/kubernetes/annotations-policy.yaml: a pod's slice-request annotations
+# fixed at its creation).
 # shellcheck shell=bash
-# Sourced by scripts/kube-cluster.sh. Uses DIR, BIN, sign and free_port/start/wait_for/stop_one
-# (cluster-pki.sh, cluster-process.sh), gpuslice_bin_dir (cluster-node.sh), kubectl_admin and
-# fail_up of the sourcing script.
+# Sourced by scripts/kube-cluster.sh. Uses DIR, REPO, BIN, sign and
+# free_port/start/wait_for/stop_one (cluster-pki.sh, cluster-process.sh), gpuslice_bin_dir
+# (cluster-node.sh), kubectl_admin and fail_up of the sourcing script.
 
 # The webhook's serving certificate: the name the API server dials.
 WEBHOOK_EXT="basicConstraints=CA:FALSE
@@ -94,7 +96,8 @@ $(webhook_common "$1" "$2")
 YAML
 }
 
-# start_webhook: the certificate, the webhook, its health, its registration; WEBHOOK_URL.
+# start_webhook: the certificate, the webhook, its health, its registration, the annotation
+# policy; WEBHOOK_URL.
 start_webhook() {
   local gbin port
   gbin="$(gpuslice_bin_dir)"
@@ -108,6 +111,8 @@ start_webhook() {
   WEBHOOK_URL="https://127.0.0.1:$port/mutate"
   webhook_configuration "$WEBHOOK_URL" "$(base64 -w0 <"$DIR/pki/ca.crt")" >"$DIR/webhook.yaml"
   logged webhook-registration "registering the webhook" kubectl_admin apply -f "$DIR/webhook.yaml"
+  logged webhook-annotations-policy "applying the policy that fixes slice-request annotations at creation" \
+    kubectl_admin apply -f "$REPO/packaging/kubernetes/annotations-policy.yaml"
 }
 
 # stop_webhook: the webhook `up` started, if any (its registration goes with the cluster).

@@ -147,6 +147,7 @@ fn the_chart_renders_the_raw_manifests_and_both_certificate_bootstraps() {
     for file in [
         "packaging/kubernetes/daemonset.yaml",
         "packaging/kubernetes/runtimeclass.yaml",
+        "packaging/kubernetes/annotations-policy.yaml",
         "packaging/kubernetes/dra/deviceclass.yaml",
         "packaging/kubernetes/dra/deviceclass-slots.yaml",
         "packaging/kubernetes/dra/slot-claims-policy.yaml",
@@ -260,6 +261,20 @@ fn the_chart_renders_the_raw_manifests_and_both_certificate_bootstraps() {
         conditions(mwc),
         "the test cluster's webhook registration and the chart's send different objects"
     );
+    // The policy that keeps slice-request annotations as the webhook saw them comes with the
+    // webhook, in the chart and in the test cluster (which applies the raw manifest).
+    assert!(
+        std::fs::read_to_string(repo().join("scripts/lib/cluster-webhook.sh"))
+            .unwrap()
+            .contains("\"$REPO/packaging/kubernetes/annotations-policy.yaml\"")
+    );
+    let without_webhook = template(&["webhook.enabled=false"]);
+    for kind in [
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ] {
+        assert!(find(&without_webhook, kind, "annotations.gpuslice.io").is_none());
+    }
     let deploy = find(&rendered, "Deployment", "gpuslice-webhook").unwrap();
     assert_eq!(deploy["spec"]["replicas"], 2);
     let cmd = deploy["spec"]["template"]["spec"]["containers"][0]["command"].to_string();

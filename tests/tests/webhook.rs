@@ -127,6 +127,128 @@ fn force_delete(c: &KubeCluster, ns: &str, what: &[&str]) {
     let _ = c.kubectl_output(&args, None);
 }
 
+/// A pod's slice-request annotations are fixed at its creation (the ValidatingAdmissionPolicy
+/// annotations.gpuslice.io, which `up … --webhook` applies as the chart does with the
+/// webhook): the node reads them at each container's creation, long after the webhook saw the
+/// pod, so adding, changing or removing one is refused by the API server, through the status
+/// subresource too; other annotations, under gpuslice.io/ or not, and labels stay writable.
+fn request_annotations_are_fixed_at_creation(c: &KubeCluster) {
+    c.create(&pod("default", "fixed-plain", json!({}), json!({})))
+        .unwrap();
+    c.create(&pod(
+        "default",
+        "fixed-asked",
+        json!({}),
+        json!({"gpuslice.io/memory": "1Gi"}),
+    ))
+    .expect("a pod asking by annotation is admitted where no budget holds");
+    let annotate = |name: &str, args: &[&str]| {
+        let mut all = vec!["annotate", "--overwrite", "pod", "-n", "default", name];
+        all.extend_from_slice(args);
+        c.kubectl_output(&all, None)
+    };
+    wait_for(
+        "the policy annotations.gpuslice.io to be enforced",
+        STEP,
+        || {
+            let out = annotate("fixed-plain", &["--dry-run=server", "gpuslice.io/gpus=1"]);
+            (!out.status.success()).then_some(())
+        },
+    );
+    let refused = |what: &str, out: std::process::Output, parts: &[&str]| {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{what} was let through");
+        for part in [
+            "ValidatingAdmissionPolicy 'annotations.gpuslice.io'",
+            "accepted: set gpuslice.io/<key> annotations when the pod is created; they cannot be added, changed or removed after",
+        ]
+        .iter()
+        .chain(parts)
+        {
+            assert!(err.contains(part), "{what}: {part} not in {err}");
+        }
+    };
+    for (name, args, parts) in [
+        (
+            "fixed-plain",
+            &["gpuslice.io/gpus=1"][..],
+            &["gpuslice.io/gpus added"][..],
+        ),
+        (
+            "fixed-plain",
+            &["gpuslice.io/memory.main=1Gi"],
+            &["gpuslice.io/memory.main added"],
+        ),
+        (
+            "fixed-plain",
+            &["gpuslice.io/gpus=8", "gpuslice.io/memory=80Gi", "team=a"],
+            &["gpuslice.io/gpus added", "gpuslice.io/memory added"],
+        ),
+        (
+            "fixed-asked",
+            &["gpuslice.io/memory=2Gi"],
+            &["gpuslice.io/memory changed"],
+        ),
+        (
+            "fixed-asked",
+            &["gpuslice.io/memory-"],
+            &["gpuslice.io/memory removed"],
+        ),
+        (
+            "fixed-asked",
+            &["gpuslice.io/cores.main=50"],
+            &["gpuslice.io/cores.main added"],
+        ),
+    ] {
+        refused(&format!("{name} {args:?}"), annotate(name, args), parts);
+    }
+    let status = c.kubectl_output(
+        &[
+            "patch",
+            "pod",
+            "-n",
+            "default",
+            "fixed-plain",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"metadata":{"annotations":{"gpuslice.io/gpus":"8"}}}"#,
+        ],
+        None,
+    );
+    refused(
+        "the status subresource",
+        status,
+        &["gpuslice.io/gpus added"],
+    );
+    // Allowed: a request key set again to its value, other annotations, labels.
+    for (name, args) in [
+        ("fixed-asked", &["gpuslice.io/memory=1Gi"][..]),
+        ("fixed-asked", &["gpuslice.io/note=x", "team=a"]),
+        ("fixed-plain", &["gpuslice.io/note=x", "team=a"]),
+        ("fixed-plain", &["gpuslice.io/note-", "team-"]),
+    ] {
+        let out = annotate(name, args);
+        assert!(
+            out.status.success(),
+            "{name} {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    for name in ["fixed-plain", "fixed-asked"] {
+        c.kubectl(&["label", "pod", "-n", "default", name, "app=fixed"]);
+    }
+    let annotations =
+        |name: &str| c.get_json(&["pod", name, "-n", "default"])["metadata"]["annotations"].clone();
+    assert_eq!(
+        annotations("fixed-asked"),
+        json!({"gpuslice.io/memory": "1Gi", "gpuslice.io/note": "x", "team": "a"})
+    );
+    let plain = annotations("fixed-plain");
+    assert!(plain.as_object().is_none_or(|a| a.is_empty()), "{plain}");
+    force_delete(c, "default", &["pod", "fixed-plain", "fixed-asked"]);
+}
+
 fn fixture(name: &str) -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("fixtures/hami")
@@ -525,6 +647,8 @@ fn limits_become_claims_through_the_webhook_on_a_live_control_plane() {
         "{stderr}"
     );
 
+    request_annotations_are_fixed_at_creation(&c);
+
     // The webhook killed: failurePolicy Fail refuses GPU pods (never admitted unchanged);
     // other pods never reach the webhook (matchConditions) and are created.
     let pid_file = c.dir().join("pids/gpuslice-webhook.pid");
@@ -603,8 +727,9 @@ fn limits_become_claims_through_the_webhook_on_a_live_control_plane() {
     .expect("a pod without GPU limits is not sent to the webhook");
     // A rank of a job naming a claim written by hand is sent too (the webhook keeps a job's
     // ranks one per node): refused while it is down; the same pod of no job is not sent, and
-    // is created. A pod asking the node by annotation is sent, of a job or not (refused where
-    // a budget holds): refused while it is down.
+    // is created. A pod asking the node by annotation (gpuslice.io/<key> or
+    // gpuslice.io/<key>.<container>) is sent, of a job or not (refused where a budget holds):
+    // refused while it is down; one with another gpuslice.io/ annotation is not sent.
     for (labels, job) in [
         (json!({"gpuslice.io/job": "down"}), true),
         (json!({"app": "down"}), false),
@@ -625,7 +750,25 @@ fn limits_become_claims_through_the_webhook_on_a_live_control_plane() {
             json!({}),
             json!({"gpuslice.io/memory": "1Gi"}),
         );
-        for (mut p, sent) in [(named, job), (annotated, true)] {
+        // A container's own key is a request too; another key under gpuslice.io/ is not.
+        let per_container = pod(
+            "default",
+            &format!("{tag}-annotated-main"),
+            json!({}),
+            json!({"gpuslice.io/memory.main": "1Gi"}),
+        );
+        let noted = pod(
+            "default",
+            &format!("{tag}-noted"),
+            json!({}),
+            json!({"gpuslice.io/note": "x"}),
+        );
+        for (mut p, sent) in [
+            (named, job),
+            (annotated, true),
+            (per_container, true),
+            (noted, false),
+        ] {
             p["metadata"]["labels"] = labels.clone();
             let name = p["metadata"]["name"].as_str().unwrap().to_string();
             match c.create(&p) {

@@ -597,3 +597,25 @@ fn a_ranks_containers_that_each_ask_a_slice_by_limits_are_refused_through_the_se
         .collect();
     assert_eq!(entries.len(), 2, "{answer}");
 }
+
+#[test]
+fn the_policy_fixing_request_annotations_after_creation_tests_the_keys_the_registrations_send() {
+    // The ValidatingAdmissionPolicy that refuses a request annotation added, changed or
+    // removed after a pod's creation (the webhook sees pods at creation only) must name the
+    // same keys as the registrations' condition, the one list the node reads.
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let policy = std::fs::read_to_string(repo.join("packaging/kubernetes/annotations-policy.yaml"))
+        .unwrap()
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    for part in [
+        "name: annotations.gpuslice.io".to_string(),
+        r#"operations: ["UPDATE"]"#.to_string(),
+        format!(".filter(k, {})", annotation_condition()),
+        "oldObject.metadata.?annotations.orValue({})".to_string(),
+        "object.metadata.?annotations.orValue({})".to_string(),
+    ] {
+        assert!(policy.contains(&part), "{part} not in {policy}");
+    }
+}
