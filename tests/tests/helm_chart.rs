@@ -1,11 +1,12 @@
 //! The Helm chart packaging/helm/gpuslice: it renders every raw manifest of
 //! packaging/kubernetes unchanged (so the two cannot drift), its certificate bootstrap works
 //! without cert-manager and names cert-manager's objects with it, its installer uninstalls only
-//! when asked and with the node agent and kubelet plugin off, and `helm install` on a real
-//! control plane creates the cluster side: the node installer and DRA plugin DaemonSets, the
-//! DeviceClasses, and the webhook's two replicas, Service, RBAC and registration with a CA
-//! that signs the served certificate, kept across an upgrade; an upgrade from the previous
-//! release's chart (scripts/previous-build.sh) makes this chart's objects and keeps it too.
+//! when asked and with the node agent, kubelet plugin and RuntimeClass off, and `helm install`
+//! on a real control plane creates the cluster side: the node installer and DRA plugin
+//! DaemonSets, the DeviceClasses, and the webhook's two replicas, Service, RBAC and
+//! registration with a CA that signs the served certificate, kept across an upgrade; an
+//! upgrade from the previous release's chart (scripts/previous-build.sh) makes this chart's
+//! objects and keeps it too.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -606,10 +607,11 @@ fn pods_wait_for_the_installer_only_where_the_chart_runs_it() {
 
 /// `installer.mode` is the installer pods' GPUSLICE_MODE (installer.sh): `install` by default,
 /// `uninstall` only with the node agent and the kubelet plugin off (both use the /opt/gpuslice
-/// it deletes), anything else refused naming what is accepted.
+/// it deletes) and the RuntimeClass gone (it names the runtime unregistered), anything else
+/// refused naming what is accepted.
 #[test]
 #[ignore = "needs helm, built from its Go module (slow on a cold cache); the README's test command runs it"]
-fn the_installer_uninstalls_when_asked_and_only_without_the_agent_and_plugin() {
+fn the_installer_uninstalls_when_asked_and_only_without_the_agent_plugin_and_runtime_class() {
     let mode = |objs: &[Value]| {
         let ds = find(objs, "DaemonSet", "gpuslice-installer").expect("the installer");
         let env = ds["spec"]["template"]["spec"]["containers"][0]["env"]
@@ -620,17 +622,28 @@ fn the_installer_uninstalls_when_asked_and_only_without_the_agent_and_plugin() {
             .map(|e| e["value"].clone())
     };
     assert_eq!(mode(&template(&[])), Some(serde_json::json!("install")));
-    let off = ["agent.enabled=false", "dra.enabled=false"];
-    let uninstall = template(&[off[0], off[1], "installer.mode=uninstall"]);
+    let off = [
+        "agent.enabled=false",
+        "dra.enabled=false",
+        "runtimeClass.enabled=false",
+    ];
+    let uninstall = template(&[off[0], off[1], off[2], "installer.mode=uninstall"]);
     assert_eq!(mode(&uninstall), Some(serde_json::json!("uninstall")));
     assert!(find(&uninstall, "DaemonSet", "gpuslice-exporter").is_none());
     assert!(find(&uninstall, "DaemonSet", "gpuslice-kubelet-plugin").is_none());
+    assert!(find(&uninstall, "RuntimeClass", "gpuslice").is_none());
 
+    // Each one left on alone is refused, and named.
     for on in off {
-        let other = off.iter().find(|s| **s != on).unwrap();
-        let err = template_refused(&[other, "installer.mode=uninstall"]);
+        let mut sets: Vec<&str> = off.iter().copied().filter(|s| *s != on).collect();
+        sets.push("installer.mode=uninstall");
+        let err = template_refused(&sets);
+        let value = on.trim_end_matches("=false");
         assert!(
-            err.contains("set agent.enabled=false and dra.enabled=false"),
+            err.contains(&format!("still true: {value};"))
+                && err.contains(
+                    "accepted: agent.enabled=false, dra.enabled=false and runtimeClass.enabled=false"
+                ),
             "{on}: {err}"
         );
     }
