@@ -819,14 +819,15 @@ pub fn live_charge(
 
 /// What the node books for pod `p` asking by annotation (docs/annotations.md: the request
 /// keys, [`gpuslice_registry::annotations::request_key`], as the recount keeps them,
-/// [`ScopedPod`]): for each of its containers, init containers included, what the node reads
-/// as that container's request ([`parse_ask`], the node's own reading), each charged as a
-/// slice of that shape (a percentage of memory, and a whole GPU, of the largest GPU
-/// published). A container whose annotations the node refuses charges nothing (it is not
-/// created). Such a pod is refused where a budget holds (the node books its slices past any
-/// budget); this counts the ones admitted before, so that `used` holds what they hold.
-/// Every init container counts, as if all held their slices at once: more than the node may
-/// hold at a time, never less.
+/// [`ScopedPod`]): for each of its containers, init and ephemeral containers included (the
+/// runtime gives every container of the pod the pod's annotations, and the node books a
+/// slice for each that asks one), what the node reads as that container's request
+/// ([`parse_ask`], the node's own reading), each charged as a slice of that shape (a
+/// percentage of memory, and a whole GPU, of the largest GPU published). A container whose
+/// annotations the node refuses charges nothing (it is not created). Such a pod is refused
+/// where a budget holds (the node books its slices past any budget); this counts the ones
+/// admitted before, so that `used` holds what they hold. Every init container counts, as if
+/// all held their slices at once: more than the node may hold at a time, never less.
 pub fn annotation_charge(
     p: &Pod,
     inventory: &PublishedGpus,
@@ -840,14 +841,16 @@ pub fn annotation_charge(
     };
     let whole = whole_gpu(inventory);
     let mut total = Charge::default();
-    for c in spec
+    let names = spec
         .init_containers
         .iter()
         .flatten()
         .chain(&spec.containers)
-    {
+        .map(|c| &c.name)
+        .chain(spec.ephemeral_containers.iter().flatten().map(|c| &c.name));
+    for name in names {
         let mut ann = asks.clone();
-        ann.insert(CONTAINER_NAME[0].to_string(), c.name.clone());
+        ann.insert(CONTAINER_NAME[0].to_string(), name.clone());
         let Ok(Ask::Slice(req)) = parse_ask(&ann) else {
             continue;
         };
@@ -862,7 +865,7 @@ pub fn annotation_charge(
             cores: Some(u32::from(req.cores)),
             selectors: Vec::new(),
         };
-        let field = format!("{field}, container {}", c.name);
+        let field = format!("{field}, container {name}");
         total = total.checked_add(&shape_charge(&shape, whole, &field)?, &field)?;
     }
     Ok(total)
@@ -1847,6 +1850,71 @@ mod tests {
         assert!(
             e.to_string()
                 .starts_with("Pod p, container a: asks whole GPUs"),
+            "{e}"
+        );
+    }
+
+    /// A pod as the recount reads it from the API server's JSON ([`ScopedPod`]).
+    fn recounted(pod: serde_json::Value) -> Pod {
+        <ScopedPod as Viewed>::read(&pod.to_string()).unwrap().0
+    }
+
+    #[test]
+    fn the_recount_charges_an_ephemeral_container_the_node_books_a_slice_for() {
+        const GI: u64 = 1 << 30;
+        let inventory = PublishedGpus {
+            mode: Mode::Capacity,
+            max_gpus_per_node: Some(1),
+            gpu_memory: vec![80 * GI],
+        };
+        let named = |n: &[&str]| -> serde_json::Value {
+            n.iter().map(|n| serde_json::json!({"name": n})).collect()
+        };
+        let pod = |annotations: serde_json::Value| {
+            recounted(serde_json::json!({
+                "metadata": {"name": "p", "namespace": "team", "annotations": annotations},
+                "spec": {
+                    "containers": named(&["a"]),
+                    "initContainers": named(&["i"]),
+                    "ephemeralContainers": named(&["debug"]),
+                },
+            }))
+        };
+        let charge = |p: &Pod| annotation_charge(p, &inventory, "Pod p").unwrap();
+        // The pod-wide ask: the app, init and ephemeral containers each have a slice.
+        assert_eq!(
+            charge(&pod(serde_json::json!({"gpuslice.io/memory": "4Gi"}))),
+            Charge {
+                memory_bytes: 12 * GI,
+                cores: 300,
+                gpus: 3
+            }
+        );
+        // The ephemeral container's own key alone.
+        assert_eq!(
+            charge(&pod(serde_json::json!({"gpuslice.io/memory.debug": "2Gi"}))),
+            Charge {
+                memory_bytes: 2 * GI,
+                cores: 100,
+                gpus: 1
+            }
+        );
+        // The names are kept within the view's bound: a list past the entries an admission
+        // reads makes the pod unreadable (named), not a larger view.
+        let many: Vec<String> = (0..300).map(|i| format!("d{i}")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        let e = <ScopedPod as Viewed>::read(
+            &serde_json::json!({
+                "metadata": {"name": "p", "namespace": "team",
+                             "annotations": {"gpuslice.io/memory": "4Gi"}},
+                "spec": {"containers": named(&["a"]), "ephemeralContainers": named(&many)},
+            })
+            .to_string(),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("Pod team/p cannot be read: spec.ephemeralContainers has 300 entries"),
             "{e}"
         );
     }

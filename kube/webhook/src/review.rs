@@ -15,7 +15,8 @@ use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, Pod, PodAffinity, PodAffinityTerm, PodSpec, ResourceRequirements,
+    Affinity, Container, EphemeralContainer, Pod, PodAffinity, PodAffinityTerm, PodSpec,
+    ResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -314,11 +315,17 @@ struct Kept {
 }
 
 impl Kept {
-    fn value(&mut self, raw: &RawValue, extra: usize) -> Result<Value, PodError> {
-        self.bytes += raw.get().len() + extra;
+    /// Charges `bytes` kept: past [`MAX_KEPT`] in all, the pod is refused.
+    fn take(&mut self, bytes: usize) -> Result<(), PodError> {
+        self.bytes += bytes;
         if self.bytes > MAX_KEPT {
             return Err(PodError::Kept);
         }
+        Ok(())
+    }
+
+    fn value(&mut self, raw: &RawValue, extra: usize) -> Result<Value, PodError> {
+        self.take(raw.get().len() + extra)?;
         // A RawValue is valid JSON, so this parses; a failure keeps nothing.
         Ok(serde_json::from_str(raw.get()).unwrap_or(Value::Null))
     }
@@ -686,19 +693,21 @@ fn scope(raw: &RawValue, kept: &mut Kept) -> Result<Pod, PodError> {
 /// A pod as the budget recount reads it: its view ([`crate::view`]: claim entries, phase,
 /// claim statuses) with what the quotas' scopes read of it, read as an admission reads it
 /// ([`scope`]), so that a recount and an admission match a scoped quota alike; and, when it
-/// asks the node for slices by annotation, those annotations and its containers' names (what
-/// the node reads of it, [`crate::budget::annotation_charge`]).
+/// asks the node for slices by annotation, those annotations and the names of its
+/// containers, init and ephemeral containers (what the node reads of it,
+/// [`crate::budget::annotation_charge`]). All of it is kept within [`MAX_KEPT`] and
+/// [`MAX_LIST`] entries a list, as an admission keeps a pod; a pod past them cannot be read.
 #[derive(Debug, Clone)]
 pub struct ScopedPod(pub Pod);
 
 /// Of a pod, what the node reads as a slice request: its annotations (kept: the request keys
-/// alone) and its containers' names.
+/// alone) and its containers' names, each list read as [`Listed`] (unparsed, bounded).
 #[derive(Deserialize)]
 struct AskView<'a> {
     #[serde(default, borrow)]
     metadata: Option<AskMetaView<'a>>,
-    #[serde(default)]
-    spec: Option<AskSpecView>,
+    #[serde(default, borrow)]
+    spec: Option<AskSpecView<'a>>,
 }
 
 #[derive(Deserialize)]
@@ -709,55 +718,104 @@ struct AskMetaView<'a> {
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct AskSpecView {
-    #[serde(default)]
-    containers: Vec<NamedView>,
-    #[serde(default)]
-    init_containers: Vec<NamedView>,
+struct AskSpecView<'a> {
+    #[serde(default, borrow)]
+    containers: Option<Listed<'a>>,
+    #[serde(default, borrow)]
+    init_containers: Option<Listed<'a>>,
+    #[serde(default, borrow)]
+    ephemeral_containers: Option<Listed<'a>>,
 }
 
 #[derive(Deserialize)]
-struct NamedView {
-    #[serde(default)]
-    name: String,
+struct NamedView<'a> {
+    #[serde(default, borrow)]
+    name: Option<Text<'a>>,
+}
+
+/// The names of the containers of list `list` (at `field`), charged to `kept`: a list
+/// longer than [`MAX_LIST`] is refused, as an admission refuses it; a name that cannot be
+/// read is empty.
+fn names(
+    list: Option<Listed>,
+    field: &'static str,
+    kept: &mut Kept,
+) -> Result<Vec<String>, PodError> {
+    let Some(l) = list else {
+        return Ok(Vec::new());
+    };
+    if l.len > MAX_LIST {
+        return Err(PodError::List {
+            list: field,
+            len: l.len,
+        });
+    }
+    l.items
+        .iter()
+        .map(|c| {
+            let name = serde_json::from_str::<NamedView>(c.get())
+                .ok()
+                .and_then(|n| n.name)
+                .map(|Text(n)| n.into_owned())
+                .unwrap_or_default();
+            kept.take(name.len())?;
+            Ok(name)
+        })
+        .collect()
 }
 
 /// Sets on `pod` (as [`ScopedPod`] keeps it) the request annotations of `raw` and, when it
-/// has one, its containers' names; nothing when `raw` cannot be read so (a pod the API server
-/// stored always can).
-fn keep_asks(raw: &str, pod: &mut Pod) {
+/// has one, the names of its containers, init and ephemeral containers (the node books a
+/// slice for each container the annotations ask one for), charged to `kept`; nothing when
+/// `raw` cannot be read so (a pod the API server stored always can).
+fn keep_asks(raw: &str, pod: &mut Pod, kept: &mut Kept) -> Result<(), PodError> {
     let Ok(v) = serde_json::from_str::<AskView>(raw) else {
-        return;
+        return Ok(());
     };
-    let asks: BTreeMap<String, String> = v
+    let mut asks: BTreeMap<String, String> = BTreeMap::new();
+    for (k, v) in v
         .metadata
         .and_then(|m| m.annotations)
         .map(|a| Entries::of(a, |k| request_key(k).is_some()))
         .unwrap_or_default()
-        .into_iter()
-        .filter_map(|(k, v)| {
-            Some((
-                k.into_owned(),
-                serde_json::from_str::<String>(v.get()).ok()?,
-            ))
-        })
-        .collect();
+    {
+        if let Ok(v) = serde_json::from_str::<String>(v.get()) {
+            kept.take(k.len() + v.len())?;
+            asks.insert(k.into_owned(), v);
+        }
+    }
     let (Some(spec), Some(s), false) = (pod.spec.as_mut(), v.spec, asks.is_empty()) else {
-        return;
+        return Ok(());
     };
     pod.metadata.annotations = Some(asks);
     for (named, into) in [
-        (s.containers, &mut spec.containers),
         (
-            s.init_containers,
+            names(s.containers, "spec.containers", kept)?,
+            &mut spec.containers,
+        ),
+        (
+            names(s.init_containers, "spec.initContainers", kept)?,
             spec.init_containers.get_or_insert_with(Vec::new),
         ),
     ] {
         into.resize_with(named.len().max(into.len()), Container::default);
         for (c, n) in into.iter_mut().zip(named) {
-            c.name = n.name;
+            c.name = n;
         }
     }
+    let ephemeral = names(s.ephemeral_containers, "spec.ephemeralContainers", kept)?;
+    if !ephemeral.is_empty() {
+        spec.ephemeral_containers = Some(
+            ephemeral
+                .into_iter()
+                .map(|name| EphemeralContainer {
+                    name,
+                    ..EphemeralContainer::default()
+                })
+                .collect(),
+        );
+    }
+    Ok(())
 }
 
 impl crate::view::Viewed for ScopedPod {
@@ -765,14 +823,18 @@ impl crate::view::Viewed for ScopedPod {
 
     fn read(json: &str) -> Result<Self, crate::view::ViewError> {
         let mut pod = <Pod as crate::view::Viewed>::read(json)?;
+        let failed = |detail: String| crate::view::ViewError {
+            kind: Self::KIND,
+            object: crate::view::named(json),
+            detail,
+        };
+        // What the scopes read and what the node reads are kept within one bound, as an
+        // admission keeps them.
+        let mut kept = Kept { bytes: 0 };
         let scoped = serde_json::from_str::<&RawValue>(json)
             .map_err(|e| e.to_string())
-            .and_then(|raw| scope(raw, &mut Kept { bytes: 0 }).map_err(|e| e.to_string()))
-            .map_err(|detail| crate::view::ViewError {
-                kind: Self::KIND,
-                object: crate::view::named(json),
-                detail,
-            })?;
+            .and_then(|raw| scope(raw, &mut kept).map_err(|e| e.to_string()))
+            .map_err(failed)?;
         if let (Some(spec), Some(s)) = (pod.spec.as_mut(), scoped.spec) {
             spec.priority_class_name = s.priority_class_name;
             spec.active_deadline_seconds = s.active_deadline_seconds;
@@ -781,7 +843,7 @@ impl crate::view::Viewed for ScopedPod {
             spec.init_containers = s.init_containers;
             spec.affinity = s.affinity;
         }
-        keep_asks(json, &mut pod);
+        keep_asks(json, &mut pod, &mut kept).map_err(|e| failed(e.to_string()))?;
         Ok(ScopedPod(pod))
     }
 }
