@@ -32,10 +32,10 @@ use gpuslice_dra::claim_shape::{Mode, PublishedGpus, Shape};
 use gpuslice_dra::quota::{
     claim_charge, format_value, shape_charge, whole_gpu, Budget, Charge, Charged, QuotaError, NAMES,
 };
-use gpuslice_registry::annotations::{parse_ask, Ask, CONTAINER_NAME};
 
 use crate::cluster::Cluster;
 use crate::mirror::Mirror;
+use crate::placement::node_slice;
 use crate::review::ScopedPod;
 use crate::view::{get_opt, list_all, list_kept, Viewed};
 
@@ -818,16 +818,18 @@ pub fn live_charge(
 }
 
 /// What the node books for pod `p` asking by annotation (docs/annotations.md: the request
-/// keys, [`gpuslice_registry::annotations::request_key`], as the recount keeps them,
-/// [`ScopedPod`]): for each of its containers, init and ephemeral containers included (the
-/// runtime gives every container of the pod the pod's annotations, and the node books a
-/// slice for each that asks one), what the node reads as that container's request
-/// ([`parse_ask`], the node's own reading), each charged as a slice of that shape (a
-/// percentage of memory, and a whole GPU, of the largest GPU published). A container whose
-/// annotations the node refuses charges nothing (it is not created). Such a pod is refused
-/// where a budget holds (the node books its slices past any budget); this counts the ones
-/// admitted before, so that `used` holds what they hold. Every init container counts, as if
-/// all held their slices at once: more than the node may hold at a time, never less.
+/// keys, [`gpuslice_registry::annotations::request_key`]; with one, the recount keeps every
+/// `gpuslice.io/*` annotation, [`ScopedPod`]): for each of its containers, init and
+/// ephemeral containers included (the runtime gives every container of the pod the pod's
+/// annotations, and the node books a slice for each that asks one), what the node reads as
+/// that container's request ([`node_slice`], the node's own reading), each charged as a
+/// slice of that shape (a percentage of memory, and a whole GPU, of the largest GPU
+/// published). A container whose annotations the node refuses (a value, a key it does not
+/// know, a reservation the pod sets itself) charges nothing (it is not created). Such a pod
+/// is refused where a budget holds (the node books its slices past any budget); this counts
+/// the ones admitted before, so that `used` holds what they hold. Every init container
+/// counts, as if all held their slices at once: more than the node may hold at a time, never
+/// less.
 pub fn annotation_charge(
     p: &Pod,
     inventory: &PublishedGpus,
@@ -849,9 +851,7 @@ pub fn annotation_charge(
         .map(|c| &c.name)
         .chain(spec.ephemeral_containers.iter().flatten().map(|c| &c.name));
     for name in names {
-        let mut ann = asks.clone();
-        ann.insert(CONTAINER_NAME[0].to_string(), name.clone());
-        let Ok(Ask::Slice(req)) = parse_ask(&ann) else {
+        let Some(req) = node_slice(asks, name) else {
             continue;
         };
         let memory = match req.memory {
@@ -1917,6 +1917,50 @@ mod tests {
                 .contains("Pod team/p cannot be read: spec.ephemeralContainers has 300 entries"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn the_recount_charges_nothing_for_a_pod_whose_annotations_the_node_refuses() {
+        const GI: u64 = 1 << 30;
+        let inventory = PublishedGpus {
+            mode: Mode::Capacity,
+            max_gpus_per_node: Some(1),
+            gpu_memory: vec![80 * GI],
+        };
+        let charge = |annotations: serde_json::Value| {
+            let p = recounted(serde_json::json!({
+                "metadata": {"name": "p", "namespace": "team", "annotations": annotations},
+                "spec": {"containers": [{"name": "a"}, {"name": "b"}]},
+            }));
+            annotation_charge(&p, &inventory, "Pod p").unwrap()
+        };
+        let asked = Charge {
+            memory_bytes: 8 * GI,
+            cores: 200,
+            gpus: 2,
+        };
+        assert_eq!(
+            charge(serde_json::json!({"gpuslice.io/memory": "4Gi"})),
+            asked
+        );
+        // Other domains' keys are not the node's.
+        assert_eq!(
+            charge(serde_json::json!({"gpuslice.io/memory": "4Gi", "example.com/typo": "x"})),
+            asked
+        );
+        // A key the node does not know fails every container; a reservation set by the pod
+        // is refused as forged: the node books nothing, and nothing is charged.
+        for other in [
+            ("gpuslice.io/typo", "x"),
+            ("gpuslice.io/memory.", "1Gi"),
+            ("gpuslice.io/reservation", "3f9a0c1d2e4b5a69"),
+        ] {
+            let mut ann = serde_json::json!({"gpuslice.io/memory": "4Gi"});
+            ann[other.0] = serde_json::json!(other.1);
+            assert!(charge(ann).is_zero(), "{other:?}");
+        }
+        // Without a request key, other `gpuslice.io/*` annotations ask nothing.
+        assert!(charge(serde_json::json!({"gpuslice.io/typo": "x"})).is_zero());
     }
 
     #[test]

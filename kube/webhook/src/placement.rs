@@ -7,6 +7,10 @@
 //! that cannot be placed waits Pending with the scheduler's reason (docs/kubeflow.md, "One
 //! rank per GPU per job").
 
+use std::collections::BTreeMap;
+
+use gpuslice_registry::annotations::{parse_ask, Ask, CONTAINER_NAME, PREFIX, RESERVATION};
+use gpuslice_registry::Request;
 use serde_json::{json, Value};
 
 pub use gpuslice_dra::jobs::{JOB_LABEL, JOB_LABELS};
@@ -42,6 +46,33 @@ pub fn slice_annotations(pod: &Value) -> Vec<&str> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// Whether annotation `key` is one the node reads of a pod asking it for slices
+/// ([`node_slice`]): every `gpuslice.io/*` annotation, not the request keys alone (another
+/// key makes it refuse every container of the pod, [`RESERVATION`] makes it take the spec
+/// for one already edited). What the webhook keeps of a pod that has a request key.
+pub fn node_reads(key: &str) -> bool {
+    key.starts_with(PREFIX)
+}
+
+/// The slice the node books for container `container` of a pod whose `gpuslice.io/*`
+/// annotations are `ann` ([`node_reads`]), as it reads them when it creates the container
+/// (the runtime gives each container the pod's annotations and its own name): its request
+/// ([`parse_ask`]), or `None` where it books none: no key applies to the container, it opted
+/// out, a value or key the node refuses (the container is not created), or [`RESERVATION`],
+/// which the node takes for a spec it edited already (one the pod sets itself is refused as
+/// forged).
+pub fn node_slice(ann: &BTreeMap<String, String>, container: &str) -> Option<Box<Request>> {
+    if ann.contains_key(RESERVATION) {
+        return None;
+    }
+    let mut ann = ann.clone();
+    ann.insert(CONTAINER_NAME[0].to_string(), container.to_string());
+    match parse_ask(&ann) {
+        Ok(Ask::Slice(req)) => Some(req),
+        _ => None,
+    }
 }
 
 /// The registrations' test (CEL, `k` an annotation key) of an annotation that asks the node

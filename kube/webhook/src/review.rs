@@ -21,7 +21,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-use crate::placement::{request_key, JOB_LABELS};
+use crate::placement::{node_reads, request_key, JOB_LABELS};
 
 /// The users the resource claim controller creates claims as: its own service account, or the
 /// controller manager's user where that runs without per-controller credentials. The
@@ -693,15 +693,15 @@ fn scope(raw: &RawValue, kept: &mut Kept) -> Result<Pod, PodError> {
 /// A pod as the budget recount reads it: its view ([`crate::view`]: claim entries, phase,
 /// claim statuses) with what the quotas' scopes read of it, read as an admission reads it
 /// ([`scope`]), so that a recount and an admission match a scoped quota alike; and, when it
-/// asks the node for slices by annotation, those annotations and the names of its
+/// asks the node for slices by annotation, its `gpuslice.io/*` annotations and the names of its
 /// containers, init and ephemeral containers (what the node reads of it,
 /// [`crate::budget::annotation_charge`]). All of it is kept within [`MAX_KEPT`] and
 /// [`MAX_LIST`] entries a list, as an admission keeps a pod; a pod past them cannot be read.
 #[derive(Debug, Clone)]
 pub struct ScopedPod(pub Pod);
 
-/// Of a pod, what the node reads as a slice request: its annotations (kept: the request keys
-/// alone) and its containers' names, each list read as [`Listed`] (unparsed, bounded).
+/// Of a pod, what the node reads as a slice request: its annotations (kept: the
+/// `gpuslice.io/*` ones, when one is a request key) and its containers' names, each list read as [`Listed`] (unparsed, bounded).
 #[derive(Deserialize)]
 struct AskView<'a> {
     #[serde(default, borrow)]
@@ -764,21 +764,26 @@ fn names(
         .collect()
 }
 
-/// Sets on `pod` (as [`ScopedPod`] keeps it) the request annotations of `raw` and, when it
-/// has one, the names of its containers, init and ephemeral containers (the node books a
+/// Sets on `pod` (as [`ScopedPod`] keeps it), when `raw` has a request annotation, its
+/// `gpuslice.io/*` annotations ([`node_reads`]) and the names of its containers, init and ephemeral containers (the node books a
 /// slice for each container the annotations ask one for), charged to `kept`; nothing when
 /// `raw` cannot be read so (a pod the API server stored always can).
 fn keep_asks(raw: &str, pod: &mut Pod, kept: &mut Kept) -> Result<(), PodError> {
     let Ok(v) = serde_json::from_str::<AskView>(raw) else {
         return Ok(());
     };
-    let mut asks: BTreeMap<String, String> = BTreeMap::new();
-    for (k, v) in v
+    let read = v
         .metadata
         .and_then(|m| m.annotations)
-        .map(|a| Entries::of(a, |k| request_key(k).is_some()))
-        .unwrap_or_default()
-    {
+        .map(|a| Entries::of(a, node_reads))
+        .unwrap_or_default();
+    // What the node reads once a request key is there: every `gpuslice.io/*` annotation, so
+    // that one it refuses the pod for is seen as it sees it.
+    if !read.iter().any(|(k, _)| request_key(k).is_some()) {
+        return Ok(());
+    }
+    let mut asks: BTreeMap<String, String> = BTreeMap::new();
+    for (k, v) in read {
         if let Ok(v) = serde_json::from_str::<String>(v.get()) {
             kept.take(k.len() + v.len())?;
             asks.insert(k.into_owned(), v);
