@@ -36,7 +36,7 @@ pub const CLAIM_CONTROLLER_USERS: [&str; 2] = [
 pub const MAX_LIST: usize = 256;
 /// Bytes of the pod the webhook keeps: the `resources` of containers naming `gpuslice.io/*`
 /// or `nvidia.com/*` resources, the `nvidia.com/*`, `hami.io/*` and `gpuslice.io/*`
-/// annotations, the job
+/// annotations (with a request key, the containers' names), the job
 /// labels, the required pod anti-affinity terms, the claim entries and what quota scopes read
 /// (the priority class, the `cpu` and `memory` asked); a pod with more is refused.
 pub const MAX_KEPT: usize = 64 << 10;
@@ -63,7 +63,7 @@ pub enum PodError {
     Claim(#[from] crate::view::ViewError),
     #[error("{list} has {len} entries; accepted: at most {MAX_LIST} (gpuslice-webhook reads no longer list)")]
     List { list: &'static str, len: usize },
-    #[error("the pod's GPU resources, nvidia.com/*, hami.io/* and gpuslice.io/* annotations, job labels, required pod anti-affinity terms, claim entries, priority class and cpu and memory asked take more than {MAX_KEPT} bytes; accepted: at most {MAX_KEPT}")]
+    #[error("the pod's GPU resources, nvidia.com/*, hami.io/* and gpuslice.io/* annotations, containers' names (of a pod asking the node by annotation), job labels, required pod anti-affinity terms, claim entries, priority class and cpu and memory asked take more than {MAX_KEPT} bytes; accepted: at most {MAX_KEPT}")]
     Kept,
 }
 
@@ -234,6 +234,8 @@ struct SpecView<'a> {
 #[serde(rename_all = "camelCase")]
 struct ContainerView<'a> {
     #[serde(default, borrow)]
+    name: Option<Text<'a>>,
+    #[serde(default, borrow)]
     resources: Option<&'a RawValue>,
     /// `Always` makes an init container a sidecar, which runs beside the app containers.
     #[serde(default, borrow)]
@@ -264,11 +266,12 @@ fn gpu_name(name: &str) -> bool {
     name.starts_with("gpuslice.io/") || name.starts_with("nvidia.com/")
 }
 
-/// The annotations the webhook reads: HAMi's (selection and policy) and the slice request a
-/// node reads on the annotation path (refused where a budget holds; it makes a pod of a job a
-/// rank to keep apart).
+/// The annotations the webhook reads: HAMi's (selection and policy) and the `gpuslice.io/*`
+/// ones a node reads on the annotation path, of which only a request key asks a slice (refused
+/// where a budget holds; it makes a pod of a job a rank to keep apart, whose containers the
+/// node gives slices are read by its reading of all of them).
 fn read_annotation(name: &str) -> bool {
-    name.starts_with("nvidia.com/") || name.starts_with("hami.io/") || request_key(name).is_some()
+    name.starts_with("nvidia.com/") || name.starts_with("hami.io/") || node_reads(name)
 }
 
 /// The entries of a JSON object whose names pass `keep`, values unparsed; anything but an
@@ -331,39 +334,48 @@ impl Kept {
     }
 }
 
-/// A container as the webhook reads it: its `resources` if they name a GPU resource (and
-/// whether it restarts `Always`, what makes an init container a sidecar), else nothing
-/// (`Null`: no limits to turn into a claim).
-fn container(raw: &RawValue, kept: &mut Kept) -> Result<Value, PodError> {
+/// A container as the webhook reads it: its `resources` if they name a GPU resource, and,
+/// in a pod asking the node for slices by annotation (`named`), its `name` (by which the node
+/// reads the annotations); with either, whether it restarts `Always` (what makes an init
+/// container a sidecar); else nothing (`Null`: no limits to turn into a claim).
+fn container(raw: &RawValue, named: bool, kept: &mut Kept) -> Result<Value, PodError> {
     let Some(view) = serde_json::from_str::<ContainerView>(raw.get()).ok() else {
         return Ok(Value::Null);
     };
-    let Some(res) = view.resources else {
-        return Ok(Value::Null);
-    };
-    let names_gpu = serde_json::from_str::<ResourcesView>(res.get())
-        .ok()
-        .is_some_and(|r| {
-            [r.limits, r.requests]
-                .into_iter()
-                .flatten()
-                .any(|m| !Entries::of(m, gpu_name).is_empty())
-        });
-    if !names_gpu {
+    let mut c = Map::new();
+    if let Some(res) = view.resources.filter(|res| {
+        serde_json::from_str::<ResourcesView>(res.get())
+            .ok()
+            .is_some_and(|r| {
+                [r.limits, r.requests]
+                    .into_iter()
+                    .flatten()
+                    .any(|m| !Entries::of(m, gpu_name).is_empty())
+            })
+    }) {
+        c.insert("resources".into(), kept.value(res, 0)?);
+    }
+    if let Some(Text(name)) = view.name.filter(|_| named) {
+        kept.take(name.len())?;
+        c.insert("name".into(), Value::String(name.into_owned()));
+    }
+    if c.is_empty() {
         return Ok(Value::Null);
     }
-    let mut c = json!({ "resources": kept.value(res, 0)? });
     if view.restart_policy.is_some_and(|p| p.0 == "Always") {
-        c["restartPolicy"] = json!("Always");
+        c.insert("restartPolicy".into(), json!("Always"));
     }
-    Ok(c)
+    Ok(Value::Object(c))
 }
 
 /// The pod as the webhook reads it: `metadata.labels` (the job labels of
-/// [`JOB_LABELS`]), `metadata.annotations` (those of `nvidia.com/*`, `hami.io/*` and
-/// `gpuslice.io/*`; an empty map when it has others only), `spec.affinity` (whether it and its `podAntiAffinity` exist,
-/// and the latter's required terms), `spec.containers[*]` and `spec.initContainers[*]` (the `resources` of those
-/// naming `gpuslice.io/*` or `nvidia.com/*` resources, others `null`, indices unchanged) and
+/// [`JOB_LABELS`]), `metadata.annotations` (those of `nvidia.com/*` and `hami.io/*`, and of
+/// `gpuslice.io/*` when one is a request key; an empty map when it has others only),
+/// `spec.affinity` (whether it and its `podAntiAffinity` exist, and the latter's required
+/// terms), `spec.containers[*]` and `spec.initContainers[*]` (the `resources` of those naming
+/// `gpuslice.io/*` or `nvidia.com/*` resources, and, when a `gpuslice.io/*` annotation is a
+/// request key, every container's `name`; with either, `restartPolicy: Always`; others
+/// `null`, indices unchanged) and
 /// `spec.resourceClaims[*]` (their `name`, `resourceClaimTemplateName` and
 /// `resourceClaimName`; the list is there when the pod has one). This is all `mutate::plan`,
 /// `mutate::mentions_hami`, `placement` and the budget's charge read: a field they come to read must be
@@ -377,6 +389,7 @@ fn pod(raw: &RawValue) -> Result<(Value, Pod), PodError> {
     let scope = scope(raw, &mut kept)?;
     let mut out = Map::new();
     let mut meta = Map::new();
+    let mut asks_node = false;
     if let Some(m) = view.metadata {
         if let Some(labels) = m.labels {
             let mut l = Map::new();
@@ -388,8 +401,15 @@ fn pod(raw: &RawValue) -> Result<(Value, Pod), PodError> {
         }
         // Kept, if only empty, when the pod has annotations: the patch adds to them.
         if let Some(ann) = m.annotations {
+            let read = Entries::of(ann, read_annotation);
+            // The node's other `gpuslice.io/*` annotations only beside a request key: what
+            // it reads of the pod then ([`node_reads`]), by its containers' names.
+            asks_node = read.iter().any(|(k, _)| request_key(k).is_some());
             let mut a = Map::new();
-            for (k, v) in Entries::of(ann, read_annotation) {
+            for (k, v) in read {
+                if !asks_node && node_reads(&k) {
+                    continue;
+                }
                 let v = kept.value(v, k.len())?;
                 a.insert(k.into_owned(), v);
             }
@@ -437,7 +457,7 @@ fn pod(raw: &RawValue) -> Result<(Value, Pod), PodError> {
             let items = l
                 .items
                 .iter()
-                .map(|c| container(c, &mut kept))
+                .map(|c| container(c, asks_node, &mut kept))
                 .collect::<Result<Vec<_>, _>>()?;
             spec.insert(field.into(), Value::Array(items));
         }

@@ -476,6 +476,54 @@ fn ranks_asking_the_node_by_annotation_are_kept_off_each_others_nodes() {
     }
 }
 
+#[test]
+fn a_rank_whose_containers_each_get_a_slice_by_annotation_is_refused() {
+    let api = FakeApi::start();
+    let w = start_against(&api.url, patient());
+    let review = |uid: &str, annotations: Value| {
+        json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {
+                "uid": uid, "namespace": NS, "operation": "CREATE",
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "object": {
+                    "metadata": {"name": uid, "namespace": NS,
+                                 "labels": {"gpuslice.io/job": "x"}, "annotations": annotations},
+                    "spec": {"runtimeClassName": "gpuslice", "containers": [
+                        {"name": "trainer", "image": "x", "env": [{"name": "A", "value": "1"}]},
+                        {"name": "log", "image": "x"},
+                    ]},
+                },
+            },
+        })
+        .to_string()
+    };
+    // The pod-wide ask gives both containers a slice of the node's: refused, naming them.
+    let answer = reviewed(w.addr, &review("both", json!({"gpuslice.io/gpus": "1"})));
+    let r = &answer["response"];
+    assert_eq!(r["allowed"], false, "{answer}");
+    assert_eq!(r["status"]["code"], 400, "{answer}");
+    let said = r["status"]["message"].as_str().unwrap_or_default();
+    assert!(
+        said.starts_with("spec.containers[0], spec.containers[1]: containers of a rank of job gpuslice.io/job=x that run at the same time each ask a GPU slice"),
+        "{answer}"
+    );
+    // The log shipper opted out by its name: admitted, kept apart.
+    let answer = reviewed(
+        w.addr,
+        &review(
+            "one",
+            json!({"gpuslice.io/gpus": "1", "gpuslice.io/gpus.log": "0"}),
+        ),
+    );
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+    assert_eq!(
+        patch(&answer),
+        kept_apart("gpuslice.io/job", "x", true),
+        "{answer}"
+    );
+}
+
 /// The words of the expression of the pods webhook's condition in `text` (the chart's
 /// template or the test cluster's script): the folded lines under `expression: >-` after
 /// `- name: names-gpu-resources`, joined by one space.
