@@ -364,8 +364,9 @@ impl Ledger {
     /// Each claim is read once however many entries name it, and at most
     /// [`MAX_NAMED_CLAIM_READS`] distinct claims are read, in the order the entries name
     /// them, so that no pod makes one admission read more: [`NamedClaims::not_read`] counts
-    /// the claims past them. Never an error: a pod is neither charged for the claims it names
-    /// (each was, when created) nor refused for them.
+    /// the claims past them (the admission refuses such a rank,
+    /// [`crate::placement::PlacementError::TooManyClaims`]). Never an error: a pod is not
+    /// charged for the claims it names (each was, when created).
     pub async fn names_gpuslice_claims(
         &self,
         namespace: &str,

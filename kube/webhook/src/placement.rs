@@ -107,14 +107,18 @@ pub fn unread_claim(entry: &str, detail: &str, label: &str, value: &str) -> Stri
     )
 }
 
-/// The warning for a rank of job `label`=`value` naming `past` more distinct ResourceClaims
-/// than the `max` the webhook reads, none of those read asking gpuslice's devices: the rest
-/// are not known to ask them, so the rank is not kept apart for them.
-pub fn claims_not_read(past: usize, max: usize, label: &str, value: &str) -> String {
-    format!(
-        "spec.resourceClaims names {} ResourceClaims: the webhook reads at most {max} to tell whether a pod asks gpuslice's devices, and none of those asks them; whether the other {past} do is unknown, so this pod is not kept off the nodes of the other ranks of job {label}={value}; accepted: at most {max} claims named, or gpuslice's claims among the first {max} (docs/kubeflow.md, \"One rank per GPU per job\")",
-        max + past
-    )
+/// A rank of a job refused for the rule's sake.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlacementError {
+    /// It names `count` distinct ResourceClaims, more than the `max` the webhook reads, and
+    /// none of those read asks gpuslice's devices: whether the others do is unknown, and a
+    /// rank admitted without the rule may share a GPU with another.
+    #[error("spec.resourceClaims names {count} distinct ResourceClaims by resourceClaimName: the webhook reads at most {max} to tell whether a rank of job {job} asks gpuslice's devices, and none of those asks them, so whether this pod must be kept off the nodes of the other ranks is unknown; accepted: at most {max} distinct ResourceClaims named by resourceClaimName in a pod of a job, or one asking gpuslice's devices among the first {max} (docs/kubeflow.md, \"One rank per GPU per job\")")]
+    TooManyClaims {
+        count: usize,
+        max: usize,
+        job: String,
+    },
 }
 
 /// The rule as the annotation and the admission warning state it.

@@ -369,8 +369,8 @@ fn a_ranks_admission_reads_each_named_object_once_and_at_most_32_claims() {
     }
 
     // 40 distinct claims of another driver, then gpuslice's: the first 32 are read (none
-    // asks gpuslice's devices), the others not; admitted unchanged, with a warning naming
-    // the count and the most read.
+    // asks gpuslice's devices), the others not; whether the rank must be kept apart is
+    // unknown, so it is refused, naming the count and the most read.
     let mut names = (0..40)
         .map(|i| format!("o-{i}"))
         .chain(["mine".to_string()])
@@ -378,11 +378,11 @@ fn a_ranks_admission_reads_each_named_object_once_and_at_most_32_claims() {
     let named = entries(&mut names, "resourceClaimName");
     let answer = reviewed(w.addr, &pod_review("many", job.clone(), Value::Null, named));
     let r = &answer["response"];
-    assert_eq!(r["allowed"], true, "{answer}");
-    assert!(r["patch"].is_null(), "{answer}");
+    assert_eq!(r["allowed"], false, "{answer}");
+    assert_eq!(r["status"]["code"], 400, "{answer}");
     assert_eq!(
-        r["warnings"],
-        json!(["spec.resourceClaims names 41 ResourceClaims: the webhook reads at most 32 to tell whether a pod asks gpuslice's devices, and none of those asks them; whether the other 9 do is unknown, so this pod is not kept off the nodes of the other ranks of job gpuslice.io/job=x; accepted: at most 32 claims named, or gpuslice's claims among the first 32 (docs/kubeflow.md, \"One rank per GPU per job\")"]),
+        r["status"]["message"],
+        "spec.resourceClaims names 41 distinct ResourceClaims by resourceClaimName: the webhook reads at most 32 to tell whether a rank of job gpuslice.io/job=x asks gpuslice's devices, and none of those asks them, so whether this pod must be kept off the nodes of the other ranks is unknown; accepted: at most 32 distinct ResourceClaims named by resourceClaimName in a pod of a job, or one asking gpuslice's devices among the first 32 (docs/kubeflow.md, \"One rank per GPU per job\")",
         "{answer}"
     );
     let read = gets(&api, "resourceclaims");
