@@ -67,7 +67,9 @@ fn row_of<W: workload::Workload>(
         .cloned()
         .collect();
     let spec = w.pod_spec();
-    let charge = || spec.and_then(|s| pod_spec_charge(s, &namespace, &templates, inventory).ok());
+    let charge = || {
+        spec.and_then(|s| pod_spec_charge(w.pod_meta(), s, &namespace, &templates, inventory).ok())
+    };
     let claim = spec.and_then(edit::current_template).map(|template| {
         let request = templates
             .iter()

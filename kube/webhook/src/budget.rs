@@ -536,21 +536,45 @@ fn entries_naming(pod: &serde_json::Value, field: &str) -> Vec<(String, String)>
         .collect()
 }
 
-/// What one pod of `spec` in `namespace` would be charged at admission, without asking the
-/// API server: the webhook's plan of its gpuslice limits and the claim templates it names
-/// (`named`, with the templates the plan writes added). For tools that check an edit of a
-/// pod template before writing it (the console's allocate).
+/// A pod of a workload's pod template, as the webhook will be sent it: the template's
+/// `labels` and `annotations` (`meta`: what makes the pod a rank of a job, and what it asks
+/// the node; the rest of a pod's metadata the plan does not read) and `spec`. For tools that
+/// plan an edit of a pod template before writing it (the console's allocate).
+pub fn template_pod(
+    meta: Option<&ObjectMeta>,
+    spec: &k8s_openapi::api::core::v1::PodSpec,
+) -> Result<serde_json::Value, BudgetError> {
+    let read = |e: serde_json::Error| BudgetError::Read {
+        what: "the pod template".into(),
+        detail: e.to_string(),
+    };
+    let mut metadata = serde_json::Map::new();
+    if let Some(m) = meta {
+        for (field, v) in [("labels", &m.labels), ("annotations", &m.annotations)] {
+            if let Some(v) = v {
+                metadata.insert(field.into(), serde_json::to_value(v).map_err(read)?);
+            }
+        }
+    }
+    Ok(serde_json::json!({
+        "metadata": metadata,
+        "spec": serde_json::to_value(spec).map_err(read)?,
+    }))
+}
+
+/// What one pod of the template `meta`, `spec` ([`template_pod`]) in `namespace` would be
+/// charged at admission, without asking the API server: the webhook's plan of its gpuslice
+/// limits (refused as the webhook refuses it: a rank of a job by its labels included) and
+/// the claim templates it names (`named`, with the templates the plan writes added). For
+/// tools that check an edit of a pod template before writing it (the console's allocate).
 pub fn pod_spec_charge(
+    meta: Option<&ObjectMeta>,
     spec: &k8s_openapi::api::core::v1::PodSpec,
     namespace: &str,
     named: &[ResourceClaimTemplate],
     inventory: &PublishedGpus,
 ) -> Result<Charge, BudgetError> {
-    let spec = serde_json::to_value(spec).map_err(|e| BudgetError::Read {
-        what: "the pod template".into(),
-        detail: e.to_string(),
-    })?;
-    let pod = serde_json::json!({ "spec": spec });
+    let pod = template_pod(meta, spec)?;
     let plan = crate::mutate::plan(&pod, namespace, false, inventory)?;
     let entries = template_entries(&pod, &plan);
     let mut templates = plan.templates;
