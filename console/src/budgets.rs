@@ -11,6 +11,7 @@ use gpuslice_config::quantity::parse_kube_quantity;
 use k8s_openapi::api::core::v1::{Namespace, Pod, PodSpec, ResourceQuota};
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use k8s_openapi::api::scheduling::v1::PriorityClass;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{ApiResource, DynamicObject, ListParams};
 use kube::Api;
 use serde::Serialize;
@@ -248,18 +249,20 @@ impl Ask {
         })
     }
 
-    /// `pods` pods of `spec` in `namespace`, each charged as the webhook charges such a pod
-    /// (`gpuslice_webhook::budget::pod_spec_charge`: its plan of the limits, and the claim
-    /// templates named, found in `named`).
+    /// `pods` pods of the template `meta`, `spec` in `namespace`, each charged as the webhook
+    /// charges such a pod (`gpuslice_webhook::budget::pod_spec_charge`: its plan of the
+    /// limits, refused where the webhook refuses it, a rank of a job by its labels included,
+    /// and the claim templates named, found in `named`).
     pub fn of_pod_spec(
         pods: u64,
+        meta: Option<&ObjectMeta>,
         spec: &PodSpec,
         namespace: &str,
         named: &[ResourceClaimTemplate],
         inventory: &PublishedGpus,
         what: String,
     ) -> Result<Ask, BudgetError> {
-        let per_pod = pod_spec_charge(spec, namespace, named, inventory)
+        let per_pod = pod_spec_charge(meta, spec, namespace, named, inventory)
             .map_err(|e| BudgetError::Pod(e.to_string()))?;
         Ok(Ask {
             pods,
@@ -1328,7 +1331,7 @@ pub(crate) mod tests {
             gpu_memory: vec![24 * GIB],
         };
         // Capacity mode: a claim per container, so two GPUs' worth of slices per pod.
-        let a = Ask::of_pod_spec(3, &spec, "team", &[], &capacity, r.describe()).unwrap();
+        let a = Ask::of_pod_spec(3, None, &spec, "team", &[], &capacity, r.describe()).unwrap();
         assert_eq!(
             a.per_pod,
             Charge {
@@ -1354,7 +1357,7 @@ pub(crate) mod tests {
             }]),
             ..capacity.clone()
         };
-        let a = Ask::of_pod_spec(3, &spec, "team", &[], &slots, r.describe()).unwrap();
+        let a = Ask::of_pod_spec(3, None, &spec, "team", &[], &slots, r.describe()).unwrap();
         assert_eq!((a.per_pod.memory_bytes, a.per_pod.gpus), (4 * GIB, 1));
         // A claim form's one template is charged once per pod; a template the spec names
         // that is not given cannot be charged.
@@ -1371,9 +1374,10 @@ pub(crate) mod tests {
         .unwrap();
         let name = t.metadata.name.clone().unwrap();
         crate::edit::add_claim("deployment/web", &mut claim_spec, &name, &[]).unwrap();
-        let a = Ask::of_pod_spec(3, &claim_spec, "team", &[t], &capacity, r.describe()).unwrap();
+        let a =
+            Ask::of_pod_spec(3, None, &claim_spec, "team", &[t], &capacity, r.describe()).unwrap();
         assert_eq!((a.per_pod.memory_bytes, a.per_pod.gpus), (2 * GIB, 1));
-        let e = Ask::of_pod_spec(3, &claim_spec, "team", &[], &capacity, r.describe())
+        let e = Ask::of_pod_spec(3, None, &claim_spec, "team", &[], &capacity, r.describe())
             .unwrap_err()
             .to_string();
         assert!(

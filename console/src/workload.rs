@@ -12,6 +12,7 @@ use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::PodSpec;
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::NamespaceResourceScope;
 use kube::api::{DeleteParams, ListParams, PostParams};
@@ -104,6 +105,8 @@ pub enum WorkloadError {
         workload: String,
         source: Box<gpuslice_webhook::mutate::MutateError>,
     },
+    #[error("{workload}: its pod template cannot be read as the webhook reads a pod: {detail}: nothing changed")]
+    Template { workload: String, detail: String },
     #[error("{workload}: cannot size claim {entry} of its pods: {detail}: nothing changed")]
     Unsized {
         workload: String,
@@ -142,6 +145,9 @@ pub trait Workload:
 {
     fn pod_spec(&self) -> Option<&PodSpec>;
     fn pod_spec_mut(&mut self) -> Option<&mut PodSpec>;
+    /// The pod template's metadata: its labels make the pods ranks of a job, which the
+    /// webhook plans otherwise (`gpuslice_webhook::budget::template_pod`).
+    fn pod_meta(&self) -> Option<&ObjectMeta>;
     /// `None` for a DaemonSet (one pod per node).
     fn replicas(&self) -> Option<u64>;
     /// How its controller replaces its `pods` pods (as [`budget_pods`] counts them) once the
@@ -159,6 +165,9 @@ macro_rules! workload_kind {
             }
             fn pod_spec_mut(&mut self) -> Option<&mut PodSpec> {
                 self.spec.template.spec.as_mut()
+            }
+            fn pod_meta(&self) -> Option<&ObjectMeta> {
+                self.spec.template.metadata.as_ref()
             }
             fn replicas(&self) -> Option<u64> {
                 let replicas: fn(&$kind) -> Option<u64> = $replicas;
@@ -383,20 +392,28 @@ fn template_yaml<W: Workload>(label: &str, w: &W) -> Result<String, WorkloadErro
     yaml(label, &w.pod_spec())
 }
 
-/// The slices one pod of `spec` in `namespace` holds once admitted, as the webhook will give
-/// them: its own plan of the spec's gpuslice limits (`gpuslice_webhook::mutate::plan`: in
-/// capacity mode a claim per container, in slot mode one claim of the containers' summed ask)
-/// and the claim templates the spec names (`named`, the console's new one among them), each
-/// claim read back as its shape. The same plan the budget check charges
-/// (`gpuslice_webhook::budget::pod_spec_charge`).
+/// The slices one pod of the template `meta`, `spec` in `namespace` holds once admitted, as
+/// the webhook will give them: its own plan of the spec's gpuslice limits
+/// (`gpuslice_webhook::mutate::plan`, of the pod as the webhook is sent it,
+/// `gpuslice_webhook::budget::template_pod`: in capacity mode a claim per container, in slot
+/// mode one claim of the containers' summed ask; refused as the webhook refuses it, a rank of
+/// a job by its labels included) and the claim templates the spec names (`named`, the
+/// console's new one among them), each claim read back as its shape. The same plan the
+/// budget check charges (`gpuslice_webhook::budget::pod_spec_charge`).
 pub fn pod_slices(
     label: &str,
+    meta: Option<&ObjectMeta>,
     spec: &PodSpec,
     namespace: &str,
     named: &[ResourceClaimTemplate],
     inventory: &PublishedGpus,
 ) -> Result<Vec<Shape>, WorkloadError> {
-    let pod = serde_json::json!({ "spec": spec });
+    let pod = gpuslice_webhook::budget::template_pod(meta, spec).map_err(|e| {
+        WorkloadError::Template {
+            workload: label.to_string(),
+            detail: e.to_string(),
+        }
+    })?;
     let plan = gpuslice_webhook::mutate::plan(&pod, namespace, false, inventory).map_err(|e| {
         WorkloadError::Refused {
             workload: label.to_string(),
@@ -634,6 +651,7 @@ fn check_budget(
     ns: &str,
     label: &str,
     req: &Request,
+    meta: Option<&ObjectMeta>,
     next: &PodSpec,
     current: &PodSpec,
     want: Option<u64>,
@@ -648,10 +666,10 @@ fn check_budget(
         n if n > 1 => format!("{} in each of {n} containers", req.describe()),
         _ => req.describe(),
     };
-    let ask = Ask::of_pod_spec(pods, next, ns, c.named, c.inventory, what).map_err(over)?;
+    let ask = Ask::of_pod_spec(pods, meta, next, ns, c.named, c.inventory, what).map_err(over)?;
     // What the pods hold now is freed as the rollout removes them; one that cannot be
     // charged frees nothing.
-    let held = Ask::of_pod_spec(pods, current, ns, c.named, c.inventory, String::new()).ok();
+    let held = Ask::of_pod_spec(pods, meta, current, ns, c.named, c.inventory, String::new()).ok();
     let pod = budgets::admitted_pod(next.clone(), c.default_class);
     budgets::check(c.budgets, &pod, label, &ask, held.as_ref(), rollout).map_err(over)
 }
@@ -692,7 +710,9 @@ async fn allocate_kind<W: Workload>(
     let checks = |then: &PodSpec, now: &PodSpec, w: &W| {
         let want = w.replicas();
         let rollout = w.rollout(budget_pods(want, &m), &label)?;
-        let pod = pod_slices(&label, then, ns, &named, &inventory)?;
+        // The edit changes the spec alone: the template's labels (a job's) are the same.
+        let meta = w.pod_meta();
+        let pod = pod_slices(&label, meta, then, ns, &named, &inventory)?;
         check_fit(&m, mode, &label, &pod, pod_request(&req, then, &pod), want)?;
         check_budget(
             &budget_check,
@@ -700,6 +720,7 @@ async fn allocate_kind<W: Workload>(
             ns,
             &label,
             &req,
+            meta,
             then,
             now,
             want,
@@ -1016,7 +1037,7 @@ mod tests {
         named: &[ResourceClaimTemplate],
         replicas: u64,
     ) -> Result<(), WorkloadError> {
-        let pod = pod_slices("deployment/x", spec, "ml", named, inventory)?;
+        let pod = pod_slices("deployment/x", None, spec, "ml", named, inventory)?;
         let request = pod_request(req, spec, &pod);
         check_fit(
             m,
@@ -1128,6 +1149,7 @@ mod tests {
             "ml",
             "deployment/web",
             &new,
+            d.pod_meta(),
             &then,
             &now,
             d.replicas(),
@@ -1163,6 +1185,7 @@ mod tests {
                 "ml",
                 "deployment/web",
                 &req,
+                d.pod_meta(),
                 &then,
                 &now,
                 d.replicas(),
@@ -1180,6 +1203,52 @@ mod tests {
                 e.starts_with("deployment/web: 1 pod(s) of 1 GPU × 4Gi memory: exceeded quota: ml/gpu-high, requested: limits.gpuslice.io/memory=4Gi, used: limits.gpuslice.io/memory=6Gi, limited: limits.gpuslice.io/memory=8Gi"),
                 "{e}"
             );
+        }
+    }
+
+    #[test]
+    fn a_jobs_template_whose_containers_each_get_the_slice_is_refused_before_writing() {
+        // A StatefulSet whose pods are ranks of a job (by any job label), with a sidecar:
+        // the limits written into every container make the webhook refuse each new pod, so
+        // the check refuses first, with the webhook's own words.
+        let (_, inventory) = &one_l4(false);
+        let req = Request::parse("4Gi", None, 1).unwrap();
+        for label in gpuslice_webhook::placement::JOB_LABELS {
+            let mut s = StatefulSet::default();
+            s.spec.replicas = Some(1);
+            s.spec.template = template();
+            s.spec.template.metadata = Some(ObjectMeta {
+                labels: Some([(label.to_string(), "train".to_string())].into()),
+                ..Default::default()
+            });
+            let spec = s.pod_spec_mut().unwrap();
+            spec.containers.push(Container {
+                name: "log".into(),
+                ..Default::default()
+            });
+            let mut every = spec.clone();
+            edit::set_limits("statefulset/x", &mut every, &req, &[]).unwrap();
+            let rank = format!("spec.containers[0], spec.containers[1]: containers of a rank of job {label}=train that run at the same time each ask a GPU slice");
+            let e = pod_slices("statefulset/x", s.pod_meta(), &every, "ml", &[], inventory)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.starts_with(&format!(
+                    "statefulset/x: the webhook would refuse its pods: {rank}"
+                )),
+                "{e}"
+            );
+            let e = Ask::of_pod_spec(1, s.pod_meta(), &every, "ml", &[], inventory, String::new())
+                .unwrap_err()
+                .to_string();
+            assert!(e.starts_with(&rank), "{e}");
+            // The slice in one container (`-c main`): one rank's GPUs, admitted.
+            let mut main = s.pod_spec().unwrap().clone();
+            edit::set_limits("statefulset/x", &mut main, &req, &["main".into()]).unwrap();
+            let slices =
+                pod_slices("statefulset/x", s.pod_meta(), &main, "ml", &[], inventory).unwrap();
+            assert_eq!(slices.len(), 1);
+            Ask::of_pod_spec(1, s.pod_meta(), &main, "ml", &[], inventory, String::new()).unwrap();
         }
     }
 

@@ -23,7 +23,8 @@ fn status_of(e: &WorkloadError) -> StatusCode {
         WorkloadError::Edit(_)
         | WorkloadError::Unchargeable(_)
         | WorkloadError::Refused { .. }
-        | WorkloadError::Unsized { .. } => StatusCode::BAD_REQUEST,
+        | WorkloadError::Unsized { .. }
+        | WorkloadError::Template { .. } => StatusCode::BAD_REQUEST,
         WorkloadError::NotFound { .. } => StatusCode::NOT_FOUND,
         WorkloadError::NoRoom { .. }
         | WorkloadError::ForeignTemplate { .. }

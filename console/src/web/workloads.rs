@@ -67,7 +67,9 @@ fn row_of<W: workload::Workload>(
         .cloned()
         .collect();
     let spec = w.pod_spec();
-    let charge = || spec.and_then(|s| pod_spec_charge(s, &namespace, &templates, inventory).ok());
+    let charge = || {
+        spec.and_then(|s| pod_spec_charge(w.pod_meta(), s, &namespace, &templates, inventory).ok())
+    };
     let claim = spec.and_then(edit::current_template).map(|template| {
         let request = templates
             .iter()
@@ -242,6 +244,24 @@ async fn get_row<W: workload::Workload>(
     )))
 }
 
+/// `pod` (a workload row's) as admitted where `budgets` were read: its PriorityClass the
+/// cluster's default where a budget's scope reads it (one that cannot be read: as though none
+/// were set, as the allocation's check notes). Budgets that could not be read leave it whole.
+async fn as_admitted(
+    client: &kube::Client,
+    budgets: &Result<Vec<budgets::NamespaceBudget>, String>,
+    pod: &mut k8s_openapi::api::core::v1::Pod,
+) {
+    let Ok(b) = budgets else {
+        return;
+    };
+    let Some(spec) = pod.spec.take() else {
+        return;
+    };
+    let default = budgets::default_class_for(client, b).await.ok().flatten();
+    *pod = budgets::admitted_pod(spec, default.as_deref());
+}
+
 pub(super) async fn workload_tab(state: &State, w: &http::Workload) -> Response<Full<Bytes>> {
     let row = async {
         match w.kind {
@@ -260,15 +280,7 @@ pub(super) async fn workload_tab(state: &State, w: &http::Workload) -> Response<
     let budgets = budgets.map(|(b, _)| b).map_err(|e| e.to_string());
     match row {
         Ok(Some(mut row)) => {
-            // The cluster's default PriorityClass where a budget's scope reads it (one that
-            // cannot be read: as though none were set, as the allocation's check notes).
-            if let (Ok(b), Some(spec)) = (&budgets, row.pod.spec.take()) {
-                let default = budgets::default_class_for(&state.cluster.client, b)
-                    .await
-                    .ok()
-                    .flatten();
-                row.pod = budgets::admitted_pod(spec, default.as_deref());
-            }
+            as_admitted(&state.cluster.client, &budgets, &mut row.pod).await;
             html(
                 StatusCode::OK,
                 pages::workload_page(
@@ -300,6 +312,22 @@ pub(super) async fn workload_tab(state: &State, w: &http::Workload) -> Response<
 mod tests {
     use super::*;
     use crate::model::tests::slices;
+
+    #[tokio::test]
+    async fn a_rows_pod_is_kept_whole_whether_or_not_the_budgets_were_read() {
+        // No call is made: no budget reads a PriorityClass, or none was read.
+        let url = "http://127.0.0.1:9".parse().unwrap();
+        let client = kube::Client::try_from(kube::Config::new(url)).unwrap();
+        let spec = k8s_openapi::api::core::v1::PodSpec {
+            priority_class_name: Some("high".into()),
+            ..Default::default()
+        };
+        for budgets in [Err("forbidden".to_string()), Ok(Vec::new())] {
+            let mut pod = budgets::admitted_pod(spec.clone(), None);
+            as_admitted(&client, &budgets, &mut pod).await;
+            assert_eq!(pod.spec.as_ref(), Some(&spec), "{budgets:?}");
+        }
+    }
 
     #[test]
     fn a_daemonsets_budget_counts_a_pod_per_gpu_node_as_the_allocation_does() {

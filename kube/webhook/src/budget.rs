@@ -32,10 +32,10 @@ use gpuslice_dra::claim_shape::{Mode, PublishedGpus, Shape};
 use gpuslice_dra::quota::{
     claim_charge, format_value, shape_charge, whole_gpu, Budget, Charge, Charged, QuotaError, NAMES,
 };
-use gpuslice_registry::annotations::{parse_ask, Ask, CONTAINER_NAME};
 
 use crate::cluster::Cluster;
 use crate::mirror::Mirror;
+use crate::placement::node_slice;
 use crate::review::ScopedPod;
 use crate::view::{get_opt, list_all, list_kept, Viewed};
 
@@ -364,8 +364,9 @@ impl Ledger {
     /// Each claim is read once however many entries name it, and at most
     /// [`MAX_NAMED_CLAIM_READS`] distinct claims are read, in the order the entries name
     /// them, so that no pod makes one admission read more: [`NamedClaims::not_read`] counts
-    /// the claims past them. Never an error: a pod is neither charged for the claims it names
-    /// (each was, when created) nor refused for them.
+    /// the claims past them (the admission refuses such a rank,
+    /// [`crate::placement::PlacementError::TooManyClaims`]). Never an error: a pod is not
+    /// charged for the claims it names (each was, when created).
     pub async fn names_gpuslice_claims(
         &self,
         namespace: &str,
@@ -535,21 +536,45 @@ fn entries_naming(pod: &serde_json::Value, field: &str) -> Vec<(String, String)>
         .collect()
 }
 
-/// What one pod of `spec` in `namespace` would be charged at admission, without asking the
-/// API server: the webhook's plan of its gpuslice limits and the claim templates it names
-/// (`named`, with the templates the plan writes added). For tools that check an edit of a
-/// pod template before writing it (the console's allocate).
+/// A pod of a workload's pod template, as the webhook will be sent it: the template's
+/// `labels` and `annotations` (`meta`: what makes the pod a rank of a job, and what it asks
+/// the node; the rest of a pod's metadata the plan does not read) and `spec`. For tools that
+/// plan an edit of a pod template before writing it (the console's allocate).
+pub fn template_pod(
+    meta: Option<&ObjectMeta>,
+    spec: &k8s_openapi::api::core::v1::PodSpec,
+) -> Result<serde_json::Value, BudgetError> {
+    let read = |e: serde_json::Error| BudgetError::Read {
+        what: "the pod template".into(),
+        detail: e.to_string(),
+    };
+    let mut metadata = serde_json::Map::new();
+    if let Some(m) = meta {
+        for (field, v) in [("labels", &m.labels), ("annotations", &m.annotations)] {
+            if let Some(v) = v {
+                metadata.insert(field.into(), serde_json::to_value(v).map_err(read)?);
+            }
+        }
+    }
+    Ok(serde_json::json!({
+        "metadata": metadata,
+        "spec": serde_json::to_value(spec).map_err(read)?,
+    }))
+}
+
+/// What one pod of the template `meta`, `spec` ([`template_pod`]) in `namespace` would be
+/// charged at admission, without asking the API server: the webhook's plan of its gpuslice
+/// limits (refused as the webhook refuses it: a rank of a job by its labels included) and
+/// the claim templates it names (`named`, with the templates the plan writes added). For
+/// tools that check an edit of a pod template before writing it (the console's allocate).
 pub fn pod_spec_charge(
+    meta: Option<&ObjectMeta>,
     spec: &k8s_openapi::api::core::v1::PodSpec,
     namespace: &str,
     named: &[ResourceClaimTemplate],
     inventory: &PublishedGpus,
 ) -> Result<Charge, BudgetError> {
-    let spec = serde_json::to_value(spec).map_err(|e| BudgetError::Read {
-        what: "the pod template".into(),
-        detail: e.to_string(),
-    })?;
-    let pod = serde_json::json!({ "spec": spec });
+    let pod = template_pod(meta, spec)?;
     let plan = crate::mutate::plan(&pod, namespace, false, inventory)?;
     let entries = template_entries(&pod, &plan);
     let mut templates = plan.templates;
@@ -818,15 +843,18 @@ pub fn live_charge(
 }
 
 /// What the node books for pod `p` asking by annotation (docs/annotations.md: the request
-/// keys, [`gpuslice_registry::annotations::request_key`], as the recount keeps them,
-/// [`ScopedPod`]): for each of its containers, init containers included, what the node reads
-/// as that container's request ([`parse_ask`], the node's own reading), each charged as a
+/// keys, [`gpuslice_registry::annotations::request_key`]; with one, the recount keeps every
+/// `gpuslice.io/*` annotation, [`ScopedPod`]): for each of its containers, init and
+/// ephemeral containers included (the runtime gives every container of the pod the pod's
+/// annotations, and the node books a slice for each that asks one), what the node reads as
+/// that container's request ([`node_slice`], the node's own reading), each charged as a
 /// slice of that shape (a percentage of memory, and a whole GPU, of the largest GPU
-/// published). A container whose annotations the node refuses charges nothing (it is not
-/// created). Such a pod is refused where a budget holds (the node books its slices past any
-/// budget); this counts the ones admitted before, so that `used` holds what they hold.
-/// Every init container counts, as if all held their slices at once: more than the node may
-/// hold at a time, never less.
+/// published). A container whose annotations the node refuses (a value, a key it does not
+/// know, a reservation the pod sets itself) charges nothing (it is not created). Such a pod
+/// is refused where a budget holds (the node books its slices past any budget); this counts
+/// the ones admitted before, so that `used` holds what they hold. Every init container
+/// counts, as if all held their slices at once: more than the node may hold at a time, never
+/// less.
 pub fn annotation_charge(
     p: &Pod,
     inventory: &PublishedGpus,
@@ -840,15 +868,15 @@ pub fn annotation_charge(
     };
     let whole = whole_gpu(inventory);
     let mut total = Charge::default();
-    for c in spec
+    let names = spec
         .init_containers
         .iter()
         .flatten()
         .chain(&spec.containers)
-    {
-        let mut ann = asks.clone();
-        ann.insert(CONTAINER_NAME[0].to_string(), c.name.clone());
-        let Ok(Ask::Slice(req)) = parse_ask(&ann) else {
+        .map(|c| &c.name)
+        .chain(spec.ephemeral_containers.iter().flatten().map(|c| &c.name));
+    for name in names {
+        let Some(req) = node_slice(asks, name) else {
             continue;
         };
         let memory = match req.memory {
@@ -862,7 +890,7 @@ pub fn annotation_charge(
             cores: Some(u32::from(req.cores)),
             selectors: Vec::new(),
         };
-        let field = format!("{field}, container {}", c.name);
+        let field = format!("{field}, container {name}");
         total = total.checked_add(&shape_charge(&shape, whole, &field)?, &field)?;
     }
     Ok(total)
@@ -1849,6 +1877,115 @@ mod tests {
                 .starts_with("Pod p, container a: asks whole GPUs"),
             "{e}"
         );
+    }
+
+    /// A pod as the recount reads it from the API server's JSON ([`ScopedPod`]).
+    fn recounted(pod: serde_json::Value) -> Pod {
+        <ScopedPod as Viewed>::read(&pod.to_string()).unwrap().0
+    }
+
+    #[test]
+    fn the_recount_charges_an_ephemeral_container_the_node_books_a_slice_for() {
+        const GI: u64 = 1 << 30;
+        let inventory = PublishedGpus {
+            mode: Mode::Capacity,
+            max_gpus_per_node: Some(1),
+            gpu_memory: vec![80 * GI],
+        };
+        let named = |n: &[&str]| -> serde_json::Value {
+            n.iter().map(|n| serde_json::json!({"name": n})).collect()
+        };
+        let pod = |annotations: serde_json::Value| {
+            recounted(serde_json::json!({
+                "metadata": {"name": "p", "namespace": "team", "annotations": annotations},
+                "spec": {
+                    "containers": named(&["a"]),
+                    "initContainers": named(&["i"]),
+                    "ephemeralContainers": named(&["debug"]),
+                },
+            }))
+        };
+        let charge = |p: &Pod| annotation_charge(p, &inventory, "Pod p").unwrap();
+        // The pod-wide ask: the app, init and ephemeral containers each have a slice.
+        assert_eq!(
+            charge(&pod(serde_json::json!({"gpuslice.io/memory": "4Gi"}))),
+            Charge {
+                memory_bytes: 12 * GI,
+                cores: 300,
+                gpus: 3
+            }
+        );
+        // The ephemeral container's own key alone.
+        assert_eq!(
+            charge(&pod(serde_json::json!({"gpuslice.io/memory.debug": "2Gi"}))),
+            Charge {
+                memory_bytes: 2 * GI,
+                cores: 100,
+                gpus: 1
+            }
+        );
+        // The names are kept within the view's bound: a list past the entries an admission
+        // reads makes the pod unreadable (named), not a larger view.
+        let many: Vec<String> = (0..300).map(|i| format!("d{i}")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        let e = <ScopedPod as Viewed>::read(
+            &serde_json::json!({
+                "metadata": {"name": "p", "namespace": "team",
+                             "annotations": {"gpuslice.io/memory": "4Gi"}},
+                "spec": {"containers": named(&["a"]), "ephemeralContainers": named(&many)},
+            })
+            .to_string(),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("Pod team/p cannot be read: spec.ephemeralContainers has 300 entries"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_recount_charges_nothing_for_a_pod_whose_annotations_the_node_refuses() {
+        const GI: u64 = 1 << 30;
+        let inventory = PublishedGpus {
+            mode: Mode::Capacity,
+            max_gpus_per_node: Some(1),
+            gpu_memory: vec![80 * GI],
+        };
+        let charge = |annotations: serde_json::Value| {
+            let p = recounted(serde_json::json!({
+                "metadata": {"name": "p", "namespace": "team", "annotations": annotations},
+                "spec": {"containers": [{"name": "a"}, {"name": "b"}]},
+            }));
+            annotation_charge(&p, &inventory, "Pod p").unwrap()
+        };
+        let asked = Charge {
+            memory_bytes: 8 * GI,
+            cores: 200,
+            gpus: 2,
+        };
+        assert_eq!(
+            charge(serde_json::json!({"gpuslice.io/memory": "4Gi"})),
+            asked
+        );
+        // Other domains' keys are not the node's.
+        assert_eq!(
+            charge(serde_json::json!({"gpuslice.io/memory": "4Gi", "example.com/typo": "x"})),
+            asked
+        );
+        // A key the node does not know fails every container; a reservation set by the pod
+        // is refused as forged: the node books nothing, and nothing is charged.
+        for other in [
+            ("gpuslice.io/typo", "x"),
+            ("gpuslice.io/memory.", "1Gi"),
+            ("gpuslice.io/reservation", "3f9a0c1d2e4b5a69"),
+        ] {
+            let mut ann = serde_json::json!({"gpuslice.io/memory": "4Gi"});
+            ann[other.0] = serde_json::json!(other.1);
+            assert!(charge(ann).is_zero(), "{other:?}");
+        }
+        // Without a request key, other `gpuslice.io/*` annotations ask nothing.
+        assert!(charge(serde_json::json!({"gpuslice.io/typo": "x"})).is_zero());
     }
 
     #[test]

@@ -12,7 +12,7 @@ use crate::ask::{
     container_ask, covers, hami_selectors, Ask, AskError, HAMI_GPU, HAMI_MEM, HAMI_MEM_PERCENT,
     HAMI_PRIORITY,
 };
-use crate::placement::{job_of, keep_ranks_apart};
+use crate::placement::{asks_by_annotation, job_of, keep_ranks_apart, node_reads, node_slice};
 use gpuslice_dra::claim_shape::{
     claim_spec, describe, pod_shape, template, Mode, PublishedGpus, Shape, ShapeError,
 };
@@ -36,7 +36,7 @@ pub enum MutateError {
     Pod { field: String, detail: String },
     #[error("spec: the containers ask for {count} different GPU slices (a ResourceClaimTemplate each); accepted: at most {max} per pod (containers asking the same share one)")]
     TooManyTemplates { count: usize, max: usize },
-    #[error("{fields}: containers of a rank of job {job} that run at the same time each ask a GPU slice, and their slices may lie on one GPU (each is a claim of its own in capacity mode, and DRA keeps GPUs distinct within one claim only; in slot mode they share one slice), where NCCL refuses two ranks; accepted: the rank's GPUs asked by one of those containers (`gpuslice.io/gpus: N` or `nvidia.com/gpu: N`, N distinct GPUs), the others asking none (docs/kubeflow.md, \"One rank per GPU per job\")")]
+    #[error("{fields}: containers of a rank of job {job} that run at the same time each ask a GPU slice, and their slices may lie on one GPU (each is a claim of its own in capacity mode, and DRA keeps GPUs distinct within one claim only; in slot mode they share one slice; the node places slices asked by annotation one by one), where NCCL refuses two ranks; accepted: the rank's GPUs asked by one of those containers (`gpuslice.io/gpus: N` or `nvidia.com/gpu: N`, N distinct GPUs), the others asking none (by annotation: `gpuslice.io/gpus.<container-name>: \"0\"`) (docs/kubeflow.md, \"One rank per GPU per job\")")]
     RankContainers { fields: String, job: String },
 }
 
@@ -212,8 +212,15 @@ pub fn plan(
             });
         }
     }
-    // Containers that run together on slices of their own may be given one GPU.
-    let together = sliced_together(&asked);
+    // Containers that run together on slices of their own may be given one GPU: those whose
+    // limits ask one and, in a rank of a job, those the node gives one by the pod's
+    // annotations (it places them itself, and may place two on one GPU just the same).
+    let by_limits: Vec<(&str, usize)> = asked
+        .iter()
+        .filter(|a| a.ask.shape.is_some())
+        .map(|a| (a.list, a.index))
+        .collect();
+    let together = sliced_together(&sliced_containers(pod, &by_limits, job_of(pod).is_some()));
     if !together.is_empty() {
         let fields = together.join(", ");
         if let Some((label, value)) = job_of(pod) {
@@ -379,26 +386,83 @@ pub fn plan(
     Ok(out)
 }
 
-/// The containers of `asked` that ask a slice while another that asks one may be running, as
-/// their paths in pod order: app containers and sidecars run together, and an ordinary init
-/// container runs beside the sidecars declared before it (not beside another ordinary init
-/// container, nor the app containers). In capacity mode two of them are on different claims
-/// (in slot mode on one slice they share), and DRA keeps devices distinct within one claim
-/// only: two of them may be given one GPU.
-fn sliced_together(asked: &[Asked]) -> Vec<String> {
-    let sliced = || asked.iter().filter(|a| a.ask.shape.is_some());
-    let running = sliced().filter(|a| !a.ordinary_init).count();
-    let first_sidecar = sliced()
-        .filter(|a| a.letter == 'i' && !a.ordinary_init)
+/// A container of a pod that gets a slice, as [`sliced_together`] reads it: where it is and
+/// how it runs.
+struct Sliced {
+    list: &'static str,
+    index: usize,
+    /// An init container (a sidecar, or an ordinary one).
+    init: bool,
+    /// An init container without `restartPolicy: Always`: it runs alone, before the app
+    /// containers (a sidecar runs beside them).
+    ordinary_init: bool,
+}
+
+/// The containers of `pod` that get a slice, in pod order (the app containers, then the
+/// init containers): those of `by_limits` (list, index), whose limits ask one, and, with
+/// `annotations`, those the node gives one by the pod's `gpuslice.io/*` annotations (read
+/// by each container's name as the node reads them, [`node_slice`]).
+fn sliced_containers(pod: &Value, by_limits: &[(&str, usize)], annotations: bool) -> Vec<Sliced> {
+    let ann: BTreeMap<String, String> = if annotations && asks_by_annotation(pod) {
+        strings(&pod["metadata"]["annotations"])
+            .into_iter()
+            .filter(|(k, _)| node_reads(k))
+            .collect()
+    } else {
+        BTreeMap::new()
+    };
+    let mut out = Vec::new();
+    for list in ["containers", "initContainers"] {
+        for (index, c) in pod["spec"][list]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            let by_annotation = || {
+                !ann.is_empty()
+                    && node_slice(&ann, c["name"].as_str().unwrap_or_default()).is_some()
+            };
+            if by_limits.contains(&(list, index)) || by_annotation() {
+                let init = list == "initContainers";
+                out.push(Sliced {
+                    list,
+                    index,
+                    init,
+                    ordinary_init: init && c["restartPolicy"].as_str() != Some("Always"),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// The containers of `sliced` ([`sliced_containers`]) that get a slice while another that
+/// gets one may be running, as their paths in pod order: app containers and sidecars run
+/// together, and an ordinary init container runs beside the sidecars declared before it
+/// (not beside another ordinary init container, nor the app containers). In capacity mode two
+/// of them are on different claims (in slot mode on one slice they share), and DRA keeps
+/// devices distinct within one claim only; the node places slices asked by annotation one
+/// by one: two of them may be given one GPU.
+fn sliced_together(sliced: &[Sliced]) -> Vec<String> {
+    let running = sliced.iter().filter(|a| !a.ordinary_init).count();
+    let first_sidecar = sliced
+        .iter()
+        .filter(|a| a.init && !a.ordinary_init)
         .map(|a| a.index)
         .min();
-    let last_init = sliced().filter(|a| a.ordinary_init).map(|a| a.index).max();
-    sliced()
+    let last_init = sliced
+        .iter()
+        .filter(|a| a.ordinary_init)
+        .map(|a| a.index)
+        .max();
+    sliced
+        .iter()
         .filter(|a| {
             if a.ordinary_init {
                 first_sidecar.is_some_and(|s| s < a.index)
             } else {
-                running > 1 || (a.letter == 'i' && last_init.is_some_and(|i| i > a.index))
+                running > 1 || (a.init && last_init.is_some_and(|i| i > a.index))
             }
         })
         .map(|a| format!("spec.{}[{}]", a.list, a.index))
@@ -857,6 +921,69 @@ mod tests {
             &PublishedGpus::default(),
         )
         .unwrap();
+        assert!(got.warnings.is_empty(), "{:?}", got.warnings);
+    }
+
+    #[test]
+    fn a_ranks_containers_that_run_together_on_slices_asked_by_annotation_are_refused() {
+        let rank = |annotations: Value, containers: Value, init: Value| {
+            json!({"metadata": {"name": "r", "labels": {"gpuslice.io/job": "x"},
+                                "annotations": annotations},
+                   "spec": {"containers": containers, "initContainers": init}})
+        };
+        let ab = json!([{"name": "a", "image": "x"}, {"name": "b", "image": "x"}]);
+        let refused = |p: &Value| plan(p, "ns", false, &PublishedGpus::default()).err();
+        let both = Some(MutateError::RankContainers {
+            fields: "spec.containers[0], spec.containers[1]".into(),
+            job: "gpuslice.io/job=x".into(),
+        });
+        // The pod-wide ask applies to every container: each gets a slice of the node's.
+        let p = rank(json!({"gpuslice.io/gpus": "1"}), ab.clone(), json!([]));
+        assert_eq!(refused(&p), both);
+        let said = refused(&p).unwrap().to_string();
+        assert!(
+            said.starts_with("spec.containers[0], spec.containers[1]: containers of a rank of job gpuslice.io/job=x that run at the same time each ask a GPU slice")
+                && said.contains("`gpuslice.io/gpus.<container-name>: \"0\"`"),
+            "{said}"
+        );
+        // Each container's own key; one by limits, the other by its key.
+        let own = json!({"gpuslice.io/memory.a": "1Gi", "gpuslice.io/memory.b": "1Gi"});
+        assert_eq!(refused(&rank(own, ab.clone(), json!([]))), both);
+        let limited = json!([{"name": "a", "image": "x",
+                              "resources": {"limits": {"gpuslice.io/memory": "1Gi"}}},
+                             {"name": "b", "image": "x"}]);
+        let p = rank(json!({"gpuslice.io/memory.b": "1Gi"}), limited, json!([]));
+        assert_eq!(refused(&p), both);
+        // A sidecar runs beside the app container; an ordinary init container alone.
+        let sidecar = json!([{"name": "s", "image": "x", "restartPolicy": "Always"}]);
+        let one = json!([{"name": "a", "image": "x"}]);
+        let p = rank(json!({"gpuslice.io/memory": "1Gi"}), one.clone(), sidecar);
+        assert_eq!(
+            refused(&p).map(|e| e.to_string().split(':').next().map(str::to_string)),
+            Some(Some(
+                "spec.containers[0], spec.initContainers[0]".to_string()
+            ))
+        );
+        let init = json!([{"name": "i", "image": "x"}]);
+        let p = rank(json!({"gpuslice.io/memory": "1Gi"}), one, init);
+        assert_eq!(refused(&p), None);
+        // Admitted: the others opted out, one container's key alone, keys the node refuses
+        // (no slice at all), or a pod of no job.
+        for ann in [
+            json!({"gpuslice.io/gpus": "2", "gpuslice.io/gpus.b": "0"}),
+            json!({"gpuslice.io/memory.a": "1Gi"}),
+            json!({"gpuslice.io/memory": "1Gi", "gpuslice.io/typo": "x"}),
+            json!({"gpuslice.io/memory": "1Gi", "gpuslice.io/reservation": "3f9a0c1d2e4b5a69"}),
+        ] {
+            assert_eq!(
+                refused(&rank(ann.clone(), ab.clone(), json!([]))),
+                None,
+                "{ann}"
+            );
+        }
+        let mut p = rank(json!({"gpuslice.io/gpus": "1"}), ab, json!([]));
+        p["metadata"]["labels"] = json!({"app": "x"});
+        let got = plan(&p, "ns", false, &PublishedGpus::default()).unwrap();
         assert!(got.warnings.is_empty(), "{:?}", got.warnings);
     }
 

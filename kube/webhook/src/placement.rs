@@ -7,6 +7,10 @@
 //! that cannot be placed waits Pending with the scheduler's reason (docs/kubeflow.md, "One
 //! rank per GPU per job").
 
+use std::collections::BTreeMap;
+
+use gpuslice_registry::annotations::{parse_ask, Ask, CONTAINER_NAME, PREFIX, RESERVATION};
+use gpuslice_registry::Request;
 use serde_json::{json, Value};
 
 pub use gpuslice_dra::jobs::{JOB_LABEL, JOB_LABELS};
@@ -44,6 +48,33 @@ pub fn slice_annotations(pod: &Value) -> Vec<&str> {
         .unwrap_or_default()
 }
 
+/// Whether annotation `key` is one the node reads of a pod asking it for slices
+/// ([`node_slice`]): every `gpuslice.io/*` annotation, not the request keys alone (another
+/// key makes it refuse every container of the pod, [`RESERVATION`] makes it take the spec
+/// for one already edited). What the webhook keeps of a pod that has a request key.
+pub fn node_reads(key: &str) -> bool {
+    key.starts_with(PREFIX)
+}
+
+/// The slice the node books for container `container` of a pod whose `gpuslice.io/*`
+/// annotations are `ann` ([`node_reads`]), as it reads them when it creates the container
+/// (the runtime gives each container the pod's annotations and its own name): its request
+/// ([`parse_ask`]), or `None` where it books none: no key applies to the container, it opted
+/// out, a value or key the node refuses (the container is not created), or [`RESERVATION`],
+/// which the node takes for a spec it edited already (one the pod sets itself is refused as
+/// forged).
+pub fn node_slice(ann: &BTreeMap<String, String>, container: &str) -> Option<Box<Request>> {
+    if ann.contains_key(RESERVATION) {
+        return None;
+    }
+    let mut ann = ann.clone();
+    ann.insert(CONTAINER_NAME[0].to_string(), container.to_string());
+    match parse_ask(&ann) {
+        Ok(Ask::Slice(req)) => Some(req),
+        _ => None,
+    }
+}
+
 /// The registrations' test (CEL, `k` an annotation key) of an annotation that asks the node
 /// for a slice: the request keys of [`request_key`], with or without a container's name
 /// (also `gpuslice.io/<key>.` with none, which the node refuses: the webhook admits it).
@@ -76,14 +107,18 @@ pub fn unread_claim(entry: &str, detail: &str, label: &str, value: &str) -> Stri
     )
 }
 
-/// The warning for a rank of job `label`=`value` naming `past` more distinct ResourceClaims
-/// than the `max` the webhook reads, none of those read asking gpuslice's devices: the rest
-/// are not known to ask them, so the rank is not kept apart for them.
-pub fn claims_not_read(past: usize, max: usize, label: &str, value: &str) -> String {
-    format!(
-        "spec.resourceClaims names {} ResourceClaims: the webhook reads at most {max} to tell whether a pod asks gpuslice's devices, and none of those asks them; whether the other {past} do is unknown, so this pod is not kept off the nodes of the other ranks of job {label}={value}; accepted: at most {max} claims named, or gpuslice's claims among the first {max} (docs/kubeflow.md, \"One rank per GPU per job\")",
-        max + past
-    )
+/// A rank of a job refused for the rule's sake.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlacementError {
+    /// It names `count` distinct ResourceClaims, more than the `max` the webhook reads, and
+    /// none of those read asks gpuslice's devices: whether the others do is unknown, and a
+    /// rank admitted without the rule may share a GPU with another.
+    #[error("spec.resourceClaims names {count} distinct ResourceClaims by resourceClaimName: the webhook reads at most {max} to tell whether a rank of job {job} asks gpuslice's devices, and none of those asks them, so whether this pod must be kept off the nodes of the other ranks is unknown; accepted: at most {max} distinct ResourceClaims named by resourceClaimName in a pod of a job, or one asking gpuslice's devices among the first {max} (docs/kubeflow.md, \"One rank per GPU per job\")")]
+    TooManyClaims {
+        count: usize,
+        max: usize,
+        job: String,
+    },
 }
 
 /// The rule as the annotation and the admission warning state it.

@@ -15,12 +15,13 @@ use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use k8s_openapi::api::core::v1::{
-    Affinity, Container, Pod, PodAffinity, PodAffinityTerm, PodSpec, ResourceRequirements,
+    Affinity, Container, EphemeralContainer, Pod, PodAffinity, PodAffinityTerm, PodSpec,
+    ResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-use crate::placement::{request_key, JOB_LABELS};
+use crate::placement::{node_reads, request_key, JOB_LABELS};
 
 /// The users the resource claim controller creates claims as: its own service account, or the
 /// controller manager's user where that runs without per-controller credentials. The
@@ -35,7 +36,7 @@ pub const CLAIM_CONTROLLER_USERS: [&str; 2] = [
 pub const MAX_LIST: usize = 256;
 /// Bytes of the pod the webhook keeps: the `resources` of containers naming `gpuslice.io/*`
 /// or `nvidia.com/*` resources, the `nvidia.com/*`, `hami.io/*` and `gpuslice.io/*`
-/// annotations, the job
+/// annotations (with a request key, the containers' names), the job
 /// labels, the required pod anti-affinity terms, the claim entries and what quota scopes read
 /// (the priority class, the `cpu` and `memory` asked); a pod with more is refused.
 pub const MAX_KEPT: usize = 64 << 10;
@@ -62,7 +63,7 @@ pub enum PodError {
     Claim(#[from] crate::view::ViewError),
     #[error("{list} has {len} entries; accepted: at most {MAX_LIST} (gpuslice-webhook reads no longer list)")]
     List { list: &'static str, len: usize },
-    #[error("the pod's GPU resources, nvidia.com/*, hami.io/* and gpuslice.io/* annotations, job labels, required pod anti-affinity terms, claim entries, priority class and cpu and memory asked take more than {MAX_KEPT} bytes; accepted: at most {MAX_KEPT}")]
+    #[error("the pod's GPU resources, nvidia.com/*, hami.io/* and gpuslice.io/* annotations, containers' names (of a pod asking the node by annotation), job labels, required pod anti-affinity terms, claim entries, priority class and cpu and memory asked take more than {MAX_KEPT} bytes; accepted: at most {MAX_KEPT}")]
     Kept,
 }
 
@@ -233,6 +234,8 @@ struct SpecView<'a> {
 #[serde(rename_all = "camelCase")]
 struct ContainerView<'a> {
     #[serde(default, borrow)]
+    name: Option<Text<'a>>,
+    #[serde(default, borrow)]
     resources: Option<&'a RawValue>,
     /// `Always` makes an init container a sidecar, which runs beside the app containers.
     #[serde(default, borrow)]
@@ -263,11 +266,12 @@ fn gpu_name(name: &str) -> bool {
     name.starts_with("gpuslice.io/") || name.starts_with("nvidia.com/")
 }
 
-/// The annotations the webhook reads: HAMi's (selection and policy) and the slice request a
-/// node reads on the annotation path (refused where a budget holds; it makes a pod of a job a
-/// rank to keep apart).
+/// The annotations the webhook reads: HAMi's (selection and policy) and the `gpuslice.io/*`
+/// ones a node reads on the annotation path, of which only a request key asks a slice (refused
+/// where a budget holds; it makes a pod of a job a rank to keep apart, whose containers the
+/// node gives slices are read by its reading of all of them).
 fn read_annotation(name: &str) -> bool {
-    name.starts_with("nvidia.com/") || name.starts_with("hami.io/") || request_key(name).is_some()
+    name.starts_with("nvidia.com/") || name.starts_with("hami.io/") || node_reads(name)
 }
 
 /// The entries of a JSON object whose names pass `keep`, values unparsed; anything but an
@@ -314,49 +318,64 @@ struct Kept {
 }
 
 impl Kept {
-    fn value(&mut self, raw: &RawValue, extra: usize) -> Result<Value, PodError> {
-        self.bytes += raw.get().len() + extra;
+    /// Charges `bytes` kept: past [`MAX_KEPT`] in all, the pod is refused.
+    fn take(&mut self, bytes: usize) -> Result<(), PodError> {
+        self.bytes += bytes;
         if self.bytes > MAX_KEPT {
             return Err(PodError::Kept);
         }
+        Ok(())
+    }
+
+    fn value(&mut self, raw: &RawValue, extra: usize) -> Result<Value, PodError> {
+        self.take(raw.get().len() + extra)?;
         // A RawValue is valid JSON, so this parses; a failure keeps nothing.
         Ok(serde_json::from_str(raw.get()).unwrap_or(Value::Null))
     }
 }
 
-/// A container as the webhook reads it: its `resources` if they name a GPU resource (and
-/// whether it restarts `Always`, what makes an init container a sidecar), else nothing
-/// (`Null`: no limits to turn into a claim).
-fn container(raw: &RawValue, kept: &mut Kept) -> Result<Value, PodError> {
+/// A container as the webhook reads it: its `resources` if they name a GPU resource, and,
+/// in a pod asking the node for slices by annotation (`named`), its `name` (by which the node
+/// reads the annotations); with either, whether it restarts `Always` (what makes an init
+/// container a sidecar); else nothing (`Null`: no limits to turn into a claim).
+fn container(raw: &RawValue, named: bool, kept: &mut Kept) -> Result<Value, PodError> {
     let Some(view) = serde_json::from_str::<ContainerView>(raw.get()).ok() else {
         return Ok(Value::Null);
     };
-    let Some(res) = view.resources else {
-        return Ok(Value::Null);
-    };
-    let names_gpu = serde_json::from_str::<ResourcesView>(res.get())
-        .ok()
-        .is_some_and(|r| {
-            [r.limits, r.requests]
-                .into_iter()
-                .flatten()
-                .any(|m| !Entries::of(m, gpu_name).is_empty())
-        });
-    if !names_gpu {
+    let mut c = Map::new();
+    if let Some(res) = view.resources.filter(|res| {
+        serde_json::from_str::<ResourcesView>(res.get())
+            .ok()
+            .is_some_and(|r| {
+                [r.limits, r.requests]
+                    .into_iter()
+                    .flatten()
+                    .any(|m| !Entries::of(m, gpu_name).is_empty())
+            })
+    }) {
+        c.insert("resources".into(), kept.value(res, 0)?);
+    }
+    if let Some(Text(name)) = view.name.filter(|_| named) {
+        kept.take(name.len())?;
+        c.insert("name".into(), Value::String(name.into_owned()));
+    }
+    if c.is_empty() {
         return Ok(Value::Null);
     }
-    let mut c = json!({ "resources": kept.value(res, 0)? });
     if view.restart_policy.is_some_and(|p| p.0 == "Always") {
-        c["restartPolicy"] = json!("Always");
+        c.insert("restartPolicy".into(), json!("Always"));
     }
-    Ok(c)
+    Ok(Value::Object(c))
 }
 
 /// The pod as the webhook reads it: `metadata.labels` (the job labels of
-/// [`JOB_LABELS`]), `metadata.annotations` (those of `nvidia.com/*`, `hami.io/*` and
-/// `gpuslice.io/*`; an empty map when it has others only), `spec.affinity` (whether it and its `podAntiAffinity` exist,
-/// and the latter's required terms), `spec.containers[*]` and `spec.initContainers[*]` (the `resources` of those
-/// naming `gpuslice.io/*` or `nvidia.com/*` resources, others `null`, indices unchanged) and
+/// [`JOB_LABELS`]), `metadata.annotations` (those of `nvidia.com/*` and `hami.io/*`, and of
+/// `gpuslice.io/*` when one is a request key; an empty map when it has others only),
+/// `spec.affinity` (whether it and its `podAntiAffinity` exist, and the latter's required
+/// terms), `spec.containers[*]` and `spec.initContainers[*]` (the `resources` of those naming
+/// `gpuslice.io/*` or `nvidia.com/*` resources, and, when a `gpuslice.io/*` annotation is a
+/// request key, every container's `name`; with either, `restartPolicy: Always`; others
+/// `null`, indices unchanged) and
 /// `spec.resourceClaims[*]` (their `name`, `resourceClaimTemplateName` and
 /// `resourceClaimName`; the list is there when the pod has one). This is all `mutate::plan`,
 /// `mutate::mentions_hami`, `placement` and the budget's charge read: a field they come to read must be
@@ -370,6 +389,7 @@ fn pod(raw: &RawValue) -> Result<(Value, Pod), PodError> {
     let scope = scope(raw, &mut kept)?;
     let mut out = Map::new();
     let mut meta = Map::new();
+    let mut asks_node = false;
     if let Some(m) = view.metadata {
         if let Some(labels) = m.labels {
             let mut l = Map::new();
@@ -381,8 +401,15 @@ fn pod(raw: &RawValue) -> Result<(Value, Pod), PodError> {
         }
         // Kept, if only empty, when the pod has annotations: the patch adds to them.
         if let Some(ann) = m.annotations {
+            let read = Entries::of(ann, read_annotation);
+            // The node's other `gpuslice.io/*` annotations only beside a request key: what
+            // it reads of the pod then ([`node_reads`]), by its containers' names.
+            asks_node = read.iter().any(|(k, _)| request_key(k).is_some());
             let mut a = Map::new();
-            for (k, v) in Entries::of(ann, read_annotation) {
+            for (k, v) in read {
+                if !asks_node && node_reads(&k) {
+                    continue;
+                }
                 let v = kept.value(v, k.len())?;
                 a.insert(k.into_owned(), v);
             }
@@ -430,7 +457,7 @@ fn pod(raw: &RawValue) -> Result<(Value, Pod), PodError> {
             let items = l
                 .items
                 .iter()
-                .map(|c| container(c, &mut kept))
+                .map(|c| container(c, asks_node, &mut kept))
                 .collect::<Result<Vec<_>, _>>()?;
             spec.insert(field.into(), Value::Array(items));
         }
@@ -686,19 +713,21 @@ fn scope(raw: &RawValue, kept: &mut Kept) -> Result<Pod, PodError> {
 /// A pod as the budget recount reads it: its view ([`crate::view`]: claim entries, phase,
 /// claim statuses) with what the quotas' scopes read of it, read as an admission reads it
 /// ([`scope`]), so that a recount and an admission match a scoped quota alike; and, when it
-/// asks the node for slices by annotation, those annotations and its containers' names (what
-/// the node reads of it, [`crate::budget::annotation_charge`]).
+/// asks the node for slices by annotation, its `gpuslice.io/*` annotations and the names of its
+/// containers, init and ephemeral containers (what the node reads of it,
+/// [`crate::budget::annotation_charge`]). All of it is kept within [`MAX_KEPT`] and
+/// [`MAX_LIST`] entries a list, as an admission keeps a pod; a pod past them cannot be read.
 #[derive(Debug, Clone)]
 pub struct ScopedPod(pub Pod);
 
-/// Of a pod, what the node reads as a slice request: its annotations (kept: the request keys
-/// alone) and its containers' names.
+/// Of a pod, what the node reads as a slice request: its annotations (kept: the
+/// `gpuslice.io/*` ones, when one is a request key) and its containers' names, each list read as [`Listed`] (unparsed, bounded).
 #[derive(Deserialize)]
 struct AskView<'a> {
     #[serde(default, borrow)]
     metadata: Option<AskMetaView<'a>>,
-    #[serde(default)]
-    spec: Option<AskSpecView>,
+    #[serde(default, borrow)]
+    spec: Option<AskSpecView<'a>>,
 }
 
 #[derive(Deserialize)]
@@ -709,55 +738,109 @@ struct AskMetaView<'a> {
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct AskSpecView {
-    #[serde(default)]
-    containers: Vec<NamedView>,
-    #[serde(default)]
-    init_containers: Vec<NamedView>,
+struct AskSpecView<'a> {
+    #[serde(default, borrow)]
+    containers: Option<Listed<'a>>,
+    #[serde(default, borrow)]
+    init_containers: Option<Listed<'a>>,
+    #[serde(default, borrow)]
+    ephemeral_containers: Option<Listed<'a>>,
 }
 
 #[derive(Deserialize)]
-struct NamedView {
-    #[serde(default)]
-    name: String,
+struct NamedView<'a> {
+    #[serde(default, borrow)]
+    name: Option<Text<'a>>,
 }
 
-/// Sets on `pod` (as [`ScopedPod`] keeps it) the request annotations of `raw` and, when it
-/// has one, its containers' names; nothing when `raw` cannot be read so (a pod the API server
-/// stored always can).
-fn keep_asks(raw: &str, pod: &mut Pod) {
-    let Ok(v) = serde_json::from_str::<AskView>(raw) else {
-        return;
+/// The names of the containers of list `list` (at `field`), charged to `kept`: a list
+/// longer than [`MAX_LIST`] is refused, as an admission refuses it; a name that cannot be
+/// read is empty.
+fn names(
+    list: Option<Listed>,
+    field: &'static str,
+    kept: &mut Kept,
+) -> Result<Vec<String>, PodError> {
+    let Some(l) = list else {
+        return Ok(Vec::new());
     };
-    let asks: BTreeMap<String, String> = v
+    if l.len > MAX_LIST {
+        return Err(PodError::List {
+            list: field,
+            len: l.len,
+        });
+    }
+    l.items
+        .iter()
+        .map(|c| {
+            let name = serde_json::from_str::<NamedView>(c.get())
+                .ok()
+                .and_then(|n| n.name)
+                .map(|Text(n)| n.into_owned())
+                .unwrap_or_default();
+            kept.take(name.len())?;
+            Ok(name)
+        })
+        .collect()
+}
+
+/// Sets on `pod` (as [`ScopedPod`] keeps it), when `raw` has a request annotation, its
+/// `gpuslice.io/*` annotations ([`node_reads`]) and the names of its containers, init and ephemeral containers (the node books a
+/// slice for each container the annotations ask one for), charged to `kept`; nothing when
+/// `raw` cannot be read so (a pod the API server stored always can).
+fn keep_asks(raw: &str, pod: &mut Pod, kept: &mut Kept) -> Result<(), PodError> {
+    let Ok(v) = serde_json::from_str::<AskView>(raw) else {
+        return Ok(());
+    };
+    let read = v
         .metadata
         .and_then(|m| m.annotations)
-        .map(|a| Entries::of(a, |k| request_key(k).is_some()))
-        .unwrap_or_default()
-        .into_iter()
-        .filter_map(|(k, v)| {
-            Some((
-                k.into_owned(),
-                serde_json::from_str::<String>(v.get()).ok()?,
-            ))
-        })
-        .collect();
+        .map(|a| Entries::of(a, node_reads))
+        .unwrap_or_default();
+    // What the node reads once a request key is there: every `gpuslice.io/*` annotation, so
+    // that one it refuses the pod for is seen as it sees it.
+    if !read.iter().any(|(k, _)| request_key(k).is_some()) {
+        return Ok(());
+    }
+    let mut asks: BTreeMap<String, String> = BTreeMap::new();
+    for (k, v) in read {
+        if let Ok(v) = serde_json::from_str::<String>(v.get()) {
+            kept.take(k.len() + v.len())?;
+            asks.insert(k.into_owned(), v);
+        }
+    }
     let (Some(spec), Some(s), false) = (pod.spec.as_mut(), v.spec, asks.is_empty()) else {
-        return;
+        return Ok(());
     };
     pod.metadata.annotations = Some(asks);
     for (named, into) in [
-        (s.containers, &mut spec.containers),
         (
-            s.init_containers,
+            names(s.containers, "spec.containers", kept)?,
+            &mut spec.containers,
+        ),
+        (
+            names(s.init_containers, "spec.initContainers", kept)?,
             spec.init_containers.get_or_insert_with(Vec::new),
         ),
     ] {
         into.resize_with(named.len().max(into.len()), Container::default);
         for (c, n) in into.iter_mut().zip(named) {
-            c.name = n.name;
+            c.name = n;
         }
     }
+    let ephemeral = names(s.ephemeral_containers, "spec.ephemeralContainers", kept)?;
+    if !ephemeral.is_empty() {
+        spec.ephemeral_containers = Some(
+            ephemeral
+                .into_iter()
+                .map(|name| EphemeralContainer {
+                    name,
+                    ..EphemeralContainer::default()
+                })
+                .collect(),
+        );
+    }
+    Ok(())
 }
 
 impl crate::view::Viewed for ScopedPod {
@@ -765,14 +848,18 @@ impl crate::view::Viewed for ScopedPod {
 
     fn read(json: &str) -> Result<Self, crate::view::ViewError> {
         let mut pod = <Pod as crate::view::Viewed>::read(json)?;
+        let failed = |detail: String| crate::view::ViewError {
+            kind: Self::KIND,
+            object: crate::view::named(json),
+            detail,
+        };
+        // What the scopes read and what the node reads are kept within one bound, as an
+        // admission keeps them.
+        let mut kept = Kept { bytes: 0 };
         let scoped = serde_json::from_str::<&RawValue>(json)
             .map_err(|e| e.to_string())
-            .and_then(|raw| scope(raw, &mut Kept { bytes: 0 }).map_err(|e| e.to_string()))
-            .map_err(|detail| crate::view::ViewError {
-                kind: Self::KIND,
-                object: crate::view::named(json),
-                detail,
-            })?;
+            .and_then(|raw| scope(raw, &mut kept).map_err(|e| e.to_string()))
+            .map_err(failed)?;
         if let (Some(spec), Some(s)) = (pod.spec.as_mut(), scoped.spec) {
             spec.priority_class_name = s.priority_class_name;
             spec.active_deadline_seconds = s.active_deadline_seconds;
@@ -781,7 +868,7 @@ impl crate::view::Viewed for ScopedPod {
             spec.init_containers = s.init_containers;
             spec.affinity = s.affinity;
         }
-        keep_asks(json, &mut pod);
+        keep_asks(json, &mut pod, &mut kept).map_err(|e| failed(e.to_string()))?;
         Ok(ScopedPod(pod))
     }
 }

@@ -32,7 +32,7 @@ use crate::budget::{
 use crate::cluster::Cluster;
 use crate::mutate::{mentions_hami, plan};
 use crate::placement::{
-    asks_by_annotation, claims_not_read, job_of, keep_ranks_apart, slice_annotations, unread_claim,
+    asks_by_annotation, job_of, keep_ranks_apart, slice_annotations, unread_claim, PlacementError,
 };
 use crate::review;
 use crate::tls::{server_config, CertFiles, TlsError};
@@ -668,7 +668,8 @@ async fn admit_pod(r: &review::Request, shared: &Shared) -> Value {
     // A rank of a job that gets gpuslice's devices otherwise than by the limits the plan
     // turned into claims (the plan saw to those) keeps off its job's other ranks' nodes too:
     // one asking the node by annotation (left as written), one whose own claim templates ask
-    // gpuslice's devices, one naming a claim that asks them. Nothing is refused for it.
+    // gpuslice's devices, one naming a claim that asks them. Nothing is refused for it but
+    // naming more claims than are read, none of those asking them (the rule's answer unknown).
     // Without a budget nothing is charged: whether the templates ask gpuslice's devices at
     // all decides (one missing or unreadable counts as asking; the extra term is harmless).
     // A named claim counts only once read and known to ask them (one missing yet or
@@ -697,13 +698,15 @@ async fn admit_pod(r: &review::Request, shared: &Shared) -> Value {
                 p.warnings
                     .push(unread_claim(&entry, &detail, label, &value));
             }
+            // Past the claims read, none asking: whether the rank must be kept apart is
+            // unknown, and the rule promises ranks never share a GPU.
             if named.not_read > 0 {
-                p.warnings.push(claims_not_read(
-                    named.not_read,
-                    MAX_NAMED_CLAIM_READS,
-                    label,
-                    &value,
-                ));
+                let e = PlacementError::TooManyClaims {
+                    count: MAX_NAMED_CLAIM_READS + named.not_read,
+                    max: MAX_NAMED_CLAIM_READS,
+                    job: format!("{label}={value}"),
+                };
+                return review::deny(&r.uid, 400, &e.to_string());
             }
         }
         if asks {

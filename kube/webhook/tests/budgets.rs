@@ -562,7 +562,7 @@ fn pods_asking_by_annotation_before_the_budget_are_counted_by_the_recount() {
             NS,
             "old",
             json!({"gpuslice.io/memory": "4Gi", "gpuslice.io/memory.trainer": "6Gi",
-                   "gpuslice.io/gpus.log": "0", "gpuslice.io/note": "x"}),
+                   "gpuslice.io/gpus.log": "0", "example.com/note": "x"}),
             &["trainer", "log"],
             &["setup"],
             "Running",
@@ -580,12 +580,23 @@ fn pods_asking_by_annotation_before_the_budget_are_counted_by_the_recount() {
             "Running",
         ),
     );
-    // No slice: done, a key the node reads as no request, or a value it refuses (the
-    // container is not created).
+    // No slice: done, a key the node reads as no request, a value it refuses (the
+    // container is not created), or beside a request a key it does not know or a
+    // reservation the pod sets itself (every container refused).
     for (name, annotations, phase) in [
         ("done", json!({"gpuslice.io/memory": "8Gi"}), "Succeeded"),
         ("note", json!({"gpuslice.io/note": "8Gi"}), "Running"),
         ("bad", json!({"gpuslice.io/memory": "8GB"}), "Running"),
+        (
+            "typo",
+            json!({"gpuslice.io/memory": "8Gi", "gpuslice.io/note": "x"}),
+            "Running",
+        ),
+        (
+            "forged",
+            json!({"gpuslice.io/memory": "8Gi", "gpuslice.io/reservation": "3f9a0c1d2e4b5a69"}),
+            "Running",
+        ),
     ] {
         api.put(
             "pods",

@@ -369,8 +369,8 @@ fn a_ranks_admission_reads_each_named_object_once_and_at_most_32_claims() {
     }
 
     // 40 distinct claims of another driver, then gpuslice's: the first 32 are read (none
-    // asks gpuslice's devices), the others not; admitted unchanged, with a warning naming
-    // the count and the most read.
+    // asks gpuslice's devices), the others not; whether the rank must be kept apart is
+    // unknown, so it is refused, naming the count and the most read.
     let mut names = (0..40)
         .map(|i| format!("o-{i}"))
         .chain(["mine".to_string()])
@@ -378,11 +378,11 @@ fn a_ranks_admission_reads_each_named_object_once_and_at_most_32_claims() {
     let named = entries(&mut names, "resourceClaimName");
     let answer = reviewed(w.addr, &pod_review("many", job.clone(), Value::Null, named));
     let r = &answer["response"];
-    assert_eq!(r["allowed"], true, "{answer}");
-    assert!(r["patch"].is_null(), "{answer}");
+    assert_eq!(r["allowed"], false, "{answer}");
+    assert_eq!(r["status"]["code"], 400, "{answer}");
     assert_eq!(
-        r["warnings"],
-        json!(["spec.resourceClaims names 41 ResourceClaims: the webhook reads at most 32 to tell whether a pod asks gpuslice's devices, and none of those asks them; whether the other 9 do is unknown, so this pod is not kept off the nodes of the other ranks of job gpuslice.io/job=x; accepted: at most 32 claims named, or gpuslice's claims among the first 32 (docs/kubeflow.md, \"One rank per GPU per job\")"]),
+        r["status"]["message"],
+        "spec.resourceClaims names 41 distinct ResourceClaims by resourceClaimName: the webhook reads at most 32 to tell whether a rank of job gpuslice.io/job=x asks gpuslice's devices, and none of those asks them, so whether this pod must be kept off the nodes of the other ranks is unknown; accepted: at most 32 distinct ResourceClaims named by resourceClaimName in a pod of a job, or one asking gpuslice's devices among the first 32 (docs/kubeflow.md, \"One rank per GPU per job\")",
         "{answer}"
     );
     let read = gets(&api, "resourceclaims");
@@ -474,6 +474,54 @@ fn ranks_asking_the_node_by_annotation_are_kept_off_each_others_nodes() {
             "{uid}: {answer}"
         );
     }
+}
+
+#[test]
+fn a_rank_whose_containers_each_get_a_slice_by_annotation_is_refused() {
+    let api = FakeApi::start();
+    let w = start_against(&api.url, patient());
+    let review = |uid: &str, annotations: Value| {
+        json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {
+                "uid": uid, "namespace": NS, "operation": "CREATE",
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "object": {
+                    "metadata": {"name": uid, "namespace": NS,
+                                 "labels": {"gpuslice.io/job": "x"}, "annotations": annotations},
+                    "spec": {"runtimeClassName": "gpuslice", "containers": [
+                        {"name": "trainer", "image": "x", "env": [{"name": "A", "value": "1"}]},
+                        {"name": "log", "image": "x"},
+                    ]},
+                },
+            },
+        })
+        .to_string()
+    };
+    // The pod-wide ask gives both containers a slice of the node's: refused, naming them.
+    let answer = reviewed(w.addr, &review("both", json!({"gpuslice.io/gpus": "1"})));
+    let r = &answer["response"];
+    assert_eq!(r["allowed"], false, "{answer}");
+    assert_eq!(r["status"]["code"], 400, "{answer}");
+    let said = r["status"]["message"].as_str().unwrap_or_default();
+    assert!(
+        said.starts_with("spec.containers[0], spec.containers[1]: containers of a rank of job gpuslice.io/job=x that run at the same time each ask a GPU slice"),
+        "{answer}"
+    );
+    // The log shipper opted out by its name: admitted, kept apart.
+    let answer = reviewed(
+        w.addr,
+        &review(
+            "one",
+            json!({"gpuslice.io/gpus": "1", "gpuslice.io/gpus.log": "0"}),
+        ),
+    );
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+    assert_eq!(
+        patch(&answer),
+        kept_apart("gpuslice.io/job", "x", true),
+        "{answer}"
+    );
 }
 
 /// The words of the expression of the pods webhook's condition in `text` (the chart's
