@@ -75,24 +75,6 @@ pub fn node_slice(ann: &BTreeMap<String, String>, container: &str) -> Option<Box
     }
 }
 
-/// The registrations' test (CEL, `k` an annotation key) of an annotation that asks the node
-/// for a slice: the request keys of [`request_key`], with or without a container's name
-/// (also `gpuslice.io/<key>.` with none, which the node refuses: the webhook admits it).
-pub fn annotation_condition() -> String {
-    use gpuslice_registry::annotations::{KEYS, PREFIX};
-    let quoted = |suffix: &str| -> String {
-        KEYS.iter()
-            .map(|k| format!("'{PREFIX}{k}{suffix}'"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    format!(
-        "k.startsWith('{PREFIX}') && (k in [{}] || [{}].exists(p, k.startsWith(p)))",
-        quoted(""),
-        quoted(".")
-    )
-}
-
 /// Whether `pod` asks the node for slices by annotation ([`slice_annotations`]).
 pub fn asks_by_annotation(pod: &Value) -> bool {
     !slice_annotations(pod).is_empty()

@@ -22,10 +22,28 @@
 
 use base64::Engine;
 use gpuslice_fakeapi::FakeApi;
-use gpuslice_webhook::placement::{annotation_condition, JOB_LABELS};
+use gpuslice_webhook::placement::JOB_LABELS;
 use serde_json::{json, Value};
 
 use crate::hostile::{patient, reviewed, start_against};
+
+/// The registrations' test (CEL, `k` an annotation key) of an annotation that asks the node
+/// for a slice: the request keys of `gpuslice_registry::annotations::request_key`, with or without a container's name
+/// (also `gpuslice.io/<key>.` with none, which the node refuses: the webhook admits it).
+fn annotation_condition() -> String {
+    use gpuslice_registry::annotations::{KEYS, PREFIX};
+    let quoted = |suffix: &str| -> String {
+        KEYS.iter()
+            .map(|k| format!("'{PREFIX}{k}{suffix}'"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    format!(
+        "k.startsWith('{PREFIX}') && (k in [{}] || [{}].exists(p, k.startsWith(p)))",
+        quoted(""),
+        quoted(".")
+    )
+}
 
 const NS: &str = "team";
 
