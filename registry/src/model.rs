@@ -17,17 +17,6 @@ use serde_json::{Map, Value};
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct Unknown(Option<Box<Map<String, Value>>>);
 
-impl Unknown {
-    pub fn is_empty(&self) -> bool {
-        self.0.is_none()
-    }
-
-    /// The value of the field `name`, when one was kept.
-    pub fn get(&self, name: &str) -> Option<&Value> {
-        self.0.as_ref()?.get(name)
-    }
-}
-
 impl FromIterator<(String, Value)> for Unknown {
     fn from_iter<I: IntoIterator<Item = (String, Value)>>(fields: I) -> Unknown {
         let map: Map<String, Value> = fields.into_iter().collect();
