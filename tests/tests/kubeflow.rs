@@ -105,10 +105,13 @@ fn pod_on(name: &str, node: &str, script: &str) -> Value {
     })
 }
 
-/// Each rank sends "rank=R node=N gpus=U1,U2," (the GPU UUIDs its slice holds, from the
-/// limits gpuslice gives the container) to the master at MASTER_ADDR:MASTER_PORT; the master
-/// checks that every rank arrived and that no GPU is repeated, as a TCP-store rendezvous of
-/// torch.distributed would before NCCL refuses a repeated GPU.
+/// Each rank stores "rank=R node=N gpus=U1,U2," (the GPU UUIDs its slice holds, from the
+/// limits gpuslice gives the container) at the master's store, MASTER_ADDR:MASTER_PORT, as
+/// torch.distributed's TCP store would: rank 0's store (one `nc -l -e` a connection) answers
+/// `stored` once it has written the line, and a rank sends again until it reads that answer,
+/// so a connection lost or emptied on the way cannot lose a rank (a line sent twice counts
+/// once). The master waits until every rank is stored and checks that no GPU is repeated, as
+/// NCCL would refuse a repeated GPU.
 /// PyTorchJob's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), else torchrun's
 /// that Trainer sets (PET_NODE_RANK, PET_NNODES, PET_MASTER_ADDR, PET_MASTER_PORT).
 const RANK: &str = r#"set -e
@@ -118,17 +121,24 @@ gpus=$(grep -o '"uuid" *: *"[^"]*"' /run/gpuslice/limits.json | sed 's/.*"\([^"]
 me="rank=$RANK node=$NODE_NAME gpus=$gpus"
 echo "$me"
 if [ "$RANK" = 0 ]; then
+  cat > /tmp/store <<'STORE'
+#!/bin/sh
+read -r line && [ -n "$line" ] && echo "$line" >> /tmp/all && echo stored
+STORE
+  chmod +x /tmp/store
   echo "$me" > /tmp/all
-  n=1
-  while [ "$n" -lt "$WORLD_SIZE" ]; do nc -l -p "$MASTER_PORT" >> /tmp/all; n=$((n + 1)); done
-  sed 's/^/ARRIVED /' /tmp/all
-  ranks=$(sed -n 's/^rank=\([0-9]*\) .*/\1/p' /tmp/all | sort -u | wc -l)
-  dup=$(sed -n 's/.*gpus=//p' /tmp/all | tr , '\n' | grep . | sort | uniq -d)
-  [ "$ranks" = "$WORLD_SIZE" ] || { echo "RENDEZVOUS-FAILED: $ranks of $WORLD_SIZE ranks"; exit 1; }
+  until [ "$(sed -n 's/^rank=\([0-9]*\) .*/\1/p' /tmp/all | sort -u | wc -l)" -ge "$WORLD_SIZE" ]; do
+    nc -l -p "$MASTER_PORT" -e /tmp/store || true
+  done
+  sort -u /tmp/all > /tmp/ranks
+  sed 's/^/ARRIVED /' /tmp/ranks
+  ranks=$(sed -n 's/^rank=\([0-9]*\) .*/\1/p' /tmp/ranks | sort -u | wc -l)
+  dup=$(sed -n 's/.*gpus=//p' /tmp/ranks | tr , '\n' | grep . | sort | uniq -d)
+  [ "$(wc -l < /tmp/ranks)" = "$WORLD_SIZE" ] || { echo "RENDEZVOUS-FAILED: $ranks ranks in $(wc -l < /tmp/ranks) lines"; exit 1; }
   [ -z "$dup" ] || { echo "RENDEZVOUS-FAILED: GPUs repeated: $dup"; exit 1; }
   echo RENDEZVOUS-OK
 else
-  until echo "$me" | nc "$MASTER_ADDR" "$MASTER_PORT"; do sleep 1; done
+  until [ "$(echo "$me" | nc "$MASTER_ADDR" "$MASTER_PORT")" = stored ]; do sleep 1; done
 fi
 "#;
 
@@ -180,11 +190,15 @@ fn pytorchjob_ranks_land_one_per_node_and_rendezvous(kn: &KubeNodes, nodes: &[&T
         .kubectl_output(&["logs", "-n", NS, &format!("{job}-master-0")], None)
         .stdout;
     let master_log = String::from_utf8_lossy(&master_log).into_owned();
+    let worker_log = c
+        .kubectl_output(&["logs", "-n", NS, &format!("{job}-worker-0")], None)
+        .stdout;
     assert_eq!(
         succeeded,
         Some(true),
-        "PyTorchJob {job} did not succeed: {}\nmaster's log:\n{master_log}\npods:\n{}\n{}\ntraining operator:\n{}",
+        "PyTorchJob {job} did not succeed: {}\nmaster's log:\n{master_log}\nworker's log:\n{}\npods:\n{}\n{}\ntraining operator:\n{}",
         last["status"],
+        String::from_utf8_lossy(&worker_log),
         c.kubectl(&["get", "pods", "-n", NS, "-o", "wide"]),
         kn.logs(),
         kn.first.log_tail("training-operator", 30),
