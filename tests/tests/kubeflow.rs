@@ -108,10 +108,11 @@ fn pod_on(name: &str, node: &str, script: &str) -> Value {
 /// Each rank stores "rank=R node=N gpus=U1,U2," (the GPU UUIDs its slice holds, from the
 /// limits gpuslice gives the container) at the master's store, MASTER_ADDR:MASTER_PORT, as
 /// torch.distributed's TCP store would: rank 0's store (one `nc -l -e` a connection) answers
-/// `stored` once it has written the line, and a rank sends again until it reads that answer,
-/// so a connection lost or emptied on the way cannot lose a rank (a line sent twice counts
-/// once). The master waits until every rank is stored and checks that no GPU is repeated, as
-/// NCCL would refuse a repeated GPU.
+/// `stored` once it has written the line, and a rank sends again until it reads that answer
+/// (a line sent twice counts once). A plain `nc -l` would close its side at once, its stdin
+/// being empty, and busybox's nc exits 0 on that close even before it has read the line it
+/// was to send: the rank would end, its line never sent. The master waits until every rank is
+/// stored and checks that no GPU is repeated, as NCCL would refuse a repeated GPU.
 /// PyTorchJob's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), else torchrun's
 /// that Trainer sets (PET_NODE_RANK, PET_NNODES, PET_MASTER_ADDR, PET_MASTER_PORT).
 const RANK: &str = r#"set -e
