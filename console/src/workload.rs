@@ -55,7 +55,8 @@ pub struct AllocateArgs {
     pub dry_run: bool,
     /// Write even when the replicas do not fit now (their pods stay Pending until room is
     /// free) or would take more than the namespace's budget has left (the pods past it are
-    /// refused at admission until some of the budget is freed).
+    /// refused at admission until some of the budget is freed); a template the webhook would
+    /// refuse every pod of is still refused.
     #[arg(long)]
     pub force: bool,
     /// How the pod template asks for the slice: `limits` (gpuslice.io/gpus, memory, cores in
@@ -704,15 +705,19 @@ async fn allocate_kind<W: Workload>(
         inventory: &inventory,
         default_class: default_class.as_deref(),
     };
-    // Before anything is written: the pods of `then` fit the GPUs' free room and the
-    // namespace's budget through the workload's rollout, what `now`'s pods hold freed as it
-    // removes them.
-    let checks = |then: &PodSpec, now: &PodSpec, w: &W| {
+    // Before anything is written: the webhook would admit the pods of `then` (always: a
+    // template it refuses gives no pod at all, `--force` or not); unless `force`, they fit the
+    // GPUs' free room and the namespace's budget through the workload's rollout, what `now`'s
+    // pods hold freed as it removes them.
+    let checks = |then: &PodSpec, now: &PodSpec, w: &W, force: bool| {
         let want = w.replicas();
-        let rollout = w.rollout(budget_pods(want, &m), &label)?;
         // The edit changes the spec alone: the template's labels (a job's) are the same.
         let meta = w.pod_meta();
         let pod = pod_slices(&label, meta, then, ns, &named, &inventory)?;
+        if force {
+            return Ok(());
+        }
+        let rollout = w.rollout(budget_pods(want, &m), &label)?;
         check_fit(&m, mode, &label, &pod, pod_request(&req, then, &pod), want)?;
         check_budget(
             &budget_check,
@@ -790,7 +795,7 @@ async fn allocate_kind<W: Workload>(
                 out.push_str(&format!("resourceclaimtemplate/{p} would be deleted\n"));
             }
             if !checked {
-                checks(then, now, &current)?;
+                checks(then, now, &current, args.force)?;
             }
             out.push_str(&format!(
                 "({})\n",
@@ -807,8 +812,8 @@ async fn allocate_kind<W: Workload>(
                 form_line(form, mode, &template_name, &why)
             ));
         }
-        if !checked && !args.force {
-            checks(then, now, &current)?;
+        if !checked {
+            checks(then, now, &current, args.force)?;
         }
         checked = true;
         if form == Form::Claim && !created {

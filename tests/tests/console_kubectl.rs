@@ -1202,6 +1202,25 @@ fn allocate_writes_the_limits_form_with_the_webhook_and_the_claim_form_without()
     );
     assert_unchanged(&cluster, "web", &before);
 
+    // A template of a job's ranks whose two containers would each get the slice: the webhook
+    // would refuse every pod of it, so allocate refuses it with the webhook's words, with
+    // --force (which overrides only room and budget) and in its dry run too.
+    let mut rank = deployment("rank", 0, None);
+    rank["spec"]["template"]["metadata"]["labels"]["gpuslice.io/job"] = json!("train");
+    cluster.create(&rank).unwrap();
+    let rank_before = deploy(&cluster, "rank");
+    for extra in [&["--force"][..], &["--force", "--dry-run"]] {
+        let mut args = vec!["allocate", "deployment/rank", "--memory", "1Gi"];
+        args.extend_from_slice(extra);
+        let line = plugin_refused(&cluster, &args);
+        assert!(
+            line.contains("deployment/rank: the webhook would refuse its pods: spec.containers[0], spec.containers[1]: containers of a rank of job gpuslice.io/job=train"),
+            "{}: {line}",
+            args.join(" ")
+        );
+    }
+    assert_unchanged(&cluster, "rank", &rank_before);
+
     // Release: the template exactly as before; the pods made after it have no claim.
     let (said, _) = plugin_ok(&cluster, &["release", "deployment/web"]);
     assert!(said.contains("released (limits form removed)"), "{said}");
