@@ -2,7 +2,8 @@
 //! --webhook`): a ResourceQuota naming `limits.gpuslice.io/memory` (or, in a HAMi-compat
 //! namespace, HAMi's `limits.nvidia.com/gpumem` in MiB) is enforced by the webhook for pods
 //! created concurrently (once the webhook has counted the new quota) and for claims written by
-//! hand, with one line naming the quota; what a deleted pod held is freed; a claim nested past
+//! hand, with one line naming the quota, and for the claim the scheduler writes for a pod of
+//! the device class's extended resource; what a deleted pod held is freed; a claim nested past
 //! the JSON parser's limit is charged and does not stop the recount; a quota cannot hold a
 //! value the webhook could not read (docs/quotas.md).
 
@@ -53,6 +54,7 @@ fn budgets_hold_for_concurrent_pods_and_claims_on_a_real_node() {
     let _s = lock(&[Resource::KubeNode]);
     let node = TestNode::with_models(&[("NVIDIA A100-SXM4-80GB", "40Gi")]);
     let kn = KubeNode::up_with("gpu-node", &node, &["--webhook"]);
+    extended_resource_pods_are_charged_the_whole_gpu(&kn, &node);
     let cases = [
         Case {
             ns: "budget",
@@ -198,4 +200,84 @@ fn budgets_hold_for_concurrent_pods_and_claims_on_a_real_node() {
             "{bad}: {e}"
         );
     }
+}
+
+/// The events of object `name` in `ns`, one per line.
+fn events(kn: &KubeNode, ns: &str, name: &str) -> String {
+    kn.cluster.kubectl(&[
+        "get",
+        "events",
+        "-n",
+        ns,
+        "--field-selector",
+        &format!("involvedObject.name={name}"),
+        "-o",
+        "custom-columns=REASON:.reason,MESSAGE:.message",
+    ])
+}
+
+/// Kubernetes' implicit extended resource of gpuslice's device class
+/// (`deviceclass.resource.kubernetes.io/gpuslice.io`, always on since 1.37): no webhook sees
+/// the pod, the scheduler writes its claim itself as it binds it, a request of one device that
+/// names no memory, which consumes the GPU's default: all of it. That claim is charged as any
+/// claim not made from a template: past the budget the scheduler's create is refused naming
+/// the quota and the pod waits unbound, nothing booked on the node; once the budget holds a
+/// whole GPU the pod runs on it, and its deletion frees it.
+fn extended_resource_pods_are_charged_the_whole_gpu(kn: &KubeNode, node: &TestNode) {
+    let (ns, name, pod) = ("ext", "limits.gpuslice.io/memory", "whole");
+    kn.cluster.kubectl(&["create", "namespace", ns]);
+    kn.cluster
+        .create(&json!({"apiVersion": "v1", "kind": "ResourceQuota",
+            "metadata": {"name": "gpu", "namespace": ns},
+            "spec": {"hard": {name: "39Gi"}}}))
+        .unwrap();
+    wait_for(&format!("{ns}'s new quota to be counted"), STEP, || {
+        (used(kn, ns, name).as_deref() == Some("0")).then_some(())
+    });
+    let limits = json!({"deviceclass.resource.kubernetes.io/gpuslice.io": "1"});
+    kn.cluster
+        .create(&budget_pod(ns, pod, &limits))
+        .unwrap_or_else(|e| panic!("a pod of the device class's extended resource: {e}"));
+    let refused = wait_for(
+        "the scheduler's claim of the whole GPU refused past the budget",
+        STEP,
+        || {
+            let ev = events(kn, ns, pod);
+            ev.lines()
+                .find(|l| l.contains("exceeded quota: ext/gpu"))
+                .map(str::to_string)
+        },
+    );
+    assert!(
+        refused.contains("limited: limits.gpuslice.io/memory=39Gi"),
+        "{refused}"
+    );
+    let p = kn.cluster.get_json(&["pod", pod, "-n", ns]);
+    assert!(p["spec"]["nodeName"].is_null(), "{}", p["spec"]);
+    assert!(node.reservations().is_empty(), "{:?}", node.reservations());
+
+    kn.cluster.kubectl(&[
+        "patch",
+        "resourcequota",
+        "gpu",
+        "-n",
+        ns,
+        "--type",
+        "merge",
+        "-p",
+        &json!({"spec": {"hard": {name: "40Gi"}}}).to_string(),
+    ]);
+    wait_running(kn, ns, pod);
+    assert_eq!(used(kn, ns, name).as_deref(), Some("40Gi"));
+    let booked = node.reservations();
+    assert_eq!(booked.len(), 1, "{booked:?}");
+    assert_eq!(booked[0]["gpus"][0]["memory"], 40u64 << 30, "{booked:?}");
+    kn.cluster
+        .kubectl(&["delete", "pod", pod, "-n", ns, "--wait=true"]);
+    wait_for(&format!("{ns}'s quota to free the whole GPU"), STEP, || {
+        (used(kn, ns, name).as_deref() == Some("0")).then_some(())
+    });
+    wait_for("the whole GPU's booking to be released", STEP, || {
+        node.reservations().is_empty().then_some(())
+    });
 }
