@@ -61,8 +61,8 @@ $(webhook_common "$1" "$2")
     expression: >-
       (object.spec.containers + (has(object.spec.initContainers) ? object.spec.initContainers : []))
       .exists(c, has(c.resources) && (
-        (has(c.resources.limits) && c.resources.limits.exists(k, k.startsWith('gpuslice.io/') || k.startsWith('nvidia.com/gpu'))) ||
-        (has(c.resources.requests) && c.resources.requests.exists(k, k.startsWith('gpuslice.io/') || k.startsWith('nvidia.com/gpu'))))) ||
+        (has(c.resources.limits) && c.resources.limits.exists(k, k.startsWith('gpuslice.io/') || k.startsWith('nvidia.com/gpu') || k in ['deviceclass.resource.kubernetes.io/gpuslice.io', 'deviceclass.resource.kubernetes.io/slots.gpuslice.io'])) ||
+        (has(c.resources.requests) && c.resources.requests.exists(k, k.startsWith('gpuslice.io/') || k.startsWith('nvidia.com/gpu') || k in ['deviceclass.resource.kubernetes.io/gpuslice.io', 'deviceclass.resource.kubernetes.io/slots.gpuslice.io'])))) ||
       (has(object.spec.resourceClaims) && object.spec.resourceClaims.exists(e, has(e.resourceClaimTemplateName))) ||
       (has(object.metadata.annotations) && object.metadata.annotations.exists(k, k.startsWith('gpuslice.io/') &&
         (k in ['gpuslice.io/gpus', 'gpuslice.io/memory', 'gpuslice.io/cores', 'gpuslice.io/gpu', 'gpuslice.io/gpu-type', 'gpuslice.io/policy'] ||

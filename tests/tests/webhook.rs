@@ -729,7 +729,9 @@ fn limits_become_claims_through_the_webhook_on_a_live_control_plane() {
     // ranks one per node): refused while it is down; the same pod of no job is not sent, and
     // is created. A pod asking the node by annotation (gpuslice.io/<key> or
     // gpuslice.io/<key>.<container>) is sent, of a job or not (refused where a budget holds):
-    // refused while it is down; one with another gpuslice.io/ annotation is not sent.
+    // refused while it is down; one with another gpuslice.io/ annotation is not sent. So is
+    // one asking a gpuslice class by the extended resource Kubernetes names after it (a rank
+    // of one is kept apart), and not one asking another class's.
     for (labels, job) in [
         (json!({"gpuslice.io/job": "down"}), true),
         (json!({"app": "down"}), false),
@@ -763,11 +765,25 @@ fn limits_become_claims_through_the_webhook_on_a_live_control_plane() {
             json!({}),
             json!({"gpuslice.io/note": "x"}),
         );
+        let extended = pod(
+            "default",
+            &format!("{tag}-extended"),
+            json!({"deviceclass.resource.kubernetes.io/slots.gpuslice.io": "1"}),
+            json!({}),
+        );
+        let other_extended = pod(
+            "default",
+            &format!("{tag}-other-extended"),
+            json!({"deviceclass.resource.kubernetes.io/gpu.example.com": "1"}),
+            json!({}),
+        );
         for (mut p, sent) in [
             (named, job),
             (annotated, true),
             (per_container, true),
             (noted, false),
+            (extended, true),
+            (other_extended, false),
         ] {
             p["metadata"]["labels"] = labels.clone();
             let name = p["metadata"]["name"].as_str().unwrap().to_string();

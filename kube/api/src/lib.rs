@@ -18,3 +18,23 @@ pub mod slices;
 pub const DRIVER: &str = "gpuslice.io";
 /// The DeviceClass of slot mode.
 pub const SLOTS_CLASS: &str = "slots.gpuslice.io";
+
+/// The extended resource names Kubernetes gives every DeviceClass (since 1.37 always on):
+/// `deviceclass.resource.kubernetes.io/<class>`. A pod asking one in its limits gets, from
+/// the scheduler as it binds it, a claim of that class naming no capacity: gpuslice's
+/// devices by a way no pod webhook is sent unless it asks for it.
+pub const IMPLICIT_EXTENDED_RESOURCES: [&str; 2] = [
+    "deviceclass.resource.kubernetes.io/gpuslice.io",
+    "deviceclass.resource.kubernetes.io/slots.gpuslice.io",
+];
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_implicit_extended_resources_name_the_device_classes() {
+        let classes = [super::DRIVER, super::SLOTS_CLASS];
+        for (name, class) in super::IMPLICIT_EXTENDED_RESOURCES.iter().zip(classes) {
+            assert_eq!(*name, format!("deviceclass.resource.kubernetes.io/{class}"));
+        }
+    }
+}

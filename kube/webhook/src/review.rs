@@ -263,7 +263,9 @@ struct ClaimView<'a> {
 
 /// The resource and annotation names the webhook acts on.
 fn gpu_name(name: &str) -> bool {
-    name.starts_with("gpuslice.io/") || name.starts_with("nvidia.com/")
+    name.starts_with("gpuslice.io/")
+        || name.starts_with("nvidia.com/")
+        || gpuslice_dra::IMPLICIT_EXTENDED_RESOURCES.contains(&name)
 }
 
 /// The annotations the webhook reads: HAMi's (selection and policy) and the `gpuslice.io/*`
@@ -373,7 +375,8 @@ fn container(raw: &RawValue, named: bool, kept: &mut Kept) -> Result<Value, PodE
 /// `gpuslice.io/*` when one is a request key; an empty map when it has others only),
 /// `spec.affinity` (whether it and its `podAntiAffinity` exist, and the latter's required
 /// terms), `spec.containers[*]` and `spec.initContainers[*]` (the `resources` of those naming
-/// `gpuslice.io/*` or `nvidia.com/*` resources, and, when a `gpuslice.io/*` annotation is a
+/// `gpuslice.io/*` or `nvidia.com/*` resources or a gpuslice device class's extended resource,
+/// and, when a `gpuslice.io/*` annotation is a
 /// request key, every container's `name`; with either, `restartPolicy: Always`; others
 /// `null`, indices unchanged) and
 /// `spec.resourceClaims[*]` (their `name`, `resourceClaimTemplateName` and

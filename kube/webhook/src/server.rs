@@ -32,7 +32,8 @@ use crate::budget::{
 use crate::cluster::Cluster;
 use crate::mutate::{mentions_hami, plan};
 use crate::placement::{
-    asks_by_annotation, job_of, keep_ranks_apart, slice_annotations, unread_claim, PlacementError,
+    asks_by_annotation, asks_by_extended_resource, job_of, keep_ranks_apart, slice_annotations,
+    unread_claim, PlacementError,
 };
 use crate::review;
 use crate::tls::{server_config, CertFiles, TlsError};
@@ -667,7 +668,8 @@ async fn admit_pod(r: &review::Request, shared: &Shared) -> Value {
     };
     // A rank of a job that gets gpuslice's devices otherwise than by the limits the plan
     // turned into claims (the plan saw to those) keeps off its job's other ranks' nodes too:
-    // one asking the node by annotation (left as written), one whose own claim templates ask
+    // one asking the node by annotation (left as written), one asking a device class's
+    // extended resource (the scheduler writes its claim), one whose own claim templates ask
     // gpuslice's devices, one naming a claim that asks them. Nothing is refused for it but
     // naming more claims than are read, none of those asking them (the rule's answer unknown).
     // Without a budget nothing is charged: whether the templates ask gpuslice's devices at
@@ -677,6 +679,7 @@ async fn admit_pod(r: &review::Request, shared: &Shared) -> Value {
     // its pods, and the term would keep that job's ranks one per node.
     if let Some((label, value)) = job_of(pod).filter(|_| p.entries.is_empty()) {
         let mut asks = asks_by_annotation(pod)
+            || asks_by_extended_resource(pod)
             || match &booking {
                 Some((_, c)) => !c.is_zero(),
                 None if !entries.is_empty() => {

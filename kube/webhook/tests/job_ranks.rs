@@ -2,7 +2,8 @@
 //! into a claim is kept off its job's other ranks' nodes as such a rank is (docs/kubeflow.md,
 //! "One rank per GPU per job"): one whose own claim templates ask gpuslice's device classes,
 //! one naming a claim written by hand that asks them, one asking the node by `gpuslice.io/*`
-//! annotations; and a rank whose containers that run together each ask a slice by limits is
+//! annotations, one asking a class by the extended resource Kubernetes names after it; and a
+//! rank whose containers that run together each ask a slice by limits is
 //! refused (their claims may be given one GPU), the same pod of no job admitted with a
 //! warning saying so. The real server over TLS answers the review of such a pod with the job's
 //! required anti-affinity term, the rule's annotation and the rule as a warning (also, in a
@@ -12,7 +13,8 @@
 //! whose other driver's parameters nest past the JSON parser's limit), unchanged; a rank
 //! naming a claim not there yet is admitted unchanged with a warning saying so. The
 //! registrations (the chart's and the test cluster's) send such pods: their condition, word
-//! for word the same, names the job labels and named claims, and sends every pod with the
+//! for word the same, names the job labels, named claims and the classes' extended
+//! resources, and sends every pod with the
 //! annotations, of a job or not (refused where a budget holds: `budgets::`). The server
 //! reads the templates and claims from the FAKE API server of `gpuslice-fakeapi` (no control
 //! plane runs in a crate's tests; `kubeflow::` in tests/ runs the real one with Kubeflow
@@ -495,6 +497,69 @@ fn ranks_asking_the_node_by_annotation_are_kept_off_each_others_nodes() {
 }
 
 #[test]
+fn ranks_asking_a_device_class_by_its_extended_resource_are_kept_off_each_others_nodes() {
+    let api = FakeApi::start();
+    let w = start_against(&api.url, patient());
+    // Kubernetes' name for each of gpuslice's classes, in limits or in requests (an init
+    // container's too): the scheduler writes the claim, the webhook adds the rule alone.
+    let review = |uid: &str, labels: Value, list: &str, resources: Value| {
+        let mut spec = json!({"containers": [{"name": "node", "image": "x"}]});
+        spec[list] = json!([{"name": "node", "image": "x", "resources": resources}]);
+        json!({
+            "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {
+                "uid": uid, "namespace": NS, "operation": "CREATE",
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "object": {"metadata": {"name": uid, "namespace": NS, "labels": labels},
+                           "spec": spec},
+            },
+        })
+        .to_string()
+    };
+    let team = json!({"training.kubeflow.org/job-name": "x"});
+    for (i, name) in gpuslice_dra::IMPLICIT_EXTENDED_RESOURCES.iter().enumerate() {
+        for (list, field) in [("containers", "limits"), ("initContainers", "requests")] {
+            let uid = format!("rank-{i}-{list}");
+            let answer = reviewed(
+                w.addr,
+                &review(&uid, team.clone(), list, json!({field: {*name: "1"}})),
+            );
+            let r = &answer["response"];
+            assert_eq!(r["allowed"], true, "{uid}: {answer}");
+            assert_eq!(
+                patch(&answer),
+                kept_apart("training.kubeflow.org/job-name", "x", false),
+                "{uid}: {answer}"
+            );
+        }
+        // The same pod of no job: unchanged.
+        let answer = reviewed(
+            w.addr,
+            &review(
+                "no-job",
+                json!({"app": "x"}),
+                "containers",
+                json!({"limits": {*name: "1"}}),
+            ),
+        );
+        let r = &answer["response"];
+        assert_eq!(r["allowed"], true, "{answer}");
+        assert!(r["patch"].is_null() && r["warnings"].is_null(), "{answer}");
+    }
+    // Another class's extended resource asks nothing of gpuslice's: unchanged.
+    let answer = reviewed(
+        w.addr,
+        &review(
+            "other",
+            team,
+            "containers",
+            json!({"limits": {"deviceclass.resource.kubernetes.io/gpu.example.com": "1"}}),
+        ),
+    );
+    assert!(answer["response"]["patch"].is_null(), "{answer}");
+}
+
+#[test]
 fn a_rank_whose_containers_each_get_a_slice_by_annotation_is_refused() {
     let api = FakeApi::start();
     let w = start_against(&api.url, patient());
@@ -579,7 +644,21 @@ fn both_registrations_send_a_jobs_ranks_that_name_claims_and_every_pod_asking_by
         "[{}].exists(l, l in object.metadata.labels)",
         labels.join(", ")
     );
+    // A container's limits and requests: gpuslice's names, HAMi's, and the extended
+    // resources Kubernetes names after gpuslice's device classes.
+    let extended: Vec<String> = gpuslice_dra::IMPLICIT_EXTENDED_RESOURCES
+        .iter()
+        .map(|n| format!("'{n}'"))
+        .collect();
+    let names = format!(
+        "k.startsWith('gpuslice.io/') || k.startsWith('nvidia.com/gpu') || k in [{}]",
+        extended.join(", ")
+    );
+    let limits = format!("c.resources.limits.exists(k, {names})");
+    let requests = format!("c.resources.requests.exists(k, {names})");
     for part in [
+        limits.as_str(),
+        &requests,
         "has(object.spec.resourceClaims) && object.spec.resourceClaims.exists(e, has(e.resourceClaimTemplateName))",
         &job,
         "object.spec.resourceClaims.exists(e, has(e.resourceClaimName))",
