@@ -666,25 +666,37 @@ fn container_slices(
         let Some(spec) = pod.spec.as_ref() else {
             continue;
         };
-        // entry name → the containers using it.
+        // claim name → the containers using it: by the pod's claim entries, and the claim
+        // the scheduler wrote for the containers asking a device class's extended resource.
         let mut users: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut uses = |claim: String, container: &str| {
+            let list = users.entry(claim).or_default();
+            if !list.iter().any(|c| c == container) {
+                list.push(container.to_string());
+            }
+        };
         for c in &spec.containers {
             for rc in c.resources.iter().flat_map(|r| r.claims.iter().flatten()) {
-                users
-                    .entry(rc.name.clone())
-                    .or_default()
-                    .push(c.name.clone());
+                if let Some(claim) = pod_claim_name(pod, &rc.name) {
+                    uses(claim, &c.name);
+                }
             }
         }
-        for (entry, containers) in &users {
-            let Some(claim) = pod_claim_name(pod, entry) else {
-                continue;
-            };
+        let extended = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.extended_resource_claim_status.as_ref());
+        if let Some(e) = extended {
+            for m in &e.request_mappings {
+                uses(e.resource_claim_name.clone(), &m.container_name);
+            }
+        }
+        for (claim, containers) in &users {
             for g in gpus {
                 let Some(c) = g
                     .claims
                     .iter()
-                    .find(|c| c.namespace == namespace && c.name == claim)
+                    .find(|c| c.namespace == namespace && &c.name == claim)
                 else {
                     continue;
                 };
@@ -1253,6 +1265,42 @@ pub(crate) mod tests {
         assert_eq!(probe.claim, None);
         assert_eq!(probe.device, "gpu-1");
         assert_eq!(probe.memory_used, Some(GIB));
+    }
+
+    #[test]
+    fn a_pods_extended_resource_claim_shows_under_the_containers_it_maps() {
+        // The claim the scheduler wrote for a device class's extended resource: the pod names
+        // it in its status only, container by container; it shows as any claim's slice.
+        let mut src = sources(Ok(usage()));
+        src.pods = vec![serde_json::from_value(json!({
+            "metadata": {"name": "whole-0", "namespace": "web"},
+            "spec": {"containers": [{"name": "main"}, {"name": "log"}]},
+            "status": {"extendedResourceClaimStatus": {
+                "resourceClaimName": "infer",
+                "requestMappings": [
+                    {"containerName": "main", "requestName": "container-0-request-0",
+                     "resourceName": "deviceclass.resource.kubernetes.io/gpuslice.io"},
+                    {"containerName": "main", "requestName": "container-0-request-1",
+                     "resourceName": "deviceclass.resource.kubernetes.io/gpuslice.io"},
+                ],
+            }},
+        }))
+        .unwrap()];
+        let m = build(&src, None);
+        let rows: Vec<(&str, &str, Option<&str>, u64)> = m
+            .pods
+            .iter()
+            .filter(|p| p.pod == "whole-0")
+            .map(|p| {
+                (
+                    p.pod.as_str(),
+                    p.container.as_str(),
+                    p.claim.as_deref(),
+                    p.memory_limit,
+                )
+            })
+            .collect();
+        assert_eq!(rows, [("whole-0", "main", Some("infer"), 24 * GIB)]);
     }
 
     /// node-s: one L4 of 24Gi published as 6 slots of 4Gi (slot 5 withdrawn by a node path),
