@@ -23,10 +23,12 @@ pub const SLOTS_CLASS: &str = "slots.gpuslice.io";
 /// `deviceclass.resource.kubernetes.io/<class>`. A pod asking one in its limits gets, from
 /// the scheduler as it binds it, a claim of that class naming no capacity: gpuslice's
 /// devices by a way no pod webhook is sent unless it asks for it.
-pub const IMPLICIT_EXTENDED_RESOURCES: [&str; 2] = [
-    "deviceclass.resource.kubernetes.io/gpuslice.io",
-    "deviceclass.resource.kubernetes.io/slots.gpuslice.io",
-];
+pub const IMPLICIT_EXTENDED_RESOURCES: [&str; 2] = [EXTENDED_RESOURCE, SLOTS_EXTENDED_RESOURCE];
+/// [`DRIVER`]'s extended resource: whole GPUs in capacity mode (a device's default memory is
+/// all of it).
+pub const EXTENDED_RESOURCE: &str = "deviceclass.resource.kubernetes.io/gpuslice.io";
+/// [`SLOTS_CLASS`]'s extended resource: slots of any size.
+pub const SLOTS_EXTENDED_RESOURCE: &str = "deviceclass.resource.kubernetes.io/slots.gpuslice.io";
 
 #[cfg(test)]
 mod tests {

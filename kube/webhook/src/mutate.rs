@@ -38,6 +38,8 @@ pub enum MutateError {
     TooManyTemplates { count: usize, max: usize },
     #[error("{fields}: containers of a rank of job {job} that run at the same time each ask a GPU slice, and their slices may lie on one GPU (each is a claim of its own in capacity mode, and DRA keeps GPUs distinct within one claim only; in slot mode they share one slice; the node places slices asked by annotation one by one), where NCCL refuses two ranks; accepted: the rank's GPUs asked by one of those containers (`gpuslice.io/gpus: N` or `nvidia.com/gpu: N`, N distinct GPUs), the others asking none (by annotation: `gpuslice.io/gpus.<container-name>: \"0\"`) (docs/kubeflow.md, \"One rank per GPU per job\")")]
     RankContainers { fields: String, job: String },
+    #[error("{fields}: deviceclass.resource.kubernetes.io/slots.gpuslice.io asks the scheduler for slots it would write into one claim with nothing keeping them on one GPU, which the policy slots.gpuslice.io refuses as the scheduler binds the pod (it would wait unbound); accepted: one container asking 1 slot that way, or the slice as limits (`gpuslice.io/memory`, `gpuslice.io/gpus`: a claim the webhook writes, on one GPU or several) (docs/webhook.md)")]
+    ExtendedSlots { fields: String },
 }
 
 /// What admitting a pod takes: the patch, the templates the patch names, the warnings.
@@ -166,6 +168,13 @@ pub fn plan(
     hami: bool,
     inventory: &PublishedGpus,
 ) -> Result<Plan, MutateError> {
+    let slots = extended_slot_asks(pod);
+    if slots.len() > 1 || slots.iter().any(|(_, n)| n != "1") {
+        let fields: Vec<String> = slots.iter().map(|(f, n)| format!("{f}: {n}")).collect();
+        return Err(MutateError::ExtendedSlots {
+            fields: fields.join(", "),
+        });
+    }
     let mut out = Plan::default();
     let selectors = if hami {
         let ann = strings(&pod["metadata"]["annotations"]);
@@ -386,6 +395,33 @@ pub fn plan(
     Ok(out)
 }
 
+/// The containers (app and init) of `pod` that ask slot mode's class by the extended resource
+/// Kubernetes names after it: each one's field and value (its limit, else its request). The
+/// scheduler writes one claim for them all, a request per container of as many slots as it
+/// asks, nothing keeping a request's slots on one GPU: the policy `slots.gpuslice.io` lets
+/// through one request of one slot only.
+fn extended_slot_asks(pod: &Value) -> Vec<(String, String)> {
+    let name = gpuslice_dra::SLOTS_EXTENDED_RESOURCE;
+    let mut out = Vec::new();
+    for list in ["containers", "initContainers"] {
+        for (i, c) in pod["spec"][list]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            let asked = ["limits", "requests"]
+                .iter()
+                .find_map(|r| c["resources"][r].get(name));
+            if let Some(v) = asked {
+                let v = v.as_str().map_or_else(|| v.to_string(), str::to_string);
+                out.push((format!("spec.{list}[{i}].resources"), v));
+            }
+        }
+    }
+    out
+}
+
 /// A container of a pod that gets a slice, as [`sliced_together`] reads it: where it is and
 /// how it runs.
 struct Sliced {
@@ -518,6 +554,54 @@ mod tests {
                     {"name": "gpuslice-c1", "resourceClaimTemplateName": t}]},
             ])
         );
+    }
+
+    #[test]
+    fn slots_asked_by_their_extended_resource_past_one_are_refused() {
+        let ext = gpuslice_dra::SLOTS_EXTENDED_RESOURCE;
+        let inventory = PublishedGpus::default();
+        // One container, one slot: the scheduler's claim passes the slot policy; nothing to
+        // write here (the claim is the scheduler's).
+        let p = plan(&pod(json!({ext: "1"})), "ns", false, &inventory).unwrap();
+        assert!(
+            p.patch.is_empty() && p.templates.is_empty(),
+            "{:?}",
+            p.patch
+        );
+        // Two slots in one container, or one slot in each of two (an init container's asked
+        // by its requests): slots of one claim the policy refuses at binding.
+        let two = pod(json!({ext: "2"}));
+        let mut each = pod(json!({ext: "1"}));
+        each["spec"]["initContainers"] =
+            json!([{"name": "prep", "image": "x", "resources": {"requests": {ext: "1"}}}]);
+        for (p, fields) in [
+            (two, "spec.containers[1].resources: 2"),
+            (
+                each,
+                "spec.containers[1].resources: 1, spec.initContainers[0].resources: 1",
+            ),
+        ] {
+            let e = plan(&p, "ns", false, &inventory).unwrap_err();
+            assert_eq!(
+                e,
+                MutateError::ExtendedSlots {
+                    fields: fields.into()
+                }
+            );
+            assert!(
+                e.to_string().starts_with(&format!("{fields}: deviceclass.resource.kubernetes.io/slots.gpuslice.io asks the scheduler for slots")),
+                "{e}"
+            );
+        }
+        // Whole GPUs by the capacity class's: any number (DRA keeps a claim's GPUs distinct).
+        let p = plan(
+            &pod(json!({gpuslice_dra::EXTENDED_RESOURCE: "2"})),
+            "ns",
+            false,
+            &inventory,
+        )
+        .unwrap();
+        assert!(p.patch.is_empty(), "{:?}", p.patch);
     }
 
     #[test]
