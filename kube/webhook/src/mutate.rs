@@ -52,6 +52,27 @@ pub struct Plan {
     pub warnings: Vec<String>,
 }
 
+/// Each container of `pod`, app then init: its field (`spec.containers[0]`) and itself.
+fn containers(pod: &Value) -> impl Iterator<Item = (String, &Value)> {
+    ["containers", "initContainers"]
+        .into_iter()
+        .flat_map(move |list| {
+            pod["spec"][list]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .enumerate()
+                .map(move |(i, c)| (format!("spec.{list}[{i}]"), c))
+        })
+}
+
+/// What container `c` asks of resource `name`: its limit, else its request.
+fn asked<'a>(c: &'a Value, name: &str) -> Option<&'a Value> {
+    ["limits", "requests"]
+        .iter()
+        .find_map(|r| c["resources"][r].get(name))
+}
+
 /// Whether the pod names any of HAMi's GPU limits (the namespace's label is looked up only
 /// then).
 pub fn mentions_hami(pod: &Value) -> bool {
@@ -62,14 +83,20 @@ pub fn mentions_hami(pod: &Value) -> bool {
         crate::ask::HAMI_CORES,
         HAMI_PRIORITY,
     ];
-    ["containers", "initContainers"].iter().any(|list| {
-        pod["spec"][list].as_array().into_iter().flatten().any(|c| {
-            ["limits", "requests"].iter().any(|r| {
-                c["resources"][r]
-                    .as_object()
-                    .is_some_and(|m| keys.iter().any(|k| m.contains_key(*k)))
-            })
-        })
+    containers(pod).any(|(_, c)| keys.iter().any(|k| asked(c, k).is_some()))
+}
+
+/// Whether a container of `pod` (app or init) asks one of gpuslice's device classes by the
+/// extended resource Kubernetes names after it
+/// ([`gpuslice_dra::IMPLICIT_EXTENDED_RESOURCES`]), in its limits or requests: the scheduler
+/// writes that claim (and the claims webhook charges it), so the webhook only keeps such a
+/// rank apart (`crate::placement`); in slot mode two ranks of one slot each could otherwise
+/// share a GPU.
+pub fn asks_by_extended_resource(pod: &Value) -> bool {
+    containers(pod).any(|(_, c)| {
+        gpuslice_dra::IMPLICIT_EXTENDED_RESOURCES
+            .iter()
+            .any(|n| asked(c, n).is_some())
     })
 }
 
@@ -401,25 +428,13 @@ pub fn plan(
 /// asks, nothing keeping a request's slots on one GPU: the policy `slots.gpuslice.io` lets
 /// through one request of one slot only.
 fn extended_slot_asks(pod: &Value) -> Vec<(String, String)> {
-    let name = gpuslice_dra::SLOTS_EXTENDED_RESOURCE;
-    let mut out = Vec::new();
-    for list in ["containers", "initContainers"] {
-        for (i, c) in pod["spec"][list]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .enumerate()
-        {
-            let asked = ["limits", "requests"]
-                .iter()
-                .find_map(|r| c["resources"][r].get(name));
-            if let Some(v) = asked {
-                let v = v.as_str().map_or_else(|| v.to_string(), str::to_string);
-                out.push((format!("spec.{list}[{i}].resources"), v));
-            }
-        }
-    }
-    out
+    containers(pod)
+        .filter_map(|(field, c)| {
+            let v = asked(c, gpuslice_dra::SLOTS_EXTENDED_RESOURCE)?;
+            let v = v.as_str().map_or_else(|| v.to_string(), str::to_string);
+            Some((format!("{field}.resources"), v))
+        })
+        .collect()
 }
 
 /// A container of a pod that gets a slice, as [`sliced_together`] reads it: where it is and

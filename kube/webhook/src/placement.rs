@@ -2,7 +2,8 @@
 //! nothing else keeps the ranks of a multi-node job apart, so a pod of a job (a Kubeflow
 //! PyTorchJob's, a JobSet's — hence a Kubeflow TrainJob's — or one labelled
 //! `gpuslice.io/job`) that gets gpuslice devices (by limits, claim templates, claims it
-//! names, the annotations the node reads, or a device class's extended resource) is given a required pod anti-affinity on the
+//! names, the annotations the node reads, or a device class's extended resource,
+//! `mutate::asks_by_extended_resource`) is given a required pod anti-affinity on the
 //! node against the job's other pods: ranks on different nodes never share a GPU, and a rank
 //! that cannot be placed waits Pending with the scheduler's reason (docs/kubeflow.md, "One
 //! rank per GPU per job").
@@ -78,25 +79,6 @@ pub fn node_slice(ann: &BTreeMap<String, String>, container: &str) -> Option<Box
 /// Whether `pod` asks the node for slices by annotation ([`slice_annotations`]).
 pub fn asks_by_annotation(pod: &Value) -> bool {
     !slice_annotations(pod).is_empty()
-}
-
-/// Whether a container of `pod` (app or init) asks one of gpuslice's device classes by the
-/// extended resource Kubernetes names after it
-/// ([`gpuslice_dra::IMPLICIT_EXTENDED_RESOURCES`]), in its limits or requests: the scheduler
-/// writes that claim (and the claims webhook charges it), so the webhook only keeps such a
-/// rank apart; in slot mode two ranks of one slot each could otherwise share a GPU.
-pub fn asks_by_extended_resource(pod: &Value) -> bool {
-    ["containers", "initContainers"].iter().any(|list| {
-        pod["spec"][list].as_array().into_iter().flatten().any(|c| {
-            ["limits", "requests"].iter().any(|r| {
-                c["resources"][r].as_object().is_some_and(|m| {
-                    gpuslice_dra::IMPLICIT_EXTENDED_RESOURCES
-                        .iter()
-                        .any(|n| m.contains_key(*n))
-                })
-            })
-        })
-    })
 }
 
 /// The warning for a rank of job `label`=`value` whose entry `entry` names a claim the

@@ -30,10 +30,9 @@ use crate::budget::{
     claim_entries, template_entries, BudgetError, Budgets, Ledger, Recount, MAX_NAMED_CLAIM_READS,
 };
 use crate::cluster::Cluster;
-use crate::mutate::{mentions_hami, plan};
+use crate::mutate::{asks_by_extended_resource, mentions_hami, plan};
 use crate::placement::{
-    asks_by_annotation, asks_by_extended_resource, job_of, keep_ranks_apart, slice_annotations,
-    unread_claim, PlacementError,
+    asks_by_annotation, job_of, keep_ranks_apart, slice_annotations, unread_claim, PlacementError,
 };
 use crate::review;
 use crate::tls::{server_config, CertFiles, TlsError};
